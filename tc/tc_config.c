@@ -1,0 +1,290 @@
+/*
+ * tc_config.c - see tc_config.h.
+ */
+#include "tc_config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <ini.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "tc_log.h"
+
+typedef enum { T_INT, T_I64, T_STR } key_type_t;
+
+typedef struct {
+  const char *section;
+  const char *key;
+  key_type_t type;
+  size_t offset;
+  size_t size; /* for T_STR */
+  long long min, max;
+  const char *help;
+} key_desc_t;
+
+#define INT_KEY(sec, k, field, lo, hi, h) \
+  {sec, k, T_INT, offsetof(tc_config_t, field), 0, lo, hi, h}
+#define I64_KEY(sec, k, field, lo, hi, h) \
+  {sec, k, T_I64, offsetof(tc_config_t, field), 0, lo, hi, h}
+#define STR_KEY(sec, k, field, h) \
+  {sec, k, T_STR, offsetof(tc_config_t, field), sizeof(((tc_config_t *)0)->field), 0, 0, h}
+
+static const key_desc_t keys[] = {
+  INT_KEY("node", "id", node_id, 1, 1023, "node id, unique in the cluster"),
+  STR_KEY("node", "advertise", advertise, "host:port that clients use (default: listen)"),
+  STR_KEY("server", "listen", listen, "host:port to listen on (loopback by default)"),
+  STR_KEY("server", "token", token, "registration secret that clients must present"),
+  INT_KEY("server", "max_connections", max_connections, 1, 100000, "connection limit"),
+  INT_KEY("server", "max_inflight", max_inflight, 1, 65536, "requests in flight per connection"),
+  INT_KEY("server", "heartbeat_ms", heartbeat_ms, 100, 600000, "heartbeat interval"),
+  INT_KEY("server", "max_frame", max_frame, 1024, 16 * 1024 * 1024, "largest frame body"),
+  STR_KEY("store", "pg_url", pg_url, "PostgreSQL URL of the coordinator store"),
+  INT_KEY("store", "pool_size", pool_size, 2, 64, "PostgreSQL connections"),
+  INT_KEY("store", "writers", writers, 1, 16, "connections running group-commit batches"),
+  INT_KEY("store", "batch_max", batch_max, 1, 4096, "requests per store batch"),
+  INT_KEY("store", "queue_max", queue_max, 16, 1000000, "requests waiting for a batch"),
+  INT_KEY("txn", "default_timeout_ms", default_timeout_ms, 100, 86400000, "global timeout"),
+  INT_KEY("txn", "max_timeout_ms", max_timeout_ms, 100, 86400000, "largest timeout allowed"),
+  INT_KEY("txn", "max_lock_keys", max_lock_keys, 1, 100000, "lock keys per branch"),
+  INT_KEY("txn", "lock_wait_max_ms", lock_wait_max_ms, 0, 600000, "longest lock wait"),
+  INT_KEY("recovery", "interval_ms", recovery_interval_ms, 50, 600000, "recovery job period"),
+  INT_KEY("recovery", "retry_min_ms", retry_min_ms, 10, 600000, "first phase-2 retry delay"),
+  INT_KEY("recovery", "retry_max_ms", retry_max_ms, 10, 3600000, "longest phase-2 retry delay"),
+  INT_KEY("recovery", "history_days", history_days, 0, 3650, "days of finished history kept"),
+  I64_KEY("recovery", "leader_lock_key", leader_lock_key, 1, INT64_MAX, "advisory lock key"),
+  STR_KEY("admin", "socket", admin_socket, "admin Unix socket path (empty: none)"),
+  STR_KEY("metrics", "listen", metrics_listen, "host:port for /metrics (empty: none)"),
+  STR_KEY("log", "level", log_level, "error | warn | info | debug"),
+  STR_KEY("log", "format", log_format, "json | text"),
+};
+
+#define NKEYS (sizeof(keys) / sizeof(keys[0]))
+
+void tc_config_defaults(tc_config_t *c) {
+  memset(c, 0, sizeof(*c));
+  c->node_id = 1;
+  snprintf(c->listen, sizeof(c->listen), "127.0.0.1:8091");
+  c->max_connections = 4096;
+  c->max_inflight = 1024;
+  c->heartbeat_ms = 5000;
+  c->max_frame = 1024 * 1024;
+  c->pool_size = 4;
+  c->writers = 2;
+  c->batch_max = 256;
+  c->queue_max = 65536;
+  c->default_timeout_ms = 60000;
+  c->max_timeout_ms = 600000;
+  c->max_lock_keys = 1024;
+  c->lock_wait_max_ms = 30000;
+  c->recovery_interval_ms = 1000;
+  c->retry_min_ms = 200;
+  c->retry_max_ms = 30000;
+  c->history_days = 7;
+  c->leader_lock_key = 7420742001LL;
+  snprintf(c->log_level, sizeof(c->log_level), "info");
+  snprintf(c->log_format, sizeof(c->log_format), "json");
+}
+
+static const key_desc_t *find_key(const char *section, const char *key) {
+  for (size_t i = 0; i < NKEYS; i++)
+    if (strcasecmp(keys[i].section, section) == 0 && strcasecmp(keys[i].key, key) == 0)
+      return &keys[i];
+  return NULL;
+}
+
+static int set_value(tc_config_t *c, const key_desc_t *k, const char *value, char *err,
+                     size_t errlen, const char *where) {
+  void *slot = (char *)c + k->offset;
+  if (k->type == T_STR) {
+    if (strlen(value) >= k->size) {
+      snprintf(err, errlen, "%s: value of \"%s.%s\" is too long (at most %zu bytes)", where,
+               k->section, k->key, k->size - 1);
+      return -1;
+    }
+    snprintf(slot, k->size, "%s", value);
+    return 0;
+  }
+  char *end;
+  errno = 0;
+  long long v = strtoll(value, &end, 10);
+  while (end && isspace((unsigned char)*end)) end++;
+  if (errno || end == value || *end != '\0') {
+    snprintf(err, errlen, "%s: value \"%s\" of \"%s.%s\" is not an integer", where, value,
+             k->section, k->key);
+    return -1;
+  }
+  if (v < k->min || v > k->max) {
+    snprintf(err, errlen, "%s: value %lld of \"%s.%s\" is out of range [%lld, %lld]", where, v,
+             k->section, k->key, k->min, k->max);
+    return -1;
+  }
+  if (k->type == T_INT) *(int *)slot = (int)v;
+  else *(int64_t *)slot = v;
+  return 0;
+}
+
+int tc_config_set(tc_config_t *c, const char *section, const char *key, const char *value,
+                  char *err, size_t errlen) {
+  const key_desc_t *k = find_key(section, key);
+  if (!k) {
+    snprintf(err, errlen, "unknown setting \"%s.%s\"", section, key);
+    return -1;
+  }
+  return set_value(c, k, value, err, errlen, "setting");
+}
+
+typedef struct {
+  tc_config_t *c;
+  const char *path;
+  char *err;
+  size_t errlen;
+  int failed;
+} ini_ctx_t;
+
+static int ini_handler(void *user, const char *section, const char *name, const char *value) {
+  ini_ctx_t *x = user;
+  if (x->failed) return 0;
+  const key_desc_t *k = find_key(section, name);
+  char where[512];
+  snprintf(where, sizeof(where), "%s", x->path);
+  if (!k) {
+    snprintf(x->err, x->errlen, "%s: unknown setting \"%s\" in section [%s]", x->path, name,
+             section);
+    x->failed = 1;
+    return 0;
+  }
+  if (set_value(x->c, k, value, x->err, x->errlen, where) != 0) {
+    x->failed = 1;
+    return 0;
+  }
+  return 1;
+}
+
+int tc_config_load_file(tc_config_t *c, const char *path, char *err, size_t errlen) {
+  ini_ctx_t x = {c, path, err, errlen, 0};
+  int rc = ini_parse(path, ini_handler, &x);
+  if (rc == -1) {
+    snprintf(err, errlen, "could not open config file \"%s\": %s", path, strerror(errno));
+    return -1;
+  }
+  if (rc == -2) {
+    snprintf(err, errlen, "could not read config file \"%s\": out of memory", path);
+    return -1;
+  }
+  if (rc > 0) {
+    /* inih reports the first failing line; our handler wrote the reason. */
+    char reason[512];
+    snprintf(reason, sizeof(reason), "%s", x.failed ? err : "syntax error");
+    snprintf(err, errlen, "%s (line %d)", reason, rc);
+    return -1;
+  }
+  return 0;
+}
+
+int tc_config_load_env(tc_config_t *c, char *err, size_t errlen) {
+  for (size_t i = 0; i < NKEYS; i++) {
+    char name[128];
+    snprintf(name, sizeof(name), "TC_%s_%s", keys[i].section, keys[i].key);
+    for (char *p = name; *p; p++) *p = (char)toupper((unsigned char)*p);
+    const char *v = getenv(name);
+    if (v && set_value(c, &keys[i], v, err, errlen, name) != 0) return -1;
+  }
+  return 0;
+}
+
+int tc_config_split_addr(const char *addr, char *host, size_t hostlen, int *port) {
+  const char *colon = strrchr(addr, ':');
+  if (!colon || colon == addr) return -1;
+  size_t hl = (size_t)(colon - addr);
+  if (hl >= hostlen) return -1;
+  char *end;
+  long p = strtol(colon + 1, &end, 10);
+  if (*end || end == colon + 1 || p < 0 || p > 65535) return -1;
+  memcpy(host, addr, hl);
+  host[hl] = '\0';
+  *port = (int)p;
+  return 0;
+}
+
+int tc_config_validate(const tc_config_t *c, char *err, size_t errlen) {
+  char host[256];
+  int port;
+  if (tc_config_split_addr(c->listen, host, sizeof(host), &port) != 0) {
+    snprintf(err, errlen, "invalid server.listen \"%s\": expected host:port", c->listen);
+    return -1;
+  }
+  if (c->advertise[0] && tc_config_split_addr(c->advertise, host, sizeof(host), &port) != 0) {
+    snprintf(err, errlen, "invalid node.advertise \"%s\": expected host:port", c->advertise);
+    return -1;
+  }
+  if (c->token[0] == '\0') {
+    snprintf(err, errlen,
+             "server.token is empty: set a registration secret (config file or TC_SERVER_TOKEN)");
+    return -1;
+  }
+  if (c->pg_url[0] == '\0') {
+    snprintf(err, errlen, "store.pg_url is empty: set the PostgreSQL URL (or TC_STORE_PG_URL)");
+    return -1;
+  }
+  if (c->default_timeout_ms > c->max_timeout_ms) {
+    snprintf(err, errlen, "txn.default_timeout_ms (%d) is above txn.max_timeout_ms (%d)",
+             c->default_timeout_ms, c->max_timeout_ms);
+    return -1;
+  }
+  if (c->retry_min_ms > c->retry_max_ms) {
+    snprintf(err, errlen, "recovery.retry_min_ms (%d) is above recovery.retry_max_ms (%d)",
+             c->retry_min_ms, c->retry_max_ms);
+    return -1;
+  }
+  if (c->writers >= c->pool_size) {
+    snprintf(err, errlen, "store.writers (%d) must be below store.pool_size (%d)", c->writers,
+             c->pool_size);
+    return -1;
+  }
+  if (tc_log_level_parse(c->log_level) < 0) {
+    snprintf(err, errlen, "invalid log.level \"%s\": expected error, warn, info or debug",
+             c->log_level);
+    return -1;
+  }
+  if (strcmp(c->log_format, "json") != 0 && strcmp(c->log_format, "text") != 0) {
+    snprintf(err, errlen, "invalid log.format \"%s\": expected json or text", c->log_format);
+    return -1;
+  }
+  if (c->metrics_listen[0] &&
+      tc_config_split_addr(c->metrics_listen, host, sizeof(host), &port) != 0) {
+    snprintf(err, errlen, "invalid metrics.listen \"%s\": expected host:port", c->metrics_listen);
+    return -1;
+  }
+  return 0;
+}
+
+void tc_config_dump(const tc_config_t *c, void *file) {
+  FILE *f = file;
+  const char *section = "";
+  for (size_t i = 0; i < NKEYS; i++) {
+    const key_desc_t *k = &keys[i];
+    if (strcmp(section, k->section) != 0) {
+      fprintf(f, "%s[%s]\n", i ? "\n" : "", k->section);
+      section = k->section;
+    }
+    const void *slot = (const char *)c + k->offset;
+    fprintf(f, "; %s\n", k->help);
+    if (k->type == T_STR) {
+      const char *v = slot;
+      if (strcmp(k->key, "token") == 0 && v[0]) v = "********";
+      if (strcmp(k->key, "pg_url") == 0 && strchr(v, '@')) {
+        /* URLs may carry a password: show only what follows the '@'. */
+        fprintf(f, "%s = ********@%s\n", k->key, strchr(v, '@') + 1);
+        continue;
+      }
+      fprintf(f, "%s = %s\n", k->key, v);
+    } else if (k->type == T_INT) {
+      fprintf(f, "%s = %d\n", k->key, *(const int *)slot);
+    } else {
+      fprintf(f, "%s = %lld\n", k->key, (long long)*(const int64_t *)slot);
+    }
+  }
+}

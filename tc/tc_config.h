@@ -1,0 +1,79 @@
+/*
+ * tc_config.h - tcd settings: defaults, then an INI file, then environment
+ * overrides (TC_<SECTION>_<KEY>, e.g. TC_SERVER_LISTEN), then the command line.
+ *
+ * NOTES
+ *   Every key is declared once in a table in tc_config.c with its type and
+ *   bounds; the parser, the env overrides, --check-config and the --help text
+ *   all read that table.  Unknown sections or keys and out-of-range values
+ *   are errors that name the file, line and key: a typo must not silently run
+ *   a coordinator with a default.
+ */
+#ifndef TC_CONFIG_H
+#define TC_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define TC_CONFIG_STR 256
+
+typedef struct tc_config {
+  /* [node] */
+  int node_id;                      /* 1..1023, unique in the cluster */
+  char advertise[TC_CONFIG_STR];    /* host:port clients use; default = listen */
+  /* [server] */
+  char listen[TC_CONFIG_STR];       /* host:port, default 127.0.0.1:8091 */
+  char token[TC_CONFIG_STR];        /* registration secret, required */
+  int max_connections;
+  int max_inflight;                 /* per connection */
+  int heartbeat_ms;                 /* peers idle 3x this are dropped */
+  int max_frame;                    /* bytes of msgpack body */
+  /* [store] */
+  char pg_url[1024];
+  int pool_size;
+  int writers;                      /* connections that run group-commit batches */
+  int batch_max;                    /* requests per batch */
+  int queue_max;                    /* requests waiting for a batch */
+  /* [txn] */
+  int default_timeout_ms;
+  int max_timeout_ms;
+  int max_lock_keys;                /* keys per branch registration */
+  int lock_wait_max_ms;
+  /* [recovery] */
+  int recovery_interval_ms;
+  int retry_min_ms;
+  int retry_max_ms;
+  int history_days;
+  int64_t leader_lock_key;
+  /* [admin] */
+  char admin_socket[TC_CONFIG_STR];
+  /* [metrics] */
+  char metrics_listen[TC_CONFIG_STR];
+  /* [log] */
+  char log_level[16];
+  char log_format[16];              /* json | text */
+} tc_config_t;
+
+void tc_config_defaults(tc_config_t *c);
+
+/* Load 'path' over the current values.  On error returns -1 and writes a
+ * message naming the file/line/key to 'err'. */
+int tc_config_load_file(tc_config_t *c, const char *path, char *err, size_t errlen);
+
+/* Apply TC_<SECTION>_<KEY> environment variables. */
+int tc_config_load_env(tc_config_t *c, char *err, size_t errlen);
+
+/* Set one "section.key" (command-line --set section.key=value). */
+int tc_config_set(tc_config_t *c, const char *section, const char *key, const char *value,
+                  char *err, size_t errlen);
+
+/* Cross-field checks (required values, min <= max, parseable addresses). */
+int tc_config_validate(const tc_config_t *c, char *err, size_t errlen);
+
+/* Print every key with its current value (token masked) as INI. */
+void tc_config_dump(const tc_config_t *c, void *file /* FILE* */);
+
+/* Split "host:port"; returns -1 if malformed. */
+int tc_config_split_addr(const char *addr, char *host, size_t hostlen, int *port);
+
+#endif /* TC_CONFIG_H */
