@@ -228,6 +228,17 @@ typedef struct {
   int err;
 } pack_ctx_t;
 
+int txp_buf_append(txp_buf_t *b, const void *data, size_t len) {
+  int rc = buf_reserve(b, len + 1);
+  if (rc != 0) return rc;
+  memcpy(b->data + b->len, data, len);
+  b->len += len;
+  b->data[b->len] = '\0';
+  return 0;
+}
+
+int txp_buf_append_str(txp_buf_t *b, const char *s) { return txp_buf_append(b, s, strlen(s)); }
+
 static int buf_write_cb(void *data, const char *buf, size_t len) {
   pack_ctx_t *c = data;
   int rc = buf_reserve(c->b, len);
@@ -417,7 +428,7 @@ static int take_field(txp_msg_t *out, int f, const msgpack_object *v, char **are
     if (n > fields[f].max_len || n > lim->max_string) return TXP_EFIELD_TOO_LONG;
     if (!utf8_ok((const unsigned char *)v->via.str.ptr, n)) return TXP_EFIELD_TYPE;
     char *dst = *arena;
-    memcpy(dst, v->via.str.ptr, n);
+    if (n) memcpy(dst, v->via.str.ptr, n); /* msgpack-c: ptr is NULL when n == 0 */
     dst[n] = '\0';
     *arena += n + 1;
     *(char **)slot = dst;

@@ -235,6 +235,11 @@ void txp_buf_free(txp_buf_t *b);
 void txp_buf_reset(txp_buf_t *b);
 /* Drop the first 'n' bytes. */
 void txp_buf_consume(txp_buf_t *b, size_t n);
+/* Append 'len' bytes; keeps a NUL after the data (not counted in len) so
+ * text built with it is a C string.  Returns 0, TXP_EBUFFER_FULL or
+ * TXP_ENOMEM (nothing appended on error). */
+int txp_buf_append(txp_buf_t *b, const void *data, size_t len);
+int txp_buf_append_str(txp_buf_t *b, const char *s);
 
 /*
  * Append one frame for 'm' to 'out'.  Checks that every field the type

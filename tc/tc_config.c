@@ -144,7 +144,7 @@ typedef struct {
   int failed;
 } ini_ctx_t;
 
-static int ini_handler(void *user, const char *section, const char *name, const char *value) {
+static int on_ini_entry(void *user, const char *section, const char *name, const char *value) {
   ini_ctx_t *x = user;
   if (x->failed) return 0;
   const key_desc_t *k = find_key(section, name);
@@ -165,7 +165,7 @@ static int ini_handler(void *user, const char *section, const char *name, const 
 
 int tc_config_load_file(tc_config_t *c, const char *path, char *err, size_t errlen) {
   ini_ctx_t x = {c, path, err, errlen, 0};
-  int rc = ini_parse(path, ini_handler, &x);
+  int rc = ini_parse(path, on_ini_entry, &x);
   if (rc == -1) {
     snprintf(err, errlen, "could not open config file \"%s\": %s", path, strerror(errno));
     return -1;
@@ -214,6 +214,10 @@ int tc_config_validate(const tc_config_t *c, char *err, size_t errlen) {
   int port;
   if (tc_config_split_addr(c->listen, host, sizeof(host), &port) != 0) {
     snprintf(err, errlen, "invalid server.listen \"%s\": expected host:port", c->listen);
+    return -1;
+  }
+  if (strlen(c->advertise) > 100 || strlen(c->listen) > 100) {
+    snprintf(err, errlen, "node.advertise and server.listen must be at most 100 bytes: they go into every xid");
     return -1;
   }
   if (c->advertise[0] && tc_config_split_addr(c->advertise, host, sizeof(host), &port) != 0) {

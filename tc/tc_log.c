@@ -42,6 +42,7 @@ static void put_escaped(char *out, size_t cap, size_t *n, const char *s) {
 }
 
 static void put_raw(char *out, size_t cap, size_t *n, const char *s) {
+  if (*n + 1 >= cap) return;
   size_t l = strlen(s);
   if (*n + l >= cap) l = cap - *n - 1;
   memcpy(out + *n, s, l);
@@ -66,8 +67,8 @@ void tc_log_write(int level, const tc_log_ctx_t *ctx, const char *fmt, ...) {
   if (level > 3) level = 3;
 
   if (log_json) {
-    n += (size_t)snprintf(line, sizeof(line), "{\"ts\":\"%s\",\"level\":\"%s\",\"node\":%u,\"msg\":\"",
-                          ts, level_names[level], log_node);
+    n = (size_t)snprintf(line, sizeof(line), "{\"ts\":\"%s\",\"level\":\"%s\",\"node\":%u,\"msg\":\"",
+                         ts, level_names[level], log_node);
     put_escaped(line, sizeof(line), &n, msg);
     put_raw(line, sizeof(line), &n, "\"");
     if (ctx && ctx->xid) {
@@ -86,8 +87,9 @@ void tc_log_write(int level, const tc_log_ctx_t *ctx, const char *fmt, ...) {
     }
     put_raw(line, sizeof(line), &n, "}\n");
   } else {
-    n += (size_t)snprintf(line, sizeof(line), "%s %-5s node=%u %s", ts, level_names[level],
-                          log_node, msg);
+    int w = snprintf(line, sizeof(line), "%s %-5s node=%u %s", ts, level_names[level], log_node,
+                     msg);
+    n = w < 0 ? 0 : (size_t)w;
     if (n >= sizeof(line)) n = sizeof(line) - 1;
     if (ctx && ctx->xid) {
       snprintf(tmp, sizeof(tmp), " xid=%.50s", ctx->xid);

@@ -1,0 +1,579 @@
+/*
+ * tc_coord.c - the coordinator's request handlers: GlobalBegin, Commit,
+ * Rollback, Status, Report, BranchRegister (with lock waits), BranchReport
+ * and GlobalLockQuery.
+ *
+ * NOTES
+ *   Each request becomes a call_t that owns the tc_req_t until it replies.
+ *   Validation happens here, before anything reaches the store: a request
+ *   that fails it is answered at once with the specific code and changes
+ *   nothing.  State changes go through tc_store ops (group commit); the
+ *   reply is sent only from the op's callback, i.e. after the change is
+ *   durable.
+ *
+ *   Lifecycle of a global transaction as this node sees it:
+ *     1. GlobalBegin: id from the node's block, row inserted (Begin).
+ *     2. BranchRegister: branch row + lock rows in one transaction, only
+ *        while Begin and before the deadline; a conflict may wait (pushed
+ *        wake-up from tc_lockwait).
+ *     3. GlobalCommit/Rollback: compare-and-set from Begin (tc_decide_batch);
+ *        commit releases the locks in the same transaction.  The decision is
+ *        durable before any branch hears of it.
+ *     4. Phase two (tc_phase2.c) tells each branch; each outcome is stored;
+ *        the last one moves the transaction to history.
+ *   A crash after 3 leaves a session whose retry lease expires; the leader's
+ *   recovery job adopts and finishes it (tc_recovery.c).
+ */
+#include <inttypes.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tc_lockwait.h"
+#include "tc_log.h"
+#include "tc_node.h"
+#include "tc_server.h"
+#include "txp_lockkey.h"
+
+typedef struct call {
+  tc_node_t *node;
+  tc_req_t *req;
+  tc_op_t op;
+  tc_waiter_t waiter;
+  bool waiting;
+  uint64_t started_ns;
+  uint64_t lock_deadline_ns;
+  char xid[TXP_MAX_XID_LEN + 1];
+} call_t;
+
+static call_t *call_new(tc_node_t *node, tc_req_t *req, tc_op_kind_t kind, void (*cb)(tc_op_t *, void *)) {
+  call_t *c = calloc(1, sizeof(*c));
+  if (!c) return NULL;
+  c->node = node;
+  c->req = req;
+  c->started_ns = uv_hrtime();
+  c->op.kind = kind;
+  c->op.cb = cb;
+  c->op.arg = c;
+  return c;
+}
+
+static void call_free(call_t *c) {
+  tc_op_clear(&c->op);
+  free(c);
+}
+
+static void reply_code(call_t *c, int code, const char *msg) {
+  tc_req_reply_code(c->req, code, msg);
+  call_free(c);
+}
+
+/* Submit the call's op or answer BUSY/SHUTDOWN right away. */
+static void submit_or_reply(call_t *c) {
+  int rc = tc_store_submit(c->node->store, &c->op);
+  if (rc != 0)
+    reply_code(c, rc, rc == TXP_EBUSY ? "coordinator store queue full: retry later"
+                                      : "coordinator shutting down");
+}
+
+static int store_error_code(const tc_op_t *op) { return op->status ? op->status : TXP_ESTORE; }
+
+/* ------------------------------------------------------------ validation */
+
+static bool xid_ok(const char *xid) { return xid && xid[0] && strlen(xid) <= TXP_MAX_XID_LEN; }
+
+static bool require_xid_or_reply(tc_node_t *node, tc_req_t *req) {
+  if (xid_ok(req->msg.xid)) return true;
+  node->stats.bad_requests++;
+  tc_req_reply_code(req, TXP_EBAD_REQUEST, "missing or empty xid");
+  return false;
+}
+
+/* ----------------------------------------------------------------- begin */
+
+static void on_begin_done(tc_op_t *op, void *arg) {
+  call_t *c = arg;
+  if (op->status != 0) {
+    reply_code(c, store_error_code(op), op->errmsg);
+    return;
+  }
+  if (op->res == TC_RES_FINISHED) {
+    reply_code(c, TXP_EGLOBAL_NOT_ACTIVE,
+               "idempotency key already used by a global transaction that has finished");
+    return;
+  }
+  c->node->stats.begun++;
+  txp_msg_t res;
+  txp_msg_init_result(&res, &c->req->msg, 0, NULL);
+  txp_msg_set_str(&res, TXP_F_XID, op->out_xid);
+  txp_msg_set_int(&res, TXP_F_TIMEOUT_MS, op->timeout_ms);
+  txp_msg_set_int(&res, TXP_F_NODE_ID, c->node->cfg.node_id);
+  tc_req_reply(c->req, &res);
+  call_free(c);
+}
+
+static void handle_begin(tc_node_t *node, tc_req_t *req) {
+  const txp_msg_t *m = &req->msg;
+  uint32_t timeout = txp_msg_has(m, TXP_F_TIMEOUT_MS) && m->timeout_ms ? m->timeout_ms
+                                                                      : (uint32_t)node->cfg.default_timeout_ms;
+  if (timeout > (uint32_t)node->cfg.max_timeout_ms) {
+    char msg[128];
+    snprintf(msg, sizeof(msg), "timeout_ms %u is above the limit of %d", timeout, node->cfg.max_timeout_ms);
+    node->stats.bad_requests++;
+    tc_req_reply_code(req, TXP_EBAD_REQUEST, msg);
+    return;
+  }
+  call_t *c = call_new(node, req, TC_OP_BEGIN, on_begin_done);
+  if (!c) {
+    tc_req_reply_code(req, TXP_ENOMEM, "out of memory");
+    return;
+  }
+  int64_t txid;
+  if (tc_store_next_id(node->store, &txid) != 0) {
+    reply_code(c, TXP_ESTORE, "no transaction id available: coordinator store unreachable, retry");
+    return;
+  }
+  snprintf(c->xid, sizeof(c->xid), "%.100s:%" PRId64, node->advertise, txid);
+  c->op.xid = c->xid;
+  c->op.id = txid;
+  c->op.timeout_ms = timeout;
+  c->op.name = m->name;
+  c->op.app_id = tc_conn_app_id(req->conn);
+  c->op.idem_key = m->idem_key && m->idem_key[0] ? m->idem_key : NULL;
+  submit_or_reply(c);
+}
+
+/* -------------------------------------------------------------- decision */
+
+static void after_phase2_reply(int global_status, void *arg) {
+  call_t *c = arg;
+  txp_msg_t res;
+  txp_msg_init_result(&res, &c->req->msg, 0, NULL);
+  txp_msg_set_str(&res, TXP_F_XID, c->xid);
+  txp_msg_set_int(&res, TXP_F_GLOBAL_STATUS, global_status);
+  tc_req_reply(c->req, &res);
+  call_free(c);
+}
+
+/* The status a TM sees: AT phase two is clean-up only, so an
+ * AsyncCommitting transaction is committed as far as the TM is concerned. */
+static int tm_visible_status(int s) { return s == TXP_GS_ASYNC_COMMITTING ? TXP_GS_COMMITTED : s; }
+
+static void on_decide_done(tc_op_t *op, void *arg) {
+  call_t *c = arg;
+  tc_node_t *node = c->node;
+  bool want_commit = op->action == TC_DECIDE_COMMIT;
+  if (op->status != 0) {
+    reply_code(c, store_error_code(op), op->errmsg);
+    return;
+  }
+  int code = 0;
+  const char *msg = NULL;
+  switch (op->res) {
+  case TC_RES_NOT_FOUND:
+    reply_code(c, TXP_EGLOBAL_NOT_FOUND, "global transaction not found");
+    return;
+  case TC_RES_OK:
+  case TC_RES_TIMED_OUT:
+    if (op->res == TC_RES_TIMED_OUT) {
+      node->stats.timed_out++;
+      code = TXP_ETIMED_OUT;
+      msg = "global transaction timed out: rolled back";
+    }
+    tc__lockwait_release(node, c->xid);
+    if (txp_global_status_final(op->global_status)) {
+      if (txp_global_status_is_commit(op->global_status)) node->stats.committed++;
+      else node->stats.rolled_back++;
+      break; /* no branches: finished already */
+    }
+    if (txp_global_status_is_commit(op->global_status)) {
+      node->stats.committed++;
+      /* AT commit is asynchronous: answer now, drive the branches after. */
+      tc__phase2_drive(node, c->xid, op->global_status, op->branches, op->nbranches, NULL, NULL);
+      break;
+    }
+    if (code == 0) {
+      /* Rollback: answer when the branches are undone (or failed). */
+      tc__phase2_drive(node, c->xid, op->global_status, op->branches, op->nbranches,
+                       after_phase2_reply, c);
+      return;
+    }
+    tc__phase2_drive(node, c->xid, op->global_status, op->branches, op->nbranches, NULL, NULL);
+    break;
+  case TC_RES_DECIDED:
+  case TC_RES_FINISHED: {
+    /* Repeated or crossing decision: answer the status, idempotently. */
+    bool is_commit = txp_global_status_is_commit(op->global_status);
+    if (is_commit != want_commit) {
+      code = TXP_EGLOBAL_NOT_ACTIVE;
+      msg = is_commit ? "global transaction already committed" : "global transaction already rolled back";
+    }
+    break;
+  }
+  default:
+    reply_code(c, TXP_EINTERNAL, "unexpected store result");
+    return;
+  }
+  txp_msg_t res;
+  txp_msg_init_result(&res, &c->req->msg, code, msg);
+  txp_msg_set_str(&res, TXP_F_XID, c->xid);
+  txp_msg_set_int(&res, TXP_F_GLOBAL_STATUS, tm_visible_status(op->global_status));
+  tc_req_reply(c->req, &res);
+  call_free(c);
+}
+
+static void handle_decide(tc_node_t *node, tc_req_t *req, tc_decide_action_t action) {
+  if (!require_xid_or_reply(node, req)) return;
+  call_t *c = call_new(node, req, TC_OP_DECIDE, on_decide_done);
+  if (!c) {
+    tc_req_reply_code(req, TXP_ENOMEM, "out of memory");
+    return;
+  }
+  snprintf(c->xid, sizeof(c->xid), "%s", req->msg.xid);
+  c->op.xid = c->xid;
+  c->op.action = action;
+  submit_or_reply(c);
+}
+
+static void handle_global_report(tc_node_t *node, tc_req_t *req) {
+  int s = (int)req->msg.global_status;
+  if (txp_global_status_is_commit(s)) handle_decide(node, req, TC_DECIDE_COMMIT);
+  else if (txp_global_status_is_rollback(s)) handle_decide(node, req, TC_DECIDE_ROLLBACK);
+  else {
+    node->stats.bad_requests++;
+    tc_req_reply_code(req, TXP_EBAD_REQUEST, "global report must carry a commit or rollback status");
+  }
+}
+
+/* ------------------------------------------------------------------ reads */
+
+typedef struct read_call {
+  tc_node_t *node;
+  tc_req_t *req;
+} read_call_t;
+
+static void on_status_read(tc_pg_job_t *job, int status, void *arg) {
+  read_call_t *rc = arg;
+  if (status != TC_PG_OK) {
+    tc_req_reply_code(rc->req, TXP_ESTORE, "could not read the global status: store unavailable");
+  } else {
+    const PGresult *r = tc_pg_job_result(job, 0);
+    if (PQntuples(r) == 0) {
+      tc_req_reply_code(rc->req, TXP_EGLOBAL_NOT_FOUND, "global transaction not found");
+    } else {
+      txp_msg_t res;
+      txp_msg_init_result(&res, &rc->req->msg, 0, NULL);
+      txp_msg_set_str(&res, TXP_F_XID, rc->req->msg.xid);
+      txp_msg_set_int(&res, TXP_F_GLOBAL_STATUS, atoi(PQgetvalue(r, 0, 0)));
+      tc_req_reply(rc->req, &res);
+    }
+  }
+  free(rc);
+}
+
+static void submit_read(tc_node_t *node, tc_req_t *req, const char *sql, int n, const char *const *vals,
+                        tc_pg_job_cb cb) {
+  read_call_t *rc = calloc(1, sizeof(*rc));
+  tc_pg_job_t *job = rc ? tc_pg_job_new(0, cb, rc) : NULL;
+  if (!job || tc_pg_job_add(job, sql, n, vals) != 0) {
+    if (job) tc_pg_job_free(job);
+    free(rc);
+    tc_req_reply_code(req, TXP_ENOMEM, "out of memory");
+    return;
+  }
+  rc->node = node;
+  rc->req = req;
+  if (tc_store_read(node->store, job, 5000) != 0) {
+    tc_pg_job_free(job);
+    free(rc);
+    tc_req_reply_code(req, TXP_EBUSY, "coordinator store queue full: retry later");
+  }
+}
+
+static void handle_status(tc_node_t *node, tc_req_t *req) {
+  if (!require_xid_or_reply(node, req)) return;
+  const char *v[] = {req->msg.xid};
+  submit_read(node, req,
+              "SELECT status FROM global_table WHERE xid = $1 "
+              "UNION ALL SELECT status FROM global_history WHERE xid = $1 LIMIT 1",
+              1, v, on_status_read);
+}
+
+/* Row keys of 'keys' for 'resource' as a PostgreSQL text[] literal. */
+typedef struct {
+  txp_buf_t buf;
+  const char *resource;
+  int n;
+} rowkeys_t;
+
+static int add_rowkey(const txp_lockkey_t *k, void *arg) {
+  rowkeys_t *rk = arg;
+  char row[TXP_MAX_ROW_KEY_LEN + 1];
+  if (txp_row_key(rk->resource, k, row, sizeof(row)) < 0) return TXP_EFIELD_TOO_LONG;
+  /* Escape for the text[] literal: key parts may hold '"' or '\\'. */
+  int rc = rk->n ? txp_buf_append(&rk->buf, ",\"", 2) : txp_buf_append(&rk->buf, "\"", 1);
+  rk->n++;
+  for (const char *p = row; *p && !rc; p++) {
+    if (*p == '"' || *p == '\\') rc = txp_buf_append(&rk->buf, "\\", 1);
+    if (!rc) rc = txp_buf_append(&rk->buf, p, 1);
+  }
+  if (!rc) rc = txp_buf_append(&rk->buf, "\"", 1);
+  return rc;
+}
+
+/* Each row key must fit the store's limit. */
+static int check_rowkey(const txp_lockkey_t *k, void *arg) {
+  char row[TXP_MAX_ROW_KEY_LEN + 1];
+  return txp_row_key((const char *)arg, k, row, sizeof(row)) < 0 ? TXP_EFIELD_TOO_LONG : 0;
+}
+
+static void on_lock_query_read(tc_pg_job_t *job, int status, void *arg) {
+  read_call_t *rc = arg;
+  if (status != TC_PG_OK) {
+    tc_req_reply_code(rc->req, TXP_ESTORE, "could not query locks: store unavailable");
+  } else {
+    const PGresult *r = tc_pg_job_result(job, 0);
+    txp_msg_t res;
+    txp_msg_init_result(&res, &rc->req->msg, 0, NULL);
+    txp_msg_set_int(&res, TXP_F_LOCKABLE, PQntuples(r) == 0);
+    if (PQntuples(r) > 0) txp_msg_set_str(&res, TXP_F_LOCK_HOLDER, PQgetvalue(r, 0, 0));
+    tc_req_reply(rc->req, &res);
+  }
+  free(rc);
+}
+
+/* Validate lock keys and, when 'rk' is given, collect their row keys. */
+static int check_lock_keys_or_reply(tc_node_t *node, tc_req_t *req, rowkeys_t *rk) {
+  const txp_msg_t *m = &req->msg;
+  int n = rk ? txp_lockkeys_each(m->lock_keys, (size_t)node->cfg.max_lock_keys, add_rowkey, rk)
+             : txp_lockkeys_each(m->lock_keys, (size_t)node->cfg.max_lock_keys, check_rowkey,
+                                 (void *)(uintptr_t)m->resource_id);
+  if (n >= 0) return n;
+  char msg[256];
+  if (n == TXP_ELIMIT)
+    snprintf(msg, sizeof(msg), "too many lock keys: at most %d per branch", node->cfg.max_lock_keys);
+  else if (n == TXP_EFIELD_TOO_LONG)
+    snprintf(msg, sizeof(msg), "lock key longer than %d bytes with its resource id", TXP_MAX_ROW_KEY_LEN);
+  else
+    snprintf(msg, sizeof(msg), "malformed lock keys: expected \"table:pk1,pk2;table2:pk\"");
+  node->stats.bad_requests++;
+  tc_req_reply_code(req, TXP_EBAD_REQUEST, msg);
+  return -1;
+}
+
+static void handle_lock_query(tc_node_t *node, tc_req_t *req) {
+  rowkeys_t rk = {.resource = req->msg.resource_id};
+  txp_buf_init(&rk.buf, 0);
+  if (txp_buf_append(&rk.buf, "{", 1) != 0) {
+    tc_req_reply_code(req, TXP_ENOMEM, "out of memory");
+    return;
+  }
+  if (check_lock_keys_or_reply(node, req, &rk) < 0) {
+    txp_buf_free(&rk.buf);
+    return;
+  }
+  if (txp_buf_append(&rk.buf, "}", 1) != 0) {
+    txp_buf_free(&rk.buf);
+    tc_req_reply_code(req, TXP_ENOMEM, "out of memory");
+    return;
+  }
+  const char *v[] = {rk.buf.data, req->msg.xid ? req->msg.xid : ""};
+  submit_read(node, req,
+              "SELECT xid FROM lock_table WHERE row_key = ANY($1::text[]) AND xid <> $2 LIMIT 1", 2,
+              v, on_lock_query_read);
+  txp_buf_free(&rk.buf);
+}
+
+/* --------------------------------------------------------- registration */
+
+static void on_register_done(tc_op_t *op, void *arg);
+
+static void on_lock_wake(tc_waiter_t *w, int reason) {
+  call_t *c = w->data;
+  c->waiting = false;
+  if (reason != 0) {
+    if (reason == TXP_ELOCK_WAIT_TIMEOUT) c->node->stats.lock_wait_timeouts++;
+    char msg[TXP_MAX_XID_LEN + 96];
+    snprintf(msg, sizeof(msg), "lock wait timed out: held by global transaction \"%s\"", w->holder);
+    reply_code(c, reason, msg);
+    return;
+  }
+  submit_or_reply(c); /* same op, same branch id: try again */
+}
+
+static void reply_register(call_t *c, int code, const char *msg) {
+  txp_msg_t res;
+  txp_msg_init_result(&res, &c->req->msg, code, msg);
+  if (code == 0) txp_msg_set_int(&res, TXP_F_BRANCH_ID, c->op.out_id);
+  if (c->waiter.first_queued_ns) {
+    uint64_t waited = (uv_hrtime() - c->waiter.first_queued_ns) / 1000000u;
+    txp_msg_set_int(&res, TXP_F_WAITED_MS, (int64_t)waited);
+    if (code == 0) c->node->stats.lock_wait_ms_total += waited;
+  }
+  if (c->op.holder[0] && code != 0) txp_msg_set_str(&res, TXP_F_LOCK_HOLDER, c->op.holder);
+  tc_req_reply(c->req, &res);
+  call_free(c);
+}
+
+static void on_register_done(tc_op_t *op, void *arg) {
+  call_t *c = arg;
+  tc_node_t *node = c->node;
+  if (op->status != 0) {
+    reply_register(c, store_error_code(op), op->errmsg);
+    return;
+  }
+  char msg[TXP_MAX_XID_LEN + 128];
+  switch (op->res) {
+  case TC_RES_OK:
+    node->stats.registered++;
+    reply_register(c, 0, NULL);
+    return;
+  case TC_RES_NOT_FOUND:
+    reply_register(c, TXP_EGLOBAL_NOT_FOUND, "global transaction not found");
+    return;
+  case TC_RES_NOT_ACTIVE:
+    snprintf(msg, sizeof(msg), "could not register branch: global transaction is %s, expected Begin",
+             txp_global_status_name(op->global_status));
+    reply_register(c, TXP_EGLOBAL_NOT_ACTIVE, msg);
+    return;
+  case TC_RES_TIMED_OUT:
+    reply_register(c, TXP_ETIMED_OUT, "could not register branch: global transaction timed out");
+    return;
+  case TC_RES_HOLDER_ROLLBACKING:
+    node->stats.register_conflicts++;
+    snprintf(msg, sizeof(msg), "lock held by global transaction \"%s\", which is rolling back", op->holder);
+    reply_register(c, TXP_ELOCK_HOLDER_ROLLBACKING, msg);
+    return;
+  case TC_RES_CONFLICT: {
+    node->stats.register_conflicts++;
+    uint64_t now = uv_hrtime();
+    if (c->lock_deadline_ns > now) {
+      c->waiter.cb = on_lock_wake;
+      c->waiter.data = c;
+      snprintf(c->waiter.holder, sizeof(c->waiter.holder), "%s", op->holder);
+      c->waiter.deadline_ns = c->lock_deadline_ns;
+      if (!c->waiter.first_queued_ns) {
+        c->waiter.first_queued_ns = now;
+        node->stats.lock_waits++;
+      }
+      if (tc_lockwait_add(node->lockwait, &c->waiter) == 0) {
+        c->waiting = true;
+        return;
+      }
+    }
+    snprintf(msg, sizeof(msg), "lock conflict: held by global transaction \"%s\"", op->holder);
+    reply_register(c, c->waiter.first_queued_ns ? TXP_ELOCK_WAIT_TIMEOUT : TXP_ELOCK_CONFLICT, msg);
+    return;
+  }
+  default:
+    reply_register(c, TXP_EINTERNAL, "unexpected store result");
+    return;
+  }
+}
+
+static void handle_register(tc_node_t *node, tc_req_t *req) {
+  const txp_msg_t *m = &req->msg;
+  if (!require_xid_or_reply(node, req)) return;
+  char msg[160];
+  if (m->branch_type != TXP_BT_AT && m->branch_type != TXP_BT_TCC) {
+    snprintf(msg, sizeof(msg), "branch type %s is not supported: use AT or TCC",
+             txp_branch_type_name((int)m->branch_type));
+    node->stats.bad_requests++;
+    tc_req_reply_code(req, TXP_EBAD_REQUEST, msg);
+    return;
+  }
+  if (!m->resource_id || !m->resource_id[0]) {
+    node->stats.bad_requests++;
+    tc_req_reply_code(req, TXP_EBAD_REQUEST, "missing or empty resource_id");
+    return;
+  }
+  if (m->lock_keys && m->lock_keys[0] && check_lock_keys_or_reply(node, req, NULL) < 0) return;
+  if (m->lock_wait_ms > (uint32_t)node->cfg.lock_wait_max_ms) {
+    snprintf(msg, sizeof(msg), "lock_wait_ms %u is above the limit of %d", m->lock_wait_ms,
+             node->cfg.lock_wait_max_ms);
+    node->stats.bad_requests++;
+    tc_req_reply_code(req, TXP_EBAD_REQUEST, msg);
+    return;
+  }
+  call_t *c = call_new(node, req, TC_OP_REGISTER, on_register_done);
+  if (!c) {
+    tc_req_reply_code(req, TXP_ENOMEM, "out of memory");
+    return;
+  }
+  if (tc_store_next_id(node->store, &c->op.id) != 0) {
+    reply_code(c, TXP_ESTORE, "no branch id available: coordinator store unreachable, retry");
+    return;
+  }
+  snprintf(c->xid, sizeof(c->xid), "%s", m->xid);
+  c->op.xid = c->xid;
+  c->op.resource_id = m->resource_id;
+  c->op.branch_type = (int)m->branch_type;
+  c->op.lock_keys = m->lock_keys && m->lock_keys[0] ? m->lock_keys : NULL;
+  c->op.app_data = m->application_data;
+  c->op.client_id = tc_conn_client_id(req->conn);
+  c->op.idem_key = m->idem_key && m->idem_key[0] ? m->idem_key : NULL;
+  if (m->lock_wait_ms) c->lock_deadline_ns = c->started_ns + (uint64_t)m->lock_wait_ms * 1000000u;
+  submit_or_reply(c);
+}
+
+/* --------------------------------------------------------- branch report */
+
+static void on_branch_report_done(tc_op_t *op, void *arg) {
+  call_t *c = arg;
+  if (op->status != 0) {
+    reply_code(c, store_error_code(op), op->errmsg);
+    return;
+  }
+  switch (op->res) {
+  case TC_RES_NOT_FOUND: reply_code(c, TXP_EGLOBAL_NOT_FOUND, "global transaction not found"); return;
+  case TC_RES_BRANCH_NOT_FOUND: reply_code(c, TXP_EBRANCH_NOT_FOUND, "branch not found"); return;
+  default: reply_code(c, 0, NULL); return;
+  }
+}
+
+static void handle_branch_report(tc_node_t *node, tc_req_t *req) {
+  const txp_msg_t *m = &req->msg;
+  if (!require_xid_or_reply(node, req)) return;
+  if (m->branch_status != TXP_BS_PHASE1_DONE && m->branch_status != TXP_BS_PHASE1_FAILED) {
+    node->stats.bad_requests++;
+    tc_req_reply_code(req, TXP_EBAD_REQUEST, "branch report must be PhaseOneDone or PhaseOneFailed");
+    return;
+  }
+  call_t *c = call_new(node, req, TC_OP_PHASE2, on_branch_report_done);
+  if (!c) {
+    tc_req_reply_code(req, TXP_ENOMEM, "out of memory");
+    return;
+  }
+  snprintf(c->xid, sizeof(c->xid), "%s", m->xid);
+  c->op.xid = c->xid;
+  c->op.id = m->branch_id;
+  c->op.branch_status = (int)m->branch_status;
+  c->op.error = m->message;
+  submit_or_reply(c);
+}
+
+/* ------------------------------------------------------------- dispatch */
+
+void tc__coord_on_request(tc_req_t *req, void *arg) {
+  tc_node_t *node = arg;
+  node->stats.requests++;
+  if (node->stopping) {
+    tc_req_reply_code(req, TXP_ESHUTDOWN, "coordinator shutting down");
+    return;
+  }
+  switch (req->msg.type) {
+  case TXP_MSG_GLOBAL_BEGIN: handle_begin(node, req); break;
+  case TXP_MSG_GLOBAL_COMMIT: handle_decide(node, req, TC_DECIDE_COMMIT); break;
+  case TXP_MSG_GLOBAL_ROLLBACK: handle_decide(node, req, TC_DECIDE_ROLLBACK); break;
+  case TXP_MSG_GLOBAL_STATUS: handle_status(node, req); break;
+  case TXP_MSG_GLOBAL_REPORT: handle_global_report(node, req); break;
+  case TXP_MSG_BRANCH_REGISTER: handle_register(node, req); break;
+  case TXP_MSG_BRANCH_REPORT: handle_branch_report(node, req); break;
+  case TXP_MSG_GLOBAL_LOCK_QUERY: handle_lock_query(node, req); break;
+  default:
+    node->stats.bad_requests++;
+    tc_req_reply_code(req, TXP_EBAD_REQUEST, "message type not served by the coordinator");
+    break;
+  }
+}

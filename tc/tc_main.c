@@ -1,0 +1,179 @@
+/*
+ * tc_main.c - tcd, the coordinator daemon: options, config, signals, loop.
+ */
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sysexits.h>
+
+#include "tc_config.h"
+#include "tc_log.h"
+#include "tc_node.h"
+
+#ifndef TXC_VERSION
+#define TXC_VERSION "0.1.0"
+#endif
+
+typedef struct {
+  uv_loop_t *loop;
+  tc_node_t *node;
+  uv_signal_t sigterm, sigint;
+  int exit_code;
+  bool stopping;
+} daemon_t;
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: tcd [options]\n"
+          "\n"
+          "The transaction coordinator daemon: serves global transactions for TMs and\n"
+          "RMs, keeping every session, branch and lock in PostgreSQL.\n"
+          "\n"
+          "options:\n"
+          "  -c, --config FILE     read settings from FILE (INI; see --print-config)\n"
+          "  -s, --set SEC.KEY=VAL override one setting (repeatable)\n"
+          "      --check-config    validate the settings and exit (0 when valid)\n"
+          "      --print-config    print the effective settings as INI and exit\n"
+          "  -h, --help            this text\n"
+          "  -V, --version         print the version\n"
+          "\n"
+          "Settings apply in this order: defaults, the config file, environment\n"
+          "variables TC_<SECTION>_<KEY> (e.g. TC_SERVER_TOKEN, TC_STORE_PG_URL), --set.\n"
+          "SIGTERM or SIGINT stops the node cleanly.\n"
+          "\n"
+          "exit status: 0 clean stop, 64 usage error, 78 bad configuration,\n"
+          "             69 store or listener unavailable at start-up.\n");
+}
+
+static void close_signals(daemon_t *d) {
+  uv_close((uv_handle_t *)&d->sigterm, NULL);
+  uv_close((uv_handle_t *)&d->sigint, NULL);
+}
+
+static void on_stopped(void *arg) {
+  daemon_t *d = arg;
+  d->node = NULL;
+  close_signals(d);
+}
+
+static void begin_stop(daemon_t *d) {
+  if (d->stopping) return;
+  d->stopping = true;
+  if (d->node) tc_node_stop(d->node, on_stopped, d);
+  else close_signals(d);
+}
+
+static void on_signal(uv_signal_t *h, int signum) {
+  daemon_t *d = h->data;
+  tc_log_info("received %s: stopping", signum == SIGTERM ? "SIGTERM" : "SIGINT");
+  begin_stop(d);
+}
+
+static void on_ready(tc_node_t *node, int status, const char *err, void *arg) {
+  daemon_t *d = arg;
+  if (status != 0) {
+    tc_log_error("could not start: %s", err ? err : "unknown error");
+    d->exit_code = EX_UNAVAILABLE;
+    begin_stop(d);
+  }
+}
+
+int main(int argc, char **argv) {
+  static const struct option opts[] = {
+    {"config", required_argument, NULL, 'c'},
+    {"set", required_argument, NULL, 's'},
+    {"check-config", no_argument, NULL, 'C'},
+    {"print-config", no_argument, NULL, 'P'},
+    {"help", no_argument, NULL, 'h'},
+    {"version", no_argument, NULL, 'V'},
+    {NULL, 0, NULL, 0},
+  };
+  tc_config_t cfg;
+  char err[1024];
+  const char *config_path = NULL;
+  bool check_only = false, print_only = false;
+  char *sets[64];
+  int nsets = 0;
+
+  tc_config_defaults(&cfg);
+  int ch;
+  while ((ch = getopt_long(argc, argv, "c:s:hV", opts, NULL)) != -1) {
+    switch (ch) {
+    case 'c': config_path = optarg; break;
+    case 's':
+      if (nsets == 64) {
+        fprintf(stderr, "tcd: too many --set options\n");
+        return EX_USAGE;
+      }
+      sets[nsets++] = optarg;
+      break;
+    case 'C': check_only = true; break;
+    case 'P': print_only = true; break;
+    case 'h': usage(stdout); return 0;
+    case 'V': printf("tcd %s (protocol %d.%d)\n", TXC_VERSION, TXP_VERSION_MAJOR, TXP_VERSION_MINOR); return 0;
+    default: usage(stderr); return EX_USAGE;
+    }
+  }
+  if (optind < argc) {
+    fprintf(stderr, "tcd: unexpected argument \"%s\" (see --help)\n", argv[optind]);
+    return EX_USAGE;
+  }
+  if (config_path && tc_config_load_file(&cfg, config_path, err, sizeof(err)) != 0) {
+    fprintf(stderr, "tcd: %s\n", err);
+    return EX_CONFIG;
+  }
+  if (tc_config_load_env(&cfg, err, sizeof(err)) != 0) {
+    fprintf(stderr, "tcd: %s\n", err);
+    return EX_CONFIG;
+  }
+  for (int i = 0; i < nsets; i++) {
+    char *eq = strchr(sets[i], '='), *dot = strchr(sets[i], '.');
+    if (!eq || !dot || dot > eq) {
+      fprintf(stderr, "tcd: --set expects SECTION.KEY=VALUE, got \"%s\"\n", sets[i]);
+      return EX_USAGE;
+    }
+    *eq = *dot = '\0';
+    if (tc_config_set(&cfg, sets[i], dot + 1, eq + 1, err, sizeof(err)) != 0) {
+      fprintf(stderr, "tcd: %s\n", err);
+      return EX_CONFIG;
+    }
+  }
+  if (print_only) {
+    tc_config_dump(&cfg, stdout);
+    return 0;
+  }
+  if (tc_config_validate(&cfg, err, sizeof(err)) != 0) {
+    fprintf(stderr, "tcd: %s\n", err);
+    return EX_CONFIG;
+  }
+  if (check_only) {
+    printf("tcd: configuration is valid\n");
+    return 0;
+  }
+
+  tc_log_level = tc_log_level_parse(cfg.log_level);
+  tc_log_set_json(strcmp(cfg.log_format, "json") == 0);
+  tc_log_set_node((unsigned)cfg.node_id);
+  signal(SIGPIPE, SIG_IGN);
+
+  daemon_t d = {0};
+  d.loop = uv_default_loop();
+  uv_signal_init(d.loop, &d.sigterm);
+  uv_signal_init(d.loop, &d.sigint);
+  d.sigterm.data = d.sigint.data = &d;
+  uv_signal_start(&d.sigterm, on_signal, SIGTERM);
+  uv_signal_start(&d.sigint, on_signal, SIGINT);
+
+  d.node = tc_node_start(d.loop, &cfg, on_ready, &d);
+  if (!d.node) {
+    fprintf(stderr, "tcd: could not start: out of memory\n");
+    return EX_OSERR;
+  }
+  uv_run(d.loop, UV_RUN_DEFAULT);
+  int rc = uv_loop_close(d.loop);
+  if (rc != 0) tc_log_warn("event loop closed with handles still open");
+  tc_log_info("stopped");
+  return d.exit_code;
+}

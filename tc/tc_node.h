@@ -1,0 +1,82 @@
+/*
+ * tc_node.h - one coordinator node: the object that wires the store, the
+ * server, lock waits, phase two and recovery together.  tcd's main creates
+ * one; tests may create several in one process.
+ *
+ * NOTES
+ *   Start-up order: store (pools, first id block) -> server (listen) ->
+ *   recovery (leader election; it adopts every unfinished session found in
+ *   the store, which is how a restarted node finishes what a killed one
+ *   left).  Shutdown runs the reverse order.
+ */
+#ifndef TC_NODE_H
+#define TC_NODE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "tc_config.h"
+#include "tc_store.h"
+
+typedef struct tc_node tc_node_t;
+typedef struct tc_server tc_server_t;
+typedef struct tc_lockwait tc_lockwait_t;
+typedef struct tc_recovery tc_recovery_t;
+struct tc_req;
+
+/* Counters; monotonic unless noted. */
+typedef struct tc_node_stats {
+  uint64_t begun, committed, rolled_back, timed_out, commit_failed, rollback_failed;
+  uint64_t registered, register_conflicts, lock_waits, lock_wait_timeouts, lock_wait_ms_total;
+  uint64_t phase2_calls, phase2_retryable, phase2_unretryable, phase2_no_rm;
+  uint64_t requests, bad_requests;
+  int phase2_active; /* gauge */
+} tc_node_stats_t;
+
+struct tc_node {
+  uv_loop_t *loop;
+  tc_config_t cfg;
+  char advertise[TC_CONFIG_STR];
+  tc_store_t *store;
+  tc_server_t *server;
+  tc_lockwait_t *lockwait;
+  tc_recovery_t *recovery;
+  tc_node_stats_t stats;
+  bool serving;
+  bool stopping;
+
+  void (*on_ready)(tc_node_t *node, int status, const char *err, void *arg);
+  void *ready_arg;
+  void (*stop_done)(void *arg);
+  void *stop_arg;
+  int stop_parts;
+};
+
+/* Start a node on 'loop' with 'cfg' (copied).  'on_ready' runs once: status
+ * 0 when the node serves, or an error (store unreachable, listen failed).
+ * Returns NULL only on allocation failure. */
+tc_node_t *tc_node_start(uv_loop_t *loop, const tc_config_t *cfg,
+                         void (*on_ready)(tc_node_t *, int, const char *, void *), void *arg);
+/* Stop serving and release everything; 'done' runs when all is closed. */
+void tc_node_stop(tc_node_t *node, void (*done)(void *arg), void *arg);
+
+/* The port actually listened on (useful with port 0). */
+int tc_node_port(const tc_node_t *node);
+
+/* ---- used between the node's modules ---- */
+
+/* Serve one decoded request (tc_server's on_request). */
+void tc__coord_on_request(struct tc_req *req, void *arg);
+
+/* Phase two of a decided transaction: drive 'branches' (copied) to the
+ * decision implied by 'global_status'.  'done' (may be NULL) runs once with
+ * the global status reached (final, or a *Retrying/Failed status). */
+void tc__phase2_drive(tc_node_t *node, const char *xid, int global_status,
+                      const tc_branch_row_t *branches, int nbranches,
+                      void (*done)(int global_status, void *arg), void *arg);
+
+/* Locks of 'xid' were released or began rolling back: wake its waiters. */
+void tc__lockwait_release(tc_node_t *node, const char *xid);
+
+#endif /* TC_NODE_H */

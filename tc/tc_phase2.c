@@ -1,0 +1,232 @@
+/*
+ * tc_phase2.c - phase two: tell each branch of a decided global transaction
+ * to commit or roll back, and record each outcome.
+ *
+ * NOTES
+ *   Commit (AT): every unfinished branch at once; an acknowledged branch is
+ *   recorded PhaseTwoCommitted.  Rollback: one branch at a time, newest
+ *   first (reverse registration order, as the undo logs must be replayed),
+ *   stopping at the first failure.
+ *
+ *   Each outcome goes through the store (tc_phase2_batch), which also
+ *   decides what happens to the global transaction: finished and moved to
+ *   history when nothing is left, *Retrying with a backoff after a
+ *   retryable failure, *Failed (locks kept, for an operator) after an
+ *   unretryable one such as a dirty write.  This module keeps no state that
+ *   recovery needs: if the node dies mid-way, the session's retry lease
+ *   expires and the leader drives it again.  Branch operations are
+ *   idempotent at the RM, so driving a branch twice is harmless.
+ *
+ *   The number of drives in progress is bounded; past the bound a session is
+ *   left to the recovery job (it is durable, only later).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tc_log.h"
+#include "tc_node.h"
+#include "tc_server.h"
+
+#define MAX_ACTIVE_DRIVES 20000
+#define BRANCH_CALL_TIMEOUT_MS 10000
+
+typedef struct drive drive_t;
+
+typedef struct branch_ctx {
+  drive_t *d;
+  tc_branch_row_t row;
+  tc_op_t op;
+  char error[512];
+  bool done;
+} branch_ctx_t;
+
+struct drive {
+  tc_node_t *node;
+  char xid[TXP_MAX_XID_LEN + 1];
+  bool commit;
+  int global_status;
+  branch_ctx_t *branches; /* in driving order */
+  int n, next, pending;
+  bool stopped;
+  void (*done)(int, void *);
+  void *done_arg;
+};
+
+static void branch_call(drive_t *d, branch_ctx_t *b);
+
+static void drive_finish(drive_t *d) {
+  tc_node_t *node = d->node;
+  node->stats.phase2_active--;
+  if (d->done) d->done(d->global_status, d->done_arg);
+  for (int i = 0; i < d->n; i++) tc_op_clear(&d->branches[i].op);
+  free(d->branches);
+  free(d);
+}
+
+static void on_outcome_stored(tc_op_t *op, void *arg) {
+  branch_ctx_t *b = arg;
+  drive_t *d = b->d;
+  tc_node_t *node = d->node;
+  tc_log_ctx_t lc = {d->xid, b->row.branch_id, NULL};
+  d->pending--;
+  if (op->status != 0) {
+    /* The outcome is not recorded: recovery will drive this branch again. */
+    TC_LOG(TC_LOG_WARN, &lc, "could not record phase-two outcome: %s; recovery will retry", op->errmsg);
+    d->stopped = true;
+  } else {
+    if (op->global_status) d->global_status = op->global_status;
+    if (op->finished) {
+      if (txp_global_status_is_rollback(op->global_status)) tc__lockwait_release(node, d->xid);
+    } else if (op->res == TC_RES_FAILED) {
+      if (txp_global_status_is_commit(op->global_status)) node->stats.commit_failed++;
+      else node->stats.rollback_failed++;
+      TC_LOG(TC_LOG_ERROR, &lc,
+             "global transaction is %s: branch on \"%s\" failed for good: %s; "
+             "repair the data, then re-drive it with tcctl",
+             txp_global_status_name(op->global_status), b->row.resource_id, b->error);
+      d->stopped = true;
+    } else if (op->res == TC_RES_RETRY) {
+      d->stopped = d->stopped || !d->commit;
+    } else if (op->res == TC_RES_NOT_FOUND) {
+      d->stopped = true; /* finished elsewhere (another node, or a duplicate) */
+    }
+  }
+  if (!d->commit && !d->stopped && d->next < d->n) {
+    branch_call(d, &d->branches[d->next++]);
+    return;
+  }
+  if (d->pending == 0 && (d->stopped || d->next >= d->n)) drive_finish(d);
+}
+
+static void store_outcome(drive_t *d, branch_ctx_t *b, int branch_status) {
+  tc_node_t *node = d->node;
+  b->op.kind = TC_OP_PHASE2;
+  b->op.cb = on_outcome_stored;
+  b->op.arg = b;
+  b->op.xid = d->xid;
+  b->op.id = b->row.branch_id;
+  b->op.branch_status = branch_status;
+  b->op.error = b->error[0] ? b->error : NULL;
+  if (tc_store_submit(node->store, &b->op) != 0) {
+    /* Queue full: leave it to recovery (the lease expires, it retries). */
+    d->pending--;
+    d->stopped = true;
+    if (d->pending == 0) drive_finish(d);
+  }
+}
+
+static void on_branch_result(int status, const txp_msg_t *res, void *arg) {
+  branch_ctx_t *b = arg;
+  drive_t *d = b->d;
+  tc_node_t *node = d->node;
+  int ok_status = d->commit ? TXP_BS_PHASE2_COMMITTED : TXP_BS_PHASE2_ROLLBACKED;
+  int retry_status = d->commit ? TXP_BS_PHASE2_COMMIT_FAILED_RETRYABLE : TXP_BS_PHASE2_ROLLBACK_FAILED_RETRYABLE;
+  int fail_status = d->commit ? TXP_BS_PHASE2_COMMIT_FAILED_UNRETRYABLE : TXP_BS_PHASE2_ROLLBACK_FAILED_UNRETRYABLE;
+  int bs;
+  if (status != 0) {
+    snprintf(b->error, sizeof(b->error), "%s", txp_strerror(status));
+    bs = retry_status;
+  } else if (res->code == 0) {
+    bs = txp_msg_has(res, TXP_F_BRANCH_STATUS) && res->branch_status ? (int)res->branch_status : ok_status;
+    if (bs != ok_status) {
+      snprintf(b->error, sizeof(b->error), "resource manager answered %s", txp_branch_status_name(bs));
+      if (bs != retry_status && bs != fail_status) bs = retry_status;
+    }
+  } else {
+    snprintf(b->error, sizeof(b->error), "%s: %s", txp_errname((int)res->code),
+             res->message ? res->message : txp_strerror((int)res->code));
+    bool unretryable = res->code == TXP_EDIRTY_WRITE || res->code == TXP_EBRANCH_UNRETRYABLE;
+    bs = unretryable ? fail_status : retry_status;
+  }
+  if (bs == retry_status) node->stats.phase2_retryable++;
+  if (bs == fail_status) node->stats.phase2_unretryable++;
+  store_outcome(d, b, bs);
+}
+
+static void branch_call(drive_t *d, branch_ctx_t *b) {
+  tc_node_t *node = d->node;
+  d->pending++;
+  node->stats.phase2_calls++;
+  tc_conn_t *conn = tc_server_find_rm(node->server, b->row.resource_id, b->row.client_id);
+  if (!conn) {
+    node->stats.phase2_no_rm++;
+    snprintf(b->error, sizeof(b->error), "no resource manager connected for resource \"%s\"",
+             b->row.resource_id);
+    store_outcome(d, b,
+                  d->commit ? TXP_BS_PHASE2_COMMIT_FAILED_RETRYABLE : TXP_BS_PHASE2_ROLLBACK_FAILED_RETRYABLE);
+    return;
+  }
+  txp_msg_t m;
+  txp_msg_init(&m, d->commit ? TXP_MSG_BRANCH_COMMIT : TXP_MSG_BRANCH_ROLLBACK);
+  txp_msg_set_str(&m, TXP_F_XID, d->xid);
+  txp_msg_set_int(&m, TXP_F_BRANCH_ID, b->row.branch_id);
+  txp_msg_set_str(&m, TXP_F_RESOURCE_ID, b->row.resource_id);
+  txp_msg_set_int(&m, TXP_F_BRANCH_TYPE, b->row.branch_type);
+  int rc = tc_conn_call(conn, &m, BRANCH_CALL_TIMEOUT_MS, on_branch_result, b);
+  if (rc != 0) on_branch_result(rc, NULL, b);
+}
+
+static bool branch_finished(int s) {
+  return s == TXP_BS_PHASE2_COMMITTED || s == TXP_BS_PHASE2_ROLLBACKED;
+}
+
+void tc__phase2_drive(tc_node_t *node, const char *xid, int global_status,
+                      const tc_branch_row_t *rows, int nrows, void (*done)(int, void *), void *arg) {
+  bool commit = txp_global_status_is_commit(global_status);
+  if (node->stats.phase2_active >= MAX_ACTIVE_DRIVES || node->stopping) {
+    if (done) done(global_status, arg);
+    return; /* durable: recovery drives it when the lease expires */
+  }
+  drive_t *d = calloc(1, sizeof(*d));
+  if (d && nrows > 0) d->branches = calloc((size_t)nrows, sizeof(branch_ctx_t));
+  if (!d || (nrows > 0 && !d->branches)) {
+    free(d);
+    if (done) done(global_status, arg);
+    return;
+  }
+  d->node = node;
+  snprintf(d->xid, sizeof(d->xid), "%s", xid);
+  d->commit = commit;
+  d->global_status = global_status;
+  d->done = done;
+  d->done_arg = arg;
+  /* Driving order: commit in any order (all at once), rollback newest
+   * first.  Branches already finished are skipped, except that one is kept
+   * when all are: recording it again lets the store finish the session. */
+  int last_finished = -1;
+  for (int k = 0; k < nrows; k++) {
+    int i = commit ? k : nrows - 1 - k;
+    if (branch_finished(rows[i].status)) {
+      last_finished = i;
+      continue;
+    }
+    branch_ctx_t *b = &d->branches[d->n++];
+    b->d = d;
+    b->row = rows[i];
+  }
+  node->stats.phase2_active++;
+  if (d->n == 0) {
+    if (last_finished < 0) {
+      drive_finish(d);
+      return;
+    }
+    branch_ctx_t *b = &d->branches[d->n++];
+    b->d = d;
+    b->row = rows[last_finished];
+    d->pending++;
+    store_outcome(d, b, rows[last_finished].status);
+    d->next = d->n;
+    return;
+  }
+  if (commit) {
+    /* Hold an extra count while starting the calls: a call that fails at
+     * once must not finish (and free) the drive under this loop. */
+    d->next = d->n;
+    d->pending++;
+    for (int i = 0; i < d->n; i++) branch_call(d, &d->branches[i]);
+    if (--d->pending == 0) drive_finish(d);
+  } else {
+    branch_call(d, &d->branches[d->next++]);
+  }
+}

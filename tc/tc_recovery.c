@@ -1,0 +1,289 @@
+/*
+ * tc_recovery.c - the leader's background work: time out Begin sessions,
+ * retry unfinished phase two, prune history.
+ *
+ * NOTES
+ *   Leadership is a PostgreSQL advisory lock (recovery.leader_lock_key)
+ *   held by a dedicated connection of this node.  When the node dies, its
+ *   session ends, the lock is free, and the next node to ask becomes the
+ *   leader within one recovery interval.  No home-made consensus: the lock
+ *   only avoids duplicated work.  Correctness never depends on it, because
+ *   every change the jobs make is a compare-and-set in the store (a decision
+ *   is taken only from Begin; phase-two outcomes are idempotent), so an old
+ *   leader that wakes up late can only repeat what is already decided.
+ *
+ *   Jobs, each at most one run at a time:
+ *     timeouts  Begin sessions past their deadline -> TimeoutRollbacking,
+ *               then phase two (rollback);
+ *     retries   sessions mid-phase-two whose lease expired (a dead node's,
+ *               or due for a backoff retry) are claimed with SKIP LOCKED
+ *               and driven again;
+ *     history   rows older than recovery.history_days are deleted.
+ */
+#include "tc_recovery.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tc_log.h"
+#include "tc_node.h"
+
+#define CLAIM_LIMIT 256
+#define CLAIM_LEASE_MS 10000
+#define TIMEOUT_LIMIT 256
+#define HISTORY_EVERY_MS 60000
+
+struct tc_recovery {
+  tc_node_t *node;
+  tc_pg_pool_t *leader_pool;
+  uv_timer_t tick;
+  bool leader;
+  bool asking;
+  bool timeouts_running, retries_running, history_running;
+  uint64_t last_history_ns;
+  int reads; /* store reads in flight: close waits for them */
+  bool closing;
+  int close_parts;
+  void (*done)(void *);
+  void *done_arg;
+  tc_recovery_stats_t stats;
+};
+
+typedef struct timeout_call {
+  tc_node_t *node; /* not the recovery object: this may outlive it */
+  tc_op_t op;
+  char xid[TXP_MAX_XID_LEN + 1];
+} timeout_call_t;
+
+/* ------------------------------------------------------------- timeouts */
+
+static void on_timeout_decided(tc_op_t *op, void *arg) {
+  timeout_call_t *t = arg;
+  tc_node_t *node = t->node;
+  if (op->status == 0 && op->res == TC_RES_OK && !node->stopping) {
+    node->stats.timed_out++;
+    tc_log_ctx_t lc = {t->xid, 0, NULL};
+    TC_LOG(TC_LOG_INFO, &lc, "global transaction timed out: rolling back");
+    tc__lockwait_release(node, t->xid);
+    if (!txp_global_status_final(op->global_status))
+      tc__phase2_drive(node, t->xid, op->global_status, op->branches, op->nbranches, NULL, NULL);
+  }
+  tc_op_clear(op);
+  free(t);
+}
+
+static bool read_done(tc_recovery_t *rec);
+
+static void on_timeouts_found(tc_pg_job_t *job, int status, void *arg) {
+  tc_recovery_t *rec = arg;
+  rec->timeouts_running = false;
+  if (read_done(rec) || status != TC_PG_OK) return;
+  const PGresult *r = tc_pg_job_result(job, 0);
+  for (int i = 0; i < PQntuples(r); i++) {
+    timeout_call_t *t = calloc(1, sizeof(*t));
+    if (!t) break;
+    t->node = rec->node;
+    rec->stats.timed_out++;
+    snprintf(t->xid, sizeof(t->xid), "%s", PQgetvalue(r, i, 0));
+    t->op.kind = TC_OP_DECIDE;
+    t->op.cb = on_timeout_decided;
+    t->op.arg = t;
+    t->op.xid = t->xid;
+    t->op.action = TC_DECIDE_TIMEOUT;
+    if (tc_store_submit(rec->node->store, &t->op) != 0) {
+      free(t);
+      break; /* queue full: next tick */
+    }
+  }
+}
+
+/* -------------------------------------------------------------- retries */
+
+static void on_claimed(tc_pg_job_t *job, int status, void *arg) {
+  tc_recovery_t *rec = arg;
+  rec->retries_running = false;
+  if (read_done(rec) || status != TC_PG_OK) return;
+  /* Rows: xid, global status, then one branch per row (NULL branch_id when
+   * the session has none left), ordered by xid. */
+  const PGresult *r = tc_pg_job_result(job, 0);
+  int n = PQntuples(r);
+  tc_branch_row_t *rows = calloc((size_t)(n ? n : 1), sizeof(*rows));
+  if (!rows) return;
+  int i = 0;
+  while (i < n) {
+    const char *xid = PQgetvalue(r, i, 0);
+    int gs = atoi(PQgetvalue(r, i, 1));
+    int k = 0;
+    int j = i;
+    for (; j < n && strcmp(PQgetvalue(r, j, 0), xid) == 0; j++) {
+      if (PQgetisnull(r, j, 2)) continue;
+      tc_branch_row_t *b = &rows[k++];
+      memset(b, 0, sizeof(*b));
+      b->branch_id = strtoll(PQgetvalue(r, j, 2), NULL, 10);
+      b->branch_type = atoi(PQgetvalue(r, j, 3));
+      b->status = atoi(PQgetvalue(r, j, 4));
+      snprintf(b->resource_id, sizeof(b->resource_id), "%s", PQgetvalue(r, j, 5));
+      snprintf(b->client_id, sizeof(b->client_id), "%s", PQgetvalue(r, j, 6));
+    }
+    rec->stats.retried++;
+    tc_log_ctx_t lc = {xid, 0, NULL};
+    TC_LOG(TC_LOG_DEBUG, &lc, "recovery drives phase two (%s, %d branches)", txp_global_status_name(gs), k);
+    tc__phase2_drive(rec->node, xid, gs, rows, k, NULL, NULL);
+    i = j;
+  }
+  free(rows);
+}
+
+/* -------------------------------------------------------------- history */
+
+static void on_history_pruned(tc_pg_job_t *job, int status, void *arg) {
+  tc_recovery_t *rec = arg;
+  rec->history_running = false;
+  if (read_done(rec)) return;
+  if (status == TC_PG_OK) rec->stats.history_pruned += strtoull(PQcmdTuples((PGresult *)(uintptr_t)tc_pg_job_result(job, 0)), NULL, 10);
+}
+
+/* ----------------------------------------------------------------- jobs */
+
+static void run_read(tc_recovery_t *rec, const char *sql, int n, const char *const *vals, tc_pg_job_cb cb,
+                     bool *running) {
+  tc_pg_job_t *job = tc_pg_job_new(0, cb, rec);
+  if (!job) return;
+  if (tc_pg_job_add(job, sql, n, vals) != 0 || tc_store_read(rec->node->store, job, 5000) != 0) {
+    tc_pg_job_free(job);
+    return;
+  }
+  *running = true;
+  rec->reads++;
+}
+
+static void run_jobs(tc_recovery_t *rec) {
+  char lim[16], lease[16], days[16];
+  if (!rec->timeouts_running) {
+    snprintf(lim, sizeof(lim), "%d", TIMEOUT_LIMIT);
+    const char *v[] = {lim};
+    run_read(rec, "SELECT xid FROM global_table WHERE status = 1 AND deadline < clock_timestamp() "
+                  "ORDER BY deadline LIMIT $1::int",
+             1, v, on_timeouts_found, &rec->timeouts_running);
+  }
+  if (!rec->retries_running) {
+    snprintf(lim, sizeof(lim), "%d", CLAIM_LIMIT);
+    snprintf(lease, sizeof(lease), "%d", CLAIM_LEASE_MS);
+    const char *v[] = {lim, lease};
+    run_read(rec,
+             "SELECT c.xid, c.status, b.branch_id, b.branch_type, b.status, b.resource_id, b.client_id "
+             "FROM tc_claim_retries($1::int, $2::int) c "
+             "LEFT JOIN branch_table b ON b.xid = c.xid ORDER BY c.xid, b.branch_id",
+             2, v, on_claimed, &rec->retries_running);
+  }
+  uint64_t now = uv_hrtime();
+  if (!rec->history_running && now - rec->last_history_ns > (uint64_t)HISTORY_EVERY_MS * 1000000u) {
+    rec->last_history_ns = now;
+    snprintf(days, sizeof(days), "%d", rec->node->cfg.history_days);
+    const char *v[] = {days};
+    run_read(rec, "DELETE FROM global_history WHERE end_time < clock_timestamp() - $1::int * interval '1 day'",
+             1, v, on_history_pruned, &rec->history_running);
+  }
+}
+
+/* ------------------------------------------------------------ leadership */
+
+static void on_leader_answer(tc_pg_job_t *job, int status, void *arg) {
+  tc_recovery_t *rec = arg;
+  rec->asking = false;
+  if (status != TC_PG_OK || rec->closing) return;
+  bool got = PQgetvalue(tc_pg_job_result(job, 0), 0, 0)[0] == 't';
+  if (got && !rec->leader) {
+    rec->leader = true;
+    rec->stats.leader_terms++;
+    tc_log_info("this node is now the recovery leader");
+    run_jobs(rec);
+  }
+}
+
+static void ask_leadership(tc_recovery_t *rec) {
+  if (rec->asking) return;
+  tc_pg_job_t *job = tc_pg_job_new(0, on_leader_answer, rec);
+  if (!job) return;
+  char key[32];
+  snprintf(key, sizeof(key), "%lld", (long long)rec->node->cfg.leader_lock_key);
+  const char *v[] = {key};
+  if (tc_pg_job_add(job, "SELECT pg_try_advisory_lock($1::bigint)", 1, v) != 0 ||
+      tc_pg_submit(rec->leader_pool, job, 2000) != 0) {
+    tc_pg_job_free(job);
+    return;
+  }
+  rec->asking = true;
+}
+
+static void on_leader_conn(tc_pg_pool_t *pool, int idx, bool up, const char *err, void *arg) {
+  tc_recovery_t *rec = arg;
+  if (!up && rec->leader) {
+    /* The session holding the advisory lock is gone, and the lock with it. */
+    rec->leader = false;
+    tc_log_warn("lost the recovery leadership: store connection lost (%s)", err ? err : "unknown");
+  }
+}
+
+static void on_tick(uv_timer_t *t) {
+  tc_recovery_t *rec = t->data;
+  if (rec->closing) return;
+  if (rec->leader) run_jobs(rec);
+  else ask_leadership(rec);
+}
+
+tc_recovery_t *tc_recovery_new(tc_node_t *node) {
+  tc_recovery_t *rec = calloc(1, sizeof(*rec));
+  if (!rec) return NULL;
+  rec->node = node;
+  tc_pg_pool_opts_t o = {0};
+  o.conninfo = node->cfg.pg_url;
+  o.size = 1;
+  o.max_queue = 16;
+  o.on_state = on_leader_conn;
+  o.state_arg = rec;
+  o.init_sql = "SET application_name = 'tcd-leader'";
+  rec->leader_pool = tc_pg_pool_new(node->loop, &o);
+  if (!rec->leader_pool) {
+    free(rec);
+    return NULL;
+  }
+  uv_timer_init(node->loop, &rec->tick);
+  rec->tick.data = rec;
+  uv_timer_start(&rec->tick, on_tick, 10, (uint64_t)node->cfg.recovery_interval_ms);
+  return rec;
+}
+
+bool tc_recovery_is_leader(const tc_recovery_t *rec) { return rec->leader; }
+
+void tc_recovery_get_stats(const tc_recovery_t *rec, tc_recovery_stats_t *out) { *out = rec->stats; }
+
+static void close_part(void *arg) {
+  tc_recovery_t *rec = arg;
+  if (--rec->close_parts > 0) return;
+  void (*done)(void *) = rec->done;
+  void *darg = rec->done_arg;
+  free(rec);
+  if (done) done(darg);
+}
+
+static void on_tick_closed(uv_handle_t *h) { close_part(h->data); }
+
+/* Account for a finished read; true when the object is closing (and the
+ * caller must not touch it any more: it may be freed by this call). */
+static bool read_done(tc_recovery_t *rec) {
+  rec->reads--;
+  if (!rec->closing) return false;
+  close_part(rec);
+  return true;
+}
+
+void tc_recovery_close(tc_recovery_t *rec, void (*done)(void *), void *arg) {
+  rec->closing = true;
+  rec->done = done;
+  rec->done_arg = arg;
+  rec->close_parts = 2 + rec->reads;
+  uv_close((uv_handle_t *)&rec->tick, on_tick_closed);
+  tc_pg_pool_close(rec->leader_pool, close_part, rec);
+}

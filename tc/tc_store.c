@@ -1,0 +1,766 @@
+/*
+ * tc_store.c - group-commit batches of store operations; see tc_store.h.
+ *
+ * NOTES
+ *   Flow of one op:  tc_store_submit -> queue -> (idle handle) flush ->
+ *   batch_build (one tc_pg job, one PostgreSQL transaction) -> on_batch_done
+ *   -> outputs parsed per statement -> op callbacks, in queue order within
+ *   each kind.
+ *
+ *   The flush runs from a uv_idle handle that is active only while ops are
+ *   queued and a writer is free: requests decoded in one poll phase are
+ *   batched together at the start of the next iteration, and the idle
+ *   handle keeps poll from blocking while work is waiting.
+ *
+ *   Arrays go to PostgreSQL as text literals ('{"a","b",NULL}') so that one
+ *   parameter carries a whole column of the batch.
+ */
+#include "tc_store.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tc_log.h"
+#include "txp_lockkey.h"
+
+#define ID_BLOCK 4096
+#define MAX_ATTEMPTS 3
+
+struct tc_store {
+  uv_loop_t *loop;
+  int node_id;
+  int writers;
+  int batch_max;
+  size_t queue_max;
+  int lease_ms;
+  int retry_min_ms, retry_max_ms;
+  int max_lock_keys;
+
+  tc_pg_pool_t *wpool; /* group-commit batches */
+  tc_pg_pool_t *rpool; /* reads */
+
+  tc_op_t *head, *tail;
+  size_t queued;
+  int inflight; /* batches on writers */
+  uv_idle_t flush_idle;
+  bool idle_active;
+
+  /* id blocks: [next, end) in use; 'spare' prefetched (0 = none) */
+  int64_t id_next, id_end, spare_block;
+  bool block_fetching;
+
+  void (*on_ready)(int, const char *, void *);
+  void *ready_arg;
+  uv_timer_t ready_timer;
+  bool ready_fired;
+
+  bool closing;
+  int closing_parts;
+  void (*close_done)(void *);
+  void *close_arg;
+
+  tc_store_stats_t stats;
+};
+
+typedef struct batch {
+  tc_store_t *st;
+  int n;
+  tc_op_t **ops;           /* all ops, queue order */
+  tc_op_t **by_kind[TC_OP__KINDS];
+  int count[TC_OP__KINDS];
+  int stmt_index[TC_OP__KINDS]; /* statement of each kind in the job, -1 if none */
+  int branches_stmt;       /* DECIDE: the branch list statement */
+  uint64_t started_ns;
+} batch_t;
+
+static void schedule_flush(tc_store_t *st);
+
+/* ------------------------------------------------------------ text arrays */
+
+typedef struct {
+  txp_buf_t b;
+  int n;
+  int failed;
+} arr_t;
+
+static void arr_init(arr_t *a) {
+  txp_buf_init(&a->b, 0);
+  a->n = 0;
+  a->failed = txp_buf_append(&a->b, "{", 1) != 0;
+}
+
+static void arr_add(arr_t *a, const char *v) {
+  if (a->failed) return;
+  int rc = a->n++ ? txp_buf_append(&a->b, ",", 1) : 0;
+  if (!v) {
+    if (!rc) rc = txp_buf_append(&a->b, "NULL", 4);
+  } else {
+    if (!rc) rc = txp_buf_append(&a->b, "\"", 1);
+    for (const char *p = v; *p && !rc; p++) {
+      if (*p == '"' || *p == '\\') rc = txp_buf_append(&a->b, "\\", 1);
+      if (!rc) rc = txp_buf_append(&a->b, p, 1);
+    }
+    if (!rc) rc = txp_buf_append(&a->b, "\"", 1);
+  }
+  a->failed = rc != 0;
+}
+
+static void arr_add_i64(arr_t *a, int64_t v) {
+  char tmp[32];
+  snprintf(tmp, sizeof(tmp), "%" PRId64, v);
+  arr_add(a, tmp);
+}
+
+static const char *arr_end(arr_t *a) {
+  if (!a->failed) a->failed = txp_buf_append(&a->b, "}", 1) != 0;
+  return a->failed ? NULL : a->b.data;
+}
+
+static void arr_free(arr_t *a) { txp_buf_free(&a->b); }
+
+/* -------------------------------------------------------------- results */
+
+static tc_res_t parse_res(const char *w) {
+  static const struct {
+    const char *word;
+    tc_res_t res;
+  } map[] = {
+    {"ok", TC_RES_OK},
+    {"not_found", TC_RES_NOT_FOUND},
+    {"not_active", TC_RES_NOT_ACTIVE},
+    {"timed_out", TC_RES_TIMED_OUT},
+    {"conflict", TC_RES_CONFLICT},
+    {"holder_rollbacking", TC_RES_HOLDER_ROLLBACKING},
+    {"decided", TC_RES_DECIDED},
+    {"finished", TC_RES_FINISHED},
+    {"not_expired", TC_RES_NOT_EXPIRED},
+    {"branch_not_found", TC_RES_BRANCH_NOT_FOUND},
+    {"failed", TC_RES_FAILED},
+    {"retry", TC_RES_RETRY},
+  };
+  for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++)
+    if (strcmp(map[i].word, w) == 0) return map[i].res;
+  return TC_RES_NONE;
+}
+
+static void copy_str(char *dst, size_t cap, const char *src) {
+  snprintf(dst, cap, "%s", src ? src : "");
+}
+
+static int get_int(const PGresult *r, int row, int col) {
+  return PQgetisnull(r, row, col) ? 0 : atoi(PQgetvalue(r, row, col));
+}
+
+static int64_t get_i64(const PGresult *r, int row, int col) {
+  return PQgetisnull(r, row, col) ? 0 : strtoll(PQgetvalue(r, row, col), NULL, 10);
+}
+
+/* ---------------------------------------------------------------- ops */
+
+void tc_op_clear(tc_op_t *op) {
+  free(op->branches);
+  op->branches = NULL;
+  op->nbranches = 0;
+}
+
+static void op_fail(tc_op_t *op, const char *msg) {
+  op->status = TXP_ESTORE;
+  op->res = TC_RES_NONE;
+  copy_str(op->errmsg, sizeof(op->errmsg), msg);
+}
+
+static void op_complete(tc_store_t *st, tc_op_t *op) {
+  if (op->status != 0) st->stats.op_failures++;
+  op->cb(op, op->arg);
+}
+
+static void queue_push_front(tc_store_t *st, tc_op_t *op) {
+  op->next_ = st->head;
+  st->head = op;
+  if (!st->tail) st->tail = op;
+  st->queued++;
+}
+
+int tc_store_submit(tc_store_t *st, tc_op_t *op) {
+  if (st->closing) return TXP_ESHUTDOWN;
+  if (st->queued >= st->queue_max) return TXP_EBUSY;
+  op->status = 0;
+  op->attempts_ = 0;
+  op->alone_ = false;
+  op->res = TC_RES_NONE;
+  op->errmsg[0] = '\0';
+  op->next_ = NULL;
+  op->queued_ns_ = uv_hrtime();
+  if (st->tail) st->tail->next_ = op;
+  else st->head = op;
+  st->tail = op;
+  st->queued++;
+  if (st->queued > st->stats.queue_peak) st->stats.queue_peak = st->queued;
+  schedule_flush(st);
+  return 0;
+}
+
+/* ------------------------------------------------------------- building */
+
+static int cmp_op_xid(const void *a, const void *b) {
+  const tc_op_t *x = *(tc_op_t *const *)a, *y = *(tc_op_t *const *)b;
+  int c = strcmp(x->xid, y->xid);
+  if (c) return c;
+  return x->id < y->id ? -1 : x->id > y->id;
+}
+
+typedef struct {
+  arr_t *item, *row, *table, *pk;
+  int index;
+  const char *resource;
+  int failed;
+} lock_rows_ctx_t;
+
+static int add_lock_row(const txp_lockkey_t *k, void *arg) {
+  lock_rows_ctx_t *c = arg;
+  char row[TXP_MAX_ROW_KEY_LEN + 1], table[TXP_MAX_ROW_KEY_LEN + 1], pk[TXP_MAX_ROW_KEY_LEN + 1];
+  if (txp_row_key(c->resource, k, row, sizeof(row)) < 0) return TXP_EFIELD_TOO_LONG;
+  snprintf(table, sizeof(table), "%.*s", (int)k->table_len, k->table);
+  snprintf(pk, sizeof(pk), "%.*s", (int)k->pk_len, k->pk);
+  arr_add_i64(c->item, c->index);
+  arr_add(c->row, row);
+  arr_add(c->table, table);
+  arr_add(c->pk, pk);
+  return 0;
+}
+
+static int add_stmt(tc_pg_job_t *job, const char *sql, arr_t *arrs, int narrs,
+                    const char *const *extra, int nextra) {
+  const char *vals[16];
+  for (int i = 0; i < narrs; i++) {
+    vals[i] = arr_end(&arrs[i]);
+    if (!vals[i]) return -1;
+  }
+  for (int i = 0; i < nextra; i++) vals[narrs + i] = extra[i];
+  return tc_pg_job_add(job, sql, narrs + nextra, vals);
+}
+
+static int build_begin(tc_store_t *st, batch_t *b, tc_pg_job_t *job) {
+  arr_t a[6];
+  for (int i = 0; i < 6; i++) arr_init(&a[i]);
+  for (int i = 0; i < b->count[TC_OP_BEGIN]; i++) {
+    tc_op_t *op = b->by_kind[TC_OP_BEGIN][i];
+    arr_add(&a[0], op->xid);
+    arr_add_i64(&a[1], op->id);
+    arr_add_i64(&a[2], op->timeout_ms);
+    arr_add(&a[3], op->name);
+    arr_add(&a[4], op->app_id);
+    arr_add(&a[5], op->idem_key);
+  }
+  char node[16];
+  snprintf(node, sizeof(node), "%d", st->node_id);
+  const char *extra[] = {node};
+  int rc = add_stmt(job,
+                    "SELECT item, xid, result FROM tc_begin_batch($1::text[], $2::bigint[], "
+                    "$3::int[], $4::text[], $5::text[], $6::text[], $7::int)",
+                    a, 6, extra, 1);
+  for (int i = 0; i < 6; i++) arr_free(&a[i]);
+  return rc;
+}
+
+static int build_register(tc_store_t *st, batch_t *b, tc_pg_job_t *job) {
+  arr_t a[12];
+  for (int i = 0; i < 12; i++) arr_init(&a[i]);
+  int rc = 0;
+  for (int i = 0; i < b->count[TC_OP_REGISTER] && rc == 0; i++) {
+    tc_op_t *op = b->by_kind[TC_OP_REGISTER][i];
+    arr_add(&a[0], op->xid);
+    arr_add_i64(&a[1], op->id);
+    arr_add(&a[2], op->resource_id);
+    arr_add_i64(&a[3], op->branch_type);
+    arr_add(&a[4], op->lock_keys);
+    arr_add(&a[5], op->app_data);
+    arr_add(&a[6], op->client_id);
+    arr_add(&a[7], op->idem_key);
+    if (op->lock_keys && op->lock_keys[0]) {
+      lock_rows_ctx_t c = {&a[8], &a[9], &a[10], &a[11], i + 1, op->resource_id, 0};
+      if (txp_lockkeys_each(op->lock_keys, (size_t)st->max_lock_keys, add_lock_row, &c) < 0)
+        rc = -1; /* validated by the caller: only a bug gets here */
+    }
+  }
+  if (rc == 0)
+    rc = add_stmt(job,
+                  "SELECT item, result, branch_id, holder, holder_status FROM tc_register_batch("
+                  "$1::text[], $2::bigint[], $3::text[], $4::smallint[], $5::text[], $6::text[], "
+                  "$7::text[], $8::text[], $9::int[], $10::text[], $11::text[], $12::text[])",
+                  a, 12, NULL, 0);
+  for (int i = 0; i < 12; i++) arr_free(&a[i]);
+  return rc;
+}
+
+static int build_decide(tc_store_t *st, batch_t *b, tc_pg_job_t *job) {
+  static const char *const action_words[] = {"commit", "rollback", "timeout"};
+  arr_t a[2];
+  arr_init(&a[0]);
+  arr_init(&a[1]);
+  for (int i = 0; i < b->count[TC_OP_DECIDE]; i++) {
+    tc_op_t *op = b->by_kind[TC_OP_DECIDE][i];
+    arr_add(&a[0], op->xid);
+    arr_add(&a[1], action_words[op->action]);
+  }
+  char lease[16];
+  snprintf(lease, sizeof(lease), "%d", st->lease_ms);
+  const char *extra[] = {lease};
+  /* keep a copy of the xid array for the branch query */
+  const char *xids = arr_end(&a[0]);
+  char *xids_copy = xids ? strdup(xids) : NULL;
+  int rc = add_stmt(job, "SELECT item, result, status FROM tc_decide_batch($1::text[], $2::text[], $3::int)",
+                    a, 2, extra, 1);
+  if (rc == 0 && xids_copy) {
+    const char *v[] = {xids_copy};
+    rc = tc_pg_job_add(job,
+                       "SELECT xid, branch_id, branch_type, status, resource_id, client_id "
+                       "FROM branch_table WHERE xid = ANY($1::text[]) ORDER BY xid, branch_id",
+                       1, v);
+  } else if (!xids_copy) {
+    rc = -1;
+  }
+  free(xids_copy);
+  arr_free(&a[0]);
+  arr_free(&a[1]);
+  return rc;
+}
+
+static int build_phase2(tc_store_t *st, batch_t *b, tc_pg_job_t *job) {
+  arr_t a[4];
+  for (int i = 0; i < 4; i++) arr_init(&a[i]);
+  for (int i = 0; i < b->count[TC_OP_PHASE2]; i++) {
+    tc_op_t *op = b->by_kind[TC_OP_PHASE2][i];
+    arr_add(&a[0], op->xid);
+    arr_add_i64(&a[1], op->id);
+    arr_add_i64(&a[2], op->branch_status);
+    arr_add(&a[3], op->error);
+  }
+  char rmin[16], rmax[16];
+  snprintf(rmin, sizeof(rmin), "%d", st->retry_min_ms);
+  snprintf(rmax, sizeof(rmax), "%d", st->retry_max_ms);
+  const char *extra[] = {rmin, rmax};
+  int rc = add_stmt(job,
+                    "SELECT item, result, global_status, finished FROM tc_phase2_batch("
+                    "$1::text[], $2::bigint[], $3::smallint[], $4::text[], $5::int, $6::int)",
+                    a, 4, extra, 2);
+  for (int i = 0; i < 4; i++) arr_free(&a[i]);
+  return rc;
+}
+
+/* ------------------------------------------------------------- results */
+
+static void take_begin(batch_t *b, const PGresult *r) {
+  for (int row = 0; row < PQntuples(r); row++) {
+    int item = get_int(r, row, 0);
+    if (item < 1 || item > b->count[TC_OP_BEGIN]) continue;
+    tc_op_t *op = b->by_kind[TC_OP_BEGIN][item - 1];
+    copy_str(op->out_xid, sizeof(op->out_xid), PQgetvalue(r, row, 1));
+    op->res = parse_res(PQgetvalue(r, row, 2));
+  }
+}
+
+static void take_register(batch_t *b, const PGresult *r) {
+  for (int row = 0; row < PQntuples(r); row++) {
+    int item = get_int(r, row, 0);
+    if (item < 1 || item > b->count[TC_OP_REGISTER]) continue;
+    tc_op_t *op = b->by_kind[TC_OP_REGISTER][item - 1];
+    op->res = parse_res(PQgetvalue(r, row, 1));
+    op->out_id = get_i64(r, row, 2);
+    copy_str(op->holder, sizeof(op->holder), PQgetvalue(r, row, 3));
+    op->holder_status = get_int(r, row, 4);
+    if (op->res == TC_RES_NOT_ACTIVE) op->global_status = op->holder_status;
+  }
+}
+
+static void take_decide(batch_t *b, const PGresult *r, const PGresult *br) {
+  for (int row = 0; row < PQntuples(r); row++) {
+    int item = get_int(r, row, 0);
+    if (item < 1 || item > b->count[TC_OP_DECIDE]) continue;
+    tc_op_t *op = b->by_kind[TC_OP_DECIDE][item - 1];
+    op->res = parse_res(PQgetvalue(r, row, 1));
+    op->global_status = get_int(r, row, 2);
+  }
+  if (!br) return;
+  /* Both sides are in xid order: merge.  Only ops whose decision was just
+   * made get branches to drive (a repeated commit must not drive twice). */
+  int nrows = PQntuples(br), row = 0;
+  for (int i = 0; i < b->count[TC_OP_DECIDE]; i++) {
+    tc_op_t *op = b->by_kind[TC_OP_DECIDE][i];
+    while (row < nrows && strcmp(PQgetvalue(br, row, 0), op->xid) < 0) row++;
+    int first = row, last = row;
+    while (last < nrows && strcmp(PQgetvalue(br, last, 0), op->xid) == 0) last++;
+    if (op->res != TC_RES_OK && op->res != TC_RES_TIMED_OUT) continue;
+    if (last == first || op->branches) continue;
+    op->branches = calloc((size_t)(last - first), sizeof(tc_branch_row_t));
+    if (!op->branches) {
+      op_fail(op, "out of memory");
+      continue;
+    }
+    for (int k = first; k < last; k++) {
+      tc_branch_row_t *bw = &op->branches[op->nbranches++];
+      bw->branch_id = get_i64(br, k, 1);
+      bw->branch_type = get_int(br, k, 2);
+      bw->status = get_int(br, k, 3);
+      copy_str(bw->resource_id, sizeof(bw->resource_id), PQgetvalue(br, k, 4));
+      copy_str(bw->client_id, sizeof(bw->client_id), PQgetvalue(br, k, 5));
+    }
+  }
+}
+
+static void take_phase2(batch_t *b, const PGresult *r) {
+  for (int row = 0; row < PQntuples(r); row++) {
+    int item = get_int(r, row, 0);
+    if (item < 1 || item > b->count[TC_OP_PHASE2]) continue;
+    tc_op_t *op = b->by_kind[TC_OP_PHASE2][item - 1];
+    op->res = parse_res(PQgetvalue(r, row, 1));
+    op->global_status = get_int(r, row, 2);
+    op->finished = PQgetvalue(r, row, 3)[0] == 't';
+  }
+}
+
+/* ------------------------------------------------------------- batches */
+
+static void batch_free(batch_t *b) {
+  for (int k = 0; k < TC_OP__KINDS; k++) free(b->by_kind[k]);
+  free(b->ops);
+  free(b);
+}
+
+static void on_batch_done(tc_pg_job_t *job, int status, void *arg) {
+  batch_t *b = arg;
+  tc_store_t *st = b->st;
+  st->inflight--;
+  st->stats.batches++;
+  st->stats.ops += (uint64_t)b->n;
+  st->stats.batch_ms_total += tc_pg_job_elapsed_ms(job);
+
+  if (status == TC_PG_OK) {
+    if (b->stmt_index[TC_OP_BEGIN] >= 0) take_begin(b, tc_pg_job_result(job, b->stmt_index[TC_OP_BEGIN]));
+    if (b->stmt_index[TC_OP_REGISTER] >= 0)
+      take_register(b, tc_pg_job_result(job, b->stmt_index[TC_OP_REGISTER]));
+    if (b->stmt_index[TC_OP_DECIDE] >= 0)
+      take_decide(b, tc_pg_job_result(job, b->stmt_index[TC_OP_DECIDE]),
+                  tc_pg_job_result(job, b->branches_stmt));
+    if (b->stmt_index[TC_OP_PHASE2] >= 0)
+      take_phase2(b, tc_pg_job_result(job, b->stmt_index[TC_OP_PHASE2]));
+    for (int i = 0; i < b->n; i++) {
+      if (b->ops[i]->res == TC_RES_NONE && b->ops[i]->status == 0)
+        op_fail(b->ops[i], "store returned no row for the request");
+    }
+  } else {
+    const char *sqlstate = status == TC_PG_ESTMT ? tc_pg_job_sqlstate(job) : "";
+    bool transient = strcmp(sqlstate, "40P01") == 0 || strcmp(sqlstate, "40001") == 0;
+    if (transient) st->stats.deadlocks++;
+    /* Requeue at the head, in original order, when another attempt can
+     * help: a transient conflict (whole batch again), or a statement error
+     * in a batch of several (each op alone, so one bad op fails alone). */
+    /* Requeue at the head, in original order, when another attempt can
+     * help: a transient conflict (the whole batch again, a bounded number
+     * of times), or a statement error in a batch of several (then each op
+     * runs alone, so that one bad op fails alone). */
+    if (!st->closing && status == TC_PG_ESTMT && (transient || b->n > 1)) {
+      for (int i = b->n - 1; i >= 0; i--) {
+        tc_op_t *op = b->ops[i];
+        if (transient ? ++op->attempts_ < MAX_ATTEMPTS : !op->alone_) {
+          if (!transient) op->alone_ = true;
+          queue_push_front(st, op);
+          b->ops[i] = NULL;
+        }
+      }
+      st->stats.batch_retries++;
+    }
+    char msg[256];
+    if (status == TC_PG_EBROKEN)
+      snprintf(msg, sizeof(msg), "store connection lost in flight: outcome unknown, retry");
+    else if (status == TC_PG_ESTMT)
+      snprintf(msg, sizeof(msg), "store error: %s", tc_pg_job_error(job));
+    else
+      snprintf(msg, sizeof(msg), "store unavailable (code %d)", status);
+    if (status == TC_PG_ESTMT && !transient && b->n == 1)
+      tc_log_warn("could not run store batch: %s", tc_pg_job_error(job));
+    for (int i = 0; i < b->n; i++)
+      if (b->ops[i]) op_fail(b->ops[i], msg);
+  }
+
+  /* Callbacks may submit new ops: they queue behind what is there. */
+  for (int i = 0; i < b->n; i++)
+    if (b->ops[i]) op_complete(st, b->ops[i]);
+  batch_free(b);
+  schedule_flush(st);
+}
+
+/* Take up to batch_max ops off the queue (ops that must run alone are
+ * taken alone) and submit them as one transaction. */
+static int flush_one(tc_store_t *st) {
+  batch_t *b = calloc(1, sizeof(*b));
+  int cap = st->batch_max;
+  if (!b || !(b->ops = calloc((size_t)cap, sizeof(tc_op_t *)))) {
+    free(b);
+    return -1;
+  }
+  b->st = st;
+  bool alone = st->head && st->head->alone_;
+  while (st->head && b->n < cap) {
+    tc_op_t *op = st->head;
+    if (b->n > 0 && op->alone_) break; /* runs in a batch of its own */
+    st->head = op->next_;
+    if (!st->head) st->tail = NULL;
+    st->queued--;
+    op->next_ = NULL;
+    b->ops[b->n++] = op;
+    b->count[op->kind]++;
+    if (alone) break;
+  }
+  for (int k = 0; k < TC_OP__KINDS; k++) {
+    b->stmt_index[k] = -1;
+    if (!b->count[k]) continue;
+    b->by_kind[k] = calloc((size_t)b->count[k], sizeof(tc_op_t *));
+    if (!b->by_kind[k]) goto fail_alloc;
+    int j = 0;
+    for (int i = 0; i < b->n; i++)
+      if (b->ops[i]->kind == (tc_op_kind_t)k) b->by_kind[k][j++] = b->ops[i];
+  }
+  /* Row locks on global rows are taken in xid order by the decision and
+   * phase-two functions, so two batches cannot deadlock on each other. */
+  if (b->count[TC_OP_DECIDE] > 1)
+    qsort(b->by_kind[TC_OP_DECIDE], (size_t)b->count[TC_OP_DECIDE], sizeof(tc_op_t *), cmp_op_xid);
+  if (b->count[TC_OP_PHASE2] > 1)
+    qsort(b->by_kind[TC_OP_PHASE2], (size_t)b->count[TC_OP_PHASE2], sizeof(tc_op_t *), cmp_op_xid);
+
+  tc_pg_job_t *job = tc_pg_job_new(TC_PG_JOB_TXN, on_batch_done, b);
+  if (!job) goto fail_alloc;
+  int stmt = 0, rc = 0;
+  if (b->count[TC_OP_BEGIN] && rc == 0) {
+    b->stmt_index[TC_OP_BEGIN] = stmt++;
+    rc = build_begin(st, b, job);
+  }
+  if (b->count[TC_OP_REGISTER] && rc == 0) {
+    b->stmt_index[TC_OP_REGISTER] = stmt++;
+    rc = build_register(st, b, job);
+  }
+  if (b->count[TC_OP_DECIDE] && rc == 0) {
+    b->stmt_index[TC_OP_DECIDE] = stmt++;
+    b->branches_stmt = stmt++;
+    rc = build_decide(st, b, job);
+  }
+  if (b->count[TC_OP_PHASE2] && rc == 0) {
+    b->stmt_index[TC_OP_PHASE2] = stmt++;
+    rc = build_phase2(st, b, job);
+  }
+  if (rc != 0) {
+    tc_pg_job_free(job);
+    goto fail_alloc;
+  }
+  for (int k = 0; k < TC_OP__KINDS; k++) st->stats.ops_by_kind[k] += (uint64_t)b->count[k];
+  st->inflight++;
+  rc = tc_pg_submit(st->wpool, job, 5000);
+  if (rc != 0) {
+    st->inflight--;
+    tc_pg_job_free(job);
+    for (int i = 0; i < b->n; i++) {
+      op_fail(b->ops[i], "store queue refused the batch");
+      op_complete(st, b->ops[i]);
+    }
+    batch_free(b);
+  }
+  return 0;
+
+fail_alloc:
+  for (int i = 0; i < b->n; i++) {
+    op_fail(b->ops[i], "could not build the store batch: out of memory or bad input");
+    op_complete(st, b->ops[i]);
+  }
+  batch_free(b);
+  return -1;
+}
+
+static void on_flush_idle(uv_idle_t *h) {
+  tc_store_t *st = h->data;
+  while (st->head && st->inflight < st->writers && !st->closing) flush_one(st);
+  if (!st->head || st->inflight >= st->writers || st->closing) {
+    uv_idle_stop(&st->flush_idle);
+    st->idle_active = false;
+  }
+}
+
+static void schedule_flush(tc_store_t *st) {
+  if (st->closing || st->idle_active || !st->head || st->inflight >= st->writers) return;
+  uv_idle_start(&st->flush_idle, on_flush_idle);
+  st->idle_active = true;
+}
+
+/* ------------------------------------------------------------------ ids */
+
+static void fetch_block(tc_store_t *st);
+
+static void fire_ready(tc_store_t *st, int status, const char *err) {
+  if (st->ready_fired) return;
+  st->ready_fired = true;
+  uv_timer_stop(&st->ready_timer);
+  if (st->on_ready) st->on_ready(status, err, st->ready_arg);
+}
+
+static void on_block(tc_pg_job_t *job, int status, void *arg) {
+  tc_store_t *st = arg;
+  st->block_fetching = false;
+  if (status != TC_PG_OK) {
+    if (!st->closing) tc_log_warn("could not reserve an id block: %s", tc_pg_job_error(job));
+    return; /* retried on the next tc_store_next_id or ready timer tick */
+  }
+  int64_t block = get_i64(tc_pg_job_result(job, 0), 0, 0);
+  if (st->id_next >= st->id_end) {
+    st->id_next = block * ID_BLOCK;
+    st->id_end = st->id_next + ID_BLOCK;
+    if (st->id_next == 0) st->id_next = 1; /* id 0 is never used */
+  } else {
+    st->spare_block = block;
+  }
+  fire_ready(st, 0, NULL);
+}
+
+static void fetch_block(tc_store_t *st) {
+  if (st->block_fetching || st->closing) return;
+  tc_pg_job_t *job = tc_pg_job_new(0, on_block, st);
+  if (!job) return;
+  if (tc_pg_job_add(job, "SELECT nextval('tc_id_block_seq')", 0, NULL) != 0 ||
+      tc_pg_submit(st->rpool, job, 10000) != 0) {
+    tc_pg_job_free(job);
+    return;
+  }
+  st->block_fetching = true;
+}
+
+int tc_store_next_id(tc_store_t *st, int64_t *out) {
+  if (st->id_next >= st->id_end) {
+    if (st->spare_block) {
+      st->id_next = st->spare_block * ID_BLOCK;
+      st->id_end = st->id_next + ID_BLOCK;
+      st->spare_block = 0;
+    } else {
+      fetch_block(st);
+      return TXP_ESTORE;
+    }
+  }
+  *out = st->id_next++;
+  /* Prefetch when half of the block is used. */
+  if (!st->spare_block && st->id_end - st->id_next < ID_BLOCK / 2) fetch_block(st);
+  return 0;
+}
+
+static void on_ready_timer(uv_timer_t *t) {
+  tc_store_t *st = t->data;
+  fire_ready(st, TXP_ESTORE, "could not reach the store in time");
+}
+
+/* ----------------------------------------------------------- lifecycle */
+
+static void on_pool_state(tc_pg_pool_t *pool, int idx, bool up, const char *err, void *arg) {
+  tc_store_t *st = arg;
+  if (up) {
+    tc_log_debug("store connection %d ready", idx);
+    if (st->id_next >= st->id_end && !st->spare_block) fetch_block(st);
+    schedule_flush(st);
+  } else if (!st->closing) {
+    tc_log_warn("store connection %d lost: %s", idx, err ? err : "unknown error");
+  }
+}
+
+tc_store_t *tc_store_new(uv_loop_t *loop, const tc_config_t *cfg,
+                         void (*on_ready)(int, const char *, void *), void *arg,
+                         unsigned ready_timeout_ms) {
+  tc_store_t *st = calloc(1, sizeof(*st));
+  if (!st) return NULL;
+  st->loop = loop;
+  st->node_id = cfg->node_id;
+  st->writers = cfg->writers;
+  st->batch_max = cfg->batch_max;
+  st->queue_max = (size_t)cfg->queue_max;
+  st->lease_ms = 5000;
+  st->retry_min_ms = cfg->retry_min_ms;
+  st->retry_max_ms = cfg->retry_max_ms;
+  st->max_lock_keys = cfg->max_lock_keys;
+  st->on_ready = on_ready;
+  st->ready_arg = arg;
+
+  /* Synchronous commit stays on: an acknowledged decision must survive a
+   * PostgreSQL crash.  Group commit is what makes that affordable. */
+  tc_pg_pool_opts_t w = {0};
+  w.conninfo = cfg->pg_url;
+  w.size = cfg->writers;
+  w.max_queue = 1024;
+  w.on_state = on_pool_state;
+  w.state_arg = st;
+  w.init_sql = "SET application_name = 'tcd-writer'";
+  tc_pg_pool_opts_t r = w;
+  r.size = cfg->pool_size - cfg->writers;
+  r.max_queue = 8192;
+  r.init_sql = "SET application_name = 'tcd-reader'";
+
+  st->wpool = tc_pg_pool_new(loop, &w);
+  if (!st->wpool) {
+    free(st);
+    return NULL;
+  }
+  st->rpool = tc_pg_pool_new(loop, &r);
+  if (!st->rpool) {
+    st->closing = true;
+    tc_pg_pool_close(st->wpool, free, st); /* frees 'st' once closed */
+    return NULL;
+  }
+  uv_idle_init(loop, &st->flush_idle);
+  st->flush_idle.data = st;
+  uv_timer_init(loop, &st->ready_timer);
+  st->ready_timer.data = st;
+  uv_timer_start(&st->ready_timer, on_ready_timer, ready_timeout_ms, 0);
+  fetch_block(st);
+  return st;
+}
+
+static void close_part_done(void *arg) {
+  tc_store_t *st = arg;
+  if (--st->closing_parts > 0) return;
+  void (*done)(void *) = st->close_done;
+  void *darg = st->close_arg;
+  free(st);
+  if (done) done(darg);
+}
+
+static void on_handle_closed(uv_handle_t *h) { close_part_done(h->data); }
+
+void tc_store_close(tc_store_t *st, void (*done)(void *), void *arg) {
+  st->closing = true;
+  st->close_done = done;
+  st->close_arg = arg;
+  /* Queued ops never reached PostgreSQL: fail them now. */
+  while (st->head) {
+    tc_op_t *op = st->head;
+    st->head = op->next_;
+    st->queued--;
+    op_fail(op, "coordinator shutting down");
+    op->status = TXP_ESHUTDOWN;
+    op_complete(st, op);
+  }
+  st->tail = NULL;
+  st->closing_parts = 4;
+  uv_close((uv_handle_t *)&st->flush_idle, on_handle_closed);
+  uv_close((uv_handle_t *)&st->ready_timer, on_handle_closed);
+  tc_pg_pool_close(st->wpool, close_part_done, st);
+  tc_pg_pool_close(st->rpool, close_part_done, st);
+}
+
+int tc_store_read(tc_store_t *st, tc_pg_job_t *job, unsigned deadline_ms) {
+  if (st->closing) return TC_PG_ECLOSING;
+  return tc_pg_submit(st->rpool, job, deadline_ms);
+}
+
+void tc_store_get_stats(const tc_store_t *st, tc_store_stats_t *out) {
+  *out = st->stats;
+  out->queue_len = st->queued;
+}
+
+int tc_store_ready_conns(const tc_store_t *st) {
+  return tc_pg_pool_ready(st->wpool) + tc_pg_pool_ready(st->rpool);
+}

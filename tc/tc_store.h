@@ -1,0 +1,162 @@
+/*
+ * tc_store.h - the coordinator store on PostgreSQL, with group commit.
+ *
+ * NOTES
+ *   Every state change of a global transaction (begin, branch registration,
+ *   the decision, phase-two outcomes) is an "op" put in one FIFO queue.  On
+ *   each loop iteration the queue is cut into batches of up to
+ *   store.batch_max ops, and each batch runs as ONE PostgreSQL transaction
+ *   on one of store.writers connections: one pipelined round trip, one
+ *   fsync, set-based functions from sql/tc/002_functions.sql.  An op's
+ *   callback runs only after that transaction committed, so nothing is
+ *   acknowledged before it is durable.
+ *
+ *   Failure handling per batch:
+ *     - deadlock / serialization failure (40P01, 40001): the whole batch is
+ *       put back at the head of the queue, up to 3 attempts;
+ *     - any other statement error: the ops are retried one per batch, so one
+ *       bad op cannot fail its neighbours; an op that fails alone gets
+ *       TXP_ESTORE;
+ *     - connection lost while in flight: the outcome is unknown; every op
+ *       gets TXP_ESTORE and callers retry with their idempotency keys or
+ *       leave it to recovery.  The store never decides from memory.
+ *   Reads (status, lock query, recovery scans) run on the reader
+ *   connections, outside batches.
+ *
+ *   Ids: blocks of 4096 ids from tc_id_block_seq; one block in use and one
+ *   prefetched, so taking an id costs no round trip.
+ *
+ *   Thread: the loop thread only.
+ */
+#ifndef TC_STORE_H
+#define TC_STORE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <uv.h>
+
+#include "tc_config.h"
+#include "tc_pg.h"
+#include "txp_msg.h"
+
+typedef struct tc_store tc_store_t;
+
+typedef enum tc_op_kind {
+  TC_OP_BEGIN = 0,
+  TC_OP_REGISTER,
+  TC_OP_DECIDE,
+  TC_OP_PHASE2, /* also phase-one reports */
+  TC_OP__KINDS
+} tc_op_kind_t;
+
+/* Outcome words of the store functions. */
+typedef enum tc_res {
+  TC_RES_NONE = 0,
+  TC_RES_OK,
+  TC_RES_NOT_FOUND,
+  TC_RES_NOT_ACTIVE,
+  TC_RES_TIMED_OUT,
+  TC_RES_CONFLICT,
+  TC_RES_HOLDER_ROLLBACKING,
+  TC_RES_DECIDED,
+  TC_RES_FINISHED,
+  TC_RES_NOT_EXPIRED,
+  TC_RES_BRANCH_NOT_FOUND,
+  TC_RES_FAILED,
+  TC_RES_RETRY,
+} tc_res_t;
+
+typedef enum tc_decide_action { TC_DECIDE_COMMIT, TC_DECIDE_ROLLBACK, TC_DECIDE_TIMEOUT } tc_decide_action_t;
+
+typedef struct tc_branch_row {
+  int64_t branch_id;
+  int branch_type;
+  int status;
+  char resource_id[TXP_MAX_RESOURCE_LEN + 1];
+  char client_id[TXP_MAX_NAME_LEN + 1];
+} tc_branch_row_t;
+
+typedef struct tc_op tc_op_t;
+typedef void (*tc_op_cb)(tc_op_t *op, void *arg);
+
+/*
+ * One store operation.  The caller allocates it (usually embedded in its
+ * request context), fills the inputs for its kind, and submits it; string
+ * inputs are borrowed until the callback.  Outputs are valid in and after
+ * the callback; tc_op_clear() frees what the op owns (the branch list).
+ */
+struct tc_op {
+  tc_op_kind_t kind;
+  tc_op_cb cb;
+  void *arg;
+
+  /* inputs */
+  const char *xid;
+  int64_t id;             /* BEGIN: transaction id; REGISTER/PHASE2: branch id */
+  uint32_t timeout_ms;    /* BEGIN */
+  const char *name;       /* BEGIN */
+  const char *app_id;     /* BEGIN */
+  const char *idem_key;   /* BEGIN, REGISTER */
+  const char *resource_id;/* REGISTER */
+  int branch_type;        /* REGISTER */
+  const char *lock_keys;  /* REGISTER, already validated; may be NULL */
+  const char *app_data;   /* REGISTER */
+  const char *client_id;  /* REGISTER */
+  tc_decide_action_t action; /* DECIDE */
+  int branch_status;      /* PHASE2 */
+  const char *error;      /* PHASE2: last error text, may be NULL */
+
+  /* outputs */
+  int status;             /* 0, or TXP_ESTORE (see errmsg) */
+  tc_res_t res;
+  int global_status;      /* DECIDE, PHASE2; REGISTER: status when not active */
+  int holder_status;      /* REGISTER conflict: 0 locked, 1 rollbacking */
+  bool finished;          /* PHASE2: the global transaction ended */
+  int64_t out_id;         /* REGISTER: branch id */
+  char out_xid[TXP_MAX_XID_LEN + 1];  /* BEGIN: the xid (may differ on idem) */
+  char holder[TXP_MAX_XID_LEN + 1];   /* REGISTER conflict: holder xid */
+  tc_branch_row_t *branches;          /* DECIDE: branches to drive (owned) */
+  int nbranches;
+  char errmsg[256];
+
+  /* private */
+  int attempts_;
+  bool alone_;
+  uint64_t queued_ns_;
+  tc_op_t *next_;
+};
+
+typedef struct tc_store_stats {
+  uint64_t batches, ops, batch_retries, op_failures, deadlocks;
+  uint64_t queue_len, queue_peak;
+  double batch_ms_total;
+  uint64_t ops_by_kind[TC_OP__KINDS];
+} tc_store_stats_t;
+
+/*
+ * Connect the pools (writers + readers from 'cfg').  'on_ready' runs once
+ * when the first id block is in hand (the node may start serving), or with
+ * an error status if the store could not be reached before 'ready_timeout_ms'.
+ */
+tc_store_t *tc_store_new(uv_loop_t *loop, const tc_config_t *cfg,
+                         void (*on_ready)(int status, const char *err, void *arg), void *arg,
+                         unsigned ready_timeout_ms);
+void tc_store_close(tc_store_t *st, void (*done)(void *arg), void *arg);
+
+/* Submit 'op'.  Returns 0 (callback will run exactly once) or TXP_EBUSY when
+ * the queue is full (callback will not run). */
+int tc_store_submit(tc_store_t *st, tc_op_t *op);
+/* Release what an op owns (its branch list); the op itself is the caller's. */
+void tc_op_clear(tc_op_t *op);
+
+/* Next unique id (transaction or branch).  Returns 0 or TXP_ESTORE when no
+ * id block is available (store unreachable). */
+int tc_store_next_id(tc_store_t *st, int64_t *out);
+
+/* Run a read-only statement on a reader connection (see tc_pg_submit). */
+int tc_store_read(tc_store_t *st, tc_pg_job_t *job, unsigned deadline_ms);
+
+void tc_store_get_stats(const tc_store_t *st, tc_store_stats_t *out);
+int tc_store_ready_conns(const tc_store_t *st);
+
+#endif /* TC_STORE_H */

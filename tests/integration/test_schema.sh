@@ -1,0 +1,350 @@
+#!/usr/bin/env bash
+# test_schema.sh - integration test of the schemas in sql/ and scripts/db-migrate.
+#
+# Usage: scripts/with-servers --pg -- tests/integration/test_schema.sh
+#
+# Needs TC_PG_URL, ORDERS_PG_URL and STOCK_PG_URL of databases prepared by
+# scripts/pg-tmp (all schemas applied).  Checks that every table exists, that
+# re-running db-migrate changes nothing, that the constraints the invariants
+# rely on reject bad rows (bucket oversell, duplicate undo row, second lock
+# holder), that lock keys are stored whole, and that db-migrate is ordered,
+# atomic per file, safe to run concurrently and clear about bad input.
+# Prints one line per check and finally "N passed, M failed"; exits 1 if any
+# check failed.  Leaves the tables of the three databases as it found them
+# (it works in transactions it rolls back, and in a scratch database).
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/../.." && pwd)
+migrate=$root/scripts/db-migrate
+
+for v in TC_PG_URL ORDERS_PG_URL STOCK_PG_URL; do
+  if [[ -z ${!v:-} ]]; then
+    echo "test_schema: $v is not set; run me as: scripts/with-servers --pg -- $0" >&2
+    exit 2
+  fi
+done
+
+export PGOPTIONS="${PGOPTIONS:+$PGOPTIONS }-c client_min_messages=warning"
+passed=0 failed=0
+ok()  { passed=$((passed + 1)); echo "ok   - $1"; }
+bad() { failed=$((failed + 1)); echo "FAIL - $1"; [[ -z ${2:-} ]] || printf '%s\n' "$2" | sed 's/^/       /'; }
+
+# q URL SQL: one value (unaligned, tuples only); errors are fatal for the check.
+# (SQL on stdin: some statements here are larger than one argv string may be.)
+q() { psql -X -q -A -t -v ON_ERROR_STOP=1 -d "$1" -f - <<<"$2"; }
+
+# expect_value NAME URL SQL EXPECTED
+expect_value() {
+  local got
+  if got=$(q "$2" "$3" 2>&1) && [[ $got == "$4" ]]; then
+    ok "$1"
+  else
+    bad "$1" "expected: $4"$'\n'"got:      $got"
+  fi
+}
+
+# expect_sqlstate NAME URL SQLSTATE SQL: SQL (run in one transaction that is
+# rolled back) must fail with SQLSTATE.
+expect_sqlstate() {
+  local out
+  if out=$(psql -X -q -v ON_ERROR_STOP=1 -v VERBOSITY=verbose -d "$2" 2>&1 <<EOF
+BEGIN;
+$4
+ROLLBACK;
+EOF
+  ); then
+    bad "$1" "expected error $3, but the statements succeeded"
+  elif grep -q "ERROR:  $3:" <<<"$out"; then
+    ok "$1"
+  else
+    bad "$1" "expected error $3, got:"$'\n'"$out"
+  fi
+}
+
+# expect_ok NAME URL SQL: SQL runs without error (in a rolled-back transaction).
+expect_ok() {
+  local out
+  if out=$(psql -X -q -v ON_ERROR_STOP=1 -d "$2" 2>&1 <<EOF
+BEGIN;
+$3
+ROLLBACK;
+EOF
+  ); then
+    ok "$1"
+  else
+    bad "$1" "$out"
+  fi
+}
+
+# Tables (and sequences) of every database ------------------------------------
+
+check_tables() { # URL db-name relation...
+  local url=$1 db=$2 rel missing=
+  shift 2
+  for rel in "$@"; do
+    [[ $(q "$url" "SELECT to_regclass('public.$rel') IS NOT NULL") == t ]] || missing+=" $rel"
+  done
+  if [[ -z $missing ]]; then ok "$db: has $*"; else bad "$db: missing:$missing"; fi
+}
+check_tables "$TC_PG_URL" tc global_table branch_table lock_table node_table \
+  global_history schema_version tc_id_seq
+check_tables "$ORDERS_PG_URL" orders trade_order undo_log schema_version
+check_tables "$STOCK_PG_URL" stock activity activity_ticket_bucket stock_log \
+  undo_log schema_version
+
+# schema_version must list exactly the files of the database's sets.
+files_of() { # set...
+  local set f
+  for set in "$@"; do
+    for f in "$root/sql/$set"/[0-9]*_*.sql; do echo "$set/${f##*/}"; done
+  done | sort | paste -sd, -
+}
+listed_sql="SELECT string_agg(set_name || '/' || filename, ',' ORDER BY set_name || '/' || filename) FROM schema_version"
+expect_value "tc: schema_version lists every file of sql/tc" "$TC_PG_URL" "$listed_sql" "$(files_of tc)"
+expect_value "orders: schema_version lists every file of sql/rm, sql/orders" "$ORDERS_PG_URL" "$listed_sql" "$(files_of rm orders)"
+expect_value "stock: schema_version lists every file of sql/rm, sql/stock" "$STOCK_PG_URL" "$listed_sql" "$(files_of rm stock)"
+
+# Every table and column documented (COMMENT ON) ------------------------------
+
+undocumented_sql="
+SELECT coalesce(string_agg(x, ' '), '') FROM (
+  SELECT c.relname AS x FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+  WHERE n.nspname = 'public' AND c.relkind = 'r' AND obj_description(c.oid, 'pg_class') IS NULL
+  UNION ALL
+  SELECT c.relname || '.' || a.attname FROM pg_attribute a
+  JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
+  WHERE n.nspname = 'public' AND c.relkind = 'r' AND a.attnum > 0 AND NOT a.attisdropped
+    AND col_description(c.oid, a.attnum) IS NULL) s"
+for db in TC_PG_URL ORDERS_PG_URL STOCK_PG_URL; do
+  expect_value "${db%_PG_URL}: every table and column has a comment" "${!db}" "$undocumented_sql" ""
+done
+
+# Autovacuum settings of the queue tables --------------------------------------
+
+reloption_sql() { # table
+  echo "SELECT array_to_string(ARRAY(SELECT o FROM unnest(reloptions) o
+          WHERE o ~ '^(fillfactor|autovacuum_vacuum_scale_factor|autovacuum_vacuum_threshold|autovacuum_vacuum_insert_scale_factor|autovacuum_vacuum_insert_threshold)=' ORDER BY o), ',')
+        FROM pg_class WHERE oid = 'public.$1'::regclass"
+}
+want_opts="autovacuum_vacuum_insert_scale_factor=0,autovacuum_vacuum_insert_threshold=10000,autovacuum_vacuum_scale_factor=0,autovacuum_vacuum_threshold=10000,fillfactor=80"
+for t in global_table branch_table lock_table; do
+  expect_value "tc: $t has the queue-table autovacuum settings" "$TC_PG_URL" "$(reloption_sql $t)" "$want_opts"
+done
+expect_value "orders: undo_log has the queue-table autovacuum settings" "$ORDERS_PG_URL" "$(reloption_sql undo_log)" "$want_opts"
+
+# db-migrate is idempotent ------------------------------------------------------
+
+counts() {
+  echo "$(q "$TC_PG_URL" "SELECT count(*) FROM schema_version")" \
+       "$(q "$ORDERS_PG_URL" "SELECT count(*) FROM schema_version")" \
+       "$(q "$STOCK_PG_URL" "SELECT count(*) FROM schema_version")"
+}
+before=$(counts)
+if out=$("$migrate" "$TC_PG_URL" tc 2>&1 && "$migrate" "$ORDERS_PG_URL" rm orders 2>&1 &&
+         "$migrate" "$STOCK_PG_URL" rm stock 2>&1); then
+  ok "db-migrate re-run exits 0"
+else
+  bad "db-migrate re-run exits 0" "$out"
+fi
+if grep -q "applying" <<<"$out"; then bad "db-migrate re-run applies nothing" "$out"
+else ok "db-migrate re-run applies nothing"; fi
+after=$(counts)
+if [[ $before == "$after" ]]; then ok "schema_version row counts unchanged ($after)"
+else bad "schema_version row counts unchanged" "before: $before"$'\n'"after:  $after"; fi
+
+# Stock buckets: never oversold ------------------------------------------------
+
+seed_activity="INSERT INTO activity (activity_id, name, status, per_user_limit, starts_at, ends_at)
+  VALUES (900001, 'test', 1, 2, now(), now() + interval '1 hour');"
+expect_ok "stock: a bucket with frozen + sold = stock is accepted" "$STOCK_PG_URL" "$seed_activity
+  INSERT INTO activity_ticket_bucket VALUES (900001, 1, 0, 10, 4, 6);"
+expect_sqlstate "stock: CHECK rejects frozen_count + sold_count > stock (insert)" "$STOCK_PG_URL" 23514 "$seed_activity
+  INSERT INTO activity_ticket_bucket VALUES (900001, 1, 0, 10, 5, 6);"
+expect_sqlstate "stock: CHECK rejects a freeze beyond stock (update)" "$STOCK_PG_URL" 23514 "$seed_activity
+  INSERT INTO activity_ticket_bucket VALUES (900001, 1, 0, 10, 4, 6);
+  UPDATE activity_ticket_bucket SET frozen_count = frozen_count + 1 WHERE activity_id = 900001;"
+expect_sqlstate "stock: CHECK rejects a negative frozen_count" "$STOCK_PG_URL" 23514 "$seed_activity
+  INSERT INTO activity_ticket_bucket VALUES (900001, 1, 0, 10, -1, 0);"
+expect_sqlstate "stock: a bucket needs its activity (FK)" "$STOCK_PG_URL" 23503 \
+  "INSERT INTO activity_ticket_bucket VALUES (900002, 1, 0, 10, 0, 0);"
+expect_sqlstate "stock: stock_log rejects a second freeze of one order" "$STOCK_PG_URL" 23505 \
+  "INSERT INTO stock_log (activity_id, ticket_type, bucket_id, order_id, op, qty) VALUES (1, 1, 0, 77, 'freeze', 1);
+   INSERT INTO stock_log (activity_id, ticket_type, bucket_id, order_id, op, qty) VALUES (1, 1, 0, 77, 'freeze', 1);"
+expect_sqlstate "stock: stock_log rejects an unknown op" "$STOCK_PG_URL" 23514 \
+  "INSERT INTO stock_log (activity_id, ticket_type, bucket_id, order_id, op, qty) VALUES (1, 1, 0, 77, 'steal', 1);"
+
+# Orders ---------------------------------------------------------------------------
+
+expect_ok "orders: an UNPAID order is accepted" "$ORDERS_PG_URL" \
+  "INSERT INTO trade_order (order_id, activity_id, ticket_type, user_id, qty, bucket_id, xid)
+   VALUES (1, 1, 1, 42, 2, 0, 'x:1');"
+expect_sqlstate "orders: CHECK rejects qty 0" "$ORDERS_PG_URL" 23514 \
+  "INSERT INTO trade_order (order_id, activity_id, ticket_type, user_id, qty, bucket_id) VALUES (1, 1, 1, 42, 0, 0);"
+expect_sqlstate "orders: CHECK rejects an unknown status" "$ORDERS_PG_URL" 23514 \
+  "INSERT INTO trade_order (order_id, activity_id, ticket_type, user_id, qty, bucket_id, status) VALUES (1, 1, 1, 42, 1, 0, 'SHIPPED');"
+
+# Undo log --------------------------------------------------------------------------
+
+undo_row="INSERT INTO undo_log (branch_id, xid, context, rollback_info) VALUES (7, 'x:1', 'serializer=json', '{\"before\": [], \"after\": []}');"
+for db in ORDERS_PG_URL STOCK_PG_URL; do
+  expect_sqlstate "${db%_PG_URL}: undo_log UNIQUE (xid, branch_id) rejects a duplicate" "${!db}" 23505 "$undo_row
+    $undo_row"
+done
+expect_sqlstate "orders: a late local commit fails on the global-finished guard row" "$ORDERS_PG_URL" 23505 \
+  "INSERT INTO undo_log (branch_id, xid, log_status) VALUES (7, 'x:1', 1);
+   $undo_row"
+expect_sqlstate "orders: a normal undo row needs rollback_info" "$ORDERS_PG_URL" 23514 \
+  "INSERT INTO undo_log (branch_id, xid) VALUES (7, 'x:1');"
+
+# TC store ---------------------------------------------------------------------------
+
+lock_row() { # row_key xid branch_id
+  echo "INSERT INTO lock_table (row_key, xid, transaction_id, branch_id, resource_id, table_name, pk)
+        VALUES ('$1', '$2', 1, $3, 'orders', 'trade_order', '1');"
+}
+expect_sqlstate "tc: lock_table PK rejects a second holder of a row_key" "$TC_PG_URL" 23505 \
+  "$(lock_row 'orders^^^trade_order^^^1' 'x:1' 11)
+   $(lock_row 'orders^^^trade_order^^^1' 'x:2' 21)"
+expect_value "tc: INSERT ... ON CONFLICT DO NOTHING reports the conflict (0 rows)" "$TC_PG_URL" \
+  "BEGIN; $(lock_row 'k^^^t^^^1' 'x:1' 11)
+   WITH i AS (INSERT INTO lock_table (row_key, xid, transaction_id, branch_id, resource_id, table_name, pk)
+              VALUES ('k^^^t^^^1', 'x:2', 2, 21, 'k', 't', '1') ON CONFLICT (row_key) DO NOTHING RETURNING 1)
+   SELECT count(*) FROM i; ROLLBACK;" "0"
+
+long_key="orders^^^trade_order^^^$(printf 'k%.0s' {1..977})"
+if [[ ${#long_key} -ne 1000 ]]; then bad "test setup: 1000-character key" "length ${#long_key}"; fi
+# Random-looking (hardly compressible) lock keys for lock_keys and row_key.
+long_rand=$(q "$TC_PG_URL" "SELECT string_agg(md5(i::text), '') FROM generate_series(1, 2048) i")
+expect_value "tc: a 1000-character lock key is stored unchanged" "$TC_PG_URL" \
+  "BEGIN; $(lock_row "$long_key" 'x:1' 11)
+   SELECT length(row_key) || ' ' || (row_key = '$long_key') FROM lock_table WHERE row_key = '$long_key'; ROLLBACK;" \
+  "1000 true"
+expect_value "tc: a 2048-byte incompressible row_key is stored unchanged" "$TC_PG_URL" \
+  "BEGIN; $(lock_row "${long_rand:0:2048}" 'x:1' 11)
+   SELECT octet_length(row_key) || ' ' || (row_key = '${long_rand:0:2048}') FROM lock_table WHERE xid = 'x:1'; ROLLBACK;" \
+  "2048 true"
+expect_sqlstate "tc: a row_key over 2048 bytes is rejected, not truncated" "$TC_PG_URL" 23514 \
+  "$(lock_row "${long_rand:0:2049}" 'x:1' 11)"
+expect_value "tc: branch_table.lock_keys keeps 64 KiB unchanged" "$TC_PG_URL" \
+  "BEGIN;
+   INSERT INTO branch_table (branch_id, xid, transaction_id, resource_id, status, lock_keys)
+   VALUES (5, 'x:1', 1, 'orders', 1, '${long_rand:0:65536}');
+   SELECT octet_length(lock_keys) || ' ' || (lock_keys = '${long_rand:0:65536}') FROM branch_table WHERE branch_id = 5;
+   ROLLBACK;" "65536 true"
+expect_sqlstate "tc: global_table rejects an xid over 128 bytes" "$TC_PG_URL" 23514 \
+  "INSERT INTO global_table (xid, transaction_id, status, timeout_ms, deadline, node_id)
+   VALUES (repeat('x', 129), 1, 1, 1000, now(), 1);"
+expect_sqlstate "tc: global_table idem_key is unique" "$TC_PG_URL" 23505 \
+  "INSERT INTO global_table (xid, transaction_id, status, timeout_ms, deadline, node_id, idem_key) VALUES ('a:1', 1, 1, 1000, now(), 1, 'k');
+   INSERT INTO global_table (xid, transaction_id, status, timeout_ms, deadline, node_id, idem_key) VALUES ('a:2', 2, 1, 1000, now(), 1, 'k');"
+expect_ok "tc: global_table accepts many begins without idem_key" "$TC_PG_URL" \
+  "INSERT INTO global_table (xid, transaction_id, status, timeout_ms, deadline, node_id) VALUES ('a:1', 1, 1, 1000, now(), 1);
+   INSERT INTO global_table (xid, transaction_id, status, timeout_ms, deadline, node_id) VALUES ('a:2', 2, 1, 1000, now(), 1);"
+expect_sqlstate "tc: branch_table (xid, idem_key) is unique" "$TC_PG_URL" 23505 \
+  "INSERT INTO branch_table (branch_id, xid, transaction_id, resource_id, status, idem_key) VALUES (1, 'a:1', 1, 'r', 1, 'k');
+   INSERT INTO branch_table (branch_id, xid, transaction_id, resource_id, status, idem_key) VALUES (2, 'a:1', 1, 'r', 1, 'k');"
+expect_value "tc: tc_id_seq hands out distinct ids" "$TC_PG_URL" \
+  "SELECT count(DISTINCT v) FROM (SELECT nextval('tc_id_seq') v FROM generate_series(1, 5000)) s" "5000"
+
+# db-migrate itself, on a scratch database --------------------------------------
+
+admin_url=${TC_PG_URL%/*}/postgres
+scratch=schema_test_scratch
+scratch_url=${TC_PG_URL%/*}/$scratch
+q "$admin_url" "DROP DATABASE IF EXISTS $scratch" >/dev/null
+q "$admin_url" "CREATE DATABASE $scratch" >/dev/null
+sqldir=$(mktemp -d)
+trap 'rm -rf "$sqldir"; q "$admin_url" "DROP DATABASE IF EXISTS $scratch" >/dev/null 2>&1 || true' EXIT
+
+# Concurrent first runs of every set: each file applied exactly once.
+pids=()
+for i in 1 2 3 4; do
+  "$migrate" -q "$scratch_url" tc rm orders stock >"$sqldir/par$i.log" 2>&1 & pids+=($!)
+done
+par_ok=1
+for p in "${pids[@]}"; do wait "$p" || par_ok=0; done
+if [[ $par_ok -eq 1 ]]; then ok "4 concurrent db-migrate runs all succeed"
+else bad "4 concurrent db-migrate runs all succeed" "$(cat "$sqldir"/par*.log)"; fi
+nfiles=$(files_of tc rm orders stock | tr ',' '\n' | wc -l)
+expect_value "concurrent runs applied each file once" "$scratch_url" \
+  "SELECT count(*) || ' ' || count(DISTINCT (set_name, version)) FROM schema_version" "$nfiles $nfiles"
+
+# Ordering (numeric, not lexical) and atomicity, with a private sql/ tree.
+mkdir -p "$sqldir/sql/demo"
+echo "CREATE TABLE demo_a (x int);"                    >"$sqldir/sql/demo/2_a.sql"
+echo "ALTER TABLE demo_a ADD COLUMN y int;"            >"$sqldir/sql/demo/10_b.sql"
+echo "CREATE TABLE demo_c (x int); SELECT 1/0;"        >"$sqldir/sql/demo/11_c.sql"
+if out=$(TX_SQL_DIR=$sqldir/sql "$migrate" "$scratch_url" demo 2>&1); then
+  bad "a failing file makes db-migrate fail" "$out"
+else
+  ok "a failing file makes db-migrate fail"
+  if grep -q "11_c.sql" <<<"$out" && grep -q "division by zero" <<<"$out"; then
+    ok "the error names the file and the cause"
+  else
+    bad "the error names the file and the cause" "$out"
+  fi
+fi
+expect_value "files applied in numeric order (2 before 10), failed file rolled back" "$scratch_url" \
+  "SELECT (SELECT string_agg(version::text, ',' ORDER BY applied_at, version) FROM schema_version WHERE set_name = 'demo')
+          || ' ' || (to_regclass('demo_c') IS NULL)" "2,10 true"
+echo "CREATE TABLE demo_c (x int);" >"$sqldir/sql/demo/11_c.sql"
+if out=$(TX_SQL_DIR=$sqldir/sql "$migrate" "$scratch_url" demo 2>&1) && grep -q "applying demo/11_c.sql" <<<"$out" &&
+   ! grep -q "applying demo/2_a.sql" <<<"$out"; then
+  ok "after the fix only the pending file is applied"
+else
+  bad "after the fix only the pending file is applied" "$out"
+fi
+echo "-- edited" >>"$sqldir/sql/demo/2_a.sql"
+if out=$(TX_SQL_DIR=$sqldir/sql "$migrate" "$scratch_url" demo 2>&1) && grep -q "warning: demo/2_a.sql changed" <<<"$out"; then
+  ok "an edited applied file is reported, not re-applied"
+else
+  bad "an edited applied file is reported, not re-applied" "$out"
+fi
+
+# A file must not end the transaction db-migrate runs it in.
+mkdir -p "$sqldir/sql/txctl" "$sqldir/sql/txctl2"
+printf 'CREATE TABLE demo_e (x int);\nCOMMIT;\n' >"$sqldir/sql/txctl/001_e.sql"
+printf 'CREATE TABLE demo_f (x int);\n  COMMIT;\n' >"$sqldir/sql/txctl2/001_f.sql"
+if out=$(TX_SQL_DIR=$sqldir/sql "$migrate" "$scratch_url" txctl 2>&1); then
+  bad "a top-level COMMIT in a file is refused before anything runs" "$out"
+elif grep -q "contains BEGIN/COMMIT" <<<"$out" &&
+     [[ $(q "$scratch_url" "SELECT to_regclass('demo_e') IS NULL") == t ]]; then
+  ok "a top-level COMMIT in a file is refused before anything runs"
+else
+  bad "a top-level COMMIT in a file is refused before anything runs" "$out"
+fi
+if out=$(TX_SQL_DIR=$sqldir/sql "$migrate" "$scratch_url" txctl2 2>&1); then
+  bad "a file that commits by itself is reported and not recorded" "$out"
+elif grep -q "ended the transaction itself" <<<"$out" &&
+     [[ $(q "$scratch_url" "SELECT count(*) FROM schema_version WHERE set_name = 'txctl2'") == 0 ]]; then
+  ok "a file that commits by itself is reported and not recorded"
+else
+  bad "a file that commits by itself is reported and not recorded" "$out"
+fi
+
+# Clear errors for bad input.
+expect_fail() { # name expected-exit-code grep-pattern cmd...
+  local name=$1 want=$2 pat=$3 out rc=0
+  shift 3
+  out=$("$@" 2>&1) || rc=$?
+  if [[ $rc -eq $want ]] && grep -q -- "$pat" <<<"$out"; then ok "$name"
+  else bad "$name" "exit $rc (want $want), output:"$'\n'"$out"; fi
+}
+expect_fail "db-migrate: unknown set is a clear error" 1 "unknown schema set 'nosuch'" \
+  "$migrate" "$scratch_url" nosuch
+expect_fail "db-migrate: missing SET is a usage error" 2 "usage:" "$migrate" "$scratch_url"
+expect_fail "db-migrate: unreachable server is a clear error" 1 "cannot prepare schema_version" \
+  "$migrate" "postgresql://postgres@127.0.0.1:1/none" tc
+mkdir -p "$sqldir/sql/badname"
+echo "SELECT 1;" >"$sqldir/sql/badname/first.sql"
+expect_fail "db-migrate: a misnamed file is a clear error" 1 "must be named NNN_description.sql" \
+  env TX_SQL_DIR="$sqldir/sql" "$migrate" "$scratch_url" badname
+if "$migrate" --help | grep -q "Usage:"; then ok "db-migrate --help"; else bad "db-migrate --help"; fi
+
+# Nothing left behind in the shared databases.
+expect_value "tc: store tables left empty" "$TC_PG_URL" \
+  "SELECT (SELECT count(*) FROM global_table) + (SELECT count(*) FROM branch_table) + (SELECT count(*) FROM lock_table)" "0"
+
+echo "$passed passed, $failed failed"
+[[ $failed -eq 0 ]]
