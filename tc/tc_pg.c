@@ -762,7 +762,7 @@ static void conn_drain_init(tc_pg_conn_t *c)
     }
     if ((st == PGRES_FATAL_ERROR || st == PGRES_BAD_RESPONSE) && !c->init_failed) {
       const char *msg = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
-      char tmp[TC_PG_ERR_LEN];
+      char tmp[TC_PG_ERR_LEN - 32]; /* leaves room for the prefix */
 
       copy_msg(tmp, sizeof tmp, msg != NULL ? msg : PQresultErrorMessage(res));
       snprintf(c->init_err, sizeof c->init_err, "could not run init_sql: %s", tmp);

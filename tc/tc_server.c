@@ -723,7 +723,7 @@ static void conn_stream_error(tc_conn_t *c, int rc) {
     tc_log_error("could not decode frame from %s: out of memory", c->peer);
   } else {
     c->server->st.bad_frames++;
-    conn_warn_once(c, "closing connection: unreadable stream", rc);
+    conn_warn_once(c, "closing connection", rc);
   }
   conn_close(c, TXP_ECONN_LOST);
 }

@@ -83,11 +83,13 @@ typedef struct {
   txp_buf_t b;
   int n;
   int failed;
+  int ended;
 } arr_t;
 
 static void arr_init(arr_t *a) {
   txp_buf_init(&a->b, 0);
   a->n = 0;
+  a->ended = 0;
   a->failed = txp_buf_append(&a->b, "{", 1) != 0;
 }
 
@@ -113,8 +115,10 @@ static void arr_add_i64(arr_t *a, int64_t v) {
   arr_add(a, tmp);
 }
 
+/* Close the literal (once) and return it. */
 static const char *arr_end(arr_t *a) {
-  if (!a->failed) a->failed = txp_buf_append(&a->b, "}", 1) != 0;
+  if (!a->failed && !a->ended) a->failed = txp_buf_append(&a->b, "}", 1) != 0;
+  a->ended = 1;
   return a->failed ? NULL : a->b.data;
 }
 

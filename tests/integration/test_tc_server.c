@@ -217,6 +217,9 @@ static client_t *client_connect(void) {
   assert_non_null(cl->dec);
   assert_int_equal(uv_tcp_init(loop, &cl->tcp), 0);
   cl->tcp.data = cl;
+  /* Without it Nagle holds a second small frame until the server's
+   * delayed ACK, ~40 ms later, and ordering checks turn flaky. */
+  assert_int_equal(uv_tcp_nodelay(&cl->tcp, 1), 0);
   cl->creq.data = cl;
   struct sockaddr_in a;
   assert_int_equal(uv_ip4_addr("127.0.0.1", tc_server_port(srv), &a), 0);
@@ -360,6 +363,13 @@ static void on_request(tc_req_t *req, void *arg) {
     uv_timer_init(loop, &d->timer);
     d->timer.data = d;
     uv_timer_start(&d->timer, on_delayed, 30, 0);
+    break;
+  }
+  case TXP_MSG_GLOBAL_LOCK_QUERY: { /* a big answer: longer than a message may be */
+    char big[1500];
+    memset(big, 'x', sizeof(big) - 1);
+    big[sizeof(big) - 1] = '\0';
+    tc_req_reply_code(req, 0, big);
     break;
   }
   case TXP_MSG_GLOBAL_STATUS:
@@ -729,6 +739,58 @@ static void test_max_connections(void **state) {
   assert_int_equal(client_register(d, false, "tm-d", NULL, TOKEN), 0);
 }
 
+static uint64_t send_lock_query(client_t *cl) {
+  txp_msg_t m;
+  txp_msg_init(&m, TXP_MSG_GLOBAL_LOCK_QUERY);
+  txp_msg_set_str(&m, TXP_F_RESOURCE_ID, "jdbc:a");
+  txp_msg_set_str(&m, TXP_F_LOCK_KEYS, "t:1");
+  return client_send(cl, &m);
+}
+
+static void test_long_message_cut(void **state) {
+  (void)state;
+  start_server();
+  client_t *cl = client_tm("tm-1");
+  uint64_t id = send_lock_query(cl);
+  const txp_msg_t *res = client_next(cl);
+  assert_int_equal(res->request_id, id);
+  assert_int_equal(res->type, TXP_MSG_GLOBAL_LOCK_QUERY_RESULT);
+  assert_int_equal(res->code, 0);
+  assert_int_equal(strlen(res->message), TXP_MAX_MESSAGE_LEN);
+}
+
+static bool no_connections(void *p) {
+  (void)p;
+  return stats().connections == 0;
+}
+
+/* A peer that sends but never reads: once its answers pile past the
+ * write-queue cap (plus what the kernel buffers) it is closed. */
+static void test_slow_reader_closed(void **state) {
+  (void)state;
+  enum { N = 24000 }; /* ~1 KiB answers: ~24 MiB, well past 4 MiB + buffers */
+  opts.max_inflight = N;
+  start_server();
+  client_t *cl = client_tm("tm-slow");
+  assert_int_equal(uv_read_stop((uv_stream_t *)&cl->tcp), 0);
+  txp_buf_t b;
+  txp_buf_init(&b, 0);
+  for (int i = 0; i < N; i++) {
+    txp_msg_t m;
+    txp_msg_init(&m, TXP_MSG_GLOBAL_LOCK_QUERY);
+    m.request_id = (uint64_t)(100 + i);
+    txp_msg_set_str(&m, TXP_F_RESOURCE_ID, "jdbc:a");
+    txp_msg_set_str(&m, TXP_F_LOCK_KEYS, "t:1");
+    assert_int_equal(txp_encode(&m, &b, 0), 0);
+  }
+  client_write_raw(cl, b.data, b.len);
+  txp_buf_free(&b);
+  assert_true(run_until(no_connections, NULL, 20000));
+  tc_server_stats_t st = stats();
+  assert_int_equal(st.closed, 1);
+  assert_true(requests_seen < N); /* closed before it read everything */
+}
+
 /* Idle test: one client sends heartbeats from a timer, one stays silent. */
 static void on_beat(uv_timer_t *t) {
   client_t *cl = t->data;
@@ -969,6 +1031,8 @@ int main(void) {
     cmocka_unit_test_setup_teardown(test_delayed_reply, setup, teardown),
     cmocka_unit_test_setup_teardown(test_max_inflight_busy, setup, teardown),
     cmocka_unit_test_setup_teardown(test_max_connections, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_long_message_cut, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_slow_reader_closed, setup, teardown),
     cmocka_unit_test_setup_teardown(test_idle_timeout, setup, teardown),
     cmocka_unit_test_setup_teardown(test_rm_registry, setup, teardown),
     cmocka_unit_test_setup_teardown(test_call_answered, setup, teardown),

@@ -1,0 +1,473 @@
+/*
+ * tc_bench.c - coordinator throughput: N clients each run
+ *   begin -> 2 x BranchRegister (distinct lock keys) -> commit
+ * against tcd, with branch acknowledgements from a minimal RM (each client's
+ * own connection answers the BranchCommits for its branches).  In the same
+ * run, on the same PostgreSQL, it measures the naive baseline: the same
+ * store writes for one transaction issued directly by one libpq client per
+ * connection, one statement at a time, no batching.
+ *
+ * Environment: TC_PG_URL (the coordinator database) and TC_NODES
+ * (host:port,...) select an existing setup.  Without TC_PG_URL the bench
+ * re-runs itself under scripts/with-servers (a temporary PostgreSQL); without
+ * TC_NODES it starts its own tcd.  TC_TOKEN is the registration secret
+ * (default "bench-token" for the tcd it starts).
+ *
+ * The last line printed is one JSON object:
+ *   {"clients":N,"tps":...,"p50_ms":...,"p99_ms":...,"baseline_tps":...,"ratio":...}
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <libpq-fe.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "txclient.h"
+
+#ifndef TX_SOURCE_DIR
+#define TX_SOURCE_DIR "."
+#endif
+
+typedef struct {
+  int clients;
+  double duration_s, warmup_s, baseline_s;
+  char nodes[8][64];
+  int nnodes;
+  const char *token;
+  const char *pg_url;
+} opts_t;
+
+typedef struct {
+  const opts_t *o;
+  int id;
+  char host[64];
+  int port;
+  pthread_t th;
+  double *lat; /* ms, measured window only */
+  size_t nlat, cap;
+  uint64_t done, errors;
+  char first_error[256];
+} client_t;
+
+static atomic_int phase; /* 0 warm-up, 1 measure, 2 stop */
+
+static int rm_handler(txc_t *c, const txp_msg_t *req, txp_msg_t *res, void *arg) {
+  (void)c;
+  (void)arg;
+  if (req->type == TXP_MSG_BRANCH_COMMIT)
+    txp_msg_set_int(res, TXP_F_BRANCH_STATUS, TXP_BS_PHASE2_COMMITTED);
+  else if (req->type == TXP_MSG_BRANCH_ROLLBACK)
+    txp_msg_set_int(res, TXP_F_BRANCH_STATUS, TXP_BS_PHASE2_ROLLBACKED);
+  return 0;
+}
+
+static void note_error(client_t *cl, const char *what, int rc) {
+  cl->errors++;
+  if (!cl->first_error[0])
+    snprintf(cl->first_error, sizeof(cl->first_error), "%s: %s (%d)", what, txp_strerror(rc), rc);
+}
+
+static void *client_main(void *arg) {
+  client_t *cl = arg;
+  char err[256], client_id[64], keys[2][96];
+  txc_t *c = txc_connect(cl->host, cl->port, 5000, err, sizeof(err));
+  if (!c) {
+    snprintf(cl->first_error, sizeof(cl->first_error), "%s", err);
+    cl->errors++;
+    return NULL;
+  }
+  txc_set_handler(c, rm_handler, cl);
+  snprintf(client_id, sizeof(client_id), "bench-%d", cl->id);
+  int rc = txc_register(c, true, "tc-bench", client_id, cl->o->token, "bench_db1,bench_db2");
+  if (rc != 0) {
+    note_error(cl, "register", rc);
+    txc_close(c);
+    return NULL;
+  }
+  uint64_t seq = 0;
+  while (atomic_load(&phase) < 2) {
+    char xid[TXP_MAX_XID_LEN + 1];
+    double t0 = txc_now_ms();
+    rc = txc_begin(c, 30000, "bench", NULL, xid);
+    if (rc != 0) {
+      note_error(cl, "begin", rc);
+      continue;
+    }
+    seq++;
+    snprintf(keys[0], sizeof(keys[0]), "t_order:%d_%" PRIu64, cl->id, seq);
+    snprintf(keys[1], sizeof(keys[1]), "t_stock:%d_%" PRIu64, cl->id, seq);
+    int64_t bid;
+    if ((rc = txc_branch_register(c, xid, "bench_db1", keys[0], 0, &bid, NULL)) != 0 ||
+        (rc = txc_branch_register(c, xid, "bench_db2", keys[1], 0, &bid, NULL)) != 0) {
+      note_error(cl, "branch register", rc);
+      int st;
+      txc_rollback(c, xid, &st);
+      continue;
+    }
+    int status = 0;
+    rc = txc_commit(c, xid, &status);
+    if (rc != 0 || status != TXP_GS_COMMITTED) {
+      note_error(cl, "commit", rc ? rc : TXP_EINTERNAL);
+      continue;
+    }
+    double ms = txc_now_ms() - t0;
+    if (atomic_load(&phase) == 1) {
+      cl->done++;
+      if (cl->nlat == cl->cap) {
+        size_t ncap = cl->cap ? cl->cap * 2 : 4096;
+        double *p = realloc(cl->lat, ncap * sizeof(double));
+        if (!p) break;
+        cl->lat = p;
+        cl->cap = ncap;
+      }
+      cl->lat[cl->nlat++] = ms;
+    }
+  }
+  /* Keep answering phase-two requests for our last branches a moment. */
+  txc_poll(c, 300, false);
+  txc_close(c);
+  return NULL;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return x < y ? -1 : x > y;
+}
+
+static void sleep_s(double s) {
+  struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+/* ------------------------------------------------------------- baseline */
+
+typedef struct {
+  const char *url;
+  int id;
+  pthread_t th;
+  uint64_t done, errors;
+  char err[256];
+} base_t;
+
+static atomic_int base_phase;
+
+static bool exec_ok(PGconn *pg, const char *sql, int n, const char *const *v, base_t *b) {
+  PGresult *r = PQexecParams(pg, sql, n, NULL, v, NULL, NULL, 0);
+  bool ok = PQresultStatus(r) == PGRES_COMMAND_OK || PQresultStatus(r) == PGRES_TUPLES_OK;
+  if (!ok && !b->err[0]) snprintf(b->err, sizeof(b->err), "%s", PQerrorMessage(pg));
+  PQclear(r);
+  return ok;
+}
+
+/* The naive client: the 9 store statements of one two-branch transaction,
+ * each its own autocommitted statement, one round trip each. */
+static void *baseline_main(void *arg) {
+  base_t *b = arg;
+  PGconn *pg = PQconnectdb(b->url);
+  if (PQstatus(pg) != CONNECTION_OK) {
+    snprintf(b->err, sizeof(b->err), "%s", PQerrorMessage(pg));
+    PQfinish(pg);
+    return NULL;
+  }
+  uint64_t seq = 0;
+  char xid[64], txid[32], b1[32], b2[32], k1[96], k2[96];
+  while (atomic_load(&base_phase) < 2) {
+    seq++;
+    int64_t base = ((int64_t)b->id << 40) + (int64_t)seq * 4;
+    snprintf(xid, sizeof(xid), "bench:%" PRId64, base);
+    snprintf(txid, sizeof(txid), "%" PRId64, base);
+    snprintf(b1, sizeof(b1), "%" PRId64, base + 1);
+    snprintf(b2, sizeof(b2), "%" PRId64, base + 2);
+    snprintf(k1, sizeof(k1), "bench_db1^^^t_order^^^%d_%" PRIu64, b->id, seq);
+    snprintf(k2, sizeof(k2), "bench_db2^^^t_stock^^^%d_%" PRIu64, b->id, seq);
+    const char *g[] = {xid, txid};
+    const char *br1[] = {b1, xid, txid, "bench_db1"};
+    const char *br2[] = {b2, xid, txid, "bench_db2"};
+    const char *l1[] = {k1, xid, txid, b1};
+    const char *l2[] = {k2, xid, txid, b2};
+    const char *x[] = {xid};
+    bool ok =
+      exec_ok(pg,
+              "INSERT INTO bench_global_table (xid, transaction_id, status, timeout_ms, deadline, node_id) "
+              "VALUES ($1, $2, 1, 60000, clock_timestamp() + interval '60 s', 0)",
+              2, g, b) &&
+      exec_ok(pg,
+              "INSERT INTO bench_branch_table (branch_id, xid, transaction_id, resource_id, status) "
+              "VALUES ($1, $2, $3, $4, 1)",
+              4, br1, b) &&
+      exec_ok(pg,
+              "INSERT INTO bench_lock_table (row_key, xid, transaction_id, branch_id, resource_id, table_name, pk) "
+              "VALUES ($1, $2, $3, $4, 'bench_db1', 't_order', '1')",
+              4, l1, b) &&
+      exec_ok(pg,
+              "INSERT INTO bench_branch_table (branch_id, xid, transaction_id, resource_id, status) "
+              "VALUES ($1, $2, $3, $4, 1)",
+              4, br2, b) &&
+      exec_ok(pg,
+              "INSERT INTO bench_lock_table (row_key, xid, transaction_id, branch_id, resource_id, table_name, pk) "
+              "VALUES ($1, $2, $3, $4, 'bench_db2', 't_stock', '1')",
+              4, l2, b) &&
+      exec_ok(pg, "UPDATE bench_global_table SET status = 8 WHERE xid = $1 AND status = 1", 1, x, b) &&
+      exec_ok(pg, "DELETE FROM bench_lock_table WHERE xid = $1", 1, x, b) &&
+      exec_ok(pg, "DELETE FROM bench_branch_table WHERE xid = $1", 1, x, b) &&
+      exec_ok(pg, "DELETE FROM bench_global_table WHERE xid = $1", 1, x, b);
+    if (!ok) {
+      b->errors++;
+      if (b->errors > 100) break;
+      continue;
+    }
+    if (atomic_load(&base_phase) == 1) b->done++;
+  }
+  PQfinish(pg);
+  return NULL;
+}
+
+static int prepare_baseline_tables(const char *url) {
+  PGconn *pg = PQconnectdb(url);
+  if (PQstatus(pg) != CONNECTION_OK) {
+    fprintf(stderr, "tc-bench: could not connect to %s: %s", url, PQerrorMessage(pg));
+    PQfinish(pg);
+    return -1;
+  }
+  /* Same columns, indexes and storage settings as the real store tables. */
+  PGresult *r = PQexec(pg,
+                       "DROP TABLE IF EXISTS bench_global_table, bench_branch_table, bench_lock_table;"
+                       "CREATE TABLE bench_global_table (LIKE global_table INCLUDING ALL);"
+                       "CREATE TABLE bench_branch_table (LIKE branch_table INCLUDING ALL);"
+                       "CREATE TABLE bench_lock_table (LIKE lock_table INCLUDING ALL);");
+  int rc = PQresultStatus(r) == PGRES_COMMAND_OK ? 0 : -1;
+  if (rc) fprintf(stderr, "tc-bench: could not create baseline tables: %s", PQerrorMessage(pg));
+  PQclear(r);
+  PQfinish(pg);
+  return rc;
+}
+
+static double run_baseline(const opts_t *o) {
+  if (prepare_baseline_tables(o->pg_url) != 0) return -1;
+  base_t *bs = calloc((size_t)o->clients, sizeof(base_t));
+  if (!bs) return -1;
+  atomic_store(&base_phase, 0);
+  for (int i = 0; i < o->clients; i++) {
+    bs[i].url = o->pg_url;
+    bs[i].id = i + 1;
+    pthread_create(&bs[i].th, NULL, baseline_main, &bs[i]);
+  }
+  sleep_s(o->warmup_s);
+  atomic_store(&base_phase, 1);
+  double t0 = txc_now_ms();
+  sleep_s(o->baseline_s);
+  atomic_store(&base_phase, 2);
+  double elapsed = (txc_now_ms() - t0) / 1000.0;
+  uint64_t done = 0, errors = 0;
+  for (int i = 0; i < o->clients; i++) {
+    pthread_join(bs[i].th, NULL);
+    done += bs[i].done;
+    errors += bs[i].errors;
+    if (bs[i].err[0] && i == 0) fprintf(stderr, "tc-bench: baseline error: %s", bs[i].err);
+  }
+  free(bs);
+  if (errors) fprintf(stderr, "tc-bench: baseline had %" PRIu64 " failed transactions\n", errors);
+  return (double)done / elapsed;
+}
+
+/* ------------------------------------------------------------------ tcd */
+
+static pid_t tcd_pid;
+
+static int free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t sl = sizeof(sa);
+  if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
+      getsockname(fd, (struct sockaddr *)&sa, &sl) != 0) {
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  close(fd);
+  return ntohs(sa.sin_port);
+}
+
+static int start_tcd(opts_t *o, const char *self) {
+  char bin[PATH_MAX];
+  snprintf(bin, sizeof(bin), "%s", self);
+  char *slash = strrchr(bin, '/');
+  if (slash) snprintf(slash + 1, sizeof(bin) - (size_t)(slash + 1 - bin), "tcd");
+  else snprintf(bin, sizeof(bin), "tcd");
+  for (int attempt = 0; attempt < 5; attempt++) {
+    int port = free_port();
+    if (port <= 0) continue;
+    char listen[64], url[1100];
+    snprintf(listen, sizeof(listen), "TC_SERVER_LISTEN=127.0.0.1:%d", port);
+    snprintf(url, sizeof(url), "TC_STORE_PG_URL=%s", o->pg_url);
+    pid_t pid = fork();
+    if (pid == 0) {
+      setenv("TC_SERVER_TOKEN", o->token, 1);
+      putenv(listen);
+      putenv(url);
+      if (!getenv("TC_LOG_LEVEL")) setenv("TC_LOG_LEVEL", "warn", 1);
+      execl(bin, "tcd", (char *)NULL);
+      fprintf(stderr, "tc-bench: could not run %s: %s\n", bin, strerror(errno));
+      _exit(127);
+    }
+    for (int i = 0; i < 300; i++) {
+      char err[128];
+      txc_t *c = txc_connect("127.0.0.1", port, 100, err, sizeof(err));
+      if (c) {
+        txc_close(c);
+        tcd_pid = pid;
+        snprintf(o->nodes[0], sizeof(o->nodes[0]), "127.0.0.1:%d", port);
+        o->nnodes = 1;
+        return 0;
+      }
+      int st;
+      if (waitpid(pid, &st, WNOHANG) == pid) break; /* exited: port taken? retry */
+      sleep_s(0.05);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+  }
+  fprintf(stderr, "tc-bench: could not start tcd (%s)\n", bin);
+  return -1;
+}
+
+static void stop_tcd(void) {
+  if (tcd_pid <= 0) return;
+  kill(tcd_pid, SIGTERM);
+  waitpid(tcd_pid, NULL, 0);
+  tcd_pid = 0;
+}
+
+/* ----------------------------------------------------------------- main */
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: tc-bench [--clients N] [--duration S] [--warmup S] [--baseline-duration S]\n"
+          "Coordinator throughput: begin + 2 branch registers + commit per transaction,\n"
+          "against the naive one-statement-at-a-time store baseline on the same PostgreSQL.\n"
+          "Env: TC_PG_URL, TC_NODES (host:port,...), TC_TOKEN.\n");
+}
+
+int main(int argc, char **argv) {
+  opts_t o = {.clients = 64, .duration_s = 10, .warmup_s = 2, .baseline_s = 5};
+  static const struct option lo[] = {
+    {"clients", required_argument, NULL, 'c'}, {"duration", required_argument, NULL, 'd'},
+    {"warmup", required_argument, NULL, 'w'},  {"baseline-duration", required_argument, NULL, 'b'},
+    {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0}};
+  int ch;
+  while ((ch = getopt_long(argc, argv, "c:d:w:b:h", lo, NULL)) != -1) {
+    switch (ch) {
+    case 'c': o.clients = atoi(optarg); break;
+    case 'd': o.duration_s = atof(optarg); break;
+    case 'w': o.warmup_s = atof(optarg); break;
+    case 'b': o.baseline_s = atof(optarg); break;
+    case 'h': usage(stdout); return 0;
+    default: usage(stderr); return 64;
+    }
+  }
+  if (o.clients < 1 || o.clients > 4096 || o.duration_s <= 0 || o.warmup_s < 0 || o.baseline_s <= 0) {
+    fprintf(stderr, "tc-bench: invalid options (clients 1..4096, durations > 0)\n");
+    return 64;
+  }
+  o.pg_url = getenv("TC_PG_URL");
+  if (!o.pg_url || !o.pg_url[0]) {
+    /* No database given: run again under a temporary PostgreSQL. */
+    char script[PATH_MAX];
+    snprintf(script, sizeof(script), "%s/scripts/with-servers", TX_SOURCE_DIR);
+    char **args = calloc((size_t)argc + 5, sizeof(char *));
+    if (!args) return 70;
+    int n = 0;
+    args[n++] = script;
+    args[n++] = "--pg";
+    args[n++] = "--";
+    for (int i = 0; i < argc; i++) args[n++] = argv[i];
+    execv(script, args);
+    fprintf(stderr, "tc-bench: could not run %s: %s\n", script, strerror(errno));
+    return 69;
+  }
+  const char *nodes = getenv("TC_NODES");
+  o.token = getenv("TC_TOKEN") ? getenv("TC_TOKEN") : "bench-token";
+  if (nodes && nodes[0]) {
+    char tmp[1024];
+    snprintf(tmp, sizeof(tmp), "%s", nodes);
+    for (char *save = NULL, *t = strtok_r(tmp, ",", &save); t && o.nnodes < 8; t = strtok_r(NULL, ",", &save))
+      snprintf(o.nodes[o.nnodes++], sizeof(o.nodes[0]), "%s", t);
+  } else if (start_tcd(&o, argv[0]) != 0) {
+    return 69;
+  }
+
+  client_t *cl = calloc((size_t)o.clients, sizeof(client_t));
+  if (!cl) return 70;
+  atomic_store(&phase, 0);
+  for (int i = 0; i < o.clients; i++) {
+    cl[i].o = &o;
+    cl[i].id = i + 1;
+    const char *node = o.nodes[i % o.nnodes];
+    const char *colon = strrchr(node, ':');
+    snprintf(cl[i].host, sizeof(cl[i].host), "%.*s", (int)(colon ? colon - node : 0), node);
+    cl[i].port = colon ? atoi(colon + 1) : 0;
+    pthread_create(&cl[i].th, NULL, client_main, &cl[i]);
+  }
+  printf("tc-bench: %d clients on %d node(s), warm-up %.0fs, measuring %.0fs\n", o.clients, o.nnodes,
+         o.warmup_s, o.duration_s);
+  fflush(stdout);
+  sleep_s(o.warmup_s);
+  atomic_store(&phase, 1);
+  double t0 = txc_now_ms();
+  sleep_s(o.duration_s);
+  atomic_store(&phase, 2);
+  double elapsed = (txc_now_ms() - t0) / 1000.0;
+
+  uint64_t done = 0, errors = 0;
+  size_t nlat = 0;
+  for (int i = 0; i < o.clients; i++) {
+    pthread_join(cl[i].th, NULL);
+    done += cl[i].done;
+    errors += cl[i].errors;
+    nlat += cl[i].nlat;
+  }
+  double *all = malloc((nlat ? nlat : 1) * sizeof(double));
+  size_t k = 0;
+  for (int i = 0; i < o.clients; i++) {
+    if (all) memcpy(all + k, cl[i].lat, cl[i].nlat * sizeof(double));
+    k += cl[i].nlat;
+    if (cl[i].first_error[0] && errors)
+      fprintf(stderr, "tc-bench: client %d: %s\n", cl[i].id, cl[i].first_error);
+    free(cl[i].lat);
+  }
+  double p50 = 0, p99 = 0;
+  if (all && nlat) {
+    qsort(all, nlat, sizeof(double), cmp_double);
+    p50 = all[nlat / 2];
+    p99 = all[(size_t)((double)nlat * 0.99)];
+  }
+  free(all);
+  free(cl);
+  stop_tcd();
+  double tps = (double)done / elapsed;
+  printf("tcd:      %.0f two-branch global transactions/s, p50 %.2f ms, p99 %.2f ms, %" PRIu64 " errors\n",
+         tps, p50, p99, errors);
+  fflush(stdout);
+
+  double base = run_baseline(&o);
+  printf("baseline: %.0f transactions/s (same store writes, one statement per round trip, %d connections)\n",
+         base, o.clients);
+  double ratio = base > 0 ? tps / base : 0;
+  printf("ratio:    %.2fx\n", ratio);
+  printf("{\"clients\":%d,\"tps\":%.1f,\"p50_ms\":%.3f,\"p99_ms\":%.3f,\"baseline_tps\":%.1f,\"ratio\":%.3f,"
+         "\"errors\":%" PRIu64 "}\n",
+         o.clients, tps, p50, p99, base, ratio, errors);
+  return errors > done / 100 ? 1 : 0;
+}

@@ -1,0 +1,1072 @@
+/*
+ * test_tc_pg.c - integration tests for tc_pg (the libpq pool on libuv),
+ * against a real PostgreSQL.
+ *
+ * NOTES
+ *   The server comes from the environment: TC_PG_URL (set by
+ *   scripts/with-servers --pg).  Without it every test that needs a server
+ *   is skipped.  Each test owns its own uv_loop_t, pool and tables, drives
+ *   everything with uv_run, counts callbacks, closes the pool and checks
+ *   that uv_loop_close() succeeds, i.e. that no handle or request leaked.
+ *
+ *   Waiting is always event driven: the next step starts from a job
+ *   callback, an on_state callback or a uv timer, never from sleep().  A
+ *   watchdog timer (unreferenced, so it never keeps a loop alive) fails a
+ *   test that hangs.
+ *
+ *   Thread: single-threaded; everything runs on the test's loop.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "tc_pg.h"
+
+#define WATCHDOG_MS 90000
+#define NCONC 1000
+#define BIG_PARAM (24 * 1024 * 1024)
+#define BIG_PARAM_STR "25165824"
+
+/* ---- fixture ---- */
+
+typedef struct ctx {
+  uv_loop_t loop;
+  uv_timer_t watchdog;
+  uv_timer_t delay; /* for steps that must wait a little */
+  tc_pg_pool_t *pool;
+  const char *url;
+  int closed; /* done() calls */
+  int step;
+
+  int ups[8];
+  int downs[8];
+  char last_down_err[256];
+
+  int ncb;
+  int nok;
+  int status_seen[8]; /* indexed by -status */
+  int counts[NCONC];
+  int order[8];
+  int norder;
+  int victim_index;
+  double elapsed[8];
+  int pids[NCONC];
+  int npids;
+} ctx_t;
+
+static void on_watchdog(uv_timer_t *t)
+{
+  (void)t;
+  fail_msg("test timed out");
+}
+
+static void ctx_init(ctx_t *t)
+{
+  memset(t, 0, sizeof *t);
+  t->url = getenv("TC_PG_URL");
+  t->victim_index = -1;
+  assert_int_equal(uv_loop_init(&t->loop), 0);
+  assert_int_equal(uv_timer_init(&t->loop, &t->watchdog), 0);
+  uv_timer_start(&t->watchdog, on_watchdog, WATCHDOG_MS, 0);
+  uv_unref((uv_handle_t *)&t->watchdog);
+  assert_int_equal(uv_timer_init(&t->loop, &t->delay), 0);
+  uv_unref((uv_handle_t *)&t->delay);
+  t->delay.data = t;
+}
+
+/* Close the test's own handles and check that nothing else is left. */
+static void ctx_finish(ctx_t *t)
+{
+  uv_close((uv_handle_t *)&t->watchdog, NULL);
+  uv_close((uv_handle_t *)&t->delay, NULL);
+  assert_int_equal(uv_run(&t->loop, UV_RUN_DEFAULT), 0);
+  assert_int_equal(uv_loop_close(&t->loop), 0);
+}
+
+/* Call before ctx_init, so that a skipped test leaves no loop behind. */
+static void need_server(void)
+{
+  const char *url = getenv("TC_PG_URL");
+
+  if (url == NULL || url[0] == '\0') {
+    print_message("TC_PG_URL is not set: skipping (run under scripts/with-servers --pg)\n");
+    skip();
+  }
+}
+
+static void pool_done(void *arg)
+{
+  ctx_t *t = arg;
+
+  t->closed++;
+}
+
+static void close_pool(ctx_t *t)
+{
+  tc_pg_pool_close(t->pool, pool_done, t);
+}
+
+static void on_state(tc_pg_pool_t *pool, int idx, bool up, const char *err, void *arg)
+{
+  ctx_t *t = arg;
+
+  assert_ptr_equal(pool, t->pool);
+  assert_true(idx >= 0 && idx < 8);
+  if (up) {
+    assert_null(err);
+    t->ups[idx]++;
+  } else {
+    assert_non_null(err);
+    assert_true(err[0] != '\0');
+    snprintf(t->last_down_err, sizeof t->last_down_err, "%s", err);
+    t->downs[idx]++;
+  }
+}
+
+static tc_pg_pool_t *open_pool(ctx_t *t, const char *conninfo, int size, size_t max_queue)
+{
+  tc_pg_pool_opts_t o;
+
+  memset(&o, 0, sizeof o);
+  o.conninfo = conninfo;
+  o.size = size;
+  o.max_queue = max_queue;
+  o.reconnect_min_ms = 20;
+  o.reconnect_max_ms = 200;
+  o.on_state = on_state;
+  o.state_arg = t;
+  t->pool = tc_pg_pool_new(&t->loop, &o);
+  assert_non_null(t->pool);
+  return t->pool;
+}
+
+/* Build a job of 'n' statements from a NULL-terminated list of SQL texts
+ * without parameters. */
+static tc_pg_job_t *make_job(unsigned flags, tc_pg_job_cb cb, void *arg, const char *sql, ...)
+{
+  tc_pg_job_t *job = tc_pg_job_new(flags, cb, arg);
+  va_list ap;
+  const char *s;
+
+  assert_non_null(job);
+  va_start(ap, sql);
+  for (s = sql; s != NULL; s = va_arg(ap, const char *))
+    assert_int_equal(tc_pg_job_add(job, s, 0, NULL), 0);
+  va_end(ap);
+  return job;
+}
+
+static void submit_ok(ctx_t *t, tc_pg_job_t *job, unsigned deadline_ms)
+{
+  assert_int_equal(tc_pg_submit(t->pool, job, deadline_ms), 0);
+}
+
+static const char *val(const tc_pg_job_t *job, int stmt, int row, int col)
+{
+  const PGresult *res = tc_pg_job_result(job, stmt);
+
+  assert_non_null(res);
+  assert_int_equal(PQresultStatus(res), PGRES_TUPLES_OK);
+  assert_true(row < PQntuples(res));
+  return PQgetvalue(res, row, col);
+}
+
+static void expect_ok(const tc_pg_job_t *job, int status)
+{
+  if (status != TC_PG_OK)
+    fail_msg("job failed: status %d, error \"%s\", sqlstate \"%s\", index %d", status,
+             tc_pg_job_error(job), tc_pg_job_sqlstate(job), tc_pg_job_failed_index(job));
+}
+
+/* ---- 1. one statement with parameters ---- */
+
+static void single_cb(tc_pg_job_t *job, int status, void *arg)
+{
+  ctx_t *t = arg;
+  const PGresult *res;
+
+  expect_ok(job, status);
+  t->ncb++;
+  assert_int_equal(tc_pg_job_count(job), 1);
+  res = tc_pg_job_result(job, 0);
+  assert_non_null(res);
+  assert_int_equal(PQntuples(res), 1);
+  assert_string_equal(val(job, 0, 0, 0), "42");
+  assert_string_equal(val(job, 0, 0, 1), "hello, world");
+  assert_string_equal(val(job, 0, 0, 2), "t");
+  assert_string_equal(tc_pg_job_error(job), "");
+  assert_string_equal(tc_pg_job_sqlstate(job), "");
+  assert_int_equal(tc_pg_job_failed_index(job), -1);
+  assert_true(tc_pg_job_elapsed_ms(job) > 0.0);
+  assert_null(tc_pg_job_result(job, 1));
+  assert_null(tc_pg_job_result(job, -1));
+  assert_int_equal(tc_pg_pool_queued(t->pool), 0);
+  close_pool(t);
+}
+
+static void test_single_statement(void **state)
+{
+  ctx_t t;
+  tc_pg_job_t *job;
+  const char *vals[3] = {"41", "hello, world", NULL};
+
+  (void)state;
+  need_server();
+  ctx_init(&t);
+  open_pool(&t, t.url, 2, 0);
+  job = tc_pg_job_new(0, single_cb, &t);
+  assert_non_null(job);
+  assert_int_equal(
+    tc_pg_job_add(job, "SELECT $1::int + 1, $2::text, $3::text IS NULL", 3, vals), 0);
+  submit_ok(&t, job, 5000);
+  assert_int_equal(tc_pg_pool_queued(t.pool), 1);
+  uv_run(&t.loop, UV_RUN_DEFAULT);
+  assert_int_equal(t.ncb, 1);
+  assert_int_equal(t.closed, 1);
+  ctx_finish(&t);
+}
+
+/* ---- 2. a TXN job of 100 statements commits atomically ---- */
+
+static void txn100_cb(tc_pg_job_t *job, int status, void *arg)
+{
+  ctx_t *t = arg;
+  int i;
+
+  expect_ok(job, status);
+  switch (t->step++) {
+  case 0: /* table created: insert 100 rows in one transaction */
+    job = tc_pg_job_new(TC_PG_JOB_TXN, txn100_cb, t);
+    assert_non_null(job);
+    for (i = 0; i < 100; i++) {
+      char id[16], v[32];
+      const char *vals[2] = {id, v};
+
+      snprintf(id, sizeof id, "%d", i);
+      snprintf(v, sizeof v, "row %d", i);
+      assert_int_equal(
+        tc_pg_job_add(job, "INSERT INTO tc_pg_t100 (id, v) VALUES ($1, $2)", 2, vals), 0);
+    }
+    submit_ok(t, job, 0);
+    break;
+  case 1: /* inserted: every statement has its own result */
+    assert_int_equal(tc_pg_job_count(job), 100);
+    for (i = 0; i < 100; i++) {
+      const PGresult *res = tc_pg_job_result(job, i);
+
+      assert_non_null(res);
+      assert_int_equal(PQresultStatus(res), PGRES_COMMAND_OK);
+      assert_string_equal(PQcmdTuples((PGresult *)(uintptr_t)res), "1");
+    }
+    submit_ok(t, make_job(0, txn100_cb, t, "SELECT count(*), sum(id), min(v) FROM tc_pg_t100",
+                          NULL),
+              0);
+    break;
+  case 2:
+    assert_string_equal(val(job, 0, 0, 0), "100");
+    assert_string_equal(val(job, 0, 0, 1), "4950");
+    assert_string_equal(val(job, 0, 0, 2), "row 0");
+    close_pool(t);
+    break;
+  default:
+    fail();
+  }
+}
+
+static void test_txn_100_commits(void **state)
+{
+  ctx_t t;
+
+  (void)state;
+  need_server();
+  ctx_init(&t);
+  open_pool(&t, t.url, 2, 0);
+  submit_ok(&t,
+            make_job(TC_PG_JOB_TXN, txn100_cb, &t, "DROP TABLE IF EXISTS tc_pg_t100",
+                     "CREATE TABLE tc_pg_t100 (id int PRIMARY KEY, v text NOT NULL)", NULL),
+            0);
+  uv_run(&t.loop, UV_RUN_DEFAULT);
+  assert_int_equal(t.step, 3);
+  assert_int_equal(t.closed, 1);
+  ctx_finish(&t);
+}
+
+/* ---- 3. a TXN job whose 3rd statement fails rolls back everything ---- */
+
+static tc_pg_job_t *insert_job(ctx_t *t, tc_pg_job_cb cb, const char *table, const int *ids,
+                               int n)
+{
+  tc_pg_job_t *job = tc_pg_job_new(TC_PG_JOB_TXN, cb, t);
+  char sql[128];
+  int i;
+
+  assert_non_null(job);
+  snprintf(sql, sizeof sql, "INSERT INTO %s (id) VALUES ($1::int)", table);
+  for (i = 0; i < n; i++) {
+    char id[16];
+    const char *vals[1] = {id};
+
+    snprintf(id, sizeof id, "%d", ids[i]);
+    assert_int_equal(tc_pg_job_add(job, sql, 1, vals), 0);
+  }
+  return job;
+}
+
+static void txnfail_cb(tc_pg_job_t *job, int status, void *arg)
+{
+  ctx_t *t = arg;
+  static const int dup[4] = {1, 2, 1, 3};
+  static const int good[2] = {1, 2};
+
+  switch (t->step++) {
+  case 0:
+    expect_ok(job, status);
+    submit_ok(t, insert_job(t, txnfail_cb, "tc_pg_tfail", dup, 4), 0);
+    break;
+  case 1: /* the duplicate key fails statement 2 */
+    assert_int_equal(status, TC_PG_ESTMT);
+    assert_int_equal(tc_pg_job_failed_index(job), 2);
+    assert_string_equal(tc_pg_job_sqlstate(job), "23505");
+    assert_non_null(strstr(tc_pg_job_error(job), "duplicate key"));
+    /* The only connection must be usable again (ROLLBACK ran). */
+    submit_ok(t, make_job(0, txnfail_cb, t, "SELECT count(*) FROM tc_pg_tfail", NULL), 0);
+    break;
+  case 2:
+    expect_ok(job, status);
+    assert_string_equal(val(job, 0, 0, 0), "0");
+    submit_ok(t, insert_job(t, txnfail_cb, "tc_pg_tfail", good, 2), 0);
+    break;
+  case 3:
+    expect_ok(job, status);
+    submit_ok(t,
+              make_job(0, txnfail_cb, t, "SELECT count(*) FROM tc_pg_tfail",
+                       "SELECT 1/0", "SELECT 3", NULL),
+              0);
+    break;
+  case 4: /* plain (non-TXN) job: the error is reported at its index */
+    assert_int_equal(status, TC_PG_ESTMT);
+    assert_int_equal(tc_pg_job_failed_index(job), 1);
+    assert_string_equal(tc_pg_job_sqlstate(job), "22012");
+    submit_ok(t, make_job(0, txnfail_cb, t, "SELECT count(*) FROM tc_pg_tfail", NULL), 0);
+    break;
+  case 5:
+    expect_ok(job, status);
+    assert_string_equal(val(job, 0, 0, 0), "2");
+    /* A failure at COMMIT (deferred constraint) reports index -1. */
+    submit_ok(t, insert_job(t, txnfail_cb, "tc_pg_tdefer", good, 2), 0);
+    break;
+  case 6:
+    expect_ok(job, status);
+    submit_ok(t, insert_job(t, txnfail_cb, "tc_pg_tdefer", dup, 2 + 1), 0);
+    break;
+  case 7:
+    assert_int_equal(status, TC_PG_ESTMT);
+    assert_int_equal(tc_pg_job_failed_index(job), -1);
+    assert_string_equal(tc_pg_job_sqlstate(job), "23505");
+    submit_ok(t, make_job(0, txnfail_cb, t, "SELECT count(*) FROM tc_pg_tdefer", NULL), 0);
+    break;
+  case 8:
+    expect_ok(job, status);
+    assert_string_equal(val(job, 0, 0, 0), "2");
+    close_pool(t);
+    break;
+  default:
+    fail();
+  }
+}
+
+static void test_txn_failure_rolls_back(void **state)
+{
+  ctx_t t;
+
+  (void)state;
+  need_server();
+  ctx_init(&t);
+  open_pool(&t, t.url, 1, 0);
+  submit_ok(&t,
+            make_job(TC_PG_JOB_TXN, txnfail_cb, &t, "DROP TABLE IF EXISTS tc_pg_tfail",
+                     "CREATE TABLE tc_pg_tfail (id int PRIMARY KEY)",
+                     "DROP TABLE IF EXISTS tc_pg_tdefer",
+                     "CREATE TABLE tc_pg_tdefer (id int, CONSTRAINT tc_pg_tdefer_u UNIQUE (id)"
+                     " DEFERRABLE INITIALLY DEFERRED)",
+                     NULL),
+            0);
+  uv_run(&t.loop, UV_RUN_DEFAULT);
+  assert_int_equal(t.step, 9);
+  assert_int_equal(t.closed, 1);
+  ctx_finish(&t);
+}
+
+/* ---- 4. 1000 concurrent jobs over a pool of 4 ---- */
+
+typedef struct conc_arg {
+  ctx_t *t;
+  int i;
+} conc_arg_t;
+
+static void conc_cb(tc_pg_job_t *job, int status, void *arg)
+{
+  conc_arg_t *a = arg;
+  ctx_t *t = a->t;
+  int pid, j;
+
+  expect_ok(job, status);
+  assert_int_equal(atoi(val(job, 0, 0, 0)), a->i);
+  t->counts[a->i]++;
+  pid = atoi(val(job, 0, 0, 1));
+  for (j = 0; j < t->npids && t->pids[j] != pid; j++)
+    ;
+  if (j == t->npids)
+    t->pids[t->npids++] = pid;
+  if (++t->ncb == NCONC)
+    close_pool(t);
+}
+
+static void test_concurrent_1000(void **state)
+{
+  ctx_t t;
+  conc_arg_t *args;
+  int i;
+
+  (void)state;
+  need_server();
+  ctx_init(&t);
+  args = calloc(NCONC, sizeof *args);
+  assert_non_null(args);
+  open_pool(&t, t.url, 4, 0);
+  for (i = 0; i < NCONC; i++) {
+    char v[16];
+    const char *vals[1] = {v};
+    tc_pg_job_t *job;
+
+    args[i].t = &t;
+    args[i].i = i;
+    snprintf(v, sizeof v, "%d", i);
+    job = tc_pg_job_new((i % 2) ? TC_PG_JOB_TXN : 0, conc_cb, &args[i]);
+    assert_non_null(job);
+    assert_int_equal(tc_pg_job_add(job, "SELECT $1::int, pg_backend_pid()", 1, vals), 0);
+    submit_ok(&t, job, 60000);
+  }
+  assert_int_equal(tc_pg_pool_queued(t.pool), NCONC);
+  uv_run(&t.loop, UV_RUN_DEFAULT);
+  assert_int_equal(t.ncb, NCONC);
+  for (i = 0; i < NCONC; i++)
+    assert_int_equal(t.counts[i], 1);
+  /* The work was spread over the pool's connections. */
+  assert_true(t.npids >= 2 && t.npids <= 4);
+  assert_int_equal(t.closed, 1);
+  free(args);
+  ctx_finish(&t);
+}
+
+/* ---- 5. the queue bound ---- */
+
+static void bound_cb(tc_pg_job_t *job, int status, void *arg)
+{
+  ctx_t *t = arg;
+
+  expect_ok(job, status);
+  if (++t->ncb == 3)
+    close_pool(t);
+}
+
+static void test_queue_bound(void **state)
+{
+  ctx_t t;
+  tc_pg_job_t *extra;
+  int i;
+
+  (void)state;
+  need_server();
+  ctx_init(&t);
+  open_pool(&t, t.url, 1, 3);
+  for (i = 0; i < 3; i++)
+    submit_ok(&t, make_job(0, bound_cb, &t, "SELECT 1", NULL), 0);
+  extra = make_job(0, bound_cb, &t, "SELECT 1", NULL);
+  assert_int_equal(tc_pg_submit(t.pool, extra, 0), TC_PG_EFULL);
+  assert_int_equal(tc_pg_pool_queued(t.pool), 3);
+  tc_pg_job_free(extra); /* refused: still ours */
+  uv_run(&t.loop, UV_RUN_DEFAULT);
+  assert_int_equal(t.ncb, 3);
+  assert_int_equal(t.closed, 1);
+  ctx_finish(&t);
+}
+
+/* ---- 6. deadlines while the server is unreachable ---- */
+
+static void deadline_cb(tc_pg_job_t *job, int status, void *arg)
+{
+  ctx_t *t = arg;
+  int which = (int)tc_pg_job_count(job); /* 1, 2 or 3 statements tell them apart */
+
+  t->ncb++;
+  t->order[t->norder++] = which;
+  t->status_seen[-status]++;
+  t->elapsed[which] = tc_pg_job_elapsed_ms(job);
+  if (which == 3) { /* no deadline: only closing ends it */
+    assert_int_equal(status, TC_PG_ECLOSING);
+    return;
+  }
+  assert_int_equal(status, TC_PG_ENOCONN);
+  assert_non_null(strstr(tc_pg_job_error(job), "no connection"));
+  assert_int_equal(tc_pg_job_failed_index(job), -1);
+  assert_int_equal(tc_pg_pool_ready(t->pool), 0);
+  if (which == 1) /* the last deadline */
+    close_pool(t);
+}
+
+/* A TCP port on 127.0.0.1 that is bound but not listening: connecting to
+ * it is refused for as long as 'fd' stays open. */
+static int closed_port(int *fd)
+{
+  struct sockaddr_in sa;
+  socklen_t len = sizeof sa;
+
+  *fd = socket(AF_INET, SOCK_STREAM, 0);
+  assert_true(*fd >= 0);
+  memset(&sa, 0, sizeof sa);
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  assert_int_equal(bind(*fd, (struct sockaddr *)&sa, sizeof sa), 0);
+  assert_int_equal(getsockname(*fd, (struct sockaddr *)&sa, &len), 0);
+  return ntohs(sa.sin_port);
+}
+
+static void test_deadline_unreachable(void **state)
+{
+  ctx_t t;
+  char conninfo[128];
+  int fd, port;
+
+  (void)state;
+  ctx_init(&t);
+  port = closed_port(&fd);
+  snprintf(conninfo, sizeof conninfo, "host=127.0.0.1 port=%d user=postgres dbname=postgres",
+           port);
+  open_pool(&t, conninfo, 2, 0);
+  /* Job 1 has the later deadline but is queued first: job 2 must expire
+   * first all the same. */
+  submit_ok(&t, make_job(0, deadline_cb, &t, "SELECT 1", NULL), 300);
+  submit_ok(&t, make_job(0, deadline_cb, &t, "SELECT 1", "SELECT 2", NULL), 100);
+  submit_ok(&t, make_job(0, deadline_cb, &t, "SELECT 1", "SELECT 2", "SELECT 3", NULL), 0);
+  uv_run(&t.loop, UV_RUN_DEFAULT);
+  close(fd);
+  assert_int_equal(t.ncb, 3);
+  assert_int_equal(t.norder, 3);
+  assert_int_equal(t.order[0], 2);
+  assert_int_equal(t.order[1], 1);
+  assert_int_equal(t.order[2], 3);
+  assert_int_equal(t.status_seen[-TC_PG_ENOCONN], 2);
+  assert_int_equal(t.status_seen[-TC_PG_ECLOSING], 1);
+  assert_true(t.elapsed[2] >= 99.0);
+  assert_true(t.elapsed[1] >= 299.0);
+  assert_true(t.downs[0] + t.downs[1] >= 2);
+  assert_int_equal(t.ups[0] + t.ups[1], 0);
+  assert_non_null(strstr(t.last_down_err, "refused"));
+  assert_int_equal(t.closed, 1);
+  ctx_finish(&t);
+}
+
+/* ---- 7. a connection killed mid-job ---- */
+
+static void kill_step(ctx_t *t);
+
+static void killed_later_cb(tc_pg_job_t *job, int status, void *arg)
+{
+  ctx_t *t = arg;
+
+  expect_ok(job, status);
+  assert_string_equal(val(job, 0, 0, 0), "7");
+  if (++t->nok == 10)
+    close_pool(t);
+}
+
+static void victim_cb(tc_pg_job_t *job, int status, void *arg)
+{
+  ctx_t *t = arg;
+
+  t->status_seen[-status]++;
+  assert_int_equal(status, TC_PG_EBROKEN);
+  assert_true(tc_pg_job_error(job)[0] != '\0');
+  t->step = 2;
+}
+
+static void killer_retry(uv_timer_t *timer)
+{
+  kill_step(timer->data);
+}
+
+static void killer_cb(tc_pg_job_t *job, int status, void *arg)
+{
+  ctx_t *t = arg;
+  const PGresult *res;
+
+  expect_ok(job, status);
+  res = tc_pg_job_result(job, 0);
+  if (PQntuples(res) == 0) { /* the victim is not running yet */
+    uv_timer_start(&t->delay, killer_retry, 10, 0);
+    return;
+  }
+  assert_string_equal(val(job, 0, 0, 0), "t");
+}
+
+static void kill_step(ctx_t *t)
+{
+  submit_ok(t,
+            make_job(0, killer_cb, t,
+                     "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                     " WHERE query LIKE '%tc_pg_victim%' AND state = 'active'"
+                     " AND pid <> pg_backend_pid()",
+                     NULL),
+            0);
+}
+
+static void kill_on_state(tc_pg_pool_t *pool, int idx, bool up, const char *err, void *arg)
+{
+  ctx_t *t = arg;
+  int i;
+
+  on_state(pool, idx, up, err, arg);
+  if (up && t->step == 0 && tc_pg_pool_ready(pool) == 2) {
+    /* Both connections up: one runs the victim, the other the killer. */
+    t->step = 1;
+    submit_ok(t, make_job(0, victim_cb, t, "SELECT pg_sleep(60) /* tc_pg_victim */", NULL), 0);
+    kill_step(t);
+  } else if (!up) {
+    assert_int_equal(t->victim_index, -1);
+    t->victim_index = idx;
+  } else if (up && idx == t->victim_index) {
+    /* Reconnected: later jobs are served. */
+    assert_int_equal(t->step, 2);
+    t->step = 3;
+    for (i = 0; i < 10; i++)
+      submit_ok(t, make_job(TC_PG_JOB_TXN, killed_later_cb, t, "SELECT 7", NULL), 1000);
+  }
+}
+
+static void test_killed_mid_job(void **state)
+{
+  ctx_t t;
+  tc_pg_pool_opts_t o;
+
+  (void)state;
+  need_server();
+  ctx_init(&t);
+  t.delay.data = &t;
+  memset(&o, 0, sizeof o);
+  o.conninfo = t.url;
+  o.size = 2;
+  o.reconnect_min_ms = 50;
+  o.reconnect_max_ms = 500;
+  o.on_state = kill_on_state;
+  o.state_arg = &t;
+  t.pool = tc_pg_pool_new(&t.loop, &o);
+  assert_non_null(t.pool);
+  uv_run(&t.loop, UV_RUN_DEFAULT);
+  assert_int_equal(t.step, 3);
+  assert_int_equal(t.status_seen[-TC_PG_EBROKEN], 1);
+  assert_true(t.victim_index >= 0);
+  assert_int_equal(t.downs[t.victim_index], 1);
+  assert_int_equal(t.ups[t.victim_index], 2);
+  assert_int_equal(t.downs[0] + t.downs[1], 1);
+  assert_int_equal(t.nok, 10);
+  assert_int_equal(t.closed, 1);
+  ctx_finish(&t);
+}
+
+/* ---- 8. submitting from inside a callback ---- */
+
+static void chain_cb(tc_pg_job_t *job, int status, void *arg)
+{
+  ctx_t *t = arg;
+  char v[16];
+  const char *vals[1] = {v};
+  tc_pg_job_t *next;
+
+  expect_ok(job, status);
+  assert_int_equal(atoi(val(job, 0, 0, 0)), t->ncb);
+  t->ncb++;
+  if (t->ncb == 200) {
+    /* Closing from inside a job callback is allowed too. */
+    close_pool(t);
+    return;
+  }
+  snprintf(v, sizeof v, "%d", t->ncb);
+  next = tc_pg_job_new(t->ncb % 3 ? TC_PG_JOB_TXN : 0, chain_cb, t);
+  assert_non_null(next);
+  assert_int_equal(tc_pg_job_add(next, "SELECT $1::int", 1, vals), 0);
+  submit_ok(t, next, 0);
+  /* The new job is not started before this callback returns. */
+  assert_int_equal(tc_pg_pool_queued(t->pool), 1);
+}
+
+static void test_submit_from_callback(void **state)
+{
+  ctx_t t;
+  const char *vals[1] = {"0"};
+  tc_pg_job_t *job;
+
+  (void)state;
+  need_server();
+  ctx_init(&t);
+  open_pool(&t, t.url, 3, 0);
+  job = tc_pg_job_new(0, chain_cb, &t);
+  assert_non_null(job);
+  assert_int_equal(tc_pg_job_add(job, "SELECT $1::int", 1, vals), 0);
+  submit_ok(&t, job, 0);
+  uv_run(&t.loop, UV_RUN_DEFAULT);
+  assert_int_equal(t.ncb, 200);
+  assert_int_equal(t.closed, 1);
+  ctx_finish(&t);
+}
+
+/* ---- 9. closing with jobs queued and in flight ---- */
+
+static void closing_cb(tc_pg_job_t *job, int status, void *arg)
+{
+  ctx_t *t = arg;
+  tc_pg_job_t *again;
+  int i = (int)tc_pg_job_count(job) - 1;
+
+  assert_int_equal(status, TC_PG_ECLOSING);
+  assert_int_equal(t->closed, 0);
+  t->counts[i]++;
+  t->ncb++;
+  /* Submitting while closing is refused, and the job stays ours. */
+  again = make_job(0, closing_cb, t, "SELECT 1", NULL);
+  assert_int_equal(tc_pg_submit(t->pool, again, 0), TC_PG_ECLOSING);
+  tc_pg_job_free(again);
+  /* A second close is ignored. */
+  tc_pg_pool_close(t->pool, pool_done, t);
+}
+
+static void close_later(uv_timer_t *timer)
+{
+  ctx_t *t = timer->data;
+
+  assert_int_equal(tc_pg_pool_queued(t->pool), 10);
+  close_pool(t);
+}
+
+static void closing_on_state(tc_pg_pool_t *pool, int idx, bool up, const char *err, void *arg)
+{
+  ctx_t *t = arg;
+  int i, j;
+
+  on_state(pool, idx, up, err, arg);
+  if (!up || t->step != 0)
+    return;
+  t->step = 1;
+  /* Job 0 is in flight (sleeping) when the pool closes; jobs 1-10 wait. */
+  for (i = 0; i < 11; i++) {
+    tc_pg_job_t *job = tc_pg_job_new(0, closing_cb, t);
+
+    assert_non_null(job);
+    /* 'i + 1' statements identify the job in its callback. */
+    assert_int_equal(tc_pg_job_add(job, "SELECT pg_sleep(30)", 0, NULL), 0);
+    for (j = 0; j < i; j++)
+      assert_int_equal(tc_pg_job_add(job, "SELECT 1", 0, NULL), 0);
+    submit_ok(t, job, 0);
+  }
+  uv_timer_start(&t->delay, close_later, 200, 0);
+  uv_ref((uv_handle_t *)&t->delay);
+}
+
+static void test_close_with_jobs(void **state)
+{
+  ctx_t t;
+  tc_pg_pool_opts_t o;
+  int i;
+
+  (void)state;
+  need_server();
+  ctx_init(&t);
+  memset(&o, 0, sizeof o);
+  o.conninfo = t.url;
+  o.size = 1;
+  o.on_state = closing_on_state;
+  o.state_arg = &t;
+  t.pool = tc_pg_pool_new(&t.loop, &o);
+  assert_non_null(t.pool);
+  uv_run(&t.loop, UV_RUN_DEFAULT);
+  assert_int_equal(t.ncb, 11);
+  for (i = 0; i < 11; i++)
+    assert_int_equal(t.counts[i], 1);
+  assert_int_equal(t.closed, 1);
+  ctx_finish(&t);
+}
+
+static void early_cb(tc_pg_job_t *job, int status, void *arg)
+{
+  ctx_t *t = arg;
+
+  (void)job;
+  assert_int_equal(status, TC_PG_ECLOSING);
+  assert_string_equal(tc_pg_job_error(job), "connection pool is closing");
+  t->ncb++;
+}
+
+/* Closed before the loop ever ran: nothing was connected yet. */
+static void test_close_before_run(void **state)
+{
+  ctx_t t;
+  int i;
+
+  (void)state;
+  ctx_init(&t);
+  open_pool(&t, "host=127.0.0.1 port=1 user=postgres", 3, 0);
+  for (i = 0; i < 5; i++)
+    submit_ok(&t, make_job(TC_PG_JOB_TXN, early_cb, &t, "SELECT 1", NULL), i * 10);
+  close_pool(&t);
+  assert_int_equal(t.ncb, 5);
+  assert_int_equal(t.closed, 0); /* done() only runs from the loop */
+  uv_run(&t.loop, UV_RUN_DEFAULT);
+  assert_int_equal(t.closed, 1);
+  assert_int_equal(t.ups[0] + t.downs[0], 0);
+  ctx_finish(&t);
+}
+
+/* ---- 10. init_sql ---- */
+
+static void init_cb(tc_pg_job_t *job, int status, void *arg)
+{
+  ctx_t *t = arg;
+
+  expect_ok(job, status);
+  assert_string_equal(val(job, 0, 0, 0), "tc_pg_init");
+  assert_string_equal(val(job, 1, 0, 0), "123s");
+  if (++t->ncb == 4)
+    close_pool(t);
+}
+
+static void bad_init_cb(tc_pg_job_t *job, int status, void *arg)
+{
+  ctx_t *t = arg;
+
+  assert_int_equal(status, TC_PG_ENOCONN);
+  assert_non_null(strstr(tc_pg_job_error(job), "init_sql"));
+  t->ncb++;
+  close_pool(t);
+}
+
+static void test_init_sql(void **state)
+{
+  ctx_t t;
+  tc_pg_pool_opts_t o;
+  int i;
+
+  (void)state;
+  need_server();
+  ctx_init(&t);
+  memset(&o, 0, sizeof o);
+  o.conninfo = t.url;
+  o.size = 2;
+  o.on_state = on_state;
+  o.state_arg = &t;
+  o.init_sql = "SET application_name = 'tc_pg_init'; SET statement_timeout = '123s'";
+  t.pool = tc_pg_pool_new(&t.loop, &o);
+  assert_non_null(t.pool);
+  for (i = 0; i < 4; i++)
+    submit_ok(&t, make_job(0, init_cb, &t, "SHOW application_name", "SHOW statement_timeout",
+                           NULL),
+              0);
+  uv_run(&t.loop, UV_RUN_DEFAULT);
+  assert_int_equal(t.ncb, 4);
+  assert_int_equal(t.closed, 1);
+  ctx_finish(&t);
+
+  /* An init_sql that fails keeps the connection from ever being used. */
+  ctx_init(&t);
+  o.size = 1;
+  o.reconnect_min_ms = 20;
+  o.state_arg = &t;
+  o.init_sql = "SET application_name = 'x'; SELECT * FROM tc_pg_no_such_table";
+  t.pool = tc_pg_pool_new(&t.loop, &o);
+  assert_non_null(t.pool);
+  submit_ok(&t, make_job(0, bad_init_cb, &t, "SELECT 1", NULL), 300);
+  uv_run(&t.loop, UV_RUN_DEFAULT);
+  assert_int_equal(t.ncb, 1);
+  assert_true(t.downs[0] >= 1);
+  assert_int_equal(t.ups[0], 0);
+  assert_non_null(strstr(t.last_down_err, "tc_pg_no_such_table"));
+  assert_int_equal(t.closed, 1);
+  ctx_finish(&t);
+}
+
+/* ---- 11. big payloads (PQflush returning 1) and many statements ---- */
+
+static void big_cb(tc_pg_job_t *job, int status, void *arg)
+{
+  ctx_t *t = arg;
+  const PGresult *res;
+  int i;
+
+  expect_ok(job, status);
+  assert_string_equal(val(job, 1, 0, 0), BIG_PARAM_STR);
+  res = tc_pg_job_result(job, 2);
+  assert_int_equal(PQntuples(res), 20000);
+  assert_int_equal(PQgetlength(res, 19999, 0), 500);
+  for (i = 3; i < tc_pg_job_count(job); i++)
+    assert_int_equal(atoi(val(job, i, 0, 0)), i);
+  t->ncb++;
+  close_pool(t);
+}
+
+static void test_big_payloads(void **state)
+{
+  ctx_t t;
+  tc_pg_job_t *job;
+  char *big;
+  const char *vals[1];
+  int i;
+
+  (void)state;
+  need_server();
+  ctx_init(&t);
+  open_pool(&t, t.url, 1, 0);
+  big = malloc(BIG_PARAM + 1);
+  assert_non_null(big);
+  memset(big, 'y', BIG_PARAM);
+  big[BIG_PARAM] = '\0';
+  job = tc_pg_job_new(TC_PG_JOB_TXN, big_cb, &t);
+  assert_non_null(job);
+  /* The backend sleeps first and reads nothing meanwhile: the parameter,
+   * larger than both socket buffers together, makes PQflush return 1. */
+  assert_int_equal(tc_pg_job_add(job, "SELECT pg_sleep(0.2)", 0, NULL), 0);
+  vals[0] = big;
+  assert_int_equal(tc_pg_job_add(job, "SELECT length($1)", 1, vals), 0);
+  free(big);
+  assert_int_equal(
+    tc_pg_job_add(job, "SELECT repeat('z', 500) FROM generate_series(1, 20000)", 0, NULL), 0);
+  for (i = 3; i < 2000; i++) {
+    char v[16];
+
+    snprintf(v, sizeof v, "%d", i);
+    vals[0] = v;
+    assert_int_equal(tc_pg_job_add(job, "SELECT $1::int", 1, vals), 0);
+  }
+  submit_ok(&t, job, 0);
+  uv_run(&t.loop, UV_RUN_DEFAULT);
+  assert_int_equal(t.ncb, 1);
+  assert_int_equal(t.closed, 1);
+  ctx_finish(&t);
+}
+
+/* ---- 12. a host name is resolved off the loop ---- */
+
+static void host_cb(tc_pg_job_t *job, int status, void *arg)
+{
+  ctx_t *t = arg;
+
+  expect_ok(job, status);
+  assert_string_equal(val(job, 0, 0, 0), "1");
+  t->ncb++;
+  close_pool(t);
+}
+
+static void test_hostname(void **state)
+{
+  ctx_t t;
+  PQconninfoOption *opts, *o;
+  char *err = NULL;
+  const char *port = NULL, *user = NULL, *db = NULL, *host = NULL;
+  char conninfo[256];
+
+  (void)state;
+  need_server();
+  ctx_init(&t);
+  opts = PQconninfoParse(t.url, &err);
+  assert_non_null(opts);
+  for (o = opts; o->keyword != NULL; o++) {
+    if (strcmp(o->keyword, "port") == 0)
+      port = o->val;
+    else if (strcmp(o->keyword, "user") == 0)
+      user = o->val;
+    else if (strcmp(o->keyword, "dbname") == 0)
+      db = o->val;
+    else if (strcmp(o->keyword, "host") == 0)
+      host = o->val;
+  }
+  if (host == NULL || strcmp(host, "127.0.0.1") != 0) {
+    PQconninfoFree(opts);
+    ctx_finish(&t);
+    skip(); /* the server does not listen on 127.0.0.1 */
+  }
+  snprintf(conninfo, sizeof conninfo, "host=localhost port=%s user=%s dbname=%s",
+           port ? port : "5432", user ? user : "postgres", db ? db : "postgres");
+  PQconninfoFree(opts);
+  open_pool(&t, conninfo, 2, 0);
+  submit_ok(&t, make_job(0, host_cb, &t, "SELECT 1", NULL), 10000);
+  uv_run(&t.loop, UV_RUN_DEFAULT);
+  assert_int_equal(t.ncb, 1);
+  assert_int_equal(t.closed, 1);
+  ctx_finish(&t);
+}
+
+/* ---- 13. bad options and job edge cases (no server needed) ---- */
+
+static void test_bad_options(void **state)
+{
+  uv_loop_t loop;
+  tc_pg_pool_opts_t o;
+  tc_pg_job_t *job;
+  const char *vals[1] = {"x"};
+
+  (void)state;
+  assert_int_equal(uv_loop_init(&loop), 0);
+  memset(&o, 0, sizeof o);
+  assert_null(tc_pg_pool_new(&loop, NULL));
+  assert_null(tc_pg_pool_new(&loop, &o)); /* no conninfo */
+  o.conninfo = "this is not a conninfo";
+  assert_null(tc_pg_pool_new(&loop, &o));
+  o.conninfo = "host=127.0.0.1";
+  o.size = -1;
+  assert_null(tc_pg_pool_new(&loop, &o));
+  assert_int_equal(uv_loop_close(&loop), 0);
+
+  job = tc_pg_job_new(0, NULL, NULL);
+  assert_non_null(job);
+  assert_int_equal(tc_pg_job_add(job, NULL, 0, NULL), -1);
+  assert_int_equal(tc_pg_job_add(job, "SELECT $1", 1, NULL), -1);
+  assert_int_equal(tc_pg_job_add(job, "SELECT $1", -1, vals), -1);
+  assert_int_equal(tc_pg_job_add(job, "SELECT $1", 1, vals), 0);
+  assert_int_equal(tc_pg_job_count(job), 1);
+  assert_string_equal(tc_pg_job_error(job), "");
+  assert_int_equal(tc_pg_job_failed_index(job), -1);
+  assert_null(tc_pg_job_result(job, 0));
+  tc_pg_job_free(job);
+  tc_pg_job_free(NULL);
+}
+
+int main(void)
+{
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_bad_options),
+    cmocka_unit_test(test_close_before_run),
+    cmocka_unit_test(test_deadline_unreachable),
+    cmocka_unit_test(test_single_statement),
+    cmocka_unit_test(test_txn_100_commits),
+    cmocka_unit_test(test_txn_failure_rolls_back),
+    cmocka_unit_test(test_concurrent_1000),
+    cmocka_unit_test(test_queue_bound),
+    cmocka_unit_test(test_killed_mid_job),
+    cmocka_unit_test(test_submit_from_callback),
+    cmocka_unit_test(test_close_with_jobs),
+    cmocka_unit_test(test_init_sql),
+    cmocka_unit_test(test_big_payloads),
+    cmocka_unit_test(test_hostname),
+  };
+
+  return cmocka_run_group_tests_name("tc_pg", tests, NULL, NULL);
+}
