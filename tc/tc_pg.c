@@ -103,6 +103,7 @@
 #include "tc_pg.h"
 
 #include <arpa/inet.h>
+#include <limits.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <stdint.h>
@@ -471,7 +472,8 @@ static void pool_on_deadline(uv_timer_t *timer)
     char msg[TC_PG_ERR_LEN + 64];
 
     pool_unqueue(pool, job);
-    if (pool->last_err[0] != '\0')
+    /* Say why no connection is up; if some are, they were all busy. */
+    if (tc_pg_pool_ready(pool) == 0 && pool->last_err[0] != '\0')
       snprintf(msg, sizeof msg, "no connection available within %u ms: %s", job->deadline_ms,
                pool->last_err);
     else
@@ -1064,8 +1066,8 @@ static void conn_sync_done(tc_pg_conn_t *c)
     if (PQsendQueryParams(c->pg, "ROLLBACK", 0, NULL, NULL, NULL, NULL, 0) != 1 ||
         PQpipelineSync(c->pg) != 1)
       conn_fail(c, PQerrorMessage(c->pg));
-    else
-      (void)conn_flush(c); /* on failure conn_fail has run */
+    else if (conn_flush(c) == 0) /* on failure conn_fail has run */
+      conn_drain_pipeline(c);    /* as in conn_start_job */
   } else {
     conn_fail(c, "unexpected transaction status after a job");
   }
@@ -1375,6 +1377,7 @@ void tc_pg_pool_close(tc_pg_pool_t *pool, void (*done)(void *arg), void *arg)
   /* done() runs from the last close callback, never from here. */
 }
 
+/* Connections that are up: in pipeline mode, idle or running a job. */
 int tc_pg_pool_ready(const tc_pg_pool_t *pool)
 {
   int i, n = 0;
@@ -1419,11 +1422,12 @@ int tc_pg_job_add(tc_pg_job_t *job, const char *sql, int nparams, const char *co
       (nparams > 0 && values == NULL))
     return -1;
   if (job->nstmts == job->cap) {
-    int cap = job->cap ? job->cap * 2 : 4;
+    int cap;
     tc_pg_stmt_t *stmts;
 
-    if (cap > INT32_MAX / 2)
+    if (job->cap > INT_MAX / 2)
       return -1;
+    cap = job->cap ? job->cap * 2 : 4;
     stmts = realloc(job->stmts, (size_t)cap * sizeof *stmts);
     if (stmts == NULL)
       return -1;

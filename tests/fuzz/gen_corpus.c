@@ -210,6 +210,19 @@ int main(int argc, char **argv) {
   if (txp_encode(&m, &raw, 0) != 0) return 1;
   write_file(dir, "body_error_then_valid.bin", raw.data, raw.len);
 
+  /* empty strings (msgpack-c hands back a NULL pointer for those) */
+  txp_buf_reset(&raw);
+  txp_msg_init(&m, TXP_MSG_GLOBAL_BEGIN);
+  m.request_id = 10;
+  txp_msg_set_str(&m, TXP_F_NAME, "");
+  txp_msg_set_str(&m, TXP_F_IDEM_KEY, "");
+  if (txp_encode(&m, &raw, 0) != 0) return 1;
+  txp_msg_init(&m, TXP_MSG_GLOBAL_COMMIT);
+  m.request_id = 11;
+  txp_msg_set_str(&m, TXP_F_XID, "");
+  if (txp_encode(&m, &raw, 0) != 0) return 1;
+  write_file(dir, "empty_strings.bin", raw.data, raw.len);
+
   txp_buf_free(&raw);
   msgpack_sbuffer_destroy(&sb);
   return 0;

@@ -37,6 +37,7 @@
 #define NCONC 1000
 #define BIG_PARAM (24 * 1024 * 1024)
 #define BIG_PARAM_STR "25165824"
+#define BIG_NSTMTS 2000
 
 /* ---- fixture ---- */
 
@@ -578,6 +579,39 @@ static void test_deadline_unreachable(void **state)
   ctx_finish(&t);
 }
 
+/* A deadline also expires while every connection is up but busy. */
+static void busy_cb(tc_pg_job_t *job, int status, void *arg)
+{
+  ctx_t *t = arg;
+
+  t->order[t->norder++] = status;
+  if (status == TC_PG_ENOCONN) {
+    assert_string_equal(tc_pg_job_error(job), "no connection available within 100 ms");
+    assert_int_equal(tc_pg_pool_ready(t->pool), 1);
+    return;
+  }
+  expect_ok(job, status);
+  close_pool(t);
+}
+
+static void test_deadline_busy(void **state)
+{
+  ctx_t t;
+
+  (void)state;
+  need_server();
+  ctx_init(&t);
+  open_pool(&t, t.url, 1, 0);
+  submit_ok(&t, make_job(0, busy_cb, &t, "SELECT pg_sleep(0.5)", NULL), 0);
+  submit_ok(&t, make_job(0, busy_cb, &t, "SELECT 1", NULL), 100);
+  uv_run(&t.loop, UV_RUN_DEFAULT);
+  assert_int_equal(t.norder, 2);
+  assert_int_equal(t.order[0], TC_PG_ENOCONN);
+  assert_int_equal(t.order[1], TC_PG_OK);
+  assert_int_equal(t.closed, 1);
+  ctx_finish(&t);
+}
+
 /* ---- 7. a connection killed mid-job ---- */
 
 static void kill_step(ctx_t *t);
@@ -774,7 +808,7 @@ static void closing_on_state(tc_pg_pool_t *pool, int idx, bool up, const char *e
 
     assert_non_null(job);
     /* 'i + 1' statements identify the job in its callback. */
-    assert_int_equal(tc_pg_job_add(job, "SELECT pg_sleep(30)", 0, NULL), 0);
+    assert_int_equal(tc_pg_job_add(job, "SELECT pg_sleep(5)", 0, NULL), 0);
     for (j = 0; j < i; j++)
       assert_int_equal(tc_pg_job_add(job, "SELECT 1", 0, NULL), 0);
     submit_ok(t, job, 0);
@@ -913,12 +947,13 @@ static void big_cb(tc_pg_job_t *job, int status, void *arg)
   int i;
 
   expect_ok(job, status);
-  assert_string_equal(val(job, 1, 0, 0), BIG_PARAM_STR);
-  res = tc_pg_job_result(job, 2);
+  assert_int_equal(tc_pg_job_count(job), BIG_NSTMTS);
+  for (i = 1; i < BIG_NSTMTS - 2; i++)
+    assert_int_equal(atoi(val(job, i, 0, 0)), i);
+  res = tc_pg_job_result(job, BIG_NSTMTS - 2);
   assert_int_equal(PQntuples(res), 20000);
   assert_int_equal(PQgetlength(res, 19999, 0), 500);
-  for (i = 3; i < tc_pg_job_count(job); i++)
-    assert_int_equal(atoi(val(job, i, 0, 0)), i);
+  assert_string_equal(val(job, BIG_NSTMTS - 1, 0, 0), BIG_PARAM_STR);
   t->ncb++;
   close_pool(t);
 }
@@ -935,27 +970,28 @@ static void test_big_payloads(void **state)
   need_server();
   ctx_init(&t);
   open_pool(&t, t.url, 1, 0);
-  big = malloc(BIG_PARAM + 1);
-  assert_non_null(big);
-  memset(big, 'y', BIG_PARAM);
-  big[BIG_PARAM] = '\0';
   job = tc_pg_job_new(TC_PG_JOB_TXN, big_cb, &t);
   assert_non_null(job);
-  /* The backend sleeps first and reads nothing meanwhile: the parameter,
-   * larger than both socket buffers together, makes PQflush return 1. */
-  assert_int_equal(tc_pg_job_add(job, "SELECT pg_sleep(0.2)", 0, NULL), 0);
-  vals[0] = big;
-  assert_int_equal(tc_pg_job_add(job, "SELECT length($1)", 1, vals), 0);
-  free(big);
-  assert_int_equal(
-    tc_pg_job_add(job, "SELECT repeat('z', 500) FROM generate_series(1, 20000)", 0, NULL), 0);
-  for (i = 3; i < 2000; i++) {
+  /* The backend sleeps first and reads nothing meanwhile, so the large
+   * parameter at the end (more than the socket buffers hold) leaves
+   * PQflush returning 1: the pool must wait for UV_WRITABLE. */
+  assert_int_equal(tc_pg_job_add(job, "SELECT pg_sleep(1)", 0, NULL), 0);
+  for (i = 1; i < BIG_NSTMTS - 2; i++) {
     char v[16];
 
     snprintf(v, sizeof v, "%d", i);
     vals[0] = v;
     assert_int_equal(tc_pg_job_add(job, "SELECT $1::int", 1, vals), 0);
   }
+  assert_int_equal(
+    tc_pg_job_add(job, "SELECT repeat('z', 500) FROM generate_series(1, 20000)", 0, NULL), 0);
+  big = malloc(BIG_PARAM + 1);
+  assert_non_null(big);
+  memset(big, 'y', BIG_PARAM);
+  big[BIG_PARAM] = '\0';
+  vals[0] = big;
+  assert_int_equal(tc_pg_job_add(job, "SELECT length($1)", 1, vals), 0);
+  free(big);
   submit_ok(&t, job, 0);
   uv_run(&t.loop, UV_RUN_DEFAULT);
   assert_int_equal(t.ncb, 1);
@@ -1055,6 +1091,7 @@ int main(void)
     cmocka_unit_test(test_bad_options),
     cmocka_unit_test(test_close_before_run),
     cmocka_unit_test(test_deadline_unreachable),
+    cmocka_unit_test(test_deadline_busy),
     cmocka_unit_test(test_single_statement),
     cmocka_unit_test(test_txn_100_commits),
     cmocka_unit_test(test_txn_failure_rolls_back),

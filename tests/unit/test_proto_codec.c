@@ -2233,6 +2233,24 @@ static void test_regress_encode_cap_mid_body(void **state) {
   txp_buf_free(&b);
 }
 
+/* An empty string value: msgpack-c gives a NULL pointer with size 0, which
+ * take_field() passed to memcpy (UB: UBSan "null pointer passed as argument
+ * 2").  GlobalCommit {xid: ""} and GlobalBegin {name: "", idem_key: ""}. */
+static void test_regress_empty_strings(void **state) {
+  (void)state;
+  txp_msg_t m;
+  expect_decode_ok(NULL, H(TXP_MSG_GLOBAL_COMMIT, 1), "\x81\x03\xa0", 3, &m, "empty xid");
+  assert_non_null(m.xid);
+  assert_string_equal(m.xid, "");
+  txp_msg_clear(&m);
+  expect_decode_ok(NULL, H(TXP_MSG_GLOBAL_BEGIN, 2), "\x82\x06\xa0\x0f\xd9\x00", 6, &m,
+                   "empty name, idem_key");
+  assert_string_equal(m.name, "");
+  assert_string_equal(m.idem_key, "");
+  assert_true(m.name != m.idem_key);
+  txp_msg_clear(&m);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_tables_pinned),
@@ -2263,6 +2281,7 @@ int main(void) {
     cmocka_unit_test(test_regress_next_on_empty_decoder),
     cmocka_unit_test(test_regress_decode_frame_zero_limits),
     cmocka_unit_test(test_regress_encode_cap_mid_body),
+    cmocka_unit_test(test_regress_empty_strings),
   };
   return cmocka_run_group_tests_name("proto_codec", tests, NULL, NULL);
 }
