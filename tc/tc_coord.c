@@ -42,9 +42,15 @@ typedef struct call {
   tc_op_t op;
   tc_waiter_t waiter;
   bool waiting;
+  int races; /* conflicts with a key released meanwhile: retried at once */
   uint64_t started_ns;
   uint64_t lock_deadline_ns;
   char xid[TXP_MAX_XID_LEN + 1];
+  /* The connection's identity when the request arrived: copied, since the
+   * connection may register again (and free the old strings) while the op
+   * is queued or waiting for a lock. */
+  char client_id[TXP_MAX_NAME_LEN + 1];
+  char app_id[TXP_MAX_NAME_LEN + 1];
 } call_t;
 
 static call_t *call_new(tc_node_t *node, tc_req_t *req, tc_op_kind_t kind, void (*cb)(tc_op_t *, void *)) {
@@ -139,7 +145,8 @@ static void handle_begin(tc_node_t *node, tc_req_t *req) {
   c->op.id = txid;
   c->op.timeout_ms = timeout;
   c->op.name = m->name;
-  c->op.app_id = tc_conn_app_id(req->conn);
+  snprintf(c->app_id, sizeof(c->app_id), "%s", tc_conn_app_id(req->conn));
+  c->op.app_id = c->app_id;
   c->op.idem_key = m->idem_key && m->idem_key[0] ? m->idem_key : NULL;
   submit_or_reply(c);
 }
@@ -446,6 +453,12 @@ static void on_register_done(tc_op_t *op, void *arg) {
     reply_register(c, TXP_ELOCK_HOLDER_ROLLBACKING, msg);
     return;
   case TC_RES_CONFLICT: {
+    if (!op->holder[0] && ++c->races <= 5) {
+      /* The key was released between the store's insert and its check:
+       * there is no holder to wait for, so try again now. */
+      submit_or_reply(c);
+      return;
+    }
     node->stats.register_conflicts++;
     uint64_t now = uv_hrtime();
     if (c->lock_deadline_ns > now) {
@@ -511,7 +524,8 @@ static void handle_register(tc_node_t *node, tc_req_t *req) {
   c->op.branch_type = (int)m->branch_type;
   c->op.lock_keys = m->lock_keys && m->lock_keys[0] ? m->lock_keys : NULL;
   c->op.app_data = m->application_data;
-  c->op.client_id = tc_conn_client_id(req->conn);
+  snprintf(c->client_id, sizeof(c->client_id), "%s", tc_conn_client_id(req->conn));
+  c->op.client_id = c->client_id;
   c->op.idem_key = m->idem_key && m->idem_key[0] ? m->idem_key : NULL;
   if (m->lock_wait_ms) c->lock_deadline_ns = c->started_ns + (uint64_t)m->lock_wait_ms * 1000000u;
   submit_or_reply(c);

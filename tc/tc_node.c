@@ -19,6 +19,22 @@ void tc__lockwait_release(tc_node_t *node, const char *xid) {
   if (node->lockwait) tc_lockwait_release(node->lockwait, xid);
 }
 
+/* Every 10 s at debug level: what the store did (for tuning batches). */
+static void on_stats_tick(uv_timer_t *t) {
+  tc_node_t *node = t->data;
+  tc_store_stats_t s;
+  tc_store_get_stats(node->store, &s);
+  static tc_store_stats_t prev;
+  uint64_t b = s.batches - prev.batches, o = s.ops - prev.ops;
+  double ms = s.batch_ms_total - prev.batch_ms_total;
+  if (b)
+    tc_log_debug("store: %llu batches, %.1f ops/batch, %.2f ms/batch, queue %llu (peak %llu), %llu deadlocks",
+                 (unsigned long long)b, (double)o / (double)b, ms / (double)b,
+                 (unsigned long long)s.queue_len, (unsigned long long)s.queue_peak,
+                 (unsigned long long)(s.deadlocks - prev.deadlocks));
+  prev = s;
+}
+
 static void fail_start(tc_node_t *node, int status, const char *err) {
   if (node->on_ready) node->on_ready(node, status, err, node->ready_arg);
   node->on_ready = NULL;
@@ -60,6 +76,12 @@ static void on_store_ready(int status, const char *err, void *arg) {
     return;
   }
   node->serving = true;
+  if (tc_log_level >= TC_LOG_DEBUG) {
+    uv_timer_init(node->loop, &node->stats_timer);
+    node->stats_timer.data = node;
+    uv_timer_start(&node->stats_timer, on_stats_tick, 2000, 2000);
+    node->stats_timer_on = true;
+  }
   tc_log_info("serving on %s (node %d)", node->advertise, node->cfg.node_id);
   if (node->on_ready) node->on_ready(node, 0, NULL, node->ready_arg);
   node->on_ready = NULL;
@@ -94,10 +116,17 @@ static void stop_part(void *arg) {
   if (done) done(darg);
 }
 
+static void on_stats_timer_closed(uv_handle_t *h) { stop_part(h->data); }
+
 static void after_server_stopped(void *arg) {
   tc_node_t *node = arg;
   /* No new requests can arrive now: release the rest. */
   node->stop_parts = 1;
+  if (node->stats_timer_on) {
+    node->stats_timer_on = false;
+    node->stop_parts++;
+    uv_close((uv_handle_t *)&node->stats_timer, on_stats_timer_closed);
+  }
   if (node->recovery) {
     node->stop_parts++;
     tc_recovery_close(node->recovery, stop_part, node);
@@ -115,6 +144,7 @@ static void after_server_stopped(void *arg) {
 
 void tc_node_stop(tc_node_t *node, void (*done)(void *), void *arg) {
   node->stopping = true;
+
   node->stop_done = done;
   node->stop_arg = arg;
   if (node->server) tc_server_stop(node->server, after_server_stopped, node);

@@ -45,6 +45,8 @@ struct tc_node {
   tc_node_stats_t stats;
   bool serving;
   bool stopping;
+  uv_timer_t stats_timer; /* debug-level store statistics */
+  bool stats_timer_on;
 
   void (*on_ready)(tc_node_t *node, int status, const char *err, void *arg);
   void *ready_arg;

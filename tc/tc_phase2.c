@@ -37,8 +37,8 @@ typedef struct branch_ctx {
   drive_t *d;
   tc_branch_row_t row;
   tc_op_t op;
+  int answer; /* commit: the branch status the RM answered */
   char error[512];
-  bool done;
 } branch_ctx_t;
 
 struct drive {
@@ -48,6 +48,8 @@ struct drive {
   int global_status;
   branch_ctx_t *branches; /* in driving order */
   int n, next, pending;
+  int calls_pending;      /* commit: RM answers still awaited */
+  tc_op_t all_op;         /* commit: "every branch committed", one store op */
   bool stopped;
   void (*done)(int, void *);
   void *done_arg;
@@ -60,16 +62,18 @@ static void drive_finish(drive_t *d) {
   node->stats.phase2_active--;
   if (d->done) d->done(d->global_status, d->done_arg);
   for (int i = 0; i < d->n; i++) tc_op_clear(&d->branches[i].op);
+  tc_op_clear(&d->all_op);
   free(d->branches);
   free(d);
 }
 
-static void on_outcome_stored(tc_op_t *op, void *arg) {
-  branch_ctx_t *b = arg;
-  drive_t *d = b->d;
+/* A stored outcome ('b' is NULL for the all-committed op): update the
+ * drive and continue or finish it.  'units' is how many branch units the
+ * op settled. */
+static void handle_stored(drive_t *d, tc_op_t *op, branch_ctx_t *b, int units) {
   tc_node_t *node = d->node;
-  tc_log_ctx_t lc = {d->xid, b->row.branch_id, NULL};
-  d->pending--;
+  tc_log_ctx_t lc = {d->xid, b ? b->row.branch_id : 0, NULL};
+  d->pending -= units;
   if (op->status != 0) {
     /* The outcome is not recorded: recovery will drive this branch again. */
     TC_LOG(TC_LOG_WARN, &lc, "could not record phase-two outcome: %s; recovery will retry", op->errmsg);
@@ -84,7 +88,8 @@ static void on_outcome_stored(tc_op_t *op, void *arg) {
       TC_LOG(TC_LOG_ERROR, &lc,
              "global transaction is %s: branch on \"%s\" failed for good: %s; "
              "repair the data, then re-drive it with tcctl",
-             txp_global_status_name(op->global_status), b->row.resource_id, b->error);
+             txp_global_status_name(op->global_status), b ? b->row.resource_id : "?",
+             b ? b->error : "?");
       d->stopped = true;
     } else if (op->res == TC_RES_RETRY) {
       d->stopped = d->stopped || !d->commit;
@@ -97,6 +102,16 @@ static void on_outcome_stored(tc_op_t *op, void *arg) {
     return;
   }
   if (d->pending == 0 && (d->stopped || d->next >= d->n)) drive_finish(d);
+}
+
+static void on_outcome_stored(tc_op_t *op, void *arg) {
+  branch_ctx_t *b = arg;
+  handle_stored(b->d, op, b, 1);
+}
+
+static void on_all_stored(tc_op_t *op, void *arg) {
+  drive_t *d = arg;
+  handle_stored(d, op, NULL, d->n);
 }
 
 static void store_outcome(drive_t *d, branch_ctx_t *b, int branch_status) {
@@ -114,6 +129,39 @@ static void store_outcome(drive_t *d, branch_ctx_t *b, int branch_status) {
     d->stopped = true;
     if (d->pending == 0) drive_finish(d);
   }
+}
+
+/* Commit, every RM acknowledged: one store op for the whole transaction. */
+static void store_all_committed(drive_t *d) {
+  tc_op_t *op = &d->all_op;
+  op->kind = TC_OP_PHASE2;
+  op->cb = on_all_stored;
+  op->arg = d;
+  op->xid = d->xid;
+  op->id = 0; /* every branch */
+  op->branch_status = TXP_BS_PHASE2_COMMITTED;
+  op->error = NULL;
+  if (tc_store_submit(d->node->store, op) != 0) {
+    d->pending -= d->n;
+    d->stopped = true;
+    if (d->pending == 0) drive_finish(d);
+  }
+}
+
+/* Commit: record the answers once all are in (the common all-committed
+ * case as one op; otherwise each branch's outcome). */
+static void commit_answer(drive_t *d, branch_ctx_t *b, int bs) {
+  b->answer = bs;
+  if (--d->calls_pending > 0) return;
+  bool all_ok = true;
+  for (int i = 0; i < d->n; i++) all_ok = all_ok && d->branches[i].answer == TXP_BS_PHASE2_COMMITTED;
+  if (all_ok) {
+    store_all_committed(d);
+    return;
+  }
+  d->pending++; /* guard: a synchronous failure must not free 'd' under the loop */
+  for (int i = 0; i < d->n; i++) store_outcome(d, &d->branches[i], d->branches[i].answer);
+  if (--d->pending == 0) drive_finish(d);
 }
 
 static void on_branch_result(int status, const txp_msg_t *res, void *arg) {
@@ -141,7 +189,8 @@ static void on_branch_result(int status, const txp_msg_t *res, void *arg) {
   }
   if (bs == retry_status) node->stats.phase2_retryable++;
   if (bs == fail_status) node->stats.phase2_unretryable++;
-  store_outcome(d, b, bs);
+  if (d->commit) commit_answer(d, b, bs);
+  else store_outcome(d, b, bs);
 }
 
 static void branch_call(drive_t *d, branch_ctx_t *b) {
@@ -153,8 +202,8 @@ static void branch_call(drive_t *d, branch_ctx_t *b) {
     node->stats.phase2_no_rm++;
     snprintf(b->error, sizeof(b->error), "no resource manager connected for resource \"%s\"",
              b->row.resource_id);
-    store_outcome(d, b,
-                  d->commit ? TXP_BS_PHASE2_COMMIT_FAILED_RETRYABLE : TXP_BS_PHASE2_ROLLBACK_FAILED_RETRYABLE);
+    if (d->commit) commit_answer(d, b, TXP_BS_PHASE2_COMMIT_FAILED_RETRYABLE);
+    else store_outcome(d, b, TXP_BS_PHASE2_ROLLBACK_FAILED_RETRYABLE);
     return;
   }
   txp_msg_t m;
@@ -224,6 +273,7 @@ void tc__phase2_drive(tc_node_t *node, const char *xid, int global_status,
      * once must not finish (and free) the drive under this loop. */
     d->next = d->n;
     d->pending++;
+    d->calls_pending = d->n;
     for (int i = 0; i < d->n; i++) branch_call(d, &d->branches[i]);
     if (--d->pending == 0) drive_finish(d);
   } else {

@@ -5,6 +5,9 @@
 --   transaction (group commit): each function below takes arrays (one
 --   element per request, "item" 1..n) and returns one row per item, so a
 --   batch of 200 registrations costs one round trip and one fsync, not 200.
+--   The functions are set-based: a handful of statements per batch, never a
+--   statement per item (a PL/pgSQL loop costs ~30 us per statement per
+--   item, which made PostgreSQL's CPU the coordinator's ceiling).
 --   Each item's outcome is a short word in "result" that tcd maps to its
 --   protocol error codes (proto/txp_errno.h):
 --     ok, not_found, not_active, timed_out, conflict, holder_rollbacking,
@@ -33,61 +36,65 @@ CREATE SEQUENCE tc_id_block_seq AS bigint START WITH 1 INCREMENT BY 1;
 COMMENT ON SEQUENCE tc_id_block_seq IS
   'Blocks of 4096 ids (transaction and branch ids) reserved by tcd nodes.';
 
--- Move a global transaction and its branches to history and delete its rows.
-CREATE FUNCTION tc__finish(p_xid text, p_status smallint) RETURNS void
+-- Move finished global transactions (with their branches) to history and
+-- delete their rows: p_status[i] is the final status of p_xid[i].
+CREATE FUNCTION tc__finish_many(p_xid text[], p_status smallint[]) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-  INSERT INTO global_history (xid, transaction_id, status, application_id,
-                              transaction_name, begin_time, branches)
-  SELECT g.xid, g.transaction_id, p_status, g.application_id, g.transaction_name,
-         g.begin_time,
-         coalesce((SELECT jsonb_agg(jsonb_build_object(
-                      'branch_id', b.branch_id, 'resource_id', b.resource_id,
-                      'branch_type', b.branch_type, 'status', b.status)
-                    ORDER BY b.branch_id)
-                   FROM branch_table b WHERE b.xid = g.xid), '[]'::jsonb)
-  FROM global_table g WHERE g.xid = p_xid
+  INSERT INTO global_history (xid, transaction_id, status, application_id, transaction_name,
+                              begin_time, branches)
+  SELECT g.xid, g.transaction_id, f.s, g.application_id, g.transaction_name, g.begin_time,
+         coalesce(br.branches, '[]'::jsonb)
+    FROM unnest(p_xid, p_status) AS f(x, s)
+    JOIN global_table g ON g.xid = f.x
+    LEFT JOIN LATERAL (
+      SELECT jsonb_agg(jsonb_build_object('branch_id', b.branch_id, 'resource_id', b.resource_id,
+                                          'branch_type', b.branch_type, 'status', b.status)
+                       ORDER BY b.branch_id) AS branches
+        FROM branch_table b WHERE b.xid = g.xid) br ON true
   ON CONFLICT (xid) DO NOTHING;
-  DELETE FROM branch_table WHERE xid = p_xid;
-  DELETE FROM lock_table WHERE xid = p_xid;
-  DELETE FROM global_table WHERE xid = p_xid;
+  DELETE FROM branch_table WHERE xid = ANY (p_xid);
+  DELETE FROM lock_table WHERE xid = ANY (p_xid);
+  DELETE FROM global_table WHERE xid = ANY (p_xid);
 END $$;
 
 -- GlobalBegin.  A repeated idempotency key returns the xid of the first
--- begin instead of creating a second transaction.
+-- begin instead of creating a second transaction; 'finished' when that
+-- first transaction has already ended (its key is no longer on file).
 CREATE FUNCTION tc_begin_batch(p_xid text[], p_txid bigint[], p_timeout_ms int[],
                                p_name text[], p_app text[], p_idem text[], p_node int)
 RETURNS TABLE (item int, xid text, result text)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-  i int;
-  v_xid text;
+  v_inserted text[];
 BEGIN
-  FOR i IN 1 .. coalesce(array_length(p_xid, 1), 0) LOOP
-    item := i;
-    INSERT INTO global_table (xid, transaction_id, status, application_id,
-                              transaction_name, timeout_ms, deadline, node_id, idem_key)
-    VALUES (p_xid[i], p_txid[i], 1, p_app[i], p_name[i], p_timeout_ms[i],
-            clock_timestamp() + p_timeout_ms[i] * interval '1 millisecond', p_node, p_idem[i])
-    ON CONFLICT (idem_key) DO NOTHING;
-    IF FOUND THEN
-      xid := p_xid[i];
-      result := 'ok';
-    ELSE
-      SELECT g.xid INTO v_xid FROM global_table g WHERE g.idem_key = p_idem[i];
-      xid := v_xid;
-      result := CASE WHEN v_xid IS NULL THEN 'finished' ELSE 'ok' END;
-    END IF;
-    RETURN NEXT;
-  END LOOP;
+  WITH ins AS (
+    INSERT INTO global_table (xid, transaction_id, status, application_id, transaction_name,
+                              timeout_ms, deadline, node_id, idem_key)
+    SELECT u.x, u.t, 1, u.a, u.n, u.ms, clock_timestamp() + u.ms * interval '1 millisecond',
+           p_node, u.k
+      FROM unnest(p_xid, p_txid, p_timeout_ms, p_name, p_app, p_idem) AS u(x, t, ms, n, a, k)
+    ON CONFLICT (idem_key) DO NOTHING
+    RETURNING global_table.xid)
+  SELECT coalesce(array_agg(ins.xid), '{}') INTO v_inserted FROM ins;
+
+  -- Items not inserted repeated an idempotency key: answer the first xid.
+  -- (A new statement: it sees the rows of a concurrent begin that the
+  -- insert waited for.)
+  RETURN QUERY
+  SELECT u.i::int,
+         CASE WHEN u.x = ANY (v_inserted) THEN u.x ELSE g.xid END,
+         CASE WHEN u.x = ANY (v_inserted) OR g.xid IS NOT NULL THEN 'ok' ELSE 'finished' END
+    FROM unnest(p_xid, p_idem) WITH ORDINALITY AS u(x, k, i)
+    LEFT JOIN global_table g ON NOT (u.x = ANY (v_inserted)) AND g.idem_key = u.k
+   ORDER BY u.i;
 END $$;
 
 -- BranchRegister.  Lock rows (l_*: flattened, l_item says which item each
--- belongs to) are taken in row_key order, which keeps two registrations
--- from deadlocking on each other's keys.  A key held by another xid is a
--- conflict: the keys this branch took are given back and nothing else
--- changes.  The same xid taking a key it already holds is fine.
+-- belongs to).  A key held by another xid is a conflict: the keys the item
+-- took are given back and nothing else changes.  The same xid taking a key
+-- it already holds is fine.  Only while Begin and before the deadline.
 CREATE FUNCTION tc_register_batch(p_xid text[], p_branch bigint[], p_resource text[],
                                   p_type smallint[], p_lock_keys text[], p_app_data text[],
                                   p_client text[], p_idem text[],
@@ -96,67 +103,86 @@ RETURNS TABLE (item int, result text, branch_id bigint, holder text, holder_stat
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-  i int;
-  g record;
-  h record;
-  lk record;
-  v_branch bigint;
-  v_conflict boolean;
+  v_active int[];     -- items whose global is Begin and not past its deadline
+  v_dup int[];        -- items repeating an idempotency key: v_dup_branch[k] is theirs
+  v_dup_branch bigint[];
+  v_conflict int[];   -- items that met a key held by another xid
+  v_holder text[];
+  v_holder_status smallint[];
 BEGIN
-  FOR i IN 1 .. coalesce(array_length(p_xid, 1), 0) LOOP
-    item := i; branch_id := NULL; holder := NULL; holder_status := NULL;
-    SELECT gt.status, gt.deadline, gt.transaction_id INTO g
-      FROM global_table gt WHERE gt.xid = p_xid[i] FOR SHARE;
-    IF NOT FOUND THEN
-      result := 'not_found'; RETURN NEXT; CONTINUE;
-    END IF;
-    IF g.status <> 1 THEN
-      result := 'not_active'; holder_status := g.status; RETURN NEXT; CONTINUE;
-    END IF;
-    IF g.deadline < clock_timestamp() THEN
-      result := 'timed_out'; RETURN NEXT; CONTINUE;
-    END IF;
-    IF p_idem[i] IS NOT NULL THEN
-      SELECT b.branch_id INTO v_branch FROM branch_table b
-        WHERE b.xid = p_xid[i] AND b.idem_key = p_idem[i];
-      IF FOUND THEN
-        result := 'ok'; branch_id := v_branch; RETURN NEXT; CONTINUE;
-      END IF;
-    END IF;
+  -- 1. Share-lock the globals (in xid order): a decision cannot slip in
+  --    between this check and the inserts below.
+  PERFORM 1 FROM global_table gt WHERE gt.xid = ANY (p_xid) ORDER BY gt.xid FOR SHARE;
+  SELECT coalesce(array_agg(u.i::int), '{}') INTO v_active
+    FROM unnest(p_xid) WITH ORDINALITY AS u(x, i)
+    JOIN global_table gt ON gt.xid = u.x
+   WHERE gt.status = 1 AND gt.deadline >= clock_timestamp();
 
-    v_conflict := false;
-    FOR lk IN SELECT k.r, k.t, k.p
-                FROM unnest(l_item, l_row, l_table, l_pk) AS k(it, r, t, p)
-               WHERE k.it = i ORDER BY k.r LOOP
-      LOOP
-        INSERT INTO lock_table (row_key, xid, transaction_id, branch_id, resource_id,
-                                table_name, pk)
-        VALUES (lk.r, p_xid[i], g.transaction_id, p_branch[i], p_resource[i], lk.t, lk.p)
-        ON CONFLICT (row_key) DO NOTHING;
-        EXIT WHEN FOUND;
-        SELECT l.xid, l.status INTO h FROM lock_table l WHERE l.row_key = lk.r;
-        CONTINUE WHEN NOT FOUND; -- released in between: take it now
-        IF h.xid <> p_xid[i] THEN
-          v_conflict := true; holder := h.xid; holder_status := h.status;
-        END IF;
-        EXIT;
-      END LOOP;
-      EXIT WHEN v_conflict;
-    END LOOP;
+  -- 2. Repeated idempotency keys.
+  SELECT coalesce(array_agg(u.i::int), '{}'), coalesce(array_agg(b.branch_id), '{}')
+    INTO v_dup, v_dup_branch
+    FROM unnest(p_xid, p_idem) WITH ORDINALITY AS u(x, k, i)
+    JOIN branch_table b ON b.xid = u.x AND b.idem_key = u.k
+   WHERE u.i = ANY (v_active);
 
-    IF v_conflict THEN
-      DELETE FROM lock_table l WHERE l.branch_id = p_branch[i];
-      result := CASE WHEN holder_status = 1 THEN 'holder_rollbacking' ELSE 'conflict' END;
-      RETURN NEXT; CONTINUE;
-    END IF;
+  -- 3. Locks, in row_key order (then queue order), which keeps concurrent
+  --    batches from deadlocking and gives a contended key to the item that
+  --    queued first.
+  INSERT INTO lock_table (row_key, xid, transaction_id, branch_id, resource_id, table_name, pk)
+  SELECT l.r, p_xid[l.it], gt.transaction_id, p_branch[l.it], p_resource[l.it], l.t, l.p
+    FROM unnest(l_item, l_row, l_table, l_pk) AS l(it, r, t, p)
+    JOIN global_table gt ON gt.xid = p_xid[l.it]
+   WHERE l.it = ANY (v_active) AND NOT (l.it = ANY (v_dup))
+   ORDER BY l.r, l.it
+  ON CONFLICT (row_key) DO NOTHING;
 
-    INSERT INTO branch_table (branch_id, xid, transaction_id, resource_id, branch_type, status,
-                              lock_keys, application_data, client_id, idem_key)
-    VALUES (p_branch[i], p_xid[i], g.transaction_id, p_resource[i], p_type[i], 1,
-            p_lock_keys[i], p_app_data[i], p_client[i], p_idem[i]);
-    result := 'ok'; branch_id := p_branch[i];
-    RETURN NEXT;
-  END LOOP;
+  -- 4. Conflicts: a wanted key whose row belongs to another xid.  (A key
+  --    released between 3 and here has no row: that item conflicts with
+  --    an empty holder and is retried at once by tcd.)
+  SELECT coalesce(array_agg(c.it), '{}'), coalesce(array_agg(c.hx), '{}'),
+         coalesce(array_agg(c.hs), '{}')
+    INTO v_conflict, v_holder, v_holder_status
+    FROM (SELECT DISTINCT ON (l.it) l.it, lt.xid AS hx, lt.status AS hs
+            FROM unnest(l_item, l_row) AS l(it, r)
+            LEFT JOIN lock_table lt ON lt.row_key = l.r
+           WHERE l.it = ANY (v_active) AND NOT (l.it = ANY (v_dup))
+             AND (lt.xid IS NULL OR lt.xid <> p_xid[l.it])
+           ORDER BY l.it, lt.status DESC NULLS LAST) c;
+
+  -- 5. A conflicting item gives back the keys it took.
+  IF cardinality(v_conflict) > 0 THEN
+    DELETE FROM lock_table lt
+     WHERE lt.branch_id = ANY (SELECT p_branch[c] FROM unnest(v_conflict) AS c);
+  END IF;
+
+  -- 6. Branch rows of the items that got all their keys.
+  INSERT INTO branch_table (branch_id, xid, transaction_id, resource_id, branch_type, status,
+                            lock_keys, application_data, client_id, idem_key)
+  SELECT u.b, u.x, gt.transaction_id, u.r, u.ty, 1, u.lk, u.ad, u.cl, u.k
+    FROM unnest(p_xid, p_branch, p_resource, p_type, p_lock_keys, p_app_data, p_client, p_idem)
+         WITH ORDINALITY AS u(x, b, r, ty, lk, ad, cl, k, i)
+    JOIN global_table gt ON gt.xid = u.x
+   WHERE u.i = ANY (v_active) AND NOT (u.i = ANY (v_dup)) AND NOT (u.i = ANY (v_conflict));
+
+  -- 7. One row per item.
+  RETURN QUERY
+  SELECT u.i::int,
+         CASE WHEN gt.xid IS NULL THEN 'not_found'
+              WHEN NOT (u.i = ANY (v_active)) AND gt.status <> 1 THEN 'not_active'
+              WHEN NOT (u.i = ANY (v_active)) THEN 'timed_out'
+              WHEN u.i = ANY (v_dup) THEN 'ok'
+              WHEN u.i = ANY (v_conflict) THEN
+                CASE WHEN v_holder_status[array_position(v_conflict, u.i::int)] = 1
+                     THEN 'holder_rollbacking' ELSE 'conflict' END
+              ELSE 'ok' END,
+         CASE WHEN u.i = ANY (v_dup) THEN v_dup_branch[array_position(v_dup, u.i::int)]
+              WHEN u.i = ANY (v_active) AND NOT (u.i = ANY (v_conflict)) THEN u.b END,
+         CASE WHEN u.i = ANY (v_conflict) THEN v_holder[array_position(v_conflict, u.i::int)] END,
+         CASE WHEN u.i = ANY (v_conflict) THEN v_holder_status[array_position(v_conflict, u.i::int)]
+              WHEN NOT (u.i = ANY (v_active)) THEN gt.status END
+    FROM unnest(p_xid, p_branch) WITH ORDINALITY AS u(x, b, i)
+    LEFT JOIN global_table gt ON gt.xid = u.x
+   ORDER BY u.i;
 END $$;
 
 -- The decision: p_action[i] is 'commit', 'rollback' (TM) or 'timeout'
@@ -171,130 +197,166 @@ RETURNS TABLE (item int, result text, status smallint)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-  i int;
-  g record;
-  v_action text;
-  v_new smallint;
-  v_hist smallint;
-  v_timed_out boolean;
+  v_items int[];      -- the item that decided each xid
+  v_status smallint[];-- the status it set
+  v_branches boolean[];
+  v_timed_out boolean[];
 BEGIN
-  FOR i IN 1 .. coalesce(array_length(p_xid, 1), 0) LOOP
-    item := i;
-    SELECT gt.status, gt.deadline INTO g FROM global_table gt WHERE gt.xid = p_xid[i] FOR UPDATE;
-    IF NOT FOUND THEN
-      SELECT h.status INTO v_hist FROM global_history h WHERE h.xid = p_xid[i];
-      IF FOUND THEN
-        result := 'finished'; status := v_hist;
-      ELSE
-        result := 'not_found'; status := 0;
-      END IF;
-      RETURN NEXT; CONTINUE;
-    END IF;
-    IF g.status <> 1 THEN
-      result := 'decided'; status := g.status; RETURN NEXT; CONTINUE;
-    END IF;
-    v_action := p_action[i];
-    v_timed_out := g.deadline < clock_timestamp();
-    IF v_action = 'timeout' AND NOT v_timed_out THEN
-      result := 'not_expired'; status := 1; RETURN NEXT; CONTINUE;
-    END IF;
-    IF v_action = 'commit' AND v_timed_out THEN
-      v_action := 'timeout';
-    END IF;
+  PERFORM 1 FROM global_table gt WHERE gt.xid = ANY (p_xid) ORDER BY gt.xid FOR UPDATE;
 
-    IF NOT EXISTS (SELECT 1 FROM branch_table b WHERE b.xid = p_xid[i]) THEN
-      v_new := CASE v_action WHEN 'commit' THEN 9 WHEN 'rollback' THEN 11 ELSE 12 END;
-      UPDATE global_table SET status = v_new, gmt_modified = clock_timestamp()
-       WHERE xid = p_xid[i] AND status = 1;
-      PERFORM tc__finish(p_xid[i], v_new);
-    ELSE
-      v_new := CASE v_action WHEN 'commit' THEN 8 WHEN 'rollback' THEN 4 ELSE 6 END;
-      UPDATE global_table
-         SET status = v_new, gmt_modified = clock_timestamp(),
-             next_retry_at = clock_timestamp() + p_lease_ms * interval '1 millisecond'
-       WHERE xid = p_xid[i] AND status = 1;
-      IF v_new = 8 THEN
-        DELETE FROM lock_table WHERE xid = p_xid[i];
-      ELSE
-        UPDATE lock_table SET status = 1 WHERE xid = p_xid[i];
-      END IF;
-    END IF;
-    result := CASE WHEN p_action[i] = 'commit' AND v_action = 'timeout' THEN 'timed_out'
-                   ELSE 'ok' END;
-    status := v_new;
-    RETURN NEXT;
-  END LOOP;
+  -- One deciding item per xid: a TM's commit/rollback before the timeout
+  -- job's; among equals the first queued.  The rest report the outcome.
+  WITH firsts AS (
+    SELECT DISTINCT ON (u.x) u.x, u.a, u.i::int AS i
+      FROM unnest(p_xid, p_action) WITH ORDINALITY AS u(x, a, i)
+     ORDER BY u.x, (u.a = 'timeout'), u.i),
+  plan AS (
+    SELECT f.x, f.i, (f.a = 'commit' AND g.deadline < clock_timestamp()) AS late,
+           CASE WHEN f.a = 'commit' AND g.deadline < clock_timestamp() THEN 'timeout'
+                ELSE f.a END AS act,
+           EXISTS (SELECT 1 FROM branch_table b WHERE b.xid = f.x) AS has_branches
+      FROM firsts f JOIN global_table g ON g.xid = f.x
+     WHERE g.status = 1 AND (f.a <> 'timeout' OR g.deadline < clock_timestamp())),
+  upd AS (
+    UPDATE global_table g
+       SET status = CASE WHEN p.has_branches THEN
+                      CASE p.act WHEN 'commit' THEN 8 WHEN 'rollback' THEN 4 ELSE 6 END
+                    ELSE CASE p.act WHEN 'commit' THEN 9 WHEN 'rollback' THEN 11 ELSE 12 END END,
+           gmt_modified = clock_timestamp(),
+           next_retry_at = CASE WHEN p.has_branches
+                                THEN clock_timestamp() + p_lease_ms * interval '1 millisecond' END
+      FROM plan p
+     WHERE g.xid = p.x AND g.status = 1
+    RETURNING p.i, g.status, p.has_branches, p.late)
+  SELECT coalesce(array_agg(upd.i), '{}'), coalesce(array_agg(upd.status), '{}'),
+         coalesce(array_agg(upd.has_branches), '{}'), coalesce(array_agg(upd.late), '{}')
+    INTO v_items, v_status, v_branches, v_timed_out
+    FROM upd;
+
+  IF cardinality(v_items) > 0 THEN
+    -- Commit releases the locks now; rollback marks them rollbacking.
+    DELETE FROM lock_table lt
+     WHERE lt.xid = ANY (SELECT p_xid[d.i] FROM unnest(v_items, v_status) AS d(i, s) WHERE d.s = 8);
+    UPDATE lock_table lt SET status = 1
+     WHERE lt.xid = ANY (SELECT p_xid[d.i] FROM unnest(v_items, v_status) AS d(i, s) WHERE d.s IN (4, 6));
+    -- Without branches there is nothing to drive: finished now.
+    PERFORM tc__finish_many(array_agg(p_xid[d.i]), array_agg(d.s))
+       FROM unnest(v_items, v_status, v_branches) AS d(i, s, hb) WHERE NOT d.hb HAVING count(*) > 0;
+  END IF;
+
+  RETURN QUERY
+  SELECT u.i::int,
+         CASE WHEN u.i = ANY (v_items) THEN
+                CASE WHEN v_timed_out[array_position(v_items, u.i::int)] THEN 'timed_out' ELSE 'ok' END
+              WHEN g.status = 1 THEN 'not_expired'
+              WHEN g.xid IS NOT NULL THEN 'decided'
+              WHEN h.xid IS NOT NULL THEN 'finished'
+              ELSE 'not_found' END,
+         CASE WHEN u.i = ANY (v_items) THEN v_status[array_position(v_items, u.i::int)]
+              ELSE coalesce(g.status, h.status, 0::smallint) END
+    FROM unnest(p_xid) WITH ORDINALITY AS u(x, i)
+    LEFT JOIN global_table g ON g.xid = u.x
+    LEFT JOIN global_history h ON g.xid IS NULL AND h.xid = u.x
+   ORDER BY u.i;
 END $$;
 
--- Phase-two outcomes of branches (and the phase-one report of an RM).
--- Done branches (5, 8): when no unfinished branch is left, the global
+-- Phase-two outcomes of branches (and phase-one reports of RMs).  Done
+-- branches (5, 8): when no unfinished branch is left, the global
 -- transaction gets its final status and moves to history.  A retryable
 -- failure (6, 9) moves it to *Retrying with exponential backoff; an
 -- unretryable one (7, 10: e.g. a dirty write) to *Failed, locks kept, for an
--- operator.
+-- operator.  While Begin, a report is only recorded.
+-- p_branch[i] = 0 records p_status[i] for every branch of p_xid[i] (all
+-- branches acknowledged the commit: one item instead of one per branch).
 CREATE FUNCTION tc_phase2_batch(p_xid text[], p_branch bigint[], p_status smallint[],
                                 p_error text[], p_retry_min_ms int, p_retry_max_ms int)
 RETURNS TABLE (item int, result text, global_status smallint, finished boolean)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-  i int;
-  g record;
-  v_family text;
-  v_new smallint;
-  v_delay_ms double precision;
+  v_present text[];  -- xids found (not yet finished) when the batch began
+  v_missing int[];   -- items naming a branch that does not exist
+  v_x text[];        -- per xid in phase two: family and outcome of this batch
+  v_fam text[];
+  v_unr boolean[];
+  v_ret boolean[];
+  v_err text[];
+  v_final text[];    -- xids finished by this batch, and their final status
+  v_final_status smallint[];
 BEGIN
-  FOR i IN 1 .. coalesce(array_length(p_xid, 1), 0) LOOP
-    item := i; finished := false;
-    SELECT gt.status, gt.retry_count INTO g FROM global_table gt
-     WHERE gt.xid = p_xid[i] FOR UPDATE;
-    IF NOT FOUND THEN
-      result := 'not_found'; global_status := 0; RETURN NEXT; CONTINUE;
-    END IF;
-    UPDATE branch_table
-       SET status = p_status[i], last_error = p_error[i], gmt_modified = clock_timestamp()
-     WHERE branch_id = p_branch[i] AND xid = p_xid[i];
-    IF NOT FOUND THEN
-      result := 'branch_not_found'; global_status := g.status; RETURN NEXT; CONTINUE;
-    END IF;
+  PERFORM 1 FROM global_table gt WHERE gt.xid = ANY (p_xid) ORDER BY gt.xid FOR UPDATE;
+  SELECT coalesce(array_agg(gt.xid), '{}') INTO v_present
+    FROM global_table gt WHERE gt.xid = ANY (p_xid);
 
-    v_family := CASE WHEN g.status IN (2, 3, 8, 10) THEN 'commit'
-                     WHEN g.status IN (4, 5, 13) THEN 'rollback'
-                     WHEN g.status IN (6, 7, 14) THEN 'timeout'
-                     ELSE 'phase1' END;
-    IF v_family = 'phase1' THEN
-      -- A phase-one report (PhaseOneDone/Failed) while Begin: recorded only.
-      result := 'ok'; global_status := g.status; RETURN NEXT; CONTINUE;
-    END IF;
+  SELECT coalesce(array_agg(u.i::int), '{}') INTO v_missing
+    FROM unnest(p_xid, p_branch) WITH ORDINALITY AS u(x, b, i)
+   WHERE u.x = ANY (v_present) AND u.b <> 0
+     AND NOT EXISTS (SELECT 1 FROM branch_table b WHERE b.branch_id = u.b AND b.xid = u.x);
 
-    IF p_status[i] IN (7, 10) THEN
-      v_new := CASE v_family WHEN 'commit' THEN 10 WHEN 'rollback' THEN 13 ELSE 14 END;
-      UPDATE global_table
-         SET status = v_new, last_error = p_error[i], next_retry_at = NULL,
-             gmt_modified = clock_timestamp()
-       WHERE xid = p_xid[i];
-      result := 'failed'; global_status := v_new;
-    ELSIF p_status[i] IN (6, 9) THEN
-      v_new := CASE v_family WHEN 'commit' THEN 3 WHEN 'rollback' THEN 5 ELSE 7 END;
-      v_delay_ms := least(p_retry_max_ms::double precision,
-                          p_retry_min_ms * power(2::double precision, least(g.retry_count, 20)));
-      UPDATE global_table
-         SET status = v_new, last_error = p_error[i], retry_count = retry_count + 1,
-             next_retry_at = clock_timestamp() + v_delay_ms * interval '1 millisecond',
-             gmt_modified = clock_timestamp()
-       WHERE xid = p_xid[i];
-      result := 'retry'; global_status := v_new;
-    ELSIF NOT EXISTS (SELECT 1 FROM branch_table b
-                       WHERE b.xid = p_xid[i] AND b.status NOT IN (5, 8)) THEN
-      v_new := CASE v_family WHEN 'commit' THEN 9 WHEN 'rollback' THEN 11 ELSE 12 END;
-      UPDATE global_table SET status = v_new WHERE xid = p_xid[i];
-      PERFORM tc__finish(p_xid[i], v_new);
-      result := 'ok'; global_status := v_new; finished := true;
-    ELSE
-      result := 'ok'; global_status := g.status;
-    END IF;
-    RETURN NEXT;
-  END LOOP;
+  UPDATE branch_table b
+     SET status = u.s, last_error = u.e, gmt_modified = clock_timestamp()
+    FROM unnest(p_xid, p_branch, p_status, p_error) AS u(x, br, s, e)
+   WHERE b.xid = u.x AND (b.branch_id = u.br OR u.br = 0);
+
+  SELECT coalesce(array_agg(s.x), '{}'), coalesce(array_agg(s.fam), '{}'),
+         coalesce(array_agg(s.unr), '{}'), coalesce(array_agg(s.ret), '{}'),
+         coalesce(array_agg(s.err), '{}')
+    INTO v_x, v_fam, v_unr, v_ret, v_err
+    FROM (SELECT u.x,
+                 CASE WHEN g.status IN (2, 3, 8, 10) THEN 'commit'
+                      WHEN g.status IN (4, 5, 13) THEN 'rollback'
+                      WHEN g.status IN (6, 7, 14) THEN 'timeout' END AS fam,
+                 bool_or(u.s IN (7, 10)) AS unr, bool_or(u.s IN (6, 9)) AS ret,
+                 (array_agg(u.e ORDER BY (u.s IN (7, 10)) DESC, (u.s IN (6, 9)) DESC)
+                    FILTER (WHERE u.e IS NOT NULL))[1] AS err
+            FROM unnest(p_xid, p_status, p_error) WITH ORDINALITY AS u(x, s, e, i)
+            JOIN global_table g ON g.xid = u.x
+           WHERE NOT (u.i = ANY (v_missing))
+           GROUP BY u.x, g.status) s
+   WHERE s.fam IS NOT NULL;
+
+  -- Failures: unretryable -> *Failed (locks kept, for an operator);
+  -- retryable -> *Retrying with exponential backoff.
+  UPDATE global_table g
+     SET status = CASE WHEN p.unr THEN
+                    CASE p.fam WHEN 'commit' THEN 10 WHEN 'rollback' THEN 13 ELSE 14 END
+                  ELSE CASE p.fam WHEN 'commit' THEN 3 WHEN 'rollback' THEN 5 ELSE 7 END END,
+         last_error = p.err,
+         retry_count = g.retry_count + CASE WHEN p.unr THEN 0 ELSE 1 END,
+         next_retry_at = CASE WHEN p.unr THEN NULL ELSE
+                           clock_timestamp() + least(p_retry_max_ms::double precision,
+                             p_retry_min_ms * power(2::double precision, least(g.retry_count, 20)))
+                             * interval '1 millisecond' END,
+         gmt_modified = clock_timestamp()
+    FROM unnest(v_x, v_fam, v_unr, v_ret, v_err) AS p(x, fam, unr, ret, err)
+   WHERE g.xid = p.x AND (p.unr OR p.ret);
+
+  -- Done: no unfinished branch left -> final status, history, rows gone.
+  SELECT coalesce(array_agg(p.x), '{}'),
+         coalesce(array_agg(CASE p.fam WHEN 'commit' THEN 9 WHEN 'rollback' THEN 11
+                                       ELSE 12 END::smallint), '{}')
+    INTO v_final, v_final_status
+    FROM unnest(v_x, v_fam, v_unr, v_ret) AS p(x, fam, unr, ret)
+   WHERE NOT p.unr AND NOT p.ret
+     AND NOT EXISTS (SELECT 1 FROM branch_table b WHERE b.xid = p.x AND b.status NOT IN (5, 8));
+  IF cardinality(v_final) > 0 THEN
+    PERFORM tc__finish_many(v_final, v_final_status);
+  END IF;
+
+  RETURN QUERY
+  SELECT u.i::int,
+         CASE WHEN NOT (u.x = ANY (v_present)) THEN 'not_found'
+              WHEN u.i = ANY (v_missing) THEN 'branch_not_found'
+              WHEN u.x = ANY (v_final) THEN 'ok'
+              WHEN coalesce(v_unr[array_position(v_x, u.x)], false) THEN 'failed'
+              WHEN coalesce(v_ret[array_position(v_x, u.x)], false) THEN 'retry'
+              ELSE 'ok' END,
+         CASE WHEN u.x = ANY (v_final) THEN v_final_status[array_position(v_final, u.x)]
+              ELSE coalesce(g.status, 0::smallint) END,
+         u.x = ANY (v_final)
+    FROM unnest(p_xid) WITH ORDINALITY AS u(x, i)
+    LEFT JOIN global_table g ON g.xid = u.x
+   ORDER BY u.i;
 END $$;
 
 -- The leader's retry job claims due sessions (phase two unfinished, lease

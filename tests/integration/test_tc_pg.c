@@ -594,16 +594,34 @@ static void busy_cb(tc_pg_job_t *job, int status, void *arg)
   close_pool(t);
 }
 
+static void busy_on_state(tc_pg_pool_t *pool, int idx, bool up, const char *err, void *arg)
+{
+  ctx_t *t = arg;
+
+  on_state(pool, idx, up, err, arg);
+  if (!up || t->step++ != 0)
+    return;
+  /* The only connection is up: occupy it, then queue a job that cannot
+   * get it within its deadline. */
+  submit_ok(t, make_job(0, busy_cb, t, "SELECT pg_sleep(0.5)", NULL), 0);
+  submit_ok(t, make_job(0, busy_cb, t, "SELECT 1", NULL), 100);
+}
+
 static void test_deadline_busy(void **state)
 {
   ctx_t t;
+  tc_pg_pool_opts_t o;
 
   (void)state;
   need_server();
   ctx_init(&t);
-  open_pool(&t, t.url, 1, 0);
-  submit_ok(&t, make_job(0, busy_cb, &t, "SELECT pg_sleep(0.5)", NULL), 0);
-  submit_ok(&t, make_job(0, busy_cb, &t, "SELECT 1", NULL), 100);
+  memset(&o, 0, sizeof o);
+  o.conninfo = t.url;
+  o.size = 1;
+  o.on_state = busy_on_state;
+  o.state_arg = &t;
+  t.pool = tc_pg_pool_new(&t.loop, &o);
+  assert_non_null(t.pool);
   uv_run(&t.loop, UV_RUN_DEFAULT);
   assert_int_equal(t.norder, 2);
   assert_int_equal(t.order[0], TC_PG_ENOCONN);
@@ -1011,41 +1029,78 @@ static void host_cb(tc_pg_job_t *job, int status, void *arg)
   close_pool(t);
 }
 
+/* The server's port, user and database from TC_PG_URL, if it listens on
+ * 127.0.0.1; false otherwise. */
+static bool url_parts(const char *url, char *port, char *user, char *db, size_t len)
+{
+  PQconninfoOption *opts, *o;
+  char *err = NULL;
+  bool tcp = false;
+
+  opts = PQconninfoParse(url, &err);
+  assert_non_null(opts);
+  snprintf(port, len, "5432");
+  snprintf(user, len, "postgres");
+  snprintf(db, len, "postgres");
+  for (o = opts; o->keyword != NULL; o++) {
+    if (o->val == NULL)
+      continue;
+    if (strcmp(o->keyword, "port") == 0)
+      snprintf(port, len, "%s", o->val);
+    else if (strcmp(o->keyword, "user") == 0)
+      snprintf(user, len, "%s", o->val);
+    else if (strcmp(o->keyword, "dbname") == 0)
+      snprintf(db, len, "%s", o->val);
+    else if (strcmp(o->keyword, "host") == 0)
+      tcp = strcmp(o->val, "127.0.0.1") == 0;
+  }
+  PQconninfoFree(opts);
+  return tcp;
+}
+
 static void test_hostname(void **state)
 {
   ctx_t t;
-  PQconninfoOption *opts, *o;
-  char *err = NULL;
-  const char *port = NULL, *user = NULL, *db = NULL, *host = NULL;
+  char port[64], user[64], db[64];
   char conninfo[256];
 
   (void)state;
   need_server();
-  ctx_init(&t);
-  opts = PQconninfoParse(t.url, &err);
-  assert_non_null(opts);
-  for (o = opts; o->keyword != NULL; o++) {
-    if (strcmp(o->keyword, "port") == 0)
-      port = o->val;
-    else if (strcmp(o->keyword, "user") == 0)
-      user = o->val;
-    else if (strcmp(o->keyword, "dbname") == 0)
-      db = o->val;
-    else if (strcmp(o->keyword, "host") == 0)
-      host = o->val;
-  }
-  if (host == NULL || strcmp(host, "127.0.0.1") != 0) {
-    PQconninfoFree(opts);
-    ctx_finish(&t);
+  if (!url_parts(getenv("TC_PG_URL"), port, user, db, sizeof port))
     skip(); /* the server does not listen on 127.0.0.1 */
-  }
-  snprintf(conninfo, sizeof conninfo, "host=localhost port=%s user=%s dbname=%s",
-           port ? port : "5432", user ? user : "postgres", db ? db : "postgres");
-  PQconninfoFree(opts);
+  ctx_init(&t);
+  snprintf(conninfo, sizeof conninfo, "host=localhost port=%s user=%s dbname=%s", port, user, db);
   open_pool(&t, conninfo, 2, 0);
   submit_ok(&t, make_job(0, host_cb, &t, "SELECT 1", NULL), 10000);
   uv_run(&t.loop, UV_RUN_DEFAULT);
   assert_int_equal(t.ncb, 1);
+  assert_int_equal(t.closed, 1);
+  ctx_finish(&t);
+}
+
+/* A list of hosts whose first one refuses: libpq closes that socket and
+ * opens another inside PQconnectPoll, so the poll handle must follow. */
+static void test_host_list_fallback(void **state)
+{
+  ctx_t t;
+  char port[64], user[64], db[64];
+  char conninfo[256];
+  int fd, closed;
+
+  (void)state;
+  need_server();
+  if (!url_parts(getenv("TC_PG_URL"), port, user, db, sizeof port))
+    skip();
+  ctx_init(&t);
+  closed = closed_port(&fd);
+  snprintf(conninfo, sizeof conninfo,
+           "host=127.0.0.1,127.0.0.1 port=%d,%s user=%s dbname=%s", closed, port, user, db);
+  open_pool(&t, conninfo, 3, 0);
+  submit_ok(&t, make_job(0, host_cb, &t, "SELECT 1", NULL), 10000);
+  uv_run(&t.loop, UV_RUN_DEFAULT);
+  close(fd);
+  assert_int_equal(t.ncb, 1);
+  assert_int_equal(t.downs[0] + t.downs[1] + t.downs[2], 0);
   assert_int_equal(t.closed, 1);
   ctx_finish(&t);
 }
@@ -1103,6 +1158,7 @@ int main(void)
     cmocka_unit_test(test_init_sql),
     cmocka_unit_test(test_big_payloads),
     cmocka_unit_test(test_hostname),
+    cmocka_unit_test(test_host_list_fallback),
   };
 
   return cmocka_run_group_tests_name("tc_pg", tests, NULL, NULL);

@@ -1,0 +1,170 @@
+/*
+ * rm_image.h - the pure half of the AT resource manager: row images,
+ * undo items and their JSON form, image comparison, lock keys and the undo
+ * context string.  No libpq, no threads, no I/O: everything here is unit
+ * tested on its own (tests/unit/test_rm_image.c).
+ *
+ * NOTES
+ *   A row image is an ordered map from column name to text value, exactly
+ *   as PostgreSQL's text output gave it; a NULL value is SQL NULL and is
+ *   distinct from "".  Images are compared as text: the phase-two
+ *   connection adopts the session settings that shaped the text (TimeZone,
+ *   DateStyle, ... recorded in the undo context), so equal values print
+ *   equally.
+ *
+ *   The undo of a branch (undo_log.rollback_info) is a JSON array of items
+ *   in the order the statements ran; rollback replays it backwards:
+ *
+ *     {"op":"insert","schema":s,"table":t,"pk":{col:val,...},"after":{...}}
+ *     {"op":"update","schema":s,"table":t,"pk":{...},"before":{...},"after":{...}}
+ *     {"op":"delete","schema":s,"table":t,"pk":{...},"before":{...}}
+ *     {"op":"delta", "schema":s,"table":t,"pk":{...},"col":c,"delta":n}
+ *
+ *   Image values are JSON strings or null.  "pk" holds the primary key
+ *   columns (undo_log stores jsonb, which does not keep key order, so the
+ *   key order is not relied upon after a round trip).
+ *
+ *   Lock keys follow proto/txp_lockkey.h: "table:pk" where a composite key
+ *   joins its values with '_'.  A value is written as "\x" + hex of its
+ *   bytes when it could not be written plainly or could be misread: when it
+ *   is empty, holds a byte txp_lockkey_part_ok() refuses, starts with "\x",
+ *   or (composite keys only) holds '_'.  The encoding is therefore
+ *   injective: two different keys never share a lock key.
+ */
+#ifndef RM_IMAGE_H
+#define RM_IMAGE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "txp_msg.h"
+
+/* A row image: 'n' columns, names and values owned by the row. */
+typedef struct rm_row {
+  int n;
+  char **names;
+  char **vals; /* vals[i] == NULL: SQL NULL */
+} rm_row_t;
+
+/* New row of 'n' (>= 0) unset columns (names NULL until set).  NULL on
+ * allocation failure. */
+rm_row_t *rm_row_new(int n);
+void rm_row_free(rm_row_t *r);
+/* Set column 'i' to a copy of 'name' / 'val' (val may be NULL).  0 or
+ * RM_E_NOMEM. */
+int rm_row_set(rm_row_t *r, int i, const char *name, const char *val);
+/* Index of column 'name', or -1. */
+int rm_row_find(const rm_row_t *r, const char *name);
+/* Deep copy, NULL on allocation failure (or when 'r' is NULL). */
+rm_row_t *rm_row_dup(const rm_row_t *r);
+
+/* Whether two values are equal: both NULL, or both non-NULL and equal. */
+bool rm_val_eq(const char *a, const char *b);
+
+/*
+ * Compare the columns of 'image' with the same-named columns of 'cur'.  A
+ * column of 'image' that 'cur' lacks counts as different; columns only in
+ * 'cur' (added to the table since the image) are ignored.  Writes the
+ * indexes (into 'image') of up to 'cap' differing columns to 'diff' (may
+ * be NULL when cap is 0) and returns how many columns differ in total.
+ */
+int rm_row_diff(const rm_row_t *image, const rm_row_t *cur, int *diff, int cap);
+
+typedef enum rm_op { RM_OP_INSERT = 1, RM_OP_UPDATE, RM_OP_DELETE, RM_OP_DELTA } rm_op_t;
+
+const char *rm_op_name(rm_op_t op);
+
+/* One statement of a branch, as its undo needs it. */
+typedef struct rm_item {
+  rm_op_t op;
+  char *schema;     /* resolved schema of the table */
+  char *table;      /* table name (unquoted) */
+  rm_row_t *pk;     /* primary key columns and values (key order) */
+  rm_row_t *before; /* update, delete */
+  rm_row_t *after;  /* insert, update */
+  char *col;        /* delta */
+  long long delta;  /* delta */
+} rm_item_t;
+
+/* Release what 'it' owns (not 'it' itself) and zero it. */
+void rm_item_clear(rm_item_t *it);
+
+/* The JSON form of one item (a new reference), NULL on allocation failure
+ * or if a string is not valid UTF-8. */
+json_t *rm_item_to_json(const rm_item_t *it);
+/*
+ * Parse one item from 'j' into 'it' (zeroed first; cleared again on
+ * error).  Strict: unknown op, missing or mistyped fields, an empty pk, a
+ * missing image for the op are RM_E_INVALID with a reason in 'err'.
+ */
+int rm_item_from_json(const json_t *j, rm_item_t *it, char *err, size_t errlen);
+
+/* Encode 'n' items as the rollback_info text (malloc'd, compact JSON).
+ * NULL on allocation failure or invalid UTF-8. */
+char *rm_undo_encode(const rm_item_t *items, size_t n);
+/*
+ * Decode rollback_info text into a new array of items (*out, *n); free
+ * with rm_undo_free.  RM_E_INVALID (reason in 'err') if the text is not a
+ * JSON array of valid items, RM_E_NOMEM.
+ */
+int rm_undo_decode(const char *text, rm_item_t **out, size_t *n, char *err, size_t errlen);
+void rm_undo_free(rm_item_t *items, size_t n);
+
+/*
+ * Build the pk part of a lock key from the 'n' primary key values 'vals'
+ * (in key order, none NULL) into 'out' (NUL-terminated).  Returns its
+ * length, RM_E_INVALID when a value is NULL or n < 1, or RM_E_INVALID too
+ * when it does not fit 'cap'.
+ */
+int rm_lockkey_pk(const char *const *vals, int n, char *out, size_t cap);
+/*
+ * Append the lock key of one row ("table:pk") to 'b' with
+ * txp_lockkeys_append.  'resource' is used to check that the row key the
+ * TC will store (resource^^^table^^^pk) fits TXP_MAX_ROW_KEY_LEN.  Returns
+ * 0, RM_E_INVALID (unusable table name, key too long, 'b' full) or
+ * RM_E_NOMEM.
+ */
+int rm_lockkeys_add(txp_buf_t *b, const char *resource, const char *table,
+                    const char *const *pk_vals, int n);
+
+/*
+ * The message of a dirty write, PostgreSQL style: names the table, the key
+ * and each differing column with its expected and current values (values
+ * shortened past 64 bytes).  'cur' NULL means the row is gone; 'expect'
+ * NULL means the row should be absent but exists.  'diff'/'ndiff' as from
+ * rm_row_diff (indexes into 'expect').  Always NUL-terminates 'out'.
+ */
+void rm_dirty_message(char *out, size_t cap, const rm_item_t *it, const char *expect_name,
+                      const rm_row_t *expect, const rm_row_t *cur, const int *diff, int ndiff);
+
+/* ------------------------------------------------- undo context string --- */
+
+/*
+ * undo_log.context: "serializer=json;version=1[;delta=1][;NAME=VALUE...]"
+ * where the NAME=VALUE pairs are the session settings the images were
+ * taken under (TimeZone, DateStyle, ...).  Values are %XX-escaped for
+ * ';', '=', '%' and control bytes.
+ */
+#define RM_CTX_MAX_SETTINGS 8
+
+typedef struct rm_ctx {
+  bool delta;
+  int version;
+  int nsettings;
+  char *names[RM_CTX_MAX_SETTINGS];
+  char *values[RM_CTX_MAX_SETTINGS];
+} rm_ctx_t;
+
+/* Format the context (malloc'd); 'names'/'values' has 'n' settings (values
+ * NULL are skipped).  NULL on allocation failure. */
+char *rm_ctx_format(bool delta, int n, const char *const *names, const char *const *values);
+/* Parse; RM_E_INVALID for an unknown serializer or version, a malformed
+ * pair, or more than RM_CTX_MAX_SETTINGS settings (every key other than
+ * serializer, version and delta is a setting).  Free with rm_ctx_clear. */
+int rm_ctx_parse(const char *s, rm_ctx_t *ctx);
+void rm_ctx_clear(rm_ctx_t *ctx);
+
+#endif /* RM_IMAGE_H */
