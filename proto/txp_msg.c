@@ -294,6 +294,19 @@ static uint64_t get_be(const unsigned char *p, int n) {
   return v;
 }
 
+/* Range checks that belong to the protocol rather than to a handler. */
+static int check_values(const txp_msg_t *m) {
+  if ((m->present & TXP_FIELD_BIT(TXP_F_GLOBAL_STATUS)) && m->global_status != 0 &&
+      !txp_global_status_valid((int)m->global_status))
+    return TXP_EFIELD_TYPE;
+  if ((m->present & TXP_FIELD_BIT(TXP_F_BRANCH_STATUS)) && m->branch_status != 0 &&
+      !txp_branch_status_valid((int)m->branch_status))
+    return TXP_EFIELD_TYPE;
+  if ((m->present & TXP_FIELD_BIT(TXP_F_BRANCH_TYPE)) && m->branch_type >= TXP_BT__MAX)
+    return TXP_EFIELD_TYPE;
+  return 0;
+}
+
 static int check_for_encode(const txp_msg_t *m) {
   if (!txp_msg_type_valid(m->type)) return TXP_EUNKNOWN_TYPE;
   if (m->flags & ~TXP_FLAGS_KNOWN) return TXP_EBAD_FLAGS;
@@ -308,7 +321,7 @@ static int check_for_encode(const txp_msg_t *m) {
     if (n > fields[f].max_len) return TXP_EFIELD_TOO_LONG;
     if (!utf8_ok((const unsigned char *)s, n)) return TXP_EFIELD_TYPE;
   }
-  return 0;
+  return check_values(m); /* never send what the peer's decoder refuses */
 }
 
 int txp_encode(const txp_msg_t *m, txp_buf_t *out, uint32_t max_frame) {
@@ -455,19 +468,6 @@ static int take_field(txp_msg_t *out, int f, const msgpack_object *v, char **are
     return 0;
   }
   return TXP_EFIELD_TYPE;
-}
-
-/* Range checks that belong to the protocol rather than to a handler. */
-static int check_values(const txp_msg_t *m) {
-  if ((m->present & TXP_FIELD_BIT(TXP_F_GLOBAL_STATUS)) && m->global_status != 0 &&
-      !txp_global_status_valid((int)m->global_status))
-    return TXP_EFIELD_TYPE;
-  if ((m->present & TXP_FIELD_BIT(TXP_F_BRANCH_STATUS)) && m->branch_status != 0 &&
-      !txp_branch_status_valid((int)m->branch_status))
-    return TXP_EFIELD_TYPE;
-  if ((m->present & TXP_FIELD_BIT(TXP_F_BRANCH_TYPE)) && m->branch_type >= TXP_BT__MAX)
-    return TXP_EFIELD_TYPE;
-  return 0;
 }
 
 static int decode_body(const char *body, size_t len, const txp_limits_t *lim, txp_msg_t *out) {

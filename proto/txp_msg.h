@@ -245,9 +245,11 @@ int txp_buf_append_str(txp_buf_t *b, const char *s);
  * Append one frame for 'm' to 'out'.  Checks that every field the type
  * requires is present, that no field outside the type's set is present, that
  * strings are within their limits, valid UTF-8 and free of NUL, and that the
- * body fits 'max_frame' (0 = TXP_DEFAULT_MAX_FRAME).  On error nothing is
- * appended.  Returns 0, TXP_EFIELD_MISSING, TXP_EFIELD_TOO_LONG,
- * TXP_EFIELD_TYPE, TXP_EUNKNOWN_TYPE, TXP_EFRAME_TOO_BIG or TXP_ENOMEM.
+ * body fits 'max_frame' (0 = TXP_DEFAULT_MAX_FRAME), and that enum fields
+ * hold known values.  On error nothing is appended.  Returns 0,
+ * TXP_EFIELD_MISSING, TXP_EFIELD_TOO_LONG, TXP_EFIELD_TYPE (also for an
+ * out-of-range status or type), TXP_EUNKNOWN_TYPE, TXP_EBAD_FLAGS,
+ * TXP_EFRAME_TOO_BIG, TXP_EBUFFER_FULL or TXP_ENOMEM.
  */
 int txp_encode(const txp_msg_t *m, txp_buf_t *out, uint32_t max_frame);
 

@@ -222,8 +222,9 @@ static const transition_t branch_edges[] = {
   {TXP_BS_PHASE2_ROLLBACK_FAILED_RETRYABLE, TXP_BS_PHASE2_ROLLBACK_FAILED_UNRETRYABLE},
   {TXP_BS_PHASE2_COMMIT_FAILED_RETRYABLE, TXP_BS_STOP_RETRY},
   {TXP_BS_PHASE2_ROLLBACK_FAILED_RETRYABLE, TXP_BS_STOP_RETRY},
-  {TXP_BS_STOP_RETRY, TXP_BS_PHASE2_COMMIT_FAILED_RETRYABLE},
-  {TXP_BS_STOP_RETRY, TXP_BS_PHASE2_ROLLBACK_FAILED_RETRYABLE},
+  /* No edge leaves StopRetry: it does not remember its family, so resuming
+   * goes through the global transaction (operator re-drive), which sets the
+   * branch status anew. */
 };
 
 static bool edge_ok(const transition_t *edges, size_t n, int from, int to) {

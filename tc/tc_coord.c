@@ -44,6 +44,7 @@ typedef struct call {
   bool waiting;
   int races; /* conflicts with a key released meanwhile: retried at once */
   uint64_t started_ns;
+  uint64_t submitted_ns; /* the op's latest submission to the store */
   uint64_t lock_deadline_ns;
   char xid[TXP_MAX_XID_LEN + 1];
   /* The connection's identity when the request arrived: copied, since the
@@ -77,6 +78,7 @@ static void reply_code(call_t *c, int code, const char *msg) {
 
 /* Submit the call's op or answer BUSY/SHUTDOWN right away. */
 static void submit_or_reply(call_t *c) {
+  c->submitted_ns = uv_hrtime();
   int rc = tc_store_submit(c->node->store, &c->op);
   if (rc != 0)
     reply_code(c, rc, rc == TXP_EBUSY ? "coordinator store queue full: retry later"
@@ -448,11 +450,17 @@ static void on_register_done(tc_op_t *op, void *arg) {
     reply_register(c, TXP_ETIMED_OUT, "could not register branch: global transaction timed out");
     return;
   case TC_RES_HOLDER_ROLLBACKING:
+    tc__lockwait_release(node, c->xid); /* see TC_RES_CONFLICT */
     node->stats.register_conflicts++;
     snprintf(msg, sizeof(msg), "lock held by global transaction \"%s\", which is rolling back", op->holder);
     reply_register(c, TXP_ELOCK_HOLDER_ROLLBACKING, msg);
     return;
   case TC_RES_CONFLICT: {
+    /* The keys this registration took in its batch were given back: an
+     * item of the same batch that met one of them was told to wait for
+     * this xid, which may never release anything.  Wake it (a waiter this
+     * xid really blocks meets it again and re-queues in its place). */
+    tc__lockwait_release(node, c->xid);
     if (!op->holder[0] && ++c->races <= 5) {
       /* The key was released between the store's insert and its check:
        * there is no holder to wait for, so try again now. */
@@ -470,8 +478,14 @@ static void on_register_done(tc_op_t *op, void *arg) {
         c->waiter.first_queued_ns = now;
         node->stats.lock_waits++;
       }
-      if (tc_lockwait_add(node->lockwait, &c->waiter) == 0) {
+      c->waiter.met_ns = c->submitted_ns;
+      int rc = tc_lockwait_add(node->lockwait, &c->waiter);
+      if (rc == 0) {
         c->waiting = true;
+        return;
+      }
+      if (rc == TXP_EAGAIN) {
+        submit_or_reply(c); /* released meanwhile: try again now */
         return;
       }
     }

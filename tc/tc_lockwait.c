@@ -24,6 +24,9 @@ struct tc_lockwait {
   size_t count, max;
   tc_waiter_t *all;
   lw_queue_t *buckets[NBUCKETS];
+  /* uv_hrtime of the last release of any holder hashed to each bucket: a
+   * waiter that met its holder before that may have missed the wake-up. */
+  uint64_t released_ns[NBUCKETS];
   void (*done)(void *);
   void *done_arg;
 };
@@ -107,6 +110,7 @@ tc_lockwait_t *tc_lockwait_new(uv_loop_t *loop, size_t max_waiters) {
 }
 
 int tc_lockwait_add(tc_lockwait_t *lw, tc_waiter_t *w) {
+  if (lw->released_ns[hash(w->holder)] >= w->met_ns) return TXP_EAGAIN;
   if (lw->count >= lw->max) return TXP_EBUSY;
   lw_queue_t *q = find_queue(lw, w->holder, true);
   if (!q) return TXP_ENOMEM;
@@ -133,6 +137,7 @@ int tc_lockwait_add(tc_lockwait_t *lw, tc_waiter_t *w) {
 }
 
 int tc_lockwait_release(tc_lockwait_t *lw, const char *holder) {
+  lw->released_ns[hash(holder)] = uv_hrtime();
   lw_queue_t *q = find_queue(lw, holder, false);
   if (!q) return 0;
   /* Detach the whole queue first: callbacks may queue again (under another

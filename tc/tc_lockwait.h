@@ -37,6 +37,7 @@ typedef void (*tc_waiter_cb)(tc_waiter_t *w, int reason);
 struct tc_waiter {
   char holder[TXP_MAX_XID_LEN + 1];
   uint64_t first_queued_ns; /* set on the first wait, kept across re-queues */
+  uint64_t met_ns;          /* when the op that met the holder was submitted */
   uint64_t deadline_ns;
   tc_waiter_cb cb;
   void *data;
@@ -51,8 +52,11 @@ tc_lockwait_t *tc_lockwait_new(uv_loop_t *loop, size_t max_waiters);
  * timer handle is closed and the memory freed. */
 void tc_lockwait_close(tc_lockwait_t *lw, void (*done)(void *), void *arg);
 
-/* Queue 'w' (holder, deadline, cb set by the caller).  Returns 0 or
- * TXP_EBUSY when the bound is reached. */
+/* Queue 'w' (holder, deadline, met_ns, cb set by the caller).  Returns 0,
+ * TXP_EBUSY when the bound is reached, or TXP_EAGAIN when the holder may
+ * have been released since 'met_ns' (its release can run before the
+ * conflict is reported back, e.g. a commit in the same store batch): the
+ * caller retries at once instead of waiting for a wake-up already past. */
 int tc_lockwait_add(tc_lockwait_t *lw, tc_waiter_t *w);
 /* Wake every waiter of 'holder' (callbacks run before this returns). */
 int tc_lockwait_release(tc_lockwait_t *lw, const char *holder);

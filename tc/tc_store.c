@@ -318,10 +318,13 @@ static int build_decide(tc_store_t *st, batch_t *b, tc_pg_job_t *job) {
   int rc = add_stmt(job, "SELECT item, result, status FROM tc_decide_batch($1::text[], $2::text[], $3::int)",
                     a, 2, extra, 1);
   if (rc == 0 && xids_copy) {
+    /* COLLATE "C": take_decide merges these rows with the ops sorted by
+     * strcmp(), which the database's default collation need not agree with. */
     const char *v[] = {xids_copy};
     rc = tc_pg_job_add(job,
                        "SELECT xid, branch_id, branch_type, status, resource_id, client_id "
-                       "FROM branch_table WHERE xid = ANY($1::text[]) ORDER BY xid, branch_id",
+                       "FROM branch_table WHERE xid = ANY($1::text[]) "
+                       "ORDER BY xid COLLATE \"C\", branch_id",
                        1, v);
   } else if (!xids_copy) {
     rc = -1;

@@ -91,21 +91,27 @@ RM_API const char *rm_strerror(int code);
 /* Name of a global status ("Committed", ...). */
 RM_API const char *rm_global_status_name(int status);
 
-typedef enum { RM_LOG_ERROR = 0, RM_LOG_WARN = 1, RM_LOG_INFO = 2, RM_LOG_DEBUG = 3 } rm_log_level_t;
+/* Levels start at 1 so that a zero-initialized rm_config_t means the
+ * default (RM_LOG_WARN).  Lower is more severe. */
+typedef enum { RM_LOG_ERROR = 1, RM_LOG_WARN = 2, RM_LOG_INFO = 3, RM_LOG_DEBUG = 4 } rm_log_level_t;
+/* One log line (no newline).  Called from the library's threads, one call
+ * at a time; 'msg' is valid during the call.  Must not call back into the
+ * library's blocking functions. */
 typedef void (*rm_log_cb)(int level, const char *msg, void *arg);
 
+/* Strings are copied by rm_client_new(); numbers: 0 means the default. */
 typedef struct rm_config {
-  const char *nodes;           /* "host:port,host:port,...", required */
+  const char *nodes;           /* "host:port,host:port,...", required ([v6]:port too) */
   const char *token;           /* registration secret, required */
   const char *application_id;  /* required */
   const char *client_id;       /* default: application_id-pid-random */
-  unsigned connect_timeout_ms; /* default 3000 */
+  unsigned connect_timeout_ms; /* connect + register, default 3000 */
   unsigned request_timeout_ms; /* default deadline of a call, default 5000 */
-  unsigned heartbeat_ms;       /* default 5000 */
+  unsigned heartbeat_ms;       /* default 5000; silent for 2 of these = dead */
   unsigned lock_wait_ms;       /* default wait for a busy global lock, default 2000 */
-  rm_log_cb log_cb;            /* may be NULL */
+  rm_log_cb log_cb;            /* may be NULL: no logging */
   void *log_arg;
-  int log_level;               /* rm_log_level_t, default RM_LOG_WARN */
+  int log_level;               /* rm_log_level_t, 0 = RM_LOG_WARN */
 } rm_config_t;
 
 typedef struct rm_client rm_client_t;
@@ -115,8 +121,10 @@ typedef struct rm_client rm_client_t;
  * deadline.  Returns 0 or RM_E_INVALID / RM_E_NOMEM. */
 RM_API int rm_client_new(const rm_config_t *cfg, rm_client_t **out);
 /* Stop the thread and close everything.  Calls still waiting fail with
- * RM_E_CONN_LOST (or RM_E_UNKNOWN_OUTCOME if sent).  rm_client_free(NULL)
- * does nothing. */
+ * RM_E_CONN_LOST (or RM_E_UNKNOWN_OUTCOME if sent), callbacks of pending
+ * *_async calls run before it returns.  Must not be called from a library
+ * callback (it would join its own thread: it logs an error and does
+ * nothing).  rm_client_free(NULL) does nothing. */
 RM_API void rm_client_free(rm_client_t *c);
 
 /* Number of coordinator nodes currently connected and registered. */
@@ -133,13 +141,20 @@ RM_API int rm_tm_begin(rm_client_t *c, unsigned timeout_ms, const char *name, ch
  * RM_E_GLOBAL_NOT_ACTIVE with *status telling which. */
 RM_API int rm_tm_commit(rm_client_t *c, const char *xid, int *status);
 RM_API int rm_tm_rollback(rm_client_t *c, const char *xid, int *status);
+/* The coordinator's status of 'xid' (also after it finished), passed
+ * through: any txp global status, e.g. RM_GS_BEGIN or RM_GS_COMMITTED. */
 RM_API int rm_tm_status(rm_client_t *c, const char *xid, int *status);
 
-/* Callback forms: 'xid' is set for begin, 'status' for the others. */
+/* Callback forms: 'xid' is the new xid for begin (NULL on failure) and the
+ * request's xid for the others, valid during the callback; 'status' is set
+ * for commit/rollback/status when the coordinator said it (else 0).  The
+ * callback runs on the library's thread and must not block, nor call the
+ * blocking functions (they return RM_E_INVALID there). */
 typedef void (*rm_tm_cb)(int code, const char *xid, int status, void *arg);
 RM_API int rm_tm_begin_async(rm_client_t *c, unsigned timeout_ms, const char *name, rm_tm_cb cb, void *arg);
 RM_API int rm_tm_commit_async(rm_client_t *c, const char *xid, rm_tm_cb cb, void *arg);
 RM_API int rm_tm_rollback_async(rm_client_t *c, const char *xid, rm_tm_cb cb, void *arg);
+RM_API int rm_tm_status_async(rm_client_t *c, const char *xid, rm_tm_cb cb, void *arg);
 
 /* ------------------------------------------------------- RM: AT mode --- */
 
@@ -150,7 +165,10 @@ typedef struct pg_conn PGconn; /* libpq's, as the caller passes it */
  * PostgreSQL database), reachable for phase-two work through 'conninfo'
  * (the library opens its own connections there; the database must have
  * sql/rm's undo_log table).  Re-registers with every node.  Call once per
- * resource, before its branches.
+ * resource, before its branches; adding the same id with the same conninfo
+ * again is a no-op.  RM_E_INVALID: NULL or empty arguments, an id longer
+ * than 256 bytes or holding ',', '^' or control bytes, a malformed
+ * conninfo, or the id already added with another conninfo.
  */
 RM_API int rm_resource_add(rm_client_t *c, const char *resource_id, const char *conninfo);
 
@@ -159,7 +177,27 @@ typedef struct rm_branch rm_branch_t;
 /*
  * Start an AT branch of global transaction 'xid' inside the caller's local
  * transaction on 'pg' (the caller has run BEGIN).  The branch records the
- * before/after images of each statement run through it.
+ * before/after images of each statement run through it.  A branch, like
+ * its PGconn, is used by one thread at a time.  RM_E_INVALID (NULL, xid
+ * empty or over 128 bytes, resource not added), RM_E_STATE ('pg' not idle
+ * in a transaction block), RM_E_NOT_SUPPORTED (client_encoding not UTF8).
+ *
+ * Statements: 'table' is "name" (found through the search path of 'pg')
+ * or "schema.name", unquoted.  Each rm_at_insert/update/delete/update_delta
+ * runs inside a savepoint of its own: when it fails, its changes are rolled
+ * back and the caller's transaction is left exactly as before the call,
+ * still usable (earlier statements of the branch stand).  Codes:
+ * RM_E_INVALID (bad argument; unknown column; a value the column type
+ * refuses; a primary key too long for a lock key; images of the branch over
+ * 8 MiB or over 1000 statements), RM_E_NO_TABLE, RM_E_NO_PK,
+ * RM_E_NOT_ONE_ROW (no row has that key), RM_E_NOT_SUPPORTED (updating a
+ * key column, a delta on a non-numeric column), RM_E_GUARD, RM_E_STATE
+ * (after prepare, or the transaction already failed), RM_E_DB (any other
+ * database error: rm_at_errmsg has PostgreSQL's message).  The images are
+ * text as the session prints it: do not change TimeZone, DateStyle,
+ * IntervalStyle, extra_float_digits, bytea_output or lc_monetary during a
+ * branch (the rollback re-applies the values they had at its first
+ * statement).
  */
 RM_API int rm_at_open(rm_client_t *c, const char *xid, const char *resource_id, PGconn *pg,
                       rm_branch_t **out);
@@ -187,11 +225,18 @@ RM_API int rm_at_update_delta(rm_branch_t *b, const char *table, const char *con
  * Before the caller's COMMIT: register the branch with the TC (waiting up
  * to the lock-wait timeout for busy global locks) and write the undo_log
  * row in the caller's transaction.  On error the caller must ROLLBACK.
- * '*branch_id' (may be NULL) receives the branch id.
+ * '*branch_id' (may be NULL) receives the branch id.  Errors: the TC's
+ * codes from registration (the transaction is untouched), RM_E_STATE (no
+ * statement yet, or prepared already), RM_E_GLOBAL_NOT_ACTIVE (the global
+ * transaction already rolled this branch back: the fence), RM_E_DB.  When
+ * the undo row cannot be written, the caller's transaction is left failed
+ * on purpose, so that a COMMIT cannot make the change durable.
  */
 RM_API int rm_at_prepare(rm_branch_t *b, int64_t *branch_id);
 /* After the caller's COMMIT (committed=true) or ROLLBACK: report a failed
- * local commit to the TC, and free the branch.  Always frees 'b'. */
+ * local commit to the TC, and free the branch.  Always frees 'b'.
+ * RM_E_STATE if statements were committed without rm_at_prepare (they are
+ * not part of the global transaction); RM_E_INVALID for NULL. */
 RM_API int rm_at_close(rm_branch_t *b, bool committed);
 /* The last database or TC error message of 'b' ("" if none). */
 RM_API const char *rm_at_errmsg(const rm_branch_t *b);

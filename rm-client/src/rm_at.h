@@ -36,6 +36,7 @@
 #define RM_AT_MAX_ITEMS 1000                  /* statements per branch */
 #define RM_AT_MAX_UNDO_BYTES (8u * 1024 * 1024) /* images per branch, roughly */
 #define RM_AT_MAX_NAME 63                     /* PostgreSQL's NAMEDATALEN - 1 */
+#define RM_AT_POOL_MAX 64                     /* phase-two connections per resource */
 
 /* Knobs of the phase-two side; zero fields of rm__at_tune keep the value. */
 typedef struct rm_at_tuning {
@@ -72,7 +73,6 @@ typedef struct rm_table {
   rm_col_t *cols;   /* in attnum order */
   int npk;
   int *pk;          /* indexes into cols, in key order */
-  bool text_sensitive; /* has float or bytea columns: more settings matter */
 } rm_table_t;
 
 /* The undo rows of one committed branch, waiting to be deleted. */
@@ -95,7 +95,7 @@ struct rm_at_resource {
 
   pthread_mutex_t pool_mu;
   pthread_cond_t pool_cv;
-  PGconn **idle;
+  PGconn *idle[RM_AT_POOL_MAX];
   int nidle;
   int total;    /* connections open or being opened */
 

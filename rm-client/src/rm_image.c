@@ -348,7 +348,11 @@ int rm_lockkeys_add(txp_buf_t *b, const char *resource, const char *table,
   if (len < 0) return RM_E_INVALID;
   size_t row_key = strlen(resource) + 2 * (sizeof(TXP_ROW_KEY_SEP) - 1) + strlen(table) + (size_t)len;
   if (row_key > TXP_MAX_ROW_KEY_LEN) return RM_E_INVALID;
+  size_t old = b->len;
   int rc = txp_lockkeys_append(b, table, pk);
+  /* txp_lockkeys_append restores the length on failure but not the NUL
+   * after it (its partial appends moved it): put it back. */
+  if (rc != 0 && b->data && b->alloc > old) b->data[old] = '\0';
   if (rc == TXP_ENOMEM) return RM_E_NOMEM;
   return rc == 0 ? 0 : RM_E_INVALID;
 }

@@ -293,10 +293,13 @@ BEGIN
    WHERE u.x = ANY (v_present) AND u.b <> 0
      AND NOT EXISTS (SELECT 1 FROM branch_table b WHERE b.branch_id = u.b AND b.xid = u.x);
 
+  -- A phase-one report (2, 3) is recorded only while the branch is still in
+  -- phase one: a late or repeated one never overwrites a phase-two outcome.
   UPDATE branch_table b
      SET status = u.s, last_error = u.e, gmt_modified = clock_timestamp()
     FROM unnest(p_xid, p_branch, p_status, p_error) AS u(x, br, s, e)
-   WHERE b.xid = u.x AND (b.branch_id = u.br OR u.br = 0);
+   WHERE b.xid = u.x AND (b.branch_id = u.br OR u.br = 0)
+     AND (u.s NOT IN (2, 3) OR b.status IN (1, 2, 3));
 
   SELECT coalesce(array_agg(s.x), '{}'), coalesce(array_agg(s.fam), '{}'),
          coalesce(array_agg(s.unr), '{}'), coalesce(array_agg(s.ret), '{}'),

@@ -35,6 +35,7 @@ static void on_wake(tc_waiter_t *w, int reason) {
   if (it->requeue_under && reason == 0) {
     snprintf(it->w.holder, sizeof(it->w.holder), "%s", it->requeue_under);
     it->requeue_under = NULL;
+    it->w.met_ns = uv_hrtime() + 1; /* a conflict met after the release */
     assert_int_equal(tc_lockwait_add(it->lw, &it->w), 0);
   }
 }
@@ -47,6 +48,7 @@ static void init_item(item_t *it, int id, const char *holder, uint64_t queued, u
   it->lw = lw;
   snprintf(it->w.holder, sizeof(it->w.holder), "%s", holder);
   it->w.first_queued_ns = queued;
+  it->w.met_ns = uv_hrtime();
   it->w.deadline_ns = uv_hrtime() + deadline_ms * 1000000u;
   it->w.cb = on_wake;
   it->w.data = it;

@@ -1,0 +1,957 @@
+/*
+ * rm_undo.c - phase two of AT branches, on the library's own connections:
+ * BranchCommit (delete the undo row, batched) and BranchRollback (checked
+ * replay of the undo row), the undo clean-up thread and the retention
+ * sweep.
+ *
+ * NOTES
+ *   Threads.  rm__at_phase2 runs on the core's worker threads and blocks on
+ *   PostgreSQL through a small per-resource pool (rm_at.h).  One deleter
+ *   thread per client deletes the undo rows of committed branches in
+ *   batches and runs the sweep.
+ *
+ *   Commit.  The TC's decision is durable before it sends BranchCommit, so
+ *   the branch is answered PhaseTwoCommitted at once and its (xid,
+ *   branch_id) queued.  The deleter drains the queues every flush_ms, or as
+ *   soon as one holds delete_batch keys, with one DELETE per batch.  A full
+ *   queue (queue_max) makes the commit delete its row inline.  Rows whose
+ *   delete is lost (a crash, the database down) are left to the sweep.
+ *
+ *   Rollback, in ONE local transaction on a pooled connection:
+ *     1. SELECT the undo row FOR UPDATE.  Absent: INSERT the guard row
+ *        (log_status 1, no rollback_info) ON CONFLICT DO NOTHING; once
+ *        committed, a late local commit of this branch fails on
+ *        UNIQUE (xid, branch_id) (the anti-suspension fence) and the answer
+ *        is PhaseTwoRollbacked.  If the INSERT meets a conflict, the branch's
+ *        own local transaction committed meanwhile (the INSERT waited for
+ *        it): read the row again and go on.  A guard row already there
+ *        means this branch is done: PhaseTwoRollbacked, nothing touched.
+ *     2. Re-apply the session settings recorded in the undo context (SET
+ *        LOCAL), so that current rows print as the images did.
+ *     3. Replay the items backwards.  Each locks its row FOR UPDATE and
+ *        compares it with the images:
+ *          update: current == after  -> UPDATE back to before
+ *                  current == before -> nothing (already undone)
+ *          delete: absent            -> re-INSERT before
+ *                  current == before -> nothing
+ *          insert: current == after  -> DELETE
+ *                  absent            -> nothing
+ *          delta:  UPDATE col = col - delta (commutes; no image)
+ *        anything else is a dirty write: the local transaction is rolled
+ *        back (nothing overwritten) and the answer is
+ *        PhaseTwoRollbackFailedUnretryable with RM_E_DIRTY_WRITE and a
+ *        message naming table, key and columns.
+ *     4. DELETE the undo row and COMMIT.  A replayed BranchRollback then
+ *        finds no row and writes a guard (step 1): it touches no business
+ *        row, so duplicates are harmless, and the guard costs one small row
+ *        only when a duplicate actually arrives.
+ *   A database error anywhere rolls the local transaction back and answers
+ *   PhaseTwoRollbackFailedRetryable (RM_E_DB): the TC retries later, and
+ *   since nothing was committed the retry starts from scratch.
+ *
+ *   The sweep (every sweep_interval_s) deletes undo rows older than
+ *   retention_s, guards and normal rows alike, and logs the normal ones: a
+ *   normal row that old belongs to a branch whose phase two never reached
+ *   this database (lost delete after a commit, or a global transaction
+ *   nobody finished); after the sweep a late rollback of it would find no
+ *   row and roll back nothing.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "rm_at.h"
+#include "txp_errno.h"
+#include "txp_status.h"
+
+#define INT8OID 20
+#define SWEEP_MAX_BATCHES 100
+#define SWEEP_LOG_ROWS 10
+
+/* ---------------------------------------------------------------- time */
+
+static int64_t now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static struct timespec abs_ms(int64_t at) {
+  struct timespec ts = {.tv_sec = at / 1000, .tv_nsec = (long)(at % 1000) * 1000000L};
+  return ts;
+}
+
+static rm_at_tuning_t tuning(rm_at_state_t *st) {
+  pthread_mutex_lock(&st->mu);
+  rm_at_tuning_t t = st->tune;
+  pthread_mutex_unlock(&st->mu);
+  return t;
+}
+
+/* ---------------------------------------------------------------- pool */
+
+static PGconn *conn_open(rm_at_resource_t *r, const rm_at_tuning_t *t, char *err, size_t errlen) {
+  char ct[16], set[128];
+  snprintf(ct, sizeof(ct), "%u", t->connect_timeout_s);
+  /* connect_timeout and application_name come first so that the conninfo
+   * may override them; client_encoding comes last: images are UTF-8. */
+  const char *kw[] = {"connect_timeout", "application_name", "dbname", "client_encoding", NULL};
+  const char *vals[] = {ct, "librmclient", r->conninfo, "UTF8", NULL};
+  PGconn *pg = PQconnectdbParams(kw, vals, 1);
+  if (!pg) {
+    snprintf(err, errlen, "could not connect to resource \"%s\": out of memory", r->id);
+    return NULL;
+  }
+  if (PQstatus(pg) != CONNECTION_OK) {
+    char what[300];
+    snprintf(what, sizeof(what), "could not connect to resource \"%s\"", r->id);
+    rm__pg_error(err, errlen, what, pg, NULL);
+    PQfinish(pg);
+    return NULL;
+  }
+  snprintf(set, sizeof(set), "SET lock_timeout = %u; SET statement_timeout = %u", t->lock_timeout_ms,
+           t->statement_timeout_ms);
+  PGresult *res = PQexec(pg, set);
+  if (PQresultStatus(res) != PGRES_COMMAND_OK) {
+    rm__pg_error(err, errlen, "could not set up a phase-two session", pg, res);
+    PQclear(res);
+    PQfinish(pg);
+    return NULL;
+  }
+  PQclear(res);
+  return pg;
+}
+
+/* A connection of 'r''s pool, opened if none is idle and the pool is not
+ * full; otherwise waits up to statement_timeout_ms.  0 or RM_E_DB. */
+static int pool_get(rm_at_resource_t *r, PGconn **out, char *err, size_t errlen) {
+  rm_at_tuning_t t = tuning(r->st);
+  int max = t.pool_size < 1 ? 1 : t.pool_size > RM_AT_POOL_MAX ? RM_AT_POOL_MAX : (int)t.pool_size;
+  struct timespec deadline = abs_ms(now_ms() + t.statement_timeout_ms);
+  pthread_mutex_lock(&r->pool_mu);
+  for (;;) {
+    if (r->nidle > 0) {
+      PGconn *pg = r->idle[--r->nidle];
+      pthread_mutex_unlock(&r->pool_mu);
+      if (PQstatus(pg) == CONNECTION_OK) {
+        *out = pg;
+        return 0;
+      }
+      PQfinish(pg); /* broken while idle: open a new one */
+      pthread_mutex_lock(&r->pool_mu);
+      r->total--;
+      continue;
+    }
+    if (r->total < max) {
+      r->total++;
+      pthread_mutex_unlock(&r->pool_mu);
+      PGconn *pg = conn_open(r, &t, err, errlen);
+      if (pg) {
+        *out = pg;
+        return 0;
+      }
+      pthread_mutex_lock(&r->pool_mu);
+      r->total--;
+      pthread_cond_signal(&r->pool_cv);
+      pthread_mutex_unlock(&r->pool_mu);
+      return RM_E_DB;
+    }
+    if (pthread_cond_timedwait(&r->pool_cv, &r->pool_mu, &deadline) == ETIMEDOUT) {
+      pthread_mutex_unlock(&r->pool_mu);
+      snprintf(err, errlen, "no free connection to resource \"%s\" (all %d busy)", r->id, max);
+      return RM_E_DB;
+    }
+  }
+}
+
+/* Return 'pg' to the pool; 'bad' (or a broken or unfinished session)
+ * closes it instead. */
+static void pool_put(rm_at_resource_t *r, PGconn *pg, bool bad) {
+  if (!pg) return;
+  if (!bad && (PQstatus(pg) != CONNECTION_OK || PQtransactionStatus(pg) != PQTRANS_IDLE)) bad = true;
+  pthread_mutex_lock(&r->pool_mu);
+  if (!bad && r->nidle < RM_AT_POOL_MAX) {
+    r->idle[r->nidle++] = pg;
+    pg = NULL;
+  } else {
+    r->total--;
+  }
+  pthread_cond_signal(&r->pool_cv);
+  pthread_mutex_unlock(&r->pool_mu);
+  if (pg) PQfinish(pg);
+}
+
+static void pool_close(rm_at_resource_t *r) {
+  pthread_mutex_lock(&r->pool_mu);
+  int n = r->nidle;
+  PGconn *idle[RM_AT_POOL_MAX];
+  memcpy(idle, r->idle, sizeof(PGconn *) * (size_t)n);
+  r->nidle = 0;
+  r->total -= n;
+  pthread_mutex_unlock(&r->pool_mu);
+  for (int i = 0; i < n; i++) PQfinish(idle[i]);
+}
+
+/* ------------------------------------------------------- commit: delete */
+
+/* DELETE the undo rows of 'n' committed branches in one statement. */
+static int delete_keys(rm_at_resource_t *r, const rm_undo_key_t *keys, size_t n, char *err, size_t errlen) {
+  json_t *arr = json_array();
+  for (size_t i = 0; arr && i < n; i++) {
+    json_t *o = json_pack("{s:s, s:I}", "xid", keys[i].xid, "branch_id", (json_int_t)keys[i].branch_id);
+    if (!o || json_array_append_new(arr, o) != 0) {
+      json_decref(arr);
+      arr = NULL;
+    }
+  }
+  char *text = arr ? json_dumps(arr, JSON_COMPACT) : NULL;
+  json_decref(arr);
+  if (!text) {
+    snprintf(err, errlen, "out of memory");
+    return RM_E_NOMEM;
+  }
+  PGconn *pg = NULL;
+  int rc = pool_get(r, &pg, err, errlen);
+  if (rc == 0) {
+    const char *params[1] = {text};
+    PGresult *res = PQexecParams(pg,
+                                 "DELETE FROM undo_log u"
+                                 " USING pg_catalog.jsonb_to_recordset($1::jsonb) AS k(xid text, branch_id int8)"
+                                 " WHERE u.xid = k.xid AND u.branch_id = k.branch_id AND u.log_status = 0",
+                                 1, NULL, params, NULL, NULL, 0);
+    if (PQresultStatus(res) != PGRES_COMMAND_OK) {
+      rm__pg_error(err, errlen, "could not delete undo rows", pg, res);
+      rc = RM_E_DB;
+    }
+    PQclear(res);
+    pool_put(r, pg, rc != 0);
+  }
+  free(text);
+  return rc;
+}
+
+static void keys_free(rm_undo_key_t *keys, size_t n) {
+  for (size_t i = 0; keys && i < n; i++) free(keys[i].xid);
+  free(keys);
+}
+
+/* Append to r's queue; st->mu held.  False when full or out of memory. */
+static bool queue_push(rm_at_resource_t *r, unsigned queue_max, char *xid, int64_t bid) {
+  if (r->qlen >= queue_max) return false;
+  if (r->qlen == r->qcap) {
+    size_t cap = r->qcap ? r->qcap * 2 : 64;
+    rm_undo_key_t *q = realloc(r->queue, cap * sizeof(*q));
+    if (!q) return false;
+    r->queue = q;
+    r->qcap = cap;
+  }
+  r->queue[r->qlen].xid = xid;
+  r->queue[r->qlen].branch_id = bid;
+  r->qlen++;
+  return true;
+}
+
+/* Delete everything queued for 'r', batch by batch.  A failed batch and
+ * the rest go back to the queue (as far as it has room: the sweep
+ * removes what is dropped). */
+static int flush_resource(rm_at_resource_t *r) {
+  rm_at_state_t *st = r->st;
+  pthread_mutex_lock(&st->mu);
+  rm_undo_key_t *keys = r->queue;
+  size_t n = r->qlen;
+  unsigned batch = st->tune.delete_batch ? st->tune.delete_batch : 1000;
+  r->queue = NULL;
+  r->qlen = r->qcap = 0;
+  pthread_mutex_unlock(&st->mu);
+  size_t done = 0;
+  int rc = 0;
+  char err[512] = "";
+  while (done < n) {
+    size_t k = n - done < batch ? n - done : batch;
+    if ((rc = delete_keys(r, keys + done, k, err, sizeof(err))) != 0) break;
+    done += k;
+  }
+  if (rc != 0) {
+    size_t dropped = 0;
+    pthread_mutex_lock(&st->mu);
+    for (size_t i = done; i < n; i++) {
+      if (queue_push(r, st->tune.queue_max, keys[i].xid, keys[i].branch_id)) keys[i].xid = NULL;
+      else dropped++;
+    }
+    pthread_mutex_unlock(&st->mu);
+    rm__log(st->c, RM_LOG_WARN,
+            "could not delete the undo rows of %zu committed branch(es) on \"%s\": %s; will retry%s",
+            n - done, r->id, err, dropped ? " (some dropped: the sweep will remove them)" : "");
+  }
+  keys_free(keys, n); /* requeued keys had their xid moved out (NULL) */
+  return rc;
+}
+
+/* Snapshot of the resource list (append-only, never freed before the
+ * state).  Caller frees the array. */
+static rm_at_resource_t **resources_snapshot(rm_at_state_t *st, int *n) {
+  pthread_mutex_lock(&st->mu);
+  rm_at_resource_t **v = calloc((size_t)st->nresources + 1, sizeof(*v));
+  *n = 0;
+  for (rm_at_resource_t *r = st->resources; v && r; r = r->next) v[(*n)++] = r;
+  pthread_mutex_unlock(&st->mu);
+  return v;
+}
+
+/* --------------------------------------------------------------- sweep */
+
+static int sweep_resource(rm_at_resource_t *r, long long *removed) {
+  rm_at_state_t *st = r->st;
+  rm_at_tuning_t t = tuning(st);
+  char age[32], lim[32], err[512];
+  snprintf(age, sizeof(age), "%u", t.retention_s);
+  snprintf(lim, sizeof(lim), "%u", t.delete_batch ? t.delete_batch : 1000);
+  const char *params[2] = {age, lim};
+  PGconn *pg = NULL;
+  int rc = pool_get(r, &pg, err, sizeof(err));
+  if (rc != 0) {
+    rm__log(st->c, RM_LOG_WARN, "could not sweep the undo log of \"%s\": %s", r->id, err);
+    return rc;
+  }
+  long long normal = 0, guards = 0;
+  for (int batch = 0; batch < SWEEP_MAX_BATCHES; batch++) {
+    PGresult *res = PQexecParams(
+      pg,
+      "WITH gone AS (DELETE FROM undo_log WHERE id IN ("
+      " SELECT id FROM undo_log"
+      " WHERE log_created < pg_catalog.clock_timestamp() - $1::int8 * interval '1 second'"
+      " ORDER BY log_created LIMIT $2::int8 FOR UPDATE SKIP LOCKED)"
+      " RETURNING xid, branch_id, log_status)"
+      " SELECT xid, branch_id, log_status FROM gone",
+      2, NULL, params, NULL, NULL, 0);
+    if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+      rm__pg_error(err, sizeof(err), "could not sweep the undo log", pg, res);
+      rm__log(st->c, RM_LOG_WARN, "%s of \"%s\"", err, r->id);
+      PQclear(res);
+      rc = RM_E_DB;
+      break;
+    }
+    int n = PQntuples(res);
+    for (int i = 0; i < n; i++) {
+      if (strcmp(PQgetvalue(res, i, 2), "0") != 0) {
+        guards++;
+        continue;
+      }
+      if (normal++ < SWEEP_LOG_ROWS)
+        rm__log(st->c, RM_LOG_WARN,
+                "swept the undo row of branch %s of \"%s\" on \"%s\": older than %u s, its phase "
+                "two never arrived",
+                PQgetvalue(res, i, 1), PQgetvalue(res, i, 0), r->id, t.retention_s);
+    }
+    PQclear(res);
+    if ((unsigned)n < (t.delete_batch ? t.delete_batch : 1000)) break;
+  }
+  pool_put(r, pg, rc != 0);
+  if (normal > SWEEP_LOG_ROWS)
+    rm__log(st->c, RM_LOG_WARN, "swept %lld undo rows of unfinished branches on \"%s\" in all", normal, r->id);
+  if (guards)
+    rm__log(st->c, RM_LOG_INFO, "swept %lld guard rows older than %u s on \"%s\"", guards, t.retention_s, r->id);
+  if (removed) *removed += normal + guards;
+  return rc;
+}
+
+/* -------------------------------------------------------------- deleter */
+
+static void *deleter_main(void *arg) {
+  rm_at_state_t *st = arg;
+  pthread_mutex_lock(&st->mu);
+  while (!st->stopping) {
+    if (!st->kick) {
+      struct timespec at = abs_ms(now_ms() + st->tune.flush_ms);
+      pthread_cond_timedwait(&st->cv, &st->mu, &at);
+    }
+    if (st->stopping) break;
+    st->kick = false;
+    bool sweep = now_ms() >= st->next_sweep_ms;
+    if (sweep) st->next_sweep_ms = now_ms() + (int64_t)st->tune.sweep_interval_s * 1000;
+    pthread_mutex_unlock(&st->mu);
+
+    int n = 0;
+    rm_at_resource_t **v = resources_snapshot(st, &n);
+    for (int i = 0; v && i < n; i++) {
+      flush_resource(v[i]);
+      if (sweep) sweep_resource(v[i], NULL);
+    }
+    free(v);
+    pthread_mutex_lock(&st->mu);
+  }
+  pthread_mutex_unlock(&st->mu);
+  return NULL;
+}
+
+int rm__undo_start(rm_at_state_t *s) {
+  /* First sweep soon after start: that is when a crash left rows behind. */
+  s->next_sweep_ms = now_ms() + 60 * 1000;
+  if (pthread_create(&s->deleter, NULL, deleter_main, s) != 0) return RM_E_NOMEM;
+  s->deleter_running = true;
+  return 0;
+}
+
+void rm__undo_stop(rm_at_state_t *s) {
+  pthread_mutex_lock(&s->mu);
+  s->stopping = true;
+  pthread_cond_broadcast(&s->cv);
+  pthread_mutex_unlock(&s->mu);
+  if (s->deleter_running) pthread_join(s->deleter, NULL);
+  s->deleter_running = false;
+  /* Last chance for the queued deletes; what fails is left to the sweep. */
+  int n = 0;
+  rm_at_resource_t **v = resources_snapshot(s, &n);
+  for (int i = 0; v && i < n; i++) {
+    flush_resource(v[i]);
+    pool_close(v[i]);
+  }
+  free(v);
+}
+
+void rm__undo_resource_free(rm_at_resource_t *r) {
+  keys_free(r->queue, r->qlen);
+  r->queue = NULL;
+  r->qlen = r->qcap = 0;
+  pool_close(r);
+}
+
+int rm__at_tune(rm_client_t *c, const rm_at_tuning_t *t) {
+  rm_at_state_t *st = rm__at_state_get(c);
+  if (!st) return RM_E_NOMEM;
+  if (!t) return RM_E_INVALID;
+  pthread_mutex_lock(&st->mu);
+#define TUNE(f) \
+  if (t->f) st->tune.f = t->f
+  TUNE(pool_size);
+  TUNE(queue_max);
+  TUNE(flush_ms);
+  TUNE(delete_batch);
+  TUNE(sweep_interval_s);
+  TUNE(retention_s);
+  TUNE(lock_timeout_ms);
+  TUNE(statement_timeout_ms);
+  TUNE(connect_timeout_s);
+#undef TUNE
+  if (t->sweep_interval_s) st->next_sweep_ms = now_ms() + (int64_t)t->sweep_interval_s * 1000;
+  pthread_cond_broadcast(&st->cv);
+  pthread_mutex_unlock(&st->mu);
+  return 0;
+}
+
+int rm__at_flush(rm_client_t *c) {
+  rm_at_state_t *st = rm__at_state_get(c);
+  if (!st) return RM_E_NOMEM;
+  int n = 0, rc = 0;
+  rm_at_resource_t **v = resources_snapshot(st, &n);
+  for (int i = 0; v && i < n; i++) {
+    int r = flush_resource(v[i]);
+    if (r != 0 && rc == 0) rc = r;
+  }
+  free(v);
+  return rc;
+}
+
+int rm__at_sweep(rm_client_t *c, long long *removed) {
+  rm_at_state_t *st = rm__at_state_get(c);
+  if (!st) return RM_E_NOMEM;
+  if (removed) *removed = 0;
+  int n = 0, rc = 0;
+  rm_at_resource_t **v = resources_snapshot(st, &n);
+  for (int i = 0; v && i < n; i++) {
+    int r = sweep_resource(v[i], removed);
+    if (r != 0 && rc == 0) rc = r;
+  }
+  free(v);
+  return rc;
+}
+
+/* -------------------------------------------------------------- rollback */
+
+typedef struct undo_ctx {
+  rm_at_resource_t *r;
+  PGconn *pg;
+  const rm_phase2_req_t *req;
+  char *err;
+  size_t errlen;
+  bool bad; /* the connection must not go back to the pool */
+} undo_ctx_t;
+
+/* Run a statement; NULL (message in u->err) unless it returns 'want'. */
+static PGresult *ux(undo_ctx_t *u, const char *what, const char *sql, int n, const char *const *params,
+                    const Oid *types, ExecStatusType want) {
+  PGresult *res = PQexecParams(u->pg, sql, n, types, params, NULL, NULL, 0);
+  if (PQresultStatus(res) == want) return res;
+  rm__pg_error(u->err, u->errlen, what, u->pg, res);
+  if (PQstatus(u->pg) != CONNECTION_OK) u->bad = true;
+  PQclear(res);
+  return NULL;
+}
+
+/* Append " WHERE "k1" = $first AND ..." for the columns of 'pk'. */
+static int where_pk(PGconn *pg, txp_buf_t *sql, const rm_row_t *pk, int first) {
+  int rc = 0;
+  for (int k = 0; !rc && k < pk->n; k++) {
+    char *q = PQescapeIdentifier(pg, pk->names[k], strlen(pk->names[k]));
+    char num[32];
+    snprintf(num, sizeof(num), " = $%d", first + k);
+    rc = q ? txp_buf_append_str(sql, k ? " AND " : " WHERE ") : RM_E_NOMEM;
+    if (!rc) rc = txp_buf_append_str(sql, q);
+    if (!rc) rc = txp_buf_append_str(sql, num);
+    PQfreemem(q);
+  }
+  return rc;
+}
+
+static int col_of(const rm_table_t *t, const char *name) {
+  for (int i = 0; i < t->ncols; i++)
+    if (strcmp(t->cols[i].name, name) == 0) return i;
+  return -1;
+}
+
+/* Outcome of one item. */
+enum { UNDO_OK = 0, UNDO_DIRTY = 1, UNDO_DB = 2, UNDO_FATAL = 3 };
+
+static int undo_delta(undo_ctx_t *u, const rm_table_t *t, const rm_item_t *it) {
+  int ci = col_of(t, it->col);
+  if (ci < 0) {
+    snprintf(u->err, u->errlen, "column \"%s\" of \"%s\".\"%s\" no longer exists: cannot undo a delta",
+             it->col, it->schema, it->table);
+    return UNDO_FATAL;
+  }
+  txp_buf_t sql;
+  txp_buf_init(&sql, 0);
+  int rc = txp_buf_append_str(&sql, "UPDATE ");
+  if (!rc) rc = txp_buf_append_str(&sql, t->qname);
+  if (!rc) rc = txp_buf_append_str(&sql, " SET ");
+  if (!rc) rc = txp_buf_append_str(&sql, t->cols[ci].qname);
+  if (!rc) rc = txp_buf_append_str(&sql, " = ");
+  if (!rc) rc = txp_buf_append_str(&sql, t->cols[ci].qname);
+  if (!rc) rc = txp_buf_append_str(&sql, " - $1");
+  if (!rc) rc = where_pk(u->pg, &sql, it->pk, 2);
+  if (!rc) rc = txp_buf_append_str(&sql, " RETURNING 1");
+  const char **params = calloc((size_t)it->pk->n + 1, sizeof(char *));
+  Oid *types = calloc((size_t)it->pk->n + 1, sizeof(Oid));
+  if (rc || !params || !types) {
+    txp_buf_free(&sql);
+    free(params);
+    free(types);
+    snprintf(u->err, u->errlen, "out of memory");
+    return UNDO_DB;
+  }
+  char d[32];
+  snprintf(d, sizeof(d), "%lld", it->delta);
+  params[0] = d;
+  types[0] = INT8OID;
+  for (int k = 0; k < it->pk->n; k++) params[k + 1] = it->pk->vals[k];
+  PGresult *res = ux(u, "could not undo a delta", sql.data, it->pk->n + 1, params, types, PGRES_TUPLES_OK);
+  txp_buf_free(&sql);
+  free(params);
+  free(types);
+  if (!res) return UNDO_DB;
+  int n = PQntuples(res);
+  PQclear(res);
+  if (n == 0) {
+    rm_dirty_message(u->err, u->errlen, it, "after", NULL, NULL, NULL, 0);
+    return UNDO_DIRTY;
+  }
+  return UNDO_OK;
+}
+
+/* SELECT * ... FOR UPDATE: the current row, or *cur = NULL if absent. */
+static int lock_current(undo_ctx_t *u, const rm_table_t *t, const rm_item_t *it, rm_row_t **cur) {
+  *cur = NULL;
+  txp_buf_t sql;
+  txp_buf_init(&sql, 0);
+  int rc = txp_buf_append_str(&sql, "SELECT * FROM ");
+  if (!rc) rc = txp_buf_append_str(&sql, t->qname);
+  if (!rc) rc = where_pk(u->pg, &sql, it->pk, 1);
+  if (!rc) rc = txp_buf_append_str(&sql, " FOR UPDATE");
+  if (rc) {
+    txp_buf_free(&sql);
+    snprintf(u->err, u->errlen, "out of memory");
+    return UNDO_DB;
+  }
+  PGresult *res = ux(u, "could not lock the row to undo", sql.data, it->pk->n,
+                     (const char *const *)it->pk->vals, NULL, PGRES_TUPLES_OK);
+  txp_buf_free(&sql);
+  if (!res) return UNDO_DB;
+  int n = PQntuples(res);
+  if (n > 1) {
+    PQclear(res);
+    snprintf(u->err, u->errlen, "the key of \"%s\".\"%s\" matches %d rows", it->schema, it->table, n);
+    return UNDO_FATAL;
+  }
+  if (n == 1 && !(*cur = rm__row_from_result(res, 0))) {
+    PQclear(res);
+    snprintf(u->err, u->errlen, "out of memory");
+    return UNDO_DB;
+  }
+  PQclear(res);
+  return UNDO_OK;
+}
+
+/* Run a write built in 'sql' with 'params'; expects one row touched. */
+static int undo_write(undo_ctx_t *u, const char *what, txp_buf_t *sql, int n, const char *const *params) {
+  PGresult *res = ux(u, what, sql->data, n, params, NULL, PGRES_COMMAND_OK);
+  if (!res) return UNDO_DB;
+  char tuples[32];
+  snprintf(tuples, sizeof(tuples), "%s", PQcmdTuples(res));
+  PQclear(res);
+  if (strcmp(tuples, "1") != 0) {
+    snprintf(u->err, u->errlen, "%s: the statement touched %s rows, not one", what, tuples);
+    return UNDO_DB;
+  }
+  return UNDO_OK;
+}
+
+/* UPDATE t SET (changed columns) = before WHERE pk. */
+static int restore_update(undo_ctx_t *u, const rm_table_t *t, const rm_item_t *it) {
+  txp_buf_t sql;
+  txp_buf_init(&sql, 0);
+  int n = 0, rc = txp_buf_append_str(&sql, "UPDATE ");
+  const char **params = calloc((size_t)it->before->n + (size_t)it->pk->n, sizeof(char *));
+  if (!rc) rc = params ? txp_buf_append_str(&sql, t->qname) : RM_E_NOMEM;
+  for (int i = 0; !rc && i < it->before->n; i++) {
+    const char *name = it->before->names[i];
+    int ai = rm_row_find(it->after, name), ci = col_of(t, name);
+    if (ci < 0 || t->cols[ci].generated || rm_row_find(it->pk, name) >= 0) continue;
+    if (ai >= 0 && rm_val_eq(it->after->vals[ai], it->before->vals[i])) continue;
+    char num[32];
+    snprintf(num, sizeof(num), " = $%d", n + 1);
+    rc = txp_buf_append_str(&sql, n ? ", " : " SET ");
+    if (!rc) rc = txp_buf_append_str(&sql, t->cols[ci].qname);
+    if (!rc) rc = txp_buf_append_str(&sql, num);
+    params[n++] = it->before->vals[i];
+  }
+  if (!rc && n == 0) { /* nothing changed: nothing to restore */
+    txp_buf_free(&sql);
+    free(params);
+    return UNDO_OK;
+  }
+  if (!rc) rc = where_pk(u->pg, &sql, it->pk, n + 1);
+  for (int k = 0; !rc && k < it->pk->n; k++) params[n + k] = it->pk->vals[k];
+  if (rc) {
+    txp_buf_free(&sql);
+    free(params);
+    snprintf(u->err, u->errlen, "out of memory");
+    return UNDO_DB;
+  }
+  rc = undo_write(u, "could not restore the before image", &sql, n + it->pk->n, params);
+  txp_buf_free(&sql);
+  free(params);
+  return rc;
+}
+
+/* INSERT the before image of a deleted row (generated columns excluded). */
+static int restore_delete(undo_ctx_t *u, const rm_table_t *t, const rm_item_t *it) {
+  txp_buf_t sql, vals;
+  txp_buf_init(&sql, 0);
+  txp_buf_init(&vals, 0);
+  const char **params = calloc((size_t)it->before->n + 1, sizeof(char *));
+  int n = 0, rc = params ? txp_buf_append_str(&sql, "INSERT INTO ") : RM_E_NOMEM;
+  bool overriding = false;
+  if (!rc) rc = txp_buf_append_str(&sql, t->qname);
+  for (int i = 0; !rc && i < it->before->n; i++) {
+    int ci = col_of(t, it->before->names[i]);
+    if (ci < 0 || t->cols[ci].generated) continue;
+    if (t->cols[ci].identity == 'a') overriding = true;
+    char num[32];
+    snprintf(num, sizeof(num), "%s$%d", n ? ", " : "", n + 1);
+    rc = txp_buf_append_str(&sql, n ? ", " : " (");
+    if (!rc) rc = txp_buf_append_str(&sql, t->cols[ci].qname);
+    if (!rc) rc = txp_buf_append_str(&vals, num);
+    params[n++] = it->before->vals[i];
+  }
+  if (!rc) rc = txp_buf_append_str(&sql, n ? ")" : " DEFAULT VALUES");
+  if (!rc && overriding) rc = txp_buf_append_str(&sql, " OVERRIDING SYSTEM VALUE");
+  if (!rc && n) {
+    rc = txp_buf_append_str(&sql, " VALUES (");
+    if (!rc) rc = txp_buf_append(&sql, vals.data, vals.len);
+    if (!rc) rc = txp_buf_append_str(&sql, ")");
+  }
+  if (rc) {
+    snprintf(u->err, u->errlen, "out of memory");
+    rc = UNDO_DB;
+  } else {
+    rc = undo_write(u, "could not re-insert the deleted row", &sql, n, params);
+  }
+  txp_buf_free(&sql);
+  txp_buf_free(&vals);
+  free(params);
+  return rc;
+}
+
+static int undo_insert_delete_row(undo_ctx_t *u, const rm_table_t *t, const rm_item_t *it) {
+  txp_buf_t sql;
+  txp_buf_init(&sql, 0);
+  int rc = txp_buf_append_str(&sql, "DELETE FROM ");
+  if (!rc) rc = txp_buf_append_str(&sql, t->qname);
+  if (!rc) rc = where_pk(u->pg, &sql, it->pk, 1);
+  if (rc) {
+    txp_buf_free(&sql);
+    snprintf(u->err, u->errlen, "out of memory");
+    return UNDO_DB;
+  }
+  rc = undo_write(u, "could not delete the inserted row", &sql, it->pk->n, (const char *const *)it->pk->vals);
+  txp_buf_free(&sql);
+  return rc;
+}
+
+/* Dirty: describe how 'cur' differs from 'expect'. */
+static int dirty(undo_ctx_t *u, const rm_item_t *it, const char *expect_name, const rm_row_t *expect,
+                 const rm_row_t *cur) {
+  int diff[64];
+  int nd = expect && cur ? rm_row_diff(expect, cur, diff, 64) : 0;
+  rm_dirty_message(u->err, u->errlen, it, expect_name, expect, cur, diff, nd < 64 ? nd : 64);
+  return UNDO_DIRTY;
+}
+
+static int undo_item(undo_ctx_t *u, const rm_item_t *it) {
+  const rm_table_t *t = NULL;
+  int rc = rm__table_get(u->r, u->pg, it->schema, it->table, &t, u->err, u->errlen);
+  if (rc == RM_E_DB || rc == RM_E_NOMEM) {
+    if (PQstatus(u->pg) != CONNECTION_OK) u->bad = true;
+    return UNDO_DB;
+  }
+  if (rc != 0) return UNDO_FATAL; /* table gone, or no longer has a key */
+  if (it->op == RM_OP_DELTA) return undo_delta(u, t, it);
+
+  rm_row_t *cur = NULL;
+  if ((rc = lock_current(u, t, it, &cur)) != UNDO_OK) return rc;
+  switch (it->op) {
+  case RM_OP_INSERT:
+    if (!cur) rc = UNDO_OK; /* already gone */
+    else if (rm_row_diff(it->after, cur, NULL, 0) == 0) rc = undo_insert_delete_row(u, t, it);
+    else rc = dirty(u, it, "after", it->after, cur);
+    break;
+  case RM_OP_UPDATE:
+    if (!cur) rc = dirty(u, it, "after", it->after, NULL);
+    else if (rm_row_diff(it->after, cur, NULL, 0) == 0) rc = restore_update(u, t, it);
+    else if (rm_row_diff(it->before, cur, NULL, 0) == 0) rc = UNDO_OK; /* already undone */
+    else rc = dirty(u, it, "after", it->after, cur);
+    break;
+  case RM_OP_DELETE:
+    if (!cur) rc = restore_delete(u, t, it);
+    else if (rm_row_diff(it->before, cur, NULL, 0) == 0) rc = UNDO_OK; /* already restored */
+    else rc = dirty(u, it, "before", it->before, cur);
+    break;
+  default:
+    snprintf(u->err, u->errlen, "unknown undo op");
+    rc = UNDO_FATAL;
+  }
+  rm_row_free(cur);
+  return rc;
+}
+
+/* SET LOCAL the recorded settings in one statement. */
+static int apply_settings(undo_ctx_t *u, const rm_ctx_t *ctx) {
+  if (ctx->nsettings == 0) return UNDO_OK;
+  txp_buf_t sql;
+  txp_buf_init(&sql, 0);
+  const char *params[2 * RM_CTX_MAX_SETTINGS];
+  int rc = txp_buf_append_str(&sql, "SELECT ");
+  for (int i = 0; !rc && i < ctx->nsettings; i++) {
+    char f[64];
+    snprintf(f, sizeof(f), "%spg_catalog.set_config($%d, $%d, true)", i ? ", " : "", 2 * i + 1, 2 * i + 2);
+    rc = txp_buf_append_str(&sql, f);
+    params[2 * i] = ctx->names[i];
+    params[2 * i + 1] = ctx->values[i];
+  }
+  if (rc) {
+    txp_buf_free(&sql);
+    snprintf(u->err, u->errlen, "out of memory");
+    return UNDO_DB;
+  }
+  PGresult *res = ux(u, "could not apply the session settings of the undo log", sql.data, 2 * ctx->nsettings,
+                     params, NULL, PGRES_TUPLES_OK);
+  txp_buf_free(&sql);
+  if (!res) return UNDO_DB;
+  PQclear(res);
+  return UNDO_OK;
+}
+
+/* The whole rollback on 'u->pg'; returns a branch status, sets *code. */
+static int rollback_on(undo_ctx_t *u, int *code) {
+  const rm_phase2_req_t *req = u->req;
+  rm_client_t *c = u->r->st->c;
+  char bid[32];
+  snprintf(bid, sizeof(bid), "%lld", (long long)req->branch_id);
+  const char *key[2] = {req->xid, bid};
+  PGresult *row = NULL, *res = NULL;
+  rm_item_t *items = NULL;
+  size_t nitems = 0;
+  rm_ctx_t ctx = {0};
+  int status = TXP_BS_PHASE2_ROLLBACK_FAILED_RETRYABLE;
+  *code = RM_E_DB;
+
+  if (!(res = ux(u, "could not begin the rollback", "BEGIN", 0, NULL, NULL, PGRES_COMMAND_OK))) goto out;
+  PQclear(res);
+  for (int attempt = 0; attempt < 3 && !row; attempt++) {
+    row = ux(u, "could not read the undo log",
+             "SELECT id, log_status, context, rollback_info::text FROM undo_log"
+             " WHERE xid = $1 AND branch_id = $2 FOR UPDATE",
+             2, key, NULL, PGRES_TUPLES_OK);
+    if (!row) goto out;
+    if (PQntuples(row) == 1) break;
+    PQclear(row);
+    row = NULL;
+    /* 1. No undo row: fence the branch with the guard. */
+    res = ux(u, "could not write the guard row",
+             "INSERT INTO undo_log (xid, branch_id, context, rollback_info, log_status)"
+             " VALUES ($1, $2, 'guard', NULL, 1) ON CONFLICT (xid, branch_id) DO NOTHING RETURNING id",
+             2, key, NULL, PGRES_TUPLES_OK);
+    if (!res) goto out;
+    bool inserted = PQntuples(res) == 1;
+    PQclear(res);
+    if (inserted) {
+      if (!(res = ux(u, "could not commit the guard row", "COMMIT", 0, NULL, NULL, PGRES_COMMAND_OK))) goto out;
+      PQclear(res);
+      rm__log(c, RM_LOG_INFO,
+              "rollback of branch %s of \"%s\" on \"%s\": no undo row (never committed locally); "
+              "guard written",
+              bid, req->xid, u->r->id);
+      *code = 0;
+      return TXP_BS_PHASE2_ROLLBACKED;
+    }
+    /* Conflict: the branch's local commit landed meanwhile; read again. */
+  }
+  if (!row) {
+    snprintf(u->err, u->errlen, "the undo row of branch %s of \"%s\" keeps appearing and vanishing", bid, req->xid);
+    goto out;
+  }
+  if (strcmp(PQgetvalue(row, 0, 1), "0") != 0) {
+    /* A guard (this branch was already rolled back, or fenced): done. */
+    *code = 0;
+    status = TXP_BS_PHASE2_ROLLBACKED;
+    goto out;
+  }
+
+  /* 2. Settings, then 3. the items backwards. */
+  char why[512];
+  if (rm_ctx_parse(PQgetisnull(row, 0, 2) ? NULL : PQgetvalue(row, 0, 2), &ctx) != 0 ||
+      rm_undo_decode(PQgetisnull(row, 0, 3) ? NULL : PQgetvalue(row, 0, 3), &items, &nitems, why,
+                     sizeof(why)) != 0) {
+    if (!ctx.version) snprintf(why, sizeof(why), "unknown context \"%.100s\"", PQgetvalue(row, 0, 2));
+    snprintf(u->err, u->errlen, "undo row of branch %s of \"%s\" cannot be read: %s", bid, req->xid, why);
+    *code = TXP_EBRANCH_UNRETRYABLE;
+    status = TXP_BS_PHASE2_ROLLBACK_FAILED_UNRETRYABLE;
+    goto out;
+  }
+  if (apply_settings(u, &ctx) != UNDO_OK) goto out;
+  for (size_t i = nitems; i-- > 0;) {
+    int rc = undo_item(u, &items[i]);
+    if (rc == UNDO_OK) continue;
+    if (rc == UNDO_DIRTY) {
+      *code = RM_E_DIRTY_WRITE;
+      status = TXP_BS_PHASE2_ROLLBACK_FAILED_UNRETRYABLE;
+    } else if (rc == UNDO_FATAL) {
+      *code = TXP_EBRANCH_UNRETRYABLE;
+      status = TXP_BS_PHASE2_ROLLBACK_FAILED_UNRETRYABLE;
+    }
+    goto out;
+  }
+
+  /* 4. The undo row goes; commit. */
+  const char *id[1] = {PQgetvalue(row, 0, 0)};
+  if (!(res = ux(u, "could not delete the undo row", "DELETE FROM undo_log WHERE id = $1", 1, id, NULL,
+                 PGRES_COMMAND_OK)))
+    goto out;
+  PQclear(res);
+  if (!(res = ux(u, "could not commit the rollback", "COMMIT", 0, NULL, NULL, PGRES_COMMAND_OK))) goto out;
+  PQclear(res);
+  *code = 0;
+  status = TXP_BS_PHASE2_ROLLBACKED;
+  rm__log(c, RM_LOG_DEBUG, "rolled back branch %s of \"%s\" on \"%s\" (%zu item(s))", bid, req->xid,
+          u->r->id, nitems);
+
+out:
+  /* Anything not committed above is rolled back: nothing half-done stays. */
+  if (PQtransactionStatus(u->pg) != PQTRANS_IDLE) {
+    PGresult *rb = PQexec(u->pg, "ROLLBACK");
+    if (PQresultStatus(rb) != PGRES_COMMAND_OK) u->bad = true;
+    PQclear(rb);
+  }
+  if (PQstatus(u->pg) != CONNECTION_OK) u->bad = true;
+  PQclear(row);
+  rm_undo_free(items, nitems);
+  rm_ctx_clear(&ctx);
+  return status;
+}
+
+/* -------------------------------------------------------------- entry */
+
+int rm__at_phase2(rm_client_t *c, const rm_phase2_req_t *req, int *code, char *errmsg, size_t errlen) {
+  int scratch_code;
+  char scratch[1];
+  if (!code) code = &scratch_code;
+  if (!errmsg || errlen == 0) {
+    errmsg = scratch;
+    errlen = sizeof(scratch);
+  }
+  *code = 0;
+  errmsg[0] = '\0';
+  bool commit = req && req->commit;
+  int ok = commit ? TXP_BS_PHASE2_COMMITTED : TXP_BS_PHASE2_ROLLBACKED;
+  int retry = commit ? TXP_BS_PHASE2_COMMIT_FAILED_RETRYABLE : TXP_BS_PHASE2_ROLLBACK_FAILED_RETRYABLE;
+  int fail = commit ? TXP_BS_PHASE2_COMMIT_FAILED_UNRETRYABLE : TXP_BS_PHASE2_ROLLBACK_FAILED_UNRETRYABLE;
+  size_t xl = req && req->xid ? strlen(req->xid) : 0;
+  if (!c || !req || xl == 0 || xl > TXP_MAX_XID_LEN || !req->resource_id) {
+    *code = RM_E_INVALID;
+    snprintf(errmsg, errlen, "invalid phase-two request (xid or resource missing or too long)");
+    return fail;
+  }
+  if (req->branch_type != TXP_BT_AT) {
+    *code = RM_E_NOT_SUPPORTED;
+    snprintf(errmsg, errlen, "branch type %s is not served by the AT resource manager",
+             txp_branch_type_name(req->branch_type));
+    return fail;
+  }
+  rm_at_resource_t *r = rm__at_resource_find(c, req->resource_id);
+  if (!r) {
+    *code = RM_E_INVALID;
+    snprintf(errmsg, errlen, "resource \"%s\" is not served by this client", req->resource_id);
+    return retry;
+  }
+  rm_at_state_t *st = r->st;
+
+  if (commit) {
+    char *x = strdup(req->xid);
+    pthread_mutex_lock(&st->mu);
+    bool queued = x && queue_push(r, st->tune.queue_max, x, req->branch_id);
+    if (queued && r->qlen >= st->tune.delete_batch) {
+      st->kick = true;
+      pthread_cond_broadcast(&st->cv);
+    }
+    pthread_mutex_unlock(&st->mu);
+    if (!queued) {
+      /* Queue full: delete inline.  The answer is Committed either way:
+       * the decision is made, a row left behind is the sweep's. */
+      char err[512] = "";
+      rm_undo_key_t k = {x, req->branch_id};
+      int rc = x ? delete_keys(r, &k, 1, err, sizeof(err)) : RM_E_NOMEM;
+      if (rc != 0)
+        rm__log(c, RM_LOG_WARN, "could not delete the undo row of committed branch %lld of \"%s\": %s",
+                (long long)req->branch_id, req->xid, err[0] ? err : rm_strerror(rc));
+      free(x);
+    }
+    return ok;
+  }
+
+  undo_ctx_t u = {.r = r, .req = req, .err = errmsg, .errlen = errlen};
+  int rc = pool_get(r, &u.pg, errmsg, errlen);
+  if (rc != 0) {
+    *code = RM_E_DB;
+    return retry;
+  }
+  int status = rollback_on(&u, code);
+  pool_put(r, u.pg, u.bad);
+  /* Retryable failures are logged by the core with its answer; one that
+   * needs an operator (a dirty write) is an error in its own right. */
+  if (status == TXP_BS_PHASE2_ROLLBACK_FAILED_UNRETRYABLE)
+    rm__log(c, RM_LOG_ERROR, "rollback of branch %lld of \"%s\" on \"%s\" failed for good: %s",
+            (long long)req->branch_id, req->xid, r->id, errmsg);
+  return status;
+}

@@ -1,0 +1,1210 @@
+/*
+ * test_rm_at.c - the AT resource manager of librmclient against two real
+ * PostgreSQL databases and a real tcd.
+ *
+ * NOTES
+ *   Servers: scripts/with-servers --pg exports TC_PG_URL, ORDERS_PG_URL and
+ *   STOCK_PG_URL (databases with the undo_log schema and the demo tables);
+ *   the group setup starts tcd from $TX_BIN_DIR on a free loopback port and
+ *   waits until it accepts connections, then one rm_client_t serves the
+ *   resources "orders" and "stock" for every test.  Without the variables
+ *   the whole group is skipped.
+ *
+ *   Each test uses its own rows (order ids from a counter, its own stock
+ *   bucket) so that the tests do not depend on their order.
+ *
+ *   Waiting: the TC answers a rollback after phase two, and a commit at
+ *   once with phase two after; where a test must see phase-two effects that
+ *   nothing signals (undo rows deleted in the background), it polls the
+ *   database with a deadline.
+ *
+ *   Threads: the worker threads of the concurrency tests never call cmocka
+ *   (its failures longjmp); they count errors that the main thread asserts.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <libpq-fe.h>
+#include <limits.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "rm_at.h"
+#include "rm_client.h"
+#include "rm_internal.h"
+#include "txp_status.h"
+
+#define TOKEN "rm-at-test-token"
+#define ACTIVITY "1"
+#define TICKET "1"
+#define GUARD "stock - frozen_count - sold_count >= $1"
+
+static const char *orders_url, *stock_url, *tc_url;
+static pid_t tcd_pid;
+static int tcd_port;
+static rm_client_t *client;
+static atomic_llong next_order = 1000;
+
+/* ------------------------------------------------------------- helpers */
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void log_cb(int level, const char *msg, void *arg) {
+  (void)arg;
+  if (level <= RM_LOG_WARN || getenv("RM_TEST_VERBOSE"))
+    fprintf(stderr, "  [rmclient %d] %s\n", level, msg);
+}
+
+static PGconn *pg_open(const char *url) {
+  PGconn *pg = PQconnectdb(url);
+  if (PQstatus(pg) != CONNECTION_OK) {
+    fprintf(stderr, "connect %s: %s", url, PQerrorMessage(pg));
+    PQfinish(pg);
+    return NULL;
+  }
+  return pg;
+}
+
+/* Run a statement that must succeed (any result kind). */
+static bool exec_ok(PGconn *pg, const char *sql) {
+  PGresult *r = PQexec(pg, sql);
+  ExecStatusType st = PQresultStatus(r);
+  bool ok = st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK;
+  if (!ok) fprintf(stderr, "  sql failed: %s: %s", sql, PQresultErrorMessage(r));
+  PQclear(r);
+  return ok;
+}
+
+/* First value of a query with up to 3 text parameters, as a long long;
+ * LLONG_MIN if no row or NULL, LLONG_MIN + 1 on error. */
+static long long q_ll(PGconn *pg, const char *sql, const char *p1, const char *p2, const char *p3) {
+  const char *params[3] = {p1, p2, p3};
+  int n = p3 ? 3 : p2 ? 2 : p1 ? 1 : 0;
+  PGresult *r = PQexecParams(pg, sql, n, NULL, params, NULL, NULL, 0);
+  long long v = LLONG_MIN + 1;
+  if (PQresultStatus(r) == PGRES_TUPLES_OK)
+    v = PQntuples(r) && !PQgetisnull(r, 0, 0) ? atoll(PQgetvalue(r, 0, 0)) : LLONG_MIN;
+  else
+    fprintf(stderr, "  query failed: %s: %s", sql, PQresultErrorMessage(r));
+  PQclear(r);
+  return v;
+}
+
+/* First value as a malloc'd string (NULL if none). */
+static char *q_str(PGconn *pg, const char *sql, const char *p1, const char *p2) {
+  const char *params[2] = {p1, p2};
+  int n = p2 ? 2 : p1 ? 1 : 0;
+  PGresult *r = PQexecParams(pg, sql, n, NULL, params, NULL, NULL, 0);
+  char *v = NULL;
+  if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) && !PQgetisnull(r, 0, 0)) v = strdup(PQgetvalue(r, 0, 0));
+  PQclear(r);
+  return v;
+}
+
+static long long frozen(PGconn *pg, int bucket) {
+  char b[16];
+  snprintf(b, sizeof(b), "%d", bucket);
+  return q_ll(pg,
+              "SELECT frozen_count FROM activity_ticket_bucket"
+              " WHERE activity_id = 1 AND ticket_type = 1 AND bucket_id = $1",
+              b, NULL, NULL);
+}
+
+static long long undo_rows(PGconn *pg, const char *xid, int log_status) {
+  char s[8];
+  snprintf(s, sizeof(s), "%d", log_status);
+  return q_ll(pg, "SELECT count(*) FROM undo_log WHERE xid = $1 AND log_status = $2", xid, s, NULL);
+}
+
+static long long order_exists(PGconn *pg, long long id) {
+  char s[32];
+  snprintf(s, sizeof(s), "%lld", id);
+  return q_ll(pg, "SELECT count(*) FROM trade_order WHERE order_id = $1", s, NULL, NULL);
+}
+
+/* Poll 'what' until it equals 'want' or 'secs' pass; returns the last value. */
+#define WAIT_EQ(want, secs, what)                                  \
+  ({                                                               \
+    long long _v = (what);                                         \
+    for (double _end = now_s() + (secs); _v != (want) && now_s() < _end;) { \
+      sleep_ms(20);                                                \
+      _v = (what);                                                 \
+    }                                                              \
+    _v;                                                            \
+  })
+
+static int global_status(const char *xid) {
+  int st = -1;
+  int rc = rm_tm_status(client, xid, &st);
+  return rc == 0 ? st : rc;
+}
+
+/* Begin, then one branch on 'url'/'resource' that inserts an order. */
+static const char *const order_cols[] = {"order_id", "activity_id", "ticket_type", "user_id",
+                                         "qty", "bucket_id", "xid"};
+
+static int insert_order(rm_branch_t *b, long long id, int user, int qty, int bucket, const char *xid) {
+  char sid[32], su[16], sq[16], sb[16];
+  snprintf(sid, sizeof(sid), "%lld", id);
+  snprintf(su, sizeof(su), "%d", user);
+  snprintf(sq, sizeof(sq), "%d", qty);
+  snprintf(sb, sizeof(sb), "%d", bucket);
+  const char *vals[] = {sid, ACTIVITY, TICKET, su, sq, sb, xid};
+  return rm_at_insert(b, "trade_order", 7, order_cols, vals);
+}
+
+/* One complete local branch: BEGIN, 'body', prepare, COMMIT, close.
+ * Returns 0 or the first failing code; *bid gets the branch id. */
+typedef int (*body_fn)(rm_branch_t *b, void *arg);
+
+static int run_branch(PGconn *pg, const char *xid, const char *resource, body_fn body, void *arg, int64_t *bid) {
+  if (!exec_ok(pg, "BEGIN")) return RM_E_DB;
+  rm_branch_t *b = NULL;
+  int rc = rm_at_open(client, xid, resource, pg, &b);
+  if (rc == 0) rc = body(b, arg);
+  if (rc == 0) rc = rm_at_prepare(b, bid);
+  if (rc != 0) {
+    if (b && getenv("RM_TEST_VERBOSE")) fprintf(stderr, "  branch failed: %s\n", rm_at_errmsg(b));
+    exec_ok(pg, "ROLLBACK");
+    if (b) rm_at_close(b, false);
+    return rc;
+  }
+  PGresult *r = PQexec(pg, "COMMIT");
+  bool ok = PQresultStatus(r) == PGRES_COMMAND_OK && strcmp(PQcmdStatus(r), "COMMIT") == 0;
+  PQclear(r);
+  rm_at_close(b, ok);
+  return ok ? 0 : RM_E_DB;
+}
+
+typedef struct order_arg {
+  long long id;
+  int user, qty, bucket;
+  const char *xid;
+} order_arg_t;
+
+static int body_order(rm_branch_t *b, void *arg) {
+  order_arg_t *o = arg;
+  return insert_order(b, o->id, o->user, o->qty, o->bucket, o->xid);
+}
+
+typedef struct delta_arg {
+  int bucket;
+  long long delta;
+} delta_arg_t;
+
+static int body_delta(rm_branch_t *b, void *arg) {
+  delta_arg_t *d = arg;
+  char sb[16];
+  snprintf(sb, sizeof(sb), "%d", d->bucket);
+  const char *pk[3] = {ACTIVITY, TICKET, sb};
+  return rm_at_update_delta(b, "activity_ticket_bucket", pk, "frozen_count", d->delta, GUARD);
+}
+
+/* Plain update of a bucket's frozen_count through the image path. */
+typedef struct set_arg {
+  int bucket;
+  long long value;
+} set_arg_t;
+
+static int body_set_frozen(rm_branch_t *b, void *arg) {
+  set_arg_t *s = arg;
+  char sb[16], sv[32];
+  snprintf(sb, sizeof(sb), "%d", s->bucket);
+  snprintf(sv, sizeof(sv), "%lld", s->value);
+  const char *pk[3] = {ACTIVITY, TICKET, sb};
+  const char *cols[1] = {"frozen_count"};
+  const char *vals[1] = {sv};
+  return rm_at_update(b, "activity_ticket_bucket", pk, 1, cols, vals);
+}
+
+/* ------------------------------------------------------------------ tcd */
+
+static int free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t sl = sizeof(sa);
+  if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
+      getsockname(fd, (struct sockaddr *)&sa, &sl) != 0) {
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  close(fd);
+  return ntohs(sa.sin_port);
+}
+
+static bool can_connect(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  bool ok = fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+  if (fd >= 0) close(fd);
+  return ok;
+}
+
+static int start_tcd(void) {
+  const char *bindir = getenv("TX_BIN_DIR");
+  char bin[4096];
+  snprintf(bin, sizeof(bin), "%s/tcd", bindir ? bindir : ".");
+  for (int attempt = 0; attempt < 5; attempt++) {
+    int port = free_port();
+    if (port <= 0) continue;
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+      char listen[64];
+      snprintf(listen, sizeof(listen), "127.0.0.1:%d", port);
+      setenv("TC_STORE_PG_URL", tc_url, 1);
+      setenv("TC_SERVER_TOKEN", TOKEN, 1);
+      setenv("TC_SERVER_LISTEN", listen, 1);
+      /* Quick retries so that retried phase two shows within a test. */
+      setenv("TC_RECOVERY_INTERVAL_MS", "100", 1);
+      setenv("TC_RECOVERY_RETRY_MIN_MS", "50", 1);
+      setenv("TC_RECOVERY_RETRY_MAX_MS", "500", 1);
+      if (!getenv("TC_LOG_LEVEL")) setenv("TC_LOG_LEVEL", "error", 1);
+      execl(bin, "tcd", (char *)NULL);
+      fprintf(stderr, "could not run %s: %s\n", bin, strerror(errno));
+      _exit(127);
+    }
+    for (int i = 0; i < 300; i++) {
+      if (can_connect(port)) {
+        tcd_pid = pid;
+        tcd_port = port;
+        return 0;
+      }
+      int st;
+      if (waitpid(pid, &st, WNOHANG) == pid) break; /* exited: port taken? try another */
+      sleep_ms(20);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+  }
+  return -1;
+}
+
+static void stop_tcd(void) {
+  if (tcd_pid <= 0) return;
+  kill(tcd_pid, SIGTERM);
+  for (int i = 0; i < 250; i++) {
+    if (waitpid(tcd_pid, NULL, WNOHANG) == tcd_pid) {
+      tcd_pid = 0;
+      return;
+    }
+    sleep_ms(20);
+  }
+  kill(tcd_pid, SIGKILL);
+  waitpid(tcd_pid, NULL, 0);
+  tcd_pid = 0;
+}
+
+/* ------------------------------------------------------------- fixture */
+
+static int group_setup(void **state) {
+  (void)state;
+  orders_url = getenv("ORDERS_PG_URL");
+  stock_url = getenv("STOCK_PG_URL");
+  tc_url = getenv("TC_PG_URL");
+  if (!orders_url || !stock_url || !tc_url) {
+    fprintf(stderr, "ORDERS_PG_URL/STOCK_PG_URL/TC_PG_URL not set: run under scripts/with-servers --pg\n");
+    return -1;
+  }
+  /* Seed: one activity, 16 buckets of 1000 tickets; test-only tables. */
+  PGconn *s = pg_open(stock_url), *o = pg_open(orders_url);
+  if (!s || !o) return -1;
+  bool ok = exec_ok(s,
+                    "INSERT INTO activity (activity_id, name, status, starts_at, ends_at)"
+                    " VALUES (1, 'rm_at test', 1, now(), now() + interval '1 day')"
+                    " ON CONFLICT DO NOTHING") &&
+            exec_ok(s,
+                    "INSERT INTO activity_ticket_bucket (activity_id, ticket_type, bucket_id, stock)"
+                    " SELECT 1, 1, g, 1000 FROM generate_series(0, 15) g ON CONFLICT DO NOTHING") &&
+            exec_ok(o, "CREATE TABLE IF NOT EXISTS kv (k text PRIMARY KEY, v text, n int,"
+                       " g int GENERATED ALWAYS AS (n * 2) STORED,"
+                       " id bigint GENERATED ALWAYS AS IDENTITY)") &&
+            exec_ok(o, "CREATE TABLE IF NOT EXISTS nopk (a int, b text)") &&
+            exec_ok(o, "CREATE SCHEMA IF NOT EXISTS other") &&
+            exec_ok(o, "CREATE TABLE IF NOT EXISTS other.kv (k text PRIMARY KEY, v text)");
+  PQfinish(s);
+  PQfinish(o);
+  if (!ok) return -1;
+
+  if (start_tcd() != 0) {
+    fprintf(stderr, "could not start tcd\n");
+    return -1;
+  }
+  char nodes[64];
+  snprintf(nodes, sizeof(nodes), "127.0.0.1:%d", tcd_port);
+  rm_config_t cfg = {.nodes = nodes, .token = TOKEN, .application_id = "test_rm_at",
+                     .request_timeout_ms = 15000, .lock_wait_ms = 2000, .log_cb = log_cb,
+                     .log_level = RM_LOG_DEBUG};
+  if (rm_client_new(&cfg, &client) != 0) return -1;
+  /* Short lock waits on the phase-two side, so a blocked rollback gives up
+   * (retryably) within a test. */
+  rm_at_tuning_t t = {.lock_timeout_ms = 1000, .statement_timeout_ms = 5000};
+  if (rm__at_tune(client, &t) != 0) return -1;
+  if (rm_resource_add(client, "orders", orders_url) != 0 || rm_resource_add(client, "stock", stock_url) != 0)
+    return -1;
+  for (int i = 0; i < 500 && rm_client_nodes_up(client) < 1; i++) sleep_ms(20);
+  if (rm_client_nodes_up(client) < 1) {
+    fprintf(stderr, "client never connected to tcd\n");
+    return -1;
+  }
+  sleep_ms(200); /* let the RM registration (resource list) reach the node */
+  return 0;
+}
+
+static int group_teardown(void **state) {
+  (void)state;
+  rm_client_free(client);
+  client = NULL;
+  stop_tcd();
+  return 0;
+}
+
+/* ------------------------------------------------------------ the tests */
+
+/* Order insert + bucket update in two databases, committed. */
+static void test_commit_two_dbs(void **state) {
+  (void)state;
+  PGconn *o = pg_open(orders_url), *s = pg_open(stock_url);
+  assert_non_null(o);
+  assert_non_null(s);
+  long long f0 = frozen(s, 0);
+  char xid[RM_XID_MAX];
+  assert_int_equal(rm_tm_begin(client, 30000, "commit_two_dbs", xid), 0);
+  order_arg_t oa = {atomic_fetch_add(&next_order, 1), 1, 2, 0, xid};
+  set_arg_t sa = {0, f0 + 2};
+  int64_t b1 = 0, b2 = 0;
+  assert_int_equal(run_branch(o, xid, "orders", body_order, &oa, &b1), 0);
+  assert_int_equal(run_branch(s, xid, "stock", body_set_frozen, &sa, &b2), 0);
+  assert_true(b1 > 0 && b2 > 0 && b1 != b2);
+  /* Phase one left one undo row per branch, committed with the change. */
+  assert_int_equal(undo_rows(o, xid, 0), 1);
+  assert_int_equal(undo_rows(s, xid, 0), 1);
+  int st = 0;
+  assert_int_equal(rm_tm_commit(client, xid, &st), 0);
+  assert_int_equal(st, RM_GS_COMMITTED);
+  assert_int_equal(order_exists(o, oa.id), 1);
+  assert_int_equal(frozen(s, 0), f0 + 2);
+  /* The undo rows go in the background (BranchCommit, then the deleter). */
+  assert_int_equal(WAIT_EQ(0, 10, undo_rows(o, xid, 0) + undo_rows(s, xid, 0)), 0);
+  /* The global row locks are gone: another transaction updates the row. */
+  char xid2[RM_XID_MAX];
+  assert_int_equal(rm_tm_begin(client, 30000, "after_commit", xid2), 0);
+  set_arg_t sb = {0, f0};
+  assert_int_equal(run_branch(s, xid2, "stock", body_set_frozen, &sb, &b2), 0);
+  assert_int_equal(rm_tm_commit(client, xid2, &st), 0);
+  assert_int_equal(frozen(s, 0), f0);
+  PQfinish(o);
+  PQfinish(s);
+}
+
+/* The same, rolled back: both databases restored, undo rows gone. */
+static void test_rollback_two_dbs(void **state) {
+  (void)state;
+  PGconn *o = pg_open(orders_url), *s = pg_open(stock_url);
+  assert_non_null(o);
+  assert_non_null(s);
+  long long f1 = frozen(s, 1);
+  char xid[RM_XID_MAX];
+  assert_int_equal(rm_tm_begin(client, 30000, "rollback_two_dbs", xid), 0);
+  order_arg_t oa = {atomic_fetch_add(&next_order, 1), 1, 3, 1, xid};
+  set_arg_t sa = {1, f1 + 3};
+  int64_t b1 = 0, b2 = 0;
+  assert_int_equal(run_branch(o, xid, "orders", body_order, &oa, &b1), 0);
+  assert_int_equal(run_branch(s, xid, "stock", body_set_frozen, &sa, &b2), 0);
+  assert_int_equal(order_exists(o, oa.id), 1);
+  assert_int_equal(frozen(s, 1), f1 + 3);
+  int st = 0;
+  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
+  assert_int_equal(st, RM_GS_ROLLBACKED);
+  /* The TC answers a rollback once the branches are undone. */
+  assert_int_equal(order_exists(o, oa.id), 0);
+  assert_int_equal(frozen(s, 1), f1);
+  assert_int_equal(undo_rows(o, xid, 0) + undo_rows(o, xid, 1), 0);
+  assert_int_equal(undo_rows(s, xid, 0) + undo_rows(s, xid, 1), 0);
+  PQfinish(o);
+  PQfinish(s);
+}
+
+/* One branch with every kind of statement, several on one row, under
+ * session settings that change how values print: all undone exactly. */
+static int body_all_ops(rm_branch_t *b, void *arg) {
+  const char *xid = arg;
+  long long id = atomic_fetch_add(&next_order, 1);
+  int rc = insert_order(b, id, 9, 1, 2, xid);
+  char sid[32];
+  snprintf(sid, sizeof(sid), "%lld", id);
+  const char *pk[1] = {sid};
+  const char *c1[2] = {"status", "expire_at"}, *v1[2] = {"PAID", "2030-01-02 03:04:05+00"};
+  if (!rc) rc = rm_at_update(b, "trade_order", pk, 2, c1, v1);
+  const char *c2[1] = {"status"}, *v2[1] = {"CANCELLED"};
+  if (!rc) rc = rm_at_update(b, "trade_order", pk, 1, c2, v2);
+  /* kv rows seeded by the test: one updated, one deleted (generated and
+   * identity columns must come back as they were). */
+  const char *k1[1] = {"all-ops-1"}, *k2[1] = {"all-ops-2"};
+  const char *c3[2] = {"v", "n"}, *v3[2] = {NULL, "41"};
+  if (!rc) rc = rm_at_update(b, "kv", k1, 2, c3, v3);
+  if (!rc) rc = rm_at_delete(b, "kv", k2);
+  const char *k3[1] = {"x"};
+  const char *c4[1] = {"v"}, *v4[1] = {"changed"};
+  if (!rc) rc = rm_at_update(b, "other.kv", k3, 1, c4, v4);
+  const char *pkb[3] = {ACTIVITY, TICKET, "2"};
+  if (!rc) rc = rm_at_update_delta(b, "activity_ticket_bucket", pkb, "frozen_count", 4, GUARD);
+  if (!rc) rc = rm_at_update_delta(b, "activity_ticket_bucket", pkb, "frozen_count", -1, NULL);
+  return rc;
+}
+
+static char *dump(PGconn *pg, const char *sql) {
+  PGresult *r = PQexec(pg, sql);
+  size_t cap = 1, len = 0;
+  char *out = calloc(1, 1);
+  for (int i = 0; out && PQresultStatus(r) == PGRES_TUPLES_OK && i < PQntuples(r); i++) {
+    for (int j = 0; j < PQnfields(r); j++) {
+      const char *v = PQgetisnull(r, i, j) ? "<NULL>" : PQgetvalue(r, i, j);
+      size_t n = strlen(v) + 2;
+      char *g = realloc(out, cap + n);
+      if (!g) break;
+      out = g;
+      cap += n;
+      len += (size_t)snprintf(out + len, cap - len, "%s|", v);
+    }
+  }
+  PQclear(r);
+  return out;
+}
+
+static void test_rollback_all_ops(void **state) {
+  (void)state;
+  PGconn *o = pg_open(orders_url), *s = pg_open(stock_url);
+  assert_non_null(o);
+  assert_non_null(s);
+  assert_true(exec_ok(o, "INSERT INTO kv (k, v, n) VALUES ('all-ops-1', 'one', 1), ('all-ops-2', 'two', 2)"
+                         " ON CONFLICT DO NOTHING"));
+  assert_true(exec_ok(o, "INSERT INTO other.kv VALUES ('x', 'orig') ON CONFLICT DO NOTHING"));
+  /* The caller's session prints times and dates its own way. */
+  assert_true(exec_ok(o, "SET TimeZone = 'Asia/Tokyo'"));
+  assert_true(exec_ok(o, "SET DateStyle = 'SQL, DMY'"));
+  char *kv0 = dump(o, "SELECT * FROM kv ORDER BY k");
+  char *okv0 = dump(o, "SELECT * FROM other.kv ORDER BY k");
+  long long f2 = frozen(s, 2);
+  long long norders = q_ll(o, "SELECT count(*) FROM trade_order", NULL, NULL, NULL);
+
+  char xid[RM_XID_MAX];
+  assert_int_equal(rm_tm_begin(client, 30000, "all_ops", xid), 0);
+  int64_t bid = 0;
+  /* All on the orders connection except the bucket, which lives in the
+   * stock database: run the delta part there. */
+  assert_int_equal(run_branch(o, xid, "orders", body_all_ops, xid, &bid), RM_E_NO_TABLE);
+  /* ^ activity_ticket_bucket is not in the orders database: the whole
+   * branch was rolled back by the caller; now run it for real. */
+  assert_int_equal(q_ll(o, "SELECT count(*) FROM trade_order", NULL, NULL, NULL), norders);
+  assert_true(exec_ok(s, "SET TimeZone = 'America/Sao_Paulo'"));
+  delta_arg_t d = {2, 4};
+  assert_int_equal(run_branch(s, xid, "stock", body_delta, &d, &bid), 0);
+  assert_int_equal(frozen(s, 2), f2 + 4);
+
+  /* The orders part without the bucket statements. */
+  long long id = atomic_fetch_add(&next_order, 1);
+  assert_true(exec_ok(o, "BEGIN"));
+  rm_branch_t *b = NULL;
+  assert_int_equal(rm_at_open(client, xid, "orders", o, &b), 0);
+  assert_int_equal(insert_order(b, id, 9, 1, 2, xid), 0);
+  char sid[32];
+  snprintf(sid, sizeof(sid), "%lld", id);
+  const char *pk[1] = {sid};
+  const char *c1[2] = {"status", "expire_at"}, *v1[2] = {"PAID", "2030-01-02 03:04:05+00"};
+  assert_int_equal(rm_at_update(b, "trade_order", pk, 2, c1, v1), 0);
+  const char *c2[1] = {"status"}, *v2[1] = {"CANCELLED"};
+  assert_int_equal(rm_at_update(b, "trade_order", pk, 1, c2, v2), 0);
+  const char *k1[1] = {"all-ops-1"}, *k2[1] = {"all-ops-2"};
+  const char *c3[2] = {"v", "n"}, *v3[2] = {NULL, "41"};
+  assert_int_equal(rm_at_update(b, "kv", k1, 2, c3, v3), 0);
+  assert_int_equal(rm_at_delete(b, "kv", k2), 0);
+  const char *k3[1] = {"x"};
+  const char *c4[1] = {"v"}, *v4[1] = {"changed"};
+  assert_int_equal(rm_at_update(b, "other.kv", k3, 1, c4, v4), 0);
+  assert_int_equal(rm_at_prepare(b, &bid), 0);
+  assert_true(exec_ok(o, "COMMIT"));
+  assert_int_equal(rm_at_close(b, true), 0);
+  assert_int_equal(order_exists(o, id), 1);
+  assert_int_equal(q_ll(o, "SELECT n FROM kv WHERE k = 'all-ops-1'", NULL, NULL, NULL), 41);
+
+  int st = 0;
+  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
+  assert_int_equal(st, RM_GS_ROLLBACKED);
+  assert_int_equal(order_exists(o, id), 0);
+  char *kv1 = dump(o, "SELECT * FROM kv ORDER BY k");
+  char *okv1 = dump(o, "SELECT * FROM other.kv ORDER BY k");
+  assert_string_equal(kv1, kv0);
+  assert_string_equal(okv1, okv0);
+  assert_int_equal(frozen(s, 2), f2);
+  assert_int_equal(undo_rows(o, xid, 0) + undo_rows(s, xid, 0), 0);
+  free(kv0);
+  free(kv1);
+  free(okv0);
+  free(okv1);
+  PQfinish(o);
+  PQfinish(s);
+}
+
+/* A concurrent non-AT write changes the row after the branch: the rollback
+ * detects it, overwrites nothing, and the global ends RollbackFailed. */
+static void test_dirty_write(void **state) {
+  (void)state;
+  PGconn *o = pg_open(orders_url);
+  assert_non_null(o);
+  long long id = atomic_fetch_add(&next_order, 1);
+  char sid[32];
+  snprintf(sid, sizeof(sid), "%lld", id);
+  assert_true(exec_ok(o, "BEGIN"));
+  {
+    const char *p[1] = {sid};
+    PGresult *r = PQexecParams(o,
+                               "INSERT INTO trade_order (order_id, activity_id, ticket_type, user_id, qty,"
+                               " bucket_id) VALUES ($1, 1, 1, 5, 1, 3)",
+                               1, NULL, p, NULL, NULL, 0);
+    assert_int_equal(PQresultStatus(r), PGRES_COMMAND_OK);
+    PQclear(r);
+  }
+  assert_true(exec_ok(o, "COMMIT"));
+
+  char xid[RM_XID_MAX];
+  assert_int_equal(rm_tm_begin(client, 30000, "dirty", xid), 0);
+  assert_true(exec_ok(o, "BEGIN"));
+  rm_branch_t *b = NULL;
+  assert_int_equal(rm_at_open(client, xid, "orders", o, &b), 0);
+  const char *pk[1] = {sid};
+  const char *cols[1] = {"status"}, *vals[1] = {"PAID"};
+  assert_int_equal(rm_at_update(b, "trade_order", pk, 1, cols, vals), 0);
+  int64_t bid = 0;
+  assert_int_equal(rm_at_prepare(b, &bid), 0);
+  assert_true(exec_ok(o, "COMMIT"));
+  rm_at_close(b, true);
+
+  /* The dirty write: outside any global transaction. */
+  {
+    const char *p[1] = {sid};
+    PGresult *r = PQexecParams(o, "UPDATE trade_order SET status = 'CANCELLED' WHERE order_id = $1", 1,
+                               NULL, p, NULL, NULL, 0);
+    assert_int_equal(PQresultStatus(r), PGRES_COMMAND_OK);
+    PQclear(r);
+  }
+  int st = 0;
+  rm_tm_rollback(client, xid, &st); /* the code says how the rollback ended */
+  assert_int_equal(WAIT_EQ(RM_GS_ROLLBACK_FAILED, 20, global_status(xid)), RM_GS_ROLLBACK_FAILED);
+  char *now = q_str(o, "SELECT status FROM trade_order WHERE order_id = $1", sid, NULL);
+  assert_non_null(now);
+  assert_string_equal(now, "CANCELLED"); /* nothing overwritten */
+  free(now);
+  assert_int_equal(undo_rows(o, xid, 0), 1); /* kept for the operator */
+
+  /* What the TC was told: unretryable, RM_E_DIRTY_WRITE, and a message
+   * naming the table, the key and the column with both values. */
+  rm_phase2_req_t req = {.commit = false, .xid = xid, .branch_id = bid, .resource_id = "orders",
+                         .branch_type = TXP_BT_AT};
+  int code = 0;
+  char msg[1024];
+  int bs = rm__at_phase2(client, &req, &code, msg, sizeof(msg));
+  assert_int_equal(bs, TXP_BS_PHASE2_ROLLBACK_FAILED_UNRETRYABLE);
+  assert_int_equal(code, RM_E_DIRTY_WRITE);
+  assert_non_null(strstr(msg, "\"trade_order\""));
+  assert_non_null(strstr(msg, sid));
+  assert_non_null(strstr(msg, "status after \"PAID\", now \"CANCELLED\""));
+  assert_int_equal(undo_rows(o, xid, 0), 1);
+  PQfinish(o);
+}
+
+/* The branch registers, then the process "pauses": the TM rolls back
+ * before the local transaction writes its undo row and commits.  The
+ * rollback leaves the guard; the late local commit fails; nothing changes. */
+typedef struct pause_ctx {
+  const char *xid;
+  PGconn *watch;
+  int rollback_rc, rollback_status;
+  long long guard_rows;
+} pause_ctx_t;
+
+static void pause_rollback(rm_branch_t *b, int64_t bid, void *arg) {
+  (void)b;
+  (void)bid;
+  pause_ctx_t *p = arg;
+  p->rollback_rc = rm_tm_rollback(client, p->xid, &p->rollback_status);
+  p->guard_rows = WAIT_EQ(1, 10, undo_rows(p->watch, p->xid, 1));
+}
+
+static void test_never_committed(void **state) {
+  (void)state;
+  PGconn *s = pg_open(stock_url), *w = pg_open(stock_url);
+  assert_non_null(s);
+  assert_non_null(w);
+  long long f4 = frozen(w, 4);
+  char xid[RM_XID_MAX];
+  assert_int_equal(rm_tm_begin(client, 30000, "never_committed", xid), 0);
+  pause_ctx_t p = {xid, w, -1, -1, -1};
+  assert_true(exec_ok(s, "BEGIN"));
+  rm_branch_t *b = NULL;
+  assert_int_equal(rm_at_open(client, xid, "stock", s, &b), 0);
+  const char *pk[3] = {ACTIVITY, TICKET, "4"};
+  assert_int_equal(rm_at_update_delta(b, "activity_ticket_bucket", pk, "frozen_count", 7, GUARD), 0);
+  rm__at_failpoint_arg = &p;
+  rm__at_failpoint_after_register = pause_rollback;
+  int64_t bid = 0;
+  int rc = rm_at_prepare(b, &bid);
+  rm__at_failpoint_after_register = NULL;
+  assert_int_equal(p.rollback_rc, 0);
+  assert_int_equal(p.rollback_status, RM_GS_ROLLBACKED);
+  assert_int_equal(p.guard_rows, 1);
+  /* The late undo row collides with the guard: the local transaction is
+   * aborted, so its COMMIT commits nothing. */
+  assert_int_equal(rc, RM_E_GLOBAL_NOT_ACTIVE);
+  assert_non_null(strstr(rm_at_errmsg(b), "already rolled back"));
+  PGresult *r = PQexec(s, "COMMIT");
+  assert_int_equal(PQresultStatus(r), PGRES_COMMAND_OK);
+  assert_string_equal(PQcmdStatus(r), "ROLLBACK");
+  PQclear(r);
+  rm_at_close(b, false);
+  assert_int_equal(frozen(w, 4), f4);
+  assert_int_equal(undo_rows(w, xid, 0), 0);
+  assert_int_equal(undo_rows(w, xid, 1), 1);
+  assert_int_equal(global_status(xid), RM_GS_ROLLBACKED);
+  PQfinish(s);
+  PQfinish(w);
+}
+
+/* Paused later: the undo row is written but not committed when the TM
+ * rolls back.  The rollback waits for the local transaction (and gives up,
+ * retryably, after its lock timeout); the local commit goes through; the
+ * TC's retry then undoes it.  Nothing changes in the end either. */
+static void *rollback_thread(void *arg) {
+  const char *xid = arg;
+  int st = 0;
+  rm_tm_rollback(client, xid, &st);
+  return NULL;
+}
+
+/* 'pause_ms' below the phase-two lock timeout (1 s here): the waiting
+ * rollback sees the undo row appear and undoes it at once.  Above it: the
+ * rollback gives up (retryable) and the TC's retry undoes it. */
+static void late_commit(int pause_ms, int bucket) {
+  PGconn *s = pg_open(stock_url), *w = pg_open(stock_url);
+  assert_non_null(s);
+  assert_non_null(w);
+  long long f = frozen(w, bucket);
+  char xid[RM_XID_MAX], sb[16];
+  snprintf(sb, sizeof(sb), "%d", bucket);
+  assert_int_equal(rm_tm_begin(client, 30000, "late_commit", xid), 0);
+  assert_true(exec_ok(s, "BEGIN"));
+  rm_branch_t *b = NULL;
+  assert_int_equal(rm_at_open(client, xid, "stock", s, &b), 0);
+  const char *pk[3] = {ACTIVITY, TICKET, sb};
+  assert_int_equal(rm_at_update_delta(b, "activity_ticket_bucket", pk, "frozen_count", 6, GUARD), 0);
+  int64_t bid = 0;
+  assert_int_equal(rm_at_prepare(b, &bid), 0);
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, rollback_thread, xid), 0);
+  sleep_ms(pause_ms); /* the rollback is waiting on our uncommitted undo row */
+  assert_true(exec_ok(s, "COMMIT"));
+  rm_at_close(b, true);
+  pthread_join(th, NULL);
+  assert_int_equal(WAIT_EQ(RM_GS_ROLLBACKED, 20, global_status(xid)), RM_GS_ROLLBACKED);
+  assert_int_equal(frozen(w, bucket), f);
+  assert_int_equal(undo_rows(w, xid, 0), 0);
+  PQfinish(s);
+  PQfinish(w);
+}
+
+static void test_rollback_before_local_commit(void **state) {
+  (void)state;
+  late_commit(300, 5);
+  late_commit(1600, 5);
+}
+
+/* Phase two twice, concurrently, late, and for branches never seen. */
+typedef struct p2_arg {
+  rm_phase2_req_t req;
+  int status, code;
+} p2_arg_t;
+
+static void *phase2_thread(void *arg) {
+  p2_arg_t *a = arg;
+  char msg[512];
+  a->status = rm__at_phase2(client, &a->req, &a->code, msg, sizeof(msg));
+  return NULL;
+}
+
+static void test_duplicate_phase2(void **state) {
+  (void)state;
+  PGconn *s = pg_open(stock_url);
+  assert_non_null(s);
+  long long f6 = frozen(s, 6);
+
+  /* A committed delta branch, left undecided at the TC: two concurrent
+   * rollbacks delivered straight to the RM undo it exactly once. */
+  char xid[RM_XID_MAX];
+  assert_int_equal(rm_tm_begin(client, 30000, "dup", xid), 0);
+  delta_arg_t d = {6, 5};
+  int64_t bid = 0;
+  assert_int_equal(run_branch(s, xid, "stock", body_delta, &d, &bid), 0);
+  assert_int_equal(frozen(s, 6), f6 + 5);
+  p2_arg_t a[2];
+  pthread_t th[2];
+  for (int i = 0; i < 2; i++) {
+    a[i] = (p2_arg_t){{.commit = false, .xid = xid, .branch_id = bid, .resource_id = "stock",
+                       .branch_type = TXP_BT_AT}, -1, -1};
+    assert_int_equal(pthread_create(&th[i], NULL, phase2_thread, &a[i]), 0);
+  }
+  for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+  for (int i = 0; i < 2; i++) {
+    assert_int_equal(a[i].status, TXP_BS_PHASE2_ROLLBACKED);
+    assert_int_equal(a[i].code, 0);
+  }
+  assert_int_equal(frozen(s, 6), f6); /* not f6 - 5 */
+  /* Once more, late, after the TC's own rollback: still nothing. */
+  int st = 0;
+  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
+  assert_int_equal(st, RM_GS_ROLLBACKED);
+  int code = -1;
+  char msg[512];
+  assert_int_equal(rm__at_phase2(client, &a[0].req, &code, msg, sizeof(msg)), TXP_BS_PHASE2_ROLLBACKED);
+  assert_int_equal(frozen(s, 6), f6);
+  assert_int_equal(undo_rows(s, xid, 0), 0);
+
+  /* Commit twice (and a rollback after a commit finds the undo row gone
+   * and fences it: it never undoes a committed branch twice). */
+  char xid2[RM_XID_MAX];
+  assert_int_equal(rm_tm_begin(client, 30000, "dup_commit", xid2), 0);
+  assert_int_equal(run_branch(s, xid2, "stock", body_delta, &d, &bid), 0);
+  assert_int_equal(rm_tm_commit(client, xid2, &st), 0);
+  rm_phase2_req_t c = {.commit = true, .xid = xid2, .branch_id = bid, .resource_id = "stock",
+                       .branch_type = TXP_BT_AT};
+  assert_int_equal(rm__at_phase2(client, &c, &code, msg, sizeof(msg)), TXP_BS_PHASE2_COMMITTED);
+  assert_int_equal(rm__at_phase2(client, &c, &code, msg, sizeof(msg)), TXP_BS_PHASE2_COMMITTED);
+  assert_int_equal(rm__at_flush(client), 0);
+  assert_int_equal(WAIT_EQ(0, 10, undo_rows(s, xid2, 0)), 0);
+  assert_int_equal(frozen(s, 6), f6 + 5);
+
+  /* Branches this process never saw. */
+  rm_phase2_req_t ghost = {.commit = false, .xid = "127.0.0.1:1:424242", .branch_id = 987654321,
+                           .resource_id = "stock", .branch_type = TXP_BT_AT};
+  assert_int_equal(rm__at_phase2(client, &ghost, &code, msg, sizeof(msg)), TXP_BS_PHASE2_ROLLBACKED);
+  assert_int_equal(rm__at_phase2(client, &ghost, &code, msg, sizeof(msg)), TXP_BS_PHASE2_ROLLBACKED);
+  assert_int_equal(undo_rows(s, ghost.xid, 1), 1);
+  ghost.commit = true;
+  ghost.branch_id = 987654322;
+  assert_int_equal(rm__at_phase2(client, &ghost, &code, msg, sizeof(msg)), TXP_BS_PHASE2_COMMITTED);
+
+  /* Requests it cannot serve. */
+  assert_int_equal(rm__at_phase2(client, NULL, &code, msg, sizeof(msg)),
+                   TXP_BS_PHASE2_ROLLBACK_FAILED_UNRETRYABLE);
+  assert_int_equal(code, RM_E_INVALID);
+  rm_phase2_req_t bad = ghost;
+  bad.resource_id = "nosuch";
+  assert_int_equal(rm__at_phase2(client, &bad, &code, msg, sizeof(msg)), TXP_BS_PHASE2_COMMIT_FAILED_RETRYABLE);
+  assert_non_null(strstr(msg, "nosuch"));
+  bad = ghost;
+  bad.branch_type = TXP_BT_TCC;
+  assert_int_equal(rm__at_phase2(client, &bad, &code, msg, sizeof(msg)), TXP_BS_PHASE2_COMMIT_FAILED_UNRETRYABLE);
+  assert_int_equal(code, RM_E_NOT_SUPPORTED);
+  bad = ghost;
+  bad.xid = "";
+  assert_int_equal(rm__at_phase2(client, &bad, &code, msg, sizeof(msg)), TXP_BS_PHASE2_COMMIT_FAILED_UNRETRYABLE);
+  PQfinish(s);
+}
+
+/* Many threads share the one client: each runs whole global transactions
+ * over both databases, committing two in three. */
+#define MT_THREADS 8
+#define MT_ITERS 12
+
+typedef struct mt_arg {
+  int idx;
+  int committed_qty;
+  int errors;
+} mt_arg_t;
+
+static void *mt_thread(void *arg) {
+  mt_arg_t *a = arg;
+  PGconn *o = pg_open(orders_url), *s = pg_open(stock_url);
+  if (!o || !s) {
+    a->errors++;
+    goto out;
+  }
+  for (int i = 0; i < MT_ITERS; i++) {
+    char xid[RM_XID_MAX];
+    if (rm_tm_begin(client, 30000, "mt", xid) != 0) {
+      a->errors++;
+      continue;
+    }
+    int qty = 1 + (i % 3);
+    order_arg_t oa = {atomic_fetch_add(&next_order, 1), 100 + a->idx, qty, 7, xid};
+    delta_arg_t d = {7, qty};
+    int64_t bid;
+    bool ok = run_branch(o, xid, "orders", body_order, &oa, &bid) == 0 &&
+              run_branch(s, xid, "stock", body_delta, &d, &bid) == 0;
+    int st = 0;
+    bool commit = ok && i % 3 != 0;
+    int rc = commit ? rm_tm_commit(client, xid, &st) : rm_tm_rollback(client, xid, &st);
+    if (!ok || rc != 0 || st != (commit ? RM_GS_COMMITTED : RM_GS_ROLLBACKED)) {
+      fprintf(stderr, "  mt %d/%d: ok %d rc %d status %d\n", a->idx, i, ok, rc, st);
+      a->errors++;
+    } else if (commit) {
+      a->committed_qty += qty;
+    }
+  }
+out:
+  PQfinish(o);
+  PQfinish(s);
+  return NULL;
+}
+
+static void test_many_threads(void **state) {
+  (void)state;
+  PGconn *o = pg_open(orders_url), *s = pg_open(stock_url);
+  assert_non_null(o);
+  assert_non_null(s);
+  long long f7 = frozen(s, 7);
+  pthread_t th[MT_THREADS];
+  mt_arg_t a[MT_THREADS];
+  for (int i = 0; i < MT_THREADS; i++) {
+    a[i] = (mt_arg_t){i, 0, 0};
+    assert_int_equal(pthread_create(&th[i], NULL, mt_thread, &a[i]), 0);
+  }
+  int errors = 0, qty = 0;
+  for (int i = 0; i < MT_THREADS; i++) {
+    pthread_join(th[i], NULL);
+    errors += a[i].errors;
+    qty += a[i].committed_qty;
+  }
+  assert_int_equal(errors, 0);
+  assert_int_equal(frozen(s, 7), f7 + qty);
+  long long sum = q_ll(o, "SELECT COALESCE(sum(qty), 0) FROM trade_order WHERE bucket_id = 7", NULL, NULL, NULL);
+  assert_int_equal(sum, qty);
+  assert_int_equal(WAIT_EQ(0, 10, q_ll(o, "SELECT count(*) FROM undo_log WHERE log_status = 0 AND xid IN"
+                                          " (SELECT xid FROM trade_order WHERE bucket_id = 7)",
+                                       NULL, NULL, NULL)),
+                   0);
+  PQfinish(o);
+  PQfinish(s);
+}
+
+/* 64 concurrent freezes of one bucket row as delta branches (no global row
+ * lock), half committed and half rolled back: exactly the committed total
+ * stays frozen. */
+#define NFREEZE 64
+
+typedef struct fz_arg {
+  int idx;
+  pthread_barrier_t *bar;
+  int errors;
+} fz_arg_t;
+
+static void *freeze_thread(void *arg) {
+  fz_arg_t *a = arg;
+  PGconn *s = pg_open(stock_url);
+  char xid[RM_XID_MAX];
+  bool began = s && rm_tm_begin(client, 60000, "freeze", xid) == 0;
+  pthread_barrier_wait(a->bar); /* all begun: freeze at once */
+  delta_arg_t d = {8, 1};
+  int64_t bid;
+  int rc = began ? run_branch(s, xid, "stock", body_delta, &d, &bid) : RM_E_STATE;
+  pthread_barrier_wait(a->bar); /* every freeze is in before any decision */
+  int st = 0;
+  bool commit = a->idx % 2 == 0;
+  int rc2 = !began ? RM_E_STATE : commit ? rm_tm_commit(client, xid, &st) : rm_tm_rollback(client, xid, &st);
+  if (rc != 0 || rc2 != 0 || st != (commit ? RM_GS_COMMITTED : RM_GS_ROLLBACKED)) {
+    fprintf(stderr, "  freeze %d: branch %d, decision %d, status %d\n", a->idx, rc, rc2, st);
+    a->errors++;
+  }
+  PQfinish(s);
+  return NULL;
+}
+
+static void test_delta_64_freezes(void **state) {
+  (void)state;
+  PGconn *s = pg_open(stock_url);
+  assert_non_null(s);
+  long long f8 = frozen(s, 8);
+  pthread_barrier_t bar;
+  pthread_barrier_init(&bar, NULL, NFREEZE);
+  pthread_t th[NFREEZE];
+  fz_arg_t a[NFREEZE];
+  for (int i = 0; i < NFREEZE; i++) {
+    a[i] = (fz_arg_t){i, &bar, 0};
+    assert_int_equal(pthread_create(&th[i], NULL, freeze_thread, &a[i]), 0);
+  }
+  int errors = 0;
+  for (int i = 0; i < NFREEZE; i++) {
+    pthread_join(th[i], NULL);
+    errors += a[i].errors;
+  }
+  pthread_barrier_destroy(&bar);
+  assert_int_equal(errors, 0);
+  assert_int_equal(frozen(s, 8), f8 + NFREEZE / 2);
+  PQfinish(s);
+}
+
+/* A guard that refuses, rows that do not exist, and every kind of bad
+ * input: a clear code each time, and the caller's transaction left usable
+ * with its earlier work intact. */
+static bool tx_usable(PGconn *pg) {
+  return PQtransactionStatus(pg) == PQTRANS_INTRANS && exec_ok(pg, "SELECT 1") &&
+         PQtransactionStatus(pg) == PQTRANS_INTRANS;
+}
+
+static void test_bad_input(void **state) {
+  (void)state;
+  PGconn *o = pg_open(orders_url), *s = pg_open(stock_url);
+  assert_non_null(o);
+  assert_non_null(s);
+  char xid[RM_XID_MAX];
+  assert_int_equal(rm_tm_begin(client, 30000, "bad_input", xid), 0);
+  rm_branch_t *b = NULL;
+
+  /* NULLs and bad strings. */
+  assert_int_equal(rm_resource_add(NULL, "x", "dbname=x"), RM_E_INVALID);
+  assert_int_equal(rm_resource_add(client, NULL, "dbname=x"), RM_E_INVALID);
+  assert_int_equal(rm_resource_add(client, "x", NULL), RM_E_INVALID);
+  assert_int_equal(rm_resource_add(client, "", "dbname=x"), RM_E_INVALID);
+  assert_int_equal(rm_resource_add(client, "a,b", "dbname=x"), RM_E_INVALID);
+  assert_int_equal(rm_resource_add(client, "x", "this is = not a conninfo ="), RM_E_INVALID);
+  assert_int_equal(rm_resource_add(client, "orders", "dbname=elsewhere"), RM_E_INVALID);
+  assert_int_equal(rm_resource_add(client, "orders", orders_url), 0); /* same again: fine */
+  assert_int_equal(rm_at_open(NULL, xid, "orders", o, &b), RM_E_INVALID);
+  assert_int_equal(rm_at_open(client, NULL, "orders", o, &b), RM_E_INVALID);
+  assert_int_equal(rm_at_open(client, xid, NULL, o, &b), RM_E_INVALID);
+  assert_int_equal(rm_at_open(client, xid, "orders", NULL, &b), RM_E_INVALID);
+  assert_int_equal(rm_at_open(client, xid, "orders", o, NULL), RM_E_INVALID);
+  assert_int_equal(rm_at_open(client, "", "orders", o, &b), RM_E_INVALID);
+  char longxid[200];
+  memset(longxid, 'x', sizeof(longxid) - 1);
+  longxid[sizeof(longxid) - 1] = '\0';
+  assert_int_equal(rm_at_open(client, longxid, "orders", o, &b), RM_E_INVALID);
+  assert_int_equal(rm_at_open(client, xid, "nosuch", o, &b), RM_E_INVALID);
+  assert_null(b);
+  /* Not in a transaction block. */
+  assert_int_equal(rm_at_open(client, xid, "orders", o, &b), RM_E_STATE);
+  assert_int_equal(rm_at_insert(NULL, "t", 0, NULL, NULL), RM_E_INVALID);
+  assert_int_equal(rm_at_update(NULL, "t", NULL, 0, NULL, NULL), RM_E_INVALID);
+  assert_int_equal(rm_at_delete(NULL, "t", NULL), RM_E_INVALID);
+  assert_int_equal(rm_at_update_delta(NULL, "t", NULL, "c", 1, NULL), RM_E_INVALID);
+  assert_int_equal(rm_at_prepare(NULL, NULL), RM_E_INVALID);
+  assert_int_equal(rm_at_close(NULL, true), RM_E_INVALID);
+  assert_string_equal(rm_at_errmsg(NULL), "");
+
+  assert_true(exec_ok(o, "BEGIN"));
+  assert_int_equal(rm_at_open(client, xid, "orders", o, &b), 0);
+  assert_int_equal(rm_at_prepare(b, NULL), RM_E_STATE); /* nothing to prepare */
+  /* A first good statement, whose effect must survive the failures. */
+  long long id = atomic_fetch_add(&next_order, 1);
+  assert_int_equal(insert_order(b, id, 77, 1, 9, xid), 0);
+  char sid[32];
+  snprintf(sid, sizeof(sid), "%lld", id);
+  const char *pk[1] = {sid};
+
+  assert_int_equal(rm_at_insert(b, NULL, 0, NULL, NULL), RM_E_INVALID);
+  assert_int_equal(rm_at_insert(b, "trade_order", 2, NULL, NULL), RM_E_INVALID);
+  assert_int_equal(rm_at_insert(b, "no_such_table", 0, NULL, NULL), RM_E_NO_TABLE);
+  assert_non_null(strstr(rm_at_errmsg(b), "no_such_table"));
+  assert_true(tx_usable(o));
+  assert_int_equal(rm_at_insert(b, "nosuchschema.kv", 0, NULL, NULL), RM_E_NO_TABLE);
+  assert_int_equal(rm_at_insert(b, ".kv", 0, NULL, NULL), RM_E_INVALID);
+  char longname[100];
+  memset(longname, 't', sizeof(longname) - 1);
+  longname[sizeof(longname) - 1] = '\0';
+  assert_int_equal(rm_at_insert(b, longname, 0, NULL, NULL), RM_E_INVALID);
+  const char *nc[1] = {"a"}, *nv[1] = {"1"};
+  assert_int_equal(rm_at_insert(b, "nopk", 1, nc, nv), RM_E_NO_PK);
+  assert_non_null(strstr(rm_at_errmsg(b), "no primary key"));
+  assert_true(tx_usable(o));
+  /* Rows that are not there. */
+  const char *missing[1] = {"-1"};
+  const char *sc[1] = {"status"}, *sv[1] = {"PAID"};
+  assert_int_equal(rm_at_update(b, "trade_order", missing, 1, sc, sv), RM_E_NOT_ONE_ROW);
+  assert_int_equal(rm_at_delete(b, "trade_order", missing), RM_E_NOT_ONE_ROW);
+  assert_true(tx_usable(o));
+  /* Bad columns and values. */
+  const char *uc[1] = {"no_such_col"};
+  assert_int_equal(rm_at_update(b, "trade_order", pk, 1, uc, sv), RM_E_INVALID);
+  const char *pkc[1] = {"order_id"}, *pkv[1] = {"5"};
+  assert_int_equal(rm_at_update(b, "trade_order", pk, 1, pkc, pkv), RM_E_NOT_SUPPORTED);
+  const char *qc[1] = {"qty"}, *qv[1] = {"not a number"};
+  assert_int_equal(rm_at_update(b, "trade_order", pk, 1, qc, qv), RM_E_INVALID);
+  const char *qneg[1] = {"-3"};
+  assert_int_equal(rm_at_update(b, "trade_order", pk, 1, qc, qneg), RM_E_DB); /* CHECK */
+  assert_true(tx_usable(o));
+  const char *nullpk[1] = {NULL};
+  assert_int_equal(rm_at_update(b, "trade_order", nullpk, 1, sc, sv), RM_E_INVALID);
+  assert_int_equal(rm_at_update(b, "trade_order", pk, 0, sc, sv), RM_E_INVALID);
+  /* Oversized: a key too long for a lock key, images too big. */
+  size_t big = 3000;
+  char *bigkey = malloc(big + 1);
+  memset(bigkey, 'k', big);
+  bigkey[big] = '\0';
+  const char *kvc[2] = {"k", "v"}, *kvv[2] = {bigkey, "x"};
+  assert_int_equal(rm_at_insert(b, "kv", 2, kvc, kvv), RM_E_INVALID);
+  assert_non_null(strstr(rm_at_errmsg(b), "lock key"));
+  assert_int_equal(q_ll(o, "SELECT count(*) FROM kv WHERE length(k) = 3000", NULL, NULL, NULL), 0);
+  free(bigkey);
+  size_t huge = 9u * 1024 * 1024;
+  char *hv = malloc(huge + 1);
+  memset(hv, 'v', huge);
+  hv[huge] = '\0';
+  const char *hvv[2] = {"huge", hv};
+  assert_int_equal(rm_at_insert(b, "kv", 2, kvc, hvv), RM_E_INVALID);
+  assert_non_null(strstr(rm_at_errmsg(b), "exceed"));
+  free(hv);
+  assert_int_equal(q_ll(o, "SELECT count(*) FROM kv WHERE k = 'huge'", NULL, NULL, NULL), 0);
+  /* Deltas: not a counter column, and the guard. */
+  assert_int_equal(rm_at_update_delta(b, "trade_order", pk, "status", 1, NULL), RM_E_NOT_SUPPORTED);
+  assert_int_equal(rm_at_update_delta(b, "trade_order", pk, "qty", LLONG_MIN, NULL), RM_E_INVALID);
+  assert_int_equal(rm_at_update_delta(b, "trade_order", pk, "qty", 5, "qty + $1 <= 3"), RM_E_GUARD);
+  assert_int_equal(rm_at_update_delta(b, "trade_order", missing, "qty", 1, NULL), RM_E_NOT_ONE_ROW);
+  assert_int_equal(rm_at_update_delta(b, "trade_order", pk, "qty", 1, "this is not sql"), RM_E_DB);
+  assert_true(tx_usable(o));
+
+  /* After all that: the first insert is intact, the branch still works. */
+  assert_int_equal(q_ll(o, "SELECT count(*) FROM trade_order WHERE order_id = $1", sid, NULL, NULL), 1);
+  assert_int_equal(rm_at_update(b, "trade_order", pk, 1, sc, sv), 0);
+  int64_t bid = 0;
+  assert_int_equal(rm_at_prepare(b, &bid), 0);
+  assert_int_equal(rm_at_prepare(b, &bid), RM_E_STATE);
+  assert_int_equal(rm_at_insert(b, "kv", 0, NULL, NULL), RM_E_STATE);
+  assert_true(exec_ok(o, "COMMIT"));
+  assert_int_equal(rm_at_close(b, true), 0);
+  int st = 0;
+  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
+  assert_int_equal(order_exists(o, id), 0);
+
+  /* An xid the TC does not know: registration fails, the caller rolls back. */
+  assert_true(exec_ok(s, "BEGIN"));
+  assert_int_equal(rm_at_open(client, "127.0.0.1:1:777", "stock", s, &b), 0);
+  delta_arg_t d = {9, 1};
+  assert_int_equal(body_delta(b, &d), 0);
+  int rc = rm_at_prepare(b, &bid);
+  assert_true(rc == RM_E_GLOBAL_NOT_FOUND || rc == RM_E_BAD_REQUEST);
+  assert_true(rm_at_errmsg(b)[0] != '\0');
+  assert_true(exec_ok(s, "ROLLBACK"));
+  assert_int_equal(rm_at_close(b, false), 0);
+
+  /* A failed transaction: no statement runs. */
+  assert_true(exec_ok(s, "BEGIN"));
+  assert_int_equal(rm_at_open(client, xid, "stock", s, &b), 0);
+  PQclear(PQexec(s, "SELECT 1/0"));
+  assert_int_equal(body_delta(b, &d), RM_E_STATE);
+  assert_true(exec_ok(s, "ROLLBACK"));
+  assert_int_equal(rm_at_close(b, false), 0);
+  PQfinish(o);
+  PQfinish(s);
+}
+
+/* A column added after the table's metadata was cached is found (the
+ * cache is read again), and its rollback restores it. */
+static void test_schema_change(void **state) {
+  (void)state;
+  PGconn *o = pg_open(orders_url);
+  assert_non_null(o);
+  char xid[RM_XID_MAX];
+  assert_int_equal(rm_tm_begin(client, 30000, "schema_change", xid), 0);
+  assert_true(exec_ok(o, "BEGIN"));
+  rm_branch_t *b = NULL;
+  assert_int_equal(rm_at_open(client, xid, "orders", o, &b), 0);
+  const char *c1[2] = {"k", "v"}, *v1[2] = {"sc", "first"};
+  assert_int_equal(rm_at_insert(b, "other.kv", 2, c1, v1), 0); /* metadata cached */
+  assert_int_equal(rm_at_prepare(b, NULL), 0);
+  assert_true(exec_ok(o, "COMMIT"));
+  assert_int_equal(rm_at_close(b, true), 0);
+  int st;
+  assert_int_equal(rm_tm_commit(client, xid, &st), 0);
+
+  assert_true(exec_ok(o, "ALTER TABLE other.kv ADD COLUMN IF NOT EXISTS extra text"));
+  assert_int_equal(rm_tm_begin(client, 30000, "schema_change2", xid), 0);
+  assert_true(exec_ok(o, "BEGIN"));
+  assert_int_equal(rm_at_open(client, xid, "orders", o, &b), 0);
+  const char *pk[1] = {"sc"};
+  const char *c2[1] = {"extra"}, *v2[1] = {"added"};
+  assert_int_equal(rm_at_update(b, "other.kv", pk, 1, c2, v2), 0);
+  const char *c3[1] = {"still_missing"};
+  assert_int_equal(rm_at_update(b, "other.kv", pk, 1, c3, v2), RM_E_INVALID);
+  assert_int_equal(rm_at_prepare(b, NULL), 0);
+  assert_true(exec_ok(o, "COMMIT"));
+  assert_int_equal(rm_at_close(b, true), 0);
+  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
+  assert_int_equal(st, RM_GS_ROLLBACKED);
+  assert_int_equal(q_ll(o, "SELECT count(*) FROM other.kv WHERE k = 'sc' AND extra IS NULL", NULL, NULL, NULL), 1);
+  PQfinish(o);
+}
+
+/* The background deleter clears committed branches without help, and the
+ * sweep removes rows past the retention age (and only those). */
+static void test_cleanup(void **state) {
+  (void)state;
+  PGconn *s = pg_open(stock_url);
+  assert_non_null(s);
+  char xid[RM_XID_MAX];
+  assert_int_equal(rm_tm_begin(client, 30000, "cleanup", xid), 0);
+  delta_arg_t d = {10, 1};
+  int64_t bid;
+  assert_int_equal(run_branch(s, xid, "stock", body_delta, &d, &bid), 0);
+  int st;
+  assert_int_equal(rm_tm_commit(client, xid, &st), 0);
+  assert_int_equal(WAIT_EQ(0, 10, undo_rows(s, xid, 0)), 0); /* flush_ms is 1 s */
+
+  assert_true(exec_ok(s, "INSERT INTO undo_log (xid, branch_id, context, rollback_info, log_created)"
+                         " VALUES ('old:1:1', 1, 'serializer=json;version=1', '[]',"
+                         " now() - interval '2 days'),"
+                         " ('new:1:1', 1, 'serializer=json;version=1', '[]', now())"));
+  assert_true(exec_ok(s, "INSERT INTO undo_log (xid, branch_id, log_status, log_created)"
+                         " VALUES ('old:1:1', 2, 1, now() - interval '3 days')"));
+  long long removed = -1;
+  assert_int_equal(rm__at_sweep(client, &removed), 0);
+  assert_true(removed >= 2);
+  assert_int_equal(q_ll(s, "SELECT count(*) FROM undo_log WHERE xid = 'old:1:1'", NULL, NULL, NULL), 0);
+  assert_int_equal(q_ll(s, "SELECT count(*) FROM undo_log WHERE xid = 'new:1:1'", NULL, NULL, NULL), 1);
+  assert_true(exec_ok(s, "DELETE FROM undo_log WHERE xid = 'new:1:1'"));
+  PQfinish(s);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_commit_two_dbs),
+    cmocka_unit_test(test_rollback_two_dbs),
+    cmocka_unit_test(test_rollback_all_ops),
+    cmocka_unit_test(test_dirty_write),
+    cmocka_unit_test(test_never_committed),
+    cmocka_unit_test(test_rollback_before_local_commit),
+    cmocka_unit_test(test_duplicate_phase2),
+    cmocka_unit_test(test_many_threads),
+    cmocka_unit_test(test_delta_64_freezes),
+    cmocka_unit_test(test_bad_input),
+    cmocka_unit_test(test_schema_change),
+    cmocka_unit_test(test_cleanup),
+  };
+  /* RM_TEST_FILTER=test_dirty* runs only the matching tests. */
+  if (getenv("RM_TEST_FILTER")) cmocka_set_test_filter(getenv("RM_TEST_FILTER"));
+  return cmocka_run_group_tests_name("rm_at", tests, group_setup, group_teardown);
+}
