@@ -123,10 +123,15 @@
 
 typedef struct tc_pg_conn tc_pg_conn_t;
 
+#define TC_PG_MAX_PREPARED 32
+#define ITEM_OTHER (-1)
+#define ITEM_PREPARE_BASE (-2)
+
 /* One statement of a job.  'sql' and 'values' live in 'block' (one
  * allocation per statement); 'res' is its result once received. */
 typedef struct tc_pg_stmt {
   void *block;
+  const char *name; /* prepared statement name (static), or NULL */
   char *sql;
   char **values; /* 'nparams' entries; NULL is SQL NULL */
   int nparams;
@@ -153,9 +158,12 @@ struct tc_pg_job {
   uint64_t done_ns;
   unsigned deadline_ms;
 
-  /* Pipeline item whose results are being read: with TC_PG_JOB_TXN, item 0
-   * is BEGIN, 1..n the statements, n+1 COMMIT. */
+  /* Pipeline item whose results are being read, and what each item is:
+   * a statement index (>= 0), ITEM_OTHER (BEGIN, COMMIT, DEALLOCATE), or
+   * ITEM_PREPARE_BASE - i for the Prepare of statement i. */
   int item;
+  int *items;
+  int nitems;
 
   bool has_error;
   int failed_index;
@@ -196,6 +204,10 @@ struct tc_pg_conn {
   bool want_write; /* the last PQflush returned 1 */
   unsigned backoff_ms;
   tc_pg_job_t *job; /* in flight (BUSY only) */
+  /* Prepared statements of this session (names are static strings). */
+  const char *prepared[TC_PG_MAX_PREPARED];
+  int nprepared;
+  bool must_deallocate; /* a job failed: the set above may be wrong */
   bool init_failed;
   char init_err[TC_PG_ERR_LEN];
 };
@@ -647,6 +659,8 @@ static int conn_watch(tc_pg_conn_t *c, int events, bool force)
 /* Close the poll handle, then the PGconn. */
 static void conn_teardown(tc_pg_conn_t *c)
 {
+  c->nprepared = 0; /* prepared statements die with the session */
+  c->must_deallocate = false;
   watch_close(c);
   if (c->pg != NULL) {
     PQfinish(c->pg);
@@ -972,26 +986,70 @@ static void conn_on_timer(uv_timer_t *timer)
 /* ---- jobs on a connection ---- */
 
 /* Step 6: send the whole job as one pipeline segment. */
+static bool conn_has_prepared(const tc_pg_conn_t *c, const char *name)
+{
+  for (int i = 0; i < c->nprepared; i++)
+    if (strcmp(c->prepared[i], name) == 0)
+      return true;
+  return false;
+}
+
 static void conn_start_job(tc_pg_conn_t *c, tc_pg_job_t *job)
 {
   PGconn *pg = c->pg;
   bool txn = (job->flags & TC_PG_JOB_TXN) != 0;
   bool ok = true;
-  int i;
+  int i, n = 0;
 
   c->job = job;
   c->state = CONN_BUSY;
   job->item = 0;
-  if (txn)
+  free(job->items);
+  job->items = malloc(((size_t)job->nstmts * 2 + 3) * sizeof(int));
+  if (job->items == NULL) {
+    conn_fail(c, "out of memory");
+    return;
+  }
+  if (c->must_deallocate) {
+    ok = PQsendQueryParams(pg, "DEALLOCATE ALL", 0, NULL, NULL, NULL, NULL, 0) == 1;
+    job->items[n++] = ITEM_OTHER;
+    c->must_deallocate = false;
+    c->nprepared = 0;
+  }
+  if (ok && txn) {
     ok = PQsendQueryParams(pg, "BEGIN", 0, NULL, NULL, NULL, NULL, 0) == 1;
+    job->items[n++] = ITEM_OTHER;
+  }
   for (i = 0; ok && i < job->nstmts; i++) {
     const tc_pg_stmt_t *s = &job->stmts[i];
 
-    ok = PQsendQueryParams(pg, s->sql, s->nparams, NULL, (const char *const *)s->values, NULL,
-                           NULL, 0) == 1;
+    if (s->name == NULL) {
+      ok = PQsendQueryParams(pg, s->sql, s->nparams, NULL, (const char *const *)s->values, NULL,
+                             NULL, 0) == 1;
+      job->items[n++] = i;
+      continue;
+    }
+    /* Prepared once per session: the parse and plan of the call are paid
+     * once, not in every batch. */
+    if (!conn_has_prepared(c, s->name) && c->nprepared < TC_PG_MAX_PREPARED) {
+      ok = PQsendPrepare(pg, s->name, s->sql, s->nparams, NULL) == 1;
+      job->items[n++] = ITEM_PREPARE_BASE - i;
+      c->prepared[c->nprepared++] = s->name;
+    }
+    if (ok && conn_has_prepared(c, s->name)) {
+      ok = PQsendQueryPrepared(pg, s->name, s->nparams, (const char *const *)s->values, NULL, NULL,
+                               0) == 1;
+    } else if (ok) { /* no room for another prepared statement */
+      ok = PQsendQueryParams(pg, s->sql, s->nparams, NULL, (const char *const *)s->values, NULL,
+                             NULL, 0) == 1;
+    }
+    job->items[n++] = i;
   }
-  if (ok && txn)
+  if (ok && txn) {
     ok = PQsendQueryParams(pg, "COMMIT", 0, NULL, NULL, NULL, NULL, 0) == 1;
+    job->items[n++] = ITEM_OTHER;
+  }
+  job->nitems = n;
   if (ok)
     ok = PQpipelineSync(pg) == 1;
   if (!ok) {
@@ -1009,14 +1067,15 @@ static void conn_start_job(tc_pg_conn_t *c, tc_pg_job_t *job)
 /* File one result of the in-flight job under its pipeline item. */
 static void job_take_result(tc_pg_job_t *job, PGresult *res)
 {
-  int idx = job->item - ((job->flags & TC_PG_JOB_TXN) ? 1 : 0);
-  bool is_stmt = idx >= 0 && idx < job->nstmts;
+  int kind = job->item >= 0 && job->item < job->nitems ? job->items[job->item] : ITEM_OTHER;
+  int idx = kind >= 0 ? kind : kind <= ITEM_PREPARE_BASE ? ITEM_PREPARE_BASE - kind : -1;
+  bool is_stmt = kind >= 0 && kind < job->nstmts;
 
   switch (PQresultStatus(res)) {
   case PGRES_FATAL_ERROR:
   case PGRES_BAD_RESPONSE:
   case PGRES_NONFATAL_ERROR:
-    job_set_error_from_result(job, res, is_stmt ? idx : -1);
+    job_set_error_from_result(job, res, idx);
     PQclear(res);
     break;
   case PGRES_PIPELINE_ABORTED:
@@ -1028,7 +1087,7 @@ static void job_take_result(tc_pg_job_t *job, PGresult *res)
         PQclear(job->stmts[idx].res);
       job->stmts[idx].res = res;
     } else {
-      PQclear(res); /* BEGIN / COMMIT */
+      PQclear(res); /* BEGIN, COMMIT, DEALLOCATE, a Prepare */
     }
     break;
   }
@@ -1057,6 +1116,9 @@ static void conn_sync_done(tc_pg_conn_t *c)
 
   c->job = NULL;
   status = job->has_error ? TC_PG_ESTMT : TC_PG_OK;
+  /* After an error, which Prepares took effect is unclear: start over. */
+  if (job->has_error && c->nprepared > 0)
+    c->must_deallocate = true;
   if (PQstatus(c->pg) == CONNECTION_BAD) {
     conn_fail(c, PQerrorMessage(c->pg));
   } else if (ts == PQTRANS_IDLE) {
@@ -1463,6 +1525,17 @@ int tc_pg_job_add(tc_pg_job_t *job, const char *sql, int nparams, const char *co
   return 0;
 }
 
+int tc_pg_job_add_prepared(tc_pg_job_t *job, const char *name, const char *sql, int nparams,
+                           const char *const *values)
+{
+  if (name == NULL || name[0] == '\0')
+    return -1;
+  if (tc_pg_job_add(job, sql, nparams, values) != 0)
+    return -1;
+  job->stmts[job->nstmts - 1].name = name;
+  return 0;
+}
+
 int tc_pg_job_count(const tc_pg_job_t *job)
 {
   return job != NULL ? job->nstmts : 0;
@@ -1504,6 +1577,7 @@ void tc_pg_job_free(tc_pg_job_t *job)
     free(job->stmts[i].block);
   }
   free(job->stmts);
+  free(job->items);
   free(job->errmsg);
   free(job);
 }

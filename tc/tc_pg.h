@@ -97,6 +97,16 @@ tc_pg_job_t *tc_pg_job_new(unsigned flags, tc_pg_job_cb cb, void *arg);
  */
 int tc_pg_job_add(tc_pg_job_t *job, const char *sql, int nparams, const char *const *values);
 
+/*
+ * The same, run as the prepared statement 'name' (a string that outlives
+ * the pool, e.g. a literal): each connection prepares it once, in the
+ * pipeline of the first job that uses it, so later jobs skip the parse and
+ * plan of the statement itself.  The same name must always carry the same
+ * SQL.
+ */
+int tc_pg_job_add_prepared(tc_pg_job_t *job, const char *name, const char *sql, int nparams,
+                           const char *const *values);
+
 /* Number of statements added. */
 int tc_pg_job_count(const tc_pg_job_t *job);
 

@@ -235,7 +235,7 @@ static int add_lock_row(const txp_lockkey_t *k, void *arg) {
   return 0;
 }
 
-static int add_stmt(tc_pg_job_t *job, const char *sql, arr_t *arrs, int narrs,
+static int add_stmt(tc_pg_job_t *job, const char *name, const char *sql, arr_t *arrs, int narrs,
                     const char *const *extra, int nextra) {
   const char *vals[16];
   for (int i = 0; i < narrs; i++) {
@@ -243,7 +243,7 @@ static int add_stmt(tc_pg_job_t *job, const char *sql, arr_t *arrs, int narrs,
     if (!vals[i]) return -1;
   }
   for (int i = 0; i < nextra; i++) vals[narrs + i] = extra[i];
-  return tc_pg_job_add(job, sql, narrs + nextra, vals);
+  return tc_pg_job_add_prepared(job, name, sql, narrs + nextra, vals);
 }
 
 static int build_begin(tc_store_t *st, batch_t *b, tc_pg_job_t *job) {
@@ -261,7 +261,7 @@ static int build_begin(tc_store_t *st, batch_t *b, tc_pg_job_t *job) {
   char node[16];
   snprintf(node, sizeof(node), "%d", st->node_id);
   const char *extra[] = {node};
-  int rc = add_stmt(job,
+  int rc = add_stmt(job, "tc_begin",
                     "SELECT item, xid, result FROM tc_begin_batch($1::text[], $2::bigint[], "
                     "$3::int[], $4::text[], $5::text[], $6::text[], $7::int)",
                     a, 6, extra, 1);
@@ -290,7 +290,7 @@ static int build_register(tc_store_t *st, batch_t *b, tc_pg_job_t *job) {
     }
   }
   if (rc == 0)
-    rc = add_stmt(job,
+    rc = add_stmt(job, "tc_register",
                   "SELECT item, result, branch_id, holder, holder_status FROM tc_register_batch("
                   "$1::text[], $2::bigint[], $3::text[], $4::smallint[], $5::text[], $6::text[], "
                   "$7::text[], $8::text[], $9::int[], $10::text[], $11::text[], $12::text[])",
@@ -315,7 +315,8 @@ static int build_decide(tc_store_t *st, batch_t *b, tc_pg_job_t *job) {
   /* keep a copy of the xid array for the branch query */
   const char *xids = arr_end(&a[0]);
   char *xids_copy = xids ? strdup(xids) : NULL;
-  int rc = add_stmt(job, "SELECT item, result, status FROM tc_decide_batch($1::text[], $2::text[], $3::int)",
+  int rc = add_stmt(job, "tc_decide",
+                    "SELECT item, result, status FROM tc_decide_batch($1::text[], $2::text[], $3::int)",
                     a, 2, extra, 1);
   if (rc == 0 && xids_copy) {
     /* COLLATE "C": take_decide merges these rows with the ops sorted by
@@ -349,7 +350,7 @@ static int build_phase2(tc_store_t *st, batch_t *b, tc_pg_job_t *job) {
   snprintf(rmin, sizeof(rmin), "%d", st->retry_min_ms);
   snprintf(rmax, sizeof(rmax), "%d", st->retry_max_ms);
   const char *extra[] = {rmin, rmax};
-  int rc = add_stmt(job,
+  int rc = add_stmt(job, "tc_phase2",
                     "SELECT item, result, global_status, finished FROM tc_phase2_batch("
                     "$1::text[], $2::bigint[], $3::smallint[], $4::text[], $5::int, $6::int)",
                     a, 4, extra, 2);
@@ -700,7 +701,7 @@ tc_store_t *tc_store_new(uv_loop_t *loop, const tc_config_t *cfg,
   w.max_queue = 1024;
   w.on_state = on_pool_state;
   w.state_arg = st;
-  w.init_sql = "SET application_name = 'tcd-writer'";
+  w.init_sql = "SET application_name = 'tcd-writer'; SET plan_cache_mode = force_generic_plan";
   tc_pg_pool_opts_t r = w;
   r.size = cfg->pool_size - cfg->writers;
   r.max_queue = 8192;
