@@ -70,7 +70,10 @@ int txp_lockkeys_append(txp_buf_t *b, const char *table, const char *pk) {
   if (!rc) rc = txp_buf_append(b, table, tl);
   if (!rc) rc = txp_buf_append(b, ":", 1);
   if (!rc) rc = txp_buf_append(b, pk, pl);
-  if (rc) b->len = old; /* all or nothing */
+  if (rc) { /* all or nothing, and still a C string */
+    b->len = old;
+    if (b->data) b->data[old] = '\0';
+  }
   return rc;
 }
 

@@ -217,9 +217,22 @@ static void tcd_kill9(void) {
   g_tcd = -1;
 }
 
+/* Whether tcd still runs; if it ended, say how (once) and forget it. */
 static bool tcd_alive(void) {
-  int st;
-  return g_tcd > 0 && waitpid(g_tcd, &st, WNOHANG) == 0;
+  if (g_tcd <= 0) return false;
+  int st = 0;
+  pid_t r = waitpid(g_tcd, &st, WNOHANG);
+  if (r == 0) return true;
+  if (r == g_tcd) {
+    if (WIFSIGNALED(st))
+      fprintf(stderr, "test_tcd: tcd (pid %d) was killed by signal %d\n", (int)g_tcd, WTERMSIG(st));
+    else
+      fprintf(stderr, "test_tcd: tcd (pid %d) exited with status %d\n", (int)g_tcd, WEXITSTATUS(st));
+  } else {
+    fprintf(stderr, "test_tcd: waitpid(%d): %s\n", (int)g_tcd, strerror(errno));
+  }
+  g_tcd = -1;
+  return false;
 }
 
 static void kill_at_exit(void) {
@@ -571,11 +584,6 @@ static void bg_stop(void);
 static int test_setup(void **state) {
   (void)state;
   if (tcd_alive()) return 0;
-  if (g_tcd > 0) {
-    int st = 0;
-    waitpid(g_tcd, &st, 0);
-    g_tcd = -1;
-  }
   fprintf(stderr, "test_tcd: tcd is not running: starting a new one\n");
   return tcd_start();
 }
