@@ -867,7 +867,7 @@ int rm_at_insert(rm_branch_t *b, const char *table, int ncols, const char *const
       if (!rc) rc = txp_buf_append_str(&sql, t->cols[col_index(t, cols[i])].qname);
     }
     for (int i = 0; !rc && i < ncols; i++) {
-      char num[16];
+      char num[32];
       snprintf(num, sizeof(num), "%s$%d", i ? ", " : ") VALUES (", i + 1);
       rc = txp_buf_append_str(&sql, num);
     }

@@ -790,6 +790,111 @@ static void test_two_nodes_one_dies(void **state) {
   assert_int_equal(globals_of(app), begins);
 }
 
+/* ---- heartbeats: a silent node is dead; the resend keeps its key ---- */
+
+static void test_heartbeat_dead_then_resend(void **state) {
+  (void)state;
+  skip_without_servers();
+  tcd_t *t = tcd_start(0, TOKEN);
+  const char *app = "rm-tm-heartbeat";
+  char nodes[128];
+  logcap_t lc;
+  logcap_init(&lc);
+  nodes_of(nodes, sizeof(nodes), t, NULL);
+  rm_config_t cfg = {0};
+  cfg.nodes = nodes;
+  cfg.token = TOKEN;
+  cfg.application_id = app;
+  cfg.request_timeout_ms = 15000;
+  cfg.connect_timeout_ms = 1000;
+  cfg.heartbeat_ms = 200;
+  cfg.log_cb = log_cb;
+  cfg.log_arg = &lc;
+  cfg.log_level = RM_LOG_DEBUG;
+  rm_client_t *c = NULL;
+  assert_int_equal(rm_client_new(&cfg, &c), RM_OK);
+  wait_nodes_up(c, 1, 10000);
+
+  tcd_signal(t, SIGSTOP);
+  double t0 = now_ms();
+  waiter_t w;
+  waiter_init(&w);
+  assert_int_equal(rm_tm_begin_async(c, 0, "hb", on_tm, &w), RM_OK);
+  /* Two silent heartbeat intervals: the connection is declared dead. */
+  wait_nodes_up(c, 0, 3000);
+  double dead_after = now_ms() - t0;
+  assert_true(dead_after >= 300 && dead_after < 1500);
+  assert_true(log_has(&lc, RM_LOG_WARN, "no answer for"));
+  sleep_ms(300);
+  assert_int_equal(w.calls, 0); /* sent, connection lost: it waits to be resent */
+  tcd_signal(t, SIGCONT);
+
+  /* The node comes back: the begin is resent with the same idempotency
+   * key.  The node also reads the first copy from the old socket: still
+   * one global transaction. */
+  waiter_wait(&w, 1, 15000);
+  assert_int_equal(w.code, RM_OK);
+  assert_true(log_has(&lc, RM_LOG_DEBUG, "resending GlobalBegin"));
+  wait_nodes_up(c, 1, 5000);
+  int st;
+  assert_int_equal(rm_tm_rollback(c, w.xid, &st), RM_OK);
+  rm_client_free(c);
+  assert_int_equal(globals_of(app), 1);
+}
+
+/* ---- store errors are retried ---- */
+
+static int terminate_tc_backends(void) {
+  PGconn *pg = PQconnectdb(pg_url());
+  if (PQstatus(pg) != CONNECTION_OK) fail_msg("could not connect: %s", PQerrorMessage(pg));
+  PGresult *r = PQexec(pg, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                           "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+                           "AND backend_type = 'client backend'");
+  if (PQresultStatus(r) != PGRES_TUPLES_OK) fail_msg("terminate failed: %s", PQerrorMessage(pg));
+  int n = atoi(PQgetvalue(r, 0, 0));
+  PQclear(r);
+  PQfinish(pg);
+  return n;
+}
+
+static void test_store_errors_retried(void **state) {
+  (void)state;
+  skip_without_servers();
+  tcd_t *t = tcd_start(0, TOKEN);
+  const char *app = "rm-tm-store";
+  char nodes[128];
+  logcap_t lc;
+  logcap_init(&lc);
+  nodes_of(nodes, sizeof(nodes), t, NULL);
+  load_ctx_t l;
+  memset(&l, 0, sizeof(l));
+  l.c = client_new(nodes, TOKEN, app, 15000, &lc);
+  pthread_t th[4];
+  for (int i = 0; i < 4; i++) assert_int_equal(pthread_create(&th[i], NULL, load_worker, &l), 0);
+  int killed = 0;
+  for (int round = 0; round < 3; round++) {
+    wait_counter(&l.done, atomic_load(&l.done) + 30, 30000);
+    killed += terminate_tc_backends(); /* ops in flight fail with TXP_ESTORE */
+  }
+  wait_counter(&l.done, atomic_load(&l.done) + 30, 30000);
+  atomic_store(&l.stop, true);
+  for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
+  rm_client_free(l.c);
+  assert_true(killed > 0);
+  if (atomic_load(&l.failures))
+    fail_msg("%d calls failed while the store connections were cut; first %d (%s)",
+             atomic_load(&l.failures), atomic_load(&l.first_rc), rm_strerror(atomic_load(&l.first_rc)));
+  /* Retried begins kept their keys: one global each. */
+  assert_int_equal(globals_of(app), atomic_load(&l.done));
+  int retried = 0;
+  pthread_mutex_lock(&lc.mu);
+  for (int i = 0; i < lc.n && i < CAP_LINES; i++)
+    if (strstr(lc.lines[i], "(STORE): retrying")) retried++;
+  pthread_mutex_unlock(&lc.mu);
+  print_message("%d backends terminated, %d store refusals retried, %d transactions\n", killed, retried,
+                atomic_load(&l.done));
+}
+
 /* ---- restart ---- */
 
 static void test_reconnect_after_restart(void **state) {
@@ -1086,6 +1191,8 @@ int main(void) {
     cmocka_unit_test_teardown(test_no_node, teardown_tcds),
     cmocka_unit_test_teardown(test_hung_node_unknown_outcome, teardown_tcds),
     cmocka_unit_test_teardown(test_two_nodes_one_dies, teardown_tcds),
+    cmocka_unit_test_teardown(test_heartbeat_dead_then_resend, teardown_tcds),
+    cmocka_unit_test_teardown(test_store_errors_retried, teardown_tcds),
     cmocka_unit_test_teardown(test_reconnect_after_restart, teardown_tcds),
     cmocka_unit_test_teardown(test_free_with_calls_in_flight, teardown_tcds),
     cmocka_unit_test_teardown(test_branch_register_lock_wait, teardown_tcds),
