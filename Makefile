@@ -34,12 +34,7 @@ build-fuzz: deps
 # The whole suite: unit tests under valgrind, everything under ASan/UBSan
 # (integration tests start their own PostgreSQL/Redis/tcd), a short fuzz run.
 test: build build-san build-fuzz
-	@echo "== unit tests under valgrind (build/)"
-	@cd build && ctest -L unit -j$(JOBS) --output-on-failure
-	@echo "== unit and integration tests under ASan/UBSan (build/san)"
-	@cd build/san && ctest -LE fuzz -j$(JOBS) --output-on-failure
-	@echo "== decoder fuzzing, $(FUZZ_SECONDS)s (build/fuzz)"
-	@cd build/fuzz && ctest -L fuzz --output-on-failure
+	@scripts/run-tests $(JOBS)
 
 test-unit: build-san
 	@cd build/san && ctest -L unit -j$(JOBS) --output-on-failure

@@ -1,0 +1,331 @@
+/*
+ * svc_common.c - logging, environment, signals, PostgreSQL pool and
+ * librmclient set-up shared by the example services (see svc_common.h).
+ */
+#include "svc_common.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------- logging */
+
+int svc_log_level = SVC_LOG_INFO;
+static char g_svc_name[64] = "svc";
+
+static const char *const level_names[] = {"error", "warn", "info", "debug"};
+
+void svc_log_init(const char *svc_name, const char *level_var) {
+  snprintf(g_svc_name, sizeof(g_svc_name), "%s", svc_name);
+  const char *lv = level_var ? getenv(level_var) : NULL;
+  if (!lv || !*lv) lv = getenv("SVC_LOG_LEVEL");
+  if (lv && *lv) {
+    for (int i = 0; i < 4; i++)
+      if (strcmp(lv, level_names[i]) == 0) svc_log_level = i;
+  }
+}
+
+void svc_log_write(int level, json_t *fields, const char *fmt, ...) {
+  char msg[2048];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  struct tm tm;
+  gmtime_r(&ts.tv_sec, &tm);
+  char when[40];
+  snprintf(when, sizeof(when), "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900, tm.tm_mon + 1,
+           tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000L);
+
+  if (level < 0) level = 0;
+  if (level > 3) level = 3;
+  json_t *line = json_object();
+  json_object_set_new(line, "ts", json_string(when));
+  json_object_set_new(line, "level", json_string(level_names[level]));
+  json_object_set_new(line, "svc", json_string(g_svc_name));
+  json_object_set_new(line, "pid", json_integer(getpid()));
+  /* Invalid UTF-8 (e.g. a PostgreSQL message in another encoding) must
+   * not lose the line: json_string refuses it, so fall back to a note. */
+  json_t *m = json_string(msg);
+  json_object_set_new(line, "msg", m ? m : json_string("(message not valid UTF-8)"));
+  if (fields && json_is_object(fields)) json_object_update(line, fields);
+  json_decref(fields);
+  char *s = json_dumps(line, JSON_COMPACT | JSON_ENSURE_ASCII);
+  json_decref(line);
+  if (!s) return;
+  size_t n = strlen(s);
+  s[n] = '\n'; /* replaces the NUL: one write(2) for the whole line */
+  ssize_t off = 0;
+  while ((size_t)off < n + 1) {
+    ssize_t w = write(STDERR_FILENO, s + off, n + 1 - (size_t)off);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) break;
+    off += w;
+  }
+  free(s);
+}
+
+void svc_rm_log_cb(int level, const char *msg, void *arg) {
+  (void)arg;
+  /* rm levels: 1 error .. 4 debug; ours: 0 error .. 3 debug */
+  int l = level - 1;
+  if (l > svc_log_level) return;
+  svc_log_write(l, json_pack("{s:s}", "from", "rmclient"), "%s", msg);
+}
+
+/* --------------------------------------------------------- environment */
+
+const char *svc_env_str(const char *name, const char *def) {
+  const char *v = getenv(name);
+  return v && *v ? v : def;
+}
+
+bool svc_parse_ll(const char *s, long long min, long long max, long long *out) {
+  if (!s || !*s) return false;
+  errno = 0;
+  char *end = NULL;
+  long long v = strtoll(s, &end, 10);
+  if (errno || !end || *end || v < min || v > max) return false;
+  *out = v;
+  return true;
+}
+
+long long svc_env_int(const char *name, long long def, long long min, long long max, bool *ok) {
+  const char *v = getenv(name);
+  if (!v || !*v) return def;
+  long long x;
+  if (!svc_parse_ll(v, min, max, &x)) {
+    svc_error("invalid value \"%s\" for %s: expected an integer from %lld to %lld", v, name, min, max);
+    if (ok) *ok = false;
+    return -1;
+  }
+  return x;
+}
+
+int svc_ncpu(void) {
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? (int)n : 1;
+}
+
+/* ----------------------------------------------------------- signals */
+
+void svc_block_signals(void) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &set, NULL);
+}
+
+int svc_wait_signal(void) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  for (;;) {
+    int sig = 0;
+    if (sigwait(&set, &sig) == 0) return sig;
+  }
+}
+
+int64_t svc_now_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+/* ------------------------------------------------------ PostgreSQL pool */
+
+struct svc_pgpool {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  char *conninfo;
+  char appname[64];
+  int max;      /* connections allowed */
+  int open;     /* connections in existence (idle + lent) */
+  int nidle;
+  PGconn **idle;
+};
+
+svc_pgpool_t *svc_pgpool_new(const char *conninfo, int max, const char *application_name) {
+  if (!conninfo || max <= 0) return NULL;
+  svc_pgpool_t *p = calloc(1, sizeof(*p));
+  if (!p) return NULL;
+  p->conninfo = strdup(conninfo);
+  p->idle = calloc((size_t)max, sizeof(PGconn *));
+  if (!p->conninfo || !p->idle) {
+    free(p->conninfo);
+    free(p->idle);
+    free(p);
+    return NULL;
+  }
+  pthread_mutex_init(&p->mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&p->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  snprintf(p->appname, sizeof(p->appname), "%s", application_name ? application_name : "svc");
+  p->max = max;
+  return p;
+}
+
+void svc_pgpool_free(svc_pgpool_t *p) {
+  if (!p) return;
+  for (int i = 0; i < p->nidle; i++) PQfinish(p->idle[i]);
+  pthread_mutex_destroy(&p->mu);
+  pthread_cond_destroy(&p->cv);
+  free(p->idle);
+  free(p->conninfo);
+  free(p);
+}
+
+static PGconn *pg_connect(svc_pgpool_t *p, char *err, size_t errlen) {
+  const char *keys[] = {"dbname", "application_name", NULL};
+  const char *vals[] = {p->conninfo, p->appname, NULL};
+  PGconn *pg = PQconnectdbParams(keys, vals, 1);
+  if (!pg || PQstatus(pg) != CONNECTION_OK) {
+    snprintf(err, errlen, "could not connect to PostgreSQL: %s",
+             pg ? PQerrorMessage(pg) : "out of memory");
+    /* libpq messages end with a newline: drop it for the log line */
+    size_t n = strlen(err);
+    while (n && (err[n - 1] == '\n' || err[n - 1] == '\r')) err[--n] = '\0';
+    PQfinish(pg);
+    return NULL;
+  }
+  return pg;
+}
+
+PGconn *svc_pg_get(svc_pgpool_t *p, unsigned wait_ms, char *err, size_t errlen) {
+  struct timespec until;
+  clock_gettime(CLOCK_MONOTONIC, &until);
+  until.tv_sec += wait_ms / 1000;
+  until.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
+  if (until.tv_nsec >= 1000000000L) {
+    until.tv_sec++;
+    until.tv_nsec -= 1000000000L;
+  }
+  pthread_mutex_lock(&p->mu);
+  for (;;) {
+    if (p->nidle > 0) {
+      PGconn *pg = p->idle[--p->nidle];
+      pthread_mutex_unlock(&p->mu);
+      if (PQstatus(pg) == CONNECTION_OK) return pg;
+      /* died while idle (server restart): replace it */
+      PQreset(pg);
+      if (PQstatus(pg) == CONNECTION_OK) return pg;
+      PQfinish(pg);
+      pthread_mutex_lock(&p->mu);
+      p->open--;
+      continue;
+    }
+    if (p->open < p->max) {
+      p->open++;
+      pthread_mutex_unlock(&p->mu);
+      PGconn *pg = pg_connect(p, err, errlen);
+      if (pg) return pg;
+      pthread_mutex_lock(&p->mu);
+      p->open--;
+      pthread_cond_signal(&p->cv);
+      pthread_mutex_unlock(&p->mu);
+      return NULL;
+    }
+    if (pthread_cond_timedwait(&p->cv, &p->mu, &until) == ETIMEDOUT) {
+      pthread_mutex_unlock(&p->mu);
+      snprintf(err, errlen, "could not get a PostgreSQL connection: all %d in use", p->max);
+      return NULL;
+    }
+  }
+}
+
+void svc_pg_put(svc_pgpool_t *p, PGconn *pg) {
+  if (!pg) return;
+  bool keep = PQstatus(pg) == CONNECTION_OK && PQtransactionStatus(pg) == PQTRANS_IDLE;
+  if (!keep) PQfinish(pg);
+  pthread_mutex_lock(&p->mu);
+  if (keep)
+    p->idle[p->nidle++] = pg;
+  else
+    p->open--;
+  pthread_cond_signal(&p->cv);
+  pthread_mutex_unlock(&p->mu);
+}
+
+bool svc_pg_exec(PGconn *pg, const char *sql, int n, const char *const *params, ExecStatusType want,
+                 PGresult **res, char *err, size_t errlen) {
+  PGresult *r = n > 0 ? PQexecParams(pg, sql, n, NULL, params, NULL, NULL, 0) : PQexec(pg, sql);
+  if (PQresultStatus(r) != want) {
+    const char *m = r ? PQresultErrorMessage(r) : PQerrorMessage(pg);
+    snprintf(err, errlen, "%s", m && *m ? m : "unexpected result");
+    size_t l = strlen(err);
+    while (l && (err[l - 1] == '\n' || err[l - 1] == '\r')) err[--l] = '\0';
+    PQclear(r);
+    if (res) *res = NULL;
+    return false;
+  }
+  if (res)
+    *res = r;
+  else
+    PQclear(r);
+  return true;
+}
+
+/* -------------------------------------------------------- librmclient */
+
+int svc_rm_client_new(const char *application_id, unsigned wait_ms, rm_client_t **out) {
+  bool ok = true;
+  const char *nodes = svc_env_str("TC_NODES", NULL);
+  const char *token = svc_env_str("TC_TOKEN", NULL);
+  if (!nodes || !token) {
+    svc_error("could not start the transaction client: TC_NODES and TC_TOKEN must be set "
+              "(they are printed by cluster/local/up)");
+    return RM_E_INVALID;
+  }
+  rm_config_t cfg = {
+    .nodes = nodes,
+    .token = token,
+    .application_id = application_id,
+    .request_timeout_ms = (unsigned)svc_env_int("RM_REQUEST_TIMEOUT_MS", 5000, 100, 600000, &ok),
+    .lock_wait_ms = (unsigned)svc_env_int("RM_LOCK_WAIT_MS", 2000, 0, 600000, &ok),
+    .log_cb = svc_rm_log_cb,
+    .log_level = svc_log_level + 1,
+  };
+  if (!ok) return RM_E_INVALID;
+  int rc = rm_client_new(&cfg, out);
+  if (rc != 0) {
+    svc_error("could not start the transaction client: %s", rm_strerror(rc));
+    return rc;
+  }
+  int64_t end = svc_now_us() + (int64_t)wait_ms * 1000;
+  /* The client has no "connected" callback; a short poll at start-up is
+   * the simplest honest wait (it only delays readiness). */
+  while (rm_client_nodes_up(*out) < 1 && svc_now_us() < end) {
+    struct timespec ts = {0, 20 * 1000000L};
+    nanosleep(&ts, NULL);
+  }
+  if (rm_client_nodes_up(*out) < 1)
+    svc_warn("no coordinator node connected yet (TC_NODES=%s); requests will wait for one", nodes);
+  return 0;
+}
+
+/* ------------------------------------------------------------ JSON */
+
+bool svc_json_int(const json_t *o, const char *key, long long min, long long max, long long *out) {
+  json_t *v = json_object_get(o, key);
+  if (!json_is_integer(v)) return false;
+  long long x = (long long)json_integer_value(v);
+  if (x < min || x > max) return false;
+  *out = x;
+  return true;
+}

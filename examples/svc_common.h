@@ -1,0 +1,126 @@
+/*
+ * svc_common.h - what order-service, stock-service and the flash-sale load
+ * generator share: structured logging, settings from the environment,
+ * signal handling, a small PostgreSQL connection pool and the
+ * librmclient set-up.
+ *
+ * NOTES
+ *   Logs are one JSON object per line on stderr, in the shape tcd writes
+ *   ({"ts":..., "level":..., "svc":..., "msg":..., fields...}).  The level
+ *   is checked before any argument is evaluated (SVC_LOG), so debug lines
+ *   cost a compare when debug is off.  Messages follow PostgreSQL's wording:
+ *   lowercase, no final period, "could not X: reason".
+ *
+ *   Settings: every service reads the variables that cluster/local/up
+ *   prints (TC_NODES, TC_TOKEN, ORDERS_PG_URL, STOCK_PG_URL, REDIS_URL,
+ *   STOCK_URL, ...); svc_env_* give the value or a default and complain
+ *   about malformed numbers instead of guessing.
+ *
+ *   Threads: everything here is safe to call from any thread.  The pool
+ *   hands one PGconn to one thread at a time.
+ */
+#ifndef SVC_COMMON_H
+#define SVC_COMMON_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+#include <libpq-fe.h>
+
+#include "rm_client.h"
+
+/* ------------------------------------------------------------- logging */
+
+typedef enum { SVC_LOG_ERROR = 0, SVC_LOG_WARN = 1, SVC_LOG_INFO = 2, SVC_LOG_DEBUG = 3 } svc_log_level_t;
+
+extern int svc_log_level;
+
+/* Name the process in every line ("order-service") and take the level from
+ * the environment variable 'level_var' (error|warn|info|debug; default
+ * info).  Call once, first thing in main. */
+void svc_log_init(const char *svc_name, const char *level_var);
+/* Write one line: 'fields' (may be NULL) is a JSON object whose members are
+ * appended to the line; it is taken (decref'd here). */
+void svc_log_write(int level, json_t *fields, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+#define SVC_LOG(level, fields, ...)                \
+  do {                                             \
+    if ((level) > svc_log_level) break;            \
+    svc_log_write((level), (fields), __VA_ARGS__); \
+  } while (0)
+
+#define svc_error(...) SVC_LOG(SVC_LOG_ERROR, NULL, __VA_ARGS__)
+#define svc_warn(...) SVC_LOG(SVC_LOG_WARN, NULL, __VA_ARGS__)
+#define svc_info(...) SVC_LOG(SVC_LOG_INFO, NULL, __VA_ARGS__)
+#define svc_debug(...) SVC_LOG(SVC_LOG_DEBUG, NULL, __VA_ARGS__)
+
+/* A librmclient log callback that writes through svc_log_write. */
+void svc_rm_log_cb(int level, const char *msg, void *arg);
+
+/* --------------------------------------------------------- environment */
+
+/* The value of 'name', or 'def' when unset or empty. */
+const char *svc_env_str(const char *name, const char *def);
+/* The value of 'name' as an integer in [min, max]; 'def' when unset or
+ * empty.  A malformed or out-of-range value is logged and gives -1 in
+ * '*ok' (set to false); callers refuse to start. */
+long long svc_env_int(const char *name, long long def, long long min, long long max, bool *ok);
+/* Parse 's' entirely as a decimal integer in [min, max]. */
+bool svc_parse_ll(const char *s, long long min, long long max, long long *out);
+/* Number of online CPUs (at least 1). */
+int svc_ncpu(void);
+
+/* ----------------------------------------------------------- signals */
+
+/* Block SIGTERM, SIGINT and SIGPIPE in the calling thread (call before any
+ * thread starts, so that every thread inherits the mask); svc_wait_signal
+ * then returns the first SIGTERM or SIGINT. */
+void svc_block_signals(void);
+int svc_wait_signal(void);
+
+/* ------------------------------------------------------------- time */
+
+/* Monotonic clock in microseconds. */
+int64_t svc_now_us(void);
+
+/* ------------------------------------------------------ PostgreSQL pool */
+
+typedef struct svc_pgpool svc_pgpool_t;
+
+/* A pool of at most 'max' connections to 'conninfo' (copied), opened on
+ * demand.  'application_name' is set on each connection. */
+svc_pgpool_t *svc_pgpool_new(const char *conninfo, int max, const char *application_name);
+/* Close every idle connection and free the pool; every connection must
+ * have been returned.  svc_pgpool_free(NULL) does nothing. */
+void svc_pgpool_free(svc_pgpool_t *p);
+/* Take a connection, waiting up to 'wait_ms' when all are in use; NULL
+ * with a message in 'err' when none can be had. */
+PGconn *svc_pg_get(svc_pgpool_t *p, unsigned wait_ms, char *err, size_t errlen);
+/* Give 'pg' back.  A connection that is broken or left inside a
+ * transaction is closed instead of kept. */
+void svc_pg_put(svc_pgpool_t *p, PGconn *pg);
+
+/* Run 'sql' (no parameters, or 'n' text parameters) and return whether it
+ * gave 'want' (PGRES_COMMAND_OK or PGRES_TUPLES_OK).  On success '*res'
+ * (may be NULL: then cleared here) receives the result; on failure the
+ * message goes to 'err'. */
+bool svc_pg_exec(PGconn *pg, const char *sql, int n, const char *const *params, ExecStatusType want,
+                 PGresult **res, char *err, size_t errlen);
+
+/* -------------------------------------------------------- librmclient */
+
+/* Start a client for 'application_id' from TC_NODES and TC_TOKEN (and
+ * RM_REQUEST_TIMEOUT_MS, RM_LOCK_WAIT_MS), logging through svc_log.  Waits
+ * up to 'wait_ms' for a first coordinator node to be connected (a service
+ * that starts before the cluster still starts; calls wait for nodes).
+ * Returns 0 or an RM_E_* code with a log line. */
+int svc_rm_client_new(const char *application_id, unsigned wait_ms, rm_client_t **out);
+
+/* ------------------------------------------------------------ JSON */
+
+/* 'o[key]' as an integer in [min, max]; false if missing or not one. */
+bool svc_json_int(const json_t *o, const char *key, long long min, long long max, long long *out);
+
+#endif /* SVC_COMMON_H */

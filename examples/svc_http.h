@@ -1,0 +1,92 @@
+/*
+ * svc_http.h - the HTTP side of the example services: a JSON request /
+ * response server on libmicrohttpd, and a keep-alive JSON client on
+ * libcurl for the one internal call (order-service -> stock-service).
+ *
+ * NOTES
+ *   Server: libmicrohttpd with its own thread pool (epoll, one listening
+ *   socket shared by the pool).  Handlers are blocking: each runs to
+ *   completion on a pool thread, so the pool size is the number of
+ *   requests served at once; size it for I/O waits, not for CPUs.  Bodies
+ *   are collected up to SVC_HTTP_MAX_BODY bytes (413 beyond), then the
+ *   handler is called once with the whole body.  Every answer is JSON.
+ *
+ *   Client: a pool of CURL easy handles, each keeping its connection to
+ *   the peer alive, so a steady stream of calls costs no TCP handshakes.
+ *   Safe from any number of threads.
+ */
+#ifndef SVC_HTTP_H
+#define SVC_HTTP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <jansson.h>
+
+#define SVC_HTTP_MAX_BODY 16384
+
+/* The transaction id travels between services in this header. */
+#define SVC_XID_HEADER "X-Txc-Xid"
+
+/* ------------------------------------------------------------- server */
+
+typedef struct svc_http svc_http_t;
+
+typedef struct svc_req {
+  const char *method; /* "GET", "POST", ... */
+  const char *path;   /* without the query string */
+  const char *body;   /* NUL-terminated; "" when none */
+  size_t body_len;
+  void *conn_; /* private */
+} svc_req_t;
+
+typedef struct svc_resp {
+  int status;
+  json_t *body; /* taken by the server after the handler returns */
+} svc_resp_t;
+
+/* Called once per request on a pool thread; fills 'resp' (status 0 or a
+ * NULL body means 500). */
+typedef void (*svc_handler_fn)(const svc_req_t *req, svc_resp_t *resp, void *arg);
+
+/* Value of request header 'name' (case-insensitive), NULL if absent. */
+const char *svc_req_header(const svc_req_t *req, const char *name);
+
+/* Set 'resp' to {"error": reason, "detail": detail} (detail may be NULL)
+ * with 'status'.  Returns nothing: the handler returns after it. */
+void svc_resp_error(svc_resp_t *resp, int status, const char *reason, const char *detail);
+void svc_resp_json(svc_resp_t *resp, int status, json_t *body);
+
+/* Listen on 'listen' ("host:port"; port 0 = any free port) with 'threads'
+ * pool threads.  Returns NULL with a message in 'err' on failure. */
+svc_http_t *svc_http_start(const char *listen, unsigned threads, svc_handler_fn fn, void *arg, char *err,
+                           size_t errlen);
+/* The port actually bound. */
+int svc_http_port(const svc_http_t *h);
+/* Stop accepting, wait for the requests in progress, free.  NULL: no-op. */
+void svc_http_stop(svc_http_t *h);
+
+/* ------------------------------------------------------------- client */
+
+typedef struct svc_httpc svc_httpc_t;
+
+/* A client for 'base_url' ("http://host:port", copied). */
+svc_httpc_t *svc_httpc_new(const char *base_url);
+void svc_httpc_free(svc_httpc_t *c);
+
+/*
+ * POST 'body' (JSON, borrowed) to base_url + 'path', with the xid header
+ * when 'xid' is not NULL, within 'timeout_ms'.  Returns 0 with the HTTP
+ * status in '*status' and the parsed answer in '*answer' (new reference,
+ * NULL if the body was not JSON), or -1 when no answer came (connection
+ * refused, timeout, ...) with the reason in 'err'.  A timeout means the
+ * peer may or may not have acted.
+ */
+int svc_httpc_post(svc_httpc_t *c, const char *path, const char *xid, const json_t *body, unsigned timeout_ms,
+                   long *status, json_t **answer, char *err, size_t errlen);
+
+/* Call once at process start, before any thread (libcurl's global init). */
+bool svc_http_global_init(void);
+void svc_http_global_cleanup(void);
+
+#endif /* SVC_HTTP_H */
