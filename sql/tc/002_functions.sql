@@ -37,8 +37,11 @@ COMMENT ON SEQUENCE tc_id_block_seq IS
   'Blocks of 4096 ids (transaction and branch ids) reserved by tcd nodes.';
 
 -- Move finished global transactions (with their branches) to history and
--- delete their rows: p_status[i] is the final status of p_xid[i].
-CREATE FUNCTION tc__finish_many(p_xid text[], p_status smallint[]) RETURNS void
+-- delete their rows: p_status[i] is the final status of p_xid[i].  With
+-- p_branch_status, history records that status for every branch (the
+-- commit fast path, which does not update the branch rows first).
+CREATE FUNCTION tc__finish_many(p_xid text[], p_status smallint[],
+                                p_branch_status smallint DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
   INSERT INTO global_history (xid, transaction_id, status, application_id, transaction_name,
@@ -49,7 +52,8 @@ BEGIN
     JOIN global_table g ON g.xid = f.x
     LEFT JOIN LATERAL (
       SELECT jsonb_agg(jsonb_build_object('branch_id', b.branch_id, 'resource_id', b.resource_id,
-                                          'branch_type', b.branch_type, 'status', b.status)
+                                          'branch_type', b.branch_type,
+                                          'status', coalesce(p_branch_status, b.status))
                        ORDER BY b.branch_id) AS branches
         FROM branch_table b WHERE b.xid = g.xid) br ON true
   ON CONFLICT (xid) DO NOTHING;
@@ -118,16 +122,22 @@ BEGIN
     JOIN global_table gt ON gt.xid = u.x
    WHERE gt.status = 1 AND gt.deadline >= clock_timestamp();
 
-  -- 2. Repeated idempotency keys.
-  SELECT coalesce(array_agg(u.i::int), '{}'), coalesce(array_agg(b.branch_id), '{}')
-    INTO v_dup, v_dup_branch
-    FROM unnest(p_xid, p_idem) WITH ORDINALITY AS u(x, k, i)
-    JOIN branch_table b ON b.xid = u.x AND b.idem_key = u.k
-   WHERE u.i = ANY (v_active);
+  -- 2. Repeated idempotency keys (none to look for when no item has one).
+  v_dup := '{}';
+  v_dup_branch := '{}';
+  IF cardinality(array_remove(p_idem, NULL)) > 0 THEN
+    SELECT coalesce(array_agg(u.i::int), '{}'), coalesce(array_agg(b.branch_id), '{}')
+      INTO v_dup, v_dup_branch
+      FROM unnest(p_xid, p_idem) WITH ORDINALITY AS u(x, k, i)
+      JOIN branch_table b ON b.xid = u.x AND b.idem_key = u.k
+     WHERE u.i = ANY (v_active);
+  END IF;
 
+  v_conflict := '{}';
   -- 3. Locks, in row_key order (then queue order), which keeps concurrent
   --    batches from deadlocking and gives a contended key to the item that
   --    queued first.
+  IF cardinality(l_item) > 0 THEN
   INSERT INTO lock_table (row_key, xid, transaction_id, branch_id, resource_id, table_name, pk)
   SELECT l.r, p_xid[l.it], gt.transaction_id, p_branch[l.it], p_resource[l.it], l.t, l.p
     FROM unnest(l_item, l_row, l_table, l_pk) AS l(it, r, t, p)
@@ -154,6 +164,7 @@ BEGIN
     DELETE FROM lock_table lt
      WHERE lt.branch_id = ANY (SELECT p_branch[c] FROM unnest(v_conflict) AS c);
   END IF;
+  END IF;
 
   -- 6. Branch rows of the items that got all their keys.
   INSERT INTO branch_table (branch_id, xid, transaction_id, resource_id, branch_type, status,
@@ -164,7 +175,14 @@ BEGIN
     JOIN global_table gt ON gt.xid = u.x
    WHERE u.i = ANY (v_active) AND NOT (u.i = ANY (v_dup)) AND NOT (u.i = ANY (v_conflict));
 
-  -- 7. One row per item.
+  -- 7. One row per item; from memory in the usual case (every item was
+  --    active and got its keys).
+  IF cardinality(v_active) = cardinality(p_xid) AND cardinality(v_dup) = 0
+     AND cardinality(v_conflict) = 0 THEN
+    RETURN QUERY SELECT u.i::int, 'ok'::text, u.b, NULL::text, NULL::smallint
+                   FROM unnest(p_branch) WITH ORDINALITY AS u(b, i) ORDER BY u.i;
+    RETURN;
+  END IF;
   RETURN QUERY
   SELECT u.i::int,
          CASE WHEN gt.xid IS NULL THEN 'not_found'
@@ -233,17 +251,29 @@ BEGIN
     INTO v_items, v_status, v_branches, v_timed_out
     FROM upd;
 
-  IF cardinality(v_items) > 0 THEN
-    -- Commit releases the locks now; rollback marks them rollbacking.
+  -- Commit releases the locks now; rollback marks them rollbacking.  (Each
+  -- statement only when it has work: the common batch is all commits.)
+  IF 8 = ANY (v_status) THEN
     DELETE FROM lock_table lt
      WHERE lt.xid = ANY (SELECT p_xid[d.i] FROM unnest(v_items, v_status) AS d(i, s) WHERE d.s = 8);
+  END IF;
+  IF 4 = ANY (v_status) OR 6 = ANY (v_status) THEN
     UPDATE lock_table lt SET status = 1
      WHERE lt.xid = ANY (SELECT p_xid[d.i] FROM unnest(v_items, v_status) AS d(i, s) WHERE d.s IN (4, 6));
-    -- Without branches there is nothing to drive: finished now.
+  END IF;
+  -- Without branches there is nothing to drive: finished now.
+  IF false = ANY (v_branches) THEN
     PERFORM tc__finish_many(array_agg(p_xid[d.i]), array_agg(d.s))
-       FROM unnest(v_items, v_status, v_branches) AS d(i, s, hb) WHERE NOT d.hb HAVING count(*) > 0;
+       FROM unnest(v_items, v_status, v_branches) AS d(i, s, hb) WHERE NOT d.hb;
   END IF;
 
+  IF cardinality(v_items) = cardinality(p_xid) THEN
+    -- Every item decided its own xid (the usual case): answer from memory.
+    RETURN QUERY
+    SELECT d.i, CASE WHEN d.late THEN 'timed_out' ELSE 'ok' END, d.s
+      FROM unnest(v_items, v_status, v_timed_out) AS d(i, s, late) ORDER BY d.i;
+    RETURN;
+  END IF;
   RETURN QUERY
   SELECT u.i::int,
          CASE WHEN u.i = ANY (v_items) THEN
@@ -285,6 +315,22 @@ DECLARE
   v_final_status smallint[];
 BEGIN
   PERFORM 1 FROM global_table gt WHERE gt.xid = ANY (p_xid) ORDER BY gt.xid FOR UPDATE;
+
+  -- Fast path, the common case of a healthy commit: every item says "all
+  -- branches of this commit-family transaction committed".  Finish them
+  -- without touching the branch rows one by one.
+  IF p_branch <@ ARRAY[0::bigint] AND p_status <@ ARRAY[5::smallint] THEN
+    SELECT coalesce(array_agg(gt.xid), '{}') INTO v_final
+      FROM global_table gt WHERE gt.xid = ANY (p_xid) AND gt.status IN (2, 3, 8);
+    IF cardinality(v_final) = (SELECT count(DISTINCT x) FROM unnest(p_xid) AS x) THEN
+      PERFORM tc__finish_many(v_final, array_fill(9::smallint, ARRAY[cardinality(v_final)]),
+                              5::smallint);
+      RETURN QUERY SELECT u.i::int, 'ok'::text, 9::smallint, true
+                     FROM unnest(p_xid) WITH ORDINALITY AS u(x, i) ORDER BY u.i;
+      RETURN;
+    END IF;
+  END IF;
+
   SELECT coalesce(array_agg(gt.xid), '{}') INTO v_present
     FROM global_table gt WHERE gt.xid = ANY (p_xid);
 

@@ -1,0 +1,568 @@
+/*
+ * tc_admin_cmd.c - parsing admin request lines and planning repairs; see
+ * tc_admin_cmd.h.
+ *
+ * NOTES
+ *   The parser is strict on purpose: an operator who mistypes an option
+ *   must get an error naming it, never a command that silently ignores the
+ *   filter (a "show globals stauts=RollbackFailed" that lists everything is
+ *   worse than an error).  Repairs take exactly one XID and nothing else.
+ *   Bytes that are not printable UTF-8 are refused before any word is
+ *   looked at, so every string that reaches a JSON answer or a log line is
+ *   valid text.
+ */
+#include "tc_admin_cmd.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#define MAX_WORDS 16
+#define MAX_WORD 4096
+
+typedef struct {
+  char *w[MAX_WORDS];
+  int n;
+  char store[MAX_WORD * 2];
+  size_t used;
+} words_t;
+
+static int fail(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static int fail(char *err, size_t errlen, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, errlen, fmt, ap);
+  va_end(ap);
+  return -1;
+}
+
+/* Length of the UTF-8 sequence at 's' (at most 'n' bytes), 0 if invalid.
+ * Overlong forms, surrogates and code points past U+10FFFF are invalid. */
+static size_t utf8_len(const unsigned char *s, size_t n) {
+  unsigned c = s[0];
+  size_t len;
+  unsigned cp;
+  if (c < 0x80) return 1;
+  if (c >= 0xc2 && c <= 0xdf) len = 2, cp = c & 0x1f;
+  else if (c >= 0xe0 && c <= 0xef) len = 3, cp = c & 0x0f;
+  else if (c >= 0xf0 && c <= 0xf4) len = 4, cp = c & 0x07;
+  else return 0;
+  if (len > n) return 0;
+  for (size_t i = 1; i < len; i++) {
+    if ((s[i] & 0xc0) != 0x80) return 0;
+    cp = (cp << 6) | (s[i] & 0x3f);
+  }
+  if ((len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10ffff))) return 0;
+  if (cp >= 0xd800 && cp <= 0xdfff) return 0;
+  return len;
+}
+
+/* Split 'line' into words (see the grammar in the header). */
+static int split_words(const char *line, size_t len, words_t *ws, char *err, size_t errlen) {
+  ws->n = 0;
+  ws->used = 0;
+  size_t i = 0;
+  for (size_t k = 0; k < len;) {
+    unsigned char c = (unsigned char)line[k];
+    if (c == '\t') {
+      k++;
+      continue;
+    }
+    if (c < 0x20 || c == 0x7f)
+      return fail(err, errlen, "request contains a control character (byte 0x%02x at offset %zu)", c, k);
+    size_t l = utf8_len((const unsigned char *)line + k, len - k);
+    if (l == 0) return fail(err, errlen, "request is not valid UTF-8 (at offset %zu)", k);
+    k += l;
+  }
+  while (i < len) {
+    while (i < len && (line[i] == ' ' || line[i] == '\t')) i++;
+    if (i >= len) break;
+    if (ws->n == MAX_WORDS) return fail(err, errlen, "too many words in the request (at most %d)", MAX_WORDS);
+    char *out = ws->store + ws->used;
+    size_t o = 0, room = sizeof(ws->store) - ws->used - 1;
+    bool quoted = false;
+    while (i < len) {
+      char c = line[i];
+      if (!quoted && (c == ' ' || c == '\t')) break;
+      if (c == '"') {
+        quoted = !quoted;
+        i++;
+        continue;
+      }
+      if (c == '\\' && quoted) {
+        if (i + 1 >= len) break;
+        c = line[++i];
+        if (c != '"' && c != '\\')
+          return fail(err, errlen, "unknown escape \"\\%c\" in a quoted word: only \\\" and \\\\ are allowed", c);
+      }
+      if (o >= room || o >= MAX_WORD) return fail(err, errlen, "word too long (at most %d bytes)", MAX_WORD);
+      out[o++] = c;
+      i++;
+    }
+    if (quoted) return fail(err, errlen, "unterminated quoted word");
+    out[o] = '\0';
+    ws->w[ws->n++] = out;
+    ws->used += o + 1;
+  }
+  return 0;
+}
+
+/* ------------------------------------------------------------- commands */
+
+static const char *const kind_names[TC_ADM__KINDS] = {
+  [TC_ADM_NONE] = "",
+  [TC_ADM_SHOW_GLOBALS] = "show globals",
+  [TC_ADM_SHOW_GLOBAL] = "show global",
+  [TC_ADM_SHOW_LOCKS] = "show locks",
+  [TC_ADM_SHOW_NODES] = "show nodes",
+  [TC_ADM_STATS] = "stats",
+  [TC_ADM_HELP] = "help",
+  [TC_ADM_ROLLBACK] = "rollback",
+  [TC_ADM_COMMIT] = "commit",
+  [TC_ADM_STOP_RETRY] = "stop-retry",
+  [TC_ADM_RESUME_RETRY] = "resume-retry",
+  [TC_ADM_REDRIVE] = "redrive",
+  [TC_ADM_DELETE] = "delete",
+};
+
+const char *tc_adm_kind_name(tc_adm_kind_t kind) {
+  return kind >= 0 && kind < TC_ADM__KINDS ? kind_names[kind] : "?";
+}
+
+bool tc_adm_is_repair(tc_adm_kind_t kind) { return kind >= TC_ADM_ROLLBACK && kind < TC_ADM__KINDS; }
+
+static int set_xid(char *dst, const char *v, const char *what, char *err, size_t errlen) {
+  size_t l = strlen(v);
+  if (l == 0) return fail(err, errlen, "empty %s", what);
+  if (l > TXP_MAX_XID_LEN)
+    return fail(err, errlen, "%s is %zu bytes long: at most %d", what, l, TXP_MAX_XID_LEN);
+  memcpy(dst, v, l + 1);
+  return 0;
+}
+
+static int parse_limit(const char *v, int *out, char *err, size_t errlen) {
+  char *end;
+  errno = 0;
+  long n = strtol(v, &end, 10);
+  if (errno || end == v || *end || n < 1 || n > TC_ADM_MAX_LIMIT)
+    return fail(err, errlen, "invalid value \"%.64s\" for \"limit\": expected an integer from 1 to %d", v,
+                TC_ADM_MAX_LIMIT);
+  *out = (int)n;
+  return 0;
+}
+
+static int parse_statuses(const char *v, tc_adm_cmd_t *c, char *err, size_t errlen) {
+  const char *p = v;
+  if (!*p) return fail(err, errlen, "empty value for \"status\"");
+  while (*p) {
+    const char *comma = strchr(p, ',');
+    size_t l = comma ? (size_t)(comma - p) : strlen(p);
+    char word[64];
+    if (l == 0 || l >= sizeof(word))
+      return fail(err, errlen, "invalid status list \"%.64s\": expected names or numbers separated by commas", v);
+    memcpy(word, p, l);
+    word[l] = '\0';
+    int s = -1;
+    if (isdigit((unsigned char)word[0])) {
+      char *end;
+      long n = strtol(word, &end, 10);
+      if (!*end && txp_global_status_valid((int)n) && n < TXP_GS__MAX) s = (int)n;
+    } else {
+      s = txp_global_status_parse(word);
+    }
+    if (s < 0)
+      return fail(err, errlen,
+                  "unknown global status \"%s\": expected a name such as Begin, AsyncCommitting, "
+                  "CommitRetrying, Rollbacking, RollbackRetrying, RollbackFailed, or its number",
+                  word);
+    if (c->nstatuses == TC_ADM_MAX_STATUSES)
+      return fail(err, errlen, "too many statuses in \"status\" (at most %d)", TC_ADM_MAX_STATUSES);
+    c->statuses[c->nstatuses++] = s;
+    p += l;
+    if (*p == ',') p++;
+    if (comma && !*p) return fail(err, errlen, "invalid status list \"%.64s\": trailing comma", v);
+  }
+  return 0;
+}
+
+static int parse_age(const char *v, double *out, char *err, size_t errlen) {
+  char *end;
+  errno = 0;
+  double d = strtod(v, &end);
+  if (errno || end == v || *end || !isfinite(d) || d < 0 || d > TC_ADM_MAX_AGE_S || !isdigit((unsigned char)v[0]))
+    return fail(err, errlen, "invalid value \"%.64s\" for \"min_age\": expected seconds (a number >= 0)", v);
+  *out = d;
+  return 0;
+}
+
+/* Split "key=value"; -1 if there is no '='. */
+static int split_option(char *w, char **key, char **val) {
+  char *eq = strchr(w, '=');
+  if (!eq || eq == w) return -1;
+  *eq = '\0';
+  *key = w;
+  *val = eq + 1;
+  return 0;
+}
+
+static int parse_show_globals(words_t *ws, int first, tc_adm_cmd_t *c, char *err, size_t errlen) {
+  bool seen_status = false, seen_limit = false;
+  for (int i = first; i < ws->n; i++) {
+    char *k, *v;
+    if (split_option(ws->w[i], &k, &v) != 0)
+      return fail(err, errlen,
+                  "unexpected argument \"%.64s\" for \"show globals\": expected status=, min_age=, name= or limit=",
+                  ws->w[i]);
+    if (strcasecmp(k, "status") == 0) {
+      if (seen_status) return fail(err, errlen, "option \"status\" given twice");
+      seen_status = true;
+      if (parse_statuses(v, c, err, errlen) != 0) return -1;
+    } else if (strcasecmp(k, "min_age") == 0) {
+      if (c->has_min_age) return fail(err, errlen, "option \"min_age\" given twice");
+      if (parse_age(v, &c->min_age_s, err, errlen) != 0) return -1;
+      c->has_min_age = true;
+    } else if (strcasecmp(k, "name") == 0) {
+      if (c->has_name) return fail(err, errlen, "option \"name\" given twice");
+      size_t l = strlen(v);
+      if (l == 0 || l > TXP_MAX_NAME_LEN)
+        return fail(err, errlen, "invalid value for \"name\": expected 1 to %d bytes", TXP_MAX_NAME_LEN);
+      memcpy(c->name, v, l + 1);
+      c->has_name = true;
+    } else if (strcasecmp(k, "limit") == 0) {
+      if (seen_limit) return fail(err, errlen, "option \"limit\" given twice");
+      seen_limit = true;
+      if (parse_limit(v, &c->limit, err, errlen) != 0) return -1;
+    } else {
+      return fail(err, errlen,
+                  "unknown option \"%.64s\" for \"show globals\": expected status, min_age, name or limit", k);
+    }
+  }
+  return 0;
+}
+
+static int parse_show_locks(words_t *ws, int first, tc_adm_cmd_t *c, char *err, size_t errlen) {
+  bool seen_limit = false;
+  for (int i = first; i < ws->n; i++) {
+    char *k, *v;
+    if (split_option(ws->w[i], &k, &v) != 0)
+      return fail(err, errlen,
+                  "unexpected argument \"%.64s\" for \"show locks\": expected xid=, key=, prefix= or limit=",
+                  ws->w[i]);
+    if (strcasecmp(k, "xid") == 0) {
+      if (c->has_xid) return fail(err, errlen, "option \"xid\" given twice");
+      if (set_xid(c->xid, v, "xid", err, errlen) != 0) return -1;
+      c->has_xid = true;
+    } else if (strcasecmp(k, "key") == 0 || strcasecmp(k, "prefix") == 0) {
+      bool prefix = strcasecmp(k, "prefix") == 0;
+      if (c->has_key || c->has_prefix)
+        return fail(err, errlen, "give one of \"key\" and \"prefix\", once");
+      size_t l = strlen(v);
+      if (l == 0 || l > TXP_MAX_ROW_KEY_LEN)
+        return fail(err, errlen, "invalid value for \"%s\": expected 1 to %d bytes", prefix ? "prefix" : "key",
+                    TXP_MAX_ROW_KEY_LEN);
+      memcpy(c->key, v, l + 1);
+      if (prefix) c->has_prefix = true;
+      else c->has_key = true;
+    } else if (strcasecmp(k, "limit") == 0) {
+      if (seen_limit) return fail(err, errlen, "option \"limit\" given twice");
+      seen_limit = true;
+      if (parse_limit(v, &c->limit, err, errlen) != 0) return -1;
+    } else {
+      return fail(err, errlen, "unknown option \"%.64s\" for \"show locks\": expected xid, key, prefix or limit", k);
+    }
+  }
+  return 0;
+}
+
+static int no_more(words_t *ws, int first, const char *cmd, char *err, size_t errlen) {
+  if (ws->n > first)
+    return fail(err, errlen, "unexpected argument \"%.64s\": \"%s\" takes no arguments", ws->w[first], cmd);
+  return 0;
+}
+
+static int one_xid(words_t *ws, int first, tc_adm_cmd_t *c, char *err, size_t errlen) {
+  const char *cmd = tc_adm_kind_name(c->kind);
+  if (ws->n <= first) return fail(err, errlen, "missing XID: usage \"%s XID\"", cmd);
+  if (ws->n > first + 1)
+    return fail(err, errlen, "unexpected argument \"%.64s\": \"%s\" takes one XID", ws->w[first + 1], cmd);
+  if (set_xid(c->xid, ws->w[first], "XID", err, errlen) != 0) return -1;
+  c->has_xid = true;
+  return 0;
+}
+
+static const struct {
+  const char *word;
+  tc_adm_kind_t kind;
+} repair_words[] = {
+  {"rollback", TC_ADM_ROLLBACK},       {"commit", TC_ADM_COMMIT},   {"stop-retry", TC_ADM_STOP_RETRY},
+  {"resume-retry", TC_ADM_RESUME_RETRY}, {"redrive", TC_ADM_REDRIVE}, {"delete", TC_ADM_DELETE},
+};
+
+int tc_adm_parse(const char *line, size_t len, tc_adm_cmd_t *c, char *err, size_t errlen) {
+  memset(c, 0, sizeof(*c));
+  c->limit = TC_ADM_DEFAULT_LIMIT;
+  if (len > 0 && line[len - 1] == '\r') len--;
+  words_t *ws = malloc(sizeof(*ws));
+  if (!ws) return fail(err, errlen, "out of memory");
+  int rc = split_words(line, len, ws, err, errlen);
+  if (rc != 0 || ws->n == 0) goto out;
+  const char *w0 = ws->w[0];
+  if (strcasecmp(w0, "show") == 0) {
+    if (ws->n < 2) {
+      rc = fail(err, errlen, "missing object: usage \"show globals|global XID|locks|nodes\"");
+      goto out;
+    }
+    const char *w1 = ws->w[1];
+    if (strcasecmp(w1, "globals") == 0) {
+      c->kind = TC_ADM_SHOW_GLOBALS;
+      rc = parse_show_globals(ws, 2, c, err, errlen);
+    } else if (strcasecmp(w1, "global") == 0) {
+      c->kind = TC_ADM_SHOW_GLOBAL;
+      rc = one_xid(ws, 2, c, err, errlen);
+    } else if (strcasecmp(w1, "locks") == 0) {
+      c->kind = TC_ADM_SHOW_LOCKS;
+      c->limit = 1000;
+      rc = parse_show_locks(ws, 2, c, err, errlen);
+    } else if (strcasecmp(w1, "nodes") == 0) {
+      c->kind = TC_ADM_SHOW_NODES;
+      rc = no_more(ws, 2, "show nodes", err, errlen);
+    } else {
+      rc = fail(err, errlen, "unknown object \"%.64s\" for \"show\": expected globals, global, locks or nodes", w1);
+    }
+    goto out;
+  }
+  if (strcasecmp(w0, "stats") == 0) {
+    c->kind = TC_ADM_STATS;
+    rc = no_more(ws, 1, "stats", err, errlen);
+    goto out;
+  }
+  if (strcasecmp(w0, "help") == 0) {
+    c->kind = TC_ADM_HELP;
+    rc = no_more(ws, 1, "help", err, errlen);
+    goto out;
+  }
+  for (size_t i = 0; i < sizeof(repair_words) / sizeof(repair_words[0]); i++) {
+    if (strcasecmp(w0, repair_words[i].word) == 0) {
+      c->kind = repair_words[i].kind;
+      rc = one_xid(ws, 1, c, err, errlen);
+      goto out;
+    }
+  }
+  rc = fail(err, errlen,
+            "unknown command \"%.64s\": expected show, stats, rollback, commit, stop-retry, resume-retry, "
+            "redrive, delete or help",
+            w0);
+out:
+  free(ws);
+  if (rc != 0) {
+    memset(c, 0, sizeof(*c));
+    return -1;
+  }
+  return 0;
+}
+
+int tc_adm_quote(const char *word, char *out, size_t cap) {
+  bool need = word[0] == '\0';
+  for (const char *p = word; *p && !need; p++)
+    need = *p == ' ' || *p == '\t' || *p == '"' || *p == '\\';
+  size_t o = 0;
+  if (!need) {
+    size_t l = strlen(word);
+    if (l + 1 > cap) return -1;
+    memcpy(out, word, l + 1);
+    return (int)l;
+  }
+  if (cap < 3) return -1;
+  out[o++] = '"';
+  for (const char *p = word; *p; p++) {
+    if (o + 4 > cap) return -1;
+    if (*p == '"' || *p == '\\') out[o++] = '\\';
+    out[o++] = *p;
+  }
+  out[o++] = '"';
+  out[o] = '\0';
+  return (int)o;
+}
+
+/* -------------------------------------------------------------- repairs */
+
+static bool is_phase2(int s) { return s >= TXP_GS_COMMITTING && s <= TXP_GS_ASYNC_COMMITTING; }
+
+/* The status a re-drive moves a session to: failed or stopped sessions go
+ * back to their family's retrying status (the operator re-drive edges of
+ * txp_status.c); sessions mid-phase-two keep theirs. */
+static int redrive_target(int s) {
+  switch (s) {
+  case TXP_GS_COMMIT_FAILED:
+  case TXP_GS_STOP_COMMIT_RETRY: return TXP_GS_COMMIT_RETRYING;
+  case TXP_GS_ROLLBACK_FAILED:
+  case TXP_GS_STOP_ROLLBACK_RETRY: return TXP_GS_ROLLBACK_RETRYING;
+  case TXP_GS_TIMEOUT_ROLLBACK_FAILED: return TXP_GS_TIMEOUT_ROLLBACK_RETRYING;
+  default: return is_phase2(s) ? s : -1;
+  }
+}
+
+static int first_branch_in(const int *bs, int n, const int *set, int nset) {
+  for (int i = 0; i < n; i++)
+    for (int k = 0; k < nset; k++)
+      if (bs[i] == set[k]) return i;
+  return -1;
+}
+
+static void add_forbid(tc_adm_plan_t *p, int s) {
+  if (p->nforbid < TC_ADM_MAX_FORBID) p->forbid[p->nforbid++] = s;
+}
+
+int tc_adm_plan_repair(tc_adm_kind_t kind, const char *xid, int s, const int *bs, int nb, tc_adm_plan_t *p,
+                       char *err, size_t errlen) {
+  memset(p, 0, sizeof(*p));
+  p->from = s;
+  p->to = s;
+  const char *sn = txp_global_status_name(s);
+  bool commit_family = txp_global_status_is_commit(s);
+  bool rollback_family = txp_global_status_is_rollback(s);
+  if (!txp_global_status_valid(s) || s == TXP_GS_FINISHED)
+    return fail(err, errlen, "global transaction \"%s\" has status %d (%s): not a live session", xid, s, sn);
+
+  switch (kind) {
+  case TC_ADM_ROLLBACK:
+    if (commit_family)
+      return fail(err, errlen,
+                  "could not roll back global transaction \"%s\": it is %s, the decision was commit, and rolling "
+                  "back now would break atomicity; use \"redrive\" to finish the commit",
+                  xid, sn);
+    if (s == TXP_GS_ROLLBACKING || s == TXP_GS_TIMEOUT_ROLLBACKING)
+      return fail(err, errlen,
+                  "global transaction \"%s\" is already %s: nothing to force; use \"redrive\" to re-send phase two now",
+                  xid, sn);
+    if (s == TXP_GS_BEGIN) {
+      p->action = TC_ADM_ACT_DECIDE;
+      p->commit = false;
+      p->to = TXP_GS_ROLLBACKING;
+    } else if (rollback_family && redrive_target(s) > 0) {
+      p->action = TC_ADM_ACT_CAS_DRIVE;
+      p->to = redrive_target(s);
+      p->retry = TC_ADM_RETRY_LEASE;
+    } else {
+      return fail(err, errlen, "could not roll back global transaction \"%s\": it is %s", xid, sn);
+    }
+    add_forbid(p, TXP_BS_PHASE2_COMMITTED);
+    break;
+
+  case TC_ADM_COMMIT:
+    if (rollback_family)
+      return fail(err, errlen,
+                  "could not commit global transaction \"%s\": it is %s, the decision was rollback, and committing "
+                  "now would break atomicity; use \"redrive\" to finish the rollback",
+                  xid, sn);
+    if (s == TXP_GS_COMMITTING || s == TXP_GS_ASYNC_COMMITTING)
+      return fail(err, errlen,
+                  "global transaction \"%s\" is already %s: nothing to force; use \"redrive\" to re-send phase two now",
+                  xid, sn);
+    if (s == TXP_GS_BEGIN) {
+      p->action = TC_ADM_ACT_DECIDE;
+      p->commit = true;
+      p->to = TXP_GS_ASYNC_COMMITTING;
+    } else if (commit_family && redrive_target(s) > 0) {
+      p->action = TC_ADM_ACT_CAS_DRIVE;
+      p->to = redrive_target(s);
+      p->retry = TC_ADM_RETRY_LEASE;
+    } else {
+      return fail(err, errlen, "could not commit global transaction \"%s\": it is %s", xid, sn);
+    }
+    add_forbid(p, TXP_BS_PHASE2_ROLLBACKED);
+    add_forbid(p, TXP_BS_PHASE2_ROLLBACK_FAILED_RETRYABLE);
+    add_forbid(p, TXP_BS_PHASE2_ROLLBACK_FAILED_UNRETRYABLE);
+    break;
+
+  case TC_ADM_STOP_RETRY:
+    if (!is_phase2(s)) {
+      if (s == TXP_GS_STOP_COMMIT_RETRY || s == TXP_GS_STOP_ROLLBACK_RETRY)
+        return fail(err, errlen, "retries of global transaction \"%s\" are already stopped (%s)", xid, sn);
+      if (s == TXP_GS_BEGIN)
+        return fail(err, errlen, "global transaction \"%s\" is Begin: not in phase two, nothing to stop", xid);
+      return fail(err, errlen,
+                  "global transaction \"%s\" is %s: no retry is scheduled (it waits for an operator already)", xid,
+                  sn);
+    }
+    p->action = TC_ADM_ACT_CAS;
+    p->to = commit_family ? TXP_GS_STOP_COMMIT_RETRY : TXP_GS_STOP_ROLLBACK_RETRY;
+    p->retry = TC_ADM_RETRY_CLEAR;
+    break;
+
+  case TC_ADM_RESUME_RETRY:
+    if (s != TXP_GS_STOP_COMMIT_RETRY && s != TXP_GS_STOP_ROLLBACK_RETRY)
+      return fail(err, errlen,
+                  "retries of global transaction \"%s\" are not stopped (it is %s): nothing to resume", xid, sn);
+    p->action = TC_ADM_ACT_CAS;
+    p->to = redrive_target(s);
+    p->retry = TC_ADM_RETRY_NOW;
+    break;
+
+  case TC_ADM_REDRIVE:
+    if (s == TXP_GS_BEGIN)
+      return fail(err, errlen,
+                  "global transaction \"%s\" is Begin: not decided yet, so there is no phase two to re-send; use "
+                  "\"commit\" or \"rollback\"",
+                  xid);
+    p->to = redrive_target(s);
+    if (p->to < 0) return fail(err, errlen, "global transaction \"%s\" is %s: nothing to re-drive", xid, sn);
+    p->action = TC_ADM_ACT_CAS_DRIVE;
+    p->retry = TC_ADM_RETRY_LEASE;
+    break;
+
+  default:
+    return fail(err, errlen, "\"%s\" is not a repair that changes a status", tc_adm_kind_name(kind));
+  }
+
+  /* Every planned change is a legal edge (an unchanged status only renews
+   * the lease and drives again). */
+  if (p->from != p->to && !txp_global_transition_ok(p->from, p->to))
+    return fail(err, errlen, "could not %s global transaction \"%s\": %s -> %s is not a legal transition",
+                tc_adm_kind_name(kind), xid, sn, txp_global_status_name(p->to));
+  int bad = first_branch_in(bs, nb, p->forbid, p->nforbid);
+  if (bad >= 0)
+    return fail(err, errlen,
+                "could not %s global transaction \"%s\": a branch is already %s, so this would break atomicity",
+                kind == TC_ADM_COMMIT ? "commit" : "roll back", xid, txp_branch_status_name(bs[bad]));
+  return 0;
+}
+
+/* ---------------------------------------------------------------- config */
+
+int tc_adm_parse_ids(const char *list, unsigned *ids, int max, int *n, char *err, size_t errlen) {
+  *n = 0;
+  const char *p = list;
+  while (*p) {
+    while (*p == ' ' || *p == '\t' || *p == ',') p++;
+    if (!*p) break;
+    char *end;
+    errno = 0;
+    if (!isdigit((unsigned char)*p)) return fail(err, errlen, "invalid id \"%.32s\": expected a number", p);
+    unsigned long v = strtoul(p, &end, 10);
+    if (errno || (*end && *end != ',' && *end != ' ' && *end != '\t') || v > 0xfffffffeUL)
+      return fail(err, errlen, "invalid id \"%.32s\": expected a number below 4294967295", p);
+    if (*n == max) return fail(err, errlen, "too many ids (at most %d)", max);
+    ids[(*n)++] = (unsigned)v;
+    p = end;
+  }
+  return 0;
+}
+
+int tc_adm_parse_mode(const char *s, unsigned *mode) {
+  if (!s || !*s || strlen(s) > 4) return -1;
+  unsigned v = 0;
+  for (const char *p = s; *p; p++) {
+    if (*p < '0' || *p > '7') return -1;
+    v = v * 8 + (unsigned)(*p - '0');
+  }
+  if (v > 0777) return -1;
+  *mode = v;
+  return 0;
+}
