@@ -101,6 +101,7 @@
  *   Thread: everything runs on the thread that runs the pool's loop.
  */
 #include "tc_pg.h"
+#include "tc_pg_int.h"
 
 #include <arpa/inet.h>
 #include <limits.h>
@@ -118,58 +119,9 @@
 #define TC_PG_DEFAULT_RECONNECT_MAX_MS 5000u
 #define TC_PG_MAX_SIZE 1024
 #define TC_PG_DEFAULT_CONNECT_TIMEOUT_MS 10000u
-#define TC_PG_MAX_PARAMS 65535 /* the protocol's limit (Int16 count) */
-#define TC_PG_ERR_LEN 256
 
 typedef struct tc_pg_conn tc_pg_conn_t;
 
-#define TC_PG_MAX_PREPARED 32
-#define ITEM_OTHER (-1)
-#define ITEM_PREPARE_BASE (-2)
-
-/* One statement of a job.  'sql' and 'values' live in 'block' (one
- * allocation per statement); 'res' is its result once received. */
-typedef struct tc_pg_stmt {
-  void *block;
-  const char *name; /* prepared statement name (static), or NULL */
-  char *sql;
-  char **values; /* 'nparams' entries; NULL is SQL NULL */
-  int nparams;
-  PGresult *res;
-} tc_pg_stmt_t;
-
-struct tc_pg_job {
-  /* Queue links (valid while queued), and the position in the deadline
-   * heap (SIZE_MAX when not in it). */
-  tc_pg_job_t *prev;
-  tc_pg_job_t *next;
-  size_t heap_idx;
-
-  unsigned flags;
-  tc_pg_job_cb cb;
-  void *arg;
-
-  tc_pg_stmt_t *stmts;
-  int nstmts;
-  int cap;
-
-  uint64_t submit_ns;
-  uint64_t deadline_ns; /* 0: no deadline */
-  uint64_t done_ns;
-  unsigned deadline_ms;
-
-  /* Pipeline item whose results are being read, and what each item is:
-   * a statement index (>= 0), ITEM_OTHER (BEGIN, COMMIT, DEALLOCATE), or
-   * ITEM_PREPARE_BASE - i for the Prepare of statement i. */
-  int item;
-  int *items;
-  int nitems;
-
-  bool has_error;
-  int failed_index;
-  char sqlstate[6];
-  char *errmsg;
-};
 
 typedef enum conn_state {
   CONN_IDLE,
@@ -258,70 +210,11 @@ static void pool_dispatch(tc_pg_pool_t *pool);
 
 /* ---- small helpers ---- */
 
-/* Copy 'src' into 'dst' ('len' bytes), dropping the trailing newlines and
- * spaces libpq puts at the end of its messages. */
-static void copy_msg(char *dst, size_t len, const char *src)
-{
-  size_t n;
-
-  if (src == NULL)
-    src = "";
-  n = strlen(src);
-  while (n > 0 && (src[n - 1] == '\n' || src[n - 1] == ' '))
-    n--;
-  if (n >= len)
-    n = len - 1;
-  memcpy(dst, src, n);
-  dst[n] = '\0';
-}
-
 /* libpq's default notice processor writes to stderr: we never print. */
 static void notice_ignore(void *arg, const PGresult *res)
 {
   (void)arg;
   (void)res;
-}
-
-/* ---- jobs: errors and lifetime ---- */
-
-/* Record the job's first error; later ones are ignored.  'msg' is trimmed;
- * if it cannot be copied the job reports "" (the status still says what
- * happened). */
-static void job_set_error(tc_pg_job_t *job, const char *msg, const char *sqlstate, int index)
-{
-  char buf[1024];
-  size_t n;
-
-  if (job->has_error)
-    return;
-  job->has_error = true;
-  job->failed_index = index;
-  copy_msg(buf, sizeof buf, msg);
-  n = strlen(buf);
-  job->errmsg = malloc(n + 1);
-  if (job->errmsg != NULL)
-    memcpy(job->errmsg, buf, n + 1);
-  copy_msg(job->sqlstate, sizeof job->sqlstate, sqlstate);
-}
-
-static void job_set_error_from_result(tc_pg_job_t *job, const PGresult *res, int index)
-{
-  const char *msg = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
-  const char *state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
-
-  if (msg == NULL)
-    msg = PQresultErrorMessage(res);
-  job_set_error(job, msg, state, index);
-}
-
-/* Run the job's callback once and free the job.  The caller has already
- * detached the job from every pool structure. */
-static void job_complete(tc_pg_job_t *job, int status)
-{
-  job->done_ns = uv_hrtime();
-  if (job->cb != NULL)
-    job->cb(job, status, job->arg);
-  tc_pg_job_free(job);
 }
 
 /* ---- the queue (FIFO) and the deadline heap ---- */
@@ -490,8 +383,8 @@ static void pool_on_deadline(uv_timer_t *timer)
                pool->last_err);
     else
       snprintf(msg, sizeof msg, "no connection available within %u ms", job->deadline_ms);
-    job_set_error(job, msg, "", -1);
-    job_complete(job, TC_PG_ENOCONN);
+    tc__pg_job_set_error(job, msg, "", -1);
+    tc__pg_job_complete(job, TC_PG_ENOCONN);
   }
   pool_arm_deadline(pool);
   pool_leave(pool);
@@ -689,10 +582,10 @@ static void conn_fail(tc_pg_conn_t *c, const char *why)
   tc_pg_job_t *job = c->job;
   char err[TC_PG_ERR_LEN];
 
-  copy_msg(err, sizeof err, why != NULL && why[0] != '\0' ? why : "connection lost");
+  tc__pg_copy_msg(err, sizeof err, why != NULL && why[0] != '\0' ? why : "connection lost");
   c->job = NULL;
   conn_teardown(c);
-  copy_msg(pool->last_err, sizeof pool->last_err, err);
+  tc__pg_copy_msg(pool->last_err, sizeof pool->last_err, err);
 
   if (c->backoff_ms == 0)
     c->backoff_ms = pool->reconnect_min_ms;
@@ -704,8 +597,8 @@ static void conn_fail(tc_pg_conn_t *c, const char *why)
   uv_timer_start(&c->timer, conn_on_timer, c->backoff_ms, 0);
 
   if (job != NULL) {
-    job_set_error(job, err, "", -1);
-    job_complete(job, TC_PG_EBROKEN);
+    tc__pg_job_set_error(job, err, "", -1);
+    tc__pg_job_complete(job, TC_PG_EBROKEN);
     if (pool->closing)
       return;
   }
@@ -780,7 +673,7 @@ static void conn_drain_init(tc_pg_conn_t *c)
       const char *msg = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
       char tmp[TC_PG_ERR_LEN - 32]; /* leaves room for the prefix */
 
-      copy_msg(tmp, sizeof tmp, msg != NULL ? msg : PQresultErrorMessage(res));
+      tc__pg_copy_msg(tmp, sizeof tmp, msg != NULL ? msg : PQresultErrorMessage(res));
       snprintf(c->init_err, sizeof c->init_err, "could not run init_sql: %s", tmp);
       c->init_failed = true;
     }
@@ -1075,7 +968,7 @@ static void job_take_result(tc_pg_job_t *job, PGresult *res)
   case PGRES_FATAL_ERROR:
   case PGRES_BAD_RESPONSE:
   case PGRES_NONFATAL_ERROR:
-    job_set_error_from_result(job, res, idx);
+    tc__pg_job_set_error_from_result(job, res, idx);
     PQclear(res);
     break;
   case PGRES_PIPELINE_ABORTED:
@@ -1134,7 +1027,7 @@ static void conn_sync_done(tc_pg_conn_t *c)
     conn_fail(c, "unexpected transaction status after a job");
   }
   /* The job's outcome is known whatever happened to the connection since. */
-  job_complete(job, status);
+  tc__pg_job_complete(job, status);
 }
 
 /*
@@ -1427,13 +1320,13 @@ void tc_pg_pool_close(tc_pg_pool_t *pool, void (*done)(void *arg), void *arg)
   while ((job = inflight) != NULL) {
     inflight = job->next;
     job->next = NULL;
-    job_set_error(job, "connection pool is closing", "", -1);
-    job_complete(job, TC_PG_ECLOSING);
+    tc__pg_job_set_error(job, "connection pool is closing", "", -1);
+    tc__pg_job_complete(job, TC_PG_ECLOSING);
   }
   while ((job = pool->qhead) != NULL) {
     pool_unqueue(pool, job);
-    job_set_error(job, "connection pool is closing", "", -1);
-    job_complete(job, TC_PG_ECLOSING);
+    tc__pg_job_set_error(job, "connection pool is closing", "", -1);
+    tc__pg_job_complete(job, TC_PG_ECLOSING);
   }
   pool_leave(pool);
   /* done() runs from the last close callback, never from here. */
@@ -1457,89 +1350,7 @@ size_t tc_pg_pool_queued(const tc_pg_pool_t *pool)
   return pool != NULL ? pool->nqueued : 0;
 }
 
-/* ---- job API ---- */
-
-tc_pg_job_t *tc_pg_job_new(unsigned flags, tc_pg_job_cb cb, void *arg)
-{
-  tc_pg_job_t *job = calloc(1, sizeof *job);
-
-  if (job == NULL)
-    return NULL;
-  job->flags = flags;
-  job->cb = cb;
-  job->arg = arg;
-  job->heap_idx = SIZE_MAX;
-  job->failed_index = -1;
-  return job;
-}
-
-int tc_pg_job_add(tc_pg_job_t *job, const char *sql, int nparams, const char *const *values)
-{
-  tc_pg_stmt_t *s;
-  size_t size, off;
-  char *p;
-  int i;
-
-  if (job == NULL || sql == NULL || nparams < 0 || nparams > TC_PG_MAX_PARAMS ||
-      (nparams > 0 && values == NULL))
-    return -1;
-  if (job->nstmts == job->cap) {
-    int cap;
-    tc_pg_stmt_t *stmts;
-
-    if (job->cap > INT_MAX / 2)
-      return -1;
-    cap = job->cap ? job->cap * 2 : 4;
-    stmts = realloc(job->stmts, (size_t)cap * sizeof *stmts);
-    if (stmts == NULL)
-      return -1;
-    job->stmts = stmts;
-    job->cap = cap;
-  }
-
-  /* One block: the value pointers, then the SQL, then each value. */
-  off = (size_t)nparams * sizeof(char *);
-  size = off + strlen(sql) + 1;
-  for (i = 0; i < nparams; i++)
-    if (values[i] != NULL)
-      size += strlen(values[i]) + 1;
-  s = &job->stmts[job->nstmts];
-  memset(s, 0, sizeof *s);
-  s->block = malloc(size);
-  if (s->block == NULL)
-    return -1;
-  s->values = nparams > 0 ? s->block : NULL;
-  s->nparams = nparams;
-  p = (char *)s->block + off;
-  s->sql = p;
-  p = stpcpy(p, sql) + 1;
-  for (i = 0; i < nparams; i++) {
-    if (values[i] == NULL) {
-      s->values[i] = NULL;
-    } else {
-      s->values[i] = p;
-      p = stpcpy(p, values[i]) + 1;
-    }
-  }
-  job->nstmts++;
-  return 0;
-}
-
-int tc_pg_job_add_prepared(tc_pg_job_t *job, const char *name, const char *sql, int nparams,
-                           const char *const *values)
-{
-  if (name == NULL || name[0] == '\0')
-    return -1;
-  if (tc_pg_job_add(job, sql, nparams, values) != 0)
-    return -1;
-  job->stmts[job->nstmts - 1].name = name;
-  return 0;
-}
-
-int tc_pg_job_count(const tc_pg_job_t *job)
-{
-  return job != NULL ? job->nstmts : 0;
-}
+/* ---- submitting ---- */
 
 int tc_pg_submit(tc_pg_pool_t *pool, tc_pg_job_t *job, unsigned deadline_ms)
 {
@@ -1563,53 +1374,4 @@ int tc_pg_submit(tc_pg_pool_t *pool, tc_pg_job_t *job, unsigned deadline_ms)
   if (pool->depth == 0)
     uv_idle_start(&pool->kick, pool_on_kick);
   return 0;
-}
-
-void tc_pg_job_free(tc_pg_job_t *job)
-{
-  int i;
-
-  if (job == NULL)
-    return;
-  for (i = 0; i < job->nstmts; i++) {
-    if (job->stmts[i].res != NULL)
-      PQclear(job->stmts[i].res);
-    free(job->stmts[i].block);
-  }
-  free(job->stmts);
-  free(job->items);
-  free(job->errmsg);
-  free(job);
-}
-
-const PGresult *tc_pg_job_result(const tc_pg_job_t *job, int i)
-{
-  if (job == NULL || i < 0 || i >= job->nstmts)
-    return NULL;
-  return job->stmts[i].res;
-}
-
-const char *tc_pg_job_error(const tc_pg_job_t *job)
-{
-  return job != NULL && job->errmsg != NULL ? job->errmsg : "";
-}
-
-const char *tc_pg_job_sqlstate(const tc_pg_job_t *job)
-{
-  return job != NULL ? job->sqlstate : "";
-}
-
-int tc_pg_job_failed_index(const tc_pg_job_t *job)
-{
-  return job != NULL ? job->failed_index : -1;
-}
-
-double tc_pg_job_elapsed_ms(const tc_pg_job_t *job)
-{
-  uint64_t end;
-
-  if (job == NULL || job->submit_ns == 0)
-    return 0.0;
-  end = job->done_ns != 0 ? job->done_ns : uv_hrtime();
-  return (double)(end - job->submit_ns) / 1e6;
 }
