@@ -7,14 +7,24 @@
  * store writes for one transaction issued directly by one libpq client per
  * connection, one statement at a time, no batching.
  *
+ * Cluster mode: the same load is measured twice in one run, first with
+ * every client on one node ("single"), then with the clients spread
+ * round-robin over all nodes ("cluster"); the nodes share one PostgreSQL.
+ *
  * Environment: TC_PG_URL (the coordinator database) and TC_NODES
- * (host:port,...) select an existing setup.  Without TC_PG_URL the bench
- * re-runs itself under scripts/with-servers (a temporary PostgreSQL); without
- * TC_NODES it starts its own tcd.  TC_TOKEN is the registration secret
- * (default "bench-token" for the tcd it starts).
+ * (host:port,...) select an existing setup (with several nodes, e.g. from
+ * cluster/local/up, both figures are measured on them).  Without TC_PG_URL
+ * the bench re-runs itself under scripts/with-servers (a temporary
+ * PostgreSQL); without TC_NODES it starts its own tcd nodes: --nodes N
+ * (default 3) nodes with distinct node ids and a peer bus; node 1 alone for
+ * the single-node figure, then nodes 2..N join for the cluster figure.
+ * TC_TOKEN is the registration secret (default "bench-token" for the nodes
+ * it starts).
  *
  * The last line printed is one JSON object:
- *   {"clients":N,"tps":...,"p50_ms":...,"p99_ms":...,"baseline_tps":...,"ratio":...}
+ *   {"clients":N,"tps":...,"p50_ms":...,"p99_ms":...,"baseline_tps":...,"ratio":...,
+ *    "nodes":N,"cluster_tps":...,"cluster_p50_ms":...,"cluster_p99_ms":...,"cluster_vs_single":...}
+ * ("tps" etc. are the single-node figures.)
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -40,14 +50,23 @@
 #define TX_SOURCE_DIR "."
 #endif
 
+#define MAX_NODES 8
+
 typedef struct {
   int clients;
   double duration_s, warmup_s, baseline_s;
-  char nodes[8][64];
+  char nodes[MAX_NODES][64];
   int nnodes;
+  int want_nodes; /* --nodes: how many to start without TC_NODES */
+  int use_nodes;  /* clients go to the first use_nodes nodes */
   const char *token;
   const char *pg_url;
 } opts_t;
+
+typedef struct {
+  double tps, p50, p99;
+  uint64_t errors, done;
+} result_t;
 
 typedef struct {
   const opts_t *o;
@@ -285,7 +304,8 @@ static double run_baseline(const opts_t *o) {
 
 /* ------------------------------------------------------------------ tcd */
 
-static pid_t tcd_pid;
+static pid_t tcd_pids[MAX_NODES];
+static int bus_ports[MAX_NODES];
 
 static int free_port(void) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -300,23 +320,48 @@ static int free_port(void) {
   return ntohs(sa.sin_port);
 }
 
-static int start_tcd(opts_t *o, const char *self) {
+/* Start node 'idx' (node id idx + 1) of the bench's own cluster of
+ * o->want_nodes nodes: its own listen port, a peer bus, the other nodes'
+ * buses as peers. */
+static int start_tcd(opts_t *o, const char *self, int idx) {
   char bin[PATH_MAX];
   snprintf(bin, sizeof(bin), "%s", self);
   char *slash = strrchr(bin, '/');
   if (slash) snprintf(slash + 1, sizeof(bin) - (size_t)(slash + 1 - bin), "tcd");
   else snprintf(bin, sizeof(bin), "tcd");
+  if (idx == 0) {
+    /* Every bus port up front: each node lists all the others as peers. */
+    for (int i = 0; i < o->want_nodes; i++) {
+      int p;
+      do p = free_port();
+      while (p > 0 && i > 0 && p == bus_ports[i - 1]);
+      bus_ports[i] = p;
+    }
+  }
+  char peers[1024] = "";
+  for (int i = 0; i < o->want_nodes; i++) {
+    size_t len = strlen(peers);
+    snprintf(peers + len, sizeof(peers) - len, "%s%d@tcp://127.0.0.1:%d", len ? "," : "", i + 1, bus_ports[i]);
+  }
   for (int attempt = 0; attempt < 5; attempt++) {
     int port = free_port();
     if (port <= 0) continue;
-    char listen[64], url[1100];
+    char listen[64], url[1100], id[32], bus[64], peers_env[1100];
     snprintf(listen, sizeof(listen), "TC_SERVER_LISTEN=127.0.0.1:%d", port);
     snprintf(url, sizeof(url), "TC_STORE_PG_URL=%s", o->pg_url);
+    snprintf(id, sizeof(id), "TC_NODE_ID=%d", idx + 1);
+    snprintf(bus, sizeof(bus), "TC_CLUSTER_BUS=tcp://127.0.0.1:%d", bus_ports[idx]);
+    snprintf(peers_env, sizeof(peers_env), "TC_CLUSTER_PEERS=%s", peers);
     pid_t pid = fork();
     if (pid == 0) {
       setenv("TC_SERVER_TOKEN", o->token, 1);
       putenv(listen);
       putenv(url);
+      putenv(id);
+      if (o->want_nodes > 1) {
+        putenv(bus);
+        putenv(peers_env);
+      }
       if (!getenv("TC_LOG_LEVEL")) setenv("TC_LOG_LEVEL", "warn", 1);
       execl(bin, "tcd", (char *)NULL);
       fprintf(stderr, "tc-bench: could not run %s: %s\n", bin, strerror(errno));
@@ -327,9 +372,9 @@ static int start_tcd(opts_t *o, const char *self) {
       txc_t *c = txc_connect("127.0.0.1", port, 100, err, sizeof(err));
       if (c) {
         txc_close(c);
-        tcd_pid = pid;
-        snprintf(o->nodes[0], sizeof(o->nodes[0]), "127.0.0.1:%d", port);
-        o->nnodes = 1;
+        tcd_pids[idx] = pid;
+        snprintf(o->nodes[idx], sizeof(o->nodes[0]), "127.0.0.1:%d", port);
+        o->nnodes = idx + 1;
         return 0;
       }
       int st;
@@ -339,46 +384,109 @@ static int start_tcd(opts_t *o, const char *self) {
     kill(pid, SIGKILL);
     waitpid(pid, NULL, 0);
   }
-  fprintf(stderr, "tc-bench: could not start tcd (%s)\n", bin);
+  fprintf(stderr, "tc-bench: could not start tcd node %d (%s)\n", idx + 1, bin);
   return -1;
 }
 
 static void stop_tcd(void) {
-  if (tcd_pid <= 0) return;
-  kill(tcd_pid, SIGTERM);
-  waitpid(tcd_pid, NULL, 0);
-  tcd_pid = 0;
+  for (int i = 0; i < MAX_NODES; i++) {
+    if (tcd_pids[i] <= 0) continue;
+    kill(tcd_pids[i], SIGTERM);
+    waitpid(tcd_pids[i], NULL, 0);
+    tcd_pids[i] = 0;
+  }
 }
 
 /* ----------------------------------------------------------------- main */
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: tc-bench [--clients N] [--duration S] [--warmup S] [--baseline-duration S]\n"
+          "usage: tc-bench [--clients N] [--duration S] [--warmup S] [--baseline-duration S] [--nodes N]\n"
           "Coordinator throughput: begin + 2 branch registers + commit per transaction,\n"
-          "against the naive one-statement-at-a-time store baseline on the same PostgreSQL.\n"
+          "against the naive one-statement-at-a-time store baseline on the same PostgreSQL;\n"
+          "with several nodes, all clients on one node, then spread over all of them.\n"
+          "--nodes N: nodes to start when TC_NODES is not set (default 3; 1 = single only).\n"
           "Env: TC_PG_URL, TC_NODES (host:port,...), TC_TOKEN.\n");
 }
 
+/* One measured run: o->clients clients spread over the first o->use_nodes
+ * nodes. */
+static int run_clients(opts_t *o, result_t *out) {
+  client_t *cl = calloc((size_t)o->clients, sizeof(client_t));
+  if (!cl) return -1;
+  atomic_store(&phase, 0);
+  for (int i = 0; i < o->clients; i++) {
+    cl[i].o = o;
+    cl[i].id = i + 1;
+    const char *node = o->nodes[i % o->use_nodes];
+    const char *colon = strrchr(node, ':');
+    snprintf(cl[i].host, sizeof(cl[i].host), "%.*s", (int)(colon ? colon - node : 0), node);
+    cl[i].port = colon ? atoi(colon + 1) : 0;
+    pthread_create(&cl[i].th, NULL, client_main, &cl[i]);
+  }
+  printf("tc-bench: %d clients on %d node(s), warm-up %.0fs, measuring %.0fs\n", o->clients, o->use_nodes,
+         o->warmup_s, o->duration_s);
+  fflush(stdout);
+  sleep_s(o->warmup_s);
+  atomic_store(&phase, 1);
+  double t0 = txc_now_ms();
+  sleep_s(o->duration_s);
+  atomic_store(&phase, 2);
+  double elapsed = (txc_now_ms() - t0) / 1000.0;
+
+  uint64_t done = 0, errors = 0;
+  size_t nlat = 0;
+  for (int i = 0; i < o->clients; i++) {
+    pthread_join(cl[i].th, NULL);
+    done += cl[i].done;
+    errors += cl[i].errors;
+    nlat += cl[i].nlat;
+  }
+  double *all = malloc((nlat ? nlat : 1) * sizeof(double));
+  size_t k = 0;
+  for (int i = 0; i < o->clients; i++) {
+    if (all) memcpy(all + k, cl[i].lat, cl[i].nlat * sizeof(double));
+    k += cl[i].nlat;
+    if (cl[i].first_error[0] && errors)
+      fprintf(stderr, "tc-bench: client %d: %s\n", cl[i].id, cl[i].first_error);
+    free(cl[i].lat);
+  }
+  out->p50 = out->p99 = 0;
+  if (all && nlat) {
+    qsort(all, nlat, sizeof(double), cmp_double);
+    out->p50 = all[nlat / 2];
+    out->p99 = all[(size_t)((double)nlat * 0.99)];
+  }
+  free(all);
+  free(cl);
+  out->tps = (double)done / elapsed;
+  out->done = done;
+  out->errors = errors;
+  return 0;
+}
+
 int main(int argc, char **argv) {
-  opts_t o = {.clients = 64, .duration_s = 10, .warmup_s = 2, .baseline_s = 5};
+  opts_t o = {.clients = 64, .duration_s = 10, .warmup_s = 2, .baseline_s = 5, .want_nodes = 3};
   static const struct option lo[] = {
     {"clients", required_argument, NULL, 'c'}, {"duration", required_argument, NULL, 'd'},
     {"warmup", required_argument, NULL, 'w'},  {"baseline-duration", required_argument, NULL, 'b'},
-    {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0}};
+    {"nodes", required_argument, NULL, 'n'},   {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0}};
   int ch;
-  while ((ch = getopt_long(argc, argv, "c:d:w:b:h", lo, NULL)) != -1) {
+  while ((ch = getopt_long(argc, argv, "c:d:w:b:n:h", lo, NULL)) != -1) {
     switch (ch) {
     case 'c': o.clients = atoi(optarg); break;
     case 'd': o.duration_s = atof(optarg); break;
     case 'w': o.warmup_s = atof(optarg); break;
     case 'b': o.baseline_s = atof(optarg); break;
+    case 'n': o.want_nodes = atoi(optarg); break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 64;
     }
   }
-  if (o.clients < 1 || o.clients > 4096 || o.duration_s <= 0 || o.warmup_s < 0 || o.baseline_s <= 0) {
-    fprintf(stderr, "tc-bench: invalid options (clients 1..4096, durations > 0)\n");
+  if (o.clients < 1 || o.clients > 4096 || o.duration_s <= 0 || o.warmup_s < 0 || o.baseline_s <= 0 ||
+      o.want_nodes < 1 || o.want_nodes > MAX_NODES) {
+    fprintf(stderr, "tc-bench: invalid options (clients 1..4096, durations > 0, nodes 1..%d)\n", MAX_NODES);
     return 64;
   }
   o.pg_url = getenv("TC_PG_URL");
@@ -399,75 +507,54 @@ int main(int argc, char **argv) {
   }
   const char *nodes = getenv("TC_NODES");
   o.token = getenv("TC_TOKEN") ? getenv("TC_TOKEN") : "bench-token";
-  if (nodes && nodes[0]) {
+  bool own = !(nodes && nodes[0]);
+  if (!own) {
     char tmp[1024];
     snprintf(tmp, sizeof(tmp), "%s", nodes);
-    for (char *save = NULL, *t = strtok_r(tmp, ",", &save); t && o.nnodes < 8; t = strtok_r(NULL, ",", &save))
+    for (char *save = NULL, *t = strtok_r(tmp, ",", &save); t && o.nnodes < MAX_NODES; t = strtok_r(NULL, ",", &save))
       snprintf(o.nodes[o.nnodes++], sizeof(o.nodes[0]), "%s", t);
-  } else if (start_tcd(&o, argv[0]) != 0) {
+  } else if (start_tcd(&o, argv[0], 0) != 0) {
     return 69;
   }
 
-  client_t *cl = calloc((size_t)o.clients, sizeof(client_t));
-  if (!cl) return 70;
-  atomic_store(&phase, 0);
-  for (int i = 0; i < o.clients; i++) {
-    cl[i].o = &o;
-    cl[i].id = i + 1;
-    const char *node = o.nodes[i % o.nnodes];
-    const char *colon = strrchr(node, ':');
-    snprintf(cl[i].host, sizeof(cl[i].host), "%.*s", (int)(colon ? colon - node : 0), node);
-    cl[i].port = colon ? atoi(colon + 1) : 0;
-    pthread_create(&cl[i].th, NULL, client_main, &cl[i]);
-  }
-  printf("tc-bench: %d clients on %d node(s), warm-up %.0fs, measuring %.0fs\n", o.clients, o.nnodes,
-         o.warmup_s, o.duration_s);
+  /* Single node: every client on the first node (the only one running
+   * when the bench started its own). */
+  result_t single, cluster = {0};
+  o.use_nodes = 1;
+  if (run_clients(&o, &single) != 0) return 70;
+  printf("tcd, 1 node:  %.0f two-branch global transactions/s, p50 %.2f ms, p99 %.2f ms, %" PRIu64 " errors\n",
+         single.tps, single.p50, single.p99, single.errors);
   fflush(stdout);
-  sleep_s(o.warmup_s);
-  atomic_store(&phase, 1);
-  double t0 = txc_now_ms();
-  sleep_s(o.duration_s);
-  atomic_store(&phase, 2);
-  double elapsed = (txc_now_ms() - t0) / 1000.0;
 
-  uint64_t done = 0, errors = 0;
-  size_t nlat = 0;
-  for (int i = 0; i < o.clients; i++) {
-    pthread_join(cl[i].th, NULL);
-    done += cl[i].done;
-    errors += cl[i].errors;
-    nlat += cl[i].nlat;
+  int total = own ? o.want_nodes : o.nnodes;
+  if (total > 1) {
+    for (int i = 1; own && i < total; i++)
+      if (start_tcd(&o, argv[0], i) != 0) {
+        stop_tcd();
+        return 69;
+      }
+    if (own) sleep_s(1.5); /* the bus connects, heartbeats are exchanged */
+    o.use_nodes = o.nnodes;
+    if (run_clients(&o, &cluster) != 0) return 70;
+    printf("tcd, %d nodes: %.0f two-branch global transactions/s, p50 %.2f ms, p99 %.2f ms, %" PRIu64
+           " errors (clients spread over the nodes)\n",
+           o.nnodes, cluster.tps, cluster.p50, cluster.p99, cluster.errors);
+    fflush(stdout);
   }
-  double *all = malloc((nlat ? nlat : 1) * sizeof(double));
-  size_t k = 0;
-  for (int i = 0; i < o.clients; i++) {
-    if (all) memcpy(all + k, cl[i].lat, cl[i].nlat * sizeof(double));
-    k += cl[i].nlat;
-    if (cl[i].first_error[0] && errors)
-      fprintf(stderr, "tc-bench: client %d: %s\n", cl[i].id, cl[i].first_error);
-    free(cl[i].lat);
-  }
-  double p50 = 0, p99 = 0;
-  if (all && nlat) {
-    qsort(all, nlat, sizeof(double), cmp_double);
-    p50 = all[nlat / 2];
-    p99 = all[(size_t)((double)nlat * 0.99)];
-  }
-  free(all);
-  free(cl);
   stop_tcd();
-  double tps = (double)done / elapsed;
-  printf("tcd:      %.0f two-branch global transactions/s, p50 %.2f ms, p99 %.2f ms, %" PRIu64 " errors\n",
-         tps, p50, p99, errors);
-  fflush(stdout);
 
   double base = run_baseline(&o);
   printf("baseline: %.0f transactions/s (same store writes, one statement per round trip, %d connections)\n",
          base, o.clients);
-  double ratio = base > 0 ? tps / base : 0;
-  printf("ratio:    %.2fx\n", ratio);
+  double ratio = base > 0 ? single.tps / base : 0;
+  double cvs = single.tps > 0 ? cluster.tps / single.tps : 0;
+  printf("ratio:    %.2fx (1 node vs baseline)\n", ratio);
+  if (total > 1) printf("cluster:  %.2fx (%d nodes vs 1 node, same PostgreSQL)\n", cvs, o.nnodes);
   printf("{\"clients\":%d,\"tps\":%.1f,\"p50_ms\":%.3f,\"p99_ms\":%.3f,\"baseline_tps\":%.1f,\"ratio\":%.3f,"
-         "\"errors\":%" PRIu64 "}\n",
-         o.clients, tps, p50, p99, base, ratio, errors);
+         "\"errors\":%" PRIu64 ",\"nodes\":%d,\"cluster_tps\":%.1f,\"cluster_p50_ms\":%.3f,"
+         "\"cluster_p99_ms\":%.3f,\"cluster_vs_single\":%.3f,\"cluster_errors\":%" PRIu64 "}\n",
+         o.clients, single.tps, single.p50, single.p99, base, ratio, single.errors, total > 1 ? o.nnodes : 1,
+         cluster.tps, cluster.p50, cluster.p99, cvs, cluster.errors);
+  uint64_t errors = single.errors + cluster.errors, done = single.done + cluster.done;
   return errors > done / 100 ? 1 : 0;
 }

@@ -6,22 +6,30 @@
  *   HTTP API (JSON bodies; every call carries the global transaction id in
  *   the X-Txc-Xid header and runs as one AT branch of that transaction):
  *
- *     POST /freeze  {order_id, activity, ticket_type, bucket, qty}
+ *     POST /freeze  {order_id, activity, ticket_type, bucket, qty, user,
+ *                    deadline_ms}
  *          frozen_count += qty on the bucket row, guarded by
  *          stock - frozen_count - sold_count >= qty (delta mode: the undo
  *          is frozen_count -= qty, which commutes with the other freezes,
- *          so concurrent freezes of one bucket take no global row lock)
+ *          so concurrent freezes of one bucket take no global row lock),
+ *          and the freeze's stock_freeze row (FROZEN, its deadline: what
+ *          the prefilter's reconciliation and expiry sweep read)
  *          200 {bucket, branch_id} | 409 {error: sold_out}
- *     POST /confirm (same body) frozen_count -= qty, sold_count += qty
- *          200 | 409 {error: not_frozen}
- *     POST /release (same body) frozen_count -= qty
- *          200 | 409 {error: not_frozen}
+ *     POST /confirm {order_id}  stock_freeze FROZEN -> CONFIRMED,
+ *          frozen_count -= qty, sold_count += qty
+ *     POST /release {order_id, reason: cancel|expire}  stock_freeze
+ *          FROZEN -> RELEASED, frozen_count -= qty
+ *          Both: 200 | 200 {noop: true} when already done the same way |
+ *          409 {error: confirmed|released} when done the other way | 404
+ *          {error: unknown_order}.  The row is locked (SELECT ... FOR
+ *          UPDATE) in the local transaction before the change, so a
+ *          confirm and a release of one order cannot both win.
  *     GET  /healthz  200 {ok, tc_nodes_up}
  *
  *   Each operation also inserts its stock_log row (UNIQUE (order_id, op))
  *   in the same branch, so an operation happens at most once per order
  *   (a repeat answers 409 {error: duplicate}) and a rolled-back global
- *   transaction takes its log row away with its counter change.
+ *   transaction takes its rows away with its counter change.
  *
  *   Errors: 400 bad request, 404 no such bucket, 409 as above or
  *   global_not_active (the global transaction was already decided), 503
@@ -31,7 +39,11 @@
  *   Settings (environment, as printed by cluster/local/up): STOCK_PG_URL,
  *   TC_NODES, TC_TOKEN; STOCK_LISTEN (host:port, default 127.0.0.1:0 = any
  *   free port), STOCK_THREADS (default 8 per CPU), STOCK_RESOURCE_ID
- *   (default "stock"), STOCK_LOG_LEVEL.  --listen and --url-file FILE (the
+ *   (default "stock"), STOCK_LOG_LEVEL; for the benchmarks:
+ *   STOCK_FREEZE_MODE (delta, the default, or at: plain AT row images and
+ *   a global lock on the bucket row) and STOCK_LOCAL_MODE=1 (calls without
+ *   an xid run as plain local transactions: the "no coordinator" baseline;
+ *   never in production, nothing would undo them).  --listen and --url-file FILE (the
  *   service writes its URL there once it serves: how scripts find a port
  *   chosen by the kernel) override them.  SIGTERM/SIGINT: stop accepting,
  *   finish the requests in progress, close, exit 0.
@@ -39,6 +51,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "svc_common.h"
@@ -51,6 +64,8 @@ typedef struct stock_svc {
   rm_client_t *rm;
   svc_pgpool_t *pool;
   const char *resource;
+  int mode;        /* freeze_mode_t: STOCK_FREEZE_MODE */
+  bool local_mode; /* STOCK_LOCAL_MODE: serve requests without an xid */
 } stock_svc_t;
 
 typedef enum { OP_FREEZE, OP_CONFIRM, OP_RELEASE } stock_opkind_t;
@@ -59,9 +74,13 @@ static const char *const op_names[] = {"freeze", "confirm", "release"};
 typedef struct stock_op {
   stock_opkind_t kind;
   long long order_id, activity, ticket_type, bucket, qty;
+  long long user, deadline_ms; /* freeze */
+  char reason[16];             /* release: "cancel" or "expire" */
 } stock_op_t;
 
-/* Validate the body of /freeze, /confirm and /release into 'op'. */
+/* Validate the body of /freeze, /confirm and /release into 'op'.  Confirm
+ * and release need only order_id: the freeze's row (stock_freeze) says
+ * where its tickets are. */
 static bool parse_op_or_reply(const svc_req_t *req, svc_resp_t *resp, stock_op_t *op) {
   json_error_t je;
   json_t *o = json_loadb(req->body, req->body_len, JSON_REJECT_DUPLICATES, &je);
@@ -71,16 +90,28 @@ static bool parse_op_or_reply(const svc_req_t *req, svc_resp_t *resp, stock_op_t
     return false;
   }
   const char *bad = NULL;
-  if (!svc_json_int(o, "order_id", 1, INT64_MAX, &op->order_id))
+  if (!svc_json_int(o, "order_id", 1, INT64_MAX, &op->order_id)) {
     bad = "order_id must be a positive integer";
-  else if (!svc_json_int(o, "activity", 1, INT64_MAX, &op->activity))
-    bad = "activity must be a positive integer";
-  else if (!svc_json_int(o, "ticket_type", 0, INT32_MAX, &op->ticket_type))
-    bad = "ticket_type must be an integer >= 0";
-  else if (!svc_json_int(o, "bucket", 0, INT32_MAX, &op->bucket))
-    bad = "bucket must be an integer >= 0";
-  else if (!svc_json_int(o, "qty", 1, 1000, &op->qty))
-    bad = "qty must be an integer from 1 to 1000";
+  } else if (op->kind == OP_FREEZE) {
+    if (!svc_json_int(o, "activity", 1, INT64_MAX, &op->activity))
+      bad = "activity must be a positive integer";
+    else if (!svc_json_int(o, "ticket_type", 0, INT32_MAX, &op->ticket_type))
+      bad = "ticket_type must be an integer >= 0";
+    else if (!svc_json_int(o, "bucket", 0, INT32_MAX, &op->bucket))
+      bad = "bucket must be an integer >= 0";
+    else if (!svc_json_int(o, "qty", 1, 10000, &op->qty))
+      bad = "qty must be an integer from 1 to 10000";
+    else if (!svc_json_int(o, "user", 1, INT64_MAX, &op->user))
+      bad = "user must be a positive integer";
+    else if (!svc_json_int(o, "deadline_ms", 1, INT64_MAX / 2, &op->deadline_ms))
+      bad = "deadline_ms must be a positive integer (unix milliseconds)";
+  } else if (op->kind == OP_RELEASE) {
+    const char *r = json_string_value(json_object_get(o, "reason"));
+    if (json_object_get(o, "reason") && (!r || (strcmp(r, "cancel") != 0 && strcmp(r, "expire") != 0)))
+      bad = "reason must be \"cancel\" or \"expire\"";
+    else
+      snprintf(op->reason, sizeof(op->reason), "%s", r ? r : "cancel");
+  }
   json_decref(o);
   if (bad) {
     svc_resp_error(resp, 400, "bad_request", bad);
@@ -89,81 +120,293 @@ static bool parse_op_or_reply(const svc_req_t *req, svc_resp_t *resp, stock_op_t
   return true;
 }
 
-/* The statements of one operation inside branch 'b'. */
-static int op_statements(rm_branch_t *b, const stock_op_t *op, const char *xid) {
-  char sa[24], st[24], sb[24], so[24], sq[24];
+/* For confirm and release: lock the order's stock_freeze row in the local
+ * transaction and read where its tickets are.  Returns 0 (FROZEN: 'op'
+ * completed from the row), 1 (already finished the same way: nothing to
+ * do), or an HTTP status with the reason word in '*reason'. */
+static int lock_freeze_row(PGconn *pg, stock_op_t *op, const char **reason, char *err, size_t errlen) {
+  char so[24];
+  snprintf(so, sizeof(so), "%lld", op->order_id);
+  const char *p[1] = {so};
+  PGresult *r = NULL;
+  if (!svc_pg_exec(pg,
+                   "SELECT state, activity_id, ticket_type, bucket_id, qty FROM stock_freeze"
+                   " WHERE order_id = $1 FOR UPDATE",
+                   1, p, PGRES_TUPLES_OK, &r, err, errlen)) {
+    *reason = "unavailable";
+    return 503;
+  }
+  if (PQntuples(r) != 1) {
+    PQclear(r);
+    *reason = "unknown_order";
+    snprintf(err, errlen, "no freeze of order %lld", op->order_id);
+    return 404;
+  }
+  const char *state = PQgetvalue(r, 0, 0);
+  op->activity = atoll(PQgetvalue(r, 0, 1));
+  op->ticket_type = atoll(PQgetvalue(r, 0, 2));
+  op->bucket = atoll(PQgetvalue(r, 0, 3));
+  op->qty = atoll(PQgetvalue(r, 0, 4));
+  int rc = 0;
+  if (strcmp(state, "FROZEN") != 0) {
+    bool same = strcmp(state, op->kind == OP_CONFIRM ? "CONFIRMED" : "RELEASED") == 0;
+    rc = same ? 1 : 409;
+    *reason = strcmp(state, "CONFIRMED") == 0 ? "confirmed" : "released";
+    snprintf(err, errlen, "the freeze of order %lld is %s", op->order_id, state);
+  }
+  PQclear(r);
+  return rc;
+}
+
+/* ------------------------------------------------------- statements */
+
+/*
+ * The statements run through one of three paths:
+ *   delta  (default) AT branch, bucket counters by rm_at_update_delta: the
+ *          undo subtracts, concurrent branches on one bucket take no
+ *          global row lock;
+ *   at     AT branch, bucket row by rm_at_update with before/after images
+ *          and a global lock on the bucket row until the global
+ *          transaction ends (Seata's plain AT, for the hot-row benchmark);
+ *   local  no branch (no xid, STOCK_LOCAL_MODE=1): plain SQL in a local
+ *          transaction, the "no coordinator" baseline of the benchmarks.
+ * 'b' is NULL on the local path.
+ */
+typedef enum { MODE_DELTA, MODE_AT } freeze_mode_t;
+
+typedef struct stmt_ctx {
+  stock_svc_t *s;
+  rm_branch_t *b; /* NULL: local */
+  PGconn *pg;
+  char *err;
+  size_t errlen;
+} stmt_ctx_t;
+
+static int local_exec(stmt_ctx_t *c, const char *sql, int n, const char *const *params, int *rows) {
+  PGresult *r = PQexecParams(c->pg, sql, n, NULL, params, NULL, NULL, 0);
+  ExecStatusType st = PQresultStatus(r);
+  if (st != PGRES_COMMAND_OK && st != PGRES_TUPLES_OK) {
+    snprintf(c->err, c->errlen, "%s", PQresultErrorMessage(r));
+    PQclear(r);
+    return RM_E_DB;
+  }
+  if (rows) *rows = atoi(PQcmdTuples(r));
+  PQclear(r);
+  return 0;
+}
+
+/* INSERT one row of 'table' (a constant of this file). */
+static int row_insert(stmt_ctx_t *c, const char *table, int n, const char *const *cols, const char *const *vals) {
+  if (c->b) return rm_at_insert(c->b, table, n, cols, vals);
+  char sql[512];
+  int off = snprintf(sql, sizeof(sql), "INSERT INTO %s (", table);
+  for (int i = 0; i < n; i++) off += snprintf(sql + off, sizeof(sql) - (size_t)off, "%s%s", i ? ", " : "", cols[i]);
+  off += snprintf(sql + off, sizeof(sql) - (size_t)off, ") VALUES (");
+  for (int i = 0; i < n; i++) off += snprintf(sql + off, sizeof(sql) - (size_t)off, "%s$%d", i ? ", " : "", i + 1);
+  snprintf(sql + off, sizeof(sql) - (size_t)off, ")");
+  return local_exec(c, sql, n, vals, NULL);
+}
+
+/* UPDATE the stock_freeze row of 'order_id' (locked by the caller). */
+static int freeze_row_update(stmt_ctx_t *c, const char *order_id, int n, const char *const *cols,
+                             const char *const *vals) {
+  const char *pk[1] = {order_id};
+  if (c->b) return rm_at_update(c->b, "stock_freeze", pk, n, cols, vals);
+  char sql[512];
+  const char *params[8];
+  int off = snprintf(sql, sizeof(sql), "UPDATE stock_freeze SET ");
+  for (int i = 0; i < n && i < 7; i++) {
+    off += snprintf(sql + off, sizeof(sql) - (size_t)off, "%s%s = $%d", i ? ", " : "", cols[i], i + 1);
+    params[i] = vals[i];
+  }
+  snprintf(sql + off, sizeof(sql) - (size_t)off, " WHERE order_id = $%d", n + 1);
+  params[n] = order_id;
+  return local_exec(c, sql, n + 1, params, NULL);
+}
+
+/* Move the bucket's counters: frozen_count += dfrozen, sold_count +=
+ * dsold, refusing (RM_E_GUARD) a freeze beyond the stock or an unfreeze
+ * below zero. */
+static int bucket_change(stmt_ctx_t *c, freeze_mode_t mode, const stock_op_t *op, long long dfrozen,
+                         long long dsold) {
+  char sa[24], st[24], sb[24];
+  snprintf(sa, sizeof(sa), "%lld", op->activity);
+  snprintf(st, sizeof(st), "%lld", op->ticket_type);
+  snprintf(sb, sizeof(sb), "%lld", op->bucket);
+  const char *pk[3] = {sa, st, sb};
+  if (!c->b) {
+    char df[24], ds[24];
+    snprintf(df, sizeof(df), "%lld", dfrozen);
+    snprintf(ds, sizeof(ds), "%lld", dsold);
+    const char *p[5] = {sa, st, sb, df, ds};
+    int rows = 0;
+    int rc = local_exec(c,
+                        "UPDATE activity_ticket_bucket SET frozen_count = frozen_count + $4::int,"
+                        " sold_count = sold_count + $5::int"
+                        " WHERE activity_id = $1 AND ticket_type = $2 AND bucket_id = $3"
+                        " AND stock - frozen_count - sold_count >= $4::int + $5::int AND frozen_count + $4::int >= 0",
+                        5, p, &rows);
+    if (rc == 0 && rows != 1) {
+      snprintf(c->err, c->errlen, "bucket %lld has not the tickets (or is not frozen)", op->bucket);
+      rc = RM_E_GUARD;
+    }
+    return rc;
+  }
+  if (mode == MODE_DELTA) {
+    /* frozen first: the row's CHECK (frozen + sold <= stock) holds after
+     * each statement */
+    int rc = 0;
+    if (dfrozen)
+      rc = rm_at_update_delta(c->b, "activity_ticket_bucket", pk, "frozen_count", dfrozen,
+                              dfrozen > 0 ? FREEZE_GUARD : UNFREEZE_GUARD);
+    if (rc == 0 && dsold) rc = rm_at_update_delta(c->b, "activity_ticket_bucket", pk, "sold_count", dsold, NULL);
+    return rc;
+  }
+  /* MODE_AT: read under the local row lock, check, write the new values */
+  PGresult *r = PQexecParams(c->pg,
+                             "SELECT stock, frozen_count, sold_count FROM activity_ticket_bucket"
+                             " WHERE activity_id = $1 AND ticket_type = $2 AND bucket_id = $3 FOR UPDATE",
+                             3, NULL, pk, NULL, NULL, 0);
+  if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+    snprintf(c->err, c->errlen, "%s", PQresultErrorMessage(r));
+    PQclear(r);
+    return RM_E_DB;
+  }
+  if (PQntuples(r) != 1) {
+    PQclear(r);
+    return RM_E_NOT_ONE_ROW;
+  }
+  long long stock = atoll(PQgetvalue(r, 0, 0)), frozen = atoll(PQgetvalue(r, 0, 1)) + dfrozen,
+            sold = atoll(PQgetvalue(r, 0, 2)) + dsold;
+  PQclear(r);
+  if (frozen < 0 || frozen + sold > stock) return RM_E_GUARD;
+  char nf[24], ns[24];
+  snprintf(nf, sizeof(nf), "%lld", frozen);
+  snprintf(ns, sizeof(ns), "%lld", sold);
+  static const char *const cols[2] = {"frozen_count", "sold_count"};
+  const char *vals[2] = {nf, ns};
+  return rm_at_update(c->b, "activity_ticket_bucket", pk, 2, cols, vals);
+}
+
+/* The statements of one operation. */
+static int op_statements(stmt_ctx_t *c, freeze_mode_t mode, const stock_op_t *op, const char *xid) {
+  char sa[24], st[24], sb[24], so[24], sq[24], su[24], dl[48];
   snprintf(sa, sizeof(sa), "%lld", op->activity);
   snprintf(st, sizeof(st), "%lld", op->ticket_type);
   snprintf(sb, sizeof(sb), "%lld", op->bucket);
   snprintf(so, sizeof(so), "%lld", op->order_id);
   snprintf(sq, sizeof(sq), "%lld", op->qty);
-  const char *pk[3] = {sa, st, sb};
+  snprintf(su, sizeof(su), "%lld", op->user);
   int rc;
   switch (op->kind) {
-  case OP_FREEZE:
-    rc = rm_at_update_delta(b, "activity_ticket_bucket", pk, "frozen_count", op->qty, FREEZE_GUARD);
+  case OP_FREEZE: {
+    rc = bucket_change(c, mode, op, op->qty, 0);
+    if (rc != 0) return rc;
+    /* the deadline as an exact UTC timestamp */
+    time_t secs = (time_t)(op->deadline_ms / 1000);
+    struct tm tm;
+    gmtime_r(&secs, &tm);
+    char day[32];
+    strftime(day, sizeof(day), "%Y-%m-%dT%H:%M:%S", &tm);
+    snprintf(dl, sizeof(dl), "%s.%03lldZ", day, op->deadline_ms % 1000);
+    static const char *const fcols[] = {"order_id", "activity_id", "ticket_type", "bucket_id", "user_id", "qty",
+                                        "deadline"};
+    const char *fvals[] = {so, sa, st, sb, su, sq, dl};
+    rc = row_insert(c, "stock_freeze", 7, fcols, fvals);
     break;
-  case OP_CONFIRM:
-    /* frozen first: the row's CHECK (frozen + sold <= stock) holds after
-     * each statement */
-    rc = rm_at_update_delta(b, "activity_ticket_bucket", pk, "frozen_count", -op->qty, UNFREEZE_GUARD);
-    if (rc == 0) rc = rm_at_update_delta(b, "activity_ticket_bucket", pk, "sold_count", op->qty, NULL);
+  }
+  case OP_CONFIRM: {
+    static const char *const ucols[] = {"state", "finished_at"};
+    const char *uvals[] = {"CONFIRMED", "now"};
+    rc = freeze_row_update(c, so, 2, ucols, uvals);
+    if (rc == 0) rc = bucket_change(c, mode, op, -op->qty, op->qty);
     break;
-  default:
-    rc = rm_at_update_delta(b, "activity_ticket_bucket", pk, "frozen_count", -op->qty, UNFREEZE_GUARD);
+  }
+  default: {
+    static const char *const ucols[] = {"state", "release_reason", "finished_at"};
+    const char *uvals[] = {"RELEASED", op->reason, "now"};
+    rc = freeze_row_update(c, so, 3, ucols, uvals);
+    if (rc == 0) rc = bucket_change(c, mode, op, -op->qty, 0);
     break;
+  }
   }
   if (rc != 0) return rc;
   static const char *const cols[] = {"activity_id", "ticket_type", "bucket_id", "order_id", "op", "qty", "xid"};
   const char *vals[] = {sa, st, sb, so, op_names[op->kind], sq, xid};
-  return rm_at_insert(b, "stock_log", 7, cols, vals);
+  return row_insert(c, "stock_log", 7, cols, vals);
 }
+
+/* ---------------------------------------------------------- handlers */
 
 static void handle_op(stock_svc_t *s, const svc_req_t *req, svc_resp_t *resp, stock_opkind_t kind) {
   stock_op_t op = {.kind = kind};
   const char *xid = svc_req_header(req, SVC_XID_HEADER);
-  if (!xid || !*xid || strlen(xid) >= RM_XID_MAX) {
+  bool local = !xid || !*xid;
+  if (local && !s->local_mode) {
     svc_resp_error(resp, 400, "bad_request", "the " SVC_XID_HEADER " header must carry the global transaction id");
     return;
   }
+  if (!local && strlen(xid) >= RM_XID_MAX) {
+    svc_resp_error(resp, 400, "bad_request", SVC_XID_HEADER " is longer than 128 bytes");
+    return;
+  }
+  if (local) xid = NULL;
   if (!parse_op_or_reply(req, resp, &op)) return;
+  const char *xid_log = xid ? xid : "";
 
-  char err[512];
+  char err[512] = "";
   PGconn *pg = svc_pg_get(s->pool, 2000, err, sizeof(err));
   if (!pg) {
-    SVC_LOG(SVC_LOG_WARN, json_pack("{s:s}", "xid", xid), "could not %s stock: %s", op_names[kind], err);
+    SVC_LOG(SVC_LOG_WARN, json_pack("{s:s}", "xid", xid_log), "could not %s stock: %s", op_names[kind], err);
     svc_resp_error(resp, 503, "unavailable", err);
     return;
   }
-  rm_branch_t *b = NULL;
+  stmt_ctx_t c = {.s = s, .pg = pg, .err = err, .errlen = sizeof(err)};
   int64_t bid = 0;
   int rc;
   if (!svc_pg_exec(pg, "BEGIN", 0, NULL, PGRES_COMMAND_OK, NULL, err, sizeof(err))) {
     rc = RM_E_DB;
     goto fail;
   }
-  if ((rc = rm_at_open(s->rm, xid, s->resource, pg, &b)) != 0) {
+  if (kind != OP_FREEZE) {
+    const char *why = NULL;
+    int st = lock_freeze_row(pg, &op, &why, err, sizeof(err));
+    if (st != 0) {
+      PQclear(PQexec(pg, "ROLLBACK"));
+      svc_pg_put(s->pool, pg);
+      if (st == 1) { /* done before, the same way: nothing to do */
+        svc_resp_json(resp, 200, json_pack("{s:b,s:b}", "ok", 1, "noop", 1));
+        return;
+      }
+      SVC_LOG(SVC_LOG_WARN,
+              json_pack("{s:s,s:I,s:s}", "xid", xid_log, "order_id", (json_int_t)op.order_id, "reason", why),
+              "could not %s stock: %s", op_names[kind], err);
+      svc_resp_error(resp, st, why, err);
+      return;
+    }
+  }
+  if (!local && (rc = rm_at_open(s->rm, xid, s->resource, pg, &c.b)) != 0) {
     snprintf(err, sizeof(err), "%s", rm_strerror(rc));
     goto fail;
   }
-  if ((rc = op_statements(b, &op, xid)) != 0 || (rc = rm_at_prepare(b, &bid)) != 0) {
-    snprintf(err, sizeof(err), "%s: %s", rm_strerror(rc), rm_at_errmsg(b));
+  if ((rc = op_statements(&c, s->mode, &op, xid)) != 0 || (c.b && (rc = rm_at_prepare(c.b, &bid)) != 0)) {
+    if (c.b) snprintf(err, sizeof(err), "%s: %s", rm_strerror(rc), rm_at_errmsg(c.b));
     goto fail;
   }
   PGresult *r = PQexec(pg, "COMMIT");
   bool committed = PQresultStatus(r) == PGRES_COMMAND_OK && strcmp(PQcmdStatus(r), "COMMIT") == 0;
   if (!committed) snprintf(err, sizeof(err), "local commit failed: %s", PQresultErrorMessage(r));
   PQclear(r);
-  rm_at_close(b, committed);
+  if (c.b) rm_at_close(c.b, committed);
   svc_pg_put(s->pool, pg);
   if (!committed) {
-    SVC_LOG(SVC_LOG_WARN, json_pack("{s:s,s:I}", "xid", xid, "order_id", (json_int_t)op.order_id),
+    SVC_LOG(SVC_LOG_WARN, json_pack("{s:s,s:I}", "xid", xid_log, "order_id", (json_int_t)op.order_id),
             "could not %s stock: %s", op_names[kind], err);
     svc_resp_error(resp, 503, "unavailable", err);
     return;
   }
   SVC_LOG(SVC_LOG_DEBUG,
-          json_pack("{s:s,s:I,s:I,s:I}", "xid", xid, "order_id", (json_int_t)op.order_id, "bucket",
+          json_pack("{s:s,s:I,s:I,s:I}", "xid", xid_log, "order_id", (json_int_t)op.order_id, "bucket",
                     (json_int_t)op.bucket, "branch_id", (json_int_t)bid),
           "%s done", op_names[kind]);
   svc_resp_json(resp, 200, json_pack("{s:b,s:I,s:I}", "ok", 1, "bucket", (json_int_t)op.bucket, "branch_id",
@@ -172,7 +415,7 @@ static void handle_op(stock_svc_t *s, const svc_req_t *req, svc_resp_t *resp, st
 
 fail:
   if (PQtransactionStatus(pg) != PQTRANS_IDLE) PQclear(PQexec(pg, "ROLLBACK"));
-  if (b) rm_at_close(b, false);
+  if (c.b) rm_at_close(c.b, false);
   svc_pg_put(s->pool, pg);
   int status = 503;
   const char *reason = "unavailable";
@@ -196,16 +439,19 @@ fail:
     reason = "bad_request";
     break;
   case RM_E_DB:
-    if (strstr(err, "stock_log_order_op_key")) {
+    if (strstr(err, "stock_log_order_op_key") || strstr(err, "stock_freeze_pkey")) {
       status = 409;
       reason = "duplicate";
+    } else if (strstr(err, "stock_freeze_bucket_fkey")) {
+      status = 404;
+      reason = "no_bucket";
     }
     break;
   default:
     break;
   }
   SVC_LOG(status == 409 && rc == RM_E_GUARD ? SVC_LOG_DEBUG : SVC_LOG_WARN,
-          json_pack("{s:s,s:I,s:I,s:s}", "xid", xid, "order_id", (json_int_t)op.order_id, "bucket",
+          json_pack("{s:s,s:I,s:I,s:s}", "xid", xid_log, "order_id", (json_int_t)op.order_id, "bucket",
                     (json_int_t)op.bucket, "reason", reason),
           "could not %s stock: %s", op_names[kind], err);
   svc_resp_error(resp, status, reason, err);
@@ -248,7 +494,8 @@ static void usage(FILE *f) {
           "\n"
           "The stock branch of the flash-sale demo (see examples/stock_service.c).\n"
           "Environment: STOCK_PG_URL, TC_NODES, TC_TOKEN (from cluster/local/up),\n"
-          "STOCK_LISTEN, STOCK_THREADS, STOCK_RESOURCE_ID, STOCK_LOG_LEVEL.\n");
+          "STOCK_LISTEN, STOCK_THREADS, STOCK_RESOURCE_ID, STOCK_FREEZE_MODE (delta|at),\n"
+          "STOCK_LOCAL_MODE (1: serve calls without an xid, no coordinator), STOCK_LOG_LEVEL.\n");
 }
 
 int main(int argc, char **argv) {
@@ -271,7 +518,17 @@ int main(int argc, char **argv) {
   bool ok = true;
   int threads = (int)svc_env_int("STOCK_THREADS", 8LL * svc_ncpu(), 1, 1024, &ok);
   const char *pg_url = svc_env_str("STOCK_PG_URL", NULL);
-  stock_svc_t s = {.resource = svc_env_str("STOCK_RESOURCE_ID", "stock")};
+  stock_svc_t s = {.resource = svc_env_str("STOCK_RESOURCE_ID", "stock"),
+                   .local_mode = svc_env_int("STOCK_LOCAL_MODE", 0, 0, 1, &ok) == 1};
+  const char *mode = svc_env_str("STOCK_FREEZE_MODE", "delta");
+  if (strcmp(mode, "delta") == 0) {
+    s.mode = MODE_DELTA;
+  } else if (strcmp(mode, "at") == 0) {
+    s.mode = MODE_AT;
+  } else {
+    svc_error("invalid value \"%s\" for STOCK_FREEZE_MODE: expected delta or at", mode);
+    ok = false;
+  }
   if (!pg_url) {
     svc_error("STOCK_PG_URL is not set (it is printed by cluster/local/up)");
     ok = false;
@@ -303,7 +560,8 @@ int main(int argc, char **argv) {
     goto out;
   }
   char err[512];
-  http = svc_http_start(listen, (unsigned)threads, handler, &s, err, sizeof(err));
+  svc_pgpool_prewarm(s.pool, threads);
+  http = svc_http_start(listen, (unsigned)svc_ncpu(), (unsigned)threads, handler, &s, err, sizeof(err));
   if (!http) {
     svc_error("%s", err);
     exit_code = 69;
@@ -311,7 +569,9 @@ int main(int argc, char **argv) {
   }
   char url[128];
   snprintf(url, sizeof(url), "http://127.0.0.1:%d", svc_http_port(http));
-  SVC_LOG(SVC_LOG_INFO, json_pack("{s:s,s:i,s:s}", "url", url, "threads", threads, "resource", s.resource),
+  SVC_LOG(SVC_LOG_INFO,
+          json_pack("{s:s,s:i,s:s,s:s,s:b}", "url", url, "threads", threads, "resource", s.resource, "freeze_mode",
+                    s.mode == MODE_AT ? "at" : "delta", "local_mode", s.local_mode),
           "stock-service ready");
   if (url_file && !write_url_file(url_file, url)) {
     svc_error("could not write the URL to \"%s\"", url_file);

@@ -43,7 +43,7 @@ void svc_log_write(int level, json_t *fields, const char *fmt, ...) {
   clock_gettime(CLOCK_REALTIME, &ts);
   struct tm tm;
   gmtime_r(&ts.tv_sec, &tm);
-  char when[40];
+  char when[96];
   snprintf(when, sizeof(when), "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900, tm.tm_mon + 1,
            tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000L);
 
@@ -247,6 +247,23 @@ PGconn *svc_pg_get(svc_pgpool_t *p, unsigned wait_ms, char *err, size_t errlen) 
       return NULL;
     }
   }
+}
+
+int svc_pgpool_prewarm(svc_pgpool_t *p, int n) {
+  PGconn **got = calloc((size_t)(n > 0 ? n : 1), sizeof(PGconn *));
+  if (!got) return 0;
+  int k = 0;
+  char err[512];
+  for (; k < n; k++) {
+    got[k] = svc_pg_get(p, 0, err, sizeof(err));
+    if (!got[k]) {
+      svc_warn("%s", err);
+      break;
+    }
+  }
+  for (int i = 0; i < k; i++) svc_pg_put(p, got[i]);
+  free(got);
+  return k;
 }
 
 void svc_pg_put(svc_pgpool_t *p, PGconn *pg) {

@@ -98,6 +98,10 @@ void svc_pgpool_free(svc_pgpool_t *p);
 /* Take a connection, waiting up to 'wait_ms' when all are in use; NULL
  * with a message in 'err' when none can be had. */
 PGconn *svc_pg_get(svc_pgpool_t *p, unsigned wait_ms, char *err, size_t errlen);
+/* Open up to 'n' connections now, so that the first requests do not pay
+ * for the connection set-up.  Returns how many are open; a failure is
+ * logged, not fatal (requests connect on demand). */
+int svc_pgpool_prewarm(svc_pgpool_t *p, int n);
 /* Give 'pg' back.  A connection that is broken or left inside a
  * transaction is closed instead of kept. */
 void svc_pg_put(svc_pgpool_t *p, PGconn *pg);

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <curl/curl.h>
 #include <microhttpd.h>
@@ -29,18 +30,49 @@
 
 /* ------------------------------------------------------------- server */
 
-struct svc_http {
-  struct MHD_Daemon *d;
-  svc_handler_fn fn;
-  void *arg;
-  int port;
-};
+/*
+ * Threads: libmicrohttpd's own pool ('io_threads', the CPUs) reads and
+ * writes the sockets; a complete request is suspended there
+ * (MHD_suspend_connection) and queued to our workers ('workers' threads),
+ * which run the blocking handlers; a worker stores the answer and resumes
+ * the connection, and libmicrohttpd calls the access handler once more,
+ * which queues the answer.  One shared FIFO queue means a slow request
+ * delays no other one while a worker is free (with libmicrohttpd's pool
+ * alone, a handler blocking its thread would stall every connection that
+ * thread owns).
+ *
+ * Shutdown: stop accepting (MHD_quiesce_daemon), answer 503 to requests
+ * that arrive from now on, let the workers finish the queue, then stop the
+ * daemon (no connection is suspended any more) and join the workers.
+ */
+typedef enum { REQ_READING, REQ_QUEUED, REQ_ANSWERED } req_state_t;
 
 typedef struct req_ctx {
   char *buf;
   size_t len, cap;
   bool too_big;
+  req_state_t state;
+  struct MHD_Connection *conn;
+  char *method, *path;
+  svc_resp_t resp;
+  struct req_ctx *next; /* work queue */
 } req_ctx_t;
+
+struct svc_http {
+  struct MHD_Daemon *d;
+  svc_handler_fn fn;
+  void *arg;
+  int port;
+
+  pthread_mutex_t mu;
+  pthread_cond_t cv;      /* work queued, or stopping */
+  pthread_cond_t idle_cv; /* a job finished */
+  req_ctx_t *head, *tail;
+  int queued, running;
+  bool stopping;
+  pthread_t *workers;
+  int nworkers;
+};
 
 const char *svc_req_header(const svc_req_t *req, const char *name) {
   return MHD_lookup_connection_value((struct MHD_Connection *)req->conn_, MHD_HEADER_KIND, name);
@@ -80,6 +112,38 @@ static enum MHD_Result send_json(struct MHD_Connection *conn, int status, json_t
   return ret;
 }
 
+static void *worker_main(void *arg) {
+  svc_http_t *h = arg;
+  pthread_mutex_lock(&h->mu);
+  for (;;) {
+    while (!h->head && !h->stopping) pthread_cond_wait(&h->cv, &h->mu);
+    if (!h->head) break; /* stopping and nothing left */
+    req_ctx_t *rc = h->head;
+    h->head = rc->next;
+    if (!h->head) h->tail = NULL;
+    h->queued--;
+    h->running++;
+    pthread_mutex_unlock(&h->mu);
+
+    svc_req_t req = {.method = rc->method, .path = rc->path, .body = rc->buf ? rc->buf : "",
+                     .body_len = rc->len, .conn_ = rc->conn};
+    h->fn(&req, &rc->resp, h->arg);
+    if (rc->resp.status == 0 || !rc->resp.body) svc_resp_error(&rc->resp, 500, "internal", NULL);
+    struct MHD_Connection *conn = rc->conn;
+
+    /* The I/O thread reads the answer after the resume, which
+     * synchronises (a mutex and a wake-up inside libmicrohttpd); 'rc' may
+     * be freed as soon as it is resumed: not touched after. */
+    rc->state = REQ_ANSWERED;
+    MHD_resume_connection(conn);
+    pthread_mutex_lock(&h->mu);
+    h->running--;
+    pthread_cond_broadcast(&h->idle_cv);
+  }
+  pthread_mutex_unlock(&h->mu);
+  return NULL;
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url, const char *method,
                                   const char *version, const char *upload_data, size_t *upload_data_size,
                                   void **con_cls) {
@@ -92,6 +156,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     *con_cls = rc;
     return MHD_YES;
   }
+  if (rc->state == REQ_ANSWERED) /* resumed by a worker */
+    return send_json(conn, rc->resp.status, rc->resp.body);
   if (*upload_data_size > 0) {
     size_t n = *upload_data_size;
     *upload_data_size = 0;
@@ -112,18 +178,32 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     rc->buf[rc->len] = '\0';
     return MHD_YES;
   }
-  svc_resp_t resp = {0};
+  if (rc->state != REQ_READING) return MHD_YES; /* queued: not resumed yet */
   if (rc->too_big) {
-    svc_resp_error(&resp, 413, "body_too_large", "request bodies are limited to 16384 bytes");
-  } else {
-    svc_req_t req = {.method = method, .path = url, .body = rc->buf ? rc->buf : "", .body_len = rc->len,
-                     .conn_ = conn};
-    h->fn(&req, &resp, h->arg);
-    if (resp.status == 0 || !resp.body) svc_resp_error(&resp, 500, "internal", NULL);
+    svc_resp_error(&rc->resp, 413, "body_too_large", "request bodies are limited to 16384 bytes");
+    return send_json(conn, rc->resp.status, rc->resp.body);
   }
-  enum MHD_Result ret = send_json(conn, resp.status, resp.body);
-  json_decref(resp.body);
-  return ret;
+  rc->method = strdup(method);
+  rc->path = strdup(url);
+  if (!rc->method || !rc->path) return MHD_NO;
+  rc->conn = conn;
+  pthread_mutex_lock(&h->mu);
+  if (h->stopping) {
+    pthread_mutex_unlock(&h->mu);
+    svc_resp_error(&rc->resp, 503, "shutting_down", NULL);
+    return send_json(conn, rc->resp.status, rc->resp.body);
+  }
+  rc->state = REQ_QUEUED;
+  MHD_suspend_connection(conn);
+  if (h->tail)
+    h->tail->next = rc;
+  else
+    h->head = rc;
+  h->tail = rc;
+  h->queued++;
+  pthread_cond_signal(&h->cv);
+  pthread_mutex_unlock(&h->mu);
+  return MHD_YES;
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
@@ -133,6 +213,9 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
   (void)toe;
   req_ctx_t *rc = *con_cls;
   if (rc) {
+    json_decref(rc->resp.body);
+    free(rc->method);
+    free(rc->path);
     free(rc->buf);
     free(rc);
   }
@@ -179,8 +262,8 @@ static bool parse_listen(const char *listen, struct sockaddr_in *sa, char *err, 
   return true;
 }
 
-svc_http_t *svc_http_start(const char *listen, unsigned threads, svc_handler_fn fn, void *arg, char *err,
-                           size_t errlen) {
+svc_http_t *svc_http_start(const char *listen, unsigned io_threads, unsigned workers, svc_handler_fn fn,
+                           void *arg, char *err, size_t errlen) {
   struct sockaddr_in sa;
   if (!parse_listen(listen, &sa, err, errlen)) return NULL;
   svc_http_t *h = calloc(1, sizeof(*h));
@@ -190,40 +273,109 @@ svc_http_t *svc_http_start(const char *listen, unsigned threads, svc_handler_fn 
   }
   h->fn = fn;
   h->arg = arg;
-  if (threads < 1) threads = 1;
-  h->d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ERROR_LOG, 0, NULL, NULL,
-                          on_request, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa,
-                          MHD_OPTION_THREAD_POOL_SIZE, threads, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)60,
-                          MHD_OPTION_CONNECTION_LIMIT, (unsigned)4000, MHD_OPTION_LISTEN_BACKLOG_SIZE,
-                          (unsigned)1024, MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL,
-                          MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_END);
+  pthread_mutex_init(&h->mu, NULL);
+  pthread_cond_init(&h->cv, NULL);
+  pthread_cond_init(&h->idle_cv, NULL);
+  if (io_threads < 1) io_threads = 1;
+  if (workers < 1) workers = 1;
+  h->workers = calloc(workers, sizeof(pthread_t));
+  if (!h->workers) {
+    snprintf(err, errlen, "out of memory");
+    goto fail;
+  }
+  for (unsigned i = 0; i < workers; i++) {
+    if (pthread_create(&h->workers[i], NULL, worker_main, h) != 0) {
+      snprintf(err, errlen, "could not start worker threads");
+      goto fail;
+    }
+    h->nworkers++;
+  }
+  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ERROR_LOG | MHD_ALLOW_SUSPEND_RESUME;
+  h->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+                          MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa, MHD_OPTION_THREAD_POOL_SIZE, io_threads,
+                          MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)60, MHD_OPTION_CONNECTION_LIMIT, (unsigned)4000,
+                          MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024, MHD_OPTION_NOTIFY_COMPLETED,
+                          on_completed, NULL, MHD_OPTION_END);
   if (!h->d) {
     snprintf(err, errlen, "could not listen on \"%s\" (address in use or not local?)", listen);
-    free(h);
-    return NULL;
+    goto fail;
   }
   const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->d, MHD_DAEMON_INFO_BIND_PORT);
   h->port = di ? (int)di->port : (int)ntohs(sa.sin_port);
   return h;
+
+fail:
+  pthread_mutex_lock(&h->mu);
+  h->stopping = true;
+  pthread_cond_broadcast(&h->cv);
+  pthread_mutex_unlock(&h->mu);
+  for (int i = 0; i < h->nworkers; i++) pthread_join(h->workers[i], NULL);
+  free(h->workers);
+  pthread_mutex_destroy(&h->mu);
+  pthread_cond_destroy(&h->cv);
+  pthread_cond_destroy(&h->idle_cv);
+  free(h);
+  return NULL;
 }
 
 int svc_http_port(const svc_http_t *h) { return h->port; }
 
 void svc_http_stop(svc_http_t *h) {
   if (!h) return;
+  MHD_socket ls = MHD_quiesce_daemon(h->d); /* no new connections */
+  pthread_mutex_lock(&h->mu);
+  h->stopping = true; /* new requests on open connections: 503 */
+  pthread_cond_broadcast(&h->cv);
+  while (h->queued > 0 || h->running > 0) pthread_cond_wait(&h->idle_cv, &h->mu);
+  pthread_mutex_unlock(&h->mu);
+  for (int i = 0; i < h->nworkers; i++) pthread_join(h->workers[i], NULL);
   MHD_stop_daemon(h->d);
+  if (ls != MHD_INVALID_SOCKET) close(ls);
+  free(h->workers);
+  pthread_mutex_destroy(&h->mu);
+  pthread_cond_destroy(&h->cv);
+  pthread_cond_destroy(&h->idle_cv);
   free(h);
 }
 
 /* ------------------------------------------------------------- client */
 
+/*
+ * Each pooled "line" is a libcurl multi handle with one easy handle that
+ * stays attached to it between calls, so that the multi's connection
+ * cache keeps the line's connection to the peer alive: a steady stream of
+ * calls costs no handshakes.  A call takes a line, adds the easy handle,
+ * pushes the request out (svc_httpc_start), and later drives the transfer
+ * to its end (svc_httpc_finish); the caller may do other work in between.
+ */
 #define HTTPC_MAX_IDLE 256
+
+typedef struct line {
+  CURLM *multi;
+  CURL *easy;
+} line_t;
 
 struct svc_httpc {
   pthread_mutex_t mu;
   char *base;
   int nidle;
-  CURL *idle[HTTPC_MAX_IDLE];
+  line_t idle[HTTPC_MAX_IDLE];
+};
+
+typedef struct growbuf {
+  char *p;
+  size_t len, cap;
+} growbuf_t;
+
+struct svc_httpc_call {
+  svc_httpc_t *c;
+  line_t line;
+  struct curl_slist *hdrs;
+  char *payload;
+  growbuf_t buf;
+  char url[1024];
+  bool done;
+  CURLcode result;
 };
 
 bool svc_http_global_init(void) { return curl_global_init(CURL_GLOBAL_DEFAULT) == CURLE_OK; }
@@ -243,18 +395,20 @@ svc_httpc_t *svc_httpc_new(const char *base_url) {
   return c;
 }
 
+static void line_free(line_t *l) {
+  if (l->easy) curl_easy_cleanup(l->easy);
+  if (l->multi) curl_multi_cleanup(l->multi);
+  l->easy = NULL;
+  l->multi = NULL;
+}
+
 void svc_httpc_free(svc_httpc_t *c) {
   if (!c) return;
-  for (int i = 0; i < c->nidle; i++) curl_easy_cleanup(c->idle[i]);
+  for (int i = 0; i < c->nidle; i++) line_free(&c->idle[i]);
   pthread_mutex_destroy(&c->mu);
   free(c->base);
   free(c);
 }
-
-typedef struct growbuf {
-  char *p;
-  size_t len, cap;
-} growbuf_t;
 
 static size_t on_write(char *ptr, size_t size, size_t nmemb, void *ud) {
   growbuf_t *b = ud;
@@ -274,58 +428,106 @@ static size_t on_write(char *ptr, size_t size, size_t nmemb, void *ud) {
   return n;
 }
 
-int svc_httpc_post(svc_httpc_t *c, const char *path, const char *xid, const json_t *body, unsigned timeout_ms,
-                   long *status, json_t **answer, char *err, size_t errlen) {
-  *answer = NULL;
-  *status = 0;
-  CURL *e = NULL;
-  pthread_mutex_lock(&c->mu);
-  if (c->nidle > 0) e = c->idle[--c->nidle];
-  pthread_mutex_unlock(&c->mu);
-  if (!e) e = curl_easy_init();
-  if (!e) {
-    snprintf(err, errlen, "out of memory");
-    return -1;
+/* Run the transfer without waiting; notes when it is over. */
+static void call_step(svc_httpc_call_t *k) {
+  int running = 0;
+  curl_multi_perform(k->line.multi, &running);
+  CURLMsg *m;
+  int left;
+  while ((m = curl_multi_info_read(k->line.multi, &left))) {
+    if (m->msg == CURLMSG_DONE) {
+      k->done = true;
+      k->result = m->data.result;
+    }
   }
-  char url[1024];
-  snprintf(url, sizeof(url), "%s%s", c->base, path);
-  char *payload = json_dumps(body, JSON_COMPACT);
-  struct curl_slist *hdrs = curl_slist_append(NULL, "Content-Type: application/json");
-  hdrs = curl_slist_append(hdrs, "Expect:");
+}
+
+svc_httpc_call_t *svc_httpc_start(svc_httpc_t *c, const char *path, const char *xid, const json_t *body,
+                                  unsigned timeout_ms, char *err, size_t errlen) {
+  svc_httpc_call_t *k = calloc(1, sizeof(*k));
+  if (!k) {
+    snprintf(err, errlen, "out of memory");
+    return NULL;
+  }
+  k->c = c;
+  pthread_mutex_lock(&c->mu);
+  if (c->nidle > 0) k->line = c->idle[--c->nidle];
+  pthread_mutex_unlock(&c->mu);
+  if (!k->line.multi) {
+    k->line.multi = curl_multi_init();
+    k->line.easy = curl_easy_init();
+  }
+  k->payload = json_dumps(body, JSON_COMPACT);
+  if (!k->line.multi || !k->line.easy || !k->payload) {
+    line_free(&k->line);
+    free(k->payload);
+    free(k);
+    snprintf(err, errlen, "out of memory");
+    return NULL;
+  }
+  snprintf(k->url, sizeof(k->url), "%s%s", c->base, path);
+  k->hdrs = curl_slist_append(NULL, "Content-Type: application/json");
+  k->hdrs = curl_slist_append(k->hdrs, "Expect:");
   if (xid) {
     char hx[RM_XID_MAX + 32];
     snprintf(hx, sizeof(hx), "%s: %s", SVC_XID_HEADER, xid);
-    hdrs = curl_slist_append(hdrs, hx);
+    k->hdrs = curl_slist_append(k->hdrs, hx);
   }
-  growbuf_t buf = {0};
-  curl_easy_reset(e); /* keeps the live connection, clears options */
-  curl_easy_setopt(e, CURLOPT_URL, url);
-  curl_easy_setopt(e, CURLOPT_POSTFIELDS, payload ? payload : "{}");
-  curl_easy_setopt(e, CURLOPT_HTTPHEADER, hdrs);
+  CURL *e = k->line.easy;
+  curl_easy_reset(e); /* keeps the live connection (in the multi), clears options */
+  curl_easy_setopt(e, CURLOPT_URL, k->url);
+  curl_easy_setopt(e, CURLOPT_POSTFIELDS, k->payload);
+  curl_easy_setopt(e, CURLOPT_HTTPHEADER, k->hdrs);
   curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_write);
-  curl_easy_setopt(e, CURLOPT_WRITEDATA, &buf);
+  curl_easy_setopt(e, CURLOPT_WRITEDATA, &k->buf);
   curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
   curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)(timeout_ms < 2000 ? timeout_ms : 2000));
   curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(e, CURLOPT_TCP_NODELAY, 1L);
-  CURLcode cc = curl_easy_perform(e);
+  curl_multi_add_handle(k->line.multi, e);
+  call_step(k); /* on a live connection this sends the request */
+  return k;
+}
+
+int svc_httpc_finish(svc_httpc_call_t *k, long *status, json_t **answer, char *err, size_t errlen) {
+  *answer = NULL;
+  *status = 0;
+  while (!k->done) {
+    curl_multi_poll(k->line.multi, NULL, 0, 1000, NULL);
+    call_step(k);
+  }
   int rc = 0;
-  if (cc != CURLE_OK) {
-    snprintf(err, errlen, "could not call %s: %s", url, curl_easy_strerror(cc));
+  if (k->result != CURLE_OK) {
+    snprintf(err, errlen, "could not call %s: %s", k->url, curl_easy_strerror(k->result));
     rc = -1;
   } else {
-    curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, status);
-    if (buf.p) *answer = json_loadb(buf.p, buf.len, 0, NULL);
+    curl_easy_getinfo(k->line.easy, CURLINFO_RESPONSE_CODE, status);
+    if (k->buf.p) *answer = json_loadb(k->buf.p, k->buf.len, 0, NULL);
   }
-  curl_slist_free_all(hdrs);
-  free(payload);
-  free(buf.p);
-  pthread_mutex_lock(&c->mu);
-  if (rc == 0 && c->nidle < HTTPC_MAX_IDLE) {
-    c->idle[c->nidle++] = e;
-    e = NULL;
+  curl_multi_remove_handle(k->line.multi, k->line.easy);
+  curl_slist_free_all(k->hdrs);
+  free(k->payload);
+  free(k->buf.p);
+  svc_httpc_t *c = k->c;
+  bool kept = false;
+  if (rc == 0) {
+    pthread_mutex_lock(&c->mu);
+    if (c->nidle < HTTPC_MAX_IDLE) {
+      c->idle[c->nidle++] = k->line;
+      kept = true;
+    }
+    pthread_mutex_unlock(&c->mu);
   }
-  pthread_mutex_unlock(&c->mu);
-  if (e) curl_easy_cleanup(e); /* after a failure: drop the connection too */
+  if (!kept) line_free(&k->line); /* after a failure: drop the connection too */
+  free(k);
   return rc;
+}
+
+int svc_httpc_post(svc_httpc_t *c, const char *path, const char *xid, const json_t *body, unsigned timeout_ms,
+                   long *status, json_t **answer, char *err, size_t errlen) {
+  *answer = NULL;
+  *status = 0;
+  svc_httpc_call_t *k = svc_httpc_start(c, path, xid, body, timeout_ms, err, errlen);
+  if (!k) return -1;
+  return svc_httpc_finish(k, status, answer, err, errlen);
 }

@@ -4,16 +4,18 @@
  * libcurl for the one internal call (order-service -> stock-service).
  *
  * NOTES
- *   Server: libmicrohttpd with its own thread pool (epoll, one listening
- *   socket shared by the pool).  Handlers are blocking: each runs to
- *   completion on a pool thread, so the pool size is the number of
- *   requests served at once; size it for I/O waits, not for CPUs.  Bodies
- *   are collected up to SVC_HTTP_MAX_BODY bytes (413 beyond), then the
- *   handler is called once with the whole body.  Every answer is JSON.
+ *   Server: libmicrohttpd's thread pool (epoll) does the socket I/O; each
+ *   complete request is handed to a pool of worker threads that run the
+ *   blocking handlers, first come first served, so the worker count is the
+ *   number of requests served at once: size it for I/O waits, not for
+ *   CPUs.  Bodies are collected up to SVC_HTTP_MAX_BODY bytes (413
+ *   beyond), then the handler is called once with the whole body.  Every
+ *   answer is JSON.
  *
- *   Client: a pool of CURL easy handles, each keeping its connection to
- *   the peer alive, so a steady stream of calls costs no TCP handshakes.
- *   Safe from any number of threads.
+ *   Client: a pool of libcurl handles, each keeping its connection to the
+ *   peer alive, so a steady stream of calls costs no TCP handshakes; a
+ *   call can be started and finished later, so that the caller works
+ *   meanwhile.  Safe from any number of threads.
  */
 #ifndef SVC_HTTP_H
 #define SVC_HTTP_H
@@ -57,13 +59,15 @@ const char *svc_req_header(const svc_req_t *req, const char *name);
 void svc_resp_error(svc_resp_t *resp, int status, const char *reason, const char *detail);
 void svc_resp_json(svc_resp_t *resp, int status, json_t *body);
 
-/* Listen on 'listen' ("host:port"; port 0 = any free port) with 'threads'
- * pool threads.  Returns NULL with a message in 'err' on failure. */
-svc_http_t *svc_http_start(const char *listen, unsigned threads, svc_handler_fn fn, void *arg, char *err,
-                           size_t errlen);
+/* Listen on 'listen' ("host:port"; port 0 = any free port) with
+ * 'io_threads' socket threads and 'workers' handler threads.  Returns NULL
+ * with a message in 'err' on failure. */
+svc_http_t *svc_http_start(const char *listen, unsigned io_threads, unsigned workers, svc_handler_fn fn,
+                           void *arg, char *err, size_t errlen);
 /* The port actually bound. */
 int svc_http_port(const svc_http_t *h);
-/* Stop accepting, wait for the requests in progress, free.  NULL: no-op. */
+/* Stop accepting, answer 503 to new requests on open connections, wait
+ * for the requests queued or in progress, free.  NULL: no-op. */
 void svc_http_stop(svc_http_t *h);
 
 /* ------------------------------------------------------------- client */
@@ -84,6 +88,16 @@ void svc_httpc_free(svc_httpc_t *c);
  */
 int svc_httpc_post(svc_httpc_t *c, const char *path, const char *xid, const json_t *body, unsigned timeout_ms,
                    long *status, json_t **answer, char *err, size_t errlen);
+
+/* The same in two steps: start the call (the request is sent at once on a
+ * live connection), do something else, then wait for its answer.  Every
+ * started call must be finished (which frees it), from the same thread.
+ * svc_httpc_start returns NULL (no call: 'err' says why) only when out of
+ * memory; connection errors come from svc_httpc_finish. */
+typedef struct svc_httpc_call svc_httpc_call_t;
+svc_httpc_call_t *svc_httpc_start(svc_httpc_t *c, const char *path, const char *xid, const json_t *body,
+                                  unsigned timeout_ms, char *err, size_t errlen);
+int svc_httpc_finish(svc_httpc_call_t *call, long *status, json_t **answer, char *err, size_t errlen);
 
 /* Call once at process start, before any thread (libcurl's global init). */
 bool svc_http_global_init(void);

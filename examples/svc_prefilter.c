@@ -1,9 +1,6 @@
 /*
- * svc_prefilter.c - the prefilter adapter (see svc_prefilter.h).
- *
- * INTERIM: librmclient's prefilter is not in rm_client.h yet; until it is,
- * this pass-through grants every freeze (bucket = order id modulo
- * PF_INTERIM_BUCKETS, default 5) and PostgreSQL's guard decides alone.
+ * svc_prefilter.c - the prefilter adapter over librmclient's
+ * rm_prefilter_* (see svc_prefilter.h).
  */
 #include "svc_prefilter.h"
 
@@ -13,61 +10,123 @@
 #include "svc_common.h"
 
 struct svc_pf {
-  int buckets;
+  rm_prefilter_t *pf;
 };
 
-svc_pf_t *svc_pf_new(const char *redis_url, char *err, size_t errlen) {
-  (void)redis_url;
-  svc_pf_t *pf = calloc(1, sizeof(*pf));
-  if (!pf) {
+svc_pf_t *svc_pf_new(const char *redis_url, unsigned max_connections, char *err, size_t errlen) {
+  svc_pf_t *p = calloc(1, sizeof(*p));
+  if (!p) {
     snprintf(err, errlen, "out of memory");
     return NULL;
   }
-  pf->buckets = (int)svc_env_int("PF_INTERIM_BUCKETS", 5, 1, 1 << 20, NULL);
-  if (pf->buckets < 1) pf->buckets = 5;
-  return pf;
+  bool ok = true;
+  rm_pf_options_t o = {
+    .command_timeout_ms = (unsigned)svc_env_int("PF_COMMAND_TIMEOUT_MS", 500, 1, 60000, &ok),
+    .connect_timeout_ms = (unsigned)svc_env_int("PF_CONNECT_TIMEOUT_MS", 1000, 1, 60000, &ok),
+    .max_connections = max_connections,
+    .log_cb = svc_rm_log_cb,
+    .log_level = svc_log_level + 1,
+  };
+  int rc = ok ? rm_prefilter_new(redis_url, &o, &p->pf) : RM_E_INVALID;
+  if (rc != 0) {
+    snprintf(err, errlen, "%s (REDIS_URL=%s)", rm_prefilter_strerror(rc), redis_url);
+    free(p);
+    return NULL;
+  }
+  return p;
 }
 
-void svc_pf_free(svc_pf_t *pf) { free(pf); }
-
-bool svc_pf_available(const svc_pf_t *pf) {
-  (void)pf;
-  return false;
+void svc_pf_free(svc_pf_t *p) {
+  if (!p) return;
+  rm_prefilter_free(p->pf);
+  free(p);
 }
+
+rm_prefilter_t *svc_pf_handle(svc_pf_t *p) { return p->pf; }
 
 const char *svc_pf_reason(pf_result_t r) {
   switch (r) {
   case PF_NOT_ON_SALE: return "not_on_sale";
   case PF_OVER_LIMIT: return "over_limit";
   case PF_SOLD_OUT: return "sold_out";
+  case PF_DONE_BEFORE: return "done_before";
   case PF_OK: return "ok";
   default: return "error";
   }
 }
 
-pf_result_t svc_pf_freeze(svc_pf_t *pf, long long activity, long long ticket_type, long long user,
-                          long long qty, long long order_id, int *bucket, char *err, size_t errlen) {
-  (void)activity, (void)ticket_type, (void)user, (void)qty, (void)err, (void)errlen;
-  *bucket = (int)(order_id % pf->buckets);
-  return PF_OK;
+/* Map a library code; fills 'err' for errors. */
+static pf_result_t map(int rc, char *err, size_t errlen) {
+  switch (rc) {
+  case 0: return PF_OK;
+  case RM_PF_NOT_ON_SALE: return PF_NOT_ON_SALE;
+  case RM_PF_OVER_LIMIT: return PF_OVER_LIMIT;
+  case RM_PF_SOLD_OUT: return PF_SOLD_OUT;
+  case RM_PF_ALREADY_CONFIRMED:
+  case RM_PF_ALREADY_RELEASED: return PF_DONE_BEFORE;
+  default: {
+    const char *m = rm_prefilter_errmsg();
+    snprintf(err, errlen, "prefilter: %s%s%s", rm_prefilter_strerror(rc), m && *m ? ": " : "", m ? m : "");
+    return PF_ERROR;
+  }
+  }
 }
 
-pf_result_t svc_pf_confirm(svc_pf_t *pf, long long activity, long long ticket_type, long long order_id,
-                           char *err, size_t errlen) {
-  (void)pf, (void)activity, (void)ticket_type, (void)order_id, (void)err, (void)errlen;
-  return PF_OK;
+pf_result_t svc_pf_freeze(svc_pf_t *p, long long activity, long long ticket_type, long long user, long long qty,
+                          long long order_id, int64_t deadline_ms, int *bucket, char *err, size_t errlen) {
+  int rc = rm_prefilter_freeze_until(p->pf, activity, (int32_t)ticket_type, user, order_id, (int32_t)qty,
+                                     deadline_ms, bucket);
+  /* A lost answer: the same freeze again returns the first one's bucket. */
+  if (rc == RM_E_UNKNOWN_OUTCOME)
+    rc = rm_prefilter_freeze_until(p->pf, activity, (int32_t)ticket_type, user, order_id, (int32_t)qty,
+                                   deadline_ms, bucket);
+  pf_result_t r = map(rc, err, errlen);
+  return r == PF_DONE_BEFORE ? PF_ERROR : r; /* an order id used twice: a bug, not a refusal */
 }
 
-pf_result_t svc_pf_release(svc_pf_t *pf, long long activity, long long ticket_type, long long order_id,
-                           char *err, size_t errlen) {
-  (void)pf, (void)activity, (void)ticket_type, (void)order_id, (void)err, (void)errlen;
-  return PF_OK;
+pf_result_t svc_pf_confirm(svc_pf_t *p, long long activity, long long ticket_type, long long order_id, char *err,
+                           size_t errlen) {
+  int rc = rm_prefilter_confirm(p->pf, activity, (int32_t)ticket_type, order_id);
+  if (rc == RM_E_UNKNOWN_OUTCOME) rc = rm_prefilter_confirm(p->pf, activity, (int32_t)ticket_type, order_id);
+  return map(rc, err, errlen);
 }
 
-pf_result_t svc_pf_waitlist(svc_pf_t *pf, long long activity, long long ticket_type, long long user,
-                            long long qty, long long *position, char *err, size_t errlen) {
-  (void)pf, (void)activity, (void)ticket_type, (void)user, (void)qty;
-  *position = 0;
-  snprintf(err, errlen, "the waitlist needs librmclient's prefilter");
-  return PF_ERROR;
+pf_result_t svc_pf_release(svc_pf_t *p, long long activity, long long ticket_type, long long order_id, char *err,
+                           size_t errlen) {
+  int rc = rm_prefilter_release(p->pf, activity, (int32_t)ticket_type, order_id);
+  if (rc == RM_E_UNKNOWN_OUTCOME) rc = rm_prefilter_release(p->pf, activity, (int32_t)ticket_type, order_id);
+  return map(rc, err, errlen);
+}
+
+pf_result_t svc_pf_waitlist(svc_pf_t *p, long long activity, long long ticket_type, long long user, long long qty,
+                            long long *position, char *err, size_t errlen) {
+  long pos = 0;
+  int rc = rm_prefilter_waitlist_join(p->pf, activity, (int32_t)ticket_type, user, (int32_t)qty, &pos);
+  if (rc == RM_PF_ALREADY_WAITING) rc = 0;
+  *position = pos;
+  return map(rc, err, errlen);
+}
+
+int svc_pf_waitlist_fill(svc_pf_t *p, long long activity, long long ticket_type, const long long *ids, size_t n,
+                         int64_t deadline_ms, svc_pf_served_t *out, size_t cap, char *err, size_t errlen) {
+  enum { MAXN = 64 };
+  int64_t oid[MAXN];
+  rm_pf_fill_t fill[MAXN];
+  if (n > MAXN) n = MAXN;
+  if (n == 0 || cap == 0) return 0;
+  for (size_t i = 0; i < n; i++) oid[i] = ids[i];
+  size_t nout = 0;
+  int rc = rm_prefilter_waitlist_fill(p->pf, activity, (int32_t)ticket_type, oid, n, deadline_ms, fill, MAXN, &nout);
+  if (rc == RM_PF_NOT_ON_SALE) return 0; /* nobody to serve any more */
+  if (rc != 0) {
+    map(rc, err, errlen);
+    return -1;
+  }
+  int served = 0;
+  for (size_t i = 0; i < nout && (size_t)served < cap; i++) {
+    if (fill[i].code != 0 || fill[i].order_id <= 0 || fill[i].bucket < 0) continue;
+    out[served++] = (svc_pf_served_t){.user = fill[i].user_id, .order_id = fill[i].order_id, .qty = fill[i].qty,
+                                      .bucket = fill[i].bucket};
+  }
+  return served;
 }

@@ -23,7 +23,10 @@
  *   (it cannot be resynchronised); bytes without a newline at end of input
  *   or after admin.idle_ms of silence get {"ok":false,"code":"incomplete"}
  *   and are never executed (a truncated XID could name another
- *   transaction).  A connection idle for admin.idle_ms is closed.
+ *   transaction).  A connection idle for admin.idle_ms is closed.  A peer
+ *   that pipelines requests without reading the answers is no longer read
+ *   once 16 answers wait for it.  A repair whose connection goes away
+ *   meanwhile still completes (and is logged); only its answer is lost.
  *
  *   Answers: {"ok":true,...} or {"ok":false,"code":C,"error":"..."} where
  *   C is one of bad_request, refused, not_found, store, denied, too_long,
@@ -58,11 +61,6 @@ int tc_admin_start(struct tc_node *node, tc_admin_t **out, char *err, size_t err
  * 'done' runs when everything is released (the socket file is removed). */
 void tc_admin_close(tc_admin_t *adm, void (*done)(void *arg), void *arg);
 void tc_admin_get_stats(const tc_admin_t *adm, tc_admin_stats_t *out);
-
-/* Check the admin.* settings without binding anything (for start-up and
- * --check-config).  0, or -1 with 'err'. */
-int tc_admin_check_config(const char *socket_path, const char *allow_uids, const char *allow_gids,
-                          const char *socket_mode, char *err, size_t errlen);
 
 /* ---- used between tc_admin.c and tc_admin_exec.c ---- */
 

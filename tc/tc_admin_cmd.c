@@ -518,7 +518,8 @@ int tc_adm_plan_repair(tc_adm_kind_t kind, const char *xid, int s, const int *bs
     break;
 
   default:
-    return fail(err, errlen, "\"%s\" is not a repair that changes a status", tc_adm_kind_name(kind));
+    return fail(err, errlen, "\"%s\" of global transaction \"%s\" is not a repair that changes a status",
+                tc_adm_kind_name(kind), xid);
   }
 
   /* Every planned change is a legal edge (an unchanged status only renews
@@ -564,5 +565,27 @@ int tc_adm_parse_mode(const char *s, unsigned *mode) {
   }
   if (v > 0777) return -1;
   *mode = v;
+  return 0;
+}
+
+int tc_adm_check_config(const char *path, const char *uids, const char *gids, const char *mode, char *err,
+                        size_t errlen) {
+  unsigned ids[TC_ADM_MAX_IDS], m;
+  int n;
+  char why[160];
+  if (path[0] == '@')
+    return fail(err, errlen, "invalid admin.socket \"%s\": abstract sockets are not supported, use a file path",
+                path);
+  /* sizeof(sockaddr_un.sun_path) is 108 on Linux: one byte for the NUL. */
+  if (strlen(path) > 107)
+    return fail(err, errlen, "invalid admin.socket \"%.64s...\": a socket path is at most 107 bytes", path);
+  if (path[0] && path[strlen(path) - 1] == '/')
+    return fail(err, errlen, "invalid admin.socket \"%s\": names a directory, expected a file path", path);
+  if (tc_adm_parse_ids(uids, ids, TC_ADM_MAX_IDS, &n, why, sizeof(why)) != 0)
+    return fail(err, errlen, "invalid admin.allow_uids \"%s\": %s", uids, why);
+  if (tc_adm_parse_ids(gids, ids, TC_ADM_MAX_IDS, &n, why, sizeof(why)) != 0)
+    return fail(err, errlen, "invalid admin.allow_gids \"%s\": %s", gids, why);
+  if (tc_adm_parse_mode(mode, &m) != 0)
+    return fail(err, errlen, "invalid admin.socket_mode \"%s\": expected an octal mode such as 0600 or 0660", mode);
   return 0;
 }

@@ -139,5 +139,10 @@ int tc_adm_plan_repair(tc_adm_kind_t kind, const char *xid, int status, const in
 int tc_adm_parse_ids(const char *list, unsigned *ids, int max, int *n, char *err, size_t errlen);
 /* Parse an octal file mode ("0600", "660"); -1 unless within 0..0777. */
 int tc_adm_parse_mode(const char *s, unsigned *mode);
+/* Check the admin.* settings without binding anything (tcd start-up and
+ * --check-config): a socket path that names a file and fits sun_path, id
+ * lists, an octal mode.  0, or -1 with 'err' naming the setting. */
+int tc_adm_check_config(const char *socket_path, const char *allow_uids, const char *allow_gids,
+                        const char *socket_mode, char *err, size_t errlen);
 
 #endif /* TC_ADMIN_CMD_H */

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "tc_admin_cmd.h"
 #include "tc_log.h"
 
 typedef enum { T_INT, T_I64, T_STR } key_type_t;
@@ -55,7 +56,26 @@ static const key_desc_t keys[] = {
   INT_KEY("recovery", "retry_max_ms", retry_max_ms, 10, 3600000, "longest phase-2 retry delay"),
   INT_KEY("recovery", "history_days", history_days, 0, 3650, "days of finished history kept"),
   I64_KEY("recovery", "leader_lock_key", leader_lock_key, 1, INT64_MAX, "advisory lock key"),
+  STR_KEY("cluster", "bus", cluster_bus,
+          "nanomsg address the peer bus binds, e.g. tcp://127.0.0.1:7101 (empty: no bus)"),
+  STR_KEY("cluster", "peers", cluster_peers,
+          "other nodes' buses as id@address,... (more are found in node_table)"),
+  INT_KEY("cluster", "heartbeat_ms", cluster_heartbeat_ms, 100, 60000,
+          "node_table and bus heartbeat period"),
+  INT_KEY("cluster", "leader_lease_ms", cluster_leader_lease_ms, 500, 600000,
+          "a leader whose node wrote no heartbeat for this long is fenced"),
+  INT_KEY("cluster", "forward_timeout_ms", cluster_forward_timeout_ms, 100, 600000,
+          "phase two relayed through a peer: time to wait for its answer"),
+  INT_KEY("cluster", "lock_recheck_ms", cluster_lock_recheck_ms, 0, 600000,
+          "with a bus, lock waiters re-check the store this often (0: never)"),
+  INT_KEY("cluster", "claim_wait_ms", cluster_claim_wait_ms, 0, 600000,
+          "how long a starting node waits for its node id to be freed"),
   STR_KEY("admin", "socket", admin_socket, "admin Unix socket path (empty: none)"),
+  STR_KEY("admin", "allow_uids", admin_allow_uids, "uids allowed on the admin socket besides tcd's own"),
+  STR_KEY("admin", "allow_gids", admin_allow_gids, "gids allowed on the admin socket"),
+  STR_KEY("admin", "socket_mode", admin_socket_mode, "octal file mode of the admin socket"),
+  INT_KEY("admin", "max_request", admin_max_request, 64, 1024 * 1024, "longest admin request line"),
+  INT_KEY("admin", "idle_ms", admin_idle_ms, 100, 86400000, "idle admin connections are closed"),
   STR_KEY("metrics", "listen", metrics_listen, "host:port for /metrics (empty: none)"),
   STR_KEY("log", "level", log_level, "error | warn | info | debug"),
   STR_KEY("log", "format", log_format, "json | text"),
@@ -84,6 +104,14 @@ void tc_config_defaults(tc_config_t *c) {
   c->retry_max_ms = 30000;
   c->history_days = 7;
   c->leader_lock_key = 7420742001LL;
+  c->cluster_heartbeat_ms = 1000;
+  c->cluster_leader_lease_ms = 5000;
+  c->cluster_forward_timeout_ms = 10000;
+  c->cluster_lock_recheck_ms = 500;
+  c->cluster_claim_wait_ms = 3000;
+  snprintf(c->admin_socket_mode, sizeof(c->admin_socket_mode), "0600");
+  c->admin_max_request = 4096;
+  c->admin_idle_ms = 60000;
   snprintf(c->log_level, sizeof(c->log_level), "info");
   snprintf(c->log_format, sizeof(c->log_format), "json");
 }
@@ -209,6 +237,52 @@ int tc_config_split_addr(const char *addr, char *host, size_t hostlen, int *port
   return 0;
 }
 
+int tc_config_each_peer(const char *peers, int (*fn)(int, const char *, void *), void *arg, char *err,
+                        size_t errlen) {
+  char entry[TC_CONFIG_STR + 16];
+  const char *p = peers;
+  while (p && *p) {
+    const char *comma = strchr(p, ',');
+    size_t n = comma ? (size_t)(comma - p) : strlen(p);
+    while (n && isspace((unsigned char)*p)) p++, n--;
+    while (n && isspace((unsigned char)p[n - 1])) n--;
+    if (n >= sizeof(entry)) {
+      snprintf(err, errlen, "cluster.peers entry \"%.40s...\" is too long", p);
+      return -1;
+    }
+    memcpy(entry, p, n);
+    entry[n] = '\0';
+    char *at = strchr(entry, '@'), *end = NULL;
+    long id = at ? strtol(entry, &end, 10) : 0;
+    if (n && (!at || end != at || id < 1 || id > 1023 || !at[1] || !strstr(at + 1, "://"))) {
+      snprintf(err, errlen,
+               "invalid cluster.peers entry \"%s\": expected id@address, e.g. 2@tcp://127.0.0.1:7102", entry);
+      return -1;
+    }
+    if (n && fn) {
+      int rc = fn((int)id, at + 1, arg);
+      if (rc != 0) return rc;
+    }
+    p = comma ? comma + 1 : NULL;
+  }
+  return 0;
+}
+
+static int validate_cluster(const tc_config_t *c, char *err, size_t errlen) {
+  if (c->cluster_bus[0] && !strstr(c->cluster_bus, "://")) {
+    snprintf(err, errlen, "invalid cluster.bus \"%s\": expected a nanomsg address such as tcp://127.0.0.1:7101",
+             c->cluster_bus);
+    return -1;
+  }
+  if (tc_config_each_peer(c->cluster_peers, NULL, NULL, err, errlen) != 0) return -1;
+  if (c->cluster_leader_lease_ms < 3 * c->cluster_heartbeat_ms) {
+    snprintf(err, errlen, "cluster.leader_lease_ms (%d) must be at least 3 x cluster.heartbeat_ms (%d)",
+             c->cluster_leader_lease_ms, c->cluster_heartbeat_ms);
+    return -1;
+  }
+  return 0;
+}
+
 int tc_config_validate(const tc_config_t *c, char *err, size_t errlen) {
   char host[256];
   int port;
@@ -248,6 +322,7 @@ int tc_config_validate(const tc_config_t *c, char *err, size_t errlen) {
              c->pool_size);
     return -1;
   }
+  if (validate_cluster(c, err, errlen) != 0) return -1;
   if (tc_log_level_parse(c->log_level) < 0) {
     snprintf(err, errlen, "invalid log.level \"%s\": expected error, warn, info or debug",
              c->log_level);
@@ -257,6 +332,9 @@ int tc_config_validate(const tc_config_t *c, char *err, size_t errlen) {
     snprintf(err, errlen, "invalid log.format \"%s\": expected json or text", c->log_format);
     return -1;
   }
+  if (tc_adm_check_config(c->admin_socket, c->admin_allow_uids, c->admin_allow_gids, c->admin_socket_mode,
+                          err, errlen) != 0)
+    return -1;
   if (c->metrics_listen[0] &&
       tc_config_split_addr(c->metrics_listen, host, sizeof(host), &port) != 0) {
     snprintf(err, errlen, "invalid metrics.listen \"%s\": expected host:port", c->metrics_listen);

@@ -45,8 +45,21 @@ typedef struct tc_config {
   int retry_max_ms;
   int history_days;
   int64_t leader_lock_key;
+  /* [cluster] */
+  char cluster_bus[TC_CONFIG_STR];  /* nanomsg address of this node's bus; empty: no bus */
+  char cluster_peers[1024];         /* "id@address,..." of the other nodes' buses */
+  int cluster_heartbeat_ms;         /* node_table and bus heartbeats */
+  int cluster_leader_lease_ms;      /* a leader silent this long is fenced */
+  int cluster_forward_timeout_ms;   /* phase two relayed through a peer */
+  int cluster_lock_recheck_ms;      /* lock waiters re-check the store (bus mode) */
+  int cluster_claim_wait_ms;        /* wait for a dead predecessor's node id */
   /* [admin] */
   char admin_socket[TC_CONFIG_STR];
+  char admin_allow_uids[TC_CONFIG_STR]; /* besides tcd's own uid; "0,1000" */
+  char admin_allow_gids[TC_CONFIG_STR];
+  char admin_socket_mode[8];        /* octal, default 0600 */
+  int admin_max_request;            /* bytes of one request line */
+  int admin_idle_ms;                /* idle admin connections are closed */
   /* [metrics] */
   char metrics_listen[TC_CONFIG_STR];
   /* [log] */
@@ -72,6 +85,12 @@ int tc_config_validate(const tc_config_t *c, char *err, size_t errlen);
 
 /* Print every key with its current value (token masked) as INI. */
 void tc_config_dump(const tc_config_t *c, void *file /* FILE* */);
+
+/* Call 'fn' for each "id@address" entry of cluster.peers (in order).
+ * Returns 0, -1 with 'err' set when an entry is malformed, or what 'fn'
+ * returned when it was not 0. */
+int tc_config_each_peer(const char *peers, int (*fn)(int node_id, const char *addr, void *arg), void *arg,
+                        char *err, size_t errlen);
 
 /* Split "host:port"; returns -1 if malformed. */
 int tc_config_split_addr(const char *addr, char *host, size_t hostlen, int *port);

@@ -203,6 +203,7 @@ static void on_decide_done(tc_op_t *op, void *arg) {
       break;
     }
     if (code == 0) {
+      node->stats.rolled_back++;
       /* Rollback: answer when the branches are undone (or failed). */
       tc__phase2_drive(node, c->xid, op->global_status, op->branches, op->nbranches,
                        after_phase2_reply, c);
@@ -401,6 +402,12 @@ static void on_register_done(tc_op_t *op, void *arg);
 static void on_lock_wake(tc_waiter_t *w, int reason) {
   call_t *c = w->data;
   c->waiting = false;
+  if (reason == TXP_ELOCK_WAIT_TIMEOUT && c->lock_deadline_ns > uv_hrtime()) {
+    /* Cluster re-check (see below), not the caller's deadline: the holder
+     * may have been released on a node whose wake-up never arrived. */
+    submit_or_reply(c);
+    return;
+  }
   if (reason != 0) {
     if (reason == TXP_ELOCK_WAIT_TIMEOUT) c->node->stats.lock_wait_timeouts++;
     char msg[TXP_MAX_XID_LEN + 96];
@@ -472,8 +479,14 @@ static void on_register_done(tc_op_t *op, void *arg) {
     if (c->lock_deadline_ns > now) {
       c->waiter.cb = on_lock_wake;
       c->waiter.data = c;
+      c->waiter.xid = c->xid;
       snprintf(c->waiter.holder, sizeof(c->waiter.holder), "%s", op->holder);
       c->waiter.deadline_ns = c->lock_deadline_ns;
+      /* With peers, the holder may be released on another node and the
+       * bus wake-up lost: re-check the store at least this often. */
+      uint64_t recheck_ns = (uint64_t)node->cfg.cluster_lock_recheck_ms * 1000000u;
+      if (node->bus && recheck_ns && now + recheck_ns < c->waiter.deadline_ns)
+        c->waiter.deadline_ns = now + recheck_ns;
       if (!c->waiter.first_queued_ns) {
         c->waiter.first_queued_ns = now;
         node->stats.lock_waits++;
@@ -566,6 +579,13 @@ static void handle_branch_report(tc_node_t *node, tc_req_t *req) {
   if (m->branch_status != TXP_BS_PHASE1_DONE && m->branch_status != TXP_BS_PHASE1_FAILED) {
     node->stats.bad_requests++;
     tc_req_reply_code(req, TXP_EBAD_REQUEST, "branch report must be PhaseOneDone or PhaseOneFailed");
+    return;
+  }
+  /* Branch id 0 means "every branch" to the store (phase two's all-committed
+   * outcome): a report must name one branch. */
+  if (m->branch_id <= 0) {
+    node->stats.bad_requests++;
+    tc_req_reply_code(req, TXP_EBAD_REQUEST, "branch report needs the id of one branch");
     return;
   }
   call_t *c = call_new(node, req, TC_OP_PHASE2, on_branch_report_done);

@@ -5,6 +5,7 @@
  */
 #include "tc_lockwait.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -164,6 +165,23 @@ int tc_lockwait_release(tc_lockwait_t *lw, const char *holder) {
 void tc_lockwait_cancel(tc_lockwait_t *lw, tc_waiter_t *w) { unlink_waiter(lw, w); }
 
 size_t tc_lockwait_count(const tc_lockwait_t *lw) { return lw->count; }
+
+static size_t visit_queue(const lw_queue_t *q, tc_lockwait_visit_fn fn, void *arg) {
+  size_t n = 0;
+  for (const tc_waiter_t *w = q->head; w; w = w->next_, n++) fn(q->holder, w, arg);
+  return n;
+}
+
+size_t tc_lockwait_each(const tc_lockwait_t *lw, const char *holder, tc_lockwait_visit_fn fn, void *arg) {
+  if (holder) {
+    const lw_queue_t *q = find_queue((tc_lockwait_t *)(uintptr_t)lw, holder, false);
+    return q ? visit_queue(q, fn, arg) : 0;
+  }
+  size_t n = 0;
+  for (int b = 0; b < NBUCKETS; b++)
+    for (const lw_queue_t *q = lw->buckets[b]; q; q = q->chain) n += visit_queue(q, fn, arg);
+  return n;
+}
 
 static void on_closed(uv_handle_t *h) {
   tc_lockwait_t *lw = h->data;

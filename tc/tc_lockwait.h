@@ -41,6 +41,7 @@ struct tc_waiter {
   uint64_t deadline_ns;
   tc_waiter_cb cb;
   void *data;
+  const char *xid;          /* optional: the waiting transaction, for operators (borrowed) */
   /* private */
   tc_waiter_t *prev_, *next_;  /* in the holder's queue */
   tc_waiter_t *aprev_, *anext_; /* in the list of all waiters */
@@ -63,5 +64,11 @@ int tc_lockwait_release(tc_lockwait_t *lw, const char *holder);
 /* Remove 'w' without calling it (e.g. its connection closed). */
 void tc_lockwait_cancel(tc_lockwait_t *lw, tc_waiter_t *w);
 size_t tc_lockwait_count(const tc_lockwait_t *lw);
+
+/* For operators (tcctl locks): visit the waiters of 'holder', or of every
+ * holder when it is NULL, each queue in its FIFO order.  'fn' must not
+ * change the queues.  Returns the number of waiters visited. */
+typedef void (*tc_lockwait_visit_fn)(const char *holder, const tc_waiter_t *w, void *arg);
+size_t tc_lockwait_each(const tc_lockwait_t *lw, const char *holder, tc_lockwait_visit_fn fn, void *arg);
 
 #endif /* TC_LOCKWAIT_H */

@@ -25,13 +25,23 @@ typedef struct tc_lockwait tc_lockwait_t;
 typedef struct tc_recovery tc_recovery_t;
 struct tc_req;
 
+/* Upper bounds of the phase-two latency buckets: tc_metrics.c. */
+#define TC_PHASE2_BUCKETS 14
+extern const double tc_phase2_bounds[TC_PHASE2_BUCKETS];
+
 /* Counters; monotonic unless noted. */
 typedef struct tc_node_stats {
   uint64_t begun, committed, rolled_back, timed_out, commit_failed, rollback_failed;
   uint64_t registered, register_conflicts, lock_waits, lock_wait_timeouts, lock_wait_ms_total;
   uint64_t phase2_calls, phase2_retryable, phase2_unretryable, phase2_no_rm;
   uint64_t requests, bad_requests;
+  uint64_t phase2_forwarded; /* branch calls relayed through a peer (cluster bus) */
   int phase2_active; /* gauge */
+  /* Phase-two drives, [0] commit / [1] rollback: a duration histogram
+   * (bucket i counts drives <= tc_phase2_bounds[i], not cumulative). */
+  uint64_t phase2_bucket[2][TC_PHASE2_BUCKETS];
+  uint64_t phase2_count[2];
+  double phase2_seconds[2];
 } tc_node_stats_t;
 
 struct tc_node {
@@ -42,6 +52,14 @@ struct tc_node {
   tc_server_t *server;
   tc_lockwait_t *lockwait;
   tc_recovery_t *recovery;
+  struct tc_admin *admin;     /* NULL without admin.socket */
+  struct tc_metrics *metrics; /* NULL without metrics.listen */
+  /* Cluster (cluster/): the node id claim and heartbeats on a connection of
+   * their own, and the peer bus (NULL without cluster.bus). */
+  struct tc_cluster *cluster;
+  struct tc_bus *bus;
+  tc_pg_pool_t *member_pool;
+  bool store_ready, claimed;
   tc_node_stats_t stats;
   bool serving;
   bool stopping;
@@ -78,7 +96,19 @@ void tc__phase2_drive(tc_node_t *node, const char *xid, int global_status,
                       const tc_branch_row_t *branches, int nbranches,
                       void (*done)(int global_status, void *arg), void *arg);
 
-/* Locks of 'xid' were released or began rolling back: wake its waiters. */
+/* Locks of 'xid' were released or began rolling back: wake its waiters,
+ * here and (through the peer bus) on the other nodes. */
 void tc__lockwait_release(tc_node_t *node, const char *xid);
+
+/* Phase two found no local RM for 'req' (BranchCommit/Rollback): relay it
+ * through a peer that has one.  Returns 0 (cb runs once, later, as
+ * tc_conn_call's would) or < 0 when no peer can be asked (no bus, no peer
+ * up; cb never runs). */
+int tc__cluster_forward(tc_node_t *node, const txp_msg_t *req, const char *client_id, unsigned timeout_ms,
+                        void (*cb)(int status, const txp_msg_t *res, void *arg), void *arg);
+
+/* Whether this node may take the recovery leadership: its membership is
+ * claimed and its heartbeats are being written. */
+bool tc__cluster_may_lead(const tc_node_t *node);
 
 #endif /* TC_NODE_H */

@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "tc_log.h"
+#include "tc_metrics.h"
 #include "tc_node.h"
 #include "tc_server.h"
 
@@ -51,6 +52,7 @@ struct drive {
   int calls_pending;      /* commit: RM answers still awaited */
   tc_op_t all_op;         /* commit: "every branch committed", one store op */
   bool stopped;
+  uint64_t started_ns;
   void (*done)(int, void *);
   void *done_arg;
 };
@@ -60,6 +62,7 @@ static void branch_call(drive_t *d, branch_ctx_t *b);
 static void drive_finish(drive_t *d) {
   tc_node_t *node = d->node;
   node->stats.phase2_active--;
+  tc__metrics_observe_phase2(&node->stats, d->commit, uv_hrtime() - d->started_ns);
   if (d->done) d->done(d->global_status, d->done_arg);
   for (int i = 0; i < d->n; i++) tc_op_clear(&d->branches[i].op);
   tc_op_clear(&d->all_op);
@@ -197,8 +200,18 @@ static void branch_call(drive_t *d, branch_ctx_t *b) {
   tc_node_t *node = d->node;
   d->pending++;
   node->stats.phase2_calls++;
+  txp_msg_t m;
+  txp_msg_init(&m, d->commit ? TXP_MSG_BRANCH_COMMIT : TXP_MSG_BRANCH_ROLLBACK);
+  txp_msg_set_str(&m, TXP_F_XID, d->xid);
+  txp_msg_set_int(&m, TXP_F_BRANCH_ID, b->row.branch_id);
+  txp_msg_set_str(&m, TXP_F_RESOURCE_ID, b->row.resource_id);
+  txp_msg_set_int(&m, TXP_F_BRANCH_TYPE, b->row.branch_type);
   tc_conn_t *conn = tc_server_find_rm(node->server, b->row.resource_id, b->row.client_id);
   if (!conn) {
+    /* Cluster: a peer that holds such an RM relays the call (its answer
+     * comes back through on_branch_result like a direct one). */
+    if (tc__cluster_forward(node, &m, b->row.client_id, BRANCH_CALL_TIMEOUT_MS, on_branch_result, b) == 0)
+      return;
     node->stats.phase2_no_rm++;
     snprintf(b->error, sizeof(b->error), "no resource manager connected for resource \"%s\"",
              b->row.resource_id);
@@ -206,12 +219,6 @@ static void branch_call(drive_t *d, branch_ctx_t *b) {
     else store_outcome(d, b, TXP_BS_PHASE2_ROLLBACK_FAILED_RETRYABLE);
     return;
   }
-  txp_msg_t m;
-  txp_msg_init(&m, d->commit ? TXP_MSG_BRANCH_COMMIT : TXP_MSG_BRANCH_ROLLBACK);
-  txp_msg_set_str(&m, TXP_F_XID, d->xid);
-  txp_msg_set_int(&m, TXP_F_BRANCH_ID, b->row.branch_id);
-  txp_msg_set_str(&m, TXP_F_RESOURCE_ID, b->row.resource_id);
-  txp_msg_set_int(&m, TXP_F_BRANCH_TYPE, b->row.branch_type);
   int rc = tc_conn_call(conn, &m, BRANCH_CALL_TIMEOUT_MS, on_branch_result, b);
   if (rc != 0) on_branch_result(rc, NULL, b);
 }
@@ -235,6 +242,7 @@ void tc__phase2_drive(tc_node_t *node, const char *xid, int global_status,
     return;
   }
   d->node = node;
+  d->started_ns = uv_hrtime();
   snprintf(d->xid, sizeof(d->xid), "%s", xid);
   d->commit = commit;
   d->global_status = global_status;

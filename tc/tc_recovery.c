@@ -12,13 +12,27 @@
  *   is taken only from Begin; phase-two outcomes are idempotent), so an old
  *   leader that wakes up late can only repeat what is already decided.
  *
+ *   The lease (cluster.leader_lease_ms): a session-level advisory lock
+ *   outlives a paused process (SIGSTOP, a stuck loop), so the lock alone
+ *   would let a frozen leader keep the jobs forever.  A node asks with
+ *   tc_leader_try() (sql/tc/003_cluster.sql), which also terminates the
+ *   leader connection of a holder whose node has written no heartbeat for
+ *   the lease; the next attempt of a healthy node then takes the lock.
+ *   The leader confirms on its own connection that it still holds the lock
+ *   before each round of jobs, so a leader that wakes up after being fenced
+ *   learns it from the dead connection instead of running a round.  A node
+ *   asks only while its own membership is healthy (heartbeats written).
+ *
  *   Jobs, each at most one run at a time:
  *     timeouts  Begin sessions past their deadline -> TimeoutRollbacking,
  *               then phase two (rollback);
  *     retries   sessions mid-phase-two whose lease expired (a dead node's,
  *               or due for a backoff retry) are claimed with SKIP LOCKED
  *               and driven again;
- *     history   rows older than recovery.history_days are deleted.
+ *     history   rows older than recovery.history_days are deleted;
+ *     orphans   sessions whose first phase-two drive belonged to a node
+ *               that is gone (its node lock is free) are made due at once,
+ *               instead of when that node's decide lease runs out.
  */
 #include "tc_recovery.h"
 
@@ -40,7 +54,9 @@ struct tc_recovery {
   uv_timer_t tick;
   bool leader;
   bool asking;
-  bool timeouts_running, retries_running, history_running;
+  bool timeouts_running, retries_running, history_running, orphans_running;
+  bool confirming; /* the leader checks that it still holds the lock */
+  bool fence_warned;
   uint64_t last_history_ns;
   int reads; /* store reads in flight: close waits for them */
   bool closing;
@@ -144,6 +160,16 @@ static void on_history_pruned(tc_pg_job_t *job, int status, void *arg) {
   if (status == TC_PG_OK) rec->stats.history_pruned += strtoull(PQcmdTuples((PGresult *)(uintptr_t)tc_pg_job_result(job, 0)), NULL, 10);
 }
 
+/* -------------------------------------------------------------- orphans */
+
+static void on_orphans_adopted(tc_pg_job_t *job, int status, void *arg) {
+  tc_recovery_t *rec = arg;
+  rec->orphans_running = false;
+  if (read_done(rec) || status != TC_PG_OK) return;
+  int n = atoi(PQgetvalue(tc_pg_job_result(job, 0), 0, 0));
+  if (n > 0) tc_log_info("adopted %d sessions left mid-phase-two by nodes that are gone", n);
+}
+
 /* ----------------------------------------------------------------- jobs */
 
 static void run_read(tc_recovery_t *rec, const char *sql, int n, const char *const *vals, tc_pg_job_cb cb,
@@ -177,6 +203,8 @@ static void run_jobs(tc_recovery_t *rec) {
              "LEFT JOIN branch_table b ON b.xid = c.xid ORDER BY c.xid, b.branch_id",
              2, v, on_claimed, &rec->retries_running);
   }
+  if (!rec->orphans_running)
+    run_read(rec, "SELECT tc_adopt_orphans()", 0, NULL, on_orphans_adopted, &rec->orphans_running);
   uint64_t now = uv_hrtime();
   if (!rec->history_running && now - rec->last_history_ns > (uint64_t)HISTORY_EVERY_MS * 1000000u) {
     rec->last_history_ns = now;
@@ -193,7 +221,16 @@ static void on_leader_answer(tc_pg_job_t *job, int status, void *arg) {
   tc_recovery_t *rec = arg;
   rec->asking = false;
   if (status != TC_PG_OK || rec->closing) return;
-  bool got = PQgetvalue(tc_pg_job_result(job, 0), 0, 0)[0] == 't';
+  const char *answer = PQgetvalue(tc_pg_job_result(job, 0), 0, 0);
+  if (strcmp(answer, "fenced") == 0) {
+    tc_log_warn("the recovery leader stopped writing heartbeats for %d ms: its leadership was revoked",
+                rec->node->cfg.cluster_leader_lease_ms);
+  } else if (strcmp(answer, "no-privilege") == 0 && !rec->fence_warned) {
+    rec->fence_warned = true;
+    tc_log_warn("the recovery leader is stalled but this role may not terminate its session: "
+                "GRANT pg_signal_backend to the tcd role");
+  }
+  bool got = strcmp(answer, "leader") == 0;
   if (got && !rec->leader) {
     rec->leader = true;
     rec->stats.leader_terms++;
@@ -203,18 +240,54 @@ static void on_leader_answer(tc_pg_job_t *job, int status, void *arg) {
 }
 
 static void ask_leadership(tc_recovery_t *rec) {
-  if (rec->asking) return;
+  if (rec->asking || !tc__cluster_may_lead(rec->node)) return;
   tc_pg_job_t *job = tc_pg_job_new(0, on_leader_answer, rec);
   if (!job) return;
-  char key[32];
+  char key[32], node[16], lease[16];
   snprintf(key, sizeof(key), "%lld", (long long)rec->node->cfg.leader_lock_key);
-  const char *v[] = {key};
-  if (tc_pg_job_add(job, "SELECT pg_try_advisory_lock($1::bigint)", 1, v) != 0 ||
+  snprintf(node, sizeof(node), "%d", rec->node->cfg.node_id);
+  snprintf(lease, sizeof(lease), "%d", rec->node->cfg.cluster_leader_lease_ms);
+  const char *v[] = {key, node, lease};
+  if (tc_pg_job_add(job, "SELECT tc_leader_try($1::bigint, $2::integer, $3::integer)", 3, v) != 0 ||
       tc_pg_submit(rec->leader_pool, job, 2000) != 0) {
     tc_pg_job_free(job);
     return;
   }
   rec->asking = true;
+}
+
+/* The leader still holds the lock (its connection is alive and was not
+ * terminated by a fence): only then run a round of jobs. */
+static void on_leader_confirmed(tc_pg_job_t *job, int status, void *arg) {
+  tc_recovery_t *rec = arg;
+  rec->confirming = false;
+  if (status != TC_PG_OK || rec->closing || !rec->leader) return;
+  if (PQgetvalue(tc_pg_job_result(job, 0), 0, 0)[0] != 't') {
+    rec->leader = false;
+    tc_log_warn("lost the recovery leadership: the leader lock is no longer held by this node");
+    return;
+  }
+  if (!tc__cluster_may_lead(rec->node)) return; /* heartbeats failing: others will fence us */
+  run_jobs(rec);
+}
+
+static void confirm_leadership(tc_recovery_t *rec) {
+  if (rec->confirming) return;
+  tc_pg_job_t *job = tc_pg_job_new(0, on_leader_confirmed, rec);
+  if (!job) return;
+  char key[32];
+  snprintf(key, sizeof(key), "%lld", (long long)rec->node->cfg.leader_lock_key);
+  const char *v[] = {key};
+  if (tc_pg_job_add(job,
+                    "SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = pg_backend_pid() "
+                    "AND l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 "
+                    "AND l.classid = ($1::bigint >> 32)::oid AND l.objid = ($1::bigint & 4294967295)::oid)",
+                    1, v) != 0 ||
+      tc_pg_submit(rec->leader_pool, job, 2000) != 0) {
+    tc_pg_job_free(job);
+    return;
+  }
+  rec->confirming = true;
 }
 
 static void on_leader_conn(tc_pg_pool_t *pool, int idx, bool up, const char *err, void *arg) {
@@ -229,7 +302,7 @@ static void on_leader_conn(tc_pg_pool_t *pool, int idx, bool up, const char *err
 static void on_tick(uv_timer_t *t) {
   tc_recovery_t *rec = t->data;
   if (rec->closing) return;
-  if (rec->leader) run_jobs(rec);
+  if (rec->leader) confirm_leadership(rec);
   else ask_leadership(rec);
 }
 
@@ -243,7 +316,10 @@ tc_recovery_t *tc_recovery_new(tc_node_t *node) {
   o.max_queue = 16;
   o.on_state = on_leader_conn;
   o.state_arg = rec;
-  o.init_sql = "SET application_name = 'tcd-leader'";
+  /* The name says which node leads (tc_nodes, tc_leader_try read it). */
+  char init[64];
+  snprintf(init, sizeof(init), "SET application_name = 'tcd-leader/%d'", node->cfg.node_id);
+  o.init_sql = init;
   rec->leader_pool = tc_pg_pool_new(node->loop, &o);
   if (!rec->leader_pool) {
     free(rec);

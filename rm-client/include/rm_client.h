@@ -241,6 +241,272 @@ RM_API int rm_at_close(rm_branch_t *b, bool committed);
 /* The last database or TC error message of 'b' ("" if none). */
 RM_API const char *rm_at_errmsg(const rm_branch_t *b);
 
+/* ============================================================================
+ * Redis prefilter (rm_prefilter_*): the stock gate in front of the global
+ * transaction, and the stock lifecycle freeze -> confirm | release.
+ *
+ * NOTES
+ *   An rm_prefilter_t is independent of rm_client_t: create one per Redis
+ *   (it needs no coordinator).  It runs the scripts of lua/ (embedded in the
+ *   library at build time; SCRIPT LOAD on every new connection, EVALSHA per
+ *   call, re-loaded once on NOSCRIPT) over a pool of blocking connections,
+ *   one command in flight per connection, used by the calling thread
+ *   itself: no background thread.  Every function is safe to call from any
+ *   number of threads at once.
+ *
+ *   Keys: every key of activity A carries the hash tag {act_A} (Redis
+ *   Cluster: one slot per activity); lua/stock_lib.lua documents the
+ *   layout.
+ *
+ *   Deadlines: no call waits longer than its bounds, whatever Redis does:
+ *   up to 'command_timeout_ms' for a pooled connection, 'connect_timeout_ms'
+ *   to connect (then the scripts are loaded), and 'command_timeout_ms' per
+ *   command round trip (at most three: SCRIPT LOAD + EVALSHA after a
+ *   NOSCRIPT).  A command that was sent and got no answer in time fails with
+ *   RM_E_UNKNOWN_OUTCOME (it may have run) and its connection is closed; one
+ *   that could not be sent fails with RM_E_CONN_LOST (it did not run).
+ *   After a failed connect, new connects wait for a backoff (doubling, up to
+ *   'reconnect_max_ms'); calls meanwhile fail at once with RM_E_CONN_LOST.
+ *   Retrying after RM_E_UNKNOWN_OUTCOME is safe: a freeze repeated with the
+ *   same order id returns the bucket of the first; a repeated confirm or
+ *   release answers RM_PF_ALREADY_CONFIRMED / RM_PF_ALREADY_RELEASED.
+ *
+ *   Durability: Redis only filters; PostgreSQL (the stock database, tables
+ *   activity, activity_ticket_bucket and stock_freeze of sql/stock/) is the
+ *   truth.  The rm_prefilter_pg_* functions make the same lifecycle changes
+ *   there; rm_prefilter_seed/reconcile put PostgreSQL's state into Redis;
+ *   rm_prefilter_expire releases freezes past their deadline, deciding each
+ *   in PostgreSQL first, so that neither a process restart nor a Redis
+ *   restart forgets an expiry.
+ *
+ *   Errors: 0 or >= 0 on success, else a code: RM_PF_* below or RM_E_*
+ *   above; rm_prefilter_strerror() describes both.  rm_prefilter_errmsg()
+ *   has the details (Redis's or PostgreSQL's message) of the calling
+ *   thread's last failure.
+ * ========================================================================== */
+
+/* Results and errors of the prefilter (-10401 .. -10408 are the scripts'
+ * codes -1 .. -8, shifted). */
+enum {
+  RM_PF_NOT_ON_SALE = -10401,       /* the activity's status is not "on sale" */
+  RM_PF_OVER_LIMIT = -10402,        /* the user would hold more than the limit */
+  RM_PF_SOLD_OUT = -10403,          /* no bucket has the quantity */
+  RM_PF_BAD_ARGS = -10404,          /* an argument out of range; nothing changed */
+  RM_PF_NOT_LOADED = -10405,        /* the activity is not in Redis: seed it */
+  RM_PF_ALREADY_CONFIRMED = -10406, /* the order was confirmed before: no-op */
+  RM_PF_ALREADY_RELEASED = -10407,  /* the order was released before: no-op */
+  RM_PF_UNKNOWN_ORDER = -10408,     /* no freeze of this order */
+  RM_PF_ALREADY_WAITING = -10409,   /* waitlist: the user was already on it */
+  RM_PF_E_REDIS = -10420,           /* Redis answered an error (errmsg has it) */
+  RM_PF_E_REPLY = -10421,           /* Redis answered something unexpected */
+  RM_PF_E_CONFLICT = -10422,        /* reconcile: Redis kept changing meanwhile */
+  RM_PF_NO_ACTIVITY = -10423,       /* the activity is not in PostgreSQL */
+};
+
+typedef struct rm_prefilter rm_prefilter_t;
+
+/* Numbers: 0 means the default. */
+typedef struct rm_pf_options {
+  unsigned command_timeout_ms; /* one command round trip, default 200 */
+  unsigned connect_timeout_ms; /* default 500 */
+  unsigned max_connections;    /* pool size, default 64 */
+  unsigned reconnect_max_ms;   /* longest backoff after failed connects, default 2000 */
+  unsigned freeze_ttl_ms;      /* deadline of rm_prefilter_freeze, default 900000 (15 min) */
+  rm_log_cb log_cb;            /* may be NULL: no logging */
+  void *log_arg;
+  int log_level;               /* rm_log_level_t, 0 = RM_LOG_WARN */
+} rm_pf_options_t;
+
+/*
+ * Create a prefilter for the Redis at 'redis_url':
+ * "redis://[:password@]host[:port][/db]" (port 6379 and db 0 by default;
+ * host may be "[v6addr]").  'opts' may be NULL (all defaults).  Connects
+ * lazily: no network I/O here.  RM_E_INVALID (bad URL or option),
+ * RM_E_NOMEM.
+ */
+RM_API int rm_prefilter_new(const char *redis_url, const rm_pf_options_t *opts, rm_prefilter_t **out);
+/* Close every connection and free 'pf'.  No call may be running on it.
+ * rm_prefilter_free(NULL) does nothing. */
+RM_API void rm_prefilter_free(rm_prefilter_t *pf);
+
+/* Describes any code (prefilter or core; falls back to rm_strerror). */
+RM_API const char *rm_prefilter_strerror(int code);
+/* Details of the calling thread's last failed prefilter call ("" if none). */
+RM_API const char *rm_prefilter_errmsg(void);
+
+/*
+ * Freeze 'qty' (1..10000) tickets of 'ticket_type' (>= 0) in 'activity_id'
+ * (>= 1) for 'user_id' and 'order_id' (>= 1), atomically in Redis: sale on,
+ * the user's tickets + qty <= the activity's limit, a bucket with qty
+ * available (starting at order id mod buckets).  0 and '*bucket' (may be
+ * NULL) on success, else RM_PF_NOT_ON_SALE, RM_PF_OVER_LIMIT,
+ * RM_PF_SOLD_OUT, RM_PF_BAD_ARGS, RM_PF_NOT_LOADED,
+ * RM_PF_ALREADY_CONFIRMED/RELEASED (the order id was used and finished),
+ * or a transport error.  The freeze expires 'freeze_ttl_ms' from now.
+ */
+RM_API int rm_prefilter_freeze(rm_prefilter_t *pf, int64_t activity_id, int32_t ticket_type,
+                               int64_t user_id, int64_t order_id, int32_t qty, int *bucket);
+/* The same with an explicit deadline 'deadline_ms' (unix milliseconds), to
+ * pass the same one to rm_prefilter_pg_freeze. */
+RM_API int rm_prefilter_freeze_until(rm_prefilter_t *pf, int64_t activity_id, int32_t ticket_type,
+                                     int64_t user_id, int64_t order_id, int32_t qty,
+                                     int64_t deadline_ms, int *bucket);
+/* Payment: frozen -> sold, once.  0, RM_PF_ALREADY_CONFIRMED,
+ * RM_PF_ALREADY_RELEASED (release won the race: refund), RM_PF_UNKNOWN_ORDER,
+ * RM_PF_BAD_ARGS, transport errors. */
+RM_API int rm_prefilter_confirm(rm_prefilter_t *pf, int64_t activity_id, int32_t ticket_type,
+                                int64_t order_id);
+/* Cancel: frozen -> available, the user's count down, once.  0,
+ * RM_PF_ALREADY_RELEASED, RM_PF_ALREADY_CONFIRMED (payment won),
+ * RM_PF_UNKNOWN_ORDER, RM_PF_BAD_ARGS, transport errors. */
+RM_API int rm_prefilter_release(rm_prefilter_t *pf, int64_t activity_id, int32_t ticket_type,
+                                int64_t order_id);
+
+/* Waitlist of one ticket type, first come first served, one entry per
+ * user.  0 (joined now) or RM_PF_ALREADY_WAITING (the first entry stays),
+ * with '*position' (may be NULL; 0 = next) set in both cases; or
+ * RM_PF_OVER_LIMIT (could never be served), RM_PF_BAD_ARGS,
+ * RM_PF_NOT_LOADED, transport errors. */
+RM_API int rm_prefilter_waitlist_join(rm_prefilter_t *pf, int64_t activity_id, int32_t ticket_type,
+                                      int64_t user_id, int32_t qty, long *position);
+
+/* One user handled by rm_prefilter_waitlist_fill. */
+typedef struct rm_pf_fill {
+  int64_t user_id;
+  int64_t order_id; /* the order id used (create this order), 0 if not served */
+  int32_t qty;
+  int32_t bucket;   /* >= 0: frozen in this bucket */
+  int code;         /* 0 served; RM_PF_OVER_LIMIT or RM_PF_BAD_ARGS: removed */
+} rm_pf_fill_t;
+
+/*
+ * Stock came back: serve waiting users in order with the same checks as a
+ * freeze, using 'order_ids[0..n_ids-1]' (1..1000 new order ids) in turn for
+ * the users served; users whose limit no longer fits are removed, users
+ * whose quantity fits no bucket now keep their place.  Looks at most at the
+ * first 1000 entries.  Writes up to 'cap' (1..10000) entries to 'out' and
+ * their number to '*n_out'.  Deadline of the freezes: 'deadline_ms' (unix
+ * ms), 0 = freeze_ttl_ms from now.  0, or RM_PF_NOT_ON_SALE,
+ * RM_PF_NOT_LOADED, RM_PF_BAD_ARGS (also: an order id already used or
+ * repeated; nothing changed), transport errors.
+ */
+RM_API int rm_prefilter_waitlist_fill(rm_prefilter_t *pf, int64_t activity_id, int32_t ticket_type,
+                                      const int64_t *order_ids, size_t n_ids, int64_t deadline_ms,
+                                      rm_pf_fill_t *out, size_t cap, size_t *n_out);
+
+/* ---- PostgreSQL, the truth (sql/stock/) ----
+ * 'pg' is the caller's connection to the stock database, used by one
+ * thread at a time; the rm_prefilter_pg_* calls run in its current
+ * transaction when one is open (so the stock service can make them part of
+ * its own local transaction), else in their own.  Inside an AT branch use
+ * rm_at_update_delta on activity_ticket_bucket and rm_at_insert into
+ * stock_freeze instead, so that a global rollback undoes them.
+ * RM_E_DB: a statement failed (rm_prefilter_errmsg has the message);
+ * RM_E_STATE: 'pg' is in a failed transaction. */
+
+/* Record a freeze that Redis granted: bucket frozen_count += qty (if it
+ * fits: else RM_PF_SOLD_OUT; and if the user stays within the activity's
+ * per_user_limit: else RM_PF_OVER_LIMIT), a stock_freeze row (FROZEN,
+ * 'deadline_ms'), a stock_log "freeze" row.  0; 1 when this very freeze was
+ * recorded before; RM_PF_ALREADY_CONFIRMED / RM_PF_ALREADY_RELEASED;
+ * RM_PF_BAD_ARGS (the order id was recorded with other values, no such
+ * activity, or a value out of range).  When it refuses, release the Redis
+ * freeze (rm_prefilter_release): Redis let through what the truth does not
+ * hold (e.g. it lost writes in a restart). */
+RM_API int rm_prefilter_pg_freeze(PGconn *pg, int64_t activity_id, int32_t ticket_type,
+                                  int32_t bucket, int64_t user_id, int64_t order_id, int32_t qty,
+                                  int64_t deadline_ms);
+/* FROZEN -> CONFIRMED and frozen -> sold, once.  0, RM_PF_ALREADY_CONFIRMED,
+ * RM_PF_ALREADY_RELEASED, RM_PF_UNKNOWN_ORDER.  Call it first and
+ * rm_prefilter_confirm after it returned 0: PostgreSQL decides the race. */
+RM_API int rm_prefilter_pg_confirm(PGconn *pg, int64_t order_id);
+/* FROZEN -> RELEASED and frozen_count -= qty, once (reason "cancel").
+ * Codes as rm_prefilter_pg_confirm. */
+RM_API int rm_prefilter_pg_release(PGconn *pg, int64_t order_id);
+
+/* What reconciliation found different in Redis (and, unless dry run,
+ * corrected): numbers of fields or members. */
+typedef struct rm_pf_reconcile {
+  unsigned meta;      /* status, limit */
+  unsigned buckets;   /* n, stock:i, frozen:i, sold:i */
+  unsigned users;     /* per-user ticket counts */
+  unsigned orders;    /* freeze records */
+  unsigned deadlines; /* expiry zset entries */
+} rm_pf_reconcile_t;
+/* One difference: 'key' and 'field' (the member for a zset); 'redis_value'
+ * NULL = absent in Redis; 'pg_value' NULL = to be deleted.  The strings are
+ * valid during the call. */
+typedef void (*rm_pf_change_cb)(const char *key, const char *field, const char *redis_value,
+                                const char *pg_value, void *arg);
+
+/*
+ * Make Redis agree with PostgreSQL for 'activity_id': status and limit
+ * (activity), buckets of every ticket type (activity_ticket_bucket: n,
+ * stock, frozen, sold), users' ticket counts and freeze records and
+ * deadlines (stock_freeze).  Reads PostgreSQL in one snapshot, then changes
+ * Redis in one MULTI/EXEC guarded by WATCH (retried when a script changed
+ * the keys meanwhile; RM_PF_E_CONFLICT after 10 tries).  Freezes that Redis
+ * granted but PostgreSQL never recorded are dropped: run it while the sale
+ * is paused or idle (e.g. after a Redis restart, before reopening), or
+ * accept that in-flight freezes may be counted again by the next run.
+ * '*report' (may be NULL) gets the numbers; 'cb' (may be NULL) each
+ * difference.  'dry_run': report only.  0, RM_PF_NO_ACTIVITY, RM_E_DB,
+ * RM_E_STATE ('pg' inside a transaction), transport errors.
+ */
+RM_API int rm_prefilter_reconcile(rm_prefilter_t *pf, PGconn *pg, int64_t activity_id, bool dry_run,
+                                  rm_pf_reconcile_t *report, rm_pf_change_cb cb, void *arg);
+/* Load an activity into Redis from PostgreSQL: reconcile without a report. */
+RM_API int rm_prefilter_seed(rm_prefilter_t *pf, PGconn *pg, int64_t activity_id);
+
+/* One freeze released by rm_prefilter_expire.  'orphan': Redis had it but
+ * PostgreSQL never recorded it (released in Redis only). */
+typedef void (*rm_pf_expired_cb)(int64_t order_id, int64_t user_id, int32_t qty, int32_t bucket,
+                                 bool orphan, void *arg);
+
+/*
+ * The expiry sweep of one ticket type: release up to 'max' (1..10000)
+ * freezes whose deadline is <= 'now_ms' (unix ms; 0 = now), exactly once
+ * each.  With 'pg' (may be NULL: Redis alone decides), PostgreSQL decides:
+ * 1. due FROZEN stock_freeze rows are released there (one transaction,
+ *    rows locked with SKIP LOCKED so sweeps may run concurrently), then in
+ *    Redis; 2. due entries of the Redis expiry zset are checked against
+ *    PostgreSQL: released or confirmed there -> the same in Redis; unknown
+ *    there -> an orphan, released in Redis; frozen there with a later
+ *    deadline -> the Redis deadline is corrected.  A crash between the
+ *    steps is repaired by the next sweep; deadlines live in PostgreSQL and
+ *    in the Redis zset (rebuilt from PostgreSQL by reconcile), never in a
+ *    timer.  'cb' (may be NULL) runs for each release; '*released' (may be
+ *    NULL) gets their number.  0 or an error code.
+ */
+RM_API int rm_prefilter_expire(rm_prefilter_t *pf, PGconn *pg, int64_t activity_id,
+                               int32_t ticket_type, int64_t now_ms, unsigned max,
+                               rm_pf_expired_cb cb, void *arg, unsigned *released);
+
+/* Counters per result of each operation since rm_prefilter_new. */
+typedef struct rm_pf_counts {
+  uint64_t ok;
+  uint64_t not_on_sale, over_limit, sold_out, bad_args, not_loaded;
+  uint64_t already_confirmed, already_released, unknown_order, already_waiting;
+  uint64_t unknown_outcome; /* sent, no answer in time (or the connection died) */
+  uint64_t not_sent;        /* no connection (Redis down, backoff, pool busy) */
+  uint64_t error;           /* Redis error, unexpected reply, database, memory */
+} rm_pf_counts_t;
+typedef struct rm_pf_stats {
+  rm_pf_counts_t freeze, confirm, release, waitlist_join, waitlist_fill, expire;
+  uint64_t connects;         /* connections opened (scripts loaded) */
+  uint64_t connect_failures;
+  uint64_t noscript_reloads; /* NOSCRIPT answered: loaded again and retried */
+  uint64_t stale_closed;     /* idle connections found closed by Redis */
+  unsigned open_connections;
+} rm_pf_stats_t;
+RM_API void rm_prefilter_stats(rm_prefilter_t *pf, rm_pf_stats_t *out);
+
+/* The SHA1 of script 'name' ("freeze", "confirm", "release", "expire",
+ * "waitlist_join", "waitlist_fill") as loaded, for EVALSHA by other tools
+ * (41 bytes with the NUL).  Connects if needed.  0, RM_E_INVALID (unknown
+ * name), transport errors. */
+RM_API int rm_prefilter_script_sha(rm_prefilter_t *pf, const char *name, char *sha);
+
 #ifdef __cplusplus
 }
 #endif

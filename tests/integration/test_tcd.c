@@ -227,7 +227,8 @@ static bool tcd_alive(void) {
     if (WIFSIGNALED(st))
       fprintf(stderr, "test_tcd: tcd (pid %d) was killed by signal %d\n", (int)g_tcd, WTERMSIG(st));
     else
-      fprintf(stderr, "test_tcd: tcd (pid %d) exited with status %d\n", (int)g_tcd, WEXITSTATUS(st));
+      fprintf(stderr, "test_tcd: tcd (pid %d) exited with status %d%s\n", (int)g_tcd, WEXITSTATUS(st),
+              WEXITSTATUS(st) == 0 ? " (a clean stop: SIGTERM/SIGINT from outside the test)" : "");
   } else {
     fprintf(stderr, "test_tcd: waitpid(%d): %s\n", (int)g_tcd, strerror(errno));
   }
@@ -1337,6 +1338,30 @@ static void test_bad_input(void **state) {
   /* a valid request still works on the same connection */
   int64_t ok_branch = register_ok(cl.rm, xid, "db_orders", "t_bad:1");
   assert_true(ok_branch > 0);
+  int64_t ok_branch2 = register_ok(cl.rm, xid, "db_stock", "t_bad:2");
+
+  /* BranchReport naming no branch of the xid (0, negative, unknown) */
+  static const int64_t bad_ids[] = {0, -1, 999999999999};
+  for (size_t i = 0; i < sizeof(bad_ids) / sizeof(bad_ids[0]); i++) {
+    txp_msg_init(&req, TXP_MSG_BRANCH_REPORT);
+    txp_msg_set_str(&req, TXP_F_XID, xid);
+    txp_msg_set_int(&req, TXP_F_BRANCH_ID, bad_ids[i]);
+    txp_msg_set_int(&req, TXP_F_BRANCH_STATUS, TXP_BS_PHASE1_FAILED);
+    assert_int_equal(txc_call(cl.rm, &req, &res, 10000), 0);
+    if (res.code != TXP_EBAD_REQUEST && res.code != TXP_EBRANCH_NOT_FOUND)
+      fail_msg("BranchReport of branch %" PRId64 ": got %s", bad_ids[i], txp_errname((int)res.code));
+    txp_msg_clear(&res);
+  }
+  assert_int_equal(db_long("SELECT count(*) FROM branch_table WHERE xid = $1 AND status = 1", xid, NULL), 2);
+  /* ...and a report for an unknown xid */
+  txp_msg_init(&req, TXP_MSG_BRANCH_REPORT);
+  txp_msg_set_str(&req, TXP_F_XID, "no-such-xid");
+  txp_msg_set_int(&req, TXP_F_BRANCH_ID, ok_branch);
+  txp_msg_set_int(&req, TXP_F_BRANCH_STATUS, TXP_BS_PHASE1_DONE);
+  assert_int_equal(txc_call(cl.rm, &req, &res, 10000), 0);
+  assert_int_equal(res.code, TXP_EGLOBAL_NOT_FOUND);
+  txp_msg_clear(&res);
+  (void)ok_branch2;
 
   /* garbage bytes */
   c = raw_connect();

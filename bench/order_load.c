@@ -1,0 +1,242 @@
+/*
+ * order_load.c - sustained order load on order-service (build/bin/order-load),
+ * the driver of the flash-sale benchmarks (bench/flashsale-bench).
+ *
+ * NOTES
+ *   Closed loop: --connections requests are always in flight; each answer
+ *   sends the next POST /orders at once, for --warmup then --duration
+ *   seconds (only the second period is measured).  Every request is a new
+ *   user buying one ticket of a fresh activity with far more tickets than
+ *   the run can sell (--tickets, default 10 million), so nothing is
+ *   refused for stock or limit reasons and every request runs the whole
+ *   purchase: prefilter, global transaction, both branches.  --buckets
+ *   sets how many bucket rows the stock is split into: the hot-row
+ *   benchmark's variable.
+ *
+ *   One thread, one libcurl multi handle (keep-alive connections); the
+ *   loop waits in curl_multi_poll.
+ *
+ *   Environment: ORDER_URL, STOCK_PG_URL, ORDERS_PG_URL, TC_PG_URL,
+ *   REDIS_URL (as for flashsale).  The last line printed is one JSON
+ *   object: {"orders_per_s", "p50_ms", "p95_ms", "p99_ms", "ok", "errors",
+ *   "connections", "buckets", "duration_s", ...}.  Exit status 0, or 1
+ *   when more than 1% of the measured requests failed, 2 usage, 3 could
+ *   not run.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <curl/curl.h>
+#include <jansson.h>
+
+#include "fs_check.h"
+#include "svc_common.h"
+
+typedef struct conn {
+  CURL *e;
+  int64_t start_us;
+  char body[160];
+  long long user;
+} conn_t;
+
+typedef struct load {
+  const char *url;
+  long long activity;
+  int connections;
+  double warmup_s, duration_s;
+  CURLM *multi;
+  struct curl_slist *hdrs;
+  conn_t *conns;
+  long long next_user;
+  int64_t t0, measure_from, measure_to;
+  long long ok, errors, sold_out, first_status;
+  char first_error[256];
+  long long *lat;
+  size_t nlat, cap;
+} load_t;
+
+static size_t discard(char *p, size_t s, size_t n, void *ud) {
+  (void)p;
+  (void)ud;
+  return s * n;
+}
+
+static void send_one(load_t *l, conn_t *c) {
+  c->user = ++l->next_user;
+  snprintf(c->body, sizeof(c->body), "{\"activity\":%lld,\"ticket_type\":1,\"user\":%lld,\"qty\":1}", l->activity,
+           c->user);
+  curl_easy_setopt(c->e, CURLOPT_POSTFIELDS, c->body);
+  c->start_us = svc_now_us();
+  curl_multi_add_handle(l->multi, c->e);
+}
+
+static int cmp_ll(const void *a, const void *b) {
+  long long x = *(const long long *)a, y = *(const long long *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double pct(const long long *v, size_t n, double p) {
+  if (!n) return 0;
+  size_t i = (size_t)ceil(p / 100.0 * (double)n);
+  if (i < 1) i = 1;
+  if (i > n) i = n;
+  return (double)v[i - 1] / 1000.0;
+}
+
+static void usage(FILE *f) {
+  fprintf(f, "usage: order-load [--connections N] [--duration S] [--warmup S] [--buckets N] [--tickets N]\n"
+             "                  [--label TEXT] [--json FILE]\n"
+             "Sustained POST /orders load on ORDER_URL (see bench/order_load.c).\n");
+}
+
+int main(int argc, char **argv) {
+  static const struct option lo[] = {{"connections", required_argument, NULL, 'c'},
+                                     {"duration", required_argument, NULL, 'd'},
+                                     {"warmup", required_argument, NULL, 'w'},
+                                     {"buckets", required_argument, NULL, 'b'},
+                                     {"tickets", required_argument, NULL, 't'},
+                                     {"label", required_argument, NULL, 'l'},
+                                     {"json", required_argument, NULL, 'j'},
+                                     {"help", no_argument, NULL, 'h'},
+                                     {NULL, 0, NULL, 0}};
+  load_t l = {.connections = 32, .warmup_s = 3, .duration_s = 10};
+  long long buckets = 5, tickets = 10000000, v;
+  const char *label = "", *json_path = NULL;
+  int c;
+  while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+    bool ok = true;
+    switch (c) {
+    case 'c': ok = svc_parse_ll(optarg, 1, 4096, &v); l.connections = (int)v; break;
+    case 'd': ok = svc_parse_ll(optarg, 1, 3600, &v); l.duration_s = (double)v; break;
+    case 'w': ok = svc_parse_ll(optarg, 0, 3600, &v); l.warmup_s = (double)v; break;
+    case 'b': ok = svc_parse_ll(optarg, 1, 10000, &buckets); break;
+    case 't': ok = svc_parse_ll(optarg, 1, 1000000000, &tickets); break;
+    case 'l': label = optarg; break;
+    case 'j': json_path = optarg; break;
+    case 'h': usage(stdout); return 0;
+    default: usage(stderr); return 2;
+    }
+    if (!ok) {
+      fprintf(stderr, "order-load: invalid value \"%s\"\n", optarg);
+      return 2;
+    }
+  }
+  svc_log_init("order-load", "ORDER_LOAD_LOG_LEVEL");
+  fs_env_t env;
+  if (!fs_env_load(&env)) return 3;
+  l.url = env.order_url;
+  fs_check_t *ck = fs_check_new(&env);
+  if (!ck) return 3;
+  fs_activity_t act = {.ticket_type = 1, .tickets = tickets, .buckets = buckets, .limit = 1};
+  char err[512];
+  if (!fs_seed(ck, &act, err, sizeof(err))) {
+    fprintf(stderr, "order-load: could not seed: %s\n", err);
+    fs_check_free(ck);
+    return 3;
+  }
+  fs_check_free(ck);
+  l.activity = act.activity;
+  /* users are unique per activity: their ids need not be */
+  if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) return 3;
+  l.multi = curl_multi_init();
+  curl_multi_setopt(l.multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, (long)l.connections);
+  curl_multi_setopt(l.multi, CURLMOPT_MAXCONNECTS, (long)l.connections);
+  l.hdrs = curl_slist_append(NULL, "Content-Type: application/json");
+  l.hdrs = curl_slist_append(l.hdrs, "Expect:");
+  l.conns = calloc((size_t)l.connections, sizeof(conn_t));
+  char url[512];
+  snprintf(url, sizeof(url), "%s/orders", l.url);
+  for (int i = 0; i < l.connections; i++) {
+    conn_t *k = &l.conns[i];
+    k->e = curl_easy_init();
+    curl_easy_setopt(k->e, CURLOPT_URL, url);
+    curl_easy_setopt(k->e, CURLOPT_HTTPHEADER, l.hdrs);
+    curl_easy_setopt(k->e, CURLOPT_WRITEFUNCTION, discard);
+    curl_easy_setopt(k->e, CURLOPT_PRIVATE, k);
+    curl_easy_setopt(k->e, CURLOPT_TIMEOUT_MS, 30000L);
+    curl_easy_setopt(k->e, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(k->e, CURLOPT_TCP_NODELAY, 1L);
+  }
+  printf("order-load%s%s: activity %lld, %lld buckets, %d connections, warm-up %.0fs, measured %.0fs\n",
+         *label ? " " : "", label, l.activity, buckets, l.connections, l.warmup_s, l.duration_s);
+  fflush(stdout);
+  l.t0 = svc_now_us();
+  l.measure_from = l.t0 + (int64_t)(l.warmup_s * 1e6);
+  l.measure_to = l.measure_from + (int64_t)(l.duration_s * 1e6);
+  for (int i = 0; i < l.connections; i++) send_one(&l, &l.conns[i]);
+  int inflight = l.connections;
+  int64_t next_progress = l.t0 + 1000000;
+  long long last_ok = 0;
+  while (inflight > 0) {
+    int running;
+    curl_multi_perform(l.multi, &running);
+    CURLMsg *m;
+    int left;
+    while ((m = curl_multi_info_read(l.multi, &left))) {
+      if (m->msg != CURLMSG_DONE) continue;
+      conn_t *k = NULL;
+      curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&k);
+      int64_t now = svc_now_us();
+      long status = 0;
+      if (m->data.result == CURLE_OK) curl_easy_getinfo(k->e, CURLINFO_RESPONSE_CODE, &status);
+      curl_multi_remove_handle(l.multi, k->e);
+      bool measured = k->start_us >= l.measure_from && now <= l.measure_to;
+      if (measured) {
+        if (status == 201) {
+          l.ok++;
+          if (l.nlat == l.cap) {
+            l.cap = l.cap ? l.cap * 2 : 4096;
+            l.lat = realloc(l.lat, l.cap * sizeof(long long));
+          }
+          l.lat[l.nlat++] = now - k->start_us;
+        } else {
+          l.errors++;
+          if (status == 409) l.sold_out++;
+          if (!l.first_error[0])
+            snprintf(l.first_error, sizeof(l.first_error), "HTTP %ld %s", status,
+                     m->data.result == CURLE_OK ? "" : curl_easy_strerror(m->data.result));
+        }
+      }
+      if (now < l.measure_to)
+        send_one(&l, k);
+      else
+        inflight--;
+    }
+    int64_t now = svc_now_us();
+    if (now >= next_progress) {
+      if (now > l.measure_from && now <= l.measure_to + 1000000) {
+        printf("  [%5.1fs] %lld orders/s, errors %lld\n", (double)(now - l.t0) / 1e6, l.ok - last_ok, l.errors);
+        fflush(stdout);
+      }
+      last_ok = l.ok;
+      next_progress += 1000000;
+    }
+    curl_multi_poll(l.multi, NULL, 0, 100, NULL);
+  }
+  qsort(l.lat, l.nlat, sizeof(long long), cmp_ll);
+  double tps = (double)l.ok / l.duration_s;
+  json_t *j = json_pack("{s:s,s:I,s:i,s:f,s:f,s:f,s:f,s:f,s:I,s:I,s:f}", "label", label, "buckets",
+                        (json_int_t)buckets, "connections", l.connections, "orders_per_s", tps, "p50_ms",
+                        pct(l.lat, l.nlat, 50), "p95_ms", pct(l.lat, l.nlat, 95), "p99_ms", pct(l.lat, l.nlat, 99),
+                        "duration_s", l.duration_s, "ok", (json_int_t)l.ok, "errors", (json_int_t)l.errors,
+                        "error_pct", l.ok + l.errors ? 100.0 * (double)l.errors / (double)(l.ok + l.errors) : 0.0);
+  if (l.first_error[0]) json_object_set_new(j, "first_error", json_string(l.first_error));
+  char *s = json_dumps(j, JSON_COMPACT);
+  printf("%s\n", s);
+  if (json_path) json_dump_file(j, json_path, JSON_INDENT(2));
+  bool bad = l.errors * 100 > l.ok + l.errors;
+  free(s);
+  json_decref(j);
+  for (int i = 0; i < l.connections; i++) curl_easy_cleanup(l.conns[i].e);
+  free(l.conns);
+  free(l.lat);
+  curl_slist_free_all(l.hdrs);
+  curl_multi_cleanup(l.multi);
+  curl_global_cleanup();
+  return bad ? 1 : 0;
+}

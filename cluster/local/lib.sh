@@ -1,0 +1,133 @@
+# cluster/local/lib.sh - helpers shared by cluster/local/up, down and node.
+# Sourced, not run.  Expects $DIR (the cluster directory) where it says so.
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/../.." && pwd)
+
+die() { echo "$prog: $*" >&2; exit 1; }
+
+# Whether process $1 is alive: exists and is not a zombie.
+alive() {
+  local st
+  [[ $1 =~ ^[0-9]+$ ]] || return 1
+  if [[ -r /proc/$1/stat ]]; then
+    st=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+    st=${st##*) }
+    [[ ${st%% *} != [ZX] ]]
+  else
+    kill -0 "$1" 2>/dev/null
+  fi
+}
+
+# Whether process $1 is stopped (SIGSTOP).
+stopped() {
+  local st
+  st=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+  st=${st##*) }
+  [[ ${st%% *} == T ]]
+}
+
+wait_gone() { # pid seconds
+  local i
+  for ((i = 0; i < $2 * 20; i++)); do
+    alive "$1" || return 0
+    sleep 0.05
+  done
+  ! alive "$1"
+}
+
+port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+random_port() { echo $((20000 + ((RANDOM << 15) | RANDOM) % 40001)); }
+
+# A port nobody listens on and that is not in the list "$@".
+free_port() {
+  local p i
+  for ((i = 0; i < 200; i++)); do
+    p=$(random_port)
+    [[ " $* " == *" $p "* ]] && continue
+    port_busy "$p" && continue
+    echo "$p"
+    return 0
+  done
+  return 1
+}
+
+# The tcd binary: the one 'up' used for this cluster (DIR/tcd.bin), else
+# $TX_BIN_DIR/tcd, else build/bin/tcd.
+tcd_bin() {
+  local b
+  if [[ -n ${DIR:-} && -s $DIR/tcd.bin ]]; then
+    b=$(cat "$DIR/tcd.bin")
+  else
+    b=${TX_BIN_DIR:-$root/build/bin}/tcd
+  fi
+  [[ -x $b ]] || die "no tcd binary at $b (run 'make build', or set TX_BIN_DIR)"
+  echo "$b"
+}
+
+node_pid() { # N -> pid of node N if it runs
+  local pid
+  pid=$(cat "$DIR/node$1.pid" 2>/dev/null) || return 1
+  alive "$pid" || return 1
+  echo "$pid"
+}
+
+node_port() { sed -n 's/^listen = 127\.0\.0\.1:\([0-9]*\)$/\1/p' "$DIR/node$1.ini"; }
+
+psql_tc() { # SQL -> one value
+  psql -X -q -A -t -v ON_ERROR_STOP=1 -d "$TC_PG_URL" -c "$1" 2>/dev/null
+}
+
+# Start node N from DIR/nodeN.ini (log appended to DIR/nodeN.log); prints
+# nothing; DIR/nodeN.pid gets the pid.
+start_node() {
+  local n=$1 bin pid
+  bin=$(tcd_bin)
+  {
+    echo "--- $(date -u +%FT%TZ) cluster/local: starting node $n"
+  } >>"$DIR/node$n.log"
+  "$bin" -c "$DIR/node$n.ini" </dev/null >>"$DIR/node$n.log" 2>&1 &
+  pid=$!
+  echo "$pid" >"$DIR/node$n.pid"
+}
+
+# Wait until node N serves (accepts connections) and is 'up' in tc_nodes;
+# fails if the process exits or 30 s pass.
+wait_node_up() {
+  local n=$1 pid port i state
+  pid=$(cat "$DIR/node$n.pid")
+  port=$(node_port "$n")
+  for ((i = 0; i < 600; i++)); do
+    if ! alive "$pid"; then
+      echo "$prog: node $n (pid $pid) exited at start-up; last lines of $DIR/node$n.log:" >&2
+      tail -n 15 "$DIR/node$n.log" | sed 's/^/  /' >&2
+      return 1
+    fi
+    if port_busy "$port"; then
+      state=$(psql_tc "SELECT state FROM tc_nodes WHERE node_id = $n AND pid = $pid" || true)
+      [[ $state == up ]] && return 0
+    fi
+    sleep 0.05
+  done
+  echo "$prog: node $n (pid $pid) did not come up within 30 s; see $DIR/node$n.log" >&2
+  return 1
+}
+
+# Stop node N: SIGTERM (after SIGCONT if paused), SIGKILL after 10 s.
+stop_node() {
+  local n=$1 pid
+  pid=$(node_pid "$n") || return 0
+  kill -CONT "$pid" 2>/dev/null || true
+  kill -TERM "$pid" 2>/dev/null || true
+  if ! wait_gone "$pid" 10; then
+    echo "$prog: node $n (pid $pid) did not stop within 10 s: SIGKILL" >&2
+    kill -KILL "$pid" 2>/dev/null || true
+    wait_gone "$pid" 5 || true
+  fi
+}
+
+load_env() { # the exports written by up
+  [[ -f $DIR/cluster.env ]] || die "$DIR/cluster.env not found: is $DIR a cluster started by cluster/local/up?"
+  # shellcheck disable=SC1091
+  source "$DIR/cluster.env"
+}

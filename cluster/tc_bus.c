@@ -1,0 +1,594 @@
+/*
+ * tc_bus.c - the nanomsg BUS between tcd nodes; see tc_bus.h.
+ *
+ * NOTES
+ *   Handles: a uv_poll on the socket's NN_RCVFD (readable while messages
+ *   wait), a 100 ms timer (heartbeats, peer liveness, forward deadlines) and
+ *   a uv_idle that is active only while a RELEASED batch is open, so that
+ *   xids released during one loop iteration leave in one message at the
+ *   start of the next (the idle handle also keeps poll from blocking while
+ *   a batch waits).
+ *
+ *   Received messages are handled in arrival order, at most RECV_BURST per
+ *   poll callback (the fd stays readable if more wait, so the loop comes
+ *   back to them after serving everything else once).
+ */
+#include "tc_bus.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <nanomsg/bus.h>
+#include <nanomsg/nn.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tc_bus_msg.h"
+
+#define MAX_PEERS 64
+#define TICK_MS 100
+#define RECV_BURST 256
+#define RELEASED_BATCH_BYTES (60u * 1024u)
+#define PEER_DEAD_BEATS 3
+
+typedef struct peer {
+  int node_id;
+  char addr[TC_BUS_MAX_ADDR + 1];      /* nanomsg address, if known */
+  int endpoint;                        /* ours when we connect, else -1 */
+  char advertise[TC_BUS_MAX_ADDR + 1]; /* from its heartbeats */
+  uint32_t incarnation;
+  uint64_t last_seen_ms;
+  bool up, leader;
+} peer_t;
+
+typedef struct pending {
+  uint64_t id;
+  tc_bus_call_cb cb;
+  void *arg;
+  uint64_t deadline_ms;
+  int expected, no_rm, failed, refused;
+  char resource[TXP_MAX_RESOURCE_LEN + 1];
+  uint16_t result_type;
+  struct pending *next;
+} pending_t;
+
+struct tc_bus_fwd {
+  tc_bus_t *bus;
+  uint16_t asker;
+  uint64_t id;
+};
+
+struct tc_bus {
+  uv_loop_t *loop;
+  int sock;
+  int node_id;
+  uint32_t incarnation;
+  char bind[TC_BUS_MAX_ADDR + 1];
+  char advertise[TC_BUS_MAX_ADDR + 1];
+  unsigned heartbeat_ms;
+  tc_bus_handlers_t h;
+
+  uv_poll_t rpoll;
+  uv_timer_t timer;
+  uv_idle_t flush;
+  bool flush_on;
+  uint64_t last_hello_ms;
+
+  txp_buf_t rel; /* the open RELEASED batch */
+  tc_bus_released_writer_t relw;
+  bool rel_open;
+  txp_buf_t out; /* scratch for single messages */
+
+  peer_t peers[MAX_PEERS];
+  int npeers;
+  pending_t *pending;
+  uint64_t next_id;
+  bool leader;
+
+  bool closing;
+  int close_parts;
+  int fwd_out; /* forwards taken by on_forward, not yet answered */
+  void (*done)(void *);
+  void *done_arg;
+  tc_bus_stats_t stats;
+};
+
+/* ------------------------------------------------------------- helpers */
+
+static peer_t *find_peer(tc_bus_t *bus, int node_id, bool create) {
+  for (int i = 0; i < bus->npeers; i++)
+    if (bus->peers[i].node_id == node_id) return &bus->peers[i];
+  if (!create || bus->npeers == MAX_PEERS) return NULL;
+  peer_t *p = &bus->peers[bus->npeers++];
+  memset(p, 0, sizeof(*p));
+  p->node_id = node_id;
+  p->endpoint = -1;
+  return p;
+}
+
+static void send_buf(tc_bus_t *bus, const char *data, size_t len) {
+  if (bus->sock < 0 || !len) return;
+  int rc = nn_send(bus->sock, data, len, NN_DONTWAIT);
+  if (rc < 0) bus->stats.send_dropped++;
+  else bus->stats.sent++;
+}
+
+static void send_out(tc_bus_t *bus) {
+  send_buf(bus, bus->out.data, bus->out.len);
+  txp_buf_reset(&bus->out);
+}
+
+/* ----------------------------------------------------------- heartbeat */
+
+static void send_hello(tc_bus_t *bus) {
+  txp_buf_reset(&bus->out);
+  if (tc_bus_write_hello(&bus->out, (uint16_t)bus->node_id, bus->incarnation,
+                         bus->leader ? TC_BUS_F_LEADER : 0, bus->advertise) == 0)
+    send_out(bus);
+  bus->last_hello_ms = uv_now(bus->loop);
+}
+
+static void check_peers(tc_bus_t *bus, uint64_t now) {
+  int up = 0;
+  for (int i = 0; i < bus->npeers; i++) {
+    peer_t *p = &bus->peers[i];
+    if (p->up && now - p->last_seen_ms > (uint64_t)PEER_DEAD_BEATS * bus->heartbeat_ms) {
+      p->up = false;
+      if (bus->h.on_peer) bus->h.on_peer(p->node_id, p->advertise, false, bus->h.arg);
+    }
+    up += p->up;
+  }
+  bus->stats.peers_up = up;
+}
+
+static void on_hello(tc_bus_t *bus, const tc_bus_hdr_t *hd) {
+  char addr[TC_BUS_MAX_ADDR + 1];
+  if (tc_bus_parse_hello(hd, addr, sizeof(addr)) != 0) {
+    bus->stats.bad_messages++;
+    return;
+  }
+  peer_t *p = find_peer(bus, hd->from, true);
+  if (!p) return;
+  bool news = !p->up || p->incarnation != hd->incarnation;
+  p->incarnation = hd->incarnation;
+  p->leader = hd->flags & TC_BUS_F_LEADER;
+  p->last_seen_ms = uv_now(bus->loop);
+  snprintf(p->advertise, sizeof(p->advertise), "%s", addr);
+  if (news) {
+    if (!p->up) bus->stats.peers_up++;
+    p->up = true;
+    if (bus->h.on_peer) bus->h.on_peer(p->node_id, p->advertise, true, bus->h.arg);
+    /* A peer that just (re)joined learns about us at once. */
+    send_hello(bus);
+  }
+}
+
+/* ------------------------------------------------------------- release */
+
+static void flush_released(tc_bus_t *bus) {
+  if (!bus->rel_open) return;
+  tc_bus_released_end(&bus->relw);
+  if (bus->relw.count) send_buf(bus, bus->rel.data, bus->rel.len);
+  bus->stats.released_sent += bus->relw.count;
+  txp_buf_reset(&bus->rel);
+  bus->rel_open = false;
+}
+
+static void on_flush(uv_idle_t *h) {
+  tc_bus_t *bus = h->data;
+  flush_released(bus);
+  uv_idle_stop(&bus->flush);
+  bus->flush_on = false;
+}
+
+void tc_bus_released(tc_bus_t *bus, const char *xid) {
+  if (!bus || bus->closing || bus->npeers == 0) return;
+  for (int attempt = 0; attempt < 2; attempt++) {
+    if (!bus->rel_open) {
+      if (tc_bus_released_begin(&bus->relw, &bus->rel, (uint16_t)bus->node_id, bus->incarnation,
+                                RELEASED_BATCH_BYTES) != 0)
+        return;
+      bus->rel_open = true;
+    }
+    int rc = tc_bus_released_add(&bus->relw, xid);
+    if (rc == 0) break;
+    if (rc != TXP_EBUFFER_FULL) return;
+    flush_released(bus); /* full: send it now, start another */
+  }
+  if (!bus->flush_on) {
+    uv_idle_start(&bus->flush, on_flush);
+    bus->flush_on = true;
+  }
+}
+
+static void released_one(const char *xid, void *arg) {
+  tc_bus_t *bus = arg;
+  bus->stats.released_received++;
+  if (bus->h.on_released) bus->h.on_released(xid, bus->h.arg);
+}
+
+/* ------------------------------------------------------------ forwards */
+
+static void send_result(tc_bus_t *bus, uint16_t asker, uint64_t id, int outcome, const txp_buf_t *frame) {
+  tc_bus_result_msg_t r = {.target = asker, .id = id, .outcome = (uint8_t)outcome};
+  if (frame) {
+    r.frame = (const uint8_t *)frame->data;
+    r.frame_len = (uint32_t)frame->len;
+  }
+  txp_buf_reset(&bus->out);
+  if (tc_bus_write_result(&bus->out, (uint16_t)bus->node_id, bus->incarnation, &r) == 0) send_out(bus);
+}
+
+static void on_forward(tc_bus_t *bus, const tc_bus_hdr_t *hd) {
+  tc_bus_forward_msg_t f;
+  if (tc_bus_parse_forward(hd, &f) != 0) {
+    bus->stats.bad_messages++;
+    return;
+  }
+  if (f.target != 0 && f.target != bus->node_id) return; /* meant for another node */
+  txp_msg_t req;
+  txp_msg_init(&req, TXP_MSG_NONE);
+  int rc = txp_decode_frame((const char *)f.frame, f.frame_len, NULL, &req);
+  if (rc != 0 || (req.type != TXP_MSG_BRANCH_COMMIT && req.type != TXP_MSG_BRANCH_ROLLBACK)) {
+    bus->stats.bad_messages++;
+    txp_msg_clear(&req);
+    return;
+  }
+  tc_bus_fwd_t *fw = calloc(1, sizeof(*fw));
+  if (!fw) {
+    txp_msg_clear(&req);
+    send_result(bus, hd->from, f.id, TC_BUS_FAILED, NULL);
+    return;
+  }
+  fw->bus = bus;
+  fw->asker = hd->from;
+  fw->id = f.id;
+  bus->fwd_out++;
+  rc = bus->h.on_forward ? bus->h.on_forward(fw, &req, f.client_id, f.timeout_ms, bus->h.arg)
+                         : TXP_EBRANCH_NOT_FOUND;
+  txp_msg_clear(&req);
+  if (rc != 0) {
+    bus->fwd_out--;
+    free(fw);
+    send_result(bus, hd->from, f.id, rc == TXP_EBRANCH_NOT_FOUND ? TC_BUS_NO_RM : TC_BUS_FAILED, NULL);
+    return;
+  }
+  bus->stats.forwards_served++;
+}
+
+static void finish_close(tc_bus_t *bus);
+
+void tc_bus_forward_reply(tc_bus_fwd_t *f, int status, const txp_msg_t *res) {
+  tc_bus_t *bus = f->bus;
+  bus->fwd_out--;
+  if (!bus->closing) {
+    int outcome = TC_BUS_FAILED;
+    txp_buf_t frame;
+    txp_buf_init(&frame, 0);
+    if (status == 0 && res && txp_encode(res, &frame, 0) == 0) outcome = TC_BUS_ANSWERED;
+    else if (status == TXP_EBAD_STATE) outcome = TC_BUS_REFUSED;
+    else if (status == TXP_EBRANCH_NOT_FOUND) outcome = TC_BUS_NO_RM;
+    send_result(bus, f->asker, f->id, outcome, outcome == TC_BUS_ANSWERED ? &frame : NULL);
+    txp_buf_free(&frame);
+  }
+  free(f);
+  if (bus->closing) finish_close(bus);
+}
+
+static pending_t *take_pending(tc_bus_t *bus, uint64_t id) {
+  for (pending_t **pp = &bus->pending; *pp; pp = &(*pp)->next) {
+    if ((*pp)->id == id) {
+      pending_t *p = *pp;
+      *pp = p->next;
+      return p;
+    }
+  }
+  return NULL;
+}
+
+/* Nobody relayed the call: answer it as a retryable branch failure, which
+ * phase two records (and the leader retries with backoff). */
+static void complete_unanswered(pending_t *p) {
+  char msg[TXP_MAX_RESOURCE_LEN + 160];
+  if (p->failed || p->refused)
+    snprintf(msg, sizeof(msg),
+             "no peer could relay the call to a resource manager of \"%s\" "
+             "(%d had none, %d failed, %d refused)",
+             p->resource, p->no_rm, p->failed, p->refused);
+  else
+    snprintf(msg, sizeof(msg), "no resource manager connected for resource \"%s\" on any node",
+             p->resource);
+  txp_msg_t res;
+  txp_msg_init(&res, (txp_msg_type_t)p->result_type);
+  txp_msg_set_int(&res, TXP_F_CODE, TXP_EBRANCH_RETRYABLE);
+  txp_msg_set_str(&res, TXP_F_MESSAGE, msg);
+  p->cb(0, &res, p->arg);
+}
+
+static void on_result(tc_bus_t *bus, const tc_bus_hdr_t *hd) {
+  tc_bus_result_msg_t r;
+  if (tc_bus_parse_result(hd, &r) != 0) {
+    bus->stats.bad_messages++;
+    return;
+  }
+  if (r.target != bus->node_id) return;
+  pending_t *p = NULL;
+  for (pending_t *q = bus->pending; q; q = q->next)
+    if (q->id == r.id) p = q;
+  if (!p) return; /* answered already (another peer was faster), or expired */
+  if (r.outcome == TC_BUS_ANSWERED) {
+    txp_msg_t res;
+    txp_msg_init(&res, TXP_MSG_NONE);
+    if (txp_decode_frame((const char *)r.frame, r.frame_len, NULL, &res) != 0 ||
+        res.type != p->result_type) {
+      bus->stats.bad_messages++;
+      txp_msg_clear(&res);
+      return;
+    }
+    take_pending(bus, p->id);
+    bus->stats.forwards_answered++;
+    p->cb(0, &res, p->arg);
+    txp_msg_clear(&res);
+    free(p);
+    return;
+  }
+  if (r.outcome == TC_BUS_NO_RM) p->no_rm++;
+  else if (r.outcome == TC_BUS_REFUSED) p->refused++;
+  else p->failed++;
+  if (p->no_rm + p->refused + p->failed < p->expected) return;
+  take_pending(bus, p->id);
+  bus->stats.forwards_no_rm++;
+  complete_unanswered(p);
+  free(p);
+}
+
+int tc_bus_forward(tc_bus_t *bus, const txp_msg_t *req, const char *client_id, unsigned timeout_ms,
+                   tc_bus_call_cb cb, void *arg) {
+  if (!bus || bus->closing) return TXP_ESHUTDOWN;
+  if (!req || !cb || (req->type != TXP_MSG_BRANCH_COMMIT && req->type != TXP_MSG_BRANCH_ROLLBACK))
+    return TXP_EINVALID_ARG;
+  check_peers(bus, uv_now(bus->loop));
+  if (bus->stats.peers_up == 0) return TXP_ENO_NODE;
+  pending_t *p = calloc(1, sizeof(*p));
+  if (!p) return TXP_ENOMEM;
+  txp_buf_t frame;
+  txp_buf_init(&frame, 0);
+  int rc = txp_encode(req, &frame, 0);
+  if (rc != 0) {
+    txp_buf_free(&frame);
+    free(p);
+    return rc;
+  }
+  p->id = ++bus->next_id;
+  p->cb = cb;
+  p->arg = arg;
+  p->expected = bus->stats.peers_up;
+  p->deadline_ms = uv_now(bus->loop) + (timeout_ms ? timeout_ms : 10000);
+  p->result_type = (uint16_t)(req->type + 1);
+  snprintf(p->resource, sizeof(p->resource), "%s", req->resource_id ? req->resource_id : "");
+  tc_bus_forward_msg_t f = {.target = 0, .id = p->id, .timeout_ms = timeout_ms,
+                            .frame = (const uint8_t *)frame.data, .frame_len = (uint32_t)frame.len};
+  snprintf(f.client_id, sizeof(f.client_id), "%s", client_id ? client_id : "");
+  txp_buf_reset(&bus->out);
+  rc = tc_bus_write_forward(&bus->out, (uint16_t)bus->node_id, bus->incarnation, &f);
+  txp_buf_free(&frame);
+  if (rc != 0) {
+    free(p);
+    return rc;
+  }
+  send_out(bus);
+  bus->stats.forwards_sent++;
+  p->next = bus->pending;
+  bus->pending = p;
+  return 0;
+}
+
+static void expire_forwards(tc_bus_t *bus, uint64_t now) {
+  for (pending_t **pp = &bus->pending; *pp;) {
+    pending_t *p = *pp;
+    if (p->deadline_ms > now) {
+      pp = &p->next;
+      continue;
+    }
+    *pp = p->next;
+    bus->stats.forwards_timed_out++;
+    p->cb(TXP_EUNKNOWN_OUTCOME, NULL, p->arg);
+    free(p);
+    pp = &bus->pending; /* the callback may have added forwards: restart */
+  }
+}
+
+/* ------------------------------------------------------------ receive */
+
+static void handle(tc_bus_t *bus, const void *buf, size_t len) {
+  tc_bus_hdr_t hd;
+  bus->stats.received++;
+  if (tc_bus_parse_header(buf, len, &hd) != 0) {
+    bus->stats.bad_messages++;
+    return;
+  }
+  if (hd.from == bus->node_id) return; /* ours: a misconfigured peer list */
+  /* Any message shows that its sender is alive.  Only heartbeats (and the
+   * configuration) make a new peer: anything else from an unknown sender
+   * is still handled, but does not take a slot of the peer table. */
+  peer_t *p = find_peer(bus, hd.from, false);
+  if (p && p->up && p->incarnation == hd.incarnation) p->last_seen_ms = uv_now(bus->loop);
+  switch (hd.kind) {
+  case TC_BUS_HELLO: on_hello(bus, &hd); break;
+  case TC_BUS_RELEASED:
+    if (tc_bus_each_released(&hd, released_one, bus) < 0) bus->stats.bad_messages++;
+    break;
+  case TC_BUS_FORWARD: on_forward(bus, &hd); break;
+  case TC_BUS_FORWARD_RESULT: on_result(bus, &hd); break;
+  default: bus->stats.bad_messages++; break;
+  }
+}
+
+static void on_readable(uv_poll_t *h, int status, int events) {
+  tc_bus_t *bus = h->data;
+  if (bus->closing) return;
+  for (int i = 0; i < RECV_BURST && !bus->closing; i++) {
+    void *buf = NULL;
+    int n = nn_recv(bus->sock, &buf, NN_MSG, NN_DONTWAIT);
+    if (n < 0) {
+      if (nn_errno() == EINTR) continue;
+      break; /* EAGAIN: drained */
+    }
+    handle(bus, buf, (size_t)n);
+    nn_freemsg(buf);
+  }
+}
+
+static void on_tick(uv_timer_t *t) {
+  tc_bus_t *bus = t->data;
+  if (bus->closing) return;
+  uint64_t now = uv_now(bus->loop);
+  if (now - bus->last_hello_ms >= bus->heartbeat_ms) send_hello(bus);
+  check_peers(bus, now);
+  expire_forwards(bus, now);
+}
+
+/* ----------------------------------------------------------- lifecycle */
+
+int tc_bus_add_peer(tc_bus_t *bus, int node_id, const char *addr) {
+  if (!bus || bus->closing || node_id == bus->node_id || node_id < 1 || !addr || !addr[0]) return 0;
+  if (strlen(addr) > TC_BUS_MAX_ADDR) return TXP_EFIELD_TOO_LONG;
+  peer_t *p = find_peer(bus, node_id, true);
+  if (!p) return TXP_ELIMIT;
+  if (strcmp(p->addr, addr) == 0 && (p->endpoint >= 0 || node_id > bus->node_id)) return 0;
+  if (p->endpoint >= 0) {
+    nn_shutdown(bus->sock, p->endpoint);
+    p->endpoint = -1;
+  }
+  snprintf(p->addr, sizeof(p->addr), "%s", addr);
+  if (node_id < bus->node_id) {
+    int ep = nn_connect(bus->sock, addr);
+    if (ep < 0) return TXP_EINVALID_ARG;
+    p->endpoint = ep;
+  }
+  return 0;
+}
+
+tc_bus_t *tc_bus_new(uv_loop_t *loop, const tc_bus_opts_t *o, char *err, size_t errlen) {
+  if (!o->bind || !o->bind[0] || strlen(o->bind) > TC_BUS_MAX_ADDR || o->node_id < 1 || o->node_id > 1023) {
+    snprintf(err, errlen, "invalid bus options (address \"%s\", node id %d)", o->bind ? o->bind : "",
+             o->node_id);
+    return NULL;
+  }
+  tc_bus_t *bus = calloc(1, sizeof(*bus));
+  if (!bus) {
+    snprintf(err, errlen, "out of memory");
+    return NULL;
+  }
+  bus->loop = loop;
+  bus->node_id = o->node_id;
+  bus->heartbeat_ms = o->heartbeat_ms ? o->heartbeat_ms : 1000;
+  bus->h = o->h;
+  snprintf(bus->bind, sizeof(bus->bind), "%s", o->bind);
+  snprintf(bus->advertise, sizeof(bus->advertise), "%s", o->advertise ? o->advertise : "");
+  bus->incarnation = (uint32_t)(uv_hrtime() ^ ((uint64_t)getpid() << 16)) | 1u;
+  txp_buf_init(&bus->rel, 0);
+  txp_buf_init(&bus->out, 0);
+
+  bus->sock = nn_socket(AF_SP, NN_BUS);
+  if (bus->sock < 0) {
+    snprintf(err, errlen, "could not create the bus socket: %s", nn_strerror(nn_errno()));
+    goto fail;
+  }
+  int maxsz = (int)TC_BUS_MAX_MSG + 4096, ivl = 100, ivl_max = 2000, linger = 0, bufsz = 1024 * 1024;
+  nn_setsockopt(bus->sock, NN_SOL_SOCKET, NN_RCVMAXSIZE, &maxsz, sizeof(maxsz));
+  nn_setsockopt(bus->sock, NN_SOL_SOCKET, NN_RECONNECT_IVL, &ivl, sizeof(ivl));
+  nn_setsockopt(bus->sock, NN_SOL_SOCKET, NN_RECONNECT_IVL_MAX, &ivl_max, sizeof(ivl_max));
+  nn_setsockopt(bus->sock, NN_SOL_SOCKET, NN_LINGER, &linger, sizeof(linger));
+  nn_setsockopt(bus->sock, NN_SOL_SOCKET, NN_SNDBUF, &bufsz, sizeof(bufsz));
+  nn_setsockopt(bus->sock, NN_SOL_SOCKET, NN_RCVBUF, &bufsz, sizeof(bufsz));
+  if (nn_bind(bus->sock, bus->bind) < 0) {
+    snprintf(err, errlen, "could not bind the bus to \"%s\": %s", bus->bind, nn_strerror(nn_errno()));
+    goto fail_sock;
+  }
+  int fd = -1;
+  size_t fdsz = sizeof(fd);
+  if (nn_getsockopt(bus->sock, NN_SOL_SOCKET, NN_RCVFD, &fd, &fdsz) < 0) {
+    snprintf(err, errlen, "could not get the bus socket's receive fd: %s", nn_strerror(nn_errno()));
+    goto fail_sock;
+  }
+  /* uv_poll_init makes the fd non-blocking; it is nanomsg's, so give it
+   * back its own flags (poll needs none). */
+  int flags = fcntl(fd, F_GETFL);
+  if (uv_poll_init(loop, &bus->rpoll, fd) != 0) {
+    snprintf(err, errlen, "could not poll the bus socket");
+    goto fail_sock;
+  }
+  if (flags >= 0) fcntl(fd, F_SETFL, flags);
+  bus->rpoll.data = bus;
+  uv_poll_start(&bus->rpoll, UV_READABLE, on_readable);
+  uv_timer_init(loop, &bus->timer);
+  bus->timer.data = bus;
+  uv_timer_start(&bus->timer, on_tick, TICK_MS, TICK_MS);
+  uv_idle_init(loop, &bus->flush);
+  bus->flush.data = bus;
+  send_hello(bus);
+  return bus;
+
+fail_sock:
+  nn_close(bus->sock);
+fail:
+  txp_buf_free(&bus->rel);
+  txp_buf_free(&bus->out);
+  free(bus);
+  return NULL;
+}
+
+static void finish_close(tc_bus_t *bus) {
+  if (bus->close_parts > 0 || bus->fwd_out > 0) return;
+  void (*done)(void *) = bus->done;
+  void *darg = bus->done_arg;
+  txp_buf_free(&bus->rel);
+  txp_buf_free(&bus->out);
+  free(bus);
+  if (done) done(darg);
+}
+
+static void on_handle_closed(uv_handle_t *h) {
+  tc_bus_t *bus = h->data;
+  if (--bus->close_parts == 0) {
+    /* The poll handle is gone: nanomsg's fd can be closed with the socket. */
+    nn_close(bus->sock);
+    bus->sock = -1;
+  }
+  finish_close(bus);
+}
+
+void tc_bus_close(tc_bus_t *bus, void (*done)(void *), void *arg) {
+  bus->closing = true;
+  bus->done = done;
+  bus->done_arg = arg;
+  while (bus->pending) {
+    pending_t *p = bus->pending;
+    bus->pending = p->next;
+    p->cb(TXP_ESHUTDOWN, NULL, p->arg);
+    free(p);
+  }
+  bus->close_parts = 3;
+  uv_close((uv_handle_t *)&bus->rpoll, on_handle_closed);
+  uv_close((uv_handle_t *)&bus->timer, on_handle_closed);
+  uv_close((uv_handle_t *)&bus->flush, on_handle_closed);
+}
+
+void tc_bus_set_leader(tc_bus_t *bus, bool leader) {
+  if (!bus || bus->leader == leader) return;
+  bus->leader = leader;
+  if (!bus->closing) send_hello(bus); /* tell the peers now */
+}
+
+int tc_bus_peers_up(const tc_bus_t *bus) { return bus ? bus->stats.peers_up : 0; }
+
+void tc_bus_get_stats(const tc_bus_t *bus, tc_bus_stats_t *out) {
+  if (!bus) {
+    memset(out, 0, sizeof(*out));
+    return;
+  }
+  *out = bus->stats;
+}

@@ -1,0 +1,624 @@
+/*
+ * flashsale.c - the flash-sale load generator and checker (build/bin/flashsale).
+ *
+ * NOTES
+ *   Replays a flash sale against order-service and then checks, directly
+ *   on PostgreSQL and Redis, that nothing was oversold, that every ticket
+ *   is accounted for, that no lock or undo row outlived its transaction
+ *   and that Redis agrees with PostgreSQL.
+ *
+ *   1. Seed: a new activity (or --activity ID, which must not exist yet)
+ *      with --tickets tickets split over --buckets bucket rows of ticket
+ *      type 1 and per-user limit --limit, on sale from now; then loaded
+ *      into Redis by the prefilter's seed (rm_prefilter_seed).
+ *   2. Sale: --users users arrive at random instants within --window
+ *      seconds; each sends POST /orders with 1..limit tickets.  After a
+ *      201, a user buys again with --again percent probability (which can
+ *      meet the per-user limit), and later pays (--pay percent) or cancels
+ *      (--cancel percent) after a random pause of up to --think-ms; the
+ *      rest stay unpaid (frozen) until the service's expiry job, if any.
+ *      One thread drives it all through a libcurl multi handle: the loop
+ *      waits in curl_multi_poll until a socket is ready, the next arrival
+ *      is due or the progress line is due.  At most --connections
+ *      requests are on the wire at once (libcurl queues the rest), and a
+ *      request's latency runs from its scheduled instant, so queueing in
+ *      the generator counts against the system, not for it.
+ *   3. Settle: wait (up to --settle seconds) until the coordinator has
+ *      finished every global transaction of the run and the undo logs are
+ *      empty.
+ *   4. Report: counts, latency percentiles, global transactions from the
+ *      TC database, the invariants; --json FILE writes the same figures.
+ *      Exit status 0 when every invariant holds, 1 when one fails, 2 on a
+ *      usage error, 3 when the run could not be done.
+ *
+ *   Environment (cluster/local/up prints it): ORDER_URL, STOCK_PG_URL,
+ *   ORDERS_PG_URL, TC_PG_URL, REDIS_URL.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <curl/curl.h>
+
+#include "fs_check.h"
+#include "svc_common.h"
+#include "svc_prefilter.h"
+
+#define TICKET_TYPE 1
+
+typedef struct opts {
+  long long users, tickets, buckets, limit, activity;
+  double window_s;
+  int pay_pct, cancel_pct, again_pct;
+  int think_ms;
+  int connections;
+  int settle_s;
+  unsigned seed;
+  const char *json_path;
+  bool quiet;
+  bool check_only;
+} opts_t;
+
+typedef enum { REQ_ORDER, REQ_PAY, REQ_CANCEL } req_kind_t;
+
+/* A scheduled request. */
+typedef struct job {
+  int64_t at_us; /* when it is due (relative to the sale start) */
+  req_kind_t kind;
+  int user;      /* index into users */
+  long long order_id;
+  int qty;
+  bool again;    /* a second purchase */
+} job_t;
+
+/* Min-heap of jobs by at_us. */
+typedef struct heap {
+  job_t *v;
+  size_t n, cap;
+} heap_t;
+
+typedef struct xfer {
+  CURL *e;
+  job_t job;
+  int64_t sched_us;
+  char *resp;
+  size_t len, cap;
+  char body[256];
+  struct xfer *next_free;
+} xfer_t;
+
+typedef struct run {
+  opts_t o;
+  const char *order_url;
+  CURLM *multi;
+  struct curl_slist *hdrs;
+  heap_t heap;
+  xfer_t *free_x;
+  int64_t t0_us;
+  int inflight;
+  unsigned rng;
+
+  /* results */
+  long long sent, done, ok, ok_tickets, again_sent;
+  long long rej_not_on_sale, rej_over_limit, rej_sold_out, rej_other;
+  long long unavailable, unknown, transport, http_other;
+  long long paid, pay_fail, cancelled, cancel_fail;
+  long long *lat_us; /* POST /orders latencies */
+  size_t nlat, caplat;
+  long long *accepted; /* order ids answered 201 */
+  size_t nacc, capacc;
+  long long *paid_ids;
+  size_t npaid, cappaid;
+  int64_t first_us, last_us;
+} run_t;
+
+/* ----------------------------------------------------------------- rng */
+
+static unsigned rnd(run_t *r) {
+  /* xorshift32: reproducible with --seed */
+  unsigned x = r->rng;
+  x ^= x << 13;
+  x ^= x >> 17;
+  x ^= x << 5;
+  return r->rng = x;
+}
+
+static double rnd01(run_t *r) { return (double)rnd(r) / 4294967296.0; }
+
+/* ---------------------------------------------------------------- heap */
+
+static bool heap_push(heap_t *h, job_t j) {
+  if (h->n == h->cap) {
+    size_t cap = h->cap ? h->cap * 2 : 1024;
+    job_t *nv = realloc(h->v, cap * sizeof(*nv));
+    if (!nv) return false;
+    h->v = nv;
+    h->cap = cap;
+  }
+  size_t i = h->n++;
+  while (i > 0) {
+    size_t p = (i - 1) / 2;
+    if (h->v[p].at_us <= j.at_us) break;
+    h->v[i] = h->v[p];
+    i = p;
+  }
+  h->v[i] = j;
+  return true;
+}
+
+static job_t heap_pop(heap_t *h) {
+  job_t top = h->v[0];
+  job_t last = h->v[--h->n];
+  size_t i = 0;
+  for (;;) {
+    size_t c = 2 * i + 1;
+    if (c >= h->n) break;
+    if (c + 1 < h->n && h->v[c + 1].at_us < h->v[c].at_us) c++;
+    if (last.at_us <= h->v[c].at_us) break;
+    h->v[i] = h->v[c];
+    i = c;
+  }
+  if (h->n) h->v[i] = last;
+  return top;
+}
+
+static bool push_ll(long long **v, size_t *n, size_t *cap, long long x) {
+  if (*n == *cap) {
+    size_t c = *cap ? *cap * 2 : 1024;
+    long long *nv = realloc(*v, c * sizeof(**v));
+    if (!nv) return false;
+    *v = nv;
+    *cap = c;
+  }
+  (*v)[(*n)++] = x;
+  return true;
+}
+
+/* ----------------------------------------------------------- transfers */
+
+static size_t on_write(char *ptr, size_t size, size_t nmemb, void *ud) {
+  xfer_t *x = ud;
+  size_t n = size * nmemb;
+  if (x->len + n + 1 > x->cap) {
+    size_t cap = x->cap ? x->cap * 2 : 512;
+    while (cap < x->len + n + 1) cap *= 2;
+    if (cap > (1 << 20)) return 0;
+    char *np = realloc(x->resp, cap);
+    if (!np) return 0;
+    x->resp = np;
+    x->cap = cap;
+  }
+  memcpy(x->resp + x->len, ptr, n);
+  x->len += n;
+  x->resp[x->len] = '\0';
+  return n;
+}
+
+static int64_t now_rel(run_t *r) { return svc_now_us() - r->t0_us; }
+
+static bool start_job(run_t *r, const job_t *j) {
+  xfer_t *x = r->free_x;
+  if (x) {
+    r->free_x = x->next_free;
+  } else {
+    x = calloc(1, sizeof(*x));
+    if (!x) return false;
+    x->e = curl_easy_init();
+    if (!x->e) {
+      free(x);
+      return false;
+    }
+  }
+  x->job = *j;
+  x->sched_us = j->at_us;
+  x->len = 0;
+  if (x->resp) x->resp[0] = '\0';
+  char url[512];
+  if (j->kind == REQ_ORDER) {
+    snprintf(url, sizeof(url), "%s/orders", r->order_url);
+    snprintf(x->body, sizeof(x->body), "{\"activity\":%lld,\"ticket_type\":%d,\"user\":%d,\"qty\":%d}",
+             r->o.activity, TICKET_TYPE, j->user + 1, j->qty);
+  } else {
+    snprintf(url, sizeof(url), "%s/orders/%lld/%s", r->order_url, j->order_id,
+             j->kind == REQ_PAY ? "pay" : "cancel");
+    snprintf(x->body, sizeof(x->body), "{}");
+  }
+  curl_easy_reset(x->e);
+  curl_easy_setopt(x->e, CURLOPT_URL, url);
+  curl_easy_setopt(x->e, CURLOPT_POSTFIELDS, x->body);
+  curl_easy_setopt(x->e, CURLOPT_HTTPHEADER, r->hdrs);
+  curl_easy_setopt(x->e, CURLOPT_WRITEFUNCTION, on_write);
+  curl_easy_setopt(x->e, CURLOPT_WRITEDATA, x);
+  curl_easy_setopt(x->e, CURLOPT_PRIVATE, x);
+  curl_easy_setopt(x->e, CURLOPT_TIMEOUT_MS, 60000L);
+  curl_easy_setopt(x->e, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(x->e, CURLOPT_TCP_NODELAY, 1L);
+  if (curl_multi_add_handle(r->multi, x->e) != CURLM_OK) return false;
+  r->inflight++;
+  if (j->kind == REQ_ORDER) {
+    r->sent++;
+    if (j->again) r->again_sent++;
+  }
+  if (!r->first_us) r->first_us = now_rel(r);
+  return true;
+}
+
+static const char *json_reason(const char *body, const char *key, char *buf, size_t len) {
+  json_t *o = body ? json_loads(body, 0, NULL) : NULL;
+  const char *s = json_string_value(json_object_get(o, key));
+  snprintf(buf, len, "%s", s ? s : "");
+  json_decref(o);
+  return buf;
+}
+
+/* Handle one finished transfer. */
+static void finish_xfer(run_t *r, xfer_t *x, CURLcode cc) {
+  int64_t now = now_rel(r);
+  r->last_us = now;
+  r->inflight--;
+  long status = 0;
+  if (cc == CURLE_OK) curl_easy_getinfo(x->e, CURLINFO_RESPONSE_CODE, &status);
+  const job_t *j = &x->job;
+  char why[64];
+  if (j->kind == REQ_ORDER) {
+    r->done++;
+    push_ll(&r->lat_us, &r->nlat, &r->caplat, now - x->sched_us);
+    if (cc != CURLE_OK) {
+      r->transport++;
+    } else if (status == 201) {
+      r->ok++;
+      r->ok_tickets += j->qty;
+      json_t *o = json_loads(x->resp ? x->resp : "", 0, NULL);
+      long long id = (long long)json_integer_value(json_object_get(o, "order_id"));
+      json_decref(o);
+      if (id > 0) {
+        push_ll(&r->accepted, &r->nacc, &r->capacc, id);
+        /* what this user does next */
+        if (!j->again && (int)(rnd(r) % 100) < r->o.again_pct) {
+          job_t a = {.at_us = now + (int64_t)(rnd01(r) * 200000), .kind = REQ_ORDER, .user = j->user,
+                     .qty = j->qty, .again = true};
+          heap_push(&r->heap, a);
+        }
+        int dice = (int)(rnd(r) % 100);
+        if (dice < r->o.pay_pct + r->o.cancel_pct) {
+          job_t p = {.at_us = now + (int64_t)(rnd01(r) * r->o.think_ms * 1000.0),
+                     .kind = dice < r->o.pay_pct ? REQ_PAY : REQ_CANCEL, .user = j->user, .order_id = id,
+                     .qty = j->qty};
+          heap_push(&r->heap, p);
+        }
+      }
+    } else if (status == 409) {
+      json_reason(x->resp, "reason", why, sizeof(why));
+      if (strcmp(why, "not_on_sale") == 0)
+        r->rej_not_on_sale++;
+      else if (strcmp(why, "over_limit") == 0)
+        r->rej_over_limit++;
+      else if (strcmp(why, "sold_out") == 0)
+        r->rej_sold_out++;
+      else
+        r->rej_other++;
+    } else if (status == 503) {
+      json_reason(x->resp, "error", why, sizeof(why));
+      if (strcmp(why, "unknown_outcome") == 0)
+        r->unknown++;
+      else
+        r->unavailable++;
+    } else {
+      r->http_other++;
+    }
+  } else if (j->kind == REQ_PAY) {
+    if (cc == CURLE_OK && status == 200) {
+      r->paid++;
+      push_ll(&r->paid_ids, &r->npaid, &r->cappaid, j->order_id);
+    } else {
+      r->pay_fail++;
+    }
+  } else {
+    if (cc == CURLE_OK && status == 200)
+      r->cancelled++;
+    else
+      r->cancel_fail++;
+  }
+  curl_multi_remove_handle(r->multi, x->e);
+  x->next_free = r->free_x;
+  r->free_x = x;
+}
+
+static void progress(run_t *r, bool final) {
+  if (r->o.quiet && !final) return;
+  double t = (double)now_rel(r) / 1e6;
+  printf("[%6.1fs] orders sent %lld/%lld answered %lld: ok %lld, rejected %lld (sold_out %lld, over_limit %lld, "
+         "not_on_sale %lld), 503 %lld; paid %lld, cancelled %lld; in flight %d\n",
+         t, r->sent, r->o.users + r->again_sent, r->done, r->ok,
+         r->rej_sold_out + r->rej_over_limit + r->rej_not_on_sale + r->rej_other, r->rej_sold_out,
+         r->rej_over_limit, r->rej_not_on_sale, r->unavailable + r->unknown, r->paid, r->cancelled, r->inflight);
+  fflush(stdout);
+}
+
+/* The sale: returns false if the loop itself failed. */
+static bool run_sale(run_t *r) {
+  r->multi = curl_multi_init();
+  if (!r->multi) return false;
+  curl_multi_setopt(r->multi, CURLMOPT_MAX_TOTAL_CONNECTIONS, (long)r->o.connections);
+  curl_multi_setopt(r->multi, CURLMOPT_MAX_HOST_CONNECTIONS, (long)r->o.connections);
+  curl_multi_setopt(r->multi, CURLMOPT_MAXCONNECTS, (long)r->o.connections);
+  r->hdrs = curl_slist_append(NULL, "Content-Type: application/json");
+  r->hdrs = curl_slist_append(r->hdrs, "Expect:");
+
+  /* Arrivals: uniform over the window, each user once (plus follow-ups). */
+  for (long long u = 0; u < r->o.users; u++) {
+    job_t j = {.at_us = (int64_t)(rnd01(r) * r->o.window_s * 1e6), .kind = REQ_ORDER, .user = (int)u,
+               .qty = 1 + (int)(rnd(r) % (unsigned)r->o.limit)};
+    if (!heap_push(&r->heap, j)) return false;
+  }
+  r->t0_us = svc_now_us();
+  int64_t next_progress = 1000000;
+  for (;;) {
+    int64_t now = now_rel(r);
+    while (r->heap.n && r->heap.v[0].at_us <= now) {
+      job_t j = heap_pop(&r->heap);
+      if (!start_job(r, &j)) {
+        fprintf(stderr, "flashsale: could not start a request\n");
+        return false;
+      }
+    }
+    if (r->heap.n == 0 && r->inflight == 0) break;
+    int running = 0;
+    curl_multi_perform(r->multi, &running);
+    CURLMsg *m;
+    int left;
+    while ((m = curl_multi_info_read(r->multi, &left))) {
+      if (m->msg != CURLMSG_DONE) continue;
+      xfer_t *x = NULL;
+      curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&x);
+      finish_xfer(r, x, m->data.result);
+    }
+    now = now_rel(r);
+    if (now >= next_progress) {
+      progress(r, false);
+      next_progress += 1000000;
+    }
+    if (r->heap.n == 0 && r->inflight == 0) break;
+    /* Sleep in poll until a socket is ready, the next job is due or the
+     * next progress line is. */
+    int64_t wait = next_progress - now;
+    if (r->heap.n && r->heap.v[0].at_us - now < wait) wait = r->heap.v[0].at_us - now;
+    long ct = -1;
+    curl_multi_timeout(r->multi, &ct);
+    if (ct >= 0 && ct * 1000 < wait) wait = ct * 1000;
+    if (wait < 0) wait = 0;
+    int ms = (int)((wait + 999) / 1000);
+    if (wait > 0 || r->inflight > 0) curl_multi_poll(r->multi, NULL, 0, ms, NULL);
+  }
+  progress(r, true);
+  return true;
+}
+
+/* ------------------------------------------------------------- report */
+
+static int cmp_ll(const void *a, const void *b) {
+  long long x = *(const long long *)a, y = *(const long long *)b;
+  return x < y ? -1 : x > y;
+}
+
+static double pct_ms(const long long *v, size_t n, double p) {
+  if (!n) return 0;
+  size_t i = (size_t)ceil(p / 100.0 * (double)n);
+  if (i < 1) i = 1;
+  if (i > n) i = n;
+  return (double)v[i - 1] / 1000.0;
+}
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: flashsale [options]\n"
+          "\n"
+          "Replays a flash sale against order-service (ORDER_URL) and checks the\n"
+          "invariants on PostgreSQL (STOCK_PG_URL, ORDERS_PG_URL, TC_PG_URL) and Redis\n"
+          "(REDIS_URL).\n"
+          "\n"
+          "  --users N        users (default 2000)\n"
+          "  --window S       seconds over which they arrive (default 10)\n"
+          "  --tickets N      tickets on sale (default 500)\n"
+          "  --buckets N      stock buckets (default 5)\n"
+          "  --limit N        tickets per user (default 2)\n"
+          "  --activity ID    activity id to create (default: the next free one)\n"
+          "  --pay PCT        percent of orders paid afterwards (default 50)\n"
+          "  --cancel PCT     percent of orders cancelled afterwards (default 10)\n"
+          "  --again PCT      percent of buyers who try to buy again (default 20)\n"
+          "  --think-ms MS    longest pause before paying or cancelling (default 1000)\n"
+          "  --connections N  requests on the wire at once (default 64)\n"
+          "  --settle S       seconds to wait for the coordinator to finish (default 30)\n"
+          "  --seed N         random seed (default: from the clock)\n"
+          "  --json FILE      also write the report as JSON\n"
+          "  --quiet          no progress lines\n"
+          "  --check-only     no sale: check the invariants of --activity as it is\n"
+          "\n"
+          "exit status: 0 invariants hold, 1 an invariant failed, 2 usage, 3 could not run\n");
+}
+
+static bool parse_opts(int argc, char **argv, opts_t *o) {
+  static const struct option lo[] = {
+    {"users", required_argument, NULL, 'u'},   {"window", required_argument, NULL, 'w'},
+    {"tickets", required_argument, NULL, 't'}, {"buckets", required_argument, NULL, 'b'},
+    {"limit", required_argument, NULL, 'l'},   {"activity", required_argument, NULL, 'a'},
+    {"pay", required_argument, NULL, 'p'},     {"cancel", required_argument, NULL, 'c'},
+    {"again", required_argument, NULL, 'g'},   {"think-ms", required_argument, NULL, 'k'},
+    {"connections", required_argument, NULL, 'n'}, {"settle", required_argument, NULL, 's'},
+    {"seed", required_argument, NULL, 'S'},    {"json", required_argument, NULL, 'j'},
+    {"quiet", no_argument, NULL, 'q'},         {"help", no_argument, NULL, 'h'},
+    {"check-only", no_argument, NULL, 'C'},
+    {NULL, 0, NULL, 0}};
+  *o = (opts_t){.users = 2000, .window_s = 10, .tickets = 500, .buckets = 5, .limit = 2, .pay_pct = 50,
+                .cancel_pct = 10, .again_pct = 20, .think_ms = 1000, .connections = 64, .settle_s = 30,
+                .seed = (unsigned)time(NULL) ^ (unsigned)getpid()};
+  int c, li = -1;
+  long long v;
+  while ((c = getopt_long(argc, argv, "h", lo, &li)) != -1) {
+    bool ok = true;
+    switch (c) {
+    case 'u': ok = svc_parse_ll(optarg, 1, 10000000, &o->users); break;
+    case 'w': {
+      char *end = NULL;
+      errno = 0;
+      o->window_s = strtod(optarg, &end);
+      ok = !errno && end && !*end && o->window_s >= 0 && o->window_s <= 3600;
+      break;
+    }
+    case 't': ok = svc_parse_ll(optarg, 1, 100000000, &o->tickets); break;
+    case 'b': ok = svc_parse_ll(optarg, 1, 10000, &o->buckets); break;
+    case 'l': ok = svc_parse_ll(optarg, 1, 100, &o->limit); break;
+    case 'a': ok = svc_parse_ll(optarg, 1, INT64_MAX, &o->activity); break;
+    case 'p': ok = svc_parse_ll(optarg, 0, 100, &v); o->pay_pct = (int)v; break;
+    case 'c': ok = svc_parse_ll(optarg, 0, 100, &v); o->cancel_pct = (int)v; break;
+    case 'g': ok = svc_parse_ll(optarg, 0, 100, &v); o->again_pct = (int)v; break;
+    case 'k': ok = svc_parse_ll(optarg, 0, 600000, &v); o->think_ms = (int)v; break;
+    case 'n': ok = svc_parse_ll(optarg, 1, 4096, &v); o->connections = (int)v; break;
+    case 's': ok = svc_parse_ll(optarg, 0, 3600, &v); o->settle_s = (int)v; break;
+    case 'S': ok = svc_parse_ll(optarg, 0, UINT32_MAX, &v); o->seed = (unsigned)v; break;
+    case 'j': o->json_path = optarg; break;
+    case 'q': o->quiet = true; break;
+    case 'C': o->check_only = true; break;
+    case 'h': usage(stdout); exit(0);
+    default: usage(stderr); return false;
+    }
+    if (!ok) {
+      fprintf(stderr, "flashsale: invalid value \"%s\" for --%s\n", optarg, li >= 0 ? lo[li].name : "?");
+      return false;
+    }
+  }
+  if (optind < argc) {
+    usage(stderr);
+    return false;
+  }
+  if (o->pay_pct + o->cancel_pct > 100) {
+    fprintf(stderr, "flashsale: --pay and --cancel add up to more than 100\n");
+    return false;
+  }
+  if (o->buckets > o->tickets) {
+    fprintf(stderr, "flashsale: more buckets (%lld) than tickets (%lld)\n", o->buckets, o->tickets);
+    return false;
+  }
+  if (o->check_only && !o->activity) {
+    fprintf(stderr, "flashsale: --check-only needs --activity\n");
+    return false;
+  }
+  if (o->seed == 0) o->seed = 1;
+  return true;
+}
+
+int main(int argc, char **argv) {
+  run_t r = {0};
+  if (!parse_opts(argc, argv, &r.o)) return 2;
+  r.rng = r.o.seed;
+  svc_log_init("flashsale", "FLASHSALE_LOG_LEVEL");
+  fs_env_t env;
+  if (!fs_env_load(&env)) return 3;
+  r.order_url = env.order_url;
+  if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) return 3;
+
+  fs_check_t *ck = fs_check_new(&env);
+  if (!ck) return 3;
+  fs_activity_t act = {.activity = r.o.activity, .ticket_type = TICKET_TYPE, .tickets = r.o.tickets,
+                       .buckets = r.o.buckets, .limit = r.o.limit};
+  char err[512];
+  if (r.o.check_only ? !fs_load(ck, &act, err, sizeof(err)) : !fs_seed(ck, &act, err, sizeof(err))) {
+    fprintf(stderr, "flashsale: could not %s the activity: %s\n", r.o.check_only ? "load" : "seed", err);
+    fs_check_free(ck);
+    return 3;
+  }
+  if (r.o.check_only) {
+    r.o.tickets = act.tickets;
+    r.o.buckets = act.buckets;
+    r.o.limit = act.limit;
+    r.o.users = 0;
+  }
+  r.o.activity = act.activity;
+  bool ran = true;
+  if (!r.o.check_only) {
+    printf("flashsale: activity %lld: %lld tickets in %lld buckets, limit %lld per user, loaded into Redis; "
+           "%lld users within %.1fs (seed %u)\n",
+           act.activity, act.tickets, act.buckets, act.limit, r.o.users, r.o.window_s, r.o.seed);
+    fflush(stdout);
+    ran = run_sale(&r);
+  }
+  double dur_s = (double)(r.last_us - r.first_us) / 1e6;
+  if (dur_s <= 0) dur_s = 1e-6;
+  qsort(r.lat_us, r.nlat, sizeof(long long), cmp_ll);
+
+  fs_result_t res = {0};
+  fs_client_view_t view = {.accepted = r.accepted, .naccepted = r.nacc, .paid = r.paid_ids, .npaid = r.npaid};
+  fs_check_run(ck, &act, &view, r.o.settle_s, &res);
+
+  double p50 = pct_ms(r.lat_us, r.nlat, 50), p95 = pct_ms(r.lat_us, r.nlat, 95), p99 = pct_ms(r.lat_us, r.nlat, 99);
+  double pmax = r.nlat ? (double)r.lat_us[r.nlat - 1] / 1000.0 : 0;
+  double tps = (double)r.done / dur_s;
+  printf("\n== flash sale report: activity %lld ==\n", act.activity);
+  printf("users %lld, tickets %lld in %lld buckets, limit %lld, window %.1fs\n", r.o.users, r.o.tickets,
+         r.o.buckets, r.o.limit, r.o.window_s);
+  printf("orders: %lld requests (%lld repeat purchases) in %.2fs = %.0f requests/s; %lld accepted (%lld tickets)\n",
+         r.done, r.again_sent, dur_s, tps, r.ok, r.ok_tickets);
+  printf("rejected: sold_out %lld, over_limit %lld, not_on_sale %lld, other %lld\n", r.rej_sold_out,
+         r.rej_over_limit, r.rej_not_on_sale, r.rej_other);
+  printf("failed: 503 unavailable %lld, 503 unknown outcome %lld, transport %lld, other HTTP %lld\n",
+         r.unavailable, r.unknown, r.transport, r.http_other);
+  printf("after the sale: paid %lld (failed %lld), cancelled %lld (failed %lld)\n", r.paid, r.pay_fail,
+         r.cancelled, r.cancel_fail);
+  printf("latency of POST /orders: p50 %.2f ms, p95 %.2f ms, p99 %.2f ms, max %.2f ms\n", p50, p95, p99, pmax);
+  printf("stock (PostgreSQL): sold %lld, frozen %lld, available %lld of %lld\n", res.sold, res.frozen,
+         res.available, res.stock);
+  printf("global transactions: committed %lld, rolled back %lld, unfinished %lld", res.committed, res.rolled_back,
+         res.unfinished);
+  if (res.other_final) printf(", other final states %lld", res.other_final);
+  printf(" (settled in %.1fs)\n", res.settle_s);
+  fs_print_invariants(&res, stdout);
+  printf("invariants: %s\n", res.ok ? "all hold" : "FAILED");
+
+  if (r.o.json_path) {
+    json_t *j = json_pack(
+      "{s:I,s:I,s:I,s:I,s:I,s:I,s:{s:I,s:I,s:I,s:I},s:I,s:I,s:I,s:f,s:f,s:f,s:f,s:f,s:b}", "activity",
+      (json_int_t)act.activity, "users", (json_int_t)r.o.users, "tickets", (json_int_t)r.o.tickets, "buckets",
+      (json_int_t)r.o.buckets, "sold", (json_int_t)res.sold, "frozen", (json_int_t)res.frozen, "rejected",
+      "sold_out", (json_int_t)r.rej_sold_out, "over_limit", (json_int_t)r.rej_over_limit, "not_on_sale",
+      (json_int_t)r.rej_not_on_sale, "other", (json_int_t)r.rej_other, "committed", (json_int_t)res.committed,
+      "rolled_back", (json_int_t)res.rolled_back, "unfinished", (json_int_t)res.unfinished, "tps", tps, "p50_ms",
+      p50, "p95_ms", p95, "p99_ms", p99, "duration_s", dur_s, "invariants_ok", res.ok);
+    json_object_set_new(j, "requests", json_integer(r.done));
+    json_object_set_new(j, "accepted", json_integer(r.ok));
+    json_object_set_new(j, "paid", json_integer(r.paid));
+    json_object_set_new(j, "cancelled", json_integer(r.cancelled));
+    json_object_set_new(j, "unavailable", json_integer(r.unavailable + r.transport + r.http_other));
+    json_object_set_new(j, "unknown_outcome", json_integer(r.unknown));
+    json_object_set_new(j, "max_ms", json_real(pmax));
+    json_object_set_new(j, "limit", json_integer(r.o.limit));
+    json_object_set_new(j, "window_s", json_real(r.o.window_s));
+    json_object_set_new(j, "invariants", fs_invariants_json(&res));
+    if (json_dump_file(j, r.o.json_path, JSON_INDENT(2) | JSON_SORT_KEYS) != 0)
+      fprintf(stderr, "flashsale: could not write %s\n", r.o.json_path);
+    json_decref(j);
+  }
+
+  fs_check_free(ck);
+  free(r.lat_us);
+  free(r.accepted);
+  free(r.paid_ids);
+  free(r.heap.v);
+  while (r.free_x) {
+    xfer_t *x = r.free_x;
+    r.free_x = x->next_free;
+    curl_easy_cleanup(x->e);
+    free(x->resp);
+    free(x);
+  }
+  curl_slist_free_all(r.hdrs);
+  if (r.multi) curl_multi_cleanup(r.multi);
+  curl_global_cleanup();
+  if (!ran) return 3;
+  return res.ok ? 0 : 1;
+}

@@ -1,0 +1,565 @@
+/*
+ * fs_check.c - seed a flash-sale activity, check a finished sale (see
+ * fs_check.h).
+ *
+ * NOTES
+ *   Every figure is read from the databases themselves, never from what
+ *   the services answered: the client's view is only compared with them
+ *   (client_view).  The run's global transactions are those the
+ *   order-service began since fs_seed, on the coordinator database's own
+ *   clock (global_table for the unfinished ones, global_history for the
+ *   finished ones).
+ */
+#include "fs_check.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <hiredis/hiredis.h>
+#include <libpq-fe.h>
+
+#include "svc_common.h"
+
+#define TM_APP "order-service"
+
+struct fs_check {
+  fs_env_t env;
+  PGconn *stock, *orders, *tc;
+  rm_prefilter_t *pf;  /* seed and reconciliation (dry run) */
+  redisContext *redis; /* direct reads of the prefilter's keys */
+  char run_start[64]; /* timestamptz text, TC database clock */
+};
+
+bool fs_env_load(fs_env_t *env) {
+  env->order_url = svc_env_str("ORDER_URL", NULL);
+  env->stock_pg = svc_env_str("STOCK_PG_URL", NULL);
+  env->orders_pg = svc_env_str("ORDERS_PG_URL", NULL);
+  env->tc_pg = svc_env_str("TC_PG_URL", NULL);
+  env->redis_url = svc_env_str("REDIS_URL", NULL);
+  const char *missing[5];
+  int n = 0;
+  if (!env->order_url) missing[n++] = "ORDER_URL";
+  if (!env->stock_pg) missing[n++] = "STOCK_PG_URL";
+  if (!env->orders_pg) missing[n++] = "ORDERS_PG_URL";
+  if (!env->tc_pg) missing[n++] = "TC_PG_URL";
+  if (!env->redis_url) missing[n++] = "REDIS_URL";
+  if (n) {
+    fprintf(stderr, "flashsale: not set:");
+    for (int i = 0; i < n; i++) fprintf(stderr, " %s", missing[i]);
+    fprintf(stderr, " (cluster/local/up --with-services prints them)\n");
+    return false;
+  }
+  return true;
+}
+
+static PGconn *connect_db(const char *url, const char *what) {
+  PGconn *pg = PQconnectdb(url);
+  if (PQstatus(pg) != CONNECTION_OK) {
+    fprintf(stderr, "flashsale: could not connect to the %s database: %s", what, PQerrorMessage(pg));
+    PQfinish(pg);
+    return NULL;
+  }
+  return pg;
+}
+
+fs_check_t *fs_check_new(const fs_env_t *env) {
+  fs_check_t *c = calloc(1, sizeof(*c));
+  if (!c) return NULL;
+  c->env = *env;
+  c->stock = connect_db(env->stock_pg, "stock");
+  c->orders = c->stock ? connect_db(env->orders_pg, "orders") : NULL;
+  c->tc = c->orders ? connect_db(env->tc_pg, "coordinator") : NULL;
+  if (!c->tc) {
+    fs_check_free(c);
+    return NULL;
+  }
+  rm_pf_options_t po = {.command_timeout_ms = 5000, .connect_timeout_ms = 2000, .max_connections = 2};
+  int rc = rm_prefilter_new(env->redis_url, &po, &c->pf);
+  if (rc != 0) {
+    fprintf(stderr, "flashsale: could not set up the prefilter on %s: %s\n", env->redis_url,
+            rm_prefilter_strerror(rc));
+    fs_check_free(c);
+    return NULL;
+  }
+  /* redis://[:password@]host[:port][/db]: enough of it for a direct read */
+  char host[256] = "127.0.0.1", pass[256] = "";
+  int port = 6379, db = 0;
+  const char *u = env->redis_url;
+  if (strncmp(u, "redis://", 8) == 0) u += 8;
+  const char *at = strchr(u, '@');
+  if (at) {
+    const char *colon = memchr(u, ':', (size_t)(at - u));
+    if (colon) snprintf(pass, sizeof(pass), "%.*s", (int)(at - colon - 1), colon + 1);
+    u = at + 1;
+  }
+  size_t hl = strcspn(u, ":/");
+  if (hl && hl < sizeof(host)) snprintf(host, sizeof(host), "%.*s", (int)hl, u);
+  if (u[hl] == ':') port = atoi(u + hl + 1);
+  const char *slash = strchr(u, '/');
+  if (slash) db = atoi(slash + 1);
+  struct timeval tv = {5, 0};
+  c->redis = redisConnectWithTimeout(host, port, tv);
+  if (!c->redis || c->redis->err) {
+    fprintf(stderr, "flashsale: could not connect to Redis at %s:%d: %s\n", host, port,
+            c->redis ? c->redis->errstr : "out of memory");
+    fs_check_free(c);
+    return NULL;
+  }
+  redisSetTimeout(c->redis, tv);
+  if (pass[0]) freeReplyObject(redisCommand(c->redis, "AUTH %s", pass));
+  if (db) freeReplyObject(redisCommand(c->redis, "SELECT %d", db));
+  return c;
+}
+
+void fs_check_free(fs_check_t *c) {
+  if (!c) return;
+  PQfinish(c->stock);
+  PQfinish(c->orders);
+  PQfinish(c->tc);
+  rm_prefilter_free(c->pf);
+  if (c->redis) redisFree(c->redis);
+  free(c);
+}
+
+/* First value of a query as long long; 'ok' cleared on error. */
+static long long q_ll(PGconn *pg, const char *sql, int n, const char *const *p, bool *ok) {
+  char err[512];
+  PGresult *r = NULL;
+  if (!svc_pg_exec(pg, sql, n, p, PGRES_TUPLES_OK, &r, err, sizeof(err))) {
+    fprintf(stderr, "flashsale: query failed: %s\n", err);
+    *ok = false;
+    return 0;
+  }
+  long long v = PQntuples(r) && !PQgetisnull(r, 0, 0) ? atoll(PQgetvalue(r, 0, 0)) : 0;
+  PQclear(r);
+  return v;
+}
+
+bool fs_seed(fs_check_t *c, fs_activity_t *a, char *err, size_t errlen) {
+  bool ok = true;
+  PGresult *r = NULL;
+  if (!svc_pg_exec(c->tc, "SELECT clock_timestamp()::text", 0, NULL, PGRES_TUPLES_OK, &r, err, errlen))
+    return false;
+  snprintf(c->run_start, sizeof(c->run_start), "%s", PQgetvalue(r, 0, 0));
+  PQclear(r);
+
+  for (int attempt = 0; attempt < 5; attempt++) {
+    long long id = a->activity;
+    if (!id) {
+      id = q_ll(c->stock, "SELECT coalesce(max(activity_id), 0) + 1 FROM activity", 0, NULL, &ok);
+      if (!ok) {
+        snprintf(err, errlen, "could not read the activities");
+        return false;
+      }
+    }
+    char sid[24], stt[24], st[24], sb[24], sl[24], name[64];
+    snprintf(sid, sizeof(sid), "%lld", id);
+    snprintf(stt, sizeof(stt), "%lld", a->ticket_type);
+    snprintf(st, sizeof(st), "%lld", a->tickets);
+    snprintf(sb, sizeof(sb), "%lld", a->buckets);
+    snprintf(sl, sizeof(sl), "%lld", a->limit);
+    snprintf(name, sizeof(name), "flash sale %lld", id);
+    const char *p1[3] = {sid, name, sl};
+    const char *p2[4] = {sid, stt, st, sb};
+    if (!svc_pg_exec(c->stock, "BEGIN", 0, NULL, PGRES_COMMAND_OK, NULL, err, errlen)) return false;
+    if (svc_pg_exec(c->stock,
+                    "INSERT INTO activity (activity_id, name, status, per_user_limit, starts_at, ends_at)"
+                    " VALUES ($1, $2, 1, $3, now() - interval '1 second', now() + interval '1 day')",
+                    3, p1, PGRES_COMMAND_OK, NULL, err, errlen) &&
+        svc_pg_exec(c->stock,
+                    "INSERT INTO activity_ticket_bucket (activity_id, ticket_type, bucket_id, stock)"
+                    " SELECT $1, $2, g, $3::int / $4::int + CASE WHEN g < $3::int % $4::int THEN 1 ELSE 0 END"
+                    " FROM generate_series(0, $4::int - 1) g",
+                    4, p2, PGRES_COMMAND_OK, NULL, err, errlen) &&
+        svc_pg_exec(c->stock, "COMMIT", 0, NULL, PGRES_COMMAND_OK, NULL, err, errlen)) {
+      a->activity = id;
+      break;
+    }
+    PQclear(PQexec(c->stock, "ROLLBACK"));
+    if (a->activity || !strstr(err, "activity_pkey")) return false; /* taken on purpose, or another error */
+    err[0] = '\0';                                                    /* raced another seeder: next id */
+  }
+  if (!a->activity) {
+    snprintf(err, errlen, "could not find a free activity id");
+    return false;
+  }
+  /* Redis: the prefilter's copy, from PostgreSQL. */
+  int rc = rm_prefilter_seed(c->pf, c->stock, a->activity);
+  if (rc != 0) {
+    snprintf(err, errlen, "could not load activity %lld into Redis: %s: %s", a->activity,
+             rm_prefilter_strerror(rc), rm_prefilter_errmsg());
+    return false;
+  }
+  a->redis_seeded = true;
+  return true;
+}
+
+bool fs_load(fs_check_t *c, fs_activity_t *a, char *err, size_t errlen) {
+  char sid[24], stt[24];
+  snprintf(sid, sizeof(sid), "%lld", a->activity);
+  snprintf(stt, sizeof(stt), "%lld", a->ticket_type);
+  const char *p[2] = {sid, stt};
+  PGresult *r = NULL;
+  if (!svc_pg_exec(c->stock,
+                   "SELECT a.per_user_limit, coalesce(sum(b.stock), 0), count(b.bucket_id)"
+                   " FROM activity a LEFT JOIN activity_ticket_bucket b"
+                   " ON b.activity_id = a.activity_id AND b.ticket_type = $2"
+                   " WHERE a.activity_id = $1 GROUP BY a.per_user_limit",
+                   2, p, PGRES_TUPLES_OK, &r, err, errlen))
+    return false;
+  if (PQntuples(r) != 1) {
+    PQclear(r);
+    snprintf(err, errlen, "activity %lld does not exist", a->activity);
+    return false;
+  }
+  a->limit = atoll(PQgetvalue(r, 0, 0));
+  a->tickets = atoll(PQgetvalue(r, 0, 1));
+  a->buckets = atoll(PQgetvalue(r, 0, 2));
+  PQclear(r);
+  snprintf(c->run_start, sizeof(c->run_start), "-infinity");
+  return true;
+}
+
+/* ------------------------------------------------------------- checks */
+
+static void inv_set(fs_result_t *res, const char *name, int state, const char *fmt, ...)
+  __attribute__((format(printf, 4, 5)));
+
+static void inv_set(fs_result_t *res, const char *name, int state, const char *fmt, ...) {
+  if (res->ninv >= FS_MAX_INV) return;
+  fs_invariant_t *v = &res->inv[res->ninv++];
+  v->name = name;
+  v->state = state;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(v->detail, sizeof(v->detail), fmt, ap);
+  va_end(ap);
+}
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+typedef struct settle_counts {
+  long long unfinished, locks, undo_orders, undo_stock;
+} settle_counts_t;
+
+static bool read_settle(fs_check_t *c, settle_counts_t *s) {
+  bool ok = true;
+  const char *p[2] = {c->run_start, TM_APP};
+  s->unfinished =
+    q_ll(c->tc, "SELECT count(*) FROM global_table WHERE begin_time >= $1 AND application_id = $2", 2, p, &ok);
+  s->locks = q_ll(c->tc,
+                  "SELECT count(*) FROM lock_table l WHERE l.gmt_create >= $1"
+                  " OR NOT EXISTS (SELECT 1 FROM global_table g WHERE g.xid = l.xid)",
+                  1, p, &ok);
+  s->undo_orders = q_ll(c->orders, "SELECT count(*) FROM undo_log WHERE log_status = 0", 0, NULL, &ok);
+  s->undo_stock = q_ll(c->stock, "SELECT count(*) FROM undo_log WHERE log_status = 0", 0, NULL, &ok);
+  return ok;
+}
+
+/* "{1,2,3}" from 'n' ids (malloc'd). */
+static char *pg_array(const long long *v, size_t n) {
+  size_t cap = 3 + n * 21;
+  char *s = malloc(cap);
+  if (!s) return NULL;
+  size_t off = 0;
+  s[off++] = '{';
+  for (size_t i = 0; i < n; i++) off += (size_t)snprintf(s + off, cap - off, i ? ",%lld" : "%lld", v[i]);
+  s[off++] = '}';
+  s[off] = '\0';
+  return s;
+}
+
+#define MAXB 10000
+
+void fs_check_run(fs_check_t *c, const fs_activity_t *a, const fs_client_view_t *view, int settle_s,
+                  fs_result_t *res) {
+  memset(res, 0, sizeof(*res));
+  char err[512];
+  bool ok = true;
+
+  /* Settle: the coordinator finishes phase two in the background. */
+  settle_counts_t sc = {0};
+  int64_t t0 = svc_now_us(), end = t0 + (int64_t)settle_s * 1000000;
+  for (;;) {
+    if (!read_settle(c, &sc)) break;
+    if ((sc.unfinished == 0 && sc.locks == 0 && sc.undo_orders == 0 && sc.undo_stock == 0) ||
+        svc_now_us() >= end)
+      break;
+    sleep_ms(100);
+  }
+  res->settle_s = (double)(svc_now_us() - t0) / 1e6;
+
+  char sid[24], stt[24];
+  snprintf(sid, sizeof(sid), "%lld", a->activity);
+  snprintf(stt, sizeof(stt), "%lld", a->ticket_type);
+  const char *pa[2] = {sid, stt};
+
+  /* Buckets */
+  long long nb = a->buckets < MAXB ? a->buckets : MAXB;
+  long long *stock = calloc((size_t)nb, sizeof(long long) * 12);
+  long long *frozen = stock + nb, *sold = frozen + nb, *l_frozen = sold + nb, *l_sold = l_frozen + nb,
+            *o_unpaid = l_sold + nb, *o_paid = o_unpaid + nb, *f_frozen = o_paid + nb, *f_sold = f_frozen + nb,
+            *r_stock = f_sold + nb, *r_frozen = r_stock + nb, *r_sold = r_frozen + nb;
+  if (!stock) return;
+  PGresult *r = NULL;
+  long long bad_buckets = 0, seen = 0;
+  if (svc_pg_exec(c->stock,
+                  "SELECT bucket_id, stock, frozen_count, sold_count FROM activity_ticket_bucket"
+                  " WHERE activity_id = $1 AND ticket_type = $2 ORDER BY bucket_id",
+                  2, pa, PGRES_TUPLES_OK, &r, err, sizeof(err))) {
+    for (int i = 0; i < PQntuples(r); i++) {
+      long long b = atoll(PQgetvalue(r, i, 0));
+      if (b < 0 || b >= nb) {
+        bad_buckets++;
+        continue;
+      }
+      seen++;
+      stock[b] = atoll(PQgetvalue(r, i, 1));
+      frozen[b] = atoll(PQgetvalue(r, i, 2));
+      sold[b] = atoll(PQgetvalue(r, i, 3));
+      res->stock += stock[b];
+      res->frozen += frozen[b];
+      res->sold += sold[b];
+      if (frozen[b] < 0 || sold[b] < 0 || frozen[b] + sold[b] > stock[b]) bad_buckets++;
+    }
+    PQclear(r);
+    res->available = res->stock - res->frozen - res->sold;
+    if (bad_buckets || seen != nb)
+      inv_set(res, "no_oversell_pg", FS_FAILED, "%lld of %lld buckets over their stock or missing", bad_buckets,
+              nb);
+    else
+      inv_set(res, "no_oversell_pg", FS_HOLDS, "%lld buckets: sold + frozen <= stock", nb);
+  } else {
+    inv_set(res, "no_oversell_pg", FS_FAILED, "could not read the buckets: %s", err);
+  }
+  /* Redis: the prefilter's bucket hash, read directly */
+  char rkey[128];
+  snprintf(rkey, sizeof(rkey), "{act_%lld}:t%lld:stock", a->activity, a->ticket_type);
+  redisReply *rr = redisCommand(c->redis, "HGETALL %s", rkey);
+  long long rn = -1, r_bad = 0, r_total = 0;
+  bool redis_ok = rr && rr->type == REDIS_REPLY_ARRAY;
+  if (redis_ok) {
+    for (size_t i = 0; i + 1 < rr->elements; i += 2) {
+      const char *f = rr->element[i]->str, *v = rr->element[i + 1]->str;
+      if (!f || !v) continue;
+      long long x = atoll(v), b = -1;
+      const char *colon = strchr(f, ':');
+      if (colon) b = atoll(colon + 1);
+      if (strcmp(f, "n") == 0)
+        rn = x;
+      else if (b >= 0 && b < nb && strncmp(f, "stock:", 6) == 0)
+        r_stock[b] = x;
+      else if (b >= 0 && b < nb && strncmp(f, "frozen:", 7) == 0)
+        r_frozen[b] = x;
+      else if (b >= 0 && b < nb && strncmp(f, "sold:", 5) == 0)
+        r_sold[b] = x;
+    }
+    for (long long b = 0; b < nb; b++) {
+      r_total += r_stock[b];
+      if (r_frozen[b] < 0 || r_sold[b] < 0 || r_frozen[b] + r_sold[b] > r_stock[b]) r_bad++;
+    }
+  }
+  if (!redis_ok)
+    inv_set(res, "no_oversell_redis", FS_FAILED, "could not read %s: %s", rkey,
+            rr && rr->str ? rr->str : c->redis->errstr);
+  else if (rn != nb || r_bad)
+    inv_set(res, "no_oversell_redis", FS_FAILED, "%lld of %lld buckets over their stock (Redis has n=%lld)", r_bad,
+            nb, rn);
+  else
+    inv_set(res, "no_oversell_redis", FS_HOLDS, "%lld buckets: sold + frozen <= stock (%lld tickets)", nb,
+            r_total);
+  if (rr) freeReplyObject(rr);
+
+  /* Totals: seeded stock, ledger, orders */
+  long long ledger_bad = 0, orders_bad = 0;
+  if (svc_pg_exec(c->stock,
+                  "SELECT bucket_id,"
+                  " coalesce(sum(qty) FILTER (WHERE op = 'freeze'), 0)"
+                  " - coalesce(sum(qty) FILTER (WHERE op = 'confirm'), 0)"
+                  " - coalesce(sum(qty) FILTER (WHERE op = 'release'), 0),"
+                  " coalesce(sum(qty) FILTER (WHERE op = 'confirm'), 0)"
+                  " FROM stock_log WHERE activity_id = $1 AND ticket_type = $2 GROUP BY bucket_id",
+                  2, pa, PGRES_TUPLES_OK, &r, err, sizeof(err))) {
+    for (int i = 0; i < PQntuples(r); i++) {
+      long long b = atoll(PQgetvalue(r, i, 0));
+      if (b < 0 || b >= nb) {
+        ledger_bad++;
+        continue;
+      }
+      l_frozen[b] = atoll(PQgetvalue(r, i, 1));
+      l_sold[b] = atoll(PQgetvalue(r, i, 2));
+    }
+    PQclear(r);
+  } else {
+    ok = false;
+  }
+  if (svc_pg_exec(c->stock,
+                  "SELECT bucket_id, coalesce(sum(qty) FILTER (WHERE state = 'FROZEN'), 0),"
+                  " coalesce(sum(qty) FILTER (WHERE state = 'CONFIRMED'), 0)"
+                  " FROM stock_freeze WHERE activity_id = $1 AND ticket_type = $2 GROUP BY bucket_id",
+                  2, pa, PGRES_TUPLES_OK, &r, err, sizeof(err))) {
+    for (int i = 0; i < PQntuples(r); i++) {
+      long long b = atoll(PQgetvalue(r, i, 0));
+      if (b < 0 || b >= nb) {
+        ledger_bad++;
+        continue;
+      }
+      f_frozen[b] = atoll(PQgetvalue(r, i, 1));
+      f_sold[b] = atoll(PQgetvalue(r, i, 2));
+    }
+    PQclear(r);
+  } else {
+    ok = false;
+  }
+  if (svc_pg_exec(c->orders,
+                  "SELECT bucket_id, status, sum(qty), count(*) FROM trade_order"
+                  " WHERE activity_id = $1 AND ticket_type = $2 GROUP BY 1, 2",
+                  2, pa, PGRES_TUPLES_OK, &r, err, sizeof(err))) {
+    for (int i = 0; i < PQntuples(r); i++) {
+      long long b = atoll(PQgetvalue(r, i, 0));
+      const char *st = PQgetvalue(r, i, 1);
+      long long q = atoll(PQgetvalue(r, i, 2)), n = atoll(PQgetvalue(r, i, 3));
+      if (b < 0 || b >= nb) {
+        orders_bad++;
+        continue;
+      }
+      if (strcmp(st, "UNPAID") == 0) {
+        o_unpaid[b] += q;
+        res->orders_unpaid += n;
+      } else if (strcmp(st, "PAID") == 0) {
+        o_paid[b] += q;
+        res->orders_paid += n;
+      } else if (strcmp(st, "CANCELLED") == 0) {
+        res->orders_cancelled += n;
+      } else {
+        res->orders_expired += n;
+      }
+    }
+    PQclear(r);
+  } else {
+    ok = false;
+  }
+  for (long long b = 0; b < nb; b++) {
+    if (l_frozen[b] != frozen[b] || l_sold[b] != sold[b] || f_frozen[b] != frozen[b] || f_sold[b] != sold[b])
+      ledger_bad++;
+    if (o_unpaid[b] != frozen[b] || o_paid[b] != sold[b]) orders_bad++;
+  }
+  if (!ok)
+    inv_set(res, "totals_conserved", FS_FAILED, "could not read the ledger or the orders: %s", err);
+  else if (res->stock != a->tickets || ledger_bad || orders_bad)
+    inv_set(res, "totals_conserved", FS_FAILED,
+            "stock %lld of %lld seeded; buckets disagreeing with stock_log/stock_freeze: %lld, with the orders: %lld",
+            res->stock, a->tickets, ledger_bad, orders_bad);
+  else
+    inv_set(res, "totals_conserved", FS_HOLDS,
+            "%lld tickets = sold %lld + frozen %lld + available %lld; stock_log, stock_freeze and orders agree",
+            res->stock, res->sold, res->frozen, res->available);
+
+  /* The client's view */
+  ok = true;
+  char *acc = pg_array(view->accepted, view->naccepted), *paid = pg_array(view->paid, view->npaid);
+  const char *p1[1] = {acc}, *p2[1] = {paid};
+  long long found = acc ? q_ll(c->orders, "SELECT count(*) FROM trade_order WHERE order_id = ANY($1::bigint[])",
+                               1, p1, &ok)
+                        : -1;
+  long long paid_found =
+    paid ? q_ll(c->orders,
+                "SELECT count(*) FROM trade_order WHERE order_id = ANY($1::bigint[]) AND status = 'PAID'", 1, p2,
+                &ok)
+         : -1;
+  free(acc);
+  free(paid);
+  if (!ok || found != (long long)view->naccepted || paid_found != (long long)view->npaid)
+    inv_set(res, "client_view", FS_FAILED, "orders answered 201: %zu, found %lld; answered paid: %zu, PAID %lld",
+            view->naccepted, found, view->npaid, paid_found);
+  else
+    inv_set(res, "client_view", FS_HOLDS, "all %zu accepted orders exist, all %zu paid ones are PAID",
+            view->naccepted, view->npaid);
+
+  /* Global transactions */
+  ok = true;
+  const char *pt[2] = {c->run_start, TM_APP};
+  if (svc_pg_exec(c->tc,
+                  "SELECT status, count(*) FROM global_history WHERE begin_time >= $1 AND application_id = $2"
+                  " GROUP BY status",
+                  2, pt, PGRES_TUPLES_OK, &r, err, sizeof(err))) {
+    for (int i = 0; i < PQntuples(r); i++) {
+      int st = atoi(PQgetvalue(r, i, 0));
+      long long n = atoll(PQgetvalue(r, i, 1));
+      if (st == RM_GS_COMMITTED)
+        res->committed += n;
+      else if (st == RM_GS_ROLLBACKED || st == RM_GS_TIMEOUT_ROLLBACKED)
+        res->rolled_back += n;
+      else
+        res->other_final += n;
+    }
+    PQclear(r);
+  } else {
+    ok = false;
+  }
+  res->unfinished = sc.unfinished;
+  if (!ok)
+    inv_set(res, "globals_finished", FS_FAILED, "could not read the coordinator's history: %s", err);
+  else if (sc.unfinished || res->other_final)
+    inv_set(res, "globals_finished", FS_FAILED,
+            "%lld global transactions unfinished after %.1fs, %lld ended neither committed nor rolled back",
+            sc.unfinished, res->settle_s, res->other_final);
+  else
+    inv_set(res, "globals_finished", FS_HOLDS, "%lld committed, %lld rolled back, none unfinished",
+            res->committed, res->rolled_back);
+
+  if (sc.locks || sc.undo_orders || sc.undo_stock)
+    inv_set(res, "no_leftover_locks", FS_FAILED,
+            "global locks left: %lld; pending undo_log rows: orders %lld, stock %lld", sc.locks, sc.undo_orders,
+            sc.undo_stock);
+  else
+    inv_set(res, "no_leftover_locks", FS_HOLDS, "no global lock, no pending undo_log row");
+
+  /* Redis against PostgreSQL: the buckets directly, then everything the
+   * prefilter keeps (users' counts, freeze records, deadlines) through a
+   * dry-run reconciliation, which compares without changing anything. */
+  long long diff_buckets = 0;
+  for (long long b = 0; b < nb; b++)
+    if (r_stock[b] != stock[b] || r_frozen[b] != frozen[b] || r_sold[b] != sold[b]) diff_buckets++;
+  rm_pf_reconcile_t rep = {0};
+  int rc = rm_prefilter_reconcile(c->pf, c->stock, a->activity, true, &rep, NULL, NULL);
+  if (!redis_ok || rc != 0)
+    inv_set(res, "redis_equals_pg", FS_FAILED, "could not compare: %s",
+            rc ? rm_prefilter_strerror(rc) : "Redis unreadable");
+  else if (diff_buckets || rep.meta || rep.buckets || rep.users || rep.orders || rep.deadlines)
+    inv_set(res, "redis_equals_pg", FS_FAILED,
+            "buckets differing: %lld; reconciliation would change meta %u, bucket fields %u, users %u, "
+            "freeze records %u, deadlines %u",
+            diff_buckets, rep.meta, rep.buckets, rep.users, rep.orders, rep.deadlines);
+  else
+    inv_set(res, "redis_equals_pg", FS_HOLDS,
+            "%lld buckets equal; users' counts, freeze records and deadlines equal", nb);
+
+  res->ok = true;
+  for (int i = 0; i < res->ninv; i++)
+    if (res->inv[i].state == FS_FAILED) res->ok = false;
+  free(stock);
+}
+
+void fs_print_invariants(const fs_result_t *res, FILE *f) {
+  for (int i = 0; i < res->ninv; i++) {
+    const fs_invariant_t *v = &res->inv[i];
+    fprintf(f, "  %-18s %-7s %s\n", v->name,
+            v->state == FS_HOLDS ? "ok" : v->state == FS_FAILED ? "FAILED" : "skipped", v->detail);
+  }
+}
+
+json_t *fs_invariants_json(const fs_result_t *res) {
+  json_t *o = json_object();
+  for (int i = 0; i < res->ninv; i++) {
+    const fs_invariant_t *v = &res->inv[i];
+    json_t *ok = v->state == FS_HOLDS ? json_true() : v->state == FS_FAILED ? json_false() : json_null();
+    json_object_set_new(o, v->name, json_pack("{s:o,s:s}", "ok", ok, "detail", v->detail));
+  }
+  return o;
+}

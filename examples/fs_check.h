@@ -1,0 +1,100 @@
+/*
+ * fs_check.h - seeding a flash-sale activity and checking the invariants
+ * of a finished sale, directly on PostgreSQL and Redis.  Used by the load
+ * generator (flashsale.c) and the benchmarks.
+ *
+ * NOTES
+ *   The invariants (DESIGN.md, "Invariants every test suite checks"):
+ *     no_oversell_pg      every bucket: 0 <= frozen, 0 <= sold,
+ *                         frozen + sold <= stock
+ *     no_oversell_redis   the same on the prefilter's copy
+ *     totals_conserved    stock sums to the tickets seeded; per bucket the
+ *                         stock_log ledger (freeze - confirm - release,
+ *                         confirm), the stock_freeze rows (FROZEN,
+ *                         CONFIRMED) and the orders (UNPAID, PAID) give
+ *                         exactly frozen_count and sold_count
+ *     client_view         every order answered 201 exists, every order
+ *                         answered "paid" is PAID
+ *     globals_finished    every global transaction of the run ended
+ *                         Committed or Rolled back
+ *     no_leftover_locks   no global lock and no pending undo_log row left
+ *     redis_equals_pg     the prefilter's per-bucket counters equal
+ *                         PostgreSQL's, and a dry-run reconciliation finds
+ *                         nothing to change (users' counts, freeze records,
+ *                         deadlines)
+ *   A check that could not be made counts as failed.
+ */
+#ifndef FS_CHECK_H
+#define FS_CHECK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+
+#include <jansson.h>
+
+typedef struct fs_env {
+  const char *order_url, *stock_pg, *orders_pg, *tc_pg, *redis_url;
+} fs_env_t;
+
+/* Read the environment; prints what is missing to stderr. */
+bool fs_env_load(fs_env_t *env);
+
+typedef struct fs_activity {
+  long long activity; /* 0: choose the next free id */
+  long long ticket_type, tickets, buckets, limit;
+  bool redis_seeded;  /* out: the prefilter's copy was loaded */
+} fs_activity_t;
+
+typedef struct fs_check fs_check_t;
+
+fs_check_t *fs_check_new(const fs_env_t *env);
+void fs_check_free(fs_check_t *c);
+
+/* Create the activity (on sale from now) and its buckets in the stock
+ * database, and the prefilter's copy in Redis; remembers the run's start
+ * on the coordinator's clock. */
+bool fs_seed(fs_check_t *c, fs_activity_t *a, char *err, size_t errlen);
+
+typedef struct fs_client_view {
+  const long long *accepted; /* order ids answered 201 */
+  size_t naccepted;
+  const long long *paid;     /* order ids answered 200 to pay */
+  size_t npaid;
+} fs_client_view_t;
+
+enum { FS_SKIPPED = -1, FS_FAILED = 0, FS_HOLDS = 1 };
+
+typedef struct fs_invariant {
+  const char *name;
+  int state;
+  char detail[256];
+} fs_invariant_t;
+
+#define FS_MAX_INV 8
+
+typedef struct fs_result {
+  long long stock, sold, frozen, available;
+  long long orders_unpaid, orders_paid, orders_cancelled, orders_expired;
+  long long committed, rolled_back, unfinished, other_final;
+  double settle_s;
+  fs_invariant_t inv[FS_MAX_INV];
+  int ninv;
+  bool ok;
+} fs_result_t;
+
+/* Check an existing activity instead of seeding one: fills 'a' (tickets,
+ * buckets, limit) from the stock database; the global transactions
+ * counted are then all of order-service's, not only a run's. */
+bool fs_load(fs_check_t *c, fs_activity_t *a, char *err, size_t errlen);
+
+/* Wait up to 'settle_s' for the run's global transactions to finish, then
+ * check every invariant into 'res'. */
+void fs_check_run(fs_check_t *c, const fs_activity_t *a, const fs_client_view_t *view, int settle_s,
+                  fs_result_t *res);
+
+void fs_print_invariants(const fs_result_t *res, FILE *f);
+/* {name: {"ok": true|false|null, "detail": "..."}} */
+json_t *fs_invariants_json(const fs_result_t *res);
+
+#endif /* FS_CHECK_H */

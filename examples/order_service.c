@@ -1,0 +1,1090 @@
+/*
+ * order_service.c - order-service of the flash-sale demo: the entry point
+ * of every purchase and the transaction manager (TM) of its global
+ * transaction.
+ *
+ * NOTES
+ *   HTTP API (JSON):
+ *     POST /orders {activity, ticket_type, user, qty}
+ *          201 order | 409 {error: rejected, reason: not_on_sale |
+ *          over_limit | sold_out} | 400 | 503 {error: unavailable}
+ *     GET  /orders/{id}                200 order | 404
+ *     POST /orders/{id}/pay            200 order (PAID) | 404 | 409 | 503
+ *     POST /orders/{id}/cancel         200 order (CANCELLED) | 404 | 409 | 503
+ *     POST /activities/{id}/waitlist {user, ticket_type, qty}
+ *          202 {position} | 409 {error: rejected, reason: over_limit} | 503
+ *     GET  /healthz                    200 {ok, tc_nodes_up}
+ *   An order is {order_id, activity, ticket_type, user, qty, bucket,
+ *   status, xid}.
+ *
+ *   One purchase (POST /orders), in order:
+ *     1. take an order id (from blocks of trade_order_id_seq);
+ *     2. prefilter freeze in Redis: a refusal answers 409 here, with no
+ *        coordinator round trip;
+ *     3. rm_tm_begin -> xid;
+ *     4. branch 2 goes out first: POST stock-service /freeze with the xid
+ *        in X-Txc-Xid (an AT delta branch on the bucket row plus the
+ *        freeze's stock_freeze and stock_log rows, see stock_service.c);
+ *     5. meanwhile branch 1, orders DB: BEGIN; AT insert into trade_order;
+ *        rm_at_prepare (BranchRegister + undo_log); COMMIT; then wait for
+ *        stock-service's answer (the purchase waits for the slower branch,
+ *        not for both in turn);
+ *     6. rm_tm_commit -> 201.
+ *   Any failure after 3 rolls the global transaction back (the TC undoes
+ *   the branches that committed locally) and then gives the Redis freeze
+ *   back.  When the outcome cannot be known (the coordinator did not
+ *   answer a commit or a rollback), the answer is 503 and the Redis freeze
+ *   is left in place: a freeze released for an order that did commit
+ *   would let Redis sell a ticket twice, while a freeze kept for an order
+ *   that rolled back only hides a ticket until reconciliation (PostgreSQL
+ *   is the truth, Redis follows it).
+ *
+ *   Pay, cancel and expiry are global transactions too: branch 1 moves the
+ *   order from UNPAID (checked under SELECT ... FOR UPDATE in the local
+ *   transaction, so two of them cannot both win) to PAID / CANCELLED /
+ *   EXPIRED, branch 2 is stock-service /confirm (frozen -> sold) or
+ *   /release (frozen -= qty); after the commit Redis follows (confirm or
+ *   release).
+ *
+ *   Waitlist: when a cancel or an expiry gives tickets back, the
+ *   background thread asks the prefilter to freeze them for the first
+ *   waiting users (rm_prefilter_waitlist_fill, first come first served)
+ *   and places their orders like any purchase (steps 3 to 6); the users
+ *   find them with GET /orders/{id} (the demo has no notification).
+ *
+ *   Expiry: the same thread finds UNPAID orders past expire_at every
+ *   ORDER_EXPIRY_INTERVAL_MS and expires them as above.  New orders get
+ *   expire_at = now + ORDER_TTL_S (default 900: 15 minutes); their Redis
+ *   and stock_freeze deadline is ORDER_FREEZE_GRACE_S (default 60) later,
+ *   so that this job, which changes both databases in one global
+ *   transaction, comes first and the prefilter's own expiry sweep
+ *   (rm_prefilter_expire, stock side only) is only a backstop.
+ *
+ *   Settings (environment, as printed by cluster/local/up): ORDERS_PG_URL,
+ *   TC_NODES, TC_TOKEN, REDIS_URL, STOCK_URL; and, with their defaults:
+ *     ORDER_LISTEN             127.0.0.1:0 (any free port)
+ *     ORDER_THREADS            32 per CPU: handler threads; they block on
+ *                              Redis, the coordinator and stock-service
+ *     ORDER_PG_POOL            8 per CPU: connections to the orders
+ *                              database (held only for the local
+ *                              transactions, never while waiting)
+ *     ORDER_RESOURCE_ID        orders
+ *     ORDER_GTX_TIMEOUT_MS     10000
+ *     STOCK_CALL_TIMEOUT_MS    5000
+ *     ORDER_TTL_S              900 (unpaid orders expire)
+ *     ORDER_FREEZE_GRACE_S     60
+ *     ORDER_EXPIRY_INTERVAL_MS 1000 (0: no expiry job)
+ *     ORDER_SLOW_MS            1000 (an order slower than this logs the
+ *                              time of each phase, at info level)
+ *     PF_COMMAND_TIMEOUT_MS    500, PF_CONNECT_TIMEOUT_MS 1000 (Redis)
+ *     ORDER_LOG_LEVEL          info
+ *   --listen and --url-file FILE override ORDER_LISTEN / name a file to
+ *   write the URL to once serving, as for stock-service.
+ *   ORDER_TX_MODE=local (benchmarks only) takes orders without the
+ *   coordinator: two plain local transactions (stock-service with
+ *   STOCK_LOCAL_MODE=1), the baseline that "cost of consistency" compares
+ *   with; pay and cancel then answer 501.
+ *   SIGTERM/SIGINT: stop accepting, finish the requests in progress and
+ *   the expiry pass, close, exit 0.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "svc_common.h"
+#include "svc_http.h"
+#include "svc_prefilter.h"
+
+#define ID_BLOCK 100
+
+typedef struct order_svc {
+  rm_client_t *rm;
+  svc_pgpool_t *pool;
+  svc_httpc_t *stock;
+  svc_pf_t *pf;
+  const char *resource;
+  unsigned gtx_timeout_ms, stock_timeout_ms;
+  long long ttl_s;           /* unpaid orders expire after this */
+  long long freeze_grace_s;  /* the Redis/stock freeze outlives the order by this */
+  long long expiry_interval_ms;
+  bool local_mode; /* ORDER_TX_MODE=local: no coordinator (benchmark baseline) */
+  int64_t slow_us;  /* ORDER_SLOW_MS: log the phases of slower orders */
+
+  /* Order ids, fetched ID_BLOCK at a time. */
+  pthread_mutex_t id_mu;
+  long long ids[ID_BLOCK];
+  int nids;
+
+  /* Background thread: the expiry job, and the waitlists to serve (stock
+   * came back by a cancel or an expiry); both under bg_mu, woken by
+   * bg_cv. */
+  pthread_t bg_thread;
+  bool bg_started;
+  pthread_mutex_t bg_mu;
+  pthread_cond_t bg_cv;
+  bool stopping;
+  int nwl;
+  struct {
+    long long activity, ticket_type;
+  } wl[64];
+} order_svc_t;
+
+typedef struct order {
+  long long order_id, activity, ticket_type, user, qty, bucket;
+  int64_t expire_ms; /* expire_at, unix ms (new orders) */
+  char status[16];
+  char xid[RM_XID_MAX];
+} order_t;
+
+typedef enum { FIN_PAY, FIN_CANCEL, FIN_EXPIRE } finish_kind_t;
+static const char *const fin_names[] = {"pay", "cancel", "expire"};
+static const char *const fin_status[] = {"PAID", "CANCELLED", "EXPIRED"};
+static const char *const fin_stock_path[] = {"/confirm", "/release", "/release"};
+
+/* What a global transaction's status means for the order. */
+typedef enum { DECIDED_UNKNOWN, DECIDED_COMMIT, DECIDED_ROLLBACK } decision_t;
+
+static decision_t decision_of(int status) {
+  switch (status) {
+  case 2: /* Committing */
+  case 3: /* CommitRetrying */
+  case 8: /* AsyncCommitting */
+  case RM_GS_COMMITTED:
+    return DECIDED_COMMIT;
+  case RM_GS_ROLLBACKING:
+  case 5: /* RollbackRetrying */
+  case 6: /* TimeoutRollbacking */
+  case 7: /* TimeoutRollbackRetrying */
+  case RM_GS_ROLLBACKED:
+  case RM_GS_TIMEOUT_ROLLBACKED:
+    return DECIDED_ROLLBACK;
+  default: /* Begin, RollbackFailed (undo not applied), unknown */
+    return DECIDED_UNKNOWN;
+  }
+}
+
+static json_t *order_json(const order_t *o) {
+  json_t *j = json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:s}", "order_id", (json_int_t)o->order_id, "activity",
+                        (json_int_t)o->activity, "ticket_type", (json_int_t)o->ticket_type, "user",
+                        (json_int_t)o->user, "qty", (json_int_t)o->qty, "bucket", (json_int_t)o->bucket,
+                        "status", o->status);
+  json_object_set_new(j, "xid", o->xid[0] ? json_string(o->xid) : json_null());
+  return j;
+}
+
+/* ------------------------------------------------------------ order ids */
+
+/* Next order id; 0 with 'err' set when the sequence cannot be read.  A
+ * database round trip only once per ID_BLOCK orders. */
+static long long next_order_id(order_svc_t *s, char *err, size_t errlen) {
+  pthread_mutex_lock(&s->id_mu);
+  PGconn *pg = s->nids == 0 ? svc_pg_get(s->pool, 2000, err, errlen) : NULL;
+  if (pg) {
+    PGresult *r = NULL;
+    char n[16];
+    snprintf(n, sizeof(n), "%d", ID_BLOCK);
+    const char *p[1] = {n};
+    if (svc_pg_exec(pg, "SELECT nextval('trade_order_id_seq') FROM generate_series(1, $1::int)", 1, p,
+                    PGRES_TUPLES_OK, &r, err, errlen)) {
+      int rows = PQntuples(r);
+      /* Hand them out in increasing order: pop from the end. */
+      for (int i = 0; i < rows && i < ID_BLOCK; i++) s->ids[i] = atoll(PQgetvalue(r, rows - 1 - i, 0));
+      s->nids = rows < ID_BLOCK ? rows : ID_BLOCK;
+      PQclear(r);
+    }
+    svc_pg_put(s->pool, pg);
+  }
+  long long id = s->nids > 0 ? s->ids[--s->nids] : 0;
+  pthread_mutex_unlock(&s->id_mu);
+  return id;
+}
+
+/* ------------------------------------------------------ global helpers */
+
+/* Roll 'xid' back and tell what became of it. */
+static decision_t rollback_global(order_svc_t *s, const char *xid, const char *why) {
+  int st = 0;
+  int rc = rm_tm_rollback(s->rm, xid, &st);
+  if (rc == 0) return DECIDED_ROLLBACK;
+  decision_t d = st ? decision_of(st) : DECIDED_UNKNOWN;
+  if (d == DECIDED_UNKNOWN) {
+    int st2 = 0;
+    if (rm_tm_status(s->rm, xid, &st2) == 0) d = decision_of(st2);
+  }
+  SVC_LOG(d == DECIDED_ROLLBACK ? SVC_LOG_INFO : SVC_LOG_WARN,
+          json_pack("{s:s,s:s}", "xid", xid, "cause", why), "rollback of global transaction: %s (%s)",
+          rm_strerror(rc), d == DECIDED_ROLLBACK ? "rolled back" : d == DECIDED_COMMIT ? "committed" : "unknown");
+  return d;
+}
+
+/* Commit 'xid'; on an error, find out what was decided. */
+static decision_t commit_global(order_svc_t *s, const char *xid, char *err, size_t errlen) {
+  int st = 0;
+  int rc = rm_tm_commit(s->rm, xid, &st);
+  if (rc == 0) return DECIDED_COMMIT;
+  snprintf(err, errlen, "commit: %s", rm_strerror(rc));
+  decision_t d = st ? decision_of(st) : DECIDED_UNKNOWN;
+  for (int i = 0; d == DECIDED_UNKNOWN && i < 3; i++) {
+    int st2 = 0;
+    int rc2 = rm_tm_status(s->rm, xid, &st2);
+    if (rc2 == 0) {
+      d = decision_of(st2);
+      if (d == DECIDED_UNKNOWN && st2 == RM_GS_BEGIN) {
+        /* The commit never reached the TC: decide now (roll back). */
+        return rollback_global(s, xid, "commit not delivered");
+      }
+    }
+  }
+  return d;
+}
+
+/* ----------------------------------------------------- order branches */
+
+static bool local_commit(PGconn *pg, char *err, size_t errlen) {
+  PGresult *r = PQexec(pg, "COMMIT");
+  bool ok = PQresultStatus(r) == PGRES_COMMAND_OK && strcmp(PQcmdStatus(r), "COMMIT") == 0;
+  if (!ok) snprintf(err, errlen, "local commit failed: %s", PQresultErrorMessage(r));
+  PQclear(r);
+  return ok;
+}
+
+static void local_abort(PGconn *pg) {
+  if (PQtransactionStatus(pg) != PQTRANS_IDLE) PQclear(PQexec(pg, "ROLLBACK"));
+}
+
+/* Branch 1 of a purchase: insert 'o' as UNPAID. */
+static int branch_insert_order(order_svc_t *s, PGconn *pg, const order_t *o, char *err, size_t errlen) {
+  char sid[24], sa[24], st[24], su[24], sq[24], sb[24], exp[64] = "";
+  snprintf(sid, sizeof(sid), "%lld", o->order_id);
+  snprintf(sa, sizeof(sa), "%lld", o->activity);
+  snprintf(st, sizeof(st), "%lld", o->ticket_type);
+  snprintf(su, sizeof(su), "%lld", o->user);
+  snprintf(sq, sizeof(sq), "%lld", o->qty);
+  snprintf(sb, sizeof(sb), "%lld", o->bucket);
+  const char *cols[8] = {"order_id", "activity_id", "ticket_type", "user_id", "qty", "bucket_id", "xid",
+                         "expire_at"};
+  const char *vals[8] = {sid, sa, st, su, sq, sb, o->xid, exp};
+  time_t t = (time_t)(o->expire_ms / 1000);
+  struct tm tm;
+  gmtime_r(&t, &tm);
+  char day[32];
+  strftime(day, sizeof(day), "%Y-%m-%dT%H:%M:%S", &tm);
+  snprintf(exp, sizeof(exp), "%s.%03dZ", day, (int)(o->expire_ms % 1000));
+  int ncols = 8;
+  if (!svc_pg_exec(pg, "BEGIN", 0, NULL, PGRES_COMMAND_OK, NULL, err, errlen)) return RM_E_DB;
+  rm_branch_t *b = NULL;
+  int rc = rm_at_open(s->rm, o->xid, s->resource, pg, &b);
+  if (rc == 0) rc = rm_at_insert(b, "trade_order", ncols, cols, vals);
+  if (rc == 0) rc = rm_at_prepare(b, NULL);
+  if (rc != 0) {
+    snprintf(err, errlen, "order branch: %s: %s", rm_strerror(rc), b ? rm_at_errmsg(b) : "");
+    local_abort(pg);
+    if (b) rm_at_close(b, false);
+    return rc;
+  }
+  bool ok = local_commit(pg, err, errlen);
+  rm_at_close(b, ok);
+  return ok ? 0 : RM_E_DB;
+}
+
+#define E_NOT_UNPAID 1 /* branch_finish_order: the order is no longer UNPAID */
+
+/* Branch 1 of pay/cancel/expire: UNPAID -> 'to'.  E_NOT_UNPAID (with the
+ * current status in 'cur') when another request got there first. */
+static int branch_finish_order(order_svc_t *s, PGconn *pg, const char *xid, long long order_id, const char *to,
+                               char *cur, size_t curlen, char *err, size_t errlen) {
+  char sid[24];
+  snprintf(sid, sizeof(sid), "%lld", order_id);
+  const char *p[1] = {sid};
+  if (!svc_pg_exec(pg, "BEGIN", 0, NULL, PGRES_COMMAND_OK, NULL, err, errlen)) return RM_E_DB;
+  PGresult *r = NULL;
+  if (!svc_pg_exec(pg, "SELECT status FROM trade_order WHERE order_id = $1 FOR UPDATE", 1, p,
+                   PGRES_TUPLES_OK, &r, err, errlen)) {
+    local_abort(pg);
+    return RM_E_DB;
+  }
+  bool unpaid = PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), "UNPAID") == 0;
+  snprintf(cur, curlen, "%s", PQntuples(r) == 1 ? PQgetvalue(r, 0, 0) : "MISSING");
+  PQclear(r);
+  if (!unpaid) {
+    local_abort(pg);
+    return E_NOT_UNPAID;
+  }
+  rm_branch_t *b = NULL;
+  const char *pk[1] = {sid};
+  const char *cols[2] = {"status", "updated_at"};
+  const char *vals[2] = {to, "now"};
+  int rc = rm_at_open(s->rm, xid, s->resource, pg, &b);
+  if (rc == 0) rc = rm_at_update(b, "trade_order", pk, 2, cols, vals);
+  if (rc == 0) rc = rm_at_prepare(b, NULL);
+  if (rc != 0) {
+    snprintf(err, errlen, "order branch: %s: %s", rm_strerror(rc), b ? rm_at_errmsg(b) : "");
+    local_abort(pg);
+    if (b) rm_at_close(b, false);
+    return rc;
+  }
+  bool ok = local_commit(pg, err, errlen);
+  rm_at_close(b, ok);
+  return ok ? 0 : RM_E_DB;
+}
+
+/* Branch 2: the stock-service call with 'body' (taken).  Returns the HTTP
+ * status (0: no answer) and the error word of a refusal in 'reason'. */
+/* The end of a stock-service call started with svc_httpc_start ('call'
+ * may be NULL: it could not start, 'err' says why). */
+static long stock_answer(svc_httpc_call_t *call, const char *path, char *reason, size_t reasonlen, char *err,
+                         size_t errlen) {
+  long status = 0;
+  json_t *ans = NULL;
+  reason[0] = '\0';
+  if (!call || svc_httpc_finish(call, &status, &ans, err, errlen) != 0) return 0;
+  const char *e = json_string_value(json_object_get(ans, "error"));
+  const char *d = json_string_value(json_object_get(ans, "detail"));
+  snprintf(reason, reasonlen, "%s", e ? e : "");
+  if (status != 200) snprintf(err, errlen, "stock-service %s: %ld %s%s%s", path, status, e ? e : "", d ? ": " : "",
+                              d ? d : "");
+  json_decref(ans);
+  return status;
+}
+
+static long call_stock(order_svc_t *s, const char *path, const char *xid, json_t *body, char *reason,
+                       size_t reasonlen, char *err, size_t errlen) {
+  svc_httpc_call_t *call = svc_httpc_start(s->stock, path, xid, body, s->stock_timeout_ms, err, errlen);
+  json_decref(body);
+  return stock_answer(call, path, reason, reasonlen, err, errlen);
+}
+
+static int64_t wall_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ---------------------------------------------------------- handlers */
+
+/*
+ * The "no coordinator" baseline of the benchmarks (ORDER_TX_MODE=local):
+ * the same two writes as a purchase, each a plain local transaction
+ * (stock-service runs /freeze without an xid), and a best-effort
+ * compensation (delete the order, release Redis) when the second fails.
+ * Not consistent under failures: that is what the coordinator is for.
+ * Takes 'pg' (returns it to the pool).
+ */
+static void create_local(order_svc_t *s, PGconn *pg, order_t *o, int64_t deadline_ms, svc_resp_t *resp) {
+  char err[512] = "", reason[64], perr[256];
+  char sid[24], sa[24], st[24], su[24], sq[24], sb[24], exp[64];
+  snprintf(sid, sizeof(sid), "%lld", o->order_id);
+  snprintf(sa, sizeof(sa), "%lld", o->activity);
+  snprintf(st, sizeof(st), "%lld", o->ticket_type);
+  snprintf(su, sizeof(su), "%lld", o->user);
+  snprintf(sq, sizeof(sq), "%lld", o->qty);
+  snprintf(sb, sizeof(sb), "%lld", o->bucket);
+  snprintf(exp, sizeof(exp), "%lld", (long long)o->expire_ms);
+  const char *p[7] = {sid, sa, st, su, sq, sb, exp};
+  bool ok = svc_pg_exec(pg,
+                        "INSERT INTO trade_order (order_id, activity_id, ticket_type, user_id, qty, bucket_id,"
+                        " expire_at) VALUES ($1, $2, $3, $4, $5, $6, to_timestamp($7::bigint / 1000.0))",
+                        7, p, PGRES_COMMAND_OK, NULL, err, sizeof(err));
+  long status = 0;
+  if (ok) {
+    json_t *body = json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "order_id", (json_int_t)o->order_id, "activity",
+                             (json_int_t)o->activity, "ticket_type", (json_int_t)o->ticket_type, "bucket",
+                             (json_int_t)o->bucket, "qty", (json_int_t)o->qty, "user", (json_int_t)o->user,
+                             "deadline_ms", (json_int_t)deadline_ms);
+    status = call_stock(s, "/freeze", NULL, body, reason, sizeof(reason), err, sizeof(err));
+    if (status == 200) {
+      svc_pg_put(s->pool, pg);
+      svc_resp_json(resp, 201, order_json(o));
+      return;
+    }
+    /* compensate: the order goes, then the Redis freeze */
+    char derr[256];
+    if (!svc_pg_exec(pg, "DELETE FROM trade_order WHERE order_id = $1", 1, p, PGRES_COMMAND_OK, NULL, derr,
+                     sizeof(derr)))
+      svc_warn("could not delete order %lld after a failed stock call: %s", o->order_id, derr);
+  }
+  svc_pg_put(s->pool, pg);
+  svc_pf_release(s->pf, o->activity, o->ticket_type, o->order_id, perr, sizeof(perr));
+  if (status == 409 && strcmp(reason, "sold_out") == 0) {
+    svc_resp_json(resp, 409, json_pack("{s:s,s:s}", "error", "rejected", "reason", "sold_out"));
+    return;
+  }
+  svc_warn("could not take an order (local mode): %s", err);
+  svc_resp_error(resp, 503, "unavailable", err);
+}
+
+/*
+ * Steps 3 to 6 of a purchase for 'o', whose tickets the prefilter froze
+ * (until 'deadline_ms') in bucket o->bucket: begin, both branches, commit;
+ * on failure roll back and give the Redis freeze back.  Fills 'resp'.
+ * 't0' is when the request started (for the slow-order log line).
+ */
+static void place_order(order_svc_t *s, order_t *o, int64_t deadline_ms, int64_t t0, svc_resp_t *resp) {
+  char err[512] = "", reason[64];
+  /* 3. begin */
+  int64_t t_pf = svc_now_us();
+  int rc = rm_tm_begin(s->rm, s->gtx_timeout_ms, "order", o->xid);
+  int64_t t_begin = svc_now_us();
+  if (rc != 0) {
+    snprintf(err, sizeof(err), "begin: %s", rm_strerror(rc));
+    /* RM_E_UNKNOWN_OUTCOME: a transaction may exist, but no branch was
+     * registered in it: it times out with nothing to undo. */
+    svc_pf_release(s->pf, o->activity, o->ticket_type, o->order_id, reason, sizeof(reason));
+    SVC_LOG(SVC_LOG_WARN, json_pack("{s:I}", "order_id", (json_int_t)o->order_id), "could not take an order: %s",
+            err);
+    svc_resp_error(resp, 503, "unavailable", err);
+    return;
+  }
+
+  /* 4. and 5.: the stock call goes out first, and the order branch runs
+   * while stock-service does its own: the two branches are independent
+   * (each registers with the coordinator under the xid), so the purchase
+   * waits for the slower of them, not for their sum. */
+  int http_status = 503;
+  const char *answer_reason = "unavailable";
+  char serr[512] = "";
+  json_t *body = json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "order_id", (json_int_t)o->order_id, "activity",
+                           (json_int_t)o->activity, "ticket_type", (json_int_t)o->ticket_type, "bucket",
+                           (json_int_t)o->bucket, "qty", (json_int_t)o->qty, "user", (json_int_t)o->user,
+                           "deadline_ms", (json_int_t)deadline_ms);
+  svc_httpc_call_t *call = svc_httpc_start(s->stock, "/freeze", o->xid, body, s->stock_timeout_ms, serr,
+                                           sizeof(serr));
+  json_decref(body);
+  PGconn *pg = svc_pg_get(s->pool, 5000, err, sizeof(err));
+  rc = pg ? branch_insert_order(s, pg, o, err, sizeof(err)) : RM_E_DB;
+  svc_pg_put(s->pool, pg);
+  int64_t t_b1 = svc_now_us();
+  long st = stock_answer(call, "/freeze", reason, sizeof(reason), serr, sizeof(serr));
+  if (rc == 0 && st != 200) snprintf(err, sizeof(err), "%s", serr);
+  if (rc == 0) {
+    if (st == 200) {
+      /* 6. commit */
+      int64_t t_stock = svc_now_us();
+      decision_t d = commit_global(s, o->xid, err, sizeof(err));
+      if (d == DECIDED_COMMIT) {
+        int64_t t_end = svc_now_us();
+        if (t_end - t0 >= s->slow_us)
+          SVC_LOG(SVC_LOG_INFO,
+                  json_pack("{s:s,s:I,s:f,s:f,s:f,s:f,s:f,s:f}", "xid", o->xid, "order_id", (json_int_t)o->order_id,
+                            "total_ms", (double)(t_end - t0) / 1000, "prefilter_ms", (double)(t_pf - t0) / 1000,
+                            "begin_ms", (double)(t_begin - t_pf) / 1000, "order_branch_ms",
+                            (double)(t_b1 - t_begin) / 1000, "stock_wait_ms", (double)(t_stock - t_b1) / 1000,
+                            "commit_ms", (double)(t_end - t_stock) / 1000),
+                  "slow order");
+        svc_resp_json(resp, 201, order_json(o));
+        return;
+      }
+      if (d == DECIDED_UNKNOWN) {
+        SVC_LOG(SVC_LOG_WARN, json_pack("{s:s,s:I}", "xid", o->xid, "order_id", (json_int_t)o->order_id),
+                "outcome of the order is unknown: %s; the Redis freeze is kept until reconciliation", err);
+        svc_resp_error(resp, 503, "unknown_outcome", err);
+        return;
+      }
+      /* rolled back (e.g. timed out): release below */
+      goto released;
+    }
+    if (st == 409 && strcmp(reason, "sold_out") == 0) {
+      http_status = 409;
+      answer_reason = "sold_out";
+    }
+  }
+  {
+    decision_t d = rollback_global(s, o->xid, err);
+    if (d != DECIDED_ROLLBACK) {
+      SVC_LOG(SVC_LOG_WARN, json_pack("{s:s,s:I}", "xid", o->xid, "order_id", (json_int_t)o->order_id),
+              "outcome of the order is unknown after: %s; the Redis freeze is kept until reconciliation", err);
+      svc_resp_error(resp, 503, "unknown_outcome", err);
+      return;
+    }
+  }
+released:
+  {
+    char perr[256];
+    if (svc_pf_release(s->pf, o->activity, o->ticket_type, o->order_id, perr, sizeof(perr)) != PF_OK)
+      SVC_LOG(SVC_LOG_WARN, json_pack("{s:s,s:I}", "xid", o->xid, "order_id", (json_int_t)o->order_id),
+              "could not release the Redis freeze of a rolled-back order: %s", perr);
+  }
+  if (http_status == 409) {
+    /* PostgreSQL said sold out where Redis still had stock: Redis is
+     * behind (reconciliation will align it).  The client sees a refusal. */
+    SVC_LOG(SVC_LOG_DEBUG, json_pack("{s:s,s:I}", "xid", o->xid, "bucket", (json_int_t)o->bucket),
+            "bucket sold out in PostgreSQL although the prefilter let the order through");
+    svc_resp_json(resp, 409, json_pack("{s:s,s:s}", "error", "rejected", "reason", answer_reason));
+    return;
+  }
+  SVC_LOG(SVC_LOG_WARN, json_pack("{s:s,s:I}", "xid", o->xid, "order_id", (json_int_t)o->order_id),
+          "could not take an order: %s", err);
+  svc_resp_error(resp, 503, "unavailable", err);
+}
+
+static void handle_create(order_svc_t *s, const svc_req_t *req, svc_resp_t *resp) {
+  json_error_t je;
+  json_t *in = json_loadb(req->body, req->body_len, JSON_REJECT_DUPLICATES, &je);
+  order_t o = {0};
+  const char *bad = NULL;
+  if (!json_is_object(in))
+    bad = in ? "the body must be a JSON object" : je.text;
+  else if (!svc_json_int(in, "activity", 1, INT64_MAX, &o.activity))
+    bad = "activity must be a positive integer";
+  else if (!svc_json_int(in, "ticket_type", 0, INT32_MAX, &o.ticket_type))
+    bad = "ticket_type must be an integer >= 0";
+  else if (!svc_json_int(in, "user", 1, INT64_MAX, &o.user))
+    bad = "user must be a positive integer";
+  else if (!svc_json_int(in, "qty", 1, 100, &o.qty))
+    bad = "qty must be an integer from 1 to 100";
+  if (bad) {
+    svc_resp_error(resp, 400, "bad_request", bad);
+    json_decref(in);
+    return;
+  }
+  json_decref(in);
+
+  /* No database connection is held while waiting for Redis or the
+   * coordinator: refusals never touch PostgreSQL, and the pool can stay
+   * much smaller than the number of requests in progress. */
+  char err[512] = "", reason[64];
+  int64_t t0 = svc_now_us();
+  o.order_id = next_order_id(s, err, sizeof(err));
+  if (!o.order_id) {
+    svc_warn("could not take an order: %s", err);
+    svc_resp_error(resp, 503, "unavailable", err);
+    return;
+  }
+
+  /* 2. prefilter: the freeze outlives the order by a grace period, so
+   * that the order's own expiry (a global transaction over both
+   * databases) normally comes first and the prefilter's sweep is only a
+   * backstop. */
+  int bucket = -1;
+  o.expire_ms = wall_ms() + s->ttl_s * 1000;
+  int64_t deadline_ms = o.expire_ms + s->freeze_grace_s * 1000;
+  pf_result_t pr = svc_pf_freeze(s->pf, o.activity, o.ticket_type, o.user, o.qty, o.order_id, deadline_ms, &bucket,
+                                 err, sizeof(err));
+  if (pr != PF_OK) {
+    if (pr == PF_ERROR) {
+      SVC_LOG(SVC_LOG_WARN, json_pack("{s:I}", "order_id", (json_int_t)o.order_id),
+              "could not run the prefilter: %s", err);
+      svc_resp_error(resp, 503, "unavailable", err);
+    } else {
+      svc_resp_json(resp, 409, json_pack("{s:s,s:s}", "error", "rejected", "reason", svc_pf_reason(pr)));
+    }
+    return;
+  }
+  o.bucket = bucket;
+  snprintf(o.status, sizeof(o.status), "UNPAID");
+
+  if (s->local_mode) {
+    PGconn *lpg = svc_pg_get(s->pool, 5000, err, sizeof(err));
+    if (!lpg) {
+      svc_pf_release(s->pf, o.activity, o.ticket_type, o.order_id, reason, sizeof(reason));
+      svc_resp_error(resp, 503, "unavailable", err);
+      return;
+    }
+    create_local(s, lpg, &o, deadline_ms, resp);
+    return;
+  }
+
+  place_order(s, &o, deadline_ms, t0, resp);
+}
+
+/* Load order 'id'; false if absent or on error (err set, *found false). */
+static bool load_order(PGconn *pg, long long id, order_t *o, bool *found, char *err, size_t errlen) {
+  char sid[24];
+  snprintf(sid, sizeof(sid), "%lld", id);
+  const char *p[1] = {sid};
+  PGresult *r = NULL;
+  *found = false;
+  if (!svc_pg_exec(pg,
+                   "SELECT order_id, activity_id, ticket_type, user_id, qty, bucket_id, status, xid"
+                   " FROM trade_order WHERE order_id = $1",
+                   1, p, PGRES_TUPLES_OK, &r, err, errlen))
+    return false;
+  if (PQntuples(r) == 1) {
+    *found = true;
+    o->order_id = atoll(PQgetvalue(r, 0, 0));
+    o->activity = atoll(PQgetvalue(r, 0, 1));
+    o->ticket_type = atoll(PQgetvalue(r, 0, 2));
+    o->user = atoll(PQgetvalue(r, 0, 3));
+    o->qty = atoll(PQgetvalue(r, 0, 4));
+    o->bucket = atoll(PQgetvalue(r, 0, 5));
+    snprintf(o->status, sizeof(o->status), "%s", PQgetvalue(r, 0, 6));
+    snprintf(o->xid, sizeof(o->xid), "%s", PQgetisnull(r, 0, 7) ? "" : PQgetvalue(r, 0, 7));
+  }
+  PQclear(r);
+  return *found;
+}
+
+/*
+ * Stock came back in (activity, ticket type): freeze it in Redis for the
+ * first users of the waitlist (rm_prefilter_waitlist_fill), then place
+ * their orders as any other purchase; a placement that fails gives the
+ * freeze back, as for any order.  The users learn of their orders from
+ * GET /orders/{id} (no notification channel in the demo).
+ */
+static void serve_waitlist(order_svc_t *s, long long activity, long long ticket_type) {
+  enum { BATCH = 8 };
+  long long ids[BATCH];
+  char err[512];
+  for (int i = 0; i < BATCH; i++) {
+    ids[i] = next_order_id(s, err, sizeof(err));
+    if (!ids[i]) {
+      svc_warn("could not serve the waitlist: %s", err);
+      return;
+    }
+  }
+  int64_t expire_ms = wall_ms() + s->ttl_s * 1000;
+  int64_t deadline_ms = expire_ms + s->freeze_grace_s * 1000;
+  svc_pf_served_t served[BATCH];
+  int n = svc_pf_waitlist_fill(s->pf, activity, ticket_type, ids, BATCH, deadline_ms, served, BATCH, err,
+                               sizeof(err));
+  if (n < 0) {
+    SVC_LOG(SVC_LOG_WARN, json_pack("{s:I}", "activity", (json_int_t)activity), "could not serve the waitlist: %s",
+            err);
+    return;
+  }
+  for (int i = 0; i < n; i++) {
+    order_t o = {.order_id = served[i].order_id, .activity = activity, .ticket_type = ticket_type,
+                 .user = served[i].user, .qty = served[i].qty, .bucket = served[i].bucket, .expire_ms = expire_ms};
+    snprintf(o.status, sizeof(o.status), "UNPAID");
+    svc_resp_t r = {0};
+    place_order(s, &o, deadline_ms, svc_now_us(), &r);
+    SVC_LOG(r.status == 201 ? SVC_LOG_INFO : SVC_LOG_WARN,
+            json_pack("{s:I,s:I,s:I,s:i}", "activity", (json_int_t)activity, "user", (json_int_t)o.user,
+                      "order_id", (json_int_t)o.order_id, "status", r.status),
+            r.status == 201 ? "waitlist: order placed" : "waitlist: could not place the order");
+    json_decref(r.body);
+  }
+}
+
+/* Ask the background thread to serve the waitlist of (activity, ticket
+ * type): the cancel or expiry that gave the tickets back answers without
+ * waiting for the orders placed for waiting users. */
+static void queue_waitlist(order_svc_t *s, long long activity, long long ticket_type) {
+  pthread_mutex_lock(&s->bg_mu);
+  bool known = false;
+  for (int i = 0; i < s->nwl && !known; i++)
+    known = s->wl[i].activity == activity && s->wl[i].ticket_type == ticket_type;
+  if (!known && s->nwl < (int)(sizeof(s->wl) / sizeof(s->wl[0]))) {
+    s->wl[s->nwl].activity = activity;
+    s->wl[s->nwl].ticket_type = ticket_type;
+    s->nwl++;
+  }
+  pthread_cond_signal(&s->bg_cv);
+  pthread_mutex_unlock(&s->bg_mu);
+}
+
+/*
+ * Pay, cancel or expire order 'id' in a global transaction of its own.
+ * Returns the HTTP status; 'resp' (may be NULL for the expiry job) gets
+ * the answer.
+ */
+static int finish_order(order_svc_t *s, long long id, finish_kind_t kind, svc_resp_t *resp) {
+  char err[512] = "", reason[64], cur[16] = "";
+  order_t o = {0};
+  bool found = false;
+  PGconn *pg = svc_pg_get(s->pool, 2000, err, sizeof(err));
+  if (!pg) goto unavailable;
+  bool loaded = load_order(pg, id, &o, &found, err, sizeof(err));
+  svc_pg_put(s->pool, pg); /* not held while waiting for the coordinator */
+  if (!loaded) {
+    if (!found && !err[0]) {
+      if (resp) svc_resp_error(resp, 404, "not_found", NULL);
+      return 404;
+    }
+    goto unavailable;
+  }
+  if (strcmp(o.status, "UNPAID") != 0) {
+    if (resp)
+      svc_resp_json(resp, 409, json_pack("{s:s,s:s}", "error", "bad_state", "status", o.status));
+    return 409;
+  }
+  char xid[RM_XID_MAX];
+  int rc = rm_tm_begin(s->rm, s->gtx_timeout_ms, fin_names[kind], xid);
+  if (rc != 0) {
+    snprintf(err, sizeof(err), "begin: %s", rm_strerror(rc));
+    goto unavailable;
+  }
+  pg = svc_pg_get(s->pool, 5000, err, sizeof(err));
+  rc = pg ? branch_finish_order(s, pg, xid, id, fin_status[kind], cur, sizeof(cur), err, sizeof(err)) : RM_E_DB;
+  svc_pg_put(s->pool, pg);
+  if (rc == E_NOT_UNPAID) {
+    rollback_global(s, xid, "order no longer unpaid");
+    if (resp) svc_resp_json(resp, 409, json_pack("{s:s,s:s}", "error", "bad_state", "status", cur));
+    return 409;
+  }
+  if (rc == 0) {
+    json_t *body = json_pack("{s:I}", "order_id", (json_int_t)o.order_id);
+    if (kind != FIN_PAY) json_object_set_new(body, "reason", json_string(kind == FIN_CANCEL ? "cancel" : "expire"));
+    long st = call_stock(s, fin_stock_path[kind], xid, body, reason, sizeof(reason), err, sizeof(err));
+    if (st == 200) {
+      decision_t d = commit_global(s, xid, err, sizeof(err));
+      if (d == DECIDED_COMMIT) {
+        char perr[256];
+        pf_result_t pr = kind == FIN_PAY
+                           ? svc_pf_confirm(s->pf, o.activity, o.ticket_type, o.order_id, perr, sizeof(perr))
+                           : svc_pf_release(s->pf, o.activity, o.ticket_type, o.order_id, perr, sizeof(perr));
+        if (pr != PF_OK && pr != PF_DONE_BEFORE)
+          SVC_LOG(SVC_LOG_WARN, json_pack("{s:s,s:I}", "xid", xid, "order_id", (json_int_t)id),
+                  "could not update Redis after %s: %s (reconciliation will)", fin_names[kind], perr);
+        snprintf(o.status, sizeof(o.status), "%s", fin_status[kind]);
+        if (kind != FIN_PAY && pr == PF_OK) queue_waitlist(s, o.activity, o.ticket_type);
+        SVC_LOG(SVC_LOG_DEBUG, json_pack("{s:s,s:I}", "xid", xid, "order_id", (json_int_t)id), "order %s",
+                fin_names[kind]);
+        if (resp) svc_resp_json(resp, 200, order_json(&o));
+        return 200;
+      }
+      if (d == DECIDED_UNKNOWN) goto unknown;
+      goto unavailable; /* rolled back */
+    }
+  }
+  if (rollback_global(s, xid, err) != DECIDED_ROLLBACK) goto unknown;
+  goto unavailable;
+
+unknown:
+  SVC_LOG(SVC_LOG_WARN, json_pack("{s:I}", "order_id", (json_int_t)id), "outcome of %s is unknown: %s",
+          fin_names[kind], err);
+  if (resp) svc_resp_error(resp, 503, "unknown_outcome", err);
+  return 503;
+unavailable:
+  SVC_LOG(SVC_LOG_WARN, json_pack("{s:I}", "order_id", (json_int_t)id), "could not %s order: %s",
+          fin_names[kind], err);
+  if (resp) svc_resp_error(resp, 503, "unavailable", err);
+  return 503;
+}
+
+static void handle_get(order_svc_t *s, long long id, svc_resp_t *resp) {
+  char err[512] = "";
+  order_t o = {0};
+  bool found = false;
+  PGconn *pg = svc_pg_get(s->pool, 2000, err, sizeof(err));
+  if (pg) {
+    load_order(pg, id, &o, &found, err, sizeof(err));
+    svc_pg_put(s->pool, pg);
+  }
+  if (found)
+    svc_resp_json(resp, 200, order_json(&o));
+  else if (!err[0])
+    svc_resp_error(resp, 404, "not_found", NULL);
+  else
+    svc_resp_error(resp, 503, "unavailable", err);
+}
+
+static void handle_waitlist(order_svc_t *s, long long activity, const svc_req_t *req, svc_resp_t *resp) {
+  json_error_t je;
+  json_t *in = json_loadb(req->body, req->body_len, JSON_REJECT_DUPLICATES, &je);
+  long long user = 0, tt = 0, qty = 1;
+  const char *bad = NULL;
+  if (!json_is_object(in))
+    bad = in ? "the body must be a JSON object" : je.text;
+  else if (!svc_json_int(in, "user", 1, INT64_MAX, &user))
+    bad = "user must be a positive integer";
+  else if (json_object_get(in, "ticket_type") && !svc_json_int(in, "ticket_type", 0, INT32_MAX, &tt))
+    bad = "ticket_type must be an integer >= 0";
+  else if (json_object_get(in, "qty") && !svc_json_int(in, "qty", 1, 100, &qty))
+    bad = "qty must be an integer from 1 to 100";
+  json_decref(in);
+  if (bad) {
+    svc_resp_error(resp, 400, "bad_request", bad);
+    return;
+  }
+  char err[256];
+  long long pos = 0;
+  pf_result_t pr = svc_pf_waitlist(s->pf, activity, tt, user, qty, &pos, err, sizeof(err));
+  if (pr == PF_OK)
+    svc_resp_json(resp, 202, json_pack("{s:I,s:I,s:I}", "activity", (json_int_t)activity, "user",
+                                       (json_int_t)user, "position", (json_int_t)pos));
+  else if (pr == PF_ERROR)
+    svc_resp_error(resp, 503, "unavailable", err);
+  else
+    svc_resp_json(resp, 409, json_pack("{s:s,s:s}", "error", "rejected", "reason", svc_pf_reason(pr)));
+}
+
+/* Match "/<prefix>/<id><suffix>" exactly; '*id' gets the positive id. */
+static bool match_id(const char *path, const char *prefix, const char *suffix, long long *id) {
+  size_t pl = strlen(prefix);
+  if (strncmp(path, prefix, pl) != 0) return false;
+  const char *p = path + pl;
+  char *end = NULL;
+  if (*p < '1' || *p > '9') return false;
+  errno = 0;
+  long long v = strtoll(p, &end, 10);
+  if (errno || v <= 0 || strcmp(end, suffix) != 0) return false;
+  *id = v;
+  return true;
+}
+
+static void handler(const svc_req_t *req, svc_resp_t *resp, void *arg) {
+  order_svc_t *s = arg;
+  bool post = strcmp(req->method, "POST") == 0, get = strcmp(req->method, "GET") == 0;
+  long long id;
+  if (strcmp(req->path, "/orders") == 0) {
+    if (post)
+      handle_create(s, req, resp);
+    else
+      svc_resp_error(resp, 405, "method_not_allowed", NULL);
+  } else if (match_id(req->path, "/orders/", "", &id)) {
+    if (get)
+      handle_get(s, id, resp);
+    else
+      svc_resp_error(resp, 405, "method_not_allowed", NULL);
+  } else if (s->local_mode && post && strncmp(req->path, "/orders/", 8) == 0) {
+    svc_resp_error(resp, 501, "not_implemented", "pay and cancel need the coordinator (ORDER_TX_MODE=global)");
+  } else if (match_id(req->path, "/orders/", "/pay", &id)) {
+    if (post)
+      finish_order(s, id, FIN_PAY, resp);
+    else
+      svc_resp_error(resp, 405, "method_not_allowed", NULL);
+  } else if (match_id(req->path, "/orders/", "/cancel", &id)) {
+    if (post)
+      finish_order(s, id, FIN_CANCEL, resp);
+    else
+      svc_resp_error(resp, 405, "method_not_allowed", NULL);
+  } else if (match_id(req->path, "/activities/", "/waitlist", &id)) {
+    if (post)
+      handle_waitlist(s, id, req, resp);
+    else
+      svc_resp_error(resp, 405, "method_not_allowed", NULL);
+  } else if (strcmp(req->path, "/healthz") == 0 && get) {
+    svc_resp_json(resp, 200, json_pack("{s:b,s:i}", "ok", 1, "tc_nodes_up", rm_client_nodes_up(s->rm)));
+  } else {
+    svc_resp_error(resp, 404, "not_found", NULL);
+  }
+}
+
+/* -------------------------------------------------------------- expiry */
+
+/* One pass: expire up to 100 overdue orders.  Returns how many were. */
+static int expire_pass(order_svc_t *s) {
+  char err[512];
+  PGconn *pg = svc_pg_get(s->pool, 2000, err, sizeof(err));
+  if (!pg) {
+    svc_warn("could not look for expired orders: %s", err);
+    return 0;
+  }
+  PGresult *r = NULL;
+  bool ok = svc_pg_exec(pg,
+                        "SELECT order_id FROM trade_order WHERE status = 'UNPAID' AND expire_at < now()"
+                        " ORDER BY expire_at LIMIT 100",
+                        0, NULL, PGRES_TUPLES_OK, &r, err, sizeof(err));
+  svc_pg_put(s->pool, pg);
+  if (!ok) {
+    svc_warn("could not look for expired orders: %s", err);
+    return 0;
+  }
+  int n = 0;
+  for (int i = 0; i < PQntuples(r); i++) {
+    pthread_mutex_lock(&s->bg_mu);
+    bool stop = s->stopping;
+    pthread_mutex_unlock(&s->bg_mu);
+    if (stop) break;
+    if (finish_order(s, atoll(PQgetvalue(r, i, 0)), FIN_EXPIRE, NULL) == 200) n++;
+  }
+  PQclear(r);
+  if (n) svc_info("expired %d unpaid orders", n);
+  return n;
+}
+
+static void *background_main(void *arg) {
+  order_svc_t *s = arg;
+  int64_t interval_us = s->expiry_interval_ms * 1000;
+  int64_t next_expiry = svc_now_us() + interval_us;
+  pthread_mutex_lock(&s->bg_mu);
+  while (!s->stopping) {
+    if (s->nwl > 0) {
+      long long activity = s->wl[0].activity, tt = s->wl[0].ticket_type;
+      s->wl[0] = s->wl[--s->nwl];
+      pthread_mutex_unlock(&s->bg_mu);
+      serve_waitlist(s, activity, tt);
+      pthread_mutex_lock(&s->bg_mu);
+      continue;
+    }
+    int64_t now = svc_now_us();
+    if (interval_us > 0 && now >= next_expiry) {
+      pthread_mutex_unlock(&s->bg_mu);
+      expire_pass(s);
+      pthread_mutex_lock(&s->bg_mu);
+      next_expiry = svc_now_us() + interval_us;
+      continue;
+    }
+    /* Sleep until the next expiry pass, or until woken by work or the
+     * stop signal. */
+    if (interval_us > 0) {
+      struct timespec until;
+      clock_gettime(CLOCK_MONOTONIC, &until);
+      int64_t wait = next_expiry - now;
+      until.tv_sec += (time_t)(wait / 1000000);
+      until.tv_nsec += (long)(wait % 1000000) * 1000L;
+      if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+      }
+      pthread_cond_timedwait(&s->bg_cv, &s->bg_mu, &until);
+    } else {
+      pthread_cond_wait(&s->bg_cv, &s->bg_mu);
+    }
+  }
+  pthread_mutex_unlock(&s->bg_mu);
+  return NULL;
+}
+
+/* ---------------------------------------------------------------- main */
+
+static bool write_url_file(const char *path, const char *url) {
+  char tmp[4096];
+  snprintf(tmp, sizeof(tmp), "%s.tmp%d", path, (int)getpid());
+  FILE *f = fopen(tmp, "w");
+  if (!f) return false;
+  bool ok = fprintf(f, "%s\n", url) > 0;
+  ok = fclose(f) == 0 && ok;
+  if (ok) ok = rename(tmp, path) == 0;
+  if (!ok) unlink(tmp);
+  return ok;
+}
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: order-service [--listen HOST:PORT] [--url-file FILE]\n"
+          "\n"
+          "The order entry point and TM of the flash-sale demo (see examples/order_service.c).\n"
+          "Environment: ORDERS_PG_URL, TC_NODES, TC_TOKEN, REDIS_URL, STOCK_URL (from\n"
+          "cluster/local/up), ORDER_LISTEN, ORDER_THREADS, ORDER_PG_POOL, ORDER_RESOURCE_ID,\n"
+          "ORDER_GTX_TIMEOUT_MS, STOCK_CALL_TIMEOUT_MS, ORDER_TTL_S, ORDER_FREEZE_GRACE_S,\n"
+          "ORDER_EXPIRY_INTERVAL_MS, PF_COMMAND_TIMEOUT_MS, PF_CONNECT_TIMEOUT_MS, ORDER_LOG_LEVEL,\n"
+          "ORDER_TX_MODE (global|local: benchmarks only).\n");
+}
+
+int main(int argc, char **argv) {
+  svc_log_init("order-service", "ORDER_LOG_LEVEL");
+  const char *listen = svc_env_str("ORDER_LISTEN", "127.0.0.1:0");
+  const char *url_file = NULL;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--listen") == 0 && i + 1 < argc)
+      listen = argv[++i];
+    else if (strcmp(argv[i], "--url-file") == 0 && i + 1 < argc)
+      url_file = argv[++i];
+    else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+      usage(stdout);
+      return 0;
+    } else {
+      usage(stderr);
+      return 64;
+    }
+  }
+  bool ok = true;
+  order_svc_t s = {.resource = svc_env_str("ORDER_RESOURCE_ID", "orders")};
+  int threads = (int)svc_env_int("ORDER_THREADS", 32LL * svc_ncpu(), 1, 4096, &ok);
+  int pool_size = (int)svc_env_int("ORDER_PG_POOL", 8LL * svc_ncpu(), 1, 1024, &ok);
+  s.gtx_timeout_ms = (unsigned)svc_env_int("ORDER_GTX_TIMEOUT_MS", 10000, 100, 600000, &ok);
+  s.stock_timeout_ms = (unsigned)svc_env_int("STOCK_CALL_TIMEOUT_MS", 5000, 50, 600000, &ok);
+  s.ttl_s = svc_env_int("ORDER_TTL_S", 900, 1, 86400LL * 365, &ok);
+  s.freeze_grace_s = svc_env_int("ORDER_FREEZE_GRACE_S", 60, 0, 86400, &ok);
+  s.slow_us = svc_env_int("ORDER_SLOW_MS", 1000, 0, 3600000, &ok) * 1000;
+  s.expiry_interval_ms = svc_env_int("ORDER_EXPIRY_INTERVAL_MS", 1000, 0, 3600000, &ok);
+  const char *txmode = svc_env_str("ORDER_TX_MODE", "global");
+  if (strcmp(txmode, "local") == 0) {
+    s.local_mode = true;
+  } else if (strcmp(txmode, "global") != 0) {
+    svc_error("invalid value \"%s\" for ORDER_TX_MODE: expected global or local", txmode);
+    ok = false;
+  }
+  const char *pg_url = svc_env_str("ORDERS_PG_URL", NULL);
+  const char *stock_url = svc_env_str("STOCK_URL", NULL);
+  const char *redis_url = svc_env_str("REDIS_URL", NULL);
+  if (!pg_url || !stock_url || !redis_url) {
+    svc_error("ORDERS_PG_URL, STOCK_URL and REDIS_URL must be set (cluster/local/up prints them)");
+    ok = false;
+  }
+  if (!ok) return 78;
+
+  svc_block_signals();
+  if (!svc_http_global_init()) {
+    svc_error("could not initialise libcurl");
+    return 70;
+  }
+  pthread_mutex_init(&s.id_mu, NULL);
+  pthread_mutex_init(&s.bg_mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&s.bg_cv, &ca);
+  pthread_condattr_destroy(&ca);
+
+  int exit_code = 0;
+  svc_http_t *http = NULL;
+  char err[512];
+  if (svc_rm_client_new("order-service", 5000, &s.rm) != 0) {
+    exit_code = 69;
+    goto out;
+  }
+  int rc = rm_resource_add(s.rm, s.resource, pg_url);
+  if (rc != 0) {
+    svc_error("could not add resource \"%s\": %s", s.resource, rm_strerror(rc));
+    exit_code = 69;
+    goto out;
+  }
+  s.pool = svc_pgpool_new(pg_url, pool_size, "order-service");
+  s.stock = svc_httpc_new(stock_url);
+  if (!s.pool || !s.stock) {
+    svc_error("out of memory");
+    exit_code = 70;
+    goto out;
+  }
+  s.pf = svc_pf_new(redis_url, (unsigned)(threads < 256 ? threads : 256), err, sizeof(err));
+  if (!s.pf) {
+    svc_error("could not set up the prefilter: %s", err);
+    exit_code = 69;
+    goto out;
+  }
+  svc_pgpool_prewarm(s.pool, pool_size);
+  http = svc_http_start(listen, (unsigned)svc_ncpu(), (unsigned)threads, handler, &s, err, sizeof(err));
+  if (!http) {
+    svc_error("%s", err);
+    exit_code = 69;
+    goto out;
+  }
+  if (!s.local_mode) {
+    if (pthread_create(&s.bg_thread, NULL, background_main, &s) != 0) {
+      svc_error("could not start the background thread");
+      exit_code = 71;
+      goto out;
+    }
+    s.bg_started = true;
+  }
+  char url[128];
+  snprintf(url, sizeof(url), "http://127.0.0.1:%d", svc_http_port(http));
+  SVC_LOG(SVC_LOG_INFO,
+          json_pack("{s:s,s:i,s:s,s:s,s:s}", "url", url, "threads", threads, "resource", s.resource, "stock_url",
+                    stock_url, "tx_mode", s.local_mode ? "local" : "global"),
+          "order-service ready");
+  if (url_file && !write_url_file(url_file, url)) {
+    svc_error("could not write the URL to \"%s\"", url_file);
+    exit_code = 73;
+    goto out;
+  }
+  int sig = svc_wait_signal();
+  svc_info("order-service stopping (signal %d)", sig);
+
+out:
+  svc_http_stop(http);
+  if (s.bg_started) {
+    pthread_mutex_lock(&s.bg_mu);
+    s.stopping = true;
+    pthread_cond_signal(&s.bg_cv);
+    pthread_mutex_unlock(&s.bg_mu);
+    pthread_join(s.bg_thread, NULL);
+  }
+  svc_pf_free(s.pf);
+  svc_httpc_free(s.stock);
+  svc_pgpool_free(s.pool);
+  rm_client_free(s.rm);
+  svc_http_global_cleanup();
+  pthread_mutex_destroy(&s.id_mu);
+  pthread_mutex_destroy(&s.bg_mu);
+  pthread_cond_destroy(&s.bg_cv);
+  if (exit_code == 0) svc_info("order-service stopped");
+  return exit_code;
+}

@@ -1,0 +1,121 @@
+-- stock_lib.lua - helpers shared by the prefilter scripts.  Not a script of
+-- its own: a script that needs it has a line made of "--#include" and this
+-- file's name, which the build (the Lua embedding step of
+-- rm-client/CMakeLists.txt) replaces with this file's text, so the script
+-- Redis loads and runs is one self-contained chunk.  Everything here is local: Redis scripts may not
+-- create globals.
+--
+-- Key layout of one activity A (decimal id), all under the hash tag {act_A}
+-- so that every key of a call hashes to one Redis Cluster slot.  Scripts
+-- never build key names: the caller passes every key in KEYS.
+--   {act_A}:meta        hash   status (0 not started, 1 on sale, 2 ended),
+--                              limit (most tickets one user may hold)
+--   {act_A}:t<T>:stock  hash   n (number of buckets of ticket type T) and,
+--                              for each bucket i in 0..n-1: stock:i,
+--                              frozen:i, sold:i
+--   {act_A}:bought      hash   user id -> tickets the user holds (frozen or
+--                              sold) in the activity
+--   {act_A}:orders      hash   order id -> freeze record (below); kept after
+--                              confirm/release as the exactly-once tombstone
+--   {act_A}:t<T>:expiry zset   order id -> freeze deadline (unix ms), for
+--                              frozen orders only
+--   {act_A}:t<T>:wl     zset   waitlist: user id -> arrival number
+--   {act_A}:t<T>:wlq    hash   waitlist: user id -> wanted quantity
+--   {act_A}:t<T>:wlseq  string waitlist arrival counter
+--
+-- Freeze record: "S:T:B:Q:U" with S the state (F frozen, C confirmed, R
+-- released), T ticket type, B bucket, Q quantity, U user id.  librmclient's
+-- reconciliation writes the same format (rm_prefilter_keys.c).
+--
+-- Result codes shared by every script (librmclient maps -k to -10400 - k):
+--   -1 not on sale   -2 over limit     -3 sold out        -4 bad arguments
+--   -5 activity not loaded (no {act_A}:meta)
+--   -6 order already confirmed  -7 order already released  -8 unknown order
+--
+-- Argument checks: ids are decimal integers 1 .. 2^63-1 (leading zeros are
+-- accepted and dropped, so "0042" and "42" are the same order); quantities
+-- 1 .. 10000; anything else (negative, fractional, "1e3", " 1", "0x10",
+-- missing) is -4 and nothing changes.
+
+local PF_MAX_QTY = 10000
+
+-- A canonical id string (no leading zeros), or nil.
+local function pf_id(s)
+  if type(s) ~= 'string' then return nil end
+  local d = string.match(s, '^0*([1-9]%d*)$')
+  if d == nil or #d > 19 then return nil end
+  if #d == 19 and d > '9223372036854775807' then return nil end
+  return d
+end
+
+-- An integer in [lo, hi] (at most 16 characters, so exact in a double), or nil.
+local function pf_int(s, lo, hi)
+  if type(s) ~= 'string' or #s > 16 or not string.match(s, '^%-?%d+$') then return nil end
+  local n = tonumber(s)
+  if n == nil or n < lo or n > hi then return nil end
+  return n
+end
+
+local function pf_qty(s) return pf_int(s, 1, PF_MAX_QTY) end
+
+-- A hash field holding a count: a missing field is 0.
+local function pf_num(v)
+  if not v then return 0 end
+  return tonumber(v) or 0
+end
+
+-- Parse a freeze record into state, ticket type, bucket, qty, user; nil if
+-- it is not one.
+local function pf_rec_parse(rec)
+  if not rec then return nil end
+  local s, t, b, q, u = string.match(rec, '^([FCR]):(%d+):(%d+):(%d+):(%d+)$')
+  if not s then return nil end
+  return s, tonumber(t), tonumber(b), tonumber(q), u
+end
+
+local function pf_rec(state, tt, bucket, qty, user)
+  return state .. ':' .. tt .. ':' .. bucket .. ':' .. qty .. ':' .. user
+end
+
+-- The code an existing record of 'order' answers a second freeze with: its
+-- bucket when it is the same freeze (a retry after a lost answer), else
+-- -6/-7 for a finished order or -4 for another user, type or quantity.
+local function pf_replay(rec, tt, user, qty)
+  local s, t, b, q, u = pf_rec_parse(rec)
+  if not s then return -4 end
+  if s == 'C' then return -6 end
+  if s == 'R' then return -7 end
+  if t ~= tt or u ~= user or q ~= qty then return -4 end
+  return b
+end
+
+-- Tickets still available in bucket 'i' of the stock hash 'kstock'.
+local function pf_avail(kstock, i)
+  local v = redis.call('HMGET', kstock, 'stock:' .. i, 'frozen:' .. i, 'sold:' .. i)
+  return pf_num(v[1]) - pf_num(v[2]) - pf_num(v[3])
+end
+
+-- First bucket to try for 'order' (a canonical id string): the order id
+-- modulo n, from its last 9 digits (exact in a double, and spread as well).
+local function pf_start(order, n)
+  return tonumber(string.sub(order, -9)) % n
+end
+
+-- Record a successful freeze of 'qty' tickets of bucket 'b'.
+local function pf_commit_freeze(k, tt, b, user, order, qty, deadline)
+  redis.call('HINCRBY', k.stock, 'frozen:' .. b, qty)
+  redis.call('HINCRBY', k.bought, user, qty)
+  redis.call('HSET', k.orders, order, pf_rec('F', tt, b, qty, user))
+  redis.call('ZADD', k.expiry, deadline, order)
+end
+
+-- Give a frozen order's tickets back: frozen count of its bucket and the
+-- user's count go down, the record becomes R, the deadline goes.
+local function pf_release_rec(k, order, b, qty, user, tt)
+  redis.call('HINCRBY', k.stock, 'frozen:' .. b, -qty)
+  if redis.call('HINCRBY', k.bought, user, -qty) <= 0 then
+    redis.call('HDEL', k.bought, user)
+  end
+  redis.call('HSET', k.orders, order, pf_rec('R', tt, b, qty, user))
+  redis.call('ZREM', k.expiry, order)
+end

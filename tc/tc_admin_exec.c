@@ -1,0 +1,1006 @@
+/*
+ * tc_admin_exec.c - what each admin command does, and the JSON it answers.
+ *
+ * NOTES
+ *   Reads run on the store's reader connections (tc_store_read), never on
+ *   the group-commit writers, so an operator's query cannot delay a
+ *   commit batch.  Answers ({"ok":true,...}):
+ *
+ *     show globals  {"globals":[G...],"count":n,"truncated":b}
+ *     show global   {"global":G|H|null,"branches":[B...],"locks":[L...],
+ *                    "waiters":[W...]}          (H: finished, from history)
+ *     show locks    {"locks":[L...],"count":n,"truncated":b,
+ *                    "waiters":[{"holder":xid,"queue":[W...]}]}
+ *     show nodes    {"self":{...},"nodes":[N...]}
+ *     stats         {"node":{...},"globals":{...},"locks":{...},...,
+ *                    "sessions":{"Begin":n,...}}
+ *     repairs       {"xid":x,"action":a,"from":S,"to":S[,"status":S,
+ *                    "finished":b]}  ("status": where phase two got to)
+ *     delete        {"xid":x,"action":"delete","deleted":{"locks":n,
+ *                    "branches":n},"history_status":S|null}
+ *   where G = {"xid","transaction_id","status","status_code","name",
+ *   "application_id","node_id","begin_time","age_s","timeout_ms",
+ *   "deadline","retry_count","next_retry_at","last_error","branches",
+ *   "locks","live":true}, B = {"branch_id","resource_id","branch_type",
+ *   "status","status_code","client_id","retry_count","next_retry_at",
+ *   "last_error","lock_keys","application_data","created","modified"},
+ *   L = {"row_key","xid","branch_id","resource_id","table","pk","status"
+ *   ("locked"|"rollbacking"),"since","holder_status","orphan"},
+ *   W = {"xid","waiting_ms","timeout_in_ms"}.  Timestamps are ISO 8601 UTC.
+ *
+ *   Repairs: read the stored state, plan with tc_adm_plan_repair (pure,
+ *   checked against txp_global_transition_ok), then apply: a decision from
+ *   Begin is the store's own DECIDE op (the TM's path: same lock handling,
+ *   same counters); anything else is tc_admin_cas() (sql/tc/004_admin.sql),
+ *   a compare-and-set under the global row lock that also re-checks the
+ *   forbidden branch statuses.  A re-drive then runs phase two on this node
+ *   (tc__phase2_drive) and answers when it ends.  Every repair that changes
+ *   something is logged at warn level with the operator's uid; a refused
+ *   one at info.
+ *
+ *   Thread: the node's loop thread only.
+ */
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tc_admin.h"
+#include "tc_lockwait.h"
+#include "tc_log.h"
+#include "tc_node.h"
+#include "tc_recovery.h"
+#include "tc_server.h"
+
+#ifndef TXC_VERSION
+#define TXC_VERSION "0.1.0"
+#endif
+
+#define READ_DEADLINE_MS 5000
+#define DRIVE_LEASE_MS 15000
+#define MAX_SHOWN_LOCKS 1000
+#define MAX_SHOWN_WAITERS 1000
+
+#define TS(col) "to_char((" col ") AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')"
+
+typedef struct exec {
+  tc_adm_req_t *req;
+  tc_node_t *node;
+  char xid[TXP_MAX_XID_LEN + 1];
+  tc_adm_plan_t plan;
+  tc_op_t op; /* DECIDE */
+} exec_t;
+
+static void finish(exec_t *x, json_t *answer) {
+  tc_adm_req_t *req = x->req;
+  tc_op_clear(&x->op);
+  free(x);
+  tc__admin_finish(req, answer);
+}
+
+static void finish_error(exec_t *x, const char *code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static void finish_error(exec_t *x, const char *code, const char *fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof(msg), fmt, ap);
+  va_end(ap);
+  finish(x, tc__admin_error(code, "%s", msg));
+}
+
+/* Submit a read job of 'n' statements ('sql[i]' with 'np[i]' parameters
+ * from 'vals[i]').  On failure the request is answered here. */
+static void submit_read(exec_t *x, unsigned flags, tc_pg_job_cb cb, int n, const char *const *sql, const int *np,
+                        const char *const *const *vals) {
+  tc_pg_job_t *job = tc_pg_job_new(flags, cb, x);
+  bool ok = job != NULL;
+  for (int i = 0; ok && i < n; i++) ok = tc_pg_job_add(job, sql[i], np[i], vals[i]) == 0;
+  if (!ok) {
+    if (job) tc_pg_job_free(job);
+    finish_error(x, "internal", "out of memory");
+    return;
+  }
+  int rc = tc_store_read(x->node->store, job, READ_DEADLINE_MS);
+  if (rc != 0) {
+    tc_pg_job_free(job);
+    finish_error(x, rc == TC_PG_ECLOSING ? "shutting_down" : "store",
+                 rc == TC_PG_ECLOSING ? "coordinator shutting down" : "coordinator store queue full: retry later");
+  }
+}
+
+/* The answer to a failed read: 'what' says what could not be read. */
+static void finish_store_error(exec_t *x, tc_pg_job_t *job, int status, const char *what) {
+  if (status == TC_PG_ESTMT)
+    finish_error(x, "store", "could not %s: store error: %s", what, tc_pg_job_error(job));
+  else if (status == TC_PG_ECLOSING)
+    finish_error(x, "shutting_down", "could not %s: coordinator shutting down", what);
+  else
+    finish_error(x, "store", "could not %s: coordinator store unavailable (%s)", what,
+                 status == TC_PG_EBROKEN ? "connection lost" : "no connection");
+}
+
+/* ------------------------------------------------------------ PGresult */
+
+static json_t *col_str(const PGresult *r, int row, int col) {
+  return PQgetisnull(r, row, col) ? json_null() : tc__admin_str(PQgetvalue(r, row, col));
+}
+
+static json_t *col_int(const PGresult *r, int row, int col) {
+  return PQgetisnull(r, row, col) ? json_null() : json_integer(strtoll(PQgetvalue(r, row, col), NULL, 10));
+}
+
+static json_t *col_real(const PGresult *r, int row, int col) {
+  return PQgetisnull(r, row, col) ? json_null() : json_real(strtod(PQgetvalue(r, row, col), NULL));
+}
+
+static bool col_bool(const PGresult *r, int row, int col) {
+  return !PQgetisnull(r, row, col) && PQgetvalue(r, row, col)[0] == 't';
+}
+
+static int col_i(const PGresult *r, int row, int col) {
+  return PQgetisnull(r, row, col) ? 0 : atoi(PQgetvalue(r, row, col));
+}
+
+static json_t *ok_answer(void) { return json_pack("{s:b}", "ok", 1); }
+
+/* ------------------------------------------------------------- globals */
+
+/* Columns of a live global transaction; see global_json(). */
+#define GLOBAL_COLS                                                                                     \
+  "g.xid, g.transaction_id, g.status, g.application_id, g.transaction_name, g.timeout_ms, " TS(        \
+    "g.begin_time") ", extract(epoch FROM clock_timestamp() - g.begin_time)::float8, " TS("g.deadline") \
+    ", g.node_id, g.retry_count, " TS("g.next_retry_at") ", g.last_error, "                            \
+    "(SELECT count(*) FROM branch_table b WHERE b.xid = g.xid), "                                       \
+    "(SELECT count(*) FROM lock_table l WHERE l.xid = g.xid), g.deadline < clock_timestamp()"
+
+static json_t *global_json(const PGresult *r, int row) {
+  int s = col_i(r, row, 2);
+  json_t *g = json_object();
+  json_object_set_new(g, "xid", col_str(r, row, 0));
+  json_object_set_new(g, "transaction_id", col_int(r, row, 1));
+  json_object_set_new(g, "status", json_string(txp_global_status_name(s)));
+  json_object_set_new(g, "status_code", json_integer(s));
+  json_object_set_new(g, "name", col_str(r, row, 4));
+  json_object_set_new(g, "application_id", col_str(r, row, 3));
+  json_object_set_new(g, "node_id", col_int(r, row, 9));
+  json_object_set_new(g, "begin_time", col_str(r, row, 6));
+  json_object_set_new(g, "age_s", col_real(r, row, 7));
+  json_object_set_new(g, "timeout_ms", col_int(r, row, 5));
+  json_object_set_new(g, "deadline", col_str(r, row, 8));
+  json_object_set_new(g, "timed_out", json_boolean(col_bool(r, row, 15)));
+  json_object_set_new(g, "retry_count", col_int(r, row, 10));
+  json_object_set_new(g, "next_retry_at", col_str(r, row, 11));
+  json_object_set_new(g, "last_error", col_str(r, row, 12));
+  json_object_set_new(g, "branches", col_int(r, row, 13));
+  json_object_set_new(g, "locks", col_int(r, row, 14));
+  json_object_set_new(g, "live", json_true());
+  return g;
+}
+
+static void on_globals(tc_pg_job_t *job, int status, void *arg) {
+  exec_t *x = arg;
+  if (status != TC_PG_OK) {
+    finish_store_error(x, job, status, "list global transactions");
+    return;
+  }
+  const PGresult *r = tc_pg_job_result(job, 0);
+  int n = PQntuples(r), limit = x->req->cmd.limit;
+  json_t *list = json_array();
+  for (int i = 0; i < n && i < limit; i++) json_array_append_new(list, global_json(r, i));
+  json_t *a = ok_answer();
+  json_object_set_new(a, "globals", list);
+  json_object_set_new(a, "count", json_integer(n < limit ? n : limit));
+  json_object_set_new(a, "truncated", json_boolean(n > limit));
+  finish(x, a);
+}
+
+static void exec_show_globals(exec_t *x) {
+  const tc_adm_cmd_t *c = &x->req->cmd;
+  char statuses[TC_ADM_MAX_STATUSES * 4 + 3], age[32], limit[16];
+  const char *v[4] = {NULL, NULL, NULL, limit};
+  if (c->nstatuses) {
+    size_t o = 0;
+    statuses[o++] = '{';
+    for (int i = 0; i < c->nstatuses; i++)
+      o += (size_t)snprintf(statuses + o, sizeof(statuses) - o, "%s%d", i ? "," : "", c->statuses[i]);
+    snprintf(statuses + o, sizeof(statuses) - o, "}");
+    v[0] = statuses;
+  }
+  if (c->has_min_age) {
+    snprintf(age, sizeof(age), "%.3f", c->min_age_s);
+    v[1] = age;
+  }
+  if (c->has_name) v[2] = c->name;
+  snprintf(limit, sizeof(limit), "%d", c->limit + 1); /* one more: truncated? */
+  const char *sql = "SELECT " GLOBAL_COLS " FROM global_table g "
+                    "WHERE ($1::smallint[] IS NULL OR g.status = ANY ($1::smallint[])) "
+                    "AND ($2::float8 IS NULL OR g.begin_time <= clock_timestamp() - $2::float8 * interval '1 second') "
+                    "AND ($3::text IS NULL OR g.transaction_name = $3) "
+                    "ORDER BY g.begin_time, g.xid LIMIT $4::int";
+  const int np[] = {4};
+  const char *const *vals[] = {v};
+  submit_read(x, 0, on_globals, 1, &sql, np, vals);
+}
+
+/* -------------------------------------------------------- waiters (W) */
+
+typedef struct {
+  json_t *queue; /* W objects */
+  uint64_t now;
+  size_t shown;
+} waiters_ctx_t;
+
+static void add_waiter(const char *holder, const tc_waiter_t *w, void *arg) {
+  waiters_ctx_t *wc = arg;
+  (void)holder;
+  if (wc->shown >= MAX_SHOWN_WAITERS) return;
+  wc->shown++;
+  json_t *o = json_object();
+  json_object_set_new(o, "xid", w->xid ? tc__admin_str(w->xid) : json_null());
+  json_object_set_new(o, "waiting_ms",
+                      json_integer(w->first_queued_ns && wc->now > w->first_queued_ns
+                                     ? (json_int_t)((wc->now - w->first_queued_ns) / 1000000u)
+                                     : 0));
+  json_object_set_new(o, "timeout_in_ms",
+                      json_integer(w->deadline_ns > wc->now ? (json_int_t)((w->deadline_ns - wc->now) / 1000000u) : 0));
+  json_array_append_new(wc->queue, o);
+}
+
+typedef struct {
+  json_t *groups;  /* [{"holder":x,"queue":[W...]}] */
+  json_t *current; /* the queue being filled */
+  waiters_ctx_t wc;
+} group_ctx_t;
+
+static void group_waiter(const char *holder, const tc_waiter_t *w, void *arg) {
+  group_ctx_t *gc = arg;
+  size_t n = json_array_size(gc->groups);
+  json_t *last = n ? json_array_get(gc->groups, n - 1) : NULL;
+  const char *last_holder = last ? json_string_value(json_object_get(last, "holder")) : NULL;
+  if (!last_holder || strcmp(last_holder, holder) != 0) {
+    json_t *group = json_object();
+    gc->current = json_array();
+    if (!group || !gc->current) {
+      json_decref(group);
+      json_decref(gc->current);
+      gc->current = NULL;
+      return;
+    }
+    json_object_set_new(group, "holder", tc__admin_str(holder));
+    json_object_set(group, "queue", gc->current);
+    json_array_append_new(gc->groups, group);
+    json_decref(gc->current); /* the group holds it; 'current' stays borrowed */
+  }
+  if (!gc->current) return;
+  gc->wc.queue = gc->current;
+  add_waiter(holder, w, &gc->wc);
+}
+
+/* The wait queue (this node's) of 'holder' as an array of W. */
+static json_t *waiters_of(tc_node_t *node, const char *holder) {
+  waiters_ctx_t wc = {json_array(), uv_hrtime(), 0};
+  if (node->lockwait && !node->stopping) tc_lockwait_each(node->lockwait, holder, add_waiter, &wc);
+  return wc.queue;
+}
+
+/* -------------------------------------------------------------- global */
+
+static json_t *lock_json(const PGresult *r, int row, int first_col, bool with_xid) {
+  /* columns from first_col: row_key, xid, branch_id, resource_id, table_name, pk, status, since */
+  int c = first_col;
+  json_t *o = json_object();
+  json_object_set_new(o, "row_key", col_str(r, row, c));
+  if (with_xid) json_object_set_new(o, "xid", col_str(r, row, c + 1));
+  json_object_set_new(o, "branch_id", col_int(r, row, c + 2));
+  json_object_set_new(o, "resource_id", col_str(r, row, c + 3));
+  json_object_set_new(o, "table", col_str(r, row, c + 4));
+  json_object_set_new(o, "pk", col_str(r, row, c + 5));
+  json_object_set_new(o, "status", json_string(col_i(r, row, c + 6) == 1 ? "rollbacking" : "locked"));
+  json_object_set_new(o, "since", col_str(r, row, c + 7));
+  return o;
+}
+
+#define LOCK_COLS "l.row_key, l.xid, l.branch_id, l.resource_id, l.table_name, l.pk, l.status, " TS("l.gmt_create")
+
+static json_t *branches_from_table(const PGresult *r) {
+  json_t *list = json_array();
+  for (int i = 0; i < PQntuples(r); i++) {
+    int s = col_i(r, i, 3), t = col_i(r, i, 2);
+    json_t *b = json_object();
+    json_object_set_new(b, "branch_id", col_int(r, i, 0));
+    json_object_set_new(b, "resource_id", col_str(r, i, 1));
+    json_object_set_new(b, "branch_type", json_string(txp_branch_type_name(t)));
+    json_object_set_new(b, "status", json_string(txp_branch_status_name(s)));
+    json_object_set_new(b, "status_code", json_integer(s));
+    json_object_set_new(b, "client_id", col_str(r, i, 4));
+    json_object_set_new(b, "retry_count", col_int(r, i, 5));
+    json_object_set_new(b, "next_retry_at", col_str(r, i, 6));
+    json_object_set_new(b, "last_error", col_str(r, i, 7));
+    json_object_set_new(b, "lock_keys", col_str(r, i, 8));
+    json_object_set_new(b, "application_data", col_str(r, i, 9));
+    json_object_set_new(b, "created", col_str(r, i, 10));
+    json_object_set_new(b, "modified", col_str(r, i, 11));
+    json_array_append_new(list, b);
+  }
+  return list;
+}
+
+/* history.branches is jsonb written by tc__finish_many: rename its numeric
+ * codes to names, as for live branches. */
+static json_t *branches_from_history(const char *text) {
+  json_t *in = json_loads(text, 0, NULL);
+  json_t *out = json_array();
+  size_t i;
+  json_t *b;
+  if (!json_is_array(in)) {
+    json_decref(in);
+    return out;
+  }
+  json_array_foreach(in, i, b) {
+    int s = (int)json_integer_value(json_object_get(b, "status"));
+    int t = (int)json_integer_value(json_object_get(b, "branch_type"));
+    json_t *o = json_object();
+    json_object_set(o, "branch_id", json_object_get(b, "branch_id"));
+    json_object_set(o, "resource_id", json_object_get(b, "resource_id"));
+    json_object_set_new(o, "branch_type", json_string(txp_branch_type_name(t)));
+    json_object_set_new(o, "status", json_string(txp_branch_status_name(s)));
+    json_object_set_new(o, "status_code", json_integer(s));
+    json_array_append_new(out, o);
+  }
+  json_decref(in);
+  return out;
+}
+
+static void on_global(tc_pg_job_t *job, int status, void *arg) {
+  exec_t *x = arg;
+  if (status != TC_PG_OK) {
+    finish_store_error(x, job, status, "read the global transaction");
+    return;
+  }
+  const PGresult *g = tc_pg_job_result(job, 0), *br = tc_pg_job_result(job, 1), *lk = tc_pg_job_result(job, 2),
+                 *h = tc_pg_job_result(job, 3);
+  json_t *a = ok_answer();
+  json_t *branches = NULL;
+  if (PQntuples(g) > 0) {
+    json_object_set_new(a, "global", global_json(g, 0));
+  } else if (PQntuples(h) > 0) {
+    int s = col_i(h, 0, 1);
+    json_t *o = json_object();
+    json_object_set_new(o, "xid", tc__admin_str(x->xid));
+    json_object_set_new(o, "transaction_id", col_int(h, 0, 0));
+    json_object_set_new(o, "status", json_string(txp_global_status_name(s)));
+    json_object_set_new(o, "status_code", json_integer(s));
+    json_object_set_new(o, "name", col_str(h, 0, 3));
+    json_object_set_new(o, "application_id", col_str(h, 0, 2));
+    json_object_set_new(o, "begin_time", col_str(h, 0, 4));
+    json_object_set_new(o, "end_time", col_str(h, 0, 5));
+    json_object_set_new(o, "live", json_false());
+    json_object_set_new(a, "global", o);
+    branches = branches_from_history(PQgetvalue(h, 0, 6));
+    /* Branch rows still in branch_table belong to no live session. */
+    json_object_set_new(a, "leftover_branches", json_integer(PQntuples(br)));
+  } else if (PQntuples(br) == 0 && PQntuples(lk) == 0) {
+    json_decref(a);
+    finish_error(x, "not_found", "global transaction \"%s\" not found (neither live nor in history)", x->xid);
+    return;
+  } else {
+    json_object_set_new(a, "global", json_null());
+    json_object_set_new(a, "orphan", json_true());
+  }
+  json_object_set_new(a, "branches", branches ? branches : branches_from_table(br));
+  json_t *locks = json_array();
+  int nl = PQntuples(lk);
+  for (int i = 0; i < nl && i < MAX_SHOWN_LOCKS; i++) json_array_append_new(locks, lock_json(lk, i, 0, false));
+  json_object_set_new(a, "locks", locks);
+  json_object_set_new(a, "locks_truncated", json_boolean(nl > MAX_SHOWN_LOCKS));
+  json_object_set_new(a, "waiters", waiters_of(x->node, x->xid));
+  finish(x, a);
+}
+
+static void exec_show_global(exec_t *x) {
+  const char *v[] = {x->xid};
+  char lim[16];
+  snprintf(lim, sizeof(lim), "%d", MAX_SHOWN_LOCKS + 1);
+  const char *vl[] = {x->xid, lim};
+  const char *sql[] = {
+    "SELECT " GLOBAL_COLS " FROM global_table g WHERE g.xid = $1",
+    "SELECT branch_id, resource_id, branch_type, status, client_id, retry_count, " TS("next_retry_at")
+    ", last_error, lock_keys, application_data, " TS("gmt_create") ", " TS("gmt_modified")
+    " FROM branch_table WHERE xid = $1 ORDER BY branch_id",
+    "SELECT " LOCK_COLS " FROM lock_table l WHERE l.xid = $1 ORDER BY l.row_key LIMIT $2::int",
+    "SELECT transaction_id, status, application_id, transaction_name, " TS("begin_time") ", " TS("end_time")
+    ", branches::text FROM global_history WHERE xid = $1",
+  };
+  const int np[] = {1, 1, 2, 1};
+  const char *const *vals[] = {v, v, vl, v};
+  submit_read(x, 0, on_global, 4, sql, np, vals);
+}
+
+/* --------------------------------------------------------------- locks */
+
+static void on_locks(tc_pg_job_t *job, int status, void *arg) {
+  exec_t *x = arg;
+  if (status != TC_PG_OK) {
+    finish_store_error(x, job, status, "list locks");
+    return;
+  }
+  const tc_adm_cmd_t *c = &x->req->cmd;
+  const PGresult *r = tc_pg_job_result(job, 0);
+  int n = PQntuples(r), limit = c->limit;
+  json_t *locks = json_array();
+  json_t *holders = json_object(); /* xid -> true, in order of first appearance */
+  json_t *order = json_array();
+  for (int i = 0; i < n && i < limit; i++) {
+    json_t *o = lock_json(r, i, 0, true);
+    bool orphan = PQgetisnull(r, i, 8);
+    int hs = col_i(r, i, 8);
+    json_object_set_new(o, "holder_status", orphan ? json_null() : json_string(txp_global_status_name(hs)));
+    json_object_set_new(o, "orphan", json_boolean(orphan));
+    json_array_append_new(locks, o);
+    const char *hx = PQgetvalue(r, i, 1);
+    if (!json_object_get(holders, hx)) {
+      json_object_set_new(holders, hx, json_true());
+      json_array_append_new(order, tc__admin_str(hx));
+    }
+  }
+  json_t *waiters = json_array();
+  if (c->has_xid) {
+    json_t *q = waiters_of(x->node, c->xid);
+    if (json_array_size(q)) json_array_append_new(waiters, json_pack("{s:o, s:o}", "holder", tc__admin_str(c->xid), "queue", q));
+    else json_decref(q);
+  } else if (c->has_key || c->has_prefix) {
+    size_t i;
+    json_t *hx;
+    json_array_foreach(order, i, hx) {
+      json_t *q = waiters_of(x->node, json_string_value(hx));
+      if (json_array_size(q)) json_array_append_new(waiters, json_pack("{s:O, s:o}", "holder", hx, "queue", q));
+      else json_decref(q);
+    }
+  } else {
+    /* Every queue on this node: the visit goes queue by queue. */
+    group_ctx_t gc = {waiters, NULL, {NULL, uv_hrtime(), 0}};
+    if (x->node->lockwait && !x->node->stopping) tc_lockwait_each(x->node->lockwait, NULL, group_waiter, &gc);
+  }
+  json_decref(holders);
+  json_decref(order);
+  json_t *a = ok_answer();
+  json_object_set_new(a, "locks", locks);
+  json_object_set_new(a, "count", json_integer(n < limit ? n : limit));
+  json_object_set_new(a, "truncated", json_boolean(n > limit));
+  json_object_set_new(a, "waiters", waiters);
+  finish(x, a);
+}
+
+static void exec_show_locks(exec_t *x) {
+  const tc_adm_cmd_t *c = &x->req->cmd;
+  char limit[16];
+  snprintf(limit, sizeof(limit), "%d", c->limit + 1);
+  const char *v[] = {c->has_xid ? c->xid : NULL, c->has_key ? c->key : NULL, c->has_prefix ? c->key : NULL, limit};
+  const char *sql = "SELECT " LOCK_COLS ", g.status FROM lock_table l LEFT JOIN global_table g ON g.xid = l.xid "
+                    "WHERE ($1::text IS NULL OR l.xid = $1) AND ($2::text IS NULL OR l.row_key = $2) "
+                    "AND ($3::text IS NULL OR starts_with(l.row_key, $3)) "
+                    "ORDER BY l.row_key LIMIT $4::int";
+  const int np[] = {4};
+  const char *const *vals[] = {v};
+  submit_read(x, 0, on_locks, 1, &sql, np, vals);
+}
+
+/* --------------------------------------------------------------- nodes */
+
+static void on_nodes(tc_pg_job_t *job, int status, void *arg) {
+  exec_t *x = arg;
+  if (x->node->stopping) status = TC_PG_ECLOSING; /* the recovery may be gone */
+  if (status != TC_PG_OK) {
+    finish_store_error(x, job, status, "list the nodes");
+    return;
+  }
+  tc_node_t *node = x->node;
+  const PGresult *r = tc_pg_job_result(job, 0);
+  json_t *nodes = json_array();
+  for (int i = 0; i < PQntuples(r); i++) {
+    json_t *o = json_object();
+    json_object_set_new(o, "node_id", col_int(r, i, 0));
+    json_object_set_new(o, "address", col_str(r, i, 1));
+    json_object_set_new(o, "admin_socket", col_str(r, i, 2));
+    json_object_set_new(o, "started_at", col_str(r, i, 3));
+    json_object_set_new(o, "heartbeat_at", col_str(r, i, 4));
+    json_object_set_new(o, "heartbeat_age_s", col_real(r, i, 5));
+    json_object_set_new(o, "is_leader", json_boolean(col_bool(r, i, 6)));
+    json_object_set_new(o, "pid", col_int(r, i, 7));
+    json_object_set_new(o, "version", col_str(r, i, 8));
+    json_object_set_new(o, "self", json_boolean(col_i(r, i, 0) == node->cfg.node_id));
+    json_array_append_new(nodes, o);
+  }
+  json_t *self = json_object();
+  json_object_set_new(self, "node_id", json_integer(node->cfg.node_id));
+  json_object_set_new(self, "address", tc__admin_str(node->advertise));
+  json_object_set_new(self, "leader", json_boolean(node->recovery && tc_recovery_is_leader(node->recovery)));
+  json_object_set_new(self, "serving", json_boolean(node->serving && !node->stopping));
+  json_object_set_new(self, "admin_socket", tc__admin_str(node->cfg.admin_socket));
+  json_object_set_new(self, "pid", json_integer(getpid()));
+  json_object_set_new(self, "version", json_string(TXC_VERSION));
+  json_t *a = ok_answer();
+  json_object_set_new(a, "self", self);
+  json_object_set_new(a, "nodes", nodes);
+  finish(x, a);
+}
+
+static void exec_show_nodes(exec_t *x) {
+  const char *sql = "SELECT node_id, address, admin_socket, " TS("started_at") ", " TS("heartbeat_at")
+                    ", extract(epoch FROM clock_timestamp() - heartbeat_at)::float8, is_leader, pid, version "
+                    "FROM node_table ORDER BY node_id";
+  const int np[] = {0};
+  const char *const *vals[] = {NULL};
+  submit_read(x, 0, on_nodes, 1, &sql, np, vals);
+}
+
+/* --------------------------------------------------------------- stats */
+
+#define U(v) json_integer((json_int_t)(v))
+
+static void on_stats(tc_pg_job_t *job, int status, void *arg) {
+  exec_t *x = arg;
+  tc_node_t *node = x->node;
+  if (node->stopping) {
+    /* The server, recovery and lock waits may be released already. */
+    finish_store_error(x, job, TC_PG_ECLOSING, "read the statistics");
+    return;
+  }
+  const tc_node_stats_t *ns = &node->stats;
+  json_t *a = ok_answer();
+
+  json_object_set_new(a, "node",
+                      json_pack("{s:i, s:o, s:b, s:b, s:i, s:s}", "node_id", node->cfg.node_id, "address",
+                                tc__admin_str(node->advertise), "leader",
+                                node->recovery && tc_recovery_is_leader(node->recovery), "serving",
+                                node->serving && !node->stopping, "pid", (int)getpid(), "version", TXC_VERSION));
+  json_object_set_new(a, "globals",
+                      json_pack("{s:o, s:o, s:o, s:o, s:o, s:o}", "begun", U(ns->begun), "committed", U(ns->committed),
+                                "rolled_back", U(ns->rolled_back), "timed_out", U(ns->timed_out), "commit_failed",
+                                U(ns->commit_failed), "rollback_failed", U(ns->rollback_failed)));
+  json_object_set_new(a, "branches",
+                      json_pack("{s:o, s:o}", "registered", U(ns->registered), "register_conflicts",
+                                U(ns->register_conflicts)));
+  json_object_set_new(a, "locks",
+                      json_pack("{s:o, s:o, s:f, s:o}", "waits", U(ns->lock_waits), "wait_timeouts",
+                                U(ns->lock_wait_timeouts), "wait_seconds", (double)ns->lock_wait_ms_total / 1000.0,
+                                "waiting", U(node->lockwait ? tc_lockwait_count(node->lockwait) : 0)));
+  json_object_set_new(a, "phase2",
+                      json_pack("{s:o, s:o, s:o, s:o, s:o, s:i, s:o, s:o}", "calls", U(ns->phase2_calls),
+                                "retryable", U(ns->phase2_retryable), "unretryable", U(ns->phase2_unretryable),
+                                "no_rm", U(ns->phase2_no_rm), "forwarded", U(ns->phase2_forwarded), "active",
+                                ns->phase2_active, "commit_drives", U(ns->phase2_count[0]), "rollback_drives",
+                                U(ns->phase2_count[1])));
+  json_object_set_new(a, "requests", json_pack("{s:o, s:o}", "total", U(ns->requests), "bad", U(ns->bad_requests)));
+  if (node->server) {
+    tc_server_stats_t ss;
+    tc_server_get_stats(node->server, &ss);
+    json_object_set_new(
+      a, "server",
+      json_pack("{s:i, s:i, s:i, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "connections", ss.connections, "rms",
+                ss.rms, "tms", ss.tms, "accepted", U(ss.accepted), "refused", U(ss.refused), "closed", U(ss.closed),
+                "frames_in", U(ss.frames_in), "frames_out", U(ss.frames_out), "bad_frames", U(ss.bad_frames),
+                "busy_replies", U(ss.busy_replies), "auth_failures", U(ss.auth_failures), "version_mismatches",
+                U(ss.version_mismatches)));
+  }
+  tc_store_stats_t st;
+  tc_store_get_stats(node->store, &st);
+  json_object_set_new(
+    a, "store",
+    json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:f, s:f, s:i, s:{s:o, s:o, s:o, s:o}}", "batches", U(st.batches),
+              "ops", U(st.ops), "batch_retries", U(st.batch_retries), "op_failures", U(st.op_failures), "deadlocks",
+              U(st.deadlocks), "queue_len", U(st.queue_len), "queue_peak", U(st.queue_peak), "batch_ms_avg",
+              st.batches ? st.batch_ms_total / (double)st.batches : 0.0, "ops_per_batch",
+              st.batches ? (double)st.ops / (double)st.batches : 0.0, "ready_conns", tc_store_ready_conns(node->store),
+              "ops_by_kind", "begin", U(st.ops_by_kind[TC_OP_BEGIN]), "register", U(st.ops_by_kind[TC_OP_REGISTER]),
+              "decide", U(st.ops_by_kind[TC_OP_DECIDE]), "phase2", U(st.ops_by_kind[TC_OP_PHASE2])));
+  if (node->recovery) {
+    tc_recovery_stats_t rs;
+    tc_recovery_get_stats(node->recovery, &rs);
+    json_object_set_new(a, "recovery",
+                        json_pack("{s:o, s:o, s:o, s:o}", "leader_terms", U(rs.leader_terms), "timed_out",
+                                  U(rs.timed_out), "retried", U(rs.retried), "history_pruned", U(rs.history_pruned)));
+  }
+  tc_admin_stats_t as;
+  tc_admin_get_stats(x->req->adm, &as);
+  json_object_set_new(a, "admin",
+                      json_pack("{s:i, s:o, s:o, s:o, s:o, s:o, s:o}", "connections", as.connections, "accepted",
+                                U(as.accepted), "denied", U(as.denied), "requests", U(as.requests), "bad_requests",
+                                U(as.bad_requests), "repairs", U(as.repairs), "refused", U(as.refused)));
+  if (status == TC_PG_OK) {
+    const PGresult *r = tc_pg_job_result(job, 0);
+    json_t *sessions = json_object();
+    for (int i = 0; i < PQntuples(r); i++)
+      json_object_set_new(sessions, txp_global_status_name(col_i(r, i, 0)), col_int(r, i, 1));
+    json_object_set_new(a, "sessions", sessions);
+  } else {
+    json_object_set_new(a, "sessions", json_null());
+    json_object_set_new(a, "sessions_error", json_string("could not count sessions: store unavailable"));
+  }
+  finish(x, a);
+}
+
+static void exec_stats(exec_t *x) {
+  const char *sql = "SELECT status, count(*) FROM global_table GROUP BY status ORDER BY status";
+  const int np[] = {0};
+  const char *const *vals[] = {NULL};
+  submit_read(x, 0, on_stats, 1, &sql, np, vals);
+}
+
+/* ---------------------------------------------------------------- help */
+
+static void exec_help(exec_t *x) {
+  static const char *const lines[][2] = {
+    {"show globals [status=S[,S...]] [min_age=SECONDS] [name=N] [limit=N]",
+     "unfinished global transactions, oldest first"},
+    {"show global XID", "one global transaction: branches, locks, this node's lock waiters"},
+    {"show locks [xid=X] [key=K|prefix=P] [limit=N]", "global row locks and this node's wait queues"},
+    {"show nodes", "cluster members (node_table) and this node's leader flag"},
+    {"stats", "this node's counters and the sessions by status"},
+    {"rollback XID", "force rollback: from Begin, or re-drive a retrying/failed/stopped rollback"},
+    {"commit XID", "force commit: from Begin, or re-drive a retrying/failed/stopped commit"},
+    {"stop-retry XID", "stop phase-two retries (StopCommitRetry / StopRollbackRetry)"},
+    {"resume-retry XID", "resume stopped retries (the leader retries at once)"},
+    {"redrive XID", "re-send phase two now, following the recorded decision"},
+    {"delete XID", "delete lock and branch rows left by a finished or unknown transaction"},
+  };
+  json_t *list = json_array();
+  for (size_t i = 0; i < sizeof(lines) / sizeof(lines[0]); i++)
+    json_array_append_new(list, json_pack("{s:s, s:s}", "usage", lines[i][0], "help", lines[i][1]));
+  json_t *a = ok_answer();
+  json_object_set_new(a, "commands", list);
+  finish(x, a);
+}
+
+/* ------------------------------------------------------------- repairs */
+
+static const char *verb(tc_adm_kind_t k) {
+  switch (k) {
+  case TC_ADM_ROLLBACK: return "force a rollback of";
+  case TC_ADM_COMMIT: return "force a commit of";
+  case TC_ADM_STOP_RETRY: return "stop the retries of";
+  case TC_ADM_RESUME_RETRY: return "resume the retries of";
+  case TC_ADM_REDRIVE: return "re-drive";
+  case TC_ADM_DELETE: return "delete the leftovers of";
+  default: return "repair";
+  }
+}
+
+/* Log and count a refused repair, then answer it. */
+static void refuse(exec_t *x, const char *code, const char *msg) {
+  tc_log_ctx_t lc = {x->xid, 0, NULL};
+  TC_LOG(TC_LOG_INFO, &lc, "operator uid %u (pid %d): %s refused: %s", x->req->uid, x->req->pid,
+         tc_adm_kind_name(x->req->cmd.kind), msg);
+  tc__admin_count_repair(x->req->adm, true);
+  finish(x, tc__admin_error(code, "%s", msg));
+}
+
+static void log_repair(exec_t *x, const char *what) {
+  tc_log_ctx_t lc = {x->xid, 0, NULL};
+  TC_LOG(TC_LOG_WARN, &lc, "operator uid %u (pid %d): %s: %s", x->req->uid, x->req->pid,
+         tc_adm_kind_name(x->req->cmd.kind), what);
+  tc__admin_count_repair(x->req->adm, false);
+}
+
+static json_t *repair_answer(exec_t *x) {
+  json_t *a = ok_answer();
+  json_object_set_new(a, "xid", tc__admin_str(x->xid));
+  json_object_set_new(a, "action", json_string(tc_adm_kind_name(x->req->cmd.kind)));
+  json_object_set_new(a, "from", json_string(txp_global_status_name(x->plan.from)));
+  json_object_set_new(a, "to", json_string(txp_global_status_name(x->plan.to)));
+  return a;
+}
+
+static void on_drive_done(int global_status, void *arg) {
+  exec_t *x = arg;
+  json_t *a = repair_answer(x);
+  json_object_set_new(a, "status", json_string(txp_global_status_name(global_status)));
+  json_object_set_new(a, "finished", json_boolean(txp_global_status_final(global_status) &&
+                                                  !txp_global_status_needs_operator(global_status)));
+  finish(x, a);
+}
+
+/* Branch rows for a drive from columns branch_id, branch_type, status,
+ * resource_id, client_id.  NULL with n 0 if none (or out of memory). */
+static tc_branch_row_t *branch_rows(const PGresult *r, int *n) {
+  int nr = PQntuples(r);
+  *n = 0;
+  tc_branch_row_t *rows = nr ? calloc((size_t)nr, sizeof(*rows)) : NULL;
+  if (!rows) return NULL;
+  for (int i = 0; i < nr; i++) {
+    tc_branch_row_t *b = &rows[i];
+    b->branch_id = strtoll(PQgetvalue(r, i, 0), NULL, 10);
+    b->branch_type = col_i(r, i, 1);
+    b->status = col_i(r, i, 2);
+    snprintf(b->resource_id, sizeof(b->resource_id), "%s", PQgetvalue(r, i, 3));
+    snprintf(b->client_id, sizeof(b->client_id), "%s", PQgetvalue(r, i, 4));
+  }
+  *n = nr;
+  return rows;
+}
+
+static void on_cas(tc_pg_job_t *job, int status, void *arg) {
+  exec_t *x = arg;
+  char msg[768];
+  if (status != TC_PG_OK) {
+    if (status == TC_PG_EBROKEN) {
+      finish_error(x, "store",
+                   "could not %s global transaction \"%s\": store connection lost in flight, outcome unknown; "
+                   "check with \"show global\"",
+                   verb(x->req->cmd.kind), x->xid);
+      return;
+    }
+    finish_store_error(x, job, status, "apply the repair");
+    return;
+  }
+  const PGresult *r = tc_pg_job_result(job, 0);
+  const char *res = PQntuples(r) ? PQgetvalue(r, 0, 0) : "";
+  int now = PQntuples(r) ? col_i(r, 0, 1) : 0;
+  if (strcmp(res, "not_found") == 0) {
+    snprintf(msg, sizeof(msg), "global transaction \"%s\" finished meanwhile (%s): nothing changed", x->xid,
+             txp_global_status_name(now));
+    refuse(x, "refused", msg);
+    return;
+  }
+  if (strcmp(res, "changed") == 0) {
+    snprintf(msg, sizeof(msg),
+             "global transaction \"%s\" changed meanwhile (%s, expected %s): nothing changed; look again and retry",
+             x->xid, txp_global_status_name(now), txp_global_status_name(x->plan.from));
+    refuse(x, "refused", msg);
+    return;
+  }
+  if (strcmp(res, "branch") == 0) {
+    snprintf(msg, sizeof(msg),
+             "could not %s global transaction \"%s\": branch %s is %s, so this would break atomicity; nothing changed",
+             verb(x->req->cmd.kind), x->xid, PQgetvalue(r, 0, 2), txp_branch_status_name(col_i(r, 0, 3)));
+    refuse(x, "refused", msg);
+    return;
+  }
+  if (strcmp(res, "ok") != 0) {
+    finish_error(x, "internal", "unexpected store result \"%s\"", res);
+    return;
+  }
+  snprintf(msg, sizeof(msg), "%s -> %s%s", txp_global_status_name(x->plan.from), txp_global_status_name(x->plan.to),
+           x->plan.action == TC_ADM_ACT_CAS_DRIVE ? ", driving phase two now" : "");
+  log_repair(x, msg);
+  if (x->plan.action != TC_ADM_ACT_CAS_DRIVE) {
+    finish(x, repair_answer(x));
+    return;
+  }
+  int n;
+  tc_branch_row_t *rows = branch_rows(tc_pg_job_result(job, 1), &n);
+  tc__phase2_drive(x->node, x->xid, x->plan.to, rows, n, on_drive_done, x);
+  free(rows);
+}
+
+static void apply_cas(exec_t *x) {
+  static const char *const retry_words[] = {"lease", "now", "clear"};
+  char from[8], to[8], lease[16], forbid[64];
+  snprintf(from, sizeof(from), "%d", x->plan.from);
+  snprintf(to, sizeof(to), "%d", x->plan.to);
+  snprintf(lease, sizeof(lease), "%d", DRIVE_LEASE_MS);
+  size_t o = (size_t)snprintf(forbid, sizeof(forbid), "{");
+  for (int i = 0; i < x->plan.nforbid; i++)
+    o += (size_t)snprintf(forbid + o, sizeof(forbid) - o, "%s%d", i ? "," : "", x->plan.forbid[i]);
+  snprintf(forbid + o, sizeof(forbid) - o, "}");
+  const char *v0[] = {x->xid, from, to, retry_words[x->plan.retry], lease, forbid};
+  const char *v1[] = {x->xid};
+  const char *sql[] = {
+    "SELECT result, status, branch_id, branch_status FROM tc_admin_cas($1, $2::smallint, $3::smallint, $4, "
+    "$5::int, $6::smallint[])",
+    "SELECT branch_id, branch_type, status, resource_id, coalesce(client_id, '') FROM branch_table "
+    "WHERE xid = $1 ORDER BY branch_id",
+  };
+  const int np[] = {6, 1};
+  const char *const *vals[] = {v0, v1};
+  submit_read(x, TC_PG_JOB_TXN, on_cas, 2, sql, np, vals);
+}
+
+static void on_decided(tc_op_t *op, void *arg) {
+  exec_t *x = arg;
+  tc_node_t *node = x->node;
+  char msg[768];
+  if (op->status != 0) {
+    finish_error(x, "store", "could not %s global transaction \"%s\": %s", verb(x->req->cmd.kind), x->xid,
+                 op->errmsg);
+    return;
+  }
+  switch (op->res) {
+  case TC_RES_OK:
+  case TC_RES_TIMED_OUT: {
+    if (!node->stopping) tc__lockwait_release(node, x->xid);
+    bool commit = txp_global_status_is_commit(op->global_status);
+    if (op->res == TC_RES_TIMED_OUT) node->stats.timed_out++;
+    else if (commit) node->stats.committed++;
+    else node->stats.rolled_back++;
+    x->plan.to = op->global_status;
+    snprintf(msg, sizeof(msg), "%s -> %s (forced decision)", txp_global_status_name(x->plan.from),
+             txp_global_status_name(op->global_status));
+    log_repair(x, msg);
+    if (op->res == TC_RES_TIMED_OUT) {
+      /* Not what was asked: the deadline passed between the check and the
+       * decision, and the store turned the commit into a timeout. */
+      if (!txp_global_status_final(op->global_status))
+        tc__phase2_drive(node, x->xid, op->global_status, op->branches, op->nbranches, NULL, NULL);
+      finish_error(x, "refused",
+                   "could not commit global transaction \"%s\": its deadline passed meanwhile and the coordinator "
+                   "rolled it back (%s)",
+                   x->xid, txp_global_status_name(op->global_status));
+      return;
+    }
+    if (txp_global_status_final(op->global_status)) {
+      on_drive_done(op->global_status, x); /* no branches: finished already */
+      return;
+    }
+    tc__phase2_drive(node, x->xid, op->global_status, op->branches, op->nbranches, on_drive_done, x);
+    return;
+  }
+  case TC_RES_NOT_FOUND:
+    finish_error(x, "not_found", "global transaction \"%s\" not found", x->xid);
+    return;
+  case TC_RES_DECIDED:
+  case TC_RES_FINISHED:
+    snprintf(msg, sizeof(msg), "global transaction \"%s\" was decided meanwhile (%s): nothing changed", x->xid,
+             txp_global_status_name(op->global_status));
+    refuse(x, "refused", msg);
+    return;
+  default:
+    finish_error(x, "internal", "unexpected store result");
+    return;
+  }
+}
+
+static void apply_decide(exec_t *x) {
+  x->op.kind = TC_OP_DECIDE;
+  x->op.cb = on_decided;
+  x->op.arg = x;
+  x->op.xid = x->xid;
+  x->op.action = x->plan.commit ? TC_DECIDE_COMMIT : TC_DECIDE_ROLLBACK;
+  int rc = tc_store_submit(x->node->store, &x->op);
+  if (rc != 0)
+    finish_error(x, rc == TXP_EBUSY ? "store" : "shutting_down", "%s",
+                 rc == TXP_EBUSY ? "coordinator store queue full: retry later" : "coordinator shutting down");
+}
+
+/* The stored state is in: plan, then apply. */
+static void on_repair_state(tc_pg_job_t *job, int status, void *arg) {
+  exec_t *x = arg;
+  if (status != TC_PG_OK) {
+    finish_store_error(x, job, status, "read the global transaction");
+    return;
+  }
+  const PGresult *g = tc_pg_job_result(job, 0), *br = tc_pg_job_result(job, 1), *h = tc_pg_job_result(job, 2);
+  char msg[768];
+  tc_adm_kind_t kind = x->req->cmd.kind;
+  if (PQntuples(g) == 0) {
+    if (PQntuples(h) > 0) {
+      snprintf(msg, sizeof(msg), "global transaction \"%s\" already finished (%s): nothing to %s", x->xid,
+               txp_global_status_name(col_i(h, 0, 0)), tc_adm_kind_name(kind));
+      refuse(x, "refused", msg);
+    } else {
+      finish_error(x, "not_found", "global transaction \"%s\" not found", x->xid);
+    }
+    return;
+  }
+  int s = col_i(g, 0, 0);
+  int nb = PQntuples(br);
+  int *bs = calloc((size_t)(nb ? nb : 1), sizeof(int));
+  if (!bs) {
+    finish_error(x, "internal", "out of memory");
+    return;
+  }
+  for (int i = 0; i < nb; i++) bs[i] = col_i(br, i, 0);
+  int rc = tc_adm_plan_repair(kind, x->xid, s, bs, nb, &x->plan, msg, sizeof(msg));
+  free(bs);
+  if (rc != 0) {
+    refuse(x, "refused", msg);
+    return;
+  }
+  if (x->plan.action == TC_ADM_ACT_DECIDE) {
+    if (x->plan.commit && col_bool(g, 0, 1)) {
+      snprintf(msg, sizeof(msg),
+               "could not commit global transaction \"%s\": it passed its deadline, so the coordinator rolls it "
+               "back; use \"rollback\"",
+               x->xid);
+      refuse(x, "refused", msg);
+      return;
+    }
+    apply_decide(x);
+  } else {
+    apply_cas(x);
+  }
+}
+
+static void on_deleted(tc_pg_job_t *job, int status, void *arg) {
+  exec_t *x = arg;
+  char msg[768];
+  if (status != TC_PG_OK) {
+    finish_store_error(x, job, status, "delete the leftovers");
+    return;
+  }
+  const PGresult *r = tc_pg_job_result(job, 0);
+  const char *res = PQntuples(r) ? PQgetvalue(r, 0, 0) : "";
+  int s = PQntuples(r) ? col_i(r, 0, 1) : 0;
+  if (strcmp(res, "live") == 0) {
+    snprintf(msg, sizeof(msg),
+             "global transaction \"%s\" is live (%s): delete only removes what finished transactions left behind; "
+             "use rollback, commit or redrive",
+             x->xid, txp_global_status_name(s));
+    refuse(x, "refused", msg);
+    return;
+  }
+  if (strcmp(res, "not_found") == 0) {
+    finish_error(x, "not_found", "global transaction \"%s\" not found: no history, no lock or branch rows", x->xid);
+    return;
+  }
+  if (strcmp(res, "ok") != 0) {
+    finish_error(x, "internal", "unexpected store result \"%s\"", res);
+    return;
+  }
+  long long locks = strtoll(PQgetvalue(r, 0, 2), NULL, 10), branches = strtoll(PQgetvalue(r, 0, 3), NULL, 10);
+  if (locks && !x->node->stopping) tc__lockwait_release(x->node, x->xid);
+  json_t *a = ok_answer();
+  json_object_set_new(a, "xid", tc__admin_str(x->xid));
+  json_object_set_new(a, "action", json_string("delete"));
+  json_object_set_new(a, "deleted", json_pack("{s:I, s:I}", "locks", (json_int_t)locks, "branches", (json_int_t)branches));
+  json_object_set_new(a, "history_status", s ? json_string(txp_global_status_name(s)) : json_null());
+  if (locks || branches) {
+    snprintf(msg, sizeof(msg), "deleted %lld lock rows and %lld branch rows", locks, branches);
+    log_repair(x, msg);
+  }
+  finish(x, a);
+}
+
+static void exec_repair(exec_t *x) {
+  const char *v[] = {x->xid};
+  if (x->req->cmd.kind == TC_ADM_DELETE) {
+    const char *sql = "SELECT result, status, locks, branches FROM tc_admin_delete_leftovers($1)";
+    const int np[] = {1};
+    const char *const *vals[] = {v};
+    submit_read(x, TC_PG_JOB_TXN, on_deleted, 1, &sql, np, vals);
+    return;
+  }
+  const char *sql[] = {
+    "SELECT status, deadline < clock_timestamp() FROM global_table WHERE xid = $1",
+    "SELECT status FROM branch_table WHERE xid = $1 ORDER BY branch_id",
+    "SELECT status FROM global_history WHERE xid = $1",
+  };
+  const int np[] = {1, 1, 1};
+  const char *const *vals[] = {v, v, v};
+  submit_read(x, 0, on_repair_state, 3, sql, np, vals);
+}
+
+/* ------------------------------------------------------------ dispatch */
+
+void tc__admin_execute(tc_adm_req_t *req) {
+  exec_t *x = calloc(1, sizeof(*x));
+  if (!x) {
+    tc__admin_finish(req, NULL);
+    return;
+  }
+  x->req = req;
+  x->node = req->node;
+  snprintf(x->xid, sizeof(x->xid), "%s", req->cmd.xid);
+  if (!x->node->store || !x->node->serving) {
+    finish_error(x, "shutting_down", "coordinator not serving yet");
+    return;
+  }
+  switch (req->cmd.kind) {
+  case TC_ADM_SHOW_GLOBALS: exec_show_globals(x); break;
+  case TC_ADM_SHOW_GLOBAL: exec_show_global(x); break;
+  case TC_ADM_SHOW_LOCKS: exec_show_locks(x); break;
+  case TC_ADM_SHOW_NODES: exec_show_nodes(x); break;
+  case TC_ADM_STATS: exec_stats(x); break;
+  case TC_ADM_HELP: exec_help(x); break;
+  case TC_ADM_ROLLBACK:
+  case TC_ADM_COMMIT:
+  case TC_ADM_STOP_RETRY:
+  case TC_ADM_RESUME_RETRY:
+  case TC_ADM_REDRIVE:
+  case TC_ADM_DELETE: exec_repair(x); break;
+  default: finish_error(x, "bad_request", "unknown command"); break;
+  }
+}

@@ -1,0 +1,795 @@
+/*
+ * tcctl.c - the operator's command line over a tcd admin socket.
+ *
+ * NOTES
+ *   tcctl turns its arguments into one request line (the grammar of
+ *   tc_admin_cmd.h, checked here with the same parser before connecting),
+ *   sends it, reads one JSON line back and prints it as tables, or as is
+ *   with --json.  Exit status: 0 done, 1 refused or failed (the answer's
+ *   "ok" is false), 2 usage error, 3 could not talk to tcd (no socket,
+ *   permission denied, connection lost, no answer in time).
+ *
+ *   The socket: --socket PATH, else $TC_ADMIN_SOCKET, else the first path
+ *   of $TC_ADMIN_SOCKETS (separated by blanks, commas or colons).
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <jansson.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tc_admin_cmd.h"
+
+#ifndef TXC_VERSION
+#define TXC_VERSION "0.1.0"
+#endif
+
+enum { EXIT_OK = 0, EXIT_REFUSED = 1, EXIT_USAGE = 2, EXIT_CONNECT = 3 };
+
+#define MAX_ANSWER (64u * 1024u * 1024u)
+
+typedef struct cmd_desc {
+  const char *name;
+  const char *args;
+  const char *summary;
+  const char *details;
+} cmd_desc_t;
+
+static const cmd_desc_t commands[] = {
+  {"globals", "[--status S[,S...]] [--min-age SECONDS] [--name NAME] [--limit N]",
+   "list unfinished global transactions, oldest first",
+   "Lists the sessions in the store (every node's), oldest first, with their\n"
+   "status, age, name, branch and lock counts, retries and last error.\n"
+   "  --status S[,S...]  only these statuses (names such as Begin, AsyncCommitting,\n"
+   "                     CommitRetrying, RollbackRetrying, RollbackFailed, or numbers)\n"
+   "  --min-age SECONDS  only sessions begun at least this long ago\n"
+   "  --name NAME        only this transaction name\n"
+   "  --limit N          at most N rows (default 100, at most 10000)\n"
+   "Options may also be written status=S, min-age=... as on the socket."},
+  {"show", "XID", "show one global transaction with its branches, locks and waiters",
+   "Shows the session (live, or finished from history), each branch with its\n"
+   "resource, type, status, retry count and last error, its global locks, and the\n"
+   "registrations waiting for them on this node."},
+  {"locks", "[--xid XID] [--key ROWKEY | --prefix PREFIX] [--limit N]",
+   "list global row locks and this node's wait queues",
+   "Row keys are \"resource^^^table^^^pk\".  Without filters, every lock (up to\n"
+   "--limit, default 1000) and every wait queue on this node."},
+  {"nodes", "", "list the cluster's nodes (node_table) and this node's leader flag", NULL},
+  {"stats", "", "this node's counters, and the sessions by status", NULL},
+  {"rollback", "XID", "force a rollback",
+   "From Begin: decides rollback now (as a TM would).  From RollbackRetrying,\n"
+   "RollbackFailed, TimeoutRollback* or StopRollbackRetry: drives the rollback\n"
+   "again now.  Refused when the decision was commit or a branch already\n"
+   "committed phase two: that would break atomicity."},
+  {"commit", "XID", "force a commit",
+   "From Begin (before its deadline): decides commit now.  From CommitRetrying,\n"
+   "CommitFailed or StopCommitRetry: drives the commit again now.  Refused when\n"
+   "the decision was rollback or a branch already rolled back."},
+  {"stop-retry", "XID", "stop phase-two retries of a transaction",
+   "Moves a session in phase two to StopCommitRetry or StopRollbackRetry: the\n"
+   "recovery leader leaves it alone until resume-retry, redrive, commit or\n"
+   "rollback."},
+  {"resume-retry", "XID", "resume stopped retries (the leader retries at once)", NULL},
+  {"redrive", "XID", "re-send phase two now, following the recorded decision",
+   "Drives phase two on this node now and waits for it (each branch call has a\n"
+   "10 s timeout): failed or stopped sessions go back to their *Retrying status\n"
+   "first.  Answers the status phase two reached."},
+  {"delete", "XID", "delete lock and branch rows left behind by a finished transaction",
+   "Only for sessions that are no longer live (finished, or unknown): removes\n"
+   "their orphan lock_table and branch_table rows.  Refused for live sessions."},
+  {"help", "[COMMAND]", "this text, or one command's", NULL},
+};
+
+#define NCOMMANDS (sizeof(commands) / sizeof(commands[0]))
+
+static const char *prog = "tcctl";
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: tcctl [--socket PATH] [--json] [--timeout SECONDS] COMMAND [ARGS...]\n"
+          "       tcctl COMMAND --help\n"
+          "\n"
+          "Inspect and repair a tcd transaction coordinator over its admin socket.\n"
+          "\n"
+          "commands:\n");
+  for (size_t i = 0; i < NCOMMANDS; i++) {
+    char head[96];
+    snprintf(head, sizeof(head), "%s %s", commands[i].name, commands[i].args);
+    if (strlen(head) > 28) fprintf(f, "  %s\n  %-28s %s\n", head, "", commands[i].summary);
+    else fprintf(f, "  %-28s %s\n", head, commands[i].summary);
+  }
+  fprintf(f,
+          "\n"
+          "options:\n"
+          "  -s, --socket PATH     admin socket (default: $TC_ADMIN_SOCKET, else the first\n"
+          "                        of $TC_ADMIN_SOCKETS)\n"
+          "  -j, --json            print the answer as JSON, unchanged\n"
+          "  -t, --timeout SECONDS wait this long for the answer (default 60)\n"
+          "  -h, --help            this text\n"
+          "  -V, --version         print the version\n"
+          "\n"
+          "exit status: 0 done, 1 refused or failed, 2 usage error,\n"
+          "             3 could not talk to tcd (socket missing, permission, no answer)\n");
+}
+
+static void command_help(const cmd_desc_t *c, FILE *f) {
+  fprintf(f, "usage: tcctl [OPTIONS] %s %s\n\n%s.\n", c->name, c->args, c->summary);
+  if (c->details) fprintf(f, "\n%s\n", c->details);
+}
+
+static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static int usage_error(const char *fmt, ...) {
+  va_list ap;
+  fprintf(stderr, "%s: ", prog);
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, " (see tcctl --help)\n");
+  return EXIT_USAGE;
+}
+
+static const cmd_desc_t *find_command(const char *name) {
+  for (size_t i = 0; i < NCOMMANDS; i++)
+    if (strcmp(commands[i].name, name) == 0) return &commands[i];
+  return NULL;
+}
+
+/* ------------------------------------------------------- request line */
+
+typedef struct {
+  char buf[16384];
+  size_t len;
+  bool overflow;
+} line_t;
+
+static void put_raw(line_t *l, const char *s) {
+  size_t n = strlen(s);
+  if (l->len + n + 1 >= sizeof(l->buf)) {
+    l->overflow = true;
+    return;
+  }
+  memcpy(l->buf + l->len, s, n + 1);
+  l->len += n;
+}
+
+static void put_word(line_t *l, const char *w) {
+  char q[8300];
+  if (l->len) put_raw(l, " ");
+  if (tc_adm_quote(w, q, sizeof(q)) < 0) {
+    l->overflow = true;
+    return;
+  }
+  put_raw(l, q);
+}
+
+static void put_option(line_t *l, const char *key, const char *val) {
+  char q[8300];
+  if (l->len) put_raw(l, " ");
+  put_raw(l, key);
+  put_raw(l, "=");
+  if (tc_adm_quote(val, q, sizeof(q)) < 0) {
+    l->overflow = true;
+    return;
+  }
+  put_raw(l, q);
+}
+
+/*
+ * Options of a listing command: "--key VALUE", "--key=VALUE" or
+ * "key=VALUE", for the socket keys in 'keys' (tcctl spells min_age as
+ * --min-age; both are accepted).
+ */
+static int list_options(line_t *l, const char *cmd, int argc, char **argv, const char *const *keys) {
+  for (int i = 0; i < argc; i++) {
+    char name[64];
+    const char *a = argv[i], *val = NULL;
+    const char *eq = strchr(a, '=');
+    if (a[0] == '-' && a[1] == '-') {
+      a += 2;
+      eq = strchr(a, '=');
+    } else if (!eq) {
+      return usage_error("unexpected argument \"%s\" for \"%s\"", argv[i], cmd);
+    }
+    size_t n = eq ? (size_t)(eq - a) : strlen(a);
+    if (n == 0 || n >= sizeof(name)) return usage_error("bad option \"%s\"", argv[i]);
+    memcpy(name, a, n);
+    name[n] = '\0';
+    for (char *p = name; *p; p++)
+      if (*p == '-') *p = '_';
+    if (eq) val = eq + 1;
+    bool known = false;
+    for (const char *const *k = keys; *k; k++) known = known || strcmp(*k, name) == 0;
+    if (!known) return usage_error("unknown option \"%s\" for \"%s\"", argv[i], cmd);
+    if (!val) {
+      if (i + 1 >= argc) return usage_error("option \"%s\" needs a value", argv[i]);
+      val = argv[++i];
+    }
+    put_option(l, name, val);
+  }
+  return 0;
+}
+
+/* Build the request for command 'cmd' with its arguments. */
+static int build_line(const char *cmd, int argc, char **argv, line_t *l) {
+  static const char *const globals_keys[] = {"status", "min_age", "name", "limit", NULL};
+  static const char *const locks_keys[] = {"xid", "key", "prefix", "limit", NULL};
+  if (strcmp(cmd, "globals") == 0) {
+    put_raw(l, "show globals");
+    return list_options(l, cmd, argc, argv, globals_keys);
+  }
+  if (strcmp(cmd, "locks") == 0) {
+    put_raw(l, "show locks");
+    return list_options(l, cmd, argc, argv, locks_keys);
+  }
+  if (strcmp(cmd, "nodes") == 0 || strcmp(cmd, "stats") == 0) {
+    if (argc) return usage_error("\"%s\" takes no arguments, got \"%s\"", cmd, argv[0]);
+    put_raw(l, strcmp(cmd, "nodes") == 0 ? "show nodes" : "stats");
+    return 0;
+  }
+  /* show XID and the repairs: exactly one XID. */
+  if (argc != 1) return usage_error(argc ? "\"%s\" takes one XID" : "\"%s\" needs an XID", cmd);
+  if (argv[0][0] == '-') return usage_error("unknown option \"%s\" for \"%s\"", argv[0], cmd);
+  if (strcmp(cmd, "show") == 0) put_raw(l, "show global");
+  else put_raw(l, cmd);
+  put_word(l, argv[0]);
+  return 0;
+}
+
+/* ------------------------------------------------------------- socket */
+
+static const char *default_socket(char *buf, size_t cap) {
+  const char *s = getenv("TC_ADMIN_SOCKET");
+  if (s && *s) return s;
+  s = getenv("TC_ADMIN_SOCKETS");
+  if (!s) return NULL;
+  while (*s == ' ' || *s == '\t' || *s == ',' || *s == ':' || *s == '\n') s++;
+  size_t n = strcspn(s, " \t,:\n");
+  if (n == 0 || n >= cap) return NULL;
+  memcpy(buf, s, n);
+  buf[n] = '\0';
+  return buf;
+}
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* Send 'line' and read the answer line into '*out' (malloc'ed).  Returns
+ * 0, or EXIT_CONNECT after printing why. */
+static int talk(const char *path, const char *line, double timeout_s, char **out) {
+  *out = NULL;
+  struct sockaddr_un sa;
+  memset(&sa, 0, sizeof(sa));
+  sa.sun_family = AF_UNIX;
+  if (strlen(path) >= sizeof(sa.sun_path)) {
+    fprintf(stderr, "%s: socket path \"%s\" is too long\n", prog, path);
+    return EXIT_CONNECT;
+  }
+  memcpy(sa.sun_path, path, strlen(path) + 1);
+  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+    int e = errno;
+    fprintf(stderr, "%s: could not connect to admin socket \"%s\": %s%s\n", prog, path, strerror(e),
+            e == ENOENT         ? " (is tcd running with admin.socket set?)"
+            : e == EACCES       ? " (the socket's mode does not let you in)"
+            : e == ECONNREFUSED ? " (no tcd is listening on it)"
+                                : "");
+    if (fd >= 0) close(fd);
+    return EXIT_CONNECT;
+  }
+  size_t len = strlen(line), off = 0;
+  char *req = malloc(len + 2);
+  if (!req) {
+    close(fd);
+    return EXIT_CONNECT;
+  }
+  memcpy(req, line, len);
+  req[len++] = '\n';
+  int send_errno = 0;
+  while (off < len) {
+    ssize_t n = send(fd, req + off, len - off, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      /* tcd may have answered and closed already (a refused peer): what
+       * it said is still there to read. */
+      send_errno = n < 0 ? errno : EPIPE;
+      break;
+    }
+    off += (size_t)n;
+  }
+  free(req);
+  size_t cap = 65536, got = 0;
+  char *buf = malloc(cap);
+  double deadline = now_ms() + timeout_s * 1000.0;
+  int rc = EXIT_CONNECT;
+  while (buf) {
+    char *nl = got ? memchr(buf, '\n', got) : NULL;
+    if (nl) {
+      *nl = '\0';
+      *out = buf;
+      buf = NULL;
+      rc = 0;
+      break;
+    }
+    double left = deadline - now_ms();
+    if (left <= 0) {
+      fprintf(stderr, "%s: no answer from \"%s\" within %.0f s\n", prog, path, timeout_s);
+      break;
+    }
+    struct pollfd p = {fd, POLLIN, 0};
+    int pr = poll(&p, 1, left > 60000 ? 60000 : (int)left + 1);
+    if (pr < 0 && errno == EINTR) continue;
+    if (pr <= 0) continue;
+    if (got + 4096 > cap) {
+      if (cap >= MAX_ANSWER) {
+        fprintf(stderr, "%s: answer larger than %u bytes\n", prog, MAX_ANSWER);
+        break;
+      }
+      char *nb = realloc(buf, cap * 2);
+      if (!nb) break;
+      buf = nb;
+      cap *= 2;
+    }
+    ssize_t n = recv(fd, buf + got, cap - got - 1, 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      if (send_errno)
+        fprintf(stderr, "%s: could not send the request to \"%s\": %s\n", prog, path, strerror(send_errno));
+      else
+        fprintf(stderr, "%s: connection to \"%s\" closed before the answer%s%s\n", prog, path, n < 0 ? ": " : "",
+                n < 0 ? strerror(errno) : "");
+      break;
+    }
+    got += (size_t)n;
+  }
+  free(buf);
+  close(fd);
+  return rc;
+}
+
+/* ------------------------------------------------------------- output */
+
+static const char *jstr(const json_t *o, const char *key) {
+  const json_t *v = json_object_get(o, key);
+  return json_is_string(v) ? json_string_value(v) : NULL;
+}
+
+/* A field as text: strings as they are, numbers, booleans yes/no, "-" for
+ * null or missing. */
+static void field(const json_t *o, const char *key, char *out, size_t cap) {
+  const json_t *v = json_object_get(o, key);
+  if (json_is_string(v)) snprintf(out, cap, "%s", json_string_value(v));
+  else if (json_is_integer(v)) snprintf(out, cap, "%lld", (long long)json_integer_value(v));
+  else if (json_is_real(v)) snprintf(out, cap, "%.3f", json_real_value(v));
+  else if (json_is_true(v)) snprintf(out, cap, "yes");
+  else if (json_is_false(v)) snprintf(out, cap, "no");
+  else snprintf(out, cap, "-");
+  /* One line per row: newlines and tabs in store text become blanks. */
+  for (char *p = out; *p; p++)
+    if (*p == '\n' || *p == '\r' || *p == '\t') *p = ' ';
+}
+
+static void duration(double s, char *out, size_t cap) {
+  if (s < 0) snprintf(out, cap, "-");
+  else if (s < 60) snprintf(out, cap, "%.1fs", s);
+  else if (s < 3600) snprintf(out, cap, "%dm%02ds", (int)(s / 60), (int)s % 60);
+  else if (s < 86400) snprintf(out, cap, "%dh%02dm", (int)(s / 3600), ((int)s % 3600) / 60);
+  else snprintf(out, cap, "%dd%02dh", (int)(s / 86400), ((int)s % 86400) / 3600);
+}
+
+#define MAX_COLS 10
+#define CELL 512
+
+typedef struct {
+  int ncols;
+  const char *title[MAX_COLS];
+  int maxw[MAX_COLS]; /* 0: unbounded */
+  char (*cells)[MAX_COLS][CELL];
+  int nrows, cap;
+} table_t;
+
+static void table_init(table_t *t, int ncols, const char *const *titles, const int *maxw) {
+  memset(t, 0, sizeof(*t));
+  t->ncols = ncols;
+  for (int i = 0; i < ncols; i++) {
+    t->title[i] = titles[i];
+    t->maxw[i] = maxw ? maxw[i] : 0;
+  }
+}
+
+static char (*table_row(table_t *t))[CELL] {
+  if (t->nrows == t->cap) {
+    int cap = t->cap ? t->cap * 2 : 16;
+    void *n = realloc(t->cells, (size_t)cap * sizeof(*t->cells));
+    if (!n) return NULL;
+    t->cells = n;
+    t->cap = cap;
+  }
+  memset(t->cells[t->nrows], 0, sizeof(*t->cells));
+  return t->cells[t->nrows++];
+}
+
+static void table_print(table_t *t) {
+  int w[MAX_COLS];
+  for (int c = 0; c < t->ncols; c++) {
+    w[c] = (int)strlen(t->title[c]);
+    for (int r = 0; r < t->nrows; r++) {
+      int l = (int)strlen(t->cells[r][c]);
+      if (l > w[c]) w[c] = l;
+    }
+    if (t->maxw[c] && w[c] > t->maxw[c]) w[c] = t->maxw[c];
+  }
+  for (int r = -1; r < t->nrows; r++) {
+    for (int c = 0; c < t->ncols; c++) {
+      const char *s = r < 0 ? t->title[c] : t->cells[r][c];
+      bool last = c == t->ncols - 1;
+      int l = (int)strlen(s);
+      if (l > w[c] && !last) printf("%.*s~", w[c] - 1, s);
+      else if (last) printf("%s", s);
+      else printf("%-*s", w[c], s);
+      if (!last) printf("  ");
+    }
+    printf("\n");
+  }
+  free(t->cells);
+  t->cells = NULL;
+}
+
+static void print_globals(const json_t *a) {
+  static const char *const titles[] = {"XID", "STATUS", "AGE", "NAME", "BRANCHES", "LOCKS", "RETRIES", "LAST ERROR"};
+  static const int maxw[] = {0, 0, 0, 24, 0, 0, 0, 0};
+  const json_t *list = json_object_get(a, "globals");
+  table_t t;
+  table_init(&t, 8, titles, maxw);
+  size_t i;
+  const json_t *g;
+  json_array_foreach(list, i, g) {
+    char(*row)[CELL] = table_row(&t);
+    if (!row) break;
+    field(g, "xid", row[0], CELL);
+    field(g, "status", row[1], CELL);
+    duration(json_number_value(json_object_get(g, "age_s")), row[2], CELL);
+    field(g, "name", row[3], CELL);
+    field(g, "branches", row[4], CELL);
+    field(g, "locks", row[5], CELL);
+    field(g, "retry_count", row[6], CELL);
+    field(g, "last_error", row[7], CELL);
+  }
+  if (json_array_size(list)) table_print(&t);
+  else free(t.cells);
+  printf("%zu global transaction%s%s\n", json_array_size(list), json_array_size(list) == 1 ? "" : "s",
+         json_is_true(json_object_get(a, "truncated")) ? " (more exist: raise --limit)" : "");
+}
+
+static void kv(const char *k, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void kv(const char *k, const char *fmt, ...) {
+  va_list ap;
+  printf("%-14s ", k);
+  va_start(ap, fmt);
+  vprintf(fmt, ap);
+  va_end(ap);
+  printf("\n");
+}
+
+static void print_waiters(const json_t *q, const char *indent) {
+  static const char *const titles[] = {"WAITING XID", "WAITING", "TIMES OUT IN"};
+  table_t t;
+  table_init(&t, 3, titles, NULL);
+  size_t i;
+  const json_t *w;
+  json_array_foreach(q, i, w) {
+    char(*row)[CELL] = table_row(&t);
+    if (!row) break;
+    field(w, "xid", row[0], CELL);
+    duration(json_number_value(json_object_get(w, "waiting_ms")) / 1000.0, row[1], CELL);
+    duration(json_number_value(json_object_get(w, "timeout_in_ms")) / 1000.0, row[2], CELL);
+  }
+  (void)indent;
+  table_print(&t);
+}
+
+static void print_global(const json_t *a) {
+  const json_t *g = json_object_get(a, "global");
+  char v[CELL], v2[CELL];
+  if (json_is_object(g)) {
+    bool live = json_is_true(json_object_get(g, "live"));
+    kv("xid:", "%s", jstr(g, "xid") ? jstr(g, "xid") : "-");
+    field(g, "status_code", v, sizeof(v));
+    kv("status:", "%s (%s)%s", jstr(g, "status") ? jstr(g, "status") : "?", v, live ? "" : ", finished");
+    field(g, "transaction_id", v, sizeof(v));
+    kv("id:", "%s", v);
+    field(g, "name", v, sizeof(v));
+    kv("name:", "%s", v);
+    field(g, "application_id", v, sizeof(v));
+    kv("application:", "%s", v);
+    field(g, "begin_time", v, sizeof(v));
+    if (live) {
+      duration(json_number_value(json_object_get(g, "age_s")), v2, sizeof(v2));
+      kv("begun:", "%s (%s ago)", v, v2);
+      field(g, "node_id", v, sizeof(v));
+      kv("node:", "%s", v);
+      field(g, "timeout_ms", v, sizeof(v));
+      field(g, "deadline", v2, sizeof(v2));
+      kv("timeout:", "%s ms (deadline %s%s)", v, v2, json_is_true(json_object_get(g, "timed_out")) ? ", passed" : "");
+      field(g, "retry_count", v, sizeof(v));
+      field(g, "next_retry_at", v2, sizeof(v2));
+      kv("retries:", "%s (next: %s)", v, v2);
+      field(g, "last_error", v, sizeof(v));
+      kv("last error:", "%s", v);
+    } else {
+      kv("begun:", "%s", v);
+      field(g, "end_time", v, sizeof(v));
+      kv("ended:", "%s", v);
+      field(a, "leftover_branches", v, sizeof(v));
+      kv("leftovers:", "%s branch rows, %zu lock rows (tcctl delete removes them)", v,
+         json_array_size(json_object_get(a, "locks")));
+    }
+  } else {
+    printf("no live session and no history: these rows are orphans (tcctl delete removes them)\n");
+  }
+  const json_t *branches = json_object_get(a, "branches");
+  printf("\n%zu branch%s\n", json_array_size(branches), json_array_size(branches) == 1 ? "" : "es");
+  if (json_array_size(branches)) {
+    static const char *const titles[] = {"BRANCH", "RESOURCE", "TYPE", "STATUS", "RETRIES", "CLIENT", "LAST ERROR"};
+    table_t t;
+    table_init(&t, 7, titles, NULL);
+    size_t i;
+    const json_t *b;
+    json_array_foreach(branches, i, b) {
+      char(*row)[CELL] = table_row(&t);
+      if (!row) break;
+      field(b, "branch_id", row[0], CELL);
+      field(b, "resource_id", row[1], CELL);
+      field(b, "branch_type", row[2], CELL);
+      field(b, "status", row[3], CELL);
+      field(b, "retry_count", row[4], CELL);
+      field(b, "client_id", row[5], CELL);
+      field(b, "last_error", row[6], CELL);
+    }
+    table_print(&t);
+  }
+  const json_t *locks = json_object_get(a, "locks");
+  printf("\n%zu lock%s%s\n", json_array_size(locks), json_array_size(locks) == 1 ? "" : "s",
+         json_is_true(json_object_get(a, "locks_truncated")) ? " (first ones only)" : "");
+  if (json_array_size(locks)) {
+    static const char *const titles[] = {"ROW KEY", "BRANCH", "STATUS", "SINCE"};
+    table_t t;
+    table_init(&t, 4, titles, NULL);
+    size_t i;
+    const json_t *l;
+    json_array_foreach(locks, i, l) {
+      char(*row)[CELL] = table_row(&t);
+      if (!row) break;
+      field(l, "row_key", row[0], CELL);
+      field(l, "branch_id", row[1], CELL);
+      field(l, "status", row[2], CELL);
+      field(l, "since", row[3], CELL);
+    }
+    table_print(&t);
+  }
+  const json_t *waiters = json_object_get(a, "waiters");
+  if (json_array_size(waiters)) {
+    printf("\n%zu registration%s waiting for its locks on this node\n", json_array_size(waiters),
+           json_array_size(waiters) == 1 ? "" : "s");
+    print_waiters(waiters, "");
+  }
+}
+
+static void print_locks(const json_t *a) {
+  static const char *const titles[] = {"ROW KEY", "XID", "BRANCH", "STATUS", "HOLDER STATUS", "SINCE"};
+  const json_t *list = json_object_get(a, "locks");
+  table_t t;
+  table_init(&t, 6, titles, NULL);
+  size_t i;
+  const json_t *l;
+  json_array_foreach(list, i, l) {
+    char(*row)[CELL] = table_row(&t);
+    if (!row) break;
+    field(l, "row_key", row[0], CELL);
+    field(l, "xid", row[1], CELL);
+    field(l, "branch_id", row[2], CELL);
+    field(l, "status", row[3], CELL);
+    if (json_is_true(json_object_get(l, "orphan"))) snprintf(row[4], CELL, "(orphan)");
+    else field(l, "holder_status", row[4], CELL);
+    field(l, "since", row[5], CELL);
+  }
+  if (json_array_size(list)) table_print(&t);
+  else free(t.cells);
+  printf("%zu lock%s%s\n", json_array_size(list), json_array_size(list) == 1 ? "" : "s",
+         json_is_true(json_object_get(a, "truncated")) ? " (more exist: raise --limit)" : "");
+  const json_t *groups = json_object_get(a, "waiters");
+  const json_t *g;
+  json_array_foreach(groups, i, g) {
+    printf("\nwaiting on this node for \"%s\":\n", jstr(g, "holder") ? jstr(g, "holder") : "?");
+    print_waiters(json_object_get(g, "queue"), "  ");
+  }
+}
+
+static void print_nodes(const json_t *a) {
+  static const char *const titles[] = {"NODE", "ADDRESS", "LEADER", "HEARTBEAT", "PID", "VERSION", "ADMIN SOCKET"};
+  const json_t *list = json_object_get(a, "nodes");
+  table_t t;
+  table_init(&t, 7, titles, NULL);
+  size_t i;
+  const json_t *n;
+  json_array_foreach(list, i, n) {
+    char(*row)[CELL] = table_row(&t);
+    if (!row) break;
+    field(n, "node_id", row[0], CELL);
+    if (json_is_true(json_object_get(n, "self"))) strncat(row[0], " *", CELL - strlen(row[0]) - 1);
+    field(n, "address", row[1], CELL);
+    field(n, "is_leader", row[2], CELL);
+    char age[64];
+    duration(json_number_value(json_object_get(n, "heartbeat_age_s")), age, sizeof(age));
+    snprintf(row[3], CELL, "%s ago", age);
+    field(n, "pid", row[4], CELL);
+    field(n, "version", row[5], CELL);
+    field(n, "admin_socket", row[6], CELL);
+  }
+  if (json_array_size(list)) table_print(&t);
+  else free(t.cells);
+  const json_t *self = json_object_get(a, "self");
+  char id[32];
+  field(self, "node_id", id, sizeof(id));
+  printf("this node: %s at %s, %s, %s\n", id, jstr(self, "address") ? jstr(self, "address") : "?",
+         json_is_true(json_object_get(self, "leader")) ? "recovery leader" : "not the leader",
+         json_is_true(json_object_get(self, "serving")) ? "serving" : "not serving");
+}
+
+static void print_value_tree(const json_t *o, int depth) {
+  const char *k;
+  const json_t *v;
+  json_object_foreach((json_t *)(uintptr_t)o, k, v) {
+    if (depth == 0 && strcmp(k, "ok") == 0) continue;
+    if (json_is_object(v)) {
+      printf("%*s%s:\n", depth * 2, "", k);
+      print_value_tree(v, depth + 1);
+    } else {
+      char s[CELL];
+      field(o, k, s, sizeof(s));
+      printf("%*s%-*s %s\n", depth * 2, "", 22 - depth * 2, k, s);
+    }
+  }
+}
+
+static void print_repair(const json_t *a) {
+  const char *action = jstr(a, "action"), *xid = jstr(a, "xid");
+  if (action && strcmp(action, "delete") == 0) {
+    const json_t *d = json_object_get(a, "deleted");
+    long long locks = json_integer_value(json_object_get(d, "locks"));
+    long long branches = json_integer_value(json_object_get(d, "branches"));
+    if (!locks && !branches) printf("delete %s: nothing left to delete", xid ? xid : "?");
+    else printf("delete %s: removed %lld lock row%s and %lld branch row%s", xid ? xid : "?", locks,
+                locks == 1 ? "" : "s", branches, branches == 1 ? "" : "s");
+    if (jstr(a, "history_status")) printf(" (finished %s)", jstr(a, "history_status"));
+    printf("\n");
+    return;
+  }
+  printf("%s %s: %s -> %s", action ? action : "?", xid ? xid : "?", jstr(a, "from") ? jstr(a, "from") : "?",
+         jstr(a, "to") ? jstr(a, "to") : "?");
+  if (jstr(a, "status"))
+    printf("; phase two reached %s%s", jstr(a, "status"),
+           json_is_true(json_object_get(a, "finished")) ? " (finished)" : "");
+  printf("\n");
+}
+
+static void print_help_answer(const json_t *a) {
+  size_t i;
+  const json_t *c;
+  json_array_foreach(json_object_get(a, "commands"), i, c)
+    printf("%-60s %s\n", jstr(c, "usage") ? jstr(c, "usage") : "", jstr(c, "help") ? jstr(c, "help") : "");
+}
+
+/* ---------------------------------------------------------------- main */
+
+int main(int argc, char **argv) {
+  static const struct option opts[] = {
+    {"socket", required_argument, NULL, 's'}, {"json", no_argument, NULL, 'j'},
+    {"timeout", required_argument, NULL, 't'}, {"help", no_argument, NULL, 'h'},
+    {"version", no_argument, NULL, 'V'},      {NULL, 0, NULL, 0},
+  };
+  const char *socket_path = NULL;
+  bool as_json = false;
+  double timeout_s = 60;
+  int ch;
+  /* '+': stop at the command, whose own arguments may look like options. */
+  while ((ch = getopt_long(argc, argv, "+s:jt:hV", opts, NULL)) != -1) {
+    switch (ch) {
+    case 's': socket_path = optarg; break;
+    case 'j': as_json = true; break;
+    case 't': {
+      char *end;
+      timeout_s = strtod(optarg, &end);
+      if (*end || end == optarg || !(timeout_s > 0) || timeout_s > 86400)
+        return usage_error("invalid --timeout \"%s\": expected seconds, above 0", optarg);
+      break;
+    }
+    case 'h': usage(stdout); return EXIT_OK;
+    case 'V': printf("tcctl %s\n", TXC_VERSION); return EXIT_OK;
+    default: usage(stderr); return EXIT_USAGE;
+    }
+  }
+  if (optind >= argc) {
+    usage(stderr);
+    return EXIT_USAGE;
+  }
+  const char *cmd = argv[optind];
+  const cmd_desc_t *desc = find_command(cmd);
+  if (!desc) return usage_error("unknown command \"%s\"", cmd);
+  int cargc = argc - optind - 1;
+  char **cargv = argv + optind + 1;
+  for (int i = 0; i < cargc; i++) {
+    if (strcmp(cargv[i], "--help") == 0 || strcmp(cargv[i], "-h") == 0) {
+      command_help(desc, stdout);
+      return EXIT_OK;
+    }
+  }
+  if (strcmp(cmd, "help") == 0) {
+    if (cargc == 0) {
+      usage(stdout);
+      return EXIT_OK;
+    }
+    const cmd_desc_t *d = find_command(cargv[0]);
+    if (!d || cargc > 1) return usage_error("unknown command \"%s\"", cargv[0]);
+    command_help(d, stdout);
+    return EXIT_OK;
+  }
+  line_t line = {{0}, 0, false};
+  int rc = build_line(cmd, cargc, cargv, &line);
+  if (rc != 0) return rc;
+  if (line.overflow) return usage_error("arguments too long");
+  /* The daemon's own parser: a bad value is a usage error, said here. */
+  tc_adm_cmd_t parsed;
+  char err[512];
+  if (tc_adm_parse(line.buf, line.len, &parsed, err, sizeof(err)) != 0) return usage_error("%s", err);
+
+  char envbuf[256];
+  if (!socket_path) socket_path = default_socket(envbuf, sizeof(envbuf));
+  if (!socket_path)
+    return usage_error("no admin socket: use --socket PATH or set TC_ADMIN_SOCKET (or TC_ADMIN_SOCKETS)");
+  char *answer = NULL;
+  rc = talk(socket_path, line.buf, timeout_s, &answer);
+  if (rc != 0) return rc;
+  json_error_t jerr;
+  json_t *a = json_loads(answer, 0, &jerr);
+  if (!json_is_object(a)) {
+    fprintf(stderr, "%s: the answer is not a JSON object (%s): %.200s\n", prog, jerr.text, answer);
+    json_decref(a);
+    free(answer);
+    return EXIT_CONNECT;
+  }
+  bool ok = json_is_true(json_object_get(a, "ok"));
+  const char *code = jstr(a, "code");
+  if (as_json) {
+    printf("%s\n", answer);
+  } else if (!ok) {
+    fprintf(stderr, "%s: %s\n", prog, jstr(a, "error") ? jstr(a, "error") : "command failed");
+  } else {
+    switch (parsed.kind) {
+    case TC_ADM_SHOW_GLOBALS: print_globals(a); break;
+    case TC_ADM_SHOW_GLOBAL: print_global(a); break;
+    case TC_ADM_SHOW_LOCKS: print_locks(a); break;
+    case TC_ADM_SHOW_NODES: print_nodes(a); break;
+    case TC_ADM_STATS: print_value_tree(a, 0); break;
+    case TC_ADM_HELP: print_help_answer(a); break;
+    default: print_repair(a); break;
+    }
+  }
+  rc = ok ? EXIT_OK : code && strcmp(code, "denied") == 0 ? EXIT_CONNECT : EXIT_REFUSED;
+  json_decref(a);
+  free(answer);
+  return rc;
+}

@@ -1,0 +1,471 @@
+/*
+ * test_tc_bus.c - the peer bus without tcd: the message codec (round trips,
+ * every truncation and corruption refused), and three tc_bus instances on
+ * one loop talking over real nanomsg TCP pipes on loopback: heartbeats,
+ * batched lock-release wake-ups, forwarded phase-two calls (answered, no RM
+ * anywhere, no answer in time), no duplicate delivery, and a clean close.
+ */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "tc_bus.h"
+#include "tc_bus_msg.h"
+
+/* ---------------------------------------------------------------- codec */
+
+static void count_xid(const char *xid, void *arg) {
+  int *n = arg;
+  assert_true(strlen(xid) > 0);
+  (*n)++;
+}
+
+static void test_codec_roundtrip(void **state) {
+  (void)state;
+  txp_buf_t b;
+  txp_buf_init(&b, 0);
+  tc_bus_hdr_t h;
+
+  assert_int_equal(tc_bus_write_hello(&b, 7, 0xdeadbeef, TC_BUS_F_LEADER, "127.0.0.1:8091"), 0);
+  assert_int_equal(tc_bus_parse_header(b.data, b.len, &h), 0);
+  assert_int_equal(h.kind, TC_BUS_HELLO);
+  assert_int_equal(h.from, 7);
+  assert_int_equal(h.incarnation, 0xdeadbeefu);
+  assert_true(h.flags & TC_BUS_F_LEADER);
+  char addr[TC_BUS_MAX_ADDR + 1];
+  assert_int_equal(tc_bus_parse_hello(&h, addr, sizeof(addr)), 0);
+  assert_string_equal(addr, "127.0.0.1:8091");
+  txp_buf_reset(&b);
+
+  tc_bus_released_writer_t w;
+  assert_int_equal(tc_bus_released_begin(&w, &b, 3, 1, 0), 0);
+  char xid[TXP_MAX_XID_LEN + 1];
+  for (int i = 0; i < 500; i++) {
+    snprintf(xid, sizeof(xid), "127.0.0.1:8091:%d", i);
+    assert_int_equal(tc_bus_released_add(&w, xid), 0);
+  }
+  assert_int_equal(tc_bus_released_add(&w, ""), TXP_EINVALID_ARG);
+  tc_bus_released_end(&w);
+  assert_int_equal(tc_bus_parse_header(b.data, b.len, &h), 0);
+  int n = 0;
+  assert_int_equal(tc_bus_each_released(&h, count_xid, &n), 500);
+  assert_int_equal(n, 500);
+  txp_buf_reset(&b);
+
+  /* A small batch limit: add says full, nothing half-written. */
+  assert_int_equal(tc_bus_released_begin(&w, &b, 3, 1, 64), 0);
+  int added = 0;
+  while (tc_bus_released_add(&w, "node:123456789") == 0) added++;
+  tc_bus_released_end(&w);
+  assert_true(added > 0 && b.len <= 64);
+  assert_int_equal(tc_bus_parse_header(b.data, b.len, &h), 0);
+  n = 0;
+  assert_int_equal(tc_bus_each_released(&h, count_xid, &n), added);
+  txp_buf_reset(&b);
+
+  const uint8_t frame[] = {1, 2, 3, 4, 5};
+  tc_bus_forward_msg_t f = {.target = 0, .id = 0x0102030405060708ull, .timeout_ms = 9000,
+                            .frame = frame, .frame_len = sizeof(frame)};
+  snprintf(f.client_id, sizeof(f.client_id), "rm-1");
+  assert_int_equal(tc_bus_write_forward(&b, 2, 9, &f), 0);
+  assert_int_equal(tc_bus_parse_header(b.data, b.len, &h), 0);
+  tc_bus_forward_msg_t g;
+  assert_int_equal(tc_bus_parse_forward(&h, &g), 0);
+  assert_true(g.id == f.id && g.timeout_ms == 9000 && g.frame_len == sizeof(frame));
+  assert_memory_equal(g.frame, frame, sizeof(frame));
+  assert_string_equal(g.client_id, "rm-1");
+  txp_buf_reset(&b);
+
+  tc_bus_result_msg_t r = {.target = 2, .id = 42, .outcome = TC_BUS_NO_RM};
+  assert_int_equal(tc_bus_write_result(&b, 1, 9, &r), 0);
+  assert_int_equal(tc_bus_parse_header(b.data, b.len, &h), 0);
+  tc_bus_result_msg_t q;
+  assert_int_equal(tc_bus_parse_result(&h, &q), 0);
+  assert_true(q.target == 2 && q.id == 42 && q.outcome == TC_BUS_NO_RM && q.frame_len == 0);
+  /* ANSWERED needs a frame, the others must not carry one. */
+  txp_buf_reset(&b);
+  r.outcome = TC_BUS_ANSWERED;
+  assert_int_equal(tc_bus_write_result(&b, 1, 9, &r), TXP_EINVALID_ARG);
+  assert_int_equal(b.len, 0);
+  txp_buf_free(&b);
+}
+
+/* Parse whatever the header says, with every parser. */
+static int parse_all(const void *buf, size_t len) {
+  tc_bus_hdr_t h;
+  int rc = tc_bus_parse_header(buf, len, &h);
+  if (rc != 0) return rc;
+  char addr[TC_BUS_MAX_ADDR + 1];
+  tc_bus_forward_msg_t f;
+  tc_bus_result_msg_t r;
+  int n = 0;
+  switch (h.kind) {
+  case TC_BUS_HELLO: return tc_bus_parse_hello(&h, addr, sizeof(addr));
+  case TC_BUS_RELEASED: return tc_bus_each_released(&h, count_xid, &n) < 0 ? TXP_EMALFORMED : 0;
+  case TC_BUS_FORWARD: return tc_bus_parse_forward(&h, &f);
+  default: return tc_bus_parse_result(&h, &r);
+  }
+}
+
+static void test_codec_rejects(void **state) {
+  (void)state;
+  txp_buf_t msgs[4];
+  for (int i = 0; i < 4; i++) txp_buf_init(&msgs[i], 0);
+  assert_int_equal(tc_bus_write_hello(&msgs[0], 1, 1, 0, "h:1"), 0);
+  tc_bus_released_writer_t w;
+  assert_int_equal(tc_bus_released_begin(&w, &msgs[1], 1, 1, 0), 0);
+  assert_int_equal(tc_bus_released_add(&w, "a:1"), 0);
+  assert_int_equal(tc_bus_released_add(&w, "b:2"), 0);
+  tc_bus_released_end(&w);
+  const uint8_t frame[] = {9, 9, 9};
+  tc_bus_forward_msg_t f = {.id = 1, .frame = frame, .frame_len = 3};
+  assert_int_equal(tc_bus_write_forward(&msgs[2], 1, 1, &f), 0);
+  tc_bus_result_msg_t r = {.target = 1, .id = 1, .outcome = TC_BUS_ANSWERED, .frame = frame, .frame_len = 3};
+  assert_int_equal(tc_bus_write_result(&msgs[3], 1, 1, &r), 0);
+
+  for (int i = 0; i < 4; i++) {
+    txp_buf_t *m = &msgs[i];
+    assert_int_equal(parse_all(m->data, m->len), 0);
+    /* Every truncation is refused. */
+    for (size_t len = 0; len < m->len; len++) assert_int_not_equal(parse_all(m->data, len), 0);
+    /* A trailing byte is refused too (lengths must add up). */
+    char *longer = malloc(m->len + 1);
+    memcpy(longer, m->data, m->len);
+    longer[m->len] = 0;
+    assert_int_not_equal(parse_all(longer, m->len + 1), 0);
+    free(longer);
+    /* Flipping any byte never crashes (it may still parse: e.g. an id). */
+    for (size_t at = 0; at < m->len; at++) {
+      for (int bit = 0; bit < 8; bit++) {
+        m->data[at] = (char)(m->data[at] ^ (1 << bit));
+        (void)parse_all(m->data, m->len);
+        m->data[at] = (char)(m->data[at] ^ (1 << bit));
+      }
+    }
+  }
+  /* Bad magic, node id 0, unknown kind. */
+  char *d = msgs[0].data;
+  d[0] = 'X';
+  assert_int_equal(parse_all(d, msgs[0].len), TXP_EMALFORMED);
+  d[0] = 'T';
+  d[6] = 0;
+  d[7] = 0;
+  assert_int_equal(parse_all(d, msgs[0].len), TXP_EMALFORMED);
+  d[7] = 1;
+  d[4] = 99;
+  assert_int_equal(parse_all(d, msgs[0].len), TXP_EMALFORMED);
+  /* A NUL inside an xid. */
+  char *x = msgs[1].data + TC_BUS_HEADER_SIZE + 2 + 1;
+  x[1] = '\0';
+  assert_int_equal(parse_all(msgs[1].data, msgs[1].len), TXP_EMALFORMED);
+  for (int i = 0; i < 4; i++) txp_buf_free(&msgs[i]);
+}
+
+/* ----------------------------------------------------------- live buses */
+
+#define NBUS 3
+
+typedef struct node {
+  int id;
+  tc_bus_t *bus;
+  char addr[64];
+  int joins[NBUS + 1];  /* on_peer(up) per peer id */
+  int released;         /* xids received */
+  char last_xid[TXP_MAX_XID_LEN + 1];
+  int forward_mode;     /* 0 no RM, 1 answer, 2 take and never answer (until told) */
+  tc_bus_fwd_t *held;
+  int forwards_seen;
+  bool closed;
+} node_t;
+
+typedef struct world {
+  uv_loop_t loop;
+  node_t n[NBUS];
+  uv_timer_t t;
+  int (*until)(struct world *);
+  bool timed_out;
+  /* forward results */
+  int fwd_status, fwd_code, fwd_calls;
+  int fwd_branch_status;
+} world_t;
+
+static world_t *W;
+
+static int free_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t sl = sizeof(sa);
+  int port = -1;
+  if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
+      getsockname(fd, (struct sockaddr *)&sa, &sl) == 0)
+    port = ntohs(sa.sin_port);
+  if (fd >= 0) close(fd);
+  return port;
+}
+
+static void on_released(const char *xid, void *arg) {
+  node_t *n = arg;
+  n->released++;
+  snprintf(n->last_xid, sizeof(n->last_xid), "%s", xid);
+}
+
+static void on_peer(int node_id, const char *address, bool up, void *arg) {
+  node_t *n = arg;
+  if (up && node_id >= 1 && node_id <= NBUS) n->joins[node_id]++;
+}
+
+typedef struct later {
+  uv_timer_t t;
+  tc_bus_fwd_t *f;
+  int type;
+} later_t;
+
+static void on_later_closed(uv_handle_t *h) { free(h->data); }
+
+static void answer_later(uv_timer_t *t) {
+  later_t *l = t->data;
+  txp_msg_t req, res;
+  txp_msg_init(&req, (txp_msg_type_t)l->type);
+  txp_msg_init_result(&res, &req, 0, NULL);
+  txp_msg_set_int(&res, TXP_F_BRANCH_STATUS, TXP_BS_PHASE2_COMMITTED);
+  tc_bus_forward_reply(l->f, 0, &res);
+  uv_close((uv_handle_t *)&l->t, on_later_closed);
+}
+
+static int on_forward(tc_bus_fwd_t *f, const txp_msg_t *req, const char *client_id, unsigned timeout_ms,
+                      void *arg) {
+  node_t *n = arg;
+  n->forwards_seen++;
+  assert_string_equal(req->xid, "x:1");
+  assert_string_equal(client_id, "rm-7");
+  if (n->forward_mode == 0) return TXP_EBRANCH_NOT_FOUND;
+  if (n->forward_mode == 2) {
+    n->held = f;
+    return 0;
+  }
+  /* Answer from a later loop iteration, as tcd does (after an RM call). */
+  later_t *l = calloc(1, sizeof(*l));
+  l->f = f;
+  l->type = req->type;
+  uv_timer_init(&W->loop, &l->t);
+  l->t.data = l;
+  uv_timer_start(&l->t, answer_later, 5, 0);
+  return 0;
+}
+
+static void on_fwd_done(int status, const txp_msg_t *res, void *arg) {
+  world_t *w = arg;
+  w->fwd_calls++;
+  w->fwd_status = status;
+  w->fwd_code = res ? (int)res->code : 0;
+  w->fwd_branch_status = res ? (int)res->branch_status : 0;
+}
+
+static void on_deadline(uv_timer_t *t) {
+  world_t *w = t->data;
+  w->timed_out = true;
+  uv_stop(&w->loop);
+}
+
+static void on_check(uv_timer_t *t);
+
+/* Run the loop until 'until' holds or 'ms' pass. */
+static bool run_until(world_t *w, int (*until)(world_t *), int ms) {
+  uv_timer_t dl, chk;
+  w->until = until;
+  w->timed_out = false;
+  uv_timer_init(&w->loop, &dl);
+  dl.data = w;
+  uv_timer_start(&dl, on_deadline, (uint64_t)ms, 0);
+  uv_timer_init(&w->loop, &chk);
+  chk.data = w;
+  uv_timer_start(&chk, on_check, 1, 1);
+  if (!until(w)) uv_run(&w->loop, UV_RUN_DEFAULT);
+  uv_close((uv_handle_t *)&dl, NULL);
+  uv_close((uv_handle_t *)&chk, NULL);
+  uv_run(&w->loop, UV_RUN_NOWAIT);
+  return until(w);
+}
+
+static void on_check(uv_timer_t *t) {
+  world_t *w = t->data;
+  if (w->until(w)) uv_stop(&w->loop);
+}
+
+static int all_up(world_t *w) {
+  for (int i = 0; i < NBUS; i++)
+    if (tc_bus_peers_up(w->n[i].bus) != NBUS - 1) return 0;
+  return 1;
+}
+
+static int released_arrived(world_t *w) { return w->n[0].released >= 1000 && w->n[2].released >= 1000; }
+static int fwd_done(world_t *w) { return w->fwd_calls > 0; }
+
+static int setup(void **state) {
+  world_t *w = calloc(1, sizeof(*w));
+  W = w;
+  assert_int_equal(uv_loop_init(&w->loop), 0);
+  for (int i = 0; i < NBUS; i++) {
+    node_t *n = &w->n[i];
+    n->id = i + 1;
+    snprintf(n->addr, sizeof(n->addr), "tcp://127.0.0.1:%d", free_port());
+    tc_bus_opts_t o = {.node_id = n->id, .bind = n->addr, .advertise = "127.0.0.1:1", .heartbeat_ms = 100};
+    o.h.on_released = on_released;
+    o.h.on_forward = on_forward;
+    o.h.on_peer = on_peer;
+    o.h.arg = n;
+    char err[256];
+    n->bus = tc_bus_new(&w->loop, &o, err, sizeof(err));
+    if (!n->bus) fail_msg("tc_bus_new: %s", err);
+  }
+  /* Everyone knows everyone (twice: from config and discovery). */
+  for (int r = 0; r < 2; r++)
+    for (int i = 0; i < NBUS; i++)
+      for (int j = 0; j < NBUS; j++) assert_int_equal(tc_bus_add_peer(w->n[i].bus, w->n[j].id, w->n[j].addr), 0);
+  assert_true(run_until(w, all_up, 5000));
+  *state = w;
+  return 0;
+}
+
+static int closed_count;
+static void on_bus_closed(void *arg) {
+  node_t *n = arg;
+  n->closed = true;
+  closed_count++;
+}
+
+static int teardown(void **state) {
+  world_t *w = *state;
+  closed_count = 0;
+  for (int i = 0; i < NBUS; i++) {
+    if (w->n[i].held) {
+      /* A forward still taken: the bus waits for its answer. */
+      tc_bus_close(w->n[i].bus, on_bus_closed, &w->n[i]);
+      uv_run(&w->loop, UV_RUN_NOWAIT);
+      uv_run(&w->loop, UV_RUN_NOWAIT);
+      assert_false(w->n[i].closed);
+      tc_bus_forward_reply(w->n[i].held, TXP_ESHUTDOWN, NULL);
+    } else {
+      tc_bus_close(w->n[i].bus, on_bus_closed, &w->n[i]);
+    }
+  }
+  uv_run(&w->loop, UV_RUN_DEFAULT);
+  assert_int_equal(closed_count, NBUS);
+  assert_int_equal(uv_loop_close(&w->loop), 0);
+  free(w);
+  return 0;
+}
+
+static void test_heartbeats_and_release(void **state) {
+  world_t *w = *state;
+  /* One pipe per pair: each peer joined exactly once. */
+  for (int i = 0; i < NBUS; i++)
+    for (int j = 1; j <= NBUS; j++) assert_int_equal(w->n[i].joins[j], j == w->n[i].id ? 0 : 1);
+  /* 1000 releases in one loop iteration leave as a few batches and all
+   * arrive, once, at both peers. */
+  char xid[64];
+  for (int i = 0; i < 1000; i++) {
+    snprintf(xid, sizeof(xid), "127.0.0.1:9:%d", i);
+    tc_bus_released(w->n[1].bus, xid);
+  }
+  assert_true(run_until(w, released_arrived, 5000));
+  uv_sleep(200);
+  uv_run(&w->loop, UV_RUN_NOWAIT);
+  assert_int_equal(w->n[0].released, 1000);
+  assert_int_equal(w->n[2].released, 1000);
+  assert_int_equal(w->n[1].released, 0);
+  assert_string_equal(w->n[0].last_xid, "127.0.0.1:9:999");
+  tc_bus_stats_t s;
+  tc_bus_get_stats(w->n[1].bus, &s);
+  assert_int_equal(s.released_sent, 1000);
+  assert_true(s.sent >= 1);
+}
+
+static void forward_once(world_t *w, unsigned timeout_ms) {
+  txp_msg_t m;
+  txp_msg_init(&m, TXP_MSG_BRANCH_COMMIT);
+  txp_msg_set_str(&m, TXP_F_XID, "x:1");
+  txp_msg_set_int(&m, TXP_F_BRANCH_ID, 5);
+  txp_msg_set_str(&m, TXP_F_RESOURCE_ID, "db1");
+  w->fwd_calls = 0;
+  assert_int_equal(tc_bus_forward(w->n[0].bus, &m, "rm-7", timeout_ms, on_fwd_done, w), 0);
+  assert_int_equal(w->fwd_calls, 0); /* never from inside the call */
+}
+
+static void test_forward_answered(void **state) {
+  world_t *w = *state;
+  w->n[1].forward_mode = 0; /* node 2: no RM */
+  w->n[2].forward_mode = 1; /* node 3: has one */
+  forward_once(w, 3000);
+  assert_true(run_until(w, fwd_done, 4000));
+  assert_int_equal(w->fwd_status, 0);
+  assert_int_equal(w->fwd_code, 0);
+  assert_int_equal(w->fwd_branch_status, TXP_BS_PHASE2_COMMITTED);
+  assert_int_equal(w->n[1].forwards_seen, 1);
+  assert_int_equal(w->n[2].forwards_seen, 1);
+}
+
+static void test_forward_no_rm(void **state) {
+  world_t *w = *state;
+  w->n[1].forward_mode = 0;
+  w->n[2].forward_mode = 0;
+  uint64_t t0 = uv_hrtime();
+  forward_once(w, 5000);
+  assert_true(run_until(w, fwd_done, 4000));
+  /* Every peer said "none": answered at once, not after the timeout. */
+  assert_true(uv_hrtime() - t0 < 2000000000ull);
+  assert_int_equal(w->fwd_status, 0);
+  assert_int_equal(w->fwd_code, TXP_EBRANCH_RETRYABLE);
+}
+
+static void test_forward_timeout(void **state) {
+  world_t *w = *state;
+  w->n[1].forward_mode = 0;
+  w->n[2].forward_mode = 2; /* takes it, never answers in time */
+  forward_once(w, 300);
+  assert_true(run_until(w, fwd_done, 3000));
+  assert_int_equal(w->fwd_status, TXP_EUNKNOWN_OUTCOME);
+  /* A late answer is dropped: no second completion. */
+  tc_bus_forward_reply(w->n[2].held, 0, NULL);
+  w->n[2].held = NULL;
+  uv_sleep(100);
+  uv_run(&w->loop, UV_RUN_NOWAIT);
+  assert_int_equal(w->fwd_calls, 1);
+  /* Without peers up, forwarding refuses synchronously. */
+  tc_bus_stats_t s;
+  tc_bus_get_stats(w->n[0].bus, &s);
+  assert_int_equal(s.forwards_timed_out, 1);
+}
+
+static void test_close_with_forward_taken(void **state) {
+  world_t *w = *state;
+  w->n[1].forward_mode = 0;
+  w->n[2].forward_mode = 2;
+  forward_once(w, 60000);
+  /* Let node 3 take it; teardown closes node 3 with the forward held (the
+   * bus must wait for its answer) and node 1 with its forward pending
+   * (completed with TXP_ESHUTDOWN). */
+  while (!w->n[2].held) uv_run(&w->loop, UV_RUN_ONCE);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_codec_roundtrip),
+    cmocka_unit_test(test_codec_rejects),
+    cmocka_unit_test_setup_teardown(test_heartbeats_and_release, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_forward_answered, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_forward_no_rm, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_forward_timeout, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_close_with_forward_taken, setup, teardown),
+  };
+  return cmocka_run_group_tests_name("tc_bus", tests, NULL, NULL);
+}

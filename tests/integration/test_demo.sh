@@ -1,0 +1,182 @@
+#!/usr/bin/env bash
+# test_demo.sh - a short flash sale through the real services on a real
+# local cluster (cluster/local/up: PostgreSQL, Redis, 3 tcd nodes), then
+# the HTTP API case by case, then the invariants, then a clean shutdown.
+#
+#   1. flashsale: 400 users within 2 s for 150 tickets in 4 buckets (with
+#      repeat purchases, payments and cancellations): every invariant holds
+#      (no oversell in PostgreSQL and Redis, totals conserved, no leftover
+#      lock or undo row, Redis equal to PostgreSQL), tickets were sold and
+#      requests were turned away as sold out.
+#   2. the API on a fresh activity: 400 on bad bodies, 201 order, GET,
+#      pay (and pay again: 409), over the limit (409 over_limit), cancel
+#      (and again: 409), 404s, sold out, the waitlist (a cancellation gives
+#      tickets back: the waiting user gets an order); then flashsale
+#      --check-only on that activity.
+#   3. SIGTERM: both services log that they stopped, and no sanitizer report
+#      appears in their logs (the test runs in the ASan build too).
+#
+# Needs TX_BIN_DIR (tcd, order-service, stock-service, flashsale) and
+# TX_SOURCE_DIR; set by ctest.  Exit status 0 when everything passed.
+set -euo pipefail
+
+src=${TX_SOURCE_DIR:?TX_SOURCE_DIR not set}
+bin=${TX_BIN_DIR:?TX_BIN_DIR not set}
+export TX_BIN_DIR=$bin
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/test_demo.XXXXXX")
+chmod 711 "$tmp"
+export CLUSTER_DIR=$tmp/cluster
+failures=0
+cluster_up=0
+
+cleanup() {
+  local rc=$?
+  set +e
+  if [[ -n ${ORDER_PID:-} ]]; then "$src/examples/services" stop "$ORDER_PID" "${STOCK_PID:-}"; fi
+  [[ $cluster_up -eq 0 ]] || "$src/cluster/local/down" "$CLUSTER_DIR" >/dev/null
+  if [[ $rc -ne 0 || $failures -ne 0 ]]; then
+    echo "test_demo: logs kept in $tmp" >&2
+  else
+    rm -rf -- "$tmp"
+  fi
+  exit "$rc"
+}
+trap cleanup EXIT
+
+ok() { echo "ok - $*"; }
+fail() { echo "FAILED - $*" >&2; failures=$((failures + 1)); }
+check() { # description, condition command...
+  local what=$1
+  shift
+  if "$@"; then ok "$what"; else fail "$what"; fi
+}
+
+# http METHOD PATH [BODY]: sets $code and $body
+http() {
+  local out
+  out=$(curl -s -o "$tmp/body" -w '%{http_code}' -X "$1" -H 'Content-Type: application/json' \
+    ${3:+--data "$3"} "$ORDER_URL$2") || out=000
+  code=$out
+  body=$(cat "$tmp/body" 2>/dev/null || true)
+}
+jfield() { python3 -c 'import json,sys; d=json.loads(sys.argv[1]); print(d.get(sys.argv[2], ""))' "$1" "$2"; }
+
+# up picks free ports by probing; another process may take one first: retry.
+for attempt in 1 2 3; do
+  out=$("$src/cluster/local/up" --watch $$) && break
+  [[ $attempt -lt 3 ]] || { echo "test_demo: the cluster did not start" >&2; exit 1; }
+  rm -rf -- "$CLUSTER_DIR"
+done
+cluster_up=1
+eval "$out"
+out=$("$src/examples/services" start --bin "$bin" --dir "$CLUSTER_DIR")
+eval "$out"
+ok "cluster and services started ($TC_NODES; $ORDER_URL; $STOCK_URL)"
+
+# --- 1. a short flash sale ---
+rc=0
+"$bin/flashsale" --users 400 --window 2 --tickets 150 --buckets 4 --limit 2 --pay 40 --cancel 20 \
+  --again 30 --think-ms 300 --settle 30 --quiet --json "$tmp/sale.json" || rc=$?
+check "flashsale exits 0 (status $rc)" test "$rc" -eq 0
+python3 - "$tmp/sale.json" <<'EOF' && ok "sale report: invariants, sold, refusals" || fail "sale report"
+import json, sys
+r = json.load(open(sys.argv[1]))
+print("  sold %(sold)d frozen %(frozen)d accepted %(accepted)d rejected %(rejected)s committed %(committed)d "
+      "rolled_back %(rolled_back)d unfinished %(unfinished)d p99 %(p99_ms).1f ms" % r)
+assert r["invariants_ok"] is True, r["invariants"]
+assert all(v["ok"] is True for v in r["invariants"].values()), r["invariants"]
+assert r["sold"] + r["frozen"] <= r["tickets"] == 150
+assert r["accepted"] > 0 and r["sold"] > 0
+assert r["rejected"]["sold_out"] > 0
+assert r["unfinished"] == 0 and r["committed"] >= r["accepted"]
+EOF
+
+# --- 2. the API, case by case, on an activity of its own ---
+"$bin/flashsale" --users 1 --window 0 --tickets 20 --buckets 2 --limit 3 --pay 0 --cancel 0 --again 0 \
+  --quiet --json "$tmp/seed.json" >/dev/null
+act=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["activity"])' "$tmp/seed.json")
+ok "activity $act seeded"
+
+http POST /orders '{"activity":'"$act"',"ticket_type":1,"user":1'
+check "truncated JSON: 400 ($code)" test "$code" = 400
+http POST /orders '{"activity":'"$act"',"ticket_type":1,"user":1,"qty":0}'
+check "qty 0: 400 ($code)" test "$code" = 400
+http POST /orders '{"activity":'"$act"',"ticket_type":1,"user":1,"qty":1,"qty":2}'
+check "duplicate key: 400 ($code)" test "$code" = 400
+http POST /orders '["not an object"]'
+check "array body: 400 ($code)" test "$code" = 400
+http GET /orders
+check "GET /orders: 405 ($code)" test "$code" = 405
+http GET /nowhere
+check "unknown path: 404 ($code)" test "$code" = 404
+
+http POST /orders '{"activity":'"$act"',"ticket_type":1,"user":7001,"qty":2}'
+check "order: 201 ($code $body)" test "$code" = 201
+o1=$(jfield "$body" order_id)
+http GET "/orders/$o1"
+check "GET order: 200 UNPAID ($code)" test "$code" = 200 -a "$(jfield "$body" status)" = UNPAID
+http POST /orders '{"activity":'"$act"',"ticket_type":1,"user":7001,"qty":2}'
+check "over the limit: 409 over_limit ($code $body)" test "$code" = 409 -a "$(jfield "$body" reason)" = over_limit
+http POST "/orders/$o1/pay"
+check "pay: 200 PAID ($code $body)" test "$code" = 200 -a "$(jfield "$body" status)" = PAID
+http POST "/orders/$o1/pay"
+check "pay again: 409 ($code)" test "$code" = 409
+http POST "/orders/$o1/cancel"
+check "cancel a paid order: 409 ($code)" test "$code" = 409
+
+http POST /orders '{"activity":'"$act"',"ticket_type":1,"user":7002,"qty":1}'
+check "second order: 201 ($code)" test "$code" = 201
+o2=$(jfield "$body" order_id)
+http POST "/orders/$o2/cancel"
+check "cancel: 200 CANCELLED ($code $body)" test "$code" = 200 -a "$(jfield "$body" status)" = CANCELLED
+http POST "/orders/$o2/cancel"
+check "cancel again: 409 ($code)" test "$code" = 409
+http POST "/orders/$o2/pay"
+check "pay a cancelled order: 409 ($code)" test "$code" = 409
+http GET /orders/999999999
+check "unknown order: 404 ($code)" test "$code" = 404
+http POST /orders/999999999/pay
+check "pay an unknown order: 404 ($code)" test "$code" = 404
+
+# the rest of the stock, then sold out
+last=
+for u in 7003 7004 7005 7006 7007 7008 7009 7010 7011; do
+  http POST /orders '{"activity":'"$act"',"ticket_type":1,"user":'"$u"',"qty":2}'
+  [[ $code != 201 ]] || last=$(jfield "$body" order_id)
+done
+http POST /orders '{"activity":'"$act"',"ticket_type":1,"user":7012,"qty":2}'
+check "sold out: 409 sold_out ($code $body)" test "$code" = 409 -a "$(jfield "$body" reason)" = sold_out
+http POST "/activities/$act/waitlist" '{"user":7013,"ticket_type":1,"qty":1}'
+check "waitlist: 202 ($code $body)" test "$code" = 202
+http POST "/activities/$act/waitlist" '{"ticket_type":1}'
+check "waitlist without user: 400 ($code)" test "$code" = 400
+# a cancellation gives 2 tickets back: the waiting user gets an order
+http POST "/orders/$last/cancel"
+check "cancel to free stock: 200 ($code)" test "$code" = 200
+served=0
+for ((i = 0; i < 100; i++)); do
+  n=$(psql -X -q -A -t -d "$ORDERS_PG_URL" \
+    -c "SELECT count(*) FROM trade_order WHERE activity_id = $act AND user_id = 7013 AND status = 'UNPAID'")
+  if [[ $n == 1 ]]; then served=1; break; fi
+  sleep 0.1
+done
+check "the waiting user got an order" test "$served" = 1
+
+rc=0
+"$bin/flashsale" --check-only --activity "$act" --settle 30 --quiet --json "$tmp/check.json" >"$tmp/check.out" || rc=$?
+check "invariants of activity $act (status $rc)" test "$rc" -eq 0
+[[ $rc -eq 0 ]] || cat "$tmp/check.out" >&2
+
+# --- 3. clean shutdown ---
+"$src/examples/services" stop "$ORDER_PID" "$STOCK_PID"
+ORDER_PID=
+check "order-service stopped cleanly" grep -q '"msg":"order-service stopped"' "$CLUSTER_DIR/order-service.log"
+check "stock-service stopped cleanly" grep -q '"msg":"stock-service stopped"' "$CLUSTER_DIR/stock-service.log"
+check "no sanitizer report in the service logs" \
+  bash -c "! grep -l 'Sanitizer' '$CLUSTER_DIR/order-service.log' '$CLUSTER_DIR/stock-service.log'"
+
+if [[ $failures -ne 0 ]]; then
+  echo "test_demo: $failures check(s) failed" >&2
+  exit 1
+fi
+echo "test_demo: all checks passed"
