@@ -218,7 +218,7 @@ int main(int argc, char **argv) {
     }
     curl_multi_poll(l.multi, NULL, 0, 100, NULL);
   }
-  qsort(l.lat, l.nlat, sizeof(long long), cmp_ll);
+  if (l.nlat) qsort(l.lat, l.nlat, sizeof(long long), cmp_ll);
   double tps = (double)l.ok / l.duration_s;
   json_t *j = json_pack("{s:s,s:I,s:i,s:f,s:f,s:f,s:f,s:f,s:I,s:I,s:f}", "label", label, "buckets",
                         (json_int_t)buckets, "connections", l.connections, "orders_per_s", tps, "p50_ms",

@@ -59,6 +59,7 @@ typedef struct {
   int nnodes;
   int want_nodes; /* --nodes: how many to start without TC_NODES */
   int use_nodes;  /* clients go to the first use_nodes nodes */
+  bool no_bus;    /* --no-bus: the nodes it starts run without a peer bus */
   const char *token;
   const char *pg_url;
 } opts_t;
@@ -66,6 +67,7 @@ typedef struct {
 typedef struct {
   double tps, p50, p99;
   uint64_t errors, done;
+  double tcd_cpu_ms_per_tx; /* CPU time of the nodes it started, per transaction (0: not known) */
 } result_t;
 
 typedef struct {
@@ -358,7 +360,7 @@ static int start_tcd(opts_t *o, const char *self, int idx) {
       putenv(listen);
       putenv(url);
       putenv(id);
-      if (o->want_nodes > 1) {
+      if (o->want_nodes > 1 && !o->no_bus) {
         putenv(bus);
         putenv(peers_env);
       }
@@ -402,11 +404,37 @@ static void stop_tcd(void) {
 static void usage(FILE *f) {
   fprintf(f,
           "usage: tc-bench [--clients N] [--duration S] [--warmup S] [--baseline-duration S] [--nodes N]\n"
+          "                [--no-bus]\n"
           "Coordinator throughput: begin + 2 branch registers + commit per transaction,\n"
           "against the naive one-statement-at-a-time store baseline on the same PostgreSQL;\n"
           "with several nodes, all clients on one node, then spread over all of them.\n"
-          "--nodes N: nodes to start when TC_NODES is not set (default 3; 1 = single only).\n"
+          "--nodes N: nodes to start when TC_NODES is not set (default 3; 1 = single only);\n"
+          "--no-bus: start them without the peer bus (to measure what it costs).\n"
           "Env: TC_PG_URL, TC_NODES (host:port,...), TC_TOKEN.\n");
+}
+
+/* CPU seconds (user + system) used so far by the tcd nodes this bench
+ * started; 0 when it started none.  A figure that machine noise affects far
+ * less than throughput: what one transaction costs the coordinator. */
+static double tcd_cpu_s(void) {
+  double total = 0;
+  long hz = sysconf(_SC_CLK_TCK);
+  for (int i = 0; i < MAX_NODES; i++) {
+    if (tcd_pids[i] <= 0) continue;
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)tcd_pids[i]);
+    FILE *f = fopen(path, "r");
+    if (!f) continue;
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')');
+    unsigned long ut = 0, st = 0;
+    /* after ") ": state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime */
+    if (p && sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) == 2)
+      total += (double)(ut + st) / (double)hz;
+  }
+  return total;
 }
 
 /* One measured run: o->clients clients spread over the first o->use_nodes
@@ -429,10 +457,10 @@ static int run_clients(opts_t *o, result_t *out) {
   fflush(stdout);
   sleep_s(o->warmup_s);
   atomic_store(&phase, 1);
-  double t0 = txc_now_ms();
+  double t0 = txc_now_ms(), cpu0 = tcd_cpu_s();
   sleep_s(o->duration_s);
   atomic_store(&phase, 2);
-  double elapsed = (txc_now_ms() - t0) / 1000.0;
+  double elapsed = (txc_now_ms() - t0) / 1000.0, cpu = tcd_cpu_s() - cpu0;
 
   uint64_t done = 0, errors = 0;
   size_t nlat = 0;
@@ -460,6 +488,7 @@ static int run_clients(opts_t *o, result_t *out) {
   free(all);
   free(cl);
   out->tps = (double)done / elapsed;
+  out->tcd_cpu_ms_per_tx = done && cpu > 0 ? cpu * 1000.0 / (double)done : 0;
   out->done = done;
   out->errors = errors;
   return 0;
@@ -470,7 +499,8 @@ int main(int argc, char **argv) {
   static const struct option lo[] = {
     {"clients", required_argument, NULL, 'c'}, {"duration", required_argument, NULL, 'd'},
     {"warmup", required_argument, NULL, 'w'},  {"baseline-duration", required_argument, NULL, 'b'},
-    {"nodes", required_argument, NULL, 'n'},   {"help", no_argument, NULL, 'h'},
+    {"nodes", required_argument, NULL, 'n'},   {"no-bus", no_argument, NULL, 'B'},
+    {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0}};
   int ch;
   while ((ch = getopt_long(argc, argv, "c:d:w:b:n:h", lo, NULL)) != -1) {
@@ -480,6 +510,7 @@ int main(int argc, char **argv) {
     case 'w': o.warmup_s = atof(optarg); break;
     case 'b': o.baseline_s = atof(optarg); break;
     case 'n': o.want_nodes = atoi(optarg); break;
+    case 'B': o.no_bus = true; break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 64;
     }
@@ -524,6 +555,7 @@ int main(int argc, char **argv) {
   if (run_clients(&o, &single) != 0) return 70;
   printf("tcd, 1 node:  %.0f two-branch global transactions/s, p50 %.2f ms, p99 %.2f ms, %" PRIu64 " errors\n",
          single.tps, single.p50, single.p99, single.errors);
+  if (single.tcd_cpu_ms_per_tx > 0) printf("              tcd CPU %.3f ms per transaction\n", single.tcd_cpu_ms_per_tx);
   fflush(stdout);
 
   int total = own ? o.want_nodes : o.nnodes;
@@ -539,6 +571,9 @@ int main(int argc, char **argv) {
     printf("tcd, %d nodes: %.0f two-branch global transactions/s, p50 %.2f ms, p99 %.2f ms, %" PRIu64
            " errors (clients spread over the nodes)\n",
            o.nnodes, cluster.tps, cluster.p50, cluster.p99, cluster.errors);
+    if (cluster.tcd_cpu_ms_per_tx > 0)
+      printf("              tcd CPU %.3f ms per transaction (all nodes)%s\n", cluster.tcd_cpu_ms_per_tx,
+             o.no_bus ? ", no bus" : "");
     fflush(stdout);
   }
   stop_tcd();
@@ -552,9 +587,11 @@ int main(int argc, char **argv) {
   if (total > 1) printf("cluster:  %.2fx (%d nodes vs 1 node, same PostgreSQL)\n", cvs, o.nnodes);
   printf("{\"clients\":%d,\"tps\":%.1f,\"p50_ms\":%.3f,\"p99_ms\":%.3f,\"baseline_tps\":%.1f,\"ratio\":%.3f,"
          "\"errors\":%" PRIu64 ",\"nodes\":%d,\"cluster_tps\":%.1f,\"cluster_p50_ms\":%.3f,"
-         "\"cluster_p99_ms\":%.3f,\"cluster_vs_single\":%.3f,\"cluster_errors\":%" PRIu64 "}\n",
+         "\"cluster_p99_ms\":%.3f,\"cluster_vs_single\":%.3f,\"cluster_errors\":%" PRIu64
+         ",\"tcd_cpu_ms_per_tx\":%.4f,\"cluster_tcd_cpu_ms_per_tx\":%.4f,\"bus\":%s}\n",
          o.clients, single.tps, single.p50, single.p99, base, ratio, single.errors, total > 1 ? o.nnodes : 1,
-         cluster.tps, cluster.p50, cluster.p99, cvs, cluster.errors);
+         cluster.tps, cluster.p50, cluster.p99, cvs, cluster.errors, single.tcd_cpu_ms_per_tx,
+         cluster.tcd_cpu_ms_per_tx, o.no_bus ? "false" : "true");
   uint64_t errors = single.errors + cluster.errors, done = single.done + cluster.done;
   return errors > done / 100 ? 1 : 0;
 }

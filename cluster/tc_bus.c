@@ -3,11 +3,15 @@
  *
  * NOTES
  *   Handles: a uv_poll on the socket's NN_RCVFD (readable while messages
- *   wait), a 100 ms timer (heartbeats, peer liveness, forward deadlines) and
- *   a uv_idle that is active only while a RELEASED batch is open, so that
+ *   wait), a 100 ms timer (heartbeats, peer liveness, forward deadlines), a
+ *   uv_idle that is active only while a RELEASED batch is open, so that
  *   xids released during one loop iteration leave in one message at the
  *   start of the next (the idle handle also keeps poll from blocking while
- *   a batch waits).
+ *   a batch waits), and a uv_check that looks at the node's lock waiters
+ *   after each poll phase: when the first one queues, a heartbeat with the
+ *   "has waiters" flag leaves at once, so peers start sending releases
+ *   before the holder is likely to release.  (If a release does slip
+ *   through that window, the waiter's store re-check catches it.)
  *
  *   Received messages are handled in arrival order, at most RECV_BURST per
  *   poll callback (the fd stays readable if more wait, so the loop comes
@@ -40,7 +44,7 @@ typedef struct peer {
   char advertise[TC_BUS_MAX_ADDR + 1]; /* from its heartbeats */
   uint32_t incarnation;
   uint64_t last_seen_ms;
-  bool up, leader;
+  bool up, leader, waiters;
 } peer_t;
 
 typedef struct pending {
@@ -74,6 +78,9 @@ struct tc_bus {
   uv_timer_t timer;
   uv_idle_t flush;
   bool flush_on;
+  uv_check_t wcheck;
+  bool waiting;       /* this node has lock waiters (as last checked) */
+  bool hello_waiting; /* the last heartbeat sent said so */
   uint64_t last_hello_ms;
 
   txp_buf_t rel; /* the open RELEASED batch */
@@ -123,11 +130,21 @@ static void send_out(tc_bus_t *bus) {
 /* ----------------------------------------------------------- heartbeat */
 
 static void send_hello(tc_bus_t *bus) {
+  uint8_t flags = (bus->leader ? TC_BUS_F_LEADER : 0) | (bus->waiting ? TC_BUS_F_WAITERS : 0);
   txp_buf_reset(&bus->out);
-  if (tc_bus_write_hello(&bus->out, (uint16_t)bus->node_id, bus->incarnation,
-                         bus->leader ? TC_BUS_F_LEADER : 0, bus->advertise) == 0)
+  if (tc_bus_write_hello(&bus->out, (uint16_t)bus->node_id, bus->incarnation, flags, bus->advertise) == 0)
     send_out(bus);
+  bus->hello_waiting = bus->waiting;
   bus->last_hello_ms = uv_now(bus->loop);
+}
+
+static void on_wcheck(uv_check_t *h) {
+  tc_bus_t *bus = h->data;
+  if (bus->closing) return;
+  bus->waiting = bus->h.waiters(bus->h.arg) > 0;
+  /* Only the first waiter is news; the end of waiting waits for the next
+   * periodic heartbeat (fewer messages when waiters come and go). */
+  if (bus->waiting && !bus->hello_waiting) send_hello(bus);
 }
 
 static void check_peers(tc_bus_t *bus, uint64_t now) {
@@ -154,6 +171,7 @@ static void on_hello(tc_bus_t *bus, const tc_bus_hdr_t *hd) {
   bool news = !p->up || p->incarnation != hd->incarnation;
   p->incarnation = hd->incarnation;
   p->leader = hd->flags & TC_BUS_F_LEADER;
+  p->waiters = hd->flags & TC_BUS_F_WAITERS;
   p->last_seen_ms = uv_now(bus->loop);
   snprintf(p->advertise, sizeof(p->advertise), "%s", addr);
   if (news) {
@@ -183,8 +201,19 @@ static void on_flush(uv_idle_t *h) {
   bus->flush_on = false;
 }
 
+/* Whether a release is worth sending: some peer up has lock waiters. */
+static bool peers_waiting(const tc_bus_t *bus) {
+  for (int i = 0; i < bus->npeers; i++)
+    if (bus->peers[i].up && bus->peers[i].waiters) return true;
+  return false;
+}
+
 void tc_bus_released(tc_bus_t *bus, const char *xid) {
-  if (!bus || bus->closing || bus->npeers == 0) return;
+  if (!bus || bus->closing) return;
+  if (!peers_waiting(bus)) {
+    bus->stats.released_skipped++;
+    return;
+  }
   for (int attempt = 0; attempt < 2; attempt++) {
     if (!bus->rel_open) {
       if (tc_bus_released_begin(&bus->relw, &bus->rel, (uint16_t)bus->node_id, bus->incarnation,
@@ -529,6 +558,10 @@ tc_bus_t *tc_bus_new(uv_loop_t *loop, const tc_bus_opts_t *o, char *err, size_t 
   uv_timer_start(&bus->timer, on_tick, TICK_MS, TICK_MS);
   uv_idle_init(loop, &bus->flush);
   bus->flush.data = bus;
+  uv_check_init(loop, &bus->wcheck);
+  bus->wcheck.data = bus;
+  if (bus->h.waiters) uv_check_start(&bus->wcheck, on_wcheck);
+  else bus->waiting = true; /* unknown: peers always send */
   send_hello(bus);
   return bus;
 
@@ -571,10 +604,11 @@ void tc_bus_close(tc_bus_t *bus, void (*done)(void *), void *arg) {
     p->cb(TXP_ESHUTDOWN, NULL, p->arg);
     free(p);
   }
-  bus->close_parts = 3;
+  bus->close_parts = 4;
   uv_close((uv_handle_t *)&bus->rpoll, on_handle_closed);
   uv_close((uv_handle_t *)&bus->timer, on_handle_closed);
   uv_close((uv_handle_t *)&bus->flush, on_handle_closed);
+  uv_close((uv_handle_t *)&bus->wcheck, on_handle_closed);
 }
 
 void tc_bus_set_leader(tc_bus_t *bus, bool leader) {

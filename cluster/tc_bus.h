@@ -8,7 +8,10 @@
  *       from for 3 heartbeat intervals counts as gone;
  *     - lock-release wake-ups (RELEASED): xids whose global locks were just
  *       released on the sender, batched per loop iteration, so that a
- *       registration waiting on another node retries at once;
+ *       registration waiting on another node retries at once.  Only sent
+ *       while some peer has waiters: heartbeats carry a "has waiters" flag,
+ *       and a node whose first waiter queues says so at once (in the same
+ *       loop iteration), so an uncontended cluster sends no releases at all;
  *     - phase-two forwarding (FORWARD / FORWARD_RESULT): a node that must
  *       send BranchCommit/BranchRollback to a resource whose RM is not
  *       connected to it asks its peers; a peer that has such an RM (and
@@ -62,6 +65,9 @@ typedef struct tc_bus_handlers {
                     unsigned timeout_ms, void *arg);
   /* A peer appeared on (up) or left (!up) the bus; may be NULL. */
   void (*on_peer)(int node_id, const char *address, bool up, void *arg);
+  /* How many lock waiters this node has now (checked once per loop
+   * iteration); NULL = always some, peers always send releases. */
+  size_t (*waiters)(void *arg);
   void *arg;
 } tc_bus_handlers_t;
 
@@ -76,6 +82,7 @@ typedef struct tc_bus_opts {
 typedef struct tc_bus_stats {
   uint64_t sent, received, send_dropped, bad_messages;
   uint64_t released_sent, released_received;   /* xids */
+  uint64_t released_skipped;                    /* not sent: no peer had waiters */
   uint64_t forwards_sent, forwards_answered, forwards_no_rm, forwards_timed_out;
   uint64_t forwards_served;                     /* relayed for peers */
   int peers_up;

@@ -20,7 +20,8 @@
  *      12    4 payload_len  bytes that follow
  *
  *   Payloads:
- *     HELLO           u8 len + advertised client address
+ *     HELLO           u8 len + advertised client address; flags: leader,
+ *                     has lock waiters
  *     RELEASED        u16 count, then count x (u8 len + xid): the global
  *                     locks of these xids were released (or began rolling
  *                     back) on the sender: wake their waiters
@@ -56,7 +57,10 @@ typedef enum tc_bus_kind {
   TC_BUS_FORWARD_RESULT = 4,
 } tc_bus_kind_t;
 
-enum { TC_BUS_F_LEADER = 1u << 0 };
+enum {
+  TC_BUS_F_LEADER = 1u << 0,  /* the sender leads the recovery jobs */
+  TC_BUS_F_WAITERS = 1u << 1, /* the sender has lock waiters: send it releases */
+};
 
 typedef enum tc_bus_outcome {
   TC_BUS_ANSWERED = 0, /* the RM answered: the frame is its result */

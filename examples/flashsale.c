@@ -550,7 +550,7 @@ int main(int argc, char **argv) {
   }
   double dur_s = (double)(r.last_us - r.first_us) / 1e6;
   if (dur_s <= 0) dur_s = 1e-6;
-  qsort(r.lat_us, r.nlat, sizeof(long long), cmp_ll);
+  if (r.nlat) qsort(r.lat_us, r.nlat, sizeof(long long), cmp_ll);
 
   fs_result_t res = {0};
   fs_client_view_t view = {.accepted = r.accepted, .naccepted = r.nacc, .paid = r.paid_ids, .npaid = r.npaid};

@@ -39,7 +39,8 @@
  *   Settings (environment, as printed by cluster/local/up): STOCK_PG_URL,
  *   TC_NODES, TC_TOKEN; STOCK_LISTEN (host:port, default 127.0.0.1:0 = any
  *   free port), STOCK_THREADS (default 8 per CPU), STOCK_RESOURCE_ID
- *   (default "stock"), STOCK_LOG_LEVEL; for the benchmarks:
+ *   (default "stock"), STOCK_SLOW_MS (1000: a slower operation logs the time
+ *   of each phase, at info level), STOCK_LOG_LEVEL; for the benchmarks:
  *   STOCK_FREEZE_MODE (delta, the default, or at: plain AT row images and
  *   a global lock on the bucket row) and STOCK_LOCAL_MODE=1 (calls without
  *   an xid run as plain local transactions: the "no coordinator" baseline;
@@ -65,6 +66,7 @@ typedef struct stock_svc {
   svc_pgpool_t *pool;
   const char *resource;
   int mode;        /* freeze_mode_t: STOCK_FREEZE_MODE */
+  int64_t slow_us; /* STOCK_SLOW_MS: log the phases of slower operations */
   bool local_mode; /* STOCK_LOCAL_MODE: serve requests without an xid */
 } stock_svc_t;
 
@@ -288,7 +290,14 @@ static int bucket_change(stmt_ctx_t *c, freeze_mode_t mode, const stock_op_t *op
   return rm_at_update(c->b, "activity_ticket_bucket", pk, 2, cols, vals);
 }
 
-/* The statements of one operation. */
+/*
+ * The statements of one operation.  The bucket row comes last: its row
+ * lock (taken by the UPDATE, however the undo is done) is held until the
+ * local COMMIT, and rm_at_prepare's round trip to the coordinator comes
+ * before that COMMIT; every statement placed before the UPDATE is time the
+ * hot row is not held.  (stock_freeze's foreign key takes a KEY SHARE lock
+ * on the bucket row, which does not conflict with other freezes' UPDATEs.)
+ */
 static int op_statements(stmt_ctx_t *c, freeze_mode_t mode, const stock_op_t *op, const char *xid) {
   char sa[24], st[24], sb[24], so[24], sq[24], su[24], dl[48];
   snprintf(sa, sizeof(sa), "%lld", op->activity);
@@ -300,8 +309,6 @@ static int op_statements(stmt_ctx_t *c, freeze_mode_t mode, const stock_op_t *op
   int rc;
   switch (op->kind) {
   case OP_FREEZE: {
-    rc = bucket_change(c, mode, op, op->qty, 0);
-    if (rc != 0) return rc;
     /* the deadline as an exact UTC timestamp */
     time_t secs = (time_t)(op->deadline_ms / 1000);
     struct tm tm;
@@ -319,21 +326,25 @@ static int op_statements(stmt_ctx_t *c, freeze_mode_t mode, const stock_op_t *op
     static const char *const ucols[] = {"state", "finished_at"};
     const char *uvals[] = {"CONFIRMED", "now"};
     rc = freeze_row_update(c, so, 2, ucols, uvals);
-    if (rc == 0) rc = bucket_change(c, mode, op, -op->qty, op->qty);
     break;
   }
   default: {
     static const char *const ucols[] = {"state", "release_reason", "finished_at"};
     const char *uvals[] = {"RELEASED", op->reason, "now"};
     rc = freeze_row_update(c, so, 3, ucols, uvals);
-    if (rc == 0) rc = bucket_change(c, mode, op, -op->qty, 0);
     break;
   }
   }
   if (rc != 0) return rc;
   static const char *const cols[] = {"activity_id", "ticket_type", "bucket_id", "order_id", "op", "qty", "xid"};
   const char *vals[] = {sa, st, sb, so, op_names[op->kind], sq, xid};
-  return row_insert(c, "stock_log", 7, cols, vals);
+  rc = row_insert(c, "stock_log", 7, cols, vals);
+  if (rc != 0) return rc;
+  switch (op->kind) {
+  case OP_FREEZE: return bucket_change(c, mode, op, op->qty, 0);
+  case OP_CONFIRM: return bucket_change(c, mode, op, -op->qty, op->qty);
+  default: return bucket_change(c, mode, op, -op->qty, 0);
+  }
 }
 
 /* ---------------------------------------------------------- handlers */
@@ -355,7 +366,9 @@ static void handle_op(stock_svc_t *s, const svc_req_t *req, svc_resp_t *resp, st
   const char *xid_log = xid ? xid : "";
 
   char err[512] = "";
+  int64_t t0 = svc_now_us();
   PGconn *pg = svc_pg_get(s->pool, 2000, err, sizeof(err));
+  int64_t t_pg = svc_now_us();
   if (!pg) {
     SVC_LOG(SVC_LOG_WARN, json_pack("{s:s}", "xid", xid_log), "could not %s stock: %s", op_names[kind], err);
     svc_resp_error(resp, 503, "unavailable", err);
@@ -389,10 +402,17 @@ static void handle_op(stock_svc_t *s, const svc_req_t *req, svc_resp_t *resp, st
     snprintf(err, sizeof(err), "%s", rm_strerror(rc));
     goto fail;
   }
-  if ((rc = op_statements(&c, s->mode, &op, xid)) != 0 || (c.b && (rc = rm_at_prepare(c.b, &bid)) != 0)) {
+  int64_t t_open = svc_now_us();
+  if ((rc = op_statements(&c, s->mode, &op, xid)) != 0) {
     if (c.b) snprintf(err, sizeof(err), "%s: %s", rm_strerror(rc), rm_at_errmsg(c.b));
     goto fail;
   }
+  int64_t t_stmts = svc_now_us();
+  if (c.b && (rc = rm_at_prepare(c.b, &bid)) != 0) {
+    snprintf(err, sizeof(err), "%s: %s", rm_strerror(rc), rm_at_errmsg(c.b));
+    goto fail;
+  }
+  int64_t t_prep = svc_now_us();
   PGresult *r = PQexec(pg, "COMMIT");
   bool committed = PQresultStatus(r) == PGRES_COMMAND_OK && strcmp(PQcmdStatus(r), "COMMIT") == 0;
   if (!committed) snprintf(err, sizeof(err), "local commit failed: %s", PQresultErrorMessage(r));
@@ -405,6 +425,15 @@ static void handle_op(stock_svc_t *s, const svc_req_t *req, svc_resp_t *resp, st
     svc_resp_error(resp, 503, "unavailable", err);
     return;
   }
+  int64_t t_end = svc_now_us();
+  if (t_end - t0 >= s->slow_us)
+    SVC_LOG(SVC_LOG_INFO,
+            json_pack("{s:s,s:I,s:I,s:f,s:f,s:f,s:f,s:f,s:f}", "xid", xid_log, "order_id", (json_int_t)op.order_id,
+                      "bucket", (json_int_t)op.bucket, "total_ms", (double)(t_end - t0) / 1000, "pool_ms",
+                      (double)(t_pg - t0) / 1000, "begin_open_ms", (double)(t_open - t_pg) / 1000, "statements_ms",
+                      (double)(t_stmts - t_open) / 1000, "prepare_ms", (double)(t_prep - t_stmts) / 1000,
+                      "commit_ms", (double)(t_end - t_prep) / 1000),
+            "slow %s", op_names[kind]);
   SVC_LOG(SVC_LOG_DEBUG,
           json_pack("{s:s,s:I,s:I,s:I}", "xid", xid_log, "order_id", (json_int_t)op.order_id, "bucket",
                     (json_int_t)op.bucket, "branch_id", (json_int_t)bid),
@@ -520,6 +549,7 @@ int main(int argc, char **argv) {
   const char *pg_url = svc_env_str("STOCK_PG_URL", NULL);
   stock_svc_t s = {.resource = svc_env_str("STOCK_RESOURCE_ID", "stock"),
                    .local_mode = svc_env_int("STOCK_LOCAL_MODE", 0, 0, 1, &ok) == 1};
+  s.slow_us = svc_env_int("STOCK_SLOW_MS", 1000, 0, 3600000, &ok) * 1000;
   const char *mode = svc_env_str("STOCK_FREEZE_MODE", "delta");
   if (strcmp(mode, "delta") == 0) {
     s.mode = MODE_DELTA;

@@ -131,6 +131,11 @@ static void on_bus_released(const char *xid, void *arg) {
   if (node->lockwait && !node->stopping) tc_lockwait_release(node->lockwait, xid);
 }
 
+static size_t bus_waiters(void *arg) {
+  tc_node_t *node = arg;
+  return node->lockwait ? tc_lockwait_count(node->lockwait) : 0;
+}
+
 static void on_bus_peer(int node_id, const char *address, bool up, void *arg) {
   tc_log_info("peer node %d (%s) %s the bus", node_id, address[0] ? address : "?", up ? "joined" : "left");
 }
@@ -288,6 +293,7 @@ static int bus_start(tc_node_t *node, char *err, size_t errlen) {
   bo.h.on_released = on_bus_released;
   bo.h.on_forward = on_bus_forward;
   bo.h.on_peer = on_bus_peer;
+  bo.h.waiters = bus_waiters;
   bo.h.arg = node;
   node->bus = tc_bus_new(node->loop, &bo, err, errlen);
   if (!node->bus) return TXP_EINVALID_ARG;

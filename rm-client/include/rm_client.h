@@ -258,11 +258,14 @@ RM_API const char *rm_at_errmsg(const rm_branch_t *b);
  *   Cluster: one slot per activity); lua/stock_lib.lua documents the
  *   layout.
  *
- *   Deadlines: no call waits longer than its bounds, whatever Redis does:
- *   up to 'command_timeout_ms' for a pooled connection, 'connect_timeout_ms'
- *   to connect (then the scripts are loaded), and 'command_timeout_ms' per
- *   command round trip (at most three: SCRIPT LOAD + EVALSHA after a
- *   NOSCRIPT).  A command that was sent and got no answer in time fails with
+ *   Deadlines: no call hangs, whatever Redis does: every blocking step has
+ *   its own bound: waiting for a pooled connection ('command_timeout_ms'),
+ *   connecting ('connect_timeout_ms'), and each socket read or write of the
+ *   script loading of a new connection, of the command, and of the one
+ *   re-load + retry after a NOSCRIPT ('command_timeout_ms' without
+ *   progress).  A stopped Redis (SIGSTOP) costs a call about one
+ *   'command_timeout_ms'; a dead one costs nothing (refused at once, then
+ *   the backoff).  A command that was sent and got no answer in time fails with
  *   RM_E_UNKNOWN_OUTCOME (it may have run) and its connection is closed; one
  *   that could not be sent fails with RM_E_CONN_LOST (it did not run).
  *   After a failed connect, new connects wait for a backoff (doubling, up to

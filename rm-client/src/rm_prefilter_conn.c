@@ -476,7 +476,7 @@ int rm__pf_eval(rm_pf_pool_t *p, int script, int nkeys, const char *const *keys,
   const char **argv = sargv;
   size_t *lens = slens;
   int argc = 3 + nkeys + nargs, rc;
-  char nk[16];
+  char nk[24];
   rm_pf_conn_t *c = NULL;
   redisReply *r = NULL;
 
@@ -490,7 +490,7 @@ int rm__pf_eval(rm_pf_pool_t *p, int script, int nkeys, const char *const *keys,
       goto out;
     }
   }
-  snprintf(nk, sizeof(nk), "%d", nkeys);
+  rm__pf_i64_str(nk, nkeys);
   argv[0] = "EVALSHA";
   argv[2] = nk;
   for (int i = 0; i < nkeys; i++) argv[3 + i] = keys[i];

@@ -185,6 +185,7 @@ typedef struct node {
   tc_bus_fwd_t *held;
   int forwards_seen;
   bool closed;
+  size_t nwait; /* lock waiters it reports */
 } node_t;
 
 typedef struct world {
@@ -216,6 +217,11 @@ static void on_released(const char *xid, void *arg) {
   node_t *n = arg;
   n->released++;
   snprintf(n->last_xid, sizeof(n->last_xid), "%s", xid);
+}
+
+static size_t waiters(void *arg) {
+  node_t *n = arg;
+  return n->nwait;
 }
 
 static void on_peer(int node_id, const char *address, bool up, void *arg) {
@@ -322,7 +328,9 @@ static int setup(void **state) {
     o.h.on_released = on_released;
     o.h.on_forward = on_forward;
     o.h.on_peer = on_peer;
+    o.h.waiters = waiters;
     o.h.arg = n;
+    n->nwait = 1;
     char err[256];
     n->bus = tc_bus_new(&w->loop, &o, err, sizeof(err));
     if (!n->bus) fail_msg("tc_bus_new: %s", err);
@@ -388,6 +396,39 @@ static void test_heartbeats_and_release(void **state) {
   tc_bus_get_stats(w->n[1].bus, &s);
   assert_int_equal(s.released_sent, 1000);
   assert_true(s.sent >= 1);
+}
+
+static int node1_released(world_t *w) { return w->n[0].released > 0; }
+
+/* Releases go only to clusters where someone waits. */
+static void test_release_only_when_waited_for(void **state) {
+  world_t *w = *state;
+  for (int i = 0; i < NBUS; i++) w->n[i].nwait = 0;
+  uv_sleep(250); /* a periodic heartbeat says "no waiters" */
+  uv_run(&w->loop, UV_RUN_NOWAIT);
+  run_until(w, node1_released, 300);
+  tc_bus_released(w->n[1].bus, "x:skipped");
+  assert_false(run_until(w, node1_released, 300));
+  tc_bus_stats_t s;
+  tc_bus_get_stats(w->n[1].bus, &s);
+  assert_int_equal(s.released_skipped, 1);
+  assert_int_equal(s.released_sent, 0);
+  /* Node 1's first waiter is announced in the same loop iteration (not
+   * at the next beat). */
+  tc_bus_stats_t s1;
+  tc_bus_get_stats(w->n[0].bus, &s1);
+  w->n[0].nwait = 1;
+  uv_run(&w->loop, UV_RUN_NOWAIT);
+  tc_bus_stats_t s2;
+  tc_bus_get_stats(w->n[0].bus, &s2);
+  assert_true(s2.sent > s1.sent);
+  for (int i = 0; i < 500 && !w->n[0].released; i++) {
+    uv_run(&w->loop, UV_RUN_NOWAIT);
+    tc_bus_released(w->n[1].bus, "x:sent");
+    uv_sleep(2);
+  }
+  assert_true(run_until(w, node1_released, 2000));
+  assert_string_equal(w->n[0].last_xid, "x:sent");
 }
 
 static void forward_once(world_t *w, unsigned timeout_ms) {
@@ -462,6 +503,7 @@ int main(void) {
     cmocka_unit_test(test_codec_roundtrip),
     cmocka_unit_test(test_codec_rejects),
     cmocka_unit_test_setup_teardown(test_heartbeats_and_release, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_release_only_when_waited_for, setup, teardown),
     cmocka_unit_test_setup_teardown(test_forward_answered, setup, teardown),
     cmocka_unit_test_setup_teardown(test_forward_no_rm, setup, teardown),
     cmocka_unit_test_setup_teardown(test_forward_timeout, setup, teardown),

@@ -33,6 +33,12 @@
  *   records) with a short nanosleep and an overall deadline; nothing sleeps
  *   for a fixed time.  Each test uses its own xids and lock keys.
  *
+ *   Besides the eight scenarios of the brief (1-8) and the clean stop (9),
+ *   3b and 7b, and a few checks inside the others, pin down bugs found while
+ *   writing this file: a lock waiter that missed its wake-up, a branch
+ *   report rewriting phase-two outcomes, a use-after-free when a connection
+ *   registers again with requests in flight.
+ *
  *   Threads: the cmocka test thread (all assertions), the RM thread, and a
  *   background TM/RM client in the bad-input test.
  */
@@ -1502,19 +1508,28 @@ static void test_reregister_in_flight(void **state) {
 }
 
 /* 8. tcd is killed mid-way; another one on the same store finishes its
- * work: a decided commit whose branches were not told, and a Begin
- * transaction that must time out. */
+ * work: a decided commit whose branches were not told, a decided rollback
+ * whose first branch did not answer, and a Begin transaction that must
+ * time out. */
 static void test_crash_recovery(void **state) {
   (void)state;
   cli_t cl;
   cli_open(&cl, "t8");
-  rm_set_modes(true, false, 0);
-  char x1[TXP_MAX_XID_LEN + 1], x2[TXP_MAX_XID_LEN + 1];
+  rm_set_modes(true, true, 0);
+  char x1[TXP_MAX_XID_LEN + 1], x2[TXP_MAX_XID_LEN + 1], x4[TXP_MAX_XID_LEN + 1];
   begin_ok(cl.tm, 60000, "t8-committed", x1);
   int64_t b1 = register_ok(cl.rm, x1, "db_orders", "t_crash:1");
   int64_t b2 = register_ok(cl.rm, x1, "db_stock", "t_crash:2");
   begin_ok(cl.tm, 1500, "t8-begun", x2);
   int64_t b3 = register_ok(cl.rm, x2, "db_orders", "t_crash:3");
+  begin_ok(cl.tm, 60000, "t8-rolling-back", x4);
+  int64_t b4 = register_ok(cl.rm, x4, "db_orders", "t_crash:4");
+  int64_t b5 = register_ok(cl.rm, x4, "db_stock", "t_crash:5");
+  txc_t *cr = client(false, "t8-rollbacker", NULL);
+  txp_msg_t req;
+  txp_msg_init(&req, TXP_MSG_GLOBAL_ROLLBACK);
+  txp_msg_set_str(&req, TXP_F_XID, x4);
+  send_frames(cr, &req, 1, 1);
   int status = -1;
   assert_int_equal(txc_commit(cl.tm, x1, &status), 0);
   assert_int_equal(status, TXP_GS_COMMITTED);
@@ -1523,11 +1538,16 @@ static void test_crash_recovery(void **state) {
   assert_int_equal(db_long(SQL_GLOBAL_STATUS, x1, NULL), TXP_GS_ASYNC_COMMITTING);
   assert_int_equal(db_long(SQL_GLOBAL_STATUS, x2, NULL), TXP_GS_BEGIN);
   assert_int_equal(db_long(SQL_LOCKS, x1, NULL), 0); /* commit released them */
+  /* The rollback is decided and waits for its newest branch. */
+  assert_true(rm_wait_events(x4, TXP_MSG_BRANCH_ROLLBACK, 0, 1, WAIT_MS));
+  assert_int_equal(db_long(SQL_GLOBAL_STATUS, x4, NULL), TXP_GS_ROLLBACKING);
+  assert_int_equal(db_long("SELECT count(*) FROM lock_table WHERE xid = $1 AND status = 1", x4, NULL), 2);
 
   int gen = rm_generation();
   tcd_kill9();
   untrack_close(cl.tm);
   untrack_close(cl.rm);
+  untrack_close(cr);
   rm_set_modes(false, false, 0);
   assert_int_equal(tcd_start(), 0);
   assert_true(rm_wait_generation(gen, WAIT_MS));
@@ -1546,6 +1566,14 @@ static void test_crash_recovery(void **state) {
   assert_true(n >= 1 && has_id(ids, n, b3));
   assert_int_equal(rm_events(x2, TXP_MSG_BRANCH_COMMIT, 0, NULL, 0), 0);
   assert_int_equal(db_long(SQL_LIVE_ROWS, x2, NULL), 0);
+
+  expect_history(x4, TXP_GS_ROLLBACKED, 20000);
+  assert_int_equal(history_branches(x4, TXP_BS_PHASE2_ROLLBACKED), 2);
+  n = rm_events(x4, TXP_MSG_BRANCH_ROLLBACK, gen, ids, 8);
+  assert_true(n >= 2);
+  assert_true(ids[0] == b5 && has_id(ids, n, b4)); /* newest first again */
+  assert_int_equal(rm_events(x4, TXP_MSG_BRANCH_COMMIT, 0, NULL, 0), 0);
+  assert_int_equal(db_long(SQL_LIVE_ROWS, x4, NULL), 0);
 
   /* The new node serves new work. */
   cli_open(&cl, "t8b");
