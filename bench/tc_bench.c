@@ -325,6 +325,31 @@ static int free_port(void) {
 /* Start node 'idx' (node id idx + 1) of the bench's own cluster of
  * o->want_nodes nodes: its own listen port, a peer bus, the other nodes'
  * buses as peers. */
+/* A free port outside the kernel's ephemeral range, for a bus that binds
+ * later: nanomsg cannot bind a port that a client socket of any process
+ * holds (or left in TIME_WAIT), and ephemeral ports are handed out to
+ * client sockets all the time. */
+static int free_port_static(void) {
+  int lo = 32768, hi = 60999;
+  FILE *f = fopen("/proc/sys/net/ipv4/ip_local_port_range", "r");
+  if (f) {
+    if (fscanf(f, "%d %d", &lo, &hi) != 2) lo = 32768, hi = 60999;
+    fclose(f);
+  }
+  int from = lo > 22000 ? 20000 : hi + 1, to = lo > 22000 ? lo - 1 : 65535;
+  if (to <= from) return free_port();
+  for (int attempt = 0; attempt < 100; attempt++) {
+    int port = from + (int)(((unsigned)rand() ^ ((unsigned)getpid() << 8)) % (unsigned)(to - from + 1));
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    int ok = fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+    if (fd >= 0) close(fd);
+    if (ok) return port;
+  }
+  return free_port();
+}
+
 static int start_tcd(opts_t *o, const char *self, int idx) {
   char bin[PATH_MAX];
   snprintf(bin, sizeof(bin), "%s", self);
@@ -335,7 +360,7 @@ static int start_tcd(opts_t *o, const char *self, int idx) {
     /* Every bus port up front: each node lists all the others as peers. */
     for (int i = 0; i < o->want_nodes; i++) {
       int p;
-      do p = free_port();
+      do p = free_port_static();
       while (p > 0 && i > 0 && p == bus_ports[i - 1]);
       bus_ports[i] = p;
     }

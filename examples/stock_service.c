@@ -290,15 +290,33 @@ static int bucket_change(stmt_ctx_t *c, freeze_mode_t mode, const stock_op_t *op
   return rm_at_update(c->b, "activity_ticket_bucket", pk, 2, cols, vals);
 }
 
+/* The bucket change of an operation. */
+static int op_bucket(stmt_ctx_t *c, freeze_mode_t mode, const stock_op_t *op) {
+  switch (op->kind) {
+  case OP_FREEZE: return bucket_change(c, mode, op, op->qty, 0);
+  case OP_CONFIRM: return bucket_change(c, mode, op, -op->qty, op->qty);
+  default: return bucket_change(c, mode, op, -op->qty, 0);
+  }
+}
+
 /*
- * The statements of one operation.  The bucket row comes last: its row
- * lock (taken by the UPDATE, however the undo is done) is held until the
- * local COMMIT, and rm_at_prepare's round trip to the coordinator comes
- * before that COMMIT; every statement placed before the UPDATE is time the
- * hot row is not held.  (stock_freeze's foreign key takes a KEY SHARE lock
- * on the bucket row, which does not conflict with other freezes' UPDATEs.)
+ * The statements of one operation.  In delta mode (and locally) the
+ * bucket row comes last: its row lock (taken by the UPDATE) is held until
+ * the local COMMIT, and rm_at_prepare's round trip to the coordinator
+ * comes before that COMMIT; every statement placed before the UPDATE is
+ * time the hot row is not held.  (stock_freeze's foreign key takes a KEY
+ * SHARE lock on the bucket row, which does not conflict with the NO KEY
+ * UPDATE lock of other freezes' UPDATEs.)  In AT mode the row is read FOR
+ * UPDATE for its before image, which does conflict with KEY SHARE: two
+ * freezes each holding KEY SHARE and wanting FOR UPDATE would deadlock, so
+ * there the bucket row comes first.
  */
 static int op_statements(stmt_ctx_t *c, freeze_mode_t mode, const stock_op_t *op, const char *xid) {
+  bool bucket_first = c->b && mode == MODE_AT;
+  if (bucket_first) {
+    int rc = op_bucket(c, mode, op);
+    if (rc != 0) return rc;
+  }
   char sa[24], st[24], sb[24], so[24], sq[24], su[24], dl[48];
   snprintf(sa, sizeof(sa), "%lld", op->activity);
   snprintf(st, sizeof(st), "%lld", op->ticket_type);
@@ -339,12 +357,8 @@ static int op_statements(stmt_ctx_t *c, freeze_mode_t mode, const stock_op_t *op
   static const char *const cols[] = {"activity_id", "ticket_type", "bucket_id", "order_id", "op", "qty", "xid"};
   const char *vals[] = {sa, st, sb, so, op_names[op->kind], sq, xid};
   rc = row_insert(c, "stock_log", 7, cols, vals);
-  if (rc != 0) return rc;
-  switch (op->kind) {
-  case OP_FREEZE: return bucket_change(c, mode, op, op->qty, 0);
-  case OP_CONFIRM: return bucket_change(c, mode, op, -op->qty, op->qty);
-  default: return bucket_change(c, mode, op, -op->qty, 0);
-  }
+  if (rc != 0 || bucket_first) return rc;
+  return op_bucket(c, mode, op);
 }
 
 /* ---------------------------------------------------------- handlers */
@@ -404,7 +418,7 @@ static void handle_op(stock_svc_t *s, const svc_req_t *req, svc_resp_t *resp, st
   }
   int64_t t_open = svc_now_us();
   if ((rc = op_statements(&c, s->mode, &op, xid)) != 0) {
-    if (c.b) snprintf(err, sizeof(err), "%s: %s", rm_strerror(rc), rm_at_errmsg(c.b));
+    if (c.b && *rm_at_errmsg(c.b)) snprintf(err, sizeof(err), "%s: %s", rm_strerror(rc), rm_at_errmsg(c.b));
     goto fail;
   }
   int64_t t_stmts = svc_now_us();

@@ -37,7 +37,26 @@ wait_gone() { # pid seconds
 }
 
 port_busy() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-random_port() { echo $((20000 + ((RANDOM << 15) | RANDOM) % 40001)); }
+
+# Ports for the nodes come from outside the kernel's ephemeral range: a port
+# that some client socket uses (or left in TIME_WAIT) as its local port
+# cannot be bound by nanomsg, which has no SO_REUSEADDR for other owners.
+port_range() {
+  local lo=32768 hi=60999
+  read -r lo hi </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || true
+  if ((lo > 22000)); then
+    echo "20000 $((lo - 1))"
+  elif ((hi < 63000)); then
+    echo "$((hi + 1)) 65535"
+  else
+    echo "20000 60000"
+  fi
+}
+random_port() {
+  local r
+  read -r -a r <<<"$(port_range)"
+  echo $((r[0] + ((RANDOM << 15) | RANDOM) % (r[1] - r[0] + 1)))
+}
 
 # A port nobody listens on and that is not in the list "$@".
 free_port() {
@@ -89,6 +108,29 @@ start_node() {
   "$bin" -c "$DIR/node$n.ini" </dev/null >>"$DIR/node$n.log" 2>&1 &
   pid=$!
   echo "$pid" >"$DIR/node$n.pid"
+}
+
+# Start node N and wait until it is up; if its bus address turned out to be
+# taken (bind failed), move the bus to another free port and try again (the
+# other nodes learn the new address from node_table).
+start_node_retrying() {
+  local n=$1 attempt port
+  for attempt in 1 2 3 4 5; do
+    start_node "$n"
+    wait_node_up "$n" 2>"$DIR/node$n.start-err" && { rm -f "$DIR/node$n.start-err"; return 0; }
+    if grep -q 'could not bind the bus' "$DIR/node$n.log" && ((attempt < 5)); then
+      port=$(free_port $(sed -n 's/^listen = .*:\([0-9]*\)$/\1/p; s/^bus = .*:\([0-9]*\)$/\1/p' "$DIR"/node*.ini)) \
+        || break
+      echo "$prog: node $n: bus port taken, moving it to $port" >&2
+      sed -i "s|^bus = tcp://127.0.0.1:[0-9]*$|bus = tcp://127.0.0.1:$port|" "$DIR/node$n.ini"
+      echo "--- (bus moved to port $port)" >>"$DIR/node$n.log"
+      continue
+    fi
+    break
+  done
+  cat "$DIR/node$n.start-err" >&2 2>/dev/null
+  rm -f "$DIR/node$n.start-err"
+  return 1
 }
 
 # Wait until node N serves (accepts connections) and is 'up' in tc_nodes;
