@@ -116,6 +116,7 @@ typedef struct run {
   long long *paid_ids;
   size_t npaid, cappaid;
   int64_t first_us, last_us;
+  int64_t last_progress_us;
 } run_t;
 
 /* ----------------------------------------------------------------- rng */
@@ -332,7 +333,10 @@ static void finish_xfer(run_t *r, xfer_t *x, CURLcode cc) {
 
 static void progress(run_t *r, bool final) {
   if (r->o.quiet && !final) return;
-  double t = (double)now_rel(r) / 1e6;
+  int64_t now = now_rel(r);
+  if (final && r->last_progress_us && now - r->last_progress_us < 500000) return; /* just printed */
+  r->last_progress_us = now;
+  double t = (double)now / 1e6;
   printf("[%6.1fs] orders sent %lld/%lld answered %lld: ok %lld, rejected %lld (sold_out %lld, over_limit %lld, "
          "not_on_sale %lld), 503 %lld; paid %lld, cancelled %lld; in flight %d\n",
          t, r->sent, r->o.users + r->again_sent, r->done, r->ok,

@@ -244,11 +244,20 @@ static void sleep_ms(int ms) {
 }
 
 typedef struct settle_counts {
-  long long unfinished, locks, undo_orders, undo_stock;
+  long long unfinished, locks, undo_orders, undo_stock, overdue;
 } settle_counts_t;
 
-static bool read_settle(fs_check_t *c, settle_counts_t *s) {
+static bool read_settle(fs_check_t *c, long long activity, settle_counts_t *s) {
   bool ok = true;
+  char sa[24];
+  snprintf(sa, sizeof(sa), "%lld", activity);
+  const char *pa[1] = {sa};
+  /* unpaid orders past their expiry: order-service's expiry job is about
+   * to release them (only with a short ORDER_TTL_S) */
+  s->overdue = q_ll(c->orders,
+                    "SELECT count(*) FROM trade_order WHERE activity_id = $1 AND status = 'UNPAID'"
+                    " AND expire_at < now()",
+                    1, pa, &ok);
   const char *p[2] = {c->run_start, TM_APP};
   s->unfinished =
     q_ll(c->tc, "SELECT count(*) FROM global_table WHERE begin_time >= $1 AND application_id = $2", 2, p, &ok);
@@ -282,15 +291,19 @@ void fs_check_run(fs_check_t *c, const fs_activity_t *a, const fs_client_view_t 
   char err[512];
   bool ok = true;
 
-  /* Settle: the coordinator finishes phase two in the background. */
+  /* Settle: the coordinator finishes phase two in the background, and
+   * order-service expires overdue orders (then updates Redis).  Quiet
+   * twice in a row, 200 ms apart, so that a step that just ended in one
+   * store has time to reach the other. */
   settle_counts_t sc = {0};
   int64_t t0 = svc_now_us(), end = t0 + (int64_t)settle_s * 1000000;
+  int quiet = 0;
   for (;;) {
-    if (!read_settle(c, &sc)) break;
-    if ((sc.unfinished == 0 && sc.locks == 0 && sc.undo_orders == 0 && sc.undo_stock == 0) ||
-        svc_now_us() >= end)
-      break;
-    sleep_ms(100);
+    if (!read_settle(c, a->activity, &sc)) break;
+    bool q = sc.unfinished == 0 && sc.locks == 0 && sc.undo_orders == 0 && sc.undo_stock == 0 && sc.overdue == 0;
+    quiet = q ? quiet + 1 : 0;
+    if (quiet >= 2 || svc_now_us() >= end) break;
+    sleep_ms(q ? 200 : 100);
   }
   res->settle_s = (double)(svc_now_us() - t0) / 1e6;
 

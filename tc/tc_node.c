@@ -3,11 +3,10 @@
  */
 #include "tc_node.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#include <signal.h>
 #include <unistd.h>
 
 #include "tc_bus.h"

@@ -4,10 +4,12 @@
  * one; tests may create several in one process.
  *
  * NOTES
- *   Start-up order: store (pools, first id block) -> server (listen) ->
- *   recovery (leader election; it adopts every unfinished session found in
- *   the store, which is how a restarted node finishes what a killed one
- *   left).  Shutdown runs the reverse order.
+ *   Start-up order: store (pools, first id block) and, at the same time,
+ *   the node id claim (cluster/tc_cluster.h: a second live process with the
+ *   same id refuses to start) -> server (listen) -> peer bus and node_table
+ *   registration -> recovery (leader election; it adopts every unfinished
+ *   session found in the store, which is how a restarted node finishes what
+ *   a killed one left).  Shutdown runs the reverse order.
  */
 #ifndef TC_NODE_H
 #define TC_NODE_H

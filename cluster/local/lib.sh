@@ -1,5 +1,8 @@
+# shellcheck shell=bash
 # cluster/local/lib.sh - helpers shared by cluster/local/up, down and node.
-# Sourced, not run.  Expects $DIR (the cluster directory) where it says so.
+# Sourced, not run.  Expects $prog (the caller's name) and, where it says
+# so, $DIR (the cluster directory).
+# shellcheck disable=SC2154  # prog and DIR are the caller's
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -114,13 +117,13 @@ start_node() {
 # taken (bind failed), move the bus to another free port and try again (the
 # other nodes learn the new address from node_table).
 start_node_retrying() {
-  local n=$1 attempt port
+  local n=$1 attempt port used
   for attempt in 1 2 3 4 5; do
     start_node "$n"
     wait_node_up "$n" 2>"$DIR/node$n.start-err" && { rm -f "$DIR/node$n.start-err"; return 0; }
     if grep -q 'could not bind the bus' "$DIR/node$n.log" && ((attempt < 5)); then
-      port=$(free_port $(sed -n 's/^listen = .*:\([0-9]*\)$/\1/p; s/^bus = .*:\([0-9]*\)$/\1/p' "$DIR"/node*.ini)) \
-        || break
+      mapfile -t used < <(sed -n 's/^listen = .*:\([0-9]*\)$/\1/p; s/^bus = .*:\([0-9]*\)$/\1/p' "$DIR"/node*.ini)
+      port=$(free_port "${used[@]}") || break
       echo "$prog: node $n: bus port taken, moving it to $port" >&2
       sed -i "s|^bus = tcp://127.0.0.1:[0-9]*$|bus = tcp://127.0.0.1:$port|" "$DIR/node$n.ini"
       echo "--- (bus moved to port $port)" >>"$DIR/node$n.log"

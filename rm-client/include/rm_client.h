@@ -510,6 +510,261 @@ RM_API void rm_prefilter_stats(rm_prefilter_t *pf, rm_pf_stats_t *out);
  * name), transport errors. */
 RM_API int rm_prefilter_script_sha(rm_prefilter_t *pf, const char *name, char *sha);
 
+/* ============================================================================
+ * Fallback to local mode (degrade), local-mode orders, compensation and
+ * reconciliation.
+ *
+ * NOTES
+ *   Mode.  A client is in RM_MODE_GLOBAL (orders run as global
+ *   transactions) or RM_MODE_LOCAL (no coordinator answers: orders run as
+ *   local transactions with compensation records, see rm_local_* below).
+ *   The mode is advice the services read before each order
+ *   (rm_client_mode); the TM/RM calls above behave the same in both modes.
+ *
+ *   Detection (rm_client_degrade_enable): the client's background thread
+ *   probes the coordinators: every 'probe_interval_ms' one GlobalStatus
+ *   round trip (of an xid that does not exist: the answer "not found"
+ *   proves that a node and its store work), which must be answered within
+ *   'probe_timeout_ms' (default: the connect timeout, 3 s).  A failed
+ *   probe is one where no node answered in time (none reachable, none
+ *   registered, the store unavailable, or no answer).  'fail_threshold'
+ *   consecutive failed probes switch the client to local mode;
+ *   'recover_threshold' consecutive answered probes switch it back.  A
+ *   call of the TM/RM API that ends with RM_E_NO_NODE makes the next probe
+ *   start at once.  Each switch is logged (warning) and counted.
+ *
+ *   Forcing: rm_client_force_mode(c, RM_MODE_LOCAL or RM_MODE_GLOBAL)
+ *   overrides detection (which keeps probing), RM_MODE_AUTO gives the
+ *   decision back to it.  Services read the operator's choice from the
+ *   environment variable RM_MODE_ENV ("auto", "global" or "local") with
+ *   rm_mode_parse().
+ *
+ *   An order begun in global mode whose rm_tm_begin failed with
+ *   RM_E_NO_NODE or RM_E_DEADLINE certainly has no global transaction: it
+ *   may be taken in local mode instead.
+ * ========================================================================== */
+
+enum {
+  RM_MODE_AUTO = 0,   /* rm_client_force_mode: let detection decide */
+  RM_MODE_GLOBAL = 1, /* global transactions through the coordinator */
+  RM_MODE_LOCAL = 2,  /* local transactions + compensation records */
+};
+
+/* The environment variable services read for a forced mode. */
+#define RM_MODE_ENV "TXC_TX_MODE"
+
+/* Numbers: 0 means the default. */
+typedef struct rm_degrade_opts {
+  unsigned fail_threshold;    /* consecutive failed probes -> local, default 3 */
+  unsigned recover_threshold; /* consecutive answered probes -> global, default 3 */
+  unsigned probe_interval_ms; /* pause between two probes, default 1000 */
+  unsigned probe_timeout_ms;  /* a probe's deadline, default the connect timeout */
+} rm_degrade_opts_t;
+
+/* Start (or retune) degrade detection on 'c'; 'opts' may be NULL (all
+ * defaults).  Until it is called the client stays in RM_MODE_GLOBAL unless
+ * forced.  0, RM_E_INVALID (NULL client, a threshold over 1000, an
+ * interval or timeout over one hour). */
+RM_API int rm_client_degrade_enable(rm_client_t *c, const rm_degrade_opts_t *opts);
+/* RM_MODE_GLOBAL or RM_MODE_LOCAL: the forced mode if any, else the
+ * detected one.  Any thread, no blocking.  RM_MODE_GLOBAL for NULL. */
+RM_API int rm_client_mode(rm_client_t *c);
+/* Force 'mode' (RM_MODE_GLOBAL or RM_MODE_LOCAL), or RM_MODE_AUTO to end
+ * forcing.  Logged.  0 or RM_E_INVALID. */
+RM_API int rm_client_force_mode(rm_client_t *c, int mode);
+/* "auto", "global", "local" (case-insensitive) -> RM_MODE_*; NULL or ""
+ * -> RM_MODE_AUTO; anything else RM_E_INVALID. */
+RM_API int rm_mode_parse(const char *s);
+/* "auto", "global", "local" or "?". */
+RM_API const char *rm_mode_name(int mode);
+
+typedef struct rm_degrade_stats {
+  int mode;                 /* rm_client_mode() */
+  int forced;               /* RM_MODE_AUTO, or the forced mode */
+  int detected;             /* what detection says: RM_MODE_GLOBAL or RM_MODE_LOCAL */
+  bool enabled;             /* rm_client_degrade_enable was called */
+  uint64_t to_local;        /* switches of rm_client_mode() to local */
+  uint64_t to_global;       /* switches back */
+  uint64_t probes;          /* probes finished */
+  uint64_t probe_failures;  /* of which failed */
+  unsigned fail_streak;     /* consecutive failed probes now */
+  unsigned ok_streak;       /* consecutive answered probes now */
+  uint64_t local_orders;    /* process-wide: rm_local_stats().orders */
+} rm_degrade_stats_t;
+RM_API void rm_client_degrade_stats(rm_client_t *c, rm_degrade_stats_t *out);
+
+/* ---- Local-mode orders (no coordinator) ----
+ *
+ * One order in local mode, across the services:
+ *   1. order-service: rm_prefilter_freeze (Redis is the stock gate) ->
+ *      bucket; refused: answer the refusal, nothing else happened.
+ *   2. order-service: rm_local_order_insert on the orders database: the
+ *      trade_order row (UNPAID, no xid) and its compensation row, in one
+ *      local transaction.  Failed: rm_prefilter_release, answer an error.
+ *   3. stock-service (called with the order, no xid):
+ *      rm_local_stock_freeze on the stock database: its compensation row
+ *      and the guarded freeze in one local transaction, decided once per
+ *      order.
+ *   4. order-service, by stock-service's answer: frozen ->
+ *      rm_local_order_finish(..., true): the order stands; refused ->
+ *      rm_local_order_cancel: the order is cancelled with a reason and the
+ *      Redis freeze released; no answer -> leave it: the compensation job
+ *      asks the stock database itself (step 3 again, idempotent) and
+ *      finishes the order either way.
+ * No undo log, no global lock.  Every function here is idempotent by order
+ * id and runs in the caller's transaction when one is open on 'pg' (else
+ * in its own).  Codes as the prefilter's; details in rm_local_errmsg().
+ * The tables and functions are in sql/orders/002_local_compensation.sql
+ * and sql/stock/003_stock_compensation.sql. */
+
+typedef struct rm_local_order {
+  int64_t order_id;    /* >= 1 */
+  int64_t activity_id; /* >= 1 */
+  int32_t ticket_type; /* >= 0 */
+  int32_t bucket;      /* the bucket the Redis freeze returned, >= 0 */
+  int64_t user_id;     /* >= 1 */
+  int32_t qty;         /* 1..10000 */
+  int64_t expire_ms;   /* trade_order.expire_at, unix ms; 0 = now + 15 min */
+  int64_t deadline_ms; /* the stock freeze's deadline, unix ms; 0 = expire_ms */
+} rm_local_order_t;
+
+/* Results beyond the prefilter's codes. */
+enum {
+  RM_LOCAL_E_MISMATCH = -10501, /* the order id was recorded with other values */
+  RM_LOCAL_E_PAID = -10502,     /* cancel refused: the order is paid (operator) */
+  RM_LOCAL_E_DECIDED = -10503,  /* finished before with the other outcome */
+  RM_COMP_E_LOCKED = -10510,    /* another compensation job is running */
+};
+
+/* Step 2, orders database: 0 inserted, 1 inserted before (a retry),
+ * RM_LOCAL_E_MISMATCH, RM_E_INVALID (an argument out of range), RM_E_DB,
+ * RM_E_STATE.  Every rm_local_* call returns RM_E_INVALID for arguments
+ * out of range, having done nothing. */
+RM_API int rm_local_order_insert(PGconn *orders_pg, const rm_local_order_t *o);
+/* Step 3, stock database: 0 frozen now, 1 frozen before; RM_PF_SOLD_OUT,
+ * RM_PF_OVER_LIMIT, RM_PF_BAD_ARGS (no such bucket...): refused, now or
+ * before (the refusal is recorded: the order will be cancelled);
+ * RM_LOCAL_E_MISMATCH, RM_E_INVALID, RM_E_DB, RM_E_STATE (nothing
+ * decided). */
+RM_API int rm_local_stock_freeze(PGconn *stock_pg, const rm_local_order_t *o);
+/* Step 4, the stock side froze: mark the order's compensation done.  0, 1
+ * (before), RM_LOCAL_E_DECIDED, RM_PF_UNKNOWN_ORDER (no compensation row),
+ * RM_E_DB, RM_E_STATE. */
+RM_API int rm_local_order_finish(PGconn *orders_pg, int64_t order_id);
+/*
+ * Step 4, the stock side refused with 'refusal' (the code
+ * rm_local_stock_freeze returned): release the Redis freeze through 'pf'
+ * (may be NULL: then reconciliation must align Redis), then cancel the
+ * order (UNPAID -> CANCELLED, trade_order.cancel_reason set to a sentence
+ * for the user) and mark its compensation done, in one transaction of
+ * 'orders_pg' (which must be idle: not inside a transaction).  0, 1
+ * (before), RM_LOCAL_E_DECIDED, RM_LOCAL_E_PAID, RM_PF_UNKNOWN_ORDER,
+ * RM_E_DB, RM_E_STATE; a Redis transport error (nothing changed in
+ * PostgreSQL: retry, or leave it to the job).
+ */
+RM_API int rm_local_order_cancel(PGconn *orders_pg, rm_prefilter_t *pf, int64_t order_id, int refusal);
+/* Details of the calling thread's last failed rm_local_* or rm_compensate
+ * call ("" if none). */
+RM_API const char *rm_local_errmsg(void);
+
+/* Process-wide counters of the rm_local_* calls that succeeded. */
+typedef struct rm_local_stats {
+  uint64_t orders;    /* rm_local_order_insert: inserted now */
+  uint64_t frozen;    /* rm_local_stock_freeze: frozen now */
+  uint64_t refused;   /* rm_local_stock_freeze: refused now */
+  uint64_t finished;  /* rm_local_order_finish: done now */
+  uint64_t cancelled; /* rm_local_order_cancel: cancelled now */
+} rm_local_stats_t;
+RM_API void rm_local_stats(rm_local_stats_t *out);
+
+/* ---- The compensation job and reconciliation ----
+ *
+ * rm_compensate_run: one pass, on its own connections to both databases.
+ * Only one pass runs at a time across all processes: it holds a session
+ * advisory lock on the orders database (released when the pass ends, or
+ * when its connection drops: a killed job holds nothing).  For each
+ * PENDING order_compensation row (oldest order id first, older than
+ * 'min_age_ms'): rm_local_stock_freeze with the recorded order (asking
+ * the stock database decides it, once, if stock-service never did:
+ * frozen if the stock permits, else refused), then rm_local_order_finish
+ * or rm_local_order_cancel.  Each step is idempotent and the decision is
+ * durable in the stock database before anything depends on it, so a pass
+ * killed at any point and run again reaches the same end state.  Then,
+ * with 'reconcile', rm_prefilter_reconcile of every activity of the stock
+ * database (or only 'activity_id'): PostgreSQL is the truth; each
+ * difference is logged with both values (warning) and counted.
+ */
+typedef struct rm_comp_options {
+  unsigned min_age_ms;   /* skip rows younger than this (their order may be in flight), default 0 */
+  unsigned max_rows;     /* at most this many rows per pass, 0 = all */
+  bool reconcile;        /* then reconcile Redis with PostgreSQL ('pf' required) */
+  int64_t activity_id;   /* reconcile only this activity; 0 = all */
+  rm_log_cb log_cb;      /* may be NULL: no logging */
+  void *log_arg;
+  int log_level;         /* rm_log_level_t, 0 = RM_LOG_WARN */
+} rm_comp_options_t;
+
+typedef struct rm_comp_report {
+  unsigned rows;          /* pending rows looked at */
+  unsigned frozen;        /* finished: the stock froze (now or before) */
+  unsigned cancelled;     /* finished: cancelled, Redis freeze released */
+  unsigned failed;        /* left pending after an error (retried next pass) */
+  unsigned pending;       /* pending rows left when the pass ended */
+  unsigned activities;    /* activities reconciled */
+  unsigned reconcile_failed; /* activities whose reconciliation failed */
+  rm_pf_reconcile_t fixed;   /* differences corrected in Redis, summed */
+} rm_comp_report_t;
+
+/* One pass.  'pf' may be NULL only without 'reconcile' (Redis freezes of
+ * cancelled orders are then left to a later reconciliation); 'opts' may
+ * be NULL (defaults); '*report' (may be NULL) gets the numbers.  0 (the
+ * pass ran: see report->failed), RM_COMP_E_LOCKED (another pass holds the
+ * lock: nothing done), RM_E_DB (could not connect or query: details in
+ * rm_local_errmsg), RM_E_INVALID. */
+RM_API int rm_compensate_run(const char *orders_conninfo, const char *stock_conninfo, rm_prefilter_t *pf,
+                             const rm_comp_options_t *opts, rm_comp_report_t *report);
+
+/*
+ * The scheduler: a background thread that runs a compensation pass every
+ * 'interval_ms' and a pass with reconciliation every
+ * 'reconcile_interval_ms', and at once when kicked.  Every service
+ * instance may run one: the advisory lock lets one pass run at a time.
+ */
+typedef struct rm_compensator_options {
+  const char *orders_conninfo; /* required, copied */
+  const char *stock_conninfo;  /* required, copied */
+  rm_prefilter_t *pf;          /* borrowed (must outlive the compensator); may be NULL */
+  unsigned interval_ms;        /* default 10000 */
+  unsigned reconcile_interval_ms; /* default 300000 (5 min); needs 'pf' */
+  rm_comp_options_t run;       /* per pass ('reconcile' is set by the schedule) */
+} rm_compensator_options_t;
+
+typedef struct rm_compensator rm_compensator_t;
+
+/* Start the thread (the first pass runs at once).  0, RM_E_INVALID,
+ * RM_E_NOMEM. */
+RM_API int rm_compensator_start(const rm_compensator_options_t *o, rm_compensator_t **out);
+/* Ask for a pass now ('reconcile': with reconciliation).  Returns at once. */
+RM_API void rm_compensator_kick(rm_compensator_t *k, bool reconcile);
+/* Wait until a pass that started after this call has ended (up to
+ * 'timeout_ms'); its code and report.  0 = that pass's code, or
+ * RM_E_DEADLINE.  Kicks a pass first. */
+RM_API int rm_compensator_run_now(rm_compensator_t *k, bool reconcile, unsigned timeout_ms,
+                                  rm_comp_report_t *report);
+/* Stop the thread (waits for a running pass) and free.  NULL: no-op. */
+RM_API void rm_compensator_stop(rm_compensator_t *k);
+
+typedef struct rm_compensator_stats {
+  uint64_t passes;        /* passes that ran */
+  uint64_t locked;        /* passes skipped: another job held the lock */
+  uint64_t errors;        /* passes that failed (connection...) */
+  uint64_t frozen, cancelled, failed; /* rows, summed over passes */
+  uint64_t reconciled;    /* activities reconciled */
+  uint64_t fixed;         /* Redis differences corrected, all kinds */
+  int last_code;          /* code of the last pass */
+} rm_compensator_stats_t;
+RM_API void rm_compensator_stats(rm_compensator_t *k, rm_compensator_stats_t *out);
+
 #ifdef __cplusplus
 }
 #endif

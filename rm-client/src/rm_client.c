@@ -56,6 +56,18 @@
  *
  *   The library never prints: every line goes through rm__log() to the
  *   caller's callback.
+ *
+ *   Degrade detection (rm_client_degrade_enable, rm_client.h): once
+ *   enabled, the loop thread runs one probe at a time, an internal
+ *   GlobalStatus call of an xid that does not exist (RM_PROBE_XID) with the
+ *   probe timeout as its deadline, routed like any call.  "Not found" (or
+ *   any answer of a working node: RM_E_BUSY included) is a success; no
+ *   answer in time, no node, or a store error is a failure.  The streaks of
+ *   consecutive results decide the detected mode; the mode the services
+ *   read is the forced one if any, else the detected one.  It is published
+ *   in atomics (read from any thread without locking); changes of it are
+ *   made under 'mode_mu' (so each switch is counted once) and logged after.
+ *   A call that ends with RM_E_NO_NODE starts the next probe at once.
  */
 #include <inttypes.h>
 #include <limits.h>
@@ -64,6 +76,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "rm_conn.h"
@@ -81,6 +94,12 @@
 #define RM_BLOCKING_GRACE_MS 2000u /* a blocking caller gives up this long after its deadline */
 #define RM_IDEM_BYTES 16
 #define RM_HASH_BITS_MIN 6
+#define RM_PROBE_XID "txc-degrade-probe" /* never an xid the TC made: no ':' */
+#define RM_DEGRADE_FAILS 3u
+#define RM_DEGRADE_RECOVERS 3u
+#define RM_DEGRADE_INTERVAL_MS 1000u
+#define RM_DEGRADE_MAX_THRESHOLD 1000u
+#define RM_DEGRADE_MAX_MS 3600000u
 
 /* ------------------------------------------------------------- types */
 
@@ -191,6 +210,21 @@ struct rm_client {
 
   /* The AT layer's state (rm__at_state); its own business. */
   rm_at_state_t *at;
+
+  /* Degrade detection (see NOTES).  Set by callers under 'mu': */
+  rm_degrade_opts_t dg_req; /* defaults applied */
+  bool dg_changed;
+  /* Loop thread: */
+  rm_degrade_opts_t dg;
+  bool dg_enabled;
+  bool probe_inflight;
+  uv_timer_t probe_timer;
+  /* Any thread: */
+  uv_mutex_t mode_mu; /* serializes changes of 'mode' */
+  atomic_bool dg_on;
+  atomic_int mode, forced, detected;
+  atomic_uint fail_streak, ok_streak;
+  atomic_uint_fast64_t to_local, to_global, probes, probe_failures;
 };
 
 /* The client whose loop runs on this thread, if any: blocking calls made
@@ -199,6 +233,7 @@ static _Thread_local rm_client_t *tls_loop_client;
 
 static void dispatch(rm_client_t *c, rm_call_t *k);
 static void arm_timer(rm_client_t *c);
+static void probe_soon(rm_client_t *c);
 
 /* ------------------------------------------------------------ helpers */
 
@@ -467,6 +502,7 @@ static void complete(rm_client_t *c, rm_call_t *k, int code) {
   uv_mutex_lock(&c->mu);
   c->live--;
   uv_mutex_unlock(&c->mu);
+  if (code == RM_E_NO_NODE) probe_soon(c);
   if (!k->sync) {
     const char *xid = k->type == TXP_MSG_GLOBAL_BEGIN ? (code == 0 ? k->res_xid : NULL) : k->xid;
     k->cb(code, xid, k->status, k->cb_arg);
@@ -1049,6 +1085,90 @@ static void start_call(rm_client_t *c, rm_call_t *k) {
   dispatch(c, k);
 }
 
+/* ------------------------------------------- degrade detection (loop) */
+
+/* Publish the mode the services read (forced, else detected), counting and
+ * logging a switch.  Any thread. */
+static void mode_update(rm_client_t *c, const char *why) {
+  uv_mutex_lock(&c->mode_mu);
+  int old = atomic_load(&c->mode);
+  int forced = atomic_load(&c->forced);
+  int now = forced != RM_MODE_AUTO ? forced : atomic_load(&c->detected);
+  if (now != old) {
+    atomic_store(&c->mode, now);
+    atomic_fetch_add(now == RM_MODE_LOCAL ? &c->to_local : &c->to_global, 1);
+  }
+  uv_mutex_unlock(&c->mode_mu);
+  if (now != old)
+    LOG(c, RM_LOG_WARN, "client \"%s\" switched from %s to %s mode: %s", c->client_id, rm_mode_name(old),
+        rm_mode_name(now), why);
+}
+
+static void on_probe_timer(uv_timer_t *t);
+
+/* Start the next probe after 'delay_ms' unless one is running. */
+static void probe_schedule(rm_client_t *c, uint64_t delay_ms) {
+  if (c->stopping || !c->dg_enabled || c->probe_inflight) return;
+  uv_timer_start(&c->probe_timer, on_probe_timer, delay_ms, 0);
+}
+
+/* A call failed for want of a node: probe now rather than at the next
+ * tick, so that a burst of failures is noticed within one probe timeout. */
+static void probe_soon(rm_client_t *c) { probe_schedule(c, 0); }
+
+static void on_probe_done(int code, const char *xid, int status, void *arg) {
+  rm_client_t *c = arg;
+  (void)xid;
+  (void)status;
+  c->probe_inflight = false;
+  if (c->stopping) return; /* completed by the shutdown: not a result */
+  /* Any answer from a working node counts; "not found" is the expected one. */
+  bool ok = code == 0 || code == RM_E_GLOBAL_NOT_FOUND || code == RM_E_BUSY;
+  atomic_fetch_add(&c->probes, 1);
+  char why[192];
+  if (ok) {
+    unsigned n = atomic_fetch_add(&c->ok_streak, 1) + 1;
+    atomic_store(&c->fail_streak, 0);
+    if (n >= c->dg.recover_threshold && atomic_load(&c->detected) != RM_MODE_GLOBAL) {
+      atomic_store(&c->detected, RM_MODE_GLOBAL);
+      snprintf(why, sizeof(why), "a coordinator answered %u consecutive probes", n);
+      mode_update(c, why);
+    }
+  } else {
+    atomic_fetch_add(&c->probe_failures, 1);
+    unsigned n = atomic_fetch_add(&c->fail_streak, 1) + 1;
+    atomic_store(&c->ok_streak, 0);
+    LOG(c, RM_LOG_DEBUG, "degrade probe failed (%u in a row): %s", n, rm_strerror(code));
+    if (n >= c->dg.fail_threshold && atomic_load(&c->detected) != RM_MODE_LOCAL) {
+      atomic_store(&c->detected, RM_MODE_LOCAL);
+      snprintf(why, sizeof(why), "no coordinator answered %u consecutive probes within %u ms (last: %s)", n,
+               c->dg.probe_timeout_ms, rm_strerror(code));
+      mode_update(c, why);
+    }
+  }
+  probe_schedule(c, c->dg.probe_interval_ms);
+}
+
+/* Send one probe: an internal call completed through on_probe_done. */
+static void on_probe_timer(uv_timer_t *t) {
+  rm_client_t *c = t->data;
+  if (c->stopping || !c->dg_enabled || c->probe_inflight) return;
+  rm_call_t *k = call_new(TXP_MSG_GLOBAL_STATUS, true, c->dg.probe_timeout_ms);
+  if (!k) {
+    probe_schedule(c, c->dg.probe_interval_ms);
+    return;
+  }
+  snprintf(k->xid, sizeof(k->xid), "%s", RM_PROBE_XID);
+  k->cb = on_probe_done;
+  k->cb_arg = c;
+  uv_mutex_lock(&c->mu);
+  c->live++; /* complete() counts it out like a submitted call */
+  uv_mutex_unlock(&c->mu);
+  c->probe_inflight = true;
+  start_call(c, k);
+  arm_timer(c);
+}
+
 static void on_conn_closed(rm_conn_t *conn, void *arg) {
   (void)conn;
   (void)arg; /* freed by rm_client_free() after the loop ends */
@@ -1076,6 +1196,7 @@ static void begin_shutdown(rm_client_t *c) {
   }
   uv_close((uv_handle_t *)&c->async, NULL);
   uv_close((uv_handle_t *)&c->timer, NULL);
+  uv_close((uv_handle_t *)&c->probe_timer, NULL);
   for (int i = 0; i < c->nnodes; i++) rm__conn_close(c->nodes[i].conn, on_conn_closed, c);
 }
 
@@ -1087,7 +1208,14 @@ static void on_async(uv_async_t *h) {
   bool stop = c->stop_requested;
   bool resources = c->resources_changed;
   c->resources_changed = false;
+  bool degrade = c->dg_changed;
+  c->dg_changed = false;
+  if (degrade) c->dg = c->dg_req;
   uv_mutex_unlock(&c->mu);
+  if (degrade && !stop) {
+    c->dg_enabled = true;
+    probe_schedule(c, 0);
+  }
   rm_call_t *k;
   /* Registration first: a call made after rm_resource_add() returned then
    * reaches each coordinator after the new RegisterRM on that connection. */
@@ -1122,6 +1250,10 @@ const char *rm_strerror(int code) {
   case RM_E_NOT_ONE_ROW: return "statement would change no row or several rows";
   case RM_E_GUARD: return "guard condition refused the update";
   case RM_E_STATE: return "call out of order for this branch";
+  case RM_LOCAL_E_MISMATCH: return "order id already recorded with other values";
+  case RM_LOCAL_E_PAID: return "order is paid: not cancelled";
+  case RM_LOCAL_E_DECIDED: return "order was finished before with the other outcome";
+  case RM_COMP_E_LOCKED: return "another compensation job is running";
   default: return txp_strerror(code);
   }
 }
@@ -1200,11 +1332,22 @@ int rm_client_new(const rm_config_t *cfg, rm_client_t **out) {
   c->nnodes = nnodes;
   c->rng = (uint32_t)uv_hrtime() | 1u;
   atomic_init(&c->nodes_up, 0);
+  atomic_init(&c->dg_on, false);
+  atomic_init(&c->mode, RM_MODE_GLOBAL);
+  atomic_init(&c->forced, RM_MODE_AUTO);
+  atomic_init(&c->detected, RM_MODE_GLOBAL);
+  atomic_init(&c->fail_streak, 0);
+  atomic_init(&c->ok_streak, 0);
+  atomic_init(&c->to_local, 0);
+  atomic_init(&c->to_global, 0);
+  atomic_init(&c->probes, 0);
+  atomic_init(&c->probe_failures, 0);
 
   int rc = RM_E_NOMEM;
   if (rm__logger_init(&c->log, c->cfg.log_cb, c->cfg.log_arg, c->cfg.log_level) != 0) goto fail_memory;
   if (uv_mutex_init(&c->mu) != 0) goto fail_logger;
-  if (uv_loop_init(&c->loop) != 0) goto fail_mutex;
+  if (uv_mutex_init(&c->mode_mu) != 0) goto fail_mutex;
+  if (uv_loop_init(&c->loop) != 0) goto fail_mode_mutex;
   for (int i = 0; i < nnodes; i++) {
     rm_conn_opts_t o = {0};
     o.loop = &c->loop;
@@ -1226,10 +1369,13 @@ int rm_client_new(const rm_config_t *cfg, rm_client_t **out) {
   c->async.data = c;
   uv_timer_init(&c->loop, &c->timer);
   c->timer.data = c;
+  uv_timer_init(&c->loop, &c->probe_timer);
+  c->probe_timer.data = c;
   if (start_thread(c) != 0) {
     rc = RM_E_NOMEM;
     uv_close((uv_handle_t *)&c->async, NULL);
     uv_close((uv_handle_t *)&c->timer, NULL);
+    uv_close((uv_handle_t *)&c->probe_timer, NULL);
     uv_run(&c->loop, UV_RUN_DEFAULT);
     goto fail_loop;
   }
@@ -1240,6 +1386,8 @@ int rm_client_new(const rm_config_t *cfg, rm_client_t **out) {
 
 fail_loop:
   uv_loop_close(&c->loop);
+fail_mode_mutex:
+  uv_mutex_destroy(&c->mode_mu);
 fail_mutex:
   uv_mutex_destroy(&c->mu);
 fail_logger:
@@ -1271,6 +1419,7 @@ void rm_client_free(rm_client_t *c) {
   if (c->at) rm__at_free(c->at);
   c->at = NULL;
   LOG(c, RM_LOG_INFO, "client \"%s\" stopped", c->client_id);
+  uv_mutex_destroy(&c->mode_mu);
   uv_mutex_destroy(&c->mu);
   rm__logger_destroy(&c->log);
   client_free_memory(c);
@@ -1446,4 +1595,84 @@ void rm__resources_changed(rm_client_t *c) {
     uv_async_send(&c->async);
   }
   uv_mutex_unlock(&c->mu);
+}
+
+/* ------------------------------------------- public: degrade, modes */
+
+const char *rm_mode_name(int mode) {
+  switch (mode) {
+  case RM_MODE_AUTO: return "auto";
+  case RM_MODE_GLOBAL: return "global";
+  case RM_MODE_LOCAL: return "local";
+  default: return "?";
+  }
+}
+
+int rm_mode_parse(const char *s) {
+  if (!s || !s[0]) return RM_MODE_AUTO;
+  if (strcasecmp(s, "auto") == 0) return RM_MODE_AUTO;
+  if (strcasecmp(s, "global") == 0) return RM_MODE_GLOBAL;
+  if (strcasecmp(s, "local") == 0) return RM_MODE_LOCAL;
+  return RM_E_INVALID;
+}
+
+int rm_client_degrade_enable(rm_client_t *c, const rm_degrade_opts_t *opts) {
+  rm_degrade_opts_t o = {0};
+  if (!c) return RM_E_INVALID;
+  if (opts) o = *opts;
+  if (o.fail_threshold > RM_DEGRADE_MAX_THRESHOLD || o.recover_threshold > RM_DEGRADE_MAX_THRESHOLD ||
+      o.probe_interval_ms > RM_DEGRADE_MAX_MS || o.probe_timeout_ms > RM_DEGRADE_MAX_MS)
+    return RM_E_INVALID;
+  if (!o.fail_threshold) o.fail_threshold = RM_DEGRADE_FAILS;
+  if (!o.recover_threshold) o.recover_threshold = RM_DEGRADE_RECOVERS;
+  if (!o.probe_interval_ms) o.probe_interval_ms = RM_DEGRADE_INTERVAL_MS;
+  if (!o.probe_timeout_ms) o.probe_timeout_ms = c->cfg.connect_timeout_ms;
+  uv_mutex_lock(&c->mu);
+  if (c->stop_requested) {
+    uv_mutex_unlock(&c->mu);
+    return RM_E_CONN_LOST;
+  }
+  c->dg_req = o;
+  c->dg_changed = true;
+  uv_async_send(&c->async);
+  uv_mutex_unlock(&c->mu);
+  atomic_store(&c->dg_on, true);
+  LOG(c, RM_LOG_INFO, "degrade detection on: local mode after %u failed probes, global after %u answered "
+      "(one every %u ms, %u ms each)", o.fail_threshold, o.recover_threshold, o.probe_interval_ms,
+      o.probe_timeout_ms);
+  return 0;
+}
+
+int rm_client_mode(rm_client_t *c) { return c ? atomic_load(&c->mode) : RM_MODE_GLOBAL; }
+
+int rm_client_force_mode(rm_client_t *c, int mode) {
+  if (!c || (mode != RM_MODE_AUTO && mode != RM_MODE_GLOBAL && mode != RM_MODE_LOCAL)) return RM_E_INVALID;
+  int old = atomic_exchange(&c->forced, mode);
+  if (old != mode)
+    LOG(c, RM_LOG_WARN, "client \"%s\": mode %s by the operator", c->client_id,
+        mode == RM_MODE_AUTO ? "left to detection" : mode == RM_MODE_LOCAL ? "forced to local" : "forced to global");
+  mode_update(c, mode == RM_MODE_AUTO ? "forcing ended" : "forced by the operator");
+  return 0;
+}
+
+void rm_client_degrade_stats(rm_client_t *c, rm_degrade_stats_t *out) {
+  if (!out) return;
+  memset(out, 0, sizeof(*out));
+  rm_local_stats_t ls;
+  rm_local_stats(&ls);
+  out->local_orders = ls.orders;
+  if (!c) {
+    out->mode = out->detected = RM_MODE_GLOBAL;
+    return;
+  }
+  out->mode = atomic_load(&c->mode);
+  out->forced = atomic_load(&c->forced);
+  out->detected = atomic_load(&c->detected);
+  out->enabled = atomic_load(&c->dg_on);
+  out->to_local = atomic_load(&c->to_local);
+  out->to_global = atomic_load(&c->to_global);
+  out->probes = atomic_load(&c->probes);
+  out->probe_failures = atomic_load(&c->probe_failures);
+  out->fail_streak = atomic_load(&c->fail_streak);
+  out->ok_streak = atomic_load(&c->ok_streak);
 }

@@ -134,12 +134,17 @@ static void log_cb(int level, const char *msg, void *arg) {
 
 /* ------------------------------------------------------------ database */
 
+/* Server notices (e.g. "terminating connection due to immediate shutdown")
+ * are expected in these tests: not printed. */
+static void quiet_notice(void *arg, const char *msg) {}
+
 static PGconn *pg_open(const char *url) {
   PGconn *c = PQconnectdb(url);
   if (PQstatus(c) != CONNECTION_OK) {
     PQfinish(c);
     return NULL;
   }
+  PQsetNoticeProcessor(c, quiet_notice, NULL);
   return c;
 }
 
@@ -341,11 +346,13 @@ typedef struct fault_mark {
 
 static fault_mark_t kills[4];
 static int nkills;
+static double first_fault_at; /* when the first fault began (0: none) */
 
 static void scenario_kill(double duration) {
   wait_until_s(8);
   int a = leader_node();
   say("kill -9 node %d (the leader)", a);
+  first_fault_at = rel_s();
   kills[nkills++] = (fault_mark_t){rel_s(), "first kill"};
   sh("%s/cluster/local/node kill %d", src_dir, a);
   wait_until_s(16);
@@ -378,17 +385,17 @@ static void scenario_pause(double duration) {
   int lease = LEASE_MS;
   say("kill -STOP node %d (the leader) for %d ms + 4 s", a, lease);
   double paused_at = rel_s();
+  first_fault_at = paused_at;
   sh("%s/cluster/local/node pause %d", src_dir, a);
   /* A transaction nobody commits, begun on a live node (a client of its
    * own, connected to that node only): only a working leader times it out. */
   char xid[RM_XID_MAX], live[128] = "";
   const char *nodes = getenv("TC_NODES");
-  for (int i = 1, k = 1; nodes && *nodes; k++) {
+  for (int k = 1; nodes && *nodes; k++) {
     const char *comma = strchr(nodes, ',');
     size_t len = comma ? (size_t)(comma - nodes) : strlen(nodes);
     if (k != a && !live[0] && len < sizeof(live)) snprintf(live, sizeof(live), "%.*s", (int)len, nodes);
     nodes = comma ? comma + 1 : "";
-    i++;
   }
   rm_client_t *probe = NULL;
   rm_config_t cfg = {.nodes = live, .token = getenv("TC_TOKEN"), .application_id = "cluster-load-probe",
@@ -425,7 +432,8 @@ static void scenario_pgrestart(double duration) {
   wait_until_s(8);
   say("PostgreSQL: stop --immediate");
   atomic_store(&fault_active, 1);
-  kills[nkills++] = (fault_mark_t){rel_s(), "PostgreSQL stop"};
+  first_fault_at = rel_s();
+  kills[nkills++] = (fault_mark_t){rel_s(), "PostgreSQL restart"};
   sh("%s/scripts/pg-tmp stop %s/pg --immediate", src_dir, cluster_dir);
   wait_until_s(11);
   say("PostgreSQL: start");
@@ -680,7 +688,7 @@ int main(int argc, char **argv) {
   printf("committed/s:");
   for (double t = 0; t + 1 <= end; t += 1) printf(" %.0f", rate(t, t + 1));
   printf("\n");
-  double first = nkills ? kills[0].at : end;
+  double first = first_fault_at > 0 ? first_fault_at : end;
   double base = rate(2, first);
   say("pre-fault rate %.0f/s", base);
   for (int i = 0; i < nkills; i++) {

@@ -19,6 +19,7 @@ if [[ $prog != */* ]]; then
   prog=${TX_BIN_DIR:?TX_BIN_DIR must be set}/$prog
 fi
 
+unset CLUSTER_DIR # a fresh temporary directory, removed by down
 out=$("$root/cluster/local/up" --watch $$) || { echo "run-scenario: the cluster did not start" >&2; exit 1; }
 eval "$out"
 echo "run-scenario: cluster in $CLUSTER_DIR (nodes $TC_NODES)"

@@ -7,7 +7,9 @@
 #      repeat purchases, payments and cancellations): every invariant holds
 #      (no oversell in PostgreSQL and Redis, totals conserved, no leftover
 #      lock or undo row, Redis equal to PostgreSQL), tickets were sold and
-#      requests were turned away as sold out.
+#      requests were turned away as sold out.  Unpaid orders expire after
+#      6 s (ORDER_TTL_S), during flashsale's settling: the checks see the
+#      expiries done in both databases and Redis.
 #   2. the API on a fresh activity: 400 on bad bodies, 201 order, GET,
 #      pay (and pay again: 409), over the limit (409 over_limit), cancel
 #      (and again: 409), 404s, sold out, the waitlist (a cancellation gives
@@ -69,7 +71,9 @@ for attempt in 1 2 3; do
 done
 cluster_up=1
 eval "$out"
-out=$("$src/examples/services" start --bin "$bin" --dir "$CLUSTER_DIR")
+# Unpaid orders expire after 6 s: the sale's unpaid orders expire while
+# flashsale settles (and their tickets go back), exercising the expiry job.
+out=$(ORDER_TTL_S=6 "$src/examples/services" start --bin "$bin" --dir "$CLUSTER_DIR")
 eval "$out"
 ok "cluster and services started ($TC_NODES; $ORDER_URL; $STOCK_URL)"
 
@@ -166,6 +170,23 @@ rc=0
 "$bin/flashsale" --check-only --activity "$act" --settle 30 --quiet --json "$tmp/check.json" >"$tmp/check.out" || rc=$?
 check "invariants of activity $act (status $rc)" test "$rc" -eq 0
 [[ $rc -eq 0 ]] || cat "$tmp/check.out" >&2
+
+# The sale's unpaid orders expire (ORDER_TTL_S=6): wait for the first
+# expiries, then check the sale's activity again.
+sale_act=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["activity"])' "$tmp/sale.json")
+expired=0
+for ((i = 0; i < 150; i++)); do
+  expired=$(psql -X -q -A -t -d "$ORDERS_PG_URL" \
+    -c "SELECT count(*) FROM trade_order WHERE activity_id = $sale_act AND status = 'EXPIRED'")
+  [[ $expired -gt 0 ]] && break
+  sleep 0.1
+done
+check "unpaid orders of the sale expired ($expired)" test "$expired" -gt 0
+rc=0
+"$bin/flashsale" --check-only --activity "$sale_act" --settle 30 --quiet --json "$tmp/check2.json" \
+  >"$tmp/check2.out" || rc=$?
+check "invariants of activity $sale_act after the expiries (status $rc)" test "$rc" -eq 0
+[[ $rc -eq 0 ]] || cat "$tmp/check2.out" >&2
 
 # --- 3. clean shutdown ---
 "$src/examples/services" stop "$ORDER_PID" "$STOCK_PID"
