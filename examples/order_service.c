@@ -740,6 +740,16 @@ static int finish_order(order_svc_t *s, long long id, finish_kind_t kind, svc_re
       if (d == DECIDED_UNKNOWN) goto unknown;
       goto unavailable; /* rolled back */
     }
+    if (st == 409 || st == 404) {
+      /* the stock side disagrees (e.g. its freeze was released by the
+       * prefilter's own expiry sweep): nothing to do here */
+      if (rollback_global(s, xid, err) != DECIDED_ROLLBACK) goto unknown;
+      SVC_LOG(SVC_LOG_WARN, json_pack("{s:I,s:s}", "order_id", (json_int_t)id, "stock", reason),
+              "could not %s order: %s", fin_names[kind], err);
+      if (resp)
+        svc_resp_json(resp, 409, json_pack("{s:s,s:s}", "error", "stock_state", "reason", reason[0] ? reason : "?"));
+      return 409;
+    }
   }
   if (rollback_global(s, xid, err) != DECIDED_ROLLBACK) goto unknown;
   goto unavailable;

@@ -44,7 +44,7 @@
 #include "tc_node.h"
 
 #define CLAIM_LIMIT 256
-#define CLAIM_LEASE_MS 10000
+#define CLAIM_LEASE_MS 12000
 #define TIMEOUT_LIMIT 256
 #define HISTORY_EVERY_MS 60000
 

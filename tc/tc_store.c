@@ -686,7 +686,10 @@ tc_store_t *tc_store_new(uv_loop_t *loop, const tc_config_t *cfg,
   st->writers = cfg->writers;
   st->batch_max = cfg->batch_max;
   st->queue_max = (size_t)cfg->queue_max;
-  st->lease_ms = 5000;
+  /* Longer than a phase-two call (10 s in tc_phase2.c): the leader must not
+   * re-drive a branch whose first call is still waiting for its RM.  A dead
+   * node's sessions are adopted at once anyway (tc_adopt_orphans). */
+  st->lease_ms = 12000;
   st->retry_min_ms = cfg->retry_min_ms;
   st->retry_max_ms = cfg->retry_max_ms;
   st->max_lock_keys = cfg->max_lock_keys;

@@ -107,7 +107,8 @@ typedef struct rm_config {
   const char *client_id;       /* default: application_id-pid-random */
   unsigned connect_timeout_ms; /* connect + register, default 3000 */
   unsigned request_timeout_ms; /* default deadline of a call, default 5000 */
-  unsigned heartbeat_ms;       /* default 5000; silent for 2 of these = dead */
+  unsigned heartbeat_ms;       /* default 1000; silent for 2 of these = dead, so a
+                                  hung node costs callers ~2 s, not more */
   unsigned lock_wait_ms;       /* default wait for a busy global lock, default 2000 */
   rm_log_cb log_cb;            /* may be NULL: no logging */
   void *log_arg;
@@ -606,11 +607,13 @@ RM_API void rm_client_degrade_stats(rm_client_t *c, rm_degrade_stats_t *out);
  *      and the guarded freeze in one local transaction, decided once per
  *      order.
  *   4. order-service, by stock-service's answer: frozen ->
- *      rm_local_order_finish(..., true): the order stands; refused ->
+ *      rm_local_order_finish: the order stands; refused (a refusal code
+ *      that stock-service got from step 3, which recorded it) ->
  *      rm_local_order_cancel: the order is cancelled with a reason and the
  *      Redis freeze released; no answer -> leave it: the compensation job
  *      asks the stock database itself (step 3 again, idempotent) and
- *      finishes the order either way.
+ *      finishes the order either way.  Never cancel an order whose stock
+ *      side did not answer a refusal: it may have frozen.
  * No undo log, no global lock.  Every function here is idempotent by order
  * id and runs in the caller's transaction when one is open on 'pg' (else
  * in its own).  Codes as the prefilter's; details in rm_local_errmsg().

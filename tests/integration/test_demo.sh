@@ -82,7 +82,7 @@ rc=0
 "$bin/flashsale" --users 400 --window 2 --tickets 150 --buckets 4 --limit 2 --pay 40 --cancel 20 \
   --again 30 --think-ms 300 --settle 30 --quiet --json "$tmp/sale.json" || rc=$?
 check "flashsale exits 0 (status $rc)" test "$rc" -eq 0
-python3 - "$tmp/sale.json" <<'EOF' && ok "sale report: invariants, sold, refusals" || fail "sale report"
+if python3 - "$tmp/sale.json" <<'EOF'; then ok "sale report: invariants, sold, refusals"; else fail "sale report"; fi
 import json, sys
 r = json.load(open(sys.argv[1]))
 print("  sold %(sold)d frozen %(frozen)d accepted %(accepted)d rejected %(rejected)s committed %(committed)d "
