@@ -113,20 +113,30 @@ start_node() {
   echo "$pid" >"$DIR/node$n.pid"
 }
 
-# Start node N and wait until it is up; if its bus address turned out to be
-# taken (bind failed), move the bus to another free port and try again (the
-# other nodes learn the new address from node_table).
+# Start node N and wait until it is up; if its listen or bus port turned out
+# to be taken (another program bound it between our probe and the node's
+# bind), move it to another free port and try again (clients learn the new
+# address from the export lines, the other nodes from node_table).
 start_node_retrying() {
-  local n=$1 attempt port used
+  local n=$1 attempt port used mark
   for attempt in 1 2 3 4 5; do
+    mark=$(wc -l <"$DIR/node$n.log" 2>/dev/null || echo 0)
     start_node "$n"
     wait_node_up "$n" 2>"$DIR/node$n.start-err" && { rm -f "$DIR/node$n.start-err"; return 0; }
-    if grep -q 'could not bind the bus' "$DIR/node$n.log" && ((attempt < 5)); then
-      mapfile -t used < <(sed -n 's/^listen = .*:\([0-9]*\)$/\1/p; s/^bus = .*:\([0-9]*\)$/\1/p' "$DIR"/node*.ini)
+    ((attempt < 5)) || break
+    mapfile -t used < <(sed -n 's/^listen = .*:\([0-9]*\)$/\1/p; s/^bus = .*:\([0-9]*\)$/\1/p' "$DIR"/node*.ini)
+    if tail -n +"$((mark + 1))" "$DIR/node$n.log" | grep -q 'could not bind the bus'; then
       port=$(free_port "${used[@]}") || break
       echo "$prog: node $n: bus port taken, moving it to $port" >&2
       sed -i "s|^bus = tcp://127.0.0.1:[0-9]*$|bus = tcp://127.0.0.1:$port|" "$DIR/node$n.ini"
       echo "--- (bus moved to port $port)" >>"$DIR/node$n.log"
+      continue
+    fi
+    if tail -n +"$((mark + 1))" "$DIR/node$n.log" | grep -q 'could not listen on'; then
+      port=$(free_port "${used[@]}") || break
+      echo "$prog: node $n: listen port taken, moving it to $port" >&2
+      sed -i "s|^listen = 127.0.0.1:[0-9]*$|listen = 127.0.0.1:$port|" "$DIR/node$n.ini"
+      echo "--- (listen moved to port $port)" >>"$DIR/node$n.log"
       continue
     fi
     break
