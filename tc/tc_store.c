@@ -33,6 +33,7 @@ struct tc_store {
   int node_id;
   int writers;
   int batch_max;
+  int batch_min; /* ops that justify a second concurrent batch */
   size_t queue_max;
   int lease_ms;
   int retry_min_ms, retry_max_ms;
@@ -585,17 +586,26 @@ fail_alloc:
   return -1;
 }
 
+/* Whether another batch should start now.  With no batch in flight, yes:
+ * latency first.  With one in flight, only once enough ops have queued to
+ * be worth a transaction of their own: a batch's fixed cost (a handful of
+ * statements whatever its size) dominates small batches, so two half-empty
+ * transactions cost PostgreSQL more CPU than one full one, and the ops
+ * waiting now will ride the next batch a few milliseconds later anyway. */
+static bool want_batch(const tc_store_t *st) {
+  if (!st->head || st->closing || st->inflight >= st->writers) return false;
+  return st->inflight == 0 || st->queued >= (size_t)st->batch_min;
+}
+
 static void on_flush_idle(uv_idle_t *h) {
   tc_store_t *st = h->data;
-  while (st->head && st->inflight < st->writers && !st->closing) flush_one(st);
-  if (!st->head || st->inflight >= st->writers || st->closing) {
-    uv_idle_stop(&st->flush_idle);
-    st->idle_active = false;
-  }
+  while (want_batch(st)) flush_one(st);
+  uv_idle_stop(&st->flush_idle);
+  st->idle_active = false;
 }
 
 static void schedule_flush(tc_store_t *st) {
-  if (st->closing || st->idle_active || !st->head || st->inflight >= st->writers) return;
+  if (st->idle_active || !want_batch(st)) return;
   uv_idle_start(&st->flush_idle, on_flush_idle);
   st->idle_active = true;
 }
@@ -685,6 +695,7 @@ tc_store_t *tc_store_new(uv_loop_t *loop, const tc_config_t *cfg,
   st->node_id = cfg->node_id;
   st->writers = cfg->writers;
   st->batch_max = cfg->batch_max;
+  st->batch_min = cfg->batch_max < 16 ? cfg->batch_max : 16;
   st->queue_max = (size_t)cfg->queue_max;
   /* Longer than a phase-two call (10 s in tc_phase2.c): the leader must not
    * re-drive a branch whose first call is still waiting for its RM.  A dead
