@@ -44,21 +44,24 @@ CREATE FUNCTION tc__finish_many(p_xid text[], p_status smallint[],
                                 p_branch_status smallint DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql AS $$
 BEGIN
-  INSERT INTO global_history (xid, transaction_id, status, application_id, transaction_name,
-                              begin_time, branches)
-  SELECT g.xid, g.transaction_id, f.s, g.application_id, g.transaction_name, g.begin_time,
-         coalesce(br.branches, '[]'::jsonb)
-    FROM unnest(p_xid, p_status) AS f(x, s)
-    JOIN global_table g ON g.xid = f.x
-    LEFT JOIN LATERAL (
-      SELECT jsonb_agg(jsonb_build_object('branch_id', b.branch_id, 'resource_id', b.resource_id,
-                                          'branch_type', b.branch_type,
-                                          'status', coalesce(p_branch_status, b.status))
-                       ORDER BY b.branch_id) AS branches
-        FROM branch_table b WHERE b.xid = g.xid) br ON true
-  ON CONFLICT (xid) DO NOTHING;
-  DELETE FROM branch_table WHERE xid = ANY (p_xid);
-  DELETE FROM lock_table WHERE xid = ANY (p_xid);
+  -- One statement: every part sees the rows as they were before it, so
+  -- history reads the branches that the same statement deletes.
+  WITH hist AS (
+    INSERT INTO global_history (xid, transaction_id, status, application_id, transaction_name,
+                                begin_time, branches)
+    SELECT g.xid, g.transaction_id, f.s, g.application_id, g.transaction_name, g.begin_time,
+           coalesce(br.branches, '[]'::jsonb)
+      FROM unnest(p_xid, p_status) AS f(x, s)
+      JOIN global_table g ON g.xid = f.x
+      LEFT JOIN LATERAL (
+        SELECT jsonb_agg(jsonb_build_object('branch_id', b.branch_id, 'resource_id', b.resource_id,
+                                            'branch_type', b.branch_type,
+                                            'status', coalesce(p_branch_status, b.status))
+                         ORDER BY b.branch_id) AS branches
+          FROM branch_table b WHERE b.xid = g.xid) br ON true
+    ON CONFLICT (xid) DO NOTHING),
+  del_branches AS (DELETE FROM branch_table WHERE xid = ANY (p_xid)),
+  del_locks AS (DELETE FROM lock_table WHERE xid = ANY (p_xid))
   DELETE FROM global_table WHERE xid = ANY (p_xid);
 END $$;
 
@@ -83,6 +86,11 @@ BEGIN
     RETURNING global_table.xid)
   SELECT coalesce(array_agg(ins.xid), '{}') INTO v_inserted FROM ins;
 
+  IF cardinality(v_inserted) = cardinality(p_xid) THEN
+    RETURN QUERY SELECT u.i::int, u.x, 'ok'::text
+                   FROM unnest(p_xid) WITH ORDINALITY AS u(x, i) ORDER BY u.i;
+    RETURN;
+  END IF;
   -- Items not inserted repeated an idempotency key: answer the first xid.
   -- (A new statement: it sees the rows of a concurrent begin that the
   -- insert waited for.)
@@ -116,11 +124,11 @@ DECLARE
 BEGIN
   -- 1. Share-lock the globals (in xid order): a decision cannot slip in
   --    between this check and the inserts below.
-  PERFORM 1 FROM global_table gt WHERE gt.xid = ANY (p_xid) ORDER BY gt.xid FOR SHARE;
   SELECT coalesce(array_agg(u.i::int), '{}') INTO v_active
     FROM unnest(p_xid) WITH ORDINALITY AS u(x, i)
-    JOIN global_table gt ON gt.xid = u.x
-   WHERE gt.status = 1 AND gt.deadline >= clock_timestamp();
+    JOIN (SELECT gt.xid, gt.status, gt.deadline FROM global_table gt
+           WHERE gt.xid = ANY (p_xid) ORDER BY gt.xid FOR SHARE) g ON g.xid = u.x
+   WHERE g.status = 1 AND g.deadline >= clock_timestamp();
 
   -- 2. Repeated idempotency keys (none to look for when no item has one).
   v_dup := '{}';
@@ -138,24 +146,31 @@ BEGIN
   --    batches from deadlocking and gives a contended key to the item that
   --    queued first.
   IF cardinality(l_item) > 0 THEN
-  INSERT INTO lock_table (row_key, xid, transaction_id, branch_id, resource_id, table_name, pk)
-  SELECT l.r, p_xid[l.it], gt.transaction_id, p_branch[l.it], p_resource[l.it], l.t, l.p
-    FROM unnest(l_item, l_row, l_table, l_pk) AS l(it, r, t, p)
-    JOIN global_table gt ON gt.xid = p_xid[l.it]
-   WHERE l.it = ANY (v_active) AND NOT (l.it = ANY (v_dup))
-   ORDER BY l.r, l.it
-  ON CONFLICT (row_key) DO NOTHING;
-
-  -- 4. Conflicts: a wanted key whose row belongs to another xid.  (A key
-  --    released between 3 and here has no row: that item conflicts with
-  --    an empty holder and is retried at once by tcd.)
+  --    One statement: the insert, then (4.) the conflicts: a wanted key that
+  --    this item did not insert and whose row belongs to another xid.  The
+  --    outer query sees the rows as they were before the insert; a key taken
+  --    meanwhile by a concurrent batch (the insert waited for it) or by
+  --    another item of this batch shows no row there: that item conflicts
+  --    with an empty holder and tcd retries it at once, when the holder is
+  --    visible.
+  WITH ins AS (
+    INSERT INTO lock_table (row_key, xid, transaction_id, branch_id, resource_id, table_name, pk)
+    SELECT l.r, p_xid[l.it], gt.transaction_id, p_branch[l.it], p_resource[l.it], l.t, l.p
+      FROM unnest(l_item, l_row, l_table, l_pk) AS l(it, r, t, p)
+      JOIN global_table gt ON gt.xid = p_xid[l.it]
+     WHERE l.it = ANY (v_active) AND NOT (l.it = ANY (v_dup))
+     ORDER BY l.r, l.it
+    ON CONFLICT (row_key) DO NOTHING
+    RETURNING lock_table.row_key, lock_table.branch_id)
   SELECT coalesce(array_agg(c.it), '{}'), coalesce(array_agg(c.hx), '{}'),
          coalesce(array_agg(c.hs), '{}')
     INTO v_conflict, v_holder, v_holder_status
     FROM (SELECT DISTINCT ON (l.it) l.it, lt.xid AS hx, lt.status AS hs
             FROM unnest(l_item, l_row) AS l(it, r)
+            LEFT JOIN ins ON ins.row_key = l.r AND ins.branch_id = p_branch[l.it]
             LEFT JOIN lock_table lt ON lt.row_key = l.r
            WHERE l.it = ANY (v_active) AND NOT (l.it = ANY (v_dup))
+             AND ins.row_key IS NULL
              AND (lt.xid IS NULL OR lt.xid <> p_xid[l.it])
            ORDER BY l.it, lt.status DESC NULLS LAST) c;
 
@@ -220,6 +235,10 @@ DECLARE
   v_branches boolean[];
   v_timed_out boolean[];
 BEGIN
+  -- Lock first, in a statement of its own: the next statement's snapshot
+  -- then includes every branch registered by a transaction this one waited
+  -- for (a snapshot taken before the wait would miss it, and the decision
+  -- would finish a transaction that has a branch).
   PERFORM 1 FROM global_table gt WHERE gt.xid = ANY (p_xid) ORDER BY gt.xid FOR UPDATE;
 
   -- One deciding item per xid: a TM's commit/rollback before the timeout
@@ -314,14 +333,14 @@ DECLARE
   v_final text[];    -- xids finished by this batch, and their final status
   v_final_status smallint[];
 BEGIN
-  PERFORM 1 FROM global_table gt WHERE gt.xid = ANY (p_xid) ORDER BY gt.xid FOR UPDATE;
-
   -- Fast path, the common case of a healthy commit: every item says "all
   -- branches of this commit-family transaction committed".  Finish them
   -- without touching the branch rows one by one.
   IF p_branch <@ ARRAY[0::bigint] AND p_status <@ ARRAY[5::smallint] THEN
-    SELECT coalesce(array_agg(gt.xid), '{}') INTO v_final
-      FROM global_table gt WHERE gt.xid = ANY (p_xid) AND gt.status IN (2, 3, 8);
+    SELECT coalesce(array_agg(l.xid), '{}') INTO v_final
+      FROM (SELECT gt.xid, gt.status FROM global_table gt
+             WHERE gt.xid = ANY (p_xid) ORDER BY gt.xid FOR UPDATE) l
+     WHERE l.status IN (2, 3, 8);
     IF cardinality(v_final) = (SELECT count(DISTINCT x) FROM unnest(p_xid) AS x) THEN
       PERFORM tc__finish_many(v_final, array_fill(9::smallint, ARRAY[cardinality(v_final)]),
                               5::smallint);
@@ -331,6 +350,7 @@ BEGIN
     END IF;
   END IF;
 
+  PERFORM 1 FROM global_table gt WHERE gt.xid = ANY (p_xid) ORDER BY gt.xid FOR UPDATE;
   SELECT coalesce(array_agg(gt.xid), '{}') INTO v_present
     FROM global_table gt WHERE gt.xid = ANY (p_xid);
 
