@@ -8,7 +8,7 @@ FUZZ_SECONDS ?= 30
 CMAKE ?= cmake
 
 .PHONY: all deps build build-san build-fuzz test test-unit test-integration test-fuzz \
-        fuzz demo clean
+        fuzz demo clean faults
 
 all: build
 
@@ -47,6 +47,13 @@ fuzz: build-fuzz
 	@mkdir -p build/fuzz/corpus-long
 	@build/fuzz/bin/fuzz_decoder -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=512 \
 	  build/fuzz/corpus-long tests/fuzz/corpus
+
+# The long fault-injection run (tests/faults/README.md):
+#   make faults DURATION=600 SEED=1
+DURATION ?= 600
+SEED ?= 1
+faults: build
+	@TX_BIN_DIR=$(CURDIR)/build/bin tests/faults/run --duration $(DURATION) --seed $(SEED)
 
 demo: build
 	@if [ -x cluster/local/demo ]; then \

@@ -41,8 +41,9 @@
  *   free port), STOCK_THREADS (default 8 per CPU), STOCK_RESOURCE_ID
  *   (default "stock"), STOCK_SLOW_MS (1000: a slower operation logs the time
  *   of each phase, at info level), STOCK_LOG_LEVEL; for the benchmarks:
- *   STOCK_FREEZE_MODE (delta, the default, or at: plain AT row images and
- *   a global lock on the bucket row) and STOCK_LOCAL_MODE=1 (calls without
+ *   STOCK_FREEZE_MODE (deferred, the default: delta mode with the UPDATE
+ *   deferred to rm_at_prepare; delta: the UPDATE at once; at: plain AT row
+ *   images and a global lock on the bucket row) and STOCK_LOCAL_MODE=1 (calls without
  *   an xid run as plain local transactions: the "no coordinator" baseline;
  *   never in production, nothing would undo them).  --listen and --url-file FILE (the
  *   service writes its URL there once it serves: how scripts find a port
@@ -163,10 +164,15 @@ static int lock_freeze_row(PGconn *pg, stock_op_t *op, const char **reason, char
 /* ------------------------------------------------------- statements */
 
 /*
- * The statements run through one of three paths:
- *   delta  (default) AT branch, bucket counters by rm_at_update_delta: the
- *          undo subtracts, concurrent branches on one bucket take no
- *          global row lock;
+ * The statements run through one of four paths:
+ *   deferred (default) AT branch, bucket counters by
+ *          rm_at_update_delta_deferred: as delta, but the UPDATE runs in
+ *          rm_at_prepare after the registration, so the bucket row is
+ *          locked only for UPDATE + undo insert + COMMIT;
+ *   delta  AT branch, bucket counters by rm_at_update_delta: the undo
+ *          subtracts, concurrent branches on one bucket take no global row
+ *          lock (the UPDATE runs at once: the row stays locked through
+ *          the registration round trip);
  *   at     AT branch, bucket row by rm_at_update with before/after images
  *          and a global lock on the bucket row until the global
  *          transaction ends (Seata's plain AT, for the hot-row benchmark);
@@ -174,7 +180,8 @@ static int lock_freeze_row(PGconn *pg, stock_op_t *op, const char **reason, char
  *          transaction, the "no coordinator" baseline of the benchmarks.
  * 'b' is NULL on the local path.
  */
-typedef enum { MODE_DELTA, MODE_AT } freeze_mode_t;
+typedef enum { MODE_DEFERRED, MODE_DELTA, MODE_AT } freeze_mode_t;
+static const char *const mode_names[] = {"deferred", "delta", "at"};
 
 typedef struct stmt_ctx {
   stock_svc_t *s;
@@ -254,14 +261,15 @@ static int bucket_change(stmt_ctx_t *c, freeze_mode_t mode, const stock_op_t *op
     }
     return rc;
   }
-  if (mode == MODE_DELTA) {
+  if (mode == MODE_DELTA || mode == MODE_DEFERRED) {
     /* frozen first: the row's CHECK (frozen + sold <= stock) holds after
-     * each statement */
+     * each statement (deferred: prepare runs them in this order) */
+    int (*fn)(rm_branch_t *, const char *, const char *const *, const char *, long long, const char *) =
+      mode == MODE_DEFERRED ? rm_at_update_delta_deferred : rm_at_update_delta;
     int rc = 0;
     if (dfrozen)
-      rc = rm_at_update_delta(c->b, "activity_ticket_bucket", pk, "frozen_count", dfrozen,
-                              dfrozen > 0 ? FREEZE_GUARD : UNFREEZE_GUARD);
-    if (rc == 0 && dsold) rc = rm_at_update_delta(c->b, "activity_ticket_bucket", pk, "sold_count", dsold, NULL);
+      rc = fn(c->b, "activity_ticket_bucket", pk, "frozen_count", dfrozen, dfrozen > 0 ? FREEZE_GUARD : UNFREEZE_GUARD);
+    if (rc == 0 && dsold) rc = fn(c->b, "activity_ticket_bucket", pk, "sold_count", dsold, NULL);
     return rc;
   }
   /* MODE_AT: read under the local row lock, check, write the new values */
@@ -537,7 +545,7 @@ static void usage(FILE *f) {
           "\n"
           "The stock branch of the flash-sale demo (see examples/stock_service.c).\n"
           "Environment: STOCK_PG_URL, TC_NODES, TC_TOKEN (from cluster/local/up),\n"
-          "STOCK_LISTEN, STOCK_THREADS, STOCK_RESOURCE_ID, STOCK_FREEZE_MODE (delta|at),\n"
+          "STOCK_LISTEN, STOCK_THREADS, STOCK_RESOURCE_ID, STOCK_FREEZE_MODE (deferred|delta|at),\n"
           "STOCK_LOCAL_MODE (1: serve calls without an xid, no coordinator), STOCK_LOG_LEVEL.\n");
 }
 
@@ -564,13 +572,15 @@ int main(int argc, char **argv) {
   stock_svc_t s = {.resource = svc_env_str("STOCK_RESOURCE_ID", "stock"),
                    .local_mode = svc_env_int("STOCK_LOCAL_MODE", 0, 0, 1, &ok) == 1};
   s.slow_us = svc_env_int("STOCK_SLOW_MS", 1000, 0, 3600000, &ok) * 1000;
-  const char *mode = svc_env_str("STOCK_FREEZE_MODE", "delta");
-  if (strcmp(mode, "delta") == 0) {
+  const char *mode = svc_env_str("STOCK_FREEZE_MODE", "deferred");
+  if (strcmp(mode, "deferred") == 0) {
+    s.mode = MODE_DEFERRED;
+  } else if (strcmp(mode, "delta") == 0) {
     s.mode = MODE_DELTA;
   } else if (strcmp(mode, "at") == 0) {
     s.mode = MODE_AT;
   } else {
-    svc_error("invalid value \"%s\" for STOCK_FREEZE_MODE: expected delta or at", mode);
+    svc_error("invalid value \"%s\" for STOCK_FREEZE_MODE: expected deferred, delta or at", mode);
     ok = false;
   }
   if (!pg_url) {
@@ -615,7 +625,7 @@ int main(int argc, char **argv) {
   snprintf(url, sizeof(url), "http://127.0.0.1:%d", svc_http_port(http));
   SVC_LOG(SVC_LOG_INFO,
           json_pack("{s:s,s:i,s:s,s:s,s:b}", "url", url, "threads", threads, "resource", s.resource, "freeze_mode",
-                    s.mode == MODE_AT ? "at" : "delta", "local_mode", s.local_mode),
+                    mode_names[s.mode], "local_mode", s.local_mode),
           "stock-service ready");
   if (url_file && !write_url_file(url_file, url)) {
     svc_error("could not write the URL to \"%s\"", url_file);

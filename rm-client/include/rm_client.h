@@ -221,14 +221,41 @@ RM_API int rm_at_delete(rm_branch_t *b, const char *table, const char *const *pk
  */
 RM_API int rm_at_update_delta(rm_branch_t *b, const char *table, const char *const *pk_vals,
                               const char *col, long long delta, const char *guard);
+/*
+ * The same delta update, deferred to rm_at_prepare, so that the row lock
+ * of a hot row is held only for the UPDATE, the undo_log insert and the
+ * caller's COMMIT (with rm_at_update_delta it is held from the UPDATE
+ * through prepare's BranchRegister round trip to the coordinator).  Now:
+ * the arguments, the table, column and key are checked as for
+ * rm_at_update_delta and the row is read once without a lock (it must
+ * exist: else RM_E_NOT_ONE_ROW); nothing is changed, and a failure leaves
+ * the caller's transaction as it was, usable.  Then rm_at_prepare, right
+ * after the registration succeeded (a delta needs no global lock key) and
+ * before the undo_log insert, runs the branch's deferred UPDATEs, in the
+ * order of the calls, after every other statement of the branch, inside
+ * one savepoint.  When a guard refuses there, rm_at_prepare returns
+ * RM_E_GUARD (RM_E_NOT_ONE_ROW if the row is gone, RM_E_DB/RM_E_INVALID
+ * if an UPDATE failed) with the deferred updates rolled back; the branch
+ * is registered: the caller must ROLLBACK its local transaction and call
+ * rm_at_close(b, false), which reports PhaseOneFailed, and the TM then
+ * rolls the global transaction back.  Do not COMMIT after such a failure
+ * (the branch's other statements would be durable without an undo row).
+ * The undo item is the same delta item as rm_at_update_delta's.  Codes
+ * otherwise as rm_at_update_delta's (never RM_E_GUARD here).
+ */
+RM_API int rm_at_update_delta_deferred(rm_branch_t *b, const char *table, const char *const *pk_vals,
+                                       const char *col, long long delta, const char *guard);
 
 /*
  * Before the caller's COMMIT: register the branch with the TC (waiting up
- * to the lock-wait timeout for busy global locks) and write the undo_log
- * row in the caller's transaction.  On error the caller must ROLLBACK.
+ * to the lock-wait timeout for busy global locks), run the deferred delta
+ * updates (rm_at_update_delta_deferred) and write the undo_log row in the
+ * caller's transaction.  On error the caller must ROLLBACK.
  * '*branch_id' (may be NULL) receives the branch id.  Errors: the TC's
  * codes from registration (the transaction is untouched), RM_E_STATE (no
- * statement yet, or prepared already), RM_E_GLOBAL_NOT_ACTIVE (the global
+ * statement yet, or prepared already), RM_E_GUARD (and the other codes
+ * of a deferred delta update: see rm_at_update_delta_deferred; the branch
+ * is registered), RM_E_GLOBAL_NOT_ACTIVE (the global
  * transaction already rolled this branch back: the fence), RM_E_DB.  When
  * the undo row cannot be written, the caller's transaction is left failed
  * on purpose, so that a COMMIT cannot make the change durable.

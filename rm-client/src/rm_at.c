@@ -17,13 +17,28 @@
  *          delete: SELECT * ... FOR UPDATE                (before image)
  *                  DELETE
  *          delta:  UPDATE SET col = col + $1 WHERE pk AND (guard)
+ *          deferred delta: SELECT 1 ... WHERE pk (the row exists; no lock),
+ *                  the UPDATE is kept for prepare
  *        Each adds an undo item and (except delta) the lock key
  *        "table:pk".  On any failure the call rolls back to its savepoint:
  *        the row changes of that call are undone and the caller's
  *        transaction stays usable, as if the call had not been made.
+ *        Round trips: the SAVEPOINT goes in one libpq pipeline with the
+ *        statement's first query (a catalog read on a metadata miss takes
+ *        it alone first); the RELEASE is its own round trip, because what
+ *        the client does with the results (images, undo size, lock key)
+ *        may still fail and need the savepoint.  A deferred delta's check
+ *        sends SAVEPOINT, SELECT and RELEASE at once (a read has nothing
+ *        to undo).
  *     3. rm_at_prepare: BranchRegister with the lock keys (the TC makes a
- *        busy lock wait, up to the lock-wait timeout), then INSERT the
- *        undo_log row in the caller's transaction.  The INSERT runs without
+ *        busy lock wait, up to the lock-wait timeout); then the deferred
+ *        delta UPDATEs, in one pipeline under one savepoint (a refusing
+ *        guard rolls them back and prepare fails with RM_E_GUARD: the
+ *        caller rolls back, close reports PhaseOneFailed); then INSERT the
+ *        undo_log row in the caller's transaction (after deferred updates,
+ *        pipelined behind their RELEASE), so a hot row updated by a
+ *        deferred delta stays locked only for the UPDATE, this INSERT and
+ *        the caller's COMMIT.  The INSERT runs without
  *        a savepoint on purpose: if it fails (typically on the unique key
  *        because a rollback of this branch already left its guard row: the
  *        anti-suspension fence) the caller's transaction is aborted, so no
@@ -80,6 +95,21 @@ static const char *const image_settings[] = {"TimeZone",           "DateStyle", 
 
 typedef enum { B_OPEN = 0, B_PREPARED, B_FAILED } branch_state_t;
 
+/* A delta update recorded by rm_at_update_delta_deferred: its UPDATE (and
+ * the SELECT that tells a refusing guard from a vanished row), parameters
+ * and undo item, run by rm_at_prepare after the branch is registered. */
+typedef struct deferred {
+  char *update_sql; /* UPDATE ... SET c = c + $1 WHERE pk = $2.. AND (guard) RETURNING c */
+  char *exists_sql; /* SELECT 1 FROM t WHERE pk = $1.. */
+  int npk;
+  char **params;    /* delta, then the pk values */
+  json_t *item;     /* the undo item (a delta item, as rm_at_update_delta records) */
+  char what[160];   /* "table"."col" for messages */
+  long long delta;
+} deferred_t;
+
+static void deferred_clear(deferred_t *d);
+
 struct rm_branch {
   rm_client_t *c;
   rm_at_resource_t *res;
@@ -92,6 +122,9 @@ struct rm_branch {
   size_t nitems;
   size_t undo_bytes;  /* compact JSON size so far */
   bool has_delta;
+  bool sp_pending;    /* the statement's SAVEPOINT goes with its first query */
+  struct deferred *deferred; /* rm_at_update_delta_deferred, run by prepare */
+  size_t ndeferred, capdeferred;
   txp_buf_t lock_keys;
   bool have_settings;
   char *settings[NSETTINGS];
@@ -541,6 +574,8 @@ int rm_at_open(rm_client_t *c, const char *xid, const char *resource_id, PGconn 
 }
 
 static void branch_free(rm_branch_t *b) {
+  for (size_t i = 0; i < b->ndeferred; i++) deferred_clear(&b->deferred[i]);
+  free(b->deferred);
   json_decref(b->undo);
   txp_buf_free(&b->lock_keys);
   for (size_t i = 0; i < NSETTINGS; i++) free(b->settings[i]);
@@ -591,11 +626,95 @@ static int stmt_error(rm_branch_t *b, const char *what, PGresult *res) {
   return rc;
 }
 
+/*
+ * Run 'n' statements in one round trip (libpq pipeline mode, one sync at
+ * the end): res[i] gets the result of statement i (after an error, the
+ * later ones are PGRES_PIPELINE_ABORTED; NULL when none came).  Returns 0,
+ * or RM_E_DB when the pipeline could not be sent or its results not read
+ * in full (the connection is then broken: every res[i] not filled is NULL).
+ * The statements run inside the caller's transaction block, as PQexec
+ * would run them one by one.
+ */
+static int pipe_run(rm_branch_t *b, int n, const char *const *sql, const int *nparams,
+                    const char *const *const *params, const Oid *const *types, PGresult **res) {
+  for (int i = 0; i < n; i++) res[i] = NULL;
+  if (PQenterPipelineMode(b->pg) != 1) {
+    rm__pg_error(b->errmsg, sizeof(b->errmsg), "could not enter pipeline mode", b->pg, NULL);
+    return RM_E_DB;
+  }
+  int sent = 0;
+  bool ok = true;
+  for (; ok && sent < n; sent++)
+    ok = PQsendQueryParams(b->pg, sql[sent], nparams ? nparams[sent] : 0, types ? types[sent] : NULL,
+                           params ? params[sent] : NULL, NULL, NULL, 0) == 1;
+  if (!ok) sent--;
+  if (ok) ok = PQpipelineSync(b->pg) == 1;
+  if (!ok) rm__pg_error(b->errmsg, sizeof(b->errmsg), "could not send statements", b->pg, NULL);
+  /* Read every result of what was sent, then the sync. */
+  for (int i = 0; ok && i < sent; i++) {
+    res[i] = PQgetResult(b->pg);
+    if (!res[i]) {
+      ok = false;
+      break;
+    }
+    PGresult *extra;
+    while ((extra = PQgetResult(b->pg)) != NULL) PQclear(extra); /* the NULL that ends statement i */
+  }
+  if (ok) {
+    PGresult *sync = PQgetResult(b->pg);
+    ok = PQresultStatus(sync) == PGRES_PIPELINE_SYNC;
+    PQclear(sync);
+  }
+  if (PQexitPipelineMode(b->pg) != 1) ok = false;
+  if (!ok) {
+    if (!b->errmsg[0] || PQstatus(b->pg) != CONNECTION_OK)
+      rm__pg_error(b->errmsg, sizeof(b->errmsg), "could not read the results", b->pg, NULL);
+    return RM_E_DB;
+  }
+  return 0;
+}
+
+/* Take the statement's savepoint now if it is still pending (before a
+ * query that does not go through run()). */
+static int sp_ensure(rm_branch_t *b) {
+  if (!b->sp_pending) return 0;
+  b->sp_pending = false;
+  PGresult *res = PQexec(b->pg, "SAVEPOINT " SAVEPOINT_NAME);
+  if (PQresultStatus(res) != PGRES_COMMAND_OK) return stmt_error(b, "could not set a savepoint", res);
+  PQclear(res);
+  return 0;
+}
+
 /* Run 'sql' with text parameters; returns the result on 'want', else NULL
- * with *rc and the message set. */
+ * with *rc and the message set.  A pending savepoint (stmt_begin) goes in
+ * the same round trip, ahead of the statement. */
 static PGresult *run(rm_branch_t *b, const char *what, const char *sql, int n,
                      const char *const *params, const Oid *types, ExecStatusType want, int *rc) {
-  PGresult *res = PQexecParams(b->pg, sql, n, types, params, NULL, NULL, 0);
+  PGresult *res;
+  if (b->sp_pending) {
+    b->sp_pending = false;
+    const char *const sqls[2] = {"SAVEPOINT " SAVEPOINT_NAME, sql};
+    const int np[2] = {0, n};
+    const char *const *pp[2] = {NULL, params};
+    const Oid *tt[2] = {NULL, types};
+    PGresult *r2[2];
+    int prc = pipe_run(b, 2, sqls, np, pp, tt, r2);
+    if (prc != 0) {
+      PQclear(r2[0]);
+      PQclear(r2[1]);
+      *rc = prc;
+      return NULL;
+    }
+    if (PQresultStatus(r2[0]) != PGRES_COMMAND_OK) {
+      PQclear(r2[1]);
+      *rc = stmt_error(b, "could not set a savepoint", r2[0]);
+      return NULL;
+    }
+    PQclear(r2[0]);
+    res = r2[1];
+  } else {
+    res = PQexecParams(b->pg, sql, n, types, params, NULL, NULL, 0);
+  }
   if (PQresultStatus(res) == want) return res;
   *rc = stmt_error(b, what, res);
   return NULL;
@@ -610,7 +729,7 @@ static int stmt_begin(rm_branch_t *b) {
     set_err(b, "branch is %s: no more statements", b->state == B_PREPARED ? "prepared" : "failed");
     return RM_E_STATE;
   }
-  if (b->nitems >= RM_AT_MAX_ITEMS) {
+  if (b->nitems + b->ndeferred >= RM_AT_MAX_ITEMS) {
     set_err(b, "branch has too many statements (limit %d)", RM_AT_MAX_ITEMS);
     return RM_E_INVALID;
   }
@@ -620,10 +739,11 @@ static int stmt_begin(rm_branch_t *b) {
             ts == PQTRANS_INERROR ? "in a failed transaction" : ts == PQTRANS_IDLE ? "not in a transaction" : "busy");
     return RM_E_STATE;
   }
+  b->sp_pending = false;
   if (b->have_settings) {
-    PGresult *res = PQexec(b->pg, "SAVEPOINT " SAVEPOINT_NAME);
-    if (PQresultStatus(res) != PGRES_COMMAND_OK) return stmt_error(b, "could not set a savepoint", res);
-    PQclear(res);
+    /* The SAVEPOINT goes with the statement's first query (run, or
+     * sp_ensure before any other query): one round trip less. */
+    b->sp_pending = true;
     return 0;
   }
   PGresult *res = PQexec(b->pg,
@@ -659,6 +779,10 @@ static int stmt_begin(rm_branch_t *b) {
 /* End a statement begun by stmt_begin: release on success, roll back to
  * the savepoint on failure (the caller's transaction is then as before). */
 static int stmt_end(rm_branch_t *b, int rc) {
+  if (b->sp_pending) { /* no query was sent: nothing to release or undo */
+    b->sp_pending = false;
+    return rc;
+  }
   if (rc == 0) {
     PGresult *res = PQexec(b->pg, "RELEASE SAVEPOINT " SAVEPOINT_NAME);
     if (PQresultStatus(res) != PGRES_COMMAND_OK) {
@@ -699,7 +823,22 @@ static int stmt_table(rm_branch_t *b, const char *table, const rm_table_t **t) {
   char schema[RM_AT_MAX_NAME + 1], name[RM_AT_MAX_NAME + 1];
   int rc = split_table(b, table, schema, name);
   if (rc != 0) return rc;
+  if ((*t = meta_lookup(b->res, schema[0] ? schema : NULL, name)) != NULL) return 0;
+  if ((rc = sp_ensure(b)) != 0) return rc; /* the catalog query runs inside the savepoint */
   return rm__table_get(b->res, b->pg, schema[0] ? schema : NULL, name, t, b->errmsg, sizeof(b->errmsg));
+}
+
+/* check_cols for a statement: a reload of the metadata runs inside the
+ * statement's savepoint. */
+static int stmt_cols(rm_branch_t *b, const rm_table_t **t, int n, const char *const *names) {
+  for (int i = 0; i < n; i++) {
+    if (col_index(*t, names[i]) < 0) {
+      int rc = sp_ensure(b);
+      if (rc != 0) return rc;
+      break;
+    }
+  }
+  return check_cols(b->res, b->pg, t, n, names, b->errmsg, sizeof(b->errmsg));
 }
 
 /* Check 'pk_vals' (t->npk of them, none NULL). */
@@ -855,7 +994,7 @@ int rm_at_insert(rm_branch_t *b, const char *table, int ncols, const char *const
   PGresult *res = NULL;
   rm_item_t it = {0};
   if ((rc = stmt_table(b, table, &t)) != 0 ||
-      (rc = check_cols(b->res, b->pg, &t, ncols, cols, b->errmsg, sizeof(b->errmsg))) != 0)
+      (rc = stmt_cols(b, &t, ncols, cols)) != 0)
     goto out;
   rc = txp_buf_append_str(&sql, "INSERT INTO ");
   if (!rc) rc = txp_buf_append_str(&sql, t->qname);
@@ -952,7 +1091,7 @@ int rm_at_update(rm_branch_t *b, const char *table, const char *const *pk_vals, 
   const char **params = NULL;
   rm_item_t it = {0};
   if ((rc = stmt_table(b, table, &t)) != 0 ||
-      (rc = check_cols(b->res, b->pg, &t, nset, set_cols, b->errmsg, sizeof(b->errmsg))) != 0 ||
+      (rc = stmt_cols(b, &t, nset, set_cols)) != 0 ||
       (rc = check_pk_vals(b, t, pk_vals)) != 0 || (rc = check_lock_key(b, t, pk_vals)) != 0)
     goto out;
   for (int i = 0; i < nset; i++) {
@@ -1072,7 +1211,7 @@ int rm_at_update_delta(rm_branch_t *b, const char *table, const char *const *pk_
   int ci = -1;
   const char *const dcol[1] = {col};
   if ((rc = stmt_table(b, table, &t)) != 0 ||
-      (rc = check_cols(b->res, b->pg, &t, 1, dcol, b->errmsg, sizeof(b->errmsg))) != 0 ||
+      (rc = stmt_cols(b, &t, 1, dcol)) != 0 ||
       (rc = check_pk_vals(b, t, pk_vals)) != 0)
     goto out;
   ci = col_index(t, col);
@@ -1161,6 +1300,263 @@ out:
   return stmt_end(b, rc);
 }
 
+/* Append "UPDATE t SET c = c + $1 WHERE pk = $2 ... AND (guard) RETURNING c". */
+static int delta_sql(txp_buf_t *sql, const rm_table_t *t, int ci, const char *guard) {
+  int rc = txp_buf_append_str(sql, "UPDATE ");
+  if (!rc) rc = txp_buf_append_str(sql, t->qname);
+  if (!rc) rc = txp_buf_append_str(sql, " SET ");
+  if (!rc) rc = txp_buf_append_str(sql, t->cols[ci].qname);
+  if (!rc) rc = txp_buf_append_str(sql, " = ");
+  if (!rc) rc = txp_buf_append_str(sql, t->cols[ci].qname);
+  if (!rc) rc = txp_buf_append_str(sql, " + $1");
+  if (!rc) rc = append_where_pk(sql, t, 2);
+  if (!rc && guard && *guard) {
+    rc = txp_buf_append_str(sql, " AND (");
+    if (!rc) rc = txp_buf_append_str(sql, guard);
+    if (!rc) rc = txp_buf_append_str(sql, ")");
+  }
+  if (!rc) rc = txp_buf_append_str(sql, " RETURNING ");
+  if (!rc) rc = txp_buf_append_str(sql, t->cols[ci].qname);
+  return rc;
+}
+
+static void deferred_clear(deferred_t *d) {
+  free(d->update_sql);
+  free(d->exists_sql);
+  for (int k = 0; d->params && k <= d->npk; k++) free(d->params[k]);
+  free(d->params);
+  json_decref(d->item);
+  memset(d, 0, sizeof(*d));
+}
+
+int rm_at_update_delta_deferred(rm_branch_t *b, const char *table, const char *const *pk_vals,
+                                const char *col, long long delta, const char *guard) {
+  if (!b) return RM_E_INVALID;
+  if (!arg_ok(b, table && pk_vals && col && delta != LLONG_MIN, "table, key values, column or delta"))
+    return RM_E_INVALID;
+  int rc = stmt_begin(b);
+  if (rc != 0) return rc;
+  const rm_table_t *t = NULL;
+  txp_buf_t sql, esql;
+  txp_buf_init(&sql, 0);
+  txp_buf_init(&esql, 0);
+  PGresult *res = NULL;
+  rm_item_t it = {0};
+  deferred_t d = {0};
+  bool released = false;
+  int ci = -1;
+  const char *const dcol[1] = {col};
+  if ((rc = stmt_table(b, table, &t)) != 0 || (rc = stmt_cols(b, &t, 1, dcol)) != 0 ||
+      (rc = check_pk_vals(b, t, pk_vals)) != 0)
+    goto out;
+  if (b->nitems + b->ndeferred >= RM_AT_MAX_ITEMS) {
+    set_err(b, "branch has too many statements (limit %d)", RM_AT_MAX_ITEMS);
+    rc = RM_E_INVALID;
+    goto out;
+  }
+  ci = col_index(t, col);
+  if (is_pk_col(t, ci) || t->cols[ci].generated || !delta_type_ok(t->cols[ci].type)) {
+    set_err(b, "column \"%s\" of \"%s\" cannot take a delta (it must be an integer or numeric column "
+            "outside the primary key)", col, t->name);
+    rc = RM_E_NOT_SUPPORTED;
+    goto out;
+  }
+  rc = delta_sql(&sql, t, ci, guard);
+  if (!rc) rc = txp_buf_append_str(&esql, "SELECT 1 FROM ");
+  if (!rc) rc = txp_buf_append_str(&esql, t->qname);
+  if (!rc) rc = append_where_pk(&esql, t, 1);
+  if (rc) {
+    rc = RM_E_NOMEM;
+    set_err(b, "out of memory");
+    goto out;
+  }
+  /* The row must exist now (a plain read: no row lock).  When the
+   * savepoint is still pending, SAVEPOINT, SELECT and RELEASE go in one
+   * round trip: the SELECT changes nothing, so there is nothing to roll
+   * back after it. */
+  if (b->sp_pending) {
+    b->sp_pending = false;
+    const char *const sqls[3] = {"SAVEPOINT " SAVEPOINT_NAME, esql.data, "RELEASE SAVEPOINT " SAVEPOINT_NAME};
+    const int np[3] = {0, t->npk, 0};
+    const char *const *pp[3] = {NULL, pk_vals, NULL};
+    PGresult *r3[3];
+    rc = pipe_run(b, 3, sqls, np, pp, NULL, r3);
+    if (rc == 0) {
+      if (PQresultStatus(r3[0]) != PGRES_COMMAND_OK) {
+        rc = stmt_error(b, "could not set a savepoint", r3[0]);
+        r3[0] = NULL;
+      } else if (PQresultStatus(r3[1]) != PGRES_TUPLES_OK) {
+        rc = stmt_error(b, "could not read the row", r3[1]);
+        r3[1] = NULL;
+      } else if (PQresultStatus(r3[2]) != PGRES_COMMAND_OK) {
+        rc = stmt_error(b, "could not release the savepoint", r3[2]);
+        r3[2] = NULL;
+      } else {
+        res = r3[1];
+        r3[1] = NULL;
+        released = true;
+      }
+    }
+    for (int i = 0; i < 3; i++) PQclear(r3[i]);
+    if (rc != 0) goto out;
+  } else if (!(res = run(b, "could not read the row", esql.data, t->npk, pk_vals, NULL, PGRES_TUPLES_OK, &rc))) {
+    goto out;
+  }
+  if (PQntuples(res) != 1) {
+    set_err(b, "%s row of \"%s\" has the given primary key", PQntuples(res) == 0 ? "no" : "more than one",
+            t->name);
+    rc = RM_E_NOT_ONE_ROW;
+    goto out;
+  }
+  /* The undo item, as rm_at_update_delta records it; it joins the undo
+   * log when prepare has run the UPDATE (statement order = undo order). */
+  if ((rc = item_init(&it, RM_OP_DELTA, t)) != 0 || !(it.pk = pk_from_vals(t, pk_vals)) ||
+      !(it.col = strdup(t->cols[ci].name))) {
+    rc = RM_E_NOMEM;
+    set_err(b, "out of memory");
+    goto out;
+  }
+  it.delta = delta;
+  if (!(d.item = rm_item_to_json(&it))) {
+    set_err(b, "could not encode the undo item of \"%s\" (a value is not valid UTF-8?)", t->name);
+    rc = RM_E_NOT_SUPPORTED;
+    goto out;
+  }
+  size_t sz = json_dumpb(d.item, NULL, 0, JSON_COMPACT);
+  if (sz == 0 || b->undo_bytes + sz + 1 > RM_AT_MAX_UNDO_BYTES) {
+    set_err(b, "undo images of the branch would exceed %u bytes", (unsigned)RM_AT_MAX_UNDO_BYTES);
+    rc = RM_E_INVALID;
+    goto out;
+  }
+  char dbuf[32];
+  snprintf(dbuf, sizeof(dbuf), "%lld", delta);
+  d.npk = t->npk;
+  d.delta = delta;
+  snprintf(d.what, sizeof(d.what), "\"%.60s\".\"%.60s\"", t->name, t->cols[ci].name);
+  d.update_sql = strdup(sql.data);
+  d.exists_sql = strdup(esql.data);
+  d.params = calloc((size_t)(1 + t->npk), sizeof(char *));
+  bool ok = d.update_sql && d.exists_sql && d.params && (d.params[0] = strdup(dbuf)) != NULL;
+  for (int k = 0; ok && k < t->npk; k++) ok = (d.params[1 + k] = strdup(pk_vals[k])) != NULL;
+  if (ok && b->ndeferred == b->capdeferred) {
+    size_t cap = b->capdeferred ? b->capdeferred * 2 : 4;
+    deferred_t *nd = realloc(b->deferred, cap * sizeof(*nd));
+    if (nd) {
+      b->deferred = nd;
+      b->capdeferred = cap;
+    } else {
+      ok = false;
+    }
+  }
+  if (!ok) {
+    rc = RM_E_NOMEM;
+    set_err(b, "out of memory");
+    goto out;
+  }
+  b->deferred[b->ndeferred++] = d;
+  memset(&d, 0, sizeof(d));
+  b->undo_bytes += sz + 1;
+out:
+  deferred_clear(&d);
+  rm_item_clear(&it);
+  PQclear(res);
+  txp_buf_free(&sql);
+  txp_buf_free(&esql);
+  if (released) return rc; /* the savepoint is gone and the SELECT changed nothing */
+  return stmt_end(b, rc);
+}
+
+/*
+ * Prepare, after the registration: run the deferred delta UPDATEs under
+ * one savepoint, in one round trip.  0, or the code with the savepoint
+ * rolled back (the transaction as it was before prepare, still usable):
+ * RM_E_GUARD, RM_E_NOT_ONE_ROW (the row is gone), RM_E_DB, RM_E_INVALID.
+ * On success the savepoint is left for the caller to release.
+ */
+static int run_deferred(rm_branch_t *b) {
+  size_t n = b->ndeferred + 1;
+  const char **sqls = calloc(n, sizeof(char *));
+  int *np = calloc(n, sizeof(int));
+  const char *const **pp = calloc(n, sizeof(char **));
+  const Oid **tt = calloc(n, sizeof(Oid *));
+  PGresult **res = calloc(n, sizeof(PGresult *));
+  /* Oids of the parameters: the delta is int8, the key values untyped (a
+   * primary key has at most INDEX_MAX_KEYS = 32 columns). */
+  static const Oid int8_first[1 + 32] = {INT8OID};
+  int rc = sqls && np && pp && tt && res ? 0 : RM_E_NOMEM;
+  if (!rc) sqls[0] = "SAVEPOINT " SAVEPOINT_NAME;
+  for (size_t i = 0; !rc && i < b->ndeferred; i++) {
+    deferred_t *d = &b->deferred[i];
+    sqls[1 + i] = d->update_sql;
+    np[1 + i] = 1 + d->npk;
+    pp[1 + i] = (const char *const *)d->params;
+    tt[1 + i] = d->npk <= 32 ? int8_first : NULL;
+  }
+  if (rc) {
+    set_err(b, "out of memory");
+    goto done;
+  }
+  if ((rc = pipe_run(b, (int)n, sqls, np, pp, tt, res)) != 0) goto done;
+  if (PQresultStatus(res[0]) != PGRES_COMMAND_OK) {
+    rc = stmt_error(b, "could not set a savepoint", res[0]);
+    res[0] = NULL;
+    goto done;
+  }
+  for (size_t i = 0; i < b->ndeferred; i++) {
+    PGresult *r = res[1 + i];
+    deferred_t *d = &b->deferred[i];
+    if (PQresultStatus(r) != PGRES_TUPLES_OK) {
+      char what[200];
+      snprintf(what, sizeof(what), "could not run the delta update of %s", d->what);
+      rc = stmt_error(b, what, r);
+      res[1 + i] = NULL;
+      break;
+    }
+    if (PQntuples(r) != 1) {
+      if (PQntuples(r) > 1) {
+        set_err(b, "delta update of %s touched several rows", d->what);
+        rc = RM_E_NOT_ONE_ROW;
+        break;
+      }
+      /* Refused, or the row is gone: tell which, after the rollback. */
+      PGresult *rb = PQexec(b->pg, "ROLLBACK TO SAVEPOINT " SAVEPOINT_NAME);
+      PQclear(rb);
+      PGresult *e = PQexecParams(b->pg, d->exists_sql, d->npk, NULL, (const char *const *)d->params + 1, NULL,
+                                 NULL, 0);
+      if (PQresultStatus(e) != PGRES_TUPLES_OK) {
+        rc = stmt_error(b, "could not read the row", e);
+      } else {
+        if (PQntuples(e) == 0) {
+          set_err(b, "the row of the deferred delta update of %s is gone", d->what);
+          rc = RM_E_NOT_ONE_ROW;
+        } else {
+          set_err(b, "the guard of the deferred delta update of %s refused %lld", d->what, d->delta);
+          rc = RM_E_GUARD;
+        }
+        PQclear(e);
+      }
+      break;
+    }
+  }
+done:
+  if (rc != 0 && res && res[0] && PQresultStatus(res[0]) == PGRES_COMMAND_OK) {
+    /* Undo the deferred updates: the transaction as before prepare. */
+    PGresult *r = PQexec(b->pg, "ROLLBACK TO SAVEPOINT " SAVEPOINT_NAME "; RELEASE SAVEPOINT " SAVEPOINT_NAME);
+    if (PQresultStatus(r) != PGRES_COMMAND_OK) {
+      size_t len = strlen(b->errmsg);
+      rm__pg_error(b->errmsg + len, sizeof(b->errmsg) - len, "; and could not roll back to the savepoint", b->pg, r);
+    }
+    PQclear(r);
+  }
+  for (size_t i = 0; res && i < n; i++) PQclear(res[i]);
+  free(res);
+  free(tt);
+  free(pp);
+  free(np);
+  free(sqls);
+  return rc;
+}
+
 /* --------------------------------------------------------------- prepare */
 
 int rm_at_prepare(rm_branch_t *b, int64_t *branch_id) {
@@ -1169,7 +1565,7 @@ int rm_at_prepare(rm_branch_t *b, int64_t *branch_id) {
     set_err(b, "branch is already %s", b->state == B_PREPARED ? "prepared" : "failed");
     return RM_E_STATE;
   }
-  if (b->nitems == 0) {
+  if (b->nitems + b->ndeferred == 0) {
     set_err(b, "branch has no statement to prepare");
     return RM_E_STATE;
   }
@@ -1177,12 +1573,23 @@ int rm_at_prepare(rm_branch_t *b, int64_t *branch_id) {
     set_err(b, "the connection is not idle in a transaction block");
     return RM_E_STATE;
   }
+  /* The undo items of the deferred deltas go last: prepare runs them
+   * after every other statement of the branch. */
+  for (size_t i = 0; i < b->ndeferred; i++) {
+    if (json_array_append(b->undo, b->deferred[i].item) != 0) {
+      set_err(b, "out of memory");
+      b->state = B_FAILED;
+      return RM_E_NOMEM;
+    }
+  }
   char *undo = json_dumps(b->undo, JSON_COMPACT);
-  char *ctx = rm_ctx_format(b->has_delta, (int)NSETTINGS, image_settings, (const char *const *)b->settings);
+  char *ctx = rm_ctx_format(b->has_delta || b->ndeferred > 0, (int)NSETTINGS, image_settings,
+                            (const char *const *)b->settings);
   if (!undo || !ctx) {
     free(undo);
     free(ctx);
     set_err(b, "out of memory");
+    b->state = B_FAILED;
     return RM_E_NOMEM;
   }
 
@@ -1202,15 +1609,42 @@ int rm_at_prepare(rm_branch_t *b, int64_t *branch_id) {
   b->branch_id = bid;
   if (rm__at_failpoint_after_register) rm__at_failpoint_after_register(b, bid, rm__at_failpoint_arg);
 
-  /* 2. The undo row, in the caller's transaction and deliberately without
-   * a savepoint: if it fails, the transaction is aborted and cannot commit. */
+  /* 2. The deferred delta updates (a delta needs no lock key, so the
+   * registration did not wait for them): the hot rows they lock are held
+   * from here to the caller's COMMIT only. */
+  if (b->ndeferred > 0 && (rc = run_deferred(b)) != 0) {
+    b->state = B_FAILED;
+    free(undo);
+    free(ctx);
+    return rc;
+  }
+
+  /* 3. The undo row, in the caller's transaction and deliberately without
+   * a savepoint: if it fails, the transaction is aborted and cannot commit.
+   * After deferred updates, their savepoint is released in the same round
+   * trip. */
   char bidbuf[32];
   snprintf(bidbuf, sizeof(bidbuf), "%lld", (long long)bid);
   const char *params[4] = {b->xid, bidbuf, ctx, undo};
-  PGresult *res = PQexecParams(b->pg,
-                               "INSERT INTO undo_log (xid, branch_id, context, rollback_info, log_status)"
-                               " VALUES ($1, $2, $3, $4::jsonb, 0)",
-                               4, NULL, params, NULL, NULL, 0);
+  static const char insert_sql[] = "INSERT INTO undo_log (xid, branch_id, context, rollback_info, log_status)"
+                                   " VALUES ($1, $2, $3, $4::jsonb, 0)";
+  PGresult *res = NULL;
+  if (b->ndeferred > 0) {
+    const char *const sqls[2] = {"RELEASE SAVEPOINT " SAVEPOINT_NAME, insert_sql};
+    const int np[2] = {0, 4};
+    const char *const *pp[2] = {NULL, params};
+    PGresult *r2[2];
+    rc = pipe_run(b, 2, sqls, np, pp, NULL, r2);
+    if (rc == 0 && PQresultStatus(r2[0]) != PGRES_COMMAND_OK) {
+      res = r2[0]; /* reported below as the failure (the INSERT did not run) */
+      PQclear(r2[1]);
+    } else {
+      PQclear(r2[0]);
+      res = r2[1];
+    }
+  } else {
+    res = PQexecParams(b->pg, insert_sql, 4, NULL, params, NULL, NULL, 0);
+  }
   free(undo);
   free(ctx);
   if (PQresultStatus(res) != PGRES_COMMAND_OK) {

@@ -1163,6 +1163,210 @@ static void test_cleanup(void **state) {
   PQfinish(s);
 }
 
+/* ------------------------------------------- deferred delta updates */
+
+typedef struct ddelta_arg {
+  int bucket;
+  long long delta;
+} ddelta_arg_t;
+
+static int body_delta_deferred(rm_branch_t *b, void *arg) {
+  ddelta_arg_t *d = arg;
+  char sb[16];
+  snprintf(sb, sizeof(sb), "%d", d->bucket);
+  const char *pk[3] = {ACTIVITY, TICKET, sb};
+  return rm_at_update_delta_deferred(b, "activity_ticket_bucket", pk, "frozen_count", d->delta, GUARD);
+}
+
+/* Another connection can lock bucket 'bucket' at once (NOWAIT). */
+static bool row_free(int bucket) {
+  PGconn *x = pg_open(stock_url);
+  if (!x) return false;
+  char sb[16];
+  snprintf(sb, sizeof(sb), "%d", bucket);
+  bool ok = exec_ok(x, "BEGIN") &&
+            q_ll(x, "SELECT frozen_count FROM activity_ticket_bucket WHERE activity_id = 1 AND ticket_type = 1"
+                    " AND bucket_id = $1 FOR UPDATE NOWAIT", sb, NULL, NULL) > LLONG_MIN + 1;
+  exec_ok(x, "ROLLBACK");
+  PQfinish(x);
+  return ok;
+}
+
+/* A deferred delta changes nothing (and locks nothing) before prepare,
+ * runs in prepare, commits; a rolled-back one is undone, also behind an
+ * image update of the same row in the same branch (undo order = the
+ * order prepare ran them). */
+static void test_deferred_delta_commit_rollback(void **state) {
+  (void)state;
+  PGconn *s = pg_open(stock_url);
+  assert_non_null(s);
+  long long f0 = frozen(s, 12);
+  char xid[RM_XID_MAX];
+  int st = 0;
+  assert_int_equal(rm_tm_begin(client, 30000, "deferred_commit", xid), 0);
+  assert_true(exec_ok(s, "BEGIN"));
+  rm_branch_t *b = NULL;
+  assert_int_equal(rm_at_open(client, xid, "stock", s, &b), 0);
+  ddelta_arg_t d = {12, 2};
+  assert_int_equal(body_delta_deferred(b, &d), 0);
+  assert_int_equal(frozen(s, 12), f0); /* not run yet */
+  assert_true(row_free(12));           /* and the row is not locked */
+  int64_t bid = 0;
+  assert_int_equal(rm_at_prepare(b, &bid), 0);
+  assert_true(bid > 0);
+  assert_int_equal(frozen(s, 12), f0 + 2);
+  assert_false(row_free(12)); /* now it is, until the COMMIT */
+  assert_true(exec_ok(s, "COMMIT"));
+  assert_int_equal(rm_at_close(b, true), 0);
+  assert_true(row_free(12));
+  assert_int_equal(q_ll(s, "SELECT count(*) FROM undo_log WHERE xid = $1 AND context LIKE '%delta=1%'", xid, NULL,
+                        NULL),
+                   1);
+  assert_int_equal(rm_tm_commit(client, xid, &st), 0);
+  assert_int_equal(st, RM_GS_COMMITTED);
+  assert_int_equal(frozen(s, 12), f0 + 2);
+  assert_int_equal(WAIT_EQ(0, 10, undo_rows(s, xid, 0)), 0);
+
+  /* Rolled back: two deferred deltas and an image update of the same row
+   * between them. */
+  assert_int_equal(rm_tm_begin(client, 30000, "deferred_rollback", xid), 0);
+  assert_true(exec_ok(s, "BEGIN"));
+  assert_int_equal(rm_at_open(client, xid, "stock", s, &b), 0);
+  ddelta_arg_t d3 = {12, 3};
+  assert_int_equal(body_delta_deferred(b, &d3), 0);
+  set_arg_t sa = {12, f0 + 10};
+  assert_int_equal(body_set_frozen(b, &sa), 0);
+  assert_int_equal(body_delta_deferred(b, &d3), 0);
+  assert_int_equal(rm_at_prepare(b, NULL), 0);
+  assert_int_equal(frozen(s, 12), f0 + 16);
+  assert_true(exec_ok(s, "COMMIT"));
+  assert_int_equal(rm_at_close(b, true), 0);
+  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
+  assert_int_equal(st, RM_GS_ROLLBACKED);
+  assert_int_equal(frozen(s, 12), f0 + 2);
+  assert_int_equal(undo_rows(s, xid, 0), 0);
+  PQfinish(s);
+}
+
+/* A guard that refuses at prepare: RM_E_GUARD, the branch registered, the
+ * deferred updates rolled back and the transaction usable with the
+ * earlier statements intact; the caller rolls back and the global
+ * transaction rolls back cleanly.  And what the deferred call itself
+ * refuses at once, each leaving the transaction usable. */
+static void test_deferred_delta_guard(void **state) {
+  (void)state;
+  PGconn *s = pg_open(stock_url);
+  assert_non_null(s);
+  long long f0 = frozen(s, 13);
+  char xid[RM_XID_MAX];
+  int st = 0;
+  assert_int_equal(rm_tm_begin(client, 30000, "deferred_guard", xid), 0);
+  assert_true(exec_ok(s, "BEGIN"));
+  rm_branch_t *b = NULL;
+  assert_int_equal(rm_at_open(client, xid, "stock", s, &b), 0);
+  delta_arg_t now1 = {13, 1};
+  assert_int_equal(body_delta(b, &now1), 0); /* an immediate one first */
+  const char *pk_bad_row[3] = {ACTIVITY, TICKET, "999"};
+  assert_int_equal(rm_at_update_delta_deferred(b, "activity_ticket_bucket", pk_bad_row, "frozen_count", 1, GUARD),
+                   RM_E_NOT_ONE_ROW);
+  assert_true(tx_usable(s));
+  const char *pk_bad_val[3] = {ACTIVITY, TICKET, "abc"};
+  assert_int_equal(rm_at_update_delta_deferred(b, "activity_ticket_bucket", pk_bad_val, "frozen_count", 1, GUARD),
+                   RM_E_INVALID);
+  assert_true(tx_usable(s));
+  const char *pk13[3] = {ACTIVITY, TICKET, "13"};
+  assert_int_equal(rm_at_update_delta_deferred(b, "activity_ticket_bucket", pk13, "no_such_col", 1, GUARD),
+                   RM_E_INVALID);
+  assert_int_equal(rm_at_update_delta_deferred(b, "activity_ticket_bucket", pk13, "bucket_id", 1, NULL),
+                   RM_E_NOT_SUPPORTED);
+  assert_int_equal(rm_at_update_delta_deferred(b, "no_such_table", pk13, "frozen_count", 1, NULL), RM_E_NO_TABLE);
+  assert_int_equal(rm_at_update_delta_deferred(b, "activity_ticket_bucket", NULL, "frozen_count", 1, NULL),
+                   RM_E_INVALID);
+  assert_true(tx_usable(s));
+  ddelta_arg_t ok1 = {13, 1}, too_many = {13, 1000000};
+  assert_int_equal(body_delta_deferred(b, &ok1), 0);
+  assert_int_equal(body_delta_deferred(b, &too_many), 0); /* accepted now, refused at prepare */
+  assert_int_equal(frozen(s, 13), f0 + 1);
+  int64_t bid = 0;
+  assert_int_equal(rm_at_prepare(b, &bid), RM_E_GUARD);
+  assert_non_null(strstr(rm_at_errmsg(b), "guard"));
+  assert_true(tx_usable(s));
+  assert_int_equal(frozen(s, 13), f0 + 1); /* the deferred ok1 rolled back too, the immediate one stands */
+  assert_int_equal(q_ll(s, "SELECT count(*) FROM undo_log WHERE xid = $1", xid, NULL, NULL), 0);
+  assert_int_equal(rm_at_prepare(b, NULL), RM_E_STATE);
+  assert_true(exec_ok(s, "ROLLBACK"));
+  assert_int_equal(rm_at_close(b, false), 0); /* reports PhaseOneFailed */
+  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
+  assert_int_equal(st, RM_GS_ROLLBACKED);
+  assert_int_equal(frozen(s, 13), f0);
+  assert_int_equal(q_ll(s, "SELECT count(*) FROM undo_log WHERE xid = $1 AND log_status = 0", xid, NULL, NULL), 0);
+
+  /* Deferred after prepare: RM_E_STATE; a branch of deferred calls that
+   * all failed has nothing to prepare. */
+  assert_int_equal(rm_tm_begin(client, 30000, "deferred_state", xid), 0);
+  assert_true(exec_ok(s, "BEGIN"));
+  assert_int_equal(rm_at_open(client, xid, "stock", s, &b), 0);
+  assert_int_equal(rm_at_update_delta_deferred(b, "activity_ticket_bucket", pk_bad_row, "frozen_count", 1, GUARD),
+                   RM_E_NOT_ONE_ROW);
+  assert_int_equal(rm_at_prepare(b, NULL), RM_E_STATE);
+  assert_int_equal(body_delta_deferred(b, &ok1), 0);
+  assert_int_equal(rm_at_prepare(b, NULL), 0);
+  assert_int_equal(body_delta_deferred(b, &ok1), RM_E_STATE);
+  assert_true(exec_ok(s, "COMMIT"));
+  assert_int_equal(rm_at_close(b, true), 0);
+  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
+  assert_int_equal(st, RM_GS_ROLLBACKED);
+  assert_int_equal(frozen(s, 13), f0);
+  PQfinish(s);
+}
+
+/* 64 concurrent deferred freezes of one row, half committed and half
+ * rolled back: exactly the committed total stays frozen. */
+static void *deferred_freeze_thread(void *arg) {
+  fz_arg_t *a = arg;
+  PGconn *s = pg_open(stock_url);
+  char xid[RM_XID_MAX];
+  bool began = s && rm_tm_begin(client, 60000, "deferred_freeze", xid) == 0;
+  pthread_barrier_wait(a->bar);
+  ddelta_arg_t d = {14, 1};
+  int64_t bid;
+  int rc = began ? run_branch(s, xid, "stock", body_delta_deferred, &d, &bid) : RM_E_STATE;
+  pthread_barrier_wait(a->bar);
+  int st = 0;
+  bool commit = a->idx % 2 == 0;
+  int rc2 = !began ? RM_E_STATE : commit ? rm_tm_commit(client, xid, &st) : rm_tm_rollback(client, xid, &st);
+  if (rc != 0 || rc2 != 0 || st != (commit ? RM_GS_COMMITTED : RM_GS_ROLLBACKED)) {
+    fprintf(stderr, "  deferred freeze %d: branch %d, decision %d, status %d\n", a->idx, rc, rc2, st);
+    a->errors++;
+  }
+  PQfinish(s);
+  return NULL;
+}
+
+static void test_deferred_delta_64_freezes(void **state) {
+  (void)state;
+  PGconn *s = pg_open(stock_url);
+  assert_non_null(s);
+  long long f14 = frozen(s, 14);
+  pthread_barrier_t bar;
+  pthread_barrier_init(&bar, NULL, NFREEZE);
+  pthread_t th[NFREEZE];
+  fz_arg_t a[NFREEZE];
+  for (int i = 0; i < NFREEZE; i++) {
+    a[i] = (fz_arg_t){i, &bar, 0};
+    assert_int_equal(pthread_create(&th[i], NULL, deferred_freeze_thread, &a[i]), 0);
+  }
+  int errors = 0;
+  for (int i = 0; i < NFREEZE; i++) {
+    pthread_join(th[i], NULL);
+    errors += a[i].errors;
+  }
+  pthread_barrier_destroy(&bar);
+  assert_int_equal(errors, 0);
+  assert_int_equal(frozen(s, 14), f14 + NFREEZE / 2);
+  PQfinish(s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_commit_two_dbs),
@@ -1177,6 +1381,9 @@ int main(void) {
     cmocka_unit_test(test_bad_input),
     cmocka_unit_test(test_schema_change),
     cmocka_unit_test(test_cleanup),
+    cmocka_unit_test(test_deferred_delta_commit_rollback),
+    cmocka_unit_test(test_deferred_delta_guard),
+    cmocka_unit_test(test_deferred_delta_64_freezes),
   };
   /* RM_TEST_FILTER=test_dirty* runs only the matching tests. */
   if (getenv("RM_TEST_FILTER")) cmocka_set_test_filter(getenv("RM_TEST_FILTER"));
