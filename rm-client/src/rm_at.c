@@ -123,6 +123,7 @@ struct rm_branch {
   size_t undo_bytes;  /* compact JSON size so far */
   bool has_delta;
   bool sp_pending;    /* the statement's SAVEPOINT goes with its first query */
+  bool sp_taken;      /* the statement's SAVEPOINT was set (stmt_end undoes or releases it) */
   struct deferred *deferred; /* rm_at_update_delta_deferred, run by prepare */
   size_t ndeferred, capdeferred;
   txp_buf_t lock_keys;
@@ -638,7 +639,7 @@ static int stmt_error(rm_branch_t *b, const char *what, PGresult *res) {
 static int pipe_run(rm_branch_t *b, int n, const char *const *sql, const int *nparams,
                     const char *const *const *params, const Oid *const *types, PGresult **res) {
   for (int i = 0; i < n; i++) res[i] = NULL;
-  if (PQenterPipelineMode(b->pg) != 1) {
+  if (PQpipelineStatus(b->pg) != PQ_PIPELINE_OFF || PQenterPipelineMode(b->pg) != 1) {
     rm__pg_error(b->errmsg, sizeof(b->errmsg), "could not enter pipeline mode", b->pg, NULL);
     return RM_E_DB;
   }
@@ -674,44 +675,88 @@ static int pipe_run(rm_branch_t *b, int n, const char *const *sql, const int *np
   return 0;
 }
 
-/* Take the statement's savepoint now if it is still pending (before a
- * query that does not go through run()). */
+#define SETTINGS_SQL                                                                          \
+  "SELECT pg_catalog.current_setting('TimeZone'), pg_catalog.current_setting('DateStyle'),"   \
+  " pg_catalog.current_setting('IntervalStyle'), pg_catalog.current_setting('extra_float_digits')," \
+  " pg_catalog.current_setting('bytea_output'), pg_catalog.current_setting('lc_monetary')"
+
+/*
+ * The statement's pending start (stmt_begin), sent in one round trip with
+ * the 'n' (at most 3) statements that follow it: SAVEPOINT, on the first
+ * statement of a branch the image settings, then sqls[0..n-1].  0 with
+ * out[i] their results, or an error (the start failed; out[] all NULL).
+ */
+static int pending_run(rm_branch_t *b, int n, const char *const *sqls, const int *np,
+                       const char *const *const *pp, const Oid *const *tt, PGresult **out) {
+  bool want_settings = !b->have_settings;
+  int pre = want_settings ? 2 : 1, total = pre + n;
+  const char *S[5] = {"SAVEPOINT " SAVEPOINT_NAME, SETTINGS_SQL};
+  int N[5] = {0};
+  const char *const *P[5] = {NULL};
+  const Oid *T[5] = {NULL};
+  PGresult *R[5] = {NULL};
+  for (int i = 0; i < n; i++) {
+    S[pre + i] = sqls[i];
+    N[pre + i] = np ? np[i] : 0;
+    P[pre + i] = pp ? pp[i] : NULL;
+    T[pre + i] = tt ? tt[i] : NULL;
+    out[i] = NULL;
+  }
+  b->sp_pending = false;
+  int rc = pipe_run(b, total, S, N, P, T, R);
+  if (rc == 0 && PQresultStatus(R[0]) != PGRES_COMMAND_OK) {
+    rc = stmt_error(b, "could not set a savepoint", R[0]);
+    R[0] = NULL;
+  }
+  /* Only a savepoint that was set is rolled back to or released later
+   * (ROLLBACK TO an unknown savepoint would abort the transaction). */
+  b->sp_taken = R[0] != NULL && PQresultStatus(R[0]) == PGRES_COMMAND_OK;
+  if (rc == 0 && want_settings) {
+    if (PQresultStatus(R[1]) != PGRES_TUPLES_OK || PQntuples(R[1]) != 1 || PQnfields(R[1]) != (int)NSETTINGS) {
+      rc = stmt_error(b, "could not read the session settings", R[1]);
+      R[1] = NULL;
+    } else {
+      for (size_t i = 0; i < NSETTINGS && rc == 0; i++) {
+        free(b->settings[i]);
+        if (!(b->settings[i] = strdup(PQgetvalue(R[1], 0, (int)i)))) {
+          set_err(b, "out of memory");
+          rc = RM_E_NOMEM;
+        }
+      }
+      if (rc == 0) b->have_settings = true;
+    }
+  }
+  for (int i = 0; rc == 0 && i < n; i++) {
+    out[i] = R[pre + i];
+    R[pre + i] = NULL;
+  }
+  for (int i = 0; i < total; i++) PQclear(R[i]);
+  return rc;
+}
+
+/* Send the statement's pending start now (before a query that does not go
+ * through run()). */
 static int sp_ensure(rm_branch_t *b) {
   if (!b->sp_pending) return 0;
-  b->sp_pending = false;
-  PGresult *res = PQexec(b->pg, "SAVEPOINT " SAVEPOINT_NAME);
-  if (PQresultStatus(res) != PGRES_COMMAND_OK) return stmt_error(b, "could not set a savepoint", res);
-  PQclear(res);
-  return 0;
+  return pending_run(b, 0, NULL, NULL, NULL, NULL, NULL);
 }
 
 /* Run 'sql' with text parameters; returns the result on 'want', else NULL
- * with *rc and the message set.  A pending savepoint (stmt_begin) goes in
- * the same round trip, ahead of the statement. */
+ * with *rc and the message set.  A pending start (stmt_begin) goes in the
+ * same round trip, ahead of the statement. */
 static PGresult *run(rm_branch_t *b, const char *what, const char *sql, int n,
                      const char *const *params, const Oid *types, ExecStatusType want, int *rc) {
   PGresult *res;
   if (b->sp_pending) {
-    b->sp_pending = false;
-    const char *const sqls[2] = {"SAVEPOINT " SAVEPOINT_NAME, sql};
-    const int np[2] = {0, n};
-    const char *const *pp[2] = {NULL, params};
-    const Oid *tt[2] = {NULL, types};
-    PGresult *r2[2];
-    int prc = pipe_run(b, 2, sqls, np, pp, tt, r2);
+    const char *const sqls[1] = {sql};
+    const int np[1] = {n};
+    const char *const *pp[1] = {params};
+    const Oid *tt[1] = {types};
+    int prc = pending_run(b, 1, sqls, np, pp, tt, &res);
     if (prc != 0) {
-      PQclear(r2[0]);
-      PQclear(r2[1]);
       *rc = prc;
       return NULL;
     }
-    if (PQresultStatus(r2[0]) != PGRES_COMMAND_OK) {
-      PQclear(r2[1]);
-      *rc = stmt_error(b, "could not set a savepoint", r2[0]);
-      return NULL;
-    }
-    PQclear(r2[0]);
-    res = r2[1];
   } else {
     res = PQexecParams(b->pg, sql, n, types, params, NULL, NULL, 0);
   }
@@ -721,8 +766,9 @@ static PGresult *run(rm_branch_t *b, const char *what, const char *sql, int n,
 }
 
 /*
- * Start a statement: check the transaction, SAVEPOINT.  The first call of a
- * branch reads the image settings in the same round trip.
+ * Start a statement: check the transaction.  The SAVEPOINT (and, on the
+ * first statement of a branch, the read of the image settings) is only
+ * noted: it goes in one round trip with the statement's first query.
  */
 static int stmt_begin(rm_branch_t *b) {
   if (b->state != B_OPEN) {
@@ -739,50 +785,17 @@ static int stmt_begin(rm_branch_t *b) {
             ts == PQTRANS_INERROR ? "in a failed transaction" : ts == PQTRANS_IDLE ? "not in a transaction" : "busy");
     return RM_E_STATE;
   }
-  b->sp_pending = false;
-  if (b->have_settings) {
-    /* The SAVEPOINT goes with the statement's first query (run, or
-     * sp_ensure before any other query): one round trip less. */
-    b->sp_pending = true;
-    return 0;
-  }
-  PGresult *res = PQexec(b->pg,
-                         "SAVEPOINT " SAVEPOINT_NAME ";"
-                         " SELECT pg_catalog.current_setting('TimeZone'),"
-                         " pg_catalog.current_setting('DateStyle'),"
-                         " pg_catalog.current_setting('IntervalStyle'),"
-                         " pg_catalog.current_setting('extra_float_digits'),"
-                         " pg_catalog.current_setting('bytea_output'),"
-                         " pg_catalog.current_setting('lc_monetary')");
-  if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1 || PQnfields(res) != (int)NSETTINGS) {
-    int rc = stmt_error(b, "could not set a savepoint", res);
-    /* The SAVEPOINT may have succeeded before the SELECT failed. */
-    if (PQtransactionStatus(b->pg) == PQTRANS_INERROR)
-      PQclear(PQexec(b->pg, "ROLLBACK TO SAVEPOINT " SAVEPOINT_NAME "; RELEASE SAVEPOINT " SAVEPOINT_NAME));
-    return rc;
-  }
-  for (size_t i = 0; i < NSETTINGS; i++) {
-    free(b->settings[i]);
-    b->settings[i] = strdup(PQgetvalue(res, 0, (int)i));
-    if (!b->settings[i]) {
-      PQclear(res);
-      PQclear(PQexec(b->pg, "ROLLBACK TO SAVEPOINT " SAVEPOINT_NAME "; RELEASE SAVEPOINT " SAVEPOINT_NAME));
-      set_err(b, "out of memory");
-      return RM_E_NOMEM;
-    }
-  }
-  PQclear(res);
-  b->have_settings = true;
+  b->sp_pending = true;
+  b->sp_taken = false;
   return 0;
 }
 
 /* End a statement begun by stmt_begin: release on success, roll back to
  * the savepoint on failure (the caller's transaction is then as before). */
 static int stmt_end(rm_branch_t *b, int rc) {
-  if (b->sp_pending) { /* no query was sent: nothing to release or undo */
-    b->sp_pending = false;
-    return rc;
-  }
+  b->sp_pending = false;
+  if (!b->sp_taken) return rc; /* no savepoint was set: nothing to release or undo */
+  b->sp_taken = false;
   if (rc == 0) {
     PGresult *res = PQexec(b->pg, "RELEASE SAVEPOINT " SAVEPOINT_NAME);
     if (PQresultStatus(res) != PGRES_COMMAND_OK) {
@@ -1375,29 +1388,24 @@ int rm_at_update_delta_deferred(rm_branch_t *b, const char *table, const char *c
    * round trip: the SELECT changes nothing, so there is nothing to roll
    * back after it. */
   if (b->sp_pending) {
-    b->sp_pending = false;
-    const char *const sqls[3] = {"SAVEPOINT " SAVEPOINT_NAME, esql.data, "RELEASE SAVEPOINT " SAVEPOINT_NAME};
-    const int np[3] = {0, t->npk, 0};
-    const char *const *pp[3] = {NULL, pk_vals, NULL};
-    PGresult *r3[3];
-    rc = pipe_run(b, 3, sqls, np, pp, NULL, r3);
-    if (rc == 0) {
-      if (PQresultStatus(r3[0]) != PGRES_COMMAND_OK) {
-        rc = stmt_error(b, "could not set a savepoint", r3[0]);
-        r3[0] = NULL;
-      } else if (PQresultStatus(r3[1]) != PGRES_TUPLES_OK) {
-        rc = stmt_error(b, "could not read the row", r3[1]);
-        r3[1] = NULL;
-      } else if (PQresultStatus(r3[2]) != PGRES_COMMAND_OK) {
-        rc = stmt_error(b, "could not release the savepoint", r3[2]);
-        r3[2] = NULL;
-      } else {
-        res = r3[1];
-        r3[1] = NULL;
-        released = true;
-      }
+    const char *const sqls[2] = {esql.data, "RELEASE SAVEPOINT " SAVEPOINT_NAME};
+    const int np[2] = {t->npk, 0};
+    const char *const *pp[2] = {pk_vals, NULL};
+    PGresult *r2[2];
+    if ((rc = pending_run(b, 2, sqls, np, pp, NULL, r2)) != 0) goto out;
+    if (PQresultStatus(r2[0]) != PGRES_TUPLES_OK) {
+      rc = stmt_error(b, "could not read the row", r2[0]);
+      r2[0] = NULL;
+    } else if (PQresultStatus(r2[1]) != PGRES_COMMAND_OK) {
+      rc = stmt_error(b, "could not release the savepoint", r2[1]);
+      r2[1] = NULL;
+    } else {
+      res = r2[0];
+      r2[0] = NULL;
+      released = true;
     }
-    for (int i = 0; i < 3; i++) PQclear(r3[i]);
+    PQclear(r2[0]);
+    PQclear(r2[1]);
     if (rc != 0) goto out;
   } else if (!(res = run(b, "could not read the row", esql.data, t->npk, pk_vals, NULL, PGRES_TUPLES_OK, &rc))) {
     goto out;
@@ -1462,7 +1470,10 @@ out:
   PQclear(res);
   txp_buf_free(&sql);
   txp_buf_free(&esql);
-  if (released) return rc; /* the savepoint is gone and the SELECT changed nothing */
+  if (released) { /* the savepoint is gone and the SELECT changed nothing */
+    b->sp_taken = false;
+    return rc;
+  }
   return stmt_end(b, rc);
 }
 
@@ -1589,7 +1600,7 @@ int rm_at_prepare(rm_branch_t *b, int64_t *branch_id) {
     free(undo);
     free(ctx);
     set_err(b, "out of memory");
-    b->state = B_FAILED;
+    if (b->ndeferred > 0) b->state = B_FAILED; /* their items are in b->undo now: no retry */
     return RM_E_NOMEM;
   }
 

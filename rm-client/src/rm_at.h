@@ -16,7 +16,9 @@
  *       branches whose undo rows are waiting to be deleted (guarded by the
  *       state's 'mu');
  *     - the deleter thread, which wakes every 'flush_ms' (or when a queue
- *       reaches 'delete_batch'), deletes queued undo rows in batches and
+ *       reaches 'delete_batch'), deletes queued undo rows in batches,
+ *       resolves leftover undo rows through the coordinator every
+ *       'resolve_interval_s' (and once soon after a resource is added) and
  *       runs the retention sweep every 'sweep_interval_s'.
  *   Lock order: state mu -> (nothing); pool mu and meta mu are leaves.  No
  *   lock is held across a database call.
@@ -49,6 +51,12 @@ typedef struct rm_at_tuning {
   unsigned lock_timeout_ms;      /* lock_timeout of phase-two sessions (5000) */
   unsigned statement_timeout_ms; /* statement_timeout of phase-two sessions (8000) */
   unsigned connect_timeout_s;    /* default connect_timeout of the pool (5) */
+  /* Leftover resolution (rm_undo.c): undo rows whose delete was lost are
+   * resolved through the coordinator.  0 in the state means the default
+   * (rm_at.c's default_tuning does not set them). */
+  unsigned resolve_interval_s;   /* period of the resolve pass (30) */
+  unsigned resolve_grace_s;      /* only rows older than this are asked about (30) */
+  unsigned resolve_max_xids;     /* xids asked per pass and resource (256) */
 } rm_at_tuning_t;
 
 /* One column of a table, from pg_catalog. */

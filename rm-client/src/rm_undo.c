@@ -15,7 +15,8 @@
  *   branch_id) queued.  The deleter drains the queues every flush_ms, or as
  *   soon as one holds delete_batch keys, with one DELETE per batch.  A full
  *   queue (queue_max) makes the commit delete its row inline.  Rows whose
- *   delete is lost (a crash, the database down) are left to the sweep.
+ *   delete is lost (a crash, the database down) are resolved through the
+ *   coordinator later (below), or left to the sweep.
  *
  *   Rollback, in ONE local transaction on a pooled connection:
  *     1. SELECT the undo row FOR UPDATE.  Absent: INSERT the guard row
@@ -48,6 +49,16 @@
  *   A database error anywhere rolls the local transaction back and answers
  *   PhaseTwoRollbackFailedRetryable (RM_E_DB): the TC retries later, and
  *   since nothing was committed the retry starts from scratch.
+ *
+ *   Leftovers (every resolve_interval_s, and once as soon as a node is up
+ *   after a resource is added: start-up recovery of a crashed service).
+ *   A lost queue leaves log_status 0 rows of committed branches behind.
+ *   The deleter asks the coordinator the global status of the xids of rows
+ *   older than resolve_grace_s (for the start-up pass: every row written
+ *   before the resource was added), at most resolve_max_xids per pass, and
+ *   deletes (SKIP LOCKED) the rows of commit-family globals; Begin and
+ *   rollback-family rows stay for the TC to drive, GLOBAL_NOT_FOUND rows
+ *   for the retention sweep.  No node up or no answer: nothing that pass.
  *
  *   The sweep (every sweep_interval_s) deletes undo rows older than
  *   retention_s, guards and normal rows alike, and logs the normal ones: a
@@ -357,10 +368,289 @@ static int sweep_resource(rm_at_resource_t *r, long long *removed) {
   return rc;
 }
 
+/* ------------------------------------------------------------- resolve */
+
+/*
+ * Leftovers: a log_status 0 row older than the grace age normally belongs
+ * to a branch whose phase two already happened here but whose queued
+ * delete was lost (a kill -9 within flush_ms of the BranchCommit).  The
+ * pass asks the coordinator the global status of such rows' xids (blocking
+ * rm_tm_status, on the deleter thread, never the loop thread) and deletes
+ * the rows of globals in the commit family: committing an AT branch is
+ * deleting its undo row, so doing it early or twice is harmless.  Rows of
+ * Begin or rollback-family globals stay (the TC drives them to their
+ * rollback, which needs the row); GLOBAL_NOT_FOUND (history pruned, or
+ * another coordinator's xid) is left to the retention sweep.  Any other
+ * answer, or no node up, ends the pass with nothing done for the rest.
+ *
+ * Per resource the deleter keeps a cursor (first log_created of an xid, in
+ * microseconds, then the xid) so that xids left in place (Begin, not
+ * found) do not starve later ones when there are more than
+ * resolve_max_xids; the cursor wraps when a pass reaches the end.
+ */
+
+#define RESOLVE_CHUNK 64
+#define RESOLVE_LOG_ROWS 10
+
+typedef struct resolve_cursor {
+  long long first_us; /* INT64_MIN: from the start */
+  char xid[TXP_MAX_XID_LEN + 1];
+} resolve_cursor_t;
+
+typedef struct resolve_stats {
+  long long asked, committed_xids, deleted, left_begin, left_rollback, left_not_found, left_other;
+  int logged;
+} resolve_stats_t;
+
+static bool stopping(rm_at_state_t *st) {
+  pthread_mutex_lock(&st->mu);
+  bool s = st->stopping;
+  pthread_mutex_unlock(&st->mu);
+  return s;
+}
+
+/* A global in the commit family: its AT branches are (to be) committed. */
+static bool commit_family(int gs) {
+  return gs == TXP_GS_COMMITTING || gs == TXP_GS_COMMIT_RETRYING || gs == TXP_GS_ASYNC_COMMITTING ||
+         gs == TXP_GS_COMMITTED;
+}
+
+/* Delete the log_status 0 rows of the 'n' xids in 'xids' (all in the
+ * commit family), skipping rows locked by someone else. */
+static int resolve_delete(rm_at_resource_t *r, const char *const *xids, int n, const int *gs, resolve_stats_t *rs) {
+  rm_at_state_t *st = r->st;
+  char err[512];
+  json_t *arr = json_array();
+  for (int i = 0; arr && i < n; i++)
+    if (json_array_append_new(arr, json_string(xids[i])) != 0) {
+      json_decref(arr);
+      arr = NULL;
+    }
+  char *text = arr ? json_dumps(arr, JSON_COMPACT) : NULL;
+  json_decref(arr);
+  if (!text) {
+    rm__log(st->c, RM_LOG_WARN, "could not resolve leftover undo rows on \"%s\": out of memory", r->id);
+    return RM_E_NOMEM;
+  }
+  PGconn *pg = NULL;
+  int rc = pool_get(r, &pg, err, sizeof(err));
+  if (rc != 0) {
+    rm__log(st->c, RM_LOG_WARN, "could not resolve leftover undo rows on \"%s\": %s", r->id, err);
+    free(text);
+    return rc;
+  }
+  const char *params[1] = {text};
+  PGresult *res = PQexecParams(
+    pg,
+    "WITH gone AS (DELETE FROM undo_log WHERE id IN ("
+    " SELECT id FROM undo_log"
+    " WHERE xid IN (SELECT pg_catalog.jsonb_array_elements_text($1::jsonb)) AND log_status = 0"
+    " FOR UPDATE SKIP LOCKED)"
+    " RETURNING xid, branch_id, log_created)"
+    " SELECT xid, branch_id,"
+    " pg_catalog.round(extract(epoch FROM pg_catalog.clock_timestamp() - log_created))::int8"
+    " FROM gone ORDER BY xid, branch_id",
+    1, NULL, params, NULL, NULL, 0);
+  free(text);
+  if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+    rm__pg_error(err, sizeof(err), "could not delete leftover undo rows", pg, res);
+    rm__log(st->c, RM_LOG_WARN, "%s of \"%s\"", err, r->id);
+    rc = RM_E_DB;
+  } else {
+    int rows = PQntuples(res);
+    for (int i = 0; i < rows; i++) {
+      rs->deleted++;
+      if (rs->logged >= RESOLVE_LOG_ROWS) continue;
+      rs->logged++;
+      const char *x = PQgetvalue(res, i, 0);
+      int status = TXP_GS_COMMITTED;
+      for (int k = 0; k < n; k++)
+        if (strcmp(xids[k], x) == 0) status = gs[k];
+      rm__log(st->c, RM_LOG_INFO,
+              "deleted the leftover undo row of branch %s of \"%s\" on \"%s\" (%s s old): the global "
+              "transaction is %s, the phase-two delete was lost",
+              PQgetvalue(res, i, 1), x, r->id, PQgetvalue(res, i, 2), txp_global_status_name(status));
+    }
+  }
+  PQclear(res);
+  pool_put(r, pg, rc != 0);
+  return rc;
+}
+
+/*
+ * One pass over 'r': rows older than 'grace_ms' (DB clock), at most
+ * resolve_max_xids xids from 'cur' on.  Returns 0 when the pass ran (even
+ * with database errors: the next pass retries), RM_E_NO_NODE when no
+ * coordinator answered (nothing done for the xids not yet asked).
+ */
+static int resolve_resource(rm_at_resource_t *r, resolve_cursor_t *cur, int64_t grace_ms) {
+  rm_at_state_t *st = r->st;
+  rm_at_tuning_t t = tuning(st);
+  unsigned max = t.resolve_max_xids ? t.resolve_max_xids : 256;
+  if (rm_client_nodes_up(st->c) < 1) return RM_E_NO_NODE;
+
+  char grace[32], first[32], lim[32], err[512];
+  snprintf(grace, sizeof(grace), "%lld", (long long)(grace_ms < 0 ? 0 : grace_ms));
+  snprintf(first, sizeof(first), "%lld", cur->first_us);
+  snprintf(lim, sizeof(lim), "%u", max);
+  const char *params[4] = {grace, first, cur->xid, lim};
+  PGconn *pg = NULL;
+  if (pool_get(r, &pg, err, sizeof(err)) != 0) {
+    rm__log(st->c, RM_LOG_WARN, "could not look for leftover undo rows on \"%s\": %s", r->id, err);
+    return 0;
+  }
+  PGresult *res = PQexecParams(
+    pg,
+    "SELECT xid, first_us FROM ("
+    " SELECT xid, (extract(epoch FROM pg_catalog.min(log_created)) * 1000000)::int8 AS first_us"
+    " FROM undo_log"
+    " WHERE log_status = 0"
+    " AND log_created < pg_catalog.clock_timestamp() - $1::int8 * interval '1 millisecond'"
+    " GROUP BY xid) s"
+    " WHERE (first_us, xid COLLATE \"C\") > ($2::int8, $3::text COLLATE \"C\")"
+    " ORDER BY first_us, xid COLLATE \"C\" LIMIT $4::int8",
+    4, NULL, params, NULL, NULL, 0);
+  bool ok = PQresultStatus(res) == PGRES_TUPLES_OK;
+  if (!ok) {
+    rm__pg_error(err, sizeof(err), "could not look for leftover undo rows", pg, res);
+    rm__log(st->c, RM_LOG_WARN, "%s of \"%s\"", err, r->id);
+  }
+  pool_put(r, pg, !ok);
+  if (!ok) {
+    PQclear(res);
+    return 0;
+  }
+
+  int n = PQntuples(res), rc = 0;
+  resolve_stats_t rs = {0};
+  const char *xids[RESOLVE_CHUNK];
+  int gs[RESOLVE_CHUNK], ncommit = 0, i = 0;
+  for (; i < n; i++) {
+    const char *x = PQgetvalue(res, i, 0);
+    if (stopping(st)) {
+      rc = RM_E_CONN_LOST;
+      break;
+    }
+    int status = 0, code = rm_tm_status(st->c, x, &status);
+    if (code == 0) {
+      rs.asked++;
+      if (commit_family(status)) {
+        xids[ncommit] = x;
+        gs[ncommit++] = status;
+      } else if (status == TXP_GS_BEGIN) {
+        rs.left_begin++;
+      } else if (txp_global_status_is_rollback(status)) {
+        rs.left_rollback++;
+      } else {
+        rs.left_other++; /* CommitFailed, Stop*Retry...: an operator's */
+      }
+    } else if (code == RM_E_GLOBAL_NOT_FOUND) {
+      rs.asked++;
+      rs.left_not_found++;
+    } else {
+      /* No node, a lost connection, a busy or failing store: no answer. */
+      rm__log(st->c, RM_LOG_INFO,
+              "resolving leftover undo rows on \"%s\": the coordinator did not answer for \"%s\" (%s); "
+              "stopping this pass",
+              r->id, x, rm_strerror(code));
+      rc = RM_E_NO_NODE;
+      break;
+    }
+    /* The row's xid is settled (deleted below or left on purpose). */
+    snprintf(cur->xid, sizeof(cur->xid), "%s", x);
+    cur->first_us = atoll(PQgetvalue(res, i, 1));
+    if (ncommit == RESOLVE_CHUNK || i == n - 1) {
+      if (ncommit) {
+        rs.committed_xids += ncommit;
+        resolve_delete(r, xids, ncommit, gs, &rs);
+        ncommit = 0;
+      }
+      flush_resource(r); /* keep phase-two deletes moving during a long pass */
+    }
+  }
+  if (ncommit) { /* stopped mid-chunk: what was answered still counts */
+    rs.committed_xids += ncommit;
+    resolve_delete(r, xids, ncommit, gs, &rs);
+  }
+  if (rc == 0 && (unsigned)n < max) { /* reached the end: wrap */
+    cur->first_us = INT64_MIN;
+    cur->xid[0] = '\0';
+  }
+  PQclear(res);
+
+  if (rs.deleted)
+    rm__log(st->c, RM_LOG_INFO,
+            "resolved leftover undo rows on \"%s\" through the coordinator: deleted %lld row(s) of %lld "
+            "committed global transaction(s)",
+            r->id, rs.deleted, rs.committed_xids);
+  if (rs.asked)
+    rm__log(st->c, RM_LOG_DEBUG,
+            "leftover undo rows on \"%s\": %lld xid(s) asked, %lld committed, left %lld begun, %lld "
+            "rolling back or rolled back, %lld not found, %lld other",
+            r->id, rs.asked, rs.committed_xids, rs.left_begin, rs.left_rollback, rs.left_not_found,
+            rs.left_other);
+  return rc == RM_E_NO_NODE ? RM_E_NO_NODE : 0;
+}
+
+/* The deleter's bookkeeping per resource (same index as the resource
+ * list, which is append-only). */
+typedef struct resolve_slot {
+  int64_t added_ms;   /* when the deleter first saw the resource */
+  int64_t next_ms;    /* next pass */
+  bool first_done;    /* the start-up pass ran */
+  resolve_cursor_t cur;
+} resolve_slot_t;
+
+/* Run the due resolve passes; 'slots' grows with the resource list. */
+static void resolve_due(rm_at_state_t *st, rm_at_resource_t **v, int n, resolve_slot_t **slots, int *nslots,
+                        unsigned *last_interval, unsigned *last_grace) {
+  rm_at_tuning_t t = tuning(st);
+  int64_t interval_ms = (int64_t)(t.resolve_interval_s ? t.resolve_interval_s : 30) * 1000;
+  int64_t grace_ms = (int64_t)(t.resolve_grace_s ? t.resolve_grace_s : 30) * 1000;
+  int64_t now = now_ms();
+  if (n > *nslots) {
+    resolve_slot_t *g = realloc(*slots, sizeof(*g) * (size_t)n);
+    if (!g) return;
+    for (int i = *nslots; i < n; i++) {
+      /* Start-up pass as soon as a node is up: rows of a crashed
+       * predecessor are there from the start. */
+      g[i] = (resolve_slot_t){.added_ms = now, .next_ms = now, .cur = {.first_us = INT64_MIN}};
+    }
+    *slots = g;
+    *nslots = n;
+  }
+  if (t.resolve_interval_s != *last_interval || t.resolve_grace_s != *last_grace) {
+    /* Retuned: the new period starts now. */
+    for (int i = 0; i < n; i++)
+      if ((*slots)[i].first_done && (*slots)[i].next_ms > now + interval_ms) (*slots)[i].next_ms = now + interval_ms;
+    *last_interval = t.resolve_interval_s;
+    *last_grace = t.resolve_grace_s;
+  }
+  for (int i = 0; i < n; i++) {
+    resolve_slot_t *s = &(*slots)[i];
+    if (now_ms() < s->next_ms) continue;
+    /* The start-up pass looks at every row written before the deleter
+     * saw the resource (within flush_ms of rm_resource_add; rows of a
+     * crashed predecessor), however young. */
+    int64_t age = s->first_done ? grace_ms : now_ms() - s->added_ms;
+    if (age > grace_ms) age = grace_ms;
+    int rc = resolve_resource(v[i], &s->cur, age);
+    if (rc == RM_E_NO_NODE && !s->first_done) {
+      s->next_ms = now_ms() + 1000; /* retry the start-up pass soon */
+    } else {
+      s->first_done = s->first_done || rc == 0;
+      s->next_ms = now_ms() + (s->first_done ? interval_ms : 1000);
+    }
+  }
+}
+
 /* -------------------------------------------------------------- deleter */
 
 static void *deleter_main(void *arg) {
   rm_at_state_t *st = arg;
+  resolve_slot_t *slots = NULL;
+  int nslots = 0;
+  unsigned last_interval = 0, last_grace = 0;
   pthread_mutex_lock(&st->mu);
   while (!st->stopping) {
     if (!st->kick) {
@@ -379,10 +669,12 @@ static void *deleter_main(void *arg) {
       flush_resource(v[i]);
       if (sweep) sweep_resource(v[i], NULL);
     }
+    if (v) resolve_due(st, v, n, &slots, &nslots, &last_interval, &last_grace);
     free(v);
     pthread_mutex_lock(&st->mu);
   }
   pthread_mutex_unlock(&st->mu);
+  free(slots);
   return NULL;
 }
 
@@ -434,6 +726,9 @@ int rm__at_tune(rm_client_t *c, const rm_at_tuning_t *t) {
   TUNE(lock_timeout_ms);
   TUNE(statement_timeout_ms);
   TUNE(connect_timeout_s);
+  TUNE(resolve_interval_s);
+  TUNE(resolve_grace_s);
+  TUNE(resolve_max_xids);
 #undef TUNE
   if (t->sweep_interval_s) st->next_sweep_ms = now_ms() + (int64_t)t->sweep_interval_s * 1000;
   pthread_cond_broadcast(&st->cv);

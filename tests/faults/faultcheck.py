@@ -8,7 +8,9 @@ Environment: TC_PG_URL, ORDERS_PG_URL, STOCK_PG_URL, REDIS_URL, ORDER_URL,
 TC_ADMIN_SOCKETS (as cluster/local/up --with-services prints them).
 
   1. waits (up to --wait s) until the coordinator settled: no unfinished
-     global transaction, no pending undo row of a finished xid;
+     global transaction, no pending undo row of a finished xid (lost
+     phase-two deletes of a killed RM included: the restarted RM resolves
+     them through the coordinator, at start-up or after its grace period);
   2. its own invariants (those flashsale --check-only lacks):
        globals_terminal   every global Committed or RolledBack, or in a
                           manual-handling state listed by `tcctl globals`
@@ -77,17 +79,31 @@ class Checker:
         return {r[0]: r[1] for r in q(self.tc, "SELECT xid, status FROM global_table")}
 
     def finished_undo(self):
+        """Pending (log_status 0) undo rows of finished or missing xids, as
+        (bad, committed): 'committed' are those of xids committed with every
+        branch PhaseTwo_Committed, i.e. lost phase-two deletes (an RM killed
+        between acknowledging the commit and flushing its delete queue).
+        Both violate "no undo row of a finished xid"; librmclient resolves
+        the lost deletes through the coordinator (rm_undo.c: at start-up,
+        then every resolve_interval_s for rows older than resolve_grace_s),
+        so the settle phase waits for them."""
         live = self.live_xids()
-        bad = []
+        cand = []
         for name, c in (('orders', self.orders), ('stock', self.stock)):
             for (xid,) in q(c, "SELECT xid FROM undo_log WHERE log_status = 0"):
                 st = live.get(xid)
                 if st is None or st in TERMINAL:
-                    bad.append('%s:%s' % (name, xid))
-        return bad
+                    cand.append((name, xid))
+        committed = set()
+        if cand:
+            committed = {r[0] for r in q(self.tc, """SELECT xid FROM global_history WHERE xid = ANY(%s)
+                AND status = 9 AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(branches) b
+                                               WHERE (b->>'status')::int <> 5)""", ([x for _, x in cand],))}
+        bad = ['%s:%s' % (n, x) for n, x in cand]
+        return bad, [b for (n, x), b in zip(cand, bad) if x in committed]
 
     def settled(self):
-        return self.unfinished() == 0 and not self.finished_undo()
+        return self.unfinished() == 0 and not self.finished_undo()[0]
 
     def wait_settled(self, wait_s):
         t0 = time.monotonic()
@@ -127,9 +143,11 @@ class Checker:
         inv['no_orphan_locks'] = (not orphans, '%d lock rows of finished or missing xids%s' % (
             len(orphans), (' e.g. %s' % orphans[0][0]) if orphans else ''))
         # no_finished_undo
-        bad = self.finished_undo()
-        inv['no_finished_undo'] = (not bad, '%d pending undo rows of finished or missing xids%s' % (
-            len(bad), (' e.g. ' + bad[0]) if bad else ''))
+        bad, committed = self.finished_undo()
+        inv['no_finished_undo'] = (not bad, '%d pending undo rows of finished or missing xids%s%s' % (
+            len(bad), (' e.g. ' + bad[0]) if bad else '',
+            (' (%d of committed xids: lost phase-two deletes the RM did not resolve)' % len(committed))
+            if committed else ''))
         # commits_durable (and atomicity of the rolled-back ones)
         hist = q(self.tc, """SELECT xid, status, coalesce(transaction_name, '') FROM global_history
                               WHERE begin_time >= %s::timestamptz""", (self.since,))
@@ -186,9 +204,11 @@ class Checker:
 def full_check(env, bin_dir, activity, since=None, wait_s=60, reconcile=True, log=print):
     """Returns (violations: list of str, info: dict)."""
     ck = Checker(env, bin_dir, since)
+    t0 = time.monotonic()
     try:
         settle = ck.wait_settled(wait_s)
         info = {'settled_s': settle}
+        log('  (settled in %s)' % ('%.1f s' % settle if settle is not None else 'NOT within %g s' % wait_s))
         inv = ck.run_invariants()
         pre = ck.flashsale_check(activity)
         drift = [k for k in ('redis_equals_pg', 'no_oversell_redis') if k in pre and not pre[k][0]]
@@ -213,6 +233,7 @@ def full_check(env, bin_dir, activity, since=None, wait_s=60, reconcile=True, lo
                 violations.append('%s: %s' % (k, detail))
         if drift:
             log('  (Redis differed from PostgreSQL before reconciliation: %s)' % ', '.join(drift))
+        log('  (settle and checks took %.1f s)' % (time.monotonic() - t0))
         return violations, info
     finally:
         ck.close()

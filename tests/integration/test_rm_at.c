@@ -1306,8 +1306,14 @@ static void test_deferred_delta_guard(void **state) {
   assert_int_equal(rm_tm_begin(client, 30000, "deferred_state", xid), 0);
   assert_true(exec_ok(s, "BEGIN"));
   assert_int_equal(rm_at_open(client, xid, "stock", s, &b), 0);
+  /* the first call of a branch fails inside its pipeline (savepoint,
+   * settings, the read): the transaction stays usable */
+  assert_int_equal(rm_at_update_delta_deferred(b, "activity_ticket_bucket", pk_bad_val, "frozen_count", 1, GUARD),
+                   RM_E_INVALID);
+  assert_true(tx_usable(s));
   assert_int_equal(rm_at_update_delta_deferred(b, "activity_ticket_bucket", pk_bad_row, "frozen_count", 1, GUARD),
                    RM_E_NOT_ONE_ROW);
+  assert_true(tx_usable(s));
   assert_int_equal(rm_at_prepare(b, NULL), RM_E_STATE);
   assert_int_equal(body_delta_deferred(b, &ok1), 0);
   assert_int_equal(rm_at_prepare(b, NULL), 0);
@@ -1367,6 +1373,120 @@ static void test_deferred_delta_64_freezes(void **state) {
   PQfinish(s);
 }
 
+/* ------------------------------------------- leftover undo rows (lost deletes) */
+
+static long long branch_rows(PGconn *pg, const char *xid, long long bid) {
+  char b[32];
+  snprintf(b, sizeof(b), "%lld", bid);
+  return q_ll(pg, "SELECT count(*) FROM undo_log WHERE xid = $1 AND branch_id = $2 AND log_status = 0", xid, b,
+              NULL);
+}
+
+/* An undo row as a lost phase-two delete leaves it, 'age_s' seconds old. */
+static bool put_leftover(PGconn *pg, const char *xid, long long bid, int age_s) {
+  char b[32], a[32];
+  snprintf(b, sizeof(b), "%lld", bid);
+  snprintf(a, sizeof(a), "%d", age_s);
+  return q_ll(pg,
+              "INSERT INTO undo_log (xid, branch_id, context, rollback_info, log_created)"
+              " VALUES ($1, $2, 'serializer=json;version=1', '[]',"
+              " pg_catalog.clock_timestamp() - $3::int8 * interval '1 second') RETURNING 1",
+              xid, b, a) == 1;
+}
+
+/* A committed global whose orders branch ran; its undo row deleted by the
+ * queue as usual.  Returns the branch id. */
+static int64_t committed_order(PGconn *o, char *xid) {
+  assert_int_equal(rm_tm_begin(client, 30000, "resolve_committed", xid), 0);
+  order_arg_t oa = {atomic_fetch_add(&next_order, 1), 1, 1, 0, xid};
+  int64_t bid = 0;
+  assert_int_equal(run_branch(o, xid, "orders", body_order, &oa, &bid), 0);
+  int st = 0;
+  assert_int_equal(rm_tm_commit(client, xid, &st), 0);
+  assert_int_equal(st, RM_GS_COMMITTED);
+  assert_int_equal(WAIT_EQ(0, 10, undo_rows(o, xid, 0)), 0);
+  return bid;
+}
+
+/* A kill -9 within flush_ms of a BranchCommit loses the queued delete: the
+ * row of a Committed global stays.  The resolve pass asks the coordinator
+ * and deletes it (past the grace age), and leaves alone the rows of a
+ * Begin global, of a rolled-back one, of an xid the TC does not know, and
+ * of a committed one still within the grace age. */
+static void test_resolve_leftovers(void **state) {
+  (void)state;
+  PGconn *o = pg_open(orders_url);
+  assert_non_null(o);
+  char xc[RM_XID_MAX], xy[RM_XID_MAX], xb[RM_XID_MAX], xr[RM_XID_MAX];
+  const char *xn = "resolve-not-found:1:1";
+  int64_t bc = committed_order(o, xc), by = committed_order(o, xy);
+  assert_int_equal(rm_tm_begin(client, 120000, "resolve_begin", xb), 0);
+  assert_int_equal(rm_tm_begin(client, 30000, "resolve_rollback", xr), 0);
+  int st = 0;
+  assert_int_equal(rm_tm_rollback(client, xr, &st), 0);
+  assert_int_equal(global_status(xb), RM_GS_BEGIN);
+  assert_int_equal(global_status(xr), RM_GS_ROLLBACKED);
+  assert_int_equal(global_status(xn), RM_E_GLOBAL_NOT_FOUND);
+
+  /* The lost deletes (two rows of the old committed global), and the
+   * rows that must stay. */
+  assert_true(put_leftover(o, xc, bc, 300));
+  assert_true(put_leftover(o, xc, bc + 1000000, 290));
+  assert_true(put_leftover(o, xy, by, 0)); /* committed, but young */
+  assert_true(put_leftover(o, xb, 1, 300));
+  assert_true(put_leftover(o, xr, 1, 300));
+  assert_true(put_leftover(o, xn, 1, 300));
+
+  /* Passes every second (default grace: 30 s). */
+  rm_at_tuning_t t = {.resolve_interval_s = 1};
+  assert_int_equal(rm__at_tune(client, &t), 0);
+  assert_int_equal(WAIT_EQ(0, 20, undo_rows(o, xc, 0)), 0);
+  sleep_ms(2500); /* at least one more pass */
+  assert_int_equal(branch_rows(o, xy, by), 1);
+  assert_int_equal(branch_rows(o, xb, 1), 1);
+  assert_int_equal(branch_rows(o, xr, 1), 1);
+  assert_int_equal(branch_rows(o, xn, 1), 1);
+
+  /* Past a 1 s grace the young committed row goes too; the others stay. */
+  t = (rm_at_tuning_t){.resolve_grace_s = 1};
+  assert_int_equal(rm__at_tune(client, &t), 0);
+  assert_int_equal(WAIT_EQ(0, 20, undo_rows(o, xy, 0)), 0);
+  sleep_ms(2500);
+  assert_int_equal(branch_rows(o, xb, 1), 1);
+  assert_int_equal(branch_rows(o, xr, 1), 1);
+  assert_int_equal(branch_rows(o, xn, 1), 1);
+  assert_int_equal(global_status(xb), RM_GS_BEGIN); /* the pass only asked */
+
+  /* A leftover row locked by another session (as by a rollback in
+   * progress) is skipped (SKIP LOCKED), never waited for. */
+  assert_true(put_leftover(o, xc, bc, 300));
+  PGconn *lk = pg_open(orders_url);
+  assert_non_null(lk);
+  assert_true(exec_ok(lk, "BEGIN"));
+  char b[32];
+  snprintf(b, sizeof(b), "%lld", (long long)bc);
+  assert_int_equal(q_ll(lk, "SELECT count(*) FROM (SELECT 1 FROM undo_log WHERE xid = $1 AND branch_id = $2"
+                            " FOR UPDATE) s",
+                        xc, b, NULL),
+                   1);
+  sleep_ms(2500); /* passes ran; the locked row stays */
+  assert_int_equal(branch_rows(o, xc, bc), 1);
+  assert_true(exec_ok(lk, "COMMIT"));
+  PQfinish(lk);
+  assert_int_equal(WAIT_EQ(0, 20, undo_rows(o, xc, 0)), 0);
+
+  /* Clean up; back to the defaults. */
+  assert_int_equal(rm_tm_rollback(client, xb, &st), 0);
+  const char *del = "DELETE FROM undo_log WHERE xid = $1 OR xid = $2 OR xid = $3 RETURNING 1";
+  PGresult *r = PQexecParams(o, del, 3, NULL, (const char *const[]){xb, xr, xn}, NULL, NULL, 0);
+  assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
+  assert_int_equal(PQntuples(r), 3);
+  PQclear(r);
+  t = (rm_at_tuning_t){.resolve_interval_s = 30, .resolve_grace_s = 30};
+  assert_int_equal(rm__at_tune(client, &t), 0);
+  PQfinish(o);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_commit_two_dbs),
@@ -1384,6 +1504,7 @@ int main(void) {
     cmocka_unit_test(test_deferred_delta_commit_rollback),
     cmocka_unit_test(test_deferred_delta_guard),
     cmocka_unit_test(test_deferred_delta_64_freezes),
+    cmocka_unit_test(test_resolve_leftovers),
   };
   /* RM_TEST_FILTER=test_dirty* runs only the matching tests. */
   if (getenv("RM_TEST_FILTER")) cmocka_set_test_filter(getenv("RM_TEST_FILTER"));
