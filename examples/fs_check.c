@@ -64,6 +64,37 @@ static PGconn *connect_db(const char *url, const char *what) {
   return pg;
 }
 
+static void sleep_ms(int ms);
+
+/* Make sure '*pg' works: a round trip, and after a failure (e.g. the
+ * server restarted) PQreset, up to 'tries' times 500 ms apart.  The
+ * checks run long after the connections were opened. */
+static bool fs_pg_alive(PGconn *pg, const char *what, int tries) {
+  for (int i = 0; i <= tries; i++) {
+    if (PQstatus(pg) == CONNECTION_OK) {
+      PGresult *r = PQexec(pg, "SELECT 1");
+      bool ok = PQresultStatus(r) == PGRES_TUPLES_OK;
+      PQclear(r);
+      if (ok) return true;
+    }
+    if (i == tries) break;
+    if (i > 0) sleep_ms(500);
+    PQreset(pg);
+    if (PQstatus(pg) == CONNECTION_OK)
+      fprintf(stderr, "flashsale: reconnected to the %s database\n", what);
+  }
+  fprintf(stderr, "flashsale: the %s database is unreachable: %s", what, PQerrorMessage(pg));
+  return false;
+}
+
+/* All three connections; false if one stays broken. */
+static bool fs_reconnect(fs_check_t *c) {
+  bool a = fs_pg_alive(c->stock, "stock", 20);
+  bool b = fs_pg_alive(c->orders, "orders", 20);
+  bool d = fs_pg_alive(c->tc, "coordinator", 20);
+  return a && b && d;
+}
+
 fs_check_t *fs_check_new(const fs_env_t *env) {
   fs_check_t *c = calloc(1, sizeof(*c));
   if (!c) return NULL;
@@ -197,6 +228,7 @@ bool fs_seed(fs_check_t *c, fs_activity_t *a, char *err, size_t errlen) {
 }
 
 bool fs_load(fs_check_t *c, fs_activity_t *a, char *err, size_t errlen) {
+  fs_reconnect(c);
   char sid[24], stt[24];
   snprintf(sid, sizeof(sid), "%lld", a->activity);
   snprintf(stt, sizeof(stt), "%lld", a->ticket_type);
@@ -245,6 +277,7 @@ static void sleep_ms(int ms) {
 
 typedef struct settle_counts {
   long long unfinished, locks, undo_orders, undo_stock, overdue;
+  long long comp_pending; /* local-mode orders the compensation job has not decided yet */
 } settle_counts_t;
 
 static bool read_settle(fs_check_t *c, long long activity, settle_counts_t *s) {
@@ -258,6 +291,9 @@ static bool read_settle(fs_check_t *c, long long activity, settle_counts_t *s) {
                     "SELECT count(*) FROM trade_order WHERE activity_id = $1 AND status = 'UNPAID'"
                     " AND expire_at < now()",
                     1, pa, &ok);
+  s->comp_pending = q_ll(c->orders,
+                         "SELECT count(*) FROM order_compensation WHERE activity_id = $1 AND state = 'PENDING'", 1,
+                         pa, &ok);
   const char *p[2] = {c->run_start, TM_APP};
   s->unfinished =
     q_ll(c->tc, "SELECT count(*) FROM global_table WHERE begin_time >= $1 AND application_id = $2", 2, p, &ok);
@@ -298,9 +334,15 @@ void fs_check_run(fs_check_t *c, const fs_activity_t *a, const fs_client_view_t 
   settle_counts_t sc = {0};
   int64_t t0 = svc_now_us(), end = t0 + (int64_t)settle_s * 1000000;
   int quiet = 0;
+  fs_reconnect(c);
   for (;;) {
-    if (!read_settle(c, a->activity, &sc)) break;
-    bool q = sc.unfinished == 0 && sc.locks == 0 && sc.undo_orders == 0 && sc.undo_stock == 0 && sc.overdue == 0;
+    if (!read_settle(c, a->activity, &sc)) {
+      /* a database restarted meanwhile: reconnect and go on (bounded) */
+      if (svc_now_us() >= end || !fs_reconnect(c)) break;
+      continue;
+    }
+    bool q = sc.unfinished == 0 && sc.locks == 0 && sc.undo_orders == 0 && sc.undo_stock == 0 && sc.overdue == 0 &&
+             sc.comp_pending == 0;
     quiet = q ? quiet + 1 : 0;
     if (quiet >= 2 || svc_now_us() >= end) break;
     sleep_ms(q ? 200 : 100);
@@ -389,7 +431,7 @@ void fs_check_run(fs_check_t *c, const fs_activity_t *a, const fs_client_view_t 
   if (rr) freeReplyObject(rr);
 
   /* Totals: seeded stock, ledger, orders */
-  long long ledger_bad = 0, orders_bad = 0;
+  long long ledger_bad = 0, orders_bad = 0, cancelled_with_reason = 0;
   if (svc_pg_exec(c->stock,
                   "SELECT bucket_id,"
                   " coalesce(sum(qty) FILTER (WHERE op = 'freeze'), 0)"
@@ -430,7 +472,7 @@ void fs_check_run(fs_check_t *c, const fs_activity_t *a, const fs_client_view_t 
     ok = false;
   }
   if (svc_pg_exec(c->orders,
-                  "SELECT bucket_id, status, sum(qty), count(*) FROM trade_order"
+                  "SELECT bucket_id, status, sum(qty), count(*), count(cancel_reason) FROM trade_order"
                   " WHERE activity_id = $1 AND ticket_type = $2 GROUP BY 1, 2",
                   2, pa, PGRES_TUPLES_OK, &r, err, sizeof(err))) {
     for (int i = 0; i < PQntuples(r); i++) {
@@ -448,7 +490,10 @@ void fs_check_run(fs_check_t *c, const fs_activity_t *a, const fs_client_view_t 
         o_paid[b] += q;
         res->orders_paid += n;
       } else if (strcmp(st, "CANCELLED") == 0) {
+        /* with or without a cancel_reason (a local-mode order that the
+         * stock refused, cancelled by the system): no stock held */
         res->orders_cancelled += n;
+        cancelled_with_reason += atoll(PQgetvalue(r, i, 4));
       } else {
         res->orders_expired += n;
       }
@@ -466,12 +511,14 @@ void fs_check_run(fs_check_t *c, const fs_activity_t *a, const fs_client_view_t 
     inv_set(res, "totals_conserved", FS_FAILED, "could not read the ledger or the orders: %s", err);
   else if (res->stock != a->tickets || ledger_bad || orders_bad)
     inv_set(res, "totals_conserved", FS_FAILED,
-            "stock %lld of %lld seeded; buckets disagreeing with stock_log/stock_freeze: %lld, with the orders: %lld",
-            res->stock, a->tickets, ledger_bad, orders_bad);
+            "stock %lld of %lld seeded; buckets disagreeing with stock_log/stock_freeze: %lld, with the orders: %lld"
+            " (local orders not compensated yet: %lld)",
+            res->stock, a->tickets, ledger_bad, orders_bad, sc.comp_pending);
   else
     inv_set(res, "totals_conserved", FS_HOLDS,
-            "%lld tickets = sold %lld + frozen %lld + available %lld; stock_log, stock_freeze and orders agree",
-            res->stock, res->sold, res->frozen, res->available);
+            "%lld tickets = sold %lld + frozen %lld + available %lld; stock_log, stock_freeze and orders agree"
+            " (%lld cancelled with a reason)",
+            res->stock, res->sold, res->frozen, res->available, cancelled_with_reason);
 
   /* The client's view */
   ok = true;

@@ -13,7 +13,12 @@
  *     POST /orders/{id}/cancel         200 order (CANCELLED) | 404 | 409 | 503
  *     POST /activities/{id}/waitlist {user, ticket_type, qty}
  *          202 {position} | 409 {error: rejected, reason: over_limit} | 503
- *     GET  /healthz                    200 {ok, tc_nodes_up}
+ *     GET  /healthz                    200 {ok, tc_nodes_up, mode}
+ *     GET  /metrics                    200 Prometheus text (txc_client_*)
+ *   Fallback to local (TXC_TX_MODE=auto|global|local, default auto): with
+ *   no coordinator, purchases run as local transactions with compensation
+ *   records (place_order_local; examples/README.md); pay/cancel/expiry
+ *   answer 503 then.
  *   An order is {order_id, activity, ticket_type, user, qty, bucket,
  *   status, xid}.
  *
@@ -88,6 +93,7 @@
  *   the expiry pass, close, exit 0.
  */
 #include <errno.h>
+#include <stdarg.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,6 +112,7 @@ typedef struct order_svc {
   svc_pgpool_t *pool;
   svc_httpc_t *stock;
   svc_pf_t *pf;
+  rm_compensator_t *comp; /* local-mode orders: compensation and reconciliation */
   const char *resource;
   unsigned gtx_timeout_ms, stock_timeout_ms;
   long long ttl_s;           /* unpaid orders expire after this */
@@ -138,6 +145,7 @@ typedef struct order {
   int64_t expire_ms; /* expire_at, unix ms (new orders) */
   char status[16];
   char xid[RM_XID_MAX];
+  char cancel_reason[256]; /* trade_order.cancel_reason ("" = NULL) */
 } order_t;
 
 typedef enum { FIN_PAY, FIN_CANCEL, FIN_EXPIRE } finish_kind_t;
@@ -173,6 +181,7 @@ static json_t *order_json(const order_t *o) {
                         (json_int_t)o->user, "qty", (json_int_t)o->qty, "bucket", (json_int_t)o->bucket,
                         "status", o->status);
   json_object_set_new(j, "xid", o->xid[0] ? json_string(o->xid) : json_null());
+  if (o->cancel_reason[0]) json_object_set_new(j, "cancel_reason", json_string(o->cancel_reason));
   return j;
 }
 
@@ -417,6 +426,190 @@ static void create_local(order_svc_t *s, PGconn *pg, order_t *o, int64_t deadlin
   svc_resp_error(resp, 503, "unavailable", err);
 }
 
+/* ------------------------------------------------- fallback to local */
+
+/* The refusal code of stock-service's answer word to a local freeze; 0
+ * when it is not a refusal. */
+static int local_refusal(const char *reason) {
+  if (strcmp(reason, "sold_out") == 0) return RM_PF_SOLD_OUT;
+  if (strcmp(reason, "over_limit") == 0) return RM_PF_OVER_LIMIT;
+  if (strcmp(reason, "invalid") == 0) return RM_PF_BAD_ARGS;
+  return 0;
+}
+
+/*
+ * A purchase without the coordinator (rm_client_mode says local, or
+ * rm_tm_begin found no node): the order and its compensation row in one
+ * local transaction, then stock-service /freeze without an xid
+ * (X-Txc-Local: 1), then finish or cancel by its answer.  No answer: the
+ * order stands as UNPAID and the compensation job decides it (it may end
+ * CANCELLED with a reason).  Fills 'resp'.
+ */
+static void place_order_local(order_svc_t *s, order_t *o, int64_t deadline_ms, svc_resp_t *resp) {
+  char err[512] = "", reason[64] = "", perr[256];
+  o->xid[0] = '\0';
+  rm_local_order_t lo = {.order_id = o->order_id, .activity_id = o->activity, .ticket_type = (int32_t)o->ticket_type,
+                         .bucket = (int32_t)o->bucket, .user_id = o->user, .qty = (int32_t)o->qty,
+                         .expire_ms = o->expire_ms, .deadline_ms = deadline_ms};
+  PGconn *pg = svc_pg_get(s->pool, 5000, err, sizeof(err));
+  int rc = pg ? rm_local_order_insert(pg, &lo) : RM_E_DB;
+  if (pg && rc < 0) snprintf(err, sizeof(err), "local order: %s: %s", rm_prefilter_strerror(rc), rm_local_errmsg());
+  svc_pg_put(s->pool, pg);
+  if (rc < 0) {
+    svc_pf_release(s->pf, o->activity, o->ticket_type, o->order_id, perr, sizeof(perr));
+    SVC_LOG(SVC_LOG_WARN, json_pack("{s:I,s:s}", "order_id", (json_int_t)o->order_id, "mode", "local"),
+            "could not take an order: %s", err);
+    svc_resp_error(resp, 503, "unavailable", err);
+    return;
+  }
+  json_t *body = json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "order_id", (json_int_t)o->order_id, "activity",
+                           (json_int_t)o->activity, "ticket_type", (json_int_t)o->ticket_type, "bucket",
+                           (json_int_t)o->bucket, "qty", (json_int_t)o->qty, "user", (json_int_t)o->user,
+                           "deadline_ms", (json_int_t)deadline_ms);
+  svc_httpc_call_t *call =
+    svc_httpc_start_hdr(s->stock, "/freeze", NULL, "X-Txc-Local: 1", body, s->stock_timeout_ms, err, sizeof(err));
+  json_decref(body);
+  long st = stock_answer(call, "/freeze", reason, sizeof(reason), err, sizeof(err));
+  int refusal = st == 409 ? local_refusal(reason) : 0;
+  if (st == 200) {
+    pg = svc_pg_get(s->pool, 5000, perr, sizeof(perr));
+    rc = pg ? rm_local_order_finish(pg, o->order_id) : RM_E_DB;
+    if (pg && rc < 0) snprintf(perr, sizeof(perr), "%s: %s", rm_prefilter_strerror(rc), rm_local_errmsg());
+    svc_pg_put(s->pool, pg);
+    if (rc < 0)
+      SVC_LOG(SVC_LOG_WARN, json_pack("{s:I}", "order_id", (json_int_t)o->order_id),
+              "could not finish a local order (the compensation job will): %s", perr);
+    svc_resp_json(resp, 201, order_json(o));
+    return;
+  }
+  if (refusal) {
+    pg = svc_pg_get(s->pool, 5000, perr, sizeof(perr));
+    rc = pg ? rm_local_order_cancel(pg, svc_pf_handle(s->pf), o->order_id, refusal) : RM_E_DB;
+    if (pg && rc < 0) snprintf(perr, sizeof(perr), "%s: %s", rm_prefilter_strerror(rc), rm_local_errmsg());
+    svc_pg_put(s->pool, pg);
+    if (rc < 0)
+      SVC_LOG(SVC_LOG_WARN, json_pack("{s:I}", "order_id", (json_int_t)o->order_id),
+              "could not cancel a refused local order (the compensation job will): %s", perr);
+    svc_resp_json(resp, 409, json_pack("{s:s,s:s}", "error", "rejected", "reason", reason));
+    return;
+  }
+  if (st == 0 || st >= 500) {
+    /* the stock side may have frozen: the order stands (UNPAID); the
+     * compensation job asks the stock database and decides it */
+    SVC_LOG(SVC_LOG_WARN, json_pack("{s:I}", "order_id", (json_int_t)o->order_id),
+            "local order left to the compensation job: %s", err);
+    if (s->comp) rm_compensator_kick(s->comp, false);
+    svc_resp_json(resp, 201, order_json(o));
+    return;
+  }
+  /* any other answer (400, 409 mismatch): nothing was frozen; the order
+   * stays pending for the compensation job */
+  SVC_LOG(SVC_LOG_WARN, json_pack("{s:I}", "order_id", (json_int_t)o->order_id),
+          "could not take a local order: %s", err);
+  svc_resp_error(resp, 503, "unavailable", err);
+}
+
+/* ------------------------------------------------------------ metrics */
+
+typedef struct mbuf {
+  char *p;
+  size_t len, cap;
+} mbuf_t;
+
+static void mput(mbuf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void mput(mbuf_t *b, const char *fmt, ...) {
+  for (;;) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = b->p ? vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap) : -1;
+    va_end(ap);
+    if (n >= 0 && b->len + (size_t)n < b->cap) {
+      b->len += (size_t)n;
+      return;
+    }
+    size_t cap = b->cap ? b->cap * 2 : 8192;
+    char *np = realloc(b->p, cap);
+    if (!np) return;
+    b->p = np;
+    b->cap = cap;
+    b->p[b->len] = '\0';
+  }
+}
+
+/* GET /metrics: the client side (prefilter, mode, compensation, HTTP) in
+ * Prometheus text format. */
+static void handle_metrics(order_svc_t *s, svc_resp_t *resp) {
+  mbuf_t b = {0};
+  rm_pf_stats_t ps = {0};
+  if (s->pf) rm_prefilter_stats(svc_pf_handle(s->pf), &ps);
+  const rm_pf_counts_t *f = &ps.freeze;
+  mput(&b, "# HELP txc_client_prefilter_freeze_total Prefilter freezes by result.\n"
+           "# TYPE txc_client_prefilter_freeze_total counter\n");
+  const struct {
+    const char *code;
+    uint64_t v;
+  } fr[] = {{"ok", f->ok},
+            {"not_on_sale", f->not_on_sale},
+            {"over_limit", f->over_limit},
+            {"sold_out", f->sold_out},
+            {"bad_args", f->bad_args},
+            {"not_loaded", f->not_loaded},
+            {"errors", f->unknown_outcome + f->not_sent + f->error}};
+  for (size_t i = 0; i < sizeof(fr) / sizeof(fr[0]); i++)
+    mput(&b, "txc_client_prefilter_freeze_total{code=\"%s\"} %llu\n", fr[i].code, (unsigned long long)fr[i].v);
+  mput(&b, "# TYPE txc_client_prefilter_connect_failures_total counter\n"
+           "txc_client_prefilter_connect_failures_total %llu\n",
+       (unsigned long long)ps.connect_failures);
+
+  rm_degrade_stats_t ds = {0};
+  rm_client_degrade_stats(s->rm, &ds);
+  mput(&b,
+       "# HELP txc_client_mode Current transaction mode (1 = the labelled mode).\n"
+       "# TYPE txc_client_mode gauge\n"
+       "txc_client_mode{mode=\"global\"} %d\ntxc_client_mode{mode=\"local\"} %d\n"
+       "# TYPE txc_client_mode_forced gauge\ntxc_client_mode_forced %d\n"
+       "# HELP txc_client_mode_switches_total Switches of the transaction mode.\n"
+       "# TYPE txc_client_mode_switches_total counter\n"
+       "txc_client_mode_switches_total{to=\"local\"} %llu\ntxc_client_mode_switches_total{to=\"global\"} %llu\n"
+       "# TYPE txc_client_degrade_probes_total counter\ntxc_client_degrade_probes_total %llu\n"
+       "# TYPE txc_client_degrade_probe_failures_total counter\ntxc_client_degrade_probe_failures_total %llu\n"
+       "# TYPE txc_client_local_orders_total counter\ntxc_client_local_orders_total %llu\n",
+       ds.mode == RM_MODE_GLOBAL, ds.mode == RM_MODE_LOCAL, ds.forced, (unsigned long long)ds.to_local,
+       (unsigned long long)ds.to_global, (unsigned long long)ds.probes, (unsigned long long)ds.probe_failures,
+       (unsigned long long)ds.local_orders);
+
+  rm_compensator_stats_t cs = {0};
+  if (s->comp) rm_compensator_stats(s->comp, &cs);
+  mput(&b,
+       "# HELP txc_client_compensation_passes_total Compensation passes by result.\n"
+       "# TYPE txc_client_compensation_passes_total counter\n"
+       "txc_client_compensation_passes_total{result=\"ran\"} %llu\n"
+       "txc_client_compensation_passes_total{result=\"locked\"} %llu\n"
+       "txc_client_compensation_passes_total{result=\"error\"} %llu\n"
+       "# HELP txc_client_compensation_orders_total Local orders finished by the compensation job.\n"
+       "# TYPE txc_client_compensation_orders_total counter\n"
+       "txc_client_compensation_orders_total{outcome=\"frozen\"} %llu\n"
+       "txc_client_compensation_orders_total{outcome=\"cancelled\"} %llu\n"
+       "txc_client_compensation_orders_total{outcome=\"failed\"} %llu\n"
+       "# TYPE txc_client_reconciled_activities_total counter\ntxc_client_reconciled_activities_total %llu\n"
+       "# TYPE txc_client_reconcile_fixes_total counter\ntxc_client_reconcile_fixes_total %llu\n",
+       (unsigned long long)cs.passes, (unsigned long long)cs.locked, (unsigned long long)cs.errors,
+       (unsigned long long)cs.frozen, (unsigned long long)cs.cancelled, (unsigned long long)cs.failed,
+       (unsigned long long)cs.reconciled, (unsigned long long)cs.fixed);
+
+  mput(&b, "# HELP txc_client_http_responses_total HTTP answers of this service by status.\n"
+           "# TYPE txc_client_http_responses_total counter\n");
+  for (int code = 100; code < 600; code++) {
+    unsigned long long n = svc_http_status_count(code);
+    if (n) mput(&b, "txc_client_http_responses_total{status=\"%d\"} %llu\n", code, n);
+  }
+  if (b.p)
+    svc_resp_text(resp, 200, b.p);
+  else
+    svc_resp_error(resp, 500, "internal", "out of memory");
+  free(b.p);
+}
+
 /*
  * Steps 3 to 6 of a purchase for 'o', whose tickets the prefilter froze
  * (until 'deadline_ms') in bucket o->bucket: begin, both branches, commit;
@@ -425,10 +618,20 @@ static void create_local(order_svc_t *s, PGconn *pg, order_t *o, int64_t deadlin
  */
 static void place_order(order_svc_t *s, order_t *o, int64_t deadline_ms, int64_t t0, svc_resp_t *resp) {
   char err[512] = "", reason[64];
+  if (rm_client_mode(s->rm) == RM_MODE_LOCAL) {
+    place_order_local(s, o, deadline_ms, resp);
+    return;
+  }
   /* 3. begin */
   int64_t t_pf = svc_now_us();
   int rc = rm_tm_begin(s->rm, s->gtx_timeout_ms, "order", o->xid);
   int64_t t_begin = svc_now_us();
+  if (rc == RM_E_NO_NODE || rc == RM_E_DEADLINE) {
+    /* certainly no global transaction: take the order in local mode */
+    o->xid[0] = '\0';
+    place_order_local(s, o, deadline_ms, resp);
+    return;
+  }
   if (rc != 0) {
     snprintf(err, sizeof(err), "begin: %s", rm_strerror(rc));
     /* RM_E_UNKNOWN_OUTCOME: a transaction may exist, but no branch was
@@ -566,6 +769,8 @@ static void handle_create(order_svc_t *s, const svc_req_t *req, svc_resp_t *resp
                                  err, sizeof(err));
   if (pr != PF_OK) {
     if (pr == PF_ERROR) {
+      if (svc_pf_last_freeze_code() == RM_PF_NOT_LOADED && s->comp)
+        rm_compensator_kick(s->comp, true); /* reconciliation loads the activity */
       SVC_LOG(SVC_LOG_WARN, json_pack("{s:I}", "order_id", (json_int_t)o.order_id),
               "could not run the prefilter: %s", err);
       svc_resp_error(resp, 503, "unavailable", err);
@@ -599,7 +804,7 @@ static bool load_order(PGconn *pg, long long id, order_t *o, bool *found, char *
   PGresult *r = NULL;
   *found = false;
   if (!svc_pg_exec(pg,
-                   "SELECT order_id, activity_id, ticket_type, user_id, qty, bucket_id, status, xid"
+                   "SELECT order_id, activity_id, ticket_type, user_id, qty, bucket_id, status, xid, cancel_reason"
                    " FROM trade_order WHERE order_id = $1",
                    1, p, PGRES_TUPLES_OK, &r, err, errlen))
     return false;
@@ -613,6 +818,7 @@ static bool load_order(PGconn *pg, long long id, order_t *o, bool *found, char *
     o->bucket = atoll(PQgetvalue(r, 0, 5));
     snprintf(o->status, sizeof(o->status), "%s", PQgetvalue(r, 0, 6));
     snprintf(o->xid, sizeof(o->xid), "%s", PQgetisnull(r, 0, 7) ? "" : PQgetvalue(r, 0, 7));
+    snprintf(o->cancel_reason, sizeof(o->cancel_reason), "%s", PQgetisnull(r, 0, 8) ? "" : PQgetvalue(r, 0, 8));
   }
   PQclear(r);
   return *found;
@@ -686,6 +892,11 @@ static int finish_order(order_svc_t *s, long long id, finish_kind_t kind, svc_re
   char err[512] = "", reason[64], cur[16] = "";
   order_t o = {0};
   bool found = false;
+  if (rm_client_mode(s->rm) == RM_MODE_LOCAL) {
+    /* pay, cancel and expiry are global transactions: wait for the coordinator */
+    if (resp) svc_resp_error(resp, 503, "unavailable", "no coordinator: local mode takes orders only");
+    return 503;
+  }
   PGconn *pg = svc_pg_get(s->pool, 2000, err, sizeof(err));
   if (!pg) goto unavailable;
   bool loaded = load_order(pg, id, &o, &found, err, sizeof(err));
@@ -859,7 +1070,10 @@ static void handler(const svc_req_t *req, svc_resp_t *resp, void *arg) {
     else
       svc_resp_error(resp, 405, "method_not_allowed", NULL);
   } else if (strcmp(req->path, "/healthz") == 0 && get) {
-    svc_resp_json(resp, 200, json_pack("{s:b,s:i}", "ok", 1, "tc_nodes_up", rm_client_nodes_up(s->rm)));
+    svc_resp_json(resp, 200, json_pack("{s:b,s:i,s:s}", "ok", 1, "tc_nodes_up", rm_client_nodes_up(s->rm), "mode",
+                                       rm_mode_name(rm_client_mode(s->rm))));
+  } else if (strcmp(req->path, "/metrics") == 0 && get) {
+    handle_metrics(s, resp);
   } else {
     svc_resp_error(resp, 404, "not_found", NULL);
   }
@@ -943,6 +1157,35 @@ static void *background_main(void *arg) {
 
 /* ---------------------------------------------------------------- main */
 
+/* Fallback to local: detection on, and the operator's forced mode
+ * (RM_MODE_ENV) if any.  0 or a code (logged). */
+static int start_degrade(order_svc_t *s, int forced_mode) {
+  int rc = rm_client_degrade_enable(s->rm, NULL);
+  if (rc == 0 && forced_mode > 0) rc = rm_client_force_mode(s->rm, forced_mode);
+  if (rc != 0) svc_error("could not set up the fallback to local mode: %s", rm_strerror(rc));
+  return rc;
+}
+
+/* The compensation job of local-mode orders (and Redis reconciliation).
+ * Needs STOCK_PG_URL; without it local orders wait for another instance's
+ * job or txc-compensate (logged). */
+static void start_compensator(order_svc_t *s, const char *orders_url) {
+  const char *stock_pg = svc_env_str("STOCK_PG_URL", NULL);
+  if (!stock_pg) {
+    svc_warn("STOCK_PG_URL is not set: no compensation job for local-mode orders in this instance");
+    return;
+  }
+  rm_compensator_options_t ko = {.orders_conninfo = orders_url, .stock_conninfo = stock_pg,
+                                 .pf = svc_pf_handle(s->pf),
+                                 .run = {.log_cb = svc_rm_log_cb, .log_level = svc_log_level + 1}};
+  int rc = rm_compensator_start(&ko, &s->comp);
+  if (rc != 0) {
+    svc_warn("could not start the compensation job: %s", rm_strerror(rc));
+    s->comp = NULL;
+  }
+}
+
+
 static bool write_url_file(const char *path, const char *url) {
   char tmp[4096];
   snprintf(tmp, sizeof(tmp), "%s.tmp%d", path, (int)getpid());
@@ -1001,6 +1244,11 @@ int main(int argc, char **argv) {
     svc_error("invalid value \"%s\" for ORDER_TX_MODE: expected global or local", txmode);
     ok = false;
   }
+  int forced_mode = rm_mode_parse(getenv(RM_MODE_ENV));
+  if (forced_mode < 0) {
+    svc_error("invalid value \"%s\" for " RM_MODE_ENV ": expected auto, global or local", getenv(RM_MODE_ENV));
+    ok = false;
+  }
   const char *pg_url = svc_env_str("ORDERS_PG_URL", NULL);
   const char *stock_url = svc_env_str("STOCK_URL", NULL);
   const char *redis_url = svc_env_str("REDIS_URL", NULL);
@@ -1036,6 +1284,10 @@ int main(int argc, char **argv) {
     exit_code = 69;
     goto out;
   }
+  if ((rc = start_degrade(&s, forced_mode)) != 0) {
+    exit_code = 69;
+    goto out;
+  }
   s.pool = svc_pgpool_new(pg_url, pool_size, "order-service");
   s.stock = svc_httpc_new(stock_url);
   if (!s.pool || !s.stock) {
@@ -1049,6 +1301,7 @@ int main(int argc, char **argv) {
     exit_code = 69;
     goto out;
   }
+  start_compensator(&s, pg_url);
   svc_pgpool_prewarm(s.pool, pool_size);
   http = svc_http_start(listen, (unsigned)svc_ncpu(), (unsigned)threads, handler, &s, err, sizeof(err));
   if (!http) {
@@ -1087,6 +1340,7 @@ out:
     pthread_mutex_unlock(&s.bg_mu);
     pthread_join(s.bg_thread, NULL);
   }
+  rm_compensator_stop(s.comp); /* before the prefilter it borrows */
   svc_pf_free(s.pf);
   svc_httpc_free(s.stock);
   svc_pgpool_free(s.pool);

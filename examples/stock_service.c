@@ -508,15 +508,90 @@ fail:
   svc_resp_error(resp, status, reason, err);
 }
 
+/*
+ * POST /freeze with X-Txc-Local: 1 and no xid: a local-mode order's stock
+ * side (order-service has no coordinator), rm_local_stock_freeze on an
+ * idle pooled connection: 200 frozen (now or before) | 409 {error:
+ * sold_out | over_limit | invalid | mismatch} (refusals are recorded: the
+ * order will be cancelled) | 400 | 503 (nothing decided).
+ */
+static void handle_local_freeze(stock_svc_t *s, const svc_req_t *req, svc_resp_t *resp) {
+  stock_op_t op = {.kind = OP_FREEZE};
+  if (!parse_op_or_reply(req, resp, &op)) return;
+  char err[512] = "";
+  PGconn *pg = svc_pg_get(s->pool, 2000, err, sizeof(err));
+  if (!pg) {
+    svc_resp_error(resp, 503, "unavailable", err);
+    return;
+  }
+  rm_local_order_t lo = {.order_id = op.order_id, .activity_id = op.activity, .ticket_type = (int32_t)op.ticket_type,
+                         .bucket = (int32_t)op.bucket, .user_id = op.user, .qty = (int32_t)op.qty,
+                         .expire_ms = 0, .deadline_ms = op.deadline_ms};
+  int rc = rm_local_stock_freeze(pg, &lo);
+  if (rc < 0) snprintf(err, sizeof(err), "%s: %s", rm_prefilter_strerror(rc), rm_local_errmsg());
+  svc_pg_put(s->pool, pg);
+  int status = 503;
+  const char *reason = "unavailable";
+  switch (rc) {
+  case 0:
+  case 1:
+    svc_resp_json(resp, 200, json_pack("{s:b,s:I,s:b}", "ok", 1, "bucket", (json_int_t)op.bucket, "before", rc == 1));
+    return;
+  case RM_PF_SOLD_OUT: status = 409; reason = "sold_out"; break;
+  case RM_PF_OVER_LIMIT: status = 409; reason = "over_limit"; break;
+  case RM_PF_BAD_ARGS: status = 409; reason = "invalid"; break;
+  case RM_LOCAL_E_MISMATCH: status = 409; reason = "mismatch"; break;
+  case RM_E_INVALID: status = 400; reason = "bad_request"; break;
+  default: break;
+  }
+  SVC_LOG(status == 409 && rc != RM_LOCAL_E_MISMATCH ? SVC_LOG_DEBUG : SVC_LOG_WARN,
+          json_pack("{s:I,s:I,s:s,s:s}", "order_id", (json_int_t)op.order_id, "bucket", (json_int_t)op.bucket,
+                    "reason", reason, "mode", "local"),
+          "local freeze: %s", err);
+  svc_resp_error(resp, status, reason, err);
+}
+
+/* GET /metrics: local-mode freezes (rm_local_stats) and HTTP answers by
+ * status, in Prometheus text format. */
+static void handle_stock_metrics(svc_resp_t *resp) {
+  char buf[8192];
+  rm_local_stats_t ls = {0};
+  rm_local_stats(&ls);
+  int n = snprintf(buf, sizeof(buf),
+                   "# HELP txc_client_local_freezes_total Local-mode stock freezes decided here.\n"
+                   "# TYPE txc_client_local_freezes_total counter\n"
+                   "txc_client_local_freezes_total{result=\"frozen\"} %llu\n"
+                   "txc_client_local_freezes_total{result=\"refused\"} %llu\n"
+                   "# HELP txc_client_http_responses_total HTTP answers of this service by status.\n"
+                   "# TYPE txc_client_http_responses_total counter\n",
+                   (unsigned long long)ls.frozen, (unsigned long long)ls.refused);
+  for (int code = 100; code < 600 && n > 0 && (size_t)n < sizeof(buf); code++) {
+    unsigned long long c = svc_http_status_count(code);
+    if (c) n += snprintf(buf + n, sizeof(buf) - (size_t)n, "txc_client_http_responses_total{status=\"%d\"} %llu\n", code, c);
+  }
+  svc_resp_text(resp, 200, buf);
+}
+
+/* A local-mode order's freeze: X-Txc-Local: 1 and no xid. */
+static bool is_local_freeze(const svc_req_t *req) {
+  const char *l = svc_req_header(req, "X-Txc-Local");
+  const char *xid = svc_req_header(req, SVC_XID_HEADER);
+  return l && strcmp(l, "1") == 0 && (!xid || !*xid);
+}
+
 static void handler(const svc_req_t *req, svc_resp_t *resp, void *arg) {
   stock_svc_t *s = arg;
   bool post = strcmp(req->method, "POST") == 0;
-  if (strcmp(req->path, "/freeze") == 0 && post)
+  if (strcmp(req->path, "/freeze") == 0 && post && is_local_freeze(req))
+    handle_local_freeze(s, req, resp);
+  else if (strcmp(req->path, "/freeze") == 0 && post)
     handle_op(s, req, resp, OP_FREEZE);
   else if (strcmp(req->path, "/confirm") == 0 && post)
     handle_op(s, req, resp, OP_CONFIRM);
   else if (strcmp(req->path, "/release") == 0 && post)
     handle_op(s, req, resp, OP_RELEASE);
+  else if (strcmp(req->path, "/metrics") == 0 && strcmp(req->method, "GET") == 0)
+    handle_stock_metrics(resp);
   else if (strcmp(req->path, "/healthz") == 0 && strcmp(req->method, "GET") == 0)
     svc_resp_json(resp, 200, json_pack("{s:b,s:i}", "ok", 1, "tc_nodes_up", rm_client_nodes_up(s->rm)));
   else if (strcmp(req->path, "/freeze") == 0 || strcmp(req->path, "/confirm") == 0 ||

@@ -82,6 +82,7 @@ void svc_resp_json(svc_resp_t *resp, int status, json_t *body) {
   json_decref(resp->body);
   resp->status = status;
   resp->body = body;
+  resp->text = false;
 }
 
 void svc_resp_error(svc_resp_t *resp, int status, const char *reason, const char *detail) {
@@ -91,6 +92,34 @@ void svc_resp_error(svc_resp_t *resp, int status, const char *reason, const char
     if (d) json_object_set_new(o, "detail", d);
   }
   svc_resp_json(resp, status, o);
+}
+
+void svc_resp_text(svc_resp_t *resp, int status, const char *text) {
+  svc_resp_json(resp, status, json_string(text ? text : ""));
+  resp->text = resp->body != NULL;
+}
+
+static _Atomic unsigned long long status_counts[600];
+
+unsigned long long svc_http_status_count(int status) {
+  return status >= 100 && status < 600 ? status_counts[status] : 0;
+}
+
+/* A text answer (svc_resp_text). */
+static enum MHD_Result send_text(struct MHD_Connection *conn, int status, json_t *body) {
+  const char *t = json_string_value(body);
+  char *s = strdup(t ? t : "");
+  if (!s) return MHD_NO;
+  struct MHD_Response *r = MHD_create_response_from_buffer(strlen(s), s, MHD_RESPMEM_MUST_FREE);
+  if (!r) {
+    free(s);
+    return MHD_NO;
+  }
+  MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8");
+  if (status >= 100 && status < 600) status_counts[status]++;
+  enum MHD_Result ret = MHD_queue_response(conn, (unsigned)status, r);
+  MHD_destroy_response(r);
+  return ret;
 }
 
 static enum MHD_Result send_json(struct MHD_Connection *conn, int status, json_t *body) {
@@ -107,6 +136,7 @@ static enum MHD_Result send_json(struct MHD_Connection *conn, int status, json_t
     return MHD_NO;
   }
   MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+  if (status >= 100 && status < 600) status_counts[status]++;
   enum MHD_Result ret = MHD_queue_response(conn, (unsigned)status, r);
   MHD_destroy_response(r);
   return ret;
@@ -157,7 +187,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     return MHD_YES;
   }
   if (rc->state == REQ_ANSWERED) /* resumed by a worker */
-    return send_json(conn, rc->resp.status, rc->resp.body);
+    return rc->resp.text && json_is_string(rc->resp.body) ? send_text(conn, rc->resp.status, rc->resp.body)
+                                                          : send_json(conn, rc->resp.status, rc->resp.body);
   if (*upload_data_size > 0) {
     size_t n = *upload_data_size;
     *upload_data_size = 0;
@@ -444,6 +475,11 @@ static void call_step(svc_httpc_call_t *k) {
 
 svc_httpc_call_t *svc_httpc_start(svc_httpc_t *c, const char *path, const char *xid, const json_t *body,
                                   unsigned timeout_ms, char *err, size_t errlen) {
+  return svc_httpc_start_hdr(c, path, xid, NULL, body, timeout_ms, err, errlen);
+}
+
+svc_httpc_call_t *svc_httpc_start_hdr(svc_httpc_t *c, const char *path, const char *xid, const char *header,
+                                      const json_t *body, unsigned timeout_ms, char *err, size_t errlen) {
   svc_httpc_call_t *k = calloc(1, sizeof(*k));
   if (!k) {
     snprintf(err, errlen, "out of memory");
@@ -473,6 +509,7 @@ svc_httpc_call_t *svc_httpc_start(svc_httpc_t *c, const char *path, const char *
     snprintf(hx, sizeof(hx), "%s: %s", SVC_XID_HEADER, xid);
     k->hdrs = curl_slist_append(k->hdrs, hx);
   }
+  if (header) k->hdrs = curl_slist_append(k->hdrs, header);
   CURL *e = k->line.easy;
   curl_easy_reset(e); /* keeps the live connection (in the multi), clears options */
   curl_easy_setopt(e, CURLOPT_URL, k->url);

@@ -45,6 +45,7 @@ typedef struct svc_req {
 typedef struct svc_resp {
   int status;
   json_t *body; /* taken by the server after the handler returns */
+  bool text;    /* svc_resp_text: 'body' is a JSON string sent as text/plain */
 } svc_resp_t;
 
 /* Called once per request on a pool thread; fills 'resp' (status 0 or a
@@ -58,6 +59,12 @@ const char *svc_req_header(const svc_req_t *req, const char *name);
  * with 'status'.  Returns nothing: the handler returns after it. */
 void svc_resp_error(svc_resp_t *resp, int status, const char *reason, const char *detail);
 void svc_resp_json(svc_resp_t *resp, int status, json_t *body);
+/* Answer 'text' (copied) as text/plain (Prometheus exposition format). */
+void svc_resp_text(svc_resp_t *resp, int status, const char *text);
+
+/* Answers sent by every server of this process with HTTP 'status'
+ * (100..599; 0 otherwise), counted as they are queued. */
+unsigned long long svc_http_status_count(int status);
 
 /* Listen on 'listen' ("host:port"; port 0 = any free port) with
  * 'io_threads' socket threads and 'workers' handler threads.  Returns NULL
@@ -97,6 +104,10 @@ int svc_httpc_post(svc_httpc_t *c, const char *path, const char *xid, const json
 typedef struct svc_httpc_call svc_httpc_call_t;
 svc_httpc_call_t *svc_httpc_start(svc_httpc_t *c, const char *path, const char *xid, const json_t *body,
                                   unsigned timeout_ms, char *err, size_t errlen);
+/* svc_httpc_start with one more request header 'header' ("Name: value",
+ * may be NULL). */
+svc_httpc_call_t *svc_httpc_start_hdr(svc_httpc_t *c, const char *path, const char *xid, const char *header,
+                                      const json_t *body, unsigned timeout_ms, char *err, size_t errlen);
 int svc_httpc_finish(svc_httpc_call_t *call, long *status, json_t **answer, char *err, size_t errlen);
 
 /* Call once at process start, before any thread (libcurl's global init). */

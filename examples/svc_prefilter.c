@@ -72,6 +72,10 @@ static pf_result_t map(int rc, char *err, size_t errlen) {
   }
 }
 
+static _Thread_local int last_freeze_code;
+
+int svc_pf_last_freeze_code(void) { return last_freeze_code; }
+
 pf_result_t svc_pf_freeze(svc_pf_t *p, long long activity, long long ticket_type, long long user, long long qty,
                           long long order_id, int64_t deadline_ms, int *bucket, char *err, size_t errlen) {
   int rc = rm_prefilter_freeze_until(p->pf, activity, (int32_t)ticket_type, user, order_id, (int32_t)qty,
@@ -80,6 +84,7 @@ pf_result_t svc_pf_freeze(svc_pf_t *p, long long activity, long long ticket_type
   if (rc == RM_E_UNKNOWN_OUTCOME)
     rc = rm_prefilter_freeze_until(p->pf, activity, (int32_t)ticket_type, user, order_id, (int32_t)qty,
                                    deadline_ms, bucket);
+  last_freeze_code = rc;
   pf_result_t r = map(rc, err, errlen);
   return r == PF_DONE_BEFORE ? PF_ERROR : r; /* an order id used twice: a bug, not a refusal */
 }

@@ -15,6 +15,10 @@
 #      (and again: 409), 404s, sold out, the waitlist (a cancellation gives
 #      tickets back: the waiting user gets an order); then flashsale
 #      --check-only on that activity.
+#   2b. fallback to local: all three tcd nodes killed mid-sale, orders
+#      keep answering 201 (local mode, /healthz and /metrics show it), the
+#      nodes restart, txc-compensate --reconcile, then flashsale
+#      --check-only on that activity.
 #   3. SIGTERM: both services log that they stopped, and no sanitizer report
 #      appears in their logs (the test runs in the ASan build too).
 #
@@ -187,6 +191,70 @@ rc=0
   >"$tmp/check2.out" || rc=$?
 check "invariants of activity $sale_act after the expiries (status $rc)" test "$rc" -eq 0
 [[ $rc -eq 0 ]] || cat "$tmp/check2.out" >&2
+
+# --- 2b. fallback to local: every coordinator node dies in the middle of a
+# sale; orders keep succeeding (local mode), the nodes come back, the
+# compensation job runs, every invariant holds, /metrics counted the switch.
+"$bin/flashsale" --users 1 --window 0 --tickets 80 --buckets 2 --limit 2 --pay 0 --cancel 0 --again 0 \
+  --quiet --json "$tmp/fb_seed.json" >/dev/null
+fb_act=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["activity"])' "$tmp/fb_seed.json")
+metric() { curl -s "$ORDER_URL/metrics" | awk -v k="$1" '$1 == k {print $2}'; }
+healthz_mode() { curl -s "$ORDER_URL/healthz" | python3 -c 'import json,sys; print(json.load(sys.stdin).get("mode",""))'; }
+to_local0=$(metric 'txc_client_mode_switches_total{to="local"}')
+check "/metrics has the mode switch counter (${to_local0:-missing})" test -n "$to_local0"
+fb_global=0
+for u in 8001 8002 8003 8004 8005; do
+  http POST /orders '{"activity":'"$fb_act"',"ticket_type":1,"user":'"$u"',"qty":1}'
+  [[ $code != 201 ]] || fb_global=$((fb_global + 1))
+done
+check "orders before the outage: $fb_global of 5 answered 201" test "$fb_global" -eq 5
+for n in 1 2 3; do "$src/cluster/local/node" kill "$n" "$CLUSTER_DIR" >/dev/null; done
+ok "all three tcd nodes killed"
+fb_local=0 fb_tries=0
+for ((u = 8101; u <= 8130; u++)); do
+  http POST /orders '{"activity":'"$fb_act"',"ticket_type":1,"user":'"$u"',"qty":1}'
+  fb_tries=$((fb_tries + 1))
+  [[ $code != 201 ]] || fb_local=$((fb_local + 1))
+done
+check "orders with every node down: $fb_local of $fb_tries answered 201" test "$fb_local" -ge 25
+fb_mode=
+for ((i = 0; i < 150; i++)); do
+  fb_mode=$(healthz_mode)
+  [[ $fb_mode != local ]] || break
+  sleep 0.1
+done
+check "/healthz reports local mode ($fb_mode)" test "$fb_mode" = local
+http POST /orders '{"activity":'"$fb_act"',"ticket_type":1,"user":8201,"qty":1}'
+check "an order in local mode: 201 ($code $body)" test "$code" = 201
+fb_o=$(jfield "$body" order_id)
+http POST "/orders/$fb_o/pay"
+check "pay in local mode: 503 ($code)" test "$code" = 503
+to_local1=$(metric 'txc_client_mode_switches_total{to="local"}')
+check "/metrics: switches to local ${to_local0:-?} -> ${to_local1:-?}" \
+  python3 -c 'import sys; sys.exit(0 if float(sys.argv[2] or 0) > float(sys.argv[1] or 0) else 1)' \
+  "${to_local0:-0}" "${to_local1:-0}"
+for n in 1 2 3; do "$src/cluster/local/node" start "$n" "$CLUSTER_DIR" >/dev/null; done
+ok "the tcd nodes restarted"
+for ((i = 0; i < 200; i++)); do
+  fb_mode=$(healthz_mode)
+  [[ $fb_mode != global ]] || break
+  sleep 0.1
+done
+check "/healthz back in global mode ($fb_mode)" test "$fb_mode" = global
+rc=0
+"$bin/txc-compensate" --reconcile --activity "$fb_act" >"$tmp/compensate.out" 2>&1 || rc=$?
+check "txc-compensate --reconcile (status $rc)" test "$rc" -eq 0
+[[ $rc -eq 0 ]] || cat "$tmp/compensate.out" >&2
+fb_pending=$(psql -X -q -A -t -d "$ORDERS_PG_URL" \
+  -c "SELECT count(*) FROM order_compensation WHERE activity_id = $fb_act AND state = 'PENDING'")
+check "no local order left pending ($fb_pending)" test "$fb_pending" = 0
+rc=0
+"$bin/flashsale" --check-only --activity "$fb_act" --settle 30 --quiet --json "$tmp/check3.json" \
+  >"$tmp/check3.out" || rc=$?
+check "invariants of activity $fb_act after the outage (status $rc)" test "$rc" -eq 0
+[[ $rc -eq 0 ]] || cat "$tmp/check3.out" >&2
+fb_comp=$(metric 'txc_client_compensation_passes_total{result="ran"}')
+check "/metrics: compensation passes counted (${fb_comp:-missing})" test -n "$fb_comp"
 
 # --- 3. clean shutdown ---
 "$src/examples/services" stop "$ORDER_PID" "$STOCK_PID"
