@@ -695,7 +695,7 @@ tc_store_t *tc_store_new(uv_loop_t *loop, const tc_config_t *cfg,
   st->node_id = cfg->node_id;
   st->writers = cfg->writers;
   st->batch_max = cfg->batch_max;
-  st->batch_min = cfg->batch_max < 16 ? cfg->batch_max : 16;
+  st->batch_min = cfg->batch_max < 32 ? cfg->batch_max : 32;
   st->queue_max = (size_t)cfg->queue_max;
   /* Longer than a phase-two call (10 s in tc_phase2.c): the leader must not
    * re-drive a branch whose first call is still waiting for its RM.  A dead
