@@ -1214,19 +1214,8 @@ int main(int argc, char **argv) {
   svc_log_init("order-service", "ORDER_LOG_LEVEL");
   const char *listen = svc_env_str("ORDER_LISTEN", "127.0.0.1:0");
   const char *url_file = NULL;
-  for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--listen") == 0 && i + 1 < argc)
-      listen = argv[++i];
-    else if (strcmp(argv[i], "--url-file") == 0 && i + 1 < argc)
-      url_file = argv[++i];
-    else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
-      usage(stdout);
-      return 0;
-    } else {
-      usage(stderr);
-      return 64;
-    }
-  }
+  int early = svc_parse_args(argc, argv, &listen, &url_file, usage);
+  if (early >= 0) return early;
   bool ok = true;
   order_svc_t s = {.resource = svc_env_str("ORDER_RESOURCE_ID", "orders")};
   int threads = (int)svc_env_int("ORDER_THREADS", 32LL * svc_ncpu(), 1, 4096, &ok);

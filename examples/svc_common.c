@@ -346,3 +346,21 @@ bool svc_json_int(const json_t *o, const char *key, long long min, long long max
   *out = x;
   return true;
 }
+
+int svc_parse_args(int argc, char **argv, const char **listen, const char **url_file,
+                   void (*usage)(FILE *f)) {
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--listen") == 0 && i + 1 < argc) {
+      *listen = argv[++i];
+    } else if (strcmp(argv[i], "--url-file") == 0 && i + 1 < argc) {
+      *url_file = argv[++i];
+    } else if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+      usage(stdout);
+      return 0;
+    } else {
+      usage(stderr);
+      return 64;
+    }
+  }
+  return -1;
+}

@@ -25,6 +25,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include <jansson.h>
 #include <libpq-fe.h>
@@ -63,6 +64,13 @@ void svc_rm_log_cb(int level, const char *msg, void *arg);
 
 /* The value of 'name', or 'def' when unset or empty. */
 const char *svc_env_str(const char *name, const char *def);
+
+/* The services' command line: [--listen HOST:PORT] [--url-file FILE] [-h].
+ * Overrides '*listen' / '*url_file' as given.  Returns -1 to go on, or the
+ * exit status to return at once (0 after --help, 64 on a usage error);
+ * 'usage' prints the service's own help. */
+int svc_parse_args(int argc, char **argv, const char **listen, const char **url_file,
+                   void (*usage)(FILE *f));
 /* The value of 'name' as an integer in [min, max]; 'def' when unset or
  * empty.  A malformed or out-of-range value is logged and gives -1 in
  * '*ok' (set to false); callers refuse to start. */
