@@ -877,6 +877,31 @@ static void check_histogram(const scrape_t *sc, const char *fam, const char *dec
 static const char *g_env_main[32];
 static char g_env_buf[8][4300];
 
+
+/* Copy the executable 'src' to 'dir'/'name' (mode 0755) and write the new
+ * path into 'out'.  0 or -1. */
+static int copy_executable(const char *src, const char *dir, const char *name, char *out, size_t outlen) {
+  char dst[512];
+  snprintf(dst, sizeof(dst), "%s/%s", dir, name);
+  int in = open(src, O_RDONLY | O_CLOEXEC);
+  if (in < 0) return -1;
+  int fd = open(dst, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0755);
+  if (fd < 0) {
+    close(in);
+    return -1;
+  }
+  char buf[65536];
+  ssize_t n;
+  int rc = 0;
+  while ((n = read(in, buf, sizeof(buf))) > 0)
+    if (write(fd, buf, (size_t)n) != n) rc = -1;
+  if (n < 0) rc = -1;
+  close(in);
+  if (close(fd) != 0 || fchmodat(AT_FDCWD, dst, 0755, 0) != 0) rc = -1;
+  if (rc == 0) snprintf(out, outlen, "%s", dst);
+  return rc;
+}
+
 static int group_setup(void **state) {
   (void)state;
   g_test_pid = getpid();
@@ -897,6 +922,12 @@ static int group_setup(void **state) {
   snprintf(g_dir, sizeof(g_dir), "/tmp/test_admin.XXXXXX");
   if (!mkdtemp(g_dir)) return -1;
   chmod(g_dir, 0755); /* "nobody" must reach the socket to be refused by it */
+  /* ...and run tcctl: the build tree may sit in a directory only root can
+   * enter (a clone in a mktemp -d), so "nobody" runs a copy from here. */
+  if (copy_executable(g_tcctl_path, g_dir, "tcctl", g_tcctl_path, sizeof(g_tcctl_path)) != 0) {
+    fprintf(stderr, "test_admin: could not copy tcctl into %s\n", g_dir);
+    return -1;
+  }
   snprintf(g_sock, sizeof(g_sock), "%s/admin.sock", g_dir);
   snprintf(g_log, sizeof(g_log), "%s/tcd.log", g_dir);
   g_pg = PQconnectdb(g_pg_url);
@@ -977,6 +1008,7 @@ static int group_teardown(void **state) {
   if (dump_log()) rc = -1;
   if (g_pg) PQfinish(g_pg);
   unlink(g_log);
+  unlink(g_tcctl_path); /* the copy in g_dir */
   rmdir(g_dir);
   return rc;
 }
