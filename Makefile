@@ -20,9 +20,10 @@ build: deps
 	@$(CMAKE) -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTX_VALGRIND=ON >/dev/null
 	@$(CMAKE) --build build -j$(JOBS)
 
-# build/san: everything again with AddressSanitizer and UBSan.
+# build/san: everything again with AddressSanitizer and UBSan, and the
+# fault-injection points (the fault suite arms them).
 build-san: deps
-	@$(CMAKE) -S . -B build/san -DCMAKE_BUILD_TYPE=Debug -DTX_ASAN=ON -DTX_UBSAN=ON >/dev/null
+	@$(CMAKE) -S . -B build/san -DCMAKE_BUILD_TYPE=Debug -DTX_ASAN=ON -DTX_UBSAN=ON -DTX_FAILPOINTS=ON >/dev/null
 	@$(CMAKE) --build build/san -j$(JOBS)
 
 # build/fuzz: libFuzzer targets (clang).
@@ -52,8 +53,9 @@ fuzz: build-fuzz
 #   make faults DURATION=600 SEED=1
 DURATION ?= 600
 SEED ?= 1
-faults: build
-	@TX_BIN_DIR=$(CURDIR)/build/bin tests/faults/run --duration $(DURATION) --seed $(SEED)
+# It runs the sanitizer build: the one with the failpoints.
+faults: build-san
+	@TX_BIN_DIR=$(CURDIR)/build/san/bin tests/faults/run --duration $(DURATION) --seed $(SEED)
 
 demo: build
 	@if [ -x cluster/local/demo ]; then \

@@ -129,6 +129,8 @@ static const char *const kind_names[TC_ADM__KINDS] = {
   [TC_ADM_RESUME_RETRY] = "resume-retry",
   [TC_ADM_REDRIVE] = "redrive",
   [TC_ADM_DELETE] = "delete",
+  [TC_ADM_FAILPOINT_LIST] = "failpoint list",
+  [TC_ADM_FAILPOINT_ARM] = "failpoint arm",
 };
 
 const char *tc_adm_kind_name(tc_adm_kind_t kind) {
@@ -342,6 +344,23 @@ int tc_adm_parse(const char *line, size_t len, tc_adm_cmd_t *c, char *err, size_
     rc = no_more(ws, 1, "stats", err, errlen);
     goto out;
   }
+  if (strcasecmp(w0, "failpoint") == 0) {
+    if (ws->n >= 2 && strcasecmp(ws->w[1], "list") == 0) {
+      c->kind = TC_ADM_FAILPOINT_LIST;
+      rc = no_more(ws, 2, "failpoint list", err, errlen);
+    } else if (ws->n >= 2 && strcasecmp(ws->w[1], "arm") == 0) {
+      c->kind = TC_ADM_FAILPOINT_ARM;
+      if (ws->n != 3)
+        rc = fail(err, errlen, "usage \"failpoint arm NAME=ACTION[@N][,...]\" (one word)");
+      else if (strlen(ws->w[2]) > TXP_FAILPOINT_MAX_SPEC)
+        rc = fail(err, errlen, "failpoint spec too long (at most %d bytes)", TXP_FAILPOINT_MAX_SPEC);
+      else if ((rc = txp_failpoint_check(ws->w[2], err, errlen)) == 0)
+        snprintf(c->spec, sizeof(c->spec), "%s", ws->w[2]);
+    } else {
+      rc = fail(err, errlen, "usage \"failpoint list\" or \"failpoint arm NAME=ACTION[@N][,...]\"");
+    }
+    goto out;
+  }
   if (strcasecmp(w0, "help") == 0) {
     c->kind = TC_ADM_HELP;
     rc = no_more(ws, 1, "help", err, errlen);
@@ -356,7 +375,7 @@ int tc_adm_parse(const char *line, size_t len, tc_adm_cmd_t *c, char *err, size_
   }
   rc = fail(err, errlen,
             "unknown command \"%.64s\": expected show, stats, rollback, commit, stop-retry, resume-retry, "
-            "redrive, delete or help",
+            "redrive, delete, failpoint or help",
             w0);
 out:
   free(ws);

@@ -646,12 +646,49 @@ static void exec_help(exec_t *x) {
     {"resume-retry XID", "resume stopped retries (the leader retries at once)"},
     {"redrive XID", "re-send phase two now, following the recorded decision"},
     {"delete XID", "delete lock and branch rows left by a finished or unknown transaction"},
+    {"failpoint list", "fault-injection points and how they are armed (test builds only)"},
+    {"failpoint arm NAME=ACTION[@N][,...]", "arm points: abort, stop, trace or off, on the Nth hit"},
   };
   json_t *list = json_array();
   for (size_t i = 0; i < sizeof(lines) / sizeof(lines[0]); i++)
     json_array_append_new(list, json_pack("{s:s, s:s}", "usage", lines[i][0], "help", lines[i][1]));
   json_t *a = ok_answer();
   json_object_set_new(a, "commands", list);
+  finish(x, a);
+}
+
+/* ----------------------------------------------------------- failpoints */
+
+/* failpoint list | failpoint arm SPEC: only builds with TX_FAILPOINTS
+ * have the points; elsewhere both are refused, so a fault script cannot
+ * believe it armed a point that does not exist. */
+static void exec_failpoint(exec_t *x) {
+  if (!txp_failpoint_compiled()) {
+    finish_error(x, "unsupported", "this tcd has no failpoints: build it with -DTX_FAILPOINTS=ON (test builds)");
+    return;
+  }
+  if (x->req->cmd.kind == TC_ADM_FAILPOINT_ARM) {
+    char err[256];
+    if (txp_failpoint_arm(x->req->cmd.spec, err, sizeof(err)) != 0) {
+      finish_error(x, "bad_request", "%s", err);
+      return;
+    }
+    TC_LOG(TC_LOG_WARN, NULL, "operator uid %u (pid %d) armed failpoint(s) %s", x->req->uid, x->req->pid,
+           x->req->cmd.spec);
+  }
+  char buf[2048];
+  txp_failpoint_list(buf, sizeof(buf));
+  json_t *list = json_array();
+  for (char *line = buf, *nl; *line && (nl = strchr(line, '\n')); line = nl + 1) {
+    *nl = '\0';
+    char name[64], action[16];
+    unsigned long hits = 0;
+    if (sscanf(line, "%63s %15s %lu", name, action, &hits) == 3)
+      json_array_append_new(list, json_pack("{s:s, s:s, s:I}", "name", name, "action", action,
+                                            "fires_at_hit", (json_int_t)hits));
+  }
+  json_t *a = ok_answer();
+  json_object_set_new(a, "failpoints", list);
   finish(x, a);
 }
 
@@ -995,6 +1032,8 @@ void tc__admin_execute(tc_adm_req_t *req) {
   case TC_ADM_SHOW_NODES: exec_show_nodes(x); break;
   case TC_ADM_STATS: exec_stats(x); break;
   case TC_ADM_HELP: exec_help(x); break;
+  case TC_ADM_FAILPOINT_LIST:
+  case TC_ADM_FAILPOINT_ARM: exec_failpoint(x); break;
   case TC_ADM_ROLLBACK:
   case TC_ADM_COMMIT:
   case TC_ADM_STOP_RETRY:

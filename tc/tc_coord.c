@@ -32,6 +32,7 @@
 
 #include "tc_lockwait.h"
 #include "tc_log.h"
+#include "txp_failpoint.h"
 #include "tc_node.h"
 #include "tc_server.h"
 #include "txp_lockkey.h"
@@ -111,6 +112,7 @@ static void on_begin_done(tc_op_t *op, void *arg) {
                "idempotency key already used by a global transaction that has finished");
     return;
   }
+  TXP_FAILPOINT("tc.begin.after_store");
   c->node->stats.begun++;
   txp_msg_t res;
   txp_msg_init_result(&res, &c->req->msg, 0, NULL);
@@ -196,6 +198,8 @@ static void on_decide_done(tc_op_t *op, void *arg) {
       else node->stats.rolled_back++;
       break; /* no branches: finished already */
     }
+    if (txp_global_status_is_commit(op->global_status)) TXP_FAILPOINT("tc.commit.after_decision");
+    else TXP_FAILPOINT("tc.rollback.after_decision");
     if (txp_global_status_is_commit(op->global_status)) {
       node->stats.committed++;
       /* AT commit is asynchronous: answer now, drive the branches after. */
@@ -243,6 +247,7 @@ static void handle_decide(tc_node_t *node, tc_req_t *req, tc_decide_action_t act
   snprintf(c->xid, sizeof(c->xid), "%s", req->msg.xid);
   c->op.xid = c->xid;
   c->op.action = action;
+  if (action == TC_DECIDE_COMMIT) TXP_FAILPOINT("tc.commit.before_decision");
   submit_or_reply(c);
 }
 
@@ -442,6 +447,7 @@ static void on_register_done(tc_op_t *op, void *arg) {
   char msg[TXP_MAX_XID_LEN + 128];
   switch (op->res) {
   case TC_RES_OK:
+    TXP_FAILPOINT("tc.register.after_store");
     node->stats.registered++;
     reply_register(c, 0, NULL);
     return;

@@ -10,6 +10,7 @@
 
 #include "tc_config.h"
 #include "tc_log.h"
+#include "txp_failpoint.h"
 #include "tc_node.h"
 
 #ifndef TXC_VERSION
@@ -146,6 +147,10 @@ int main(int argc, char **argv) {
   }
   if (tc_config_validate(&cfg, err, sizeof(err)) != 0) {
     fprintf(stderr, "tcd: %s\n", err);
+    return EX_CONFIG;
+  }
+  if (txp_failpoint_arm_env(err, sizeof(err)) != 0) {
+    fprintf(stderr, "tcd: TX_FAILPOINTS: %s\n", err);
     return EX_CONFIG;
   }
   if (check_only) {

@@ -25,6 +25,7 @@
 #include <string.h>
 
 #include "tc_log.h"
+#include "txp_failpoint.h"
 #include "tc_metrics.h"
 #include "tc_node.h"
 #include "tc_server.h"
@@ -159,6 +160,7 @@ static void commit_answer(drive_t *d, branch_ctx_t *b, int bs) {
   bool all_ok = true;
   for (int i = 0; i < d->n; i++) all_ok = all_ok && d->branches[i].answer == TXP_BS_PHASE2_COMMITTED;
   if (all_ok) {
+    TXP_FAILPOINT("tc.phase2.after_acks");
     store_all_committed(d);
     return;
   }

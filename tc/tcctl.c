@@ -86,6 +86,13 @@ static const cmd_desc_t commands[] = {
   {"delete", "XID", "delete lock and branch rows left behind by a finished transaction",
    "Only for sessions that are no longer live (finished, or unknown): removes\n"
    "their orphan lock_table and branch_table rows.  Refused for live sessions."},
+  {"failpoint", "list | arm NAME=ACTION[@N][,...]", "list or arm fault-injection points (test builds)",
+   "Only a tcd built with -DTX_FAILPOINTS=ON has them (the sanitizer build the\n"
+   "tests use); others refuse.  ACTION is abort (the node kills itself with\n"
+   "SIGKILL), stop (SIGSTOP), trace (a line on stderr) or off; @N fires on the\n"
+   "Nth hit (default 1), then the point disarms.  Names: tc.begin.after_store,\n"
+   "tc.register.after_store, tc.commit.before_decision, tc.commit.after_decision,\n"
+   "tc.rollback.after_decision, tc.phase2.after_acks."},
   {"help", "[COMMAND]", "this text, or one command's", NULL},
 };
 
@@ -235,6 +242,18 @@ static int build_line(const char *cmd, int argc, char **argv, line_t *l) {
     if (argc) return usage_error("\"%s\" takes no arguments, got \"%s\"", cmd, argv[0]);
     put_raw(l, strcmp(cmd, "nodes") == 0 ? "show nodes" : "stats");
     return 0;
+  }
+  if (strcmp(cmd, "failpoint") == 0) {
+    if (argc == 1 && strcmp(argv[0], "list") == 0) {
+      put_raw(l, "failpoint list");
+      return 0;
+    }
+    if (argc == 2 && strcmp(argv[0], "arm") == 0) {
+      put_raw(l, "failpoint arm");
+      put_word(l, argv[1]);
+      return 0;
+    }
+    return usage_error("usage: failpoint list | failpoint arm NAME=ACTION[@N][,...]");
   }
   /* show XID and the repairs: exactly one XID. */
   if (argc != 1) return usage_error(argc ? "\"%s\" takes one XID" : "\"%s\" needs an XID", cmd);
@@ -686,6 +705,17 @@ static void print_repair(const json_t *a) {
   printf("\n");
 }
 
+static void print_failpoints(json_t *a) {
+  json_t *list = json_object_get(a, "failpoints");
+  size_t i;
+  json_t *f;
+  printf("%-28s %-6s %s\n", "FAILPOINT", "ACTION", "FIRES AT HIT");
+  json_array_foreach(list, i, f) {
+    printf("%-28s %-6s %lld\n", jstr(f, "name") ? jstr(f, "name") : "", jstr(f, "action") ? jstr(f, "action") : "",
+           (long long)json_integer_value(json_object_get(f, "fires_at_hit")));
+  }
+}
+
 static void print_help_answer(const json_t *a) {
   size_t i;
   const json_t *c;
@@ -785,6 +815,8 @@ int main(int argc, char **argv) {
     case TC_ADM_SHOW_NODES: print_nodes(a); break;
     case TC_ADM_STATS: print_value_tree(a, 0); break;
     case TC_ADM_HELP: print_help_answer(a); break;
+    case TC_ADM_FAILPOINT_LIST:
+    case TC_ADM_FAILPOINT_ARM: print_failpoints(a); break;
     default: print_repair(a); break;
     }
   }

@@ -63,6 +63,7 @@
 #include <string.h>
 
 #include "rm_at.h"
+#include "txp_failpoint.h"
 #include "txp_lockkey.h"
 #include "txp_status.h"
 
@@ -585,6 +586,7 @@ static void branch_free(rm_branch_t *b) {
 
 int rm_at_close(rm_branch_t *b, bool committed) {
   if (!b) return RM_E_INVALID;
+  if (committed) TXP_FAILPOINT("rm.at.after_local_commit");
   int rc = 0;
   if (b->registered && !(committed && b->state == B_PREPARED)) {
     /* Registered but not durable: tell the TC now rather than at the
@@ -1619,6 +1621,7 @@ int rm_at_prepare(rm_branch_t *b, int64_t *branch_id) {
   b->registered = true;
   b->branch_id = bid;
   if (rm__at_failpoint_after_register) rm__at_failpoint_after_register(b, bid, rm__at_failpoint_arg);
+  TXP_FAILPOINT("rm.at.after_register");
 
   /* 2. The deferred delta updates (a delta needs no lock key, so the
    * registration did not wait for them): the hot rows they lock are held

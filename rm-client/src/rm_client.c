@@ -81,6 +81,7 @@
 
 #include "rm_conn.h"
 #include "rm_internal.h"
+#include "txp_failpoint.h"
 
 #define RM_DEFAULT_CONNECT_TIMEOUT_MS 3000u
 #define RM_DEFAULT_REQUEST_TIMEOUT_MS 5000u
@@ -1300,6 +1301,12 @@ int rm_client_new(const rm_config_t *cfg, rm_client_t **out) {
   int nnodes = rm__nodes_parse(cfg->nodes, addrs, RM_MAX_NODES);
   if (nnodes <= 0) return RM_E_INVALID;
   if (cfg->log_level < 0 || cfg->log_level > RM_LOG_DEBUG) return RM_E_INVALID;
+  char fperr[256];
+  if (txp_failpoint_arm_env(fperr, sizeof(fperr)) != 0) {
+    /* A fault run with a bad spec must not run without its fault. */
+    fprintf(stderr, "librmclient: TX_FAILPOINTS: %s\n", fperr);
+    return RM_E_INVALID;
+  }
 
   rm_client_t *c = calloc(1, sizeof(*c));
   if (!c) return RM_E_NOMEM;

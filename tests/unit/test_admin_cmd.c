@@ -159,6 +159,24 @@ static void test_repairs(void **state) {
   parse_bad("rollback \"\"", "empty XID");
 }
 
+static void test_failpoint_commands(void **state) {
+  (void)state;
+  tc_adm_cmd_t c;
+  parse_ok("failpoint list", &c);
+  assert_int_equal(c.kind, TC_ADM_FAILPOINT_LIST);
+  parse_ok("FAILPOINT arm tc.commit.after_decision=abort@3,rm.at.after_register=stop", &c);
+  assert_int_equal(c.kind, TC_ADM_FAILPOINT_ARM);
+  assert_string_equal(c.spec, "tc.commit.after_decision=abort@3,rm.at.after_register=stop");
+  assert_string_equal(tc_adm_kind_name(c.kind), "failpoint arm");
+  parse_bad("failpoint", "usage");
+  parse_bad("failpoint list now", "takes no arguments");
+  parse_bad("failpoint arm", "usage");
+  parse_bad("failpoint arm a=b c=d", "usage");
+  parse_bad("failpoint arm tc.no.such=abort", "unknown failpoint");
+  parse_bad("failpoint arm tc.begin.after_store=boom", "unknown action");
+  parse_bad("failpoint arm tc.begin.after_store=abort@0", "hit count");
+}
+
 static void test_malformed(void **state) {
   (void)state;
   parse_bad("frobnicate", "unknown command \"frobnicate\"");
@@ -454,7 +472,7 @@ static void test_config_helpers(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_show_globals),    cmocka_unit_test(test_show_one_and_others),
-    cmocka_unit_test(test_repairs),         cmocka_unit_test(test_malformed),
+    cmocka_unit_test(test_repairs),         cmocka_unit_test(test_failpoint_commands),         cmocka_unit_test(test_malformed),
     cmocka_unit_test(test_quote_roundtrip), cmocka_unit_test(test_plan_table),
     cmocka_unit_test(test_plan_branch_guards), cmocka_unit_test(test_plan_invariants),
     cmocka_unit_test(test_config_helpers),
