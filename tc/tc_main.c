@@ -113,7 +113,10 @@ int main(int argc, char **argv) {
     case 'C': check_only = true; break;
     case 'P': print_only = true; break;
     case 'h': usage(stdout); return 0;
-    case 'V': printf("tcd %s (protocol %d.%d)\n", TXC_VERSION, TXP_VERSION_MAJOR, TXP_VERSION_MINOR); return 0;
+    case 'V':
+      printf("tcd %s (protocol %d.%d%s)\n", TXC_VERSION, TXP_VERSION_MAJOR, TXP_VERSION_MINOR,
+             txp_failpoint_compiled() ? ", failpoints" : "");
+      return 0;
     default: usage(stderr); return EX_USAGE;
     }
   }
