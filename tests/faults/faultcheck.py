@@ -22,6 +22,12 @@ TC_ADMIN_SOCKETS (as cluster/local/up --with-services prints them).
                           stock_log freeze row; pay/cancel/expire: the
                           stock_log confirm/release row), every rolled-back
                           one in neither (atomicity)
+       local_orders_settled  every order taken in fallback-to-local mode
+                          (order_compensation) was finished by the service
+                          or the compensation job, the same way in both
+                          databases: FROZEN with the stock database's FROZEN
+                          decision, CANCELLED with its REFUSED decision and
+                          the order CANCELLED with a reason
   3. flashsale --check-only before reconciliation (Redis drift is reported,
      not failed: an unknown outcome keeps its Redis freeze by design), then
      fault_reconcile (Redis <- PostgreSQL), then --check-only again: every
@@ -102,8 +108,11 @@ class Checker:
         bad = ['%s:%s' % (n, x) for n, x in cand]
         return bad, [b for (n, x), b in zip(cand, bad) if x in committed]
 
+    def pending_local(self):
+        return q(self.orders, "SELECT count(*) FROM order_compensation WHERE state = 'PENDING'")[0][0]
+
     def settled(self):
-        return self.unfinished() == 0 and not self.finished_undo()[0]
+        return self.unfinished() == 0 and not self.finished_undo()[0] and self.pending_local() == 0
 
     def wait_settled(self, wait_s):
         t0 = time.monotonic()
@@ -177,6 +186,25 @@ class Checker:
                                       ncommit - len(lost), nroll - len(leaked), len(lost),
                                       (' e.g. ' + lost[0]) if lost else '', len(leaked),
                                       (' e.g. ' + leaked[0]) if leaked else ''))
+        # local_orders_settled (fallback-to-local mode)
+        local = q(self.orders, """SELECT c.order_id, c.state, coalesce(c.outcome, ''), o.status,
+                                         coalesce(o.cancel_reason, '')
+                                    FROM order_compensation c JOIN trade_order o USING (order_id)""")
+        decided = dict(q(self.stock, "SELECT order_id, state FROM stock_compensation"))
+        wrong = []
+        for oid, state, outcome, ostatus, reason in local:
+            stock = decided.get(oid)
+            if state != 'DONE':
+                wrong.append('%d still %s' % (oid, state))
+            elif outcome == 'FROZEN' and stock != 'FROZEN':
+                wrong.append('%d FROZEN, stock database says %s' % (oid, stock))
+            elif outcome == 'CANCELLED' and (stock != 'REFUSED' or ostatus != 'CANCELLED' or not reason):
+                wrong.append('%d CANCELLED, stock database says %s, order %s reason %r' % (oid, stock, ostatus, reason))
+        self.local_orders = len(local)
+        inv['local_orders_settled'] = (not wrong, '%d orders taken in local mode, %d cancelled by compensation; '
+                                       '%d inconsistent%s' % (
+                                           len(local), sum(1 for r in local if r[2] == 'CANCELLED'), len(wrong),
+                                           (' e.g. ' + wrong[0]) if wrong else ''))
         self.transactions = len(hist) + len(rows)
         self.timeout_rollbacks = sum(1 for r in hist if r[1] == 12)
         return inv
@@ -226,6 +254,7 @@ def full_check(env, bin_dir, activity, since=None, wait_s=60, reconcile=True, lo
             inv[k] = v
         info['transactions'] = ck.transactions
         info['timeout_rollbacks'] = ck.timeout_rollbacks
+        info['local_orders'] = ck.local_orders
         violations = []
         for k, (ok, detail) in inv.items():
             log('  %-26s %-6s %s' % (k, 'ok' if ok else 'FAILED', detail))
