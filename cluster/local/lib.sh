@@ -94,7 +94,8 @@ node_pid() { # N -> pid of node N if it runs
   echo "$pid"
 }
 
-node_port() { sed -n 's/^listen = 127\.0\.0\.1:\([0-9]*\)$/\1/p' "$DIR/node$1.ini"; }
+# (listen is 127.0.0.1:PORT, or 0.0.0.0:PORT with TXC_EXTRA_LISTEN)
+node_port() { sed -n 's/^listen = [0-9.]*:\([0-9]*\)$/\1/p' "$DIR/node$1.ini"; }
 
 psql_tc() { # SQL -> one value
   psql -X -q -A -t -v ON_ERROR_STOP=1 -d "$TC_PG_URL" -c "$1" 2>/dev/null
@@ -135,7 +136,8 @@ start_node_retrying() {
     if tail -n +"$((mark + 1))" "$DIR/node$n.log" | grep -q 'could not listen on'; then
       port=$(free_port "${used[@]}") || break
       echo "$prog: node $n: listen port taken, moving it to $port" >&2
-      sed -i "s|^listen = 127.0.0.1:[0-9]*$|listen = 127.0.0.1:$port|" "$DIR/node$n.ini"
+      sed -i "s|^listen = \([0-9.]*\):[0-9]*$|listen = \1:$port|; s|^advertise = 127.0.0.1:[0-9]*$|advertise = 127.0.0.1:$port|" \
+        "$DIR/node$n.ini"
       echo "--- (listen moved to port $port)" >>"$DIR/node$n.log"
       continue
     fi
