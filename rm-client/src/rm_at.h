@@ -1,8 +1,10 @@
 /*
  * rm_at.h - internals shared by the AT resource manager's files: rm_at.c
- * (resources, table metadata, the branch API on the caller's connection)
- * and rm_undo.c (phase two on the library's own connections, the undo
- * clean-up queue and sweep).  Not installed.
+ * (a branch's open, prepare and close on the caller's connection; libpq
+ * helpers), rm_at_stmt.c (its statements) and rm_at_frame.c (the frame
+ * they run in), rm_at_meta.c (resources, table metadata) and rm_undo.c
+ * (phase two on the library's own connections, the undo clean-up queue
+ * and sweep).  Not installed.
  *
  * NOTES
  *   Per client, one rm_at_state_t (created by the first rm_resource_add or
@@ -53,7 +55,7 @@ typedef struct rm_at_tuning {
   unsigned connect_timeout_s;    /* default connect_timeout of the pool (5) */
   /* Leftover resolution (rm_undo.c): undo rows whose delete was lost are
    * resolved through the coordinator.  0 in the state means the default
-   * (rm_at.c's default_tuning does not set them). */
+   * (rm_at_meta.c's default_tuning does not set them). */
   unsigned resolve_interval_s;   /* period of the resolve pass (30) */
   unsigned resolve_grace_s;      /* only rows older than this are asked about (30) */
   unsigned resolve_max_xids;     /* xids asked per pass and resource (256) */
@@ -126,7 +128,148 @@ struct rm_at_state {
   int64_t next_sweep_ms;
 };
 
+/* --- the branch (rm_at.c, rm_at_stmt.c, rm_at_frame.c) --- */
+
+/* The savepoint of each statement, and of prepare's deferred updates. */
+#define RM_AT_SAVEPOINT "rm_at_stmt"
+/* How many session settings an image's text depends on (rm_at_frame.c
+ * names them). */
+#define RM_AT_NSETTINGS 6
+
+typedef enum { RM_BRANCH_OPEN = 0, RM_BRANCH_PREPARED, RM_BRANCH_FAILED } rm_branch_state_t;
+
+/* A delta update recorded by rm_at_update_delta_deferred: its UPDATE (and
+ * the SELECT that tells a refusing guard from a vanished row), parameters
+ * and undo item, run by rm_at_prepare after the branch is registered. */
+typedef struct rm_deferred {
+  char *update_sql; /* UPDATE ... SET c = c + $1 WHERE pk = $2.. AND (guard) RETURNING c */
+  char *exists_sql; /* SELECT 1 FROM t WHERE pk = $1.. */
+  int npk;
+  char **params;    /* delta, then the pk values */
+  json_t *item;     /* the undo item (a delta item, as rm_at_update_delta records) */
+  char what[160];   /* "table"."col" for messages */
+  long long delta;
+} rm_deferred_t;
+
+struct rm_branch {
+  rm_client_t *c;
+  rm_at_resource_t *res;
+  PGconn *pg;
+  char xid[RM_XID_MAX];
+  rm_branch_state_t state;
+  bool registered;
+  int64_t branch_id;
+  json_t *undo;       /* array of items, in statement order */
+  size_t nitems;
+  size_t undo_bytes;  /* compact JSON size so far */
+  bool has_delta;
+  bool sp_pending;    /* the statement's SAVEPOINT goes with its first query */
+  bool sp_taken;      /* the statement's SAVEPOINT was set (rm__at_stmt_end undoes or releases it) */
+  rm_deferred_t *deferred; /* rm_at_update_delta_deferred, run by prepare */
+  size_t ndeferred, capdeferred;
+  txp_buf_t lock_keys;
+  bool have_settings;
+  char *settings[RM_AT_NSETTINGS];
+  char errmsg[1024];
+};
+
 /* --- rm_at.c --- */
+
+/* Set the branch's message (rm_at_errmsg). */
+void rm__at_err(rm_branch_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Row 'row' of 'res' as an image (all columns).  NULL on allocation failure. */
+rm_row_t *rm__row_from_result(const PGresult *res, int row);
+/* Format a libpq failure of 'res' (or of 'pg' when res is NULL) into 'err'. */
+void rm__pg_error(char *err, size_t errlen, const char *what, PGconn *pg, const PGresult *res);
+/* SQLSTATE of 'res' ("" if none). */
+const char *rm__sqlstate(const PGresult *res);
+
+/* Failpoint for tests: if set, rm_at_prepare calls it after the branch is
+ * registered and before the undo row is written (a "paused process"). */
+extern void (*rm__at_failpoint_after_register)(rm_branch_t *b, int64_t branch_id, void *arg);
+extern void *rm__at_failpoint_arg;
+
+/* --- rm_at_frame.c: the frame of a statement --- */
+
+/*
+ * Start a statement: check the transaction.  The SAVEPOINT (and, on the
+ * first statement of a branch, the read of the image settings) is only
+ * noted: it goes in one round trip with the statement's first query.
+ */
+int rm__at_stmt_begin(rm_branch_t *b);
+/* End a statement begun by rm__at_stmt_begin with its code 'rc': release
+ * on success, roll back to the savepoint on failure (the caller's
+ * transaction is then as before).  Returns the statement's code. */
+int rm__at_stmt_end(rm_branch_t *b, int rc);
+/* Metadata of 'table' ("schema.table" or "table") for a statement (inside
+ * its savepoint), with its 'n' columns 'cols' checked: a missing one
+ * reloads the metadata once, inside the savepoint too. */
+int rm__at_stmt_table(rm_branch_t *b, const char *table, int n, const char *const *cols,
+                      const rm_table_t **t);
+/* Run 'sql' with text parameters; returns the result on 'want', else NULL
+ * with *rc and the message set.  A pending start (rm__at_stmt_begin) goes
+ * in the same round trip, ahead of the statement. */
+PGresult *rm__at_run(rm_branch_t *b, const char *what, const char *sql, int n, const char *const *params,
+                     const Oid *types, ExecStatusType want, int *rc);
+/*
+ * The statement's pending start (rm__at_stmt_begin), sent in one round
+ * trip with the 'n' (at most 3) statements that follow it: SAVEPOINT, on
+ * the first statement of a branch the image settings, then sqls[0..n-1].
+ * 0 with out[i] their results, or an error (the start failed; out[] all
+ * NULL).
+ */
+int rm__at_pending_run(rm_branch_t *b, int n, const char *const *sqls, const int *np,
+                       const char *const *const *pp, const Oid *const *tt, PGresult **out);
+/*
+ * Run 'n' statements in one round trip (libpq pipeline mode, one sync at
+ * the end): res[i] gets the result of statement i (after an error, the
+ * later ones are PGRES_PIPELINE_ABORTED; NULL when none came).  Returns 0,
+ * or RM_E_DB when the pipeline could not be sent or its results not read
+ * in full (the connection is then broken: every res[i] not filled is NULL).
+ * The statements run inside the caller's transaction block, as PQexec
+ * would run them one by one.
+ */
+int rm__at_pipe_run(rm_branch_t *b, int n, const char *const *sql, const int *nparams,
+                    const char *const *const *params, const Oid *const *types, PGresult **res);
+/* Map a failed statement ('res', consumed) to a code, with the message:
+ * data errors (bad value for the type, value too long, ...) are the
+ * caller's input, the rest is the database. */
+int rm__at_stmt_error(rm_branch_t *b, const char *what, PGresult *res);
+/* Roll back to the savepoint and release it: the transaction as it was
+ * when the savepoint was set.  A failure of that is appended to the
+ * message already set. */
+void rm__at_sp_rollback(rm_branch_t *b);
+/*
+ * The undo item 'it' as JSON, if the branch's undo log stays within its
+ * size limit with it: 0 with *out and its compact size in *size, or
+ * RM_E_NOT_SUPPORTED / RM_E_INVALID with the message set.
+ */
+int rm__at_item_encode(rm_branch_t *b, const rm_table_t *t, const rm_item_t *it, json_t **out, size_t *size);
+/*
+ * Record a finished statement: the item (consumed) and, if 'lock', its
+ * lock key.  On failure nothing is recorded (the caller then rolls back
+ * the savepoint).
+ */
+int rm__at_record(rm_branch_t *b, const rm_table_t *t, rm_item_t *it, bool lock);
+/* The undo log's context of the branch (malloc'd, NULL on allocation
+ * failure): delta or not, and the image settings (read with the first
+ * statement). */
+char *rm__at_context(const rm_branch_t *b);
+
+/* --- rm_at_stmt.c --- */
+
+/*
+ * Prepare, after the registration: run the deferred delta UPDATEs under
+ * one savepoint, in one round trip.  0, or the code with the savepoint
+ * rolled back (the transaction as it was before prepare, still usable):
+ * RM_E_GUARD, RM_E_NOT_ONE_ROW (the row is gone), RM_E_DB, RM_E_INVALID.
+ * On success the savepoint is left for the caller to release.
+ */
+int rm__at_run_deferred(rm_branch_t *b);
+/* Free what 'd' holds and zero it. */
+void rm__at_deferred_clear(rm_deferred_t *d);
+
+/* --- rm_at_meta.c --- */
 
 /* The client's state, created on first use.  NULL on allocation failure. */
 rm_at_state_t *rm__at_state_get(rm_client_t *c);
@@ -141,17 +284,19 @@ rm_at_resource_t *rm__at_resource_find(rm_client_t *c, const char *id);
  */
 int rm__table_get(rm_at_resource_t *r, PGconn *pg, const char *schema, const char *name,
                   const rm_table_t **out, char *err, size_t errlen);
-/* Row 'row' of 'res' as an image (all columns).  NULL on allocation failure. */
-rm_row_t *rm__row_from_result(const PGresult *res, int row);
-/* Format a libpq failure of 'res' (or of 'pg' when res is NULL) into 'err'. */
-void rm__pg_error(char *err, size_t errlen, const char *what, PGconn *pg, const PGresult *res);
-/* SQLSTATE of 'res' ("" if none). */
-const char *rm__sqlstate(const PGresult *res);
-
-/* Failpoint for tests: if set, rm_at_prepare calls it after the branch is
- * registered and before the undo row is written (a "paused process"). */
-extern void (*rm__at_failpoint_after_register)(rm_branch_t *b, int64_t branch_id, void *arg);
-extern void *rm__at_failpoint_arg;
+/* The cached metadata of table 'name' (as rm__table_get is asked for it),
+ * or NULL: no database call. */
+rm_table_t *rm__table_cached(rm_at_resource_t *r, const char *schema, const char *name);
+/*
+ * Check that the 'n' columns 'names' exist in *t; if one does not, the
+ * table may have changed since it was cached: read it again once (inside
+ * the statement's savepoint) and check again.  0, or RM_E_INVALID with the
+ * missing column named in 'err', or the reload's error.
+ */
+int rm__table_check_cols(rm_at_resource_t *r, PGconn *pg, const rm_table_t **t, int n,
+                         const char *const *names, char *err, size_t errlen);
+/* Index of column 'name' in t->cols, or -1. */
+int rm__col_index(const rm_table_t *t, const char *name);
 
 /* --- rm_undo.c --- */
 

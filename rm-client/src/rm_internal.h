@@ -1,7 +1,8 @@
 /*
  * rm_internal.h - the seam between librmclient's core (connections, TM
- * API: rm_client.c, rm_conn.c) and its AT resource manager (rm_at.c,
- * rm_undo.c, rm_image.c).  Not installed.
+ * API: rm_client.c, rm_call.c, rm_tm.c, rm_phase2.c, rm_degrade.c,
+ * rm_conn.c; their own internals are in rm_core.h) and its AT resource
+ * manager (rm_at*.c, rm_undo.c, rm_image.c).  Not installed.
  *
  * NOTES
  *   The core owns the background libuv thread and every TC connection.  The

@@ -1,0 +1,310 @@
+/*
+ * rm_at_frame.c - the frame every statement of an AT branch runs in on the
+ * caller's connection (rm_at_stmt.c has the statements): its savepoint,
+ * the libpq pipelines, the session settings the images depend on, the
+ * table metadata it uses, and the undo item and lock key it records.
+ *
+ * NOTES
+ *   A statement is rm__at_stmt_begin, rm__at_stmt_table, one or more
+ *   rm__at_run, rm__at_record, and always rm__at_stmt_end.  On any
+ *   failure the statement rolls back to its savepoint: the row changes of
+ *   that call are undone and the caller's transaction stays usable, as if
+ *   the call had not been made.
+ *
+ *   Round trips: the SAVEPOINT goes in one libpq pipeline with the
+ *   statement's first query (a catalog read on a metadata miss takes it
+ *   alone first); the RELEASE is its own round trip, because what the
+ *   client does with the results (images, undo size, lock key) may still
+ *   fail and need the savepoint.  A deferred delta's check sends
+ *   SAVEPOINT, SELECT and RELEASE at once (a read has nothing to undo).
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rm_at.h"
+
+/* The session settings an image's text depends on; recorded in the undo
+ * context and re-applied by the rollback. */
+static const char *const image_settings[] = {"TimeZone",           "DateStyle",    "IntervalStyle",
+                                             "extra_float_digits", "bytea_output", "lc_monetary"};
+#define NSETTINGS (sizeof(image_settings) / sizeof(image_settings[0]))
+_Static_assert(NSETTINGS == RM_AT_NSETTINGS, "rm_branch_t keeps one value per image setting");
+
+/* Reads them, in the same order. */
+#define SETTINGS_SQL                                                                          \
+  "SELECT pg_catalog.current_setting('TimeZone'), pg_catalog.current_setting('DateStyle'),"   \
+  " pg_catalog.current_setting('IntervalStyle'), pg_catalog.current_setting('extra_float_digits')," \
+  " pg_catalog.current_setting('bytea_output'), pg_catalog.current_setting('lc_monetary')"
+
+int rm__at_stmt_error(rm_branch_t *b, const char *what, PGresult *res) {
+  rm__pg_error(b->errmsg, sizeof(b->errmsg), what, b->pg, res);
+  const char *st = rm__sqlstate(res);
+  int rc = strncmp(st, "22", 2) == 0 ? RM_E_INVALID : RM_E_DB;
+  PQclear(res);
+  return rc;
+}
+
+int rm__at_pipe_run(rm_branch_t *b, int n, const char *const *sql, const int *nparams,
+                    const char *const *const *params, const Oid *const *types, PGresult **res) {
+  for (int i = 0; i < n; i++) res[i] = NULL;
+  if (PQpipelineStatus(b->pg) != PQ_PIPELINE_OFF || PQenterPipelineMode(b->pg) != 1) {
+    rm__pg_error(b->errmsg, sizeof(b->errmsg), "could not enter pipeline mode", b->pg, NULL);
+    return RM_E_DB;
+  }
+  int sent = 0;
+  bool ok = true;
+  for (; ok && sent < n; sent++)
+    ok = PQsendQueryParams(b->pg, sql[sent], nparams ? nparams[sent] : 0, types ? types[sent] : NULL,
+                           params ? params[sent] : NULL, NULL, NULL, 0) == 1;
+  if (!ok) sent--;
+  if (ok) ok = PQpipelineSync(b->pg) == 1;
+  if (!ok) rm__pg_error(b->errmsg, sizeof(b->errmsg), "could not send statements", b->pg, NULL);
+  /* Read every result of what was sent, then the sync. */
+  for (int i = 0; ok && i < sent; i++) {
+    res[i] = PQgetResult(b->pg);
+    if (!res[i]) {
+      ok = false;
+      break;
+    }
+    PGresult *extra;
+    while ((extra = PQgetResult(b->pg)) != NULL) PQclear(extra); /* the NULL that ends statement i */
+  }
+  if (ok) {
+    PGresult *sync = PQgetResult(b->pg);
+    ok = PQresultStatus(sync) == PGRES_PIPELINE_SYNC;
+    PQclear(sync);
+  }
+  if (PQexitPipelineMode(b->pg) != 1) ok = false;
+  if (!ok) {
+    if (!b->errmsg[0] || PQstatus(b->pg) != CONNECTION_OK)
+      rm__pg_error(b->errmsg, sizeof(b->errmsg), "could not read the results", b->pg, NULL);
+    return RM_E_DB;
+  }
+  return 0;
+}
+
+int rm__at_pending_run(rm_branch_t *b, int n, const char *const *sqls, const int *np,
+                       const char *const *const *pp, const Oid *const *tt, PGresult **out) {
+  bool want_settings = !b->have_settings;
+  int pre = want_settings ? 2 : 1, total = pre + n;
+  const char *S[5] = {"SAVEPOINT " RM_AT_SAVEPOINT, SETTINGS_SQL};
+  int N[5] = {0};
+  const char *const *P[5] = {NULL};
+  const Oid *T[5] = {NULL};
+  PGresult *R[5] = {NULL};
+  for (int i = 0; i < n; i++) {
+    S[pre + i] = sqls[i];
+    N[pre + i] = np ? np[i] : 0;
+    P[pre + i] = pp ? pp[i] : NULL;
+    T[pre + i] = tt ? tt[i] : NULL;
+    out[i] = NULL;
+  }
+  b->sp_pending = false;
+  int rc = rm__at_pipe_run(b, total, S, N, P, T, R);
+  if (rc == 0 && PQresultStatus(R[0]) != PGRES_COMMAND_OK) {
+    rc = rm__at_stmt_error(b, "could not set a savepoint", R[0]);
+    R[0] = NULL;
+  }
+  /* Only a savepoint that was set is rolled back to or released later
+   * (ROLLBACK TO an unknown savepoint would abort the transaction). */
+  b->sp_taken = R[0] != NULL && PQresultStatus(R[0]) == PGRES_COMMAND_OK;
+  if (rc == 0 && want_settings) {
+    if (PQresultStatus(R[1]) != PGRES_TUPLES_OK || PQntuples(R[1]) != 1 || PQnfields(R[1]) != (int)NSETTINGS) {
+      rc = rm__at_stmt_error(b, "could not read the session settings", R[1]);
+      R[1] = NULL;
+    } else {
+      for (size_t i = 0; i < NSETTINGS && rc == 0; i++) {
+        free(b->settings[i]);
+        if (!(b->settings[i] = strdup(PQgetvalue(R[1], 0, (int)i)))) {
+          rm__at_err(b, "out of memory");
+          rc = RM_E_NOMEM;
+        }
+      }
+      if (rc == 0) b->have_settings = true;
+    }
+  }
+  for (int i = 0; rc == 0 && i < n; i++) {
+    out[i] = R[pre + i];
+    R[pre + i] = NULL;
+  }
+  for (int i = 0; i < total; i++) PQclear(R[i]);
+  return rc;
+}
+
+/* Send the statement's pending start now (before a query that does not go
+ * through rm__at_run). */
+static int sp_ensure(rm_branch_t *b) {
+  if (!b->sp_pending) return 0;
+  return rm__at_pending_run(b, 0, NULL, NULL, NULL, NULL, NULL);
+}
+
+PGresult *rm__at_run(rm_branch_t *b, const char *what, const char *sql, int n,
+                     const char *const *params, const Oid *types, ExecStatusType want, int *rc) {
+  PGresult *res;
+  if (b->sp_pending) {
+    const char *const sqls[1] = {sql};
+    const int np[1] = {n};
+    const char *const *pp[1] = {params};
+    const Oid *tt[1] = {types};
+    int prc = rm__at_pending_run(b, 1, sqls, np, pp, tt, &res);
+    if (prc != 0) {
+      *rc = prc;
+      return NULL;
+    }
+  } else {
+    res = PQexecParams(b->pg, sql, n, types, params, NULL, NULL, 0);
+  }
+  if (PQresultStatus(res) == want) return res;
+  *rc = rm__at_stmt_error(b, what, res);
+  return NULL;
+}
+
+int rm__at_stmt_begin(rm_branch_t *b) {
+  if (b->state != RM_BRANCH_OPEN) {
+    rm__at_err(b, "branch is %s: no more statements", b->state == RM_BRANCH_PREPARED ? "prepared" : "failed");
+    return RM_E_STATE;
+  }
+  if (b->nitems + b->ndeferred >= RM_AT_MAX_ITEMS) {
+    rm__at_err(b, "branch has too many statements (limit %d)", RM_AT_MAX_ITEMS);
+    return RM_E_INVALID;
+  }
+  PGTransactionStatusType ts = PQtransactionStatus(b->pg);
+  if (ts != PQTRANS_INTRANS) {
+    rm__at_err(b, "the connection is %s, not idle in a transaction block",
+               ts == PQTRANS_INERROR ? "in a failed transaction"
+               : ts == PQTRANS_IDLE  ? "not in a transaction"
+                                     : "busy");
+    return RM_E_STATE;
+  }
+  b->sp_pending = true;
+  b->sp_taken = false;
+  return 0;
+}
+
+void rm__at_sp_rollback(rm_branch_t *b) {
+  PGresult *res = PQexec(b->pg, "ROLLBACK TO SAVEPOINT " RM_AT_SAVEPOINT "; RELEASE SAVEPOINT " RM_AT_SAVEPOINT);
+  if (PQresultStatus(res) != PGRES_COMMAND_OK) {
+    size_t n = strlen(b->errmsg);
+    rm__pg_error(b->errmsg + n, sizeof(b->errmsg) - n, "; and could not roll back to the savepoint",
+                 b->pg, res);
+  }
+  PQclear(res);
+}
+
+int rm__at_stmt_end(rm_branch_t *b, int rc) {
+  b->sp_pending = false;
+  if (!b->sp_taken) return rc; /* no savepoint was set: nothing to release or undo */
+  b->sp_taken = false;
+  if (rc == 0) {
+    PGresult *res = PQexec(b->pg, "RELEASE SAVEPOINT " RM_AT_SAVEPOINT);
+    if (PQresultStatus(res) != PGRES_COMMAND_OK) {
+      rc = rm__at_stmt_error(b, "could not release the savepoint", res);
+      PQclear(PQexec(b->pg, "ROLLBACK TO SAVEPOINT " RM_AT_SAVEPOINT "; RELEASE SAVEPOINT " RM_AT_SAVEPOINT));
+      return rc;
+    }
+    PQclear(res);
+    return 0;
+  }
+  rm__at_sp_rollback(b);
+  return rc;
+}
+
+/* Split "schema.table" or "table"; checks lengths.  0 or RM_E_INVALID. */
+static int split_table(rm_branch_t *b, const char *table, char *schema, char *name) {
+  schema[0] = name[0] = '\0';
+  const char *dot = table ? strchr(table, '.') : NULL;
+  size_t sl = dot ? (size_t)(dot - table) : 0;
+  const char *n = dot ? dot + 1 : table;
+  if (!table || (dot && (sl == 0 || sl > RM_AT_MAX_NAME)) || strlen(n) == 0 || strlen(n) > RM_AT_MAX_NAME) {
+    rm__at_err(b, "invalid table name \"%.80s\"", table ? table : "(null)");
+    return RM_E_INVALID;
+  }
+  if (dot) memcpy(schema, table, sl), schema[sl] = '\0';
+  memcpy(name, n, strlen(n) + 1);
+  return 0;
+}
+
+/* rm__table_check_cols for a statement: a reload of the metadata runs
+ * inside the statement's savepoint. */
+static int stmt_cols(rm_branch_t *b, const rm_table_t **t, int n, const char *const *names) {
+  for (int i = 0; i < n; i++) {
+    if (rm__col_index(*t, names[i]) < 0) {
+      int rc = sp_ensure(b);
+      if (rc != 0) return rc;
+      break;
+    }
+  }
+  return rm__table_check_cols(b->res, b->pg, t, n, names, b->errmsg, sizeof(b->errmsg));
+}
+
+int rm__at_stmt_table(rm_branch_t *b, const char *table, int n, const char *const *cols, const rm_table_t **t) {
+  char schema[RM_AT_MAX_NAME + 1], name[RM_AT_MAX_NAME + 1];
+  int rc = split_table(b, table, schema, name);
+  if (rc != 0) return rc;
+  if ((*t = rm__table_cached(b->res, schema[0] ? schema : NULL, name)) == NULL) {
+    if ((rc = sp_ensure(b)) != 0) return rc; /* the catalog query runs inside the savepoint */
+    rc = rm__table_get(b->res, b->pg, schema[0] ? schema : NULL, name, t, b->errmsg, sizeof(b->errmsg));
+    if (rc != 0) return rc;
+  }
+  return stmt_cols(b, t, n, cols);
+}
+
+int rm__at_item_encode(rm_branch_t *b, const rm_table_t *t, const rm_item_t *it, json_t **out, size_t *size) {
+  json_t *j = rm_item_to_json(it);
+  if (!j) {
+    rm__at_err(b, "could not encode the undo item of \"%s\" (a value is not valid UTF-8?)", t->name);
+    return RM_E_NOT_SUPPORTED;
+  }
+  size_t sz = json_dumpb(j, NULL, 0, JSON_COMPACT);
+  if (sz == 0 || b->undo_bytes + sz + 1 > RM_AT_MAX_UNDO_BYTES) {
+    json_decref(j);
+    rm__at_err(b, "undo images of the branch would exceed %u bytes", (unsigned)RM_AT_MAX_UNDO_BYTES);
+    return RM_E_INVALID;
+  }
+  *out = j;
+  *size = sz;
+  return 0;
+}
+
+int rm__at_record(rm_branch_t *b, const rm_table_t *t, rm_item_t *it, bool lock) {
+  int rc = 0;
+  size_t old_len = b->lock_keys.len, sz = 0;
+  json_t *j = NULL;
+  if (lock) {
+    const char **vals = calloc((size_t)it->pk->n, sizeof(char *));
+    if (!vals) {
+      rc = RM_E_NOMEM;
+      goto out;
+    }
+    for (int k = 0; k < it->pk->n; k++) vals[k] = it->pk->vals[k];
+    rc = rm_lockkeys_add(&b->lock_keys, b->res->id, t->lockname, vals, it->pk->n);
+    free(vals);
+    if (rc == RM_E_INVALID)
+      rm__at_err(b, "lock key of \"%s\" rejected: key too long, unusable table name, or the branch's "
+                 "lock keys exceed %u bytes", t->name, (unsigned)TXP_MAX_LOCK_KEYS_LEN);
+    if (rc != 0) goto out;
+  }
+  if ((rc = rm__at_item_encode(b, t, it, &j, &sz)) != 0) goto out;
+  if (json_array_append(b->undo, j) != 0) {
+    rc = RM_E_NOMEM;
+    goto out;
+  }
+  b->undo_bytes += sz + 1;
+  b->nitems++;
+  if (it->op == RM_OP_DELTA) b->has_delta = true;
+out:
+  if (rc != 0) {
+    b->lock_keys.len = old_len;
+    if (b->lock_keys.data) b->lock_keys.data[old_len] = '\0';
+  }
+  if (rc == RM_E_NOMEM) rm__at_err(b, "out of memory");
+  json_decref(j);
+  rm_item_clear(it);
+  return rc;
+}
+
+char *rm__at_context(const rm_branch_t *b) {
+  return rm_ctx_format(b->has_delta || b->ndeferred > 0, (int)NSETTINGS, image_settings,
+                       (const char *const *)b->settings);
+}
