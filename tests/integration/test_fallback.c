@@ -47,27 +47,23 @@
 
 #include <cmocka.h>
 
-#include <arpa/inet.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <hiredis/hiredis.h>
 #include <inttypes.h>
 #include <libpq-fe.h>
 #include <limits.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "rm_client.h"
+#include "tcd_proc.h"
 
 #define TOKEN "fallback-test-token"
 #define TT 1
@@ -421,6 +417,24 @@ typedef struct sale {
   atomic_bool mark;
 } sale_t;
 
+/* A sale of activity 'act' ('nb' buckets) to 'users' buyers, one order
+ * every 'pace_ms' per worker, through 'c' (NULL: local mode only), with
+ * 40 % of the local orders' stock calls or answers lost; order ids from
+ * act * 1000000. */
+static void sale_init(sale_t *s, int64_t act, int nb, int users, int pace_ms, rm_client_t *c, rm_prefilter_t *pf,
+                      rm_compensator_t *k) {
+  memset(s, 0, sizeof(*s));
+  s->act = act;
+  s->nb = nb;
+  s->users = users;
+  s->pace_ms = pace_ms;
+  s->c = c;
+  s->pf = pf;
+  s->comp = k;
+  s->lost_pct = 40;
+  atomic_store(&s->next_id, act * 1000000LL);
+}
+
 typedef struct worker {
   sale_t *s;
   PGconn *opg, *spg;
@@ -625,104 +639,30 @@ static void compensate_all(rm_compensator_t *k) {
 
 /* ---------------------------------------------------------- tcd nodes */
 
-typedef struct tcd {
-  pid_t pid;
-  int port, node_id;
-  char log[512];
-} tcd_t;
-
-static tcd_t tcds[NTCD];
-
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  assert_true(fd >= 0);
-  struct sockaddr_in sa = {0};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-  socklen_t len = sizeof(sa);
-  assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
-  close(fd);
-  return ntohs(sa.sin_port);
-}
-
-static bool port_open(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return false;
-  struct sockaddr_in sa = {0};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons((uint16_t)port);
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bool ok = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
-  close(fd);
-  return ok;
-}
-
-static void tcd_print_log(const tcd_t *t) {
-  FILE *f = fopen(t->log, "r");
-  char line[1024];
-  if (!f) return;
-  print_message("---- %s\n", t->log);
-  while (fgets(line, sizeof(line), f)) print_message("%s", line);
-  fclose(f);
-}
+static tcd_proc_t tcds[NTCD];
 
 /* (Re)start node 'i' on its port (a free one the first time). */
 static void tcd_start(int i) {
-  tcd_t *t = &tcds[i];
-  if (!t->port) t->port = free_port();
-  t->node_id = i + 1;
-  const char *dir = getenv("TX_SERVERS_DIR");
-  snprintf(t->log, sizeof(t->log), "%s/fallback-tcd-%d.log", dir ? dir : "/tmp", t->node_id);
-  char bin[1024];
-  snprintf(bin, sizeof(bin), "%s/tcd", getenv("TX_BIN_DIR"));
-  pid_t pid = fork();
-  assert_true(pid >= 0);
-  if (pid == 0) {
-    char listen[64], node[16];
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    int fd = open(t->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (fd >= 0) {
-      dup2(fd, 1);
-      dup2(fd, 2);
-      close(fd);
-    }
-    snprintf(listen, sizeof(listen), "127.0.0.1:%d", t->port);
-    snprintf(node, sizeof(node), "%d", t->node_id);
-    setenv("TC_STORE_PG_URL", tc_url, 1);
-    setenv("TC_SERVER_TOKEN", TOKEN, 1);
-    setenv("TC_SERVER_LISTEN", listen, 1);
-    setenv("TC_NODE_ID", node, 1);
-    setenv("TC_LOG_LEVEL", "warn", 1);
-    setenv("TC_RECOVERY_INTERVAL_MS", "200", 1);
-    setenv("TC_RECOVERY_RETRY_MAX_MS", "1000", 1);
-    execl(bin, "tcd", (char *)NULL);
-    _exit(127);
+  tcd_proc_t *t = &tcds[i];
+  int rc;
+  if (t->port) {
+    rc = tcd_proc_restart(t);
+  } else {
+    static const char *const env[] = {"TC_RECOVERY_INTERVAL_MS=200", "TC_RECOVERY_RETRY_MAX_MS=1000", NULL};
+    const char *dir = getenv("TX_SERVERS_DIR");
+    char log[512];
+    snprintf(log, sizeof(log), "%s/fallback-tcd-%d.log", dir ? dir : "/tmp", i + 1);
+    tcd_opts_t o = {.pg_url = tc_url, .token = TOKEN, .node_id = i + 1, .log_level = "warn", .env = env,
+                    .log = log, .timeout_ms = START_TIMEOUT_MS};
+    rc = tcd_proc_start(t, &o);
   }
-  t->pid = pid;
-  double deadline = now_ms() + START_TIMEOUT_MS;
-  while (!port_open(t->port)) {
-    int st;
-    if (waitpid(pid, &st, WNOHANG) == pid) {
-      t->pid = 0;
-      tcd_print_log(t);
-      fail_msg("tcd exited during start-up (status %d)", st);
-    }
-    if (now_ms() > deadline) {
-      tcd_print_log(t);
-      fail_msg("tcd did not listen on port %d within %d ms", t->port, START_TIMEOUT_MS);
-    }
-    sleep_ms(20);
+  if (rc != 0) {
+    tcd_proc_print_log(t, stdout);
+    fail_msg("%s", t->err);
   }
 }
 
-static void tcd_kill(int i) {
-  tcd_t *t = &tcds[i];
-  if (t->pid <= 0) return;
-  kill(t->pid, SIGKILL);
-  waitpid(t->pid, NULL, 0);
-  t->pid = 0;
-}
+static void tcd_kill(int i) { tcd_proc_kill(&tcds[i]); }
 
 static void tcds_start(void) {
   for (int i = 0; i < NTCD; i++) tcd_start(i);
@@ -893,16 +833,7 @@ static void test_sale_through_outage(void **state) {
   rm_compensator_t *k = compensator_new(pf, 300);
 
   static sale_t s;
-  memset(&s, 0, sizeof(s));
-  s.act = act;
-  s.nb = nb;
-  s.users = 400;
-  s.c = c;
-  s.pf = pf;
-  s.comp = k;
-  s.lost_pct = 40;
-  s.pace_ms = 25;
-  atomic_store(&s.next_id, 9101000000LL);
+  sale_init(&s, act, nb, 400, 25, c, pf, k);
   checker_t chk;
   checker_start(&chk, act);
   worker_t ws[4];
@@ -1195,15 +1126,7 @@ static void test_redis_killed_mid_sale(void **state) {
   rm_compensator_t *k = compensator_new(pf, 200);
 
   static sale_t s;
-  memset(&s, 0, sizeof(s));
-  s.act = act;
-  s.nb = nb;
-  s.users = 300;
-  s.pf = pf;
-  s.comp = k;
-  s.lost_pct = 40;
-  s.pace_ms = 15;
-  atomic_store(&s.next_id, 9301000000LL);
+  sale_init(&s, act, nb, 300, 15, NULL, pf, k);
   checker_t chk;
   checker_start(&chk, act);
   worker_t ws[4];

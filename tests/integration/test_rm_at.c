@@ -28,26 +28,21 @@
 
 #include <cmocka.h>
 
-#include <arpa/inet.h>
-#include <errno.h>
 #include <inttypes.h>
 #include <libpq-fe.h>
 #include <limits.h>
-#include <netinet/in.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "rm_at.h"
 #include "rm_client.h"
 #include "rm_internal.h"
+#include "tcd_proc.h"
 #include "txp_status.h"
 
 #define TOKEN "rm-at-test-token"
@@ -56,8 +51,7 @@
 #define GUARD "stock - frozen_count - sold_count >= $1"
 
 static const char *orders_url, *stock_url, *tc_url;
-static pid_t tcd_pid;
-static int tcd_port;
+static tcd_proc_t tcd;
 static rm_client_t *client;
 static atomic_llong next_order = 1000;
 
@@ -242,85 +236,6 @@ static int body_set_frozen(rm_branch_t *b, void *arg) {
   return rm_at_update(b, "activity_ticket_bucket", pk, 1, cols, vals);
 }
 
-/* ------------------------------------------------------------------ tcd */
-
-static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  socklen_t sl = sizeof(sa);
-  if (fd < 0 || bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0 ||
-      getsockname(fd, (struct sockaddr *)&sa, &sl) != 0) {
-    if (fd >= 0) close(fd);
-    return -1;
-  }
-  close(fd);
-  return ntohs(sa.sin_port);
-}
-
-static bool can_connect(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-                           .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-  bool ok = fd >= 0 && connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
-  if (fd >= 0) close(fd);
-  return ok;
-}
-
-static int start_tcd(void) {
-  const char *bindir = getenv("TX_BIN_DIR");
-  char bin[4096];
-  snprintf(bin, sizeof(bin), "%s/tcd", bindir ? bindir : ".");
-  for (int attempt = 0; attempt < 5; attempt++) {
-    int port = free_port();
-    if (port <= 0) continue;
-    pid_t pid = fork();
-    if (pid < 0) return -1;
-    if (pid == 0) {
-      char listen[64];
-      snprintf(listen, sizeof(listen), "127.0.0.1:%d", port);
-      setenv("TC_STORE_PG_URL", tc_url, 1);
-      setenv("TC_SERVER_TOKEN", TOKEN, 1);
-      setenv("TC_SERVER_LISTEN", listen, 1);
-      /* Quick retries so that retried phase two shows within a test. */
-      setenv("TC_RECOVERY_INTERVAL_MS", "100", 1);
-      setenv("TC_RECOVERY_RETRY_MIN_MS", "50", 1);
-      setenv("TC_RECOVERY_RETRY_MAX_MS", "500", 1);
-      if (!getenv("TC_LOG_LEVEL")) setenv("TC_LOG_LEVEL", "error", 1);
-      execl(bin, "tcd", (char *)NULL);
-      fprintf(stderr, "could not run %s: %s\n", bin, strerror(errno));
-      _exit(127);
-    }
-    for (int i = 0; i < 300; i++) {
-      if (can_connect(port)) {
-        tcd_pid = pid;
-        tcd_port = port;
-        return 0;
-      }
-      int st;
-      if (waitpid(pid, &st, WNOHANG) == pid) break; /* exited: port taken? try another */
-      sleep_ms(20);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
-  }
-  return -1;
-}
-
-static void stop_tcd(void) {
-  if (tcd_pid <= 0) return;
-  kill(tcd_pid, SIGTERM);
-  for (int i = 0; i < 250; i++) {
-    if (waitpid(tcd_pid, NULL, WNOHANG) == tcd_pid) {
-      tcd_pid = 0;
-      return;
-    }
-    sleep_ms(20);
-  }
-  kill(tcd_pid, SIGKILL);
-  waitpid(tcd_pid, NULL, 0);
-  tcd_pid = 0;
-}
-
 /* ------------------------------------------------------------- fixture */
 
 static int group_setup(void **state) {
@@ -352,12 +267,18 @@ static int group_setup(void **state) {
   PQfinish(o);
   if (!ok) return -1;
 
-  if (start_tcd() != 0) {
-    fprintf(stderr, "could not start tcd\n");
+  /* Quick retries so that retried phase two shows within a test. */
+  static const char *const tcd_env[] = {"TC_RECOVERY_INTERVAL_MS=100", "TC_RECOVERY_RETRY_MIN_MS=50",
+                                        "TC_RECOVERY_RETRY_MAX_MS=500", NULL};
+  const char *level = getenv("TC_LOG_LEVEL");
+  tcd_opts_t to = {.pg_url = tc_url, .token = TOKEN, .log_level = level ? level : "error", .env = tcd_env,
+                   .attempts = 5, .timeout_ms = 6000};
+  if (tcd_proc_start(&tcd, &to) != 0) {
+    fprintf(stderr, "could not start tcd: %s\n", tcd.err);
     return -1;
   }
   char nodes[64];
-  snprintf(nodes, sizeof(nodes), "127.0.0.1:%d", tcd_port);
+  snprintf(nodes, sizeof(nodes), "127.0.0.1:%d", tcd.port);
   rm_config_t cfg = {.nodes = nodes, .token = TOKEN, .application_id = "test_rm_at",
                      .request_timeout_ms = 15000, .lock_wait_ms = 2000, .log_cb = log_cb,
                      .log_level = RM_LOG_DEBUG};
@@ -381,11 +302,24 @@ static int group_teardown(void **state) {
   (void)state;
   rm_client_free(client);
   client = NULL;
-  stop_tcd();
+  tcd_proc_stop(&tcd, 5000);
   return 0;
 }
 
 /* ------------------------------------------------------------ the tests */
+
+/* Begin 'name' ('xid'), then its two branches: an order of 'qty' tickets of
+ * 'bucket' (branch *b1) and that bucket's frozen_count set to f0 + qty
+ * (branch *b2).  Returns the order. */
+static order_arg_t order_two_dbs(PGconn *o, PGconn *s, const char *name, int bucket, int qty, long long f0,
+                                 char *xid, int64_t *b1, int64_t *b2) {
+  assert_int_equal(rm_tm_begin(client, 30000, name, xid), 0);
+  order_arg_t oa = {atomic_fetch_add(&next_order, 1), 1, qty, bucket, xid};
+  set_arg_t sa = {bucket, f0 + qty};
+  assert_int_equal(run_branch(o, xid, "orders", body_order, &oa, b1), 0);
+  assert_int_equal(run_branch(s, xid, "stock", body_set_frozen, &sa, b2), 0);
+  return oa;
+}
 
 /* Order insert + bucket update in two databases, committed. */
 static void test_commit_two_dbs(void **state) {
@@ -395,12 +329,8 @@ static void test_commit_two_dbs(void **state) {
   assert_non_null(s);
   long long f0 = frozen(s, 0);
   char xid[RM_XID_MAX];
-  assert_int_equal(rm_tm_begin(client, 30000, "commit_two_dbs", xid), 0);
-  order_arg_t oa = {atomic_fetch_add(&next_order, 1), 1, 2, 0, xid};
-  set_arg_t sa = {0, f0 + 2};
   int64_t b1 = 0, b2 = 0;
-  assert_int_equal(run_branch(o, xid, "orders", body_order, &oa, &b1), 0);
-  assert_int_equal(run_branch(s, xid, "stock", body_set_frozen, &sa, &b2), 0);
+  order_arg_t oa = order_two_dbs(o, s, "commit_two_dbs", 0, 2, f0, xid, &b1, &b2);
   assert_true(b1 > 0 && b2 > 0 && b1 != b2);
   /* Phase one left one undo row per branch, committed with the change. */
   assert_int_equal(undo_rows(o, xid, 0), 1);
@@ -431,12 +361,8 @@ static void test_rollback_two_dbs(void **state) {
   assert_non_null(s);
   long long f1 = frozen(s, 1);
   char xid[RM_XID_MAX];
-  assert_int_equal(rm_tm_begin(client, 30000, "rollback_two_dbs", xid), 0);
-  order_arg_t oa = {atomic_fetch_add(&next_order, 1), 1, 3, 1, xid};
-  set_arg_t sa = {1, f1 + 3};
   int64_t b1 = 0, b2 = 0;
-  assert_int_equal(run_branch(o, xid, "orders", body_order, &oa, &b1), 0);
-  assert_int_equal(run_branch(s, xid, "stock", body_set_frozen, &sa, &b2), 0);
+  order_arg_t oa = order_two_dbs(o, s, "rollback_two_dbs", 1, 3, f1, xid, &b1, &b2);
   assert_int_equal(order_exists(o, oa.id), 1);
   assert_int_equal(frozen(s, 1), f1 + 3);
   int st = 0;
@@ -891,9 +817,14 @@ static void test_many_threads(void **state) {
  * stays frozen. */
 #define NFREEZE 64
 
+/* One freeze of 'bucket' by 'body' with 'body_arg', as its own global
+ * transaction named 'name'. */
 typedef struct fz_arg {
   int idx;
   pthread_barrier_t *bar;
+  const char *name;
+  body_fn body;
+  void *body_arg;
   int errors;
 } fz_arg_t;
 
@@ -901,34 +832,35 @@ static void *freeze_thread(void *arg) {
   fz_arg_t *a = arg;
   PGconn *s = pg_open(stock_url);
   char xid[RM_XID_MAX];
-  bool began = s && rm_tm_begin(client, 60000, "freeze", xid) == 0;
+  bool began = s && rm_tm_begin(client, 60000, a->name, xid) == 0;
   pthread_barrier_wait(a->bar); /* all begun: freeze at once */
-  delta_arg_t d = {8, 1};
   int64_t bid;
-  int rc = began ? run_branch(s, xid, "stock", body_delta, &d, &bid) : RM_E_STATE;
+  int rc = began ? run_branch(s, xid, "stock", a->body, a->body_arg, &bid) : RM_E_STATE;
   pthread_barrier_wait(a->bar); /* every freeze is in before any decision */
   int st = 0;
   bool commit = a->idx % 2 == 0;
   int rc2 = !began ? RM_E_STATE : commit ? rm_tm_commit(client, xid, &st) : rm_tm_rollback(client, xid, &st);
   if (rc != 0 || rc2 != 0 || st != (commit ? RM_GS_COMMITTED : RM_GS_ROLLBACKED)) {
-    fprintf(stderr, "  freeze %d: branch %d, decision %d, status %d\n", a->idx, rc, rc2, st);
+    fprintf(stderr, "  %s %d: branch %d, decision %d, status %d\n", a->name, a->idx, rc, rc2, st);
     a->errors++;
   }
   PQfinish(s);
   return NULL;
 }
 
-static void test_delta_64_freezes(void **state) {
-  (void)state;
+/* NFREEZE threads freeze one ticket of 'bucket' each with 'body' (which
+ * adds 1 to its frozen_count), half of them committed: the bucket ends
+ * NFREEZE / 2 higher. */
+static void freezes_half_committed(const char *name, int bucket, body_fn body, void *body_arg) {
   PGconn *s = pg_open(stock_url);
   assert_non_null(s);
-  long long f8 = frozen(s, 8);
+  long long f0 = frozen(s, bucket);
   pthread_barrier_t bar;
   pthread_barrier_init(&bar, NULL, NFREEZE);
   pthread_t th[NFREEZE];
   fz_arg_t a[NFREEZE];
   for (int i = 0; i < NFREEZE; i++) {
-    a[i] = (fz_arg_t){i, &bar, 0};
+    a[i] = (fz_arg_t){i, &bar, name, body, body_arg, 0};
     assert_int_equal(pthread_create(&th[i], NULL, freeze_thread, &a[i]), 0);
   }
   int errors = 0;
@@ -938,8 +870,14 @@ static void test_delta_64_freezes(void **state) {
   }
   pthread_barrier_destroy(&bar);
   assert_int_equal(errors, 0);
-  assert_int_equal(frozen(s, 8), f8 + NFREEZE / 2);
+  assert_int_equal(frozen(s, bucket), f0 + NFREEZE / 2);
   PQfinish(s);
+}
+
+static void test_delta_64_freezes(void **state) {
+  (void)state;
+  delta_arg_t d = {8, 1};
+  freezes_half_committed("freeze", 8, body_delta, &d);
 }
 
 /* A guard that refuses, rows that do not exist, and every kind of bad
@@ -1328,49 +1266,10 @@ static void test_deferred_delta_guard(void **state) {
 
 /* 64 concurrent deferred freezes of one row, half committed and half
  * rolled back: exactly the committed total stays frozen. */
-static void *deferred_freeze_thread(void *arg) {
-  fz_arg_t *a = arg;
-  PGconn *s = pg_open(stock_url);
-  char xid[RM_XID_MAX];
-  bool began = s && rm_tm_begin(client, 60000, "deferred_freeze", xid) == 0;
-  pthread_barrier_wait(a->bar);
-  ddelta_arg_t d = {14, 1};
-  int64_t bid;
-  int rc = began ? run_branch(s, xid, "stock", body_delta_deferred, &d, &bid) : RM_E_STATE;
-  pthread_barrier_wait(a->bar);
-  int st = 0;
-  bool commit = a->idx % 2 == 0;
-  int rc2 = !began ? RM_E_STATE : commit ? rm_tm_commit(client, xid, &st) : rm_tm_rollback(client, xid, &st);
-  if (rc != 0 || rc2 != 0 || st != (commit ? RM_GS_COMMITTED : RM_GS_ROLLBACKED)) {
-    fprintf(stderr, "  deferred freeze %d: branch %d, decision %d, status %d\n", a->idx, rc, rc2, st);
-    a->errors++;
-  }
-  PQfinish(s);
-  return NULL;
-}
-
 static void test_deferred_delta_64_freezes(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url);
-  assert_non_null(s);
-  long long f14 = frozen(s, 14);
-  pthread_barrier_t bar;
-  pthread_barrier_init(&bar, NULL, NFREEZE);
-  pthread_t th[NFREEZE];
-  fz_arg_t a[NFREEZE];
-  for (int i = 0; i < NFREEZE; i++) {
-    a[i] = (fz_arg_t){i, &bar, 0};
-    assert_int_equal(pthread_create(&th[i], NULL, deferred_freeze_thread, &a[i]), 0);
-  }
-  int errors = 0;
-  for (int i = 0; i < NFREEZE; i++) {
-    pthread_join(th[i], NULL);
-    errors += a[i].errors;
-  }
-  pthread_barrier_destroy(&bar);
-  assert_int_equal(errors, 0);
-  assert_int_equal(frozen(s, 14), f14 + NFREEZE / 2);
-  PQfinish(s);
+  ddelta_arg_t d = {14, 1};
+  freezes_half_committed("deferred_freeze", 14, body_delta_deferred, &d);
 }
 
 /* ------------------------------------------- leftover undo rows (lost deletes) */

@@ -36,10 +36,8 @@
 
 #include <cmocka.h>
 
-#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -47,10 +45,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -58,6 +53,7 @@
 
 #include "rm_client.h"
 #include "rm_internal.h"
+#include "tcd_proc.h"
 #include "txp_status.h"
 
 #define TOKEN "rm-tm-test-token"
@@ -80,41 +76,14 @@ static void sleep_ms(int ms) {
 
 /* A port nobody listens on right now (the kernel's choice). */
 static int free_port(void) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  assert_true(fd >= 0);
-  struct sockaddr_in sa = {0};
-  sa.sin_family = AF_INET;
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  assert_int_equal(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-  socklen_t len = sizeof(sa);
-  assert_int_equal(getsockname(fd, (struct sockaddr *)&sa, &len), 0);
-  close(fd);
-  return ntohs(sa.sin_port);
-}
-
-static bool port_open(int port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return false;
-  struct sockaddr_in sa = {0};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons((uint16_t)port);
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bool ok = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
-  close(fd);
-  return ok;
+  int port = tcd_proc_free_port();
+  assert_true(port > 0);
+  return port;
 }
 
 /* ---- tcd processes ---- */
 
-typedef struct tcd {
-  pid_t pid; /* 0: not running */
-  int port;
-  int node_id;
-  bool stopped; /* SIGSTOPped */
-  char log[512];
-} tcd_t;
-
-static tcd_t tcds[MAX_TCD];
+static tcd_proc_t tcds[MAX_TCD];
 static int next_node_id = 1;
 
 static const char *pg_url(void) { return getenv("TC_PG_URL"); }
@@ -123,90 +92,37 @@ static void skip_without_servers(void) {
   if (!pg_url() || !getenv("TX_BIN_DIR")) skip();
 }
 
-static void tcd_print_log(const tcd_t *t) {
-  FILE *f = fopen(t->log, "r");
-  char line[1024];
-  if (!f) return;
-  print_message("---- %s\n", t->log);
-  while (fgets(line, sizeof(line), f)) print_message("%s", line);
-  fclose(f);
-}
-
-/* Start tcd on 'port' (0: a free one); returns when it accepts
- * connections (it listens only once its store is ready). */
-static tcd_t *tcd_start(int port, const char *token) {
-  tcd_t *t = NULL;
+/* Start tcd on 'port' (0: a free one) with a new node id, its output in a
+ * log file; returns when it accepts connections (it listens only once its
+ * store is ready). */
+static tcd_proc_t *tcd_start(int port, const char *token) {
+  tcd_proc_t *t = NULL;
   for (int i = 0; i < MAX_TCD; i++)
     if (tcds[i].pid == 0) {
       t = &tcds[i];
       break;
     }
   assert_non_null(t);
-  memset(t, 0, sizeof(*t));
-  t->port = port ? port : free_port();
-  t->node_id = next_node_id++;
+  int node_id = next_node_id++;
   const char *dir = getenv("TX_SERVERS_DIR");
-  snprintf(t->log, sizeof(t->log), "%s/rm-tm-tcd-%d.log", dir ? dir : "/tmp", t->node_id);
-  char bin[1024];
-  snprintf(bin, sizeof(bin), "%s/tcd", getenv("TX_BIN_DIR"));
-
-  pid_t pid = fork();
-  assert_true(pid >= 0);
-  if (pid == 0) {
-    char listen[64], node[16];
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    int fd = open(t->log, O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (fd >= 0) {
-      dup2(fd, 1);
-      dup2(fd, 2);
-      close(fd);
-    }
-    snprintf(listen, sizeof(listen), "127.0.0.1:%d", t->port);
-    snprintf(node, sizeof(node), "%d", t->node_id);
-    setenv("TC_STORE_PG_URL", pg_url(), 1);
-    setenv("TC_SERVER_TOKEN", token, 1);
-    setenv("TC_SERVER_LISTEN", listen, 1);
-    setenv("TC_NODE_ID", node, 1);
-    setenv("TC_LOG_LEVEL", "warn", 1);
-    execl(bin, "tcd", (char *)NULL);
-    _exit(127);
-  }
-  t->pid = pid;
-  double deadline = now_ms() + START_TIMEOUT_MS;
-  while (!port_open(t->port)) {
-    int st;
-    if (waitpid(pid, &st, WNOHANG) == pid) {
-      t->pid = 0;
-      tcd_print_log(t);
-      fail_msg("tcd exited during start-up (status %d)", st);
-    }
-    if (now_ms() > deadline) {
-      tcd_print_log(t);
-      fail_msg("tcd did not listen on port %d within %d ms", t->port, START_TIMEOUT_MS);
-    }
-    sleep_ms(20);
+  char log[512];
+  snprintf(log, sizeof(log), "%s/rm-tm-tcd-%d.log", dir ? dir : "/tmp", node_id);
+  tcd_opts_t o = {.pg_url = pg_url(), .token = token, .node_id = node_id, .log_level = "warn", .port = port,
+                  .log = log, .timeout_ms = START_TIMEOUT_MS};
+  if (tcd_proc_start(t, &o) != 0) {
+    tcd_proc_print_log(t, stdout);
+    fail_msg("%s", t->err);
   }
   return t;
 }
 
-static void tcd_signal(tcd_t *t, int sig) {
+static void tcd_signal(tcd_proc_t *t, int sig) {
   assert_true(t->pid > 0);
-  assert_int_equal(kill(t->pid, sig), 0);
-  if (sig == SIGSTOP) t->stopped = true;
-  if (sig == SIGCONT) t->stopped = false;
-}
-
-static void tcd_kill(tcd_t *t) {
-  if (t->pid <= 0) return;
-  kill(t->pid, SIGKILL);
-  if (t->stopped) kill(t->pid, SIGCONT);
-  waitpid(t->pid, NULL, 0);
-  t->pid = 0;
-  t->stopped = false;
+  assert_int_equal(tcd_proc_signal(t, sig), 0);
 }
 
 static void tcd_kill_all(void) {
-  for (int i = 0; i < MAX_TCD; i++) tcd_kill(&tcds[i]);
+  for (int i = 0; i < MAX_TCD; i++) tcd_proc_kill(&tcds[i]);
 }
 
 static int teardown_tcds(void **state) {
@@ -255,7 +171,7 @@ static bool log_has(logcap_t *l, int level, const char *needle) {
 
 /* ---- clients ---- */
 
-static void nodes_of(char *out, size_t cap, const tcd_t *a, const tcd_t *b) {
+static void nodes_of(char *out, size_t cap, const tcd_proc_t *a, const tcd_proc_t *b) {
   if (b) snprintf(out, cap, "127.0.0.1:%d,127.0.0.1:%d", a->port, b->port);
   else snprintf(out, cap, "127.0.0.1:%d", a->port);
 }
@@ -423,7 +339,7 @@ static void test_strerror_and_args(void **state) {
 static void test_round_trips(void **state) {
   (void)state;
   skip_without_servers();
-  tcd_t *t = tcd_start(0, TOKEN);
+  tcd_proc_t *t = tcd_start(0, TOKEN);
   char nodes[128], xid[RM_XID_MAX], xid2[RM_XID_MAX], prefix[64];
   logcap_t lc;
   logcap_init(&lc);
@@ -564,7 +480,7 @@ static void *mt_worker(void *arg) {
 static void test_many_threads(void **state) {
   (void)state;
   skip_without_servers();
-  tcd_t *t = tcd_start(0, TOKEN);
+  tcd_proc_t *t = tcd_start(0, TOKEN);
   char nodes[128];
   nodes_of(nodes, sizeof(nodes), t, NULL);
   mt_ctx_t m;
@@ -590,7 +506,7 @@ static void test_many_threads(void **state) {
 static void test_wrong_token(void **state) {
   (void)state;
   skip_without_servers();
-  tcd_t *t = tcd_start(0, TOKEN);
+  tcd_proc_t *t = tcd_start(0, TOKEN);
   char nodes[128], xid[RM_XID_MAX];
   logcap_t lc;
   logcap_init(&lc);
@@ -653,7 +569,7 @@ static void test_no_node(void **state) {
 static void test_hung_node_unknown_outcome(void **state) {
   (void)state;
   skip_without_servers();
-  tcd_t *t = tcd_start(0, TOKEN);
+  tcd_proc_t *t = tcd_start(0, TOKEN);
   char nodes[128], xid[RM_XID_MAX], xid2[RM_XID_MAX];
   int st = -1;
   nodes_of(nodes, sizeof(nodes), t, NULL);
@@ -717,8 +633,8 @@ static void wait_counter(atomic_int *n, int want, int timeout_ms) {
 static void test_two_nodes_one_dies(void **state) {
   (void)state;
   skip_without_servers();
-  tcd_t *a = tcd_start(0, TOKEN);
-  tcd_t *b = tcd_start(0, TOKEN);
+  tcd_proc_t *a = tcd_start(0, TOKEN);
+  tcd_proc_t *b = tcd_start(0, TOKEN);
   const char *app = "rm-tm-cluster";
   char nodes[128], pa[64], pb[64];
   char xids[10][RM_XID_MAX];
@@ -748,7 +664,7 @@ static void test_two_nodes_one_dies(void **state) {
   pthread_t th[4];
   for (int i = 0; i < 4; i++) assert_int_equal(pthread_create(&th[i], NULL, load_worker, &l), 0);
   wait_counter(&l.done, 40, 30000);
-  tcd_kill(a);
+  tcd_proc_kill(a);
   int at_kill = atomic_load(&l.done);
   wait_counter(&l.done, at_kill + 100, 30000);
   atomic_store(&l.stop, true);
@@ -795,7 +711,7 @@ static void test_two_nodes_one_dies(void **state) {
 static void test_heartbeat_dead_then_resend(void **state) {
   (void)state;
   skip_without_servers();
-  tcd_t *t = tcd_start(0, TOKEN);
+  tcd_proc_t *t = tcd_start(0, TOKEN);
   const char *app = "rm-tm-heartbeat";
   char nodes[128];
   logcap_t lc;
@@ -860,7 +776,7 @@ static int terminate_tc_backends(void) {
 static void test_store_errors_retried(void **state) {
   (void)state;
   skip_without_servers();
-  tcd_t *t = tcd_start(0, TOKEN);
+  tcd_proc_t *t = tcd_start(0, TOKEN);
   const char *app = "rm-tm-store";
   char nodes[128];
   logcap_t lc;
@@ -900,14 +816,14 @@ static void test_store_errors_retried(void **state) {
 static void test_reconnect_after_restart(void **state) {
   (void)state;
   skip_without_servers();
-  tcd_t *t = tcd_start(0, TOKEN);
+  tcd_proc_t *t = tcd_start(0, TOKEN);
   int port = t->port;
   char nodes[128], xid[RM_XID_MAX];
   int st;
   nodes_of(nodes, sizeof(nodes), t, NULL);
   rm_client_t *c = client_new(nodes, TOKEN, "rm-tm-restart", 15000, NULL);
   assert_int_equal(rm_tm_begin(c, 60000, NULL, xid), RM_OK);
-  tcd_kill(t);
+  tcd_proc_kill(t);
   /* Wait until the client noticed, then ask while the node is down: the
    * call waits for the node to come back, within its deadline. */
   wait_nodes_up(c, 0, 5000);
@@ -953,7 +869,7 @@ static void *free_worker(void *arg) {
 static void test_free_with_calls_in_flight(void **state) {
   (void)state;
   skip_without_servers();
-  tcd_t *t = tcd_start(0, TOKEN);
+  tcd_proc_t *t = tcd_start(0, TOKEN);
   char nodes[128];
   nodes_of(nodes, sizeof(nodes), t, NULL);
   free_ctx_t f;
@@ -1011,7 +927,7 @@ static void *reg_worker(void *arg) {
 static void test_branch_register_lock_wait(void **state) {
   (void)state;
   skip_without_servers();
-  tcd_t *t = tcd_start(0, TOKEN);
+  tcd_proc_t *t = tcd_start(0, TOKEN);
   char nodes[128], x1[RM_XID_MAX], x2[RM_XID_MAX], x3[RM_XID_MAX], err[256];
   int st;
   int64_t b1 = 0, b3 = 0;
@@ -1080,7 +996,7 @@ static void test_phase_two_dispatch(void **state) {
   skip_without_servers();
   const char *orders = getenv("ORDERS_PG_URL");
   if (!orders) skip();
-  tcd_t *t = tcd_start(0, TOKEN);
+  tcd_proc_t *t = tcd_start(0, TOKEN);
   char nodes[128], x[RM_XID_MAX], y[RM_XID_MAX], err[256];
   int st;
   int64_t b = 0;
@@ -1119,7 +1035,7 @@ static void test_phase_two_dispatch(void **state) {
 static void test_prints_nothing(void **state) {
   (void)state;
   skip_without_servers();
-  tcd_t *t = tcd_start(0, TOKEN);
+  tcd_proc_t *t = tcd_start(0, TOKEN);
   char nodes[128], xid[RM_XID_MAX], path[512];
   int st;
   const char *dir = getenv("TX_SERVERS_DIR");
@@ -1147,9 +1063,7 @@ static void test_prints_nothing(void **state) {
   rm_client_t *c = client_new(nodes, TOKEN, "rm-tm-quiet", 1000, &lc);
   int rc_begin = rm_tm_begin(c, 0, NULL, xid);
   int rc_commit = rm_tm_commit(c, xid, &st);
-  kill(t->pid, SIGKILL); /* a lost connection, reconnect attempts */
-  waitpid(t->pid, NULL, 0);
-  t->pid = 0;
+  tcd_proc_kill(t); /* a lost connection, reconnect attempts */
   int rc_after = rm_tm_begin(c, 0, NULL, xid);
   rm_client_free(c);
 

@@ -86,9 +86,11 @@ static void ctx_init(ctx_t *t)
   t->delay.data = t;
 }
 
-/* Close the test's own handles and check that nothing else is left. */
+/* After the loop ran out: the pool closed once.  Close the test's own
+ * handles and check that nothing else is left. */
 static void ctx_finish(ctx_t *t)
 {
+  assert_int_equal(t->closed, 1);
   uv_close((uv_handle_t *)&t->watchdog, NULL);
   uv_close((uv_handle_t *)&t->delay, NULL);
   assert_int_equal(uv_run(&t->loop, UV_RUN_DEFAULT), 0);
@@ -168,6 +170,15 @@ static tc_pg_job_t *make_job(unsigned flags, tc_pg_job_cb cb, void *arg, const c
   return job;
 }
 
+/* A test on the server: its loop and a pool of 'size' (queue bound
+ * 'max_queue') on TC_PG_URL. */
+static void ctx_open(ctx_t *t, int size, size_t max_queue)
+{
+  need_server();
+  ctx_init(t);
+  open_pool(t, t->url, size, max_queue);
+}
+
 static void submit_ok(ctx_t *t, tc_pg_job_t *job, unsigned deadline_ms)
 {
   assert_int_equal(tc_pg_submit(t->pool, job, deadline_ms), 0);
@@ -223,9 +234,7 @@ static void test_single_statement(void **state)
   const char *vals[3] = {"41", "hello, world", NULL};
 
   (void)state;
-  need_server();
-  ctx_init(&t);
-  open_pool(&t, t.url, 2, 0);
+  ctx_open(&t, 2, 0);
   job = tc_pg_job_new(0, single_cb, &t);
   assert_non_null(job);
   assert_int_equal(
@@ -234,7 +243,6 @@ static void test_single_statement(void **state)
   assert_int_equal(tc_pg_pool_queued(t.pool), 1);
   uv_run(&t.loop, UV_RUN_DEFAULT);
   assert_int_equal(t.ncb, 1);
-  assert_int_equal(t.closed, 1);
   ctx_finish(&t);
 }
 
@@ -290,16 +298,13 @@ static void test_txn_100_commits(void **state)
   ctx_t t;
 
   (void)state;
-  need_server();
-  ctx_init(&t);
-  open_pool(&t, t.url, 2, 0);
+  ctx_open(&t, 2, 0);
   submit_ok(&t,
             make_job(TC_PG_JOB_TXN, txn100_cb, &t, "DROP TABLE IF EXISTS tc_pg_t100",
                      "CREATE TABLE tc_pg_t100 (id int PRIMARY KEY, v text NOT NULL)", NULL),
             0);
   uv_run(&t.loop, UV_RUN_DEFAULT);
   assert_int_equal(t.step, 3);
-  assert_int_equal(t.closed, 1);
   ctx_finish(&t);
 }
 
@@ -392,9 +397,7 @@ static void test_txn_failure_rolls_back(void **state)
   ctx_t t;
 
   (void)state;
-  need_server();
-  ctx_init(&t);
-  open_pool(&t, t.url, 1, 0);
+  ctx_open(&t, 1, 0);
   submit_ok(&t,
             make_job(TC_PG_JOB_TXN, txnfail_cb, &t, "DROP TABLE IF EXISTS tc_pg_tfail",
                      "CREATE TABLE tc_pg_tfail (id int PRIMARY KEY)",
@@ -405,7 +408,6 @@ static void test_txn_failure_rolls_back(void **state)
             0);
   uv_run(&t.loop, UV_RUN_DEFAULT);
   assert_int_equal(t.step, 9);
-  assert_int_equal(t.closed, 1);
   ctx_finish(&t);
 }
 
@@ -466,7 +468,6 @@ static void test_concurrent_1000(void **state)
     assert_int_equal(t.counts[i], 1);
   /* The work was spread over the pool's connections. */
   assert_true(t.npids >= 2 && t.npids <= 4);
-  assert_int_equal(t.closed, 1);
   free(args);
   ctx_finish(&t);
 }
@@ -489,9 +490,7 @@ static void test_queue_bound(void **state)
   int i;
 
   (void)state;
-  need_server();
-  ctx_init(&t);
-  open_pool(&t, t.url, 1, 3);
+  ctx_open(&t, 1, 3);
   for (i = 0; i < 3; i++)
     submit_ok(&t, make_job(0, bound_cb, &t, "SELECT 1", NULL), 0);
   extra = make_job(0, bound_cb, &t, "SELECT 1", NULL);
@@ -500,7 +499,6 @@ static void test_queue_bound(void **state)
   tc_pg_job_free(extra); /* refused: still ours */
   uv_run(&t.loop, UV_RUN_DEFAULT);
   assert_int_equal(t.ncb, 3);
-  assert_int_equal(t.closed, 1);
   ctx_finish(&t);
 }
 
@@ -575,7 +573,6 @@ static void test_deadline_unreachable(void **state)
   assert_true(t.downs[0] + t.downs[1] >= 2);
   assert_int_equal(t.ups[0] + t.ups[1], 0);
   assert_non_null(strstr(t.last_down_err, "refused"));
-  assert_int_equal(t.closed, 1);
   ctx_finish(&t);
 }
 
@@ -626,7 +623,6 @@ static void test_deadline_busy(void **state)
   assert_int_equal(t.norder, 2);
   assert_int_equal(t.order[0], TC_PG_ENOCONN);
   assert_int_equal(t.order[1], TC_PG_OK);
-  assert_int_equal(t.closed, 1);
   ctx_finish(&t);
 }
 
@@ -733,7 +729,6 @@ static void test_killed_mid_job(void **state)
   assert_int_equal(t.ups[t.victim_index], 2);
   assert_int_equal(t.downs[0] + t.downs[1], 1);
   assert_int_equal(t.nok, 10);
-  assert_int_equal(t.closed, 1);
   ctx_finish(&t);
 }
 
@@ -770,16 +765,13 @@ static void test_submit_from_callback(void **state)
   tc_pg_job_t *job;
 
   (void)state;
-  need_server();
-  ctx_init(&t);
-  open_pool(&t, t.url, 3, 0);
+  ctx_open(&t, 3, 0);
   job = tc_pg_job_new(0, chain_cb, &t);
   assert_non_null(job);
   assert_int_equal(tc_pg_job_add(job, "SELECT $1::int", 1, vals), 0);
   submit_ok(&t, job, 0);
   uv_run(&t.loop, UV_RUN_DEFAULT);
   assert_int_equal(t.ncb, 200);
-  assert_int_equal(t.closed, 1);
   ctx_finish(&t);
 }
 
@@ -855,7 +847,6 @@ static void test_close_with_jobs(void **state)
   assert_int_equal(t.ncb, 11);
   for (i = 0; i < 11; i++)
     assert_int_equal(t.counts[i], 1);
-  assert_int_equal(t.closed, 1);
   ctx_finish(&t);
 }
 
@@ -884,7 +875,6 @@ static void test_close_before_run(void **state)
   assert_int_equal(t.ncb, 5);
   assert_int_equal(t.closed, 0); /* done() only runs from the loop */
   uv_run(&t.loop, UV_RUN_DEFAULT);
-  assert_int_equal(t.closed, 1);
   assert_int_equal(t.ups[0] + t.downs[0], 0);
   ctx_finish(&t);
 }
@@ -935,7 +925,6 @@ static void test_init_sql(void **state)
               0);
   uv_run(&t.loop, UV_RUN_DEFAULT);
   assert_int_equal(t.ncb, 4);
-  assert_int_equal(t.closed, 1);
   ctx_finish(&t);
 
   /* An init_sql that fails keeps the connection from ever being used. */
@@ -952,7 +941,6 @@ static void test_init_sql(void **state)
   assert_true(t.downs[0] >= 1);
   assert_int_equal(t.ups[0], 0);
   assert_non_null(strstr(t.last_down_err, "tc_pg_no_such_table"));
-  assert_int_equal(t.closed, 1);
   ctx_finish(&t);
 }
 
@@ -985,9 +973,7 @@ static void test_big_payloads(void **state)
   int i;
 
   (void)state;
-  need_server();
-  ctx_init(&t);
-  open_pool(&t, t.url, 1, 0);
+  ctx_open(&t, 1, 0);
   job = tc_pg_job_new(TC_PG_JOB_TXN, big_cb, &t);
   assert_non_null(job);
   /* The backend sleeps first and reads nothing meanwhile, so the large
@@ -1013,7 +999,6 @@ static void test_big_payloads(void **state)
   submit_ok(&t, job, 0);
   uv_run(&t.loop, UV_RUN_DEFAULT);
   assert_int_equal(t.ncb, 1);
-  assert_int_equal(t.closed, 1);
   ctx_finish(&t);
 }
 
@@ -1074,7 +1059,6 @@ static void test_hostname(void **state)
   submit_ok(&t, make_job(0, host_cb, &t, "SELECT 1", NULL), 10000);
   uv_run(&t.loop, UV_RUN_DEFAULT);
   assert_int_equal(t.ncb, 1);
-  assert_int_equal(t.closed, 1);
   ctx_finish(&t);
 }
 
@@ -1101,7 +1085,6 @@ static void test_host_list_fallback(void **state)
   close(fd);
   assert_int_equal(t.ncb, 1);
   assert_int_equal(t.downs[0] + t.downs[1] + t.downs[2], 0);
-  assert_int_equal(t.closed, 1);
   ctx_finish(&t);
 }
 

@@ -240,6 +240,15 @@ int txc_register(txc_t *c, bool rm, const char *app, const char *client_id, cons
   return rc;
 }
 
+bool txc_serving(const char *host, int port, const char *token, int timeout_ms) {
+  char err[256];
+  txc_t *c = txc_connect(host, port, timeout_ms, err, sizeof(err));
+  if (!c) return false;
+  int rc = txc_register(c, false, "probe", "probe", token, NULL);
+  txc_close(c);
+  return rc == 0;
+}
+
 static int simple_call(txc_t *c, txp_msg_t *req, int *status_out) {
   txp_msg_t res;
   int rc = txc_call(c, req, &res, 15000);

@@ -39,6 +39,10 @@ void txc_set_handler(txc_t *c, txc_handler_fn fn, void *arg);
 int txc_register(txc_t *c, bool rm, const char *app, const char *client_id, const char *token,
                  const char *resource_ids);
 
+/* Whether a coordinator on host:port accepts a TM registration with
+ * 'token' (connect timeout 'timeout_ms'): it serves. */
+bool txc_serving(const char *host, int port, const char *token, int timeout_ms);
+
 /* Send 'req' (request_id assigned here) and wait for its answer into 'res'
  * (cleared by the caller afterwards).  Returns 0 when an answer arrived
  * (check res->code), TXP_EUNKNOWN_OUTCOME on timeout, TXP_ECONN_LOST if the
