@@ -312,12 +312,11 @@ static int op_bucket(stmt_ctx_t *c, freeze_mode_t mode, const stock_op_t *op) {
  * bucket row comes last: its row lock (taken by the UPDATE) is held until
  * the local COMMIT, and rm_at_prepare's round trip to the coordinator
  * comes before that COMMIT; every statement placed before the UPDATE is
- * time the hot row is not held.  (stock_freeze's foreign key takes a KEY
- * SHARE lock on the bucket row, which does not conflict with the NO KEY
- * UPDATE lock of other freezes' UPDATEs.)  In AT mode the row is read FOR
- * UPDATE for its before image, which does conflict with KEY SHARE: two
- * freezes each holding KEY SHARE and wanting FOR UPDATE would deadlock, so
- * there the bucket row comes first.
+ * time the hot row is not held.  In AT mode the row is read FOR UPDATE for
+ * its before image and held from there anyway, so there the bucket row
+ * comes first: a missing bucket or a refusal is found before any other
+ * statement ran.  (stock_freeze has no foreign key to the bucket: its check
+ * locked the hot row KEY SHARE on every insert, sql/stock/004.)
  */
 static int op_statements(stmt_ctx_t *c, freeze_mode_t mode, const stock_op_t *op, const char *xid) {
   bool bucket_first = c->b && mode == MODE_AT;
@@ -493,9 +492,6 @@ fail:
     if (strstr(err, "stock_log_order_op_key") || strstr(err, "stock_freeze_pkey")) {
       status = 409;
       reason = "duplicate";
-    } else if (strstr(err, "stock_freeze_bucket_fkey")) {
-      status = 404;
-      reason = "no_bucket";
     }
     break;
   default:

@@ -1,0 +1,24 @@
+-- sql/tc/005_hot_decisions.sql - let the commit decision update its global
+-- row in place (HOT) (coordinator database, version 5).
+--
+-- The decision (tc_decide_batch) sets status, gmt_modified and, since the
+-- phase-two lease, next_retry_at.  With next_retry_at indexed, that UPDATE
+-- could not be a heap-only tuple update: every decision wrote a new entry
+-- into each of global_table's indexes (primary key, transaction_id,
+-- idem_key, deadline, next_retry_at), the largest share of the store's
+-- write amplification per global transaction.  Without the index the
+-- update stays on its page (fillfactor 80 leaves the room) and touches no
+-- index.
+--
+-- What the index served: the recovery leader's retry claim
+-- (tc_claim_retries, about once a second) and a node's adoption of a dead
+-- peer's sessions.  They now read global_table sequentially; it is a queue
+-- table holding only unfinished transactions (a few hundred rows in flight
+-- at thousands of transactions per second, plus dead rows until autovacuum
+-- at 10,000), so such a scan costs well under a millisecond; a backlog of
+-- 100,000 stuck sessions after an outage costs ~20 ms a scan, once a
+-- second on one node.
+--
+-- Never edit this file after it has shipped: add sql/tc/006_*.sql instead.
+
+DROP INDEX global_table_next_retry_idx;
