@@ -76,6 +76,10 @@ typedef struct tc_branch_row {
   char client_id[TXP_MAX_NAME_LEN + 1];
 } tc_branch_row_t;
 
+/* How long a lazy op (tc_op_t.lazy) may wait for a fuller batch while the
+ * store is busy. */
+#define TC_STORE_LAZY_MS 20
+
 typedef struct tc_op tc_op_t;
 typedef void (*tc_op_cb)(tc_op_t *op, void *arg);
 
@@ -105,6 +109,9 @@ struct tc_op {
   tc_decide_action_t action; /* DECIDE */
   int branch_status;      /* PHASE2 */
   const char *error;      /* PHASE2: last error text, may be NULL */
+  bool lazy;              /* clean-up nobody waits for (the all-committed
+                             PHASE2 op): it may wait, up to TC_STORE_LAZY_MS,
+                             to ride a later, fuller batch (tc_store.c) */
 
   /* outputs */
   int status;             /* 0, or TXP_ESTORE (see errmsg) */
