@@ -318,6 +318,14 @@ int svc_rm_client_new(const char *application_id, unsigned wait_ms, rm_client_t 
     .log_cb = svc_rm_log_cb,
     .log_level = svc_log_level + 1,
   };
+  /* RM_NODE_CHOICE: "home" (the library's default) or "round-robin". */
+  const char *choice = svc_env_str("RM_NODE_CHOICE", "home");
+  if (strcmp(choice, "round-robin") == 0) {
+    cfg.node_choice = RM_NODE_ROUND_ROBIN;
+  } else if (strcmp(choice, "home") != 0) {
+    svc_error("invalid RM_NODE_CHOICE \"%s\": expected home or round-robin", choice);
+    ok = false;
+  }
   if (!ok) return RM_E_INVALID;
   int rc = rm_client_new(&cfg, out);
   if (rc != 0) {

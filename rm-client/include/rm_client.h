@@ -113,7 +113,20 @@ typedef struct rm_config {
   rm_log_cb log_cb;            /* may be NULL: no logging */
   void *log_arg;
   int log_level;               /* rm_log_level_t, 0 = RM_LOG_WARN */
+  int node_choice;             /* where calls without an xid (GlobalBegin) go:
+                                  rm_node_choice_t, 0 = RM_NODE_HOME */
 } rm_config_t;
+
+/* rm_config_t.node_choice.  Calls about an xid always go to the node that
+ * created it (while it is up).  Calls without one:
+ *   RM_NODE_HOME         this client's home node, picked from its client_id
+ *                        (so the instances of a service spread over the
+ *                        nodes), or while it is down the next live node in
+ *                        the list.  A client's transactions then share one
+ *                        node's group-commit batches: fuller batches, less
+ *                        PostgreSQL work per transaction (bench/README.md).
+ *   RM_NODE_ROUND_ROBIN  the next live node for each call. */
+typedef enum { RM_NODE_HOME = 0, RM_NODE_ROUND_ROBIN = 1 } rm_node_choice_t;
 
 typedef struct rm_client rm_client_t;
 

@@ -8,7 +8,8 @@
  *     1. NEW: taken off the submit queue, entered in the deadline heap.
  *     2. dispatch: pick a node: the one that created the xid (its address
  *        precedes the last ':' of the xid) when it is registered, else the
- *        next registered node round-robin.  None registered -> WAITING (in
+ *        client's home node or the next registered one after it (or the
+ *        next round-robin: rm_config_t.node_choice).  None -> WAITING (in
  *        'waitq') until one registers or the deadline passes.
  *     3. SENT: encoded on that node's connection, in the id table and on
  *        the node's 'sent' list.  The answer completes it, except:
@@ -273,8 +274,10 @@ static bool any_auth_failed(const rm_client_t *c) {
   return false;
 }
 
-/* The node for 'k': the xid's creator if registered, else round-robin
- * over registered nodes (skipping 'avoid' unless it is the only one). */
+/* The node for 'k': the xid's creator if registered, else the client's
+ * home node or the next registered one after it (RM_NODE_HOME), or the
+ * next registered node round-robin (RM_NODE_ROUND_ROBIN); 'avoid' is
+ * skipped unless it is the only one. */
 static int pick_node(rm_client_t *c, const rm_call_t *k) {
   if (k->xid[0]) {
     char addr[RM_ADDR_MAX];
@@ -283,10 +286,12 @@ static int pick_node(rm_client_t *c, const rm_call_t *k) {
         if (i != k->avoid && node_ready(c, i) && rm__conn_is_node(c->nodes[i].conn, addr)) return i;
     }
   }
+  bool home = c->cfg.node_choice == RM_NODE_HOME;
+  unsigned start = home ? c->home : c->rr;
   for (int n = 0; n < c->nnodes; n++) {
-    int i = (int)((c->rr + (unsigned)n) % (unsigned)c->nnodes);
+    int i = (int)((start + (unsigned)n) % (unsigned)c->nnodes);
     if (i != k->avoid && node_ready(c, i)) {
-      c->rr = (unsigned)i + 1;
+      if (!home) c->rr = (unsigned)i + 1;
       return i;
     }
   }

@@ -246,6 +246,7 @@ int rm_client_new(const rm_config_t *cfg, rm_client_t **out) {
   int nnodes = rm__nodes_parse(cfg->nodes, addrs, RM_MAX_NODES);
   if (nnodes <= 0) return RM_E_INVALID;
   if (cfg->log_level < 0 || cfg->log_level > RM_LOG_DEBUG) return RM_E_INVALID;
+  if (cfg->node_choice != RM_NODE_HOME && cfg->node_choice != RM_NODE_ROUND_ROBIN) return RM_E_INVALID;
   char fperr[256];
   if (txp_failpoint_arm_env(fperr, sizeof(fperr)) != 0) {
     /* A fault run with a bad spec must not run without its fault. */
@@ -282,6 +283,11 @@ int rm_client_new(const rm_config_t *cfg, rm_client_t **out) {
   c->cfg.application_id = c->app_id;
   c->cfg.client_id = c->client_id;
   c->nnodes = nnodes;
+  /* The home node: FNV-1a of the client id, so that a service's instances
+   * (distinct ids) spread over the nodes while each keeps to one. */
+  uint32_t h = 2166136261u;
+  for (const char *p = c->client_id; *p; p++) h = (h ^ (uint8_t)*p) * 16777619u;
+  c->home = h % (unsigned)nnodes;
   c->rng = (uint32_t)uv_hrtime() | 1u;
   atomic_init(&c->nodes_up, 0);
   atomic_init(&c->dg_on, false);

@@ -127,7 +127,8 @@ struct rm_client {
   unsigned hash_bits;
   size_t nhash;
   uint64_t next_request_id;
-  unsigned rr;
+  unsigned rr;   /* RM_NODE_ROUND_ROBIN: where the next search starts */
+  unsigned home; /* RM_NODE_HOME: this client's node (rm_client_new) */
   uint32_t rng;
   int phase2_jobs;
 

@@ -176,9 +176,10 @@ static void nodes_of(char *out, size_t cap, const tcd_proc_t *a, const tcd_proc_
   else snprintf(out, cap, "127.0.0.1:%d", a->port);
 }
 
-static rm_client_t *client_new(const char *nodes, const char *token, const char *app,
-                               unsigned request_timeout_ms, logcap_t *lc) {
+static rm_client_t *client_new_choice(const char *nodes, const char *token, const char *app,
+                                      unsigned request_timeout_ms, logcap_t *lc, int node_choice) {
   rm_config_t cfg = {0};
+  cfg.node_choice = node_choice;
   cfg.nodes = nodes;
   cfg.token = token;
   cfg.application_id = app;
@@ -193,6 +194,11 @@ static rm_client_t *client_new(const char *nodes, const char *token, const char 
   assert_int_equal(rm_client_new(&cfg, &c), RM_OK);
   assert_non_null(c);
   return c;
+}
+
+static rm_client_t *client_new(const char *nodes, const char *token, const char *app,
+                               unsigned request_timeout_ms, logcap_t *lc) {
+  return client_new_choice(nodes, token, app, request_timeout_ms, lc, RM_NODE_HOME);
 }
 
 static void wait_nodes_up(rm_client_t *c, int n, int timeout_ms) {
@@ -330,6 +336,9 @@ static void test_strerror_and_args(void **state) {
   assert_int_equal(rm_client_new(&cfg, &c), RM_E_INVALID);
   cfg.nodes = "127.0.0.1:1";
   cfg.log_level = 9;
+  assert_int_equal(rm_client_new(&cfg, &c), RM_E_INVALID);
+  cfg.log_level = 0;
+  cfg.node_choice = 2; /* neither RM_NODE_HOME nor RM_NODE_ROUND_ROBIN */
   assert_int_equal(rm_client_new(&cfg, &c), RM_E_INVALID);
   assert_int_equal(rm_client_new(NULL, &c), RM_E_INVALID);
   rm_client_free(NULL);
@@ -644,7 +653,7 @@ static void test_two_nodes_one_dies(void **state) {
   nodes_of(nodes, sizeof(nodes), a, b);
   snprintf(pa, sizeof(pa), "127.0.0.1:%d:", a->port);
   snprintf(pb, sizeof(pb), "127.0.0.1:%d:", b->port);
-  rm_client_t *c = client_new(nodes, TOKEN, app, 5000, &lc);
+  rm_client_t *c = client_new_choice(nodes, TOKEN, app, 5000, &lc, RM_NODE_ROUND_ROBIN);
   wait_nodes_up(c, 2, 10000);
 
   /* Begins go round-robin; each xid names its node. */
@@ -708,6 +717,47 @@ static void test_two_nodes_one_dies(void **state) {
 
 /* ---- heartbeats: a silent node is dead; the resend keeps its key ---- */
 
+
+/* RM_NODE_HOME (the default): every begin of a client goes to its home
+ * node; while that node is down, to the other; back once it returns. */
+static void test_home_node(void **state) {
+  (void)state;
+  skip_without_servers();
+  tcd_proc_t *a = tcd_start(0, TOKEN);
+  tcd_proc_t *b = tcd_start(0, TOKEN);
+  char nodes[128], pa[64], pb[64], x[RM_XID_MAX], first[RM_XID_MAX];
+  int st;
+  nodes_of(nodes, sizeof(nodes), a, b);
+  snprintf(pa, sizeof(pa), "127.0.0.1:%d:", a->port);
+  snprintf(pb, sizeof(pb), "127.0.0.1:%d:", b->port);
+  rm_client_t *c = client_new(nodes, TOKEN, "rm-tm-home", 5000, NULL);
+  wait_nodes_up(c, 2, 10000);
+  assert_int_equal(rm_tm_begin(c, 60000, NULL, first), RM_OK);
+  bool home_a = strncmp(first, pa, strlen(pa)) == 0;
+  assert_true(home_a || strncmp(first, pb, strlen(pb)) == 0);
+  const char *home = home_a ? pa : pb, *other = home_a ? pb : pa;
+  for (int i = 0; i < 20; i++) {
+    assert_int_equal(rm_tm_begin(c, 60000, NULL, x), RM_OK);
+    if (strncmp(x, home, strlen(home)) != 0) fail_msg("begin %d went to %s, not the home node %s", i, x, home);
+    assert_int_equal(rm_tm_commit(c, x, &st), RM_OK);
+  }
+  /* The home node dies: begins go to the other one. */
+  tcd_proc_t *h = home_a ? a : b;
+  tcd_proc_kill(h);
+  for (int i = 0; i < 5; i++) {
+    assert_int_equal(rm_tm_begin(c, 0, NULL, x), RM_OK);
+    if (strncmp(x, other, strlen(other)) != 0) fail_msg("begin %d went to %s while the home node was down", i, x);
+    assert_int_equal(rm_tm_rollback(c, x, &st), RM_OK);
+  }
+  /* It returns: begins go home again. */
+  assert_int_equal(tcd_proc_restart(h), 0);
+  wait_nodes_up(c, 2, 15000);
+  assert_int_equal(rm_tm_begin(c, 0, NULL, x), RM_OK);
+  if (strncmp(x, home, strlen(home)) != 0) fail_msg("begin went to %s after the home node returned", x);
+  assert_int_equal(rm_tm_rollback(c, x, &st), RM_OK);
+  assert_int_equal(rm_tm_rollback(c, first, &st), RM_OK);
+  rm_client_free(c);
+}
 static void test_heartbeat_dead_then_resend(void **state) {
   (void)state;
   skip_without_servers();
@@ -1105,6 +1155,7 @@ int main(void) {
     cmocka_unit_test_teardown(test_no_node, teardown_tcds),
     cmocka_unit_test_teardown(test_hung_node_unknown_outcome, teardown_tcds),
     cmocka_unit_test_teardown(test_two_nodes_one_dies, teardown_tcds),
+    cmocka_unit_test_teardown(test_home_node, teardown_tcds),
     cmocka_unit_test_teardown(test_heartbeat_dead_then_resend, teardown_tcds),
     cmocka_unit_test_teardown(test_store_errors_retried, teardown_tcds),
     cmocka_unit_test_teardown(test_reconnect_after_restart, teardown_tcds),
