@@ -597,18 +597,6 @@ static void handler(const svc_req_t *req, svc_resp_t *resp, void *arg) {
     svc_resp_error(resp, 404, "not_found", NULL);
 }
 
-/* Write 'url' to 'path' atomically (temporary file + rename). */
-static bool write_url_file(const char *path, const char *url) {
-  char tmp[4096];
-  snprintf(tmp, sizeof(tmp), "%s.tmp%d", path, (int)getpid());
-  FILE *f = fopen(tmp, "w");
-  if (!f) return false;
-  bool ok = fprintf(f, "%s\n", url) > 0;
-  ok = fclose(f) == 0 && ok;
-  if (ok) ok = rename(tmp, path) == 0;
-  if (!ok) unlink(tmp);
-  return ok;
-}
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -687,7 +675,7 @@ int main(int argc, char **argv) {
           json_pack("{s:s,s:i,s:s,s:s,s:b}", "url", url, "threads", threads, "resource", s.resource, "freeze_mode",
                     mode_names[s.mode], "local_mode", s.local_mode),
           "stock-service ready");
-  if (url_file && !write_url_file(url_file, url)) {
+  if (url_file && !svc_write_url_file(url_file, url)) {
     svc_error("could not write the URL to \"%s\"", url_file);
     exit_code = 73;
     goto out;

@@ -355,6 +355,18 @@ bool svc_json_int(const json_t *o, const char *key, long long min, long long max
   return true;
 }
 
+bool svc_write_url_file(const char *path, const char *url) {
+  char tmp[4096];
+  snprintf(tmp, sizeof(tmp), "%s.tmp%d", path, (int)getpid());
+  FILE *f = fopen(tmp, "w");
+  if (!f) return false;
+  bool ok = fprintf(f, "%s\n", url) > 0;
+  ok = fclose(f) == 0 && ok;
+  if (ok) ok = rename(tmp, path) == 0;
+  if (!ok) unlink(tmp);
+  return ok;
+}
+
 int svc_parse_args(int argc, char **argv, const char **listen, const char **url_file,
                    void (*usage)(FILE *f)) {
   for (int i = 1; i < argc; i++) {

@@ -71,6 +71,9 @@ const char *svc_env_str(const char *name, const char *def);
  * 'usage' prints the service's own help. */
 int svc_parse_args(int argc, char **argv, const char **listen, const char **url_file,
                    void (*usage)(FILE *f));
+/* Write 'url' and a newline to 'path' atomically (temporary file +
+ * rename), for --url-file: a reader never sees half a URL. */
+bool svc_write_url_file(const char *path, const char *url);
 /* The value of 'name' as an integer in [min, max]; 'def' when unset or
  * empty.  A malformed or out-of-range value is logged and gives -1 in
  * '*ok' (set to false); callers refuse to start. */
