@@ -45,6 +45,9 @@ static const key_desc_t keys[] = {
   STR_KEY("store", "pg_url", pg_url, "PostgreSQL URL of the coordinator store"),
   INT_KEY("store", "pool_size", pool_size, 2, 64, "PostgreSQL connections"),
   INT_KEY("store", "writers", writers, 1, 16, "connections running group-commit batches"),
+  INT_KEY("store", "relaxed_writers", relaxed_writers, 0, 4,
+          "connections for begins and phase-two records, committed without waiting for the "
+          "WAL flush (0: they wait like decisions)"),
   INT_KEY("store", "batch_max", batch_max, 1, 4096, "requests per store batch"),
   INT_KEY("store", "queue_max", queue_max, 16, 1000000, "requests waiting for a batch"),
   INT_KEY("txn", "default_timeout_ms", default_timeout_ms, 100, 86400000, "global timeout"),
@@ -91,8 +94,9 @@ void tc_config_defaults(tc_config_t *c) {
   c->max_inflight = 1024;
   c->heartbeat_ms = 5000;
   c->max_frame = 1024 * 1024;
-  c->pool_size = 4;
+  c->pool_size = 5;
   c->writers = 2;
+  c->relaxed_writers = 1;
   c->batch_max = 256;
   c->queue_max = 65536;
   c->default_timeout_ms = 60000;
@@ -317,9 +321,11 @@ int tc_config_validate(const tc_config_t *c, char *err, size_t errlen) {
              c->retry_min_ms, c->retry_max_ms);
     return -1;
   }
-  if (c->writers >= c->pool_size) {
-    snprintf(err, errlen, "store.writers (%d) must be below store.pool_size (%d)", c->writers,
-             c->pool_size);
+  if (c->writers + c->relaxed_writers >= c->pool_size) {
+    snprintf(err, errlen,
+             "store.writers (%d) plus store.relaxed_writers (%d) must be below store.pool_size "
+             "(%d): at least one connection is left for reads",
+             c->writers, c->relaxed_writers, c->pool_size);
     return -1;
   }
   if (validate_cluster(c, err, errlen) != 0) return -1;

@@ -32,6 +32,7 @@ typedef struct tc_config {
   char pg_url[1024];
   int pool_size;
   int writers;                      /* connections that run group-commit batches */
+  int relaxed_writers;              /* batches that need no WAL flush wait (tc_store.c) */
   int batch_max;                    /* requests per batch */
   int queue_max;                    /* requests waiting for a batch */
   /* [txn] */

@@ -365,6 +365,12 @@ static void format_metrics(const snap_t *s, uint64_t now, sbuf_t *b) {
   static const char *const kinds[TC_OP__KINDS] = {"begin", "register", "decide", "phase2"};
   for (int i = 0; i < TC_OP__KINDS; i++)
     sb_printf(b, "txc_store_ops_total{kind=\"%s\"} %" PRIu64 "\n", kinds[i], st->ops_by_kind[i]);
+  head(b, "txc_store_op_seconds", "summary",
+       "Time from an operation's submission to its result (queue wait plus its batch), by kind.");
+  for (int i = 0; i < TC_OP__KINDS; i++) {
+    sb_printf(b, "txc_store_op_seconds_sum{kind=\"%s\"} %.6f\n", kinds[i], st->op_seconds_by_kind[i]);
+    sb_printf(b, "txc_store_op_seconds_count{kind=\"%s\"} %" PRIu64 "\n", kinds[i], st->ops_by_kind[i]);
+  }
   head(b, "txc_store_batch_duration_seconds", "summary", "Duration of one group-commit batch (one transaction).");
   sb_printf(b, "txc_store_batch_duration_seconds_sum %.6f\n", st->batch_ms_total / 1000.0);
   sb_printf(b, "txc_store_batch_duration_seconds_count %" PRIu64 "\n", st->batches);

@@ -24,6 +24,25 @@
  *   and three deletes), and the batches that carry begins, registrations
  *   and decisions are the ones clients wait for: those stay light, and the
  *   clean-up runs in fewer, fuller statements.
+ *
+ *   Two lanes.  The durable lane (store.writers connections) carries the
+ *   records that must survive a PostgreSQL crash once acknowledged: branch
+ *   registrations with their global locks, and decisions.  The relaxed
+ *   lane (store.relaxed_writers connections, synchronous_commit off) carries
+ *   begins and phase-two records.  Their commit returns without waiting for
+ *   the WAL flush, which is what made every global transaction wait for
+ *   four flushes instead of three.  What a PostgreSQL crash can lose there
+ *   is harmless, and nothing else loses anything (a tcd crash loses nothing:
+ *   the commit is in PostgreSQL's memory and visible at once):
+ *     - a begin: its xid is then unknown; a branch cannot register under
+ *       it, so no RM has changed data, and the TM's commit or rollback finds
+ *       nothing to do.  Any later durable commit (a registration under that
+ *       xid, made after the begin's commit returned) flushes the WAL up to
+ *       itself, the begin included: WAL is one sequence.
+ *     - a phase-two record: the branch's last status goes back to
+ *       committing/rollbacking and the recovery job sends BranchCommit or
+ *       BranchRollback again, which the RM answers idempotently.
+ *   store.relaxed_writers = 0 puts everything on the durable lane.
  */
 #include "tc_store.h"
 
@@ -39,10 +58,20 @@
 #define MAX_ATTEMPTS 3
 #define LAZY_BATCH 64
 
+/* The two write lanes (see NOTES). */
+enum { LANE_DURABLE = 0, LANE_RELAXED = 1, LANES = 2 };
+
+typedef struct lane {
+  tc_pg_pool_t *pool; /* NULL: the lane is off, its ops go durable */
+  int writers;        /* batches in flight at most */
+  int inflight;
+  tc_op_t *head, *tail;
+  size_t queued;
+} lane_t;
+
 struct tc_store {
   uv_loop_t *loop;
   int node_id;
-  int writers;
   int batch_max;
   int batch_min; /* ops that justify a second concurrent batch */
   size_t queue_max;
@@ -50,12 +79,9 @@ struct tc_store {
   int retry_min_ms, retry_max_ms;
   int max_lock_keys;
 
-  tc_pg_pool_t *wpool; /* group-commit batches */
+  lane_t lane[LANES];  /* group-commit batches */
   tc_pg_pool_t *rpool; /* reads */
 
-  tc_op_t *head, *tail;
-  size_t queued;
-  int inflight; /* batches on writers */
   uv_idle_t flush_idle;
   bool idle_active;
 
@@ -82,6 +108,7 @@ struct tc_store {
 
 typedef struct batch {
   tc_store_t *st;
+  lane_t *lane;
   int n;
   tc_op_t **ops;           /* all ops, queue order */
   tc_op_t **by_kind[TC_OP__KINDS];
@@ -92,6 +119,7 @@ typedef struct batch {
 } batch_t;
 
 static void schedule_flush(tc_store_t *st);
+static void close_part_done(void *arg);
 
 /* ------------------------------------------------------------ text arrays */
 
@@ -193,23 +221,35 @@ static void op_fail(tc_op_t *op, const char *msg) {
 
 static void op_complete(tc_store_t *st, tc_op_t *op) {
   if (op->status != 0) st->stats.op_failures++;
+  st->stats.op_seconds_by_kind[op->kind] += (double)(uv_hrtime() - op->queued_ns_) / 1e9;
   op->cb(op, op->arg);
 }
 
-static void queue_push_front(tc_store_t *st, tc_op_t *op) {
-  op->next_ = st->head;
-  st->head = op;
-  if (!st->tail) st->tail = op;
-  st->queued++;
+static void queue_push_front(lane_t *l, tc_op_t *op) {
+  op->next_ = l->head;
+  l->head = op;
+  if (!l->tail) l->tail = op;
+  l->queued++;
 }
 
-/* The lazy ops join the main queue (at its tail). */
+/* Begins and phase-two records ride the relaxed lane when there is one. */
+static lane_t *lane_of(tc_store_t *st, const tc_op_t *op) {
+  bool relaxed = op->kind == TC_OP_BEGIN || op->kind == TC_OP_PHASE2;
+  return relaxed && st->lane[LANE_RELAXED].pool ? &st->lane[LANE_RELAXED] : &st->lane[LANE_DURABLE];
+}
+
+static size_t queued_total(const tc_store_t *st) {
+  return st->lane[LANE_DURABLE].queued + st->lane[LANE_RELAXED].queued + st->lazy_queued;
+}
+
+/* The lazy ops join their lane's queue (at its tail). */
 static void lazy_release(tc_store_t *st) {
   if (!st->lazy_head) return;
-  if (st->tail) st->tail->next_ = st->lazy_head;
-  else st->head = st->lazy_head;
-  st->tail = st->lazy_tail;
-  st->queued += st->lazy_queued;
+  lane_t *l = lane_of(st, st->lazy_head); /* all lazy ops are PHASE2 */
+  if (l->tail) l->tail->next_ = st->lazy_head;
+  else l->head = st->lazy_head;
+  l->tail = st->lazy_tail;
+  l->queued += st->lazy_queued;
   st->lazy_head = st->lazy_tail = NULL;
   st->lazy_queued = 0;
   uv_timer_stop(&st->lazy_timer);
@@ -223,7 +263,7 @@ static void on_lazy_timer(uv_timer_t *t) {
 
 int tc_store_submit(tc_store_t *st, tc_op_t *op) {
   if (st->closing) return TXP_ESHUTDOWN;
-  if (st->queued + st->lazy_queued >= st->queue_max) return TXP_EBUSY;
+  if (queued_total(st) >= st->queue_max) return TXP_EBUSY;
   op->status = 0;
   op->attempts_ = 0;
   op->alone_ = false;
@@ -231,7 +271,8 @@ int tc_store_submit(tc_store_t *st, tc_op_t *op) {
   op->errmsg[0] = '\0';
   op->next_ = NULL;
   op->queued_ns_ = uv_hrtime();
-  if (op->lazy && (st->inflight > 0 || st->head)) {
+  lane_t *l = lane_of(st, op);
+  if (op->lazy && (l->inflight > 0 || l->head)) {
     /* Busy: wait for a fuller batch (see NOTES). */
     if (st->lazy_tail) st->lazy_tail->next_ = op;
     else st->lazy_head = op;
@@ -244,11 +285,11 @@ int tc_store_submit(tc_store_t *st, tc_op_t *op) {
     }
     return 0;
   }
-  if (st->tail) st->tail->next_ = op;
-  else st->head = op;
-  st->tail = op;
-  st->queued++;
-  if (st->queued > st->stats.queue_peak) st->stats.queue_peak = st->queued;
+  if (l->tail) l->tail->next_ = op;
+  else l->head = op;
+  l->tail = op;
+  l->queued++;
+  if (queued_total(st) > st->stats.queue_peak) st->stats.queue_peak = queued_total(st);
   schedule_flush(st);
   return 0;
 }
@@ -487,7 +528,8 @@ static void batch_free(batch_t *b) {
 static void on_batch_done(tc_pg_job_t *job, int status, void *arg) {
   batch_t *b = arg;
   tc_store_t *st = b->st;
-  st->inflight--;
+  lane_t *lane = b->lane;
+  lane->inflight--;
   st->stats.batches++;
   st->stats.ops += (uint64_t)b->n;
   st->stats.batch_ms_total += tc_pg_job_elapsed_ms(job);
@@ -521,7 +563,7 @@ static void on_batch_done(tc_pg_job_t *job, int status, void *arg) {
         tc_op_t *op = b->ops[i];
         if (transient ? ++op->attempts_ < MAX_ATTEMPTS : !op->alone_) {
           if (!transient) op->alone_ = true;
-          queue_push_front(st, op);
+          queue_push_front(lane, op);
           b->ops[i] = NULL;
         }
       }
@@ -544,13 +586,16 @@ static void on_batch_done(tc_pg_job_t *job, int status, void *arg) {
   for (int i = 0; i < b->n; i++)
     if (b->ops[i]) op_complete(st, b->ops[i]);
   batch_free(b);
-  if (st->inflight == 0 && !st->head) lazy_release(st); /* idle: no reason to wait */
+  if (st->lazy_head) {
+    lane_t *ll = lane_of(st, st->lazy_head);
+    if (ll->inflight == 0 && !ll->head) lazy_release(st); /* idle: no reason to wait */
+  }
   schedule_flush(st);
 }
 
 /* Take up to batch_max ops off the queue (ops that must run alone are
  * taken alone) and submit them as one transaction. */
-static int flush_one(tc_store_t *st) {
+static int flush_one(tc_store_t *st, lane_t *lane) {
   batch_t *b = calloc(1, sizeof(*b));
   int cap = st->batch_max;
   if (!b || !(b->ops = calloc((size_t)cap, sizeof(tc_op_t *)))) {
@@ -558,13 +603,14 @@ static int flush_one(tc_store_t *st) {
     return -1;
   }
   b->st = st;
-  bool alone = st->head && st->head->alone_;
-  while (st->head && b->n < cap) {
-    tc_op_t *op = st->head;
+  b->lane = lane;
+  bool alone = lane->head && lane->head->alone_;
+  while (lane->head && b->n < cap) {
+    tc_op_t *op = lane->head;
     if (b->n > 0 && op->alone_) break; /* runs in a batch of its own */
-    st->head = op->next_;
-    if (!st->head) st->tail = NULL;
-    st->queued--;
+    lane->head = op->next_;
+    if (!lane->head) lane->tail = NULL;
+    lane->queued--;
     op->next_ = NULL;
     b->ops[b->n++] = op;
     b->count[op->kind]++;
@@ -611,10 +657,10 @@ static int flush_one(tc_store_t *st) {
     goto fail_alloc;
   }
   for (int k = 0; k < TC_OP__KINDS; k++) st->stats.ops_by_kind[k] += (uint64_t)b->count[k];
-  st->inflight++;
-  rc = tc_pg_submit(st->wpool, job, 5000);
+  lane->inflight++;
+  rc = tc_pg_submit(lane->pool, job, 5000);
   if (rc != 0) {
-    st->inflight--;
+    lane->inflight--;
     tc_pg_job_free(job);
     for (int i = 0; i < b->n; i++) {
       op_fail(b->ops[i], "store queue refused the batch");
@@ -639,20 +685,25 @@ fail_alloc:
  * statements whatever its size) dominates small batches, so two half-empty
  * transactions cost PostgreSQL more CPU than one full one, and the ops
  * waiting now will ride the next batch a few milliseconds later anyway. */
-static bool want_batch(const tc_store_t *st) {
-  if (!st->head || st->closing || st->inflight >= st->writers) return false;
-  return st->inflight == 0 || st->queued >= (size_t)st->batch_min;
+static bool want_batch(const tc_store_t *st, const lane_t *l) {
+  if (!l->head || st->closing || l->inflight >= l->writers) return false;
+  return l->inflight == 0 || l->queued >= (size_t)st->batch_min;
+}
+
+static bool any_batch(const tc_store_t *st) {
+  return want_batch(st, &st->lane[LANE_DURABLE]) || want_batch(st, &st->lane[LANE_RELAXED]);
 }
 
 static void on_flush_idle(uv_idle_t *h) {
   tc_store_t *st = h->data;
-  while (want_batch(st)) flush_one(st);
+  for (int i = 0; i < LANES; i++)
+    while (want_batch(st, &st->lane[i])) flush_one(st, &st->lane[i]);
   uv_idle_stop(&st->flush_idle);
   st->idle_active = false;
 }
 
 static void schedule_flush(tc_store_t *st) {
-  if (st->idle_active || !want_batch(st)) return;
+  if (st->idle_active || !any_batch(st)) return;
   uv_idle_start(&st->flush_idle, on_flush_idle);
   st->idle_active = true;
 }
@@ -740,7 +791,6 @@ tc_store_t *tc_store_new(uv_loop_t *loop, const tc_config_t *cfg,
   if (!st) return NULL;
   st->loop = loop;
   st->node_id = cfg->node_id;
-  st->writers = cfg->writers;
   st->batch_max = cfg->batch_max;
   st->batch_min = cfg->batch_max < 32 ? cfg->batch_max : 32;
   st->queue_max = (size_t)cfg->queue_max;
@@ -754,8 +804,9 @@ tc_store_t *tc_store_new(uv_loop_t *loop, const tc_config_t *cfg,
   st->on_ready = on_ready;
   st->ready_arg = arg;
 
-  /* Synchronous commit stays on: an acknowledged decision must survive a
-   * PostgreSQL crash.  Group commit is what makes that affordable. */
+  /* Synchronous commit stays on for the durable lane: an acknowledged
+   * decision or lock must survive a PostgreSQL crash.  Group commit is what
+   * makes that affordable.  The relaxed lane turns it off (NOTES). */
   tc_pg_pool_opts_t w = {0};
   w.conninfo = cfg->pg_url;
   w.size = cfg->writers;
@@ -763,20 +814,32 @@ tc_store_t *tc_store_new(uv_loop_t *loop, const tc_config_t *cfg,
   w.on_state = on_pool_state;
   w.state_arg = st;
   w.init_sql = "SET application_name = 'tcd-writer'; SET plan_cache_mode = force_generic_plan";
+  tc_pg_pool_opts_t a = w;
+  a.size = cfg->relaxed_writers;
+  a.init_sql = "SET application_name = 'tcd-relaxed-writer'; SET plan_cache_mode = "
+               "force_generic_plan; SET synchronous_commit = off";
   tc_pg_pool_opts_t r = w;
-  r.size = cfg->pool_size - cfg->writers;
+  r.size = cfg->pool_size - cfg->writers - cfg->relaxed_writers;
   r.max_queue = 8192;
   r.init_sql = "SET application_name = 'tcd-reader'";
 
-  st->wpool = tc_pg_pool_new(loop, &w);
-  if (!st->wpool) {
-    free(st);
-    return NULL;
-  }
+  st->lane[LANE_DURABLE].writers = cfg->writers;
+  st->lane[LANE_RELAXED].writers = cfg->relaxed_writers;
+  st->lane[LANE_DURABLE].pool = tc_pg_pool_new(loop, &w);
   st->rpool = tc_pg_pool_new(loop, &r);
-  if (!st->rpool) {
+  if (cfg->relaxed_writers > 0) st->lane[LANE_RELAXED].pool = tc_pg_pool_new(loop, &a);
+  if (!st->lane[LANE_DURABLE].pool || !st->rpool ||
+      (cfg->relaxed_writers > 0 && !st->lane[LANE_RELAXED].pool)) {
     st->closing = true;
-    tc_pg_pool_close(st->wpool, free, st); /* frees 'st' once closed */
+    tc_pg_pool_t *pools[] = {st->lane[LANE_DURABLE].pool, st->lane[LANE_RELAXED].pool, st->rpool};
+    for (int i = 0; i < 3; i++)
+      if (pools[i]) st->closing_parts++;
+    if (st->closing_parts == 0) {
+      free(st);
+      return NULL;
+    }
+    for (int i = 0; i < 3; i++) /* the last one closed frees 'st' */
+      if (pools[i]) tc_pg_pool_close(pools[i], close_part_done, st);
     return NULL;
   }
   uv_idle_init(loop, &st->flush_idle);
@@ -807,20 +870,24 @@ void tc_store_close(tc_store_t *st, void (*done)(void *), void *arg) {
   st->close_arg = arg;
   /* Queued ops never reached PostgreSQL: fail them now. */
   lazy_release(st);
-  while (st->head) {
-    tc_op_t *op = st->head;
-    st->head = op->next_;
-    st->queued--;
-    op_fail(op, "coordinator shutting down");
-    op->status = TXP_ESHUTDOWN;
-    op_complete(st, op);
+  for (int i = 0; i < LANES; i++) {
+    lane_t *l = &st->lane[i];
+    while (l->head) {
+      tc_op_t *op = l->head;
+      l->head = op->next_;
+      l->queued--;
+      op_fail(op, "coordinator shutting down");
+      op->status = TXP_ESHUTDOWN;
+      op_complete(st, op);
+    }
+    l->tail = NULL;
   }
-  st->tail = NULL;
-  st->closing_parts = 5;
+  st->closing_parts = st->lane[LANE_RELAXED].pool ? 6 : 5;
   uv_close((uv_handle_t *)&st->flush_idle, on_handle_closed);
   uv_close((uv_handle_t *)&st->lazy_timer, on_handle_closed);
   uv_close((uv_handle_t *)&st->ready_timer, on_handle_closed);
-  tc_pg_pool_close(st->wpool, close_part_done, st);
+  for (int i = 0; i < LANES; i++)
+    if (st->lane[i].pool) tc_pg_pool_close(st->lane[i].pool, close_part_done, st);
   tc_pg_pool_close(st->rpool, close_part_done, st);
 }
 
@@ -831,9 +898,12 @@ int tc_store_read(tc_store_t *st, tc_pg_job_t *job, unsigned deadline_ms) {
 
 void tc_store_get_stats(const tc_store_t *st, tc_store_stats_t *out) {
   *out = st->stats;
-  out->queue_len = st->queued + st->lazy_queued;
+  out->queue_len = queued_total(st);
 }
 
 int tc_store_ready_conns(const tc_store_t *st) {
-  return tc_pg_pool_ready(st->wpool) + tc_pg_pool_ready(st->rpool);
+  int n = tc_pg_pool_ready(st->rpool);
+  for (int i = 0; i < LANES; i++)
+    if (st->lane[i].pool) n += tc_pg_pool_ready(st->lane[i].pool);
+  return n;
 }

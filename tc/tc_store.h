@@ -138,6 +138,7 @@ typedef struct tc_store_stats {
   uint64_t queue_len, queue_peak;
   double batch_ms_total;
   uint64_t ops_by_kind[TC_OP__KINDS];
+  double op_seconds_by_kind[TC_OP__KINDS]; /* submit to callback, summed */
 } tc_store_stats_t;
 
 /*

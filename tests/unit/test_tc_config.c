@@ -122,6 +122,13 @@ static void test_cross_field_checks(void **state) {
   valid_base(&c);
   c.writers = c.pool_size;
   assert_int_equal(tc_config_validate(&c, err, sizeof(err)), -1);
+  valid_base(&c); /* writers and relaxed writers must leave a reader */
+  c.writers = c.pool_size - 1;
+  c.relaxed_writers = 1;
+  assert_int_equal(tc_config_validate(&c, err, sizeof(err)), -1);
+  assert_non_null(strstr(err, "relaxed_writers"));
+  c.relaxed_writers = 0;
+  assert_int_equal(tc_config_validate(&c, err, sizeof(err)), 0);
   valid_base(&c);
   snprintf(c.log_format, sizeof(c.log_format), "xml");
   assert_int_equal(tc_config_validate(&c, err, sizeof(err)), -1);
