@@ -317,6 +317,8 @@ int svc_rm_client_new(const char *application_id, unsigned wait_ms, rm_client_t 
     .lock_wait_ms = (unsigned)svc_env_int("RM_LOCK_WAIT_MS", 2000, 0, 600000, &ok),
     .log_cb = svc_rm_log_cb,
     .log_level = svc_log_level + 1,
+    /* RM_UNNAMED_STATEMENTS=1 behind a transaction-pooling proxy. */
+    .unnamed_statements = (int)svc_env_int("RM_UNNAMED_STATEMENTS", 0, 0, 1, &ok),
   };
   /* RM_NODE_CHOICE: "home" (the library's default) or "round-robin". */
   const char *choice = svc_env_str("RM_NODE_CHOICE", "home");

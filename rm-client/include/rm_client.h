@@ -115,6 +115,11 @@ typedef struct rm_config {
   int log_level;               /* rm_log_level_t, 0 = RM_LOG_WARN */
   int node_choice;             /* where calls without an xid (GlobalBegin) go:
                                   rm_node_choice_t, 0 = RM_NODE_HOME */
+  int unnamed_statements;      /* nonzero: the AT layer sends its queries unnamed
+                                  instead of as named prepared statements kept per
+                                  connection; for connections behind a proxy that
+                                  cannot keep them (PgBouncer pool_mode=transaction)
+                                  or an application that runs DEALLOCATE ALL */
 } rm_config_t;
 
 /* rm_config_t.node_choice.  Calls about an xid always go to the node that

@@ -263,7 +263,7 @@ int rm_at_prepare(rm_branch_t *b, int64_t *branch_id) {
       res = r2[1];
     }
   } else {
-    res = PQexecParams(b->pg, insert_sql, 4, NULL, params, NULL, NULL, 0);
+    res = rm__at_exec(b, insert_sql, 4, params, NULL); /* NULL: reported below */
   }
   free(undo);
   free(ctx);

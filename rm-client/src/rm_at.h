@@ -35,6 +35,7 @@
 
 #include "rm_image.h"
 #include "rm_internal.h"
+#include "rm_pstmt.h"
 
 /* Limits of one branch (bad input beyond them is RM_E_INVALID). */
 #define RM_AT_MAX_ITEMS 1000                  /* statements per branch */
@@ -102,6 +103,8 @@ struct rm_at_resource {
 
   pthread_mutex_t meta_mu;
   rm_table_t *tables;
+
+  rm_pstmt_cache_t *pstmt; /* NULL: queries go unnamed (rm_config_t.unnamed_statements) */
 
   pthread_mutex_t pool_mu;
   pthread_cond_t pool_cv;
@@ -225,12 +228,17 @@ int rm__at_pending_run(rm_branch_t *b, int n, const char *const *sqls, const int
  * the end): res[i] gets the result of statement i (after an error, the
  * later ones are PGRES_PIPELINE_ABORTED; NULL when none came).  Returns 0,
  * or RM_E_DB when the pipeline could not be sent or its results not read
- * in full (the connection is then broken: every res[i] not filled is NULL).
- * The statements run inside the caller's transaction block, as PQexec
- * would run them one by one.
+ * in full (the connection is then broken: every res[i] is NULL).  The
+ * statements run inside the caller's transaction block, as PQexec would
+ * run them one by one.  Queries with parameters and SELECTs go as named
+ * prepared statements when the resource has a cache (rm_pstmt.h): the
+ * first use on a connection sends its Prepare in the same pipeline.
  */
 int rm__at_pipe_run(rm_branch_t *b, int n, const char *const *sql, const int *nparams,
                     const char *const *const *params, const Oid *const *types, PGresult **res);
+/* One query through rm__at_pipe_run: its result, or NULL when it could not
+ * be sent or read (b->errmsg says why). */
+PGresult *rm__at_exec(rm_branch_t *b, const char *sql, int n, const char *const *params, const Oid *types);
 /* Map a failed statement ('res', consumed) to a code, with the message:
  * data errors (bad value for the type, value too long, ...) are the
  * caller's input, the rest is the database. */

@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "rm_at.h"
+#include "rm_pstmt.h"
 
 /* The session settings an image's text depends on; recorded in the undo
  * context and re-applied by the rollback. */
@@ -45,43 +46,115 @@ int rm__at_stmt_error(rm_branch_t *b, const char *what, PGresult *res) {
   return rc;
 }
 
+/* Whether a query is worth a named statement: the ones with parameters
+ * (the statements on a table); not SAVEPOINT, RELEASE, the settings read. */
+static bool worth_naming(int nparams) { return nparams > 0; }
+
 int rm__at_pipe_run(rm_branch_t *b, int n, const char *const *sql, const int *nparams,
                     const char *const *const *params, const Oid *const *types, PGresult **res) {
+  /* What was sent, in order: each query, after its Prepare when fresh. */
+  typedef struct {
+    int stmt;
+    bool prepare;
+  } sent_t;
+  typedef char name_t[RM_PSTMT_NAME_MAX];
   for (int i = 0; i < n; i++) res[i] = NULL;
+  sent_t *sent = calloc((size_t)(2 * n), sizeof(sent_t));
+  name_t *names = calloc((size_t)n, sizeof(name_t));
+  PGresult **prep_err = calloc((size_t)n, sizeof(PGresult *));
+  rm_pstmt_cache_t *cache = b->res ? b->res->pstmt : NULL;
+  int nsent = 0;
+  if (!sent || !names || !prep_err) {
+    free(sent);
+    free(names);
+    free(prep_err);
+    rm__at_err(b, "out of memory");
+    return RM_E_NOMEM;
+  }
   if (PQpipelineStatus(b->pg) != PQ_PIPELINE_OFF || PQenterPipelineMode(b->pg) != 1) {
     rm__pg_error(b->errmsg, sizeof(b->errmsg), "could not enter pipeline mode", b->pg, NULL);
+    free(sent);
+    free(names);
+    free(prep_err);
     return RM_E_DB;
   }
-  int sent = 0;
   bool ok = true;
-  for (; ok && sent < n; sent++)
-    ok = PQsendQueryParams(b->pg, sql[sent], nparams ? nparams[sent] : 0, types ? types[sent] : NULL,
-                           params ? params[sent] : NULL, NULL, NULL, 0) == 1;
-  if (!ok) sent--;
+  for (int i = 0; ok && i < n; i++) {
+    int np = nparams ? nparams[i] : 0;
+    const Oid *tp = types ? types[i] : NULL;
+    const char *const *pp = params ? params[i] : NULL;
+    bool fresh = false;
+    bool named = cache && worth_naming(np) &&
+                 rm__pstmt_lookup(cache, b->pg, sql[i], np, tp, names[i], &fresh);
+    if (named && fresh) {
+      ok = PQsendPrepare(b->pg, names[i], sql[i], np, tp) == 1;
+      if (ok) sent[nsent++].stmt = i, sent[nsent - 1].prepare = true;
+    }
+    if (ok) {
+      ok = named ? PQsendQueryPrepared(b->pg, names[i], np, pp, NULL, NULL, 0) == 1
+                 : PQsendQueryParams(b->pg, sql[i], np, tp, pp, NULL, NULL, 0) == 1;
+      if (ok) sent[nsent++].stmt = i, sent[nsent - 1].prepare = false;
+    }
+  }
   if (ok) ok = PQpipelineSync(b->pg) == 1;
   if (!ok) rm__pg_error(b->errmsg, sizeof(b->errmsg), "could not send statements", b->pg, NULL);
   /* Read every result of what was sent, then the sync. */
-  for (int i = 0; ok && i < sent; i++) {
-    res[i] = PQgetResult(b->pg);
-    if (!res[i]) {
-      ok = false;
+  bool read_ok = true;
+  for (int k = 0; ok && read_ok && k < nsent; k++) {
+    int i = sent[k].stmt;
+    PGresult *r = PQgetResult(b->pg);
+    if (!r) {
+      read_ok = false;
       break;
     }
     PGresult *extra;
-    while ((extra = PQgetResult(b->pg)) != NULL) PQclear(extra); /* the NULL that ends statement i */
+    while ((extra = PQgetResult(b->pg)) != NULL) PQclear(extra); /* the NULL that ends it */
+    int np = nparams ? nparams[i] : 0;
+    if (sent[k].prepare) {
+      bool prepared = PQresultStatus(r) == PGRES_COMMAND_OK;
+      rm__pstmt_prepared(cache, b->pg, sql[i], np, types ? types[i] : NULL, names[i], prepared);
+      if (prepared) PQclear(r);
+      else prep_err[i] = r; /* the query's own result only says "aborted" */
+      continue;
+    }
+    if (strcmp(rm__sqlstate(r), "26000") == 0) rm__pstmt_forget(cache, b->pg); /* DISCARDed */
+    if (prep_err[i]) {
+      PQclear(r);
+      r = prep_err[i];
+      prep_err[i] = NULL;
+    }
+    res[i] = r;
   }
-  if (ok) {
+  for (int i = 0; i < n; i++) PQclear(prep_err[i]);
+  free(sent);
+  free(names);
+  free(prep_err);
+  if (ok && read_ok) {
     PGresult *sync = PQgetResult(b->pg);
     ok = PQresultStatus(sync) == PGRES_PIPELINE_SYNC;
     PQclear(sync);
   }
   if (PQexitPipelineMode(b->pg) != 1) ok = false;
-  if (!ok) {
+  if (!ok || !read_ok) {
     if (!b->errmsg[0] || PQstatus(b->pg) != CONNECTION_OK)
       rm__pg_error(b->errmsg, sizeof(b->errmsg), "could not read the results", b->pg, NULL);
+    for (int i = 0; i < n; i++) {
+      PQclear(res[i]);
+      res[i] = NULL;
+    }
     return RM_E_DB;
   }
   return 0;
+}
+
+PGresult *rm__at_exec(rm_branch_t *b, const char *sql, int n, const char *const *params, const Oid *types) {
+  const char *const sqls[1] = {sql};
+  const int np[1] = {n};
+  const char *const *pp[1] = {params};
+  const Oid *tt[1] = {types};
+  PGresult *res = NULL;
+  if (rm__at_pipe_run(b, 1, sqls, np, pp, tt, &res) != 0) return NULL;
+  return res;
 }
 
 int rm__at_pending_run(rm_branch_t *b, int n, const char *const *sqls, const int *np,
@@ -139,6 +212,14 @@ static int sp_ensure(rm_branch_t *b) {
   return rm__at_pending_run(b, 0, NULL, NULL, NULL, NULL, NULL);
 }
 
+/* A named statement the server could not run as prepared: "cached plan
+ * must not change result type" (0A000; the message is localised, the code
+ * is not, and another 0A000 only costs one more attempt) or gone (26000). */
+static bool stale_statement(const PGresult *res) {
+  const char *st = rm__sqlstate(res);
+  return strcmp(st, "26000") == 0 || strcmp(st, "0A000") == 0;
+}
+
 PGresult *rm__at_run(rm_branch_t *b, const char *what, const char *sql, int n,
                      const char *const *params, const Oid *types, ExecStatusType want, int *rc) {
   PGresult *res;
@@ -152,8 +233,27 @@ PGresult *rm__at_run(rm_branch_t *b, const char *what, const char *sql, int n,
       *rc = prc;
       return NULL;
     }
-  } else {
-    res = PQexecParams(b->pg, sql, n, types, params, NULL, NULL, 0);
+  } else if (!(res = rm__at_exec(b, sql, n, params, types))) {
+    *rc = RM_E_DB; /* b->errmsg says why */
+    return NULL;
+  }
+  if (PQresultStatus(res) != want && b->sp_taken && b->res && b->res->pstmt && stale_statement(res)) {
+    /* Prepared before an ALTER TABLE changed its result columns (SELECT *,
+     * RETURNING *), or deallocated by the application: back to the
+     * savepoint, and once more with the statements prepared afresh. */
+    PQclear(res);
+    rm__pstmt_forget(b->res->pstmt, b->pg);
+    PGresult *rb = PQexec(b->pg, "ROLLBACK TO SAVEPOINT " RM_AT_SAVEPOINT);
+    bool back = PQresultStatus(rb) == PGRES_COMMAND_OK;
+    if (!back) {
+      *rc = rm__at_stmt_error(b, "could not roll back to the savepoint", rb);
+      return NULL;
+    }
+    PQclear(rb);
+    if (!(res = rm__at_exec(b, sql, n, params, types))) {
+      *rc = RM_E_DB;
+      return NULL;
+    }
   }
   if (PQresultStatus(res) == want) return res;
   *rc = rm__at_stmt_error(b, what, res);

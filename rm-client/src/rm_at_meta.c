@@ -114,6 +114,7 @@ static void resource_free(rm_at_resource_t *r) {
   pthread_mutex_destroy(&r->meta_mu);
   pthread_mutex_destroy(&r->pool_mu);
   pthread_cond_destroy(&r->pool_cv);
+  rm__pstmt_free(r->pstmt);
   free(r->id);
   free(r->conninfo);
   free(r);
@@ -158,8 +159,12 @@ int rm_resource_add(rm_client_t *c, const char *resource_id, const char *conninf
   if (!s) return RM_E_NOMEM;
 
   rm_at_resource_t *r = calloc(1, sizeof(*r));
-  if (!r || !(r->id = strdup(resource_id)) || !(r->conninfo = strdup(conninfo))) {
-    if (r) free(r->id);
+  if (!r || !(r->id = strdup(resource_id)) || !(r->conninfo = strdup(conninfo)) ||
+      (!rm__unnamed_statements(c) && !(r->pstmt = rm__pstmt_new()))) {
+    if (r) {
+      free(r->id);
+      free(r->conninfo);
+    }
     free(r);
     return RM_E_NOMEM;
   }

@@ -389,6 +389,8 @@ int rm_client_nodes_up(rm_client_t *c) { return c ? atomic_load(&c->nodes_up) : 
 
 unsigned rm__lock_wait_ms(const rm_client_t *c) { return c ? c->cfg.lock_wait_ms : RM_DEFAULT_LOCK_WAIT_MS; }
 
+bool rm__unnamed_statements(const rm_client_t *c) { return c && c->cfg.unnamed_statements; }
+
 rm_at_state_t **rm__at_state(rm_client_t *c) { return &c->at; }
 
 void rm__resources_changed(rm_client_t *c) {

@@ -40,6 +40,8 @@ int rm__branch_report(rm_client_t *c, const char *xid, int64_t branch_id, int br
 
 /* The configured default lock wait. */
 unsigned rm__lock_wait_ms(const rm_client_t *c);
+/* rm_config_t.unnamed_statements. */
+bool rm__unnamed_statements(const rm_client_t *c);
 
 /*
  * Phase two, called by the core for each BranchCommit/BranchRollback that a

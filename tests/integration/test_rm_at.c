@@ -1386,6 +1386,74 @@ static void test_resolve_leftovers(void **state) {
   PQfinish(o);
 }
 
+/* One global transaction of client 'c' with one branch on 'pg' that
+ * inserts (k, 'v') into other.kv; committed or rolled back. */
+static int kv_global(rm_client_t *c, PGconn *pg, const char *k, bool commit) {
+  char xid[RM_XID_MAX];
+  int rc = rm_tm_begin(c, 30000, "pstmt", xid);
+  if (rc != 0) return rc;
+  rm_branch_t *b = NULL;
+  if (!exec_ok(pg, "BEGIN")) return RM_E_DB;
+  const char *cols[2] = {"k", "v"}, *vals[2] = {k, "v"};
+  if ((rc = rm_at_open(c, xid, "orders", pg, &b)) == 0 && (rc = rm_at_insert(b, "other.kv", 2, cols, vals)) == 0)
+    rc = rm_at_prepare(b, NULL);
+  if (rc != 0 && b && getenv("RM_TEST_VERBOSE")) fprintf(stderr, "  kv branch: %s\n", rm_at_errmsg(b));
+  bool ok = rc == 0 && exec_ok(pg, "COMMIT");
+  if (!ok) exec_ok(pg, "ROLLBACK");
+  if (b) rm_at_close(b, ok);
+  int st = 0;
+  int rc2 = commit && ok ? rm_tm_commit(c, xid, &st) : rm_tm_rollback(c, xid, &st);
+  return rc != 0 ? rc : !ok ? RM_E_DB : rc2;
+}
+
+/* The AT layer's queries are named prepared statements per connection:
+ * prepared on first use, then reused; prepared again after the application
+ * deallocates them or an ALTER TABLE changes the result columns of a
+ * statement with RETURNING * (the call itself still succeeds).  A client
+ * with unnamed_statements prepares nothing. */
+static void test_prepared_statements(void **state) {
+  (void)state;
+  static const char count_sql[] = "SELECT count(*) FROM pg_prepared_statements WHERE name LIKE 'rm\\_at\\_%'";
+  PGconn *o = pg_open(orders_url);
+  assert_non_null(o);
+  assert_int_equal(q_ll(o, count_sql, NULL, NULL, NULL), 0);
+  assert_int_equal(kv_global(client, o, "ps1", true), 0);
+  long long n1 = q_ll(o, count_sql, NULL, NULL, NULL);
+  assert_true(n1 >= 2); /* the INSERT ... RETURNING * and the undo row */
+  assert_int_equal(kv_global(client, o, "ps2", true), 0);
+  assert_int_equal(q_ll(o, count_sql, NULL, NULL, NULL), n1); /* reused, none added */
+
+  assert_true(exec_ok(o, "DEALLOCATE ALL"));
+  assert_int_equal(kv_global(client, o, "ps3", true), 0);
+  assert_int_equal(q_ll(o, count_sql, NULL, NULL, NULL), n1);
+
+  /* RETURNING * of a prepared INSERT now has one more column. */
+  assert_true(exec_ok(o, "ALTER TABLE other.kv ADD COLUMN IF NOT EXISTS ps_extra int"));
+  assert_int_equal(kv_global(client, o, "ps4", true), 0);
+  assert_int_equal(kv_global(client, o, "ps5", false), 0); /* and its undo still works */
+  assert_int_equal(WAIT_EQ(0, 10, q_ll(o, "SELECT count(*) FROM other.kv WHERE k = 'ps5'", NULL, NULL, NULL)), 0);
+  assert_int_equal(q_ll(o, "SELECT count(*) FROM other.kv WHERE k IN ('ps1', 'ps2', 'ps3', 'ps4')", NULL, NULL,
+                        NULL),
+                   4);
+
+  /* unnamed_statements: nothing prepared on the connection. */
+  char nodes[64];
+  snprintf(nodes, sizeof(nodes), "127.0.0.1:%d", tcd.port);
+  rm_config_t cfg = {.nodes = nodes, .token = TOKEN, .application_id = "test_rm_at_unnamed",
+                     .request_timeout_ms = 15000, .log_cb = log_cb, .unnamed_statements = 1};
+  rm_client_t *unnamed = NULL;
+  assert_int_equal(rm_client_new(&cfg, &unnamed), 0);
+  assert_int_equal(rm_resource_add(unnamed, "orders", orders_url), 0);
+  PGconn *o2 = pg_open(orders_url);
+  assert_non_null(o2);
+  assert_int_equal(kv_global(unnamed, o2, "ps6", true), 0);
+  assert_int_equal(q_ll(o2, count_sql, NULL, NULL, NULL), 0);
+  PQfinish(o2);
+  rm_client_free(unnamed);
+  assert_true(exec_ok(o, "ALTER TABLE other.kv DROP COLUMN ps_extra"));
+  PQfinish(o);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_commit_two_dbs),
@@ -1399,6 +1467,7 @@ int main(void) {
     cmocka_unit_test(test_delta_64_freezes),
     cmocka_unit_test(test_bad_input),
     cmocka_unit_test(test_schema_change),
+    cmocka_unit_test(test_prepared_statements),
     cmocka_unit_test(test_cleanup),
     cmocka_unit_test(test_deferred_delta_commit_rollback),
     cmocka_unit_test(test_deferred_delta_guard),

@@ -1,0 +1,165 @@
+/*
+ * rm_pstmt.c - the prepared-statement cache declared in rm_pstmt.h.
+ */
+#include "rm_pstmt.h"
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+  uint64_t hash; /* of the text, the parameter count and types */
+  char *sql;
+  int n;
+  Oid *types; /* NULL when untyped */
+  unsigned id;
+} pstmt_t;
+
+typedef struct {
+  PGconn *pg; /* NULL: free slot */
+  int pid;
+  uint64_t last_use;
+  int nstmts;
+  pstmt_t stmts[RM_PSTMT_PER_CONN];
+} pconn_t;
+
+struct rm_pstmt_cache {
+  pthread_mutex_t mu;
+  unsigned next_id;
+  uint64_t tick;
+  pconn_t conns[RM_PSTMT_CONNS];
+};
+
+rm_pstmt_cache_t *rm__pstmt_new(void) {
+  rm_pstmt_cache_t *c = calloc(1, sizeof(*c));
+  if (!c) return NULL;
+  pthread_mutex_init(&c->mu, NULL);
+  return c;
+}
+
+static void conn_clear(pconn_t *pc) {
+  for (int i = 0; i < pc->nstmts; i++) {
+    free(pc->stmts[i].sql);
+    free(pc->stmts[i].types);
+  }
+  memset(pc, 0, sizeof(*pc));
+}
+
+void rm__pstmt_free(rm_pstmt_cache_t *c) {
+  if (!c) return;
+  for (int i = 0; i < RM_PSTMT_CONNS; i++) conn_clear(&c->conns[i]);
+  pthread_mutex_destroy(&c->mu);
+  free(c);
+}
+
+static uint64_t fnv_bytes(uint64_t h, const void *p, size_t len) {
+  const unsigned char *b = p;
+  for (size_t i = 0; i < len; i++) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
+static uint64_t stmt_hash(const char *sql, int n, const Oid *types) {
+  uint64_t h = fnv_bytes(14695981039346656037ull, sql, strlen(sql));
+  h = fnv_bytes(h, &n, sizeof(n));
+  if (types) h = fnv_bytes(h, types, (size_t)n * sizeof(Oid));
+  return h;
+}
+
+static bool same_stmt(const pstmt_t *s, uint64_t h, const char *sql, int n, const Oid *types) {
+  if (s->hash != h || s->n != n || strcmp(s->sql, sql) != 0) return false;
+  if (!s->types || !types) return !s->types && !types;
+  return memcmp(s->types, types, (size_t)n * sizeof(Oid)) == 0;
+}
+
+/* The slot of 'pg' (emptied if its backend changed), or NULL; with
+ * 'create', a free or the least recently used slot is taken for it. */
+static pconn_t *conn_slot(rm_pstmt_cache_t *c, PGconn *pg, bool create) {
+  int pid = PQbackendPID(pg);
+  pconn_t *victim = NULL;
+  for (int i = 0; i < RM_PSTMT_CONNS; i++) {
+    pconn_t *pc = &c->conns[i];
+    if (pc->pg == pg) {
+      if (pc->pid != pid) { /* reconnected: nothing is prepared there */
+        conn_clear(pc);
+        if (!create) return NULL;
+        pc->pg = pg;
+        pc->pid = pid;
+      }
+      pc->last_use = ++c->tick;
+      return pc;
+    }
+    if (!victim || (victim->pg && (!pc->pg || pc->last_use < victim->last_use))) victim = pc;
+  }
+  if (!create || !victim) return NULL;
+  conn_clear(victim);
+  victim->pg = pg;
+  victim->pid = pid;
+  victim->last_use = ++c->tick;
+  return victim;
+}
+
+static void format_name(char name[RM_PSTMT_NAME_MAX], unsigned id) {
+  snprintf(name, RM_PSTMT_NAME_MAX, "rm_at_%u", id);
+}
+
+bool rm__pstmt_lookup(rm_pstmt_cache_t *c, PGconn *pg, const char *sql, int n, const Oid *types,
+                      char name[RM_PSTMT_NAME_MAX], bool *fresh) {
+  if (!c || !pg || PQbackendPID(pg) == 0) return false;
+  if (n == 0) types = NULL;
+  uint64_t h = stmt_hash(sql, n, types);
+  bool found = false, room = true;
+  unsigned id = 0;
+  pthread_mutex_lock(&c->mu);
+  pconn_t *pc = conn_slot(c, pg, false);
+  if (pc) {
+    for (int i = 0; i < pc->nstmts && !found; i++) {
+      if (same_stmt(&pc->stmts[i], h, sql, n, types)) {
+        found = true;
+        id = pc->stmts[i].id;
+      }
+    }
+    room = pc->nstmts < RM_PSTMT_PER_CONN;
+  }
+  if (!found && room) id = ++c->next_id;
+  pthread_mutex_unlock(&c->mu);
+  if (!found && !room) return false;
+  format_name(name, id);
+  *fresh = !found;
+  return true;
+}
+
+void rm__pstmt_prepared(rm_pstmt_cache_t *c, PGconn *pg, const char *sql, int n, const Oid *types,
+                        const char *name, bool ok) {
+  if (!c || !ok) return;
+  if (n == 0) types = NULL;
+  unsigned id = 0;
+  if (sscanf(name, "rm_at_%u", &id) != 1) return;
+  char *copy = strdup(sql);
+  Oid *tcopy = types && n > 0 ? malloc((size_t)n * sizeof(Oid)) : NULL;
+  if (!copy || (types && n > 0 && !tcopy)) { /* not remembered: the text goes unnamed next time */
+    free(copy);
+    free(tcopy);
+    return;
+  }
+  if (tcopy) memcpy(tcopy, types, (size_t)n * sizeof(Oid));
+  pthread_mutex_lock(&c->mu);
+  pconn_t *pc = conn_slot(c, pg, true);
+  if (pc && pc->nstmts < RM_PSTMT_PER_CONN) {
+    pc->stmts[pc->nstmts++] = (pstmt_t){stmt_hash(sql, n, types), copy, n, tcopy, id};
+    copy = NULL;
+    tcopy = NULL;
+  }
+  pthread_mutex_unlock(&c->mu);
+  free(copy);
+  free(tcopy);
+}
+
+void rm__pstmt_forget(rm_pstmt_cache_t *c, PGconn *pg) {
+  if (!c) return;
+  pthread_mutex_lock(&c->mu);
+  for (int i = 0; i < RM_PSTMT_CONNS; i++)
+    if (c->conns[i].pg == pg) conn_clear(&c->conns[i]);
+  pthread_mutex_unlock(&c->mu);
+}
