@@ -60,6 +60,12 @@ typedef struct rm_phase2_req {
 
 int rm__at_phase2(rm_client_t *c, const rm_phase2_req_t *req, int *code, char *errmsg, size_t errlen);
 
+/* The common case of an AT BranchCommit, without blocking: the undo row
+ * queued for the background deleter.  False when it needs rm__at_phase2
+ * (not an AT commit, unknown resource, or the queue is full and the row
+ * must be deleted inline).  Safe on the client's loop thread. */
+bool rm__at_commit_queued(rm_client_t *c, const rm_phase2_req_t *req);
+
 /* The AT layer's per-client state (resources, their connection pools,
  * the undo clean-up queue), created lazily by rm_resource_add and freed by
  * rm_client_free through this hook. */

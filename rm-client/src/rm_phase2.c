@@ -2,7 +2,9 @@
  * rm_phase2.c - requests from a coordinator to this client: BranchCommit
  * and BranchRollback run the AT layer's phase two (rm__at_phase2) on
  * libuv's thread pool, since it blocks on PostgreSQL, and are answered
- * from the loop thread on the connection they came on.
+ * from the loop thread on the connection they came on.  The common AT
+ * commit (queue the undo row for the background deleter) is answered at
+ * once from the loop thread (rm__at_commit_queued).
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -106,6 +108,15 @@ static void start_phase2(rm_client_t *c, rm_conn_t *conn, const txp_msg_t *m) {
               "too many phase-two requests in progress on this client: retry later");
     return;
   }
+  int branch_type = txp_msg_has(m, TXP_F_BRANCH_TYPE) ? (int)m->branch_type : TXP_BT_AT;
+  rm_phase2_req_t fast = {commit, m->xid, m->branch_id, m->resource_id, branch_type};
+  if (rm__at_commit_queued(c, &fast)) {
+    /* Answered from here: a trip through the thread pool would cost two
+     * thread switches per branch for a queue push. */
+    if (!(m->flags & TXP_FLAG_ONEWAY))
+      p2_answer(conn, m->type, m->request_id, m->xid, m->branch_id, 0, TXP_BS_PHASE2_COMMITTED, NULL);
+    return;
+  }
   p2_job_t *j = calloc(1, sizeof(*j));
   if (!j) {
     p2_answer(conn, m->type, m->request_id, m->xid, m->branch_id, TXP_ENOMEM, retry, "out of memory");
@@ -119,7 +130,7 @@ static void start_phase2(rm_client_t *c, rm_conn_t *conn, const txp_msg_t *m) {
   j->flags = m->flags;
   j->commit = commit;
   j->branch_id = m->branch_id;
-  j->branch_type = txp_msg_has(m, TXP_F_BRANCH_TYPE) ? (int)m->branch_type : TXP_BT_AT;
+  j->branch_type = branch_type;
   snprintf(j->xid, sizeof(j->xid), "%s", m->xid ? m->xid : "");
   snprintf(j->resource_id, sizeof(j->resource_id), "%s", m->resource_id ? m->resource_id : "");
   j->work.data = j;

@@ -1178,6 +1178,27 @@ out:
 
 /* -------------------------------------------------------------- entry */
 
+bool rm__at_commit_queued(rm_client_t *c, const rm_phase2_req_t *req) {
+  size_t xl = req && req->xid ? strlen(req->xid) : 0;
+  if (!c || !req || !req->commit || req->branch_type != TXP_BT_AT || xl == 0 || xl > TXP_MAX_XID_LEN ||
+      !req->resource_id)
+    return false;
+  rm_at_resource_t *r = rm__at_resource_find(c, req->resource_id);
+  if (!r) return false;
+  rm_at_state_t *st = r->st;
+  char *x = strdup(req->xid);
+  if (!x) return false;
+  pthread_mutex_lock(&st->mu);
+  bool queued = queue_push(r, st->tune.queue_max, x, req->branch_id);
+  if (queued && r->qlen >= st->tune.delete_batch) {
+    st->kick = true;
+    pthread_cond_broadcast(&st->cv);
+  }
+  pthread_mutex_unlock(&st->mu);
+  if (!queued) free(x);
+  return queued;
+}
+
 int rm__at_phase2(rm_client_t *c, const rm_phase2_req_t *req, int *code, char *errmsg, size_t errlen) {
   int scratch_code;
   char scratch[1];
