@@ -242,6 +242,15 @@ static size_t queued_total(const tc_store_t *st) {
   return st->lane[LANE_DURABLE].queued + st->lane[LANE_RELAXED].queued + st->lazy_queued;
 }
 
+/* Whether any lane has a batch in flight or ops waiting.  Lazy ops wait
+ * while it does: with the relaxed lane on, their own lane is often idle
+ * between begins, and releasing them then sent them out four at a time. */
+static bool store_busy(const tc_store_t *st) {
+  for (int i = 0; i < LANES; i++)
+    if (st->lane[i].inflight > 0 || st->lane[i].head) return true;
+  return false;
+}
+
 /* The lazy ops join their lane's queue (at its tail). */
 static void lazy_release(tc_store_t *st) {
   if (!st->lazy_head) return;
@@ -272,7 +281,7 @@ int tc_store_submit(tc_store_t *st, tc_op_t *op) {
   op->next_ = NULL;
   op->queued_ns_ = uv_hrtime();
   lane_t *l = lane_of(st, op);
-  if (op->lazy && (l->inflight > 0 || l->head)) {
+  if (op->lazy && store_busy(st)) {
     /* Busy: wait for a fuller batch (see NOTES). */
     if (st->lazy_tail) st->lazy_tail->next_ = op;
     else st->lazy_head = op;
@@ -586,10 +595,7 @@ static void on_batch_done(tc_pg_job_t *job, int status, void *arg) {
   for (int i = 0; i < b->n; i++)
     if (b->ops[i]) op_complete(st, b->ops[i]);
   batch_free(b);
-  if (st->lazy_head) {
-    lane_t *ll = lane_of(st, st->lazy_head);
-    if (ll->inflight == 0 && !ll->head) lazy_release(st); /* idle: no reason to wait */
-  }
+  if (st->lazy_head && !store_busy(st)) lazy_release(st); /* idle: no reason to wait */
   schedule_flush(st);
 }
 

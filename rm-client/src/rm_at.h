@@ -168,6 +168,7 @@ struct rm_branch {
   bool has_delta;
   bool sp_pending;    /* the statement's SAVEPOINT goes with its first query */
   bool sp_taken;      /* the statement's SAVEPOINT was set (rm__at_stmt_end undoes or releases it) */
+  bool sp_released;   /* ... and already released with the statement (rm__at_run_released) */
   rm_deferred_t *deferred; /* rm_at_update_delta_deferred, run by prepare */
   size_t ndeferred, capdeferred;
   txp_buf_t lock_keys;
@@ -214,6 +215,14 @@ int rm__at_stmt_table(rm_branch_t *b, const char *table, int n, const char *cons
  * in the same round trip, ahead of the statement. */
 PGresult *rm__at_run(rm_branch_t *b, const char *what, const char *sql, int n, const char *const *params,
                      const Oid *types, ExecStatusType want, int *rc);
+/* rm__at_run, with the RELEASE of the statement's savepoint in the same
+ * round trip: for a statement whose result the caller only records (an
+ * INSERT ... RETURNING *), one round trip less.  Should the recording fail
+ * afterwards (out of memory, undo or lock keys over their limits), the
+ * change cannot be undone alone: rm__at_stmt_end then fails the branch,
+ * and the caller must roll back its transaction. */
+PGresult *rm__at_run_released(rm_branch_t *b, const char *what, const char *sql, int n,
+                              const char *const *params, const Oid *types, ExecStatusType want, int *rc);
 /*
  * The statement's pending start (rm__at_stmt_begin), sent in one round
  * trip with the 'n' (at most 3) statements that follow it: SAVEPOINT, on

@@ -9,14 +9,20 @@
  *   rm__at_run, rm__at_record, and always rm__at_stmt_end.  On any
  *   failure the statement rolls back to its savepoint: the row changes of
  *   that call are undone and the caller's transaction stays usable, as if
- *   the call had not been made.
+ *   the call had not been made.  (One exception, an insert whose undo item
+ *   cannot be built after it ran: see below.)
  *
  *   Round trips: the SAVEPOINT goes in one libpq pipeline with the
  *   statement's first query (a catalog read on a metadata miss takes it
- *   alone first); the RELEASE is its own round trip, because what the
- *   client does with the results (images, undo size, lock key) may still
- *   fail and need the savepoint.  A deferred delta's check sends
- *   SAVEPOINT, SELECT and RELEASE at once (a read has nothing to undo).
+ *   alone first).  An update's or delete's RELEASE is its own round trip,
+ *   because the client still checks the results (one row, the guard) and
+ *   may need the savepoint.  An insert's RELEASE goes in the same pipeline
+ *   (rm__at_run_released): it either fails, and the savepoint is still
+ *   there, or makes its row; only building its undo item can still fail
+ *   (out of memory, undo or lock keys over their limits), and then the
+ *   branch fails and the caller rolls back.  A deferred delta's check
+ *   sends SAVEPOINT, SELECT and RELEASE at once (a read has nothing to
+ *   undo).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -220,27 +226,57 @@ static bool stale_statement(const PGresult *res) {
   return strcmp(st, "26000") == 0 || strcmp(st, "0A000") == 0;
 }
 
-PGresult *rm__at_run(rm_branch_t *b, const char *what, const char *sql, int n,
-                     const char *const *params, const Oid *types, ExecStatusType want, int *rc) {
-  PGresult *res;
+/* The statement, and with 'release' the RELEASE of its savepoint in the
+ * same round trip (see rm__at_run_released). */
+static PGresult *run_stmt(rm_branch_t *b, const char *what, const char *sql, int n, const char *const *params,
+                          const Oid *types, ExecStatusType want, bool release, int *rc) {
+  static const char release_sql[] = "RELEASE SAVEPOINT " RM_AT_SAVEPOINT;
+  const char *const sqls[2] = {sql, release_sql};
+  const int np[2] = {n, 0};
+  const char *const *pp[2] = {params, NULL};
+  const Oid *tt[2] = {types, NULL};
+  PGresult *out[2] = {NULL, NULL};
+  int nq = release ? 2 : 1;
   if (b->sp_pending) {
-    const char *const sqls[1] = {sql};
-    const int np[1] = {n};
-    const char *const *pp[1] = {params};
-    const Oid *tt[1] = {types};
-    int prc = rm__at_pending_run(b, 1, sqls, np, pp, tt, &res);
+    int prc = rm__at_pending_run(b, nq, sqls, np, pp, tt, out);
     if (prc != 0) {
       *rc = prc;
       return NULL;
     }
-  } else if (!(res = rm__at_exec(b, sql, n, params, types))) {
-    *rc = RM_E_DB; /* b->errmsg says why */
-    return NULL;
+  } else if (release && b->sp_taken) {
+    int prc = rm__at_pipe_run(b, 2, sqls, np, pp, tt, out);
+    if (prc != 0) {
+      *rc = prc;
+      return NULL;
+    }
+  } else {
+    nq = 1;
+    if (!(out[0] = rm__at_exec(b, sql, n, params, types))) {
+      *rc = RM_E_DB; /* b->errmsg says why */
+      return NULL;
+    }
+  }
+  PGresult *res = out[0];
+  if (nq == 2) {
+    /* After a failed statement the RELEASE did not run (pipeline aborted):
+     * the savepoint is still there for the rollback below or at the end. */
+    bool released = PQresultStatus(res) == want && PQresultStatus(out[1]) == PGRES_COMMAND_OK;
+    if (PQresultStatus(res) == want && !released) {
+      PQclear(res);
+      *rc = rm__at_stmt_error(b, "could not release the savepoint", out[1]);
+      return NULL;
+    }
+    PQclear(out[1]);
+    if (released) {
+      b->sp_taken = false;
+      b->sp_released = true;
+    }
   }
   if (PQresultStatus(res) != want && b->sp_taken && b->res && b->res->pstmt && stale_statement(res)) {
     /* Prepared before an ALTER TABLE changed its result columns (SELECT *,
      * RETURNING *), or deallocated by the application: back to the
-     * savepoint, and once more with the statements prepared afresh. */
+     * savepoint, and once more with the statements prepared afresh (the
+     * savepoint is then released at the statement's end). */
     PQclear(res);
     rm__pstmt_forget(b->res->pstmt, b->pg);
     PGresult *rb = PQexec(b->pg, "ROLLBACK TO SAVEPOINT " RM_AT_SAVEPOINT);
@@ -258,6 +294,16 @@ PGresult *rm__at_run(rm_branch_t *b, const char *what, const char *sql, int n,
   if (PQresultStatus(res) == want) return res;
   *rc = rm__at_stmt_error(b, what, res);
   return NULL;
+}
+
+PGresult *rm__at_run(rm_branch_t *b, const char *what, const char *sql, int n,
+                     const char *const *params, const Oid *types, ExecStatusType want, int *rc) {
+  return run_stmt(b, what, sql, n, params, types, want, false, rc);
+}
+
+PGresult *rm__at_run_released(rm_branch_t *b, const char *what, const char *sql, int n,
+                              const char *const *params, const Oid *types, ExecStatusType want, int *rc) {
+  return run_stmt(b, what, sql, n, params, types, want, true, rc);
 }
 
 int rm__at_stmt_begin(rm_branch_t *b) {
@@ -279,6 +325,7 @@ int rm__at_stmt_begin(rm_branch_t *b) {
   }
   b->sp_pending = true;
   b->sp_taken = false;
+  b->sp_released = false;
   return 0;
 }
 
@@ -294,7 +341,17 @@ void rm__at_sp_rollback(rm_branch_t *b) {
 
 int rm__at_stmt_end(rm_branch_t *b, int rc) {
   b->sp_pending = false;
-  if (!b->sp_taken) return rc; /* no savepoint was set: nothing to release or undo */
+  if (!b->sp_taken) {
+    if (rc != 0 && b->sp_released) {
+      /* The statement's change is in the transaction with no undo item. */
+      size_t len = strlen(b->errmsg);
+      snprintf(b->errmsg + len, sizeof(b->errmsg) - len,
+               "; the statement's change stays in the transaction: roll it back");
+      b->state = RM_BRANCH_FAILED;
+    }
+    b->sp_released = false;
+    return rc; /* no savepoint was set: nothing to release or undo */
+  }
   b->sp_taken = false;
   if (rc == 0) {
     PGresult *res = PQexec(b->pg, "RELEASE SAVEPOINT " RM_AT_SAVEPOINT);

@@ -163,6 +163,25 @@ static int stmt_finish(rm_branch_t *b, int rc, rm_item_t *it, PGresult *res, txp
   return rm__at_stmt_end(b, rc);
 }
 
+/* Whether recording an insert's row could fail after the statement ran,
+ * for what its input shows: a long key (lock key limits) or big values
+ * (the branch's undo limit), with room to spare for escaping and for the
+ * columns it does not set.  Such an insert keeps its savepoint until its
+ * undo item is recorded (rm__at_run_released, NOTES of rm_at_frame.c). */
+static bool insert_may_fail_late(const rm_branch_t *b, const rm_table_t *t, int ncols, const char *const *cols,
+                                 const char *const *vals) {
+  size_t in = 0, key = strlen(b->res->id) + strlen(t->lockname) + 16;
+  for (int i = 0; i < ncols; i++) {
+    size_t n = vals[i] ? strlen(vals[i]) : 0;
+    in += 2 * n + 64;
+    int ci = rm__col_index(t, cols[i]);
+    for (int k = 0; k < t->npk; k++)
+      if (t->pk[k] == ci) key += 2 * n + 1;
+  }
+  return key > TXP_MAX_ROW_KEY_LEN / 2 || b->lock_keys.len + key > TXP_MAX_LOCK_KEYS_LEN / 2 ||
+         b->undo_bytes + in + 64 * 1024 > RM_AT_MAX_UNDO_BYTES;
+}
+
 int rm_at_insert(rm_branch_t *b, const char *table, int ncols, const char *const *cols,
                  const char *const *vals) {
   if (!b) return RM_E_INVALID;
@@ -196,7 +215,12 @@ int rm_at_insert(rm_branch_t *b, const char *table, int ncols, const char *const
     rc = oom(b);
     goto out;
   }
-  if (!(res = rm__at_run(b, "could not insert", sql.data, ncols, vals, NULL, PGRES_TUPLES_OK, &rc))) goto out;
+  /* An insert either fails or makes its one row: released at once,
+   * unless recording it could still fail. */
+  res = insert_may_fail_late(b, t, ncols, cols, vals)
+            ? rm__at_run(b, "could not insert", sql.data, ncols, vals, NULL, PGRES_TUPLES_OK, &rc)
+            : rm__at_run_released(b, "could not insert", sql.data, ncols, vals, NULL, PGRES_TUPLES_OK, &rc);
+  if (!res) goto out;
   if (PQntuples(res) != 1) {
     rm__at_err(b, "insert into \"%s\" returned %d rows, not one", t->name, PQntuples(res));
     rc = RM_E_NOT_ONE_ROW;

@@ -1386,6 +1386,33 @@ static void test_resolve_leftovers(void **state) {
   PQfinish(o);
 }
 
+/* An insert whose RELEASE went with it (its input looked small) and whose
+ * undo item then cannot be built (a default makes the row too big): the
+ * branch fails and says to roll back; nothing else is half done. */
+static void test_insert_fails_late(void **state) {
+  (void)state;
+  PGconn *o = pg_open(orders_url);
+  assert_non_null(o);
+  assert_true(exec_ok(o, "CREATE TABLE IF NOT EXISTS bigdefault (k text PRIMARY KEY,"
+                         " v text DEFAULT repeat('x', 9 * 1024 * 1024))"));
+  char xid[RM_XID_MAX];
+  assert_int_equal(rm_tm_begin(client, 30000, "fails_late", xid), 0);
+  assert_true(exec_ok(o, "BEGIN"));
+  rm_branch_t *b = NULL;
+  assert_int_equal(rm_at_open(client, xid, "orders", o, &b), 0);
+  const char *c[1] = {"k"}, *v[1] = {"late"};
+  assert_int_equal(rm_at_insert(b, "bigdefault", 1, c, v), RM_E_INVALID);
+  assert_non_null(strstr(rm_at_errmsg(b), "roll it back"));
+  assert_int_equal(rm_at_insert(b, "other.kv", 1, c, v), RM_E_STATE); /* the branch is failed */
+  assert_int_equal(rm_at_prepare(b, NULL), RM_E_STATE);
+  assert_true(exec_ok(o, "ROLLBACK"));
+  rm_at_close(b, false);
+  int st = 0;
+  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
+  assert_int_equal(q_ll(o, "SELECT count(*) FROM bigdefault", NULL, NULL, NULL), 0);
+  PQfinish(o);
+}
+
 /* One global transaction of client 'c' with one branch on 'pg' that
  * inserts (k, 'v') into other.kv; committed or rolled back. */
 static int kv_global(rm_client_t *c, PGconn *pg, const char *k, bool commit) {
@@ -1468,6 +1495,7 @@ int main(void) {
     cmocka_unit_test(test_bad_input),
     cmocka_unit_test(test_schema_change),
     cmocka_unit_test(test_prepared_statements),
+    cmocka_unit_test(test_insert_fails_late),
     cmocka_unit_test(test_cleanup),
     cmocka_unit_test(test_deferred_delta_commit_rollback),
     cmocka_unit_test(test_deferred_delta_guard),
