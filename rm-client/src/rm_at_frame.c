@@ -52,9 +52,20 @@ int rm__at_stmt_error(rm_branch_t *b, const char *what, PGresult *res) {
   return rc;
 }
 
+static const char settings_sql[] = SETTINGS_SQL;
+
 /* Whether a query is worth a named statement: the ones with parameters
- * (the statements on a table); not SAVEPOINT, RELEASE, the settings read. */
-static bool worth_naming(int nparams) { return nparams > 0; }
+ * (the statements on a table) and the settings read (once per branch);
+ * not SAVEPOINT, RELEASE and the like. */
+static bool worth_naming(const char *sql, int nparams) { return nparams > 0 || sql == settings_sql; }
+
+/* A named statement the server could not run as prepared: "cached plan
+ * must not change result type" (0A000; the message is localised, the code
+ * is not, and another 0A000 only costs one more attempt) or gone (26000). */
+static bool stale_statement(const PGresult *res) {
+  const char *st = rm__sqlstate(res);
+  return strcmp(st, "26000") == 0 || strcmp(st, "0A000") == 0;
+}
 
 int rm__at_pipe_run(rm_branch_t *b, int n, const char *const *sql, const int *nparams,
                     const char *const *const *params, const Oid *const *types, PGresult **res) {
@@ -90,7 +101,7 @@ int rm__at_pipe_run(rm_branch_t *b, int n, const char *const *sql, const int *np
     const Oid *tp = types ? types[i] : NULL;
     const char *const *pp = params ? params[i] : NULL;
     bool fresh = false;
-    bool named = cache && worth_naming(np) &&
+    bool named = cache && worth_naming(sql[i], np) &&
                  rm__pstmt_lookup(cache, b->pg, sql[i], np, tp, names[i], &fresh);
     if (named && fresh) {
       ok = PQsendPrepare(b->pg, names[i], sql[i], np, tp) == 1;
@@ -167,7 +178,7 @@ int rm__at_pending_run(rm_branch_t *b, int n, const char *const *sqls, const int
                        const char *const *const *pp, const Oid *const *tt, PGresult **out) {
   bool want_settings = !b->have_settings;
   int pre = want_settings ? 2 : 1, total = pre + n;
-  const char *S[5] = {"SAVEPOINT " RM_AT_SAVEPOINT, SETTINGS_SQL};
+  const char *S[5] = {"SAVEPOINT " RM_AT_SAVEPOINT, settings_sql};
   int N[5] = {0};
   const char *const *P[5] = {NULL};
   const Oid *T[5] = {NULL};
@@ -188,6 +199,22 @@ int rm__at_pending_run(rm_branch_t *b, int n, const char *const *sqls, const int
   /* Only a savepoint that was set is rolled back to or released later
    * (ROLLBACK TO an unknown savepoint would abort the transaction). */
   b->sp_taken = R[0] != NULL && PQresultStatus(R[0]) == PGRES_COMMAND_OK;
+  if (rc == 0 && want_settings && b->sp_taken && b->res && b->res->pstmt && stale_statement(R[1])) {
+    /* The settings read was deallocated by the application: back to the
+     * savepoint, and the rest once more, prepared afresh. */
+    rm__pstmt_forget(b->res->pstmt, b->pg);
+    PGresult *rb = PQexec(b->pg, "ROLLBACK TO SAVEPOINT " RM_AT_SAVEPOINT);
+    if (PQresultStatus(rb) != PGRES_COMMAND_OK) {
+      rc = rm__at_stmt_error(b, "could not roll back to the savepoint", rb);
+    } else {
+      PQclear(rb);
+      for (int i = 1; i < total; i++) {
+        PQclear(R[i]);
+        R[i] = NULL;
+      }
+      rc = rm__at_pipe_run(b, total - 1, S + 1, N + 1, P + 1, T + 1, R + 1);
+    }
+  }
   if (rc == 0 && want_settings) {
     if (PQresultStatus(R[1]) != PGRES_TUPLES_OK || PQntuples(R[1]) != 1 || PQnfields(R[1]) != (int)NSETTINGS) {
       rc = rm__at_stmt_error(b, "could not read the session settings", R[1]);
@@ -216,14 +243,6 @@ int rm__at_pending_run(rm_branch_t *b, int n, const char *const *sqls, const int
 static int sp_ensure(rm_branch_t *b) {
   if (!b->sp_pending) return 0;
   return rm__at_pending_run(b, 0, NULL, NULL, NULL, NULL, NULL);
-}
-
-/* A named statement the server could not run as prepared: "cached plan
- * must not change result type" (0A000; the message is localised, the code
- * is not, and another 0A000 only costs one more attempt) or gone (26000). */
-static bool stale_statement(const PGresult *res) {
-  const char *st = rm__sqlstate(res);
-  return strcmp(st, "26000") == 0 || strcmp(st, "0A000") == 0;
 }
 
 /* The statement, and with 'release' the RELEASE of its savepoint in the
