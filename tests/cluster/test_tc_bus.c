@@ -442,6 +442,9 @@ static void forward_once(world_t *w, unsigned timeout_ms) {
   assert_int_equal(w->fwd_calls, 0); /* never from inside the call */
 }
 
+/* Node 2 has seen the forward: it may get it after node 3 has answered. */
+static int node2_saw_forward(world_t *w) { return w->n[1].forwards_seen >= 1; }
+
 static void test_forward_answered(void **state) {
   world_t *w = *state;
   w->n[1].forward_mode = 0; /* node 2: no RM */
@@ -451,6 +454,7 @@ static void test_forward_answered(void **state) {
   assert_int_equal(w->fwd_status, 0);
   assert_int_equal(w->fwd_code, 0);
   assert_int_equal(w->fwd_branch_status, TXP_BS_PHASE2_COMMITTED);
+  assert_true(run_until(w, node2_saw_forward, 2000));
   assert_int_equal(w->n[1].forwards_seen, 1);
   assert_int_equal(w->n[2].forwards_seen, 1);
 }
