@@ -365,11 +365,18 @@ static void format_metrics(const snap_t *s, uint64_t now, sbuf_t *b) {
   static const char *const kinds[TC_OP__KINDS] = {"begin", "register", "decide", "phase2"};
   for (int i = 0; i < TC_OP__KINDS; i++)
     sb_printf(b, "txc_store_ops_total{kind=\"%s\"} %" PRIu64 "\n", kinds[i], st->ops_by_kind[i]);
-  head(b, "txc_store_op_seconds", "summary",
+  head(b, "txc_store_op_seconds", "histogram",
        "Time from an operation's submission to its result (queue wait plus its batch), by kind.");
   for (int i = 0; i < TC_OP__KINDS; i++) {
+    uint64_t cum = 0;
+    for (int j = 0; j < TC_STORE_OP_BUCKETS; j++) {
+      cum += st->op_bucket[i][j];
+      sb_printf(b, "txc_store_op_seconds_bucket{kind=\"%s\",le=\"%g\"} %" PRIu64 "\n", kinds[i],
+                tc_store_op_bounds[j], cum);
+    }
+    sb_printf(b, "txc_store_op_seconds_bucket{kind=\"%s\",le=\"+Inf\"} %" PRIu64 "\n", kinds[i], st->op_count[i]);
     sb_printf(b, "txc_store_op_seconds_sum{kind=\"%s\"} %.6f\n", kinds[i], st->op_seconds_by_kind[i]);
-    sb_printf(b, "txc_store_op_seconds_count{kind=\"%s\"} %" PRIu64 "\n", kinds[i], st->ops_by_kind[i]);
+    sb_printf(b, "txc_store_op_seconds_count{kind=\"%s\"} %" PRIu64 "\n", kinds[i], st->op_count[i]);
   }
   head(b, "txc_store_batch_duration_seconds", "summary", "Duration of one group-commit batch (one transaction).");
   sb_printf(b, "txc_store_batch_duration_seconds_sum %.6f\n", st->batch_ms_total / 1000.0);

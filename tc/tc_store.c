@@ -219,9 +219,20 @@ static void op_fail(tc_op_t *op, const char *msg) {
   copy_str(op->errmsg, sizeof(op->errmsg), msg);
 }
 
+const double tc_store_op_bounds[TC_STORE_OP_BUCKETS] = {0.0005, 0.001, 0.002, 0.005, 0.01,
+                                                        0.02,   0.05,  0.1,   0.5,   1.0};
+
 static void op_complete(tc_store_t *st, tc_op_t *op) {
   if (op->status != 0) st->stats.op_failures++;
-  st->stats.op_seconds_by_kind[op->kind] += (double)(uv_hrtime() - op->queued_ns_) / 1e9;
+  double sec = (double)(uv_hrtime() - op->queued_ns_) / 1e9;
+  st->stats.op_seconds_by_kind[op->kind] += sec;
+  st->stats.op_count[op->kind]++;
+  for (int i = 0; i < TC_STORE_OP_BUCKETS; i++) {
+    if (sec <= tc_store_op_bounds[i]) {
+      st->stats.op_bucket[op->kind][i]++;
+      break;
+    }
+  }
   op->cb(op, op->arg);
 }
 

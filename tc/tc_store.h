@@ -133,12 +133,18 @@ struct tc_op {
   tc_op_t *next_;
 };
 
+/* Upper bounds (seconds) of the store operation latency histogram. */
+#define TC_STORE_OP_BUCKETS 10
+extern const double tc_store_op_bounds[TC_STORE_OP_BUCKETS];
+
 typedef struct tc_store_stats {
   uint64_t batches, ops, batch_retries, op_failures, deadlocks;
   uint64_t queue_len, queue_peak;
   double batch_ms_total;
   uint64_t ops_by_kind[TC_OP__KINDS];
   double op_seconds_by_kind[TC_OP__KINDS]; /* submit to callback, summed */
+  uint64_t op_bucket[TC_OP__KINDS][TC_STORE_OP_BUCKETS]; /* ... counted per bound (not cumulative) */
+  uint64_t op_count[TC_OP__KINDS];                       /* ... completed */
 } tc_store_stats_t;
 
 /*

@@ -147,11 +147,11 @@ static double metric(const scrape_t *sc, const char *series) {
   return NAN;
 }
 
-/* Histogram buckets of 'fam'{decision="d"} are cumulative and end in
+/* Histogram buckets of 'fam'{label="value"} are cumulative and end in
  * +Inf == _count. */
-static void check_histogram(const scrape_t *sc, const char *fam, const char *decision) {
+static void check_histogram(const scrape_t *sc, const char *fam, const char *label, const char *value) {
   char prefix[256];
-  snprintf(prefix, sizeof(prefix), "%s_bucket{decision=\"%s\",le=\"", fam, decision);
+  snprintf(prefix, sizeof(prefix), "%s_bucket{%s=\"%s\",le=\"", fam, label, value);
   double prev = 0, inf = -1;
   int n = 0;
   for (int i = 0; i < sc->n; i++) {
@@ -163,7 +163,7 @@ static void check_histogram(const scrape_t *sc, const char *fam, const char *dec
   }
   assert_true(n >= 2);
   char cnt[256];
-  snprintf(cnt, sizeof(cnt), "%s_count{decision=\"%s\"}", fam, decision);
+  snprintf(cnt, sizeof(cnt), "%s_count{%s=\"%s\"}", fam, label, value);
   assert_true(inf == metric(sc, cnt));
 }
 
@@ -336,8 +336,13 @@ static void test_metrics(void **state) {
   assert_true(metric(&b, "txc_phase2_duration_seconds_count{decision=\"rollback\"}") >=
               metric(&a, "txc_phase2_duration_seconds_count{decision=\"rollback\"}") + 1);
   assert_true(metric(&b, "txc_phase2_duration_seconds_sum{decision=\"commit\"}") > 0);
-  check_histogram(&b, "txc_phase2_duration_seconds", "commit");
-  check_histogram(&b, "txc_phase2_duration_seconds", "rollback");
+  check_histogram(&b, "txc_phase2_duration_seconds", "decision", "commit");
+  check_histogram(&b, "txc_phase2_duration_seconds", "decision", "rollback");
+  static const char *const kinds[] = {"begin", "register", "decide", "phase2"};
+  for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++) check_histogram(&b, "txc_store_op_seconds", "kind", kinds[k]);
+  assert_true(metric(&b, "txc_store_op_seconds_count{kind=\"begin\"}") >=
+              metric(&a, "txc_store_op_seconds_count{kind=\"begin\"}") + 4);
+  assert_true(metric(&b, "txc_store_op_seconds_sum{kind=\"decide\"}") > 0);
   assert_true(metric(&b, "txc_bad_frames_total") >= metric(&a, "txc_bad_frames_total") + 1);
   assert_true(metric(&b, "txc_store_batches_total") > metric(&a, "txc_store_batches_total"));
   assert_true(metric(&b, "txc_store_batch_size_sum") >= metric(&b, "txc_store_batch_size_count"));
