@@ -40,41 +40,37 @@
 #include <unistd.h>
 
 #include "rm_at.h"
+#include "rm_at_fixture.h"
 #include "rm_client.h"
 #include "rm_internal.h"
 #include "tcd_proc.h"
 #include "txp_status.h"
 
-#define TOKEN "rm-at-test-token"
-#define ACTIVITY "1"
-#define TICKET "1"
-#define GUARD "stock - frozen_count - sold_count >= $1"
-
-static const char *orders_url, *stock_url, *tc_url;
-static tcd_proc_t tcd;
-static rm_client_t *client;
-static atomic_llong next_order = 1000;
+const char *orders_url, *stock_url, *tc_url;
+tcd_proc_t tcd;
+rm_client_t *client;
+atomic_llong next_order = 1000;
 
 /* ------------------------------------------------------------- helpers */
 
-static void sleep_ms(int ms) {
+void sleep_ms(int ms) {
   struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
   nanosleep(&ts, NULL);
 }
 
-static double now_s(void) {
+double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
-static void log_cb(int level, const char *msg, void *arg) {
+void log_cb(int level, const char *msg, void *arg) {
   (void)arg;
   if (level <= RM_LOG_WARN || getenv("RM_TEST_VERBOSE"))
     fprintf(stderr, "  [rmclient %d] %s\n", level, msg);
 }
 
-static PGconn *pg_open(const char *url) {
+PGconn *pg_open(const char *url) {
   PGconn *pg = PQconnectdb(url);
   if (PQstatus(pg) != CONNECTION_OK) {
     fprintf(stderr, "connect %s: %s", url, PQerrorMessage(pg));
@@ -85,7 +81,7 @@ static PGconn *pg_open(const char *url) {
 }
 
 /* Run a statement that must succeed (any result kind). */
-static bool exec_ok(PGconn *pg, const char *sql) {
+bool exec_ok(PGconn *pg, const char *sql) {
   PGresult *r = PQexec(pg, sql);
   ExecStatusType st = PQresultStatus(r);
   bool ok = st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK;
@@ -96,7 +92,7 @@ static bool exec_ok(PGconn *pg, const char *sql) {
 
 /* First value of a query with up to 3 text parameters, as a long long;
  * LLONG_MIN if no row or NULL, LLONG_MIN + 1 on error. */
-static long long q_ll(PGconn *pg, const char *sql, const char *p1, const char *p2, const char *p3) {
+long long q_ll(PGconn *pg, const char *sql, const char *p1, const char *p2, const char *p3) {
   const char *params[3] = {p1, p2, p3};
   int n = p3 ? 3 : p2 ? 2 : p1 ? 1 : 0;
   PGresult *r = PQexecParams(pg, sql, n, NULL, params, NULL, NULL, 0);
@@ -135,22 +131,17 @@ static long long undo_rows(PGconn *pg, const char *xid, int log_status) {
   return q_ll(pg, "SELECT count(*) FROM undo_log WHERE xid = $1 AND log_status = $2", xid, s, NULL);
 }
 
-static long long order_exists(PGconn *pg, long long id) {
+/* Whether the caller's transaction is still open and takes statements. */
+bool tx_usable(PGconn *pg) {
+  return PQtransactionStatus(pg) == PQTRANS_INTRANS && exec_ok(pg, "SELECT 1") &&
+         PQtransactionStatus(pg) == PQTRANS_INTRANS;
+}
+
+long long order_exists(PGconn *pg, long long id) {
   char s[32];
   snprintf(s, sizeof(s), "%lld", id);
   return q_ll(pg, "SELECT count(*) FROM trade_order WHERE order_id = $1", s, NULL, NULL);
 }
-
-/* Poll 'what' until it equals 'want' or 'secs' pass; returns the last value. */
-#define WAIT_EQ(want, secs, what)                                  \
-  ({                                                               \
-    long long _v = (what);                                         \
-    for (double _end = now_s() + (secs); _v != (want) && now_s() < _end;) { \
-      sleep_ms(20);                                                \
-      _v = (what);                                                 \
-    }                                                              \
-    _v;                                                            \
-  })
 
 static int global_status(const char *xid) {
   int st = -1;
@@ -162,7 +153,7 @@ static int global_status(const char *xid) {
 static const char *const order_cols[] = {"order_id", "activity_id", "ticket_type", "user_id",
                                          "qty", "bucket_id", "xid"};
 
-static int insert_order(rm_branch_t *b, long long id, int user, int qty, int bucket, const char *xid) {
+int insert_order(rm_branch_t *b, long long id, int user, int qty, int bucket, const char *xid) {
   char sid[32], su[16], sq[16], sb[16];
   snprintf(sid, sizeof(sid), "%lld", id);
   snprintf(su, sizeof(su), "%d", user);
@@ -206,12 +197,7 @@ static int body_order(rm_branch_t *b, void *arg) {
   return insert_order(b, o->id, o->user, o->qty, o->bucket, o->xid);
 }
 
-typedef struct delta_arg {
-  int bucket;
-  long long delta;
-} delta_arg_t;
-
-static int body_delta(rm_branch_t *b, void *arg) {
+int body_delta(rm_branch_t *b, void *arg) {
   delta_arg_t *d = arg;
   char sb[16];
   snprintf(sb, sizeof(sb), "%d", d->bucket);
@@ -880,197 +866,6 @@ static void test_delta_64_freezes(void **state) {
   freezes_half_committed("freeze", 8, body_delta, &d);
 }
 
-/* A guard that refuses, rows that do not exist, and every kind of bad
- * input: a clear code each time, and the caller's transaction left usable
- * with its earlier work intact. */
-static bool tx_usable(PGconn *pg) {
-  return PQtransactionStatus(pg) == PQTRANS_INTRANS && exec_ok(pg, "SELECT 1") &&
-         PQtransactionStatus(pg) == PQTRANS_INTRANS;
-}
-
-static void test_bad_input(void **state) {
-  (void)state;
-  PGconn *o = pg_open(orders_url), *s = pg_open(stock_url);
-  assert_non_null(o);
-  assert_non_null(s);
-  char xid[RM_XID_MAX];
-  assert_int_equal(rm_tm_begin(client, 30000, "bad_input", xid), 0);
-  rm_branch_t *b = NULL;
-
-  /* NULLs and bad strings. */
-  assert_int_equal(rm_resource_add(NULL, "x", "dbname=x"), RM_E_INVALID);
-  assert_int_equal(rm_resource_add(client, NULL, "dbname=x"), RM_E_INVALID);
-  assert_int_equal(rm_resource_add(client, "x", NULL), RM_E_INVALID);
-  assert_int_equal(rm_resource_add(client, "", "dbname=x"), RM_E_INVALID);
-  assert_int_equal(rm_resource_add(client, "a,b", "dbname=x"), RM_E_INVALID);
-  assert_int_equal(rm_resource_add(client, "x", "this is = not a conninfo ="), RM_E_INVALID);
-  assert_int_equal(rm_resource_add(client, "orders", "dbname=elsewhere"), RM_E_INVALID);
-  assert_int_equal(rm_resource_add(client, "orders", orders_url), 0); /* same again: fine */
-  assert_int_equal(rm_at_open(NULL, xid, "orders", o, &b), RM_E_INVALID);
-  assert_int_equal(rm_at_open(client, NULL, "orders", o, &b), RM_E_INVALID);
-  assert_int_equal(rm_at_open(client, xid, NULL, o, &b), RM_E_INVALID);
-  assert_int_equal(rm_at_open(client, xid, "orders", NULL, &b), RM_E_INVALID);
-  assert_int_equal(rm_at_open(client, xid, "orders", o, NULL), RM_E_INVALID);
-  assert_int_equal(rm_at_open(client, "", "orders", o, &b), RM_E_INVALID);
-  char longxid[200];
-  memset(longxid, 'x', sizeof(longxid) - 1);
-  longxid[sizeof(longxid) - 1] = '\0';
-  assert_int_equal(rm_at_open(client, longxid, "orders", o, &b), RM_E_INVALID);
-  assert_int_equal(rm_at_open(client, xid, "nosuch", o, &b), RM_E_INVALID);
-  assert_null(b);
-  /* Not in a transaction block. */
-  assert_int_equal(rm_at_open(client, xid, "orders", o, &b), RM_E_STATE);
-  assert_int_equal(rm_at_insert(NULL, "t", 0, NULL, NULL), RM_E_INVALID);
-  assert_int_equal(rm_at_update(NULL, "t", NULL, 0, NULL, NULL), RM_E_INVALID);
-  assert_int_equal(rm_at_delete(NULL, "t", NULL), RM_E_INVALID);
-  assert_int_equal(rm_at_update_delta(NULL, "t", NULL, "c", 1, NULL), RM_E_INVALID);
-  assert_int_equal(rm_at_prepare(NULL, NULL), RM_E_INVALID);
-  assert_int_equal(rm_at_close(NULL, true), RM_E_INVALID);
-  assert_string_equal(rm_at_errmsg(NULL), "");
-
-  assert_true(exec_ok(o, "BEGIN"));
-  assert_int_equal(rm_at_open(client, xid, "orders", o, &b), 0);
-  assert_int_equal(rm_at_prepare(b, NULL), RM_E_STATE); /* nothing to prepare */
-  /* A first good statement, whose effect must survive the failures. */
-  long long id = atomic_fetch_add(&next_order, 1);
-  assert_int_equal(insert_order(b, id, 77, 1, 9, xid), 0);
-  char sid[32];
-  snprintf(sid, sizeof(sid), "%lld", id);
-  const char *pk[1] = {sid};
-
-  assert_int_equal(rm_at_insert(b, NULL, 0, NULL, NULL), RM_E_INVALID);
-  assert_int_equal(rm_at_insert(b, "trade_order", 2, NULL, NULL), RM_E_INVALID);
-  assert_int_equal(rm_at_insert(b, "no_such_table", 0, NULL, NULL), RM_E_NO_TABLE);
-  assert_non_null(strstr(rm_at_errmsg(b), "no_such_table"));
-  assert_true(tx_usable(o));
-  assert_int_equal(rm_at_insert(b, "nosuchschema.kv", 0, NULL, NULL), RM_E_NO_TABLE);
-  assert_int_equal(rm_at_insert(b, ".kv", 0, NULL, NULL), RM_E_INVALID);
-  char longname[100];
-  memset(longname, 't', sizeof(longname) - 1);
-  longname[sizeof(longname) - 1] = '\0';
-  assert_int_equal(rm_at_insert(b, longname, 0, NULL, NULL), RM_E_INVALID);
-  const char *nc[1] = {"a"}, *nv[1] = {"1"};
-  assert_int_equal(rm_at_insert(b, "nopk", 1, nc, nv), RM_E_NO_PK);
-  assert_non_null(strstr(rm_at_errmsg(b), "no primary key"));
-  assert_true(tx_usable(o));
-  /* Rows that are not there. */
-  const char *missing[1] = {"-1"};
-  const char *sc[1] = {"status"}, *sv[1] = {"PAID"};
-  assert_int_equal(rm_at_update(b, "trade_order", missing, 1, sc, sv), RM_E_NOT_ONE_ROW);
-  assert_int_equal(rm_at_delete(b, "trade_order", missing), RM_E_NOT_ONE_ROW);
-  assert_true(tx_usable(o));
-  /* Bad columns and values. */
-  const char *uc[1] = {"no_such_col"};
-  assert_int_equal(rm_at_update(b, "trade_order", pk, 1, uc, sv), RM_E_INVALID);
-  const char *pkc[1] = {"order_id"}, *pkv[1] = {"5"};
-  assert_int_equal(rm_at_update(b, "trade_order", pk, 1, pkc, pkv), RM_E_NOT_SUPPORTED);
-  const char *qc[1] = {"qty"}, *qv[1] = {"not a number"};
-  assert_int_equal(rm_at_update(b, "trade_order", pk, 1, qc, qv), RM_E_INVALID);
-  const char *qneg[1] = {"-3"};
-  assert_int_equal(rm_at_update(b, "trade_order", pk, 1, qc, qneg), RM_E_DB); /* CHECK */
-  assert_true(tx_usable(o));
-  const char *nullpk[1] = {NULL};
-  assert_int_equal(rm_at_update(b, "trade_order", nullpk, 1, sc, sv), RM_E_INVALID);
-  assert_int_equal(rm_at_update(b, "trade_order", pk, 0, sc, sv), RM_E_INVALID);
-  /* Oversized: a key too long for a lock key, images too big. */
-  size_t big = 3000;
-  char *bigkey = malloc(big + 1);
-  memset(bigkey, 'k', big);
-  bigkey[big] = '\0';
-  const char *kvc[2] = {"k", "v"}, *kvv[2] = {bigkey, "x"};
-  assert_int_equal(rm_at_insert(b, "kv", 2, kvc, kvv), RM_E_INVALID);
-  assert_non_null(strstr(rm_at_errmsg(b), "lock key"));
-  assert_int_equal(q_ll(o, "SELECT count(*) FROM kv WHERE length(k) = 3000", NULL, NULL, NULL), 0);
-  free(bigkey);
-  size_t huge = 9u * 1024 * 1024;
-  char *hv = malloc(huge + 1);
-  memset(hv, 'v', huge);
-  hv[huge] = '\0';
-  const char *hvv[2] = {"huge", hv};
-  assert_int_equal(rm_at_insert(b, "kv", 2, kvc, hvv), RM_E_INVALID);
-  assert_non_null(strstr(rm_at_errmsg(b), "exceed"));
-  free(hv);
-  assert_int_equal(q_ll(o, "SELECT count(*) FROM kv WHERE k = 'huge'", NULL, NULL, NULL), 0);
-  /* Deltas: not a counter column, and the guard. */
-  assert_int_equal(rm_at_update_delta(b, "trade_order", pk, "status", 1, NULL), RM_E_NOT_SUPPORTED);
-  assert_int_equal(rm_at_update_delta(b, "trade_order", pk, "qty", LLONG_MIN, NULL), RM_E_INVALID);
-  assert_int_equal(rm_at_update_delta(b, "trade_order", pk, "qty", 5, "qty + $1 <= 3"), RM_E_GUARD);
-  assert_int_equal(rm_at_update_delta(b, "trade_order", missing, "qty", 1, NULL), RM_E_NOT_ONE_ROW);
-  assert_int_equal(rm_at_update_delta(b, "trade_order", pk, "qty", 1, "this is not sql"), RM_E_DB);
-  assert_true(tx_usable(o));
-
-  /* After all that: the first insert is intact, the branch still works. */
-  assert_int_equal(q_ll(o, "SELECT count(*) FROM trade_order WHERE order_id = $1", sid, NULL, NULL), 1);
-  assert_int_equal(rm_at_update(b, "trade_order", pk, 1, sc, sv), 0);
-  int64_t bid = 0;
-  assert_int_equal(rm_at_prepare(b, &bid), 0);
-  assert_int_equal(rm_at_prepare(b, &bid), RM_E_STATE);
-  assert_int_equal(rm_at_insert(b, "kv", 0, NULL, NULL), RM_E_STATE);
-  assert_true(exec_ok(o, "COMMIT"));
-  assert_int_equal(rm_at_close(b, true), 0);
-  int st = 0;
-  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
-  assert_int_equal(order_exists(o, id), 0);
-
-  /* An xid the TC does not know: registration fails, the caller rolls back. */
-  assert_true(exec_ok(s, "BEGIN"));
-  assert_int_equal(rm_at_open(client, "127.0.0.1:1:777", "stock", s, &b), 0);
-  delta_arg_t d = {9, 1};
-  assert_int_equal(body_delta(b, &d), 0);
-  int rc = rm_at_prepare(b, &bid);
-  assert_true(rc == RM_E_GLOBAL_NOT_FOUND || rc == RM_E_BAD_REQUEST);
-  assert_true(rm_at_errmsg(b)[0] != '\0');
-  assert_true(exec_ok(s, "ROLLBACK"));
-  assert_int_equal(rm_at_close(b, false), 0);
-
-  /* A failed transaction: no statement runs. */
-  assert_true(exec_ok(s, "BEGIN"));
-  assert_int_equal(rm_at_open(client, xid, "stock", s, &b), 0);
-  PQclear(PQexec(s, "SELECT 1/0"));
-  assert_int_equal(body_delta(b, &d), RM_E_STATE);
-  assert_true(exec_ok(s, "ROLLBACK"));
-  assert_int_equal(rm_at_close(b, false), 0);
-  PQfinish(o);
-  PQfinish(s);
-}
-
-/* A column added after the table's metadata was cached is found (the
- * cache is read again), and its rollback restores it. */
-static void test_schema_change(void **state) {
-  (void)state;
-  PGconn *o = pg_open(orders_url);
-  assert_non_null(o);
-  char xid[RM_XID_MAX];
-  assert_int_equal(rm_tm_begin(client, 30000, "schema_change", xid), 0);
-  assert_true(exec_ok(o, "BEGIN"));
-  rm_branch_t *b = NULL;
-  assert_int_equal(rm_at_open(client, xid, "orders", o, &b), 0);
-  const char *c1[2] = {"k", "v"}, *v1[2] = {"sc", "first"};
-  assert_int_equal(rm_at_insert(b, "other.kv", 2, c1, v1), 0); /* metadata cached */
-  assert_int_equal(rm_at_prepare(b, NULL), 0);
-  assert_true(exec_ok(o, "COMMIT"));
-  assert_int_equal(rm_at_close(b, true), 0);
-  int st;
-  assert_int_equal(rm_tm_commit(client, xid, &st), 0);
-
-  assert_true(exec_ok(o, "ALTER TABLE other.kv ADD COLUMN IF NOT EXISTS extra text"));
-  assert_int_equal(rm_tm_begin(client, 30000, "schema_change2", xid), 0);
-  assert_true(exec_ok(o, "BEGIN"));
-  assert_int_equal(rm_at_open(client, xid, "orders", o, &b), 0);
-  const char *pk[1] = {"sc"};
-  const char *c2[1] = {"extra"}, *v2[1] = {"added"};
-  assert_int_equal(rm_at_update(b, "other.kv", pk, 1, c2, v2), 0);
-  const char *c3[1] = {"still_missing"};
-  assert_int_equal(rm_at_update(b, "other.kv", pk, 1, c3, v2), RM_E_INVALID);
-  assert_int_equal(rm_at_prepare(b, NULL), 0);
-  assert_true(exec_ok(o, "COMMIT"));
-  assert_int_equal(rm_at_close(b, true), 0);
-  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
-  assert_int_equal(st, RM_GS_ROLLBACKED);
-  assert_int_equal(q_ll(o, "SELECT count(*) FROM other.kv WHERE k = 'sc' AND extra IS NULL", NULL, NULL, NULL), 1);
-  PQfinish(o);
-}
-
 /* The background deleter clears committed branches without help, and the
  * sweep removes rows past the retention age (and only those). */
 static void test_cleanup(void **state) {
@@ -1383,101 +1178,6 @@ static void test_resolve_leftovers(void **state) {
   PQclear(r);
   t = (rm_at_tuning_t){.resolve_interval_s = 30, .resolve_grace_s = 30};
   assert_int_equal(rm__at_tune(client, &t), 0);
-  PQfinish(o);
-}
-
-/* An insert whose RELEASE went with it (its input looked small) and whose
- * undo item then cannot be built (a default makes the row too big): the
- * branch fails and says to roll back; nothing else is half done. */
-static void test_insert_fails_late(void **state) {
-  (void)state;
-  PGconn *o = pg_open(orders_url);
-  assert_non_null(o);
-  assert_true(exec_ok(o, "CREATE TABLE IF NOT EXISTS bigdefault (k text PRIMARY KEY,"
-                         " v text DEFAULT repeat('x', 9 * 1024 * 1024))"));
-  char xid[RM_XID_MAX];
-  assert_int_equal(rm_tm_begin(client, 30000, "fails_late", xid), 0);
-  assert_true(exec_ok(o, "BEGIN"));
-  rm_branch_t *b = NULL;
-  assert_int_equal(rm_at_open(client, xid, "orders", o, &b), 0);
-  const char *c[1] = {"k"}, *v[1] = {"late"};
-  assert_int_equal(rm_at_insert(b, "bigdefault", 1, c, v), RM_E_INVALID);
-  assert_non_null(strstr(rm_at_errmsg(b), "roll it back"));
-  assert_int_equal(rm_at_insert(b, "other.kv", 1, c, v), RM_E_STATE); /* the branch is failed */
-  assert_int_equal(rm_at_prepare(b, NULL), RM_E_STATE);
-  assert_true(exec_ok(o, "ROLLBACK"));
-  rm_at_close(b, false);
-  int st = 0;
-  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
-  assert_int_equal(q_ll(o, "SELECT count(*) FROM bigdefault", NULL, NULL, NULL), 0);
-  PQfinish(o);
-}
-
-/* One global transaction of client 'c' with one branch on 'pg' that
- * inserts (k, 'v') into other.kv; committed or rolled back. */
-static int kv_global(rm_client_t *c, PGconn *pg, const char *k, bool commit) {
-  char xid[RM_XID_MAX];
-  int rc = rm_tm_begin(c, 30000, "pstmt", xid);
-  if (rc != 0) return rc;
-  rm_branch_t *b = NULL;
-  if (!exec_ok(pg, "BEGIN")) return RM_E_DB;
-  const char *cols[2] = {"k", "v"}, *vals[2] = {k, "v"};
-  if ((rc = rm_at_open(c, xid, "orders", pg, &b)) == 0 && (rc = rm_at_insert(b, "other.kv", 2, cols, vals)) == 0)
-    rc = rm_at_prepare(b, NULL);
-  if (rc != 0 && b && getenv("RM_TEST_VERBOSE")) fprintf(stderr, "  kv branch: %s\n", rm_at_errmsg(b));
-  bool ok = rc == 0 && exec_ok(pg, "COMMIT");
-  if (!ok) exec_ok(pg, "ROLLBACK");
-  if (b) rm_at_close(b, ok);
-  int st = 0;
-  int rc2 = commit && ok ? rm_tm_commit(c, xid, &st) : rm_tm_rollback(c, xid, &st);
-  return rc != 0 ? rc : !ok ? RM_E_DB : rc2;
-}
-
-/* The AT layer's queries are named prepared statements per connection:
- * prepared on first use, then reused; prepared again after the application
- * deallocates them or an ALTER TABLE changes the result columns of a
- * statement with RETURNING * (the call itself still succeeds).  A client
- * with unnamed_statements prepares nothing. */
-static void test_prepared_statements(void **state) {
-  (void)state;
-  static const char count_sql[] = "SELECT count(*) FROM pg_prepared_statements WHERE name LIKE 'rm\\_at\\_%'";
-  PGconn *o = pg_open(orders_url);
-  assert_non_null(o);
-  assert_int_equal(q_ll(o, count_sql, NULL, NULL, NULL), 0);
-  assert_int_equal(kv_global(client, o, "ps1", true), 0);
-  long long n1 = q_ll(o, count_sql, NULL, NULL, NULL);
-  assert_true(n1 >= 2); /* the INSERT ... RETURNING * and the undo row */
-  assert_int_equal(kv_global(client, o, "ps2", true), 0);
-  assert_int_equal(q_ll(o, count_sql, NULL, NULL, NULL), n1); /* reused, none added */
-
-  assert_true(exec_ok(o, "DEALLOCATE ALL"));
-  assert_int_equal(kv_global(client, o, "ps3", true), 0);
-  assert_int_equal(q_ll(o, count_sql, NULL, NULL, NULL), n1);
-
-  /* RETURNING * of a prepared INSERT now has one more column. */
-  assert_true(exec_ok(o, "ALTER TABLE other.kv ADD COLUMN IF NOT EXISTS ps_extra int"));
-  assert_int_equal(kv_global(client, o, "ps4", true), 0);
-  assert_int_equal(kv_global(client, o, "ps5", false), 0); /* and its undo still works */
-  assert_int_equal(WAIT_EQ(0, 10, q_ll(o, "SELECT count(*) FROM other.kv WHERE k = 'ps5'", NULL, NULL, NULL)), 0);
-  assert_int_equal(q_ll(o, "SELECT count(*) FROM other.kv WHERE k IN ('ps1', 'ps2', 'ps3', 'ps4')", NULL, NULL,
-                        NULL),
-                   4);
-
-  /* unnamed_statements: nothing prepared on the connection. */
-  char nodes[64];
-  snprintf(nodes, sizeof(nodes), "127.0.0.1:%d", tcd.port);
-  rm_config_t cfg = {.nodes = nodes, .token = TOKEN, .application_id = "test_rm_at_unnamed",
-                     .request_timeout_ms = 15000, .log_cb = log_cb, .unnamed_statements = 1};
-  rm_client_t *unnamed = NULL;
-  assert_int_equal(rm_client_new(&cfg, &unnamed), 0);
-  assert_int_equal(rm_resource_add(unnamed, "orders", orders_url), 0);
-  PGconn *o2 = pg_open(orders_url);
-  assert_non_null(o2);
-  assert_int_equal(kv_global(unnamed, o2, "ps6", true), 0);
-  assert_int_equal(q_ll(o2, count_sql, NULL, NULL, NULL), 0);
-  PQfinish(o2);
-  rm_client_free(unnamed);
-  assert_true(exec_ok(o, "ALTER TABLE other.kv DROP COLUMN ps_extra"));
   PQfinish(o);
 }
 

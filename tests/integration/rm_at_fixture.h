@@ -1,0 +1,67 @@
+/*
+ * rm_at_fixture.h - what the AT resource manager's tests share: the
+ * fixture of test_rm_at.c (one tcd, one rm_client_t serving "orders" and
+ * "stock", set up once for the group) and its helpers, used by the
+ * statement tests in test_rm_at_stmt.c, which run in the same program.
+ */
+#ifndef RM_AT_FIXTURE_H
+#define RM_AT_FIXTURE_H
+
+#include <libpq-fe.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+
+#include "rm_at.h"
+#include "rm_client.h"
+#include "tcd_proc.h"
+
+#define TOKEN "rm-at-test-token"
+#define ACTIVITY "1"
+#define TICKET "1"
+#define GUARD "stock - frozen_count - sold_count >= $1"
+
+extern const char *orders_url, *stock_url, *tc_url;
+extern tcd_proc_t tcd;
+extern rm_client_t *client;
+extern atomic_llong next_order;
+
+void sleep_ms(int ms);
+double now_s(void);
+void log_cb(int level, const char *msg, void *arg);
+PGconn *pg_open(const char *url);
+/* Run a statement that must succeed (any result kind). */
+bool exec_ok(PGconn *pg, const char *sql);
+/* First value of a query with up to 3 text parameters, as a long long;
+ * LLONG_MIN if no row or NULL, LLONG_MIN + 1 on error. */
+long long q_ll(PGconn *pg, const char *sql, const char *p1, const char *p2, const char *p3);
+long long order_exists(PGconn *pg, long long id);
+/* Whether the caller's transaction is still open and takes statements. */
+bool tx_usable(PGconn *pg);
+/* Insert an order of the demo schema through 'b'. */
+int insert_order(rm_branch_t *b, long long id, int user, int qty, int bucket, const char *xid);
+
+/* A delta update of a bucket's frozen_count through 'b' (body_delta). */
+typedef struct delta_arg {
+  int bucket;
+  long long delta;
+} delta_arg_t;
+int body_delta(rm_branch_t *b, void *arg);
+
+/* Poll 'what' until it equals 'want' or 'secs' pass; returns the last value. */
+#define WAIT_EQ(want, secs, what)                                  \
+  ({                                                               \
+    long long _v = (what);                                         \
+    for (double _end = now_s() + (secs); _v != (want) && now_s() < _end;) { \
+      sleep_ms(20);                                                \
+      _v = (what);                                                 \
+    }                                                              \
+    _v;                                                            \
+  })
+
+/* test_rm_at_stmt.c */
+void test_bad_input(void **state);
+void test_schema_change(void **state);
+void test_prepared_statements(void **state);
+void test_insert_fails_late(void **state);
+
+#endif
