@@ -1178,18 +1178,14 @@ out:
 
 /* -------------------------------------------------------------- entry */
 
-bool rm__at_commit_queued(rm_client_t *c, const rm_phase2_req_t *req) {
-  size_t xl = req && req->xid ? strlen(req->xid) : 0;
-  if (!c || !req || !req->commit || req->branch_type != TXP_BT_AT || xl == 0 || xl > TXP_MAX_XID_LEN ||
-      !req->resource_id)
-    return false;
-  rm_at_resource_t *r = rm__at_resource_find(c, req->resource_id);
-  if (!r) return false;
+/* Queue the undo row of committed branch (xid, bid) for the deleter.
+ * False when the queue is full (or out of memory): delete it inline. */
+static bool enqueue_commit(rm_at_resource_t *r, const char *xid, int64_t bid) {
   rm_at_state_t *st = r->st;
-  char *x = strdup(req->xid);
+  char *x = strdup(xid);
   if (!x) return false;
   pthread_mutex_lock(&st->mu);
-  bool queued = queue_push(r, st->tune.queue_max, x, req->branch_id);
+  bool queued = queue_push(r, st->tune.queue_max, x, bid);
   if (queued && r->qlen >= st->tune.delete_batch) {
     st->kick = true;
     pthread_cond_broadcast(&st->cv);
@@ -1197,6 +1193,16 @@ bool rm__at_commit_queued(rm_client_t *c, const rm_phase2_req_t *req) {
   pthread_mutex_unlock(&st->mu);
   if (!queued) free(x);
   return queued;
+}
+
+bool rm__at_commit_queued(rm_client_t *c, const rm_phase2_req_t *req) {
+  size_t xl = req && req->xid ? strlen(req->xid) : 0;
+  if (!c || !req || !req->commit || req->branch_type != TXP_BT_AT || xl == 0 || xl > TXP_MAX_XID_LEN ||
+      !req->resource_id)
+    return false;
+  rm_at_resource_t *r = rm__at_resource_find(c, req->resource_id);
+  if (!r) return false;
+  return enqueue_commit(r, req->xid, req->branch_id);
 }
 
 int rm__at_phase2(rm_client_t *c, const rm_phase2_req_t *req, int *code, char *errmsg, size_t errlen) {
@@ -1231,27 +1237,19 @@ int rm__at_phase2(rm_client_t *c, const rm_phase2_req_t *req, int *code, char *e
     snprintf(errmsg, errlen, "resource \"%s\" is not served by this client", req->resource_id);
     return retry;
   }
-  rm_at_state_t *st = r->st;
 
   if (commit) {
-    char *x = strdup(req->xid);
-    pthread_mutex_lock(&st->mu);
-    bool queued = x && queue_push(r, st->tune.queue_max, x, req->branch_id);
-    if (queued && r->qlen >= st->tune.delete_batch) {
-      st->kick = true;
-      pthread_cond_broadcast(&st->cv);
-    }
-    pthread_mutex_unlock(&st->mu);
-    if (!queued) {
+    if (!enqueue_commit(r, req->xid, req->branch_id)) {
       /* Queue full: delete inline.  The answer is Committed either way:
        * the decision is made, a row left behind is the sweep's. */
       char err[512] = "";
-      rm_undo_key_t k = {x, req->branch_id};
-      int rc = x ? delete_keys(r, &k, 1, err, sizeof(err)) : RM_E_NOMEM;
+      char xid[TXP_MAX_XID_LEN + 1]; /* length checked above */
+      snprintf(xid, sizeof(xid), "%s", req->xid);
+      rm_undo_key_t k = {xid, req->branch_id};
+      int rc = delete_keys(r, &k, 1, err, sizeof(err));
       if (rc != 0)
         rm__log(c, RM_LOG_WARN, "could not delete the undo row of committed branch %lld of \"%s\": %s",
                 (long long)req->branch_id, req->xid, err[0] ? err : rm_strerror(rc));
-      free(x);
     }
     return ok;
   }
