@@ -80,20 +80,16 @@ int rm__at_pipe_run(rm_branch_t *b, int n, const char *const *sql, const int *np
   name_t *names = calloc((size_t)n, sizeof(name_t));
   PGresult **prep_err = calloc((size_t)n, sizeof(PGresult *));
   rm_pstmt_cache_t *cache = b->res ? b->res->pstmt : NULL;
-  int nsent = 0;
+  int nsent = 0, rc = 0;
   if (!sent || !names || !prep_err) {
-    free(sent);
-    free(names);
-    free(prep_err);
     rm__at_err(b, "out of memory");
-    return RM_E_NOMEM;
+    rc = RM_E_NOMEM;
+    goto done;
   }
   if (PQpipelineStatus(b->pg) != PQ_PIPELINE_OFF || PQenterPipelineMode(b->pg) != 1) {
     rm__pg_error(b->errmsg, sizeof(b->errmsg), "could not enter pipeline mode", b->pg, NULL);
-    free(sent);
-    free(names);
-    free(prep_err);
-    return RM_E_DB;
+    rc = RM_E_DB;
+    goto done;
   }
   bool ok = true;
   for (int i = 0; ok && i < n; i++) {
@@ -143,9 +139,6 @@ int rm__at_pipe_run(rm_branch_t *b, int n, const char *const *sql, const int *np
     res[i] = r;
   }
   for (int i = 0; i < n; i++) PQclear(prep_err[i]);
-  free(sent);
-  free(names);
-  free(prep_err);
   if (ok && read_ok) {
     PGresult *sync = PQgetResult(b->pg);
     ok = PQresultStatus(sync) == PGRES_PIPELINE_SYNC;
@@ -159,9 +152,13 @@ int rm__at_pipe_run(rm_branch_t *b, int n, const char *const *sql, const int *np
       PQclear(res[i]);
       res[i] = NULL;
     }
-    return RM_E_DB;
+    rc = RM_E_DB;
   }
-  return 0;
+done:
+  free(sent);
+  free(names);
+  free(prep_err);
+  return rc;
 }
 
 PGresult *rm__at_exec(rm_branch_t *b, const char *sql, int n, const char *const *params, const Oid *types) {

@@ -174,9 +174,7 @@ static bool insert_may_fail_late(const rm_branch_t *b, const rm_table_t *t, int 
   for (int i = 0; i < ncols; i++) {
     size_t n = vals[i] ? strlen(vals[i]) : 0;
     in += 2 * n + 64;
-    int ci = rm__col_index(t, cols[i]);
-    for (int k = 0; k < t->npk; k++)
-      if (t->pk[k] == ci) key += 2 * n + 1;
+    if (is_pk_col(t, rm__col_index(t, cols[i]))) key += 2 * n + 1;
   }
   return key > TXP_MAX_ROW_KEY_LEN / 2 || b->lock_keys.len + key > TXP_MAX_LOCK_KEYS_LEN / 2 ||
          b->undo_bytes + in + 64 * 1024 > RM_AT_MAX_UNDO_BYTES;
