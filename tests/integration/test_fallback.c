@@ -1120,14 +1120,17 @@ static void test_redis_killed_mid_sale(void **state) {
   PGconn *opg = pg_open(orders_url), *spg = pg_open(stock_url);
   assert_non_null(opg);
   assert_non_null(spg);
-  seed_activity(spg, act, 3, nb, 150);
+  /* Enough tickets and users that the sale cannot sell out (or reach its
+   * users' limits) before the restart on a fast machine: the test waits
+   * for freezes granted after it. */
+  seed_activity(spg, act, 3, nb, 2000);
   rm_prefilter_t *pf = pf_new();
   assert_int_equal(rm_prefilter_seed(pf, spg, act), 0);
   rm_compensator_t *k = compensator_new(pf, 200);
 
   static sale_t s;
-  sale_init(&s, act, nb, 300, 15, NULL, pf, k);
-  checker_t chk;
+  sale_init(&s, act, nb, 5000, 15, NULL, pf, k);
+  static checker_t chk; /* static, like 's': its thread outlives a failed assertion */
   checker_start(&chk, act);
   worker_t ws[4];
   workers_start(ws, 4, &s);
