@@ -46,8 +46,8 @@ static const key_desc_t keys[] = {
   INT_KEY("store", "pool_size", pool_size, 2, 64, "PostgreSQL connections"),
   INT_KEY("store", "writers", writers, 1, 16, "connections running group-commit batches"),
   INT_KEY("store", "relaxed_writers", relaxed_writers, 0, 4,
-          "connections for begins and phase-two records, committed without waiting for the "
-          "WAL flush (0: they wait like decisions)"),
+          "connections for begins, committed without waiting for the WAL flush; with any, one "
+          "more carries phase-two records the same way (0: both wait like decisions)"),
   INT_KEY("store", "batch_max", batch_max, 1, 4096, "requests per store batch"),
   INT_KEY("store", "queue_max", queue_max, 16, 1000000, "requests waiting for a batch"),
   INT_KEY("txn", "default_timeout_ms", default_timeout_ms, 100, 86400000, "global timeout"),
@@ -287,6 +287,10 @@ static int validate_cluster(const tc_config_t *c, char *err, size_t errlen) {
   return 0;
 }
 
+int tc_config_store_writers(const tc_config_t *c) {
+  return c->writers + c->relaxed_writers + (c->relaxed_writers > 0 ? 1 : 0);
+}
+
 int tc_config_validate(const tc_config_t *c, char *err, size_t errlen) {
   char host[256];
   int port;
@@ -321,11 +325,12 @@ int tc_config_validate(const tc_config_t *c, char *err, size_t errlen) {
              c->retry_min_ms, c->retry_max_ms);
     return -1;
   }
-  if (c->writers + c->relaxed_writers >= c->pool_size) {
+  if (tc_config_store_writers(c) >= c->pool_size) {
     snprintf(err, errlen,
-             "store.writers (%d) plus store.relaxed_writers (%d) must be below store.pool_size "
+             "store.writers (%d) plus store.relaxed_writers (%d)%s must be below store.pool_size "
              "(%d): at least one connection is left for reads",
-             c->writers, c->relaxed_writers, c->pool_size);
+             c->writers, c->relaxed_writers,
+             c->relaxed_writers > 0 ? " plus the clean-up writer (1)" : "", c->pool_size);
     return -1;
   }
   if (validate_cluster(c, err, errlen) != 0) return -1;

@@ -81,6 +81,10 @@ int tc_config_load_env(tc_config_t *c, char *err, size_t errlen);
 int tc_config_set(tc_config_t *c, const char *section, const char *key, const char *value,
                   char *err, size_t errlen);
 
+/* Connections the store writes on: store.writers, store.relaxed_writers and,
+ * with a relaxed lane, one for phase-two records (tc_store.c NOTES). */
+int tc_config_store_writers(const tc_config_t *c);
+
 /* Cross-field checks (required values, min <= max, parseable addresses). */
 int tc_config_validate(const tc_config_t *c, char *err, size_t errlen);
 

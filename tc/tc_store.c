@@ -25,13 +25,17 @@
  *   and decisions are the ones clients wait for: those stay light, and the
  *   clean-up runs in fewer, fuller statements.
  *
- *   Two lanes.  The durable lane (store.writers connections) carries the
+ *   Three lanes.  The durable lane (store.writers connections) carries the
  *   records that must survive a PostgreSQL crash once acknowledged: branch
  *   registrations with their global locks, and decisions.  The relaxed
  *   lane (store.relaxed_writers connections, synchronous_commit off) carries
- *   begins and phase-two records.  Their commit returns without waiting for
- *   the WAL flush, which is what made every global transaction wait for
- *   four flushes instead of three.  What a PostgreSQL crash can lose there
+ *   begins, and the clean-up lane (one more such connection) phase-two
+ *   records.  Their commit returns without waiting for the WAL flush, which
+ *   is what made every global transaction wait for four flushes instead of
+ *   three.  Phase-two batches have a lane of their own because they are the
+ *   big ones (64 lazy records, the history insert): a begin queued behind
+ *   one waited twice as long as its own batch takes, and the begin is on
+ *   every client's critical path while phase two is on nobody's.  What a PostgreSQL crash can lose there
  *   is harmless, and nothing else loses anything (a tcd crash loses nothing:
  *   the commit is in PostgreSQL's memory and visible at once):
  *     - a begin: its xid is then unknown; a branch cannot register under
@@ -42,7 +46,8 @@
  *     - a phase-two record: the branch's last status goes back to
  *       committing/rollbacking and the recovery job sends BranchCommit or
  *       BranchRollback again, which the RM answers idempotently.
- *   store.relaxed_writers = 0 puts everything on the durable lane.
+ *   store.relaxed_writers = 0 puts everything on the durable lane (and
+ *   opens no clean-up connection).
  */
 #include "tc_store.h"
 
@@ -59,7 +64,7 @@
 #define LAZY_BATCH 64
 
 /* The two write lanes (see NOTES). */
-enum { LANE_DURABLE = 0, LANE_RELAXED = 1, LANES = 2 };
+enum { LANE_DURABLE = 0, LANE_RELAXED = 1, LANE_CLEANUP = 2, LANES = 3 };
 
 typedef struct lane {
   tc_pg_pool_t *pool; /* NULL: the lane is off, its ops go durable */
@@ -243,14 +248,18 @@ static void queue_push_front(lane_t *l, tc_op_t *op) {
   l->queued++;
 }
 
-/* Begins and phase-two records ride the relaxed lane when there is one. */
+/* Begins ride the relaxed lane and phase-two records the clean-up lane,
+ * when there are such lanes (both or neither). */
 static lane_t *lane_of(tc_store_t *st, const tc_op_t *op) {
-  bool relaxed = op->kind == TC_OP_BEGIN || op->kind == TC_OP_PHASE2;
-  return relaxed && st->lane[LANE_RELAXED].pool ? &st->lane[LANE_RELAXED] : &st->lane[LANE_DURABLE];
+  if (op->kind == TC_OP_BEGIN && st->lane[LANE_RELAXED].pool) return &st->lane[LANE_RELAXED];
+  if (op->kind == TC_OP_PHASE2 && st->lane[LANE_CLEANUP].pool) return &st->lane[LANE_CLEANUP];
+  return &st->lane[LANE_DURABLE];
 }
 
 static size_t queued_total(const tc_store_t *st) {
-  return st->lane[LANE_DURABLE].queued + st->lane[LANE_RELAXED].queued + st->lazy_queued;
+  size_t n = st->lazy_queued;
+  for (int i = 0; i < LANES; i++) n += st->lane[i].queued;
+  return n;
 }
 
 /* Whether any lane has a batch in flight or ops waiting.  Lazy ops wait
@@ -708,7 +717,9 @@ static bool want_batch(const tc_store_t *st, const lane_t *l) {
 }
 
 static bool any_batch(const tc_store_t *st) {
-  return want_batch(st, &st->lane[LANE_DURABLE]) || want_batch(st, &st->lane[LANE_RELAXED]);
+  for (int i = 0; i < LANES; i++)
+    if (want_batch(st, &st->lane[i])) return true;
+  return false;
 }
 
 static void on_flush_idle(uv_idle_t *h) {
@@ -835,27 +846,37 @@ tc_store_t *tc_store_new(uv_loop_t *loop, const tc_config_t *cfg,
   a.size = cfg->relaxed_writers;
   a.init_sql = "SET application_name = 'tcd-relaxed-writer'; SET plan_cache_mode = "
                "force_generic_plan; SET synchronous_commit = off";
+  tc_pg_pool_opts_t c = a;
+  c.size = 1;
+  c.init_sql = "SET application_name = 'tcd-cleanup-writer'; SET plan_cache_mode = "
+               "force_generic_plan; SET synchronous_commit = off";
   tc_pg_pool_opts_t r = w;
-  r.size = cfg->pool_size - cfg->writers - cfg->relaxed_writers;
+  r.size = cfg->pool_size - tc_config_store_writers(cfg);
   r.max_queue = 8192;
   r.init_sql = "SET application_name = 'tcd-reader'";
 
+  bool relaxed = cfg->relaxed_writers > 0;
   st->lane[LANE_DURABLE].writers = cfg->writers;
   st->lane[LANE_RELAXED].writers = cfg->relaxed_writers;
+  st->lane[LANE_CLEANUP].writers = 1;
   st->lane[LANE_DURABLE].pool = tc_pg_pool_new(loop, &w);
   st->rpool = tc_pg_pool_new(loop, &r);
-  if (cfg->relaxed_writers > 0) st->lane[LANE_RELAXED].pool = tc_pg_pool_new(loop, &a);
+  if (relaxed) {
+    st->lane[LANE_RELAXED].pool = tc_pg_pool_new(loop, &a);
+    st->lane[LANE_CLEANUP].pool = tc_pg_pool_new(loop, &c);
+  }
   if (!st->lane[LANE_DURABLE].pool || !st->rpool ||
-      (cfg->relaxed_writers > 0 && !st->lane[LANE_RELAXED].pool)) {
+      (relaxed && (!st->lane[LANE_RELAXED].pool || !st->lane[LANE_CLEANUP].pool))) {
     st->closing = true;
-    tc_pg_pool_t *pools[] = {st->lane[LANE_DURABLE].pool, st->lane[LANE_RELAXED].pool, st->rpool};
-    for (int i = 0; i < 3; i++)
+    tc_pg_pool_t *pools[] = {st->lane[LANE_DURABLE].pool, st->lane[LANE_RELAXED].pool,
+                             st->lane[LANE_CLEANUP].pool, st->rpool};
+    for (int i = 0; i < 4; i++)
       if (pools[i]) st->closing_parts++;
     if (st->closing_parts == 0) {
       free(st);
       return NULL;
     }
-    for (int i = 0; i < 3; i++) /* the last one closed frees 'st' */
+    for (int i = 0; i < 4; i++) /* the last one closed frees 'st' */
       if (pools[i]) tc_pg_pool_close(pools[i], close_part_done, st);
     return NULL;
   }
@@ -899,7 +920,9 @@ void tc_store_close(tc_store_t *st, void (*done)(void *), void *arg) {
     }
     l->tail = NULL;
   }
-  st->closing_parts = st->lane[LANE_RELAXED].pool ? 6 : 5;
+  st->closing_parts = 4; /* three handles and the read pool */
+  for (int i = 0; i < LANES; i++)
+    if (st->lane[i].pool) st->closing_parts++;
   uv_close((uv_handle_t *)&st->flush_idle, on_handle_closed);
   uv_close((uv_handle_t *)&st->lazy_timer, on_handle_closed);
   uv_close((uv_handle_t *)&st->ready_timer, on_handle_closed);

@@ -129,6 +129,14 @@ static void test_cross_field_checks(void **state) {
   assert_non_null(strstr(err, "relaxed_writers"));
   c.relaxed_writers = 0;
   assert_int_equal(tc_config_validate(&c, err, sizeof(err)), 0);
+  valid_base(&c); /* a relaxed lane brings the clean-up writer with it */
+  c.writers = c.pool_size - 3;
+  c.relaxed_writers = 1;
+  assert_int_equal(tc_config_validate(&c, err, sizeof(err)), 0);
+  assert_int_equal(tc_config_store_writers(&c), c.pool_size - 1);
+  c.relaxed_writers = 2;
+  assert_int_equal(tc_config_validate(&c, err, sizeof(err)), -1);
+  assert_non_null(strstr(err, "clean-up writer"));
   valid_base(&c);
   snprintf(c.log_format, sizeof(c.log_format), "xml");
   assert_int_equal(tc_config_validate(&c, err, sizeof(err)), -1);
