@@ -44,6 +44,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tc_bench_load.h"
 #include "txclient.h"
 
 #ifndef TX_SOURCE_DIR
@@ -71,95 +72,18 @@ typedef struct {
   double tcd_cpu_ms_per_tx; /* CPU time of the nodes it started, per transaction (0: not known) */
 } result_t;
 
-typedef struct {
-  const opts_t *o;
-  int id;
-  char host[64];
-  int port;
-  pthread_t th;
-  double *lat; /* ms, measured window only */
-  size_t nlat, cap;
-  uint64_t done, errors;
-  char first_error[256];
-} client_t;
-
 static atomic_int phase; /* 0 warm-up, 1 measure, 2 stop */
 
-static int rm_handler(txc_t *c, const txp_msg_t *req, txp_msg_t *res, void *arg) {
-  (void)c;
-  (void)arg;
-  if (req->type == TXP_MSG_BRANCH_COMMIT)
-    txp_msg_set_int(res, TXP_F_BRANCH_STATUS, TXP_BS_PHASE2_COMMITTED);
-  else if (req->type == TXP_MSG_BRANCH_ROLLBACK)
-    txp_msg_set_int(res, TXP_F_BRANCH_STATUS, TXP_BS_PHASE2_ROLLBACKED);
-  return 0;
-}
+typedef struct {
+  bench_client_t *clients;
+  int n;
+  const char *token;
+  int rc;
+} load_arg_t;
 
-static void note_error(client_t *cl, const char *what, int rc) {
-  cl->errors++;
-  if (!cl->first_error[0])
-    snprintf(cl->first_error, sizeof(cl->first_error), "%s: %s (%d)", what, txp_strerror(rc), rc);
-}
-
-static void *client_main(void *arg) {
-  client_t *cl = arg;
-  char err[256], client_id[64], keys[2][96];
-  txc_t *c = txc_connect(cl->host, cl->port, 5000, err, sizeof(err));
-  if (!c) {
-    snprintf(cl->first_error, sizeof(cl->first_error), "%s", err);
-    cl->errors++;
-    return NULL;
-  }
-  txc_set_handler(c, rm_handler, cl);
-  snprintf(client_id, sizeof(client_id), "bench-%d", cl->id);
-  int rc = txc_register(c, true, "tc-bench", client_id, cl->o->token, "bench_db1,bench_db2");
-  if (rc != 0) {
-    note_error(cl, "register", rc);
-    txc_close(c);
-    return NULL;
-  }
-  uint64_t seq = 0;
-  while (atomic_load(&phase) < 2) {
-    char xid[TXP_MAX_XID_LEN + 1];
-    double t0 = txc_now_ms();
-    rc = txc_begin(c, 30000, "bench", NULL, xid);
-    if (rc != 0) {
-      note_error(cl, "begin", rc);
-      continue;
-    }
-    seq++;
-    snprintf(keys[0], sizeof(keys[0]), "t_order:%d_%" PRIu64, cl->id, seq);
-    snprintf(keys[1], sizeof(keys[1]), "t_stock:%d_%" PRIu64, cl->id, seq);
-    int64_t bid;
-    if ((rc = txc_branch_register(c, xid, "bench_db1", keys[0], 0, &bid, NULL)) != 0 ||
-        (rc = txc_branch_register(c, xid, "bench_db2", keys[1], 0, &bid, NULL)) != 0) {
-      note_error(cl, "branch register", rc);
-      int st;
-      txc_rollback(c, xid, &st);
-      continue;
-    }
-    int status = 0;
-    rc = txc_commit(c, xid, &status);
-    if (rc != 0 || status != TXP_GS_COMMITTED) {
-      note_error(cl, "commit", rc ? rc : TXP_EINTERNAL);
-      continue;
-    }
-    double ms = txc_now_ms() - t0;
-    if (atomic_load(&phase) == 1) {
-      cl->done++;
-      if (cl->nlat == cl->cap) {
-        size_t ncap = cl->cap ? cl->cap * 2 : 4096;
-        double *p = realloc(cl->lat, ncap * sizeof(double));
-        if (!p) break;
-        cl->lat = p;
-        cl->cap = ncap;
-      }
-      cl->lat[cl->nlat++] = ms;
-    }
-  }
-  /* Keep answering phase-two requests for our last branches a moment. */
-  txc_poll(c, 300, false);
-  txc_close(c);
+static void *load_main(void *arg) {
+  load_arg_t *a = arg;
+  a->rc = bench_load_run(a->clients, a->n, a->token, &phase);
   return NULL;
 }
 
@@ -323,6 +247,20 @@ static int free_port(void) {
   return ntohs(sa.sin_port);
 }
 
+/* Whether the node on 'port' begins a global transaction: it listens
+ * before its store connections are up, and a load started then would
+ * count "store unavailable" errors. */
+static bool serves_begin(int port, const char *token) {
+  char err[128], xid[TXP_MAX_XID_LEN + 1];
+  txc_t *c = txc_connect("127.0.0.1", port, 100, err, sizeof(err));
+  if (!c) return false;
+  int status;
+  bool ok = txc_register(c, false, "tc-bench", "tc-bench-probe", token, NULL) == 0 &&
+            txc_begin(c, 5000, "probe", NULL, xid) == 0 && txc_rollback(c, xid, &status) == 0;
+  txc_close(c);
+  return ok;
+}
+
 /* Start node 'idx' (node id idx + 1) of the bench's own cluster of
  * o->want_nodes nodes: its own listen port, a peer bus, the other nodes'
  * buses as peers. */
@@ -396,10 +334,7 @@ static int start_tcd(opts_t *o, const char *self, int idx) {
       _exit(127);
     }
     for (int i = 0; i < 300; i++) {
-      char err[128];
-      txc_t *c = txc_connect("127.0.0.1", port, 100, err, sizeof(err));
-      if (c) {
-        txc_close(c);
+      if (serves_begin(port, o->token)) {
         tcd_pids[idx] = pid;
         snprintf(o->nodes[idx], sizeof(o->nodes[0]), "127.0.0.1:%d", port);
         o->nnodes = idx + 1;
@@ -474,17 +409,22 @@ static void print_result(const char *what, const result_t *r, const char *note) 
 /* One measured run: o->clients clients spread over the first o->use_nodes
  * nodes. */
 static int run_clients(opts_t *o, result_t *out) {
-  client_t *cl = calloc((size_t)o->clients, sizeof(client_t));
+  bench_client_t *cl = calloc((size_t)o->clients, sizeof(bench_client_t));
   if (!cl) return -1;
   atomic_store(&phase, 0);
   for (int i = 0; i < o->clients; i++) {
-    cl[i].o = o;
     cl[i].id = i + 1;
     const char *node = o->nodes[i % o->use_nodes];
     const char *colon = strrchr(node, ':');
     snprintf(cl[i].host, sizeof(cl[i].host), "%.*s", (int)(colon ? colon - node : 0), node);
     cl[i].port = colon ? atoi(colon + 1) : 0;
-    pthread_create(&cl[i].th, NULL, client_main, &cl[i]);
+  }
+  /* The clients share one loop thread (tc_bench_load.h says why). */
+  load_arg_t la = {cl, o->clients, o->token, 0};
+  pthread_t th;
+  if (pthread_create(&th, NULL, load_main, &la) != 0) {
+    free(cl);
+    return -1;
   }
   printf("tc-bench: %d clients on %d node(s), warm-up %.0fs, measuring %.0fs\n", o->clients, o->use_nodes,
          o->warmup_s, o->duration_s);
@@ -498,8 +438,9 @@ static int run_clients(opts_t *o, result_t *out) {
 
   uint64_t done = 0, errors = 0;
   size_t nlat = 0;
+  pthread_join(th, NULL);
+  if (la.rc != 0) fprintf(stderr, "tc-bench: could not start the client loop\n");
   for (int i = 0; i < o->clients; i++) {
-    pthread_join(cl[i].th, NULL);
     done += cl[i].done;
     errors += cl[i].errors;
     nlat += cl[i].nlat;
