@@ -47,6 +47,9 @@
 #define CLAIM_LEASE_MS 12000
 #define TIMEOUT_LIMIT 256
 #define HISTORY_EVERY_MS 60000
+/* History rows deleted per statement: a first pruning after a long
+ * retention period must not become one huge transaction. */
+#define HISTORY_BATCH 10000
 
 struct tc_recovery {
   tc_node_t *node;
@@ -157,7 +160,10 @@ static void on_history_pruned(tc_pg_job_t *job, int status, void *arg) {
   tc_recovery_t *rec = arg;
   rec->history_running = false;
   if (read_done(rec)) return;
-  if (status == TC_PG_OK) rec->stats.history_pruned += strtoull(PQcmdTuples((PGresult *)(uintptr_t)tc_pg_job_result(job, 0)), NULL, 10);
+  if (status != TC_PG_OK) return;
+  uint64_t n = strtoull(PQcmdTuples((PGresult *)(uintptr_t)tc_pg_job_result(job, 0)), NULL, 10);
+  rec->stats.history_pruned += n;
+  if (n >= HISTORY_BATCH) rec->last_history_ns = 0; /* more to do: again at the next tick */
 }
 
 /* -------------------------------------------------------------- orphans */
@@ -189,8 +195,8 @@ static void run_jobs(tc_recovery_t *rec) {
   if (!rec->timeouts_running) {
     snprintf(lim, sizeof(lim), "%d", TIMEOUT_LIMIT);
     const char *v[] = {lim};
-    run_read(rec, "SELECT xid FROM global_table WHERE status = 1 AND deadline < clock_timestamp() "
-                  "ORDER BY deadline LIMIT $1::int",
+    run_read(rec, "SELECT xid FROM global_table WHERE status = 1 AND deadline < statement_timestamp() "
+                  "ORDER BY deadline LIMIT $1::int", /* stable bound: an index range scan */
              1, v, on_timeouts_found, &rec->timeouts_running);
   }
   if (!rec->retries_running) {
@@ -210,7 +216,14 @@ static void run_jobs(tc_recovery_t *rec) {
     rec->last_history_ns = now;
     snprintf(days, sizeof(days), "%d", rec->node->cfg.history_days);
     const char *v[] = {days};
-    run_read(rec, "DELETE FROM global_history WHERE end_time < clock_timestamp() - $1::int * interval '1 day'",
+    /* statement_timestamp(), not clock_timestamp(): a volatile bound
+     * cannot use the end_time index, and the history table is the one
+     * table here that is large (a full scan every minute, 0.6 s at 1.5
+     * million rows). */
+    run_read(rec,
+             "DELETE FROM global_history WHERE xid IN (SELECT xid FROM global_history "
+             "WHERE end_time < statement_timestamp() - $1::int * interval '1 day' "
+             "ORDER BY end_time LIMIT 10000)", /* HISTORY_BATCH */
              1, v, on_history_pruned, &rec->history_running);
   }
 }

@@ -272,6 +272,27 @@ static void test_clean_stop(void **state) {
   assert_int_equal(db_long(SQL_LOCKS, xc, NULL), 0);
 }
 
+/* 10. The leader prunes history older than recovery.history_days (7 by
+ * default) in bounded statements (10,000 rows each, the next one at the
+ * next tick) and keeps what is younger. */
+static void test_history_pruned(void **state) {
+  (void)state;
+  db_exec("INSERT INTO global_history (xid, transaction_id, status, begin_time, end_time) "
+          "SELECT 'hist-old:' || g, -g, 9, now() - interval '31 days', now() - interval '30 days' "
+          "FROM generate_series(1, 25000) g",
+          NULL, NULL);
+  db_exec("INSERT INTO global_history (xid, transaction_id, status, begin_time, end_time) "
+          "VALUES ('hist-recent', -30000, 9, now() - interval '2 days', now() - interval '1 day')",
+          NULL, NULL);
+  /* A restarted leader prunes at once. */
+  tcd_kill9();
+  assert_int_equal(tcd_start(), 0);
+  assert_true(db_wait_long("SELECT count(*) FROM global_history WHERE xid LIKE 'hist-old:%'", NULL, NULL, 0,
+                           20000));
+  assert_int_equal(db_long("SELECT count(*) FROM global_history WHERE xid = $1", "hist-recent", NULL), 1);
+  db_exec("DELETE FROM global_history WHERE xid = $1", "hist-recent", NULL);
+}
+
 /* ------------------------------------------------------------- group */
 
 int main(void) {
@@ -280,6 +301,7 @@ int main(void) {
     cmocka_unit_test_setup_teardown(test_dirty_write, suite_test_setup, suite_test_teardown),
     cmocka_unit_test_setup_teardown(test_crash_recovery, suite_test_setup, suite_test_teardown),
     cmocka_unit_test_setup_teardown(test_clean_stop, suite_test_setup, suite_test_teardown),
+    cmocka_unit_test_setup_teardown(test_history_pruned, suite_test_setup, suite_test_teardown),
   };
   return cmocka_run_group_tests_name("tcd_recovery", tests, suite_group_setup, suite_group_teardown);
 }
