@@ -35,8 +35,9 @@
  *   three.  Phase-two batches have a lane of their own because they are the
  *   big ones (64 lazy records, the history insert): a begin queued behind
  *   one waited twice as long as its own batch takes, and the begin is on
- *   every client's critical path while phase two is on nobody's.  What a PostgreSQL crash can lose there
- *   is harmless, and nothing else loses anything (a tcd crash loses nothing:
+ *   every client's critical path while phase two is on nobody's.  What a
+ *   PostgreSQL crash can lose on the relaxed and clean-up lanes is
+ *   harmless, and nothing else loses anything (a tcd crash loses nothing:
  *   the commit is in PostgreSQL's memory and visible at once):
  *     - a begin: its xid is then unknown; a branch cannot register under
  *       it, so no RM has changed data, and the TM's commit or rollback finds
@@ -69,7 +70,7 @@
 #define MAX_ATTEMPTS 3
 #define LAZY_BATCH 64
 
-/* The two write lanes (see NOTES). */
+/* The write lanes (see NOTES). */
 enum { LANE_DURABLE = 0, LANE_RELAXED = 1, LANE_CLEANUP = 2, LANES = 3 };
 
 typedef struct lane {
