@@ -18,9 +18,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <uv.h>
 
+#include "txclient.h" /* txc_now_ms */
 #include "txp_errno.h"
 #include "txp_msg.h"
 #include "txp_status.h"
@@ -71,12 +71,6 @@ struct loop_ctx {
   double stop_at;
   char rbuf[65536];
 };
-
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
 static void note_error(client_t *c, const char *what, int code) {
   c->pub->errors++;
@@ -131,7 +125,7 @@ static void send_begin(client_t *c) {
   txp_msg_init(&m, TXP_MSG_GLOBAL_BEGIN);
   txp_msg_set_int(&m, TXP_F_TIMEOUT_MS, 30000);
   txp_msg_set_str(&m, TXP_F_NAME, "bench");
-  c->t0 = now_ms();
+  c->t0 = txc_now_ms();
   c->state = ST_BEGIN;
   send_msg(c, &m, true);
 }
@@ -186,7 +180,7 @@ static void record(client_t *c) {
     p->lat = l;
     p->cap = ncap;
   }
-  p->lat[p->nlat++] = now_ms() - c->t0;
+  p->lat[p->nlat++] = txc_now_ms() - c->t0;
   p->done++;
 }
 
@@ -326,10 +320,10 @@ static void on_tick(uv_timer_t *t) {
   if (atomic_load(lc->phase) < 2) return;
   if (!lc->stopping) {
     lc->stopping = true;
-    lc->stop_at = now_ms() + GRACE_MS;
+    lc->stop_at = txc_now_ms() + GRACE_MS;
     return;
   }
-  if (now_ms() < lc->stop_at) return;
+  if (txc_now_ms() < lc->stop_at) return;
   uv_timer_stop(t);
   uv_close((uv_handle_t *)t, NULL);
   for (int i = 0; i < lc->n; i++) {
