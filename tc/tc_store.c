@@ -447,11 +447,11 @@ static int build_decide(tc_store_t *st, batch_t *b, tc_pg_job_t *job) {
     /* COLLATE "C": take_decide merges these rows with the ops sorted by
      * strcmp(), which the database's default collation need not agree with. */
     const char *v[] = {xids_copy};
-    rc = tc_pg_job_add(job,
-                       "SELECT xid, branch_id, branch_type, status, resource_id, client_id "
-                       "FROM branch_table WHERE xid = ANY($1::text[]) "
-                       "ORDER BY xid COLLATE \"C\", branch_id",
-                       1, v);
+    rc = tc_pg_job_add_prepared(job, "tc_decide_branches",
+                                "SELECT xid, branch_id, branch_type, status, resource_id, client_id "
+                                "FROM branch_table WHERE xid = ANY($1::text[]) "
+                                "ORDER BY xid COLLATE \"C\", branch_id",
+                                1, v);
   } else if (!xids_copy) {
     rc = -1;
   }
@@ -588,9 +588,6 @@ static void on_batch_done(tc_pg_job_t *job, int status, void *arg) {
     const char *sqlstate = status == TC_PG_ESTMT ? tc_pg_job_sqlstate(job) : "";
     bool transient = strcmp(sqlstate, "40P01") == 0 || strcmp(sqlstate, "40001") == 0;
     if (transient) st->stats.deadlocks++;
-    /* Requeue at the head, in original order, when another attempt can
-     * help: a transient conflict (whole batch again), or a statement error
-     * in a batch of several (each op alone, so one bad op fails alone). */
     /* Requeue at the head, in original order, when another attempt can
      * help: a transient conflict (the whole batch again, a bounded number
      * of times), or a statement error in a batch of several (then each op
