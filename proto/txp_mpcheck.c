@@ -90,10 +90,11 @@ int txp_mpcheck(const unsigned char *buf, size_t len, uint32_t max_count, uint32
       uint64_t entries = (b >= 0x80 && b <= 0x8f) || b == 0xde || b == 0xdf ? children / 2 : children;
       if (entries > max_count) return TXP_ELIMIT;
       if (children > len - pos) return TXP_EMALFORMED; /* each needs >= 1 byte */
-      if (children > 0) {
-        if (depth + 1 > max_depth) return TXP_ELIMIT;
-        pending[++depth] = children;
-      }
+      /* An empty container takes a level too: msgpack-c's unpacker checks
+       * its fixed stack (32 levels) before it looks at the count, so an
+       * empty array inside 32 others is an error there, and must be here. */
+      if (depth + 1 > max_depth) return TXP_ELIMIT;
+      if (children > 0) pending[++depth] = children;
     }
   }
   return pos == len ? 0 : TXP_EMALFORMED;

@@ -689,6 +689,10 @@ static void test_mpcheck_limits(void **state) {
   assert_int_equal(txp_mpcheck(MP("\x81\x01\x81\x01\x01"), big, 2, big), 0);
   assert_int_equal(txp_mpcheck(MP("\x81\x01\x81\x01\x01"), big, 1, big), TXP_ELIMIT);
   assert_int_equal(txp_mpcheck(MP("\x01"), big, 0, big), 0);
+  /* an empty container counts as a level, as in msgpack-c */
+  assert_int_equal(txp_mpcheck(MP("\x91\x91\x90"), big, 3, big), 0);
+  assert_int_equal(txp_mpcheck(MP("\x91\x91\x90"), big, 2, big), TXP_ELIMIT);
+  assert_int_equal(txp_mpcheck(MP("\x90"), big, 0, big), TXP_ELIMIT);
   /* depth recovers after a container closes */
   assert_int_equal(txp_mpcheck(MP("\x93\x91\x91\x01\x91\x91\x01\x91\x01"), big, 3, big), 0);
 #undef MP
@@ -698,6 +702,17 @@ static void test_mpcheck_limits(void **state) {
     memset(deep, 0x91, (size_t)d);
     deep[d] = 0x01;
     assert_int_equal(txp_mpcheck(deep, (size_t)d + 1, big, big, big), d <= 32 ? 0 : TXP_ELIMIT);
+    /* an empty array in place of the innermost value: one level more (a
+     * fuzzer finding: msgpack-c refused 32 arrays around an empty one that
+     * the checker had let through) */
+    deep[d] = 0x90;
+    assert_int_equal(txp_mpcheck(deep, (size_t)d + 1, big, big, big), d <= 31 ? 0 : TXP_ELIMIT);
+    msgpack_unpacked up;
+    msgpack_unpacked_init(&up);
+    size_t off = 0;
+    msgpack_unpack_return ur = msgpack_unpack_next(&up, (const char *)deep, (size_t)d + 1, &off);
+    assert_int_equal(ur == MSGPACK_UNPACK_SUCCESS, d <= 31);
+    msgpack_unpacked_destroy(&up);
   }
 }
 
