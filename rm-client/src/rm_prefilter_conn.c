@@ -21,6 +21,7 @@
  *   command timeout.
  */
 #include <errno.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -340,6 +341,26 @@ nomem:
   return RM_E_NOMEM;
 }
 
+bool rm__pf_self_connected(int fd) {
+  struct sockaddr_storage local, peer;
+  socklen_t llen = sizeof(local), plen = sizeof(peer);
+  memset(&local, 0, sizeof(local));
+  memset(&peer, 0, sizeof(peer));
+  if (getsockname(fd, (struct sockaddr *)&local, &llen) != 0 ||
+      getpeername(fd, (struct sockaddr *)&peer, &plen) != 0)
+    return false;
+  if (llen != plen || local.ss_family != peer.ss_family) return false;
+  if (local.ss_family == AF_INET) {
+    const struct sockaddr_in *a = (const struct sockaddr_in *)&local, *b = (const struct sockaddr_in *)&peer;
+    return a->sin_port == b->sin_port && a->sin_addr.s_addr == b->sin_addr.s_addr;
+  }
+  if (local.ss_family == AF_INET6) {
+    const struct sockaddr_in6 *a = (const struct sockaddr_in6 *)&local, *b = (const struct sockaddr_in6 *)&peer;
+    return a->sin6_port == b->sin6_port && memcmp(&a->sin6_addr, &b->sin6_addr, sizeof(a->sin6_addr)) == 0;
+  }
+  return false; /* a Unix socket cannot connect to itself */
+}
+
 static int conn_open(rm_pf_pool_t *p, rm_pf_conn_t **out) {
   rm_pf_conn_t *c;
   redisContext *ctx = redisConnectWithTimeout(p->url.host, p->url.port, ms_tv(p->connect_timeout_ms));
@@ -351,6 +372,13 @@ static int conn_open(rm_pf_pool_t *p, rm_pf_conn_t **out) {
   if (ctx->err) {
     rm__pf_errf("could not connect to Redis at \"%s:%d\": %s", p->url.host, p->url.port,
                 ctx->errstr);
+    redisFree(ctx);
+    return RM_E_CONN_LOST;
+  }
+  if (rm__pf_self_connected(ctx->fd)) {
+    rm__pf_errf("could not connect to Redis at \"%s:%d\": the socket connected to itself "
+                "(nothing listens there, and the kernel chose that port as the local one)",
+                p->url.host, p->url.port);
     redisFree(ctx);
     return RM_E_CONN_LOST;
   }

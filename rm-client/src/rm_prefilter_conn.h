@@ -108,6 +108,13 @@ unsigned rm__pf_pool_open(rm_pf_pool_t *p);
 
 uint64_t rm__pf_now_ms(void); /* monotonic */
 
+/* Whether the connected TCP socket 'fd' is connected to itself: its local
+ * and peer addresses are equal.  On loopback, a connect to a port where
+ * nothing listens can succeed that way when the kernel happens to pick that
+ * very port as the local one (TCP simultaneous open); the socket then holds
+ * the port the restarting Redis needs and echoes our commands back. */
+bool rm__pf_self_connected(int fd);
+
 /*
  * Take a connection (an idle one, or a new one: connected, AUTH/SELECT,
  * every script loaded) waiting at most the command timeout for a free

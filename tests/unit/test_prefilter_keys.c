@@ -1,9 +1,10 @@
 /*
  * test_prefilter_keys.c - the Redis prefilter's pure helpers
- * (rm_prefilter_keys.h) and the embedded script table.
+ * (rm_prefilter_keys.h), the embedded script table, and the self-connected
+ * socket check of rm_prefilter_conn.h.
  *
  * NOTES
- *   No network.  Replies are built the way hiredis builds them: RESP bytes
+ *   No server: the self-connection check uses loopback sockets of its own.  Replies are built the way hiredis builds them: RESP bytes
  *   fed to a redisReader, whole, one byte at a time, and followed by
  *   garbage, so the parsers are checked on exactly what a connection
  *   hands them (after hiredis's test_reply_reader).
@@ -15,10 +16,14 @@
 
 #include <cmocka.h>
 
+#include <arpa/inet.h>
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include "rm_prefilter_conn.h"
 #include "rm_prefilter_keys.h"
 #include "rm_prefilter_lua.h"
 
@@ -378,6 +383,39 @@ static void test_lua_table(void **state) {
   for (size_t j = 0; j < rm__pf_lua_count; j++) assert_string_not_equal(rm__pf_lua[j].name, "stock_lib");
 }
 
+/* A TCP socket connected to itself is told apart from a real connection.
+ * Connecting to the socket's own bound port makes one for sure (on Linux,
+ * TCP simultaneous open with itself), as a reconnect to a stopped Redis on
+ * loopback sometimes does by chance. */
+static void test_self_connected(void **state) {
+  (void)state;
+  struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t sl = sizeof(sa);
+
+  int self = socket(AF_INET, SOCK_STREAM, 0);
+  assert_true(self >= 0);
+  assert_int_equal(bind(self, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  assert_int_equal(getsockname(self, (struct sockaddr *)&sa, &sl), 0);
+  assert_false(rm__pf_self_connected(self)); /* not connected yet */
+  assert_int_equal(connect(self, (struct sockaddr *)&sa, sizeof(sa)), 0);
+  assert_true(rm__pf_self_connected(self));
+  close(self);
+
+  /* a real connection, to a listener on loopback */
+  struct sockaddr_in la = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t ll = sizeof(la);
+  int lst = socket(AF_INET, SOCK_STREAM, 0), cli = socket(AF_INET, SOCK_STREAM, 0);
+  assert_true(lst >= 0 && cli >= 0);
+  assert_int_equal(bind(lst, (struct sockaddr *)&la, sizeof(la)), 0);
+  assert_int_equal(listen(lst, 1), 0);
+  assert_int_equal(getsockname(lst, (struct sockaddr *)&la, &ll), 0);
+  assert_int_equal(connect(cli, (struct sockaddr *)&la, sizeof(la)), 0);
+  assert_false(rm__pf_self_connected(cli));
+  close(cli);
+  close(lst);
+  assert_false(rm__pf_self_connected(-1));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_url_ok),        cmocka_unit_test(test_url_bad),
@@ -387,6 +425,7 @@ int main(void) {
     cmocka_unit_test(test_parse_join),    cmocka_unit_test(test_parse_fill),
     cmocka_unit_test(test_parse_expired), cmocka_unit_test(test_reader_garbage),
     cmocka_unit_test(test_backoff),       cmocka_unit_test(test_lua_table),
+    cmocka_unit_test(test_self_connected),
   };
   return cmocka_run_group_tests_name("prefilter_keys", tests, NULL, NULL);
 }
