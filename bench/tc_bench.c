@@ -551,17 +551,18 @@ int main(int argc, char **argv) {
     char **args = calloc((size_t)argc + 5, sizeof(char *));
     if (!args) return 70;
     int n = 0;
+    setenv(OWN_PG_ENV, "1", 1); /* tells the re-run that the server is its own */
     args[n++] = script;
     args[n++] = "--pg";
-    setenv(OWN_PG_ENV, "1", 1);
     args[n++] = "--";
     for (int i = 0; i < argc; i++) args[n++] = argv[i];
     execv(script, args);
     fprintf(stderr, "tc-bench: could not run %s: %s\n", script, strerror(errno));
     return 69;
   }
-  if (getenv(OWN_PG_ENV) && !o.fresh_wal) {
-    unsetenv(OWN_PG_ENV);
+  bool own_pg = getenv(OWN_PG_ENV) != NULL;
+  unsetenv(OWN_PG_ENV); /* not for the tcd nodes it starts */
+  if (own_pg && !o.fresh_wal) {
     /* Enough segments for every phase at about 32 MB of WAL a second. */
     double phases = o.want_nodes > 1 ? 2.0 * o.rounds : 1.0;
     double seconds = phases * (o.warmup_s + o.duration_s) + o.warmup_s + o.baseline_s;
