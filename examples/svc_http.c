@@ -253,7 +253,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
   *con_cls = NULL;
 }
 
-static void mhd_log(void *cls, const char *fmt, va_list ap) {
+/* printf-style: lets the compiler check the forwarding of fmt to vsnprintf. */
+__attribute__((format(printf, 2, 0))) static void mhd_log(void *cls, const char *fmt, va_list ap) {
   (void)cls;
   char buf[512];
   vsnprintf(buf, sizeof(buf), fmt, ap);

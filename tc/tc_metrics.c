@@ -511,7 +511,8 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const cha
   return ret;
 }
 
-static void mhd_log(void *arg, const char *fmt, va_list ap) {
+/* printf-style: lets the compiler check the forwarding of fmt to vsnprintf. */
+__attribute__((format(printf, 2, 0))) static void mhd_log(void *arg, const char *fmt, va_list ap) {
   char msg[512];
   (void)arg;
   vsnprintf(msg, sizeof(msg), fmt, ap);
