@@ -24,7 +24,12 @@
  * Checks, once the load stops and phase two has drained:
  *   - every transaction ended: global_table, branch_table and lock_table
  *     are empty; each begun xid is in global_history, Committed or
- *     (Timeout)Rollbacked, never *Failed;
+ *     (Timeout)Rollbacked, never *Failed.  After pgrestart's crash, a begin
+ *     may be missing altogether: begins are committed without waiting for
+ *     the WAL flush (tc_store.c NOTES), so one answered just before the
+ *     crash can be lost, and then it never existed.  Allowed only when the
+ *     client did not see it commit and no trade_order row carries it (a
+ *     branch registered under it would have flushed it);
  *   - every xid the client saw committed is Committed; every xid it saw
  *     rolled back is not;
  *   - the branch databases agree with the decisions: the trade_order rows
@@ -428,8 +433,11 @@ static void scenario_pause(double duration) {
   check(leaders == 1, "exactly one leader at the end (%d)", leaders);
 }
 
+static bool pg_crashed; /* pgrestart stopped PostgreSQL --immediate */
+
 static void scenario_pgrestart(double duration) {
   wait_until_s(8);
+  pg_crashed = true;
   say("PostgreSQL: stop --immediate");
   atomic_store(&fault_active, 1);
   first_fault_at = rel_s();
@@ -530,13 +538,15 @@ static void verify(worker_t *ws, int nw) {
   PQclear(r);
 
   size_t committed_seen = 0, rolled_seen = 0, unknown_seen = 0, bad_commit = 0, bad_rollback = 0;
-  size_t not_final = 0, failed_final = 0, history_committed = 0, missing_rows = 0;
+  size_t not_final = 0, lost_begins = 0, failed_final = 0, history_committed = 0, missing_rows = 0;
   for (int i = 0; i < nw; i++) {
     for (size_t k = 0; k < ws[i].n; k++) {
       rec_t *rc = &ws[i].recs[k];
       hentry_t *e = hget(&m, rc->xid, false);
       int st = e ? e->status : 0;
-      if (st == 0) {
+      if (st == 0 && pg_crashed && rc->view != V_COMMITTED && (!e || e->qty == 0)) {
+        lost_begins++;
+      } else if (st == 0) {
         not_final++;
         if (not_final <= 5) fprintf(stderr, "  not in history: %s (client view %d)\n", rc->xid, rc->view);
       } else if (st != RM_GS_COMMITTED && st != RM_GS_ROLLBACKED && st != RM_GS_TIMEOUT_ROLLBACKED) {
@@ -565,6 +575,8 @@ static void verify(worker_t *ws, int nw) {
   say("client views: %zu committed, %zu rolled back, %zu unknown; history: %zu committed", committed_seen,
       rolled_seen, unknown_seen, history_committed);
   check(not_final == 0, "every begun transaction is in the history (%zu missing)", not_final);
+  if (lost_begins)
+    say("begins lost with PostgreSQL's crash, never committed, no branch data: %zu", lost_begins);
   check(failed_final == 0, "no transaction ended *Failed (%zu)", failed_final);
   check(bad_commit == 0, "every commit the client saw is Committed (%zu are not)", bad_commit);
   check(bad_rollback == 0, "no rollback the client saw is Committed (%zu are)", bad_rollback);
