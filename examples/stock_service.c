@@ -19,6 +19,17 @@
  *          frozen_count -= qty, sold_count += qty
  *     POST /release {order_id, reason: cancel|expire}  stock_freeze
  *          FROZEN -> RELEASED, frozen_count -= qty
+ *          In delta modes the bucket's counters of both move only when
+ *          the global transaction commits (rm_at_update_delta_on_commit):
+ *          a release gives tickets back, and given back at its local
+ *          commit they could be bought by others before the global
+ *          decision, after which a rollback could not take them back
+ *          (issue 17).  So until the commit the tickets stay frozen, the
+ *          commit applies the release (or the frozen -> sold move) in one
+ *          UPDATE, and a rollback has nothing to undo there.  The
+ *          stock_freeze row changes at once, under its global lock (AT
+ *          images), so no other confirm or release of the order can run
+ *          meanwhile.
  *          Both: 200 | 200 {noop: true} when already done the same way |
  *          409 {error: confirmed|released} when done the other way | 404
  *          {error: unknown_order}.  The row is locked (SELECT ... FOR
@@ -60,7 +71,6 @@
 #include "svc_http.h"
 
 #define FREEZE_GUARD "stock - frozen_count - sold_count >= $1"
-#define UNFREEZE_GUARD "frozen_count + $1 >= 0"
 
 typedef struct stock_svc {
   rm_client_t *rm;
@@ -261,14 +271,21 @@ static int bucket_change(stmt_ctx_t *c, freeze_mode_t mode, const stock_op_t *op
     }
     return rc;
   }
+  if ((mode == MODE_DELTA || mode == MODE_DEFERRED) && dfrozen < 0) {
+    /* A release or a confirm: applied by the commit, in one UPDATE (the
+     * header says why).  The commit of a move keeps the row's CHECK:
+     * frozen + sold does not change. */
+    int rc = rm_at_update_delta_on_commit(c->b, "activity_ticket_bucket", pk, "frozen_count", dfrozen);
+    if (rc == 0 && dsold) rc = rm_at_update_delta_on_commit(c->b, "activity_ticket_bucket", pk, "sold_count", dsold);
+    return rc;
+  }
   if (mode == MODE_DELTA || mode == MODE_DEFERRED) {
-    /* frozen first: the row's CHECK (frozen + sold <= stock) holds after
-     * each statement (deferred: prepare runs them in this order) */
+    /* A freeze: taken now, under its guard (deferred: in rm_at_prepare,
+     * after the registration). */
     int (*fn)(rm_branch_t *, const char *, const char *const *, const char *, long long, const char *) =
       mode == MODE_DEFERRED ? rm_at_update_delta_deferred : rm_at_update_delta;
     int rc = 0;
-    if (dfrozen)
-      rc = fn(c->b, "activity_ticket_bucket", pk, "frozen_count", dfrozen, dfrozen > 0 ? FREEZE_GUARD : UNFREEZE_GUARD);
+    if (dfrozen) rc = fn(c->b, "activity_ticket_bucket", pk, "frozen_count", dfrozen, FREEZE_GUARD);
     if (rc == 0 && dsold) rc = fn(c->b, "activity_ticket_bucket", pk, "sold_count", dsold, NULL);
     return rc;
   }

@@ -3,6 +3,7 @@
  * librmclient set-up shared by the example services (see svc_common.h).
  */
 #include "svc_common.h"
+#include "txp_failpoint.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -329,6 +330,13 @@ int svc_rm_client_new(const char *application_id, unsigned wait_ms, rm_client_t 
     ok = false;
   }
   if (!ok) return RM_E_INVALID;
+  /* The service's own failpoints (svc.*; a build with TX_FAILPOINTS only):
+   * TX_FAILPOINTS also arms the library's, which rm_client_new checks. */
+  char fperr[256];
+  if (txp_failpoint_compiled() && txp_failpoint_arm_env(fperr, sizeof(fperr)) != 0) {
+    svc_error("invalid TX_FAILPOINTS: %s", fperr);
+    return RM_E_INVALID;
+  }
   int rc = rm_client_new(&cfg, out);
   if (rc != 0) {
     svc_error("could not start the transaction client: %s", rm_strerror(rc));

@@ -21,6 +21,8 @@ const char *const txp_failpoint_names[] = {
   /* librmclient (AT) */
   "rm.at.after_register",       /* branch registered, local transaction open */
   "rm.at.after_local_commit",   /* local COMMIT done, not reported to the caller */
+  /* the demo services (examples/) */
+  "svc.order.fin.before_commit", /* pay/cancel/expire: both branches committed locally, no GlobalCommit */
   NULL,
 };
 
@@ -71,9 +73,10 @@ static int parse_one(const char *s, size_t len, int *idx, point_t *p, char *err,
   }
   size_t nlen = (size_t)(eq - s);
   if ((*idx = find(s, nlen)) < 0) {
-    snprintf(err, errlen, "unknown failpoint \"%.*s\" (known: tc.begin.after_store, tc.register.after_store, "
-             "tc.commit.before_decision, tc.commit.after_decision, tc.rollback.after_decision, "
-             "tc.phase2.after_acks, rm.at.after_register, rm.at.after_local_commit)", (int)nlen, s);
+    int w = snprintf(err, errlen, "unknown failpoint \"%.*s\" (known:", (int)nlen, s);
+    for (size_t i = 0; i < NPOINTS && w >= 0 && (size_t)w < errlen; i++)
+      w += snprintf(err + w, errlen - (size_t)w, "%s %s", i ? "," : "", txp_failpoint_names[i]);
+    if (w >= 0 && (size_t)w < errlen) snprintf(err + w, errlen - (size_t)w, ")");
     return -1;
   }
   const char *act = eq + 1, *end = s + len;

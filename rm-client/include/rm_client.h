@@ -236,6 +236,14 @@ RM_API int rm_at_delete(rm_branch_t *b, const char *table, const char *const *pk
  * 'delta' (e.g. "stock - frozen_count - sold_count >= $1"), or NULL.  The
  * undo is col = col - delta, which commutes with other deltas, so this
  * takes no global row lock.  RM_E_GUARD when the guard refuses.
+ *
+ * Only a take may run now: 'delta' must be >= 0 (a counter of what is
+ * taken: frozen, sold, used).  A decrement gives capacity back the moment
+ * the branch commits locally; others may take it before the global
+ * decision, and then its undo (+n) would be refused and the global
+ * transaction could never roll back.  A negative delta is therefore
+ * RM_E_INVALID here (and in rm_at_update_delta_deferred), with nothing
+ * changed: give back with rm_at_update_delta_on_commit.
  */
 RM_API int rm_at_update_delta(rm_branch_t *b, const char *table, const char *const *pk_vals,
                               const char *col, long long delta, const char *guard);
@@ -263,6 +271,28 @@ RM_API int rm_at_update_delta(rm_branch_t *b, const char *table, const char *con
  */
 RM_API int rm_at_update_delta_deferred(rm_branch_t *b, const char *table, const char *const *pk_vals,
                                        const char *col, long long delta, const char *guard);
+/*
+ * A delta applied only when the global transaction commits: a give-back
+ * (a release: frozen_count - n) or a move between counters of one row (a
+ * confirm: frozen_count - n and sold_count + n).  Now: the arguments,
+ * table, column and key are checked as for rm_at_update_delta and the row
+ * is read once without a lock (it must exist: else RM_E_NOT_ONE_ROW);
+ * nothing is changed, so until the commit the capacity stays taken and
+ * nobody else can take it.  Phase-two commit applies the branch's commit
+ * deltas, one UPDATE per row with its columns' deltas together, exactly
+ * once (with the deletion of the branch's undo row, in one local
+ * transaction); a rollback drops them: there is nothing to undo.  A commit
+ * cannot be refused, so per row the commit deltas of a branch must add up
+ * to zero or less (RM_E_INVALID from rm_at_prepare otherwise: take in
+ * phase one, under a guard).  Should the commit meet the row gone or a
+ * constraint refusing it (a write outside the coordinator), the branch
+ * ends PhaseTwoCommitFailedUnretryable and the global CommitFailed, for an
+ * operator.  Every resource manager serving the resource must be of this
+ * version or later (the undo row is written as version 2, which older
+ * ones refuse to roll back rather than misread).
+ */
+RM_API int rm_at_update_delta_on_commit(rm_branch_t *b, const char *table, const char *const *pk_vals,
+                                        const char *col, long long delta);
 
 /*
  * Before the caller's COMMIT: register the branch with the TC (waiting up
@@ -277,6 +307,8 @@ RM_API int rm_at_update_delta_deferred(rm_branch_t *b, const char *table, const 
  * transaction already rolled this branch back: the fence), RM_E_DB.  When
  * the undo row cannot be written, the caller's transaction is left failed
  * on purpose, so that a COMMIT cannot make the change durable.
+ * RM_E_INVALID before any registration: the commit deltas of one row add
+ * up to more than zero (rm_at_update_delta_on_commit).
  */
 RM_API int rm_at_prepare(rm_branch_t *b, int64_t *branch_id);
 /* After the caller's COMMIT (committed=true) or ROLLBACK: report a failed

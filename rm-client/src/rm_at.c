@@ -12,7 +12,8 @@
  *     1. rm_at_open: check the connection is in a transaction block; no
  *        database call.
  *     2. rm_at_insert / _update / _delete / _update_delta /
- *        _update_delta_deferred (rm_at_stmt.c: what each runs, and the
+ *        _update_delta_deferred / _update_delta_on_commit (rm_at_stmt.c:
+ *        what each runs, which deltas may run in phase one, and the
  *        round trips), each inside a SAVEPOINT of its own.  Each adds an
  *        undo item and (except the deltas) the lock key "table:pk".  On
  *        any failure the call rolls back to its savepoint: the row changes
@@ -44,6 +45,7 @@
  *   Threads: a branch belongs to one thread at a time (as does the caller's
  *   PGconn); everything shared (resources, metadata) is locked.
  */
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -147,6 +149,9 @@ static void branch_free(rm_branch_t *b) {
 int rm_at_close(rm_branch_t *b, bool committed) {
   if (!b) return RM_E_INVALID;
   if (committed) TXP_FAILPOINT("rm.at.after_local_commit");
+  /* Not committed: no commit of it will come to apply anything. */
+  if (!committed && b->state == RM_BRANCH_PREPARED && b->has_commit_delta)
+    rm__at_inline_remove(b->res, b->xid, b->branch_id);
   int rc = 0;
   if (b->registered && !(committed && b->state == RM_BRANCH_PREPARED)) {
     /* Registered but not durable: tell the TC now rather than at the
@@ -179,6 +184,54 @@ const char *rm_at_errmsg(const rm_branch_t *b) { return b ? b->errmsg : ""; }
 
 /* --------------------------------------------------------------- prepare */
 
+static bool is_commit_delta(const json_t *item) {
+  const char *op = json_string_value(json_object_get(item, "op"));
+  return op && strcmp(op, "commit_delta") == 0;
+}
+
+static bool same_row(const json_t *a, const json_t *b) {
+  return json_equal(json_object_get(a, "schema"), json_object_get(b, "schema")) &&
+         json_equal(json_object_get(a, "table"), json_object_get(b, "table")) &&
+         json_equal(json_object_get(a, "pk"), json_object_get(b, "pk"));
+}
+
+/*
+ * A commit cannot be refused (the decision is made), so what a branch
+ * records for the commit must always fit: for each row, its commit deltas
+ * must not add up to more than zero (a give-back, or a move between two
+ * counters of the row such as frozen -> sold, which phase two applies in
+ * one UPDATE).  A take belongs in phase one, under its guard.  0, or
+ * RM_E_INVALID with the message set.
+ */
+static int check_commit_deltas(rm_branch_t *b) {
+  if (!b->has_commit_delta) return 0;
+  size_t n = json_array_size(b->undo);
+  for (size_t i = 0; i < n; i++) {
+    const json_t *a = json_array_get(b->undo, i);
+    if (!is_commit_delta(a)) continue;
+    bool first = true;
+    for (size_t k = 0; k < i && first; k++) {
+      const json_t *e = json_array_get(b->undo, k);
+      first = !(is_commit_delta(e) && same_row(a, e));
+    }
+    if (!first) continue;
+    long long net = 0;
+    bool overflow = false;
+    for (size_t k = i; k < n; k++) {
+      const json_t *e = json_array_get(b->undo, k);
+      if (is_commit_delta(e) && same_row(a, e))
+        overflow = overflow || __builtin_add_overflow(net, (long long)json_integer_value(json_object_get(e, "delta")), &net);
+    }
+    if (overflow || net > 0) {
+      rm__at_err(b, "the commit-time deltas of one row of \"%s\" add up to %s%lld: a commit cannot be refused, so it "
+                 "may only give back or move; take in phase one (rm_at_update_delta, under its guard)",
+                 json_string_value(json_object_get(a, "table")), overflow ? "more than " : "+", overflow ? LLONG_MAX : net);
+      return RM_E_INVALID;
+    }
+  }
+  return 0;
+}
+
 int rm_at_prepare(rm_branch_t *b, int64_t *branch_id) {
   if (!b) return RM_E_INVALID;
   if (b->state != RM_BRANCH_OPEN) {
@@ -193,6 +246,8 @@ int rm_at_prepare(rm_branch_t *b, int64_t *branch_id) {
     rm__at_err(b, "the connection is not idle in a transaction block");
     return RM_E_STATE;
   }
+  int rc = check_commit_deltas(b);
+  if (rc != 0) return rc;
   /* The undo items of the deferred deltas go last: prepare runs them
    * after every other statement of the branch. */
   for (size_t i = 0; i < b->ndeferred; i++) {
@@ -215,7 +270,7 @@ int rm_at_prepare(rm_branch_t *b, int64_t *branch_id) {
   /* 1. Register (the TC takes the global row locks, waiting if busy). */
   int64_t bid = 0;
   const char *keys = b->lock_keys.len ? b->lock_keys.data : NULL;
-  int rc = rm__branch_register(b->c, b->xid, b->res->id, keys, NULL, rm__lock_wait_ms(b->c), &bid,
+  rc = rm__branch_register(b->c, b->xid, b->res->id, keys, NULL, rm__lock_wait_ms(b->c), &bid,
                                b->errmsg, sizeof(b->errmsg));
   if (rc != 0) {
     if (!b->errmsg[0]) rm__at_err(b, "could not register the branch: %s", rm_strerror(rc));
@@ -282,6 +337,9 @@ int rm_at_prepare(rm_branch_t *b, int64_t *branch_id) {
   }
   PQclear(res);
   b->state = RM_BRANCH_PREPARED;
+  /* Its BranchCommit must apply the commit deltas: served on a worker at
+   * once rather than queued for the deleter (rm_undo.c NOTES). */
+  if (b->has_commit_delta) rm__at_inline_add(b->res, b->xid, bid);
   if (branch_id) *branch_id = bid;
   return 0;
 }

@@ -115,6 +115,11 @@ struct rm_at_resource {
   /* Guarded by st->mu. */
   rm_undo_key_t *queue;
   size_t qlen, qcap;
+  /* Branches prepared by this client with commit deltas, whose
+   * BranchCommit is served at once on a worker (rm_undo.c); guarded by
+   * st->mu, at most RM_AT_INLINE_MAX. */
+  struct rm_inline_key *inl;
+  size_t ninl;
 };
 
 struct rm_at_state {
@@ -166,6 +171,7 @@ struct rm_branch {
   size_t nitems;
   size_t undo_bytes;  /* compact JSON size so far */
   bool has_delta;
+  bool has_commit_delta; /* rm_at_update_delta_on_commit: phase-two commit applies */
   bool sp_pending;    /* the statement's SAVEPOINT goes with its first query */
   bool sp_taken;      /* the statement's SAVEPOINT was set (rm__at_stmt_end undoes or releases it) */
   bool sp_released;   /* ... and already released with the statement (rm__at_run_released) */
@@ -316,6 +322,15 @@ int rm__table_check_cols(rm_at_resource_t *r, PGconn *pg, const rm_table_t **t, 
 int rm__col_index(const rm_table_t *t, const char *name);
 
 /* --- rm_undo.c --- */
+
+/* Branches with commit deltas whose BranchCommit this client should serve
+ * at once (rm_undo.c NOTES): remember one after its prepare, forget it when
+ * its local transaction did not commit.  Best effort: a branch that is not
+ * remembered (a full set, another instance, a restart) is committed by the
+ * deleter, later but as surely. */
+#define RM_AT_INLINE_MAX 1024
+void rm__at_inline_add(rm_at_resource_t *r, const char *xid, int64_t bid);
+void rm__at_inline_remove(rm_at_resource_t *r, const char *xid, int64_t bid);
 
 /* Start the deleter thread of 's' (once).  0 or RM_E_NOMEM. */
 int rm__undo_start(rm_at_state_t *s);

@@ -466,6 +466,7 @@ int rm__at_record(rm_branch_t *b, const rm_table_t *t, rm_item_t *it, bool lock)
   b->undo_bytes += sz + 1;
   b->nitems++;
   if (it->op == RM_OP_DELTA) b->has_delta = true;
+  if (it->op == RM_OP_COMMIT_DELTA) b->has_commit_delta = true;
 out:
   if (rc != 0) {
     b->lock_keys.len = old_len;
@@ -478,6 +479,6 @@ out:
 }
 
 char *rm__at_context(const rm_branch_t *b) {
-  return rm_ctx_format(b->has_delta || b->ndeferred > 0, (int)NSETTINGS, image_settings,
+  return rm_ctx_format(b->has_delta || b->ndeferred > 0, b->has_commit_delta, (int)NSETTINGS, image_settings,
                        (const char *const *)b->settings);
 }

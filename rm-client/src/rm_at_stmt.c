@@ -1,8 +1,8 @@
 /*
  * rm_at_stmt.c - the statements of an AT branch on the caller's connection
- * (rm_at_insert, _update, _delete, _update_delta, _update_delta_deferred),
- * each in the frame of rm_at_frame.c; and the deferred delta UPDATEs, which
- * rm_at_prepare runs.
+ * (rm_at_insert, _update, _delete, _update_delta, _update_delta_deferred,
+ * _update_delta_on_commit), each in the frame of rm_at_frame.c; and the
+ * deferred delta UPDATEs, which rm_at_prepare runs.
  *
  * NOTES
  *   What each statement runs, inside its savepoint (the first one of a
@@ -16,7 +16,27 @@
  *     delta:  UPDATE SET col = col + $1 WHERE pk AND (guard)
  *     deferred delta: SELECT 1 ... WHERE pk (the row exists; no lock),
  *             the UPDATE is kept for prepare
- *   Each adds an undo item and (except delta) the lock key "table:pk".
+ *     delta on commit: SELECT 1 ... WHERE pk (the row exists; no lock),
+ *             the UPDATE is run by phase-two commit (rm_undo.c)
+ *   Each adds an undo item and (except the deltas) the lock key "table:pk".
+ *
+ *   Which deltas may run in phase one.  A phase-one delta commits locally
+ *   at once and becomes visible to everyone; a rollback undoes it with the
+ *   opposite delta.  That opposite must always fit, whatever others did in
+ *   between, or the global transaction cannot be rolled back at all.  For
+ *   a counter of things taken (frozen, sold, used) that holds for an
+ *   increment: its guard checked the bound when it took, and its undo
+ *   (col - n) only gives back what this branch itself took, which is still
+ *   counted.  It does not hold for a decrement: the capacity it gives back
+ *   is free for others the moment the branch commits locally, and once they
+ *   took it the undo (col + n) is refused by the bound (a CHECK, or worse,
+ *   nothing: an oversell).  So a phase-one delta must be >= 0, and a delta
+ *   that gives back goes through rm_at_update_delta_on_commit: phase one
+ *   only records it (the capacity stays taken, so nobody can take it while
+ *   the global transaction is undecided), phase-two commit applies it (a
+ *   give-back always fits), rollback drops it (nothing to undo).  A counter
+ *   whose decrement takes (a balance) is counted the other way round (what
+ *   was spent) to fit this rule.
  */
 #include <limits.h>
 #include <stdio.h>
@@ -406,9 +426,20 @@ static int delta_item(rm_branch_t *b, const rm_table_t *t, const char *const *pk
   return 0;
 }
 
+/* A phase-one delta must not give capacity back (NOTES): false, with the
+ * message set, for a decrement. */
+static bool phase_one_delta_ok(rm_branch_t *b, const char *table, const char *col, long long delta) {
+  if (delta >= 0 || delta == LLONG_MIN || !table || !col) return true; /* stmt_start judges the rest */
+  rm__at_err(b, "\"%s\".\"%s\" %lld gives capacity back: undone by +%lld at a rollback, it would be refused "
+             "once others took what it freed; record it with rm_at_update_delta_on_commit, which applies it "
+             "when the global transaction commits", table, col, delta, -delta);
+  return false;
+}
+
 int rm_at_update_delta(rm_branch_t *b, const char *table, const char *const *pk_vals,
                        const char *col, long long delta, const char *guard) {
   if (!b) return RM_E_INVALID;
+  if (!phase_one_delta_ok(b, table, col, delta)) return RM_E_INVALID;
   int rc = stmt_start(b, table && pk_vals && col && delta != LLONG_MIN, "table, key values, column or delta", 0,
                       NULL);
   if (rc != 0) return rc;
@@ -477,36 +508,24 @@ void rm__at_deferred_clear(rm_deferred_t *d) {
   memset(d, 0, sizeof(*d));
 }
 
-int rm_at_update_delta_deferred(rm_branch_t *b, const char *table, const char *const *pk_vals,
-                                const char *col, long long delta, const char *guard) {
-  if (!b) return RM_E_INVALID;
-  int rc = stmt_start(b, table && pk_vals && col && delta != LLONG_MIN, "table, key values, column or delta", 0,
-                      NULL);
-  if (rc != 0) return rc;
-  const rm_table_t *t = NULL;
-  txp_buf_t sql, esql;
-  txp_buf_init(&sql, 0);
-  txp_buf_init(&esql, 0);
+/*
+ * Read that the row of 'pk_vals' exists (no lock), with 'esql' (SELECT 1
+ * FROM t WHERE pk).  When the statement's savepoint is still pending,
+ * SAVEPOINT, SELECT and RELEASE go in one round trip (the SELECT changes
+ * nothing, so there is nothing to roll back after it): then *released is
+ * set and the caller must not end the statement through rm__at_stmt_end.
+ */
+static int row_must_exist(rm_branch_t *b, const rm_table_t *t, const char *esql, const char *const *pk_vals,
+                          bool *released) {
   PGresult *res = NULL;
-  rm_item_t it = {0};
-  rm_deferred_t d = {0};
-  bool released = false;
-  int ci = -1;
-  if ((rc = delta_target(b, table, pk_vals, col, &t, &ci)) != 0) goto out;
-  if (delta_sql(&sql, t, ci, guard) != 0 || pk_stmt_sql(&esql, "SELECT 1 FROM ", t, NULL) != 0) {
-    rc = oom(b);
-    goto out;
-  }
-  /* The row must exist now (a plain read: no row lock).  When the
-   * savepoint is still pending, SAVEPOINT, SELECT and RELEASE go in one
-   * round trip: the SELECT changes nothing, so there is nothing to roll
-   * back after it. */
+  int rc = 0;
+  *released = false;
   if (b->sp_pending) {
-    const char *const sqls[2] = {esql.data, "RELEASE SAVEPOINT " RM_AT_SAVEPOINT};
+    const char *const sqls[2] = {esql, "RELEASE SAVEPOINT " RM_AT_SAVEPOINT};
     const int np[2] = {t->npk, 0};
     const char *const *pp[2] = {pk_vals, NULL};
     PGresult *r2[2];
-    if ((rc = rm__at_pending_run(b, 2, sqls, np, pp, NULL, r2)) != 0) goto out;
+    if ((rc = rm__at_pending_run(b, 2, sqls, np, pp, NULL, r2)) != 0) return rc;
     if (PQresultStatus(r2[0]) != PGRES_TUPLES_OK) {
       rc = rm__at_stmt_error(b, "could not read the row", r2[0]);
       r2[0] = NULL;
@@ -516,16 +535,78 @@ int rm_at_update_delta_deferred(rm_branch_t *b, const char *table, const char *c
     } else {
       res = r2[0];
       r2[0] = NULL;
-      released = true;
+      *released = true;
     }
     PQclear(r2[0]);
     PQclear(r2[1]);
-    if (rc != 0) goto out;
-  } else if (!(res = rm__at_run(b, "could not read the row", esql.data, t->npk, pk_vals, NULL, PGRES_TUPLES_OK,
-                                 &rc))) {
+    if (rc != 0) return rc;
+  } else if (!(res = rm__at_run(b, "could not read the row", esql, t->npk, pk_vals, NULL, PGRES_TUPLES_OK, &rc))) {
+    return rc;
+  }
+  rc = one_row(b, t, res);
+  PQclear(res);
+  return rc;
+}
+
+int rm_at_update_delta_on_commit(rm_branch_t *b, const char *table, const char *const *pk_vals,
+                                 const char *col, long long delta) {
+  if (!b) return RM_E_INVALID;
+  int rc = stmt_start(b, table && pk_vals && col && delta != LLONG_MIN, "table, key values, column or delta", 0,
+                      NULL);
+  if (rc != 0) return rc;
+  const rm_table_t *t = NULL;
+  txp_buf_t esql;
+  txp_buf_init(&esql, 0);
+  rm_item_t it = {0};
+  bool released = false;
+  int ci = -1;
+  if ((rc = delta_target(b, table, pk_vals, col, &t, &ci)) != 0) goto out;
+  if (pk_stmt_sql(&esql, "SELECT 1 FROM ", t, NULL) != 0) {
+    rc = oom(b);
     goto out;
   }
-  if ((rc = one_row(b, t, res)) != 0) goto out;
+  /* The row must exist now: a commit that finds it gone cannot apply the
+   * delta and needs an operator (rm_undo.c). */
+  if ((rc = row_must_exist(b, t, esql.data, pk_vals, &released)) != 0) goto out;
+  if (item_init(&it, RM_OP_COMMIT_DELTA, t) != 0 || !(it.pk = pk_from_vals(t, pk_vals)) ||
+      !(it.col = strdup(t->cols[ci].name))) {
+    rc = oom(b);
+    goto out;
+  }
+  it.delta = delta;
+  rc = rm__at_record(b, t, &it, false); /* no lock key: it changes nothing before the commit */
+out:
+  rm_item_clear(&it);
+  txp_buf_free(&esql);
+  if (released) { /* the savepoint is gone and the SELECT changed nothing */
+    b->sp_taken = false;
+    return rc;
+  }
+  return rm__at_stmt_end(b, rc);
+}
+
+int rm_at_update_delta_deferred(rm_branch_t *b, const char *table, const char *const *pk_vals,
+                                const char *col, long long delta, const char *guard) {
+  if (!b) return RM_E_INVALID;
+  if (!phase_one_delta_ok(b, table, col, delta)) return RM_E_INVALID;
+  int rc = stmt_start(b, table && pk_vals && col && delta != LLONG_MIN, "table, key values, column or delta", 0,
+                      NULL);
+  if (rc != 0) return rc;
+  const rm_table_t *t = NULL;
+  txp_buf_t sql, esql;
+  txp_buf_init(&sql, 0);
+  txp_buf_init(&esql, 0);
+  rm_item_t it = {0};
+  rm_deferred_t d = {0};
+  bool released = false;
+  int ci = -1;
+  if ((rc = delta_target(b, table, pk_vals, col, &t, &ci)) != 0) goto out;
+  if (delta_sql(&sql, t, ci, guard) != 0 || pk_stmt_sql(&esql, "SELECT 1 FROM ", t, NULL) != 0) {
+    rc = oom(b);
+    goto out;
+  }
+  /* The row must exist now (a plain read: no row lock). */
+  if ((rc = row_must_exist(b, t, esql.data, pk_vals, &released)) != 0) goto out;
   /* The undo item, as rm_at_update_delta records it; it joins the undo
    * log when prepare has run the UPDATE (statement order = undo order). */
   size_t sz = 0;
@@ -562,7 +643,6 @@ int rm_at_update_delta_deferred(rm_branch_t *b, const char *table, const char *c
 out:
   rm__at_deferred_clear(&d);
   rm_item_clear(&it);
-  PQclear(res);
   txp_buf_free(&sql);
   txp_buf_free(&esql);
   if (released) { /* the savepoint is gone and the SELECT changed nothing */

@@ -12,7 +12,8 @@
 #include "rm_client.h"
 #include "txp_lockkey.h"
 
-#define UNDO_VERSION 1
+#define UNDO_VERSION 1        /* images and phase-one deltas only */
+#define UNDO_VERSION_COMMIT 2 /* ... and commit_delta items */
 
 /* ------------------------------------------------------------------ rows */
 
@@ -100,11 +101,13 @@ int rm_row_diff(const rm_row_t *image, const rm_row_t *cur, int *diff, int cap) 
 
 /* ----------------------------------------------------------------- items */
 
-static const char *const op_names[] = {NULL, "insert", "update", "delete", "delta"};
+static const char *const op_names[] = {NULL, "insert", "update", "delete", "delta", "commit_delta"};
 
 const char *rm_op_name(rm_op_t op) {
-  return op >= RM_OP_INSERT && op <= RM_OP_DELTA ? op_names[op] : "unknown";
+  return op >= RM_OP_INSERT && op <= RM_OP_COMMIT_DELTA ? op_names[op] : "unknown";
 }
+
+static bool is_delta(rm_op_t op) { return op == RM_OP_DELTA || op == RM_OP_COMMIT_DELTA; }
 
 void rm_item_clear(rm_item_t *it) {
   if (!it) return;
@@ -138,7 +141,7 @@ static bool put(json_t *o, const char *key, json_t *v) {
 }
 
 json_t *rm_item_to_json(const rm_item_t *it) {
-  if (!it || it->op < RM_OP_INSERT || it->op > RM_OP_DELTA || !it->table || !it->pk) return NULL;
+  if (!it || it->op < RM_OP_INSERT || it->op > RM_OP_COMMIT_DELTA || !it->table || !it->pk) return NULL;
   json_t *o = json_object();
   if (!o) return NULL;
   bool ok = put(o, "op", json_string(rm_op_name(it->op))) &&
@@ -146,7 +149,7 @@ json_t *rm_item_to_json(const rm_item_t *it) {
             put(o, "table", json_string(it->table)) && put(o, "pk", row_to_json(it->pk));
   if (ok && it->before) ok = put(o, "before", row_to_json(it->before));
   if (ok && it->after) ok = put(o, "after", row_to_json(it->after));
-  if (ok && it->op == RM_OP_DELTA)
+  if (ok && is_delta(it->op))
     ok = it->col && put(o, "col", json_string(it->col)) &&
          put(o, "delta", json_integer((json_int_t)it->delta));
   if (!ok) {
@@ -212,7 +215,7 @@ int rm_item_from_json(const json_t *j, rm_item_t *it, char *err, size_t errlen) 
     return RM_E_INVALID;
   }
   const char *op = json_string_value(json_object_get(j, "op"));
-  for (int k = RM_OP_INSERT; op && k <= RM_OP_DELTA; k++)
+  for (int k = RM_OP_INSERT; op && k <= RM_OP_COMMIT_DELTA; k++)
     if (strcmp(op, op_names[k]) == 0) it->op = (rm_op_t)k;
   if (!it->op) {
     snprintf(err, errlen, "unknown undo op \"%s\"", op ? op : "(none)");
@@ -226,7 +229,7 @@ int rm_item_from_json(const json_t *j, rm_item_t *it, char *err, size_t errlen) 
   const json_t *b = json_object_get(j, "before"), *a = json_object_get(j, "after");
   if (want_before && !(it->before = row_from_json(b, false, "before", err, errlen))) goto fail;
   if (want_after && !(it->after = row_from_json(a, false, "after", err, errlen))) goto fail;
-  if (it->op == RM_OP_DELTA) {
+  if (is_delta(it->op)) {
     if (!(it->col = dup_str_field(j, "col", err, errlen))) goto fail;
     const json_t *d = json_object_get(j, "delta");
     if (!json_is_integer(d)) {
@@ -439,11 +442,12 @@ static int ctx_append_escaped(txp_buf_t *b, const char *s) {
   return 0;
 }
 
-char *rm_ctx_format(bool delta, int n, const char *const *names, const char *const *values) {
+char *rm_ctx_format(bool delta, bool commit, int n, const char *const *names, const char *const *values) {
   txp_buf_t b;
   txp_buf_init(&b, 0);
-  int rc = txp_buf_append_str(&b, "serializer=json;version=1");
+  int rc = txp_buf_append_str(&b, commit ? "serializer=json;version=2" : "serializer=json;version=1");
   if (!rc && delta) rc = txp_buf_append_str(&b, ";delta=1");
+  if (!rc && commit) rc = txp_buf_append_str(&b, ";commit=1");
   for (int i = 0; !rc && i < n; i++) {
     if (!names[i] || !values[i]) continue;
     rc = txp_buf_append_str(&b, ";");
@@ -522,6 +526,8 @@ int rm_ctx_parse(const char *s, rm_ctx_t *ctx) {
       ctx->version = atoi(v);
     } else if (strcmp(k, "delta") == 0) {
       ctx->delta = strcmp(v, "1") == 0;
+    } else if (strcmp(k, "commit") == 0) {
+      ctx->commit = strcmp(v, "1") == 0;
     } else if (ctx->nsettings < RM_CTX_MAX_SETTINGS) {
       ctx->names[ctx->nsettings] = k;
       ctx->values[ctx->nsettings] = v;
@@ -539,7 +545,8 @@ int rm_ctx_parse(const char *s, rm_ctx_t *ctx) {
     if (!end) break;
     p = end + 1;
   }
-  if (!json || ctx->version != UNDO_VERSION) goto bad;
+  if (!json || (ctx->version != UNDO_VERSION && ctx->version != UNDO_VERSION_COMMIT)) goto bad;
+  if (ctx->commit != (ctx->version == UNDO_VERSION_COMMIT)) goto bad; /* version 2 is exactly "commit=1" */
   return 0;
 bad:
   rm_ctx_clear(ctx);

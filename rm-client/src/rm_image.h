@@ -19,6 +19,11 @@
  *     {"op":"update","schema":s,"table":t,"pk":{...},"before":{...},"after":{...}}
  *     {"op":"delete","schema":s,"table":t,"pk":{...},"before":{...}}
  *     {"op":"delta", "schema":s,"table":t,"pk":{...},"col":c,"delta":n}
+ *     {"op":"commit_delta","schema":s,"table":t,"pk":{...},"col":c,"delta":n}
+ *
+ *   A "delta" item was applied in phase one (col + n, n >= 0) and is undone
+ *   by col - n; a "commit_delta" item was not applied yet: phase-two commit
+ *   applies it (col + n), rollback drops it.
  *
  *   Image values are JSON strings or null.  "pk" holds the primary key
  *   columns (undo_log stores jsonb, which does not keep key order, so the
@@ -73,7 +78,10 @@ bool rm_val_eq(const char *a, const char *b);
  */
 int rm_row_diff(const rm_row_t *image, const rm_row_t *cur, int *diff, int cap);
 
-typedef enum rm_op { RM_OP_INSERT = 1, RM_OP_UPDATE, RM_OP_DELETE, RM_OP_DELTA } rm_op_t;
+/* RM_OP_COMMIT_DELTA is not an undo: a delta recorded in phase one and
+ * applied only by phase-two commit (rm_at_update_delta_on_commit);
+ * rollback skips it, since nothing was applied. */
+typedef enum rm_op { RM_OP_INSERT = 1, RM_OP_UPDATE, RM_OP_DELETE, RM_OP_DELTA, RM_OP_COMMIT_DELTA } rm_op_t;
 
 const char *rm_op_name(rm_op_t op);
 
@@ -85,8 +93,8 @@ typedef struct rm_item {
   rm_row_t *pk;     /* primary key columns and values (key order) */
   rm_row_t *before; /* update, delete */
   rm_row_t *after;  /* insert, update */
-  char *col;        /* delta */
-  long long delta;  /* delta */
+  char *col;        /* delta, commit_delta */
+  long long delta;  /* delta, commit_delta */
 } rm_item_t;
 
 /* Release what 'it' owns (not 'it' itself) and zero it. */
@@ -143,15 +151,20 @@ void rm_dirty_message(char *out, size_t cap, const rm_item_t *it, const char *ex
 /* ------------------------------------------------- undo context string --- */
 
 /*
- * undo_log.context: "serializer=json;version=1[;delta=1][;NAME=VALUE...]"
+ * undo_log.context: "serializer=json;version=V[;delta=1][;commit=1][;NAME=VALUE...]"
  * where the NAME=VALUE pairs are the session settings the images were
  * taken under (TimeZone, DateStyle, ...).  Values are %XX-escaped for
- * ';', '=', '%' and control bytes.
+ * ';', '=', '%' and control bytes, so ";commit=1;" can be searched for in
+ * SQL.  "commit=1" marks a row whose phase-two commit must apply its
+ * commit_delta items before the row may go; such a row is written with
+ * version 2, which a library that does not know commit deltas refuses to
+ * roll back ("cannot be read": an operator's) instead of misreading it.
  */
 #define RM_CTX_MAX_SETTINGS 8
 
 typedef struct rm_ctx {
   bool delta;
+  bool commit; /* commit_delta items: phase-two commit applies them */
   int version;
   int nsettings;
   char *names[RM_CTX_MAX_SETTINGS];
@@ -159,11 +172,13 @@ typedef struct rm_ctx {
 } rm_ctx_t;
 
 /* Format the context (malloc'd); 'names'/'values' has 'n' settings (values
- * NULL are skipped).  NULL on allocation failure. */
-char *rm_ctx_format(bool delta, int n, const char *const *names, const char *const *values);
+ * NULL are skipped).  'commit': the undo holds commit_delta items (version
+ * 2).  NULL on allocation failure. */
+char *rm_ctx_format(bool delta, bool commit, int n, const char *const *names, const char *const *values);
 /* Parse; RM_E_INVALID for an unknown serializer or version, a malformed
- * pair, or more than RM_CTX_MAX_SETTINGS settings (every key other than
- * serializer, version and delta is a setting).  Free with rm_ctx_clear. */
+ * pair, "commit=1" without version 2 or version 2 without it, or more than
+ * RM_CTX_MAX_SETTINGS settings (every key other than serializer, version,
+ * delta and commit is a setting).  Free with rm_ctx_clear. */
 int rm_ctx_parse(const char *s, rm_ctx_t *ctx);
 void rm_ctx_clear(rm_ctx_t *ctx);
 

@@ -18,6 +18,29 @@
  *   delete is lost (a crash, the database down) are resolved through the
  *   coordinator later (below), or left to the sweep.
  *
+ *   Commit deltas (rm_at_update_delta_on_commit; rm_at_stmt.c NOTES say
+ *   why a give-back waits for the commit).  Their undo row is marked
+ *   "commit=1" in its context, and committing such a branch is no longer
+ *   just deleting its row: in ONE local transaction the row is locked, its
+ *   commit_delta items applied (one UPDATE per business row, the deltas of
+ *   its columns together, so that a move such as frozen -> sold keeps the
+ *   row's CHECK), the row deleted, all committed.  The row's deletion is
+ *   the mark that the deltas were applied, so they are applied exactly
+ *   once however often the commit comes.  Every path that ends a
+ *   committed branch's row honours the mark:
+ *     - a branch this client prepared is remembered (rm__at_inline_add)
+ *       and its BranchCommit runs on a worker, at once, answering the TC
+ *       with the outcome: a failure (the row gone, a constraint: someone
+ *       outside the coordinator changed it) is PhaseTwoCommitFailed*,
+ *       which the TC shows as CommitFailed for an operator;
+ *     - the deleter's batch DELETE skips marked rows and applies each
+ *       (a branch not remembered: another instance's, or after a restart);
+ *     - the leftover pass applies the marked rows of committed globals
+ *       instead of deleting them;
+ *     - the retention sweep never deletes a marked row (that would drop
+ *       the give-back): it logs them as errors for an operator.
+ *   A rollback skips commit_delta items: nothing of them was applied.
+ *
  *   Rollback, in ONE local transaction on a pooled connection:
  *     1. SELECT the undo row FOR UPDATE.  Absent: INSERT the guard row
  *        (log_status 1, no rollback_info) ON CONFLICT DO NOTHING; once
@@ -38,10 +61,18 @@
  *          insert: current == after  -> DELETE
  *                  absent            -> nothing
  *          delta:  UPDATE col = col - delta (commutes; no image)
+ *          commit_delta: nothing (it is applied only by a commit)
  *        anything else is a dirty write: the local transaction is rolled
  *        back (nothing overwritten) and the answer is
  *        PhaseTwoRollbackFailedUnretryable with RM_E_DIRTY_WRITE and a
- *        message naming table, key and columns.
+ *        message naming table, key and columns.  A restore that the
+ *        database refuses with an integrity constraint (SQLSTATE class 23:
+ *        a CHECK, a unique key someone else took since, a foreign key) is
+ *        answered PhaseTwoRollbackFailedUnretryable too: by design no
+ *        undo of this library can be refused (rm_at_stmt.c NOTES), so it
+ *        means a write outside the coordinator, and retrying cannot help;
+ *        the TC ends the global in *RollbackFailed with its locks kept, for
+ *        an operator, instead of retrying forever.
  *     4. DELETE the undo row and COMMIT.  A replayed BranchRollback then
  *        finds no row and writes a guard (step 1): it touches no business
  *        row, so duplicates are harmless, and the guard costs one small row
@@ -80,6 +111,23 @@
 #define INT8OID 20
 #define SWEEP_MAX_BATCHES 100
 #define SWEEP_LOG_ROWS 10
+
+/* SQL: whether undo_log row alias 'u' carries commit deltas (context values
+ * are %-escaped, so ";commit=1;" cannot occur inside one). */
+#define MARKED(u) "((';' || coalesce(" u ".context, '') || ';') LIKE '%;commit=1;%')"
+
+/* A branch remembered for an inline commit (rm__at_inline_add). */
+struct rm_inline_key {
+  char xid[TXP_MAX_XID_LEN + 1];
+  int64_t branch_id;
+  int64_t added_ms;
+};
+/* Remembered entries older than this are dropped to make room: their
+ * commit went elsewhere, or never came. */
+#define INLINE_STALE_MS (10 * 60 * 1000)
+
+static int commit_marked(rm_at_resource_t *r, PGconn *pg, const char *xid, int64_t bid, bool *bad, int *code,
+                         char *err, size_t errlen);
 
 /* ---------------------------------------------------------------- time */
 
@@ -207,8 +255,11 @@ static void pool_close(rm_at_resource_t *r) {
 
 /* ------------------------------------------------------- commit: delete */
 
-/* DELETE the undo rows of 'n' committed branches in one statement. */
-static int delete_keys(rm_at_resource_t *r, const rm_undo_key_t *keys, size_t n, char *err, size_t errlen) {
+/* Commit 'n' branches: DELETE the undo rows without commit deltas in one
+ * statement, which also returns the marked ones; then commit each of
+ * those (commit_marked).  A marked row that fails is logged and left for
+ * the leftover pass.  0, or the code of the DELETE's failure. */
+static int finish_commits(rm_at_resource_t *r, const rm_undo_key_t *keys, size_t n, char *err, size_t errlen) {
   json_t *arr = json_array();
   for (size_t i = 0; arr && i < n; i++) {
     json_t *o = json_pack("{s:s, s:I}", "xid", keys[i].xid, "branch_id", (json_int_t)keys[i].branch_id);
@@ -225,19 +276,32 @@ static int delete_keys(rm_at_resource_t *r, const rm_undo_key_t *keys, size_t n,
   }
   PGconn *pg = NULL;
   int rc = pool_get(r, &pg, err, errlen);
+  bool bad = false;
   if (rc == 0) {
     const char *params[1] = {text};
     PGresult *res = PQexecParams(pg,
-                                 "DELETE FROM undo_log u"
-                                 " USING pg_catalog.jsonb_to_recordset($1::jsonb) AS k(xid text, branch_id int8)"
-                                 " WHERE u.xid = k.xid AND u.branch_id = k.branch_id AND u.log_status = 0",
+                                 "WITH k AS (SELECT * FROM pg_catalog.jsonb_to_recordset($1::jsonb)"
+                                 " AS k(xid text, branch_id int8)),"
+                                 " plain AS (DELETE FROM undo_log u USING k"
+                                 " WHERE u.xid = k.xid AND u.branch_id = k.branch_id AND u.log_status = 0"
+                                 " AND NOT " MARKED("u") ")"
+                                 " SELECT u.xid, u.branch_id FROM undo_log u JOIN k"
+                                 " ON u.xid = k.xid AND u.branch_id = k.branch_id"
+                                 " WHERE u.log_status = 0 AND " MARKED("u"),
                                  1, NULL, params, NULL, NULL, 0);
-    if (PQresultStatus(res) != PGRES_COMMAND_OK) {
+    if (PQresultStatus(res) != PGRES_TUPLES_OK) {
       rm__pg_error(err, errlen, "could not delete undo rows", pg, res);
       rc = RM_E_DB;
+      bad = true;
+    }
+    for (int i = 0; rc == 0 && i < PQntuples(res); i++) {
+      char cerr[1024] = "";
+      int code = 0;
+      commit_marked(r, pg, PQgetvalue(res, i, 0), atoll(PQgetvalue(res, i, 1)), &bad, &code, cerr, sizeof(cerr));
+      if (bad) break;
     }
     PQclear(res);
-    pool_put(r, pg, rc != 0);
+    pool_put(r, pg, bad);
   }
   free(text);
   return rc;
@@ -281,7 +345,7 @@ static int flush_resource(rm_at_resource_t *r) {
   char err[512] = "";
   while (done < n) {
     size_t k = n - done < batch ? n - done : batch;
-    if ((rc = delete_keys(r, keys + done, k, err, sizeof(err))) != 0) break;
+    if ((rc = finish_commits(r, keys + done, k, err, sizeof(err))) != 0) break;
     done += k;
   }
   if (rc != 0) {
@@ -333,6 +397,7 @@ static int sweep_resource(rm_at_resource_t *r, long long *removed) {
       "WITH gone AS (DELETE FROM undo_log WHERE id IN ("
       " SELECT id FROM undo_log"
       " WHERE log_created < pg_catalog.clock_timestamp() - $1::int8 * interval '1 second'"
+      " AND NOT " MARKED("undo_log") /* deleting one would drop its give-back */
       " ORDER BY log_created LIMIT $2::int8 FOR UPDATE SKIP LOCKED)"
       " RETURNING xid, branch_id, log_status)"
       " SELECT xid, branch_id, log_status FROM gone",
@@ -358,6 +423,22 @@ static int sweep_resource(rm_at_resource_t *r, long long *removed) {
     }
     PQclear(res);
     if ((unsigned)n < (t.delete_batch ? t.delete_batch : 1000)) break;
+  }
+  if (rc == 0) {
+    /* Marked rows that old: a commit's give-back that never reached this
+     * database, or a global nobody finished.  Not ours to guess. */
+    PGresult *res = PQexecParams(pg,
+                                 "SELECT count(*), pg_catalog.min(xid) FROM undo_log"
+                                 " WHERE log_status = 0 AND " MARKED("undo_log")
+                                 " AND log_created < pg_catalog.clock_timestamp() - $1::int8 * interval '1 second'",
+                                 1, NULL, params, NULL, NULL, 0);
+    if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1 && strcmp(PQgetvalue(res, 0, 0), "0") != 0)
+      rm__log(st->c, RM_LOG_ERROR,
+              "%s undo row(s) with commit deltas on \"%s\" are older than %u s (the first of global transaction "
+              "\"%s\"): their phase two never arrived; look up each global's outcome (tcctl show XID) and, if it "
+              "committed, apply the row's commit_delta items by hand before deleting the row",
+              PQgetvalue(res, 0, 0), r->id, t.retention_s, PQgetvalue(res, 0, 1));
+    PQclear(res);
   }
   pool_put(r, pg, rc != 0);
   if (normal > SWEEP_LOG_ROWS)
@@ -440,25 +521,48 @@ static int resolve_delete(rm_at_resource_t *r, const char *const *xids, int n, c
     return rc;
   }
   const char *params[1] = {text};
+  /* Plain rows go in one DELETE; marked rows (commit deltas) come back
+   * with 'marked' true and are committed one by one. */
   PGresult *res = PQexecParams(
     pg,
-    "WITH gone AS (DELETE FROM undo_log WHERE id IN ("
+    "WITH x AS (SELECT pg_catalog.jsonb_array_elements_text($1::jsonb) AS xid),"
+    " gone AS (DELETE FROM undo_log WHERE id IN ("
     " SELECT id FROM undo_log"
-    " WHERE xid IN (SELECT pg_catalog.jsonb_array_elements_text($1::jsonb)) AND log_status = 0"
+    " WHERE xid IN (SELECT xid FROM x) AND log_status = 0 AND NOT " MARKED("undo_log")
     " FOR UPDATE SKIP LOCKED)"
     " RETURNING xid, branch_id, log_created)"
     " SELECT xid, branch_id,"
-    " pg_catalog.round(extract(epoch FROM pg_catalog.clock_timestamp() - log_created))::int8"
-    " FROM gone ORDER BY xid, branch_id",
+    " pg_catalog.round(extract(epoch FROM pg_catalog.clock_timestamp() - log_created))::int8, false AS marked"
+    " FROM gone"
+    " UNION ALL SELECT u.xid, u.branch_id,"
+    " pg_catalog.round(extract(epoch FROM pg_catalog.clock_timestamp() - u.log_created))::int8, true"
+    " FROM undo_log u WHERE u.xid IN (SELECT xid FROM x) AND u.log_status = 0 AND " MARKED("u")
+    " ORDER BY 1, 2",
     1, NULL, params, NULL, NULL, 0);
   free(text);
+  bool bad = false;
   if (PQresultStatus(res) != PGRES_TUPLES_OK) {
     rm__pg_error(err, sizeof(err), "could not delete leftover undo rows", pg, res);
     rm__log(st->c, RM_LOG_WARN, "%s of \"%s\"", err, r->id);
     rc = RM_E_DB;
+    bad = true;
   } else {
     int rows = PQntuples(res);
-    for (int i = 0; i < rows; i++) {
+    for (int i = 0; i < rows && !bad; i++) {
+      if (strcmp(PQgetvalue(res, i, 3), "t") == 0) {
+        char cerr[1024] = "";
+        int code = 0;
+        int bs = commit_marked(r, pg, PQgetvalue(res, i, 0), atoll(PQgetvalue(res, i, 1)), &bad, &code, cerr,
+                               sizeof(cerr));
+        if (bs == TXP_BS_PHASE2_COMMITTED) {
+          rs->deleted++;
+          rm__log(st->c, RM_LOG_INFO,
+                  "applied the commit deltas of leftover branch %s of \"%s\" on \"%s\" (%s s old): the global "
+                  "transaction committed, its phase two had not reached this database",
+                  PQgetvalue(res, i, 1), PQgetvalue(res, i, 0), r->id, PQgetvalue(res, i, 2));
+        }
+        continue;
+      }
       rs->deleted++;
       if (rs->logged >= RESOLVE_LOG_ROWS) continue;
       rs->logged++;
@@ -473,7 +577,7 @@ static int resolve_delete(rm_at_resource_t *r, const char *const *xids, int n, c
     }
   }
   PQclear(res);
-  pool_put(r, pg, rc != 0);
+  pool_put(r, pg, bad);
   return rc;
 }
 
@@ -704,6 +808,9 @@ void rm__undo_stop(rm_at_state_t *s) {
 }
 
 void rm__undo_resource_free(rm_at_resource_t *r) {
+  free(r->inl);
+  r->inl = NULL;
+  r->ninl = 0;
   keys_free(r->queue, r->qlen);
   r->queue = NULL;
   r->qlen = r->qcap = 0;
@@ -771,19 +878,27 @@ typedef struct undo_ctx {
   const rm_phase2_req_t *req;
   char *err;
   size_t errlen;
-  bool bad; /* the connection must not go back to the pool */
+  bool bad;         /* the connection must not go back to the pool */
+  char sqlstate[6]; /* of the last statement ux saw fail ("" if none) */
 } undo_ctx_t;
 
-/* Run a statement; NULL (message in u->err) unless it returns 'want'. */
+/* Run a statement; NULL (message in u->err, SQLSTATE in u->sqlstate)
+ * unless it returns 'want'. */
 static PGresult *ux(undo_ctx_t *u, const char *what, const char *sql, int n, const char *const *params,
                     const Oid *types, ExecStatusType want) {
   PGresult *res = PQexecParams(u->pg, sql, n, types, params, NULL, NULL, 0);
   if (PQresultStatus(res) == want) return res;
   rm__pg_error(u->err, u->errlen, what, u->pg, res);
+  snprintf(u->sqlstate, sizeof(u->sqlstate), "%s", rm__sqlstate(res));
   if (PQstatus(u->pg) != CONNECTION_OK) u->bad = true;
   PQclear(res);
   return NULL;
 }
+
+/* Whether the last failure was an integrity constraint refusing the
+ * statement (SQLSTATE class 23): data, not the database, so a retry
+ * cannot help. */
+static bool refused_by_constraint(const undo_ctx_t *u) { return strncmp(u->sqlstate, "23", 2) == 0; }
 
 /* Append " WHERE "k1" = $first AND ..." for the columns of 'pk'. */
 static int where_pk(PGconn *pg, txp_buf_t *sql, const rm_row_t *pk, int first) {
@@ -1005,6 +1120,7 @@ static int dirty(undo_ctx_t *u, const rm_item_t *it, const char *expect_name, co
 }
 
 static int undo_item(undo_ctx_t *u, const rm_item_t *it) {
+  if (it->op == RM_OP_COMMIT_DELTA) return UNDO_OK; /* never applied: nothing to undo */
   const rm_table_t *t = NULL;
   int rc = rm__table_get(u->r, u->pg, it->schema, it->table, &t, u->err, u->errlen);
   if (rc == RM_E_DB || rc == RM_E_NOMEM) {
@@ -1066,6 +1182,227 @@ static int apply_settings(undo_ctx_t *u, const rm_ctx_t *ctx) {
   if (!res) return UNDO_DB;
   PQclear(res);
   return UNDO_OK;
+}
+
+/*
+ * The outcome of a failed item of a commit or rollback: a dirty write, an
+ * undo that cannot be read or applied, or a statement an integrity
+ * constraint refused are for an operator (unretryable; the message says
+ * what to do); anything else (the database down, a lock timeout) is
+ * retried.  Returns the branch status, sets *code.
+ */
+static int item_failure(undo_ctx_t *u, int rc, bool commit, int *code) {
+  int retry = commit ? TXP_BS_PHASE2_COMMIT_FAILED_RETRYABLE : TXP_BS_PHASE2_ROLLBACK_FAILED_RETRYABLE;
+  int fail = commit ? TXP_BS_PHASE2_COMMIT_FAILED_UNRETRYABLE : TXP_BS_PHASE2_ROLLBACK_FAILED_UNRETRYABLE;
+  if (rc == UNDO_DIRTY) {
+    *code = RM_E_DIRTY_WRITE;
+    return fail;
+  }
+  if (rc == UNDO_DB && refused_by_constraint(u)) {
+    size_t l = strlen(u->err);
+    snprintf(u->err + l, u->errlen - l,
+             " (SQLSTATE %s: the row was changed outside the global transaction; repair it, then re-drive the "
+             "global transaction with tcctl)", u->sqlstate);
+    rc = UNDO_FATAL;
+  }
+  if (rc == UNDO_FATAL) {
+    *code = TXP_EBRANCH_UNRETRYABLE;
+    return fail;
+  }
+  *code = RM_E_DB;
+  return retry;
+}
+
+static bool same_row_item(const rm_item_t *a, const rm_item_t *b) {
+  return strcmp(a->schema, b->schema) == 0 && strcmp(a->table, b->table) == 0 && a->pk->n == b->pk->n &&
+         rm_row_diff(a->pk, b->pk, NULL, 0) == 0;
+}
+
+/* Apply the commit_delta items of items[first]'s row (items[first] is the
+ * first of its row): UPDATE t SET c = c + $1, ... WHERE pk RETURNING 1,
+ * the deltas of one column summed. */
+static int apply_row_deltas(undo_ctx_t *u, const rm_item_t *items, size_t n, size_t first) {
+  const rm_item_t *it = &items[first];
+  const rm_table_t *t = NULL;
+  int rc = rm__table_get(u->r, u->pg, it->schema, it->table, &t, u->err, u->errlen);
+  if (rc == RM_E_DB || rc == RM_E_NOMEM) {
+    if (PQstatus(u->pg) != CONNECTION_OK) u->bad = true;
+    return UNDO_DB;
+  }
+  if (rc != 0) return UNDO_FATAL; /* table gone, or no longer has a key */
+  int *cols = calloc(n, sizeof(int));
+  long long *sums = calloc(n, sizeof(long long));
+  char (*txt)[32] = calloc(n, 32);
+  const char **params = calloc(n + (size_t)it->pk->n, sizeof(char *));
+  Oid *types = calloc(n + (size_t)it->pk->n, sizeof(Oid));
+  txp_buf_t sql;
+  txp_buf_init(&sql, 0);
+  int ncols = 0, out = UNDO_OK;
+  if (!cols || !sums || !txt || !params || !types) {
+    snprintf(u->err, u->errlen, "out of memory");
+    out = UNDO_DB;
+    goto done;
+  }
+  for (size_t k = first; k < n; k++) {
+    const rm_item_t *e = &items[k];
+    if (e->op != RM_OP_COMMIT_DELTA || !same_row_item(it, e)) continue;
+    int ci = col_of(t, e->col);
+    if (ci < 0) {
+      snprintf(u->err, u->errlen, "column \"%s\" of \"%s\".\"%s\" no longer exists: cannot apply a commit delta",
+               e->col, e->schema, e->table);
+      out = UNDO_FATAL;
+      goto done;
+    }
+    int j = 0;
+    while (j < ncols && cols[j] != ci) j++;
+    if (j == ncols) cols[ncols++] = ci;
+    if (__builtin_add_overflow(sums[j], e->delta, &sums[j])) {
+      snprintf(u->err, u->errlen, "the commit deltas of \"%s\".\"%s\" overflow", e->table, e->col);
+      out = UNDO_FATAL;
+      goto done;
+    }
+  }
+  rc = txp_buf_append_str(&sql, "UPDATE ");
+  if (!rc) rc = txp_buf_append_str(&sql, t->qname);
+  for (int j = 0; !rc && j < ncols; j++) {
+    char num[32];
+    snprintf(num, sizeof(num), " + $%d", j + 1);
+    rc = txp_buf_append_str(&sql, j ? ", " : " SET ");
+    if (!rc) rc = txp_buf_append_str(&sql, t->cols[cols[j]].qname);
+    if (!rc) rc = txp_buf_append_str(&sql, " = ");
+    if (!rc) rc = txp_buf_append_str(&sql, t->cols[cols[j]].qname);
+    if (!rc) rc = txp_buf_append_str(&sql, num);
+    snprintf(txt[j], 32, "%lld", sums[j]);
+    params[j] = txt[j];
+    types[j] = INT8OID;
+  }
+  if (!rc) rc = where_pk(u->pg, &sql, it->pk, ncols + 1);
+  if (!rc) rc = txp_buf_append_str(&sql, " RETURNING 1");
+  for (int k = 0; k < it->pk->n; k++) params[ncols + k] = it->pk->vals[k];
+  if (rc) {
+    snprintf(u->err, u->errlen, "out of memory");
+    out = UNDO_DB;
+    goto done;
+  }
+  PGresult *res = ux(u, "could not apply a commit delta", sql.data, ncols + it->pk->n, params, types, PGRES_TUPLES_OK);
+  if (!res) {
+    out = UNDO_DB;
+    goto done;
+  }
+  if (PQntuples(res) != 1) {
+    snprintf(u->err, u->errlen,
+             "the row of \"%s\".\"%s\" that a commit delta of the branch changes is gone: the give-back cannot be "
+             "applied; restore the row or account for it by hand, then re-drive the global transaction",
+             it->schema, it->table);
+    out = UNDO_FATAL;
+  }
+  PQclear(res);
+done:
+  txp_buf_free(&sql);
+  free(cols);
+  free(sums);
+  free(txt);
+  free(params);
+  free(types);
+  return out;
+}
+
+/*
+ * The commit of a branch whose undo row carries commit deltas, in ONE
+ * local transaction on 'u->pg' (NOTES): lock the row, apply its
+ * commit_delta items, delete it, commit.  No row (or a guard): applied
+ * before, or nothing to apply.  Returns a branch status, sets *code.
+ */
+static int commit_apply_on(undo_ctx_t *u, int *code) {
+  const rm_phase2_req_t *req = u->req;
+  char bid[32];
+  snprintf(bid, sizeof(bid), "%lld", (long long)req->branch_id);
+  const char *key[2] = {req->xid, bid};
+  PGresult *row = NULL, *res = NULL;
+  rm_item_t *items = NULL;
+  size_t nitems = 0;
+  rm_ctx_t ctx = {0};
+  int status = TXP_BS_PHASE2_COMMIT_FAILED_RETRYABLE;
+  *code = RM_E_DB;
+
+  if (!(res = ux(u, "could not begin the commit", "BEGIN", 0, NULL, NULL, PGRES_COMMAND_OK))) goto out;
+  PQclear(res);
+  if (!(row = ux(u, "could not read the undo log",
+                 "SELECT id, log_status, context, rollback_info::text FROM undo_log"
+                 " WHERE xid = $1 AND branch_id = $2 FOR UPDATE",
+                 2, key, NULL, PGRES_TUPLES_OK)))
+    goto out;
+  if (PQntuples(row) != 1 || strcmp(PQgetvalue(row, 0, 1), "0") != 0) {
+    *code = 0;
+    status = TXP_BS_PHASE2_COMMITTED;
+    goto out;
+  }
+  char why[512];
+  if (rm_ctx_parse(PQgetisnull(row, 0, 2) ? NULL : PQgetvalue(row, 0, 2), &ctx) != 0 ||
+      rm_undo_decode(PQgetisnull(row, 0, 3) ? NULL : PQgetvalue(row, 0, 3), &items, &nitems, why,
+                     sizeof(why)) != 0) {
+    if (!ctx.version) snprintf(why, sizeof(why), "unknown context \"%.100s\"", PQgetvalue(row, 0, 2));
+    snprintf(u->err, u->errlen, "undo row of branch %s of \"%s\" cannot be read: %s", bid, req->xid, why);
+    *code = TXP_EBRANCH_UNRETRYABLE;
+    status = TXP_BS_PHASE2_COMMIT_FAILED_UNRETRYABLE;
+    goto out;
+  }
+  if (apply_settings(u, &ctx) != UNDO_OK) goto out;
+  for (size_t i = 0; i < nitems; i++) {
+    if (items[i].op != RM_OP_COMMIT_DELTA) continue;
+    bool first = true;
+    for (size_t k = 0; k < i && first; k++)
+      first = !(items[k].op == RM_OP_COMMIT_DELTA && same_row_item(&items[i], &items[k]));
+    if (!first) continue;
+    int rc = apply_row_deltas(u, items, nitems, i);
+    if (rc != UNDO_OK) {
+      status = item_failure(u, rc, true, code);
+      goto out;
+    }
+  }
+  const char *id[1] = {PQgetvalue(row, 0, 0)};
+  if (!(res = ux(u, "could not delete the undo row", "DELETE FROM undo_log WHERE id = $1", 1, id, NULL,
+                 PGRES_COMMAND_OK)))
+    goto out;
+  PQclear(res);
+  if (!(res = ux(u, "could not commit", "COMMIT", 0, NULL, NULL, PGRES_COMMAND_OK))) goto out;
+  PQclear(res);
+  *code = 0;
+  status = TXP_BS_PHASE2_COMMITTED;
+  rm__log(u->r->st->c, RM_LOG_DEBUG, "committed branch %s of \"%s\" on \"%s\" with its commit deltas", bid,
+          req->xid, u->r->id);
+
+out:
+  if (PQtransactionStatus(u->pg) != PQTRANS_IDLE) {
+    PGresult *rb = PQexec(u->pg, "ROLLBACK");
+    if (PQresultStatus(rb) != PGRES_COMMAND_OK) u->bad = true;
+    PQclear(rb);
+  }
+  if (PQstatus(u->pg) != CONNECTION_OK) u->bad = true;
+  PQclear(row);
+  rm_undo_free(items, nitems);
+  rm_ctx_clear(&ctx);
+  return status;
+}
+
+/* commit_apply_on for (xid, bid) on 'pg' (idle), with its outcome logged:
+ * a failure that needs an operator as an error.  *bad: 'pg' must not go
+ * back to its pool.  Returns the branch status. */
+static int commit_marked(rm_at_resource_t *r, PGconn *pg, const char *xid, int64_t bid, bool *bad, int *code,
+                         char *err, size_t errlen) {
+  rm_phase2_req_t req = {.commit = true, .xid = xid, .branch_id = bid, .resource_id = r->id,
+                         .branch_type = TXP_BT_AT};
+  undo_ctx_t u = {.r = r, .pg = pg, .req = &req, .err = err, .errlen = errlen};
+  int status = commit_apply_on(&u, code);
+  *bad = *bad || u.bad;
+  if (status == TXP_BS_PHASE2_COMMIT_FAILED_UNRETRYABLE)
+    rm__log(r->st->c, RM_LOG_ERROR, "commit of branch %lld of \"%s\" on \"%s\" failed for good: %s",
+            (long long)bid, xid, r->id, err);
+  else if (status != TXP_BS_PHASE2_COMMITTED)
+    rm__log(r->st->c, RM_LOG_WARN,
+            "could not commit branch %lld of \"%s\" on \"%s\" (its commit deltas): %s; will retry", (long long)bid,
+            xid, r->id, err);
+  return status;
 }
 
 /* The whole rollback on 'u->pg'; returns a branch status, sets *code. */
@@ -1139,13 +1476,7 @@ static int rollback_on(undo_ctx_t *u, int *code) {
   for (size_t i = nitems; i-- > 0;) {
     int rc = undo_item(u, &items[i]);
     if (rc == UNDO_OK) continue;
-    if (rc == UNDO_DIRTY) {
-      *code = RM_E_DIRTY_WRITE;
-      status = TXP_BS_PHASE2_ROLLBACK_FAILED_UNRETRYABLE;
-    } else if (rc == UNDO_FATAL) {
-      *code = TXP_EBRANCH_UNRETRYABLE;
-      status = TXP_BS_PHASE2_ROLLBACK_FAILED_UNRETRYABLE;
-    }
+    status = item_failure(u, rc, false, code);
     goto out;
   }
 
@@ -1178,10 +1509,58 @@ out:
 
 /* -------------------------------------------------------------- entry */
 
+/* Index of (xid, bid) among r's remembered branches, or -1; st->mu held. */
+static long inline_find(const rm_at_resource_t *r, const char *xid, int64_t bid) {
+  for (size_t i = 0; i < r->ninl; i++)
+    if (r->inl[i].branch_id == bid && strcmp(r->inl[i].xid, xid) == 0) return (long)i;
+  return -1;
+}
+
+void rm__at_inline_add(rm_at_resource_t *r, const char *xid, int64_t bid) {
+  rm_at_state_t *st = r->st;
+  if (strlen(xid) > TXP_MAX_XID_LEN) return;
+  int64_t now = now_ms();
+  pthread_mutex_lock(&st->mu);
+  if (!r->inl) r->inl = calloc(RM_AT_INLINE_MAX, sizeof(*r->inl));
+  if (r->inl && r->ninl == RM_AT_INLINE_MAX) { /* full: forget the stale ones */
+    size_t w = 0;
+    for (size_t i = 0; i < r->ninl; i++)
+      if (now - r->inl[i].added_ms < INLINE_STALE_MS) r->inl[w++] = r->inl[i];
+    r->ninl = w;
+  }
+  if (r->inl && r->ninl < RM_AT_INLINE_MAX && inline_find(r, xid, bid) < 0) {
+    struct rm_inline_key *k = &r->inl[r->ninl++];
+    snprintf(k->xid, sizeof(k->xid), "%s", xid);
+    k->branch_id = bid;
+    k->added_ms = now;
+  }
+  pthread_mutex_unlock(&st->mu);
+}
+
+/* Forget (xid, bid); st->mu held.  Whether it was remembered. */
+static bool inline_take_locked(rm_at_resource_t *r, const char *xid, int64_t bid) {
+  long i = inline_find(r, xid, bid);
+  if (i < 0) return false;
+  r->inl[i] = r->inl[--r->ninl];
+  return true;
+}
+
+void rm__at_inline_remove(rm_at_resource_t *r, const char *xid, int64_t bid) {
+  pthread_mutex_lock(&r->st->mu);
+  inline_take_locked(r, xid, bid);
+  pthread_mutex_unlock(&r->st->mu);
+}
+
 /* Queue the undo row of committed branch (xid, bid) for the deleter.
- * False when the queue is full (or out of memory): delete it inline. */
+ * False when the queue is full (or out of memory): delete it inline; and
+ * when this client remembers the branch for an inline commit (its commit
+ * deltas are applied at once, by rm__at_phase2). */
 static bool enqueue_commit(rm_at_resource_t *r, const char *xid, int64_t bid) {
   rm_at_state_t *st = r->st;
+  pthread_mutex_lock(&st->mu);
+  bool remembered = r->ninl > 0 && inline_find(r, xid, bid) >= 0;
+  pthread_mutex_unlock(&st->mu);
+  if (remembered) return false;
   char *x = strdup(xid);
   if (!x) return false;
   pthread_mutex_lock(&st->mu);
@@ -1239,14 +1618,34 @@ int rm__at_phase2(rm_client_t *c, const rm_phase2_req_t *req, int *code, char *e
   }
 
   if (commit) {
+    pthread_mutex_lock(&r->st->mu);
+    bool remembered = r->ninl > 0 && inline_take_locked(r, req->xid, req->branch_id);
+    pthread_mutex_unlock(&r->st->mu);
+    if (remembered) {
+      /* Commit deltas: apply them now and answer with the outcome. */
+      undo_ctx_t u = {.r = r, .req = req, .err = errmsg, .errlen = errlen};
+      if (pool_get(r, &u.pg, errmsg, errlen) != 0) {
+        rm__at_inline_add(r, req->xid, req->branch_id); /* the TC retries the commit */
+        *code = RM_E_DB;
+        return retry;
+      }
+      int status = commit_apply_on(&u, code);
+      pool_put(r, u.pg, u.bad);
+      if (status == TXP_BS_PHASE2_COMMIT_FAILED_RETRYABLE) rm__at_inline_add(r, req->xid, req->branch_id);
+      if (status == TXP_BS_PHASE2_COMMIT_FAILED_UNRETRYABLE)
+        rm__log(c, RM_LOG_ERROR, "commit of branch %lld of \"%s\" on \"%s\" failed for good: %s",
+                (long long)req->branch_id, req->xid, r->id, errmsg);
+      return status;
+    }
     if (!enqueue_commit(r, req->xid, req->branch_id)) {
-      /* Queue full: delete inline.  The answer is Committed either way:
-       * the decision is made, a row left behind is the sweep's. */
-      char err[512] = "";
+      /* Queue full: commit inline.  The answer is Committed either way:
+       * the decision is made; a row left behind is resolved later (a
+       * marked one applied by the leftover pass, a plain one deleted). */
+      char err[1024] = "";
       char xid[TXP_MAX_XID_LEN + 1]; /* length checked above */
       snprintf(xid, sizeof(xid), "%s", req->xid);
       rm_undo_key_t k = {xid, req->branch_id};
-      int rc = delete_keys(r, &k, 1, err, sizeof(err));
+      int rc = finish_commits(r, &k, 1, err, sizeof(err));
       if (rc != 0)
         rm__log(c, RM_LOG_WARN, "could not delete the undo row of committed branch %lld of \"%s\": %s",
                 (long long)req->branch_id, req->xid, err[0] ? err : rm_strerror(rc));
@@ -1254,6 +1653,7 @@ int rm__at_phase2(rm_client_t *c, const rm_phase2_req_t *req, int *code, char *e
     return ok;
   }
 
+  rm__at_inline_remove(r, req->xid, req->branch_id); /* no commit will come */
   undo_ctx_t u = {.r = r, .req = req, .err = errmsg, .errlen = errlen};
   int rc = pool_get(r, &u.pg, errmsg, errlen);
   if (rc != 0) {

@@ -40,6 +40,13 @@ bool tx_usable(PGconn *pg);
 /* Insert an order of the demo schema through 'b'. */
 int insert_order(rm_branch_t *b, long long id, int user, int qty, int bucket, const char *xid);
 
+/* One complete local branch: BEGIN, 'body', prepare, COMMIT, close.
+ * Returns 0 or the first failing code; *bid gets the branch id. */
+typedef int (*body_fn)(rm_branch_t *b, void *arg);
+int run_branch(PGconn *pg, const char *xid, const char *resource, body_fn body, void *arg, int64_t *bid);
+/* The global status of 'xid' from the TC, or the rm_tm_status code. */
+int global_status(const char *xid);
+
 /* A delta update of a bucket's frozen_count through 'b' (body_delta). */
 typedef struct delta_arg {
   int bucket;
@@ -63,5 +70,13 @@ void test_bad_input(void **state);
 void test_schema_change(void **state);
 void test_prepared_statements(void **state);
 void test_insert_fails_late(void **state);
+
+/* test_rm_at_giveback.c */
+void test_giveback_refused_in_phase_one(void **state);
+void test_release_waits_for_commit(void **state);
+void test_release_rolled_back_after_tm_death(void **state);
+void test_move_on_commit_by_the_deleter(void **state);
+void test_commit_delta_leftover(void **state);
+void test_undo_refused_by_constraint(void **state);
 
 #endif

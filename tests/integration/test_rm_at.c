@@ -143,7 +143,7 @@ long long order_exists(PGconn *pg, long long id) {
   return q_ll(pg, "SELECT count(*) FROM trade_order WHERE order_id = $1", s, NULL, NULL);
 }
 
-static int global_status(const char *xid) {
+int global_status(const char *xid) {
   int st = -1;
   int rc = rm_tm_status(client, xid, &st);
   return rc == 0 ? st : rc;
@@ -163,11 +163,7 @@ int insert_order(rm_branch_t *b, long long id, int user, int qty, int bucket, co
   return rm_at_insert(b, "trade_order", 7, order_cols, vals);
 }
 
-/* One complete local branch: BEGIN, 'body', prepare, COMMIT, close.
- * Returns 0 or the first failing code; *bid gets the branch id. */
-typedef int (*body_fn)(rm_branch_t *b, void *arg);
-
-static int run_branch(PGconn *pg, const char *xid, const char *resource, body_fn body, void *arg, int64_t *bid) {
+int run_branch(PGconn *pg, const char *xid, const char *resource, body_fn body, void *arg, int64_t *bid) {
   if (!exec_ok(pg, "BEGIN")) return RM_E_DB;
   rm_branch_t *b = NULL;
   int rc = rm_at_open(client, xid, resource, pg, &b);
@@ -400,18 +396,18 @@ static void test_rollback_all_ops(void **state) {
   char xid[RM_XID_MAX];
   assert_int_equal(rm_tm_begin(client, 30000, "all_ops", xid), 0);
   int64_t bid = 0;
-  /* Stock: a delta up and one down on the same row. */
+  /* Stock: a delta up now and one down at the commit, on the same row. */
   assert_true(exec_ok(s, "SET TimeZone = 'America/Sao_Paulo'"));
   assert_true(exec_ok(s, "BEGIN"));
   rm_branch_t *b = NULL;
   assert_int_equal(rm_at_open(client, xid, "stock", s, &b), 0);
   const char *pkb[3] = {ACTIVITY, TICKET, "2"};
   assert_int_equal(rm_at_update_delta(b, "activity_ticket_bucket", pkb, "frozen_count", 5, GUARD), 0);
-  assert_int_equal(rm_at_update_delta(b, "activity_ticket_bucket", pkb, "frozen_count", -1, NULL), 0);
+  assert_int_equal(rm_at_update_delta_on_commit(b, "activity_ticket_bucket", pkb, "frozen_count", -1), 0);
   assert_int_equal(rm_at_prepare(b, &bid), 0);
   assert_true(exec_ok(s, "COMMIT"));
   assert_int_equal(rm_at_close(b, true), 0);
-  assert_int_equal(frozen(s, 2), f2 + 4);
+  assert_int_equal(frozen(s, 2), f2 + 5);
 
   /* Orders: insert, update the new row twice, update and delete kv rows
    * (generated and identity columns must come back as they were), update a
@@ -1201,6 +1197,12 @@ int main(void) {
     cmocka_unit_test(test_deferred_delta_guard),
     cmocka_unit_test(test_deferred_delta_64_freezes),
     cmocka_unit_test(test_resolve_leftovers),
+    cmocka_unit_test(test_giveback_refused_in_phase_one),
+    cmocka_unit_test(test_release_waits_for_commit),
+    cmocka_unit_test(test_release_rolled_back_after_tm_death),
+    cmocka_unit_test(test_move_on_commit_by_the_deleter),
+    cmocka_unit_test(test_commit_delta_leftover),
+    cmocka_unit_test(test_undo_refused_by_constraint),
   };
   /* RM_TEST_FILTER=test_dirty* runs only the matching tests. */
   if (getenv("RM_TEST_FILTER")) cmocka_set_test_filter(getenv("RM_TEST_FILTER"));

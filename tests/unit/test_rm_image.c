@@ -139,9 +139,9 @@ static rm_item_t mkitem(rm_op_t op) {
     it.before = mkrow("order_id", "1001", "status", "UNPAID", "note", NOPE, NULL);
   if (op == RM_OP_UPDATE || op == RM_OP_INSERT)
     it.after = mkrow("order_id", "1001", "status", "PAID \"quoted\" \xc3\xa9", "note", "", NULL);
-  if (op == RM_OP_DELTA) {
+  if (op == RM_OP_DELTA || op == RM_OP_COMMIT_DELTA) {
     it.col = strdup("frozen_count");
-    it.delta = -9223372036854775807LL;
+    it.delta = op == RM_OP_DELTA ? -9223372036854775807LL : -2;
   }
   return it;
 }
@@ -153,7 +153,7 @@ static void assert_items_equal(const rm_item_t *a, const rm_item_t *b) {
   assert_rows_equal(a->pk, b->pk);
   assert_rows_equal(a->before, b->before);
   assert_rows_equal(a->after, b->after);
-  if (a->op == RM_OP_DELTA) {
+  if (a->op == RM_OP_DELTA || a->op == RM_OP_COMMIT_DELTA) {
     assert_string_equal(a->col, b->col);
     assert_true(a->delta == b->delta);
   }
@@ -161,12 +161,15 @@ static void assert_items_equal(const rm_item_t *a, const rm_item_t *b) {
 
 static void test_undo_roundtrip(void **state) {
   (void)state;
-  rm_item_t items[4] = {mkitem(RM_OP_INSERT), mkitem(RM_OP_UPDATE), mkitem(RM_OP_DELETE), mkitem(RM_OP_DELTA)};
-  char *text = rm_undo_encode(items, 4);
+  rm_item_t items[5] = {mkitem(RM_OP_INSERT), mkitem(RM_OP_UPDATE), mkitem(RM_OP_DELETE), mkitem(RM_OP_DELTA),
+                        mkitem(RM_OP_COMMIT_DELTA)};
+  char *text = rm_undo_encode(items, 5);
   assert_non_null(text);
   /* The documented shape. */
   assert_non_null(strstr(text, "\"op\":\"insert\""));
   assert_non_null(strstr(text, "\"op\":\"delta\""));
+  assert_non_null(strstr(text, "\"op\":\"commit_delta\""));
+  assert_non_null(strstr(text, "\"delta\":-2"));
   assert_non_null(strstr(text, "\"note\":null"));
   assert_non_null(strstr(text, "\"delta\":-9223372036854775807"));
 
@@ -174,15 +177,18 @@ static void test_undo_roundtrip(void **state) {
   size_t n = 0;
   char err[256];
   assert_int_equal(rm_undo_decode(text, &out, &n, err, sizeof(err)), 0);
-  assert_int_equal(n, 4);
-  for (size_t i = 0; i < 4; i++) assert_items_equal(&items[i], &out[i]);
+  assert_int_equal(n, 5);
+  for (size_t i = 0; i < 5; i++) assert_items_equal(&items[i], &out[i]);
   /* Images that were absent stay absent. */
   assert_null(out[0].before);
   assert_null(out[2].after);
   assert_null(out[3].before);
+  assert_null(out[4].before);
+  assert_null(out[4].after);
+  assert_string_equal(rm_op_name(RM_OP_COMMIT_DELTA), "commit_delta");
   rm_undo_free(out, n);
   free(text);
-  for (int i = 0; i < 4; i++) rm_item_clear(&items[i]);
+  for (int i = 0; i < 5; i++) rm_item_clear(&items[i]);
   rm_item_clear(NULL);
 }
 
@@ -441,7 +447,7 @@ static void test_ctx_roundtrip(void **state) {
   (void)state;
   const char *names[4] = {"TimeZone", "DateStyle", "weird", "skipped"};
   const char *values[4] = {"Europe/Paris", "ISO, MDY", "a;b=c%d\n", NULL};
-  char *s = rm_ctx_format(true, 4, names, values);
+  char *s = rm_ctx_format(true, false, 4, names, values);
   assert_non_null(s);
   assert_string_equal(s, "serializer=json;version=1;delta=1;TimeZone=Europe/Paris;DateStyle=ISO, MDY;"
                          "weird=a%3Bb%3Dc%25d%0A");
@@ -456,11 +462,24 @@ static void test_ctx_roundtrip(void **state) {
   rm_ctx_clear(&ctx);
   free(s);
 
-  s = rm_ctx_format(false, 0, NULL, NULL);
+  s = rm_ctx_format(false, false, 0, NULL, NULL);
   assert_string_equal(s, "serializer=json;version=1");
   assert_int_equal(rm_ctx_parse(s, &ctx), 0);
   assert_false(ctx.delta);
+  assert_false(ctx.commit);
   assert_int_equal(ctx.nsettings, 0);
+  rm_ctx_clear(&ctx);
+  free(s);
+
+  /* Commit deltas: version 2 and the mark the SQL of rm_undo.c looks for. */
+  const char *tz[1] = {"TimeZone"}, *tzv[1] = {"commit=1;"};
+  s = rm_ctx_format(true, true, 1, tz, tzv);
+  assert_string_equal(s, "serializer=json;version=2;delta=1;commit=1;TimeZone=commit%3D1%3B");
+  assert_int_equal(rm_ctx_parse(s, &ctx), 0);
+  assert_true(ctx.commit);
+  assert_int_equal(ctx.version, 2);
+  assert_int_equal(ctx.nsettings, 1);
+  assert_string_equal(ctx.values[0], "commit=1;");
   rm_ctx_clear(&ctx);
   free(s);
 }
@@ -474,6 +493,9 @@ static void test_ctx_errors(void **state) {
     "serializer=jackson;version=1",
     "serializer=json",
     "serializer=json;version=2",
+    "serializer=json;version=3;commit=1",
+    "serializer=json;version=1;commit=1",
+    "serializer=json;version=2;commit=0",
     "serializer=json;version=1;=x",
     "serializer=json;version=1;TimeZone",
     "serializer=json;version=1;TimeZone=%4",
