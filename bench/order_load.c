@@ -13,6 +13,21 @@
  *   sets how many bucket rows the stock is split into: the hot-row
  *   benchmark's variable.
  *
+ *   --mode (default buy) chooses what is measured:
+ *     buy     the POST /orders above;
+ *     cancel  each connection buys, then cancels what it bought, then buys
+ *             again...: every cancel is a global transaction that gives a
+ *             ticket back to a bucket others freeze at the same moment
+ *             (with --buckets 1, one hot row); measured: the cancels
+ *             (POST /orders/{id}/cancel answered 200), "cancels_per_s" and
+ *             their latency, and the buys in between ("orders_per_s");
+ *     expire  --orders N are bought first (not measured), then made
+ *             overdue at once (their expire_at set in the past in the
+ *             orders database), and the time until order-service's expiry
+ *             job has expired every one is measured: "expiries_per_s"
+ *             (its passes run every ORDER_EXPIRY_INTERVAL_MS, 100 orders a
+ *             pass, one global transaction an order).
+ *
  *   One thread, one libcurl multi handle (keep-alive connections); the
  *   loop waits in curl_multi_poll.
  *
@@ -35,18 +50,27 @@
 
 #include <curl/curl.h>
 #include <jansson.h>
+#include <libpq-fe.h>
+#include <time.h>
 
 #include "fs_check.h"
 #include "svc_common.h"
+
+typedef enum { MODE_BUY, MODE_CANCEL, MODE_EXPIRE } load_mode_t;
 
 typedef struct conn {
   CURL *e;
   int64_t start_us;
   char body[160];
+  char url[512];
   long long user;
+  bool cancelling;  /* cancel mode: this request is the cancel */
+  char resp[512];   /* the answer's body (cut at the buffer's size) */
+  size_t rlen;
 } conn_t;
 
 typedef struct load {
+  load_mode_t mode;
   const char *url;
   long long activity;
   int connections;
@@ -57,24 +81,90 @@ typedef struct load {
   long long next_user;
   int64_t t0, measure_from, measure_to;
   long long ok, errors, sold_out, first_status;
+  long long bought;   /* cancel mode: the buys between the cancels; expire mode: orders made */
+  long long to_buy;   /* expire mode: stop once this many were bought */
   char first_error[256];
   long long *lat;
   size_t nlat, cap;
 } load_t;
 
-static size_t discard(char *p, size_t s, size_t n, void *ud) {
-  (void)p;
-  (void)ud;
-  return s * n;
+static size_t keep_body(char *p, size_t s, size_t n, void *ud) {
+  conn_t *c = ud;
+  size_t len = s * n, room = sizeof(c->resp) - 1 - c->rlen;
+  memcpy(c->resp + c->rlen, p, len < room ? len : room);
+  c->rlen += len < room ? len : room;
+  c->resp[c->rlen] = '\0';
+  return len;
 }
 
-static void send_one(load_t *l, conn_t *c) {
-  c->user = ++l->next_user;
-  snprintf(c->body, sizeof(c->body), "{\"activity\":%lld,\"ticket_type\":1,\"user\":%lld,\"qty\":1}", l->activity,
-           c->user);
+/* The next request of 'c': a buy, or (cancel mode, after a buy that was
+ * answered 201 with 'order_id') the cancel of that order. */
+static void send_one(load_t *l, conn_t *c, long long cancel_id) {
+  c->rlen = 0;
+  c->resp[0] = '\0';
+  c->cancelling = cancel_id > 0;
+  if (c->cancelling) {
+    snprintf(c->url, sizeof(c->url), "%s/orders/%lld/cancel", l->url, cancel_id);
+    snprintf(c->body, sizeof(c->body), "{}");
+  } else {
+    c->user = ++l->next_user;
+    snprintf(c->url, sizeof(c->url), "%s/orders", l->url);
+    snprintf(c->body, sizeof(c->body), "{\"activity\":%lld,\"ticket_type\":1,\"user\":%lld,\"qty\":1}",
+             l->activity, c->user);
+  }
+  curl_easy_setopt(c->e, CURLOPT_URL, c->url);
   curl_easy_setopt(c->e, CURLOPT_POSTFIELDS, c->body);
   c->start_us = svc_now_us();
   curl_multi_add_handle(l->multi, c->e);
+}
+
+/* The order id of a 201 answer, or 0. */
+static long long answered_order(const conn_t *c) {
+  json_error_t je;
+  json_t *j = json_loadb(c->resp, c->rlen, 0, &je);
+  long long id = j ? (long long)json_integer_value(json_object_get(j, "order_id")) : 0;
+  json_decref(j);
+  return id;
+}
+
+/* Expire mode: make the activity's unpaid orders overdue, then wait until
+ * none is left unpaid; the seconds that took, or -1. */
+static double expire_all(const fs_env_t *env, long long activity, long long n, double bound_s) {
+  PGconn *pg = PQconnectdb(env->orders_pg);
+  if (PQstatus(pg) != CONNECTION_OK) {
+    fprintf(stderr, "order-load: could not connect to the orders database: %s", PQerrorMessage(pg));
+    PQfinish(pg);
+    return -1;
+  }
+  char a[32];
+  snprintf(a, sizeof(a), "%lld", activity);
+  const char *p[1] = {a};
+  PGresult *r = PQexecParams(pg,
+                             "UPDATE trade_order SET expire_at = now() - interval '1 second'"
+                             " WHERE activity_id = $1 AND status = 'UNPAID'",
+                             1, NULL, p, NULL, NULL, 0);
+  bool ok = PQresultStatus(r) == PGRES_COMMAND_OK;
+  long long made = ok ? atoll(PQcmdTuples(r)) : 0;
+  PQclear(r);
+  int64_t t0 = svc_now_us();
+  double took = -1;
+  printf("order-load: %lld orders made overdue (of %lld bought)\n", made, n);
+  fflush(stdout);
+  while (ok && (double)(svc_now_us() - t0) / 1e6 < bound_s) {
+    r = PQexecParams(pg, "SELECT count(*) FROM trade_order WHERE activity_id = $1 AND status = 'UNPAID'", 1, NULL, p,
+                     NULL, NULL, 0);
+    ok = PQresultStatus(r) == PGRES_TUPLES_OK;
+    long long left = ok ? atoll(PQgetvalue(r, 0, 0)) : -1;
+    PQclear(r);
+    if (left == 0) {
+      took = (double)(svc_now_us() - t0) / 1e6;
+      break;
+    }
+    struct timespec ts = {0, 50 * 1000000L};
+    nanosleep(&ts, NULL);
+  }
+  PQfinish(pg);
+  return took;
 }
 
 static int cmp_ll(const void *a, const void *b) {
@@ -161,7 +251,7 @@ static bool cpu_sample(long long out[C_N]) {
 
 static void usage(FILE *f) {
   fprintf(f, "usage: order-load [--connections N] [--duration S] [--warmup S] [--buckets N] [--tickets N]\n"
-             "                  [--label TEXT] [--json FILE]\n"
+             "                  [--mode buy|cancel|expire] [--orders N] [--label TEXT] [--json FILE]\n"
              "Sustained POST /orders load on ORDER_URL (see bench/order_load.c).\n");
 }
 
@@ -172,11 +262,13 @@ int main(int argc, char **argv) {
                                      {"buckets", required_argument, NULL, 'b'},
                                      {"tickets", required_argument, NULL, 't'},
                                      {"label", required_argument, NULL, 'l'},
+                                     {"mode", required_argument, NULL, 'm'},
+                                     {"orders", required_argument, NULL, 'o'},
                                      {"json", required_argument, NULL, 'j'},
                                      {"help", no_argument, NULL, 'h'},
                                      {NULL, 0, NULL, 0}};
   load_t l = {.connections = 32, .warmup_s = 3, .duration_s = 10};
-  long long buckets = 5, tickets = 10000000, v;
+  long long buckets = 5, tickets = 10000000, v, orders = 2000;
   const char *label = "", *json_path = NULL;
   int c;
   while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
@@ -188,6 +280,11 @@ int main(int argc, char **argv) {
     case 'b': ok = svc_parse_ll(optarg, 1, 10000, &buckets); break;
     case 't': ok = svc_parse_ll(optarg, 1, 1000000000, &tickets); break;
     case 'l': label = optarg; break;
+    case 'm':
+      ok = strcmp(optarg, "buy") == 0 || strcmp(optarg, "cancel") == 0 || strcmp(optarg, "expire") == 0;
+      l.mode = optarg[0] == 'b' ? MODE_BUY : optarg[0] == 'c' ? MODE_CANCEL : MODE_EXPIRE;
+      break;
+    case 'o': ok = svc_parse_ll(optarg, 1, 10000000, &orders); break;
     case 'j': json_path = optarg; break;
     case 'h': usage(stdout); return 0;
     default: usage(stderr); return 2;
@@ -220,26 +317,30 @@ int main(int argc, char **argv) {
   l.hdrs = curl_slist_append(NULL, "Content-Type: application/json");
   l.hdrs = curl_slist_append(l.hdrs, "Expect:");
   l.conns = calloc((size_t)l.connections, sizeof(conn_t));
-  char url[512];
-  snprintf(url, sizeof(url), "%s/orders", l.url);
   for (int i = 0; i < l.connections; i++) {
     conn_t *k = &l.conns[i];
     k->e = curl_easy_init();
-    curl_easy_setopt(k->e, CURLOPT_URL, url);
     curl_easy_setopt(k->e, CURLOPT_HTTPHEADER, l.hdrs);
-    curl_easy_setopt(k->e, CURLOPT_WRITEFUNCTION, discard);
+    curl_easy_setopt(k->e, CURLOPT_WRITEFUNCTION, keep_body);
+    curl_easy_setopt(k->e, CURLOPT_WRITEDATA, k);
     curl_easy_setopt(k->e, CURLOPT_PRIVATE, k);
     curl_easy_setopt(k->e, CURLOPT_TIMEOUT_MS, 30000L);
     curl_easy_setopt(k->e, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(k->e, CURLOPT_TCP_NODELAY, 1L);
   }
-  printf("order-load%s%s: activity %lld, %lld buckets, %d connections, warm-up %.0fs, measured %.0fs\n",
-         *label ? " " : "", label, l.activity, buckets, l.connections, l.warmup_s, l.duration_s);
+  static const char *const mode_names[] = {"buy", "cancel", "expire"};
+  printf("order-load%s%s: mode %s, activity %lld, %lld buckets, %d connections, warm-up %.0fs, measured %.0fs\n",
+         *label ? " " : "", label, mode_names[l.mode], l.activity, buckets, l.connections, l.warmup_s,
+         l.mode == MODE_EXPIRE ? 0.0 : l.duration_s);
   fflush(stdout);
   l.t0 = svc_now_us();
   l.measure_from = l.t0 + (int64_t)(l.warmup_s * 1e6);
   l.measure_to = l.measure_from + (int64_t)(l.duration_s * 1e6);
-  for (int i = 0; i < l.connections; i++) send_one(&l, &l.conns[i]);
+  if (l.mode == MODE_EXPIRE) { /* buy 'orders', measure nothing yet */
+    l.to_buy = orders;
+    l.measure_from = l.measure_to = INT64_MAX;
+  }
+  for (int i = 0; i < l.connections; i++) send_one(&l, &l.conns[i], 0);
   int inflight = l.connections;
   int64_t next_progress = l.t0 + 1000000;
   long long cpu0[C_N], cpu1[C_N];
@@ -258,9 +359,15 @@ int main(int argc, char **argv) {
       long status = 0;
       if (m->data.result == CURLE_OK) curl_easy_getinfo(k->e, CURLINFO_RESPONSE_CODE, &status);
       curl_multi_remove_handle(l.multi, k->e);
-      bool measured = k->start_us >= l.measure_from && now <= l.measure_to;
+      long long cancel_id = 0;
+      if (l.mode == MODE_CANCEL && !k->cancelling && status == 201) cancel_id = answered_order(k);
+      if (l.mode != MODE_BUY && !k->cancelling && status == 201) l.bought++;
+      if (l.mode == MODE_EXPIRE && status != 201) l.errors++; /* nothing is "measured" while buying */
+      /* cancel mode measures the cancels; the buys between them are counted */
+      bool measured = k->start_us >= l.measure_from && now <= l.measure_to &&
+                      (l.mode != MODE_CANCEL || k->cancelling || status != 201);
       if (measured) {
-        if (status == 201) {
+        if (status == (k->cancelling ? 200 : 201)) {
           l.ok++;
           if (l.nlat == l.cap) {
             l.cap = l.cap ? l.cap * 2 : 4096;
@@ -275,8 +382,10 @@ int main(int argc, char **argv) {
                      m->data.result == CURLE_OK ? "" : curl_easy_strerror(m->data.result));
         }
       }
-      if (now < l.measure_to)
-        send_one(&l, k);
+      bool more = l.mode == MODE_EXPIRE ? l.bought + inflight - 1 < l.to_buy && l.errors < l.to_buy
+                                        : now < l.measure_to;
+      if (more || cancel_id > 0) /* a bought order is always cancelled: none is left behind */
+        send_one(&l, k, cancel_id);
       else
         inflight--;
     }
@@ -300,11 +409,23 @@ int main(int argc, char **argv) {
   }
   if (l.nlat) qsort(l.lat, l.nlat, sizeof(long long), cmp_ll);
   double tps = (double)l.ok / l.duration_s;
-  json_t *j = json_pack("{s:s,s:I,s:i,s:f,s:f,s:f,s:f,s:f,s:I,s:I,s:f}", "label", label, "buckets",
-                        (json_int_t)buckets, "connections", l.connections, "orders_per_s", tps, "p50_ms",
+  double expire_s = -1;
+  if (l.mode == MODE_EXPIRE) {
+    expire_s = expire_all(&env, l.activity, l.bought, 600);
+    tps = 0;
+  }
+  json_t *j = json_pack("{s:s,s:s,s:I,s:i,s:f,s:f,s:f,s:f,s:f,s:I,s:I,s:f}", "label", label, "mode",
+                        mode_names[l.mode], "buckets", (json_int_t)buckets, "connections", l.connections,
+                        "orders_per_s", l.mode == MODE_CANCEL ? (double)l.bought / l.duration_s : tps, "p50_ms",
                         pct(l.lat, l.nlat, 50), "p95_ms", pct(l.lat, l.nlat, 95), "p99_ms", pct(l.lat, l.nlat, 99),
                         "duration_s", l.duration_s, "ok", (json_int_t)l.ok, "errors", (json_int_t)l.errors,
                         "error_pct", l.ok + l.errors ? 100.0 * (double)l.errors / (double)(l.ok + l.errors) : 0.0);
+  if (l.mode == MODE_CANCEL) json_object_set_new(j, "cancels_per_s", json_real(tps));
+  if (l.mode == MODE_EXPIRE) {
+    json_object_set_new(j, "orders", json_integer(l.bought));
+    json_object_set_new(j, "expire_s", json_real(expire_s));
+    json_object_set_new(j, "expiries_per_s", json_real(expire_s > 0 ? (double)l.bought / expire_s : 0));
+  }
   if (l.first_error[0]) json_object_set_new(j, "first_error", json_string(l.first_error));
   if (cpu_done && l.ok > 0) {
     double tick_ms = 1000.0 / (double)sysconf(_SC_CLK_TCK), total = 0;
