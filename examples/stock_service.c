@@ -30,6 +30,22 @@
  *          stock_freeze row changes at once, under its global lock (AT
  *          images), so no other confirm or release of the order can run
  *          meanwhile.
+ *
+ *   Every path that returns stock, and why none can be refused later:
+ *     - cancel and expiry (POST /release in a global transaction) and
+ *       payment (POST /confirm, a move frozen -> sold): the bucket moves at
+ *       the commit, as above; a rollback finds nothing to undo there;
+ *     - the waitlist hand-over (order-service) places new orders after a
+ *       cancel or an expiry committed: freezes, which take;
+ *     - the expiry backstop (rm_prefilter_expire with PostgreSQL) and the
+ *       fallback-to-local mode (rm_local_*, the compensation job) return
+ *       stock in local transactions of their own, outside any global
+ *       transaction: nothing ever rolls them back (in local mode the stock
+ *       database decides each order once, FROZEN or REFUSED, and a refusal
+ *       gives back only the Redis freeze);
+ *     - STOCK_FREEZE_MODE=at: the bucket row is under its global lock
+ *       until the global transaction ends, so nobody can take what a
+ *       release gives back before the decision.
  *          Both: 200 | 200 {noop: true} when already done the same way |
  *          409 {error: confirmed|released} when done the other way | 404
  *          {error: unknown_order}.  The row is locked (SELECT ... FOR

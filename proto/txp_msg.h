@@ -59,6 +59,16 @@
 #define TXP_MAX_MESSAGE_LEN 1024
 #define TXP_MAX_LOCK_KEYS_LEN (64u * 1024u)
 #define TXP_MAX_APP_DATA_LEN (64u * 1024u)
+
+/* The application data of a BranchRegister whose branch does real work in
+ * phase-two commit (an AT branch with commit-time deltas, which give
+ * capacity back): the TC answers the GlobalCommit of its global only once
+ * its branches were told to commit and answered, so that when the TM hears
+ * "committed" the give-back is applied (an AT commit is otherwise answered
+ * at the decision, its phase two being clean-up only).  A branch that
+ * cannot be reached keeps the global CommitRetrying; the TM is answered
+ * Committed then too: the decision stands. */
+#define TXP_APP_DATA_PHASE2_SYNC "txc:phase2=sync"
 #define TXP_MAX_RESOURCE_IDS_LEN 4096
 
 enum {

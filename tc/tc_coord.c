@@ -157,19 +157,31 @@ static void handle_begin(tc_node_t *node, tc_req_t *req) {
 
 /* -------------------------------------------------------------- decision */
 
+/* The status a TM sees: AT phase two is clean-up only, so an
+ * AsyncCommitting transaction is committed as far as the TM is concerned. */
+static int tm_visible_status(int s) { return s == TXP_GS_ASYNC_COMMITTING ? TXP_GS_COMMITTED : s; }
+
 static void after_phase2_reply(int global_status, void *arg) {
   call_t *c = arg;
+  /* A commit whose phase two is still retried is committed for the TM (the
+   * decision stands); CommitFailed is passed on (an operator's). */
+  if (global_status == TXP_GS_COMMITTING || global_status == TXP_GS_COMMIT_RETRYING)
+    global_status = TXP_GS_COMMITTED;
   txp_msg_t res;
   txp_msg_init_result(&res, &c->req->msg, 0, NULL);
   txp_msg_set_str(&res, TXP_F_XID, c->xid);
-  txp_msg_set_int(&res, TXP_F_GLOBAL_STATUS, global_status);
+  txp_msg_set_int(&res, TXP_F_GLOBAL_STATUS, tm_visible_status(global_status));
   tc_req_reply(c->req, &res);
   call_free(c);
 }
 
-/* The status a TM sees: AT phase two is clean-up only, so an
- * AsyncCommitting transaction is committed as far as the TM is concerned. */
-static int tm_visible_status(int s) { return s == TXP_GS_ASYNC_COMMITTING ? TXP_GS_COMMITTED : s; }
+/* Whether a branch does real work in its phase-two commit
+ * (TXP_APP_DATA_PHASE2_SYNC): then the TM is answered after it. */
+static bool commit_waits(const tc_op_t *op) {
+  for (int i = 0; i < op->nbranches; i++)
+    if (op->branches[i].phase2_sync) return true;
+  return false;
+}
 
 static void on_decide_done(tc_op_t *op, void *arg) {
   call_t *c = arg;
@@ -202,6 +214,11 @@ static void on_decide_done(tc_op_t *op, void *arg) {
     else TXP_FAILPOINT("tc.rollback.after_decision");
     if (txp_global_status_is_commit(op->global_status)) {
       node->stats.committed++;
+      if (commit_waits(op)) {
+        /* A give-back is applied by its commit: answer when it was. */
+        tc__phase2_drive(node, c->xid, op->global_status, op->branches, op->nbranches, after_phase2_reply, c);
+        return;
+      }
       /* AT commit is asynchronous: answer now, drive the branches after. */
       tc__phase2_drive(node, c->xid, op->global_status, op->branches, op->nbranches, NULL, NULL);
       break;

@@ -448,7 +448,8 @@ static int build_decide(tc_store_t *st, batch_t *b, tc_pg_job_t *job) {
      * strcmp(), which the database's default collation need not agree with. */
     const char *v[] = {xids_copy};
     rc = tc_pg_job_add_prepared(job, "tc_decide_branches",
-                                "SELECT xid, branch_id, branch_type, status, resource_id, client_id "
+                                "SELECT xid, branch_id, branch_type, status, resource_id, client_id, "
+                                "application_data IS NOT DISTINCT FROM '" TXP_APP_DATA_PHASE2_SYNC "' "
                                 "FROM branch_table WHERE xid = ANY($1::text[]) "
                                 "ORDER BY xid COLLATE \"C\", branch_id",
                                 1, v);
@@ -539,6 +540,7 @@ static void take_decide(batch_t *b, const PGresult *r, const PGresult *br) {
       bw->status = get_int(br, k, 3);
       copy_str(bw->resource_id, sizeof(bw->resource_id), PQgetvalue(br, k, 4));
       copy_str(bw->client_id, sizeof(bw->client_id), PQgetvalue(br, k, 5));
+      bw->phase2_sync = strcmp(PQgetvalue(br, k, 6), "t") == 0;
     }
   }
 }

@@ -74,6 +74,7 @@ typedef struct tc_branch_row {
   int status;
   char resource_id[TXP_MAX_RESOURCE_LEN + 1];
   char client_id[TXP_MAX_NAME_LEN + 1];
+  bool phase2_sync; /* registered with TXP_APP_DATA_PHASE2_SYNC (DECIDE rows) */
 } tc_branch_row_t;
 
 /* How long a lazy op (tc_op_t.lazy) may wait for a fuller batch while the

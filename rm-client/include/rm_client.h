@@ -281,7 +281,11 @@ RM_API int rm_at_update_delta_deferred(rm_branch_t *b, const char *table, const 
  * nobody else can take it.  Phase-two commit applies the branch's commit
  * deltas, one UPDATE per row with its columns' deltas together, exactly
  * once (with the deletion of the branch's undo row, in one local
- * transaction); a rollback drops them: there is nothing to undo.  A commit
+ * transaction); a rollback drops them: there is nothing to undo.  Such a
+ * branch registers as one whose commit matters, so the TM's rm_tm_commit
+ * returns once the commit was applied (by this client, when it prepared
+ * the branch and is still running; otherwise the library applies it
+ * moments later, from its deleter).  A commit
  * cannot be refused, so per row the commit deltas of a branch must add up
  * to zero or less (RM_E_INVALID from rm_at_prepare otherwise: take in
  * phase one, under a guard).  Should the commit meet the row gone or a

@@ -270,7 +270,10 @@ int rm_at_prepare(rm_branch_t *b, int64_t *branch_id) {
   /* 1. Register (the TC takes the global row locks, waiting if busy). */
   int64_t bid = 0;
   const char *keys = b->lock_keys.len ? b->lock_keys.data : NULL;
-  rc = rm__branch_register(b->c, b->xid, b->res->id, keys, NULL, rm__lock_wait_ms(b->c), &bid,
+  /* Commit deltas make the commit real work: the TM is to be answered
+   * after it (TXP_APP_DATA_PHASE2_SYNC). */
+  const char *app_data = b->has_commit_delta ? TXP_APP_DATA_PHASE2_SYNC : NULL;
+  rc = rm__branch_register(b->c, b->xid, b->res->id, keys, app_data, rm__lock_wait_ms(b->c), &bid,
                                b->errmsg, sizeof(b->errmsg));
   if (rc != 0) {
     if (!b->errmsg[0]) rm__at_err(b, "could not register the branch: %s", rm_strerror(rc));
