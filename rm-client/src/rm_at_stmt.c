@@ -436,12 +436,18 @@ static bool phase_one_delta_ok(rm_branch_t *b, const char *table, const char *co
   return false;
 }
 
+/* Start a delta statement: its arguments checked, and for a phase-one
+ * delta (not 'on_commit') the rule of the NOTES. */
+static int delta_start(rm_branch_t *b, const char *table, const char *const *pk_vals, const char *col,
+                       long long delta, bool on_commit) {
+  if (!on_commit && !phase_one_delta_ok(b, table, col, delta)) return RM_E_INVALID;
+  return stmt_start(b, table && pk_vals && col && delta != LLONG_MIN, "table, key values, column or delta", 0, NULL);
+}
+
 int rm_at_update_delta(rm_branch_t *b, const char *table, const char *const *pk_vals,
                        const char *col, long long delta, const char *guard) {
   if (!b) return RM_E_INVALID;
-  if (!phase_one_delta_ok(b, table, col, delta)) return RM_E_INVALID;
-  int rc = stmt_start(b, table && pk_vals && col && delta != LLONG_MIN, "table, key values, column or delta", 0,
-                      NULL);
+  int rc = delta_start(b, table, pk_vals, col, delta, false);
   if (rc != 0) return rc;
   const rm_table_t *t = NULL;
   txp_buf_t sql;
@@ -551,8 +557,7 @@ static int row_must_exist(rm_branch_t *b, const rm_table_t *t, const char *esql,
 int rm_at_update_delta_on_commit(rm_branch_t *b, const char *table, const char *const *pk_vals,
                                  const char *col, long long delta) {
   if (!b) return RM_E_INVALID;
-  int rc = stmt_start(b, table && pk_vals && col && delta != LLONG_MIN, "table, key values, column or delta", 0,
-                      NULL);
+  int rc = delta_start(b, table, pk_vals, col, delta, true);
   if (rc != 0) return rc;
   const rm_table_t *t = NULL;
   txp_buf_t esql;
@@ -588,9 +593,7 @@ out:
 int rm_at_update_delta_deferred(rm_branch_t *b, const char *table, const char *const *pk_vals,
                                 const char *col, long long delta, const char *guard) {
   if (!b) return RM_E_INVALID;
-  if (!phase_one_delta_ok(b, table, col, delta)) return RM_E_INVALID;
-  int rc = stmt_start(b, table && pk_vals && col && delta != LLONG_MIN, "table, key values, column or delta", 0,
-                      NULL);
+  int rc = delta_start(b, table, pk_vals, col, delta, false);
   if (rc != 0) return rc;
   const rm_table_t *t = NULL;
   txp_buf_t sql, esql;

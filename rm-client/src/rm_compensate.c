@@ -444,8 +444,9 @@ static void *compensator_main(void *arg) {
     now = mono_ms();
     next = now + k->interval_ms;
     /* A reconciliation that could not run (locked, failed) is due again
-     * with the next pass rather than in a full period. */
-    if (rec && rc == 0) next_rec = now + k->reconcile_ms;
+     * with the next pass rather than in a full period, not at once: a
+     * database that is down must not make the job spin. */
+    if (rec) next_rec = rc == 0 ? now + k->reconcile_ms : next;
     pthread_cond_broadcast(&k->done);
   }
   pthread_mutex_unlock(&k->mu);

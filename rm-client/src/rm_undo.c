@@ -1213,6 +1213,20 @@ static int item_failure(undo_ctx_t *u, int rc, bool commit, int *code) {
   return retry;
 }
 
+/* The context and items of undo row 'row' (SELECT id, log_status,
+ * context, rollback_info::text) of branch 'bid'.  0, or -1 with the
+ * message set: the row cannot be read, which no retry cures. */
+static int parse_undo_row(undo_ctx_t *u, const PGresult *row, const char *bid, rm_ctx_t *ctx, rm_item_t **items,
+                          size_t *nitems) {
+  char why[512];
+  if (rm_ctx_parse(PQgetisnull(row, 0, 2) ? NULL : PQgetvalue(row, 0, 2), ctx) == 0 &&
+      rm_undo_decode(PQgetisnull(row, 0, 3) ? NULL : PQgetvalue(row, 0, 3), items, nitems, why, sizeof(why)) == 0)
+    return 0;
+  if (!ctx->version) snprintf(why, sizeof(why), "unknown context \"%.100s\"", PQgetvalue(row, 0, 2));
+  snprintf(u->err, u->errlen, "undo row of branch %s of \"%s\" cannot be read: %s", bid, u->req->xid, why);
+  return -1;
+}
+
 static bool same_row_item(const rm_item_t *a, const rm_item_t *b) {
   return strcmp(a->schema, b->schema) == 0 && strcmp(a->table, b->table) == 0 && a->pk->n == b->pk->n &&
          rm_row_diff(a->pk, b->pk, NULL, 0) == 0;
@@ -1337,12 +1351,7 @@ static int commit_apply_on(undo_ctx_t *u, int *code) {
     status = TXP_BS_PHASE2_COMMITTED;
     goto out;
   }
-  char why[512];
-  if (rm_ctx_parse(PQgetisnull(row, 0, 2) ? NULL : PQgetvalue(row, 0, 2), &ctx) != 0 ||
-      rm_undo_decode(PQgetisnull(row, 0, 3) ? NULL : PQgetvalue(row, 0, 3), &items, &nitems, why,
-                     sizeof(why)) != 0) {
-    if (!ctx.version) snprintf(why, sizeof(why), "unknown context \"%.100s\"", PQgetvalue(row, 0, 2));
-    snprintf(u->err, u->errlen, "undo row of branch %s of \"%s\" cannot be read: %s", bid, req->xid, why);
+  if (parse_undo_row(u, row, bid, &ctx, &items, &nitems) != 0) {
     *code = TXP_EBRANCH_UNRETRYABLE;
     status = TXP_BS_PHASE2_COMMIT_FAILED_UNRETRYABLE;
     goto out;
@@ -1462,12 +1471,7 @@ static int rollback_on(undo_ctx_t *u, int *code) {
   }
 
   /* 2. Settings, then 3. the items backwards. */
-  char why[512];
-  if (rm_ctx_parse(PQgetisnull(row, 0, 2) ? NULL : PQgetvalue(row, 0, 2), &ctx) != 0 ||
-      rm_undo_decode(PQgetisnull(row, 0, 3) ? NULL : PQgetvalue(row, 0, 3), &items, &nitems, why,
-                     sizeof(why)) != 0) {
-    if (!ctx.version) snprintf(why, sizeof(why), "unknown context \"%.100s\"", PQgetvalue(row, 0, 2));
-    snprintf(u->err, u->errlen, "undo row of branch %s of \"%s\" cannot be read: %s", bid, req->xid, why);
+  if (parse_undo_row(u, row, bid, &ctx, &items, &nitems) != 0) {
     *code = TXP_EBRANCH_UNRETRYABLE;
     status = TXP_BS_PHASE2_ROLLBACK_FAILED_UNRETRYABLE;
     goto out;

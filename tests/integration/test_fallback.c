@@ -1081,6 +1081,33 @@ static void test_kill_job_and_rerun(void **state) {
   PQfinish(spg);
 }
 
+/* The databases are down: the job tries once a pass, not in a loop (a
+ * failed reconciliation was due again at once, and the job spun: 3 GB of
+ * log in half an hour, a core busy). */
+static void test_database_down_waits(void **state) {
+  (void)state;
+  if (!redis_url) skip();
+  rm_prefilter_t *pf = pf_new();
+  rm_compensator_options_t ko = {0};
+  ko.orders_conninfo = "postgresql://127.0.0.1:1/orders?connect_timeout=1";
+  ko.stock_conninfo = "postgresql://127.0.0.1:1/stock?connect_timeout=1";
+  ko.pf = pf;
+  ko.interval_ms = 200;
+  ko.reconcile_interval_ms = 600000;
+  ko.run.log_level = RM_LOG_ERROR; /* no callback: nothing printed */
+  rm_compensator_t *k = NULL;
+  assert_int_equal(rm_compensator_start(&ko, &k), 0);
+  sleep_ms(1500);
+  rm_compensator_stats_t st;
+  rm_compensator_stats(k, &st);
+  rm_compensator_stop(k);
+  rm_prefilter_free(pf);
+  print_message("  %" PRIu64 " failed passes in 1.5 s at one every 200 ms\n", st.errors);
+  assert_true(st.errors >= 2);
+  assert_true(st.errors <= 12);
+  assert_int_equal(st.last_code, RM_E_DB);
+}
+
 /* Two passes at once: one runs, the other is refused at once. */
 static void test_one_job_at_a_time(void **state) {
   (void)state;
@@ -1184,6 +1211,7 @@ int main(int argc, char **argv) {
     cmocka_unit_test_teardown(test_sale_through_outage, teardown_tcds),
   };
   const struct CMUnitTest killing[] = {
+    cmocka_unit_test(test_database_down_waits),
     cmocka_unit_test(test_one_job_at_a_time),
     cmocka_unit_test(test_kill_job_and_rerun),
   };
