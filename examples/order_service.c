@@ -278,12 +278,7 @@ static int branch_insert_order(order_svc_t *s, PGconn *pg, const order_t *o, cha
   const char *cols[8] = {"order_id", "activity_id", "ticket_type", "user_id", "qty", "bucket_id", "xid",
                          "expire_at"};
   const char *vals[8] = {sid, sa, st, su, sq, sb, o->xid, exp};
-  time_t t = (time_t)(o->expire_ms / 1000);
-  struct tm tm;
-  gmtime_r(&t, &tm);
-  char day[32];
-  strftime(day, sizeof(day), "%Y-%m-%dT%H:%M:%S", &tm);
-  snprintf(exp, sizeof(exp), "%s.%03dZ", day, (int)(o->expire_ms % 1000));
+  svc_iso_time(exp, o->expire_ms);
   int ncols = 8;
   if (!svc_pg_exec(pg, "BEGIN", 0, NULL, PGRES_COMMAND_OK, NULL, err, errlen)) return RM_E_DB;
   rm_branch_t *b = NULL;

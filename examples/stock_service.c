@@ -368,12 +368,7 @@ static int op_statements(stmt_ctx_t *c, freeze_mode_t mode, const stock_op_t *op
   switch (op->kind) {
   case OP_FREEZE: {
     /* the deadline as an exact UTC timestamp */
-    time_t secs = (time_t)(op->deadline_ms / 1000);
-    struct tm tm;
-    gmtime_r(&secs, &tm);
-    char day[32];
-    strftime(day, sizeof(day), "%Y-%m-%dT%H:%M:%S", &tm);
-    snprintf(dl, sizeof(dl), "%s.%03lldZ", day, op->deadline_ms % 1000);
+    svc_iso_time(dl, op->deadline_ms);
     static const char *const fcols[] = {"order_id", "activity_id", "ticket_type", "bucket_id", "user_id", "qty",
                                         "deadline"};
     const char *fvals[] = {so, sa, st, sb, su, sq, dl};

@@ -42,11 +42,8 @@ void svc_log_write(int level, json_t *fields, const char *fmt, ...) {
 
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
-  struct tm tm;
-  gmtime_r(&ts.tv_sec, &tm);
-  char when[96];
-  snprintf(when, sizeof(when), "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900, tm.tm_mon + 1,
-           tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, ts.tv_nsec / 1000000L);
+  char when[SVC_ISO_TIME_MAX];
+  svc_iso_time(when, (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000L);
 
   if (level < 0) level = 0;
   if (level > 3) level = 3;
@@ -138,6 +135,15 @@ int svc_wait_signal(void) {
     int sig = 0;
     if (sigwait(&set, &sig) == 0) return sig;
   }
+}
+
+void svc_iso_time(char out[SVC_ISO_TIME_MAX], int64_t unix_ms) {
+  int64_t secs = unix_ms >= 0 ? unix_ms / 1000 : (unix_ms - 999) / 1000;
+  time_t t = (time_t)secs;
+  struct tm tm;
+  gmtime_r(&t, &tm);
+  snprintf(out, SVC_ISO_TIME_MAX, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1,
+           tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)(unix_ms - secs * 1000));
 }
 
 int64_t svc_now_us(void) {

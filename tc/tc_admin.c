@@ -38,12 +38,13 @@
 #include <uv.h>
 
 #include "tc_log.h"
-#include "tc_node.h"
+#include "tc_ctx.h"
 
 typedef struct adm_conn adm_conn_t;
 
 struct tc_admin {
-  tc_node_t *node;
+  tc_ctx_t *ctx;
+  tc_admin_exec_fn exec;
   uv_pipe_t listener;
   char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
   unsigned allow_uids[TC_ADM_MAX_IDS], allow_gids[TC_ADM_MAX_IDS];
@@ -333,7 +334,7 @@ static void process_lines(adm_conn_t *c) {
     }
     if (cmd.kind == TC_ADM_NONE) continue; /* blank line */
     adm->stats.requests++;
-    if (adm->closing || adm->node->stopping) {
+    if (adm->closing || adm->ctx->stopping) {
       conn_send(c, tc__admin_error("shutting_down", "coordinator shutting down"), false);
       continue;
     }
@@ -343,7 +344,7 @@ static void process_lines(adm_conn_t *c) {
       continue;
     }
     req->adm = adm;
-    req->node = adm->node;
+    req->ctx = adm->ctx;
     req->conn = c;
     req->uid = c->uid;
     req->gid = c->gid;
@@ -353,7 +354,7 @@ static void process_lines(adm_conn_t *c) {
     c->refs++;
     adm->requests_inflight++;
     stop_reading(c);
-    tc__admin_execute(req); /* may finish at once (re-entering: 'processing' holds it) */
+    adm->exec(req); /* may finish at once (re-entering: 'processing' holds it) */
   }
   /* (A request that finishes synchronously calls back into here, which
    * returns at once: the loop above goes on with the next line.) */
@@ -517,8 +518,8 @@ static void on_listener_closed(uv_handle_t *h) {
   admin_maybe_done(adm);
 }
 
-int tc_admin_start(tc_node_t *node, tc_admin_t **out, char *err, size_t errlen) {
-  const tc_config_t *cfg = &node->cfg;
+int tc_admin_start(tc_ctx_t *ctx, tc_admin_exec_fn exec, tc_admin_t **out, char *err, size_t errlen) {
+  const tc_config_t *cfg = ctx->cfg;
   *out = NULL;
   if (tc_adm_check_config(cfg->admin_socket, cfg->admin_allow_uids, cfg->admin_allow_gids, cfg->admin_socket_mode,
                           err, errlen) != 0)
@@ -537,7 +538,8 @@ int tc_admin_start(tc_node_t *node, tc_admin_t **out, char *err, size_t errlen) 
   tc_adm_parse_ids(cfg->admin_allow_uids, adm->allow_uids, TC_ADM_MAX_IDS, &adm->nuids, why, sizeof(why));
   tc_adm_parse_ids(cfg->admin_allow_gids, adm->allow_gids, TC_ADM_MAX_IDS, &adm->ngids, why, sizeof(why));
   tc_adm_parse_mode(cfg->admin_socket_mode, &mode);
-  adm->node = node;
+  adm->ctx = ctx;
+  adm->exec = exec;
   adm->own_uid = (unsigned)geteuid();
   adm->max_request = (size_t)cfg->admin_max_request;
   adm->idle_ms = (uint64_t)cfg->admin_idle_ms;
@@ -546,7 +548,7 @@ int tc_admin_start(tc_node_t *node, tc_admin_t **out, char *err, size_t errlen) 
     free(adm);
     return TXP_EINVALID_ARG;
   }
-  uv_pipe_init(node->loop, &adm->listener, 0);
+  uv_pipe_init(ctx->loop, &adm->listener, 0);
   adm->listener.data = adm;
   /* Created owner-only, then opened up to the configured mode: nobody
    * else can connect in between.  (tcd's other threads create no files.) */

@@ -45,18 +45,22 @@
 
 #include "tc_admin_cmd.h"
 
-struct tc_node;
-typedef struct tc_admin tc_admin_t;
+#include "tc_ctx.h"
+
+typedef struct tc_adm_req tc_adm_req_t;
+/* Runs one command (tc_admin_exec.c's tc__admin_execute): it must answer
+ * through tc__admin_finish exactly once, possibly later. */
+typedef void (*tc_admin_exec_fn)(tc_adm_req_t *req);
 
 typedef struct tc_admin_stats {
   uint64_t accepted, denied, requests, bad_requests, refused, repairs, too_long, incomplete, idle_closed;
   int connections;
 } tc_admin_stats_t;
 
-/* Bind and listen on node->cfg.admin_socket.  Returns 0 (*out set), or a
- * negative code with 'err' saying what failed (bad path, socket in use,
- * bind/chmod failure, bad allow-list). */
-int tc_admin_start(struct tc_node *node, tc_admin_t **out, char *err, size_t errlen);
+/* Bind and listen on ctx->cfg->admin_socket; commands go to 'exec'.
+ * Returns 0 (*out set), or a negative code with 'err' saying what failed
+ * (bad path, socket in use, bind/chmod failure, bad allow-list). */
+int tc_admin_start(tc_ctx_t *ctx, tc_admin_exec_fn exec, tc_admin_t **out, char *err, size_t errlen);
 /* Stop listening, close every connection, wait for commands in flight;
  * 'done' runs when everything is released (the socket file is removed). */
 void tc_admin_close(tc_admin_t *adm, void (*done)(void *arg), void *arg);
@@ -66,17 +70,15 @@ void tc_admin_get_stats(const tc_admin_t *adm, tc_admin_stats_t *out);
 
 /* One command being served.  Allocated by tc_admin.c; the executor must
  * call tc__admin_finish() exactly once, possibly much later. */
-typedef struct tc_adm_req {
+struct tc_adm_req {
   tc_admin_t *adm;
-  struct tc_node *node;
+  tc_ctx_t *ctx;
   void *conn; /* opaque to the executors */
   unsigned uid, gid;
   int pid;
   tc_adm_cmd_t cmd;
-} tc_adm_req_t;
+};
 
-/* Run 'req' (tc_admin_exec.c). */
-void tc__admin_execute(tc_adm_req_t *req);
 /* Send 'answer' (taken; NULL means out of memory) and free 'req'. */
 void tc__admin_finish(tc_adm_req_t *req, json_t *answer);
 /* {"ok":false,"code":code,"error":...}; never NULL unless out of memory. */

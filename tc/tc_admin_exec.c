@@ -50,13 +50,12 @@
 #include "tc_admin.h"
 #include "tc_lockwait.h"
 #include "tc_log.h"
-#include "tc_node.h"
+#include "tc_ctx.h"
+#include "tc_admin_exec.h"
+#include "tc_phase2.h"
 #include "tc_recovery.h"
 #include "tc_server.h"
 
-#ifndef TXC_VERSION
-#define TXC_VERSION "0.1.0"
-#endif
 
 #define READ_DEADLINE_MS 5000
 #define DRIVE_LEASE_MS 15000
@@ -67,7 +66,7 @@
 
 typedef struct exec {
   tc_adm_req_t *req;
-  tc_node_t *node;
+  tc_ctx_t *ctx;
   char xid[TXP_MAX_XID_LEN + 1];
   tc_adm_plan_t plan;
   tc_op_t op; /* DECIDE */
@@ -103,7 +102,7 @@ static void submit_read(exec_t *x, unsigned flags, tc_pg_job_cb cb, int n, const
     finish_error(x, "internal", "out of memory");
     return;
   }
-  int rc = tc_store_read(x->node->store, job, READ_DEADLINE_MS);
+  int rc = tc_store_read(x->ctx->store, job, READ_DEADLINE_MS);
   if (rc != 0) {
     tc_pg_job_free(job);
     finish_error(x, rc == TC_PG_ECLOSING ? "shutting_down" : "store",
@@ -280,9 +279,9 @@ static void group_waiter(const char *holder, const tc_waiter_t *w, void *arg) {
 }
 
 /* The wait queue (this node's) of 'holder' as an array of W. */
-static json_t *waiters_of(tc_node_t *node, const char *holder) {
+static json_t *waiters_of(tc_ctx_t *ctx, const char *holder) {
   waiters_ctx_t wc = {json_array(), uv_hrtime(), 0};
-  if (node->lockwait && !node->stopping) tc_lockwait_each(node->lockwait, holder, add_waiter, &wc);
+  if (ctx->lockwait && !ctx->stopping) tc_lockwait_each(ctx->lockwait, holder, add_waiter, &wc);
   return wc.queue;
 }
 
@@ -396,7 +395,7 @@ static void on_global(tc_pg_job_t *job, int status, void *arg) {
   for (int i = 0; i < nl && i < MAX_SHOWN_LOCKS; i++) json_array_append_new(locks, lock_json(lk, i, 0, false));
   json_object_set_new(a, "locks", locks);
   json_object_set_new(a, "locks_truncated", json_boolean(nl > MAX_SHOWN_LOCKS));
-  json_object_set_new(a, "waiters", waiters_of(x->node, x->xid));
+  json_object_set_new(a, "waiters", waiters_of(x->ctx, x->xid));
   finish(x, a);
 }
 
@@ -448,21 +447,21 @@ static void on_locks(tc_pg_job_t *job, int status, void *arg) {
   }
   json_t *waiters = json_array();
   if (c->has_xid) {
-    json_t *q = waiters_of(x->node, c->xid);
+    json_t *q = waiters_of(x->ctx, c->xid);
     if (json_array_size(q)) json_array_append_new(waiters, json_pack("{s:o, s:o}", "holder", tc__admin_str(c->xid), "queue", q));
     else json_decref(q);
   } else if (c->has_key || c->has_prefix) {
     size_t i;
     json_t *hx;
     json_array_foreach(order, i, hx) {
-      json_t *q = waiters_of(x->node, json_string_value(hx));
+      json_t *q = waiters_of(x->ctx, json_string_value(hx));
       if (json_array_size(q)) json_array_append_new(waiters, json_pack("{s:O, s:o}", "holder", hx, "queue", q));
       else json_decref(q);
     }
   } else {
     /* Every queue on this node: the visit goes queue by queue. */
     group_ctx_t gc = {waiters, NULL, {NULL, uv_hrtime(), 0}};
-    if (x->node->lockwait && !x->node->stopping) tc_lockwait_each(x->node->lockwait, NULL, group_waiter, &gc);
+    if (x->ctx->lockwait && !x->ctx->stopping) tc_lockwait_each(x->ctx->lockwait, NULL, group_waiter, &gc);
   }
   json_decref(holders);
   json_decref(order);
@@ -492,12 +491,12 @@ static void exec_show_locks(exec_t *x) {
 
 static void on_nodes(tc_pg_job_t *job, int status, void *arg) {
   exec_t *x = arg;
-  if (x->node->stopping) status = TC_PG_ECLOSING; /* the recovery may be gone */
+  if (x->ctx->stopping) status = TC_PG_ECLOSING; /* the recovery may be gone */
   if (status != TC_PG_OK) {
     finish_store_error(x, job, status, "list the nodes");
     return;
   }
-  tc_node_t *node = x->node;
+  tc_ctx_t *ctx = x->ctx;
   const PGresult *r = tc_pg_job_result(job, 0);
   json_t *nodes = json_array();
   for (int i = 0; i < PQntuples(r); i++) {
@@ -511,15 +510,15 @@ static void on_nodes(tc_pg_job_t *job, int status, void *arg) {
     json_object_set_new(o, "is_leader", json_boolean(col_bool(r, i, 6)));
     json_object_set_new(o, "pid", col_int(r, i, 7));
     json_object_set_new(o, "version", col_str(r, i, 8));
-    json_object_set_new(o, "self", json_boolean(col_i(r, i, 0) == node->cfg.node_id));
+    json_object_set_new(o, "self", json_boolean(col_i(r, i, 0) == ctx->cfg->node_id));
     json_array_append_new(nodes, o);
   }
   json_t *self = json_object();
-  json_object_set_new(self, "node_id", json_integer(node->cfg.node_id));
-  json_object_set_new(self, "address", tc__admin_str(node->advertise));
-  json_object_set_new(self, "leader", json_boolean(node->recovery && tc_recovery_is_leader(node->recovery)));
-  json_object_set_new(self, "serving", json_boolean(node->serving && !node->stopping));
-  json_object_set_new(self, "admin_socket", tc__admin_str(node->cfg.admin_socket));
+  json_object_set_new(self, "node_id", json_integer(ctx->cfg->node_id));
+  json_object_set_new(self, "address", tc__admin_str(ctx->advertise));
+  json_object_set_new(self, "leader", json_boolean(ctx->recovery && tc_recovery_is_leader(ctx->recovery)));
+  json_object_set_new(self, "serving", json_boolean(ctx->serving && !ctx->stopping));
+  json_object_set_new(self, "admin_socket", tc__admin_str(ctx->cfg->admin_socket));
   json_object_set_new(self, "pid", json_integer(getpid()));
   json_object_set_new(self, "version", json_string(TXC_VERSION));
   json_t *a = ok_answer();
@@ -543,20 +542,20 @@ static void exec_show_nodes(exec_t *x) {
 
 static void on_stats(tc_pg_job_t *job, int status, void *arg) {
   exec_t *x = arg;
-  tc_node_t *node = x->node;
-  if (node->stopping) {
+  tc_ctx_t *ctx = x->ctx;
+  if (ctx->stopping) {
     /* The server, recovery and lock waits may be released already. */
     finish_store_error(x, job, TC_PG_ECLOSING, "read the statistics");
     return;
   }
-  const tc_node_stats_t *ns = &node->stats;
+  const tc_node_stats_t *ns = &ctx->stats;
   json_t *a = ok_answer();
 
   json_object_set_new(a, "node",
-                      json_pack("{s:i, s:o, s:b, s:b, s:i, s:s}", "node_id", node->cfg.node_id, "address",
-                                tc__admin_str(node->advertise), "leader",
-                                node->recovery && tc_recovery_is_leader(node->recovery), "serving",
-                                node->serving && !node->stopping, "pid", (int)getpid(), "version", TXC_VERSION));
+                      json_pack("{s:i, s:o, s:b, s:b, s:i, s:s}", "node_id", ctx->cfg->node_id, "address",
+                                tc__admin_str(ctx->advertise), "leader",
+                                ctx->recovery && tc_recovery_is_leader(ctx->recovery), "serving",
+                                ctx->serving && !ctx->stopping, "pid", (int)getpid(), "version", TXC_VERSION));
   json_object_set_new(a, "globals",
                       json_pack("{s:o, s:o, s:o, s:o, s:o, s:o}", "begun", U(ns->begun), "committed", U(ns->committed),
                                 "rolled_back", U(ns->rolled_back), "timed_out", U(ns->timed_out), "commit_failed",
@@ -567,7 +566,7 @@ static void on_stats(tc_pg_job_t *job, int status, void *arg) {
   json_object_set_new(a, "locks",
                       json_pack("{s:o, s:o, s:f, s:o}", "waits", U(ns->lock_waits), "wait_timeouts",
                                 U(ns->lock_wait_timeouts), "wait_seconds", (double)ns->lock_wait_ms_total / 1000.0,
-                                "waiting", U(node->lockwait ? tc_lockwait_count(node->lockwait) : 0)));
+                                "waiting", U(ctx->lockwait ? tc_lockwait_count(ctx->lockwait) : 0)));
   json_object_set_new(a, "phase2",
                       json_pack("{s:o, s:o, s:o, s:o, s:o, s:i, s:o, s:o}", "calls", U(ns->phase2_calls),
                                 "retryable", U(ns->phase2_retryable), "unretryable", U(ns->phase2_unretryable),
@@ -575,9 +574,9 @@ static void on_stats(tc_pg_job_t *job, int status, void *arg) {
                                 ns->phase2_active, "commit_drives", U(ns->phase2_count[0]), "rollback_drives",
                                 U(ns->phase2_count[1])));
   json_object_set_new(a, "requests", json_pack("{s:o, s:o}", "total", U(ns->requests), "bad", U(ns->bad_requests)));
-  if (node->server) {
+  if (ctx->server) {
     tc_server_stats_t ss;
-    tc_server_get_stats(node->server, &ss);
+    tc_server_get_stats(ctx->server, &ss);
     json_object_set_new(
       a, "server",
       json_pack("{s:i, s:i, s:i, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "connections", ss.connections, "rms",
@@ -587,19 +586,19 @@ static void on_stats(tc_pg_job_t *job, int status, void *arg) {
                 U(ss.version_mismatches)));
   }
   tc_store_stats_t st;
-  tc_store_get_stats(node->store, &st);
+  tc_store_get_stats(ctx->store, &st);
   json_object_set_new(
     a, "store",
     json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:f, s:f, s:i, s:{s:o, s:o, s:o, s:o}}", "batches", U(st.batches),
               "ops", U(st.ops), "batch_retries", U(st.batch_retries), "op_failures", U(st.op_failures), "deadlocks",
               U(st.deadlocks), "queue_len", U(st.queue_len), "queue_peak", U(st.queue_peak), "batch_ms_avg",
               st.batches ? st.batch_ms_total / (double)st.batches : 0.0, "ops_per_batch",
-              st.batches ? (double)st.ops / (double)st.batches : 0.0, "ready_conns", tc_store_ready_conns(node->store),
+              st.batches ? (double)st.ops / (double)st.batches : 0.0, "ready_conns", tc_store_ready_conns(ctx->store),
               "ops_by_kind", "begin", U(st.ops_by_kind[TC_OP_BEGIN]), "register", U(st.ops_by_kind[TC_OP_REGISTER]),
               "decide", U(st.ops_by_kind[TC_OP_DECIDE]), "phase2", U(st.ops_by_kind[TC_OP_PHASE2])));
-  if (node->recovery) {
+  if (ctx->recovery) {
     tc_recovery_stats_t rs;
-    tc_recovery_get_stats(node->recovery, &rs);
+    tc_recovery_get_stats(ctx->recovery, &rs);
     json_object_set_new(a, "recovery",
                         json_pack("{s:o, s:o, s:o, s:o}", "leader_terms", U(rs.leader_terms), "timed_out",
                                   U(rs.timed_out), "retried", U(rs.retried), "history_pruned", U(rs.history_pruned)));
@@ -809,7 +808,7 @@ static void on_cas(tc_pg_job_t *job, int status, void *arg) {
   }
   int n;
   tc_branch_row_t *rows = branch_rows(tc_pg_job_result(job, 1), &n);
-  tc__phase2_drive(x->node, x->xid, x->plan.to, rows, n, on_drive_done, x);
+  tc__phase2_drive(x->ctx, x->xid, x->plan.to, rows, n, on_drive_done, x);
   free(rows);
 }
 
@@ -838,7 +837,7 @@ static void apply_cas(exec_t *x) {
 
 static void on_decided(tc_op_t *op, void *arg) {
   exec_t *x = arg;
-  tc_node_t *node = x->node;
+  tc_ctx_t *ctx = x->ctx;
   char msg[768];
   if (op->status != 0) {
     finish_error(x, "store", "could not %s global transaction \"%s\": %s", verb(x->req->cmd.kind), x->xid,
@@ -848,11 +847,11 @@ static void on_decided(tc_op_t *op, void *arg) {
   switch (op->res) {
   case TC_RES_OK:
   case TC_RES_TIMED_OUT: {
-    if (!node->stopping) tc__lockwait_release(node, x->xid);
+    if (!ctx->stopping) tc_ctx_release_locks(ctx, x->xid);
     bool commit = txp_global_status_is_commit(op->global_status);
-    if (op->res == TC_RES_TIMED_OUT) node->stats.timed_out++;
-    else if (commit) node->stats.committed++;
-    else node->stats.rolled_back++;
+    if (op->res == TC_RES_TIMED_OUT) ctx->stats.timed_out++;
+    else if (commit) ctx->stats.committed++;
+    else ctx->stats.rolled_back++;
     x->plan.to = op->global_status;
     snprintf(msg, sizeof(msg), "%s -> %s (forced decision)", txp_global_status_name(x->plan.from),
              txp_global_status_name(op->global_status));
@@ -861,7 +860,7 @@ static void on_decided(tc_op_t *op, void *arg) {
       /* Not what was asked: the deadline passed between the check and the
        * decision, and the store turned the commit into a timeout. */
       if (!txp_global_status_final(op->global_status))
-        tc__phase2_drive(node, x->xid, op->global_status, op->branches, op->nbranches, NULL, NULL);
+        tc__phase2_drive(ctx, x->xid, op->global_status, op->branches, op->nbranches, NULL, NULL);
       finish_error(x, "refused",
                    "could not commit global transaction \"%s\": its deadline passed meanwhile and the coordinator "
                    "rolled it back (%s)",
@@ -872,7 +871,7 @@ static void on_decided(tc_op_t *op, void *arg) {
       on_drive_done(op->global_status, x); /* no branches: finished already */
       return;
     }
-    tc__phase2_drive(node, x->xid, op->global_status, op->branches, op->nbranches, on_drive_done, x);
+    tc__phase2_drive(ctx, x->xid, op->global_status, op->branches, op->nbranches, on_drive_done, x);
     return;
   }
   case TC_RES_NOT_FOUND:
@@ -896,7 +895,7 @@ static void apply_decide(exec_t *x) {
   x->op.arg = x;
   x->op.xid = x->xid;
   x->op.action = x->plan.commit ? TC_DECIDE_COMMIT : TC_DECIDE_ROLLBACK;
-  int rc = tc_store_submit(x->node->store, &x->op);
+  int rc = tc_store_submit(x->ctx->store, &x->op);
   if (rc != 0)
     finish_error(x, rc == TXP_EBUSY ? "store" : "shutting_down", "%s",
                  rc == TXP_EBUSY ? "coordinator store queue full: retry later" : "coordinator shutting down");
@@ -978,7 +977,7 @@ static void on_deleted(tc_pg_job_t *job, int status, void *arg) {
     return;
   }
   long long locks = strtoll(PQgetvalue(r, 0, 2), NULL, 10), branches = strtoll(PQgetvalue(r, 0, 3), NULL, 10);
-  if (locks && !x->node->stopping) tc__lockwait_release(x->node, x->xid);
+  if (locks && !x->ctx->stopping) tc_ctx_release_locks(x->ctx, x->xid);
   json_t *a = ok_answer();
   json_object_set_new(a, "xid", tc__admin_str(x->xid));
   json_object_set_new(a, "action", json_string("delete"));
@@ -1019,9 +1018,9 @@ void tc__admin_execute(tc_adm_req_t *req) {
     return;
   }
   x->req = req;
-  x->node = req->node;
+  x->ctx = req->ctx;
   snprintf(x->xid, sizeof(x->xid), "%s", req->cmd.xid);
-  if (!x->node->store || !x->node->serving) {
+  if (!x->ctx->store || !x->ctx->serving) {
     finish_error(x, "shutting_down", "coordinator not serving yet");
     return;
   }

@@ -2,6 +2,7 @@
  * tc_config.c - see tc_config.h.
  */
 #include "tc_config.h"
+#include "txp_xid.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -298,8 +299,9 @@ int tc_config_validate(const tc_config_t *c, char *err, size_t errlen) {
     snprintf(err, errlen, "invalid server.listen \"%s\": expected host:port", c->listen);
     return -1;
   }
-  if (strlen(c->advertise) > 100 || strlen(c->listen) > 100) {
-    snprintf(err, errlen, "node.advertise and server.listen must be at most 100 bytes: they go into every xid");
+  if (strlen(c->advertise) > TXP_XID_NODE_MAX || strlen(c->listen) > TXP_XID_NODE_MAX) {
+    snprintf(err, errlen, "node.advertise and server.listen must be at most %d bytes: they go into every xid",
+             TXP_XID_NODE_MAX);
     return -1;
   }
   if (c->advertise[0] && tc_config_split_addr(c->advertise, host, sizeof(host), &port) != 0) {

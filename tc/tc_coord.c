@@ -33,12 +33,15 @@
 #include "tc_lockwait.h"
 #include "tc_log.h"
 #include "txp_failpoint.h"
-#include "tc_node.h"
+#include "tc_ctx.h"
+#include "tc_coord.h"
+#include "tc_phase2.h"
+#include "txp_xid.h"
 #include "tc_server.h"
 #include "txp_lockkey.h"
 
 typedef struct call {
-  tc_node_t *node;
+  tc_ctx_t *ctx;
   tc_req_t *req;
   tc_op_t op;
   tc_waiter_t waiter;
@@ -55,10 +58,10 @@ typedef struct call {
   char app_id[TXP_MAX_NAME_LEN + 1];
 } call_t;
 
-static call_t *call_new(tc_node_t *node, tc_req_t *req, tc_op_kind_t kind, void (*cb)(tc_op_t *, void *)) {
+static call_t *call_new(tc_ctx_t *ctx, tc_req_t *req, tc_op_kind_t kind, void (*cb)(tc_op_t *, void *)) {
   call_t *c = calloc(1, sizeof(*c));
   if (!c) return NULL;
-  c->node = node;
+  c->ctx = ctx;
   c->req = req;
   c->started_ns = uv_hrtime();
   c->op.kind = kind;
@@ -80,7 +83,7 @@ static void reply_code(call_t *c, int code, const char *msg) {
 /* Submit the call's op or answer BUSY/SHUTDOWN right away. */
 static void submit_or_reply(call_t *c) {
   c->submitted_ns = uv_hrtime();
-  int rc = tc_store_submit(c->node->store, &c->op);
+  int rc = tc_store_submit(c->ctx->store, &c->op);
   if (rc != 0)
     reply_code(c, rc, rc == TXP_EBUSY ? "coordinator store queue full: retry later"
                                       : "coordinator shutting down");
@@ -92,9 +95,9 @@ static int store_error_code(const tc_op_t *op) { return op->status ? op->status 
 
 static bool xid_ok(const char *xid) { return xid && xid[0] && strlen(xid) <= TXP_MAX_XID_LEN; }
 
-static bool require_xid_or_reply(tc_node_t *node, tc_req_t *req) {
+static bool require_xid_or_reply(tc_ctx_t *ctx, tc_req_t *req) {
   if (xid_ok(req->msg.xid)) return true;
-  node->stats.bad_requests++;
+  ctx->stats.bad_requests++;
   tc_req_reply_code(req, TXP_EBAD_REQUEST, "missing or empty xid");
   return false;
 }
@@ -113,38 +116,42 @@ static void on_begin_done(tc_op_t *op, void *arg) {
     return;
   }
   TXP_FAILPOINT("tc.begin.after_store");
-  c->node->stats.begun++;
+  c->ctx->stats.begun++;
   txp_msg_t res;
   txp_msg_init_result(&res, &c->req->msg, 0, NULL);
   txp_msg_set_str(&res, TXP_F_XID, op->out_xid);
   txp_msg_set_int(&res, TXP_F_TIMEOUT_MS, op->timeout_ms);
-  txp_msg_set_int(&res, TXP_F_NODE_ID, c->node->cfg.node_id);
+  txp_msg_set_int(&res, TXP_F_NODE_ID, c->ctx->cfg->node_id);
   tc_req_reply(c->req, &res);
   call_free(c);
 }
 
-static void handle_begin(tc_node_t *node, tc_req_t *req) {
+static void handle_begin(tc_ctx_t *ctx, tc_req_t *req) {
   const txp_msg_t *m = &req->msg;
   uint32_t timeout = txp_msg_has(m, TXP_F_TIMEOUT_MS) && m->timeout_ms ? m->timeout_ms
-                                                                      : (uint32_t)node->cfg.default_timeout_ms;
-  if (timeout > (uint32_t)node->cfg.max_timeout_ms) {
+                                                                      : (uint32_t)ctx->cfg->default_timeout_ms;
+  if (timeout > (uint32_t)ctx->cfg->max_timeout_ms) {
     char msg[128];
-    snprintf(msg, sizeof(msg), "timeout_ms %u is above the limit of %d", timeout, node->cfg.max_timeout_ms);
-    node->stats.bad_requests++;
+    snprintf(msg, sizeof(msg), "timeout_ms %u is above the limit of %d", timeout, ctx->cfg->max_timeout_ms);
+    ctx->stats.bad_requests++;
     tc_req_reply_code(req, TXP_EBAD_REQUEST, msg);
     return;
   }
-  call_t *c = call_new(node, req, TC_OP_BEGIN, on_begin_done);
+  call_t *c = call_new(ctx, req, TC_OP_BEGIN, on_begin_done);
   if (!c) {
     tc_req_reply_code(req, TXP_ENOMEM, "out of memory");
     return;
   }
   int64_t txid;
-  if (tc_store_next_id(node->store, &txid) != 0) {
+  if (tc_store_next_id(ctx->store, &txid) != 0) {
     reply_code(c, TXP_ESTORE, "no transaction id available: coordinator store unreachable, retry");
     return;
   }
-  snprintf(c->xid, sizeof(c->xid), "%.100s:%" PRId64, node->advertise, txid);
+  if (txp_xid_make(c->xid, sizeof(c->xid), ctx->advertise, txid) < 0) {
+    /* node.advertise is checked at start-up (tc_config.c): not reached. */
+    reply_code(c, TXP_EINTERNAL, "could not make an xid from node.advertise");
+    return;
+  }
   c->op.xid = c->xid;
   c->op.id = txid;
   c->op.timeout_ms = timeout;
@@ -185,7 +192,7 @@ static bool commit_waits(const tc_op_t *op) {
 
 static void on_decide_done(tc_op_t *op, void *arg) {
   call_t *c = arg;
-  tc_node_t *node = c->node;
+  tc_ctx_t *ctx = c->ctx;
   bool want_commit = op->action == TC_DECIDE_COMMIT;
   if (op->status != 0) {
     reply_code(c, store_error_code(op), op->errmsg);
@@ -200,37 +207,37 @@ static void on_decide_done(tc_op_t *op, void *arg) {
   case TC_RES_OK:
   case TC_RES_TIMED_OUT:
     if (op->res == TC_RES_TIMED_OUT) {
-      node->stats.timed_out++;
+      ctx->stats.timed_out++;
       code = TXP_ETIMED_OUT;
       msg = "global transaction timed out: rolled back";
     }
-    tc__lockwait_release(node, c->xid);
+    tc_ctx_release_locks(ctx, c->xid);
     if (txp_global_status_final(op->global_status)) {
-      if (txp_global_status_is_commit(op->global_status)) node->stats.committed++;
-      else node->stats.rolled_back++;
+      if (txp_global_status_is_commit(op->global_status)) ctx->stats.committed++;
+      else ctx->stats.rolled_back++;
       break; /* no branches: finished already */
     }
     if (txp_global_status_is_commit(op->global_status)) TXP_FAILPOINT("tc.commit.after_decision");
     else TXP_FAILPOINT("tc.rollback.after_decision");
     if (txp_global_status_is_commit(op->global_status)) {
-      node->stats.committed++;
+      ctx->stats.committed++;
       if (commit_waits(op)) {
         /* A give-back is applied by its commit: answer when it was. */
-        tc__phase2_drive(node, c->xid, op->global_status, op->branches, op->nbranches, after_phase2_reply, c);
+        tc__phase2_drive(ctx, c->xid, op->global_status, op->branches, op->nbranches, after_phase2_reply, c);
         return;
       }
       /* AT commit is asynchronous: answer now, drive the branches after. */
-      tc__phase2_drive(node, c->xid, op->global_status, op->branches, op->nbranches, NULL, NULL);
+      tc__phase2_drive(ctx, c->xid, op->global_status, op->branches, op->nbranches, NULL, NULL);
       break;
     }
     if (code == 0) {
-      node->stats.rolled_back++;
+      ctx->stats.rolled_back++;
       /* Rollback: answer when the branches are undone (or failed). */
-      tc__phase2_drive(node, c->xid, op->global_status, op->branches, op->nbranches,
+      tc__phase2_drive(ctx, c->xid, op->global_status, op->branches, op->nbranches,
                        after_phase2_reply, c);
       return;
     }
-    tc__phase2_drive(node, c->xid, op->global_status, op->branches, op->nbranches, NULL, NULL);
+    tc__phase2_drive(ctx, c->xid, op->global_status, op->branches, op->nbranches, NULL, NULL);
     break;
   case TC_RES_DECIDED:
   case TC_RES_FINISHED: {
@@ -254,9 +261,9 @@ static void on_decide_done(tc_op_t *op, void *arg) {
   call_free(c);
 }
 
-static void handle_decide(tc_node_t *node, tc_req_t *req, tc_decide_action_t action) {
-  if (!require_xid_or_reply(node, req)) return;
-  call_t *c = call_new(node, req, TC_OP_DECIDE, on_decide_done);
+static void handle_decide(tc_ctx_t *ctx, tc_req_t *req, tc_decide_action_t action) {
+  if (!require_xid_or_reply(ctx, req)) return;
+  call_t *c = call_new(ctx, req, TC_OP_DECIDE, on_decide_done);
   if (!c) {
     tc_req_reply_code(req, TXP_ENOMEM, "out of memory");
     return;
@@ -268,12 +275,12 @@ static void handle_decide(tc_node_t *node, tc_req_t *req, tc_decide_action_t act
   submit_or_reply(c);
 }
 
-static void handle_global_report(tc_node_t *node, tc_req_t *req) {
+static void handle_global_report(tc_ctx_t *ctx, tc_req_t *req) {
   int s = (int)req->msg.global_status;
-  if (txp_global_status_is_commit(s)) handle_decide(node, req, TC_DECIDE_COMMIT);
-  else if (txp_global_status_is_rollback(s)) handle_decide(node, req, TC_DECIDE_ROLLBACK);
+  if (txp_global_status_is_commit(s)) handle_decide(ctx, req, TC_DECIDE_COMMIT);
+  else if (txp_global_status_is_rollback(s)) handle_decide(ctx, req, TC_DECIDE_ROLLBACK);
   else {
-    node->stats.bad_requests++;
+    ctx->stats.bad_requests++;
     tc_req_reply_code(req, TXP_EBAD_REQUEST, "global report must carry a commit or rollback status");
   }
 }
@@ -281,7 +288,7 @@ static void handle_global_report(tc_node_t *node, tc_req_t *req) {
 /* ------------------------------------------------------------------ reads */
 
 typedef struct read_call {
-  tc_node_t *node;
+  tc_ctx_t *ctx;
   tc_req_t *req;
 } read_call_t;
 
@@ -304,7 +311,7 @@ static void on_status_read(tc_pg_job_t *job, int status, void *arg) {
   free(rc);
 }
 
-static void submit_read(tc_node_t *node, tc_req_t *req, const char *sql, int n, const char *const *vals,
+static void submit_read(tc_ctx_t *ctx, tc_req_t *req, const char *sql, int n, const char *const *vals,
                         tc_pg_job_cb cb) {
   read_call_t *rc = calloc(1, sizeof(*rc));
   tc_pg_job_t *job = rc ? tc_pg_job_new(0, cb, rc) : NULL;
@@ -314,19 +321,19 @@ static void submit_read(tc_node_t *node, tc_req_t *req, const char *sql, int n, 
     tc_req_reply_code(req, TXP_ENOMEM, "out of memory");
     return;
   }
-  rc->node = node;
+  rc->ctx = ctx;
   rc->req = req;
-  if (tc_store_read(node->store, job, 5000) != 0) {
+  if (tc_store_read(ctx->store, job, 5000) != 0) {
     tc_pg_job_free(job);
     free(rc);
     tc_req_reply_code(req, TXP_EBUSY, "coordinator store queue full: retry later");
   }
 }
 
-static void handle_status(tc_node_t *node, tc_req_t *req) {
-  if (!require_xid_or_reply(node, req)) return;
+static void handle_status(tc_ctx_t *ctx, tc_req_t *req) {
+  if (!require_xid_or_reply(ctx, req)) return;
   const char *v[] = {req->msg.xid};
-  submit_read(node, req,
+  submit_read(ctx, req,
               "SELECT status FROM global_table WHERE xid = $1 "
               "UNION ALL SELECT status FROM global_history WHERE xid = $1 LIMIT 1",
               1, v, on_status_read);
@@ -376,32 +383,32 @@ static void on_lock_query_read(tc_pg_job_t *job, int status, void *arg) {
 }
 
 /* Validate lock keys and, when 'rk' is given, collect their row keys. */
-static int check_lock_keys_or_reply(tc_node_t *node, tc_req_t *req, rowkeys_t *rk) {
+static int check_lock_keys_or_reply(tc_ctx_t *ctx, tc_req_t *req, rowkeys_t *rk) {
   const txp_msg_t *m = &req->msg;
-  int n = rk ? txp_lockkeys_each(m->lock_keys, (size_t)node->cfg.max_lock_keys, add_rowkey, rk)
-             : txp_lockkeys_each(m->lock_keys, (size_t)node->cfg.max_lock_keys, check_rowkey,
+  int n = rk ? txp_lockkeys_each(m->lock_keys, (size_t)ctx->cfg->max_lock_keys, add_rowkey, rk)
+             : txp_lockkeys_each(m->lock_keys, (size_t)ctx->cfg->max_lock_keys, check_rowkey,
                                  (void *)(uintptr_t)m->resource_id);
   if (n >= 0) return n;
   char msg[256];
   if (n == TXP_ELIMIT)
-    snprintf(msg, sizeof(msg), "too many lock keys: at most %d per branch", node->cfg.max_lock_keys);
+    snprintf(msg, sizeof(msg), "too many lock keys: at most %d per branch", ctx->cfg->max_lock_keys);
   else if (n == TXP_EFIELD_TOO_LONG)
     snprintf(msg, sizeof(msg), "lock key longer than %d bytes with its resource id", TXP_MAX_ROW_KEY_LEN);
   else
     snprintf(msg, sizeof(msg), "malformed lock keys: expected \"table:pk1,pk2;table2:pk\"");
-  node->stats.bad_requests++;
+  ctx->stats.bad_requests++;
   tc_req_reply_code(req, TXP_EBAD_REQUEST, msg);
   return -1;
 }
 
-static void handle_lock_query(tc_node_t *node, tc_req_t *req) {
+static void handle_lock_query(tc_ctx_t *ctx, tc_req_t *req) {
   rowkeys_t rk = {.resource = req->msg.resource_id};
   txp_buf_init(&rk.buf, 0);
   if (txp_buf_append(&rk.buf, "{", 1) != 0) {
     tc_req_reply_code(req, TXP_ENOMEM, "out of memory");
     return;
   }
-  if (check_lock_keys_or_reply(node, req, &rk) < 0) {
+  if (check_lock_keys_or_reply(ctx, req, &rk) < 0) {
     txp_buf_free(&rk.buf);
     return;
   }
@@ -411,7 +418,7 @@ static void handle_lock_query(tc_node_t *node, tc_req_t *req) {
     return;
   }
   const char *v[] = {rk.buf.data, req->msg.xid ? req->msg.xid : ""};
-  submit_read(node, req,
+  submit_read(ctx, req,
               "SELECT xid FROM lock_table WHERE row_key = ANY($1::text[]) AND xid <> $2 LIMIT 1", 2,
               v, on_lock_query_read);
   txp_buf_free(&rk.buf);
@@ -431,7 +438,7 @@ static void on_lock_wake(tc_waiter_t *w, int reason) {
     return;
   }
   if (reason != 0) {
-    if (reason == TXP_ELOCK_WAIT_TIMEOUT) c->node->stats.lock_wait_timeouts++;
+    if (reason == TXP_ELOCK_WAIT_TIMEOUT) c->ctx->stats.lock_wait_timeouts++;
     char msg[TXP_MAX_XID_LEN + 96];
     snprintf(msg, sizeof(msg), "lock wait timed out: held by global transaction \"%s\"", w->holder);
     reply_code(c, reason, msg);
@@ -447,7 +454,7 @@ static void reply_register(call_t *c, int code, const char *msg) {
   if (c->waiter.first_queued_ns) {
     uint64_t waited = (uv_hrtime() - c->waiter.first_queued_ns) / 1000000u;
     txp_msg_set_int(&res, TXP_F_WAITED_MS, (int64_t)waited);
-    if (code == 0) c->node->stats.lock_wait_ms_total += waited;
+    if (code == 0) c->ctx->stats.lock_wait_ms_total += waited;
   }
   if (c->op.holder[0] && code != 0) txp_msg_set_str(&res, TXP_F_LOCK_HOLDER, c->op.holder);
   tc_req_reply(c->req, &res);
@@ -456,7 +463,7 @@ static void reply_register(call_t *c, int code, const char *msg) {
 
 static void on_register_done(tc_op_t *op, void *arg) {
   call_t *c = arg;
-  tc_node_t *node = c->node;
+  tc_ctx_t *ctx = c->ctx;
   if (op->status != 0) {
     reply_register(c, store_error_code(op), op->errmsg);
     return;
@@ -465,7 +472,7 @@ static void on_register_done(tc_op_t *op, void *arg) {
   switch (op->res) {
   case TC_RES_OK:
     TXP_FAILPOINT("tc.register.after_store");
-    node->stats.registered++;
+    ctx->stats.registered++;
     reply_register(c, 0, NULL);
     return;
   case TC_RES_NOT_FOUND:
@@ -480,8 +487,8 @@ static void on_register_done(tc_op_t *op, void *arg) {
     reply_register(c, TXP_ETIMED_OUT, "could not register branch: global transaction timed out");
     return;
   case TC_RES_HOLDER_ROLLBACKING:
-    tc__lockwait_release(node, c->xid); /* see TC_RES_CONFLICT */
-    node->stats.register_conflicts++;
+    tc_ctx_release_locks(ctx, c->xid); /* see TC_RES_CONFLICT */
+    ctx->stats.register_conflicts++;
     snprintf(msg, sizeof(msg), "lock held by global transaction \"%s\", which is rolling back", op->holder);
     reply_register(c, TXP_ELOCK_HOLDER_ROLLBACKING, msg);
     return;
@@ -490,14 +497,14 @@ static void on_register_done(tc_op_t *op, void *arg) {
      * item of the same batch that met one of them was told to wait for
      * this xid, which may never release anything.  Wake it (a waiter this
      * xid really blocks meets it again and re-queues in its place). */
-    tc__lockwait_release(node, c->xid);
+    tc_ctx_release_locks(ctx, c->xid);
     if (!op->holder[0] && ++c->races <= 5) {
       /* The key was released between the store's insert and its check:
        * there is no holder to wait for, so try again now. */
       submit_or_reply(c);
       return;
     }
-    node->stats.register_conflicts++;
+    ctx->stats.register_conflicts++;
     uint64_t now = uv_hrtime();
     if (c->lock_deadline_ns > now) {
       c->waiter.cb = on_lock_wake;
@@ -507,15 +514,15 @@ static void on_register_done(tc_op_t *op, void *arg) {
       c->waiter.deadline_ns = c->lock_deadline_ns;
       /* With peers, the holder may be released on another node and the
        * bus wake-up lost: re-check the store at least this often. */
-      uint64_t recheck_ns = (uint64_t)node->cfg.cluster_lock_recheck_ms * 1000000u;
-      if (node->bus && recheck_ns && now + recheck_ns < c->waiter.deadline_ns)
+      uint64_t recheck_ns = (uint64_t)ctx->cfg->cluster_lock_recheck_ms * 1000000u;
+      if (ctx->peers && recheck_ns && now + recheck_ns < c->waiter.deadline_ns)
         c->waiter.deadline_ns = now + recheck_ns;
       if (!c->waiter.first_queued_ns) {
         c->waiter.first_queued_ns = now;
-        node->stats.lock_waits++;
+        ctx->stats.lock_waits++;
       }
       c->waiter.met_ns = c->submitted_ns;
-      int rc = tc_lockwait_add(node->lockwait, &c->waiter);
+      int rc = tc_lockwait_add(ctx->lockwait, &c->waiter);
       if (rc == 0) {
         c->waiting = true;
         return;
@@ -535,36 +542,36 @@ static void on_register_done(tc_op_t *op, void *arg) {
   }
 }
 
-static void handle_register(tc_node_t *node, tc_req_t *req) {
+static void handle_register(tc_ctx_t *ctx, tc_req_t *req) {
   const txp_msg_t *m = &req->msg;
-  if (!require_xid_or_reply(node, req)) return;
+  if (!require_xid_or_reply(ctx, req)) return;
   char msg[160];
   if (m->branch_type != TXP_BT_AT && m->branch_type != TXP_BT_TCC) {
     snprintf(msg, sizeof(msg), "branch type %s is not supported: use AT or TCC",
              txp_branch_type_name((int)m->branch_type));
-    node->stats.bad_requests++;
+    ctx->stats.bad_requests++;
     tc_req_reply_code(req, TXP_EBAD_REQUEST, msg);
     return;
   }
   if (!m->resource_id || !m->resource_id[0]) {
-    node->stats.bad_requests++;
+    ctx->stats.bad_requests++;
     tc_req_reply_code(req, TXP_EBAD_REQUEST, "missing or empty resource_id");
     return;
   }
-  if (m->lock_keys && m->lock_keys[0] && check_lock_keys_or_reply(node, req, NULL) < 0) return;
-  if (m->lock_wait_ms > (uint32_t)node->cfg.lock_wait_max_ms) {
+  if (m->lock_keys && m->lock_keys[0] && check_lock_keys_or_reply(ctx, req, NULL) < 0) return;
+  if (m->lock_wait_ms > (uint32_t)ctx->cfg->lock_wait_max_ms) {
     snprintf(msg, sizeof(msg), "lock_wait_ms %u is above the limit of %d", m->lock_wait_ms,
-             node->cfg.lock_wait_max_ms);
-    node->stats.bad_requests++;
+             ctx->cfg->lock_wait_max_ms);
+    ctx->stats.bad_requests++;
     tc_req_reply_code(req, TXP_EBAD_REQUEST, msg);
     return;
   }
-  call_t *c = call_new(node, req, TC_OP_REGISTER, on_register_done);
+  call_t *c = call_new(ctx, req, TC_OP_REGISTER, on_register_done);
   if (!c) {
     tc_req_reply_code(req, TXP_ENOMEM, "out of memory");
     return;
   }
-  if (tc_store_next_id(node->store, &c->op.id) != 0) {
+  if (tc_store_next_id(ctx->store, &c->op.id) != 0) {
     reply_code(c, TXP_ESTORE, "no branch id available: coordinator store unreachable, retry");
     return;
   }
@@ -596,22 +603,22 @@ static void on_branch_report_done(tc_op_t *op, void *arg) {
   }
 }
 
-static void handle_branch_report(tc_node_t *node, tc_req_t *req) {
+static void handle_branch_report(tc_ctx_t *ctx, tc_req_t *req) {
   const txp_msg_t *m = &req->msg;
-  if (!require_xid_or_reply(node, req)) return;
+  if (!require_xid_or_reply(ctx, req)) return;
   if (m->branch_status != TXP_BS_PHASE1_DONE && m->branch_status != TXP_BS_PHASE1_FAILED) {
-    node->stats.bad_requests++;
+    ctx->stats.bad_requests++;
     tc_req_reply_code(req, TXP_EBAD_REQUEST, "branch report must be PhaseOneDone or PhaseOneFailed");
     return;
   }
   /* Branch id 0 means "every branch" to the store (phase two's all-committed
    * outcome): a report must name one branch. */
   if (m->branch_id <= 0) {
-    node->stats.bad_requests++;
+    ctx->stats.bad_requests++;
     tc_req_reply_code(req, TXP_EBAD_REQUEST, "branch report needs the id of one branch");
     return;
   }
-  call_t *c = call_new(node, req, TC_OP_PHASE2, on_branch_report_done);
+  call_t *c = call_new(ctx, req, TC_OP_PHASE2, on_branch_report_done);
   if (!c) {
     tc_req_reply_code(req, TXP_ENOMEM, "out of memory");
     return;
@@ -627,23 +634,23 @@ static void handle_branch_report(tc_node_t *node, tc_req_t *req) {
 /* ------------------------------------------------------------- dispatch */
 
 void tc__coord_on_request(tc_req_t *req, void *arg) {
-  tc_node_t *node = arg;
-  node->stats.requests++;
-  if (node->stopping) {
+  tc_ctx_t *ctx = arg;
+  ctx->stats.requests++;
+  if (ctx->stopping) {
     tc_req_reply_code(req, TXP_ESHUTDOWN, "coordinator shutting down");
     return;
   }
   switch (req->msg.type) {
-  case TXP_MSG_GLOBAL_BEGIN: handle_begin(node, req); break;
-  case TXP_MSG_GLOBAL_COMMIT: handle_decide(node, req, TC_DECIDE_COMMIT); break;
-  case TXP_MSG_GLOBAL_ROLLBACK: handle_decide(node, req, TC_DECIDE_ROLLBACK); break;
-  case TXP_MSG_GLOBAL_STATUS: handle_status(node, req); break;
-  case TXP_MSG_GLOBAL_REPORT: handle_global_report(node, req); break;
-  case TXP_MSG_BRANCH_REGISTER: handle_register(node, req); break;
-  case TXP_MSG_BRANCH_REPORT: handle_branch_report(node, req); break;
-  case TXP_MSG_GLOBAL_LOCK_QUERY: handle_lock_query(node, req); break;
+  case TXP_MSG_GLOBAL_BEGIN: handle_begin(ctx, req); break;
+  case TXP_MSG_GLOBAL_COMMIT: handle_decide(ctx, req, TC_DECIDE_COMMIT); break;
+  case TXP_MSG_GLOBAL_ROLLBACK: handle_decide(ctx, req, TC_DECIDE_ROLLBACK); break;
+  case TXP_MSG_GLOBAL_STATUS: handle_status(ctx, req); break;
+  case TXP_MSG_GLOBAL_REPORT: handle_global_report(ctx, req); break;
+  case TXP_MSG_BRANCH_REGISTER: handle_register(ctx, req); break;
+  case TXP_MSG_BRANCH_REPORT: handle_branch_report(ctx, req); break;
+  case TXP_MSG_GLOBAL_LOCK_QUERY: handle_lock_query(ctx, req); break;
   default:
-    node->stats.bad_requests++;
+    ctx->stats.bad_requests++;
     tc_req_reply_code(req, TXP_EBAD_REQUEST, "message type not served by the coordinator");
     break;
   }

@@ -12,10 +12,8 @@
 #include "tc_log.h"
 #include "txp_failpoint.h"
 #include "tc_node.h"
+#include "txp_msg.h"
 
-#ifndef TXC_VERSION
-#define TXC_VERSION "0.1.0"
-#endif
 
 typedef struct {
   uv_loop_t *loop;

@@ -29,37 +29,19 @@
 #include "tc_admin.h"
 #include "tc_lockwait.h"
 #include "tc_log.h"
+#include "tc_phase2.h"
 #include "tc_recovery.h"
 #include "tc_server.h"
 
-#ifndef TXC_VERSION
-#define TXC_VERSION "0.1.0"
-#endif
 #ifndef TC_SCHEMA_VERSIONS
 #define TC_SCHEMA_VERSIONS "1,2"
 #endif
-
-const double tc_phase2_bounds[TC_PHASE2_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-                                                    0.25,  0.5,    1,     2.5,  5,     10,   30};
-
-void tc__metrics_observe_phase2(tc_node_stats_t *s, bool commit, uint64_t ns) {
-  int k = commit ? 0 : 1;
-  double sec = (double)ns / 1e9;
-  for (int i = 0; i < TC_PHASE2_BUCKETS; i++) {
-    if (sec <= tc_phase2_bounds[i]) {
-      s->phase2_bucket[k][i]++;
-      break;
-    }
-  }
-  s->phase2_count[k]++;
-  s->phase2_seconds[k] += sec;
-}
 
 /* What a handler may read: copied in and out under 'mu'. */
 typedef struct snap {
   uint64_t published_ns; /* 0: never */
   bool serving, stopping, leader, has_server, has_recovery, has_admin;
-  tc_node_stats_t node;
+  tc_node_stats_t ctx;
   tc_store_stats_t store;
   int store_ready_conns;
   tc_server_stats_t server;
@@ -79,7 +61,7 @@ typedef struct snap {
 } snap_t;
 
 struct tc_metrics {
-  tc_node_t *node;
+  tc_ctx_t *ctx;
   struct MHD_Daemon *mhd;
   int port;
   uv_timer_t tick;
@@ -97,32 +79,32 @@ struct tc_metrics {
 /* ------------------------------------------------------------ loop side */
 
 static void publish(tc_metrics_t *m) {
-  tc_node_t *node = m->node;
+  tc_ctx_t *ctx = m->ctx;
   snap_t *s = &m->loop_snap;
-  s->serving = node->serving;
-  s->stopping = node->stopping;
-  s->node_id = node->cfg.node_id;
-  s->node = node->stats;
-  tc_store_get_stats(node->store, &s->store);
-  s->store_ready_conns = tc_store_ready_conns(node->store);
+  s->serving = ctx->serving;
+  s->stopping = ctx->stopping;
+  s->node_id = ctx->cfg->node_id;
+  s->ctx = ctx->stats;
+  tc_store_get_stats(ctx->store, &s->store);
+  s->store_ready_conns = tc_store_ready_conns(ctx->store);
   s->published_ns = uv_hrtime();
-  if (node->stopping) {
+  if (ctx->stopping) {
     /* The server, recovery, lock waits and admin may be released already:
      * keep their last values. */
     goto out;
   }
-  s->has_server = node->server != NULL;
-  if (node->server) tc_server_get_stats(node->server, &s->server);
-  s->has_recovery = node->recovery != NULL;
-  if (node->recovery) {
-    tc_recovery_get_stats(node->recovery, &s->rec);
-    s->leader = tc_recovery_is_leader(node->recovery);
+  s->has_server = ctx->server != NULL;
+  if (ctx->server) tc_server_get_stats(ctx->server, &s->server);
+  s->has_recovery = ctx->recovery != NULL;
+  if (ctx->recovery) {
+    tc_recovery_get_stats(ctx->recovery, &s->rec);
+    s->leader = tc_recovery_is_leader(ctx->recovery);
   } else {
     s->leader = false;
   }
-  s->has_admin = node->admin != NULL;
-  if (node->admin) tc_admin_get_stats(node->admin, &s->admin);
-  s->lock_waiters = node->lockwait ? tc_lockwait_count(node->lockwait) : 0;
+  s->has_admin = ctx->admin != NULL;
+  if (ctx->admin) tc_admin_get_stats(ctx->admin, &s->admin);
+  s->lock_waiters = ctx->lockwait ? tc_lockwait_count(ctx->lockwait) : 0;
 out:
   pthread_mutex_lock(&m->mu);
   m->snap = *s;
@@ -217,7 +199,7 @@ static void start_probe(tc_metrics_t *m) {
                     "SELECT coalesce(string_agg(version::text, ',' ORDER BY version), '') "
                     "FROM schema_version WHERE set_name = 'tc'",
                     0, NULL) != 0 ||
-      tc_store_read(m->node->store, job, TC_METRICS_PROBE_MS * 2) != 0) {
+      tc_store_read(m->ctx->store, job, TC_METRICS_PROBE_MS * 2) != 0) {
     tc_pg_job_free(job);
     return;
   }
@@ -301,7 +283,7 @@ static bool ready(const snap_t *s, uint64_t now) {
 }
 
 static void format_metrics(const snap_t *s, uint64_t now, sbuf_t *b) {
-  const tc_node_stats_t *n = &s->node;
+  const tc_node_stats_t *n = &s->ctx;
   head(b, "txc_build_info", "gauge", "Build and node identity (always 1).");
   sb_printf(b, "txc_build_info{version=\"%s\",node_id=\"%d\"} 1\n", TXC_VERSION, s->node_id);
 
@@ -523,12 +505,12 @@ __attribute__((format(printf, 2, 0))) static void mhd_log(void *arg, const char 
 
 /* ------------------------------------------------------------- lifecycle */
 
-int tc_metrics_start(tc_node_t *node, tc_metrics_t **out, char *err, size_t errlen) {
+int tc_metrics_start(tc_ctx_t *ctx, tc_metrics_t **out, char *err, size_t errlen) {
   *out = NULL;
   char host[256], portstr[16];
   int port;
-  if (tc_config_split_addr(node->cfg.metrics_listen, host, sizeof(host), &port) != 0) {
-    snprintf(err, errlen, "invalid metrics.listen \"%s\": expected host:port", node->cfg.metrics_listen);
+  if (tc_config_split_addr(ctx->cfg->metrics_listen, host, sizeof(host), &port) != 0) {
+    snprintf(err, errlen, "invalid metrics.listen \"%s\": expected host:port", ctx->cfg->metrics_listen);
     return TXP_EINVALID_ARG;
   }
   /* "[::1]:9100" */
@@ -553,7 +535,7 @@ int tc_metrics_start(tc_node_t *node, tc_metrics_t **out, char *err, size_t errl
     snprintf(err, errlen, "out of memory");
     return TXP_ENOMEM;
   }
-  m->node = node;
+  m->ctx = ctx;
   pthread_mutex_init(&m->mu, NULL);
   unsigned flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG;
   if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
@@ -565,14 +547,14 @@ int tc_metrics_start(tc_node_t *node, tc_metrics_t **out, char *err, size_t errl
   freeaddrinfo(ai);
   if (!m->mhd) {
     snprintf(err, errlen, "could not listen for metrics on \"%s\" (address in use or not local?)",
-             node->cfg.metrics_listen);
+             ctx->cfg->metrics_listen);
     pthread_mutex_destroy(&m->mu);
     free(m);
     return TXP_EINVALID_ARG;
   }
   const union MHD_DaemonInfo *info = MHD_get_daemon_info(m->mhd, MHD_DAEMON_INFO_BIND_PORT);
   m->port = info ? (int)info->port : port;
-  uv_timer_init(node->loop, &m->tick);
+  uv_timer_init(ctx->loop, &m->tick);
   m->tick.data = m;
   uv_timer_start(&m->tick, on_tick, 0, TC_METRICS_PUBLISH_MS);
   tc_log_info("metrics on http://%s:%d/metrics (also /healthz, /readyz)", host, m->port);

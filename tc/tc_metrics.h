@@ -27,7 +27,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "tc_node.h"
+#include "tc_ctx.h"
 
 #define TC_METRICS_PUBLISH_MS 500
 #define TC_METRICS_PROBE_MS 1000
@@ -35,15 +35,14 @@
 
 typedef struct tc_metrics tc_metrics_t;
 
-/* Start serving on node->cfg.metrics_listen ("host:port"; port 0 picks a
+/* Start serving on ctx->cfg->metrics_listen ("host:port"; port 0 picks a
  * free one, see tc_metrics_port).  0, or a negative code with 'err'. */
-int tc_metrics_start(tc_node_t *node, tc_metrics_t **out, char *err, size_t errlen);
+int tc_metrics_start(tc_ctx_t *ctx, tc_metrics_t **out, char *err, size_t errlen);
 /* Stop the HTTP thread (joins it) and release everything; 'done' runs
  * once the timer is closed and the probe in flight (if any) finished. */
 void tc_metrics_close(tc_metrics_t *m, void (*done)(void *arg), void *arg);
 int tc_metrics_port(const tc_metrics_t *m);
 
 /* Record one phase-two drive of 'ns' nanoseconds (loop thread). */
-void tc__metrics_observe_phase2(tc_node_stats_t *s, bool commit, uint64_t ns);
 
 #endif /* TC_METRICS_H */

@@ -26,12 +26,28 @@
 
 #include "tc_log.h"
 #include "txp_failpoint.h"
-#include "tc_metrics.h"
-#include "tc_node.h"
+#include "tc_phase2.h"
 #include "tc_server.h"
 
 #define MAX_ACTIVE_DRIVES 20000
 #define BRANCH_CALL_TIMEOUT_MS 10000
+
+const double tc_phase2_bounds[TC_PHASE2_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                                    0.25,  0.5,    1,     2.5,  5,     10,   30};
+
+/* Count one drive of 'ns' nanoseconds in the histogram. */
+static void observe(tc_node_stats_t *s, bool commit, uint64_t ns) {
+  int k = commit ? 0 : 1;
+  double sec = (double)ns / 1e9;
+  for (int i = 0; i < TC_PHASE2_BUCKETS; i++) {
+    if (sec <= tc_phase2_bounds[i]) {
+      s->phase2_bucket[k][i]++;
+      break;
+    }
+  }
+  s->phase2_count[k]++;
+  s->phase2_seconds[k] += sec;
+}
 
 typedef struct drive drive_t;
 
@@ -44,7 +60,7 @@ typedef struct branch_ctx {
 } branch_ctx_t;
 
 struct drive {
-  tc_node_t *node;
+  tc_ctx_t *ctx;
   char xid[TXP_MAX_XID_LEN + 1];
   bool commit;
   int global_status;
@@ -61,9 +77,9 @@ struct drive {
 static void branch_call(drive_t *d, branch_ctx_t *b);
 
 static void drive_finish(drive_t *d) {
-  tc_node_t *node = d->node;
-  node->stats.phase2_active--;
-  tc__metrics_observe_phase2(&node->stats, d->commit, uv_hrtime() - d->started_ns);
+  tc_ctx_t *ctx = d->ctx;
+  ctx->stats.phase2_active--;
+  observe(&ctx->stats, d->commit, uv_hrtime() - d->started_ns);
   if (d->done) d->done(d->global_status, d->done_arg);
   for (int i = 0; i < d->n; i++) tc_op_clear(&d->branches[i].op);
   tc_op_clear(&d->all_op);
@@ -75,7 +91,7 @@ static void drive_finish(drive_t *d) {
  * drive and continue or finish it.  'units' is how many branch units the
  * op settled. */
 static void handle_stored(drive_t *d, tc_op_t *op, branch_ctx_t *b, int units) {
-  tc_node_t *node = d->node;
+  tc_ctx_t *ctx = d->ctx;
   tc_log_ctx_t lc = {d->xid, b ? b->row.branch_id : 0, NULL};
   d->pending -= units;
   if (op->status != 0) {
@@ -85,10 +101,10 @@ static void handle_stored(drive_t *d, tc_op_t *op, branch_ctx_t *b, int units) {
   } else {
     if (op->global_status) d->global_status = op->global_status;
     if (op->finished) {
-      if (txp_global_status_is_rollback(op->global_status)) tc__lockwait_release(node, d->xid);
+      if (txp_global_status_is_rollback(op->global_status)) tc_ctx_release_locks(ctx, d->xid);
     } else if (op->res == TC_RES_FAILED) {
-      if (txp_global_status_is_commit(op->global_status)) node->stats.commit_failed++;
-      else node->stats.rollback_failed++;
+      if (txp_global_status_is_commit(op->global_status)) ctx->stats.commit_failed++;
+      else ctx->stats.rollback_failed++;
       TC_LOG(TC_LOG_ERROR, &lc,
              "global transaction is %s: branch on \"%s\" failed for good: %s; "
              "repair the data, then re-drive it with tcctl",
@@ -119,7 +135,7 @@ static void on_all_stored(tc_op_t *op, void *arg) {
 }
 
 static void store_outcome(drive_t *d, branch_ctx_t *b, int branch_status) {
-  tc_node_t *node = d->node;
+  tc_ctx_t *ctx = d->ctx;
   b->op.kind = TC_OP_PHASE2;
   b->op.cb = on_outcome_stored;
   b->op.arg = b;
@@ -127,7 +143,7 @@ static void store_outcome(drive_t *d, branch_ctx_t *b, int branch_status) {
   b->op.id = b->row.branch_id;
   b->op.branch_status = branch_status;
   b->op.error = b->error[0] ? b->error : NULL;
-  if (tc_store_submit(node->store, &b->op) != 0) {
+  if (tc_store_submit(ctx->store, &b->op) != 0) {
     /* Queue full: leave it to recovery (the lease expires, it retries). */
     d->pending--;
     d->stopped = true;
@@ -146,7 +162,7 @@ static void store_all_committed(drive_t *d) {
   op->branch_status = TXP_BS_PHASE2_COMMITTED;
   op->error = NULL;
   op->lazy = true; /* clean-up: nobody waits for it (tc_store.c NOTES) */
-  if (tc_store_submit(d->node->store, op) != 0) {
+  if (tc_store_submit(d->ctx->store, op) != 0) {
     d->pending -= d->n;
     d->stopped = true;
     if (d->pending == 0) drive_finish(d);
@@ -173,7 +189,7 @@ static void commit_answer(drive_t *d, branch_ctx_t *b, int bs) {
 static void on_branch_result(int status, const txp_msg_t *res, void *arg) {
   branch_ctx_t *b = arg;
   drive_t *d = b->d;
-  tc_node_t *node = d->node;
+  tc_ctx_t *ctx = d->ctx;
   int ok_status = d->commit ? TXP_BS_PHASE2_COMMITTED : TXP_BS_PHASE2_ROLLBACKED;
   int retry_status = d->commit ? TXP_BS_PHASE2_COMMIT_FAILED_RETRYABLE : TXP_BS_PHASE2_ROLLBACK_FAILED_RETRYABLE;
   int fail_status = d->commit ? TXP_BS_PHASE2_COMMIT_FAILED_UNRETRYABLE : TXP_BS_PHASE2_ROLLBACK_FAILED_UNRETRYABLE;
@@ -193,29 +209,29 @@ static void on_branch_result(int status, const txp_msg_t *res, void *arg) {
     bool unretryable = res->code == TXP_EDIRTY_WRITE || res->code == TXP_EBRANCH_UNRETRYABLE;
     bs = unretryable ? fail_status : retry_status;
   }
-  if (bs == retry_status) node->stats.phase2_retryable++;
-  if (bs == fail_status) node->stats.phase2_unretryable++;
+  if (bs == retry_status) ctx->stats.phase2_retryable++;
+  if (bs == fail_status) ctx->stats.phase2_unretryable++;
   if (d->commit) commit_answer(d, b, bs);
   else store_outcome(d, b, bs);
 }
 
 static void branch_call(drive_t *d, branch_ctx_t *b) {
-  tc_node_t *node = d->node;
+  tc_ctx_t *ctx = d->ctx;
   d->pending++;
-  node->stats.phase2_calls++;
+  ctx->stats.phase2_calls++;
   txp_msg_t m;
   txp_msg_init(&m, d->commit ? TXP_MSG_BRANCH_COMMIT : TXP_MSG_BRANCH_ROLLBACK);
   txp_msg_set_str(&m, TXP_F_XID, d->xid);
   txp_msg_set_int(&m, TXP_F_BRANCH_ID, b->row.branch_id);
   txp_msg_set_str(&m, TXP_F_RESOURCE_ID, b->row.resource_id);
   txp_msg_set_int(&m, TXP_F_BRANCH_TYPE, b->row.branch_type);
-  tc_conn_t *conn = tc_server_find_rm(node->server, b->row.resource_id, b->row.client_id);
+  tc_conn_t *conn = tc_server_find_rm(ctx->server, b->row.resource_id, b->row.client_id);
   if (!conn) {
     /* Cluster: a peer that holds such an RM relays the call (its answer
      * comes back through on_branch_result like a direct one). */
-    if (tc__cluster_forward(node, &m, b->row.client_id, BRANCH_CALL_TIMEOUT_MS, on_branch_result, b) == 0)
+    if (ctx->ops->forward(ctx, &m, b->row.client_id, BRANCH_CALL_TIMEOUT_MS, on_branch_result, b) == 0)
       return;
-    node->stats.phase2_no_rm++;
+    ctx->stats.phase2_no_rm++;
     snprintf(b->error, sizeof(b->error), "no resource manager connected for resource \"%s\"",
              b->row.resource_id);
     if (d->commit) commit_answer(d, b, TXP_BS_PHASE2_COMMIT_FAILED_RETRYABLE);
@@ -230,10 +246,10 @@ static bool branch_finished(int s) {
   return s == TXP_BS_PHASE2_COMMITTED || s == TXP_BS_PHASE2_ROLLBACKED;
 }
 
-void tc__phase2_drive(tc_node_t *node, const char *xid, int global_status,
+void tc__phase2_drive(tc_ctx_t *ctx, const char *xid, int global_status,
                       const tc_branch_row_t *rows, int nrows, void (*done)(int, void *), void *arg) {
   bool commit = txp_global_status_is_commit(global_status);
-  if (node->stats.phase2_active >= MAX_ACTIVE_DRIVES || node->stopping) {
+  if (ctx->stats.phase2_active >= MAX_ACTIVE_DRIVES || ctx->stopping) {
     if (done) done(global_status, arg);
     return; /* durable: recovery drives it when the lease expires */
   }
@@ -244,7 +260,7 @@ void tc__phase2_drive(tc_node_t *node, const char *xid, int global_status,
     if (done) done(global_status, arg);
     return;
   }
-  d->node = node;
+  d->ctx = ctx;
   d->started_ns = uv_hrtime();
   snprintf(d->xid, sizeof(d->xid), "%s", xid);
   d->commit = commit;
@@ -265,7 +281,7 @@ void tc__phase2_drive(tc_node_t *node, const char *xid, int global_status,
     b->d = d;
     b->row = rows[i];
   }
-  node->stats.phase2_active++;
+  ctx->stats.phase2_active++;
   if (d->n == 0) {
     if (last_finished < 0) {
       drive_finish(d);

@@ -41,7 +41,8 @@
 #include <string.h>
 
 #include "tc_log.h"
-#include "tc_node.h"
+#include "tc_ctx.h"
+#include "tc_phase2.h"
 
 #define CLAIM_LIMIT 256
 #define CLAIM_LEASE_MS 12000
@@ -52,7 +53,7 @@
 #define HISTORY_BATCH 10000
 
 struct tc_recovery {
-  tc_node_t *node;
+  tc_ctx_t *ctx;
   tc_pg_pool_t *leader_pool;
   uv_timer_t tick;
   bool leader;
@@ -70,7 +71,7 @@ struct tc_recovery {
 };
 
 typedef struct timeout_call {
-  tc_node_t *node; /* not the recovery object: this may outlive it */
+  tc_ctx_t *ctx; /* not the recovery object: this may outlive it */
   tc_op_t op;
   char xid[TXP_MAX_XID_LEN + 1];
 } timeout_call_t;
@@ -79,14 +80,14 @@ typedef struct timeout_call {
 
 static void on_timeout_decided(tc_op_t *op, void *arg) {
   timeout_call_t *t = arg;
-  tc_node_t *node = t->node;
-  if (op->status == 0 && op->res == TC_RES_OK && !node->stopping) {
-    node->stats.timed_out++;
+  tc_ctx_t *ctx = t->ctx;
+  if (op->status == 0 && op->res == TC_RES_OK && !ctx->stopping) {
+    ctx->stats.timed_out++;
     tc_log_ctx_t lc = {t->xid, 0, NULL};
     TC_LOG(TC_LOG_INFO, &lc, "global transaction timed out: rolling back");
-    tc__lockwait_release(node, t->xid);
+    tc_ctx_release_locks(ctx, t->xid);
     if (!txp_global_status_final(op->global_status))
-      tc__phase2_drive(node, t->xid, op->global_status, op->branches, op->nbranches, NULL, NULL);
+      tc__phase2_drive(ctx, t->xid, op->global_status, op->branches, op->nbranches, NULL, NULL);
   }
   tc_op_clear(op);
   free(t);
@@ -102,7 +103,7 @@ static void on_timeouts_found(tc_pg_job_t *job, int status, void *arg) {
   for (int i = 0; i < PQntuples(r); i++) {
     timeout_call_t *t = calloc(1, sizeof(*t));
     if (!t) break;
-    t->node = rec->node;
+    t->ctx = rec->ctx;
     rec->stats.timed_out++;
     snprintf(t->xid, sizeof(t->xid), "%s", PQgetvalue(r, i, 0));
     t->op.kind = TC_OP_DECIDE;
@@ -110,7 +111,7 @@ static void on_timeouts_found(tc_pg_job_t *job, int status, void *arg) {
     t->op.arg = t;
     t->op.xid = t->xid;
     t->op.action = TC_DECIDE_TIMEOUT;
-    if (tc_store_submit(rec->node->store, &t->op) != 0) {
+    if (tc_store_submit(rec->ctx->store, &t->op) != 0) {
       free(t);
       break; /* queue full: next tick */
     }
@@ -148,7 +149,7 @@ static void on_claimed(tc_pg_job_t *job, int status, void *arg) {
     rec->stats.retried++;
     tc_log_ctx_t lc = {xid, 0, NULL};
     TC_LOG(TC_LOG_DEBUG, &lc, "recovery drives phase two (%s, %d branches)", txp_global_status_name(gs), k);
-    tc__phase2_drive(rec->node, xid, gs, rows, k, NULL, NULL);
+    tc__phase2_drive(rec->ctx, xid, gs, rows, k, NULL, NULL);
     i = j;
   }
   free(rows);
@@ -182,7 +183,7 @@ static void run_read(tc_recovery_t *rec, const char *sql, int n, const char *con
                      bool *running) {
   tc_pg_job_t *job = tc_pg_job_new(0, cb, rec);
   if (!job) return;
-  if (tc_pg_job_add(job, sql, n, vals) != 0 || tc_store_read(rec->node->store, job, 5000) != 0) {
+  if (tc_pg_job_add(job, sql, n, vals) != 0 || tc_store_read(rec->ctx->store, job, 5000) != 0) {
     tc_pg_job_free(job);
     return;
   }
@@ -214,7 +215,7 @@ static void run_jobs(tc_recovery_t *rec) {
   uint64_t now = uv_hrtime();
   if (!rec->history_running && now - rec->last_history_ns > (uint64_t)HISTORY_EVERY_MS * 1000000u) {
     rec->last_history_ns = now;
-    snprintf(days, sizeof(days), "%d", rec->node->cfg.history_days);
+    snprintf(days, sizeof(days), "%d", rec->ctx->cfg->history_days);
     const char *v[] = {days};
     /* statement_timestamp(), not clock_timestamp(): a volatile bound
      * cannot use the end_time index, and the history table is the one
@@ -237,7 +238,7 @@ static void on_leader_answer(tc_pg_job_t *job, int status, void *arg) {
   const char *answer = PQgetvalue(tc_pg_job_result(job, 0), 0, 0);
   if (strcmp(answer, "fenced") == 0) {
     tc_log_warn("the recovery leader stopped writing heartbeats for %d ms: its leadership was revoked",
-                rec->node->cfg.cluster_leader_lease_ms);
+                rec->ctx->cfg->cluster_leader_lease_ms);
   } else if (strcmp(answer, "no-privilege") == 0 && !rec->fence_warned) {
     rec->fence_warned = true;
     tc_log_warn("the recovery leader is stalled but this role may not terminate its session: "
@@ -253,14 +254,14 @@ static void on_leader_answer(tc_pg_job_t *job, int status, void *arg) {
 }
 
 static void ask_leadership(tc_recovery_t *rec) {
-  if (rec->asking || !tc__cluster_may_lead(rec->node)) return;
+  if (rec->asking || !rec->ctx->ops->may_lead(rec->ctx)) return;
   tc_pg_job_t *job = tc_pg_job_new(0, on_leader_answer, rec);
   if (!job) return;
-  char key[32], node[16], lease[16];
-  snprintf(key, sizeof(key), "%lld", (long long)rec->node->cfg.leader_lock_key);
-  snprintf(node, sizeof(node), "%d", rec->node->cfg.node_id);
-  snprintf(lease, sizeof(lease), "%d", rec->node->cfg.cluster_leader_lease_ms);
-  const char *v[] = {key, node, lease};
+  char key[32], ctx[16], lease[16];
+  snprintf(key, sizeof(key), "%lld", (long long)rec->ctx->cfg->leader_lock_key);
+  snprintf(ctx, sizeof(ctx), "%d", rec->ctx->cfg->node_id);
+  snprintf(lease, sizeof(lease), "%d", rec->ctx->cfg->cluster_leader_lease_ms);
+  const char *v[] = {key, ctx, lease};
   if (tc_pg_job_add(job, "SELECT tc_leader_try($1::bigint, $2::integer, $3::integer)", 3, v) != 0 ||
       tc_pg_submit(rec->leader_pool, job, 2000) != 0) {
     tc_pg_job_free(job);
@@ -280,7 +281,7 @@ static void on_leader_confirmed(tc_pg_job_t *job, int status, void *arg) {
     tc_log_warn("lost the recovery leadership: the leader lock is no longer held by this node");
     return;
   }
-  if (!tc__cluster_may_lead(rec->node)) return; /* heartbeats failing: others will fence us */
+  if (!rec->ctx->ops->may_lead(rec->ctx)) return; /* heartbeats failing: others will fence us */
   run_jobs(rec);
 }
 
@@ -289,7 +290,7 @@ static void confirm_leadership(tc_recovery_t *rec) {
   tc_pg_job_t *job = tc_pg_job_new(0, on_leader_confirmed, rec);
   if (!job) return;
   char key[32];
-  snprintf(key, sizeof(key), "%lld", (long long)rec->node->cfg.leader_lock_key);
+  snprintf(key, sizeof(key), "%lld", (long long)rec->ctx->cfg->leader_lock_key);
   const char *v[] = {key};
   if (tc_pg_job_add(job,
                     "SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = pg_backend_pid() "
@@ -319,28 +320,28 @@ static void on_tick(uv_timer_t *t) {
   else ask_leadership(rec);
 }
 
-tc_recovery_t *tc_recovery_new(tc_node_t *node) {
+tc_recovery_t *tc_recovery_new(tc_ctx_t *ctx) {
   tc_recovery_t *rec = calloc(1, sizeof(*rec));
   if (!rec) return NULL;
-  rec->node = node;
+  rec->ctx = ctx;
   tc_pg_pool_opts_t o = {0};
-  o.conninfo = node->cfg.pg_url;
+  o.conninfo = ctx->cfg->pg_url;
   o.size = 1;
   o.max_queue = 16;
   o.on_state = on_leader_conn;
   o.state_arg = rec;
   /* The name says which node leads (tc_nodes, tc_leader_try read it). */
   char init[64];
-  snprintf(init, sizeof(init), "SET application_name = 'tcd-leader/%d'", node->cfg.node_id);
+  snprintf(init, sizeof(init), "SET application_name = 'tcd-leader/%d'", ctx->cfg->node_id);
   o.init_sql = init;
-  rec->leader_pool = tc_pg_pool_new(node->loop, &o);
+  rec->leader_pool = tc_pg_pool_new(ctx->loop, &o);
   if (!rec->leader_pool) {
     free(rec);
     return NULL;
   }
-  uv_timer_init(node->loop, &rec->tick);
+  uv_timer_init(ctx->loop, &rec->tick);
   rec->tick.data = rec;
-  uv_timer_start(&rec->tick, on_tick, 10, (uint64_t)node->cfg.recovery_interval_ms);
+  uv_timer_start(&rec->tick, on_tick, 10, (uint64_t)ctx->cfg->recovery_interval_ms);
   return rec;
 }
 

@@ -9,15 +9,14 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-struct tc_node;
-typedef struct tc_recovery tc_recovery_t;
+#include "tc_ctx.h"
 
 typedef struct tc_recovery_stats {
   uint64_t leader_terms, timed_out, retried, history_pruned;
 } tc_recovery_stats_t;
 
 /* Start asking for leadership every recovery.interval_ms. */
-tc_recovery_t *tc_recovery_new(struct tc_node *node);
+tc_recovery_t *tc_recovery_new(tc_ctx_t *ctx);
 void tc_recovery_close(tc_recovery_t *rec, void (*done)(void *arg), void *arg);
 bool tc_recovery_is_leader(const tc_recovery_t *rec);
 void tc_recovery_get_stats(const tc_recovery_t *rec, tc_recovery_stats_t *out);

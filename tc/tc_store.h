@@ -3,13 +3,16 @@
  *
  * NOTES
  *   Every state change of a global transaction (begin, branch registration,
- *   the decision, phase-two outcomes) is an "op" put in one FIFO queue.  On
- *   each loop iteration the queue is cut into batches of up to
- *   store.batch_max ops, and each batch runs as ONE PostgreSQL transaction
- *   on one of store.writers connections: one pipelined round trip, one
- *   fsync, set-based functions from sql/tc/002_functions.sql.  An op's
- *   callback runs only after that transaction committed, so nothing is
- *   acknowledged before it is durable.
+ *   the decision, phase-two outcomes) is an "op" put in the FIFO queue of
+ *   its lane (tc_store.c NOTES: durable for registrations and decisions,
+ *   relaxed for begins, clean-up for phase-two records).  On each loop
+ *   iteration a lane's queue is cut into batches of up to store.batch_max
+ *   ops, and each batch runs as ONE PostgreSQL transaction on one of the
+ *   lane's connections: one pipelined round trip, set-based functions
+ *   (their live definitions: sql/tc/schema.sql).  An op's callback runs
+ *   only after that transaction committed; on the durable lane, after its
+ *   WAL flush, so nothing a client relies on is acknowledged before it is
+ *   durable.
  *
  *   Failure handling per batch:
  *     - deadlock / serialization failure (40P01, 40001): the whole batch is
@@ -23,8 +26,9 @@
  *   Reads (status, lock query, recovery scans) run on the reader
  *   connections, outside batches.
  *
- *   Ids: blocks of 4096 ids from tc_id_block_seq; one block in use and one
- *   prefetched, so taking an id costs no round trip.
+ *   Ids: blocks of 4096 ids from tc_id_block_seq; one block in use and up
+ *   to SPARE_BLOCKS (4) in reserve, refilled in one round trip when two are
+ *   left, so taking an id costs no round trip.
  *
  *   Thread: the loop thread only.
  */

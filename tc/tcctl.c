@@ -29,9 +29,6 @@
 
 #include "tc_admin_cmd.h"
 
-#ifndef TXC_VERSION
-#define TXC_VERSION "0.1.0"
-#endif
 
 enum { EXIT_OK = 0, EXIT_REFUSED = 1, EXIT_USAGE = 2, EXIT_CONNECT = 3 };
 

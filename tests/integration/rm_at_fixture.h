@@ -11,7 +11,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 
-#include "rm_at.h"
+#include "rm_at_int.h"
 #include "rm_client.h"
 #include "tcd_proc.h"
 

@@ -39,7 +39,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "rm_at.h"
+#include "rm_at_int.h"
 #include "rm_at_fixture.h"
 #include "rm_client.h"
 #include "rm_internal.h"

@@ -25,7 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "rm_at.h"
+#include "rm_at_int.h"
 #include "rm_at_fixture.h"
 #include "rm_client.h"
 #include "rm_internal.h"

@@ -342,6 +342,22 @@ expect_fail "db-migrate: a misnamed file is a clear error" 1 "must be named NNN_
   env TX_SQL_DIR="$sqldir/sql" "$migrate" "$scratch_url" badname
 if "$migrate" --help | grep -q "Usage:"; then ok "db-migrate --help"; else bad "db-migrate --help"; fi
 
+# Each set's schema.sql is what its migrations make (scripts/schema-dump):
+# the file a reader trusts for the live definitions must not drift.
+for d in "$root"/sql/*/; do
+  set=$(basename "$d")
+  if [[ ! -f $d/schema.sql ]]; then
+    bad "sql/$set/schema.sql exists" "generate it: scripts/schema-dump --write \$TC_PG_URL"
+    continue
+  fi
+  if out=$("$root/scripts/schema-dump" "$TC_PG_URL" "$set" 2>&1) && diff -u "$d/schema.sql" - <<<"$out" >/dev/null; then
+    ok "sql/$set/schema.sql is what the migrations make"
+  else
+    bad "sql/$set/schema.sql is what the migrations make" \
+      "$(diff -u "$d/schema.sql" - <<<"$out" | head -20)"$'\n'"regenerate: scripts/schema-dump --write \$TC_PG_URL"
+  fi
+done
+
 # Nothing left behind in the shared databases.
 expect_value "tc: store tables left empty" "$TC_PG_URL" \
   "SELECT (SELECT count(*) FROM global_table) + (SELECT count(*) FROM branch_table) + (SELECT count(*) FROM lock_table)" "0"

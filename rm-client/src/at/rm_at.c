@@ -1,0 +1,310 @@
+/*
+ * rm_at.c - AT-mode branches on the caller's PostgreSQL connection: the
+ * branch's life (rm_at_open, rm_at_prepare, rm_at_close, its errors) and
+ * the libpq helpers the AT files share.  The statements are in
+ * rm_at_stmt.c (on the frame of rm_at_frame.c), resources and table
+ * metadata in rm_at_meta.c, phase two in rm_undo.c.
+ *
+ * NOTES
+ *   Phase one of an AT branch, all inside the caller's local transaction
+ *   on the caller's PGconn (the caller ran BEGIN):
+ *
+ *     1. rm_at_open: check the connection is in a transaction block; no
+ *        database call.
+ *     2. rm_at_insert / _update / _delete / _update_delta /
+ *        _update_delta_deferred / _update_delta_on_commit (rm_at_stmt.c:
+ *        what each runs, which deltas may run in phase one, and the
+ *        round trips), each inside a SAVEPOINT of its own.  Each adds an
+ *        undo item and (except the deltas) the lock key "table:pk".  On
+ *        any failure the call rolls back to its savepoint: the row changes
+ *        of that call are undone and the caller's transaction stays
+ *        usable, as if the call had not been made.
+ *     3. rm_at_prepare: BranchRegister with the lock keys (the TC makes a
+ *        busy lock wait, up to the lock-wait timeout); then the deferred
+ *        delta UPDATEs, in one pipeline under one savepoint (a refusing
+ *        guard rolls them back and prepare fails with RM_E_GUARD: the
+ *        caller rolls back, close reports PhaseOneFailed); then INSERT the
+ *        undo_log row in the caller's transaction (after deferred updates,
+ *        pipelined behind their RELEASE), so a hot row updated by a
+ *        deferred delta stays locked only for the UPDATE, this INSERT and
+ *        the caller's COMMIT.  The INSERT runs without
+ *        a savepoint on purpose: if it fails (typically on the unique key
+ *        because a rollback of this branch already left its guard row: the
+ *        anti-suspension fence) the caller's transaction is aborted, so no
+ *        COMMIT can make the business change durable.
+ *     4. The caller COMMITs (or not) and calls rm_at_close, which reports
+ *        PhaseOneFailed to the TC for a registered branch that did not
+ *        commit.
+ *
+ *   Crash windows: dying after 3's register and before the COMMIT leaves a
+ *   branch at the TC with no undo row: the global transaction times out,
+ *   the rollback finds no undo row and writes the guard (rm_undo.c).  Dying
+ *   after the COMMIT: the undo row is durable with the change, whatever
+ *   the TC decides is applied to it.
+ *
+ *   Threads: a branch belongs to one thread at a time (as does the caller's
+ *   PGconn); everything shared (resources, metadata) is locked.
+ */
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rm_at_int.h"
+#include "txp_failpoint.h"
+#include "txp_status.h"
+
+void (*rm__at_failpoint_after_register)(rm_branch_t *b, int64_t branch_id, void *arg) = NULL;
+void *rm__at_failpoint_arg = NULL;
+
+/* ------------------------------------------------------------- helpers */
+
+/* ------------------------------------------------------ open and close */
+
+static bool xid_ok(const char *xid) {
+  size_t n = xid ? strlen(xid) : 0;
+  return n >= 1 && n <= TXP_MAX_XID_LEN;
+}
+
+int rm_at_open(rm_client_t *c, const char *xid, const char *resource_id, PGconn *pg,
+               rm_branch_t **out) {
+  if (out) *out = NULL;
+  if (!c || !xid || !resource_id || !pg || !out || !xid_ok(xid)) return RM_E_INVALID;
+  rm_at_resource_t *r = rm__at_resource_find(c, resource_id);
+  if (!r) {
+    rm__log(c, RM_LOG_ERROR, "could not open a branch of \"%s\": resource \"%s\" was not added",
+            xid, resource_id);
+    return RM_E_INVALID;
+  }
+  if (PQstatus(pg) != CONNECTION_OK || PQtransactionStatus(pg) != PQTRANS_INTRANS) return RM_E_STATE;
+  const char *enc = PQparameterStatus(pg, "client_encoding");
+  if (!enc || strcmp(enc, "UTF8") != 0) {
+    rm__log(c, RM_LOG_ERROR, "could not open a branch of \"%s\": client_encoding is \"%s\", not UTF8",
+            xid, enc ? enc : "?");
+    return RM_E_NOT_SUPPORTED;
+  }
+  rm_branch_t *b = calloc(1, sizeof(*b));
+  if (!b || !(b->undo = json_array())) {
+    free(b);
+    return RM_E_NOMEM;
+  }
+  b->c = c;
+  b->res = r;
+  b->pg = pg;
+  snprintf(b->xid, sizeof(b->xid), "%s", xid);
+  txp_buf_init(&b->lock_keys, TXP_MAX_LOCK_KEYS_LEN);
+  *out = b;
+  return 0;
+}
+
+static void branch_free(rm_branch_t *b) {
+  for (size_t i = 0; i < b->ndeferred; i++) rm__at_deferred_clear(&b->deferred[i]);
+  free(b->deferred);
+  json_decref(b->undo);
+  txp_buf_free(&b->lock_keys);
+  for (size_t i = 0; i < RM_AT_NSETTINGS; i++) free(b->settings[i]);
+  free(b);
+}
+
+int rm_at_close(rm_branch_t *b, bool committed) {
+  if (!b) return RM_E_INVALID;
+  if (committed) TXP_FAILPOINT("rm.at.after_local_commit");
+  /* Not committed: no commit of it will come to apply anything. */
+  if (!committed && b->state == RM_BRANCH_PREPARED && b->has_commit_delta)
+    rm__at_inline_remove(b->res, b->xid, b->branch_id);
+  int rc = 0;
+  if (b->registered && !(committed && b->state == RM_BRANCH_PREPARED)) {
+    /* Registered but not durable: tell the TC now rather than at the
+     * global timeout.  A failure here is harmless (the rollback of the
+     * global transaction finds no undo row and writes the guard). */
+    rc = rm__branch_report(b->c, b->xid, b->branch_id, TXP_BS_PHASE1_FAILED,
+                           b->errmsg[0] ? b->errmsg : "local transaction did not commit");
+    if (rc == RM_E_GLOBAL_NOT_FOUND || rc == RM_E_GLOBAL_NOT_ACTIVE) {
+      /* Already decided (e.g. the rollback that fenced this branch). */
+      rm__log(b->c, RM_LOG_INFO, "branch %lld of \"%s\" not reported as failed: %s",
+              (long long)b->branch_id, b->xid, rm_strerror(rc));
+      rc = 0;
+    } else if (rc != 0)
+      rm__log(b->c, RM_LOG_WARN,
+              "could not report branch %lld of \"%s\" as failed: %s; the global transaction "
+              "will roll it back",
+              (long long)b->branch_id, b->xid, rm_strerror(rc));
+  } else if (committed && b->state == RM_BRANCH_OPEN && b->nitems > 0) {
+    rm__log(b->c, RM_LOG_ERROR,
+            "branch of \"%s\" on \"%s\" committed %zu statement(s) without rm_at_prepare: they "
+            "are not part of the global transaction",
+            b->xid, b->res->id, b->nitems);
+    rc = RM_E_STATE;
+  }
+  branch_free(b);
+  return rc;
+}
+
+const char *rm_at_errmsg(const rm_branch_t *b) { return b ? b->errmsg : ""; }
+
+/* --------------------------------------------------------------- prepare */
+
+static bool is_commit_delta(const json_t *item) {
+  const char *op = json_string_value(json_object_get(item, "op"));
+  return op && strcmp(op, "commit_delta") == 0;
+}
+
+static bool same_row(const json_t *a, const json_t *b) {
+  return json_equal(json_object_get(a, "schema"), json_object_get(b, "schema")) &&
+         json_equal(json_object_get(a, "table"), json_object_get(b, "table")) &&
+         json_equal(json_object_get(a, "pk"), json_object_get(b, "pk"));
+}
+
+/*
+ * A commit cannot be refused (the decision is made), so what a branch
+ * records for the commit must always fit: for each row, its commit deltas
+ * must not add up to more than zero (a give-back, or a move between two
+ * counters of the row such as frozen -> sold, which phase two applies in
+ * one UPDATE).  A take belongs in phase one, under its guard.  0, or
+ * RM_E_INVALID with the message set.
+ */
+static int check_commit_deltas(rm_branch_t *b) {
+  if (!b->has_commit_delta) return 0;
+  size_t n = json_array_size(b->undo);
+  for (size_t i = 0; i < n; i++) {
+    const json_t *a = json_array_get(b->undo, i);
+    if (!is_commit_delta(a)) continue;
+    bool first = true;
+    for (size_t k = 0; k < i && first; k++) {
+      const json_t *e = json_array_get(b->undo, k);
+      first = !(is_commit_delta(e) && same_row(a, e));
+    }
+    if (!first) continue;
+    long long net = 0;
+    bool overflow = false;
+    for (size_t k = i; k < n; k++) {
+      const json_t *e = json_array_get(b->undo, k);
+      if (is_commit_delta(e) && same_row(a, e))
+        overflow = overflow || __builtin_add_overflow(net, (long long)json_integer_value(json_object_get(e, "delta")), &net);
+    }
+    if (overflow || net > 0) {
+      rm__at_err(b, "the commit-time deltas of one row of \"%s\" add up to %s%lld: a commit cannot be refused, so it "
+                 "may only give back or move; take in phase one (rm_at_update_delta, under its guard)",
+                 json_string_value(json_object_get(a, "table")), overflow ? "more than " : "+", overflow ? LLONG_MAX : net);
+      return RM_E_INVALID;
+    }
+  }
+  return 0;
+}
+
+int rm_at_prepare(rm_branch_t *b, int64_t *branch_id) {
+  if (!b) return RM_E_INVALID;
+  if (b->state != RM_BRANCH_OPEN) {
+    rm__at_err(b, "branch is already %s", b->state == RM_BRANCH_PREPARED ? "prepared" : "failed");
+    return RM_E_STATE;
+  }
+  if (b->nitems + b->ndeferred == 0) {
+    rm__at_err(b, "branch has no statement to prepare");
+    return RM_E_STATE;
+  }
+  if (PQtransactionStatus(b->pg) != PQTRANS_INTRANS) {
+    rm__at_err(b, "the connection is not idle in a transaction block");
+    return RM_E_STATE;
+  }
+  int rc = check_commit_deltas(b);
+  if (rc != 0) return rc;
+  /* The undo items of the deferred deltas go last: prepare runs them
+   * after every other statement of the branch. */
+  for (size_t i = 0; i < b->ndeferred; i++) {
+    if (json_array_append(b->undo, b->deferred[i].item) != 0) {
+      rm__at_err(b, "out of memory");
+      b->state = RM_BRANCH_FAILED;
+      return RM_E_NOMEM;
+    }
+  }
+  char *undo = json_dumps(b->undo, JSON_COMPACT);
+  char *ctx = rm__at_context(b);
+  if (!undo || !ctx) {
+    free(undo);
+    free(ctx);
+    rm__at_err(b, "out of memory");
+    if (b->ndeferred > 0) b->state = RM_BRANCH_FAILED; /* their items are in b->undo now: no retry */
+    return RM_E_NOMEM;
+  }
+
+  /* 1. Register (the TC takes the global row locks, waiting if busy). */
+  int64_t bid = 0;
+  const char *keys = b->lock_keys.len ? b->lock_keys.data : NULL;
+  /* Commit deltas make the commit real work: the TM is to be answered
+   * after it (TXP_APP_DATA_PHASE2_SYNC). */
+  const char *app_data = b->has_commit_delta ? TXP_APP_DATA_PHASE2_SYNC : NULL;
+  rc = rm__branch_register(b->c, b->xid, b->res->id, keys, app_data, rm__lock_wait_ms(b->c), &bid,
+                               b->errmsg, sizeof(b->errmsg));
+  if (rc != 0) {
+    if (!b->errmsg[0]) rm__at_err(b, "could not register the branch: %s", rm_strerror(rc));
+    b->state = RM_BRANCH_FAILED;
+    free(undo);
+    free(ctx);
+    return rc;
+  }
+  b->registered = true;
+  b->branch_id = bid;
+  if (rm__at_failpoint_after_register) rm__at_failpoint_after_register(b, bid, rm__at_failpoint_arg);
+  TXP_FAILPOINT("rm.at.after_register");
+
+  /* 2. The deferred delta updates (a delta needs no lock key, so the
+   * registration did not wait for them): the hot rows they lock are held
+   * from here to the caller's COMMIT only. */
+  if (b->ndeferred > 0 && (rc = rm__at_run_deferred(b)) != 0) {
+    b->state = RM_BRANCH_FAILED;
+    free(undo);
+    free(ctx);
+    return rc;
+  }
+
+  /* 3. The undo row, in the caller's transaction and deliberately without
+   * a savepoint: if it fails, the transaction is aborted and cannot commit.
+   * After deferred updates, their savepoint is released in the same round
+   * trip. */
+  char bidbuf[32];
+  snprintf(bidbuf, sizeof(bidbuf), "%lld", (long long)bid);
+  const char *params[4] = {b->xid, bidbuf, ctx, undo};
+  static const char insert_sql[] = "INSERT INTO undo_log (xid, branch_id, context, rollback_info, log_status)"
+                                   " VALUES ($1, $2, $3, $4::jsonb, 0)";
+  PGresult *res = NULL;
+  if (b->ndeferred > 0) {
+    const char *const sqls[2] = {"RELEASE SAVEPOINT " RM_AT_SAVEPOINT, insert_sql};
+    const int np[2] = {0, 4};
+    const char *const *pp[2] = {NULL, params};
+    PGresult *r2[2];
+    rc = rm__at_pipe_run(b, 2, sqls, np, pp, NULL, r2);
+    if (rc == 0 && PQresultStatus(r2[0]) != PGRES_COMMAND_OK) {
+      res = r2[0]; /* reported below as the failure (the INSERT did not run) */
+      PQclear(r2[1]);
+    } else {
+      PQclear(r2[0]);
+      res = r2[1];
+    }
+  } else {
+    res = rm__at_exec(b, insert_sql, 4, params, NULL); /* NULL: reported below */
+  }
+  free(undo);
+  free(ctx);
+  if (PQresultStatus(res) != PGRES_COMMAND_OK) {
+    if (strcmp(rm__sqlstate(res), "23505") == 0) {
+      rm__at_err(b, "branch %lld of \"%s\" was already rolled back (its guard row is in undo_log): "
+                 "the local transaction must roll back", (long long)bid, b->xid);
+      rc = RM_E_GLOBAL_NOT_ACTIVE;
+    } else {
+      rm__pg_error(b->errmsg, sizeof(b->errmsg), "could not write the undo log", b->pg, res);
+      rc = RM_E_DB;
+    }
+    PQclear(res);
+    b->state = RM_BRANCH_FAILED;
+    return rc;
+  }
+  PQclear(res);
+  b->state = RM_BRANCH_PREPARED;
+  /* Its BranchCommit must apply the commit deltas: served on a worker at
+   * once rather than queued for the deleter (rm_undo.c NOTES). */
+  if (b->has_commit_delta) rm__at_inline_add(b->res, b->xid, bid);
+  if (branch_id) *branch_id = bid;
+  return 0;
+}
+

@@ -1,0 +1,31 @@
+/*
+ * rm_at_pg.c - the smallest helpers of the AT layer: a branch's message
+ * and a result row as an image.  A leaf of at/ (the images and libpq).
+ */
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "rm_at_int.h"
+
+void rm__at_err(rm_branch_t *b, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(b->errmsg, sizeof(b->errmsg), fmt, ap);
+  va_end(ap);
+}
+
+rm_row_t *rm__row_from_result(const PGresult *res, int row) {
+  int n = PQnfields(res);
+  rm_row_t *r = rm_row_new(n);
+  if (!r) return NULL;
+  for (int i = 0; i < n; i++) {
+    const char *v = PQgetisnull(res, row, i) ? NULL : PQgetvalue(res, row, i);
+    if (rm_row_set(r, i, PQfname(res, i), v) != 0) {
+      rm_row_free(r);
+      return NULL;
+    }
+  }
+  return r;
+}
+
+

@@ -1,0 +1,305 @@
+/*
+ * rm_resource.c - the AT layer's per-client state and its resources
+ * (rm_resource_add), and the table of calls the core makes into the layer
+ * (rm_rm_ops_t, rm_internal.h): phase two, the quick commit, the resource
+ * ids for RegisterRM, the end.
+ *
+ * NOTES
+ *   The state is created by the first rm_resource_add (or tuning) through
+ *   the core's rm__rm_get, which serialises the creation on the client;
+ *   the resource list is append-only under the state's mutex, so a
+ *   resource pointer stays valid for the life of the client.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rm_undo_int.h"
+
+static const rm_at_tuning_t default_tuning = {
+  .pool_size = 4,
+  .queue_max = 10000,
+  .flush_ms = 1000,
+  .delete_batch = 1000,
+  .sweep_interval_s = 3600,
+  .retention_s = 86400,
+  .lock_timeout_ms = 5000,
+  .statement_timeout_ms = 8000,
+  .connect_timeout_s = 5,
+};
+
+/* ------------------------------------------------------- state, resources */
+
+static rm_at_state_t *state_peek(rm_client_t *c) { return rm__rm_peek(c); }
+
+/* A new state with its deleter running (rm__rm_get's 'create'). */
+static void *state_create(rm_client_t *c) {
+  rm_at_state_t *s = calloc(1, sizeof(*s));
+  if (!s) return NULL;
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_mutex_init(&s->mu, NULL);
+  pthread_cond_init(&s->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  s->c = c;
+  s->tune = default_tuning;
+  if (rm__undo_start(s) != 0) {
+    pthread_cond_destroy(&s->cv);
+    pthread_mutex_destroy(&s->mu);
+    free(s);
+    return NULL;
+  }
+  return s;
+}
+
+/* What the core calls (rm_internal.h): phase two, the quick commit, the
+ * resource ids and the end, each given the state. */
+static int ops_phase2(void *rm, const rm_phase2_req_t *req, int *code, char *errmsg, size_t errlen) {
+  return rm__at_phase2(((rm_at_state_t *)rm)->c, req, code, errmsg, errlen);
+}
+static bool ops_commit_queued(void *rm, const rm_phase2_req_t *req) {
+  return rm__at_commit_queued(((rm_at_state_t *)rm)->c, req);
+}
+static int ops_resource_ids(void *rm, char *out, size_t cap) {
+  return rm__resource_ids(((rm_at_state_t *)rm)->c, out, cap);
+}
+static void ops_free(void *rm) { rm__at_free(rm); }
+
+static const rm_rm_ops_t at_ops = {ops_phase2, ops_commit_queued, ops_resource_ids, ops_free};
+
+rm_at_state_t *rm__at_state_get(rm_client_t *c) { return rm__rm_get(c, &at_ops, state_create); }
+
+rm_at_resource_t *rm__at_resource_find(rm_client_t *c, const char *id) {
+  rm_at_state_t *s = state_peek(c);
+  if (!s || !id) return NULL;
+  pthread_mutex_lock(&s->mu);
+  rm_at_resource_t *r = s->resources;
+  while (r && strcmp(r->id, id) != 0) r = r->next;
+  pthread_mutex_unlock(&s->mu);
+  return r;
+}
+
+static void resource_free(rm_at_resource_t *r) {
+  rm__undo_resource_free(r);
+  rm__tables_free(r);
+  pthread_mutex_destroy(&r->meta_mu);
+  pthread_mutex_destroy(&r->pool_mu);
+  pthread_cond_destroy(&r->pool_cv);
+  rm__pstmt_free(r->pstmt);
+  free(r->id);
+  free(r->conninfo);
+  free(r);
+}
+
+void rm__at_free(rm_at_state_t *s) {
+  if (!s) return;
+  rm__undo_stop(s);
+  for (rm_at_resource_t *r = s->resources, *n; r; r = n) {
+    n = r->next;
+    resource_free(r);
+  }
+  pthread_cond_destroy(&s->cv);
+  pthread_mutex_destroy(&s->mu);
+  free(s);
+}
+
+/* Resource ids go into a comma-separated RegisterRM field and into the
+ * TC's row keys (resource^^^table^^^pk). */
+static bool resource_id_ok(const char *id) {
+  size_t n = strlen(id);
+  if (n == 0 || n > TXP_MAX_RESOURCE_LEN) return false;
+  for (size_t i = 0; i < n; i++) {
+    unsigned char ch = (unsigned char)id[i];
+    if (ch < 0x20 || ch == 0x7f || ch == ',' || ch == '^') return false;
+  }
+  return true;
+}
+
+int rm_resource_add(rm_client_t *c, const char *resource_id, const char *conninfo) {
+  if (!c || !resource_id || !conninfo || !resource_id_ok(resource_id)) return RM_E_INVALID;
+  char *perr = NULL;
+  PQconninfoOption *opts = PQconninfoParse(conninfo, &perr);
+  if (!opts) {
+    rm__log(c, RM_LOG_ERROR, "could not add resource \"%s\": invalid conninfo: %s", resource_id,
+            perr ? perr : "out of memory");
+    PQfreemem(perr);
+    return perr ? RM_E_INVALID : RM_E_NOMEM;
+  }
+  PQconninfoFree(opts);
+  rm_at_state_t *s = rm__at_state_get(c);
+  if (!s) return RM_E_NOMEM;
+
+  rm_at_resource_t *r = calloc(1, sizeof(*r));
+  if (!r || !(r->id = strdup(resource_id)) || !(r->conninfo = strdup(conninfo)) ||
+      (!rm__unnamed_statements(c) && !(r->pstmt = rm__pstmt_new()))) {
+    if (r) {
+      free(r->id);
+      free(r->conninfo);
+    }
+    free(r);
+    return RM_E_NOMEM;
+  }
+  r->st = s;
+  pthread_mutex_init(&r->meta_mu, NULL);
+  pthread_mutex_init(&r->pool_mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&r->pool_cv, &ca);
+  pthread_condattr_destroy(&ca);
+
+  int rc = 0;
+  size_t ids_len = 0;
+  pthread_mutex_lock(&s->mu);
+  rm_at_resource_t **tail = &s->resources;
+  for (; *tail; tail = &(*tail)->next) {
+    ids_len += strlen((*tail)->id) + 1;
+    if (strcmp((*tail)->id, resource_id) == 0) rc = strcmp((*tail)->conninfo, conninfo) == 0 ? 1 : RM_E_INVALID;
+  }
+  if (rc == 0 && ids_len + strlen(resource_id) > TXP_MAX_RESOURCE_IDS_LEN) rc = RM_E_INVALID;
+  if (rc == 0) {
+    *tail = r;
+    s->nresources++;
+  }
+  pthread_mutex_unlock(&s->mu);
+  if (rc != 0) {
+    resource_free(r);
+    if (rc == RM_E_INVALID)
+      rm__log(c, RM_LOG_ERROR,
+              "could not add resource \"%s\": already added with another conninfo, or the "
+              "resource list is full",
+              resource_id);
+    return rc == 1 ? 0 : rc; /* the same resource again: nothing to do */
+  }
+  rm__log(c, RM_LOG_INFO, "resource \"%s\" added", resource_id);
+  rm__resources_changed(c);
+  return 0;
+}
+
+int rm__resource_ids(rm_client_t *c, char *out, size_t cap) {
+  if (!out || cap == 0) return RM_E_INVALID;
+  out[0] = '\0';
+  rm_at_state_t *s = state_peek(c);
+  if (!s) return 0;
+  size_t w = 0;
+  int rc = 0;
+  pthread_mutex_lock(&s->mu);
+  for (rm_at_resource_t *r = s->resources; r; r = r->next) {
+    size_t n = strlen(r->id);
+    if (w + (w > 0) + n + 1 > cap) {
+      rc = RM_E_INVALID;
+      break;
+    }
+    if (w > 0) out[w++] = ',';
+    memcpy(out + w, r->id, n + 1);
+    w += n;
+  }
+  pthread_mutex_unlock(&s->mu);
+  if (rc != 0) out[0] = '\0';
+  return rc != 0 ? rc : (int)w;
+}
+
+
+/* ----------------------------------------------------------- phase two */
+
+bool rm__at_commit_queued(rm_client_t *c, const rm_phase2_req_t *req) {
+  size_t xl = req && req->xid ? strlen(req->xid) : 0;
+  if (!c || !req || !req->commit || req->branch_type != TXP_BT_AT || xl == 0 || xl > TXP_MAX_XID_LEN ||
+      !req->resource_id)
+    return false;
+  rm_at_resource_t *r = rm__at_resource_find(c, req->resource_id);
+  return r && rm__commit_enqueue(r, req->xid, req->branch_id);
+}
+
+
+int rm__at_phase2(rm_client_t *c, const rm_phase2_req_t *req, int *code, char *errmsg, size_t errlen) {
+  int scratch_code;
+  char scratch[1];
+  if (!code) code = &scratch_code;
+  if (!errmsg || errlen == 0) {
+    errmsg = scratch;
+    errlen = sizeof(scratch);
+  }
+  *code = 0;
+  errmsg[0] = '\0';
+  bool commit = req && req->commit;
+  int retry = commit ? TXP_BS_PHASE2_COMMIT_FAILED_RETRYABLE : TXP_BS_PHASE2_ROLLBACK_FAILED_RETRYABLE;
+  int fail = commit ? TXP_BS_PHASE2_COMMIT_FAILED_UNRETRYABLE : TXP_BS_PHASE2_ROLLBACK_FAILED_UNRETRYABLE;
+  size_t xl = req && req->xid ? strlen(req->xid) : 0;
+  if (!c || !req || xl == 0 || xl > TXP_MAX_XID_LEN || !req->resource_id) {
+    *code = RM_E_INVALID;
+    snprintf(errmsg, errlen, "invalid phase-two request (xid or resource missing or too long)");
+    return fail;
+  }
+  if (req->branch_type != TXP_BT_AT) {
+    *code = RM_E_NOT_SUPPORTED;
+    snprintf(errmsg, errlen, "branch type %s is not served by the AT resource manager",
+             txp_branch_type_name(req->branch_type));
+    return fail;
+  }
+  rm_at_resource_t *r = rm__at_resource_find(c, req->resource_id);
+  if (!r) {
+    *code = RM_E_INVALID;
+    snprintf(errmsg, errlen, "resource \"%s\" is not served by this client", req->resource_id);
+    return retry;
+  }
+
+  return commit ? rm__commit_phase2(r, req, code, errmsg, errlen) : rm__rollback_phase2(r, req, code, errmsg, errlen);
+}
+
+/* ----------------------------------------------- tuning, flush, sweep */
+
+int rm__at_tune(rm_client_t *c, const rm_at_tuning_t *t) {
+  rm_at_state_t *st = rm__at_state_get(c);
+  if (!st) return RM_E_NOMEM;
+  if (!t) return RM_E_INVALID;
+  pthread_mutex_lock(&st->mu);
+#define TUNE(f) \
+  if (t->f) st->tune.f = t->f
+  TUNE(pool_size);
+  TUNE(queue_max);
+  TUNE(flush_ms);
+  TUNE(delete_batch);
+  TUNE(sweep_interval_s);
+  TUNE(retention_s);
+  TUNE(lock_timeout_ms);
+  TUNE(statement_timeout_ms);
+  TUNE(connect_timeout_s);
+  TUNE(resolve_interval_s);
+  TUNE(resolve_grace_s);
+  TUNE(resolve_max_xids);
+#undef TUNE
+  if (t->sweep_interval_s) st->next_sweep_ms = rm__undo_now_ms() + (int64_t)t->sweep_interval_s * 1000;
+  pthread_cond_broadcast(&st->cv);
+  pthread_mutex_unlock(&st->mu);
+  return 0;
+}
+
+int rm__at_flush(rm_client_t *c) {
+  rm_at_state_t *st = rm__at_state_get(c);
+  if (!st) return RM_E_NOMEM;
+  int n = 0, rc = 0;
+  rm_at_resource_t **v = rm__undo_resources(st, &n);
+  for (int i = 0; v && i < n; i++) {
+    int r = rm__commit_flush(v[i]);
+    if (r != 0 && rc == 0) rc = r;
+  }
+  free(v);
+  return rc;
+}
+
+int rm__at_sweep(rm_client_t *c, long long *removed) {
+  rm_at_state_t *st = rm__at_state_get(c);
+  if (!st) return RM_E_NOMEM;
+  if (removed) *removed = 0;
+  int n = 0, rc = 0;
+  rm_at_resource_t **v = rm__undo_resources(st, &n);
+  for (int i = 0; v && i < n; i++) {
+    int r = rm__undo_sweep(v[i], removed);
+    if (r != 0 && rc == 0) rc = r;
+  }
+  free(v);
+  return rc;
+}
+

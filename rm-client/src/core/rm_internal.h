@@ -1,0 +1,95 @@
+/*
+ * rm_internal.h - the seam between librmclient's core (core/: connections,
+ * TM API, serving the TC's requests, degrade detection; their own
+ * internals are in rm_core.h) and what sits above it: the AT resource
+ * manager (at/) and the fallback (fallback/).  Not installed.
+ *
+ * NOTES
+ *   The core owns the background libuv thread and every TC connection.  The
+ *   AT layer runs on caller threads (branch statements on the caller's own
+ *   PGconn) and on worker threads (phase two on the library's own
+ *   connections); it reaches the TC only through the calls below, and the
+ *   core reaches it only through the rm_rm_ops_t table it attached.
+ */
+#ifndef RM_INTERNAL_H
+#define RM_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rm_client.h"
+#include "rm_util.h"
+
+/* Logging through the caller's callback (no-op when none). */
+void rm__log(rm_client_t *c, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/*
+ * BranchRegister, blocking, from any thread.  'lock_keys' may be NULL
+ * (delta branches).  The request carries 'idem_key' so that a retry on
+ * another node after a lost connection returns the same branch.  Waits up
+ * to 'lock_wait_ms' for busy locks (pushed by the TC) plus the request
+ * timeout.  On failure, 'errmsg' (cap 'errlen') gets the TC's message.
+ */
+int rm__branch_register(rm_client_t *c, const char *xid, const char *resource_id,
+                        const char *lock_keys, const char *app_data, unsigned lock_wait_ms,
+                        int64_t *branch_id, char *errmsg, size_t errlen);
+
+/* BranchReport (PhaseOneDone / PhaseOneFailed), blocking. */
+int rm__branch_report(rm_client_t *c, const char *xid, int64_t branch_id, int branch_status,
+                      const char *message);
+
+/* The configured default lock wait. */
+unsigned rm__lock_wait_ms(const rm_client_t *c);
+/* rm_config_t.unnamed_statements. */
+bool rm__unnamed_statements(const rm_client_t *c);
+
+/* One BranchCommit/BranchRollback that a TC sent (rm_rm_ops_t.phase2). */
+typedef struct rm_phase2_req {
+  bool commit;
+  const char *xid;
+  int64_t branch_id;
+  const char *resource_id;
+  int branch_type;
+} rm_phase2_req_t;
+
+/*
+ * The resource manager above the core (the AT layer), as the core sees
+ * it: the core calls it through this table and never by name, so the
+ * arrows run one way (AT -> core).  'rm' is the state that rm__rm_get
+ * created.
+ */
+typedef struct rm_rm_ops {
+  /* Phase two of one branch, on a worker thread (never the loop thread);
+   * may block on the database.  Returns the branch status to answer
+   * (PhaseTwoCommitted, PhaseTwoRollbacked, or a *Failed* status) and, for
+   * failures, an error code (e.g. RM_E_DIRTY_WRITE) and a message. */
+  int (*phase2)(void *rm, const rm_phase2_req_t *req, int *code, char *errmsg, size_t errlen);
+  /* The common AT commit, without blocking, on the loop thread: true when
+   * it was taken care of (queued for the background deleter), false when
+   * it needs 'phase2'. */
+  bool (*commit_queued)(void *rm, const rm_phase2_req_t *req);
+  /* Resource ids served, comma-separated (for RegisterRM), on the loop
+   * thread: their length, or a negative code. */
+  int (*resource_ids)(void *rm, char *out, size_t cap);
+  /* Free the state, once the loop thread is gone (rm_client_free). */
+  void (*free)(void *rm);
+} rm_rm_ops_t;
+
+/*
+ * The resource manager state of 'c': created by 'create' (with 'ops'
+ * remembered beside it) on the first call, under the client's lock, so
+ * that two threads adding resources at once create one.  NULL when
+ * 'create' failed (it may be asked again).
+ */
+void *rm__rm_get(rm_client_t *c, const rm_rm_ops_t *ops, void *(*create)(rm_client_t *c));
+/* The state if it exists, else NULL; never creates (any thread). */
+void *rm__rm_peek(rm_client_t *c);
+/* The client's degrade figures (rm_degrade.c), without the fallback's:
+ * local_orders stays 0; fallback/ adds it in rm_client_degrade_stats. */
+void rm__degrade_stats(rm_client_t *c, rm_degrade_stats_t *out);
+
+/* Tell the core that the resource list changed: it re-registers as RM. */
+void rm__resources_changed(rm_client_t *c);
+
+#endif /* RM_INTERNAL_H */

@@ -1,0 +1,45 @@
+/*
+ * rm_pg.c - libpq helpers every part of librmclient uses: the one place
+ * that turns a libpq failure into a message, the SQLSTATE of a result, and
+ * the check that a caller's connection can take a statement.  A leaf (the
+ * public header and libpq only).
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "rm_pg.h"
+
+const char *rm__sqlstate(const PGresult *res) {
+  const char *s = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+  return s ? s : "";
+}
+
+void rm__pg_error(char *err, size_t errlen, const char *what, PGconn *pg, const PGresult *res) {
+  const char *m = res ? PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY) : NULL;
+  const char *d = res ? PQresultErrorField(res, PG_DIAG_MESSAGE_DETAIL) : NULL;
+  if (!m) m = res ? PQresultErrorMessage(res) : NULL;
+  if (!m || !*m) m = pg ? PQerrorMessage(pg) : "no connection";
+  if (!m || !*m) m = "unknown error";
+  size_t n = strlen(m);
+  while (n > 0 && (m[n - 1] == '\n' || m[n - 1] == ' ')) n--;
+  if (d) snprintf(err, errlen, "%s: %.*s (%s)", what, (int)n, m, d);
+  else snprintf(err, errlen, "%s: %.*s", what, (int)n, m);
+}
+
+const char *rm__pg_unusable(PGconn *pg, bool need_idle, int *code) {
+  if (!pg || PQstatus(pg) != CONNECTION_OK) {
+    *code = RM_E_INVALID;
+    return "the PostgreSQL connection is not open";
+  }
+  PGTransactionStatusType ts = PQtransactionStatus(pg);
+  if (ts == PQTRANS_INERROR || ts == PQTRANS_ACTIVE || ts == PQTRANS_UNKNOWN) {
+    *code = RM_E_STATE;
+    return "the PostgreSQL connection is in a failed or busy transaction";
+  }
+  if (need_idle && ts != PQTRANS_IDLE) {
+    *code = RM_E_STATE;
+    return "the PostgreSQL connection must not be inside a transaction block";
+  }
+  *code = 0;
+  return NULL;
+}

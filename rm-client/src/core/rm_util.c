@@ -1,0 +1,82 @@
+/*
+ * rm_util.c - the small helpers every part of librmclient uses: error
+ * strings (rm_strerror), status names, argument checks, UTF-8 cutting and
+ * idempotency keys.  A leaf: it includes nothing of the library but the
+ * public header and proto/, so that the prefilter, the fallback and the AT
+ * layer can use it without reaching into the core.
+ */
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "rm_util.h"
+#include "txp_errno.h"
+#include "txp_status.h"
+
+const char *rm_strerror(int code) {
+  switch (code) {
+  case RM_E_DB: return "database statement failed";
+  case RM_E_NO_TABLE: return "unknown table";
+  case RM_E_NO_PK: return "table has no primary key";
+  case RM_E_NOT_ONE_ROW: return "statement would change no row or several rows";
+  case RM_E_GUARD: return "guard condition refused the update";
+  case RM_E_STATE: return "call out of order for this branch";
+  case RM_LOCAL_E_MISMATCH: return "order id already recorded with other values";
+  case RM_LOCAL_E_PAID: return "order is paid: not cancelled";
+  case RM_LOCAL_E_DECIDED: return "order was finished before with the other outcome";
+  case RM_COMP_E_LOCKED: return "another compensation job is running";
+  default: return txp_strerror(code);
+  }
+}
+
+const char *rm_global_status_name(int status) { return txp_global_status_name(status); }
+
+int rm__check_str(const char *s, size_t max, bool required) {
+  if (!s) return required ? RM_E_INVALID : 0;
+  size_t n = strnlen(s, max + 1);
+  if (n > max || (required && n == 0)) return RM_E_INVALID;
+  return 0;
+}
+
+void rm__utf8_cut(char *s, size_t max) {
+  size_t n = strlen(s);
+  if (n <= max) return;
+  n = max;
+  while (n > 0 && ((unsigned char)s[n] & 0xc0) == 0x80) n--;
+  s[n] = '\0';
+}
+
+void rm__idem_key(char *out) {
+  static atomic_uint_fast64_t counter;
+  uint8_t b[RM_IDEM_BYTES];
+  if (uv_random(NULL, NULL, b, sizeof(b), 0, NULL) != 0) {
+    /* No entropy source: mix the clock, a counter and the stack address
+     * (splitmix64); unique in practice for one process. */
+    uint64_t x = uv_hrtime() ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(uintptr_t)&b;
+    x += atomic_fetch_add(&counter, 1) * UINT64_C(0x9E3779B97F4A7C15);
+    for (size_t i = 0; i < sizeof(b); i += 8) {
+      uint64_t z = (x += UINT64_C(0x9E3779B97F4A7C15));
+      z = (z ^ (z >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
+      z = (z ^ (z >> 27)) * UINT64_C(0x94D049BB133111EB);
+      z ^= z >> 31;
+      memcpy(b + i, &z, 8);
+    }
+  }
+  static const char hex[] = "0123456789abcdef";
+  for (size_t i = 0; i < sizeof(b); i++) {
+    out[2 * i] = hex[b[i] >> 4];
+    out[2 * i + 1] = hex[b[i] & 15];
+  }
+  out[2 * RM_IDEM_BYTES] = '\0';
+}
+
+
+uint64_t rm__mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}

@@ -1,0 +1,363 @@
+/*
+ * rm_prefilter.c - the Redis prefilter's public calls: create/free, freeze,
+ * confirm, release, waitlist, counters, error strings.
+ *
+ * NOTES
+ *   Each call checks its arguments first (a bad one costs no round trip
+ *   and is RM_PF_BAD_ARGS, as the scripts would answer), builds the keys of
+ *   the activity (rm_prefilter_keys.c), runs its script through the pool
+ *   (rm_prefilter_conn.c) on the calling thread, maps the reply to a code
+ *   and counts it.  There is no state besides the pool and the counters, so
+ *   the calls are safe from any number of threads.
+ *
+ *   What the codes mean for the caller, in the failure windows:
+ *     - RM_E_CONN_LOST / RM_E_DEADLINE: the script did not run.
+ *     - RM_E_UNKNOWN_OUTCOME: it may have run.  Every script is safe to run
+ *       again with the same arguments (a freeze of the same order answers
+ *       its first bucket; confirm/release answer "already"), so the caller
+ *       resolves it by retrying the same call.
+ *     - RM_PF_E_REDIS: Redis refused (OOM, BUSY, a script error); the
+ *       scripts write only after every check has passed, so a refusal
+ *       before the first write changed nothing.
+ *   PostgreSQL remains the truth for what Redis holds: see
+ *   rm_prefilter_pg.c.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "rm_prefilter_int.h"
+
+#define DEFAULT_COMMAND_TIMEOUT_MS 200u
+#define DEFAULT_CONNECT_TIMEOUT_MS 500u
+#define DEFAULT_MAX_CONNECTIONS 64u
+#define DEFAULT_RECONNECT_MAX_MS 2000u
+#define DEFAULT_FREEZE_TTL_MS 900000u
+#define MAX_CONNECTIONS 4096u
+
+/* ------------------------------------------------------------ helpers --- */
+
+int64_t rm__pf_unix_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+rm_pf_count_t rm__pf_count_index(int rc) {
+  switch (rc) {
+  case 0: return RM_PF_C_OK;
+  case RM_PF_NOT_ON_SALE: return RM_PF_C_NOT_ON_SALE;
+  case RM_PF_OVER_LIMIT: return RM_PF_C_OVER_LIMIT;
+  case RM_PF_SOLD_OUT: return RM_PF_C_SOLD_OUT;
+  case RM_PF_BAD_ARGS: return RM_PF_C_BAD_ARGS;
+  case RM_PF_NOT_LOADED: return RM_PF_C_NOT_LOADED;
+  case RM_PF_ALREADY_CONFIRMED: return RM_PF_C_ALREADY_CONFIRMED;
+  case RM_PF_ALREADY_RELEASED: return RM_PF_C_ALREADY_RELEASED;
+  case RM_PF_UNKNOWN_ORDER: return RM_PF_C_UNKNOWN_ORDER;
+  case RM_PF_ALREADY_WAITING: return RM_PF_C_ALREADY_WAITING;
+  case RM_E_UNKNOWN_OUTCOME: return RM_PF_C_UNKNOWN_OUTCOME;
+  case RM_E_CONN_LOST:
+  case RM_E_DEADLINE: return RM_PF_C_NOT_SENT;
+  default: return rc > 0 ? RM_PF_C_OK : RM_PF_C_ERROR;
+  }
+}
+
+int rm__pf_count(rm_prefilter_t *pf, rm_pf_op_t op, int rc) {
+  atomic_fetch_add_explicit(&pf->counts[op][rm__pf_count_index(rc)], 1, memory_order_relaxed);
+  return rc;
+}
+
+int rm__pf_eval_code(rm_prefilter_t *pf, int script, int nkeys, const char *const *keys, int nargs,
+                     const char *const *args) {
+  redisReply *r = NULL;
+  char err[200];
+  long long v = 0;
+  int rc = rm__pf_eval(&pf->pool, script, nkeys, keys, nargs, args, &r);
+  if (rc != 0) return rc;
+  rc = rm__pf_reply_int(r, &v, err, sizeof(err));
+  freeReplyObject(r);
+  if (rc == RM_PF_E_REDIS) {
+    rm__pf_errf("Redis refused script \"%s\": %s", rm__pf_script_name(script), err);
+    return rc;
+  }
+  if (rc != 0) {
+    rm__pf_errf("unexpected reply to script \"%s\"", rm__pf_script_name(script));
+    return rc;
+  }
+  rc = rm__pf_code_from_lua(v);
+  if (rc == RM_PF_E_REPLY) rm__pf_errf("unexpected result %lld of script \"%s\"", v, rm__pf_script_name(script));
+  return rc;
+}
+
+static int bad_args(rm_prefilter_t *pf, rm_pf_op_t op, const char *what) {
+  rm__pf_errf("invalid argument: %s", what);
+  return rm__pf_count(pf, op, RM_PF_BAD_ARGS);
+}
+
+/* ------------------------------------------------------ create, free --- */
+
+int rm_prefilter_new(const char *redis_url, const rm_pf_options_t *opts, rm_prefilter_t **out) {
+  rm_pf_url_t url;
+  rm_prefilter_t *pf;
+  int rc;
+  if (out) *out = NULL;
+  if (!out || rm__pf_url_parse(redis_url, &url) != 0) {
+    rm__pf_errf("invalid Redis URL \"%s\": expected redis://[:password@]host[:port][/db]",
+                redis_url ? redis_url : "(null)");
+    return RM_E_INVALID;
+  }
+  if (opts && (opts->log_level < 0 || opts->log_level > RM_LOG_DEBUG ||
+               opts->max_connections > MAX_CONNECTIONS || opts->command_timeout_ms > 3600000u ||
+               opts->connect_timeout_ms > 3600000u)) {
+    rm__pf_errf("invalid prefilter option");
+    return RM_E_INVALID;
+  }
+  pf = calloc(1, sizeof(*pf));
+  if (!pf) return RM_E_NOMEM;
+  if (opts) pf->opts = *opts;
+  if (!pf->opts.command_timeout_ms) pf->opts.command_timeout_ms = DEFAULT_COMMAND_TIMEOUT_MS;
+  if (!pf->opts.connect_timeout_ms) pf->opts.connect_timeout_ms = DEFAULT_CONNECT_TIMEOUT_MS;
+  if (!pf->opts.max_connections) pf->opts.max_connections = DEFAULT_MAX_CONNECTIONS;
+  if (!pf->opts.reconnect_max_ms) pf->opts.reconnect_max_ms = DEFAULT_RECONNECT_MAX_MS;
+  if (!pf->opts.freeze_ttl_ms) pf->opts.freeze_ttl_ms = DEFAULT_FREEZE_TTL_MS;
+  if (!pf->opts.log_level) pf->opts.log_level = RM_LOG_WARN;
+  if (rm__logger_init(&pf->log, pf->opts.log_cb, pf->opts.log_arg, pf->opts.log_level) != 0) {
+    free(pf);
+    return RM_E_NOMEM;
+  }
+  for (int i = 0; i < RM_PF_OP__COUNT; i++)
+    for (int j = 0; j < RM_PF_C__COUNT; j++) atomic_init(&pf->counts[i][j], 0);
+  rc = rm__pf_pool_init(&pf->pool, &url, pf->opts.command_timeout_ms, pf->opts.connect_timeout_ms,
+                        pf->opts.max_connections, pf->opts.reconnect_max_ms, &pf->log);
+  if (rc != 0) {
+    rm__logger_destroy(&pf->log);
+    free(pf);
+    return rc;
+  }
+  *out = pf;
+  return 0;
+}
+
+void rm_prefilter_free(rm_prefilter_t *pf) {
+  if (!pf) return;
+  rm__pf_pool_destroy(&pf->pool);
+  rm__logger_destroy(&pf->log);
+  free(pf);
+}
+
+const char *rm_prefilter_strerror(int code) {
+  switch (code) {
+  case RM_PF_NOT_ON_SALE: return "activity not on sale";
+  case RM_PF_OVER_LIMIT: return "over the per-user purchase limit";
+  case RM_PF_SOLD_OUT: return "sold out";
+  case RM_PF_BAD_ARGS: return "invalid prefilter argument";
+  case RM_PF_NOT_LOADED: return "activity not loaded into Redis";
+  case RM_PF_ALREADY_CONFIRMED: return "order already confirmed";
+  case RM_PF_ALREADY_RELEASED: return "order already released";
+  case RM_PF_UNKNOWN_ORDER: return "no freeze for this order";
+  case RM_PF_ALREADY_WAITING: return "user already on the waitlist";
+  case RM_PF_E_REDIS: return "Redis returned an error";
+  case RM_PF_E_REPLY: return "unexpected reply from Redis";
+  case RM_PF_E_CONFLICT: return "Redis kept changing during reconciliation";
+  case RM_PF_NO_ACTIVITY: return "activity not found in the database";
+  default: return rm_strerror(code);
+  }
+}
+
+const char *rm_prefilter_errmsg(void) { return rm__pf_err(); }
+
+/* ------------------------------------------------------------ freeze --- */
+
+int rm_prefilter_freeze_until(rm_prefilter_t *pf, int64_t activity_id, int32_t ticket_type,
+                              int64_t user_id, int64_t order_id, int32_t qty, int64_t deadline_ms,
+                              int *bucket) {
+  rm_pf_keys_t ks;
+  char a_tt[16], a_user[24], a_order[24], a_qty[16], a_dl[24];
+  int rc;
+  if (!pf) return RM_E_INVALID;
+  if (rm__pf_keys_build(&ks, activity_id, ticket_type) != 0 || !rm__pf_id_ok(user_id) ||
+      !rm__pf_id_ok(order_id) || !rm__pf_qty_ok(qty) || !rm__pf_ms_ok(deadline_ms))
+    return bad_args(pf, RM_PF_OP_FREEZE, "freeze needs activity, user and order ids >= 1, a ticket type >= 0, "
+                                         "a quantity of 1 to 10000 and a deadline");
+  rm__pf_i64_str(a_tt, ticket_type);
+  rm__pf_i64_str(a_user, user_id);
+  rm__pf_i64_str(a_order, order_id);
+  rm__pf_i64_str(a_qty, qty);
+  rm__pf_i64_str(a_dl, deadline_ms);
+  const char *keys[] = {ks.k[RM_PF_K_META], ks.k[RM_PF_K_STOCK], ks.k[RM_PF_K_BOUGHT],
+                        ks.k[RM_PF_K_ORDERS], ks.k[RM_PF_K_EXPIRY]};
+  const char *args[] = {a_tt, a_user, a_order, a_qty, a_dl};
+  rc = rm__pf_eval_code(pf, RM_PF_S_FREEZE, 5, keys, 5, args);
+  if (rc >= 0) {
+    if (bucket) *bucket = rc;
+    rc = 0;
+  }
+  return rm__pf_count(pf, RM_PF_OP_FREEZE, rc);
+}
+
+int rm_prefilter_freeze(rm_prefilter_t *pf, int64_t activity_id, int32_t ticket_type,
+                        int64_t user_id, int64_t order_id, int32_t qty, int *bucket) {
+  if (!pf) return RM_E_INVALID;
+  return rm_prefilter_freeze_until(pf, activity_id, ticket_type, user_id, order_id, qty,
+                                   rm__pf_unix_ms() + (int64_t)pf->opts.freeze_ttl_ms, bucket);
+}
+
+/* ---------------------------------------------------- confirm, release --- */
+
+static int finish(rm_prefilter_t *pf, rm_pf_op_t op, int64_t activity_id, int32_t ticket_type,
+                  int64_t order_id) {
+  rm_pf_keys_t ks;
+  char a_tt[16], a_order[24];
+  int rc;
+  if (!pf) return RM_E_INVALID;
+  if (rm__pf_keys_build(&ks, activity_id, ticket_type) != 0 || !rm__pf_id_ok(order_id))
+    return bad_args(pf, op, "needs activity and order ids >= 1 and a ticket type >= 0");
+  rm__pf_i64_str(a_tt, ticket_type);
+  rm__pf_i64_str(a_order, order_id);
+  const char *args[] = {a_tt, a_order};
+  if (op == RM_PF_OP_CONFIRM) {
+    const char *keys[] = {ks.k[RM_PF_K_STOCK], ks.k[RM_PF_K_ORDERS], ks.k[RM_PF_K_EXPIRY]};
+    rc = rm__pf_eval_code(pf, RM_PF_S_CONFIRM, 3, keys, 2, args);
+  } else {
+    const char *keys[] = {ks.k[RM_PF_K_STOCK], ks.k[RM_PF_K_BOUGHT], ks.k[RM_PF_K_ORDERS],
+                          ks.k[RM_PF_K_EXPIRY]};
+    rc = rm__pf_eval_code(pf, RM_PF_S_RELEASE, 4, keys, 2, args);
+  }
+  if (rc > 0) {
+    rm__pf_errf("unexpected result %d", rc);
+    rc = RM_PF_E_REPLY;
+  }
+  return rm__pf_count(pf, op, rc);
+}
+
+int rm_prefilter_confirm(rm_prefilter_t *pf, int64_t activity_id, int32_t ticket_type,
+                         int64_t order_id) {
+  return finish(pf, RM_PF_OP_CONFIRM, activity_id, ticket_type, order_id);
+}
+
+int rm_prefilter_release(rm_prefilter_t *pf, int64_t activity_id, int32_t ticket_type,
+                         int64_t order_id) {
+  return finish(pf, RM_PF_OP_RELEASE, activity_id, ticket_type, order_id);
+}
+
+/* ----------------------------------------------------------- waitlist --- */
+
+int rm_prefilter_waitlist_join(rm_prefilter_t *pf, int64_t activity_id, int32_t ticket_type,
+                               int64_t user_id, int32_t qty, long *position) {
+  rm_pf_keys_t ks;
+  char a_user[24], a_qty[16], err[200];
+  redisReply *r = NULL;
+  int rc;
+  if (!pf) return RM_E_INVALID;
+  if (rm__pf_keys_build(&ks, activity_id, ticket_type) != 0 || !rm__pf_id_ok(user_id) ||
+      !rm__pf_qty_ok(qty))
+    return bad_args(pf, RM_PF_OP_JOIN, "waitlist join needs activity and user ids >= 1, a ticket "
+                                       "type >= 0 and a quantity of 1 to 10000");
+  rm__pf_i64_str(a_user, user_id);
+  rm__pf_i64_str(a_qty, qty);
+  const char *keys[] = {ks.k[RM_PF_K_META], ks.k[RM_PF_K_BOUGHT], ks.k[RM_PF_K_WL],
+                        ks.k[RM_PF_K_WLQ], ks.k[RM_PF_K_WLSEQ]};
+  const char *args[] = {a_user, a_qty};
+  rc = rm__pf_eval(&pf->pool, RM_PF_S_WAITLIST_JOIN, 5, keys, 2, args, &r);
+  if (rc == 0) {
+    rc = rm__pf_parse_join(r, position, err, sizeof(err));
+    freeReplyObject(r);
+    if (rc == RM_PF_E_REDIS) rm__pf_errf("Redis refused script \"waitlist_join\": %s", err);
+    if (rc == RM_PF_E_REPLY) rm__pf_errf("unexpected reply to script \"waitlist_join\"");
+  }
+  return rm__pf_count(pf, RM_PF_OP_JOIN, rc);
+}
+
+int rm_prefilter_waitlist_fill(rm_prefilter_t *pf, int64_t activity_id, int32_t ticket_type,
+                               const int64_t *order_ids, size_t n_ids, int64_t deadline_ms,
+                               rm_pf_fill_t *out, size_t cap, size_t *n_out) {
+  rm_pf_keys_t ks;
+  char (*strs)[24] = NULL;
+  const char **args = NULL;
+  char err[200];
+  redisReply *r = NULL;
+  int rc;
+  if (n_out) *n_out = 0;
+  if (!pf) return RM_E_INVALID;
+  if (!n_out || !out || !order_ids || n_ids < 1 || n_ids > RM_PF_MAX_FILL_IDS || cap < 1 ||
+      cap > RM_PF_MAX_RESULTS || rm__pf_keys_build(&ks, activity_id, ticket_type) != 0 ||
+      (deadline_ms != 0 && !rm__pf_ms_ok(deadline_ms)))
+    return bad_args(pf, RM_PF_OP_FILL, "waitlist fill needs an activity id >= 1, a ticket type >= 0, "
+                                       "1 to 1000 order ids and room for 1 to 10000 results");
+  for (size_t i = 0; i < n_ids; i++)
+    if (!rm__pf_id_ok(order_ids[i])) return bad_args(pf, RM_PF_OP_FILL, "order ids must be >= 1");
+  if (deadline_ms == 0) deadline_ms = rm__pf_unix_ms() + (int64_t)pf->opts.freeze_ttl_ms;
+
+  strs = malloc((n_ids + 4) * sizeof(*strs));
+  args = malloc((n_ids + 4) * sizeof(*args));
+  if (!strs || !args) {
+    free(strs);
+    free(args);
+    rm__pf_errf("out of memory");
+    return rm__pf_count(pf, RM_PF_OP_FILL, RM_E_NOMEM);
+  }
+  rm__pf_i64_str(strs[0], ticket_type);
+  rm__pf_i64_str(strs[1], deadline_ms);
+  rm__pf_i64_str(strs[2], RM_PF_MAX_FILL_SCAN);
+  rm__pf_i64_str(strs[3], (int64_t)cap);
+  for (size_t i = 0; i < n_ids; i++) rm__pf_i64_str(strs[4 + i], order_ids[i]);
+  for (size_t i = 0; i < n_ids + 4; i++) args[i] = strs[i];
+  const char *keys[] = {ks.k[RM_PF_K_META],   ks.k[RM_PF_K_STOCK], ks.k[RM_PF_K_BOUGHT],
+                        ks.k[RM_PF_K_ORDERS], ks.k[RM_PF_K_EXPIRY], ks.k[RM_PF_K_WL],
+                        ks.k[RM_PF_K_WLQ]};
+  rc = rm__pf_eval(&pf->pool, RM_PF_S_WAITLIST_FILL, 7, keys, (int)(n_ids + 4),
+                   (const char *const *)args, &r);
+  free(args);
+  free(strs);
+  if (rc == 0) {
+    rc = rm__pf_parse_fill(r, out, cap, n_out, err, sizeof(err));
+    freeReplyObject(r);
+    if (rc == RM_PF_E_REDIS) rm__pf_errf("Redis refused script \"waitlist_fill\": %s", err);
+    if (rc == RM_PF_E_REPLY) rm__pf_errf("unexpected reply to script \"waitlist_fill\"");
+  }
+  return rm__pf_count(pf, RM_PF_OP_FILL, rc);
+}
+
+/* ------------------------------------------------------ stats, shas --- */
+
+static void counts_get(rm_prefilter_t *pf, rm_pf_op_t op, rm_pf_counts_t *c) {
+  atomic_uint_fast64_t *v = pf->counts[op];
+  c->ok = atomic_load(&v[RM_PF_C_OK]);
+  c->not_on_sale = atomic_load(&v[RM_PF_C_NOT_ON_SALE]);
+  c->over_limit = atomic_load(&v[RM_PF_C_OVER_LIMIT]);
+  c->sold_out = atomic_load(&v[RM_PF_C_SOLD_OUT]);
+  c->bad_args = atomic_load(&v[RM_PF_C_BAD_ARGS]);
+  c->not_loaded = atomic_load(&v[RM_PF_C_NOT_LOADED]);
+  c->already_confirmed = atomic_load(&v[RM_PF_C_ALREADY_CONFIRMED]);
+  c->already_released = atomic_load(&v[RM_PF_C_ALREADY_RELEASED]);
+  c->unknown_order = atomic_load(&v[RM_PF_C_UNKNOWN_ORDER]);
+  c->already_waiting = atomic_load(&v[RM_PF_C_ALREADY_WAITING]);
+  c->unknown_outcome = atomic_load(&v[RM_PF_C_UNKNOWN_OUTCOME]);
+  c->not_sent = atomic_load(&v[RM_PF_C_NOT_SENT]);
+  c->error = atomic_load(&v[RM_PF_C_ERROR]);
+}
+
+void rm_prefilter_stats(rm_prefilter_t *pf, rm_pf_stats_t *out) {
+  if (!out) return;
+  memset(out, 0, sizeof(*out));
+  if (!pf) return;
+  counts_get(pf, RM_PF_OP_FREEZE, &out->freeze);
+  counts_get(pf, RM_PF_OP_CONFIRM, &out->confirm);
+  counts_get(pf, RM_PF_OP_RELEASE, &out->release);
+  counts_get(pf, RM_PF_OP_JOIN, &out->waitlist_join);
+  counts_get(pf, RM_PF_OP_FILL, &out->waitlist_fill);
+  counts_get(pf, RM_PF_OP_EXPIRE, &out->expire);
+  out->connects = atomic_load(&pf->pool.connects);
+  out->connect_failures = atomic_load(&pf->pool.connect_failures);
+  out->noscript_reloads = atomic_load(&pf->pool.noscript_reloads);
+  out->stale_closed = atomic_load(&pf->pool.stale_closed);
+  out->open_connections = rm__pf_pool_open(&pf->pool);
+}
+
+int rm_prefilter_script_sha(rm_prefilter_t *pf, const char *name, char *sha) {
+  int idx = rm__pf_script_index(name);
+  if (!pf || !sha || idx < 0) return RM_E_INVALID;
+  return rm__pf_script_sha(&pf->pool, idx, sha);
+}
