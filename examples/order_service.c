@@ -104,7 +104,7 @@
 #include "svc_common.h"
 #include "svc_http.h"
 #include "svc_prefilter.h"
-#include "txp_failpoint.h"
+#include "txc_failpoint.h"
 
 #define ID_BLOCK 100
 
@@ -930,7 +930,7 @@ static int finish_order(order_svc_t *s, long long id, finish_kind_t kind, svc_re
     if (st == 200) {
       /* Both branches committed locally: a TM that dies here leaves the
        * global to the timeout (the fault suite kills it here). */
-      TXP_FAILPOINT("svc.order.fin.before_commit");
+      TXC_FAILPOINT("svc.order.fin.before_commit");
       decision_t d = commit_global(s, xid, err, sizeof(err));
       if (d == DECIDED_COMMIT) {
         char perr[256];

@@ -3,7 +3,7 @@
  * librmclient set-up shared by the example services (see svc_common.h).
  */
 #include "svc_common.h"
-#include "txp_failpoint.h"
+#include "txc_failpoint.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -142,8 +142,12 @@ void svc_iso_time(char out[SVC_ISO_TIME_MAX], int64_t unix_ms) {
   time_t t = (time_t)secs;
   struct tm tm;
   gmtime_r(&t, &tm);
-  snprintf(out, SVC_ISO_TIME_MAX, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1,
-           tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)(unix_ms - secs * 1000));
+  char tmp[96]; /* room for any int the compiler can imagine in the fields */
+  snprintf(tmp, sizeof(tmp), "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
+           tm.tm_hour, tm.tm_min, tm.tm_sec, (int)(unix_ms - secs * 1000));
+  size_t n = strnlen(tmp, SVC_ISO_TIME_MAX - 1);
+  memcpy(out, tmp, n);
+  out[n] = '\0';
 }
 
 int64_t svc_now_us(void) {
@@ -339,7 +343,7 @@ int svc_rm_client_new(const char *application_id, unsigned wait_ms, rm_client_t 
   /* The service's own failpoints (svc.*; a build with TX_FAILPOINTS only):
    * TX_FAILPOINTS also arms the library's, which rm_client_new checks. */
   char fperr[256];
-  if (txp_failpoint_compiled() && txp_failpoint_arm_env(fperr, sizeof(fperr)) != 0) {
+  if (txc_failpoint_compiled() && txc_failpoint_arm_env(fperr, sizeof(fperr)) != 0) {
     svc_error("invalid TX_FAILPOINTS: %s", fperr);
     return RM_E_INVALID;
   }

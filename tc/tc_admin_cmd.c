@@ -352,9 +352,9 @@ int tc_adm_parse(const char *line, size_t len, tc_adm_cmd_t *c, char *err, size_
       c->kind = TC_ADM_FAILPOINT_ARM;
       if (ws->n != 3)
         rc = fail(err, errlen, "usage \"failpoint arm NAME=ACTION[@N][,...]\" (one word)");
-      else if (strlen(ws->w[2]) > TXP_FAILPOINT_MAX_SPEC)
-        rc = fail(err, errlen, "failpoint spec too long (at most %d bytes)", TXP_FAILPOINT_MAX_SPEC);
-      else if ((rc = txp_failpoint_check(ws->w[2], err, errlen)) == 0)
+      else if (strlen(ws->w[2]) > TXC_FAILPOINT_MAX_SPEC)
+        rc = fail(err, errlen, "failpoint spec too long (at most %d bytes)", TXC_FAILPOINT_MAX_SPEC);
+      else if ((rc = txc_failpoint_check(ws->w[2], err, errlen)) == 0)
         snprintf(c->spec, sizeof(c->spec), "%s", ws->w[2]);
     } else {
       rc = fail(err, errlen, "usage \"failpoint list\" or \"failpoint arm NAME=ACTION[@N][,...]\"");

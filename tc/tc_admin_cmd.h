@@ -17,7 +17,7 @@
  *     stats
  *     rollback XID | commit XID | stop-retry XID | resume-retry XID
  *     redrive XID | delete XID
- *     failpoint list | failpoint arm SPEC   (test builds: proto/txp_failpoint.h)
+ *     failpoint list | failpoint arm SPEC   (test builds: common/txc_failpoint.h)
  *     help
  *   A status is a name ("RollbackRetrying", any case) or its number.
  *
@@ -34,7 +34,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "txp_failpoint.h"
+#include "txc_failpoint.h"
 #include "txp_lockkey.h"
 #include "txp_msg.h"
 #include "txp_status.h"
@@ -78,7 +78,7 @@ typedef struct tc_adm_cmd {
   char key[TXP_MAX_ROW_KEY_LEN + 1];    /* show locks key= or prefix= */
   bool has_key, has_prefix;
   int limit;                            /* show globals / show locks */
-  char spec[TXP_FAILPOINT_MAX_SPEC + 1]; /* failpoint arm */
+  char spec[TXC_FAILPOINT_MAX_SPEC + 1]; /* failpoint arm */
 } tc_adm_cmd_t;
 
 /*

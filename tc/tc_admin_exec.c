@@ -55,6 +55,7 @@
 #include "tc_phase2.h"
 #include "tc_recovery.h"
 #include "tc_server.h"
+#include "tc_stats.h"
 
 
 #define READ_DEADLINE_MS 5000
@@ -548,14 +549,15 @@ static void on_stats(tc_pg_job_t *job, int status, void *arg) {
     finish_store_error(x, job, TC_PG_ECLOSING, "read the statistics");
     return;
   }
-  const tc_node_stats_t *ns = &ctx->stats;
+  tc_stats_t sn = {0};
+  tc_stats_read(ctx, &sn);
+  const tc_node_stats_t *ns = &sn.counters;
   json_t *a = ok_answer();
 
   json_object_set_new(a, "node",
-                      json_pack("{s:i, s:o, s:b, s:b, s:i, s:s}", "node_id", ctx->cfg->node_id, "address",
-                                tc__admin_str(ctx->advertise), "leader",
-                                ctx->recovery && tc_recovery_is_leader(ctx->recovery), "serving",
-                                ctx->serving && !ctx->stopping, "pid", (int)getpid(), "version", TXC_VERSION));
+                      json_pack("{s:i, s:o, s:b, s:b, s:i, s:s}", "node_id", sn.node_id, "address",
+                                tc__admin_str(ctx->advertise), "leader", sn.leader, "serving",
+                                sn.serving && !sn.stopping, "pid", (int)getpid(), "version", TXC_VERSION));
   json_object_set_new(a, "globals",
                       json_pack("{s:o, s:o, s:o, s:o, s:o, s:o}", "begun", U(ns->begun), "committed", U(ns->committed),
                                 "rolled_back", U(ns->rolled_back), "timed_out", U(ns->timed_out), "commit_failed",
@@ -566,7 +568,7 @@ static void on_stats(tc_pg_job_t *job, int status, void *arg) {
   json_object_set_new(a, "locks",
                       json_pack("{s:o, s:o, s:f, s:o}", "waits", U(ns->lock_waits), "wait_timeouts",
                                 U(ns->lock_wait_timeouts), "wait_seconds", (double)ns->lock_wait_ms_total / 1000.0,
-                                "waiting", U(ctx->lockwait ? tc_lockwait_count(ctx->lockwait) : 0)));
+                                "waiting", U(sn.lock_waiters)));
   json_object_set_new(a, "phase2",
                       json_pack("{s:o, s:o, s:o, s:o, s:o, s:i, s:o, s:o}", "calls", U(ns->phase2_calls),
                                 "retryable", U(ns->phase2_retryable), "unretryable", U(ns->phase2_unretryable),
@@ -574,41 +576,37 @@ static void on_stats(tc_pg_job_t *job, int status, void *arg) {
                                 ns->phase2_active, "commit_drives", U(ns->phase2_count[0]), "rollback_drives",
                                 U(ns->phase2_count[1])));
   json_object_set_new(a, "requests", json_pack("{s:o, s:o}", "total", U(ns->requests), "bad", U(ns->bad_requests)));
-  if (ctx->server) {
-    tc_server_stats_t ss;
-    tc_server_get_stats(ctx->server, &ss);
+  if (sn.has_server) {
+    const tc_server_stats_t *ss = &sn.server;
     json_object_set_new(
       a, "server",
-      json_pack("{s:i, s:i, s:i, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "connections", ss.connections, "rms",
-                ss.rms, "tms", ss.tms, "accepted", U(ss.accepted), "refused", U(ss.refused), "closed", U(ss.closed),
-                "frames_in", U(ss.frames_in), "frames_out", U(ss.frames_out), "bad_frames", U(ss.bad_frames),
-                "busy_replies", U(ss.busy_replies), "auth_failures", U(ss.auth_failures), "version_mismatches",
-                U(ss.version_mismatches)));
+      json_pack("{s:i, s:i, s:i, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "connections", ss->connections, "rms",
+                ss->rms, "tms", ss->tms, "accepted", U(ss->accepted), "refused", U(ss->refused), "closed",
+                U(ss->closed), "frames_in", U(ss->frames_in), "frames_out", U(ss->frames_out), "bad_frames",
+                U(ss->bad_frames), "busy_replies", U(ss->busy_replies), "auth_failures", U(ss->auth_failures),
+                "version_mismatches", U(ss->version_mismatches)));
   }
-  tc_store_stats_t st;
-  tc_store_get_stats(ctx->store, &st);
+  const tc_store_stats_t *st = &sn.store;
   json_object_set_new(
     a, "store",
-    json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:f, s:f, s:i, s:{s:o, s:o, s:o, s:o}}", "batches", U(st.batches),
-              "ops", U(st.ops), "batch_retries", U(st.batch_retries), "op_failures", U(st.op_failures), "deadlocks",
-              U(st.deadlocks), "queue_len", U(st.queue_len), "queue_peak", U(st.queue_peak), "batch_ms_avg",
-              st.batches ? st.batch_ms_total / (double)st.batches : 0.0, "ops_per_batch",
-              st.batches ? (double)st.ops / (double)st.batches : 0.0, "ready_conns", tc_store_ready_conns(ctx->store),
-              "ops_by_kind", "begin", U(st.ops_by_kind[TC_OP_BEGIN]), "register", U(st.ops_by_kind[TC_OP_REGISTER]),
-              "decide", U(st.ops_by_kind[TC_OP_DECIDE]), "phase2", U(st.ops_by_kind[TC_OP_PHASE2])));
-  if (ctx->recovery) {
-    tc_recovery_stats_t rs;
-    tc_recovery_get_stats(ctx->recovery, &rs);
+    json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:f, s:f, s:i, s:{s:o, s:o, s:o, s:o}}", "batches", U(st->batches),
+              "ops", U(st->ops), "batch_retries", U(st->batch_retries), "op_failures", U(st->op_failures), "deadlocks",
+              U(st->deadlocks), "queue_len", U(st->queue_len), "queue_peak", U(st->queue_peak), "batch_ms_avg",
+              st->batches ? st->batch_ms_total / (double)st->batches : 0.0, "ops_per_batch",
+              st->batches ? (double)st->ops / (double)st->batches : 0.0, "ready_conns", sn.store_ready_conns,
+              "ops_by_kind", "begin", U(st->ops_by_kind[TC_OP_BEGIN]), "register", U(st->ops_by_kind[TC_OP_REGISTER]),
+              "decide", U(st->ops_by_kind[TC_OP_DECIDE]), "phase2", U(st->ops_by_kind[TC_OP_PHASE2])));
+  if (sn.has_recovery) {
+    const tc_recovery_stats_t *rs = &sn.rec;
     json_object_set_new(a, "recovery",
-                        json_pack("{s:o, s:o, s:o, s:o}", "leader_terms", U(rs.leader_terms), "timed_out",
-                                  U(rs.timed_out), "retried", U(rs.retried), "history_pruned", U(rs.history_pruned)));
+                        json_pack("{s:o, s:o, s:o, s:o}", "leader_terms", U(rs->leader_terms), "timed_out",
+                                  U(rs->timed_out), "retried", U(rs->retried), "history_pruned", U(rs->history_pruned)));
   }
-  tc_admin_stats_t as;
-  tc_admin_get_stats(x->req->adm, &as);
+  const tc_admin_stats_t *as = &sn.admin;
   json_object_set_new(a, "admin",
-                      json_pack("{s:i, s:o, s:o, s:o, s:o, s:o, s:o}", "connections", as.connections, "accepted",
-                                U(as.accepted), "denied", U(as.denied), "requests", U(as.requests), "bad_requests",
-                                U(as.bad_requests), "repairs", U(as.repairs), "refused", U(as.refused)));
+                      json_pack("{s:i, s:o, s:o, s:o, s:o, s:o, s:o}", "connections", as->connections, "accepted",
+                                U(as->accepted), "denied", U(as->denied), "requests", U(as->requests), "bad_requests",
+                                U(as->bad_requests), "repairs", U(as->repairs), "refused", U(as->refused)));
   if (status == TC_PG_OK) {
     const PGresult *r = tc_pg_job_result(job, 0);
     json_t *sessions = json_object();
@@ -623,7 +621,7 @@ static void on_stats(tc_pg_job_t *job, int status, void *arg) {
 }
 
 static void exec_stats(exec_t *x) {
-  const char *sql = "SELECT status, count(*) FROM global_table GROUP BY status ORDER BY status";
+  const char *sql = tc_stats_sessions_sql;
   const int np[] = {0};
   const char *const *vals[] = {NULL};
   submit_read(x, 0, on_stats, 1, &sql, np, vals);
@@ -662,13 +660,13 @@ static void exec_help(exec_t *x) {
  * have the points; elsewhere both are refused, so a fault script cannot
  * believe it armed a point that does not exist. */
 static void exec_failpoint(exec_t *x) {
-  if (!txp_failpoint_compiled()) {
+  if (!txc_failpoint_compiled()) {
     finish_error(x, "unsupported", "this tcd has no failpoints: build it with -DTX_FAILPOINTS=ON (test builds)");
     return;
   }
   if (x->req->cmd.kind == TC_ADM_FAILPOINT_ARM) {
     char err[256];
-    if (txp_failpoint_arm(x->req->cmd.spec, err, sizeof(err)) != 0) {
+    if (txc_failpoint_arm(x->req->cmd.spec, err, sizeof(err)) != 0) {
       finish_error(x, "bad_request", "%s", err);
       return;
     }
@@ -676,7 +674,7 @@ static void exec_failpoint(exec_t *x) {
            x->req->cmd.spec);
   }
   char buf[2048];
-  txp_failpoint_list(buf, sizeof(buf));
+  txc_failpoint_list(buf, sizeof(buf));
   json_t *list = json_array();
   for (char *line = buf, *nl; *line && (nl = strchr(line, '\n')); line = nl + 1) {
     *nl = '\0';

@@ -32,7 +32,7 @@
 
 #include "tc_lockwait.h"
 #include "tc_log.h"
-#include "txp_failpoint.h"
+#include "txc_failpoint.h"
 #include "tc_ctx.h"
 #include "tc_coord.h"
 #include "tc_phase2.h"
@@ -115,7 +115,7 @@ static void on_begin_done(tc_op_t *op, void *arg) {
                "idempotency key already used by a global transaction that has finished");
     return;
   }
-  TXP_FAILPOINT("tc.begin.after_store");
+  TXC_FAILPOINT("tc.begin.after_store");
   c->ctx->stats.begun++;
   txp_msg_t res;
   txp_msg_init_result(&res, &c->req->msg, 0, NULL);
@@ -217,8 +217,8 @@ static void on_decide_done(tc_op_t *op, void *arg) {
       else ctx->stats.rolled_back++;
       break; /* no branches: finished already */
     }
-    if (txp_global_status_is_commit(op->global_status)) TXP_FAILPOINT("tc.commit.after_decision");
-    else TXP_FAILPOINT("tc.rollback.after_decision");
+    if (txp_global_status_is_commit(op->global_status)) TXC_FAILPOINT("tc.commit.after_decision");
+    else TXC_FAILPOINT("tc.rollback.after_decision");
     if (txp_global_status_is_commit(op->global_status)) {
       ctx->stats.committed++;
       if (commit_waits(op)) {
@@ -271,7 +271,7 @@ static void handle_decide(tc_ctx_t *ctx, tc_req_t *req, tc_decide_action_t actio
   snprintf(c->xid, sizeof(c->xid), "%s", req->msg.xid);
   c->op.xid = c->xid;
   c->op.action = action;
-  if (action == TC_DECIDE_COMMIT) TXP_FAILPOINT("tc.commit.before_decision");
+  if (action == TC_DECIDE_COMMIT) TXC_FAILPOINT("tc.commit.before_decision");
   submit_or_reply(c);
 }
 
@@ -471,7 +471,7 @@ static void on_register_done(tc_op_t *op, void *arg) {
   char msg[TXP_MAX_XID_LEN + 128];
   switch (op->res) {
   case TC_RES_OK:
-    TXP_FAILPOINT("tc.register.after_store");
+    TXC_FAILPOINT("tc.register.after_store");
     ctx->stats.registered++;
     reply_register(c, 0, NULL);
     return;

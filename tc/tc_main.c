@@ -10,7 +10,7 @@
 
 #include "tc_config.h"
 #include "tc_log.h"
-#include "txp_failpoint.h"
+#include "txc_failpoint.h"
 #include "tc_node.h"
 #include "txp_msg.h"
 
@@ -113,7 +113,7 @@ int main(int argc, char **argv) {
     case 'h': usage(stdout); return 0;
     case 'V':
       printf("tcd %s (protocol %d.%d%s)\n", TXC_VERSION, TXP_VERSION_MAJOR, TXP_VERSION_MINOR,
-             txp_failpoint_compiled() ? ", failpoints" : "");
+             txc_failpoint_compiled() ? ", failpoints" : "");
       return 0;
     default: usage(stderr); return EX_USAGE;
     }
@@ -150,7 +150,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "tcd: %s\n", err);
     return EX_CONFIG;
   }
-  if (txp_failpoint_arm_env(err, sizeof(err)) != 0) {
+  if (txc_failpoint_arm_env(err, sizeof(err)) != 0) {
     fprintf(stderr, "tcd: TX_FAILPOINTS: %s\n", err);
     return EX_CONFIG;
   }

@@ -30,6 +30,7 @@
 #include "tc_lockwait.h"
 #include "tc_log.h"
 #include "tc_phase2.h"
+#include "tc_stats.h"
 #include "tc_recovery.h"
 #include "tc_server.h"
 
@@ -40,15 +41,7 @@
 /* What a handler may read: copied in and out under 'mu'. */
 typedef struct snap {
   uint64_t published_ns; /* 0: never */
-  bool serving, stopping, leader, has_server, has_recovery, has_admin;
-  tc_node_stats_t ctx;
-  tc_store_stats_t store;
-  int store_ready_conns;
-  tc_server_stats_t server;
-  tc_recovery_stats_t rec;
-  tc_admin_stats_t admin;
-  uint64_t lock_waiters;
-  int node_id;
+  tc_stats_t st;         /* the node's figures (tc_stats.h) */
   /* the last probe */
   bool probed;
   uint64_t probed_ns;
@@ -79,33 +72,9 @@ struct tc_metrics {
 /* ------------------------------------------------------------ loop side */
 
 static void publish(tc_metrics_t *m) {
-  tc_ctx_t *ctx = m->ctx;
   snap_t *s = &m->loop_snap;
-  s->serving = ctx->serving;
-  s->stopping = ctx->stopping;
-  s->node_id = ctx->cfg->node_id;
-  s->ctx = ctx->stats;
-  tc_store_get_stats(ctx->store, &s->store);
-  s->store_ready_conns = tc_store_ready_conns(ctx->store);
+  tc_stats_read(m->ctx, &s->st);
   s->published_ns = uv_hrtime();
-  if (ctx->stopping) {
-    /* The server, recovery, lock waits and admin may be released already:
-     * keep their last values. */
-    goto out;
-  }
-  s->has_server = ctx->server != NULL;
-  if (ctx->server) tc_server_get_stats(ctx->server, &s->server);
-  s->has_recovery = ctx->recovery != NULL;
-  if (ctx->recovery) {
-    tc_recovery_get_stats(ctx->recovery, &s->rec);
-    s->leader = tc_recovery_is_leader(ctx->recovery);
-  } else {
-    s->leader = false;
-  }
-  s->has_admin = ctx->admin != NULL;
-  if (ctx->admin) tc_admin_get_stats(ctx->admin, &s->admin);
-  s->lock_waiters = ctx->lockwait ? tc_lockwait_count(ctx->lockwait) : 0;
-out:
   pthread_mutex_lock(&m->mu);
   m->snap = *s;
   pthread_mutex_unlock(&m->mu);
@@ -190,7 +159,7 @@ static void on_probe(tc_pg_job_t *job, int status, void *arg) {
 static void start_probe(tc_metrics_t *m) {
   tc_pg_job_t *job = tc_pg_job_new(0, on_probe, m);
   if (!job) return;
-  if (tc_pg_job_add(job, "SELECT status, count(*) FROM global_table GROUP BY status", 0, NULL) != 0 ||
+  if (tc_pg_job_add(job, tc_stats_sessions_sql, 0, NULL) != 0 ||
       tc_pg_job_add(job,
                     "SELECT count(*), count(*) FILTER (WHERE next_retry_at <= clock_timestamp()) "
                     "FROM global_table WHERE next_retry_at IS NOT NULL",
@@ -278,14 +247,14 @@ static const int live_statuses[] = {
 };
 
 static bool ready(const snap_t *s, uint64_t now) {
-  return s->serving && !s->stopping && s->probed && s->db_ok && s->schema_ok &&
+  return s->st.serving && !s->st.stopping && s->probed && s->db_ok && s->schema_ok &&
          now - s->probed_ns < (uint64_t)TC_METRICS_STALE_MS * 2 * 1000000u;
 }
 
 static void format_metrics(const snap_t *s, uint64_t now, sbuf_t *b) {
-  const tc_node_stats_t *n = &s->ctx;
+  const tc_node_stats_t *n = &s->st.counters;
   head(b, "txc_build_info", "gauge", "Build and node identity (always 1).");
-  sb_printf(b, "txc_build_info{version=\"%s\",node_id=\"%d\"} 1\n", TXC_VERSION, s->node_id);
+  sb_printf(b, "txc_build_info{version=\"%s\",node_id=\"%d\"} 1\n", TXC_VERSION, s->st.node_id);
 
   counter(b, "txc_globals_begun_total", "Global transactions begun on this node.", n->begun);
   counter(b, "txc_globals_committed_total", "Commit decisions taken on this node.", n->committed);
@@ -306,7 +275,7 @@ static void format_metrics(const snap_t *s, uint64_t now, sbuf_t *b) {
   head(b, "txc_lock_wait_seconds_total", "counter", "Time spent waiting for global locks (granted waits).");
   sb_printf(b, "txc_lock_wait_seconds_total %.3f\n", (double)n->lock_wait_ms_total / 1000.0);
   counter(b, "txc_lock_wait_timeouts_total", "Lock waits that timed out.", n->lock_wait_timeouts);
-  gauge(b, "txc_lock_waiters", "Registrations waiting for a lock on this node now.", (double)s->lock_waiters);
+  gauge(b, "txc_lock_waiters", "Registrations waiting for a lock on this node now.", (double)s->st.lock_waiters);
 
   counter(b, "txc_phase2_calls_total", "BranchCommit/BranchRollback calls to resource managers.", n->phase2_calls);
   head(b, "txc_phase2_failures_total", "counter", "Phase-two branch calls that failed, by kind.");
@@ -341,7 +310,7 @@ static void format_metrics(const snap_t *s, uint64_t now, sbuf_t *b) {
     gauge(b, "txc_retry_queue_due", "Sessions whose phase-two retry is due now.", (double)s->retry_due);
   }
 
-  const tc_store_stats_t *st = &s->store;
+  const tc_store_stats_t *st = &s->st.store;
   counter(b, "txc_store_batches_total", "Group-commit batches run.", st->batches);
   head(b, "txc_store_ops_total", "counter", "Store operations, by kind.");
   static const char *const kinds[TC_OP__KINDS] = {"begin", "register", "decide", "phase2"};
@@ -373,10 +342,10 @@ static void format_metrics(const snap_t *s, uint64_t now, sbuf_t *b) {
   counter(b, "txc_store_deadlocks_total", "Batches that met a deadlock or serialization failure.", st->deadlocks);
   counter(b, "txc_store_op_failures_total", "Operations that failed in the store.", st->op_failures);
   gauge(b, "txc_store_connections_ready", "PostgreSQL connections ready (writers and readers).",
-        (double)s->store_ready_conns);
+        (double)s->st.store_ready_conns);
 
-  if (s->has_server) {
-    const tc_server_stats_t *sv = &s->server;
+  if (s->st.has_server) {
+    const tc_server_stats_t *sv = &s->st.server;
     head(b, "txc_connections", "gauge", "Registered client connections, by role.");
     sb_printf(b, "txc_connections{role=\"rm\"} %d\n", sv->rms);
     sb_printf(b, "txc_connections{role=\"tm\"} %d\n", sv->tms);
@@ -393,17 +362,17 @@ static void format_metrics(const snap_t *s, uint64_t now, sbuf_t *b) {
             sv->version_mismatches);
   }
 
-  gauge(b, "txc_leader", "1 while this node holds the recovery leadership.", s->leader ? 1 : 0);
-  if (s->has_recovery) {
-    counter(b, "txc_leader_terms_total", "Times this node became the leader.", s->rec.leader_terms);
-    counter(b, "txc_recovery_timeouts_total", "Timed-out sessions found by the leader.", s->rec.timed_out);
-    counter(b, "txc_recovery_retries_total", "Phase-two retries claimed by the leader.", s->rec.retried);
+  gauge(b, "txc_leader", "1 while this node holds the recovery leadership.", s->st.leader ? 1 : 0);
+  if (s->st.has_recovery) {
+    counter(b, "txc_leader_terms_total", "Times this node became the leader.", s->st.rec.leader_terms);
+    counter(b, "txc_recovery_timeouts_total", "Timed-out sessions found by the leader.", s->st.rec.timed_out);
+    counter(b, "txc_recovery_retries_total", "Phase-two retries claimed by the leader.", s->st.rec.retried);
   }
-  if (s->has_admin) {
-    counter(b, "txc_admin_requests_total", "Admin socket requests.", s->admin.requests);
-    counter(b, "txc_admin_repairs_total", "Operator repairs applied.", s->admin.repairs);
-    counter(b, "txc_admin_refused_total", "Operator repairs refused.", s->admin.refused);
-    counter(b, "txc_admin_denied_total", "Admin connections refused by peer credentials.", s->admin.denied);
+  if (s->st.has_admin) {
+    counter(b, "txc_admin_requests_total", "Admin socket requests.", s->st.admin.requests);
+    counter(b, "txc_admin_repairs_total", "Operator repairs applied.", s->st.admin.repairs);
+    counter(b, "txc_admin_refused_total", "Operator repairs refused.", s->st.admin.refused);
+    counter(b, "txc_admin_denied_total", "Admin connections refused by peer credentials.", s->st.admin.denied);
   }
   gauge(b, "txc_store_reachable", "1 if PostgreSQL answered the last probe.", s->db_ok ? 1 : 0);
   gauge(b, "txc_schema_ok", "1 if schema_version holds every tc version this build expects.",
@@ -480,7 +449,7 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const cha
     if (ready(s, now)) {
       ret = respond_text(conn, MHD_HTTP_OK, "ready: serving, PostgreSQL reachable, schema tc %s\n", TC_SCHEMA_VERSIONS);
     } else {
-      const char *why = !s->serving || s->stopping ? "not serving (starting or stopping)"
+      const char *why = !s->st.serving || s->st.stopping ? "not serving (starting or stopping)"
                         : !s->probed              ? "PostgreSQL not probed yet"
                         : s->probe_error[0]       ? s->probe_error
                                                   : "last PostgreSQL probe is too old";

@@ -185,9 +185,7 @@ struct tc_pg_pool {
   tc_pg_job_t *qtail;
   size_t nqueued;
 
-  tc_pg_job_t **heap;
-  size_t nheap;
-  size_t heapcap;
+  txc_heap_t heap; /* queued jobs with a deadline, earliest first */
 
   uv_timer_t deadline_timer;
   uv_idle_t kick;
@@ -245,78 +243,23 @@ static void queue_remove(tc_pg_pool_t *pool, tc_pg_job_t *job)
   pool->nqueued--;
 }
 
-static void heap_swap(tc_pg_pool_t *pool, size_t a, size_t b)
-{
-  tc_pg_job_t *t = pool->heap[a];
-
-  pool->heap[a] = pool->heap[b];
-  pool->heap[b] = t;
-  pool->heap[a]->heap_idx = a;
-  pool->heap[b]->heap_idx = b;
-}
-
-static void heap_up(tc_pg_pool_t *pool, size_t i)
-{
-  while (i > 0) {
-    size_t parent = (i - 1) / 2;
-
-    if (pool->heap[parent]->deadline_ns <= pool->heap[i]->deadline_ns)
-      break;
-    heap_swap(pool, i, parent);
-    i = parent;
-  }
-}
-
-static void heap_down(tc_pg_pool_t *pool, size_t i)
-{
-  for (;;) {
-    size_t l = 2 * i + 1;
-    size_t r = l + 1;
-    size_t min = i;
-
-    if (l < pool->nheap && pool->heap[l]->deadline_ns < pool->heap[min]->deadline_ns)
-      min = l;
-    if (r < pool->nheap && pool->heap[r]->deadline_ns < pool->heap[min]->deadline_ns)
-      min = r;
-    if (min == i)
-      break;
-    heap_swap(pool, i, min);
-    i = min;
-  }
-}
-
-/* Returns 0, or -1 if the heap could not grow. */
+/* The deadline heap (common/txc_heap.h), keyed by deadline_ns. */
 static int heap_push(tc_pg_pool_t *pool, tc_pg_job_t *job)
 {
-  if (pool->nheap == pool->heapcap) {
-    size_t cap = pool->heapcap ? pool->heapcap * 2 : 64;
-    tc_pg_job_t **heap = realloc(pool->heap, cap * sizeof *heap);
-
-    if (heap == NULL)
-      return -1;
-    pool->heap = heap;
-    pool->heapcap = cap;
-  }
-  job->heap_idx = pool->nheap;
-  pool->heap[pool->nheap++] = job;
-  heap_up(pool, job->heap_idx);
-  return 0;
+  return txc_heap_push(&pool->heap, &job->hnode, job->deadline_ns);
 }
 
 static void heap_remove(tc_pg_pool_t *pool, tc_pg_job_t *job)
 {
-  size_t i = job->heap_idx;
+  txc_heap_remove(&pool->heap, &job->hnode);
+}
 
-  if (i == SIZE_MAX)
-    return;
-  pool->nheap--;
-  if (i != pool->nheap) {
-    pool->heap[i] = pool->heap[pool->nheap];
-    pool->heap[i]->heap_idx = i;
-    heap_up(pool, i);
-    heap_down(pool, pool->heap[i]->heap_idx);
-  }
-  job->heap_idx = SIZE_MAX;
+/* The job whose deadline comes first, or NULL. */
+static tc_pg_job_t *heap_first(const tc_pg_pool_t *pool)
+{
+  txc_heap_node_t *n = txc_heap_min(&pool->heap);
+
+  return n ? TXC_HEAP_ELEM(n, tc_pg_job_t, hnode) : NULL;
 }
 
 /* Take 'job' out of the queue and the heap. */
@@ -351,12 +294,12 @@ static void pool_arm_deadline(tc_pg_pool_t *pool)
 
   if (pool->closing)
     return;
-  if (pool->nheap == 0) {
+  if (txc_heap_len(&pool->heap) == 0) {
     uv_timer_stop(&pool->deadline_timer);
     return;
   }
   now = uv_hrtime();
-  due = pool->heap[0]->deadline_ns;
+  due = heap_first(pool)->deadline_ns;
   /* Round up: firing a little late is fine, firing early only re-arms. */
   uv_timer_start(&pool->deadline_timer, pool_on_deadline,
                  due > now ? (due - now + 999999) / 1000000 : 0, 0);
@@ -372,8 +315,7 @@ static void pool_on_deadline(uv_timer_t *timer)
    * a deadline only bounds the wait for a connection. */
   pool_dispatch(pool);
   now = uv_hrtime();
-  while (!pool->closing && pool->nheap > 0 && pool->heap[0]->deadline_ns <= now) {
-    tc_pg_job_t *job = pool->heap[0];
+  for (tc_pg_job_t *job; !pool->closing && (job = heap_first(pool)) != NULL && job->deadline_ns <= now;) {
     char msg[TC_PG_ERR_LEN + 64];
 
     pool_unqueue(pool, job);
@@ -422,14 +364,14 @@ static void pool_dispatch(tc_pg_pool_t *pool)
     if (c == NULL)
       break;
     job = pool->qhead;
-    if (job->heap_idx != SIZE_MAX)
+    if (txc_heap_contains(&job->hnode))
       dequeued_deadline = true;
     pool_unqueue(pool, job);
     conn_start_job(c, job);
   }
   /* The timer may still point at a dispatched job; that is harmless (it
    * re-arms), but stop it when nothing is left so the loop can end. */
-  if (dequeued_deadline && pool->nheap == 0 && !pool->closing)
+  if (dequeued_deadline && txc_heap_len(&pool->heap) == 0 && !pool->closing)
     uv_timer_stop(&pool->deadline_timer);
 }
 
@@ -437,7 +379,7 @@ static void pool_dispatch(tc_pg_pool_t *pool)
 
 static void pool_free(tc_pg_pool_t *pool)
 {
-  free(pool->heap);
+  txc_heap_free(&pool->heap);
   free(pool->conns);
   if (pool->parsed != NULL)
     PQconninfoFree(pool->parsed);
@@ -905,13 +847,13 @@ static void conn_start_job(tc_pg_conn_t *c, tc_pg_job_t *job)
   }
   if (c->must_deallocate) {
     ok = PQsendQueryParams(pg, "DEALLOCATE ALL", 0, NULL, NULL, NULL, NULL, 0) == 1;
-    job->items[n++] = ITEM_OTHER;
+    job->items[n++] = TC_PG_ITEM_OTHER;
     c->must_deallocate = false;
     c->nprepared = 0;
   }
   if (ok && txn) {
     ok = PQsendQueryParams(pg, "BEGIN", 0, NULL, NULL, NULL, NULL, 0) == 1;
-    job->items[n++] = ITEM_OTHER;
+    job->items[n++] = TC_PG_ITEM_OTHER;
   }
   for (i = 0; ok && i < job->nstmts; i++) {
     const tc_pg_stmt_t *s = &job->stmts[i];
@@ -926,7 +868,7 @@ static void conn_start_job(tc_pg_conn_t *c, tc_pg_job_t *job)
      * once, not in every batch. */
     if (!conn_has_prepared(c, s->name) && c->nprepared < TC_PG_MAX_PREPARED) {
       ok = PQsendPrepare(pg, s->name, s->sql, s->nparams, NULL) == 1;
-      job->items[n++] = ITEM_PREPARE_BASE - i;
+      job->items[n++] = TC_PG_ITEM_PREPARE_BASE - i;
       c->prepared[c->nprepared++] = s->name;
     }
     if (ok && conn_has_prepared(c, s->name)) {
@@ -940,7 +882,7 @@ static void conn_start_job(tc_pg_conn_t *c, tc_pg_job_t *job)
   }
   if (ok && txn) {
     ok = PQsendQueryParams(pg, "COMMIT", 0, NULL, NULL, NULL, NULL, 0) == 1;
-    job->items[n++] = ITEM_OTHER;
+    job->items[n++] = TC_PG_ITEM_OTHER;
   }
   job->nitems = n;
   if (ok)
@@ -960,8 +902,8 @@ static void conn_start_job(tc_pg_conn_t *c, tc_pg_job_t *job)
 /* File one result of the in-flight job under its pipeline item. */
 static void job_take_result(tc_pg_job_t *job, PGresult *res)
 {
-  int kind = job->item >= 0 && job->item < job->nitems ? job->items[job->item] : ITEM_OTHER;
-  int idx = kind >= 0 ? kind : kind <= ITEM_PREPARE_BASE ? ITEM_PREPARE_BASE - kind : -1;
+  int kind = job->item >= 0 && job->item < job->nitems ? job->items[job->item] : TC_PG_ITEM_OTHER;
+  int idx = kind >= 0 ? kind : kind <= TC_PG_ITEM_PREPARE_BASE ? TC_PG_ITEM_PREPARE_BASE - kind : -1;
   bool is_stmt = kind >= 0 && kind < job->nstmts;
 
   switch (PQresultStatus(res)) {
@@ -1366,7 +1308,7 @@ int tc_pg_submit(tc_pg_pool_t *pool, tc_pg_job_t *job, unsigned deadline_ms)
   if (deadline_ms > 0 && heap_push(pool, job) != 0)
     return TC_PG_EFULL; /* out of memory is a kind of full */
   queue_push(pool, job);
-  if (job->heap_idx == 0)
+  if (txc_heap_contains(&job->hnode) && job->hnode.idx == 0)
     pool_arm_deadline(pool);
   /* Dispatch later, never here: the job's callback must not run inside
    * this call.  Inside a pool callback, pool_leave does it; otherwise the

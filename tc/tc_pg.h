@@ -36,13 +36,16 @@
 typedef struct tc_pg_pool tc_pg_pool_t;
 typedef struct tc_pg_job tc_pg_job_t;
 
+/* The pool's codes, in a range of their own (not -errno's, not the
+ * protocol's -10000..-10299, not librmclient's): they reach the callers of
+ * tc_store_read, where a code must mean one thing. */
 enum {
   TC_PG_OK = 0,
-  TC_PG_ESTMT = -1,    /* a statement failed: see tc_pg_job_error()/sqlstate */
-  TC_PG_EBROKEN = -2,  /* connection lost while the job was in flight: outcome unknown */
-  TC_PG_ENOCONN = -3,  /* no connection could be had before the job's deadline */
-  TC_PG_EFULL = -4,    /* queue full: the job was not accepted */
-  TC_PG_ECLOSING = -5, /* pool closing */
+  TC_PG_ESTMT = -10500,    /* a statement failed: see tc_pg_job_error()/sqlstate */
+  TC_PG_EBROKEN = -10501,  /* connection lost while the job was in flight: outcome unknown */
+  TC_PG_ENOCONN = -10502,  /* no connection could be had before the job's deadline */
+  TC_PG_EFULL = -10503,    /* queue full: the job was not accepted */
+  TC_PG_ECLOSING = -10504, /* pool closing */
 };
 
 enum {

@@ -10,12 +10,13 @@
 #include <stdint.h>
 
 #include "tc_pg.h"
+#include "txc_heap.h"
 
 #define TC_PG_MAX_PARAMS 65535 /* the protocol's limit (Int16 count) */
 #define TC_PG_ERR_LEN 256
 #define TC_PG_MAX_PREPARED 32
-#define ITEM_OTHER (-1)
-#define ITEM_PREPARE_BASE (-2)
+#define TC_PG_ITEM_OTHER (-1)
+#define TC_PG_ITEM_PREPARE_BASE (-2)
 
 /* One statement of a job.  'sql' and 'values' live in 'block' (one
  * allocation per statement); 'res' is its result once received. */
@@ -33,7 +34,7 @@ struct tc_pg_job {
    * heap (SIZE_MAX when not in it). */
   tc_pg_job_t *prev;
   tc_pg_job_t *next;
-  size_t heap_idx;
+  txc_heap_node_t hnode;
 
   unsigned flags;
   tc_pg_job_cb cb;
@@ -49,8 +50,8 @@ struct tc_pg_job {
   unsigned deadline_ms;
 
   /* Pipeline item whose results are being read, and what each item is:
-   * a statement index (>= 0), ITEM_OTHER (BEGIN, COMMIT, DEALLOCATE), or
-   * ITEM_PREPARE_BASE - i for the Prepare of statement i. */
+   * a statement index (>= 0), TC_PG_ITEM_OTHER (BEGIN, COMMIT, DEALLOCATE), or
+   * TC_PG_ITEM_PREPARE_BASE - i for the Prepare of statement i. */
   int item;
   int *items;
   int nitems;

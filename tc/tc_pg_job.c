@@ -81,7 +81,7 @@ tc_pg_job_t *tc_pg_job_new(unsigned flags, tc_pg_job_cb cb, void *arg)
   job->flags = flags;
   job->cb = cb;
   job->arg = arg;
-  job->heap_idx = SIZE_MAX;
+  txc_heap_node_init(&job->hnode);
   job->failed_index = -1;
   return job;
 }

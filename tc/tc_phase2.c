@@ -25,7 +25,7 @@
 #include <string.h>
 
 #include "tc_log.h"
-#include "txp_failpoint.h"
+#include "txc_failpoint.h"
 #include "tc_phase2.h"
 #include "tc_server.h"
 
@@ -161,7 +161,9 @@ static void store_all_committed(drive_t *d) {
   op->id = 0; /* every branch */
   op->branch_status = TXP_BS_PHASE2_COMMITTED;
   op->error = NULL;
-  op->lazy = true; /* clean-up: nobody waits for it (tc_store.c NOTES) */
+  /* Clean-up, unless a TM waits for this drive (a commit with give-backs,
+   * TXP_APP_DATA_PHASE2_SYNC): then no waiting for a fuller batch. */
+  op->lazy = !d->done;
   if (tc_store_submit(d->ctx->store, op) != 0) {
     d->pending -= d->n;
     d->stopped = true;
@@ -177,7 +179,7 @@ static void commit_answer(drive_t *d, branch_ctx_t *b, int bs) {
   bool all_ok = true;
   for (int i = 0; i < d->n; i++) all_ok = all_ok && d->branches[i].answer == TXP_BS_PHASE2_COMMITTED;
   if (all_ok) {
-    TXP_FAILPOINT("tc.phase2.after_acks");
+    TXC_FAILPOINT("tc.phase2.after_acks");
     store_all_committed(d);
     return;
   }

@@ -52,6 +52,7 @@
 #include <string.h>
 
 #include "tc_log.h"
+#include "txc_idtable.h"
 
 #define TC_SERVER_VERSION "txc/0.1"
 
@@ -73,13 +74,12 @@ typedef enum { ROLE_NONE, ROLE_TM, ROLE_RM } conn_role_t;
 
 /* One TC->RM call waiting for its *_RESULT. */
 typedef struct tc_call {
-  uint64_t id;
+  txc_idnode_t node;     /* in the server's table; node.id is the request id */
   uint16_t expect_type;  /* the request type + 1 */
   uint64_t deadline;     /* uv_now() milliseconds */
   tc_call_cb cb;
   void *arg;
   tc_conn_t *conn;
-  struct tc_call *hnext;       /* server hash chain */
   struct tc_call *prev, *next; /* conn->calls */
 } tc_call_t;
 
@@ -134,9 +134,7 @@ struct tc_server {
   int port;
   tc_conn_t *conns;
   tc_conn_t *dirty;
-  tc_call_t **buckets;
-  unsigned hash_bits;
-  size_t ncalls;
+  txc_idtable_t calls; /* calls awaiting their answer, by request id */
   uint64_t next_request_id;
   int nlive, nrms, ntms;
   tc_server_stats_t st;
@@ -200,39 +198,8 @@ static void peer_name(tc_conn_t *c) {
 
 /* -------------------------------------------------------- the call table */
 
-static size_t call_slot(const tc_server_t *s, uint64_t id) {
-  return (size_t)((id * UINT64_C(0x9E3779B97F4A7C15)) >> (64 - s->hash_bits));
-}
-
-/* Double the table when it gets crowded; on allocation failure the chains
- * just get longer. */
-static void calls_grow(tc_server_t *s) {
-  unsigned bits = s->hash_bits + 1;
-  tc_call_t **nb = calloc((size_t)1 << bits, sizeof(*nb));
-  if (!nb) return;
-  size_t old_n = (size_t)1 << s->hash_bits;
-  tc_call_t **old = s->buckets;
-  s->buckets = nb;
-  s->hash_bits = bits;
-  for (size_t i = 0; i < old_n; i++) {
-    tc_call_t *k = old[i];
-    while (k) {
-      tc_call_t *next = k->hnext;
-      size_t slot = call_slot(s, k->id);
-      k->hnext = nb[slot];
-      nb[slot] = k;
-      k = next;
-    }
-  }
-  free(old);
-}
-
 static void calls_insert(tc_server_t *s, tc_call_t *k) {
-  if (s->ncalls >= ((size_t)1 << s->hash_bits)) calls_grow(s);
-  size_t slot = call_slot(s, k->id);
-  k->hnext = s->buckets[slot];
-  s->buckets[slot] = k;
-  s->ncalls++;
+  txc_idtable_insert(&s->calls, &k->node);
   tc_conn_t *c = k->conn;
   k->prev = NULL;
   k->next = c->calls;
@@ -241,23 +208,17 @@ static void calls_insert(tc_server_t *s, tc_call_t *k) {
 }
 
 static tc_call_t *calls_find(const tc_server_t *s, uint64_t id) {
-  for (tc_call_t *k = s->buckets[call_slot(s, id)]; k; k = k->hnext)
-    if (k->id == id) return k;
-  return NULL;
+  txc_idnode_t *n = txc_idtable_find(&s->calls, id);
+  return n ? TXC_IDTABLE_ELEM(n, tc_call_t, node) : NULL;
 }
 
-/* Take 'k' out of the hash table and its connection's list. */
+/* Take 'k' out of the table and its connection's list. */
 static void calls_remove(tc_server_t *s, tc_call_t *k) {
-  tc_call_t **pp = &s->buckets[call_slot(s, k->id)];
-  while (*pp && *pp != k) pp = &(*pp)->hnext;
-  if (*pp) {
-    *pp = k->hnext;
-    s->ncalls--;
-  }
+  txc_idtable_remove(&s->calls, &k->node);
   if (k->prev) k->prev->next = k->next;
   else k->conn->calls = k->next;
   if (k->next) k->next->prev = k->prev;
-  k->prev = k->next = k->hnext = NULL;
+  k->prev = k->next = NULL;
 }
 
 /* Complete every call still pending on 'c' with 'status'.  The calls are
@@ -282,7 +243,7 @@ static void conn_fail_calls(tc_conn_t *c, int status) {
 /* ------------------------------------------------------- server lifetime */
 
 static void server_free(tc_server_t *s) {
-  free(s->buckets);
+  txc_idtable_free(&s->calls);
   free(s->host);
   free(s->token);
   free(s);
@@ -883,12 +844,12 @@ static void on_call_sweep(uv_timer_t *t) {
   while (expired) {
     tc_call_t *k = expired;
     expired = k->next;
-    TC_LOG(TC_LOG_DEBUG, NULL, "call %" PRIu64 " (%s) timed out", k->id,
+    TC_LOG(TC_LOG_DEBUG, NULL, "call %" PRIu64 " (%s) timed out", k->node.id,
            txp_msg_type_name(k->expect_type - 1));
     k->cb(TXP_EUNKNOWN_OUTCOME, NULL, k->arg);
     free(k);
   }
-  if (s->ncalls == 0) uv_timer_stop(&s->call_timer);
+  if (txc_idtable_count(&s->calls) == 0) uv_timer_stop(&s->call_timer);
 }
 
 /* ------------------------------------------------------------ listening */
@@ -1007,9 +968,8 @@ int tc_server_start(uv_loop_t *loop, const tc_server_opts_t *opts, tc_server_t *
   s->opts = *opts;
   s->host = str_dup(opts->listen_host ? opts->listen_host : "0.0.0.0");
   s->token = str_dup(opts->token);
-  s->hash_bits = CALL_HASH_BITS_MIN;
-  s->buckets = calloc((size_t)1 << s->hash_bits, sizeof(*s->buckets));
-  if (!s->host || !s->token || !s->buckets) goto fail_free;
+  bool calls_ok = txc_idtable_init(&s->calls, CALL_HASH_BITS_MIN) == 0;
+  if (!s->host || !s->token || !calls_ok) goto fail_free;
   s->token_len = strlen(s->token);
   s->opts.listen_host = s->host;
   s->opts.token = s->token;
@@ -1180,7 +1140,7 @@ int tc_conn_call(tc_conn_t *c, txp_msg_t *msg, unsigned timeout_ms, tc_call_cb c
     free(k);
     return rc;
   }
-  k->id = msg->request_id;
+  k->node.id = msg->request_id;
   k->expect_type = (uint16_t)(msg->type + 1);
   k->deadline = uv_now(s->loop) + (timeout_ms ? timeout_ms : CALL_DEFAULT_TIMEOUT_MS);
   k->cb = cb;

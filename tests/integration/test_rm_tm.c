@@ -52,6 +52,7 @@
 #include <libpq-fe.h>
 
 #include "rm_client.h"
+#include "rm_at_int.h"
 #include "rm_internal.h"
 #include "tcd_proc.h"
 #include "txp_status.h"

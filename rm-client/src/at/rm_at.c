@@ -52,7 +52,7 @@
 #include <string.h>
 
 #include "rm_at_int.h"
-#include "txp_failpoint.h"
+#include "txc_failpoint.h"
 #include "txp_status.h"
 
 void (*rm__at_failpoint_after_register)(rm_branch_t *b, int64_t branch_id, void *arg) = NULL;
@@ -109,7 +109,7 @@ static void branch_free(rm_branch_t *b) {
 
 int rm_at_close(rm_branch_t *b, bool committed) {
   if (!b) return RM_E_INVALID;
-  if (committed) TXP_FAILPOINT("rm.at.after_local_commit");
+  if (committed) TXC_FAILPOINT("rm.at.after_local_commit");
   /* Not committed: no commit of it will come to apply anything. */
   if (!committed && b->state == RM_BRANCH_PREPARED && b->has_commit_delta)
     rm__at_inline_remove(b->res, b->xid, b->branch_id);
@@ -246,7 +246,7 @@ int rm_at_prepare(rm_branch_t *b, int64_t *branch_id) {
   b->registered = true;
   b->branch_id = bid;
   if (rm__at_failpoint_after_register) rm__at_failpoint_after_register(b, bid, rm__at_failpoint_arg);
-  TXP_FAILPOINT("rm.at.after_register");
+  TXC_FAILPOINT("rm.at.after_register");
 
   /* 2. The deferred delta updates (a delta needs no lock key, so the
    * registration did not wait for them): the hot rows they lock are held

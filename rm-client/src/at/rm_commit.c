@@ -241,13 +241,15 @@ static int commit_apply_on(rm_undo_ctx_t *u, int *code) {
 
   if (!(res = rm__undo_exec(u, "could not begin the commit", "BEGIN", 0, NULL, NULL, PGRES_COMMAND_OK))) goto out;
   PQclear(res);
-  if (!(row = rm__undo_exec(u, "could not read the undo log",
-                 "SELECT id, log_status, context, rollback_info::text FROM undo_log"
-                 " WHERE xid = $1 AND branch_id = $2 FOR UPDATE",
-                 2, key, NULL, PGRES_TUPLES_OK)))
+  /* The row goes first (locked, and gone for everyone once we commit): if
+   * a delta cannot be applied, the ROLLBACK brings it back. */
+  if (!(row = rm__undo_exec(u, "could not take the undo row",
+                            "DELETE FROM undo_log WHERE xid = $1 AND branch_id = $2 AND log_status = 0"
+                            " RETURNING id, log_status, context, rollback_info::text",
+                            2, key, NULL, PGRES_TUPLES_OK)))
     goto out;
-  if (PQntuples(row) != 1 || strcmp(PQgetvalue(row, 0, 1), "0") != 0) {
-    *code = 0;
+  if (PQntuples(row) != 1) {
+    *code = 0; /* committed before, or a guard row: nothing to apply */
     status = TXP_BS_PHASE2_COMMITTED;
     goto out;
   }
@@ -256,7 +258,7 @@ static int commit_apply_on(rm_undo_ctx_t *u, int *code) {
     status = TXP_BS_PHASE2_COMMIT_FAILED_UNRETRYABLE;
     goto out;
   }
-  if (rm__undo_apply_settings(u, &ctx) != RM_UNDO_OK) goto out;
+  if (rm__undo_apply_settings(u, &ctx, true) != RM_UNDO_OK) goto out;
   for (size_t i = 0; i < nitems; i++) {
     if (items[i].op != RM_OP_COMMIT_DELTA) continue;
     bool first = true;
@@ -269,11 +271,6 @@ static int commit_apply_on(rm_undo_ctx_t *u, int *code) {
       goto out;
     }
   }
-  const char *id[1] = {PQgetvalue(row, 0, 0)};
-  if (!(res = rm__undo_exec(u, "could not delete the undo row", "DELETE FROM undo_log WHERE id = $1", 1, id, NULL,
-                 PGRES_COMMAND_OK)))
-    goto out;
-  PQclear(res);
   if (!(res = rm__undo_exec(u, "could not commit", "COMMIT", 0, NULL, NULL, PGRES_COMMAND_OK))) goto out;
   PQclear(res);
   *code = 0;

@@ -304,7 +304,7 @@ static int rollback_on(rm_undo_ctx_t *u, int *code) {
     status = TXP_BS_PHASE2_ROLLBACK_FAILED_UNRETRYABLE;
     goto out;
   }
-  if (rm__undo_apply_settings(u, &ctx) != RM_UNDO_OK) goto out;
+  if (rm__undo_apply_settings(u, &ctx, false) != RM_UNDO_OK) goto out;
   for (size_t i = nitems; i-- > 0;) {
     int rc = undo_item(u, &items[i]);
     if (rc == RM_UNDO_OK) continue;

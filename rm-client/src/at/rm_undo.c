@@ -24,7 +24,12 @@
  *   just deleting its row: in ONE local transaction the row is locked, its
  *   commit_delta items applied (one UPDATE per business row, the deltas of
  *   its columns together, so that a move such as frozen -> sold keeps the
- *   row's CHECK), the row deleted, all committed.  The row's deletion is
+ *   row's CHECK), the row deleted (first: DELETE ... RETURNING locks and
+ *   reads it in one round trip), all committed, without waiting for the
+ *   WAL flush (synchronous_commit off, set with the recorded settings): a
+ *   PostgreSQL crash that loses such a commit brings the undo row back,
+ *   and since its global committed the leftover pass applies it again; a
+ *   rollback, which nothing would redo, waits for its flush.  The row's deletion is
  *   the mark that the deltas were applied, so they are applied exactly
  *   once however often the commit comes.  Every path that ends a
  *   committed branch's row honours the mark:

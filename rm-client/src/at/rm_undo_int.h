@@ -64,8 +64,9 @@ bool rm__undo_refused(const rm_undo_ctx_t *u);
 int rm__undo_where_pk(PGconn *pg, txp_buf_t *sql, const rm_row_t *pk, int first);
 /* Index of column 'name' in t->cols, or -1. */
 int rm__undo_col_of(const rm_table_t *t, const char *name);
-/* SET LOCAL the recorded settings in one statement. */
-int rm__undo_apply_settings(rm_undo_ctx_t *u, const rm_ctx_t *ctx);
+/* SET LOCAL the recorded settings in one statement; 'relaxed' adds
+ * synchronous_commit = off (a commit with commit deltas: rm_commit.c). */
+int rm__undo_apply_settings(rm_undo_ctx_t *u, const rm_ctx_t *ctx, bool relaxed);
 /* The outcome of a failed item ('rc' a RM_UNDO_* code) of a commit or
  * rollback: the branch status, with *code set. */
 int rm__undo_item_failure(rm_undo_ctx_t *u, int rc, bool commit, int *code);

@@ -177,8 +177,8 @@ int rm__undo_col_of(const rm_table_t *t, const char *name) {
 
 
 /* SET LOCAL the recorded settings in one statement. */
-int rm__undo_apply_settings(rm_undo_ctx_t *u, const rm_ctx_t *ctx) {
-  if (ctx->nsettings == 0) return RM_UNDO_OK;
+int rm__undo_apply_settings(rm_undo_ctx_t *u, const rm_ctx_t *ctx, bool relaxed) {
+  if (ctx->nsettings == 0 && !relaxed) return RM_UNDO_OK;
   txp_buf_t sql;
   txp_buf_init(&sql, 0);
   const char *params[2 * RM_CTX_MAX_SETTINGS];
@@ -190,6 +190,9 @@ int rm__undo_apply_settings(rm_undo_ctx_t *u, const rm_ctx_t *ctx) {
     params[2 * i] = ctx->names[i];
     params[2 * i + 1] = ctx->values[i];
   }
+  if (!rc && relaxed)
+    rc = txp_buf_append_str(&sql, ctx->nsettings ? ", pg_catalog.set_config('synchronous_commit', 'off', true)"
+                                                 : "pg_catalog.set_config('synchronous_commit', 'off', true)");
   if (rc) {
     txp_buf_free(&sql);
     snprintf(u->err, u->errlen, "out of memory");

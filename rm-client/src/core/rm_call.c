@@ -41,6 +41,8 @@
 #include <string.h>
 
 #include "rm_core.h"
+#include "txc_heap.h"
+#include "txc_idtable.h"
 
 #define RM_RETRY_MIN_MS 20u  /* backoff after a retryable refusal */
 #define RM_RETRY_MAX_MS 500u
@@ -76,124 +78,32 @@ rm_call_t *rm__call_list_pop(rm_call_list_t *l) {
   return k;
 }
 
-/* --------------------------------------------------------------- heap */
+/* ------------------------------------- the deadline heap, the id table */
 
-static bool heap_less(const rm_call_t *a, const rm_call_t *b) { return a->due_ms < b->due_ms; }
-
-static void heap_set(rm_client_t *c, size_t i, rm_call_t *k) {
-  c->heap[i] = k;
-  k->heap_idx = i;
-}
-
-static void heap_up(rm_client_t *c, size_t i) {
-  rm_call_t *k = c->heap[i];
-  while (i > 0) {
-    size_t p = (i - 1) / 2;
-    if (!heap_less(k, c->heap[p])) break;
-    heap_set(c, i, c->heap[p]);
-    i = p;
-  }
-  heap_set(c, i, k);
-}
-
-static void heap_down(rm_client_t *c, size_t i) {
-  rm_call_t *k = c->heap[i];
-  for (;;) {
-    size_t l = 2 * i + 1, r = l + 1, m = i;
-    const rm_call_t *best = k;
-    if (l < c->heap_len && heap_less(c->heap[l], best)) {
-      m = l;
-      best = c->heap[l];
-    }
-    if (r < c->heap_len && heap_less(c->heap[r], best)) m = r;
-    if (m == i) break;
-    heap_set(c, i, c->heap[m]);
-    i = m;
-  }
-  heap_set(c, i, k);
-}
+static rm_call_t *call_of_hnode(txc_heap_node_t *n) { return n ? TXC_HEAP_ELEM(n, rm_call_t, hnode) : NULL; }
 
 static int heap_push(rm_client_t *c, rm_call_t *k, uint64_t due) {
-  if (c->heap_len == c->heap_cap) {
-    size_t n = c->heap_cap ? c->heap_cap * 2 : 64;
-    rm_call_t **h = realloc(c->heap, n * sizeof(*h));
-    if (!h) return RM_E_NOMEM;
-    c->heap = h;
-    c->heap_cap = n;
-  }
-  k->due_ms = due;
-  heap_set(c, c->heap_len++, k);
-  heap_up(c, k->heap_idx);
-  return 0;
+  return txc_heap_push(&c->heap, &k->hnode, due) == 0 ? 0 : RM_E_NOMEM;
 }
 
-static void heap_remove(rm_client_t *c, rm_call_t *k) {
-  size_t i = k->heap_idx;
-  if (i == SIZE_MAX) return;
-  k->heap_idx = SIZE_MAX;
-  rm_call_t *last = c->heap[--c->heap_len];
-  if (i == c->heap_len) return;
-  heap_set(c, i, last);
-  heap_up(c, i);
-  heap_down(c, last->heap_idx);
-}
+static void heap_remove(rm_client_t *c, rm_call_t *k) { txc_heap_remove(&c->heap, &k->hnode); }
 
-static void heap_update(rm_client_t *c, rm_call_t *k, uint64_t due) {
-  k->due_ms = due;
-  heap_up(c, k->heap_idx);
-  heap_down(c, k->heap_idx);
-}
+static void heap_update(rm_client_t *c, rm_call_t *k, uint64_t due) { txc_heap_update(&c->heap, &k->hnode, due); }
 
-/* ------------------------------------------------- the id table (hash) */
-
-static size_t hash_slot(const rm_client_t *c, uint64_t id) {
-  return (size_t)((id * UINT64_C(0x9E3779B97F4A7C15)) >> (64 - c->hash_bits));
-}
-
-static void hash_grow(rm_client_t *c) {
-  unsigned bits = c->hash_bits + 1;
-  rm_call_t **nb = calloc((size_t)1 << bits, sizeof(*nb));
-  if (!nb) return; /* chains just get longer */
-  size_t old_n = (size_t)1 << c->hash_bits;
-  rm_call_t **old = c->buckets;
-  c->buckets = nb;
-  c->hash_bits = bits;
-  for (size_t i = 0; i < old_n; i++) {
-    rm_call_t *k = old[i];
-    while (k) {
-      rm_call_t *next = k->hnext;
-      size_t s = hash_slot(c, k->request_id);
-      k->hnext = nb[s];
-      nb[s] = k;
-      k = next;
-    }
-  }
-  free(old);
-}
+/* The call with the earliest due time, or NULL. */
+static rm_call_t *heap_first(const rm_client_t *c) { return call_of_hnode(txc_heap_min(&c->heap)); }
 
 static void hash_insert(rm_client_t *c, rm_call_t *k) {
-  if (c->nhash >= ((size_t)1 << c->hash_bits)) hash_grow(c);
-  size_t s = hash_slot(c, k->request_id);
-  k->hnext = c->buckets[s];
-  c->buckets[s] = k;
-  c->nhash++;
+  k->idnode.id = k->request_id;
+  txc_idtable_insert(&c->sent_ids, &k->idnode);
 }
 
 static rm_call_t *hash_find(const rm_client_t *c, uint64_t id) {
-  for (rm_call_t *k = c->buckets[hash_slot(c, id)]; k; k = k->hnext)
-    if (k->request_id == id) return k;
-  return NULL;
+  txc_idnode_t *n = txc_idtable_find(&c->sent_ids, id);
+  return n ? TXC_IDTABLE_ELEM(n, rm_call_t, idnode) : NULL;
 }
 
-static void hash_remove(rm_client_t *c, rm_call_t *k) {
-  rm_call_t **pp = &c->buckets[hash_slot(c, k->request_id)];
-  while (*pp && *pp != k) pp = &(*pp)->hnext;
-  if (*pp) {
-    *pp = k->hnext;
-    c->nhash--;
-  }
-  k->hnext = NULL;
-}
+static void hash_remove(rm_client_t *c, rm_call_t *k) { txc_idtable_remove(&c->sent_ids, &k->idnode); }
 
 /* ------------------------------------------------------- call objects */
 
@@ -203,7 +113,7 @@ rm_call_t *rm__call_new(uint16_t type, bool idempotent, unsigned timeout_ms) {
   k->type = type;
   k->idempotent = idempotent;
   k->deadline_ms = rm__mono_ms() + timeout_ms;
-  k->heap_idx = SIZE_MAX;
+  txc_heap_node_init(&k->hnode);
   k->node = -1;
   k->avoid = -1;
   atomic_init(&k->refs, 1);
@@ -572,8 +482,7 @@ const rm_conn_cbs_t rm__call_conn_cbs = {
 static void on_timer(uv_timer_t *t) {
   rm_client_t *c = t->data;
   uint64_t now = rm__mono_ms();
-  while (c->heap_len > 0 && c->heap[0]->due_ms <= now) {
-    rm_call_t *k = c->heap[0];
+  for (rm_call_t *k; (k = heap_first(c)) != NULL && k->hnode.key <= now;) {
     if (now >= k->deadline_ms) {
       expire(c, k);
     } else { /* a backoff ended */
@@ -587,11 +496,11 @@ static void on_timer(uv_timer_t *t) {
 
 void rm__call_arm_timer(rm_client_t *c) {
   if (c->stopping) return;
-  if (c->heap_len == 0) {
+  if (txc_heap_len(&c->heap) == 0) {
     uv_timer_stop(&c->timer);
     return;
   }
-  uint64_t now = rm__mono_ms(), due = c->heap[0]->due_ms;
+  uint64_t now = rm__mono_ms(), due = heap_first(c)->hnode.key;
   uv_update_time(&c->loop); /* the timer counts from the loop's clock */
   uv_timer_start(&c->timer, on_timer, due > now ? due - now : 0, 0);
 }
@@ -606,8 +515,7 @@ void rm__call_start(rm_client_t *c, rm_call_t *k) {
 }
 
 void rm__calls_abort(rm_client_t *c) {
-  while (c->heap_len > 0) {
-    rm_call_t *k = c->heap[0];
+  for (rm_call_t *k; (k = heap_first(c)) != NULL;) {
     int code = k->maybe_done ? RM_E_UNKNOWN_OUTCOME : RM_E_CONN_LOST;
     if (k->state == RM_CALL_SENT) {
       if (rm__conn_sent(c->nodes[k->node].conn, k->wire_end)) code = RM_E_UNKNOWN_OUTCOME;

@@ -39,7 +39,7 @@
 #include <unistd.h>
 
 #include "rm_core.h"
-#include "txp_failpoint.h"
+#include "txc_failpoint.h"
 
 #define RM_DEFAULT_CONNECT_TIMEOUT_MS 3000u
 #define RM_DEFAULT_REQUEST_TIMEOUT_MS 5000u
@@ -154,8 +154,8 @@ static void client_free_memory(rm_client_t *c) {
   if (c->nodes)
     for (int i = 0; i < c->nnodes; i++) rm__conn_free(c->nodes[i].conn);
   free(c->nodes);
-  free(c->heap);
-  free(c->buckets);
+  txc_heap_free(&c->heap);
+  txc_idtable_free(&c->sent_ids);
   free(c->nodes_str);
   free(c->token);
   free(c->app_id);
@@ -212,9 +212,9 @@ int rm_client_new(const rm_config_t *cfg, rm_client_t **out) {
   c->app_id = strdup(cfg->application_id);
   c->client_id = strdup(cid);
   c->nodes = calloc((size_t)nnodes, sizeof(*c->nodes));
-  c->hash_bits = RM_HASH_BITS_MIN;
-  c->buckets = calloc((size_t)1 << c->hash_bits, sizeof(*c->buckets));
-  if (!c->nodes_str || !c->token || !c->app_id || !c->client_id || !c->nodes || !c->buckets)
+  txc_heap_init(&c->heap);
+  bool ids_ok = txc_idtable_init(&c->sent_ids, RM_HASH_BITS_MIN) == 0;
+  if (!c->nodes_str || !c->token || !c->app_id || !c->client_id || !c->nodes || !ids_ok)
     goto fail_memory;
   c->cfg.nodes = c->nodes_str;
   c->cfg.token = c->token;
@@ -244,7 +244,7 @@ int rm_client_new(const rm_config_t *cfg, rm_client_t **out) {
   int rc = RM_E_NOMEM;
   if (rm__logger_init(&c->log, c->cfg.log_cb, c->cfg.log_arg, c->cfg.log_level) != 0) goto fail_memory;
   char fperr[256];
-  if (txp_failpoint_arm_env(fperr, sizeof(fperr)) != 0) {
+  if (txc_failpoint_arm_env(fperr, sizeof(fperr)) != 0) {
     /* A fault run with a bad spec must not run without its fault; the
      * library never prints: the reason goes to the caller's log. */
     RM_LOG_C(c, RM_LOG_ERROR, "invalid TX_FAILPOINTS: %s", fperr);
@@ -343,21 +343,6 @@ int rm_client_nodes_up(rm_client_t *c) { return c ? atomic_load(&c->nodes_up) : 
 unsigned rm__lock_wait_ms(const rm_client_t *c) { return c ? c->cfg.lock_wait_ms : RM_DEFAULT_LOCK_WAIT_MS; }
 
 bool rm__unnamed_statements(const rm_client_t *c) { return c && c->cfg.unnamed_statements; }
-
-void *rm__rm_peek(rm_client_t *c) { return c ? atomic_load_explicit(&c->rm, memory_order_acquire) : NULL; }
-
-void *rm__rm_get(rm_client_t *c, const rm_rm_ops_t *ops, void *(*create)(rm_client_t *c)) {
-  void *rm = rm__rm_peek(c);
-  if (rm || !c || !ops || !create) return rm;
-  uv_mutex_lock(&c->rm_mu);
-  rm = atomic_load_explicit(&c->rm, memory_order_relaxed);
-  if (!rm && (rm = create(c)) != NULL) {
-    c->rm_ops = ops;
-    atomic_store_explicit(&c->rm, rm, memory_order_release);
-  }
-  uv_mutex_unlock(&c->rm_mu);
-  return rm;
-}
 
 void rm__resources_changed(rm_client_t *c) {
   if (!c) return;

@@ -22,6 +22,8 @@
 #include "rm_conn.h"
 #include "rm_internal.h"
 #include "rm_util.h"
+#include "txc_heap.h"
+#include "txc_idtable.h"
 
 /* ------------------------------------------------------------- types */
 
@@ -60,10 +62,9 @@ struct rm_call {
 
   /* Loop thread. */
   rm_call_state_t state;
-  uint64_t due_ms; /* heap key: the deadline, or the end of a backoff */
-  size_t heap_idx; /* SIZE_MAX when not in the heap */
+  txc_heap_node_t hnode; /* key: the deadline, or the end of a backoff */
   rm_call_t *prev, *next;
-  rm_call_t *hnext;
+  txc_idnode_t idnode; /* in sent_ids while SENT (id: request_id) */
   uint64_t request_id;
   int node; /* where it is SENT, else -1 */
   uint64_t wire_end;
@@ -123,11 +124,8 @@ struct rm_client {
   uv_timer_t timer;
   bool stopping;
   rm_call_list_t waitq;
-  rm_call_t **heap;
-  size_t heap_len, heap_cap;
-  rm_call_t **buckets;
-  unsigned hash_bits;
-  size_t nhash;
+  txc_heap_t heap;        /* calls by due time */
+  txc_idtable_t sent_ids; /* calls awaiting an answer, by request id */
   uint64_t next_request_id;
   unsigned rr;   /* RM_NODE_ROUND_ROBIN: where the next search starts */
   unsigned home; /* RM_NODE_HOME: this client's node (rm_client_new) */

@@ -17,6 +17,33 @@
 #include "txp_errno.h"
 #include "txp_status.h"
 
+/* rm_client.h repeats the protocol's numbers for the caller (a code from
+ * the TC is passed through unchanged): they must stay the same. */
+_Static_assert((int)RM_E_INVALID == (int)TXP_EINVALID_ARG, "RM_E_INVALID is TXP_EINVALID_ARG");
+_Static_assert((int)RM_E_NOMEM == (int)TXP_ENOMEM, "RM_E_NOMEM is TXP_ENOMEM");
+_Static_assert((int)RM_E_BAD_REQUEST == (int)TXP_EBAD_REQUEST, "RM_E_BAD_REQUEST is TXP_EBAD_REQUEST");
+_Static_assert((int)RM_E_AUTH == (int)TXP_EAUTH, "RM_E_AUTH is TXP_EAUTH");
+_Static_assert((int)RM_E_GLOBAL_NOT_FOUND == (int)TXP_EGLOBAL_NOT_FOUND, "RM_E_GLOBAL_NOT_FOUND is TXP_EGLOBAL_NOT_FOUND");
+_Static_assert((int)RM_E_GLOBAL_NOT_ACTIVE == (int)TXP_EGLOBAL_NOT_ACTIVE, "RM_E_GLOBAL_NOT_ACTIVE is TXP_EGLOBAL_NOT_ACTIVE");
+_Static_assert((int)RM_E_LOCK_CONFLICT == (int)TXP_ELOCK_CONFLICT, "RM_E_LOCK_CONFLICT is TXP_ELOCK_CONFLICT");
+_Static_assert((int)RM_E_LOCK_WAIT_TIMEOUT == (int)TXP_ELOCK_WAIT_TIMEOUT, "RM_E_LOCK_WAIT_TIMEOUT is TXP_ELOCK_WAIT_TIMEOUT");
+_Static_assert((int)RM_E_LOCK_HOLDER_ROLLBACKING == (int)TXP_ELOCK_HOLDER_ROLLBACKING, "RM_E_LOCK_HOLDER_ROLLBACKING is TXP_ELOCK_HOLDER_ROLLBACKING");
+_Static_assert((int)RM_E_TIMED_OUT == (int)TXP_ETIMED_OUT, "RM_E_TIMED_OUT is TXP_ETIMED_OUT");
+_Static_assert((int)RM_E_STORE == (int)TXP_ESTORE, "RM_E_STORE is TXP_ESTORE");
+_Static_assert((int)RM_E_BUSY == (int)TXP_EBUSY, "RM_E_BUSY is TXP_EBUSY");
+_Static_assert((int)RM_E_DIRTY_WRITE == (int)TXP_EDIRTY_WRITE, "RM_E_DIRTY_WRITE is TXP_EDIRTY_WRITE");
+_Static_assert((int)RM_E_UNKNOWN_OUTCOME == (int)TXP_EUNKNOWN_OUTCOME, "RM_E_UNKNOWN_OUTCOME is TXP_EUNKNOWN_OUTCOME");
+_Static_assert((int)RM_E_DEADLINE == (int)TXP_EDEADLINE, "RM_E_DEADLINE is TXP_EDEADLINE");
+_Static_assert((int)RM_E_NO_NODE == (int)TXP_ENO_NODE, "RM_E_NO_NODE is TXP_ENO_NODE");
+_Static_assert((int)RM_E_CONN_LOST == (int)TXP_ECONN_LOST, "RM_E_CONN_LOST is TXP_ECONN_LOST");
+_Static_assert((int)RM_E_NOT_SUPPORTED == (int)TXP_ENOT_SUPPORTED, "RM_E_NOT_SUPPORTED is TXP_ENOT_SUPPORTED");
+_Static_assert((int)RM_GS_BEGIN == (int)TXP_GS_BEGIN, "RM_GS_BEGIN is TXP_GS_BEGIN");
+_Static_assert((int)RM_GS_ROLLBACKING == (int)TXP_GS_ROLLBACKING, "RM_GS_ROLLBACKING is TXP_GS_ROLLBACKING");
+_Static_assert((int)RM_GS_COMMITTED == (int)TXP_GS_COMMITTED, "RM_GS_COMMITTED is TXP_GS_COMMITTED");
+_Static_assert((int)RM_GS_ROLLBACKED == (int)TXP_GS_ROLLBACKED, "RM_GS_ROLLBACKED is TXP_GS_ROLLBACKED");
+_Static_assert((int)RM_GS_TIMEOUT_ROLLBACKED == (int)TXP_GS_TIMEOUT_ROLLBACKED, "RM_GS_TIMEOUT_ROLLBACKED is TXP_GS_TIMEOUT_ROLLBACKED");
+_Static_assert((int)RM_GS_ROLLBACK_FAILED == (int)TXP_GS_ROLLBACK_FAILED, "RM_GS_ROLLBACK_FAILED is TXP_GS_ROLLBACK_FAILED");
+
 const char *rm_strerror(int code) {
   switch (code) {
   case RM_E_DB: return "database statement failed";

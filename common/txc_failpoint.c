@@ -1,5 +1,5 @@
-/* txp_failpoint: see txp_failpoint.h. */
-#include "txp_failpoint.h"
+/* txc_failpoint: see txc_failpoint.h. */
+#include "txc_failpoint.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-const char *const txp_failpoint_names[] = {
+const char *const txc_failpoint_names[] = {
   /* tcd */
   "tc.begin.after_store",       /* global row durable, TM not answered */
   "tc.register.after_store",    /* branch and its locks durable, RM not answered */
@@ -26,8 +26,8 @@ const char *const txp_failpoint_names[] = {
   NULL,
 };
 
-#define NPOINTS (sizeof(txp_failpoint_names) / sizeof(txp_failpoint_names[0]) - 1)
-#define MAX_SPEC TXP_FAILPOINT_MAX_SPEC
+#define NPOINTS (sizeof(txc_failpoint_names) / sizeof(txc_failpoint_names[0]) - 1)
+#define MAX_SPEC TXC_FAILPOINT_MAX_SPEC
 
 typedef struct {
   txp_fp_action_t action;
@@ -38,7 +38,7 @@ static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static point_t g_points[NPOINTS];
 static atomic_int g_armed; /* number of armed points: the fast path */
 
-bool txp_failpoint_compiled(void) {
+bool txc_failpoint_compiled(void) {
 #ifdef TX_FAILPOINTS
   return true;
 #else
@@ -48,13 +48,13 @@ bool txp_failpoint_compiled(void) {
 
 static int find(const char *name, size_t len) {
   for (size_t i = 0; i < NPOINTS; i++)
-    if (strlen(txp_failpoint_names[i]) == len && memcmp(txp_failpoint_names[i], name, len) == 0) return (int)i;
+    if (strlen(txc_failpoint_names[i]) == len && memcmp(txc_failpoint_names[i], name, len) == 0) return (int)i;
   return -1;
 }
 
 static int parse_action(const char *s, size_t len, txp_fp_action_t *a) {
   static const struct { const char *name; txp_fp_action_t a; } acts[] = {
-    {"off", TXP_FP_OFF}, {"abort", TXP_FP_ABORT}, {"stop", TXP_FP_STOP}, {"trace", TXP_FP_TRACE},
+    {"off", TXC_FP_OFF}, {"abort", TXC_FP_ABORT}, {"stop", TXC_FP_STOP}, {"trace", TXC_FP_TRACE},
   };
   for (size_t i = 0; i < sizeof(acts) / sizeof(acts[0]); i++)
     if (strlen(acts[i].name) == len && memcmp(acts[i].name, s, len) == 0) {
@@ -75,7 +75,7 @@ static int parse_one(const char *s, size_t len, int *idx, point_t *p, char *err,
   if ((*idx = find(s, nlen)) < 0) {
     int w = snprintf(err, errlen, "unknown failpoint \"%.*s\" (known:", (int)nlen, s);
     for (size_t i = 0; i < NPOINTS && w >= 0 && (size_t)w < errlen; i++)
-      w += snprintf(err + w, errlen - (size_t)w, "%s %s", i ? "," : "", txp_failpoint_names[i]);
+      w += snprintf(err + w, errlen - (size_t)w, "%s %s", i ? "," : "", txc_failpoint_names[i]);
     if (w >= 0 && (size_t)w < errlen) snprintf(err + w, errlen - (size_t)w, ")");
     return -1;
   }
@@ -140,66 +140,66 @@ static int parse_spec(const char *spec, point_t *next, bool *set, char *err, siz
   return 0;
 }
 
-int txp_failpoint_check(const char *spec, char *err, size_t errlen) {
+int txc_failpoint_check(const char *spec, char *err, size_t errlen) {
   point_t next[NPOINTS];
   bool set[NPOINTS] = {false};
   return parse_spec(spec, next, set, err, errlen);
 }
 
-int txp_failpoint_arm(const char *spec, char *err, size_t errlen) {
+int txc_failpoint_arm(const char *spec, char *err, size_t errlen) {
   point_t next[NPOINTS];
   bool set[NPOINTS] = {false};
   if (parse_spec(spec, next, set, err, errlen) != 0) return -1; /* all or nothing */
   pthread_mutex_lock(&g_mu);
   for (size_t i = 0; i < NPOINTS; i++) {
     if (!set[i]) continue;
-    bool was = g_points[i].action != TXP_FP_OFF;
+    bool was = g_points[i].action != TXC_FP_OFF;
     g_points[i] = next[i];
-    bool now = next[i].action != TXP_FP_OFF;
+    bool now = next[i].action != TXC_FP_OFF;
     if (was != now) atomic_fetch_add(&g_armed, now ? 1 : -1);
   }
   pthread_mutex_unlock(&g_mu);
   return 0;
 }
 
-int txp_failpoint_arm_env(char *err, size_t errlen) {
+int txc_failpoint_arm_env(char *err, size_t errlen) {
   const char *spec = getenv("TX_FAILPOINTS");
   if (!spec || !spec[0]) return 0;
-  if (!txp_failpoint_compiled()) {
+  if (!txc_failpoint_compiled()) {
     snprintf(err, errlen, "TX_FAILPOINTS is set but this build has no failpoints (configure with -DTX_FAILPOINTS=ON)");
     return -1;
   }
-  return txp_failpoint_arm(spec, err, errlen);
+  return txc_failpoint_arm(spec, err, errlen);
 }
 
-txp_fp_action_t txp_failpoint_hit(const char *name) {
-  if (atomic_load_explicit(&g_armed, memory_order_relaxed) == 0) return TXP_FP_OFF;
+txp_fp_action_t txc_failpoint_hit(const char *name) {
+  if (atomic_load_explicit(&g_armed, memory_order_relaxed) == 0) return TXC_FP_OFF;
   int idx = find(name, strlen(name));
-  if (idx < 0) return TXP_FP_OFF;
-  txp_fp_action_t fire = TXP_FP_OFF;
+  if (idx < 0) return TXC_FP_OFF;
+  txp_fp_action_t fire = TXC_FP_OFF;
   pthread_mutex_lock(&g_mu);
   point_t *p = &g_points[idx];
-  if (p->action != TXP_FP_OFF && --p->countdown == 0) {
+  if (p->action != TXC_FP_OFF && --p->countdown == 0) {
     fire = p->action;
-    p->action = TXP_FP_OFF;
+    p->action = TXC_FP_OFF;
     atomic_fetch_sub(&g_armed, 1);
   }
   pthread_mutex_unlock(&g_mu);
-  if (fire == TXP_FP_OFF) return fire;
+  if (fire == TXC_FP_OFF) return fire;
   /* One line, written at once: the fault driver greps for it. */
   char line[160];
   int n = snprintf(line, sizeof(line), "failpoint %s: %s (pid %ld)\n", name,
-                   fire == TXP_FP_ABORT ? "abort" : fire == TXP_FP_STOP ? "stop" : "trace", (long)getpid());
+                   fire == TXC_FP_ABORT ? "abort" : fire == TXC_FP_STOP ? "stop" : "trace", (long)getpid());
   if (n > 0) {
     ssize_t w = write(STDERR_FILENO, line, (size_t)n < sizeof(line) ? (size_t)n : sizeof(line) - 1);
     (void)w;
   }
-  if (fire == TXP_FP_ABORT) raise(SIGKILL);
-  if (fire == TXP_FP_STOP) raise(SIGSTOP);
+  if (fire == TXC_FP_ABORT) raise(SIGKILL);
+  if (fire == TXC_FP_STOP) raise(SIGSTOP);
   return fire;
 }
 
-size_t txp_failpoint_list(char *out, size_t cap) {
+size_t txc_failpoint_list(char *out, size_t cap) {
   static const char *const act[] = {"off", "abort", "stop", "trace"};
   size_t len = 0;
   if (cap == 0) return 0;
@@ -207,8 +207,8 @@ size_t txp_failpoint_list(char *out, size_t cap) {
   pthread_mutex_lock(&g_mu);
   for (size_t i = 0; i < NPOINTS && len + 1 < cap; i++) {
     const point_t *p = &g_points[i];
-    int n = snprintf(out + len, cap - len, "%s %s %lu\n", txp_failpoint_names[i], act[p->action],
-                     p->action == TXP_FP_OFF ? 0ul : p->countdown);
+    int n = snprintf(out + len, cap - len, "%s %s %lu\n", txc_failpoint_names[i], act[p->action],
+                     p->action == TXC_FP_OFF ? 0ul : p->countdown);
     if (n < 0) break;
     len += (size_t)n < cap - len ? (size_t)n : cap - len - 1;
   }

@@ -1,6 +1,6 @@
-/* txp_failpoint: named fault-injection points for the fault suite.
+/* txc_failpoint: named fault-injection points for the fault suite.
  *
- * TXP_FAILPOINT("tc.commit.after_decision") marks a place where a crash or
+ * TXC_FAILPOINT("tc.commit.after_decision") marks a place where a crash or
  * a hang is interesting (between a durable write and the message that
  * reports it).  The points are compiled in only with -DTX_FAILPOINTS=ON
  * (the sanitizer build the tests use); elsewhere the macro is empty, so a
@@ -20,50 +20,50 @@
  *
  * Thread-safe: hits come from loop threads and application threads; an
  * unarmed point costs one relaxed atomic load. */
-#ifndef TXP_FAILPOINT_H
-#define TXP_FAILPOINT_H
+#ifndef TXC_FAILPOINT_H
+#define TXC_FAILPOINT_H
 
 #include <stdbool.h>
 #include <stddef.h>
 
 /* Longest spec accepted (bytes). */
-#define TXP_FAILPOINT_MAX_SPEC 1024
+#define TXC_FAILPOINT_MAX_SPEC 1024
 
-typedef enum { TXP_FP_OFF = 0, TXP_FP_ABORT, TXP_FP_STOP, TXP_FP_TRACE } txp_fp_action_t;
+typedef enum { TXC_FP_OFF = 0, TXC_FP_ABORT, TXC_FP_STOP, TXC_FP_TRACE } txp_fp_action_t;
 
 /* Arms (or with "off" disarms) the points in SPEC: "name=action[@N]",
  * comma-separated.  All or nothing: a bad element changes nothing and
  * writes why into err.  Returns 0 or -1. */
-int txp_failpoint_arm(const char *spec, char *err, size_t errlen);
+int txc_failpoint_arm(const char *spec, char *err, size_t errlen);
 
-/* Only validates SPEC (what txp_failpoint_arm would accept). */
-int txp_failpoint_check(const char *spec, char *err, size_t errlen);
+/* Only validates SPEC (what txc_failpoint_arm would accept). */
+int txc_failpoint_check(const char *spec, char *err, size_t errlen);
 
 /* Arms from the environment variable TX_FAILPOINTS if set.  Returns 0, or
  * -1 with err set (callers refuse to start: a fault run with a bad spec
  * must not silently run without its fault). */
-int txp_failpoint_arm_env(char *err, size_t errlen);
+int txc_failpoint_arm_env(char *err, size_t errlen);
 
-/* Called by TXP_FAILPOINT.  Returns the action taken (TXP_FP_OFF when the
+/* Called by TXC_FAILPOINT.  Returns the action taken (TXC_FP_OFF when the
  * point is not armed or its count is not reached yet; abort and stop do
  * not return before the process is killed or continued). */
-txp_fp_action_t txp_failpoint_hit(const char *name);
+txp_fp_action_t txc_failpoint_hit(const char *name);
 
 /* "name action hits-until-it-fires" for every point (0 when off), one per
  * line;
  * returns the length written (truncated to cap-1). */
-size_t txp_failpoint_list(char *out, size_t cap);
+size_t txc_failpoint_list(char *out, size_t cap);
 
 /* Whether the points are compiled into this build. */
-bool txp_failpoint_compiled(void);
+bool txc_failpoint_compiled(void);
 
-/* The registry: every name a TXP_FAILPOINT uses (NULL-terminated). */
-extern const char *const txp_failpoint_names[];
+/* The registry: every name a TXC_FAILPOINT uses (NULL-terminated). */
+extern const char *const txc_failpoint_names[];
 
 #ifdef TX_FAILPOINTS
-#define TXP_FAILPOINT(name) ((void)txp_failpoint_hit(name))
+#define TXC_FAILPOINT(name) ((void)txc_failpoint_hit(name))
 #else
-#define TXP_FAILPOINT(name) ((void)0)
+#define TXC_FAILPOINT(name) ((void)0)
 #endif
 
 #endif

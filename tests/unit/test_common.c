@@ -1,0 +1,126 @@
+/*
+ * test_common.c - the shared containers of common/: the min-heap of
+ * deadlines (txc_heap.h) and the table of requests by id (txc_idtable.h),
+ * each against a plain array doing the same operations.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "txc_heap.h"
+#include "txc_idtable.h"
+
+#define N 500
+
+typedef struct item {
+  int value;
+  txc_heap_node_t hnode;
+  txc_idnode_t idnode;
+} item_t;
+
+static uint32_t rng = 12345;
+static uint32_t next_rand(void) {
+  rng ^= rng << 13;
+  rng ^= rng >> 17;
+  rng ^= rng << 5;
+  return rng;
+}
+
+/* Pushes, removals from the middle, key updates and pops, checked against
+ * a linear scan for the minimum after each step. */
+static void test_heap_against_model(void **state) {
+  (void)state;
+  static item_t items[N];
+  txc_heap_t h;
+  txc_heap_init(&h);
+  assert_null(txc_heap_min(&h));
+  for (int i = 0; i < N; i++) {
+    items[i].value = i;
+    txc_heap_node_init(&items[i].hnode);
+  }
+  for (int step = 0; step < 5000; step++) {
+    item_t *it = &items[next_rand() % N];
+    uint32_t op = next_rand() % 4;
+    if (!txc_heap_contains(&it->hnode)) {
+      assert_int_equal(txc_heap_push(&h, &it->hnode, next_rand() % 1000), 0);
+    } else if (op == 0) {
+      txc_heap_remove(&h, &it->hnode);
+      assert_false(txc_heap_contains(&it->hnode));
+      txc_heap_remove(&h, &it->hnode); /* twice: nothing */
+    } else if (op == 1) {
+      txc_heap_update(&h, &it->hnode, next_rand() % 1000);
+    }
+    /* the minimum is the smallest key of the items that are in */
+    uint64_t min = UINT64_MAX;
+    size_t in = 0;
+    for (int i = 0; i < N; i++)
+      if (txc_heap_contains(&items[i].hnode)) {
+        in++;
+        if (items[i].hnode.key < min) min = items[i].hnode.key;
+        assert_ptr_equal(h.a[items[i].hnode.idx], &items[i].hnode);
+      }
+    assert_int_equal(txc_heap_len(&h), in);
+    if (in) assert_true(txc_heap_min(&h)->key == min);
+  }
+  /* Drain in order. */
+  uint64_t last = 0;
+  for (txc_heap_node_t *n; (n = txc_heap_min(&h)) != NULL;) {
+    assert_true(n->key >= last);
+    last = n->key;
+    item_t *it = TXC_HEAP_ELEM(n, item_t, hnode);
+    assert_ptr_equal(&it->hnode, n);
+    txc_heap_remove(&h, n);
+  }
+  txc_heap_free(&h);
+}
+
+static void test_idtable_against_model(void **state) {
+  (void)state;
+  static item_t items[N];
+  static bool in[N];
+  txc_idtable_t t;
+  assert_int_equal(txc_idtable_init(&t, 2), 0); /* small: it must grow */
+  for (int i = 0; i < N; i++) {
+    items[i].value = i;
+    items[i].idnode.id = (uint64_t)i * 7919u + 1; /* spread, never 0 */
+    in[i] = false;
+  }
+  for (int step = 0; step < 5000; step++) {
+    int i = (int)(next_rand() % N);
+    if (!in[i]) {
+      txc_idtable_insert(&t, &items[i].idnode);
+      in[i] = true;
+    } else if (next_rand() % 2) {
+      assert_true(txc_idtable_remove(&t, &items[i].idnode));
+      in[i] = false;
+      assert_false(txc_idtable_remove(&t, &items[i].idnode));
+    }
+    int j = (int)(next_rand() % N);
+    txc_idnode_t *n = txc_idtable_find(&t, items[j].idnode.id);
+    if (in[j]) {
+      assert_ptr_equal(n, &items[j].idnode);
+      assert_int_equal(TXC_IDTABLE_ELEM(n, item_t, idnode)->value, j);
+    } else {
+      assert_null(n);
+    }
+  }
+  size_t count = 0;
+  for (int i = 0; i < N; i++) count += in[i];
+  assert_int_equal(txc_idtable_count(&t), count);
+  assert_null(txc_idtable_find(&t, UINT64_MAX));
+  txc_idtable_free(&t);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_heap_against_model),
+    cmocka_unit_test(test_idtable_against_model),
+  };
+  return cmocka_run_group_tests_name("common", tests, NULL, NULL);
+}
