@@ -145,7 +145,9 @@ static void store_all_committed(drive_t *d) {
   op->id = 0; /* every branch */
   op->branch_status = TXP_BS_PHASE2_COMMITTED;
   op->error = NULL;
-  op->lazy = true; /* clean-up: nobody waits for it (tc_store.c NOTES) */
+  /* Clean-up, unless a TM waits for this drive (a commit with give-backs,
+   * TXP_APP_DATA_PHASE2_SYNC): then no waiting for a fuller batch. */
+  op->lazy = !d->done;
   if (tc_store_submit(d->node->store, op) != 0) {
     d->pending -= d->n;
     d->stopped = true;

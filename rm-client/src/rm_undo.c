@@ -24,7 +24,12 @@
  *   just deleting its row: in ONE local transaction the row is locked, its
  *   commit_delta items applied (one UPDATE per business row, the deltas of
  *   its columns together, so that a move such as frozen -> sold keeps the
- *   row's CHECK), the row deleted, all committed.  The row's deletion is
+ *   row's CHECK), the row deleted (first: DELETE ... RETURNING locks and
+ *   reads it in one round trip), all committed, without waiting for the
+ *   WAL flush (synchronous_commit off, set with the recorded settings): a
+ *   PostgreSQL crash that loses such a commit brings the undo row back,
+ *   and since its global committed the leftover pass applies it again; a
+ *   rollback, which nothing would redo, waits for its flush.  The row's deletion is
  *   the mark that the deltas were applied, so they are applied exactly
  *   once however often the commit comes.  Every path that ends a
  *   committed branch's row honours the mark:
@@ -1157,9 +1162,11 @@ static int undo_item(undo_ctx_t *u, const rm_item_t *it) {
   return rc;
 }
 
-/* SET LOCAL the recorded settings in one statement. */
-static int apply_settings(undo_ctx_t *u, const rm_ctx_t *ctx) {
-  if (ctx->nsettings == 0) return UNDO_OK;
+/* SET LOCAL the recorded settings in one statement; 'relaxed' adds
+ * synchronous_commit = off to them (a commit with commit deltas: see
+ * commit_apply_on). */
+static int apply_settings(undo_ctx_t *u, const rm_ctx_t *ctx, bool relaxed) {
+  if (ctx->nsettings == 0 && !relaxed) return UNDO_OK;
   txp_buf_t sql;
   txp_buf_init(&sql, 0);
   const char *params[2 * RM_CTX_MAX_SETTINGS];
@@ -1171,6 +1178,9 @@ static int apply_settings(undo_ctx_t *u, const rm_ctx_t *ctx) {
     params[2 * i] = ctx->names[i];
     params[2 * i + 1] = ctx->values[i];
   }
+  if (!rc && relaxed)
+    rc = txp_buf_append_str(&sql, ctx->nsettings ? ", pg_catalog.set_config('synchronous_commit', 'off', true)"
+                                                 : "pg_catalog.set_config('synchronous_commit', 'off', true)");
   if (rc) {
     txp_buf_free(&sql);
     snprintf(u->err, u->errlen, "out of memory");
@@ -1341,13 +1351,15 @@ static int commit_apply_on(undo_ctx_t *u, int *code) {
 
   if (!(res = ux(u, "could not begin the commit", "BEGIN", 0, NULL, NULL, PGRES_COMMAND_OK))) goto out;
   PQclear(res);
-  if (!(row = ux(u, "could not read the undo log",
-                 "SELECT id, log_status, context, rollback_info::text FROM undo_log"
-                 " WHERE xid = $1 AND branch_id = $2 FOR UPDATE",
+  /* The row goes first (locked, and gone for everyone once we commit): if
+   * a delta cannot be applied, the ROLLBACK brings it back. */
+  if (!(row = ux(u, "could not take the undo row",
+                 "DELETE FROM undo_log WHERE xid = $1 AND branch_id = $2 AND log_status = 0"
+                 " RETURNING id, log_status, context, rollback_info::text",
                  2, key, NULL, PGRES_TUPLES_OK)))
     goto out;
-  if (PQntuples(row) != 1 || strcmp(PQgetvalue(row, 0, 1), "0") != 0) {
-    *code = 0;
+  if (PQntuples(row) != 1) {
+    *code = 0; /* committed before, or a guard row: nothing to apply */
     status = TXP_BS_PHASE2_COMMITTED;
     goto out;
   }
@@ -1356,7 +1368,7 @@ static int commit_apply_on(undo_ctx_t *u, int *code) {
     status = TXP_BS_PHASE2_COMMIT_FAILED_UNRETRYABLE;
     goto out;
   }
-  if (apply_settings(u, &ctx) != UNDO_OK) goto out;
+  if (apply_settings(u, &ctx, true) != UNDO_OK) goto out;
   for (size_t i = 0; i < nitems; i++) {
     if (items[i].op != RM_OP_COMMIT_DELTA) continue;
     bool first = true;
@@ -1369,11 +1381,6 @@ static int commit_apply_on(undo_ctx_t *u, int *code) {
       goto out;
     }
   }
-  const char *id[1] = {PQgetvalue(row, 0, 0)};
-  if (!(res = ux(u, "could not delete the undo row", "DELETE FROM undo_log WHERE id = $1", 1, id, NULL,
-                 PGRES_COMMAND_OK)))
-    goto out;
-  PQclear(res);
   if (!(res = ux(u, "could not commit", "COMMIT", 0, NULL, NULL, PGRES_COMMAND_OK))) goto out;
   PQclear(res);
   *code = 0;
@@ -1476,7 +1483,7 @@ static int rollback_on(undo_ctx_t *u, int *code) {
     status = TXP_BS_PHASE2_ROLLBACK_FAILED_UNRETRYABLE;
     goto out;
   }
-  if (apply_settings(u, &ctx) != UNDO_OK) goto out;
+  if (apply_settings(u, &ctx, false) != UNDO_OK) goto out;
   for (size_t i = nitems; i-- > 0;) {
     int rc = undo_item(u, &items[i]);
     if (rc == UNDO_OK) continue;
