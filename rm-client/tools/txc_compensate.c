@@ -5,7 +5,7 @@
  *
  * Settings come from the environment cluster/local/up prints:
  * ORDERS_PG_URL, STOCK_PG_URL, REDIS_URL.  The pass itself is
- * rm_compensate_run() (rm-client/src/rm_compensate.c): only one runs at a
+ * rm_compensate_run() (rm-client/src/fallback/rm_compensate.c): only one runs at a
  * time across all processes, it is idempotent, and it is safe to kill.
  *
  * Exit status: 0 the pass ran and left nothing failed, 1 an error (or rows

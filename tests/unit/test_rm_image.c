@@ -1,6 +1,6 @@
 /*
  * test_rm_image.c - the pure half of the AT resource manager
- * (rm-client/src/rm_image.c): row images and their comparison, undo items
+ * (rm-client/src/at/rm_image.c): row images and their comparison, undo items
  * and their JSON form, lock keys, dirty-write messages, the undo context.
  * Leaks are caught by the ASan build (LeakSanitizer).
  */
