@@ -36,7 +36,10 @@
  *   the global transaction is undecided), phase-two commit applies it (a
  *   give-back always fits), rollback drops it (nothing to undo).  A counter
  *   whose decrement takes (a balance) is counted the other way round (what
- *   was spent) to fit this rule.
+ *   was spent) to fit this rule.  The plain-SQL AT mode to come
+ *   (statements parsed from the services' own SQL) must apply the same
+ *   rule to "col = col - $1": refuse it in phase one, or record it for the
+ *   commit.
  */
 #include <limits.h>
 #include <stdio.h>
