@@ -279,12 +279,7 @@ static int commit_apply_on(rm_undo_ctx_t *u, int *code) {
           req->xid, u->r->id);
 
 out:
-  if (PQtransactionStatus(u->pg) != PQTRANS_IDLE) {
-    PGresult *rb = PQexec(u->pg, "ROLLBACK");
-    if (PQresultStatus(rb) != PGRES_COMMAND_OK) u->bad = true;
-    PQclear(rb);
-  }
-  if (PQstatus(u->pg) != CONNECTION_OK) u->bad = true;
+  rm__undo_end(u);
   PQclear(row);
   rm_undo_free(items, nitems);
   rm_ctx_clear(&ctx);

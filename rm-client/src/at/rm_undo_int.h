@@ -56,6 +56,10 @@ enum { RM_UNDO_OK = 0, RM_UNDO_DIRTY = 1, RM_UNDO_DB = 2, RM_UNDO_FATAL = 3 };
  * unless it returns 'want'. */
 PGresult *rm__undo_exec(rm_undo_ctx_t *u, const char *what, const char *sql, int n, const char *const *params,
                         const Oid *types, ExecStatusType want);
+/* End the local transaction of a commit or rollback: ROLLBACK whatever
+ * was not committed (nothing half-done stays); u->bad when the
+ * connection cannot go back to its pool. */
+void rm__undo_end(rm_undo_ctx_t *u);
 /* Whether the last failure was an integrity constraint refusing the
  * statement (SQLSTATE class 23): data, not the database, so a retry
  * cannot help. */

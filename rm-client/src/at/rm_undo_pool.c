@@ -133,8 +133,17 @@ void rm__undo_pool_close(rm_at_resource_t *r) {
   for (int i = 0; i < n; i++) PQfinish(idle[i]);
 }
 
-/* -------------------------------------------------------------- rollback */
+/* ------------------------------------- the local transaction of phase two */
 
+/* ROLLBACK what was not committed; u->bad if the connection is lost. */
+void rm__undo_end(rm_undo_ctx_t *u) {
+  if (PQtransactionStatus(u->pg) != PQTRANS_IDLE) {
+    PGresult *rb = PQexec(u->pg, "ROLLBACK");
+    if (PQresultStatus(rb) != PGRES_COMMAND_OK) u->bad = true;
+    PQclear(rb);
+  }
+  if (PQstatus(u->pg) != CONNECTION_OK) u->bad = true;
+}
 
 /* Run a statement; NULL (message in u->err, SQLSTATE in u->sqlstate)
  * unless it returns 'want'. */
