@@ -22,7 +22,11 @@ const char *const txc_failpoint_names[] = {
   "rm.at.after_register",       /* branch registered, local transaction open */
   "rm.at.after_local_commit",   /* local COMMIT done, not reported to the caller */
   /* the demo services (examples/) */
-  "svc.order.fin.before_commit", /* pay/cancel/expire: both branches committed locally, no GlobalCommit */
+  "svc.order.fin.before_commit",  /* the purchase's branches committed locally, no GlobalCommit */
+  "svc.order.fin.before_publish", /* pay/cancel/expire committed with its outbox event, not published */
+  "svc.outbox.after_xadd",        /* the relay's XADDs done, the outbox not marked published */
+  "svc.consumer.after_apply",     /* a consumer applied an event in its transaction, not committed */
+  "svc.consumer.after_commit",    /* a consumer committed an event's effect, not acknowledged */
   NULL,
 };
 

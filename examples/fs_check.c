@@ -21,6 +21,7 @@
 #include <libpq-fe.h>
 
 #include "svc_common.h"
+#include "svc_redis.h"
 
 #define TM_APP "order-service"
 
@@ -114,33 +115,13 @@ fs_check_t *fs_check_new(const fs_env_t *env) {
     fs_check_free(c);
     return NULL;
   }
-  /* redis://[:password@]host[:port][/db]: enough of it for a direct read */
-  char host[256] = "127.0.0.1", pass[256] = "";
-  int port = 6379, db = 0;
-  const char *u = env->redis_url;
-  if (strncmp(u, "redis://", 8) == 0) u += 8;
-  const char *at = strchr(u, '@');
-  if (at) {
-    const char *colon = memchr(u, ':', (size_t)(at - u));
-    if (colon) snprintf(pass, sizeof(pass), "%.*s", (int)(at - colon - 1), colon + 1);
-    u = at + 1;
-  }
-  size_t hl = strcspn(u, ":/");
-  if (hl && hl < sizeof(host)) snprintf(host, sizeof(host), "%.*s", (int)hl, u);
-  if (u[hl] == ':') port = atoi(u + hl + 1);
-  const char *slash = strchr(u, '/');
-  if (slash) db = atoi(slash + 1);
-  struct timeval tv = {5, 0};
-  c->redis = redisConnectWithTimeout(host, port, tv);
-  if (!c->redis || c->redis->err) {
-    fprintf(stderr, "flashsale: could not connect to Redis at %s:%d: %s\n", host, port,
-            c->redis ? c->redis->errstr : "out of memory");
+  char rerr[256];
+  c->redis = svc_redis_connect(env->redis_url, 5000, rerr, sizeof(rerr));
+  if (!c->redis) {
+    fprintf(stderr, "flashsale: %s\n", rerr);
     fs_check_free(c);
     return NULL;
   }
-  redisSetTimeout(c->redis, tv);
-  if (pass[0]) freeReplyObject(redisCommand(c->redis, "AUTH %s", pass));
-  if (db) freeReplyObject(redisCommand(c->redis, "SELECT %d", db));
   return c;
 }
 
@@ -278,7 +259,41 @@ static void sleep_ms(int ms) {
 typedef struct settle_counts {
   long long unfinished, locks, undo_orders, undo_stock, overdue;
   long long comp_pending; /* local-mode orders the compensation job has not decided yet */
+  long long events, events_unpublished, events_unapplied, dead_letters;
 } settle_counts_t;
+
+/* The order events of 'activity' (sql/orders/004_outbox.sql): how many,
+ * how many not published yet, and how many the stock has not applied
+ * (a stock_log row of the event's operation for its order), and the
+ * stock consumer's dead letters. */
+static bool read_events(fs_check_t *c, const char *activity, settle_counts_t *s) {
+  char err[256];
+  PGresult *r = NULL;
+  const char *pa[1] = {activity};
+  if (!svc_pg_exec(c->orders,
+                   "SELECT count(*), count(*) FILTER (WHERE e.stream_seq IS NULL),"
+                   " coalesce(array_agg(e.order_id) FILTER (WHERE e.event_type = 'order.paid'), '{}'),"
+                   " coalesce(array_agg(e.order_id) FILTER (WHERE e.event_type <> 'order.paid'), '{}')"
+                   " FROM order_outbox e JOIN trade_order o ON o.order_id = e.order_id WHERE o.activity_id = $1",
+                   1, pa, PGRES_TUPLES_OK, &r, err, sizeof(err)))
+    return false;
+  s->events = atoll(PQgetvalue(r, 0, 0));
+  s->events_unpublished = atoll(PQgetvalue(r, 0, 1));
+  const char *p[3] = {activity, PQgetvalue(r, 0, 2), PQgetvalue(r, 0, 3)};
+  PGresult *q = NULL;
+  bool ok = svc_pg_exec(c->stock,
+                        "SELECT count(*) FILTER (WHERE op = 'confirm' AND order_id = ANY($2::bigint[]))"
+                        " + count(*) FILTER (WHERE op = 'release' AND order_id = ANY($3::bigint[])),"
+                        " (SELECT count(*) FROM dead_letter WHERE state <> 'REDELIVERED')"
+                        " FROM stock_log WHERE activity_id = $1",
+                        3, p, PGRES_TUPLES_OK, &q, err, sizeof(err));
+  PQclear(r);
+  if (!ok) return false;
+  s->events_unapplied = s->events - atoll(PQgetvalue(q, 0, 0));
+  s->dead_letters = atoll(PQgetvalue(q, 0, 1));
+  PQclear(q);
+  return true;
+}
 
 static bool read_settle(fs_check_t *c, long long activity, settle_counts_t *s) {
   bool ok = true;
@@ -303,7 +318,7 @@ static bool read_settle(fs_check_t *c, long long activity, settle_counts_t *s) {
                   1, p, &ok);
   s->undo_orders = q_ll(c->orders, "SELECT count(*) FROM undo_log WHERE log_status = 0", 0, NULL, &ok);
   s->undo_stock = q_ll(c->stock, "SELECT count(*) FROM undo_log WHERE log_status = 0", 0, NULL, &ok);
-  return ok;
+  return ok && read_events(c, sa, s);
 }
 
 /* "{1,2,3}" from 'n' ids (malloc'd). */
@@ -342,7 +357,7 @@ void fs_check_run(fs_check_t *c, const fs_activity_t *a, const fs_client_view_t 
       continue;
     }
     bool q = sc.unfinished == 0 && sc.locks == 0 && sc.undo_orders == 0 && sc.undo_stock == 0 && sc.overdue == 0 &&
-             sc.comp_pending == 0;
+             sc.comp_pending == 0 && sc.events_unpublished == 0 && sc.events_unapplied <= 0;
     quiet = q ? quiet + 1 : 0;
     if (quiet >= 2 || svc_now_us() >= end) break;
     sleep_ms(q ? 200 : 100);
@@ -579,6 +594,20 @@ void fs_check_run(fs_check_t *c, const fs_activity_t *a, const fs_client_view_t 
             sc.undo_stock);
   else
     inv_set(res, "no_leftover_locks", FS_HOLDS, "no global lock, no pending undo_log row");
+
+  /* Pay, cancel and expiry went out as events: all published, each
+   * applied to the stock exactly once (stock_log is unique per order and
+   * operation, and totals_conserved counts it), none dead-lettered. */
+  res->events = sc.events;
+  res->events_unapplied = sc.events_unapplied;
+  res->dead_letters = sc.dead_letters;
+  if (sc.events_unpublished || sc.events_unapplied != 0 || sc.dead_letters)
+    inv_set(res, "events_delivered", FS_FAILED,
+            "of %lld order events: %lld unpublished, %lld not applied to the stock; %lld dead letters", sc.events,
+            sc.events_unpublished, sc.events_unapplied, sc.dead_letters);
+  else
+    inv_set(res, "events_delivered", FS_HOLDS, "%lld order events published and applied to the stock once each",
+            sc.events);
 
   /* Redis against PostgreSQL: the buckets directly, then everything the
    * prefilter keeps (users' counts, freeze records, deadlines) through a

@@ -18,6 +18,9 @@
  *     globals_finished    every global transaction of the run ended
  *                         Committed or Rolled back
  *     no_leftover_locks   no global lock and no pending undo_log row left
+ *     events_delivered    every order event (pay, cancel, expiry) is
+ *                         published and applied to the stock, none is
+ *                         dead-lettered
  *     redis_equals_pg     the prefilter's per-bucket counters equal
  *                         PostgreSQL's, and a dry-run reconciliation finds
  *                         nothing to change (users' counts, freeze records,
@@ -71,12 +74,13 @@ typedef struct fs_invariant {
   char detail[256];
 } fs_invariant_t;
 
-#define FS_MAX_INV 8
+#define FS_MAX_INV 12
 
 typedef struct fs_result {
   long long stock, sold, frozen, available;
   long long orders_unpaid, orders_paid, orders_cancelled, orders_expired;
   long long committed, rolled_back, unfinished, other_final;
+  long long events, events_unapplied, dead_letters; /* pay/cancel/expiry as order events */
   double settle_s;
   fs_invariant_t inv[FS_MAX_INV];
   int ninv;

@@ -103,6 +103,7 @@
 
 #include "svc_common.h"
 #include "svc_http.h"
+#include "svc_outbox.h"
 #include "svc_prefilter.h"
 #include "txc_failpoint.h"
 
@@ -114,6 +115,7 @@ typedef struct order_svc {
   svc_httpc_t *stock;
   svc_pf_t *pf;
   rm_compensator_t *comp; /* local-mode orders: compensation and reconciliation */
+  svc_relay_t *relay;     /* the outbox's events to the stream */
   const char *resource;
   unsigned gtx_timeout_ms, stock_timeout_ms;
   long long ttl_s;           /* unpaid orders expire after this */
@@ -138,6 +140,8 @@ typedef struct order_svc {
   int nwl;
   struct {
     long long activity, ticket_type;
+    int tries;       /* passes that found no ticket back in Redis yet */
+    int64_t next_us; /* not before */
   } wl[64];
 } order_svc_t;
 
@@ -152,7 +156,7 @@ typedef struct order {
 typedef enum { FIN_PAY, FIN_CANCEL, FIN_EXPIRE } finish_kind_t;
 static const char *const fin_names[] = {"pay", "cancel", "expire"};
 static const char *const fin_status[] = {"PAID", "CANCELLED", "EXPIRED"};
-static const char *const fin_stock_path[] = {"/confirm", "/release", "/release"};
+static const char *const fin_events[] = {"order.paid", "order.cancelled", "order.expired"};
 
 /* What a global transaction's status means for the order. */
 typedef enum { DECIDED_UNKNOWN, DECIDED_COMMIT, DECIDED_ROLLBACK } decision_t;
@@ -284,47 +288,6 @@ static int branch_insert_order(order_svc_t *s, PGconn *pg, const order_t *o, cha
   rm_branch_t *b = NULL;
   int rc = rm_at_open(s->rm, o->xid, s->resource, pg, &b);
   if (rc == 0) rc = rm_at_insert(b, "trade_order", ncols, cols, vals);
-  if (rc == 0) rc = rm_at_prepare(b, NULL);
-  if (rc != 0) {
-    snprintf(err, errlen, "order branch: %s: %s", rm_strerror(rc), b ? rm_at_errmsg(b) : "");
-    local_abort(pg);
-    if (b) rm_at_close(b, false);
-    return rc;
-  }
-  bool ok = local_commit(pg, err, errlen);
-  rm_at_close(b, ok);
-  return ok ? 0 : RM_E_DB;
-}
-
-#define E_NOT_UNPAID 1 /* branch_finish_order: the order is no longer UNPAID */
-
-/* Branch 1 of pay/cancel/expire: UNPAID -> 'to'.  E_NOT_UNPAID (with the
- * current status in 'cur') when another request got there first. */
-static int branch_finish_order(order_svc_t *s, PGconn *pg, const char *xid, long long order_id, const char *to,
-                               char *cur, size_t curlen, char *err, size_t errlen) {
-  char sid[24];
-  snprintf(sid, sizeof(sid), "%lld", order_id);
-  const char *p[1] = {sid};
-  if (!svc_pg_exec(pg, "BEGIN", 0, NULL, PGRES_COMMAND_OK, NULL, err, errlen)) return RM_E_DB;
-  PGresult *r = NULL;
-  if (!svc_pg_exec(pg, "SELECT status FROM trade_order WHERE order_id = $1 FOR UPDATE", 1, p,
-                   PGRES_TUPLES_OK, &r, err, errlen)) {
-    local_abort(pg);
-    return RM_E_DB;
-  }
-  bool unpaid = PQntuples(r) == 1 && strcmp(PQgetvalue(r, 0, 0), "UNPAID") == 0;
-  snprintf(cur, curlen, "%s", PQntuples(r) == 1 ? PQgetvalue(r, 0, 0) : "MISSING");
-  PQclear(r);
-  if (!unpaid) {
-    local_abort(pg);
-    return E_NOT_UNPAID;
-  }
-  rm_branch_t *b = NULL;
-  const char *pk[1] = {sid};
-  const char *cols[2] = {"status", "updated_at"};
-  const char *vals[2] = {to, "now"};
-  int rc = rm_at_open(s->rm, xid, s->resource, pg, &b);
-  if (rc == 0) rc = rm_at_update(b, "trade_order", pk, 2, cols, vals);
   if (rc == 0) rc = rm_at_prepare(b, NULL);
   if (rc != 0) {
     snprintf(err, errlen, "order branch: %s: %s", rm_strerror(rc), b ? rm_at_errmsg(b) : "");
@@ -507,39 +470,14 @@ static void place_order_local(order_svc_t *s, order_t *o, int64_t deadline_ms, s
 
 /* ------------------------------------------------------------ metrics */
 
-typedef struct mbuf {
-  char *p;
-  size_t len, cap;
-} mbuf_t;
-
-static void mput(mbuf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void mput(mbuf_t *b, const char *fmt, ...) {
-  for (;;) {
-    va_list ap;
-    va_start(ap, fmt);
-    int n = b->p ? vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap) : -1;
-    va_end(ap);
-    if (n >= 0 && b->len + (size_t)n < b->cap) {
-      b->len += (size_t)n;
-      return;
-    }
-    size_t cap = b->cap ? b->cap * 2 : 8192;
-    char *np = realloc(b->p, cap);
-    if (!np) return;
-    b->p = np;
-    b->cap = cap;
-    b->p[b->len] = '\0';
-  }
-}
-
 /* GET /metrics: the client side (prefilter, mode, compensation, HTTP) in
  * Prometheus text format. */
 static void handle_metrics(order_svc_t *s, svc_resp_t *resp) {
-  mbuf_t b = {0};
+  svc_buf_t b = {0};
   rm_pf_stats_t ps = {0};
   if (s->pf) rm_prefilter_stats(svc_pf_handle(s->pf), &ps);
   const rm_pf_counts_t *f = &ps.freeze;
-  mput(&b, "# HELP txc_client_prefilter_freeze_total Prefilter freezes by result.\n"
+  svc_buf_printf(&b, "# HELP txc_client_prefilter_freeze_total Prefilter freezes by result.\n"
            "# TYPE txc_client_prefilter_freeze_total counter\n");
   const struct {
     const char *code;
@@ -552,14 +490,14 @@ static void handle_metrics(order_svc_t *s, svc_resp_t *resp) {
             {"not_loaded", f->not_loaded},
             {"errors", f->unknown_outcome + f->not_sent + f->error}};
   for (size_t i = 0; i < sizeof(fr) / sizeof(fr[0]); i++)
-    mput(&b, "txc_client_prefilter_freeze_total{code=\"%s\"} %llu\n", fr[i].code, (unsigned long long)fr[i].v);
-  mput(&b, "# TYPE txc_client_prefilter_connect_failures_total counter\n"
+    svc_buf_printf(&b, "txc_client_prefilter_freeze_total{code=\"%s\"} %llu\n", fr[i].code, (unsigned long long)fr[i].v);
+  svc_buf_printf(&b, "# TYPE txc_client_prefilter_connect_failures_total counter\n"
            "txc_client_prefilter_connect_failures_total %llu\n",
        (unsigned long long)ps.connect_failures);
 
   rm_degrade_stats_t ds = {0};
   rm_client_degrade_stats(s->rm, &ds);
-  mput(&b,
+  svc_buf_printf(&b,
        "# HELP txc_client_mode Current transaction mode (1 = the labelled mode).\n"
        "# TYPE txc_client_mode gauge\n"
        "txc_client_mode{mode=\"global\"} %d\ntxc_client_mode{mode=\"local\"} %d\n"
@@ -576,7 +514,7 @@ static void handle_metrics(order_svc_t *s, svc_resp_t *resp) {
 
   rm_compensator_stats_t cs = {0};
   if (s->comp) rm_compensator_stats(s->comp, &cs);
-  mput(&b,
+  svc_buf_printf(&b,
        "# HELP txc_client_compensation_passes_total Compensation passes by result.\n"
        "# TYPE txc_client_compensation_passes_total counter\n"
        "txc_client_compensation_passes_total{result=\"ran\"} %llu\n"
@@ -593,12 +531,28 @@ static void handle_metrics(order_svc_t *s, svc_resp_t *resp) {
        (unsigned long long)cs.frozen, (unsigned long long)cs.cancelled, (unsigned long long)cs.failed,
        (unsigned long long)cs.reconciled, (unsigned long long)cs.fixed);
 
-  mput(&b, "# HELP txc_client_http_responses_total HTTP answers of this service by status.\n"
+  svc_buf_printf(&b, "# HELP txc_client_http_responses_total HTTP answers of this service by status.\n"
            "# TYPE txc_client_http_responses_total counter\n");
   for (int code = 100; code < 600; code++) {
     unsigned long long n = svc_http_status_count(code);
-    if (n) mput(&b, "txc_client_http_responses_total{status=\"%d\"} %llu\n", code, n);
+    if (n) svc_buf_printf(&b, "txc_client_http_responses_total{status=\"%d\"} %llu\n", code, n);
   }
+  svc_relay_stats_t rs;
+  svc_relay_stats(s->relay, &rs);
+  svc_buf_printf(&b,
+                 "# HELP txc_events_published_total Order events the outbox relay published.\n"
+                 "# TYPE txc_events_published_total counter\n"
+                 "txc_events_published_total %llu\n"
+                 "# HELP txc_events_republished_total Order events published again after the stream lost them.\n"
+                 "# TYPE txc_events_republished_total counter\n"
+                 "txc_events_republished_total %llu\n"
+                 "# TYPE txc_events_relay_errors_total counter\ntxc_events_relay_errors_total %llu\n"
+                 "# HELP txc_outbox_unpublished Events in the outbox not published yet (outbox lag).\n"
+                 "# TYPE txc_outbox_unpublished gauge\ntxc_outbox_unpublished %lld\n"
+                 "# HELP txc_outbox_oldest_unpublished_seconds Age of the oldest unpublished event.\n"
+                 "# TYPE txc_outbox_oldest_unpublished_seconds gauge\ntxc_outbox_oldest_unpublished_seconds %.3f\n",
+                 (unsigned long long)rs.published, (unsigned long long)rs.republished,
+                 (unsigned long long)rs.errors, rs.unpublished, rs.oldest_unpublished_s);
   if (b.p)
     svc_resp_text(resp, 200, b.p);
   else
@@ -661,7 +615,10 @@ static void place_order(order_svc_t *s, order_t *o, int64_t deadline_ms, int64_t
   if (rc == 0 && st != 200) snprintf(err, sizeof(err), "%s", serr);
   if (rc == 0) {
     if (st == 200) {
-      /* 6. commit */
+      /* 6. commit.  Both branches committed locally: a TM that dies here
+       * leaves the global transaction to the timeout (the fault suite
+       * kills it here). */
+      TXC_FAILPOINT("svc.order.fin.before_commit");
       int64_t t_stock = svc_now_us();
       decision_t d = commit_global(s, o->xid, err, sizeof(err));
       if (d == DECIDED_COMMIT) {
@@ -827,7 +784,7 @@ static bool load_order(PGconn *pg, long long id, order_t *o, bool *found, char *
  * freeze back, as for any order.  The users learn of their orders from
  * GET /orders/{id} (no notification channel in the demo).
  */
-static void serve_waitlist(order_svc_t *s, long long activity, long long ticket_type) {
+static int serve_waitlist(order_svc_t *s, long long activity, long long ticket_type) {
   enum { BATCH = 8 };
   long long ids[BATCH];
   char err[512];
@@ -835,7 +792,7 @@ static void serve_waitlist(order_svc_t *s, long long activity, long long ticket_
     ids[i] = next_order_id(s, err, sizeof(err));
     if (!ids[i]) {
       svc_warn("could not serve the waitlist: %s", err);
-      return;
+      return -1;
     }
   }
   int64_t expire_ms = wall_ms() + s->ttl_s * 1000;
@@ -846,7 +803,7 @@ static void serve_waitlist(order_svc_t *s, long long activity, long long ticket_
   if (n < 0) {
     SVC_LOG(SVC_LOG_WARN, json_pack("{s:I}", "activity", (json_int_t)activity), "could not serve the waitlist: %s",
             err);
-    return;
+    return -1;
   }
   for (int i = 0; i < n; i++) {
     order_t o = {.order_id = served[i].order_id, .activity = activity, .ticket_type = ticket_type,
@@ -860,115 +817,132 @@ static void serve_waitlist(order_svc_t *s, long long activity, long long ticket_
             r.status == 201 ? "waitlist: order placed" : "waitlist: could not place the order");
     json_decref(r.body);
   }
+  return n;
 }
 
 /* Ask the background thread to serve the waitlist of (activity, ticket
- * type): the cancel or expiry that gave the tickets back answers without
- * waiting for the orders placed for waiting users. */
-static void queue_waitlist(order_svc_t *s, long long activity, long long ticket_type) {
+ * type): the cancel or expiry that gives the tickets back answers without
+ * waiting for the orders placed for waiting users.  The tickets come back
+ * when stock-service has consumed the event (PostgreSQL, then Redis), so
+ * the thread tries a few times until Redis shows them (WAITLIST_TRIES
+ * passes WAITLIST_RETRY_US apart). */
+#define WAITLIST_TRIES 40
+#define WAITLIST_RETRY_US 250000
+static void queue_waitlist_at(order_svc_t *s, long long activity, long long ticket_type, int tries,
+                              int64_t next_us) {
   pthread_mutex_lock(&s->bg_mu);
-  bool known = false;
-  for (int i = 0; i < s->nwl && !known; i++)
-    known = s->wl[i].activity == activity && s->wl[i].ticket_type == ticket_type;
-  if (!known && s->nwl < (int)(sizeof(s->wl) / sizeof(s->wl[0]))) {
+  int i = 0;
+  while (i < s->nwl && !(s->wl[i].activity == activity && s->wl[i].ticket_type == ticket_type)) i++;
+  if (i < s->nwl) {
+    s->wl[i].tries = 0; /* more tickets came back: start over */
+  } else if (s->nwl < (int)(sizeof(s->wl) / sizeof(s->wl[0]))) {
     s->wl[s->nwl].activity = activity;
     s->wl[s->nwl].ticket_type = ticket_type;
+    s->wl[s->nwl].tries = tries;
+    s->wl[s->nwl].next_us = next_us;
     s->nwl++;
   }
   pthread_cond_signal(&s->bg_cv);
   pthread_mutex_unlock(&s->bg_mu);
 }
 
+static void queue_waitlist(order_svc_t *s, long long activity, long long ticket_type) {
+  queue_waitlist_at(s, activity, ticket_type, 0, svc_now_us() + WAITLIST_RETRY_US);
+}
+
 /*
- * Pay, cancel or expire order 'id' in a global transaction of its own.
- * Returns the HTTP status; 'resp' (may be NULL for the expiry job) gets
- * the answer.
+ * Pay, cancel or expire order 'id': a local transaction of the orders
+ * database that moves the order from UNPAID (checked under SELECT ... FOR
+ * UPDATE, so two of them cannot both win; the expiry also checks that the
+ * order is overdue, as the seed's consumer checks the order first) and
+ * writes its event to the outbox (svc_outbox.h).  The stock follows when
+ * stock-service consumes the event: the freeze is confirmed or released
+ * once, in a local transaction of its own, and nothing ever rolls it back
+ * (issue 17's released-ticket problem cannot arise).  No coordinator is
+ * involved, so this works in local mode too.  A local-mode order whose
+ * stock side is not decided yet (its compensation is pending) answers 503
+ * not_ready: pay it a moment later.  Returns the HTTP status; 'resp' (may
+ * be NULL for the expiry job) gets the answer.
  */
 static int finish_order(order_svc_t *s, long long id, finish_kind_t kind, svc_resp_t *resp) {
-  char err[512] = "", reason[64], cur[16] = "";
+  char err[512] = "", sid[24];
+  snprintf(sid, sizeof(sid), "%lld", id);
+  const char *p[1] = {sid};
   order_t o = {0};
-  bool found = false;
-  if (rm_client_mode(s->rm) == RM_MODE_LOCAL) {
-    /* pay, cancel and expiry are global transactions: wait for the coordinator */
-    if (resp) svc_resp_error(resp, 503, "unavailable", "no coordinator: local mode takes orders only");
-    return 503;
-  }
+  PGresult *r = NULL;
   PGconn *pg = svc_pg_get(s->pool, 2000, err, sizeof(err));
   if (!pg) goto unavailable;
-  bool loaded = load_order(pg, id, &o, &found, err, sizeof(err));
-  svc_pg_put(s->pool, pg); /* not held while waiting for the coordinator */
-  if (!loaded) {
-    if (!found && !err[0]) {
-      if (resp) svc_resp_error(resp, 404, "not_found", NULL);
-      return 404;
-    }
-    goto unavailable;
+  if (!svc_pg_exec(pg, "BEGIN", 0, NULL, PGRES_COMMAND_OK, NULL, err, sizeof(err))) goto fail;
+  if (!svc_pg_exec(pg,
+                   "SELECT o.order_id, o.activity_id, o.ticket_type, o.user_id, o.qty, o.bucket_id, o.status,"
+                   " o.xid, o.expire_at < now(), c.state FROM trade_order o"
+                   " LEFT JOIN order_compensation c ON c.order_id = o.order_id"
+                   " WHERE o.order_id = $1 FOR UPDATE OF o",
+                   1, p, PGRES_TUPLES_OK, &r, err, sizeof(err)))
+    goto fail;
+  if (PQntuples(r) != 1) {
+    PQclear(r);
+    local_abort(pg);
+    svc_pg_put(s->pool, pg);
+    if (resp) svc_resp_error(resp, 404, "not_found", NULL);
+    return 404;
   }
-  if (strcmp(o.status, "UNPAID") != 0) {
-    if (resp)
-      svc_resp_json(resp, 409, json_pack("{s:s,s:s}", "error", "bad_state", "status", o.status));
+  o.order_id = atoll(PQgetvalue(r, 0, 0));
+  o.activity = atoll(PQgetvalue(r, 0, 1));
+  o.ticket_type = atoll(PQgetvalue(r, 0, 2));
+  o.user = atoll(PQgetvalue(r, 0, 3));
+  o.qty = atoll(PQgetvalue(r, 0, 4));
+  o.bucket = atoll(PQgetvalue(r, 0, 5));
+  snprintf(o.status, sizeof(o.status), "%s", PQgetvalue(r, 0, 6));
+  snprintf(o.xid, sizeof(o.xid), "%s", PQgetisnull(r, 0, 7) ? "" : PQgetvalue(r, 0, 7));
+  bool overdue = strcmp(PQgetvalue(r, 0, 8), "t") == 0;
+  bool comp_pending = !PQgetisnull(r, 0, 9) && strcmp(PQgetvalue(r, 0, 9), "PENDING") == 0;
+  PQclear(r);
+  r = NULL;
+  if (strcmp(o.status, "UNPAID") != 0 || (kind == FIN_EXPIRE && !overdue)) {
+    local_abort(pg);
+    svc_pg_put(s->pool, pg);
+    if (resp) svc_resp_json(resp, 409, json_pack("{s:s,s:s}", "error", "bad_state", "status", o.status));
     return 409;
   }
-  char xid[RM_XID_MAX];
-  int rc = rm_tm_begin(s->rm, s->gtx_timeout_ms, fin_names[kind], xid);
-  if (rc != 0) {
-    snprintf(err, sizeof(err), "begin: %s", rm_strerror(rc));
-    goto unavailable;
+  if (comp_pending && kind != FIN_EXPIRE) {
+    /* taken in local mode, its stock not decided yet: the compensation
+     * job decides it within seconds (an expiry waits for it too) */
+    local_abort(pg);
+    svc_pg_put(s->pool, pg);
+    if (s->comp) rm_compensator_kick(s->comp, false);
+    if (resp) svc_resp_error(resp, 503, "not_ready", "the order's stock is being confirmed; try again in a second");
+    return 503;
   }
-  pg = svc_pg_get(s->pool, 5000, err, sizeof(err));
-  rc = pg ? branch_finish_order(s, pg, xid, id, fin_status[kind], cur, sizeof(cur), err, sizeof(err)) : RM_E_DB;
+  if (comp_pending) {
+    local_abort(pg);
+    svc_pg_put(s->pool, pg);
+    return 409;
+  }
+  const char *pu[2] = {sid, fin_status[kind]};
+  json_t *payload = json_pack("{s:I,s:I,s:I,s:I,s:I}", "activity", (json_int_t)o.activity, "ticket_type",
+                              (json_int_t)o.ticket_type, "bucket", (json_int_t)o.bucket, "user", (json_int_t)o.user,
+                              "qty", (json_int_t)o.qty);
+  if (!svc_pg_exec(pg, "UPDATE trade_order SET status = $2, updated_at = now() WHERE order_id = $1", 2, pu,
+                   PGRES_COMMAND_OK, NULL, err, sizeof(err)) ||
+      !svc_outbox_add(pg, fin_events[kind], o.order_id, payload, err, sizeof(err)) ||
+      !local_commit(pg, err, sizeof(err)))
+    goto fail;
   svc_pg_put(s->pool, pg);
-  if (rc == E_NOT_UNPAID) {
-    rollback_global(s, xid, "order no longer unpaid");
-    if (resp) svc_resp_json(resp, 409, json_pack("{s:s,s:s}", "error", "bad_state", "status", cur));
-    return 409;
-  }
-  if (rc == 0) {
-    json_t *body = json_pack("{s:I}", "order_id", (json_int_t)o.order_id);
-    if (kind != FIN_PAY) json_object_set_new(body, "reason", json_string(kind == FIN_CANCEL ? "cancel" : "expire"));
-    long st = call_stock(s, fin_stock_path[kind], xid, body, reason, sizeof(reason), err, sizeof(err));
-    if (st == 200) {
-      /* Both branches committed locally: a TM that dies here leaves the
-       * global to the timeout (the fault suite kills it here). */
-      TXC_FAILPOINT("svc.order.fin.before_commit");
-      decision_t d = commit_global(s, xid, err, sizeof(err));
-      if (d == DECIDED_COMMIT) {
-        char perr[256];
-        pf_result_t pr = kind == FIN_PAY
-                           ? svc_pf_confirm(s->pf, o.activity, o.ticket_type, o.order_id, perr, sizeof(perr))
-                           : svc_pf_release(s->pf, o.activity, o.ticket_type, o.order_id, perr, sizeof(perr));
-        if (pr != PF_OK && pr != PF_DONE_BEFORE)
-          SVC_LOG(SVC_LOG_WARN, json_pack("{s:s,s:I}", "xid", xid, "order_id", (json_int_t)id),
-                  "could not update Redis after %s: %s (reconciliation will)", fin_names[kind], perr);
-        snprintf(o.status, sizeof(o.status), "%s", fin_status[kind]);
-        if (kind != FIN_PAY && pr == PF_OK) queue_waitlist(s, o.activity, o.ticket_type);
-        SVC_LOG(SVC_LOG_DEBUG, json_pack("{s:s,s:I}", "xid", xid, "order_id", (json_int_t)id), "order %s",
-                fin_names[kind]);
-        if (resp) svc_resp_json(resp, 200, order_json(&o));
-        return 200;
-      }
-      if (d == DECIDED_UNKNOWN) goto unknown;
-      goto unavailable; /* rolled back */
-    }
-    if (st == 409 || st == 404) {
-      /* the stock side disagrees (e.g. its freeze was released by the
-       * prefilter's own expiry sweep): nothing to do here */
-      if (rollback_global(s, xid, err) != DECIDED_ROLLBACK) goto unknown;
-      SVC_LOG(SVC_LOG_WARN, json_pack("{s:I,s:s}", "order_id", (json_int_t)id, "stock", reason),
-              "could not %s order: %s", fin_names[kind], err);
-      if (resp)
-        svc_resp_json(resp, 409, json_pack("{s:s,s:s}", "error", "stock_state", "reason", reason[0] ? reason : "?"));
-      return 409;
-    }
-  }
-  if (rollback_global(s, xid, err) != DECIDED_ROLLBACK) goto unknown;
-  goto unavailable;
+  /* A service killed here leaves the event in the outbox: the relay of
+   * any instance publishes it (the fault suite kills it here). */
+  TXC_FAILPOINT("svc.order.fin.before_publish");
+  svc_relay_kick(s->relay);
+  snprintf(o.status, sizeof(o.status), "%s", fin_status[kind]);
+  if (kind != FIN_PAY) queue_waitlist(s, o.activity, o.ticket_type);
+  SVC_LOG(SVC_LOG_DEBUG, json_pack("{s:I}", "order_id", (json_int_t)id), "order %s", fin_names[kind]);
+  if (resp) svc_resp_json(resp, 200, order_json(&o));
+  return 200;
 
-unknown:
-  SVC_LOG(SVC_LOG_WARN, json_pack("{s:I}", "order_id", (json_int_t)id), "outcome of %s is unknown: %s",
-          fin_names[kind], err);
-  if (resp) svc_resp_error(resp, 503, "unknown_outcome", err);
-  return 503;
+fail:
+  if (r) PQclear(r);
+  local_abort(pg);
+  svc_pg_put(s->pool, pg);
 unavailable:
   SVC_LOG(SVC_LOG_WARN, json_pack("{s:I}", "order_id", (json_int_t)id), "could not %s order: %s",
           fin_names[kind], err);
@@ -1117,15 +1091,23 @@ static void *background_main(void *arg) {
   int64_t next_expiry = svc_now_us() + interval_us;
   pthread_mutex_lock(&s->bg_mu);
   while (!s->stopping) {
-    if (s->nwl > 0) {
-      long long activity = s->wl[0].activity, tt = s->wl[0].ticket_type;
-      s->wl[0] = s->wl[--s->nwl];
+    int64_t now = svc_now_us(), next_wl = INT64_MAX;
+    int due = -1;
+    for (int i = 0; i < s->nwl; i++) {
+      if (s->wl[i].next_us <= now && due < 0) due = i;
+      if (s->wl[i].next_us < next_wl) next_wl = s->wl[i].next_us;
+    }
+    if (due >= 0) {
+      long long activity = s->wl[due].activity, tt = s->wl[due].ticket_type;
+      int tries = s->wl[due].tries;
+      s->wl[due] = s->wl[--s->nwl];
       pthread_mutex_unlock(&s->bg_mu);
-      serve_waitlist(s, activity, tt);
+      int n = serve_waitlist(s, activity, tt);
+      if (n == 0 && tries + 1 < WAITLIST_TRIES)
+        queue_waitlist_at(s, activity, tt, tries + 1, svc_now_us() + WAITLIST_RETRY_US);
       pthread_mutex_lock(&s->bg_mu);
       continue;
     }
-    int64_t now = svc_now_us();
     if (interval_us > 0 && now >= next_expiry) {
       pthread_mutex_unlock(&s->bg_mu);
       expire_pass(s);
@@ -1133,12 +1115,13 @@ static void *background_main(void *arg) {
       next_expiry = svc_now_us() + interval_us;
       continue;
     }
-    /* Sleep until the next expiry pass, or until woken by work or the
-     * stop signal. */
-    if (interval_us > 0) {
+    /* Sleep until the next expiry pass or waitlist try, or until woken
+     * by work or the stop signal. */
+    if (interval_us > 0 || next_wl != INT64_MAX) {
       struct timespec until;
       clock_gettime(CLOCK_MONOTONIC, &until);
-      int64_t wait = next_expiry - now;
+      int64_t wake = interval_us > 0 && next_expiry < next_wl ? next_expiry : next_wl;
+      int64_t wait = wake > now ? wake - now : 0;
       until.tv_sec += (time_t)(wait / 1000000);
       until.tv_nsec += (long)(wait % 1000000) * 1000L;
       if (until.tv_nsec >= 1000000000L) {
@@ -1279,6 +1262,16 @@ int main(int argc, char **argv) {
     goto out;
   }
   start_compensator(&s, pg_url);
+  if (!s.local_mode) {
+    svc_relay_opts_t ro = {.pg_url = pg_url, .redis_url = redis_url,
+                           .maxlen = svc_env_int("OUTBOX_STREAM_MAXLEN", 1000000, 1000, INT64_MAX / 2, &ok),
+                           .retention_s = svc_env_int("OUTBOX_RETENTION_S", 7 * 86400, 60, 86400LL * 3650, &ok)};
+    if (!ok || !(s.relay = svc_relay_start(&ro, err, sizeof(err)))) {
+      svc_error("could not start the outbox relay: %s", ok ? err : "invalid OUTBOX_* setting");
+      exit_code = ok ? 71 : 78;
+      goto out;
+    }
+  }
   svc_pgpool_prewarm(s.pool, pool_size);
   http = svc_http_start(listen, (unsigned)svc_ncpu(), (unsigned)threads, handler, &s, err, sizeof(err));
   if (!http) {
@@ -1317,6 +1310,7 @@ out:
     pthread_mutex_unlock(&s.bg_mu);
     pthread_join(s.bg_thread, NULL);
   }
+  svc_relay_stop(s.relay);
   rm_compensator_stop(s.comp); /* before the prefilter it borrows */
   svc_pf_free(s.pf);
   svc_httpc_free(s.stock);

@@ -84,7 +84,9 @@
 #include <unistd.h>
 
 #include "svc_common.h"
+#include "svc_consumer.h"
 #include "svc_http.h"
+#include "svc_prefilter.h"
 
 #define FREEZE_GUARD "stock - frozen_count - sold_count >= $1"
 
@@ -95,6 +97,8 @@ typedef struct stock_svc {
   int mode;        /* freeze_mode_t: STOCK_FREEZE_MODE */
   int64_t slow_us; /* STOCK_SLOW_MS: log the phases of slower operations */
   bool local_mode; /* STOCK_LOCAL_MODE: serve requests without an xid */
+  svc_pf_t *pf;              /* Redis follows the events applied here */
+  svc_consumer_t *consumer;  /* group "stock" of the order events */
 } stock_svc_t;
 
 typedef enum { OP_FREEZE, OP_CONFIRM, OP_RELEASE } stock_opkind_t;
@@ -396,6 +400,63 @@ static int op_statements(stmt_ctx_t *c, freeze_mode_t mode, const stock_op_t *op
   return op_bucket(c, mode, op);
 }
 
+/* ------------------------------------------------- order events */
+
+/*
+ * The consumer group "stock" of the order events (svc_consumer.h): a
+ * payment confirms the order's freeze (frozen -> sold), a cancellation or
+ * an expiry releases it, each in a plain local transaction of the stock
+ * database (no global transaction: the order's state already changed for
+ * good in the orders database, so nothing can roll this back).  The
+ * stock_freeze row is locked first and tells whether it was done before
+ * (nothing to do) or the other way (a contradiction: dead letter, for an
+ * operator).  Redis follows after the commit.
+ */
+static svc_ev_result_t stock_event_apply(PGconn *pg, const svc_event_t *ev, void *arg, char *why, size_t whylen) {
+  (void)arg;
+  bool confirm = strcmp(ev->type, "order.paid") == 0;
+  char so[24];
+  snprintf(so, sizeof(so), "%lld", ev->order_id);
+  const char *p[2] = {so, confirm ? NULL : strcmp(ev->type, "order.cancelled") == 0 ? "cancel" : "expire"};
+  PGresult *r = NULL;
+  /* stock_freeze_finish (sql/stock/002): the freeze FROZEN -> CONFIRMED or
+   * RELEASED with the bucket's counters and the stock_log row, exactly
+   * once per order */
+  if (!svc_pg_exec(pg, "SELECT stock_freeze_finish($1, $2)", 2, p, PGRES_TUPLES_OK, &r, why, whylen))
+    return SVC_EV_RETRY;
+  int rc = atoi(PQgetvalue(r, 0, 0));
+  PQclear(r);
+  switch (rc) {
+  case 0: return SVC_EV_DONE;
+  case -6: /* confirmed before */
+  case -7: /* released before */
+    if ((rc == -6) == confirm) return SVC_EV_DONE; /* done before, the same way */
+    snprintf(why, whylen, "the freeze of order %lld was %s before, but the order is %s (settle by hand)",
+             ev->order_id, rc == -6 ? "confirmed" : "released", confirm ? "paid" : "no longer to be sold");
+    return SVC_EV_DEAD;
+  default:
+    /* no freeze (yet): a local-mode order whose stock side is undecided */
+    snprintf(why, whylen, "no stock freeze for order %lld", ev->order_id);
+    return SVC_EV_RETRY;
+  }
+}
+
+/* After the commit (or for a repeat): Redis follows, idempotently. */
+static void stock_event_after(const svc_event_t *ev, void *arg) {
+  stock_svc_t *s = arg;
+  long long activity = 0, tt = 0;
+  svc_json_int(ev->payload, "activity", 1, INT64_MAX, &activity);
+  svc_json_int(ev->payload, "ticket_type", 0, INT32_MAX, &tt);
+  if (!s->pf || activity <= 0) return;
+  char err[256];
+  pf_result_t pr = strcmp(ev->type, "order.paid") == 0
+                     ? svc_pf_confirm(s->pf, activity, tt, ev->order_id, err, sizeof(err))
+                     : svc_pf_release(s->pf, activity, tt, ev->order_id, err, sizeof(err));
+  if (pr != PF_OK && pr != PF_DONE_BEFORE)
+    SVC_LOG(SVC_LOG_WARN, json_pack("{s:I,s:s}", "order_id", (json_int_t)ev->order_id, "event", ev->type),
+            "could not update Redis after an order event: %s (reconciliation will)", err);
+}
+
 /* ---------------------------------------------------------- handlers */
 
 static void handle_op(stock_svc_t *s, const svc_req_t *req, svc_resp_t *resp, stock_opkind_t kind) {
@@ -577,23 +638,28 @@ static void handle_local_freeze(stock_svc_t *s, const svc_req_t *req, svc_resp_t
 
 /* GET /metrics: local-mode freezes (rm_local_stats) and HTTP answers by
  * status, in Prometheus text format. */
-static void handle_stock_metrics(svc_resp_t *resp) {
-  char buf[8192];
+static void handle_stock_metrics(stock_svc_t *s, svc_resp_t *resp) {
+  svc_buf_t b = {0};
   rm_local_stats_t ls = {0};
   rm_local_stats(&ls);
-  int n = snprintf(buf, sizeof(buf),
-                   "# HELP txc_client_local_freezes_total Local-mode stock freezes decided here.\n"
-                   "# TYPE txc_client_local_freezes_total counter\n"
-                   "txc_client_local_freezes_total{result=\"frozen\"} %llu\n"
-                   "txc_client_local_freezes_total{result=\"refused\"} %llu\n"
-                   "# HELP txc_client_http_responses_total HTTP answers of this service by status.\n"
-                   "# TYPE txc_client_http_responses_total counter\n",
-                   (unsigned long long)ls.frozen, (unsigned long long)ls.refused);
-  for (int code = 100; code < 600 && n > 0 && (size_t)n < sizeof(buf); code++) {
+  svc_buf_printf(&b,
+                 "# HELP txc_client_local_freezes_total Local-mode stock freezes decided here.\n"
+                 "# TYPE txc_client_local_freezes_total counter\n"
+                 "txc_client_local_freezes_total{result=\"frozen\"} %llu\n"
+                 "txc_client_local_freezes_total{result=\"refused\"} %llu\n"
+                 "# HELP txc_client_http_responses_total HTTP answers of this service by status.\n"
+                 "# TYPE txc_client_http_responses_total counter\n",
+                 (unsigned long long)ls.frozen, (unsigned long long)ls.refused);
+  for (int code = 100; code < 600; code++) {
     unsigned long long c = svc_http_status_count(code);
-    if (c) n += snprintf(buf + n, sizeof(buf) - (size_t)n, "txc_client_http_responses_total{status=\"%d\"} %llu\n", code, c);
+    if (c) svc_buf_printf(&b, "txc_client_http_responses_total{status=\"%d\"} %llu\n", code, c);
   }
-  svc_resp_text(resp, 200, buf);
+  if (s->consumer) svc_consumer_metrics(&s->consumer, 1, &b);
+  if (b.p)
+    svc_resp_text(resp, 200, b.p);
+  else
+    svc_resp_error(resp, 500, "internal", "out of memory");
+  free(b.p);
 }
 
 /* A local-mode order's freeze: X-Txc-Local: 1 and no xid. */
@@ -615,7 +681,7 @@ static void handler(const svc_req_t *req, svc_resp_t *resp, void *arg) {
   else if (strcmp(req->path, "/release") == 0 && post)
     handle_op(s, req, resp, OP_RELEASE);
   else if (strcmp(req->path, "/metrics") == 0 && strcmp(req->method, "GET") == 0)
-    handle_stock_metrics(resp);
+    handle_stock_metrics(s, resp);
   else if (strcmp(req->path, "/healthz") == 0 && strcmp(req->method, "GET") == 0)
     svc_resp_json(resp, 200, json_pack("{s:b,s:i}", "ok", 1, "tc_nodes_up", rm_client_nodes_up(s->rm)));
   else if (strcmp(req->path, "/freeze") == 0 || strcmp(req->path, "/confirm") == 0 ||
@@ -633,7 +699,8 @@ static void usage(FILE *f) {
           "The stock branch of the flash-sale demo (see examples/stock_service.c).\n"
           "Environment: STOCK_PG_URL, TC_NODES, TC_TOKEN (from cluster/local/up),\n"
           "STOCK_LISTEN, STOCK_THREADS, STOCK_RESOURCE_ID, STOCK_FREEZE_MODE (deferred|delta|at),\n"
-          "STOCK_LOCAL_MODE (1: serve calls without an xid, no coordinator), STOCK_LOG_LEVEL.\n");
+          "STOCK_LOCAL_MODE (1: serve calls without an xid, no coordinator), STOCK_LOG_LEVEL,\n"
+          "REDIS_URL (the order events), STOCK_CONSUMER_GROUP, CONSUMER_MAX_DELIVERIES, CONSUMER_BACKOFF_MS.\n");
 }
 
 int main(int argc, char **argv) {
@@ -690,6 +757,23 @@ int main(int argc, char **argv) {
     goto out;
   }
   char err[512];
+  const char *redis_url = svc_env_str("REDIS_URL", NULL);
+  if (redis_url) {
+    /* the order events: payments confirm, cancellations and expiries
+     * release, and Redis follows */
+    s.pf = svc_pf_new(redis_url, 4, err, sizeof(err));
+    svc_consumer_opts_t co = {.redis_url = redis_url, .pg_url = pg_url,
+                              .group = svc_env_str("STOCK_CONSUMER_GROUP", "stock"),
+                              .apply = stock_event_apply, .after = stock_event_after, .arg = &s};
+    if (!s.pf || !(s.consumer = svc_consumer_start(&co, err, sizeof(err)))) {
+      svc_error("could not start the order-event consumer: %s", err);
+      exit_code = 69;
+      goto out;
+    }
+  } else {
+    svc_warn("REDIS_URL is not set: no order-event consumer here (payments and cancellations will not reach the "
+             "stock until one runs)");
+  }
   svc_pgpool_prewarm(s.pool, threads);
   http = svc_http_start(listen, (unsigned)svc_ncpu(), (unsigned)threads, handler, &s, err, sizeof(err));
   if (!http) {
@@ -713,6 +797,8 @@ int main(int argc, char **argv) {
 
 out:
   svc_http_stop(http); /* waits for the requests in progress */
+  svc_consumer_stop(s.consumer);
+  svc_pf_free(s.pf);
   svc_pgpool_free(s.pool);
   rm_client_free(s.rm);
   svc_http_global_cleanup();

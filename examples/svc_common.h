@@ -138,6 +138,16 @@ bool svc_pg_exec(PGconn *pg, const char *sql, int n, const char *const *params, 
  * Returns 0 or an RM_E_* code with a log line. */
 int svc_rm_client_new(const char *application_id, unsigned wait_ms, rm_client_t **out);
 
+/* ------------------------------------------------------------ text */
+
+/* A growing text buffer (the services' /metrics pages).  Starts zeroed;
+ * free 'p' when done.  Out of memory: the text stops growing. */
+typedef struct svc_buf {
+  char *p;
+  size_t len, cap;
+} svc_buf_t;
+void svc_buf_printf(svc_buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /* ------------------------------------------------------------ JSON */
 
 /* 'o[key]' as an integer in [min, max]; false if missing or not one. */

@@ -103,7 +103,7 @@ files_of() { # set...
 listed_sql="SELECT string_agg(set_name || '/' || filename, ',' ORDER BY set_name || '/' || filename) FROM schema_version"
 expect_value "tc: schema_version lists every file of sql/tc" "$TC_PG_URL" "$listed_sql" "$(files_of tc)"
 expect_value "orders: schema_version lists every file of sql/rm, sql/orders" "$ORDERS_PG_URL" "$listed_sql" "$(files_of rm orders)"
-expect_value "stock: schema_version lists every file of sql/rm, sql/stock" "$STOCK_PG_URL" "$listed_sql" "$(files_of rm stock)"
+expect_value "stock: schema_version lists every file of sql/rm, sql/stock" "$STOCK_PG_URL" "$listed_sql" "$(files_of rm stock consumer)"
 
 # Every table and column documented (COMMENT ON) ------------------------------
 

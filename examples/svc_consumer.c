@@ -1,0 +1,640 @@
+/*
+ * svc_consumer.c - an idempotent consumer group of the order events
+ * (svc_consumer.h).
+ *
+ * NOTES
+ *   The loop, on the consumer's thread:
+ *     1. due retries: XPENDING IDLE (the shortest backoff) lists the
+ *        group's pending entries with their idle time and delivery count;
+ *        an entry past its backoff is dead-lettered when it reached
+ *        max_deliveries, else claimed (XCLAIM with that idle time as the
+ *        minimum, so two consumers never both take it) and applied;
+ *     2. redeliveries an operator asked for (dead_letter rows REDELIVER);
+ *     3. new entries: XREADGROUP ... BLOCK 200 ms ">".
+ *   The group is created at id 0 (everything the stream holds: the
+ *   consumers are idempotent), and again if Redis lost it (NOGROUP).
+ *   The last failure of each pending entry is kept in the hash
+ *   txc:consumer-errors:{group} so that its dead letter says why.
+ */
+#include "svc_consumer.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "svc_outbox.h"
+#include "svc_redis.h"
+#include "txc_failpoint.h"
+
+#define MAX_BACKOFF 32
+#define READ_COUNT 64
+#define MARK_TTL_S 86400
+
+static const int64_t default_backoff_ms[] = {1000,   5000,   10000,  30000,  60000,   120000,  180000,  240000,
+                                             300000, 360000, 420000, 480000, 540000, 600000, 1200000, 1800000};
+
+struct svc_consumer {
+  char *redis_url, *pg_url, *stream, *group, *consumer;
+  svc_event_apply_fn apply;
+  svc_event_after_fn after;
+  void *arg;
+  int max_deliveries;
+  int64_t backoff_ms[MAX_BACKOFF];
+  size_t nbackoff;
+
+  pthread_t thread;
+  pthread_mutex_t mu;
+  bool stopping;
+  svc_consumer_stats_t stats; /* under mu */
+
+  PGconn *pg;
+  redisContext *redis;
+  bool failing;
+  int64_t next_retry_us, next_redeliver_us, next_info_us;
+};
+
+static void count(svc_consumer_t *c, uint64_t *field) {
+  pthread_mutex_lock(&c->mu);
+  (*field)++;
+  pthread_mutex_unlock(&c->mu);
+}
+
+static bool stopping(svc_consumer_t *c) {
+  pthread_mutex_lock(&c->mu);
+  bool s = c->stopping;
+  pthread_mutex_unlock(&c->mu);
+  return s;
+}
+
+static void loop_failed(svc_consumer_t *c, const char *err) {
+  count(c, &c->stats.errors);
+  if (!c->failing)
+    SVC_LOG(SVC_LOG_WARN, json_pack("{s:s,s:s}", "group", c->group, "stream", c->stream),
+            "consumer: %s (retrying; nothing is lost: entries stay pending in the stream)", err);
+  c->failing = true;
+}
+
+/* ------------------------------------------------------- connections */
+
+static bool ensure_group(svc_consumer_t *c, char *err, size_t errlen) {
+  redisReply *x = redisCommand(c->redis, "XGROUP CREATE %s %s 0 MKSTREAM", c->stream, c->group);
+  if (!x) {
+    snprintf(err, errlen, "Redis: %s", c->redis->errstr);
+    return false;
+  }
+  bool ok = x->type != REDIS_REPLY_ERROR || (x->str && strncmp(x->str, "BUSYGROUP", 9) == 0);
+  if (!ok) snprintf(err, errlen, "Redis XGROUP CREATE: %s", x->str ? x->str : "error");
+  freeReplyObject(x);
+  return ok;
+}
+
+static bool connect_stores(svc_consumer_t *c, char *err, size_t errlen) {
+  if (c->pg && PQstatus(c->pg) != CONNECTION_OK) {
+    PQfinish(c->pg);
+    c->pg = NULL;
+  }
+  if (!c->pg) {
+    c->pg = PQconnectdb(c->pg_url);
+    if (PQstatus(c->pg) != CONNECTION_OK) {
+      snprintf(err, errlen, "could not connect to the database: %s", PQerrorMessage(c->pg));
+      PQfinish(c->pg);
+      c->pg = NULL;
+      return false;
+    }
+  }
+  if (c->redis && c->redis->err) {
+    redisFree(c->redis);
+    c->redis = NULL;
+  }
+  if (!c->redis) {
+    if (!(c->redis = svc_redis_connect(c->redis_url, 2000, err, errlen))) return false;
+    if (!ensure_group(c, err, errlen)) {
+      redisFree(c->redis);
+      c->redis = NULL;
+      return false;
+    }
+  }
+  return true;
+}
+
+/* ----------------------------------------------------------- events */
+
+/* A stream entry's fields into 'ev' (strings borrowed from 'fields');
+ * false with 'why' when the entry is not an order event. */
+static bool parse_entry(const redisReply *fields, svc_event_t *ev, json_t **payload, char *why, size_t whylen) {
+  const char *eid = NULL, *type = NULL, *oid = NULL, *pl = NULL;
+  *payload = NULL;
+  if (!fields || fields->type != REDIS_REPLY_ARRAY) {
+    snprintf(why, whylen, "malformed event: no fields");
+    return false;
+  }
+  for (size_t i = 0; i + 1 < fields->elements; i += 2) {
+    const char *k = fields->element[i]->str, *v = fields->element[i + 1]->str;
+    if (!k || !v) continue;
+    if (strcmp(k, "event_id") == 0) eid = v;
+    else if (strcmp(k, "type") == 0) type = v;
+    else if (strcmp(k, "order_id") == 0) oid = v;
+    else if (strcmp(k, "payload") == 0) pl = v;
+  }
+  long long e = 0, o = 0;
+  if (!eid || !svc_parse_ll(eid, 1, INT64_MAX, &e) || !oid || !svc_parse_ll(oid, 1, INT64_MAX, &o)) {
+    snprintf(why, whylen, "malformed event: event_id and order_id must be positive integers");
+    return false;
+  }
+  if (!type || (strcmp(type, "order.paid") != 0 && strcmp(type, "order.cancelled") != 0 &&
+                strcmp(type, "order.expired") != 0)) {
+    snprintf(why, whylen, "malformed event: unknown type \"%.40s\"", type ? type : "");
+    return false;
+  }
+  json_error_t je;
+  json_t *j = pl ? json_loads(pl, JSON_REJECT_DUPLICATES, &je) : NULL;
+  if (!json_is_object(j)) {
+    json_decref(j);
+    snprintf(why, whylen, "malformed event: the payload is not a JSON object");
+    return false;
+  }
+  ev->event_id = e;
+  ev->order_id = o;
+  ev->type = type;
+  ev->payload = j;
+  *payload = j;
+  return true;
+}
+
+/* The event as JSON, for its dead letter. */
+static json_t *event_json(const redisReply *fields) {
+  json_t *j = json_object();
+  if (fields && fields->type == REDIS_REPLY_ARRAY)
+    for (size_t i = 0; i + 1 < fields->elements; i += 2)
+      if (fields->element[i]->str && fields->element[i + 1]->str)
+        json_object_set_new(j, fields->element[i]->str, json_string(fields->element[i + 1]->str));
+  return j;
+}
+
+static void mark_key(const svc_consumer_t *c, const char *biz_key, char *out, size_t outlen) {
+  snprintf(out, outlen, "txc:consumed:{%s}:%s", c->group, biz_key);
+}
+
+static void ack(svc_consumer_t *c, const char *id) {
+  freeReplyObject(redisCommand(c->redis, "XACK %s %s %s", c->stream, c->group, id));
+  freeReplyObject(redisCommand(c->redis, "HDEL txc:consumer-errors:{%s} %s", c->group, id));
+}
+
+/* Write the dead letter (or refresh it), acknowledge, alert.  false: the
+ * database refused (the entry stays pending). */
+static bool dead_letter(svc_consumer_t *c, const char *id, const char *biz_key, long long event_id,
+                        const redisReply *fields, int deliveries, const char *why) {
+  char err[512], sd[16], se[24];
+  snprintf(sd, sizeof(sd), "%d", deliveries);
+  snprintf(se, sizeof(se), "%lld", event_id);
+  json_t *ej = event_json(fields);
+  char *js = json_dumps(ej, JSON_COMPACT);
+  json_decref(ej);
+  const char *p[7] = {c->group, biz_key, se, id, js ? js : "{}", sd, why};
+  bool ok = svc_pg_exec(c->pg,
+                        "INSERT INTO dead_letter (consumer_group, biz_key, event_id, stream_id, event, deliveries,"
+                        " reason) VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7)"
+                        " ON CONFLICT (consumer_group, biz_key) DO UPDATE SET state = 'DEAD', stream_id = $4,"
+                        " event = $5::jsonb, deliveries = $6, reason = $7, updated_at = now()",
+                        7, p, PGRES_COMMAND_OK, NULL, err, sizeof(err));
+  free(js);
+  if (!ok) {
+    loop_failed(c, err);
+    return false;
+  }
+  ack(c, id);
+  count(c, &c->stats.dead_lettered);
+  SVC_LOG(SVC_LOG_ERROR,
+          json_pack("{s:s,s:s,s:s,s:I,s:i,s:s}", "group", c->group, "stream_id", id, "biz_key", biz_key, "event_id",
+                    (json_int_t)event_id, "deliveries", deliveries, "reason", why),
+          "event dead-lettered: %s (fix the cause, then: txc-events redeliver --group %s)", why, c->group);
+  return true;
+}
+
+/* Apply 'ev' in a transaction with its consumed_event row.  Returns the
+ * result; *dup when it was applied before. */
+static svc_ev_result_t apply_once(svc_consumer_t *c, const svc_event_t *ev, bool *dup, char *why, size_t whylen) {
+  char se[24];
+  snprintf(se, sizeof(se), "%lld", ev->event_id);
+  const char *p[3] = {c->group, ev->biz_key, se};
+  PGresult *r = NULL;
+  *dup = false;
+  if (!svc_pg_exec(c->pg, "BEGIN", 0, NULL, PGRES_COMMAND_OK, NULL, why, whylen)) return SVC_EV_RETRY;
+  if (!svc_pg_exec(c->pg,
+                   "INSERT INTO consumed_event (consumer_group, biz_key, event_id) VALUES ($1, $2, $3)"
+                   " ON CONFLICT DO NOTHING",
+                   3, p, PGRES_COMMAND_OK, &r, why, whylen))
+    goto rollback;
+  bool fresh = atoll(PQcmdTuples(r)) == 1;
+  PQclear(r);
+  if (!fresh) {
+    *dup = true;
+    PQclear(PQexec(c->pg, "ROLLBACK"));
+    return SVC_EV_DONE;
+  }
+  svc_ev_result_t res = c->apply(c->pg, ev, c->arg, why, whylen);
+  if (res != SVC_EV_DONE) goto rollback_with;
+  TXC_FAILPOINT("svc.consumer.after_apply");
+  if (!svc_pg_exec(c->pg, "COMMIT", 0, NULL, PGRES_COMMAND_OK, NULL, why, whylen)) return SVC_EV_RETRY;
+  TXC_FAILPOINT("svc.consumer.after_commit");
+  return SVC_EV_DONE;
+rollback:
+  res = SVC_EV_RETRY;
+rollback_with:
+  if (PQstatus(c->pg) == CONNECTION_OK && PQtransactionStatus(c->pg) != PQTRANS_IDLE)
+    PQclear(PQexec(c->pg, "ROLLBACK"));
+  return res;
+}
+
+/* One delivery of entry 'id' with 'fields', delivered 'deliveries' times. */
+static void process(svc_consumer_t *c, const char *id, const redisReply *fields, int deliveries) {
+  svc_event_t ev = {.stream_id = id, .deliveries = deliveries};
+  json_t *payload = NULL;
+  char why[512] = "", mark[256], biz[96];
+  if (!parse_entry(fields, &ev, &payload, why, sizeof(why))) {
+    snprintf(biz, sizeof(biz), "malformed:%s", id);
+    dead_letter(c, id, biz, 0, fields, deliveries, why);
+    return;
+  }
+  snprintf(biz, sizeof(biz), "%s:%lld", ev.type, ev.order_id);
+  ev.biz_key = biz;
+  mark_key(c, biz, mark, sizeof(mark));
+
+  /* Fast path: a mark "done" means applied before. */
+  redisReply *x = redisCommand(c->redis, "SET %s busy NX EX %d", mark, MARK_TTL_S);
+  bool won = x && x->type == REDIS_REPLY_STATUS;
+  if (x) freeReplyObject(x);
+  if (!won) {
+    x = redisCommand(c->redis, "GET %s", mark);
+    bool done = x && x->type == REDIS_REPLY_STRING && strcmp(x->str, "done") == 0;
+    if (x) freeReplyObject(x);
+    if (done) {
+      ack(c, id);
+      count(c, &c->stats.duplicates);
+      if (c->after) c->after(&ev, c->arg);
+      json_decref(payload);
+      return;
+    }
+    /* "busy": a delivery that died half-way, or Redis trouble: the
+     * database decides */
+  }
+  bool dup = false;
+  svc_ev_result_t res = apply_once(c, &ev, &dup, why, sizeof(why));
+  if (res == SVC_EV_DONE) {
+    freeReplyObject(redisCommand(c->redis, "SET %s done EX %d", mark, MARK_TTL_S));
+    ack(c, id);
+    count(c, dup ? &c->stats.duplicates : &c->stats.consumed);
+    if (c->after) c->after(&ev, c->arg);
+  } else {
+    freeReplyObject(redisCommand(c->redis, "DEL %s", mark));
+    if (res == SVC_EV_DEAD || deliveries >= c->max_deliveries) {
+      char reason[600];
+      snprintf(reason, sizeof(reason), "%s%s", res == SVC_EV_DEAD ? "" : "gave up after the last delivery: ", why);
+      dead_letter(c, id, biz, ev.event_id, fields, deliveries, reason);
+    } else {
+      freeReplyObject(redisCommand(c->redis, "HSET txc:consumer-errors:{%s} %s %s", c->group, id, why));
+      count(c, &c->stats.retried);
+      SVC_LOG(SVC_LOG_WARN,
+              json_pack("{s:s,s:s,s:s,s:i}", "group", c->group, "stream_id", id, "biz_key", biz, "deliveries",
+                        deliveries),
+              "consumer: could not apply an event (will retry): %s", why);
+    }
+  }
+  json_decref(payload);
+}
+
+/* ---------------------------------------------------------- the loop */
+
+static int64_t backoff_of(const svc_consumer_t *c, int deliveries) {
+  size_t i = deliveries <= 1 ? 0 : (size_t)(deliveries - 1);
+  return c->backoff_ms[i < c->nbackoff ? i : c->nbackoff - 1];
+}
+
+/* Step 1: entries whose backoff passed. */
+static bool retry_due(svc_consumer_t *c, char *err, size_t errlen) {
+  redisReply *x = svc_redis_cmd(c->redis, err, errlen, "XPENDING %s %s IDLE %lld - + 100", c->stream, c->group,
+                                (long long)c->backoff_ms[0]);
+  if (!x) return strstr(err, "NOGROUP") ? ensure_group(c, err, errlen) : false;
+  for (size_t i = 0; x->type == REDIS_REPLY_ARRAY && i < x->elements && !stopping(c); i++) {
+    const redisReply *e = x->element[i];
+    if (e->type != REDIS_REPLY_ARRAY || e->elements < 4 || !e->element[0]->str) continue;
+    const char *id = e->element[0]->str;
+    long long idle = e->element[2]->integer, deliveries = e->element[3]->integer;
+    int64_t wait = backoff_of(c, (int)deliveries);
+    if (idle < wait) continue;
+    if (deliveries >= c->max_deliveries) {
+      redisReply *rr = svc_redis_cmd(c->redis, err, errlen, "XRANGE %s %s %s", c->stream, id, id);
+      redisReply *last = redisCommand(c->redis, "HGET txc:consumer-errors:{%s} %s", c->group, id);
+      const redisReply *fields =
+        rr && rr->type == REDIS_REPLY_ARRAY && rr->elements == 1 ? rr->element[0]->element[1] : NULL;
+      char reason[700], biz[96] = "";
+      svc_event_t ev = {0};
+      json_t *pl = NULL;
+      char perr[128];
+      if (fields && parse_entry(fields, &ev, &pl, perr, sizeof(perr)))
+        snprintf(biz, sizeof(biz), "%s:%lld", ev.type, ev.order_id);
+      else
+        snprintf(biz, sizeof(biz), "malformed:%s", id);
+      json_decref(pl);
+      snprintf(reason, sizeof(reason), "%lld deliveries failed; the last: %s", deliveries,
+               last && last->type == REDIS_REPLY_STRING ? last->str
+               : fields                                  ? "unknown (the consumer restarted)"
+                                                         : "the entry was trimmed from the stream");
+      dead_letter(c, id, biz, ev.event_id, fields, (int)deliveries, reason);
+      if (rr) freeReplyObject(rr);
+      if (last) freeReplyObject(last);
+      continue;
+    }
+    redisReply *cl = svc_redis_cmd(c->redis, err, errlen, "XCLAIM %s %s %s %lld %s", c->stream, c->group,
+                                   c->consumer, (long long)wait, id);
+    if (!cl) break;
+    for (size_t k = 0; cl->type == REDIS_REPLY_ARRAY && k < cl->elements; k++) {
+      const redisReply *ent = cl->element[k];
+      if (ent->type != REDIS_REPLY_ARRAY || ent->elements != 2) continue; /* deleted meanwhile */
+      process(c, ent->element[0]->str, ent->element[1], (int)deliveries + 1);
+    }
+    freeReplyObject(cl);
+  }
+  freeReplyObject(x);
+  return !c->redis->err;
+}
+
+/* Step 2: dead letters an operator asked to redeliver. */
+static bool redeliver_requested(svc_consumer_t *c, char *err, size_t errlen) {
+  const char *p[1] = {c->group};
+  PGresult *r = NULL;
+  if (!svc_pg_exec(c->pg,
+                   "SELECT id, stream_id, event::text FROM dead_letter WHERE consumer_group = $1 AND state = 'REDELIVER'"
+                   " ORDER BY id LIMIT 20",
+                   1, p, PGRES_TUPLES_OK, &r, err, errlen))
+    return false;
+  for (int i = 0; i < PQntuples(r) && !stopping(c); i++) {
+    const char *dl_id = PQgetvalue(r, i, 0), *sid = PQgetvalue(r, i, 1);
+    json_t *ej = json_loads(PQgetvalue(r, i, 2), 0, NULL);
+    /* Rebuild the entry's fields as a reply-like array for parse_entry. */
+    svc_event_t ev = {.stream_id = sid, .deliveries = 0};
+    char why[512] = "", biz[96];
+    const char *eid = json_string_value(json_object_get(ej, "event_id"));
+    const char *type = json_string_value(json_object_get(ej, "type"));
+    const char *oid = json_string_value(json_object_get(ej, "order_id"));
+    const char *pl = json_string_value(json_object_get(ej, "payload"));
+    json_t *payload = pl ? json_loads(pl, JSON_REJECT_DUPLICATES, NULL) : NULL;
+    long long e = 0, o = 0;
+    svc_ev_result_t res = SVC_EV_DEAD;
+    bool dup = false;
+    if (eid && svc_parse_ll(eid, 1, INT64_MAX, &e) && oid && svc_parse_ll(oid, 1, INT64_MAX, &o) && type &&
+        json_is_object(payload)) {
+      ev.event_id = e;
+      ev.order_id = o;
+      ev.type = type;
+      ev.payload = payload;
+      snprintf(biz, sizeof(biz), "%s:%lld", type, o);
+      ev.biz_key = biz;
+      res = apply_once(c, &ev, &dup, why, sizeof(why));
+    } else {
+      snprintf(why, sizeof(why), "malformed event: cannot be redelivered");
+    }
+    const char *p2[3] = {dl_id, res == SVC_EV_DONE ? "REDELIVERED" : "DEAD", why};
+    char uerr[256];
+    if (!svc_pg_exec(c->pg,
+                     "UPDATE dead_letter SET state = $2, redeliveries = redeliveries + 1, updated_at = now(),"
+                     " reason = CASE WHEN $2 = 'DEAD' THEN 'redelivered, failed again: ' || $3 ELSE reason END"
+                     " WHERE id = $1",
+                     3, p2, PGRES_COMMAND_OK, NULL, uerr, sizeof(uerr)))
+      svc_warn("consumer: could not record a redelivery: %s", uerr);
+    if (res == SVC_EV_DONE) {
+      char mark[256];
+      mark_key(c, biz, mark, sizeof(mark));
+      freeReplyObject(redisCommand(c->redis, "SET %s done EX %d", mark, MARK_TTL_S));
+      count(c, &c->stats.redelivered);
+      if (c->after) c->after(&ev, c->arg);
+      SVC_LOG(SVC_LOG_INFO, json_pack("{s:s,s:s,s:b}", "group", c->group, "biz_key", biz, "before", dup),
+              "dead letter redelivered");
+    } else {
+      SVC_LOG(SVC_LOG_WARN, json_pack("{s:s,s:s}", "group", c->group, "dead_letter", dl_id),
+              "redelivered dead letter failed again: %s", why);
+    }
+    json_decref(payload);
+    json_decref(ej);
+  }
+  PQclear(r);
+  return true;
+}
+
+/* Step 3: new entries. */
+static bool read_new(svc_consumer_t *c, char *err, size_t errlen) {
+  redisReply *x = svc_redis_cmd(c->redis, err, errlen, "XREADGROUP GROUP %s %s COUNT %d BLOCK 200 STREAMS %s >",
+                                c->group, c->consumer, READ_COUNT, c->stream);
+  if (!x) {
+    if (strstr(err, "NOGROUP")) {
+      SVC_LOG(SVC_LOG_WARN, json_pack("{s:s}", "group", c->group),
+              "consumer: the group is gone from Redis (restarted without it?); creating it again from the start");
+      return ensure_group(c, err, errlen);
+    }
+    return false;
+  }
+  if (x->type == REDIS_REPLY_ARRAY && x->elements == 1) {
+    const redisReply *entries = x->element[0]->element[1];
+    for (size_t i = 0; i < entries->elements && !stopping(c); i++) {
+      const redisReply *ent = entries->element[i];
+      if (ent->type != REDIS_REPLY_ARRAY || ent->elements != 2) continue;
+      process(c, ent->element[0]->str, ent->element[1], 1);
+    }
+  }
+  freeReplyObject(x);
+  return !c->redis->err;
+}
+
+/* Now and then: the group's pending count and lag, for the metrics. */
+static void read_info(svc_consumer_t *c) {
+  redisReply *x = redisCommand(c->redis, "XINFO GROUPS %s", c->stream);
+  long long pending = -1, lag = -1;
+  for (size_t i = 0; x && x->type == REDIS_REPLY_ARRAY && i < x->elements; i++) {
+    const redisReply *g = x->element[i];
+    bool mine = false;
+    long long gp = -1, gl = -1;
+    for (size_t k = 0; g->type == REDIS_REPLY_ARRAY && k + 1 < g->elements; k += 2) {
+      const char *key = g->element[k]->str;
+      const redisReply *v = g->element[k + 1];
+      if (!key) continue;
+      if (strcmp(key, "name") == 0) mine = v->str && strcmp(v->str, c->group) == 0;
+      else if (strcmp(key, "pending") == 0) gp = v->integer;
+      else if (strcmp(key, "lag") == 0) gl = v->type == REDIS_REPLY_INTEGER ? v->integer : -1;
+    }
+    if (mine) {
+      pending = gp;
+      lag = gl;
+    }
+  }
+  if (x) freeReplyObject(x);
+  pthread_mutex_lock(&c->mu);
+  c->stats.pending = pending;
+  c->stats.lag = lag;
+  pthread_mutex_unlock(&c->mu);
+}
+
+static void *consumer_main(void *arg) {
+  svc_consumer_t *c = arg;
+  unsigned pause_ms = 0;
+  while (!stopping(c)) {
+    if (pause_ms) usleep(pause_ms * 1000);
+    char err[512] = "";
+    bool ok = connect_stores(c, err, sizeof(err));
+    int64_t now = svc_now_us();
+    if (ok && now >= c->next_retry_us) {
+      ok = retry_due(c, err, sizeof(err));
+      c->next_retry_us = now + 250000;
+    }
+    if (ok && now >= c->next_redeliver_us) {
+      ok = redeliver_requested(c, err, sizeof(err));
+      c->next_redeliver_us = now + 1000000;
+    }
+    if (ok && now >= c->next_info_us) {
+      read_info(c);
+      c->next_info_us = now + 2000000;
+    }
+    if (ok) ok = read_new(c, err, sizeof(err));
+    if (!ok) {
+      loop_failed(c, err);
+      pause_ms = pause_ms ? (pause_ms * 2 > 2000 ? 2000 : pause_ms * 2) : 100;
+    } else {
+      if (c->failing) SVC_LOG(SVC_LOG_INFO, json_pack("{s:s}", "group", c->group), "consumer: consuming again");
+      c->failing = false;
+      pause_ms = 0;
+    }
+  }
+  return NULL;
+}
+
+/* CONSUMER_BACKOFF_MS="1000,5000": into c->backoff_ms.  false if malformed. */
+static bool backoff_from_env(svc_consumer_t *c) {
+  const char *s = svc_env_str("CONSUMER_BACKOFF_MS", NULL);
+  if (!s) return true;
+  char buf[512];
+  snprintf(buf, sizeof(buf), "%s", s);
+  size_t n = 0;
+  for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+    long long v;
+    if (n == MAX_BACKOFF || !svc_parse_ll(t, 1, 86400000, &v)) return false;
+    c->backoff_ms[n++] = v;
+  }
+  if (n == 0) return false;
+  c->nbackoff = n;
+  return true;
+}
+
+svc_consumer_t *svc_consumer_start(const svc_consumer_opts_t *o, char *err, size_t errlen) {
+  if (!o->redis_url || !o->pg_url || !o->group || !o->apply) {
+    snprintf(err, errlen, "a consumer needs Redis and database URLs, a group and an apply function");
+    return NULL;
+  }
+  svc_consumer_t *c = calloc(1, sizeof(*c));
+  if (!c) {
+    snprintf(err, errlen, "out of memory");
+    return NULL;
+  }
+  char name[128];
+  char host[64] = "host";
+  gethostname(host, sizeof(host) - 1);
+  snprintf(name, sizeof(name), "%s-%d", host, (int)getpid());
+  c->redis_url = strdup(o->redis_url);
+  c->pg_url = strdup(o->pg_url);
+  c->stream = strdup(o->stream ? o->stream : SVC_ORDER_STREAM);
+  c->group = strdup(o->group);
+  c->consumer = strdup(o->consumer ? o->consumer : name);
+  c->apply = o->apply;
+  c->after = o->after;
+  c->arg = o->arg;
+  c->stats.pending = c->stats.lag = -1;
+  bool ok = true;
+  c->max_deliveries = o->max_deliveries > 0 ? o->max_deliveries
+                                            : (int)svc_env_int("CONSUMER_MAX_DELIVERIES", 16, 1, 1000, &ok);
+  if (o->backoff_ms && o->nbackoff) {
+    c->nbackoff = o->nbackoff < MAX_BACKOFF ? o->nbackoff : MAX_BACKOFF;
+    memcpy(c->backoff_ms, o->backoff_ms, c->nbackoff * sizeof(int64_t));
+  } else {
+    c->nbackoff = sizeof(default_backoff_ms) / sizeof(default_backoff_ms[0]);
+    memcpy(c->backoff_ms, default_backoff_ms, sizeof(default_backoff_ms));
+    if (!backoff_from_env(c)) {
+      svc_error("invalid CONSUMER_BACKOFF_MS: expected up to %d comma-separated milliseconds", MAX_BACKOFF);
+      ok = false;
+    }
+  }
+  pthread_mutex_init(&c->mu, NULL);
+  if (!ok || !c->redis_url || !c->pg_url || !c->stream || !c->group || !c->consumer ||
+      pthread_create(&c->thread, NULL, consumer_main, c) != 0) {
+    snprintf(err, errlen, ok ? "could not start the consumer thread" : "invalid consumer settings");
+    pthread_mutex_destroy(&c->mu);
+    free(c->redis_url);
+    free(c->pg_url);
+    free(c->stream);
+    free(c->group);
+    free(c->consumer);
+    free(c);
+    return NULL;
+  }
+  return c;
+}
+
+void svc_consumer_stop(svc_consumer_t *c) {
+  if (!c) return;
+  pthread_mutex_lock(&c->mu);
+  c->stopping = true;
+  pthread_mutex_unlock(&c->mu);
+  pthread_join(c->thread, NULL);
+  if (c->pg) PQfinish(c->pg);
+  if (c->redis) redisFree(c->redis);
+  pthread_mutex_destroy(&c->mu);
+  free(c->redis_url);
+  free(c->pg_url);
+  free(c->stream);
+  free(c->group);
+  free(c->consumer);
+  free(c);
+}
+
+void svc_consumer_stats(svc_consumer_t *c, svc_consumer_stats_t *out) {
+  memset(out, 0, sizeof(*out));
+  if (!c) return;
+  pthread_mutex_lock(&c->mu);
+  *out = c->stats;
+  pthread_mutex_unlock(&c->mu);
+}
+
+const char *svc_consumer_group(const svc_consumer_t *c) { return c->group; }
+
+void svc_consumer_metrics(svc_consumer_t *const *cs, size_t n, svc_buf_t *b) {
+  static const struct {
+    const char *name, *help;
+    size_t off;
+  } counters[] = {
+    {"consumed", "Order events applied by the consumer group.", offsetof(svc_consumer_stats_t, consumed)},
+    {"duplicates", "Order events dropped as applied before.", offsetof(svc_consumer_stats_t, duplicates)},
+    {"retried", "Deliveries that failed and will be tried again.", offsetof(svc_consumer_stats_t, retried)},
+    {"dead_lettered", "Order events moved to the dead-letter table.", offsetof(svc_consumer_stats_t, dead_lettered)},
+    {"redelivered", "Dead letters applied on an operator's request.", offsetof(svc_consumer_stats_t, redelivered)},
+    {"errors", "Store errors of the consumer loop.", offsetof(svc_consumer_stats_t, errors)},
+  };
+  svc_consumer_stats_t st[16];
+  if (n > 16) n = 16;
+  for (size_t i = 0; i < n; i++) svc_consumer_stats(cs[i], &st[i]);
+  for (size_t k = 0; k < sizeof(counters) / sizeof(counters[0]); k++) {
+    svc_buf_printf(b, "# HELP txc_events_%s_total %s\n# TYPE txc_events_%s_total counter\n", counters[k].name,
+                   counters[k].help, counters[k].name);
+    for (size_t i = 0; i < n; i++)
+      svc_buf_printf(b, "txc_events_%s_total{group=\"%s\"} %llu\n", counters[k].name, svc_consumer_group(cs[i]),
+                     (unsigned long long)*(const uint64_t *)((const char *)&st[i] + counters[k].off));
+  }
+  svc_buf_printf(b, "# HELP txc_events_consumer_lag Entries of the stream not yet delivered to the group.\n"
+                    "# TYPE txc_events_consumer_lag gauge\n");
+  for (size_t i = 0; i < n; i++)
+    svc_buf_printf(b, "txc_events_consumer_lag{group=\"%s\"} %lld\n", svc_consumer_group(cs[i]), st[i].lag);
+  svc_buf_printf(b, "# HELP txc_events_consumer_pending Entries delivered to the group and not acknowledged.\n"
+                    "# TYPE txc_events_consumer_pending gauge\n");
+  for (size_t i = 0; i < n; i++)
+    svc_buf_printf(b, "txc_events_consumer_pending{group=\"%s\"} %lld\n", svc_consumer_group(cs[i]), st[i].pending);
+}
