@@ -597,6 +597,8 @@ int main(int argc, char **argv) {
     json_object_set_new(j, "accepted", json_integer(r.ok));
     json_object_set_new(j, "paid", json_integer(r.paid));
     json_object_set_new(j, "cancelled", json_integer(r.cancelled));
+    json_object_set_new(j, "pay_failed", json_integer(r.pay_fail));
+    json_object_set_new(j, "cancel_failed", json_integer(r.cancel_fail));
     json_object_set_new(j, "unavailable", json_integer(r.unavailable + r.transport + r.http_other));
     json_object_set_new(j, "unknown_outcome", json_integer(r.unknown));
     json_object_set_new(j, "max_ms", json_real(pmax));
