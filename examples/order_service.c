@@ -11,14 +11,16 @@
  *     GET  /orders/{id}                200 order | 404
  *     POST /orders/{id}/pay            200 order (PAID) | 404 | 409 | 503
  *     POST /orders/{id}/cancel         200 order (CANCELLED) | 404 | 409 | 503
+ *          (the stock follows through the order event a moment later)
  *     POST /activities/{id}/waitlist {user, ticket_type, qty}
  *          202 {position} | 409 {error: rejected, reason: over_limit} | 503
  *     GET  /healthz                    200 {ok, tc_nodes_up, mode}
  *     GET  /metrics                    200 Prometheus text (txc_client_*)
  *   Fallback to local (TXC_TX_MODE=auto|global|local, default auto): with
  *   no coordinator, purchases run as local transactions with compensation
- *   records (place_order_local; examples/README.md); pay/cancel/expiry
- *   answer 503 then.
+ *   records (place_order_local; examples/README.md); pay, cancel and
+ *   expiry work as always (they never need the coordinator); a local
+ *   order whose compensation is still pending answers 503 not_ready.
  *   An order is {order_id, activity, ticket_type, user, qty, bucket,
  *   status, xid}.
  *
@@ -44,29 +46,35 @@
  *   that rolled back only hides a ticket until reconciliation (PostgreSQL
  *   is the truth, Redis follows it).
  *
- *   Pay, cancel and expiry are global transactions too: branch 1 moves the
- *   order from UNPAID (checked under SELECT ... FOR UPDATE in the local
- *   transaction, so two of them cannot both win) to PAID / CANCELLED /
- *   EXPIRED, branch 2 is stock-service /confirm (frozen -> sold) or
- *   /release (frozen -= qty); after the commit Redis follows (confirm or
- *   release).
+ *   Pay, cancel and expiry are not global transactions (examples/README.md,
+ *   "Only the order needs a global transaction"): each is one local
+ *   transaction of the orders database that moves the order from UNPAID
+ *   (checked under SELECT ... FOR UPDATE, so two of them cannot both win)
+ *   to PAID / CANCELLED / EXPIRED and writes its event to order_outbox; the
+ *   relay thread publishes it to the Redis stream txc:order-events
+ *   (svc_outbox.h), and stock-service's consumer confirms or releases the
+ *   freeze exactly once, then updates Redis.  They need no coordinator.
  *
  *   Waitlist: when a cancel or an expiry gives tickets back, the
  *   background thread asks the prefilter to freeze them for the first
  *   waiting users (rm_prefilter_waitlist_fill, first come first served)
- *   and places their orders like any purchase (steps 3 to 6); the users
- *   find them with GET /orders/{id} (the demo has no notification).
+ *   once stock-service has put them back in Redis (it tries every 250 ms
+ *   for 10 s), and places their orders like any purchase (steps 3 to 6);
+ *   the users find them with GET /orders/{id}.
  *
  *   Expiry: the same thread finds UNPAID orders past expire_at every
- *   ORDER_EXPIRY_INTERVAL_MS and expires them as above.  New orders get
+ *   ORDER_EXPIRY_INTERVAL_MS and expires them as above (checking the
+ *   order's state and deadline first, under its row lock).  New orders get
  *   expire_at = now + ORDER_TTL_S (default 900: 15 minutes); their Redis
  *   and stock_freeze deadline is ORDER_FREEZE_GRACE_S (default 60) later,
- *   so that this job, which changes both databases in one global
- *   transaction, comes first and the prefilter's own expiry sweep
+ *   so that this job comes first and the prefilter's own expiry sweep
  *   (rm_prefilter_expire, stock side only) is only a backstop.
  *
  *   Settings (environment, as printed by cluster/local/up): ORDERS_PG_URL,
  *   TC_NODES, TC_TOKEN, REDIS_URL, STOCK_URL; and, with their defaults:
+ *     OUTBOX_STREAM_MAXLEN     1000000 (approximate trim of the stream:
+ *                              keep it above the worst consumer backlog)
+ *     OUTBOX_RETENTION_S       604800 (published outbox rows kept 7 days)
  *     ORDER_LISTEN             127.0.0.1:0 (any free port)
  *     ORDER_THREADS            32 per CPU: handler threads; they block on
  *                              Redis, the coordinator and stock-service
@@ -1178,6 +1186,7 @@ static void usage(FILE *f) {
           "cluster/local/up), ORDER_LISTEN, ORDER_THREADS, ORDER_PG_POOL, ORDER_RESOURCE_ID,\n"
           "ORDER_GTX_TIMEOUT_MS, STOCK_CALL_TIMEOUT_MS, ORDER_TTL_S, ORDER_FREEZE_GRACE_S,\n"
           "ORDER_EXPIRY_INTERVAL_MS, PF_COMMAND_TIMEOUT_MS, PF_CONNECT_TIMEOUT_MS, ORDER_LOG_LEVEL,\n"
+          "OUTBOX_STREAM_MAXLEN, OUTBOX_RETENTION_S,\n"
           "ORDER_TX_MODE (global|local: benchmarks only).\n");
 }
 
