@@ -88,16 +88,6 @@ const char *svc_env_str(const char *name, const char *def) {
   return v && *v ? v : def;
 }
 
-bool svc_parse_ll(const char *s, long long min, long long max, long long *out) {
-  if (!s || !*s) return false;
-  errno = 0;
-  char *end = NULL;
-  long long v = strtoll(s, &end, 10);
-  if (errno || !end || *end || v < min || v > max) return false;
-  *out = v;
-  return true;
-}
-
 long long svc_env_int(const char *name, long long def, long long min, long long max, bool *ok) {
   const char *v = getenv(name);
   if (!v || !*v) return def;
@@ -365,15 +355,6 @@ int svc_rm_client_new(const char *application_id, unsigned wait_ms, rm_client_t 
 }
 
 /* ------------------------------------------------------------ JSON */
-
-bool svc_json_int(const json_t *o, const char *key, long long min, long long max, long long *out) {
-  json_t *v = json_object_get(o, key);
-  if (!json_is_integer(v)) return false;
-  long long x = (long long)json_integer_value(v);
-  if (x < min || x > max) return false;
-  *out = x;
-  return true;
-}
 
 bool svc_write_url_file(const char *path, const char *url) {
   char tmp[4096];

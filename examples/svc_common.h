@@ -31,6 +31,7 @@
 #include <libpq-fe.h>
 
 #include "rm_client.h"
+#include "svc_parse.h"
 
 /* ------------------------------------------------------------- logging */
 
@@ -78,8 +79,6 @@ bool svc_write_url_file(const char *path, const char *url);
  * empty.  A malformed or out-of-range value is logged and gives -1 in
  * '*ok' (set to false); callers refuse to start. */
 long long svc_env_int(const char *name, long long def, long long min, long long max, bool *ok);
-/* Parse 's' entirely as a decimal integer in [min, max]. */
-bool svc_parse_ll(const char *s, long long min, long long max, long long *out);
 /* Number of online CPUs (at least 1). */
 int svc_ncpu(void);
 
@@ -150,7 +149,5 @@ void svc_buf_printf(svc_buf_t *b, const char *fmt, ...) __attribute__((format(pr
 
 /* ------------------------------------------------------------ JSON */
 
-/* 'o[key]' as an integer in [min, max]; false if missing or not one. */
-bool svc_json_int(const json_t *o, const char *key, long long min, long long max, long long *out);
 
 #endif /* SVC_COMMON_H */

@@ -123,46 +123,21 @@ static bool connect_stores(svc_consumer_t *c, char *err, size_t errlen) {
 
 /* ----------------------------------------------------------- events */
 
-/* A stream entry's fields into 'ev' (strings borrowed from 'fields');
- * false with 'why' when the entry is not an order event. */
-static bool parse_entry(const redisReply *fields, svc_event_t *ev, json_t **payload, char *why, size_t whylen) {
-  const char *eid = NULL, *type = NULL, *oid = NULL, *pl = NULL;
+/* A stream entry's fields into 'ev' (svc_event_parse). */
+static bool parse_entry(const redisReply *fields, svc_event_t *ev, json_t **payload, char *biz, char *why,
+                        size_t whylen) {
   *payload = NULL;
-  if (!fields || fields->type != REDIS_REPLY_ARRAY) {
-    snprintf(why, whylen, "malformed event: no fields");
+  if (!fields || fields->type != REDIS_REPLY_ARRAY || fields->elements % 2 || fields->elements > 64) {
+    snprintf(why, whylen, "malformed event: not a list of fields and values");
     return false;
   }
-  for (size_t i = 0; i + 1 < fields->elements; i += 2) {
-    const char *k = fields->element[i]->str, *v = fields->element[i + 1]->str;
-    if (!k || !v) continue;
-    if (strcmp(k, "event_id") == 0) eid = v;
-    else if (strcmp(k, "type") == 0) type = v;
-    else if (strcmp(k, "order_id") == 0) oid = v;
-    else if (strcmp(k, "payload") == 0) pl = v;
+  const char *k[32], *v[32];
+  size_t n = fields->elements / 2;
+  for (size_t i = 0; i < n; i++) {
+    k[i] = fields->element[2 * i]->str;
+    v[i] = fields->element[2 * i + 1]->str;
   }
-  long long e = 0, o = 0;
-  if (!eid || !svc_parse_ll(eid, 1, INT64_MAX, &e) || !oid || !svc_parse_ll(oid, 1, INT64_MAX, &o)) {
-    snprintf(why, whylen, "malformed event: event_id and order_id must be positive integers");
-    return false;
-  }
-  if (!type || (strcmp(type, "order.paid") != 0 && strcmp(type, "order.cancelled") != 0 &&
-                strcmp(type, "order.expired") != 0)) {
-    snprintf(why, whylen, "malformed event: unknown type \"%.40s\"", type ? type : "");
-    return false;
-  }
-  json_error_t je;
-  json_t *j = pl ? json_loads(pl, JSON_REJECT_DUPLICATES, &je) : NULL;
-  if (!json_is_object(j)) {
-    json_decref(j);
-    snprintf(why, whylen, "malformed event: the payload is not a JSON object");
-    return false;
-  }
-  ev->event_id = e;
-  ev->order_id = o;
-  ev->type = type;
-  ev->payload = j;
-  *payload = j;
-  return true;
+  return svc_event_parse(k, v, n, ev, payload, biz, why, whylen);
 }
 
 /* The event as JSON, for its dead letter. */
@@ -254,14 +229,12 @@ rollback_with:
 static void process(svc_consumer_t *c, const char *id, const redisReply *fields, int deliveries) {
   svc_event_t ev = {.stream_id = id, .deliveries = deliveries};
   json_t *payload = NULL;
-  char why[512] = "", mark[256], biz[96];
-  if (!parse_entry(fields, &ev, &payload, why, sizeof(why))) {
-    snprintf(biz, sizeof(biz), "malformed:%s", id);
+  char why[512] = "", mark[256], biz[SVC_EVENT_BIZ_KEY_MAX];
+  if (!parse_entry(fields, &ev, &payload, biz, why, sizeof(why))) {
+    snprintf(biz, sizeof(biz), "malformed:%.60s", id);
     dead_letter(c, id, biz, 0, fields, deliveries, why);
     return;
   }
-  snprintf(biz, sizeof(biz), "%s:%lld", ev.type, ev.order_id);
-  ev.biz_key = biz;
   mark_key(c, biz, mark, sizeof(mark));
 
   /* Fast path: a mark "done" means applied before. */
@@ -331,14 +304,12 @@ static bool retry_due(svc_consumer_t *c, char *err, size_t errlen) {
       redisReply *last = redisCommand(c->redis, "HGET txc:consumer-errors:{%s} %s", c->group, id);
       const redisReply *fields =
         rr && rr->type == REDIS_REPLY_ARRAY && rr->elements == 1 ? rr->element[0]->element[1] : NULL;
-      char reason[700], biz[96] = "";
+      char reason[700], biz[SVC_EVENT_BIZ_KEY_MAX] = "";
       svc_event_t ev = {0};
       json_t *pl = NULL;
-      char perr[128];
-      if (fields && parse_entry(fields, &ev, &pl, perr, sizeof(perr)))
-        snprintf(biz, sizeof(biz), "%s:%lld", ev.type, ev.order_id);
-      else
-        snprintf(biz, sizeof(biz), "malformed:%s", id);
+      char perr[256];
+      if (!fields || !parse_entry(fields, &ev, &pl, biz, perr, sizeof(perr)))
+        snprintf(biz, sizeof(biz), "malformed:%.60s", id);
       json_decref(pl);
       snprintf(reason, sizeof(reason), "%lld deliveries failed; the last: %s", deliveries,
                last && last->type == REDIS_REPLY_STRING ? last->str
@@ -375,29 +346,15 @@ static bool redeliver_requested(svc_consumer_t *c, char *err, size_t errlen) {
   for (int i = 0; i < PQntuples(r) && !stopping(c); i++) {
     const char *dl_id = PQgetvalue(r, i, 0), *sid = PQgetvalue(r, i, 1);
     json_t *ej = json_loads(PQgetvalue(r, i, 2), 0, NULL);
-    /* Rebuild the entry's fields as a reply-like array for parse_entry. */
     svc_event_t ev = {.stream_id = sid, .deliveries = 0};
-    char why[512] = "", biz[96];
-    const char *eid = json_string_value(json_object_get(ej, "event_id"));
-    const char *type = json_string_value(json_object_get(ej, "type"));
-    const char *oid = json_string_value(json_object_get(ej, "order_id"));
-    const char *pl = json_string_value(json_object_get(ej, "payload"));
-    json_t *payload = pl ? json_loads(pl, JSON_REJECT_DUPLICATES, NULL) : NULL;
-    long long e = 0, o = 0;
+    char why[512] = "", biz[SVC_EVENT_BIZ_KEY_MAX] = "";
+    const char *k[4] = {"event_id", "type", "order_id", "payload"}, *v[4];
+    for (int f = 0; f < 4; f++) v[f] = json_string_value(json_object_get(ej, k[f]));
+    json_t *payload = NULL;
     svc_ev_result_t res = SVC_EV_DEAD;
     bool dup = false;
-    if (eid && svc_parse_ll(eid, 1, INT64_MAX, &e) && oid && svc_parse_ll(oid, 1, INT64_MAX, &o) && type &&
-        json_is_object(payload)) {
-      ev.event_id = e;
-      ev.order_id = o;
-      ev.type = type;
-      ev.payload = payload;
-      snprintf(biz, sizeof(biz), "%s:%lld", type, o);
-      ev.biz_key = biz;
+    if (svc_event_parse(k, v, 4, &ev, &payload, biz, why, sizeof(why)))
       res = apply_once(c, &ev, &dup, why, sizeof(why));
-    } else {
-      snprintf(why, sizeof(why), "malformed event: cannot be redelivered");
-    }
     const char *p2[3] = {dl_id, res == SVC_EV_DONE ? "REDELIVERED" : "DEAD", why};
     char uerr[256];
     if (!svc_pg_exec(c->pg,

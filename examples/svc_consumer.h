@@ -45,17 +45,9 @@
 #include <libpq-fe.h>
 
 #include "svc_common.h"
+#include "svc_event.h"
 
 typedef enum { SVC_EV_DONE = 0, SVC_EV_RETRY = 1, SVC_EV_DEAD = 2 } svc_ev_result_t;
-
-typedef struct svc_event {
-  const char *stream_id; /* "12-0" */
-  long long event_id, order_id;
-  const char *type;      /* "order.paid", "order.cancelled", "order.expired" */
-  const json_t *payload; /* {activity, ticket_type, bucket, user, qty} */
-  const char *biz_key;   /* "<type>:<order_id>" */
-  int deliveries;        /* 1 on the first; a redelivered dead letter: 0 */
-} svc_event_t;
 
 /* Apply 'ev' inside the open transaction of 'pg'; on RETRY or DEAD say why
  * in 'why'. */

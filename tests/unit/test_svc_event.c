@@ -1,0 +1,120 @@
+/*
+ * test_svc_event.c - the decoder of order events (examples/svc_event.h):
+ * what a consumer accepts from the stream, and everything it refuses
+ * with a reason instead of applying half of it.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <string.h>
+
+#include "svc_event.h"
+
+static const char *const good_k[] = {"event_id", "type", "order_id", "payload"};
+#define GOOD_PAYLOAD "{\"activity\":7,\"ticket_type\":1,\"bucket\":3,\"user\":42,\"qty\":2}"
+
+/* Parse with the good fields, field 'replace' (if >= 0) given 'value'. */
+static bool parse_with(int replace, const char *value, svc_event_t *ev, json_t **pl, char *biz, char *why) {
+  const char *v[4] = {"12", "order.paid", "900", GOOD_PAYLOAD};
+  if (replace >= 0) v[replace] = value;
+  return svc_event_parse(good_k, v, 4, ev, pl, biz, why, 256);
+}
+
+static void test_good_event(void **state) {
+  (void)state;
+  svc_event_t ev = {0};
+  json_t *pl = NULL;
+  char biz[SVC_EVENT_BIZ_KEY_MAX], why[256] = "";
+  assert_true(parse_with(-1, NULL, &ev, &pl, biz, why));
+  assert_int_equal(ev.event_id, 12);
+  assert_int_equal(ev.order_id, 900);
+  assert_string_equal(ev.type, "order.paid");
+  assert_string_equal(ev.biz_key, "order.paid:900");
+  assert_ptr_equal(ev.payload, pl);
+  assert_int_equal(json_integer_value(json_object_get(pl, "qty")), 2);
+  json_decref(pl);
+}
+
+static void test_fields_in_any_order_unknown_ignored(void **state) {
+  (void)state;
+  const char *k[5] = {"payload", "extra", "order_id", "type", "event_id"};
+  const char *v[5] = {GOOD_PAYLOAD, "whatever", "5", "order.expired", "1"};
+  svc_event_t ev = {0};
+  json_t *pl = NULL;
+  char biz[SVC_EVENT_BIZ_KEY_MAX], why[256];
+  assert_true(svc_event_parse(k, v, 5, &ev, &pl, biz, why, sizeof(why)));
+  assert_string_equal(ev.biz_key, "order.expired:5");
+  json_decref(pl);
+}
+
+static void test_refusals(void **state) {
+  (void)state;
+  static const struct {
+    int field;
+    const char *value, *why_has;
+  } bad[] = {
+    {0, "0", "positive"},          {0, "-3", "positive"},        {0, "12x", "positive"},
+    {0, "99999999999999999999", "positive"},                     {2, "", "positive"},
+    {2, NULL, "positive"},         {1, "order.refunded", "unknown type"},
+    {1, "", "unknown type"},       {1, NULL, "unknown type"},     {3, "not json", "payload"},
+    {3, "[1,2]", "payload"},       {3, "{\"activity\":7}", "payload"},
+    {3, "{\"activity\":7,\"ticket_type\":1,\"bucket\":3,\"user\":42,\"qty\":0}", "payload"},
+    {3, "{\"activity\":7,\"ticket_type\":1,\"bucket\":3,\"user\":42,\"qty\":2,\"qty\":3}", "payload"},
+    {3, "{\"activity\":\"7\",\"ticket_type\":1,\"bucket\":3,\"user\":42,\"qty\":2}", "payload"},
+    {3, NULL, "payload"},
+  };
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+    svc_event_t ev = {0};
+    json_t *pl = (json_t *)1;
+    char biz[SVC_EVENT_BIZ_KEY_MAX], why[256] = "";
+    const char *v[4] = {"12", "order.paid", "900", GOOD_PAYLOAD};
+    v[bad[i].field] = bad[i].value;
+    size_t n = 4;
+    const char *k[4] = {good_k[0], good_k[1], good_k[2], good_k[3]};
+    if (!bad[i].value) { /* the field is missing altogether */
+      k[bad[i].field] = "absent";
+      v[bad[i].field] = "x";
+    }
+    assert_false(svc_event_parse(k, v, n, &ev, &pl, biz, why, sizeof(why)));
+    assert_null(pl);
+    assert_non_null(strstr(why, bad[i].why_has));
+  }
+}
+
+static void test_repeated_field_refused(void **state) {
+  (void)state;
+  const char *k[5] = {"event_id", "type", "order_id", "payload", "order_id"};
+  const char *v[5] = {"1", "order.paid", "5", GOOD_PAYLOAD, "6"};
+  svc_event_t ev = {0};
+  json_t *pl = NULL;
+  char biz[SVC_EVENT_BIZ_KEY_MAX], why[256];
+  assert_false(svc_event_parse(k, v, 5, &ev, &pl, biz, why, sizeof(why)));
+  assert_non_null(strstr(why, "repeated"));
+  assert_null(pl);
+}
+
+static void test_null_value_refused(void **state) {
+  (void)state;
+  const char *k[4] = {"event_id", "type", "order_id", "payload"};
+  const char *v[4] = {"1", "order.paid", "5", NULL};
+  svc_event_t ev = {0};
+  json_t *pl = NULL;
+  char biz[SVC_EVENT_BIZ_KEY_MAX], why[256];
+  assert_false(svc_event_parse(k, v, 4, &ev, &pl, biz, why, sizeof(why)));
+  assert_non_null(strstr(why, "without a value"));
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_good_event),
+    cmocka_unit_test(test_fields_in_any_order_unknown_ignored),
+    cmocka_unit_test(test_refusals),
+    cmocka_unit_test(test_repeated_field_refused),
+    cmocka_unit_test(test_null_value_refused),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
