@@ -16,9 +16,11 @@
  *   --mode (default buy) chooses what is measured:
  *     buy     the POST /orders above;
  *     cancel  each connection buys, then cancels what it bought, then buys
- *             again...: every cancel is a global transaction that gives a
- *             ticket back to a bucket others freeze at the same moment
- *             (with --buckets 1, one hot row); measured: the cancels
+ *             again...: every cancel gives a ticket back to a bucket
+ *             others freeze at the same moment (with --buckets 1, one hot
+ *             row): a local transaction of the orders database with its
+ *             outbox event, applied to the bucket by stock-service's
+ *             consumer a moment later; measured: the cancels
  *             (POST /orders/{id}/cancel answered 200), "cancels_per_s" and
  *             their latency, and the buys in between ("orders_per_s");
  *     expire  --orders N are bought first (not measured), then made
@@ -26,7 +28,8 @@
  *             orders database), and the time until order-service's expiry
  *             job has expired every one is measured: "expiries_per_s"
  *             (its passes run every ORDER_EXPIRY_INTERVAL_MS, 100 orders a
- *             pass, one global transaction an order).
+ *             pass, one local transaction with its event an order; the
+ *             stock follows through the consumer).
  *
  *   One thread, one libcurl multi handle (keep-alive connections); the
  *   loop waits in curl_multi_poll.
