@@ -21,8 +21,10 @@
 #      same 201 and one order; another user's same key its own order; a
 #      refusal replayed; the Redis mark deleted, then the same key: the
 #      same 201 from PostgreSQL (through the unique key, and through the
-#      refusal check); 20 requests at once with one key: one order;
-#      malformed keys: 400; the services restarted, then the same keys.
+#      refusal check); a key held by a request that died (with and
+#      without its order made: the order, or 409 in_progress); 20 requests
+#      at once with one key: one order; malformed keys: 400; the services
+#      restarted, then the same keys.
 #   2b. fallback to local: all three tcd nodes killed mid-sale, orders
 #      keep answering 201 (local mode, /healthz and /metrics show it), a
 #      keyed order sent twice makes one order (also with its Redis mark
@@ -269,6 +271,25 @@ pg1=$(idem_metric pg)
 check "/metrics: replays from PostgreSQL counted (${pg0:-?} -> ${pg1:-?})" \
   python3 -c 'import sys; sys.exit(0 if float(sys.argv[2] or 0) >= float(sys.argv[1] or 0) + 2 else 1)' \
   "${pg0:-0}" "${pg1:-0}"
+
+# a request that died holding its key: the mark says "pending"
+redis-cli -u "$REDIS_URL" SET 'txc:idem:{7101}:idem-a' pending EX 60 >/dev/null
+kpost idem-a 7101 1
+check "key held by a dead request, order made: the order from PostgreSQL ($code $replayed)" \
+  test "$code" = 201 -a "$(jfield "$body" order_id)" = "$ka_id" -a "$replayed" = true
+ip0=$(curl -s "$ORDER_URL/metrics" | awk '$1 == "txc_client_idempotent_in_progress_total" {print $2}')
+redis-cli -u "$REDIS_URL" SET 'txc:idem:{7106}:idem-e' pending EX 60 >/dev/null
+kpost idem-e 7106 1
+retry_after=$(awk -F': *' 'tolower($1) == "retry-after" {print $2}' "$tmp/hdrs" | tr -d '\r')
+check "key held by a dead request, no order: 409 in_progress, Retry-After: 1 ($code $retry_after $body)" \
+  test "$code" = 409 -a "$(jfield "$body" error)" = in_progress -a "$retry_after" = 1 -a "$(orders_of 7106)" = 0
+ip1=$(curl -s "$ORDER_URL/metrics" | awk '$1 == "txc_client_idempotent_in_progress_total" {print $2}')
+check "/metrics: in_progress counted (${ip0:-?} -> ${ip1:-?})" \
+  python3 -c 'import sys; sys.exit(0 if float(sys.argv[2] or 0) == float(sys.argv[1] or 0) + 1 else 1)' \
+  "${ip0:-0}" "${ip1:-0}"
+rdel 7106 idem-e
+kpost idem-e 7106 1
+check "the mark gone, the retry gets in: 201 ($code)" test "$code" = 201 -a "$(orders_of 7106)" = 1
 
 kpost 'bad key' 7105 1
 check "malformed key: 400 ($code $body)" test "$code" = 400
