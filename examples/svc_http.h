@@ -68,8 +68,8 @@ void svc_resp_json(svc_resp_t *resp, int status, json_t *body);
 void svc_resp_text(svc_resp_t *resp, int status, const char *text);
 /* Send header 'name: value' with the answer, whatever its status and body
  * (they may be set before or after).  Both strings are kept, not copied:
- * string literals.  Beyond SVC_RESP_MAX_HEADERS headers, or for a name
- * already set, it replaces that one's value or is dropped. */
+ * string literals.  A name already set gets the new value; beyond
+ * SVC_RESP_MAX_HEADERS names the header is dropped. */
 void svc_resp_header(svc_resp_t *resp, const char *name, const char *value);
 
 /* Answers sent by every server of this process with HTTP 'status'
