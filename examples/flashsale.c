@@ -17,6 +17,13 @@
  *      meet the per-user limit), and later pays (--pay percent) or cancels
  *      (--cancel percent) after a random pause of up to --think-ms; the
  *      rest stay unpaid (frozen) until the service's expiry job, if any.
+ *      Every purchase carries an Idempotency-Key of its own
+ *      ("fs<activity>-<user>-<n>", n = 0 for the first purchase, 1 for the
+ *      repeat); a transport error, a 503 or a 409 in_progress is retried
+ *      with the same key, up to twice (100 ms, then 400 ms later; 1 s for
+ *      in_progress), and --dup percent of the answered purchases are sent
+ *      once more with their key, as a client that lost the answer would:
+ *      each must get the same answer (one_order_per_key checks the 201s).
  *      One thread drives it all through a libcurl multi handle: the loop
  *      waits in curl_multi_poll until a socket is ready, the next arrival
  *      is due or the progress line is due.  At most --connections
@@ -55,7 +62,7 @@
 typedef struct opts {
   long long users, tickets, buckets, limit, activity;
   double window_s;
-  int pay_pct, cancel_pct, again_pct;
+  int pay_pct, cancel_pct, again_pct, dup_pct;
   int think_ms;
   int connections;
   int settle_s;
@@ -67,14 +74,22 @@ typedef struct opts {
 
 typedef enum { REQ_ORDER, REQ_PAY, REQ_CANCEL } req_kind_t;
 
+#define MAX_RETRIES 2
+
 /* A scheduled request. */
 typedef struct job {
-  int64_t at_us; /* when it is due (relative to the sale start) */
+  int64_t at_us;    /* when it is due (relative to the sale start) */
+  int64_t first_us; /* a retry: when its first try was due (latency counts from there) */
   req_kind_t kind;
-  int user;      /* index into users */
+  int user;         /* index into users */
   long long order_id;
   int qty;
-  bool again;    /* a second purchase */
+  bool again;       /* a second purchase */
+  int tries;        /* tries before this one (same Idempotency-Key) */
+  bool dup;         /* the purchase sent again after its answer: must get the same */
+  int want_status;  /* dup: the first answer's status, order id and refusal */
+  long long want_order;
+  char want_reason[16];
 } job_t;
 
 /* Min-heap of jobs by at_us. */
@@ -90,6 +105,7 @@ typedef struct xfer {
   char *resp;
   size_t len, cap;
   char body[256];
+  struct curl_slist *hdrs; /* the run's headers and this request's Idempotency-Key */
   struct xfer *next_free;
 } xfer_t;
 
@@ -109,12 +125,16 @@ typedef struct run {
   long long rej_not_on_sale, rej_over_limit, rej_sold_out, rej_other;
   long long unavailable, unknown, transport, http_other;
   long long paid, pay_fail, cancelled, cancel_fail;
+  long long retried;                     /* purchases tried again with their key */
+  long long dup_sent, dup_same, dup_differ; /* --dup: sent again after the answer */
   long long *lat_us; /* POST /orders latencies */
   size_t nlat, caplat;
   long long *accepted; /* order ids answered 201 */
   size_t nacc, capacc;
   long long *paid_ids;
   size_t npaid, cappaid;
+  fs_keyed_t *keyed; /* every 201 with its Idempotency-Key */
+  size_t nkeyed, capkeyed;
   int64_t first_us, last_us;
   int64_t last_progress_us;
 } run_t;
@@ -181,6 +201,26 @@ static bool push_ll(long long **v, size_t *n, size_t *cap, long long x) {
   return true;
 }
 
+static bool push_keyed(run_t *r, const char *key, long long user, long long order_id) {
+  if (r->nkeyed == r->capkeyed) {
+    size_t c = r->capkeyed ? r->capkeyed * 2 : 1024;
+    fs_keyed_t *nv = realloc(r->keyed, c * sizeof(*nv));
+    if (!nv) return false;
+    r->keyed = nv;
+    r->capkeyed = c;
+  }
+  fs_keyed_t *k = &r->keyed[r->nkeyed++];
+  snprintf(k->key, sizeof(k->key), "%s", key);
+  k->user = user;
+  k->order_id = order_id;
+  return true;
+}
+
+/* The Idempotency-Key of a purchase: one per user and purchase. */
+static void job_key(const run_t *r, const job_t *j, char *out, size_t len) {
+  snprintf(out, len, "fs%lld-%d-%d", r->o.activity, j->user + 1, j->again ? 1 : 0);
+}
+
 /* ----------------------------------------------------------- transfers */
 
 static size_t on_write(char *ptr, size_t size, size_t nmemb, void *ud) {
@@ -217,11 +257,19 @@ static bool start_job(run_t *r, const job_t *j) {
     }
   }
   x->job = *j;
-  x->sched_us = j->at_us;
+  x->sched_us = j->tries ? j->first_us : j->at_us;
   x->len = 0;
   if (x->resp) x->resp[0] = '\0';
+  curl_slist_free_all(x->hdrs);
+  x->hdrs = NULL;
   char url[512];
   if (j->kind == REQ_ORDER) {
+    char key[80], h[128];
+    job_key(r, j, key, sizeof(key));
+    snprintf(h, sizeof(h), "Idempotency-Key: %s", key);
+    for (const struct curl_slist *l = r->hdrs; l; l = l->next) x->hdrs = curl_slist_append(x->hdrs, l->data);
+    x->hdrs = curl_slist_append(x->hdrs, h);
+    if (!x->hdrs) return false;
     snprintf(url, sizeof(url), "%s/orders", r->order_url);
     snprintf(x->body, sizeof(x->body), "{\"activity\":%lld,\"ticket_type\":%d,\"user\":%d,\"qty\":%d}",
              r->o.activity, TICKET_TYPE, j->user + 1, j->qty);
@@ -233,7 +281,7 @@ static bool start_job(run_t *r, const job_t *j) {
   curl_easy_reset(x->e);
   curl_easy_setopt(x->e, CURLOPT_URL, url);
   curl_easy_setopt(x->e, CURLOPT_POSTFIELDS, x->body);
-  curl_easy_setopt(x->e, CURLOPT_HTTPHEADER, r->hdrs);
+  curl_easy_setopt(x->e, CURLOPT_HTTPHEADER, x->hdrs ? x->hdrs : r->hdrs);
   curl_easy_setopt(x->e, CURLOPT_WRITEFUNCTION, on_write);
   curl_easy_setopt(x->e, CURLOPT_WRITEDATA, x);
   curl_easy_setopt(x->e, CURLOPT_PRIVATE, x);
@@ -242,7 +290,8 @@ static bool start_job(run_t *r, const job_t *j) {
   curl_easy_setopt(x->e, CURLOPT_TCP_NODELAY, 1L);
   if (curl_multi_add_handle(r->multi, x->e) != CURLM_OK) return false;
   r->inflight++;
-  if (j->kind == REQ_ORDER) {
+  if (j->kind == REQ_ORDER && j->dup && !j->tries) r->dup_sent++;
+  if (j->kind == REQ_ORDER && !j->dup && !j->tries) {
     r->sent++;
     if (j->again) r->again_sent++;
   }
@@ -258,6 +307,42 @@ static const char *json_reason(const char *body, const char *key, char *buf, siz
   return buf;
 }
 
+/* --dup: maybe send the answered purchase 'j' once more, with its key. */
+static void maybe_dup(run_t *r, const job_t *j, int64_t now, long status, long long order_id, const char *reason) {
+  if (r->o.dup_pct == 0 || j->dup || (int)(rnd(r) % 100) >= r->o.dup_pct) return;
+  job_t d = *j;
+  d.dup = true;
+  d.tries = 0;
+  d.at_us = now + (int64_t)(rnd01(r) * 100000);
+  d.want_status = (int)status;
+  d.want_order = order_id;
+  snprintf(d.want_reason, sizeof(d.want_reason), "%s", reason);
+  heap_push(&r->heap, d);
+}
+
+/* The answer to a --dup request: the first answer again? */
+static void finish_dup(run_t *r, const xfer_t *x, CURLcode cc, long status) {
+  const job_t *j = &x->job;
+  char why[64] = "", key[80];
+  long long id = 0;
+  if (cc != CURLE_OK) return; /* no answer: neither same nor differing */
+  if (status == 201) {
+    json_t *o = json_loads(x->resp ? x->resp : "", 0, NULL);
+    id = (long long)json_integer_value(json_object_get(o, "order_id"));
+    json_decref(o);
+    job_key(r, j, key, sizeof(key));
+    if (id > 0) push_keyed(r, key, j->user + 1, id);
+  } else if (status == 409) {
+    json_reason(x->resp, "reason", why, sizeof(why));
+  }
+  bool same = status == j->want_status && (status != 201 || id == j->want_order) &&
+              (status != 409 || strcmp(why, j->want_reason) == 0);
+  if (same)
+    r->dup_same++;
+  else
+    r->dup_differ++;
+}
+
 /* Handle one finished transfer. */
 static void finish_xfer(run_t *r, xfer_t *x, CURLcode cc) {
   int64_t now = now_rel(r);
@@ -266,8 +351,21 @@ static void finish_xfer(run_t *r, xfer_t *x, CURLcode cc) {
   long status = 0;
   if (cc == CURLE_OK) curl_easy_getinfo(x->e, CURLINFO_RESPONSE_CODE, &status);
   const job_t *j = &x->job;
-  char why[64];
-  if (j->kind == REQ_ORDER) {
+  char why[64] = "";
+  if (j->kind == REQ_ORDER && cc == CURLE_OK && status == 409) json_reason(x->resp, "error", why, sizeof(why));
+  bool in_progress = strcmp(why, "in_progress") == 0;
+  if (j->kind == REQ_ORDER && (cc != CURLE_OK || status == 503 || in_progress) && j->tries < MAX_RETRIES) {
+    /* The same purchase again, with the same key: whatever the first try
+     * did, it cannot make a second order. */
+    job_t t = *j;
+    t.first_us = x->sched_us;
+    t.tries++;
+    t.at_us = now + (in_progress ? 1000000 : j->tries == 0 ? 100000 : 400000);
+    heap_push(&r->heap, t);
+    r->retried++;
+  } else if (j->kind == REQ_ORDER && j->dup) {
+    finish_dup(r, x, cc, status);
+  } else if (j->kind == REQ_ORDER) {
     r->done++;
     push_ll(&r->lat_us, &r->nlat, &r->caplat, now - x->sched_us);
     if (cc != CURLE_OK) {
@@ -279,6 +377,10 @@ static void finish_xfer(run_t *r, xfer_t *x, CURLcode cc) {
       long long id = (long long)json_integer_value(json_object_get(o, "order_id"));
       json_decref(o);
       if (id > 0) {
+        char key[80];
+        job_key(r, j, key, sizeof(key));
+        push_keyed(r, key, j->user + 1, id);
+        maybe_dup(r, j, now, status, id, "");
         push_ll(&r->accepted, &r->nacc, &r->capacc, id);
         /* what this user does next */
         if (!j->again && (int)(rnd(r) % 100) < r->o.again_pct) {
@@ -296,6 +398,7 @@ static void finish_xfer(run_t *r, xfer_t *x, CURLcode cc) {
       }
     } else if (status == 409) {
       json_reason(x->resp, "reason", why, sizeof(why));
+      if (!in_progress) maybe_dup(r, j, now, status, 0, why);
       if (strcmp(why, "not_on_sale") == 0)
         r->rej_not_on_sale++;
       else if (strcmp(why, "over_limit") == 0)
@@ -436,6 +539,8 @@ static void usage(FILE *f) {
           "  --pay PCT        percent of orders paid afterwards (default 50)\n"
           "  --cancel PCT     percent of orders cancelled afterwards (default 10)\n"
           "  --again PCT      percent of buyers who try to buy again (default 20)\n"
+          "  --dup PCT        percent of answered purchases sent once more with their\n"
+          "                   Idempotency-Key, expecting the same answer (default 0)\n"
           "  --think-ms MS    longest pause before paying or cancelling (default 1000)\n"
           "  --connections N  requests on the wire at once (default 64)\n"
           "  --settle S       seconds to wait for the coordinator to finish (default 30)\n"
@@ -454,6 +559,7 @@ static bool parse_opts(int argc, char **argv, opts_t *o) {
     {"limit", required_argument, NULL, 'l'},   {"activity", required_argument, NULL, 'a'},
     {"pay", required_argument, NULL, 'p'},     {"cancel", required_argument, NULL, 'c'},
     {"again", required_argument, NULL, 'g'},   {"think-ms", required_argument, NULL, 'k'},
+    {"dup", required_argument, NULL, 'd'},
     {"connections", required_argument, NULL, 'n'}, {"settle", required_argument, NULL, 's'},
     {"seed", required_argument, NULL, 'S'},    {"json", required_argument, NULL, 'j'},
     {"quiet", no_argument, NULL, 'q'},         {"help", no_argument, NULL, 'h'},
@@ -482,6 +588,7 @@ static bool parse_opts(int argc, char **argv, opts_t *o) {
     case 'p': ok = svc_parse_ll(optarg, 0, 100, &v); o->pay_pct = (int)v; break;
     case 'c': ok = svc_parse_ll(optarg, 0, 100, &v); o->cancel_pct = (int)v; break;
     case 'g': ok = svc_parse_ll(optarg, 0, 100, &v); o->again_pct = (int)v; break;
+    case 'd': ok = svc_parse_ll(optarg, 0, 100, &v); o->dup_pct = (int)v; break;
     case 'k': ok = svc_parse_ll(optarg, 0, 600000, &v); o->think_ms = (int)v; break;
     case 'n': ok = svc_parse_ll(optarg, 1, 4096, &v); o->connections = (int)v; break;
     case 's': ok = svc_parse_ll(optarg, 0, 3600, &v); o->settle_s = (int)v; break;
@@ -557,7 +664,8 @@ int main(int argc, char **argv) {
   if (r.nlat) qsort(r.lat_us, r.nlat, sizeof(long long), cmp_ll);
 
   fs_result_t res = {0};
-  fs_client_view_t view = {.accepted = r.accepted, .naccepted = r.nacc, .paid = r.paid_ids, .npaid = r.npaid};
+  fs_client_view_t view = {.accepted = r.accepted, .naccepted = r.nacc, .paid = r.paid_ids, .npaid = r.npaid,
+                           .keyed = r.keyed, .nkeyed = r.nkeyed};
   fs_check_run(ck, &act, &view, r.o.settle_s, &res);
 
   double p50 = pct_ms(r.lat_us, r.nlat, 50), p95 = pct_ms(r.lat_us, r.nlat, 95), p99 = pct_ms(r.lat_us, r.nlat, 99);
@@ -572,6 +680,9 @@ int main(int argc, char **argv) {
          r.rej_over_limit, r.rej_not_on_sale, r.rej_other);
   printf("failed: 503 unavailable %lld, 503 unknown outcome %lld, transport %lld, other HTTP %lld\n",
          r.unavailable, r.unknown, r.transport, r.http_other);
+  printf("idempotency keys: retried %lld (same key); sent again after the answer %lld: same answer %lld, "
+         "differing %lld\n",
+         r.retried, r.dup_sent, r.dup_same, r.dup_differ);
   printf("after the sale: paid %lld (failed %lld), cancelled %lld (failed %lld)\n", r.paid, r.pay_fail,
          r.cancelled, r.cancel_fail);
   printf("latency of POST /orders: p50 %.2f ms, p95 %.2f ms, p99 %.2f ms, max %.2f ms\n", p50, p95, p99, pmax);
@@ -604,6 +715,9 @@ int main(int argc, char **argv) {
     json_object_set_new(j, "max_ms", json_real(pmax));
     json_object_set_new(j, "limit", json_integer(r.o.limit));
     json_object_set_new(j, "window_s", json_real(r.o.window_s));
+    json_object_set_new(j, "retried", json_integer(r.retried));
+    json_object_set_new(j, "duplicates", json_pack("{s:I,s:I,s:I}", "sent", (json_int_t)r.dup_sent, "same",
+                                                   (json_int_t)r.dup_same, "differing", (json_int_t)r.dup_differ));
     json_object_set_new(j, "invariants", fs_invariants_json(&res));
     if (json_dump_file(j, r.o.json_path, JSON_INDENT(2) | JSON_SORT_KEYS) != 0)
       fprintf(stderr, "flashsale: could not write %s\n", r.o.json_path);
@@ -614,11 +728,13 @@ int main(int argc, char **argv) {
   free(r.lat_us);
   free(r.accepted);
   free(r.paid_ids);
+  free(r.keyed);
   free(r.heap.v);
   while (r.free_x) {
     xfer_t *x = r.free_x;
     r.free_x = x->next_free;
     curl_easy_cleanup(x->e);
+    curl_slist_free_all(x->hdrs);
     free(x->resp);
     free(x);
   }

@@ -334,6 +334,102 @@ static char *pg_array(const long long *v, size_t n) {
   return s;
 }
 
+/* '{"a","b"}' from the keys of 'v' (malloc'd); quoted, so any key is safe. */
+static char *pg_key_array(const fs_keyed_t *v, size_t n) {
+  size_t cap = 3 + n * (2 * sizeof(v->key) + 3);
+  char *s = malloc(cap);
+  if (!s) return NULL;
+  size_t off = 0;
+  s[off++] = '{';
+  for (size_t i = 0; i < n; i++) {
+    if (i) s[off++] = ',';
+    s[off++] = '"';
+    for (const char *k = v[i].key; *k; k++) {
+      if (*k == '"' || *k == '\\') s[off++] = '\\';
+      s[off++] = *k;
+    }
+    s[off++] = '"';
+  }
+  s[off++] = '}';
+  s[off] = '\0';
+  return s;
+}
+
+static int cmp_keyed(const void *a, const void *b) {
+  const fs_keyed_t *x = a, *y = b;
+  if (x->user != y->user) return x->user < y->user ? -1 : 1;
+  int c = strcmp(x->key, y->key);
+  if (c) return c;
+  return x->order_id < y->order_id ? -1 : x->order_id > y->order_id;
+}
+
+/* one_order_per_key: PostgreSQL's unique (user_id, idem_key) (a second
+ * order for a key would be the bug idempotent submit exists to prevent),
+ * and the client's view of the keyed 201s against it. */
+static void check_keys(fs_check_t *c, const char *activity, const fs_client_view_t *view, fs_result_t *res) {
+  bool ok = true;
+  const char *pa[1] = {activity};
+  long long twice = q_ll(c->orders,
+                         "SELECT count(*) FROM (SELECT 1 FROM trade_order WHERE activity_id = $1"
+                         " AND idem_key IS NOT NULL GROUP BY user_id, idem_key HAVING count(*) > 1) d",
+                         1, pa, &ok);
+  long long keys = q_ll(c->orders, "SELECT count(idem_key) FROM trade_order WHERE activity_id = $1", 1, pa, &ok);
+  size_t n = view->nkeyed, multi = 0, split = 0;
+  long long wrong = 0;
+  fs_keyed_t *k = n ? malloc(n * sizeof(*k)) : NULL;
+  if (n && !k) ok = false;
+  if (k) {
+    memcpy(k, view->keyed, n * sizeof(*k));
+    qsort(k, n, sizeof(*k), cmp_keyed);
+    for (size_t i = 0; i < n;) {
+      size_t e = i + 1;
+      while (e < n && k[e].user == k[i].user && strcmp(k[e].key, k[i].key) == 0) e++;
+      if (e - i > 1) multi++;
+      if (k[e - 1].order_id != k[i].order_id) split++; /* sorted: first and last differ */
+      i = e;
+    }
+    /* every answered order holds its key, for its user */
+    long long *ids = malloc(n * sizeof(*ids)), *users = malloc(n * sizeof(*users));
+    char *ak = pg_key_array(k, n), *ai = NULL, *au = NULL;
+    if (ids && users) {
+      for (size_t i = 0; i < n; i++) {
+        ids[i] = k[i].order_id;
+        users[i] = k[i].user;
+      }
+      ai = pg_array(ids, n);
+      au = pg_array(users, n);
+    }
+    if (ak && ai && au) {
+      const char *p[3] = {ak, ai, au};
+      wrong = q_ll(c->orders,
+                   "SELECT count(*) FROM unnest($1::text[], $2::bigint[], $3::bigint[]) AS a(k, id, u)"
+                   " LEFT JOIN trade_order t ON t.order_id = a.id"
+                   " WHERE t.idem_key IS DISTINCT FROM a.k OR t.user_id IS DISTINCT FROM a.u",
+                   3, p, &ok);
+    } else {
+      ok = false;
+    }
+    free(ak);
+    free(ai);
+    free(au);
+    free(ids);
+    free(users);
+    free(k);
+  }
+  if (!ok)
+    inv_set(res, "one_order_per_key", FS_FAILED, "could not check the idempotency keys");
+  else if (twice || split || wrong)
+    inv_set(res, "one_order_per_key", FS_FAILED,
+            "keys with two orders in PostgreSQL: %lld; keys answered 201 with different orders: %zu; "
+            "answered orders not holding their key: %lld",
+            twice, split, wrong);
+  else
+    inv_set(res, "one_order_per_key", FS_HOLDS,
+            "%lld orders with a key, none twice; %zu keyed 201s, %zu keys answered 201 more than once, "
+            "each with one order",
+            keys, n, multi);
+}
+
 #define MAXB 10000
 
 void fs_check_run(fs_check_t *c, const fs_activity_t *a, const fs_client_view_t *view, int settle_s,
@@ -555,6 +651,7 @@ void fs_check_run(fs_check_t *c, const fs_activity_t *a, const fs_client_view_t 
   else
     inv_set(res, "client_view", FS_HOLDS, "all %zu accepted orders exist, all %zu paid ones are PAID",
             view->naccepted, view->npaid);
+  check_keys(c, sid, view, res);
 
   /* Global transactions */
   ok = true;

@@ -15,6 +15,10 @@
  *                         exactly frozen_count and sold_count
  *     client_view         every order answered 201 exists, every order
  *                         answered "paid" is PAID
+ *     one_order_per_key   no (user_id, idem_key) has two orders in
+ *                         PostgreSQL; every Idempotency-Key the client
+ *                         saw answered 201 more than once got the same
+ *                         order each time, and that order holds the key
  *     globals_finished    every global transaction of the run ended
  *                         Committed or Rolled back
  *     no_leftover_locks   no global lock and no pending undo_log row left
@@ -59,11 +63,19 @@ void fs_check_free(fs_check_t *c);
  * on the coordinator's clock. */
 bool fs_seed(fs_check_t *c, fs_activity_t *a, char *err, size_t errlen);
 
+/* One 201 answer to a POST /orders that carried an Idempotency-Key. */
+typedef struct fs_keyed {
+  char key[72]; /* the key sent (at most 64 bytes) */
+  long long user, order_id;
+} fs_keyed_t;
+
 typedef struct fs_client_view {
   const long long *accepted; /* order ids answered 201 */
   size_t naccepted;
   const long long *paid;     /* order ids answered 200 to pay */
   size_t npaid;
+  const fs_keyed_t *keyed;   /* every 201 to a keyed request, retries and replays included */
+  size_t nkeyed;
 } fs_client_view_t;
 
 enum { FS_SKIPPED = -1, FS_FAILED = 0, FS_HOLDS = 1 };

@@ -6,8 +6,12 @@
  * NOTES
  *   HTTP API (JSON):
  *     POST /orders {activity, ticket_type, user, qty}
+ *          [Idempotency-Key: 1..64 bytes of A-Za-z0-9._:-]
  *          201 order | 409 {error: rejected, reason: not_on_sale |
- *          over_limit | sold_out} | 400 | 503 {error: unavailable}
+ *          over_limit | sold_out} | 400 | 503 {error: unavailable};
+ *          with a key also: the key's earlier answer again (header
+ *          Idempotent-Replayed: true) | 409 {error: in_progress}
+ *          (Retry-After: 1) | 422 {error: idempotency_key_reused}
  *     GET  /orders/{id}                200 order | 404
  *     POST /orders/{id}/pay            200 order (PAID) | 404 | 409 | 503
  *     POST /orders/{id}/cancel         200 order (CANCELLED) | 404 | 409 | 503
@@ -23,6 +27,39 @@
  *   order whose compensation is still pending answers 503 not_ready.
  *   An order is {order_id, activity, ticket_type, user, qty, bucket,
  *   status, xid}.
+ *
+ *   Idempotent submit (create_keyed): the same Idempotency-Key from the
+ *   same user gets the same answer (the same 201 with the same order, or
+ *   the same 409 refusal) and never a second order, in global and local
+ *   mode and across a restart.  Two layers:
+ *     - the truth, in the orders database: the key is written in the very
+ *       statement that creates the order (the AT insert of branch 1, or
+ *       rm_local_order_insert), under UNIQUE (user_id, idem_key)
+ *       (sql/orders/003).  An attempt whose insert meets an order of the
+ *       key rolls back (and gives its Redis freeze back) and answers with
+ *       that order; a global transaction that rolls back deletes its
+ *       order and so frees the key (that order did not happen);
+ *     - the fast path, in Redis (svc_idem.h): before anything else,
+ *       SET txc:idem:{user}:key pending NX EX lease (lease: longer than a
+ *       purchase can take).  Won: the purchase runs, then its final answer
+ *       (201, or a 409 refusal) is stored there for ORDER_IDEMPOTENCY_TTL_S;
+ *       any other outcome (503, in_progress) deletes the mark so that a
+ *       retry gets in.  Lost: a stored answer is replayed as it was (422
+ *       if the key came with another activity, ticket type or qty);
+ *       "pending" means another request holds the key (or died holding
+ *       it): PostgreSQL is asked, then Redis polled for up to 1 s, then
+ *       409 in_progress with Retry-After: 1.
+ *   PostgreSQL's answer counts only once decided: an AT insert commits in
+ *   phase one, so an order whose undo_log row is still there counts only
+ *   if the coordinator says committed (else in_progress), and a local
+ *   order whose stock side has not answered within the lease is
+ *   in_progress too.  A refusal is not written to PostgreSQL: a Redis that
+ *   lost a refused key's answer evaluates the request again (harmless, no
+ *   order was made); but since a refusal can also be caused by the key's
+ *   own earlier order (the user's limit, the last tickets), a refusal of
+ *   a keyed request is checked against PostgreSQL before it is answered
+ *   (one indexed read).  Redis down or failing: PostgreSQL alone, never a
+ *   refusal for it.
  *
  *   One purchase (POST /orders), in order:
  *     1. take an order id (from blocks of trade_order_id_seq);
@@ -90,6 +127,8 @@
  *     ORDER_SLOW_MS            1000 (an order slower than this logs the
  *                              time of each phase, at info level)
  *     PF_COMMAND_TIMEOUT_MS    500, PF_CONNECT_TIMEOUT_MS 1000 (Redis)
+ *     ORDER_IDEMPOTENCY_TTL_S  86400 (how long Redis keeps a key's answer;
+ *                              PostgreSQL keeps the key with the order)
  *     ORDER_LOG_LEVEL          info
  *   --listen and --url-file FILE override ORDER_LISTEN / name a file to
  *   write the URL to once serving, as for stock-service.
@@ -111,6 +150,7 @@
 
 #include "svc_common.h"
 #include "svc_http.h"
+#include "svc_idem.h"
 #include "svc_outbox.h"
 #include "svc_prefilter.h"
 #include "txc_failpoint.h"
@@ -124,6 +164,9 @@ typedef struct order_svc {
   svc_pf_t *pf;
   rm_compensator_t *comp; /* local-mode orders: compensation and reconciliation */
   svc_relay_t *relay;     /* the outbox's events to the stream */
+  svc_idem_t *idem;       /* the idempotent submit's fast path; NULL: PostgreSQL alone */
+  unsigned idem_ttl_s;    /* ORDER_IDEMPOTENCY_TTL_S: how long Redis keeps an answer */
+  _Atomic unsigned long long idem_replays_redis, idem_replays_pg, idem_in_progress;
   const char *resource;
   unsigned gtx_timeout_ms, stock_timeout_ms;
   long long ttl_s;           /* unpaid orders expire after this */
@@ -159,6 +202,7 @@ typedef struct order {
   char status[16];
   char xid[RM_XID_MAX];
   char cancel_reason[256]; /* trade_order.cancel_reason ("" = NULL) */
+  const char *idem_key;    /* the request's Idempotency-Key (NULL = none), borrowed */
 } order_t;
 
 typedef enum { FIN_PAY, FIN_CANCEL, FIN_EXPIRE } finish_kind_t;
@@ -287,11 +331,13 @@ static int branch_insert_order(order_svc_t *s, PGconn *pg, const order_t *o, cha
   snprintf(su, sizeof(su), "%lld", o->user);
   snprintf(sq, sizeof(sq), "%lld", o->qty);
   snprintf(sb, sizeof(sb), "%lld", o->bucket);
-  const char *cols[8] = {"order_id", "activity_id", "ticket_type", "user_id", "qty", "bucket_id", "xid",
-                         "expire_at"};
-  const char *vals[8] = {sid, sa, st, su, sq, sb, o->xid, exp};
+  /* The key goes in with the order: the unique (user_id, idem_key) refuses
+   * a second order for it (the AT insert fails, this attempt rolls back). */
+  const char *cols[9] = {"order_id", "activity_id", "ticket_type", "user_id", "qty", "bucket_id", "xid",
+                         "expire_at", "idem_key"};
+  const char *vals[9] = {sid, sa, st, su, sq, sb, o->xid, exp, o->idem_key};
   svc_iso_time(exp, o->expire_ms);
-  int ncols = 8;
+  int ncols = o->idem_key ? 9 : 8;
   if (!svc_pg_exec(pg, "BEGIN", 0, NULL, PGRES_COMMAND_OK, NULL, err, errlen)) return RM_E_DB;
   rm_branch_t *b = NULL;
   int rc = rm_at_open(s->rm, o->xid, s->resource, pg, &b);
@@ -342,6 +388,8 @@ static int64_t wall_ms(void) {
 
 /* ---------------------------------------------------------- handlers */
 
+static bool answer_key_taken(order_svc_t *s, const order_t *o, svc_resp_t *resp);
+
 /*
  * The "no coordinator" baseline of the benchmarks (ORDER_TX_MODE=local):
  * the same two writes as a purchase, each a plain local transaction
@@ -360,11 +408,11 @@ static void create_local(order_svc_t *s, PGconn *pg, order_t *o, int64_t deadlin
   snprintf(sq, sizeof(sq), "%lld", o->qty);
   snprintf(sb, sizeof(sb), "%lld", o->bucket);
   snprintf(exp, sizeof(exp), "%lld", (long long)o->expire_ms);
-  const char *p[7] = {sid, sa, st, su, sq, sb, exp};
+  const char *p[8] = {sid, sa, st, su, sq, sb, exp, o->idem_key};
   bool ok = svc_pg_exec(pg,
                         "INSERT INTO trade_order (order_id, activity_id, ticket_type, user_id, qty, bucket_id,"
-                        " expire_at) VALUES ($1, $2, $3, $4, $5, $6, to_timestamp($7::bigint / 1000.0))",
-                        7, p, PGRES_COMMAND_OK, NULL, err, sizeof(err));
+                        " expire_at, idem_key) VALUES ($1, $2, $3, $4, $5, $6, to_timestamp($7::bigint / 1000.0), $8)",
+                        8, p, PGRES_COMMAND_OK, NULL, err, sizeof(err));
   long status = 0;
   if (ok) {
     json_t *body = json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "order_id", (json_int_t)o->order_id, "activity",
@@ -389,6 +437,8 @@ static void create_local(order_svc_t *s, PGconn *pg, order_t *o, int64_t deadlin
     svc_resp_json(resp, 409, json_pack("{s:s,s:s}", "error", "rejected", "reason", "sold_out"));
     return;
   }
+  /* the insert failed: on the unique key of an order made with this key? */
+  if (!ok && o->idem_key && answer_key_taken(s, o, resp)) return;
   svc_warn("could not take an order (local mode): %s", err);
   svc_resp_error(resp, 503, "unavailable", err);
 }
@@ -417,13 +467,15 @@ static void place_order_local(order_svc_t *s, order_t *o, int64_t deadline_ms, s
   o->xid[0] = '\0';
   rm_local_order_t lo = {.order_id = o->order_id, .activity_id = o->activity, .ticket_type = (int32_t)o->ticket_type,
                          .bucket = (int32_t)o->bucket, .user_id = o->user, .qty = (int32_t)o->qty,
-                         .expire_ms = o->expire_ms, .deadline_ms = deadline_ms};
+                         .expire_ms = o->expire_ms, .deadline_ms = deadline_ms, .idem_key = o->idem_key};
   PGconn *pg = svc_pg_get(s->pool, 5000, err, sizeof(err));
   int rc = pg ? rm_local_order_insert(pg, &lo) : RM_E_DB;
   if (pg && rc < 0) snprintf(err, sizeof(err), "local order: %s: %s", rm_prefilter_strerror(rc), rm_local_errmsg());
   svc_pg_put(s->pool, pg);
   if (rc < 0) {
     svc_pf_release(s->pf, o->activity, o->ticket_type, o->order_id, perr, sizeof(perr));
+    /* another order holds the key: answer with it (nothing was inserted) */
+    if (rc == RM_LOCAL_E_IDEM_KEY && answer_key_taken(s, o, resp)) return;
     SVC_LOG(SVC_LOG_WARN, json_pack("{s:I,s:s}", "order_id", (json_int_t)o->order_id, "mode", "local"),
             "could not take an order: %s", err);
     svc_resp_error(resp, 503, "unavailable", err);
@@ -545,6 +597,18 @@ static void handle_metrics(order_svc_t *s, svc_resp_t *resp) {
     unsigned long long n = svc_http_status_count(code);
     if (n) svc_buf_printf(&b, "txc_client_http_responses_total{status=\"%d\"} %llu\n", code, n);
   }
+  svc_buf_printf(&b,
+                 "# HELP txc_client_idempotent_replays_total POST /orders answered with the answer its Idempotency-Key "
+                 "already had, by where it was found.\n"
+                 "# TYPE txc_client_idempotent_replays_total counter\n"
+                 "txc_client_idempotent_replays_total{source=\"redis\"} %llu\n"
+                 "txc_client_idempotent_replays_total{source=\"pg\"} %llu\n"
+                 "# HELP txc_client_idempotent_in_progress_total POST /orders answered 409 in_progress: another request "
+                 "held the Idempotency-Key.\n"
+                 "# TYPE txc_client_idempotent_in_progress_total counter\n"
+                 "txc_client_idempotent_in_progress_total %llu\n",
+                 (unsigned long long)s->idem_replays_redis, (unsigned long long)s->idem_replays_pg,
+                 (unsigned long long)s->idem_in_progress);
   svc_relay_stats_t rs;
   svc_relay_stats(s->relay, &rs);
   svc_buf_printf(&b,
@@ -672,6 +736,9 @@ released:
       SVC_LOG(SVC_LOG_WARN, json_pack("{s:s,s:I}", "xid", o->xid, "order_id", (json_int_t)o->order_id),
               "could not release the Redis freeze of a rolled-back order: %s", perr);
   }
+  /* The order branch failed: on the unique key of an order made with this
+   * idempotency key (Redis lost the mark, or was down)?  Answer with it. */
+  if (rc != 0 && o->idem_key && answer_key_taken(s, o, resp)) return;
   if (http_status == 409) {
     /* PostgreSQL said sold out where Redis still had stock: Redis is
      * behind (reconciliation will align it).  The client sees a refusal. */
@@ -685,10 +752,306 @@ released:
   svc_resp_error(resp, 503, "unavailable", err);
 }
 
+/*
+ * Steps 1 and 2 of a purchase for 'o' (a valid request), then the rest
+ * (place_order, or create_local in ORDER_TX_MODE=local).  Fills 'resp'.
+ * 't0' is when the request started.
+ */
+static void take_order(order_svc_t *s, order_t *o, int64_t t0, svc_resp_t *resp) {
+  /* No database connection is held while waiting for Redis or the
+   * coordinator: refusals never touch PostgreSQL (but see create_keyed),
+   * and the pool can stay much smaller than the number of requests in
+   * progress. */
+  char err[512] = "", reason[64];
+  o->order_id = next_order_id(s, err, sizeof(err));
+  if (!o->order_id) {
+    svc_warn("could not take an order: %s", err);
+    svc_resp_error(resp, 503, "unavailable", err);
+    return;
+  }
+
+  /* 2. prefilter: the freeze outlives the order by a grace period, so
+   * that the order's own expiry (a global transaction over both
+   * databases) normally comes first and the prefilter's sweep is only a
+   * backstop. */
+  int bucket = -1;
+  o->expire_ms = wall_ms() + s->ttl_s * 1000;
+  int64_t deadline_ms = o->expire_ms + s->freeze_grace_s * 1000;
+  pf_result_t pr = svc_pf_freeze(s->pf, o->activity, o->ticket_type, o->user, o->qty, o->order_id, deadline_ms,
+                                 &bucket, err, sizeof(err));
+  if (pr != PF_OK) {
+    if (pr == PF_ERROR) {
+      if (svc_pf_last_freeze_code() == RM_PF_NOT_LOADED && s->comp)
+        rm_compensator_kick(s->comp, true); /* reconciliation loads the activity */
+      SVC_LOG(SVC_LOG_WARN, json_pack("{s:I}", "order_id", (json_int_t)o->order_id),
+              "could not run the prefilter: %s", err);
+      svc_resp_error(resp, 503, "unavailable", err);
+    } else {
+      svc_resp_json(resp, 409, json_pack("{s:s,s:s}", "error", "rejected", "reason", svc_pf_reason(pr)));
+    }
+    return;
+  }
+  o->bucket = bucket;
+  snprintf(o->status, sizeof(o->status), "UNPAID");
+
+  if (s->local_mode) {
+    PGconn *lpg = svc_pg_get(s->pool, 5000, err, sizeof(err));
+    if (!lpg) {
+      svc_pf_release(s->pf, o->activity, o->ticket_type, o->order_id, reason, sizeof(reason));
+      svc_resp_error(resp, 503, "unavailable", err);
+      return;
+    }
+    create_local(s, lpg, o, deadline_ms, resp);
+    return;
+  }
+
+  place_order(s, o, deadline_ms, t0, resp);
+}
+
+/* ------------------------------------------------- idempotent submit */
+
+/*
+ * POST /orders with an Idempotency-Key (NOTES above): the fast path in
+ * Redis (svc_idem: the key's mark, then its answer), the truth in the
+ * orders database (the key is written with the order, under the unique
+ * (user_id, idem_key)).  Nothing here holds a PostgreSQL connection while
+ * it waits for Redis, the coordinator or another request.
+ */
+
+#define IDEM_WAIT_US (1000 * 1000) /* how long a request finding its key held waits for the answer */
+#define IDEM_POLL_US (50 * 1000)
+
+/* How long a request holds its key: longer than a purchase can take (the
+ * global transaction's timeout, then the stock call's), so that only a
+ * request that died keeps the others waiting, and not for long. */
+static unsigned idem_lease_s(const order_svc_t *s) { return (s->gtx_timeout_ms + s->stock_timeout_ms) / 1000 + 5; }
+
+/* What a key's answer was given for, to tell a retry from a key reused for
+ * another purchase. */
+static void idem_fingerprint(long long activity, long long ticket_type, long long qty, char *out, size_t len) {
+  snprintf(out, len, "%lld/%lld/%lld", activity, ticket_type, qty);
+}
+
+typedef enum {
+  KEY_NONE,  /* no order holds the key */
+  KEY_FINAL, /* an order holds it, decided: the answer it stands for */
+  KEY_BUSY,  /* an order holds it, its fate not decided yet */
+  KEY_ERROR, /* the orders database could not be read */
+} key_state_t;
+
+static bool load_order(PGconn *pg, long long id, order_t *o, bool *found, char *err, size_t errlen);
+
+/*
+ * The truth about 'key' of 'user': the order made with it, if any.  On
+ * KEY_FINAL '*ans' is the answer that order stands for: 201 with the order
+ * as GET /orders/{id} shows it, or, for a local-mode order the stock
+ * refused (cancelled by the refusal), the 409 refusal its request got.
+ * KEY_BUSY: the order of a global transaction not decided yet (its
+ * rollback would delete it and free the key), or a local-mode order whose
+ * stock side has not answered yet, younger than the lease.  The AT insert
+ * commits in phase one, so an order row alone proves nothing: phase two's
+ * commit deletes the undo_log row, a rollback deletes both; with the undo
+ * row still there the coordinator is asked.
+ */
+static key_state_t key_lookup(order_svc_t *s, long long user, const char *key, svc_idem_answer_t *ans, char *err,
+                              size_t errlen) {
+  char su[24], sl[24], reason[64] = "";
+  snprintf(su, sizeof(su), "%lld", user);
+  snprintf(sl, sizeof(sl), "%u", idem_lease_s(s));
+  const char *p[3] = {su, key, sl};
+  err[0] = '\0';
+  PGconn *pg = svc_pg_get(s->pool, 2000, err, errlen);
+  if (!pg) return KEY_ERROR;
+  PGresult *r = NULL;
+  order_t o = {0};
+  bool found = false;
+  bool ok = svc_pg_exec(pg,
+                        "SELECT o.order_id,"
+                        " o.xid IS NOT NULL AND EXISTS (SELECT 1 FROM undo_log u"
+                        "   WHERE u.xid = o.xid AND u.log_status = 0),"
+                        " o.xid IS NULL AND c.state = 'PENDING'"
+                        "   AND o.created_at > now() - $3::int * interval '1 second',"
+                        " CASE WHEN c.outcome = 'CANCELLED' THEN c.reason END"
+                        " FROM trade_order o LEFT JOIN order_compensation c ON c.order_id = o.order_id"
+                        " WHERE o.user_id = $1 AND o.idem_key = $2",
+                        3, p, PGRES_TUPLES_OK, &r, err, errlen);
+  /* (an order that vanished between the two reads was rolled back) */
+  if (ok && PQntuples(r) == 1 && !load_order(pg, atoll(PQgetvalue(r, 0, 0)), &o, &found, err, errlen))
+    ok = !err[0];
+  svc_pg_put(s->pool, pg);
+  if (!ok) {
+    PQclear(r);
+    return KEY_ERROR;
+  }
+  bool undo_pending = found && strcmp(PQgetvalue(r, 0, 1), "t") == 0;
+  bool local_pending = found && strcmp(PQgetvalue(r, 0, 2), "t") == 0;
+  if (found && !PQgetisnull(r, 0, 3)) snprintf(reason, sizeof(reason), "%s", PQgetvalue(r, 0, 3));
+  PQclear(r);
+  if (!found) return KEY_NONE;
+  if (local_pending) return KEY_BUSY;
+  if (undo_pending) {
+    int st = 0;
+    if (rm_tm_status(s->rm, o.xid, &st) != 0 || decision_of(st) != DECIDED_COMMIT) return KEY_BUSY;
+  }
+  if (reason[0]) {
+    ans->status = 409;
+    ans->body = json_pack("{s:s,s:s}", "error", "rejected", "reason", reason);
+  } else {
+    ans->status = 201;
+    ans->body = order_json(&o);
+  }
+  idem_fingerprint(o.activity, o.ticket_type, o.qty, ans->req, sizeof(ans->req));
+  return KEY_FINAL;
+}
+
+/* Answer with 'ans' (cleared), the answer o->idem_key already stands for,
+ * found in Redis ('from_redis') or PostgreSQL: the same status and body,
+ * with "Idempotent-Replayed: true".  422 when 'o' is another purchase than
+ * the one that got it (the client reused the key). */
+static void idem_replay(order_svc_t *s, const order_t *o, svc_idem_answer_t *ans, bool from_redis,
+                        svc_resp_t *resp) {
+  char fp[sizeof(ans->req)];
+  idem_fingerprint(o->activity, o->ticket_type, o->qty, fp, sizeof(fp));
+  if (strcmp(fp, ans->req) != 0) {
+    char detail[256 + 2 * sizeof(ans->req)];
+    snprintf(detail, sizeof(detail),
+             "this Idempotency-Key was used for another purchase (activity/ticket_type/qty %s, not %s)", ans->req, fp);
+    svc_resp_error(resp, 422, "idempotency_key_reused", detail);
+    svc_idem_answer_clear(ans);
+    return;
+  }
+  svc_resp_json(resp, ans->status, ans->body);
+  ans->body = NULL;
+  svc_idem_answer_clear(ans);
+  svc_resp_header(resp, "Idempotent-Replayed", "true");
+  if (from_redis)
+    s->idem_replays_redis++;
+  else
+    s->idem_replays_pg++;
+}
+
+/* Another request holds the key: try again in a second. */
+static void idem_in_progress(order_svc_t *s, svc_resp_t *resp) {
+  s->idem_in_progress++;
+  svc_resp_error(resp, 409, "in_progress", "another request with this Idempotency-Key is in progress: retry");
+  svc_resp_header(resp, "Retry-After", "1");
+}
+
+/* The insert of 'o' failed, perhaps on the unique (user_id, idem_key):
+ * when an order holds the key, answer as the key stands (that order, or
+ * in_progress while it is undecided) and return true; false when none
+ * does (the caller answers its own error).  Called with no PostgreSQL
+ * connection held. */
+static bool answer_key_taken(order_svc_t *s, const order_t *o, svc_resp_t *resp) {
+  char err[512];
+  svc_idem_answer_t ans = {0};
+  switch (key_lookup(s, o->user, o->idem_key, &ans, err, sizeof(err))) {
+  case KEY_FINAL:
+    idem_replay(s, o, &ans, false, resp);
+    return true;
+  case KEY_BUSY:
+    idem_in_progress(s, resp);
+    return true;
+  default:
+    return false;
+  }
+}
+
+/*
+ * Another request holds the key of 'o' (or held it and died): wait up to
+ * IDEM_WAIT_US for the answer it stores, looking in PostgreSQL first and
+ * last (the holder may have made the order and died before storing it);
+ * then 409 in_progress.
+ */
+static void idem_await(order_svc_t *s, const order_t *o, svc_resp_t *resp) {
+  char err[512];
+  int64_t until = svc_now_us() + IDEM_WAIT_US;
+  for (bool first = true;; first = false) {
+    bool last = svc_now_us() >= until;
+    if (first || last) {
+      svc_idem_answer_t ans = {0};
+      key_state_t ks = key_lookup(s, o->user, o->idem_key, &ans, err, sizeof(err));
+      if (ks == KEY_FINAL) {
+        /* the holder will store the same; one that died never will */
+        svc_idem_store(s->idem, o->user, o->idem_key, ans.req, ans.status, ans.body, s->idem_ttl_s);
+        idem_replay(s, o, &ans, false, resp);
+        return;
+      }
+      if (last) {
+        if (ks == KEY_ERROR)
+          svc_resp_error(resp, 503, "unavailable", err);
+        else
+          idem_in_progress(s, resp);
+        return;
+      }
+    }
+    struct timespec ts = {0, IDEM_POLL_US * 1000L};
+    nanosleep(&ts, NULL);
+    svc_idem_answer_t ans = {0};
+    svc_idem_state_t st = svc_idem_peek(s->idem, o->user, o->idem_key, &ans);
+    if (st == SVC_IDEM_STORED) {
+      idem_replay(s, o, &ans, true, resp);
+      return;
+    }
+    if (st == SVC_IDEM_ABSENT) { /* the holder failed and let go: a retry gets in */
+      idem_in_progress(s, resp);
+      return;
+    }
+  }
+}
+
+/*
+ * POST /orders for 'o' with an Idempotency-Key (o->idem_key): the answer
+ * the key already has, or the purchase, whose final answer (201, or a 409
+ * refusal) is then stored under the key; any other outcome deletes the
+ * mark, so that a retry gets in (PostgreSQL's unique key still stands
+ * between it and a second order).
+ */
+static void create_keyed(order_svc_t *s, order_t *o, int64_t t0, svc_resp_t *resp) {
+  svc_idem_answer_t ans = {0};
+  svc_idem_state_t st =
+    s->idem ? svc_idem_claim(s->idem, o->user, o->idem_key, idem_lease_s(s), &ans) : SVC_IDEM_ERROR;
+  if (st == SVC_IDEM_STORED) {
+    idem_replay(s, o, &ans, true, resp);
+    return;
+  }
+  if (st == SVC_IDEM_PENDING) {
+    idem_await(s, o, resp);
+    return;
+  }
+  /* Claimed, or Redis failed: then PostgreSQL guards alone. */
+  take_order(s, o, t0, resp);
+  const char *e = json_string_value(json_object_get(resp->body, "error"));
+  bool refused = resp->status == 409 && e && strcmp(e, "rejected") == 0;
+  bool replayed = false; /* answered from PostgreSQL already (answer_key_taken) */
+  for (int i = 0; i < resp->nheaders; i++) replayed |= strcmp(resp->headers[i][0], "Idempotent-Replayed") == 0;
+  if (refused && !replayed) {
+    /* A refusal can hide the order this key made before (its tickets
+     * count against the user's limit and the stock) when Redis lost the
+     * key's answer: PostgreSQL says, one indexed read. */
+    char err[512];
+    switch (key_lookup(s, o->user, o->idem_key, &ans, err, sizeof(err))) {
+    case KEY_FINAL: idem_replay(s, o, &ans, false, resp); break;
+    case KEY_BUSY: idem_in_progress(s, resp); break;
+    case KEY_ERROR: svc_resp_error(resp, 503, "unavailable", err); break;
+    case KEY_NONE: break; /* the refusal stands */
+    }
+  }
+  if (st != SVC_IDEM_CLAIMED) return;
+  e = json_string_value(json_object_get(resp->body, "error"));
+  if (resp->status == 201 || (resp->status == 409 && e && strcmp(e, "rejected") == 0)) {
+    char fp[sizeof(ans.req)];
+    idem_fingerprint(o->activity, o->ticket_type, o->qty, fp, sizeof(fp));
+    svc_idem_store(s->idem, o->user, o->idem_key, fp, resp->status, resp->body, s->idem_ttl_s);
+  } else {
+    svc_idem_forget(s->idem, o->user, o->idem_key);
+  }
+}
+
 static void handle_create(order_svc_t *s, const svc_req_t *req, svc_resp_t *resp) {
   json_error_t je;
   json_t *in = json_loadb(req->body, req->body_len, JSON_REJECT_DUPLICATES, &je);
-  order_t o = {0};
+  order_t o = {.idem_key = svc_req_header(req, SVC_IDEM_HEADER)};
   const char *bad = NULL;
   if (!json_is_object(in))
     bad = in ? "the body must be a JSON object" : je.text;
@@ -700,61 +1063,19 @@ static void handle_create(order_svc_t *s, const svc_req_t *req, svc_resp_t *resp
     bad = "user must be a positive integer";
   else if (!svc_json_int(in, "qty", 1, 100, &o.qty))
     bad = "qty must be an integer from 1 to 100";
+  else if (o.idem_key && !svc_idem_key_ok(o.idem_key))
+    bad = "the Idempotency-Key header must be 1 to 64 characters of A-Z, a-z, 0-9, '.', '_', ':' and '-'";
   if (bad) {
     svc_resp_error(resp, 400, "bad_request", bad);
     json_decref(in);
     return;
   }
   json_decref(in);
-
-  /* No database connection is held while waiting for Redis or the
-   * coordinator: refusals never touch PostgreSQL, and the pool can stay
-   * much smaller than the number of requests in progress. */
-  char err[512] = "", reason[64];
   int64_t t0 = svc_now_us();
-  o.order_id = next_order_id(s, err, sizeof(err));
-  if (!o.order_id) {
-    svc_warn("could not take an order: %s", err);
-    svc_resp_error(resp, 503, "unavailable", err);
-    return;
-  }
-
-  /* 2. prefilter: the freeze outlives the order by a grace period, so
-   * that the order's own expiry (a global transaction over both
-   * databases) normally comes first and the prefilter's sweep is only a
-   * backstop. */
-  int bucket = -1;
-  o.expire_ms = wall_ms() + s->ttl_s * 1000;
-  int64_t deadline_ms = o.expire_ms + s->freeze_grace_s * 1000;
-  pf_result_t pr = svc_pf_freeze(s->pf, o.activity, o.ticket_type, o.user, o.qty, o.order_id, deadline_ms, &bucket,
-                                 err, sizeof(err));
-  if (pr != PF_OK) {
-    if (pr == PF_ERROR) {
-      if (svc_pf_last_freeze_code() == RM_PF_NOT_LOADED && s->comp)
-        rm_compensator_kick(s->comp, true); /* reconciliation loads the activity */
-      SVC_LOG(SVC_LOG_WARN, json_pack("{s:I}", "order_id", (json_int_t)o.order_id),
-              "could not run the prefilter: %s", err);
-      svc_resp_error(resp, 503, "unavailable", err);
-    } else {
-      svc_resp_json(resp, 409, json_pack("{s:s,s:s}", "error", "rejected", "reason", svc_pf_reason(pr)));
-    }
-    return;
-  }
-  o.bucket = bucket;
-  snprintf(o.status, sizeof(o.status), "UNPAID");
-
-  if (s->local_mode) {
-    PGconn *lpg = svc_pg_get(s->pool, 5000, err, sizeof(err));
-    if (!lpg) {
-      svc_pf_release(s->pf, o.activity, o.ticket_type, o.order_id, reason, sizeof(reason));
-      svc_resp_error(resp, 503, "unavailable", err);
-      return;
-    }
-    create_local(s, lpg, &o, deadline_ms, resp);
-    return;
-  }
-
-  place_order(s, &o, deadline_ms, t0, resp);
+  if (o.idem_key)
+    create_keyed(s, &o, t0, resp);
+  else
+    take_order(s, &o, t0, resp);
 }
 
 /* Load order 'id'; false if absent or on error (err set, *found false). */
@@ -1186,7 +1507,7 @@ static void usage(FILE *f) {
           "cluster/local/up), ORDER_LISTEN, ORDER_THREADS, ORDER_PG_POOL, ORDER_RESOURCE_ID,\n"
           "ORDER_GTX_TIMEOUT_MS, STOCK_CALL_TIMEOUT_MS, ORDER_TTL_S, ORDER_FREEZE_GRACE_S,\n"
           "ORDER_EXPIRY_INTERVAL_MS, PF_COMMAND_TIMEOUT_MS, PF_CONNECT_TIMEOUT_MS, ORDER_LOG_LEVEL,\n"
-          "OUTBOX_STREAM_MAXLEN, OUTBOX_RETENTION_S,\n"
+          "OUTBOX_STREAM_MAXLEN, OUTBOX_RETENTION_S, ORDER_IDEMPOTENCY_TTL_S,\n"
           "ORDER_TX_MODE (global|local: benchmarks only).\n");
 }
 
@@ -1205,6 +1526,7 @@ int main(int argc, char **argv) {
   s.ttl_s = svc_env_int("ORDER_TTL_S", 900, 1, 86400LL * 365, &ok);
   s.freeze_grace_s = svc_env_int("ORDER_FREEZE_GRACE_S", 60, 0, 86400, &ok);
   s.slow_us = svc_env_int("ORDER_SLOW_MS", 1000, 0, 3600000, &ok) * 1000;
+  s.idem_ttl_s = (unsigned)svc_env_int("ORDER_IDEMPOTENCY_TTL_S", 86400, 1, 86400LL * 365, &ok);
   s.expiry_interval_ms = svc_env_int("ORDER_EXPIRY_INTERVAL_MS", 1000, 0, 3600000, &ok);
   const char *txmode = svc_env_str("ORDER_TX_MODE", "global");
   if (strcmp(txmode, "local") == 0) {
@@ -1270,6 +1592,14 @@ int main(int argc, char **argv) {
     exit_code = 69;
     goto out;
   }
+  {
+    bool tok = true;
+    unsigned cmd_ms = (unsigned)svc_env_int("PF_COMMAND_TIMEOUT_MS", 500, 1, 60000, &tok);
+    unsigned conn_ms = (unsigned)svc_env_int("PF_CONNECT_TIMEOUT_MS", 1000, 1, 60000, &tok);
+    s.idem = svc_idem_new(redis_url, cmd_ms, conn_ms, err, sizeof(err));
+    if (!s.idem)
+      svc_warn("idempotency keys are checked in PostgreSQL only, without the Redis fast path: %s", err);
+  }
   start_compensator(&s, pg_url);
   if (!s.local_mode) {
     svc_relay_opts_t ro = {.pg_url = pg_url, .redis_url = redis_url,
@@ -1320,6 +1650,7 @@ out:
     pthread_join(s.bg_thread, NULL);
   }
   svc_relay_stop(s.relay);
+  svc_idem_free(s.idem);
   rm_compensator_stop(s.comp); /* before the prefilter it borrows */
   svc_pf_free(s.pf);
   svc_httpc_free(s.stock);

@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include <curl/curl.h>
@@ -99,15 +100,38 @@ void svc_resp_text(svc_resp_t *resp, int status, const char *text) {
   resp->text = resp->body != NULL;
 }
 
+void svc_resp_header(svc_resp_t *resp, const char *name, const char *value) {
+  for (int i = 0; i < resp->nheaders; i++)
+    if (strcasecmp(resp->headers[i][0], name) == 0) {
+      resp->headers[i][1] = value;
+      return;
+    }
+  if (resp->nheaders >= SVC_RESP_MAX_HEADERS) return;
+  resp->headers[resp->nheaders][0] = name;
+  resp->headers[resp->nheaders][1] = value;
+  resp->nheaders++;
+}
+
 static _Atomic unsigned long long status_counts[600];
+
+/* Queue 'r' with the answer's extra headers. */
+static enum MHD_Result queue(struct MHD_Connection *conn, const svc_resp_t *resp, int status,
+                             struct MHD_Response *r) {
+  for (int i = 0; resp && i < resp->nheaders; i++) MHD_add_response_header(r, resp->headers[i][0], resp->headers[i][1]);
+  if (status >= 100 && status < 600) status_counts[status]++;
+  enum MHD_Result ret = MHD_queue_response(conn, (unsigned)status, r);
+  MHD_destroy_response(r);
+  return ret;
+}
 
 unsigned long long svc_http_status_count(int status) {
   return status >= 100 && status < 600 ? status_counts[status] : 0;
 }
 
 /* A text answer (svc_resp_text). */
-static enum MHD_Result send_text(struct MHD_Connection *conn, int status, json_t *body) {
-  const char *t = json_string_value(body);
+static enum MHD_Result send_text(struct MHD_Connection *conn, const svc_resp_t *resp) {
+  int status = resp->status;
+  const char *t = json_string_value(resp->body);
   char *s = strdup(t ? t : "");
   if (!s) return MHD_NO;
   struct MHD_Response *r = MHD_create_response_from_buffer(strlen(s), s, MHD_RESPMEM_MUST_FREE);
@@ -116,14 +140,12 @@ static enum MHD_Result send_text(struct MHD_Connection *conn, int status, json_t
     return MHD_NO;
   }
   MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8");
-  if (status >= 100 && status < 600) status_counts[status]++;
-  enum MHD_Result ret = MHD_queue_response(conn, (unsigned)status, r);
-  MHD_destroy_response(r);
-  return ret;
+  return queue(conn, resp, status, r);
 }
 
-static enum MHD_Result send_json(struct MHD_Connection *conn, int status, json_t *body) {
-  char *s = body ? json_dumps(body, JSON_COMPACT) : NULL;
+static enum MHD_Result send_json(struct MHD_Connection *conn, const svc_resp_t *resp) {
+  int status = resp->status;
+  char *s = resp->body ? json_dumps(resp->body, JSON_COMPACT) : NULL;
   if (!s) {
     status = 500;
     s = strdup("{\"error\":\"internal\"}");
@@ -136,10 +158,7 @@ static enum MHD_Result send_json(struct MHD_Connection *conn, int status, json_t
     return MHD_NO;
   }
   MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
-  if (status >= 100 && status < 600) status_counts[status]++;
-  enum MHD_Result ret = MHD_queue_response(conn, (unsigned)status, r);
-  MHD_destroy_response(r);
-  return ret;
+  return queue(conn, resp, status, r);
 }
 
 static void *worker_main(void *arg) {
@@ -187,8 +206,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     return MHD_YES;
   }
   if (rc->state == REQ_ANSWERED) /* resumed by a worker */
-    return rc->resp.text && json_is_string(rc->resp.body) ? send_text(conn, rc->resp.status, rc->resp.body)
-                                                          : send_json(conn, rc->resp.status, rc->resp.body);
+    return rc->resp.text && json_is_string(rc->resp.body) ? send_text(conn, &rc->resp) : send_json(conn, &rc->resp);
   if (*upload_data_size > 0) {
     size_t n = *upload_data_size;
     *upload_data_size = 0;
@@ -212,7 +230,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
   if (rc->state != REQ_READING) return MHD_YES; /* queued: not resumed yet */
   if (rc->too_big) {
     svc_resp_error(&rc->resp, 413, "body_too_large", "request bodies are limited to 16384 bytes");
-    return send_json(conn, rc->resp.status, rc->resp.body);
+    return send_json(conn, &rc->resp);
   }
   rc->method = strdup(method);
   rc->path = strdup(url);
@@ -222,7 +240,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
   if (h->stopping) {
     pthread_mutex_unlock(&h->mu);
     svc_resp_error(&rc->resp, 503, "shutting_down", NULL);
-    return send_json(conn, rc->resp.status, rc->resp.body);
+    return send_json(conn, &rc->resp);
   }
   rc->state = REQ_QUEUED;
   MHD_suspend_connection(conn);

@@ -42,10 +42,15 @@ typedef struct svc_req {
   void *conn_; /* private */
 } svc_req_t;
 
+#define SVC_RESP_MAX_HEADERS 4
+
 typedef struct svc_resp {
   int status;
   json_t *body; /* taken by the server after the handler returns */
   bool text;    /* svc_resp_text: 'body' is a JSON string sent as text/plain */
+  /* Extra response headers (svc_resp_header), {name, value} each. */
+  const char *headers[SVC_RESP_MAX_HEADERS][2];
+  int nheaders;
 } svc_resp_t;
 
 /* Called once per request on a pool thread; fills 'resp' (status 0 or a
@@ -61,6 +66,11 @@ void svc_resp_error(svc_resp_t *resp, int status, const char *reason, const char
 void svc_resp_json(svc_resp_t *resp, int status, json_t *body);
 /* Answer 'text' (copied) as text/plain (Prometheus exposition format). */
 void svc_resp_text(svc_resp_t *resp, int status, const char *text);
+/* Send header 'name: value' with the answer, whatever its status and body
+ * (they may be set before or after).  Both strings are kept, not copied:
+ * string literals.  A name already set gets the new value; beyond
+ * SVC_RESP_MAX_HEADERS names the header is dropped. */
+void svc_resp_header(svc_resp_t *resp, const char *name, const char *value);
 
 /* Answers sent by every server of this process with HTTP 'status'
  * (100..599; 0 otherwise), counted as they are queued. */

@@ -9,48 +9,77 @@
 #include <string.h>
 #include <sys/time.h>
 
-redisContext *svc_redis_connect(const char *url, unsigned timeout_ms, char *err, size_t errlen) {
-  char host[256] = "127.0.0.1", pass[256] = "";
-  int port = 6379, db = 0;
-  const char *u = url ? url : "";
-  if (strncmp(u, "redis://", 8) == 0) u += 8;
-  const char *at = strchr(u, '@');
+#include "svc_parse.h"
+
+bool svc_redis_parse_url(const char *url, svc_redis_addr_t *x) {
+  memset(x, 0, sizeof(*x));
+  const char *u = url;
+  if (strncmp(u, "redis://", 8) != 0) return false;
+  u += 8;
+  const char *at = strrchr(u, '@');
   if (at) {
     const char *colon = memchr(u, ':', (size_t)(at - u));
-    if (colon) snprintf(pass, sizeof(pass), "%.*s", (int)(at - colon - 1), colon + 1);
+    if (colon) {
+      size_t pl = (size_t)(at - colon - 1);
+      if (pl >= sizeof(x->password)) return false;
+      memcpy(x->password, colon + 1, pl);
+      x->password[pl] = '\0';
+    }
     u = at + 1;
   }
-  size_t hl = strcspn(u, ":/");
-  if (hl >= sizeof(host)) {
-    snprintf(err, errlen, "invalid Redis URL \"%s\": host name too long", url);
-    return NULL;
+  const char *h = u, *he;
+  if (*u == '[') {
+    h = u + 1;
+    he = strchr(h, ']');
+    if (!he) return false;
+    u = he + 1;
+  } else {
+    he = u + strcspn(u, ":/");
+    u = he;
   }
-  if (hl) snprintf(host, sizeof(host), "%.*s", (int)hl, u);
-  if (u[hl] == ':') port = atoi(u + hl + 1);
-  const char *slash = strchr(u, '/');
-  if (slash) db = atoi(slash + 1);
-  if (port <= 0 || port > 65535 || db < 0) {
-    snprintf(err, errlen, "invalid Redis URL \"%s\": expected redis://[:password@]host[:port][/db]", url);
-    return NULL;
+  size_t hl = (size_t)(he - h);
+  if (hl == 0 || hl >= sizeof(x->host)) return false;
+  memcpy(x->host, h, hl);
+  x->host[hl] = '\0';
+  long long v = 6379;
+  if (*u == ':') {
+    char port[8];
+    size_t l = strcspn(u + 1, "/");
+    if (l == 0 || l >= sizeof(port)) return false;
+    memcpy(port, u + 1, l);
+    port[l] = '\0';
+    if (!svc_parse_ll(port, 1, 65535, &v)) return false;
+    u += 1 + l;
   }
-  struct timeval tv = {(time_t)(timeout_ms / 1000), (suseconds_t)(timeout_ms % 1000) * 1000};
-  redisContext *c = redisConnectWithTimeout(host, port, tv);
+  x->port = (int)v;
+  v = 0;
+  if (*u == '/' && u[1] && !svc_parse_ll(u + 1, 0, 1000000, &v)) return false;
+  x->db = (int)v;
+  return *u == '\0' || *u == '/';
+}
+
+redisContext *svc_redis_open(const svc_redis_addr_t *a, unsigned connect_ms, unsigned command_ms, char *err,
+                             size_t errlen) {
+  struct timeval ctv = {(time_t)(connect_ms / 1000), (suseconds_t)(connect_ms % 1000) * 1000};
+  struct timeval tv = {(time_t)(command_ms / 1000), (suseconds_t)(command_ms % 1000) * 1000};
+  redisContext *c = redisConnectWithTimeout(a->host, a->port, ctv);
   if (!c || c->err) {
-    snprintf(err, errlen, "could not connect to Redis at %s:%d: %s", host, port, c ? c->errstr : "out of memory");
+    snprintf(err, errlen, "could not connect to Redis at \"%s:%d\": %s", a->host, a->port,
+             c ? c->errstr : "out of memory");
     if (c) redisFree(c);
     return NULL;
   }
   redisSetTimeout(c, tv);
-  if (pass[0]) {
-    redisReply *r = svc_redis_cmd(c, err, errlen, "AUTH %s", pass);
+  if (a->password[0]) {
+    redisReply *r = svc_redis_cmd(c, err, errlen, "AUTH %s", a->password);
     if (!r) {
       redisFree(c);
       return NULL;
     }
     freeReplyObject(r);
   }
-  if (db) {
-    redisReply *r = svc_redis_cmd(c, err, errlen, "SELECT %d", db);
+  if (a->db) {
+    redisReply *r = svc_redis_cmd(c, err, errlen, "SELECT %d", a->db);
     if (!r) {
       redisFree(c);
       return NULL;
@@ -58,6 +87,16 @@ redisContext *svc_redis_connect(const char *url, unsigned timeout_ms, char *err,
     freeReplyObject(r);
   }
   return c;
+}
+
+redisContext *svc_redis_connect(const char *url, unsigned timeout_ms, char *err, size_t errlen) {
+  svc_redis_addr_t a;
+  if (!url || !svc_redis_parse_url(url, &a)) {
+    snprintf(err, errlen, "malformed Redis URL \"%s\" (expected redis://[:password@]host[:port][/db])",
+             url ? url : "");
+    return NULL;
+  }
+  return svc_redis_open(&a, timeout_ms, timeout_ms, err, errlen);
 }
 
 redisReply *svc_redis_cmd(redisContext *c, char *err, size_t errlen, const char *fmt, ...) {

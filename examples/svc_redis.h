@@ -11,13 +11,27 @@
 #ifndef SVC_REDIS_H
 #define SVC_REDIS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include <hiredis/hiredis.h>
 
-/* Connect to 'url' (redis://[:password@]host[:port][/db]) with
- * 'timeout_ms' for the connect and every command, AUTH and SELECT as the
- * URL says.  NULL with 'err' set when it fails. */
+/* Where a REDIS_URL points. */
+typedef struct svc_redis_addr {
+  char host[256], password[256];
+  int port, db;
+} svc_redis_addr_t;
+
+/* Parse "redis://[[user]:password@]host[:port][/db]" (host may be
+ * "[v6addr]"; port 1..65535, default 6379).  false if malformed. */
+bool svc_redis_parse_url(const char *url, svc_redis_addr_t *out);
+
+/* Connect to 'a' with these timeouts, AUTH and SELECT as it says.  NULL
+ * with 'err' set when it fails. */
+redisContext *svc_redis_open(const svc_redis_addr_t *a, unsigned connect_ms, unsigned command_ms, char *err,
+                             size_t errlen);
+
+/* svc_redis_parse_url and svc_redis_open, 'timeout_ms' for both. */
 redisContext *svc_redis_connect(const char *url, unsigned timeout_ms, char *err, size_t errlen);
 
 /* Run a command (redisCommand's format); the reply, or NULL with 'err' set

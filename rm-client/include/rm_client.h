@@ -710,6 +710,8 @@ typedef struct rm_local_order {
   int32_t qty;         /* 1..10000 */
   int64_t expire_ms;   /* trade_order.expire_at, unix ms; 0 = now + 15 min */
   int64_t deadline_ms; /* the stock freeze's deadline, unix ms; 0 = expire_ms */
+  const char *idem_key; /* the client's idempotency key, stored with the order
+                           (1..64 bytes of [A-Za-z0-9._:-]); NULL = none */
 } rm_local_order_t;
 
 /* Results beyond the prefilter's codes. */
@@ -717,12 +719,14 @@ enum {
   RM_LOCAL_E_MISMATCH = -10501, /* the order id was recorded with other values */
   RM_LOCAL_E_PAID = -10502,     /* cancel refused: the order is paid (operator) */
   RM_LOCAL_E_DECIDED = -10503,  /* finished before with the other outcome */
+  RM_LOCAL_E_IDEM_KEY = -10504, /* another order of the user holds the idempotency key */
   RM_COMP_E_LOCKED = -10510,    /* another compensation job is running */
 };
 
 /* Step 2, orders database: 0 inserted, 1 inserted before (a retry),
- * RM_LOCAL_E_MISMATCH, RM_E_INVALID (an argument out of range), RM_E_DB,
- * RM_E_STATE.  Every rm_local_* call returns RM_E_INVALID for arguments
+ * RM_LOCAL_E_MISMATCH, RM_LOCAL_E_IDEM_KEY (another order of o->user_id
+ * holds o->idem_key: nothing inserted; the caller answers with that
+ * order), RM_E_INVALID (an argument out of range), RM_E_DB, RM_E_STATE.  Every rm_local_* call returns RM_E_INVALID for arguments
  * out of range, having done nothing. */
 RM_API int rm_local_order_insert(PGconn *orders_pg, const rm_local_order_t *o);
 /* Step 3, stock database: 0 frozen now, 1 frozen before; RM_PF_SOLD_OUT,

@@ -445,7 +445,7 @@ typedef struct worker {
 /* Local mode, as order-service + stock-service do it. */
 static result_t local_order(worker_t *w, int64_t oid, int64_t user, int qty, int bucket, int64_t dl) {
   sale_t *s = w->s;
-  rm_local_order_t lo = {oid, s->act, TT, bucket, user, qty, dl, dl};
+  rm_local_order_t lo = {oid, s->act, TT, bucket, user, qty, dl, dl, NULL};
   int rc = rm_local_order_insert(w->opg, &lo);
   if (rc < 0) {
     rm_prefilter_release(s->pf, s->act, TT, oid);
@@ -916,7 +916,7 @@ static void make_dataset(rm_prefilter_t *pf, PGconn *opg, PGconn *spg, int64_t a
     int64_t oid = base + i, user = 1 + i % 500;
     int qty = 1 + i % 2, bucket = -1;
     if (rm_prefilter_freeze_until(pf, act, TT, user, oid, qty, dl, &bucket) != 0) continue;
-    rm_local_order_t lo = {oid, act, TT, bucket, user, qty, dl, dl};
+    rm_local_order_t lo = {oid, act, TT, bucket, user, qty, dl, dl, NULL};
     assert_int_equal(rm_local_order_insert(opg, &lo), 0);
     if (i % 3 == 2) continue;
     int rc = rm_local_stock_freeze(spg, &lo);

@@ -183,6 +183,24 @@ expect_sqlstate "orders: CHECK rejects qty 0" "$ORDERS_PG_URL" 23514 \
   "INSERT INTO trade_order (order_id, activity_id, ticket_type, user_id, qty, bucket_id) VALUES (1, 1, 1, 42, 0, 0);"
 expect_sqlstate "orders: CHECK rejects an unknown status" "$ORDERS_PG_URL" 23514 \
   "INSERT INTO trade_order (order_id, activity_id, ticket_type, user_id, qty, bucket_id, status) VALUES (1, 1, 1, 42, 1, 0, 'SHIPPED');"
+expect_sqlstate "orders: UNIQUE (user_id, idem_key) rejects a second order of one key" "$ORDERS_PG_URL" 23505 \
+  "INSERT INTO trade_order (order_id, activity_id, ticket_type, user_id, qty, bucket_id, idem_key) VALUES (1, 1, 1, 42, 1, 0, 'k-1');
+   INSERT INTO trade_order (order_id, activity_id, ticket_type, user_id, qty, bucket_id, idem_key) VALUES (2, 1, 1, 42, 1, 0, 'k-1');"
+expect_ok "orders: one key for two users, and orders without a key, do not conflict" "$ORDERS_PG_URL" \
+  "INSERT INTO trade_order (order_id, activity_id, ticket_type, user_id, qty, bucket_id, idem_key) VALUES (1, 1, 1, 42, 1, 0, 'k-1');
+   INSERT INTO trade_order (order_id, activity_id, ticket_type, user_id, qty, bucket_id, idem_key) VALUES (2, 1, 1, 43, 1, 0, 'k-1');
+   INSERT INTO trade_order (order_id, activity_id, ticket_type, user_id, qty, bucket_id) VALUES (3, 1, 1, 42, 1, 0);
+   INSERT INTO trade_order (order_id, activity_id, ticket_type, user_id, qty, bucket_id) VALUES (4, 1, 1, 42, 1, 0);"
+expect_sqlstate "orders: CHECK rejects a malformed idempotency key" "$ORDERS_PG_URL" 23514 \
+  "INSERT INTO trade_order (order_id, activity_id, ticket_type, user_id, qty, bucket_id, idem_key) VALUES (1, 1, 1, 42, 1, 0, 'a b');"
+expect_value "orders: order_local_insert answers -9 for a key held by another order" "$ORDERS_PG_URL" \
+  "BEGIN;
+   SELECT order_local_insert(1, 1, 1, 42, 1, 0, NULL, NULL, 'k-1') \\g /dev/null
+   SELECT order_local_insert(2, 1, 1, 42, 1, 0, NULL, NULL, 'k-1')
+          || ',' || order_local_insert(1, 1, 1, 42, 1, 0, NULL, NULL, 'k-1')
+          || ',' || order_local_insert(3, 1, 1, 42, 1, 0, NULL, NULL);
+   SELECT count(*) FROM trade_order WHERE user_id = 42;
+   ROLLBACK;" $'-9,1,0\n2'
 
 # Undo log --------------------------------------------------------------------------
 

@@ -162,7 +162,7 @@ static void test_args(void **state) {
   rm_client_free(c);
 
   /* Local helpers and the job refuse bad arguments before any I/O. */
-  rm_local_order_t lo = {1, 1, 0, 0, 1, 1, 0, 0};
+  rm_local_order_t lo = {1, 1, 0, 0, 1, 1, 0, 0, NULL};
   assert_int_equal(rm_local_order_insert(NULL, &lo), RM_E_INVALID);
   assert_int_equal(rm_local_stock_freeze(NULL, &lo), RM_E_INVALID);
   assert_int_equal(rm_local_order_finish(NULL, 1), RM_E_INVALID);

@@ -55,6 +55,7 @@ const char *rm_strerror(int code) {
   case RM_LOCAL_E_MISMATCH: return "order id already recorded with other values";
   case RM_LOCAL_E_PAID: return "order is paid: not cancelled";
   case RM_LOCAL_E_DECIDED: return "order was finished before with the other outcome";
+  case RM_LOCAL_E_IDEM_KEY: return "another order of the user holds this idempotency key";
   case RM_COMP_E_LOCKED: return "another compensation job is running";
   default: return txp_strerror(code);
   }

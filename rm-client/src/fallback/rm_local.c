@@ -7,7 +7,8 @@
  *   An order in local mode touches three stores, none of them inside a
  *   global transaction:
  *     1. Redis (the caller's rm_prefilter_freeze): the stock gate;
- *     2. the orders database: rm_local_order_insert writes the order and
+ *     2. the orders database: rm_local_order_insert writes the order (with
+ *        the client's idempotency key, if any: unique per user) and
  *        its order_compensation row (PENDING) in one local transaction;
  *     3. the stock database: rm_local_stock_freeze writes its
  *        stock_compensation row and the guarded freeze in one local
@@ -77,22 +78,36 @@ static int64_t unix_ms(void) {
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* An idempotency key: NULL, or 1..64 bytes of [A-Za-z0-9._:-] (the CHECK
+ * of trade_order.idem_key). */
+static bool idem_key_ok(const char *k) {
+  if (!k) return true;
+  size_t n = 0;
+  for (; k[n]; n++) {
+    char ch = k[n];
+    bool ok = (ch >= 'A' && ch <= 'Z') || (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9') || ch == '.' ||
+              ch == '_' || ch == ':' || ch == '-';
+    if (!ok || n >= 64) return false;
+  }
+  return n > 0;
+}
+
 static bool order_ok(const rm_local_order_t *o) {
   return o && rm__pf_id_ok(o->order_id) && rm__pf_id_ok(o->activity_id) && rm__pf_tt_ok(o->ticket_type) &&
          o->bucket >= 0 && rm__pf_id_ok(o->user_id) && rm__pf_qty_ok(o->qty) && rm__pf_ms_ok(o->expire_ms) &&
-         rm__pf_ms_ok(o->deadline_ms);
+         rm__pf_ms_ok(o->deadline_ms) && idem_key_ok(o->idem_key);
 }
 
 /* ------------------------------------------------------------- orders --- */
 
 int rm_local_order_insert(PGconn *orders_pg, const rm_local_order_t *o) {
   char s[8][24];
-  const char *vals[8];
+  const char *vals[9];
   int64_t code;
   int rc = rm__pf_pg_usable(orders_pg, false);
   if (rc != 0) return rc;
   if (!order_ok(o)) {
-    rm__pf_errf("invalid argument: local order out of range");
+    rm__pf_errf("invalid argument: local order out of range (or a malformed idempotency key)");
     return RM_E_INVALID;
   }
   rm__pf_i64_str(s[0], o->order_id);
@@ -107,11 +122,12 @@ int rm_local_order_insert(PGconn *orders_pg, const rm_local_order_t *o) {
   /* 0 ms = NULL: the SQL function's default. */
   if (!o->expire_ms) vals[6] = NULL;
   if (!o->deadline_ms) vals[7] = NULL;
+  vals[8] = o->idem_key; /* NULL = none */
   rc = call_code(orders_pg, "record the local-mode order",
                  "SELECT order_local_insert($1::bigint, $2::bigint, $3::integer, $4::bigint, $5::integer, "
                  "$6::integer, timestamptz 'epoch' + $7::bigint * interval '1 millisecond', "
-                 "timestamptz 'epoch' + $8::bigint * interval '1 millisecond')",
-                 8, vals, &code);
+                 "timestamptz 'epoch' + $8::bigint * interval '1 millisecond', $9::text)",
+                 9, vals, &code);
   if (rc != 0) return rc;
   switch (code) {
   case 0: atomic_fetch_add(&n_orders, 1); return 0;
@@ -120,6 +136,9 @@ int rm_local_order_insert(PGconn *orders_pg, const rm_local_order_t *o) {
     rm__pf_errf("order %" PRId64 " exists with other values (or as an order of a global transaction)",
                 o->order_id);
     return RM_LOCAL_E_MISMATCH;
+  case -9:
+    rm__pf_errf("another order of user %" PRId64 " holds idempotency key \"%s\"", o->user_id, o->idem_key);
+    return RM_LOCAL_E_IDEM_KEY;
   default:
     rm__pf_errf("unexpected code %" PRId64 " from order_local_insert", code);
     return RM_E_DB;
