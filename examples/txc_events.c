@@ -151,8 +151,8 @@ static bool db_cmd(PGconn *pg, const char *sql) {
  * "a, b, c" (malloc'd), or NULL on error. */
 static char *known_groups(PGconn *pg) {
   PGresult *r = db_exec(pg,
-                        "SELECT coalesce(string_agg(g, ', ' ORDER BY g), '') FROM"
-                        " (SELECT consumer_group AS g FROM consumed_event UNION SELECT consumer_group FROM dead_letter) s",
+                        "SELECT coalesce(string_agg(g, ', ' ORDER BY g), '') FROM (SELECT consumer_group AS g"
+                        " FROM consumed_event UNION SELECT consumer_group FROM dead_letter) s",
                         0, NULL, PGRES_TUPLES_OK);
   if (!r) return NULL;
   char *s = strdup(PQgetvalue(r, 0, 0));
@@ -411,7 +411,9 @@ int main(int argc, char **argv) {
   PGconn *pg = db_connect(db);
   if (!pg) return EXIT_FAIL;
   PQclear(PQexec(pg, "SET client_min_messages = warning"));
-  int rc = is_list ? cmd_list(pg, group, state) : is_redeliver ? cmd_redeliver(pg, group, ids, nids, all) : cmd_stats(pg);
+  int rc = is_list        ? cmd_list(pg, group, state)
+           : is_redeliver ? cmd_redeliver(pg, group, ids, nids, all)
+                          : cmd_stats(pg);
   PQfinish(pg);
   return rc;
 }

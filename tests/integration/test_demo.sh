@@ -225,7 +225,8 @@ check "invariants of activity $sale_act after the expiries (status $rc)" test "$
 "$bin/flashsale" --users 1 --window 0 --tickets 80 --buckets 2 --limit 2 --pay 0 --cancel 0 --again 0 \
   --quiet --json "$tmp/fb_seed.json" >/dev/null
 fb_act=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["activity"])' "$tmp/fb_seed.json")
-metric() { curl -s "$ORDER_URL/metrics" | awk -v k="$1" '$1 == k {print $2}'; }
+metric_at() { curl -s "$1/metrics" | awk -v k="$2" '$1 == k {print $2}'; } # URL NAME
+metric() { metric_at "$ORDER_URL" "$1"; }
 healthz_mode() { curl -s "$ORDER_URL/healthz" | python3 -c 'import json,sys; print(json.load(sys.stdin).get("mode",""))'; }
 to_local0=$(metric 'txc_client_mode_switches_total{to="local"}')
 check "/metrics has the mode switch counter (${to_local0:-missing})" test -n "$to_local0"
@@ -292,7 +293,9 @@ check "/metrics: compensation passes counted (${fb_comp:-missing})" test -n "$fb
 # --- 4. a poison event: the notify group retries, dead-letters, an operator
 # lifts the cause and redelivers ---
 q_events() { psql -X -q -A -t -d "$EVENTS_PG_URL" -c "$1"; }
-ev_metric() { curl -s "$EVENTS_URL/metrics" | awk -v k="$1" '$1 == k {print $2}'; }
+ev_metric() { metric_at "$EVENTS_URL" "$1"; }
+# inv_holds JSON NAME: invariant NAME of flashsale's report JSON holds
+inv_holds() { python3 -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))["invariants"][sys.argv[2]]["ok"] is True else 1)' "$1" "$2"; }
 # wait_until TENTHS CMD...: run CMD every 0.1 s until it succeeds (bounded)
 wait_until() {
   local n=$1 i
@@ -384,7 +387,7 @@ rc=0
   >"$tmp/check4.out" || rc=$?
 check "invariants of activity $p_act after the redelivery (status $rc)" test "$rc" -eq 0
 [[ $rc -eq 0 ]] || cat "$tmp/check4.out" >&2
-check "consumers_once held there" python3 -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))["invariants"]["consumers_once"]["ok"] is True else 1)' "$tmp/check4.json"
+check "consumers_once held there" inv_holds "$tmp/check4.json" consumers_once
 
 # --- 5. kill -9 of event-consumers in the middle of a sale ---
 "$src/examples/services" stop "$EVENTS_PID"
@@ -423,7 +426,7 @@ rc=0
   >"$tmp/check5.out" || rc=$?
 check "invariants of activity $k_act after the kill (status $rc)" test "$rc" -eq 0
 [[ $rc -eq 0 ]] || cat "$tmp/check5.out" >&2
-check "consumers_once held there" python3 -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))["invariants"]["consumers_once"]["ok"] is True else 1)' "$tmp/check5.json"
+check "consumers_once held there" inv_holds "$tmp/check5.json" consumers_once
 
 # --- 6. clean shutdown ---
 "$src/examples/services" stop "$ORDER_PID" "$STOCK_PID" "$EVENTS_PID"
