@@ -342,6 +342,10 @@ check "points and tickets applied it once, no notice ($(effects "$p_o"); want 1 
 m_retried=$(ev_metric 'txc_events_retried_total{group="notify"}')
 m_dead=$(ev_metric 'txc_events_dead_lettered_total{group="notify"}')
 check "metrics: notify retried 2, dead-lettered 1 (${m_retried:-?}, ${m_dead:-?})" test "${m_retried:-}" = 2 -a "${m_dead:-}" = 1
+for g in points notify tickets; do
+  m_lag=$(ev_metric "txc_events_consumer_lag{group=\"$g\"}")
+  check "metrics: consumer lag of $g (${m_lag:-missing})" test -n "$m_lag"
+done
 check "the alert line was logged" grep -q '"msg":"event dead-lettered: gave up after the last delivery: account on hold: user '"$p_user"': chargeback under review' \
   "$CLUSTER_DIR/event-consumers.log"
 "$bin/txc-events" list --group notify --state DEAD >"$tmp/dl.out" 2>&1 || true
