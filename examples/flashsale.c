@@ -34,12 +34,19 @@
  *      finished every global transaction of the run and the undo logs are
  *      empty.
  *   4. Report: counts, latency percentiles, global transactions from the
- *      TC database, the invariants; --json FILE writes the same figures.
+ *      TC database (and per accepted order: 1.0, since only the purchase
+ *      is a global transaction), the order events over the run (published:
+ *      order-service's txc_events_published_total; consumed, retried and
+ *      dead-lettered by group: stock-service's and event-consumers'
+ *      /metrics, as the difference between a scrape before and one after),
+ *      the invariants; --json FILE writes the same figures.
  *      Exit status 0 when every invariant holds, 1 when one fails, 2 on a
  *      usage error, 3 when the run could not be done.
  *
  *   Environment (cluster/local/up prints it): ORDER_URL, STOCK_PG_URL,
- *   ORDERS_PG_URL, TC_PG_URL, REDIS_URL.
+ *   ORDERS_PG_URL, TC_PG_URL, REDIS_URL; optional: EVENTS_PG_URL (the
+ *   consumers_once invariant), STOCK_URL and EVENTS_URL (examples/services
+ *   prints them: the consumer groups' counters in the report).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -507,6 +514,145 @@ static bool run_sale(run_t *r) {
   return true;
 }
 
+/* ------------------------------------------------------ event metrics */
+
+#define MAX_GROUPS 16
+
+/* The order-event counters of the services, from their /metrics. */
+typedef struct ev_group {
+  char name[64];
+  double consumed, retried, dead_lettered;
+} ev_group_t;
+
+typedef struct ev_metrics {
+  double published; /* order-service: txc_events_published_total; < 0 unknown */
+  ev_group_t g[MAX_GROUPS];
+  size_t ng;
+} ev_metrics_t;
+
+typedef struct text_buf {
+  char *p;
+  size_t len;
+} text_buf_t;
+
+static size_t on_text(char *ptr, size_t size, size_t nmemb, void *ud) {
+  text_buf_t *b = ud;
+  size_t n = size * nmemb;
+  if (b->len + n > (4u << 20)) return 0;
+  char *np = realloc(b->p, b->len + n + 1);
+  if (!np) return 0;
+  memcpy(np + b->len, ptr, n);
+  b->p = np;
+  b->len += n;
+  b->p[b->len] = '\0';
+  return n;
+}
+
+/* GET base/metrics: the text (malloc'd) or NULL. */
+static char *get_metrics(const char *base) {
+  if (!base) return NULL;
+  char url[512];
+  snprintf(url, sizeof(url), "%s/metrics", base);
+  CURL *e = curl_easy_init();
+  if (!e) return NULL;
+  text_buf_t b = {0};
+  curl_easy_setopt(e, CURLOPT_URL, url);
+  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_text);
+  curl_easy_setopt(e, CURLOPT_WRITEDATA, &b);
+  curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, 5000L);
+  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+  long status = 0;
+  CURLcode cc = curl_easy_perform(e);
+  if (cc == CURLE_OK) curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
+  curl_easy_cleanup(e);
+  if (cc != CURLE_OK || status != 200 || !b.p) {
+    fprintf(stderr, "flashsale: could not read %s: %s\n", url,
+            cc != CURLE_OK ? curl_easy_strerror(cc) : "no 200 answer");
+    free(b.p);
+    return NULL;
+  }
+  return b.p;
+}
+
+static ev_group_t *ev_group(ev_metrics_t *m, const char *name) {
+  for (size_t i = 0; i < m->ng; i++)
+    if (strcmp(m->g[i].name, name) == 0) return &m->g[i];
+  if (m->ng == MAX_GROUPS) return NULL;
+  ev_group_t *g = &m->g[m->ng++];
+  memset(g, 0, sizeof(*g));
+  snprintf(g->name, sizeof(g->name), "%s", name);
+  return g;
+}
+
+/* The consumer groups' counters (txc_events_<what>_total{group="..."})
+ * and the relay's txc_events_published_total from Prometheus text 't'. */
+static void parse_ev_metrics(const char *t, ev_metrics_t *m) {
+  static const char *const what[] = {"txc_events_consumed_total", "txc_events_retried_total",
+                                     "txc_events_dead_lettered_total"};
+  for (const char *line = t; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+    if (*line == '#') continue;
+    const char *end = strchr(line, '\n');
+    size_t len = end ? (size_t)(end - line) : strlen(line);
+    char buf[256];
+    if (len >= sizeof(buf)) continue;
+    memcpy(buf, line, len);
+    buf[len] = '\0';
+    char *sp = strrchr(buf, ' ');
+    if (!sp) continue;
+    *sp = '\0';
+    double v = strtod(sp + 1, NULL);
+    if (strcmp(buf, "txc_events_published_total") == 0) {
+      m->published = v;
+      continue;
+    }
+    for (int k = 0; k < 3; k++) {
+      size_t n = strlen(what[k]);
+      const char *lab = "{group=\"";
+      if (strncmp(buf, what[k], n) != 0 || strncmp(buf + n, lab, strlen(lab)) != 0) continue;
+      char *name = buf + n + strlen(lab), *q = strchr(name, '"');
+      if (!q || strcmp(q, "\"}") != 0) continue;
+      *q = '\0';
+      ev_group_t *g = ev_group(m, name);
+      if (!g) continue;
+      if (k == 0) g->consumed = v;
+      else if (k == 1) g->retried = v;
+      else g->dead_lettered = v;
+    }
+  }
+}
+
+/* One scrape of order-service, stock-service and event-consumers (those
+ * whose URL is set). */
+static void scrape_events(ev_metrics_t *m, const char *order_url, const char *stock_url, const char *events_url) {
+  memset(m, 0, sizeof(*m));
+  m->published = -1;
+  const char *urls[3] = {order_url, stock_url, events_url};
+  for (int i = 0; i < 3; i++) {
+    char *t = get_metrics(urls[i]);
+    if (t) parse_ev_metrics(t, m);
+    free(t);
+  }
+}
+
+/* after - before, per counter; a counter that went down (its service
+ * restarted during the run) counts from the restart. */
+static double ev_delta(double before, double after) { return after >= before ? after - before : after; }
+
+static void ev_diff(const ev_metrics_t *before, const ev_metrics_t *after, ev_metrics_t *d) {
+  memset(d, 0, sizeof(*d));
+  d->published = after->published < 0 ? -1 : ev_delta(before->published < 0 ? 0 : before->published, after->published);
+  for (size_t i = 0; i < after->ng; i++) {
+    const ev_group_t *a = &after->g[i], *b = NULL;
+    for (size_t k = 0; k < before->ng; k++)
+      if (strcmp(before->g[k].name, a->name) == 0) b = &before->g[k];
+    ev_group_t *g = &d->g[d->ng++];
+    snprintf(g->name, sizeof(g->name), "%s", a->name);
+    g->consumed = ev_delta(b ? b->consumed : 0, a->consumed);
+    g->retried = ev_delta(b ? b->retried : 0, a->retried);
+    g->dead_lettered = ev_delta(b ? b->dead_lettered : 0, a->dead_lettered);
+  }
+}
+
 /* ------------------------------------------------------------- report */
 
 static int cmp_ll(const void *a, const void *b) {
@@ -527,8 +673,9 @@ static void usage(FILE *f) {
           "usage: flashsale [options]\n"
           "\n"
           "Replays a flash sale against order-service (ORDER_URL) and checks the\n"
-          "invariants on PostgreSQL (STOCK_PG_URL, ORDERS_PG_URL, TC_PG_URL) and Redis\n"
-          "(REDIS_URL).\n"
+          "invariants on PostgreSQL (STOCK_PG_URL, ORDERS_PG_URL, TC_PG_URL, and\n"
+          "EVENTS_PG_URL if set) and Redis (REDIS_URL); the report's event counters come\n"
+          "from the /metrics of ORDER_URL, STOCK_URL and EVENTS_URL.\n"
           "\n"
           "  --users N        users (default 2000)\n"
           "  --window S       seconds over which they arrive (default 10)\n"
@@ -651,6 +798,9 @@ int main(int argc, char **argv) {
     r.o.users = 0;
   }
   r.o.activity = act.activity;
+  const char *stock_url = svc_env_str("STOCK_URL", NULL), *events_url = svc_env_str("EVENTS_URL", NULL);
+  ev_metrics_t ev_before, ev_after, ev;
+  scrape_events(&ev_before, r.order_url, stock_url, events_url);
   bool ran = true;
   if (!r.o.check_only) {
     printf("flashsale: activity %lld: %lld tickets in %lld buckets, limit %lld per user, loaded into Redis; "
@@ -667,6 +817,9 @@ int main(int argc, char **argv) {
   fs_client_view_t view = {.accepted = r.accepted, .naccepted = r.nacc, .paid = r.paid_ids, .npaid = r.npaid,
                            .keyed = r.keyed, .nkeyed = r.nkeyed};
   fs_check_run(ck, &act, &view, r.o.settle_s, &res);
+  scrape_events(&ev_after, r.order_url, stock_url, events_url);
+  ev_diff(&ev_before, &ev_after, &ev);
+  double globals_per_order = r.ok ? (double)res.committed / (double)r.ok : -1;
 
   double p50 = pct_ms(r.lat_us, r.nlat, 50), p95 = pct_ms(r.lat_us, r.nlat, 95), p99 = pct_ms(r.lat_us, r.nlat, 99);
   double pmax = r.nlat ? (double)r.lat_us[r.nlat - 1] / 1000.0 : 0;
@@ -692,6 +845,18 @@ int main(int argc, char **argv) {
          res.unfinished);
   if (res.other_final) printf(", other final states %lld", res.other_final);
   printf(" (settled in %.1fs)\n", res.settle_s);
+  if (globals_per_order >= 0)
+    printf("global transactions per accepted order: %.2f\n", globals_per_order);
+  else
+    printf("global transactions per accepted order: n/a (no order accepted)\n");
+  if (ev.published >= 0)
+    printf("events: published %.0f", ev.published);
+  else
+    printf("events: published unknown (order-service /metrics unreadable)");
+  for (size_t i = 0; i < ev.ng; i++)
+    printf("%s %s %.0f/%.0f/%.0f", i ? "," : "; consumed/retried/dead-lettered by group:", ev.g[i].name,
+           ev.g[i].consumed, ev.g[i].retried, ev.g[i].dead_lettered);
+  printf("\n");
   fs_print_invariants(&res, stdout);
   printf("invariants: %s\n", res.ok ? "all hold" : "FAILED");
 
@@ -719,6 +884,17 @@ int main(int argc, char **argv) {
     json_object_set_new(j, "duplicates", json_pack("{s:I,s:I,s:I}", "sent", (json_int_t)r.dup_sent, "same",
                                                    (json_int_t)r.dup_same, "differing", (json_int_t)r.dup_differ));
     json_object_set_new(j, "invariants", fs_invariants_json(&res));
+    json_object_set_new(j, "globals_per_accepted_order", globals_per_order >= 0 ? json_real(globals_per_order)
+                                                                                : json_null());
+    json_t *groups = json_object();
+    for (size_t i = 0; i < ev.ng; i++)
+      json_object_set_new(groups, ev.g[i].name,
+                          json_pack("{s:I,s:I,s:I}", "consumed", (json_int_t)ev.g[i].consumed, "retried",
+                                    (json_int_t)ev.g[i].retried, "dead_lettered", (json_int_t)ev.g[i].dead_lettered));
+    json_object_set_new(j, "events",
+                        json_pack("{s:o,s:o}", "published",
+                                  ev.published >= 0 ? json_integer((json_int_t)ev.published) : json_null(), "groups",
+                                  groups));
     if (json_dump_file(j, r.o.json_path, JSON_INDENT(2) | JSON_SORT_KEYS) != 0)
       fprintf(stderr, "flashsale: could not write %s\n", r.o.json_path);
     json_decref(j);

@@ -28,6 +28,7 @@
 struct fs_check {
   fs_env_t env;
   PGconn *stock, *orders, *tc;
+  PGconn *events; /* NULL without EVENTS_PG_URL */
   rm_prefilter_t *pf;  /* seed and reconciliation (dry run) */
   redisContext *redis; /* direct reads of the prefilter's keys */
   char run_start[64]; /* timestamptz text, TC database clock */
@@ -39,6 +40,7 @@ bool fs_env_load(fs_env_t *env) {
   env->orders_pg = svc_env_str("ORDERS_PG_URL", NULL);
   env->tc_pg = svc_env_str("TC_PG_URL", NULL);
   env->redis_url = svc_env_str("REDIS_URL", NULL);
+  env->events_pg = svc_env_str("EVENTS_PG_URL", NULL);
   const char *missing[5];
   int n = 0;
   if (!env->order_url) missing[n++] = "ORDER_URL";
@@ -88,12 +90,13 @@ static bool fs_pg_alive(PGconn *pg, const char *what, int tries) {
   return false;
 }
 
-/* All three connections; false if one stays broken. */
+/* All the connections; false if one stays broken. */
 static bool fs_reconnect(fs_check_t *c) {
   bool a = fs_pg_alive(c->stock, "stock", 20);
   bool b = fs_pg_alive(c->orders, "orders", 20);
   bool d = fs_pg_alive(c->tc, "coordinator", 20);
-  return a && b && d;
+  bool e = !c->events || fs_pg_alive(c->events, "events", 20);
+  return a && b && d && e;
 }
 
 fs_check_t *fs_check_new(const fs_env_t *env) {
@@ -103,7 +106,7 @@ fs_check_t *fs_check_new(const fs_env_t *env) {
   c->stock = connect_db(env->stock_pg, "stock");
   c->orders = c->stock ? connect_db(env->orders_pg, "orders") : NULL;
   c->tc = c->orders ? connect_db(env->tc_pg, "coordinator") : NULL;
-  if (!c->tc) {
+  if (!c->tc || (env->events_pg && !(c->events = connect_db(env->events_pg, "events")))) {
     fs_check_free(c);
     return NULL;
   }
@@ -130,6 +133,7 @@ void fs_check_free(fs_check_t *c) {
   PQfinish(c->stock);
   PQfinish(c->orders);
   PQfinish(c->tc);
+  PQfinish(c->events);
   rm_prefilter_free(c->pf);
   if (c->redis) redisFree(c->redis);
   free(c);
@@ -260,6 +264,13 @@ typedef struct settle_counts {
   long long unfinished, locks, undo_orders, undo_stock, overdue;
   long long comp_pending; /* local-mode orders the compensation job has not decided yet */
   long long events, events_unpublished, events_unapplied, dead_letters;
+  /* the downstream consumers (events database; all 0 without it) */
+  long long ds_paid;    /* PAID orders of the activity */
+  long long ds_wrong;   /* of those, without exactly their effects */
+  long long ds_waiting; /* of those, with an effect missing and no dead letter: still to come */
+  long long ds_tickets; /* tickets issued for them */
+  long long ds_stray;   /* effect rows of the activity for orders that are not PAID */
+  long long ds_dead;    /* dead letters of the events database, DEAD or REDELIVER */
 } settle_counts_t;
 
 /* The order events of 'activity' (sql/orders/004_outbox.sql): how many,
@@ -295,6 +306,61 @@ static bool read_events(fs_check_t *c, const char *activity, settle_counts_t *s)
   return true;
 }
 
+/* The downstream consumers' effects for the PAID orders of 'activity'
+ * (sql/events/001_downstream.sql), compared order by order: the PAID
+ * orders and their qty come from the orders database, everything else
+ * from the events database.  Nothing to read without EVENTS_PG_URL. */
+static bool read_downstream(fs_check_t *c, const char *activity, settle_counts_t *s) {
+  if (!c->events) return true;
+  char err[256];
+  PGresult *r = NULL;
+  const char *pa[1] = {activity};
+  if (!svc_pg_exec(c->orders,
+                   "SELECT coalesce(array_agg(order_id ORDER BY order_id), '{}'),"
+                   " coalesce(array_agg(qty ORDER BY order_id), '{}')"
+                   " FROM trade_order WHERE activity_id = $1 AND status = 'PAID'",
+                   1, pa, PGRES_TUPLES_OK, &r, err, sizeof(err))) {
+    fprintf(stderr, "flashsale: could not read the paid orders: %s\n", err);
+    return false;
+  }
+  const char *p[3] = {PQgetvalue(r, 0, 0), PQgetvalue(r, 0, 1), activity};
+  PGresult *q = NULL;
+  bool ok = svc_pg_exec(
+    c->events,
+    "WITH p AS (SELECT * FROM unnest($1::bigint[], $2::int[]) AS p(order_id, qty)),"
+    " e AS (SELECT p.order_id, p.qty,"
+    "   (SELECT count(*) FROM points_ledger l WHERE l.order_id = p.order_id) AS pts,"
+    "   (SELECT count(*) FROM points_ledger l WHERE l.order_id = p.order_id AND l.points = 100 * p.qty) AS pts_ok,"
+    "   (SELECT count(*) FROM member_notice n WHERE n.order_id = p.order_id) AS notes,"
+    "   (SELECT count(*) FROM issued_ticket t WHERE t.order_id = p.order_id) AS tix,"
+    "   (SELECT count(*) FROM issued_ticket t WHERE t.order_id = p.order_id AND t.seq <= p.qty) AS tix_ok"
+    "   FROM p)"
+    " SELECT count(*),"
+    "  count(*) FILTER (WHERE pts <> 1 OR pts_ok <> 1 OR notes <> 1 OR tix <> qty OR tix_ok <> qty),"
+    "  count(*) FILTER (WHERE (pts = 0 OR notes = 0 OR tix < qty) AND NOT EXISTS (SELECT 1 FROM dead_letter d"
+    "   WHERE d.biz_key = 'order.paid:' || e.order_id AND d.state = 'DEAD')),"
+    "  coalesce(sum(tix), 0),"
+    "  (SELECT count(*) FROM points_ledger WHERE activity_id = $3 AND order_id NOT IN (SELECT order_id FROM p))"
+    "  + (SELECT count(*) FROM member_notice WHERE activity_id = $3 AND order_id NOT IN (SELECT order_id FROM p))"
+    "  + (SELECT count(*) FROM issued_ticket WHERE activity_id = $3 AND order_id NOT IN (SELECT order_id FROM p)),"
+    "  (SELECT count(*) FROM dead_letter WHERE state IN ('DEAD', 'REDELIVER'))"
+    " FROM e",
+    3, p, PGRES_TUPLES_OK, &q, err, sizeof(err));
+  PQclear(r);
+  if (!ok) {
+    fprintf(stderr, "flashsale: could not read the downstream effects: %s\n", err);
+    return false;
+  }
+  s->ds_paid = atoll(PQgetvalue(q, 0, 0));
+  s->ds_wrong = atoll(PQgetvalue(q, 0, 1));
+  s->ds_waiting = atoll(PQgetvalue(q, 0, 2));
+  s->ds_tickets = atoll(PQgetvalue(q, 0, 3));
+  s->ds_stray = atoll(PQgetvalue(q, 0, 4));
+  s->ds_dead = atoll(PQgetvalue(q, 0, 5));
+  PQclear(q);
+  return true;
+}
+
 static bool read_settle(fs_check_t *c, long long activity, settle_counts_t *s) {
   bool ok = true;
   char sa[24];
@@ -318,7 +384,7 @@ static bool read_settle(fs_check_t *c, long long activity, settle_counts_t *s) {
                   1, p, &ok);
   s->undo_orders = q_ll(c->orders, "SELECT count(*) FROM undo_log WHERE log_status = 0", 0, NULL, &ok);
   s->undo_stock = q_ll(c->stock, "SELECT count(*) FROM undo_log WHERE log_status = 0", 0, NULL, &ok);
-  return ok && read_events(c, sa, s);
+  return ok && read_events(c, sa, s) && read_downstream(c, sa, s);
 }
 
 /* "{1,2,3}" from 'n' ids (malloc'd). */
@@ -445,15 +511,18 @@ void fs_check_run(fs_check_t *c, const fs_activity_t *a, const fs_client_view_t 
   settle_counts_t sc = {0};
   int64_t t0 = svc_now_us(), end = t0 + (int64_t)settle_s * 1000000;
   int quiet = 0;
+  bool settled_ok = false; /* the last read of the counts worked */
   fs_reconnect(c);
   for (;;) {
-    if (!read_settle(c, a->activity, &sc)) {
+    settled_ok = read_settle(c, a->activity, &sc);
+    if (!settled_ok) {
       /* a database restarted meanwhile: reconnect and go on (bounded) */
       if (svc_now_us() >= end || !fs_reconnect(c)) break;
       continue;
     }
     bool q = sc.unfinished == 0 && sc.locks == 0 && sc.undo_orders == 0 && sc.undo_stock == 0 && sc.overdue == 0 &&
-             sc.comp_pending == 0 && sc.events_unpublished == 0 && sc.events_unapplied <= 0;
+             sc.comp_pending == 0 && sc.events_unpublished == 0 && sc.events_unapplied <= 0 &&
+             sc.ds_waiting == 0;
     quiet = q ? quiet + 1 : 0;
     if (quiet >= 2 || svc_now_us() >= end) break;
     sleep_ms(q ? 200 : 100);
@@ -705,6 +774,26 @@ void fs_check_run(fs_check_t *c, const fs_activity_t *a, const fs_client_view_t 
   else
     inv_set(res, "events_delivered", FS_HOLDS, "%lld order events published and applied to the stock once each",
             sc.events);
+
+  /* The downstream consumers (settled above: the loop waited for every
+   * effect still to come, i.e. not dead-lettered).  Exactly once is
+   * what the group's consumed_event row guarantees; here it is seen from
+   * outside, in the effect tables themselves. */
+  if (!c->events)
+    inv_set(res, "consumers_once", FS_SKIPPED, "EVENTS_PG_URL is not set: no downstream consumers to check");
+  else if (!settled_ok)
+    inv_set(res, "consumers_once", FS_FAILED, "could not read the downstream effects (see above)");
+  else if (sc.ds_wrong || sc.ds_stray || sc.ds_dead)
+    inv_set(res, "consumers_once", FS_FAILED,
+            "of %lld paid orders %lld lack exactly one points row (qty * 100), one notice and qty tickets"
+            " (%lld still missing one); %lld rows for orders that are not paid; %lld dead letters in the events"
+            " database",
+            sc.ds_paid, sc.ds_wrong, sc.ds_waiting, sc.ds_stray, sc.ds_dead);
+  else
+    inv_set(res, "consumers_once", FS_HOLDS,
+            "%lld paid orders: one points row, one notice and qty tickets each (%lld tickets); none for the"
+            " others; no dead letter",
+            sc.ds_paid, sc.ds_tickets);
 
   /* Redis against PostgreSQL: the buckets directly, then everything the
    * prefilter keeps (users' counts, freeze records, deadlines) through a

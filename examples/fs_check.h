@@ -29,6 +29,14 @@
  *                         PostgreSQL's, and a dry-run reconciliation finds
  *                         nothing to change (users' counts, freeze records,
  *                         deadlines)
+ *     consumers_once      (with EVENTS_PG_URL; skipped without) the
+ *                         downstream consumers (event-consumers) applied
+ *                         every PAID order of the activity exactly once:
+ *                         one points_ledger row of qty * 100 points, one
+ *                         member_notice row and qty issued_ticket rows
+ *                         (seq 1..qty); no row for an order of the
+ *                         activity that is not PAID; no dead letter in the
+ *                         events database (state DEAD or REDELIVER)
  *   A check that could not be made counts as failed.
  */
 #ifndef FS_CHECK_H
@@ -42,9 +50,11 @@
 
 typedef struct fs_env {
   const char *order_url, *stock_pg, *orders_pg, *tc_pg, *redis_url;
+  const char *events_pg; /* EVENTS_PG_URL, may be NULL: consumers_once is skipped */
 } fs_env_t;
 
-/* Read the environment; prints what is missing to stderr. */
+/* Read the environment; prints what is missing to stderr (EVENTS_PG_URL
+ * is optional). */
 bool fs_env_load(fs_env_t *env);
 
 typedef struct fs_activity {

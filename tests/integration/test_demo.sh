@@ -31,11 +31,27 @@
 #      deleted), payment and cancellation work (local transactions +
 #      events), the nodes restart, txc-compensate --reconcile, then
 #      flashsale --check-only on that activity.
-#   3. SIGTERM: both services log that they stopped, and no sanitizer report
+#   3. a poison event for the downstream consumers (event-consumers,
+#      restarted with CONSUMER_MAX_DELIVERIES=3 CONSUMER_BACKOFF_MS=200,400):
+#      a user on hold (member_hold) orders and pays; the notify group
+#      retries and dead-letters the event after 3 deliveries while points
+#      and tickets apply it once; txc-events lists it and refuses bad
+#      arguments without changing anything; a redelivery with the hold
+#      still there fails again; the hold lifted, `txc-events redeliver
+#      --all` applies it: one notice, REDELIVERED; redelivered again: still
+#      one notice.
+#   4. kill -9 of event-consumers in the middle of a short sale (every
+#      apply slowed down by EVENTS_APPLY_DELAY_MS), restarted on the same
+#      port: every paid order still has exactly one effect per group
+#      (consumers_once, in the sale's own check and with --check-only).
+#   5. SIGTERM: the services log that they stopped, and no sanitizer report
 #      appears in their logs (the test runs in the ASan build too).
+#   Every flashsale check includes consumers_once (EVENTS_PG_URL is set):
+#   each paid order has one points row, one notice and qty tickets.
 #
-# Needs TX_BIN_DIR (tcd, order-service, stock-service, flashsale) and
-# TX_SOURCE_DIR; set by ctest.  Exit status 0 when everything passed.
+# Needs TX_BIN_DIR (tcd, order-service, stock-service, event-consumers,
+# flashsale, txc-events, txc-compensate) and TX_SOURCE_DIR; set by ctest.
+# Exit status 0 when everything passed.
 set -euo pipefail
 
 src=${TX_SOURCE_DIR:?TX_SOURCE_DIR not set}
@@ -50,7 +66,7 @@ cluster_up=0
 cleanup() {
   local rc=$?
   set +e
-  if [[ -n ${ORDER_PID:-} ]]; then "$src/examples/services" stop "$ORDER_PID" "${STOCK_PID:-}"; fi
+  if [[ -n ${ORDER_PID:-} ]]; then "$src/examples/services" stop "$ORDER_PID" "${STOCK_PID:-}" "${EVENTS_PID:-}"; fi
   [[ $cluster_up -eq 0 ]] || "$src/cluster/local/down" "$CLUSTER_DIR" >/dev/null
   if [[ $rc -ne 0 || $failures -ne 0 ]]; then
     echo "test_demo: logs kept in $tmp" >&2
@@ -91,7 +107,8 @@ eval "$out"
 # flashsale settles (and their tickets go back), exercising the expiry job.
 out=$(ORDER_TTL_S=6 "$src/examples/services" start --bin "$bin" --dir "$CLUSTER_DIR")
 eval "$out"
-ok "cluster and services started ($TC_NODES; $ORDER_URL; $STOCK_URL)"
+ok "cluster and services started ($TC_NODES; $ORDER_URL; $STOCK_URL; ${EVENTS_URL:-no event-consumers})"
+check "event-consumers started (EVENTS_PG_URL is set)" test -n "${EVENTS_URL:-}"
 
 # --- 1. a short flash sale ---
 rc=0
@@ -114,6 +131,15 @@ d = r["duplicates"]
 print("  sent again with their key: %(sent)d, same answer %(same)d, differing %(differing)d;" % d,
       "retried %d" % r["retried"])
 assert d["sent"] > 0 and d["same"] == d["sent"] and d["differing"] == 0, d
+assert r["invariants"]["consumers_once"]["ok"] is True, r["invariants"]["consumers_once"]
+ev = r["events"]
+print("  events: %s; global transactions per accepted order %s" % (ev, r["globals_per_accepted_order"]))
+assert ev["published"] > 0, ev
+for g in ("stock", "points", "notify", "tickets"):
+    assert ev["groups"][g]["consumed"] > 0 and ev["groups"][g]["dead_lettered"] == 0, (g, ev)
+# only the purchase is a global transaction (pay, cancel, expiry are local)
+if r["unknown_outcome"] == 0 and r["unavailable"] == 0:
+    assert r["globals_per_accepted_order"] == 1.0, r["globals_per_accepted_order"]
 EOF
 
 # --- 2. the API, case by case, on an activity of its own ---
@@ -343,7 +369,8 @@ check "invariants of activity $ia after the keyed orders (status $rc)" test "$rc
 "$bin/flashsale" --users 1 --window 0 --tickets 80 --buckets 2 --limit 2 --pay 0 --cancel 0 --again 0 \
   --quiet --json "$tmp/fb_seed.json" >/dev/null
 fb_act=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["activity"])' "$tmp/fb_seed.json")
-metric() { curl -s "$ORDER_URL/metrics" | awk -v k="$1" '$1 == k {print $2}'; }
+metric_at() { curl -s "$1/metrics" | awk -v k="$2" '$1 == k {print $2}'; } # URL NAME
+metric() { metric_at "$ORDER_URL" "$1"; }
 healthz_mode() { curl -s "$ORDER_URL/healthz" | python3 -c 'import json,sys; print(json.load(sys.stdin).get("mode",""))'; }
 to_local0=$(metric 'txc_client_mode_switches_total{to="local"}')
 check "/metrics has the mode switch counter (${to_local0:-missing})" test -n "$to_local0"
@@ -432,13 +459,159 @@ check "invariants of activity $fb_act after the outage (status $rc)" test "$rc" 
 fb_comp=$(metric 'txc_client_compensation_passes_total{result="ran"}')
 check "/metrics: compensation passes counted (${fb_comp:-missing})" test -n "$fb_comp"
 
-# --- 3. clean shutdown ---
-"$src/examples/services" stop "$ORDER_PID" "$STOCK_PID"
+# --- 4. a poison event: the notify group retries, dead-letters, an operator
+# lifts the cause and redelivers ---
+q_events() { psql -X -q -A -t -d "$EVENTS_PG_URL" -c "$1"; }
+ev_metric() { metric_at "$EVENTS_URL" "$1"; }
+# inv_holds JSON NAME: invariant NAME of flashsale's report JSON holds
+inv_holds() { python3 -c 'import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))["invariants"][sys.argv[2]]["ok"] is True else 1)' "$1" "$2"; }
+# wait_until TENTHS CMD...: run CMD every 0.1 s until it succeeds (bounded)
+wait_until() {
+  local n=$1 i
+  shift
+  for ((i = 0; i < n; i++)); do
+    if "$@"; then return 0; fi
+    sleep 0.1
+  done
+  "$@"
+}
+# start_consumers VAR=VALUE...: event-consumers (alone) with these settings
+start_consumers() {
+  local out
+  out=$(env "$@" "$src/examples/services" start --bin "$bin" --dir "$CLUSTER_DIR" --only event-consumers) || return 1
+  eval "$out"
+}
+"$src/examples/services" stop "$EVENTS_PID"
+check "event-consumers stopped cleanly" grep -q '"msg":"event-consumers stopped"' "$CLUSTER_DIR/event-consumers.log"
+start_consumers CONSUMER_MAX_DELIVERIES=3 CONSUMER_BACKOFF_MS=200,400
+ok "event-consumers restarted: 3 deliveries, backoff 200, 400 ms ($EVENTS_URL)"
+"$bin/flashsale" --users 1 --window 0 --tickets 10 --buckets 1 --limit 2 --pay 0 --cancel 0 --again 0 \
+  --quiet --json "$tmp/poison_seed.json" >/dev/null
+p_act=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["activity"])' "$tmp/poison_seed.json")
+p_user=9001
+q_events "INSERT INTO member_hold (user_id, reason) VALUES ($p_user, 'chargeback under review')"
+http POST /orders '{"activity":'"$p_act"',"ticket_type":1,"user":'"$p_user"',"qty":2}'
+check "poison: the held user's order: 201 ($code $body)" test "$code" = 201
+p_o=$(jfield "$body" order_id)
+http POST "/orders/$p_o/pay"
+check "poison: pay: 200 PAID ($code $body)" test "$code" = 200 -a "$(jfield "$body" status)" = PAID
+dl_row() { q_events "SELECT id, deliveries, state, redeliveries FROM dead_letter WHERE consumer_group = 'notify' AND biz_key = 'order.paid:$p_o'"; }
+dl_is() { [[ $(dl_row | cut -d'|' -f3-) == "$1" ]]; }
+wait_until 150 dl_is "DEAD|0" || true
+IFS='|' read -r dl_id dl_deliveries dl_state _ <<<"$(dl_row)"
+check "notify dead-lettered the event after 3 deliveries (id ${dl_id:-none}, ${dl_deliveries:-?} deliveries, ${dl_state:-?})" \
+  test "${dl_deliveries:-}" = 3 -a "${dl_state:-}" = DEAD
+effects() { # order: "points tickets notices"
+  q_events "SELECT (SELECT count(*) FROM points_ledger WHERE order_id = $1) || ' ' || (SELECT coalesce(sum(points), 0) FROM points_ledger WHERE order_id = $1)
+              || ' ' || (SELECT count(*) FROM issued_ticket WHERE order_id = $1) || ' ' || (SELECT count(*) FROM member_notice WHERE order_id = $1)"
+}
+effects_are() { [[ $(effects "$1") == "$2" ]]; }
+wait_until 50 effects_are "$p_o" "1 200 2 0" || true
+check "points and tickets applied it once, no notice ($(effects "$p_o"); want 1 200 2 0)" effects_are "$p_o" "1 200 2 0"
+m_retried=$(ev_metric 'txc_events_retried_total{group="notify"}')
+m_dead=$(ev_metric 'txc_events_dead_lettered_total{group="notify"}')
+check "metrics: notify retried 2, dead-lettered 1 (${m_retried:-?}, ${m_dead:-?})" test "${m_retried:-}" = 2 -a "${m_dead:-}" = 1
+for g in points notify tickets; do
+  m_lag=$(ev_metric "txc_events_consumer_lag{group=\"$g\"}")
+  check "metrics: consumer lag of $g (${m_lag:-missing})" test -n "$m_lag"
+done
+check "the alert line was logged" grep -q '"msg":"event dead-lettered: gave up after the last delivery: account on hold: user '"$p_user"': chargeback under review' \
+  "$CLUSTER_DIR/event-consumers.log"
+"$bin/txc-events" list --group notify --state DEAD >"$tmp/dl.out" 2>&1 || true
+check "txc-events list shows it" grep -qE "^$dl_id +notify +order\.paid:$p_o +3 +DEAD +gave up after the last delivery: account on hold" "$tmp/dl.out"
+tx_rc() { local rc=0; "$bin/txc-events" "$@" >"$tmp/tx.out" 2>&1 || rc=$?; echo "$rc"; }
+check "txc-events redeliver: a known and an unknown id: refused, nothing changed" \
+  test "$(tx_rc redeliver --group notify --id "$dl_id" --id 999999999)" = 1
+check "  and it names the unknown id" grep -q 'no dead letter with id 999999999' "$tmp/tx.out"
+check "txc-events redeliver: a bad id is a usage error" test "$(tx_rc redeliver --group notify --id 1x)" = 2
+check "txc-events redeliver: an unknown group is refused" test "$(tx_rc redeliver --group notfy --all)" = 1
+check "txc-events redeliver: --id and --all together are a usage error" test "$(tx_rc redeliver --group notify --all --id "$dl_id")" = 2
+check "txc-events: an unknown command is a usage error" test "$(tx_rc resend --group notify)" = 2
+check "txc-events list: a bad state is a usage error" test "$(tx_rc list --state dead)" = 2
+check "txc-events: no database is a usage error" test "$(EVENTS_PG_URL='' tx_rc stats)" = 2
+check "txc-events: an unreachable database is a failure" test "$(tx_rc --db postgresql://postgres@127.0.0.1:1/none stats)" = 1
+check "after the refusals the dead letter is unchanged" dl_is "DEAD|0"
+# redelivered with the hold still in place: refused again, DEAD with the new reason
+"$bin/txc-events" redeliver --group notify --id "$dl_id" >/dev/null
+wait_until 50 dl_is "DEAD|1" || true
+check "a redelivery while on hold fails again ($(dl_row))" dl_is "DEAD|1"
+check "its reason says so" test "$(q_events "SELECT reason LIKE 'redelivered, failed again: account on hold:%' FROM dead_letter WHERE id = $dl_id")" = t
+# the fix: lift the hold, redeliver
+q_events "DELETE FROM member_hold WHERE user_id = $p_user"
+out=$("$bin/txc-events" redeliver --group notify --all)
+check "txc-events redeliver --all marks it ($out)" grep -q '^1 dead letter of group "notify" marked for redelivery (id '"$dl_id"')' <<<"$out"
+wait_until 50 dl_is "REDELIVERED|2" || true
+check "redelivered: REDELIVERED ($(dl_row))" dl_is "REDELIVERED|2"
+check "exactly one notice now ($(effects "$p_o"))" effects_are "$p_o" "1 200 2 1"
+"$bin/txc-events" redeliver --group notify --id "$dl_id" >/dev/null
+wait_until 50 dl_is "REDELIVERED|3" || true
+check "redelivered again ($(dl_row))" dl_is "REDELIVERED|3"
+check "still exactly one notice, one points row, 2 tickets ($(effects "$p_o"))" effects_are "$p_o" "1 200 2 1"
+m_dead=$(ev_metric 'txc_events_dead_lettered_total{group="notify"}')
+m_redel=$(ev_metric 'txc_events_redelivered_total{group="notify"}')
+check "metrics: notify dead-lettered 1, redelivered 2 (${m_dead:-?}, ${m_redel:-?})" test "${m_dead:-}" = 1 -a "${m_redel:-}" = 2
+"$bin/txc-events" stats >"$tmp/stats.out" 2>&1 || true
+check "txc-events stats: notify has no dead letter left, one redelivered" \
+  grep -qE '^notify +[0-9]+ +0 +0 +1$' "$tmp/stats.out"
+"$bin/txc-events" --db "$STOCK_PG_URL" stats >"$tmp/stats_stock.out" 2>&1 || true
+check "txc-events stats on the stock database: the stock group" grep -qE '^stock +[1-9][0-9]* +0 +0 +0$' "$tmp/stats_stock.out"
+rc=0
+"$bin/flashsale" --check-only --activity "$p_act" --settle 30 --quiet --json "$tmp/check4.json" \
+  >"$tmp/check4.out" || rc=$?
+check "invariants of activity $p_act after the redelivery (status $rc)" test "$rc" -eq 0
+[[ $rc -eq 0 ]] || cat "$tmp/check4.out" >&2
+check "consumers_once held there" inv_holds "$tmp/check4.json" consumers_once
+
+# --- 5. kill -9 of event-consumers in the middle of a sale ---
+"$src/examples/services" stop "$EVENTS_PID"
+start_consumers EVENTS_APPLY_DELAY_MS=20 CONSUMER_BACKOFF_MS=200,400
+k_port=${EVENTS_URL##*:}
+k_act=$(psql -X -q -A -t -d "$STOCK_PG_URL" -c "SELECT coalesce(max(activity_id), 0) + 1000 FROM activity")
+"$bin/flashsale" --activity "$k_act" --users 150 --window 2 --tickets 100 --buckets 2 --limit 2 --pay 70 \
+  --cancel 10 --again 0 --think-ms 300 --settle 30 --quiet --json "$tmp/kill.json" >"$tmp/kill.out" 2>&1 &
+k_sale=$!
+credited() { q_events "SELECT count(*) FROM points_ledger WHERE activity_id = $k_act"; }
+some_credited() { [[ $(credited) -ge 3 ]]; }
+wait_until 200 some_credited || true
+kill -9 "$EVENTS_PID"
+k_at=$(credited)
+ok "event-consumers killed with SIGKILL after $k_at orders of activity $k_act were credited"
+# again on the same port (the sale's report reads EVENTS_URL at its end)
+started=0
+for attempt in 1 2 3 4 5; do
+  if start_consumers EVENTS_LISTEN="127.0.0.1:$k_port" CONSUMER_BACKOFF_MS=200,400 2>"$tmp/restart.err"; then
+    started=1
+    break
+  fi
+  sleep 0.3
+done
+check "event-consumers restarted on port $k_port" test "$started" = 1
+[[ $started -eq 1 ]] || cat "$tmp/restart.err" >&2
+rc=0
+wait "$k_sale" || rc=$?
+check "the sale across the kill: flashsale exits 0 (status $rc)" test "$rc" -eq 0
+[[ $rc -eq 0 ]] || cat "$tmp/kill.out" >&2
+k_paid=$(psql -X -q -A -t -d "$ORDERS_PG_URL" -c "SELECT count(*) FROM trade_order WHERE activity_id = $k_act AND status = 'PAID'")
+check "the kill came before the consumers were done ($k_at of $k_paid paid orders credited)" test "$k_at" -lt "$k_paid"
+check "each paid order credited once after the restart ($(credited) rows, $k_paid paid)" test "$(credited)" = "$k_paid"
+rc=0
+"$bin/flashsale" --check-only --activity "$k_act" --settle 30 --quiet --json "$tmp/check5.json" \
+  >"$tmp/check5.out" || rc=$?
+check "invariants of activity $k_act after the kill (status $rc)" test "$rc" -eq 0
+[[ $rc -eq 0 ]] || cat "$tmp/check5.out" >&2
+check "consumers_once held there" inv_holds "$tmp/check5.json" consumers_once
+
+# --- 6. clean shutdown ---
+"$src/examples/services" stop "$ORDER_PID" "$STOCK_PID" "$EVENTS_PID"
 ORDER_PID=
 check "order-service stopped cleanly" grep -q '"msg":"order-service stopped"' "$CLUSTER_DIR/order-service.log"
 check "stock-service stopped cleanly" grep -q '"msg":"stock-service stopped"' "$CLUSTER_DIR/stock-service.log"
+ev_ready=$(grep -c '"msg":"event-consumers ready"' "$CLUSTER_DIR/event-consumers.log" || true)
+ev_stopped=$(grep -c '"msg":"event-consumers stopped"' "$CLUSTER_DIR/event-consumers.log" || true)
+check "every event-consumers but the killed one stopped cleanly ($ev_stopped of $ev_ready)" \
+  test "$ev_ready" -ge 4 -a "$ev_stopped" = "$((ev_ready - 1))"
 check "no sanitizer report in the service logs" \
-  bash -c "! grep -l 'Sanitizer' '$CLUSTER_DIR/order-service.log' '$CLUSTER_DIR/stock-service.log'"
+  bash -c "! grep -l 'Sanitizer' '$CLUSTER_DIR/order-service.log' '$CLUSTER_DIR/stock-service.log' '$CLUSTER_DIR/event-consumers.log'"
 
 if [[ $failures -ne 0 ]]; then
   echo "test_demo: $failures check(s) failed" >&2

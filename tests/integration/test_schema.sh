@@ -3,14 +3,14 @@
 #
 # Usage: scripts/with-servers --pg -- tests/integration/test_schema.sh
 #
-# Needs TC_PG_URL, ORDERS_PG_URL and STOCK_PG_URL of databases prepared by
-# scripts/pg-tmp (all schemas applied).  Checks that every table exists, that
+# Needs TC_PG_URL, ORDERS_PG_URL, STOCK_PG_URL and EVENTS_PG_URL of databases
+# prepared by scripts/pg-tmp (all schemas applied).  Checks that every table exists, that
 # re-running db-migrate changes nothing, that the constraints the invariants
 # rely on reject bad rows (bucket oversell, duplicate undo row, second lock
 # holder), that lock keys are stored whole, and that db-migrate is ordered,
 # atomic per file, safe to run concurrently and clear about bad input.
 # Prints one line per check and finally "N passed, M failed"; exits 1 if any
-# check failed.  Leaves the tables of the three databases as it found them
+# check failed.  Leaves the tables of the four databases as it found them
 # (it works in transactions it rolls back, and in a scratch database).
 set -euo pipefail
 
@@ -18,7 +18,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
 migrate=$root/scripts/db-migrate
 
-for v in TC_PG_URL ORDERS_PG_URL STOCK_PG_URL; do
+for v in TC_PG_URL ORDERS_PG_URL STOCK_PG_URL EVENTS_PG_URL; do
   if [[ -z ${!v:-} ]]; then
     echo "test_schema: $v is not set; run me as: scripts/with-servers --pg -- $0" >&2
     exit 2
@@ -91,7 +91,9 @@ check_tables "$TC_PG_URL" tc global_table branch_table lock_table node_table \
   global_history schema_version tc_id_seq
 check_tables "$ORDERS_PG_URL" orders trade_order undo_log schema_version
 check_tables "$STOCK_PG_URL" stock activity activity_ticket_bucket stock_log \
-  undo_log schema_version
+  undo_log consumed_event dead_letter schema_version
+check_tables "$EVENTS_PG_URL" events points_ledger member_notice issued_ticket \
+  member_hold consumed_event dead_letter schema_version
 
 # schema_version must list exactly the files of the database's sets.
 files_of() { # set...
@@ -103,7 +105,8 @@ files_of() { # set...
 listed_sql="SELECT string_agg(set_name || '/' || filename, ',' ORDER BY set_name || '/' || filename) FROM schema_version"
 expect_value "tc: schema_version lists every file of sql/tc" "$TC_PG_URL" "$listed_sql" "$(files_of tc)"
 expect_value "orders: schema_version lists every file of sql/rm, sql/orders" "$ORDERS_PG_URL" "$listed_sql" "$(files_of rm orders)"
-expect_value "stock: schema_version lists every file of sql/rm, sql/stock" "$STOCK_PG_URL" "$listed_sql" "$(files_of rm stock consumer)"
+expect_value "stock: schema_version lists every file of sql/rm, sql/stock, sql/consumer" "$STOCK_PG_URL" "$listed_sql" "$(files_of rm stock consumer)"
+expect_value "events: schema_version lists every file of sql/consumer, sql/events" "$EVENTS_PG_URL" "$listed_sql" "$(files_of consumer events)"
 
 # Every table and column documented (COMMENT ON) ------------------------------
 
@@ -116,7 +119,7 @@ SELECT coalesce(string_agg(x, ' '), '') FROM (
   JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace
   WHERE n.nspname = 'public' AND c.relkind = 'r' AND a.attnum > 0 AND NOT a.attisdropped
     AND col_description(c.oid, a.attnum) IS NULL) s"
-for db in TC_PG_URL ORDERS_PG_URL STOCK_PG_URL; do
+for db in TC_PG_URL ORDERS_PG_URL STOCK_PG_URL EVENTS_PG_URL; do
   expect_value "${db%_PG_URL}: every table and column has a comment" "${!db}" "$undocumented_sql" ""
 done
 
@@ -138,11 +141,13 @@ expect_value "orders: undo_log has the queue-table autovacuum settings" "$ORDERS
 counts() {
   echo "$(q "$TC_PG_URL" "SELECT count(*) FROM schema_version")" \
        "$(q "$ORDERS_PG_URL" "SELECT count(*) FROM schema_version")" \
-       "$(q "$STOCK_PG_URL" "SELECT count(*) FROM schema_version")"
+       "$(q "$STOCK_PG_URL" "SELECT count(*) FROM schema_version")" \
+       "$(q "$EVENTS_PG_URL" "SELECT count(*) FROM schema_version")"
 }
 before=$(counts)
 if out=$("$migrate" "$TC_PG_URL" tc 2>&1 && "$migrate" "$ORDERS_PG_URL" rm orders 2>&1 &&
-         "$migrate" "$STOCK_PG_URL" rm stock 2>&1); then
+         "$migrate" "$STOCK_PG_URL" rm stock consumer 2>&1 &&
+         "$migrate" "$EVENTS_PG_URL" consumer events 2>&1); then
   ok "db-migrate re-run exits 0"
 else
   bad "db-migrate re-run exits 0" "$out"
@@ -173,6 +178,33 @@ expect_sqlstate "stock: stock_log rejects a second freeze of one order" "$STOCK_
    INSERT INTO stock_log (activity_id, ticket_type, bucket_id, order_id, op, qty) VALUES (1, 1, 0, 77, 'freeze', 1);"
 expect_sqlstate "stock: stock_log rejects an unknown op" "$STOCK_PG_URL" 23514 \
   "INSERT INTO stock_log (activity_id, ticket_type, bucket_id, order_id, op, qty) VALUES (1, 1, 0, 77, 'steal', 1);"
+
+# Downstream consumers (events) ------------------------------------------------------
+
+expect_sqlstate "events: points_ledger rejects a second credit of one order" "$EVENTS_PG_URL" 23505 \
+  "INSERT INTO points_ledger (order_id, user_id, activity_id, points, event_id) VALUES (77, 1, 1, 100, 1);
+   INSERT INTO points_ledger (order_id, user_id, activity_id, points, event_id) VALUES (77, 1, 1, 100, 2);"
+expect_sqlstate "events: points_ledger rejects 0 points" "$EVENTS_PG_URL" 23514 \
+  "INSERT INTO points_ledger (order_id, user_id, activity_id, points, event_id) VALUES (77, 1, 1, 0, 1);"
+expect_sqlstate "events: member_notice rejects a second notice of one order" "$EVENTS_PG_URL" 23505 \
+  "INSERT INTO member_notice (order_id, user_id, activity_id, kind, text, event_id) VALUES (77, 1, 1, 'paid', 'a', 1);
+   INSERT INTO member_notice (order_id, user_id, activity_id, kind, text, event_id) VALUES (77, 1, 1, 'paid', 'b', 1);"
+expect_sqlstate "events: member_notice rejects an unknown kind" "$EVENTS_PG_URL" 23514 \
+  "INSERT INTO member_notice (order_id, user_id, activity_id, kind, text, event_id) VALUES (77, 1, 1, 'spam', 'a', 1);"
+expect_sqlstate "events: issued_ticket rejects a second ticket with one (order, seq)" "$EVENTS_PG_URL" 23505 \
+  "INSERT INTO issued_ticket (order_id, seq, ticket_code, user_id, activity_id, ticket_type, event_id) VALUES (77, 1, 'a', 1, 1, 1, 1);
+   INSERT INTO issued_ticket (order_id, seq, ticket_code, user_id, activity_id, ticket_type, event_id) VALUES (77, 1, 'b', 1, 1, 1, 1);"
+expect_sqlstate "events: issued_ticket rejects a ticket code used twice" "$EVENTS_PG_URL" 23505 \
+  "INSERT INTO issued_ticket (order_id, seq, ticket_code, user_id, activity_id, ticket_type, event_id) VALUES (77, 1, 'a', 1, 1, 1, 1);
+   INSERT INTO issued_ticket (order_id, seq, ticket_code, user_id, activity_id, ticket_type, event_id) VALUES (77, 2, 'a', 1, 1, 1, 1);"
+expect_sqlstate "events: issued_ticket rejects seq 0" "$EVENTS_PG_URL" 23514 \
+  "INSERT INTO issued_ticket (order_id, seq, ticket_code, user_id, activity_id, ticket_type, event_id) VALUES (77, 0, 'a', 1, 1, 1, 1);"
+expect_sqlstate "events: consumed_event rejects a second row of one (group, biz_key)" "$EVENTS_PG_URL" 23505 \
+  "INSERT INTO consumed_event (consumer_group, biz_key, event_id) VALUES ('points', 'order.paid:77', 1);
+   INSERT INTO consumed_event (consumer_group, biz_key, event_id) VALUES ('points', 'order.paid:77', 2);"
+expect_sqlstate "events: dead_letter rejects an unknown state" "$EVENTS_PG_URL" 23514 \
+  "INSERT INTO dead_letter (consumer_group, biz_key, event_id, stream_id, event, deliveries, reason, state)
+   VALUES ('notify', 'order.paid:77', 1, '1-0', '{}', 3, 'x', 'LOST');"
 
 # Orders ---------------------------------------------------------------------------
 
@@ -278,13 +310,13 @@ trap 'rm -rf "$sqldir"; q "$admin_url" "DROP DATABASE IF EXISTS $scratch" >/dev/
 # Concurrent first runs of every set: each file applied exactly once.
 pids=()
 for i in 1 2 3 4; do
-  "$migrate" -q "$scratch_url" tc rm orders stock >"$sqldir/par$i.log" 2>&1 & pids+=($!)
+  "$migrate" -q "$scratch_url" tc rm orders stock consumer events >"$sqldir/par$i.log" 2>&1 & pids+=($!)
 done
 par_ok=1
 for p in "${pids[@]}"; do wait "$p" || par_ok=0; done
 if [[ $par_ok -eq 1 ]]; then ok "4 concurrent db-migrate runs all succeed"
 else bad "4 concurrent db-migrate runs all succeed" "$(cat "$sqldir"/par*.log)"; fi
-nfiles=$(files_of tc rm orders stock | tr ',' '\n' | wc -l)
+nfiles=$(files_of tc rm orders stock consumer events | tr ',' '\n' | wc -l)
 expect_value "concurrent runs applied each file once" "$scratch_url" \
   "SELECT count(*) || ' ' || count(DISTINCT (set_name, version)) FROM schema_version" "$nfiles $nfiles"
 
@@ -379,6 +411,9 @@ done
 # Nothing left behind in the shared databases.
 expect_value "tc: store tables left empty" "$TC_PG_URL" \
   "SELECT (SELECT count(*) FROM global_table) + (SELECT count(*) FROM branch_table) + (SELECT count(*) FROM lock_table)" "0"
+expect_value "events: effect tables left empty" "$EVENTS_PG_URL" \
+  "SELECT (SELECT count(*) FROM points_ledger) + (SELECT count(*) FROM member_notice)
+        + (SELECT count(*) FROM issued_ticket) + (SELECT count(*) FROM consumed_event)" "0"
 
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

@@ -1,0 +1,362 @@
+/*
+ * event_consumers.c - event-consumers of the flash-sale demo: the
+ * downstream consumer groups of the order events, on a database of their
+ * own (build/bin/event-consumers).
+ *
+ * NOTES
+ *   Three consumer groups of the stream txc:order-events (svc_consumer.h),
+ *   one thread each, all on the events database (sql/events/):
+ *     points   credits qty * 100 points: one points_ledger row per order;
+ *     notify   tells the member: one member_notice row per order; a user
+ *              whose account is on hold (a member_hold row) is refused
+ *              with SVC_EV_RETRY "account on hold: <reason>": the event is
+ *              retried with backoff and, after N deliveries, dead-lettered;
+ *              the fix is deleting the hold, then
+ *              `txc-events redeliver --group notify ...`;
+ *     tickets  issues the tickets: qty issued_ticket rows, seq 1..qty,
+ *              each with a code derived from the order and the seq.
+ *   Each acts on order.paid only; order.cancelled and order.expired have
+ *   nothing to do (SVC_EV_DONE, so that they are acknowledged).  A paid
+ *   event whose payload lacks what the effect needs (user, qty, activity,
+ *   ticket_type) can never be applied: SVC_EV_DEAD, a dead letter at once.
+ *
+ *   Exactly once per group: svc_consumer writes the group's consumed_event
+ *   row (UNIQUE (consumer_group, biz_key)) in the same local transaction
+ *   as the effect, with a Redis SET NX mark as the fast path for repeats
+ *   and the mark removed after a failure so that the retry gets in; the
+ *   effect tables' own keys (one row per order; PRIMARY KEY (order_id,
+ *   seq)) would refuse a second copy anyway.  A kill -9 at any point loses
+ *   nothing: an uncommitted effect is rolled back by PostgreSQL, the entry
+ *   stays pending in the stream, and a consumer of the group (this process
+ *   restarted, or another instance) claims it once its backoff passed.
+ *   Nothing here reads the orders database: the event carries all a
+ *   consumer needs.
+ *
+ *   HTTP (the services' server, svc_http.h):
+ *     GET /healthz  200 {ok, groups: {name: {consumed, retried,
+ *                   dead_lettered, redelivered, errors, pending, lag}}}
+ *     GET /metrics  Prometheus text: txc_events_consumed_total,
+ *                   _retried_total, _dead_lettered_total, ... by group,
+ *                   txc_events_consumer_lag and _pending (svc_consumer_metrics)
+ *
+ *   Settings (environment, as printed by cluster/local/up): EVENTS_PG_URL,
+ *   REDIS_URL; EVENTS_LISTEN (host:port, default 127.0.0.1:0 = any free
+ *   port), EVENTS_GROUPS (comma-separated subset of points,notify,tickets;
+ *   default all three), EVENTS_LOG_LEVEL; the consumer settings
+ *   CONSUMER_MAX_DELIVERIES (default 16) and CONSUMER_BACKOFF_MS (default
+ *   1000,5000,10000,30000,60000,120000,...); for tests,
+ *   EVENTS_APPLY_DELAY_MS (default 0: each apply sleeps this long inside
+ *   its transaction, so that a kill lands in the middle of consuming).
+ *   --listen and --url-file FILE as for the services.  TX_FAILPOINTS (a
+ *   build with failpoints): svc.consumer.after_apply, .after_commit.
+ *   SIGTERM/SIGINT: stop serving, let each consumer finish the event in
+ *   hand, close, log "event-consumers stopped", exit 0.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "svc_common.h"
+#include "svc_consumer.h"
+#include "svc_http.h"
+#include "txc_failpoint.h"
+
+#define POINTS_PER_TICKET 100
+
+typedef struct ev_ctx {
+  int delay_ms; /* EVENTS_APPLY_DELAY_MS */
+} ev_ctx_t;
+
+/* What an order.paid event says, from its payload. */
+typedef struct paid {
+  long long activity, ticket_type, user, qty;
+} paid_t;
+
+/* The payload of 'ev' into 'p': false (with 'why') when it lacks a field
+ * the effects need, which no retry can mend. */
+static bool parse_paid(const svc_event_t *ev, paid_t *p, char *why, size_t whylen) {
+  const char *bad = NULL;
+  if (!svc_json_int(ev->payload, "activity", 1, INT64_MAX, &p->activity))
+    bad = "activity must be a positive integer";
+  else if (!svc_json_int(ev->payload, "ticket_type", 0, INT32_MAX, &p->ticket_type))
+    bad = "ticket_type must be an integer >= 0";
+  else if (!svc_json_int(ev->payload, "user", 1, INT64_MAX, &p->user))
+    bad = "user must be a positive integer";
+  else if (!svc_json_int(ev->payload, "qty", 1, 10000, &p->qty))
+    bad = "qty must be an integer from 1 to 10000";
+  if (bad) snprintf(why, whylen, "malformed order.paid payload of order %lld: %s", ev->order_id, bad);
+  return !bad;
+}
+
+/* The start of every apply: order.paid only, its payload parsed, and the
+ * test delay.  Returns false with '*res' set when there is nothing (more)
+ * to do. */
+static bool paid_event(const svc_event_t *ev, const ev_ctx_t *x, paid_t *p, svc_ev_result_t *res, char *why,
+                       size_t whylen) {
+  if (strcmp(ev->type, "order.paid") != 0) {
+    *res = SVC_EV_DONE; /* cancelled or expired: nothing was credited, noticed or issued */
+    return false;
+  }
+  if (!parse_paid(ev, p, why, whylen)) {
+    *res = SVC_EV_DEAD;
+    return false;
+  }
+  if (x->delay_ms > 0) {
+    struct timespec ts = {x->delay_ms / 1000, (long)(x->delay_ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+  }
+  return true;
+}
+
+/* Group "points": one points_ledger row, qty * POINTS_PER_TICKET. */
+static svc_ev_result_t points_apply(PGconn *pg, const svc_event_t *ev, void *arg, char *why, size_t whylen) {
+  paid_t p;
+  svc_ev_result_t res;
+  if (!paid_event(ev, arg, &p, &res, why, whylen)) return res;
+  char so[24], su[24], sa[24], sp[24], se[24];
+  snprintf(so, sizeof(so), "%lld", ev->order_id);
+  snprintf(su, sizeof(su), "%lld", p.user);
+  snprintf(sa, sizeof(sa), "%lld", p.activity);
+  snprintf(sp, sizeof(sp), "%lld", p.qty * POINTS_PER_TICKET);
+  snprintf(se, sizeof(se), "%lld", ev->event_id);
+  const char *pv[5] = {so, su, sa, sp, se};
+  if (!svc_pg_exec(pg,
+                   "INSERT INTO points_ledger (order_id, user_id, activity_id, points, event_id)"
+                   " VALUES ($1, $2, $3, $4, $5)",
+                   5, pv, PGRES_COMMAND_OK, NULL, why, whylen))
+    return SVC_EV_RETRY;
+  return SVC_EV_DONE;
+}
+
+/* Group "notify": one member_notice row, unless the member is on hold. */
+static svc_ev_result_t notify_apply(PGconn *pg, const svc_event_t *ev, void *arg, char *why, size_t whylen) {
+  paid_t p;
+  svc_ev_result_t res;
+  if (!paid_event(ev, arg, &p, &res, why, whylen)) return res;
+  char so[24], su[24], sa[24], se[24], text[256];
+  snprintf(so, sizeof(so), "%lld", ev->order_id);
+  snprintf(su, sizeof(su), "%lld", p.user);
+  snprintf(sa, sizeof(sa), "%lld", p.activity);
+  snprintf(se, sizeof(se), "%lld", ev->event_id);
+  const char *ph[1] = {su};
+  PGresult *r = NULL;
+  if (!svc_pg_exec(pg, "SELECT reason FROM member_hold WHERE user_id = $1", 1, ph, PGRES_TUPLES_OK, &r, why, whylen))
+    return SVC_EV_RETRY;
+  if (PQntuples(r) == 1) {
+    /* Not now: the hold may be lifted.  The retries (and in the end the
+     * dead letter) carry the reason for the operator. */
+    snprintf(why, whylen, "account on hold: user %lld: %s", p.user, PQgetvalue(r, 0, 0));
+    PQclear(r);
+    return SVC_EV_RETRY;
+  }
+  PQclear(r);
+  snprintf(text, sizeof(text), "Payment received for order %lld: %lld ticket%s of activity %lld.", ev->order_id,
+           p.qty, p.qty == 1 ? "" : "s", p.activity);
+  const char *pv[5] = {so, su, sa, text, se};
+  if (!svc_pg_exec(pg,
+                   "INSERT INTO member_notice (order_id, user_id, activity_id, kind, text, event_id)"
+                   " VALUES ($1, $2, $3, 'paid', $4, $5)",
+                   5, pv, PGRES_COMMAND_OK, NULL, why, whylen))
+    return SVC_EV_RETRY;
+  return SVC_EV_DONE;
+}
+
+/* Group "tickets": qty issued_ticket rows, seq 1..qty.  The code depends
+ * only on the order and the seq, so a ticket is the same whenever (and
+ * however often) the event is applied. */
+static svc_ev_result_t tickets_apply(PGconn *pg, const svc_event_t *ev, void *arg, char *why, size_t whylen) {
+  paid_t p;
+  svc_ev_result_t res;
+  if (!paid_event(ev, arg, &p, &res, why, whylen)) return res;
+  char so[24], su[24], sa[24], st[24], sq[24], se[24];
+  snprintf(so, sizeof(so), "%lld", ev->order_id);
+  snprintf(su, sizeof(su), "%lld", p.user);
+  snprintf(sa, sizeof(sa), "%lld", p.activity);
+  snprintf(st, sizeof(st), "%lld", p.ticket_type);
+  snprintf(sq, sizeof(sq), "%lld", p.qty);
+  snprintf(se, sizeof(se), "%lld", ev->event_id);
+  const char *pv[6] = {so, su, sa, st, sq, se};
+  PGresult *r = NULL;
+  if (!svc_pg_exec(pg,
+                   "INSERT INTO issued_ticket (order_id, seq, ticket_code, user_id, activity_id, ticket_type, event_id)"
+                   " SELECT $1::bigint, g, format('TK%s-%s-%s-%s', $3::bigint, $1::bigint, g,"
+                   "   upper(substr(md5($1::bigint || ':' || g), 1, 6))), $2::bigint, $3::bigint, $4::int, $6::bigint"
+                   " FROM generate_series(1, $5::int) g",
+                   6, pv, PGRES_COMMAND_OK, &r, why, whylen))
+    return SVC_EV_RETRY;
+  long long n = atoll(PQcmdTuples(r));
+  PQclear(r);
+  if (n != p.qty) {
+    snprintf(why, whylen, "issued %lld tickets for order %lld instead of %lld", n, ev->order_id, p.qty);
+    return SVC_EV_RETRY;
+  }
+  return SVC_EV_DONE;
+}
+
+static const struct group_def {
+  const char *name;
+  svc_event_apply_fn apply;
+} group_defs[] = {
+  {"points", points_apply},
+  {"notify", notify_apply},
+  {"tickets", tickets_apply},
+};
+#define NGROUPS (sizeof(group_defs) / sizeof(group_defs[0]))
+
+typedef struct ev_svc {
+  svc_consumer_t *cs[NGROUPS];
+  size_t n;
+} ev_svc_t;
+
+/* ---------------------------------------------------------- handlers */
+
+static void handle_metrics(ev_svc_t *s, svc_resp_t *resp) {
+  svc_buf_t b = {0};
+  svc_buf_printf(&b, "# HELP txc_client_http_responses_total HTTP answers of this service by status.\n"
+                     "# TYPE txc_client_http_responses_total counter\n");
+  for (int code = 100; code < 600; code++) {
+    unsigned long long c = svc_http_status_count(code);
+    if (c) svc_buf_printf(&b, "txc_client_http_responses_total{status=\"%d\"} %llu\n", code, c);
+  }
+  svc_consumer_metrics(s->cs, s->n, &b);
+  if (b.p)
+    svc_resp_text(resp, 200, b.p);
+  else
+    svc_resp_error(resp, 500, "internal", "out of memory");
+  free(b.p);
+}
+
+static void handle_healthz(ev_svc_t *s, svc_resp_t *resp) {
+  json_t *groups = json_object();
+  for (size_t i = 0; i < s->n; i++) {
+    svc_consumer_stats_t st;
+    svc_consumer_stats(s->cs[i], &st);
+    json_object_set_new(
+      groups, svc_consumer_group(s->cs[i]),
+      json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "consumed", (json_int_t)st.consumed, "retried",
+                (json_int_t)st.retried, "dead_lettered", (json_int_t)st.dead_lettered, "redelivered",
+                (json_int_t)st.redelivered, "errors", (json_int_t)st.errors, "pending", (json_int_t)st.pending,
+                "lag", (json_int_t)st.lag));
+  }
+  svc_resp_json(resp, 200, json_pack("{s:b,s:o}", "ok", 1, "groups", groups));
+}
+
+static void handler(const svc_req_t *req, svc_resp_t *resp, void *arg) {
+  ev_svc_t *s = arg;
+  bool get = strcmp(req->method, "GET") == 0;
+  if (strcmp(req->path, "/metrics") == 0 && get)
+    handle_metrics(s, resp);
+  else if (strcmp(req->path, "/healthz") == 0 && get)
+    handle_healthz(s, resp);
+  else if (strcmp(req->path, "/metrics") == 0 || strcmp(req->path, "/healthz") == 0)
+    svc_resp_error(resp, 405, "method_not_allowed", NULL);
+  else
+    svc_resp_error(resp, 404, "not_found", NULL);
+}
+
+/* EVENTS_GROUPS "points,tickets" into 'want' (indexes of group_defs).
+ * false (logged) on an unknown or repeated name, or none. */
+static bool parse_groups(const char *spec, bool want[NGROUPS]) {
+  char buf[256];
+  if (strlen(spec) >= sizeof(buf)) {
+    svc_error("invalid EVENTS_GROUPS: longer than %zu bytes", sizeof(buf) - 1);
+    return false;
+  }
+  snprintf(buf, sizeof(buf), "%s", spec);
+  size_t n = 0;
+  for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+    size_t k = 0;
+    while (k < NGROUPS && strcmp(group_defs[k].name, t) != 0) k++;
+    if (k == NGROUPS || want[k]) {
+      svc_error("invalid EVENTS_GROUPS \"%s\": %s \"%s\" (expected a comma-separated subset of points,notify,tickets)",
+                spec, k == NGROUPS ? "unknown group" : "repeated group", t);
+      return false;
+    }
+    want[k] = true;
+    n++;
+  }
+  if (n == 0) svc_error("invalid EVENTS_GROUPS \"%s\": no group", spec);
+  return n > 0;
+}
+
+static void usage(FILE *f) {
+  fprintf(f,
+          "usage: event-consumers [--listen HOST:PORT] [--url-file FILE]\n"
+          "\n"
+          "The downstream consumer groups of the order events: points, notify and tickets\n"
+          "(see examples/event_consumers.c), on their own database.\n"
+          "Environment: EVENTS_PG_URL, REDIS_URL (from cluster/local/up), EVENTS_LISTEN,\n"
+          "EVENTS_GROUPS (default points,notify,tickets), EVENTS_LOG_LEVEL, CONSUMER_MAX_DELIVERIES\n"
+          "(default 16), CONSUMER_BACKOFF_MS (default 1000,5000,10000,...), EVENTS_APPLY_DELAY_MS (tests).\n"
+          "Dead letters: build/bin/txc-events list | redeliver | stats.\n");
+}
+
+int main(int argc, char **argv) {
+  svc_log_init("event-consumers", "EVENTS_LOG_LEVEL");
+  const char *listen = svc_env_str("EVENTS_LISTEN", "127.0.0.1:0");
+  const char *url_file = NULL;
+  int early = svc_parse_args(argc, argv, &listen, &url_file, usage);
+  if (early >= 0) return early;
+  bool ok = true;
+  ev_ctx_t ctx = {.delay_ms = (int)svc_env_int("EVENTS_APPLY_DELAY_MS", 0, 0, 10000, &ok)};
+  const char *pg_url = svc_env_str("EVENTS_PG_URL", NULL), *redis_url = svc_env_str("REDIS_URL", NULL);
+  bool want[NGROUPS] = {false};
+  if (!parse_groups(svc_env_str("EVENTS_GROUPS", "points,notify,tickets"), want)) ok = false;
+  if (!pg_url) {
+    svc_error("EVENTS_PG_URL is not set (it is printed by cluster/local/up)");
+    ok = false;
+  }
+  if (!redis_url) {
+    svc_error("REDIS_URL is not set (it is printed by cluster/local/up)");
+    ok = false;
+  }
+  char err[512];
+  if (txc_failpoint_compiled() && txc_failpoint_arm_env(err, sizeof(err)) != 0) {
+    svc_error("invalid TX_FAILPOINTS: %s", err);
+    ok = false;
+  }
+  if (!ok) return 78;
+
+  svc_block_signals();
+  int exit_code = 0;
+  ev_svc_t s = {0};
+  svc_http_t *http = NULL;
+  for (size_t k = 0; k < NGROUPS; k++) {
+    if (!want[k]) continue;
+    svc_consumer_opts_t co = {.redis_url = redis_url, .pg_url = pg_url, .group = group_defs[k].name,
+                              .apply = group_defs[k].apply, .arg = &ctx};
+    if (!(s.cs[s.n] = svc_consumer_start(&co, err, sizeof(err)))) {
+      svc_error("could not start consumer group \"%s\": %s", group_defs[k].name, err);
+      exit_code = 78;
+      goto out;
+    }
+    s.n++;
+  }
+  http = svc_http_start(listen, 1, 2, handler, &s, err, sizeof(err));
+  if (!http) {
+    svc_error("%s", err);
+    exit_code = 69;
+    goto out;
+  }
+  char url[128], names[64] = "";
+  snprintf(url, sizeof(url), "http://127.0.0.1:%d", svc_http_port(http));
+  for (size_t i = 0; i < s.n; i++)
+    snprintf(names + strlen(names), sizeof(names) - strlen(names), "%s%s", i ? "," : "",
+             svc_consumer_group(s.cs[i]));
+  SVC_LOG(SVC_LOG_INFO, json_pack("{s:s,s:s,s:i}", "url", url, "groups", names, "apply_delay_ms", ctx.delay_ms),
+          "event-consumers ready");
+  if (url_file && !svc_write_url_file(url_file, url)) {
+    svc_error("could not write the URL to \"%s\"", url_file);
+    exit_code = 73;
+    goto out;
+  }
+  int sig = svc_wait_signal();
+  svc_info("event-consumers stopping (signal %d)", sig);
+
+out:
+  svc_http_stop(http);
+  for (size_t i = 0; i < s.n; i++) svc_consumer_stop(s.cs[i]);
+  if (exit_code == 0) svc_info("event-consumers stopped");
+  return exit_code;
+}
