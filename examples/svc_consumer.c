@@ -190,36 +190,36 @@ static bool dead_letter(svc_consumer_t *c, const char *id, const char *biz_key, 
   return true;
 }
 
-/* Apply 'ev' in a transaction with its consumed_event row.  Returns the
- * result; *dup when it was applied before. */
-static svc_ev_result_t apply_once(svc_consumer_t *c, const svc_event_t *ev, bool *dup, char *why, size_t whylen) {
+/* Inside the open transaction of c->pg: the consumed_event row of 'ev',
+ * then its effect.  *dup when it was applied before (nothing done).  On
+ * anything but DONE the caller rolls back. */
+static svc_ev_result_t apply_in_tx(svc_consumer_t *c, const svc_event_t *ev, bool *dup, char *why, size_t whylen) {
   char se[24];
   snprintf(se, sizeof(se), "%lld", ev->event_id);
   const char *p[3] = {c->group, ev->biz_key, se};
   PGresult *r = NULL;
   *dup = false;
-  if (!svc_pg_exec(c->pg, "BEGIN", 0, NULL, PGRES_COMMAND_OK, NULL, why, whylen)) return SVC_EV_RETRY;
   if (!svc_pg_exec(c->pg,
                    "INSERT INTO consumed_event (consumer_group, biz_key, event_id) VALUES ($1, $2, $3)"
                    " ON CONFLICT DO NOTHING",
                    3, p, PGRES_COMMAND_OK, &r, why, whylen))
-    goto rollback;
-  bool fresh = atoll(PQcmdTuples(r)) == 1;
+    return SVC_EV_RETRY;
+  *dup = atoll(PQcmdTuples(r)) != 1;
   PQclear(r);
-  if (!fresh) {
-    *dup = true;
-    PQclear(PQexec(c->pg, "ROLLBACK"));
+  if (*dup) return SVC_EV_DONE;
+  return c->apply(c->pg, ev, c->arg, why, whylen);
+}
+
+/* Apply 'ev' in a transaction of its own with its consumed_event row. */
+static svc_ev_result_t apply_once(svc_consumer_t *c, const svc_event_t *ev, bool *dup, char *why, size_t whylen) {
+  if (!svc_pg_exec(c->pg, "BEGIN", 0, NULL, PGRES_COMMAND_OK, NULL, why, whylen)) return SVC_EV_RETRY;
+  svc_ev_result_t res = apply_in_tx(c, ev, dup, why, whylen);
+  if (res == SVC_EV_DONE && !*dup) {
+    TXC_FAILPOINT("svc.consumer.after_apply");
+    if (!svc_pg_exec(c->pg, "COMMIT", 0, NULL, PGRES_COMMAND_OK, NULL, why, whylen)) return SVC_EV_RETRY;
+    TXC_FAILPOINT("svc.consumer.after_commit");
     return SVC_EV_DONE;
   }
-  svc_ev_result_t res = c->apply(c->pg, ev, c->arg, why, whylen);
-  if (res != SVC_EV_DONE) goto rollback_with;
-  TXC_FAILPOINT("svc.consumer.after_apply");
-  if (!svc_pg_exec(c->pg, "COMMIT", 0, NULL, PGRES_COMMAND_OK, NULL, why, whylen)) return SVC_EV_RETRY;
-  TXC_FAILPOINT("svc.consumer.after_commit");
-  return SVC_EV_DONE;
-rollback:
-  res = SVC_EV_RETRY;
-rollback_with:
   if (PQstatus(c->pg) == CONNECTION_OK && PQtransactionStatus(c->pg) != PQTRANS_IDLE)
     PQclear(PQexec(c->pg, "ROLLBACK"));
   return res;
@@ -334,36 +334,58 @@ static bool retry_due(svc_consumer_t *c, char *err, size_t errlen) {
   return !c->redis->err;
 }
 
-/* Step 2: dead letters an operator asked to redeliver. */
+/* Step 2: dead letters an operator asked to redeliver, one at a time,
+ * each in one transaction that locks its row (FOR UPDATE SKIP LOCKED: two
+ * consumers of the group never take the same one), applies it under a
+ * savepoint and records the outcome: REDELIVERED, or DEAD again with the
+ * new reason (the effect rolled back to the savepoint). */
 static bool redeliver_requested(svc_consumer_t *c, char *err, size_t errlen) {
   const char *p[1] = {c->group};
-  PGresult *r = NULL;
-  if (!svc_pg_exec(c->pg,
-                   "SELECT id, stream_id, event::text FROM dead_letter WHERE consumer_group = $1 AND state = 'REDELIVER'"
-                   " ORDER BY id LIMIT 20",
-                   1, p, PGRES_TUPLES_OK, &r, err, errlen))
-    return false;
-  for (int i = 0; i < PQntuples(r) && !stopping(c); i++) {
-    const char *dl_id = PQgetvalue(r, i, 0), *sid = PQgetvalue(r, i, 1);
-    json_t *ej = json_loads(PQgetvalue(r, i, 2), 0, NULL);
-    svc_event_t ev = {.stream_id = sid, .deliveries = 0};
+  for (int i = 0; i < 20 && !stopping(c); i++) {
+    PGresult *r = NULL;
+    if (!svc_pg_exec(c->pg, "BEGIN", 0, NULL, PGRES_COMMAND_OK, NULL, err, errlen)) return false;
+    if (!svc_pg_exec(c->pg,
+                     "SELECT id, stream_id, event::text FROM dead_letter WHERE consumer_group = $1"
+                     " AND state = 'REDELIVER' ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED",
+                     1, p, PGRES_TUPLES_OK, &r, err, errlen))
+      goto fail;
+    if (PQntuples(r) == 0) {
+      PQclear(r);
+      PQclear(PQexec(c->pg, "COMMIT"));
+      return true;
+    }
+    char dl_id[24];
+    snprintf(dl_id, sizeof(dl_id), "%s", PQgetvalue(r, 0, 0));
+    json_t *ej = json_loads(PQgetvalue(r, 0, 2), 0, NULL);
+    svc_event_t ev = {.stream_id = PQgetvalue(r, 0, 1), .deliveries = 0};
     char why[512] = "", biz[SVC_EVENT_BIZ_KEY_MAX] = "";
     const char *k[4] = {"event_id", "type", "order_id", "payload"}, *v[4];
     for (int f = 0; f < 4; f++) v[f] = json_string_value(json_object_get(ej, k[f]));
     json_t *payload = NULL;
     svc_ev_result_t res = SVC_EV_DEAD;
     bool dup = false;
+    if (!svc_pg_exec(c->pg, "SAVEPOINT redeliver", 0, NULL, PGRES_COMMAND_OK, NULL, err, errlen)) {
+      json_decref(ej);
+      PQclear(r);
+      goto fail;
+    }
     if (svc_event_parse(k, v, 4, &ev, &payload, biz, why, sizeof(why)))
-      res = apply_once(c, &ev, &dup, why, sizeof(why));
+      res = apply_in_tx(c, &ev, &dup, why, sizeof(why));
+    if (res != SVC_EV_DONE && !svc_pg_exec(c->pg, "ROLLBACK TO SAVEPOINT redeliver", 0, NULL, PGRES_COMMAND_OK,
+                                           NULL, err, errlen)) {
+      json_decref(payload);
+      json_decref(ej);
+      PQclear(r);
+      goto fail;
+    }
     const char *p2[3] = {dl_id, res == SVC_EV_DONE ? "REDELIVERED" : "DEAD", why};
-    char uerr[256];
-    if (!svc_pg_exec(c->pg,
-                     "UPDATE dead_letter SET state = $2, redeliveries = redeliveries + 1, updated_at = now(),"
-                     " reason = CASE WHEN $2 = 'DEAD' THEN 'redelivered, failed again: ' || $3 ELSE reason END"
-                     " WHERE id = $1",
-                     3, p2, PGRES_COMMAND_OK, NULL, uerr, sizeof(uerr)))
-      svc_warn("consumer: could not record a redelivery: %s", uerr);
-    if (res == SVC_EV_DONE) {
+    bool ok = svc_pg_exec(c->pg,
+                          "UPDATE dead_letter SET state = $2, redeliveries = redeliveries + 1, updated_at = now(),"
+                          " reason = CASE WHEN $2 = 'DEAD' THEN 'redelivered, failed again: ' || $3 ELSE reason END"
+                          " WHERE id = $1",
+                          3, p2, PGRES_COMMAND_OK, NULL, err, errlen) &&
+              svc_pg_exec(c->pg, "COMMIT", 0, NULL, PGRES_COMMAND_OK, NULL, err, errlen);
+    if (ok && res == SVC_EV_DONE) {
       char mark[256];
       mark_key(c, biz, mark, sizeof(mark));
       freeReplyObject(redisCommand(c->redis, "SET %s done EX %d", mark, MARK_TTL_S));
@@ -371,15 +393,20 @@ static bool redeliver_requested(svc_consumer_t *c, char *err, size_t errlen) {
       if (c->after) c->after(&ev, c->arg);
       SVC_LOG(SVC_LOG_INFO, json_pack("{s:s,s:s,s:b}", "group", c->group, "biz_key", biz, "before", dup),
               "dead letter redelivered");
-    } else {
+    } else if (ok) {
       SVC_LOG(SVC_LOG_WARN, json_pack("{s:s,s:s}", "group", c->group, "dead_letter", dl_id),
               "redelivered dead letter failed again: %s", why);
     }
     json_decref(payload);
     json_decref(ej);
+    PQclear(r);
+    if (!ok) goto fail;
   }
-  PQclear(r);
   return true;
+fail:
+  if (PQstatus(c->pg) == CONNECTION_OK && PQtransactionStatus(c->pg) != PQTRANS_IDLE)
+    PQclear(PQexec(c->pg, "ROLLBACK"));
+  return false;
 }
 
 /* Step 3: new entries. */

@@ -347,7 +347,7 @@ PY
 check "one order for the concurrent key ($(orders_of 7104))" test "$(orders_of 7104)" = 1
 
 # the services restarted: the key still gives its answer
-"$src/examples/services" stop "$ORDER_PID" "$STOCK_PID"
+"$src/examples/services" stop "$ORDER_PID" "$STOCK_PID" "${EVENTS_PID:-}"
 ORDER_PID=
 out=$(ORDER_TTL_S=6 "$src/examples/services" start --bin "$bin" --dir "$CLUSTER_DIR")
 eval "$out"
