@@ -70,6 +70,7 @@ typedef struct opts {
   long long users, tickets, buckets, limit, activity;
   double window_s;
   int pay_pct, cancel_pct, again_pct, dup_pct;
+  bool no_keys; /* --no-keys: purchases without an Idempotency-Key, never retried */
   int think_ms;
   int connections;
   int settle_s;
@@ -275,7 +276,7 @@ static bool start_job(run_t *r, const job_t *j) {
     job_key(r, j, key, sizeof(key));
     snprintf(h, sizeof(h), "Idempotency-Key: %s", key);
     for (const struct curl_slist *l = r->hdrs; l; l = l->next) x->hdrs = curl_slist_append(x->hdrs, l->data);
-    x->hdrs = curl_slist_append(x->hdrs, h);
+    if (!r->o.no_keys) x->hdrs = curl_slist_append(x->hdrs, h);
     if (!x->hdrs) return false;
     snprintf(url, sizeof(url), "%s/orders", r->order_url);
     snprintf(x->body, sizeof(x->body), "{\"activity\":%lld,\"ticket_type\":%d,\"user\":%d,\"qty\":%d}",
@@ -316,7 +317,7 @@ static const char *json_reason(const char *body, const char *key, char *buf, siz
 
 /* --dup: maybe send the answered purchase 'j' once more, with its key. */
 static void maybe_dup(run_t *r, const job_t *j, int64_t now, long status, long long order_id, const char *reason) {
-  if (r->o.dup_pct == 0 || j->dup || (int)(rnd(r) % 100) >= r->o.dup_pct) return;
+  if (r->o.dup_pct == 0 || r->o.no_keys || j->dup || (int)(rnd(r) % 100) >= r->o.dup_pct) return;
   job_t d = *j;
   d.dup = true;
   d.tries = 0;
@@ -338,7 +339,7 @@ static void finish_dup(run_t *r, const xfer_t *x, CURLcode cc, long status) {
     id = (long long)json_integer_value(json_object_get(o, "order_id"));
     json_decref(o);
     job_key(r, j, key, sizeof(key));
-    if (id > 0) push_keyed(r, key, j->user + 1, id);
+    if (id > 0 && !r->o.no_keys) push_keyed(r, key, j->user + 1, id);
   } else if (status == 409) {
     json_reason(x->resp, "reason", why, sizeof(why));
   }
@@ -361,7 +362,8 @@ static void finish_xfer(run_t *r, xfer_t *x, CURLcode cc) {
   char why[64] = "";
   if (j->kind == REQ_ORDER && cc == CURLE_OK && status == 409) json_reason(x->resp, "error", why, sizeof(why));
   bool in_progress = strcmp(why, "in_progress") == 0;
-  if (j->kind == REQ_ORDER && (cc != CURLE_OK || status == 503 || in_progress) && j->tries < MAX_RETRIES) {
+  if (j->kind == REQ_ORDER && !r->o.no_keys && (cc != CURLE_OK || status == 503 || in_progress) &&
+      j->tries < MAX_RETRIES) {
     /* The same purchase again, with the same key: whatever the first try
      * did, it cannot make a second order. */
     job_t t = *j;
@@ -386,7 +388,7 @@ static void finish_xfer(run_t *r, xfer_t *x, CURLcode cc) {
       if (id > 0) {
         char key[80];
         job_key(r, j, key, sizeof(key));
-        push_keyed(r, key, j->user + 1, id);
+        if (!r->o.no_keys) push_keyed(r, key, j->user + 1, id);
         maybe_dup(r, j, now, status, id, "");
         push_ll(&r->accepted, &r->nacc, &r->capacc, id);
         /* what this user does next */
@@ -688,6 +690,8 @@ static void usage(FILE *f) {
           "  --again PCT      percent of buyers who try to buy again (default 20)\n"
           "  --dup PCT        percent of answered purchases sent once more with their\n"
           "                   Idempotency-Key, expecting the same answer (default 0)\n"
+          "  --no-keys        purchases without an Idempotency-Key, never retried\n"
+          "                   (what the idempotent submit costs, against the default)\n"
           "  --think-ms MS    longest pause before paying or cancelling (default 1000)\n"
           "  --connections N  requests on the wire at once (default 64)\n"
           "  --settle S       seconds to wait for the coordinator to finish (default 30)\n"
@@ -706,7 +710,7 @@ static bool parse_opts(int argc, char **argv, opts_t *o) {
     {"limit", required_argument, NULL, 'l'},   {"activity", required_argument, NULL, 'a'},
     {"pay", required_argument, NULL, 'p'},     {"cancel", required_argument, NULL, 'c'},
     {"again", required_argument, NULL, 'g'},   {"think-ms", required_argument, NULL, 'k'},
-    {"dup", required_argument, NULL, 'd'},
+    {"dup", required_argument, NULL, 'd'},     {"no-keys", no_argument, NULL, 'K'},
     {"connections", required_argument, NULL, 'n'}, {"settle", required_argument, NULL, 's'},
     {"seed", required_argument, NULL, 'S'},    {"json", required_argument, NULL, 'j'},
     {"quiet", no_argument, NULL, 'q'},         {"help", no_argument, NULL, 'h'},
@@ -736,6 +740,7 @@ static bool parse_opts(int argc, char **argv, opts_t *o) {
     case 'c': ok = svc_parse_ll(optarg, 0, 100, &v); o->cancel_pct = (int)v; break;
     case 'g': ok = svc_parse_ll(optarg, 0, 100, &v); o->again_pct = (int)v; break;
     case 'd': ok = svc_parse_ll(optarg, 0, 100, &v); o->dup_pct = (int)v; break;
+    case 'K': o->no_keys = true; break;
     case 'k': ok = svc_parse_ll(optarg, 0, 600000, &v); o->think_ms = (int)v; break;
     case 'n': ok = svc_parse_ll(optarg, 1, 4096, &v); o->connections = (int)v; break;
     case 's': ok = svc_parse_ll(optarg, 0, 3600, &v); o->settle_s = (int)v; break;

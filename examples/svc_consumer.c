@@ -55,6 +55,7 @@ struct svc_consumer {
   redisContext *redis;
   bool failing;
   int64_t next_retry_us, next_redeliver_us, next_info_us;
+  unsigned info_passes;
 };
 
 static void count(svc_consumer_t *c, uint64_t *field) {
@@ -461,6 +462,31 @@ static void read_info(svc_consumer_t *c) {
   pthread_mutex_unlock(&c->mu);
 }
 
+/* Now and then: forget consumers of the group that left (a process killed
+ * or restarted: its name had its pid) once they hold nothing and were
+ * idle for CONSUMER_FORGET_IDLE_MS; their pending entries were claimed by
+ * the retries already. */
+#define CONSUMER_FORGET_IDLE_MS (10LL * 60 * 1000)
+static void forget_departed(svc_consumer_t *c) {
+  redisReply *x = redisCommand(c->redis, "XINFO CONSUMERS %s %s", c->stream, c->group);
+  for (size_t i = 0; x && x->type == REDIS_REPLY_ARRAY && i < x->elements; i++) {
+    const redisReply *e = x->element[i];
+    const char *name = NULL;
+    long long pending = -1, idle = -1;
+    for (size_t k = 0; e->type == REDIS_REPLY_ARRAY && k + 1 < e->elements; k += 2) {
+      const char *key = e->element[k]->str;
+      const redisReply *v = e->element[k + 1];
+      if (!key) continue;
+      if (strcmp(key, "name") == 0) name = v->str;
+      else if (strcmp(key, "pending") == 0) pending = v->integer;
+      else if (strcmp(key, "idle") == 0) idle = v->integer;
+    }
+    if (name && strcmp(name, c->consumer) != 0 && pending == 0 && idle >= CONSUMER_FORGET_IDLE_MS)
+      freeReplyObject(redisCommand(c->redis, "XGROUP DELCONSUMER %s %s %s", c->stream, c->group, name));
+  }
+  if (x) freeReplyObject(x);
+}
+
 static void *consumer_main(void *arg) {
   svc_consumer_t *c = arg;
   unsigned pause_ms = 0;
@@ -479,6 +505,7 @@ static void *consumer_main(void *arg) {
     }
     if (ok && now >= c->next_info_us) {
       read_info(c);
+      if (++c->info_passes % 30 == 0) forget_departed(c);
       c->next_info_us = now + 2000000;
     }
     if (ok) ok = read_new(c, err, sizeof(err));
