@@ -4,6 +4,7 @@
  */
 #include "svc_common.h"
 #include "txc_failpoint.h"
+#include "txc_logfile.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -112,8 +113,10 @@ void svc_block_signals(void) {
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGHUP);
   sigaddset(&set, SIGPIPE);
   pthread_sigmask(SIG_BLOCK, &set, NULL);
+  txc_logfile_remember();
 }
 
 int svc_wait_signal(void) {
@@ -121,9 +124,19 @@ int svc_wait_signal(void) {
   sigemptyset(&set);
   sigaddset(&set, SIGTERM);
   sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGHUP);
   for (;;) {
     int sig = 0;
-    if (sigwait(&set, &sig) == 0) return sig;
+    if (sigwait(&set, &sig) != 0) continue;
+    if (sig != SIGHUP) return sig;
+    /* logrotate's signal: reopen the log file, go on */
+    int rc = txc_logfile_reopen();
+    if (rc > 0)
+      svc_info("received SIGHUP: log file reopened");
+    else if (rc == 0)
+      svc_info("received SIGHUP: the log goes to a pipe or terminal, nothing to reopen; not stopping");
+    else
+      svc_warn("received SIGHUP: could not reopen the log file: %s (still writing to the old one)", strerror(errno));
   }
 }
 

@@ -84,9 +84,10 @@ int svc_ncpu(void);
 
 /* ----------------------------------------------------------- signals */
 
-/* Block SIGTERM, SIGINT and SIGPIPE in the calling thread (call before any
- * thread starts, so that every thread inherits the mask); svc_wait_signal
- * then returns the first SIGTERM or SIGINT. */
+/* Block SIGTERM, SIGINT, SIGHUP and SIGPIPE in the calling thread (call
+ * before any thread starts, so that every thread inherits the mask);
+ * svc_wait_signal then returns the first SIGTERM or SIGINT.  A SIGHUP
+ * (logrotate) reopens the log file when stderr is one, and is logged. */
 void svc_block_signals(void);
 int svc_wait_signal(void);
 

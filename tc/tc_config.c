@@ -12,6 +12,8 @@
 #include <string.h>
 #include <strings.h>
 
+#include <uv.h>
+
 #include "tc_admin_cmd.h"
 #include "tc_log.h"
 
@@ -217,7 +219,48 @@ int tc_config_load_file(tc_config_t *c, const char *path, char *err, size_t errl
   return 0;
 }
 
+extern char **environ;
+
+/* Variables of the project's own scripts that look like settings but are
+ * not (cluster/local/up exports them for clients). */
+static const char *const env_not_settings[] = {"TC_ADMIN_SOCKETS", NULL};
+
+/* An environment variable TC_<SECTION>_<KEY> whose section is one of ours
+ * but whose key is not: a typo (TC_SERVER_TOKN) that would otherwise be
+ * ignored.  Others with the TC_ prefix (TC_NODES, TC_PG_URL: the clients'
+ * settings from cluster/local/up) name no section and are left alone. */
+static int check_env_names(char *err, size_t errlen) {
+  for (char **e = environ; e && *e; e++) {
+    if (strncmp(*e, "TC_", 3) != 0) continue;
+    const char *eq = strchr(*e, '=');
+    size_t n = eq ? (size_t)(eq - *e) : strlen(*e);
+    char name[128];
+    if (n >= sizeof(name)) continue;
+    memcpy(name, *e, n);
+    name[n] = '\0';
+    bool allowed = false;
+    for (size_t k = 0; env_not_settings[k]; k++) allowed |= strcmp(name, env_not_settings[k]) == 0;
+    if (allowed) continue;
+    bool in_section = false, known = false;
+    for (size_t i = 0; i < NKEYS && !known; i++) {
+      char want[128];
+      snprintf(want, sizeof(want), "TC_%s_%s", keys[i].section, keys[i].key);
+      for (char *p = want; *p; p++) *p = (char)toupper((unsigned char)*p);
+      known = strcmp(name, want) == 0;
+      size_t sl = 3 + strlen(keys[i].section);
+      in_section |= strncasecmp(name + 3, keys[i].section, strlen(keys[i].section)) == 0 && name[sl] == '_';
+    }
+    if (in_section && !known) {
+      snprintf(err, errlen, "unknown setting in the environment: %s (settings are TC_<SECTION>_<KEY>; "
+               "tcd --print-config lists them)", name);
+      return -1;
+    }
+  }
+  return 0;
+}
+
 int tc_config_load_env(tc_config_t *c, char *err, size_t errlen) {
+  if (check_env_names(err, errlen) != 0) return -1;
   for (size_t i = 0; i < NKEYS; i++) {
     char name[128];
     snprintf(name, sizeof(name), "TC_%s_%s", keys[i].section, keys[i].key);
@@ -240,6 +283,22 @@ int tc_config_split_addr(const char *addr, char *host, size_t hostlen, int *port
   host[hl] = '\0';
   *port = (int)p;
   return 0;
+}
+
+int tc_config_listen_sockaddr(const char *host, int port, struct sockaddr_storage *ss) {
+  char buf[64];
+  if (!host || !*host || strcmp(host, "*") == 0) host = "0.0.0.0";
+  else if (strcmp(host, "localhost") == 0) host = "127.0.0.1";
+  size_t n = strlen(host);
+  if (host[0] == '[' && n >= 2 && host[n - 1] == ']' && n - 2 < sizeof(buf)) {
+    memcpy(buf, host + 1, n - 2);
+    buf[n - 2] = '\0';
+    host = buf;
+  }
+  memset(ss, 0, sizeof(*ss));
+  if (uv_ip4_addr(host, port, (struct sockaddr_in *)ss) == 0) return 0;
+  if (uv_ip6_addr(host, port, (struct sockaddr_in6 *)ss) == 0) return 0;
+  return -1;
 }
 
 int tc_config_each_peer(const char *peers, int (*fn)(int, const char *, void *), void *arg, char *err,
@@ -295,8 +354,14 @@ int tc_config_store_writers(const tc_config_t *c) {
 int tc_config_validate(const tc_config_t *c, char *err, size_t errlen) {
   char host[256];
   int port;
+  struct sockaddr_storage ss;
   if (tc_config_split_addr(c->listen, host, sizeof(host), &port) != 0) {
     snprintf(err, errlen, "invalid server.listen \"%s\": expected host:port", c->listen);
+    return -1;
+  }
+  if (tc_config_listen_sockaddr(host, port, &ss) != 0) {
+    snprintf(err, errlen, "invalid server.listen \"%s\": the host must be a numeric IP address (or localhost)",
+             c->listen);
     return -1;
   }
   if (strlen(c->advertise) > TXP_XID_NODE_MAX || strlen(c->listen) > TXP_XID_NODE_MAX) {
@@ -315,6 +380,18 @@ int tc_config_validate(const tc_config_t *c, char *err, size_t errlen) {
   }
   if (c->pg_url[0] == '\0') {
     snprintf(err, errlen, "store.pg_url is empty: set the PostgreSQL URL (or TC_STORE_PG_URL)");
+    return -1;
+  }
+  /* --print-config masks secrets; its output fed back must not become
+   * the secret. */
+  if (strcmp(c->token, TC_CONFIG_MASK) == 0) {
+    snprintf(err, errlen, "server.token is \"%s\", the mask --print-config prints: set the real secret",
+             TC_CONFIG_MASK);
+    return -1;
+  }
+  if (strstr(c->pg_url, TC_CONFIG_MASK "@")) {
+    snprintf(err, errlen, "store.pg_url carries \"%s\", the mask --print-config prints for its password: set the "
+             "real URL", TC_CONFIG_MASK);
     return -1;
   }
   if (c->default_timeout_ms > c->max_timeout_ms) {
@@ -369,10 +446,10 @@ void tc_config_dump(const tc_config_t *c, void *file) {
     fprintf(f, "; %s\n", k->help);
     if (k->type == T_STR) {
       const char *v = slot;
-      if (strcmp(k->key, "token") == 0 && v[0]) v = "********";
+      if (strcmp(k->key, "token") == 0 && v[0]) v = TC_CONFIG_MASK;
       if (strcmp(k->key, "pg_url") == 0 && strchr(v, '@')) {
         /* URLs may carry a password: show only what follows the '@'. */
-        fprintf(f, "%s = ********@%s\n", k->key, strchr(v, '@') + 1);
+        fprintf(f, "%s = " TC_CONFIG_MASK "@%s\n", k->key, strchr(v, '@') + 1);
         continue;
       }
       fprintf(f, "%s = %s\n", k->key, v);

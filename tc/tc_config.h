@@ -98,6 +98,15 @@ int tc_config_each_peer(const char *peers, int (*fn)(int node_id, const char *ad
                         char *err, size_t errlen);
 
 /* Split "host:port"; returns -1 if malformed. */
+/* What --print-config prints in place of a secret. */
+#define TC_CONFIG_MASK "********"
+
 int tc_config_split_addr(const char *addr, char *host, size_t hostlen, int *port);
+
+/* The socket address of a listen host (numeric IPv4 or IPv6, "[v6]",
+ * "localhost", "" or "*" for every address) and port: 0, or -1 when the
+ * host is not numeric.  What start-up binds is what --check-config checks. */
+struct sockaddr_storage;
+int tc_config_listen_sockaddr(const char *host, int port, struct sockaddr_storage *ss);
 
 #endif /* TC_CONFIG_H */

@@ -1,6 +1,7 @@
 /*
  * tc_main.c - tcd, the coordinator daemon: options, config, signals, loop.
  */
+#include <errno.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -11,6 +12,7 @@
 #include "tc_config.h"
 #include "tc_log.h"
 #include "txc_failpoint.h"
+#include "txc_logfile.h"
 #include "tc_node.h"
 #include "txp_msg.h"
 
@@ -18,7 +20,7 @@
 typedef struct {
   uv_loop_t *loop;
   tc_node_t *node;
-  uv_signal_t sigterm, sigint;
+  uv_signal_t sigterm, sigint, sighup;
   int exit_code;
   bool stopping;
 } daemon_t;
@@ -40,7 +42,8 @@ static void usage(FILE *f) {
           "\n"
           "Settings apply in this order: defaults, the config file, environment\n"
           "variables TC_<SECTION>_<KEY> (e.g. TC_SERVER_TOKEN, TC_STORE_PG_URL), --set.\n"
-          "SIGTERM or SIGINT stops the node cleanly.\n"
+          "SIGTERM or SIGINT stops the node cleanly; SIGHUP reopens the log file\n"
+          "(stderr, when it is a file: logrotate's signal) and changes nothing else.\n"
           "\n"
           "exit status: 0 clean stop, 64 usage error, 78 bad configuration,\n"
           "             69 store or listener unavailable at start-up.\n");
@@ -49,6 +52,7 @@ static void usage(FILE *f) {
 static void close_signals(daemon_t *d) {
   uv_close((uv_handle_t *)&d->sigterm, NULL);
   uv_close((uv_handle_t *)&d->sigint, NULL);
+  uv_close((uv_handle_t *)&d->sighup, NULL);
 }
 
 static void on_stopped(void *arg) {
@@ -68,6 +72,21 @@ static void on_signal(uv_signal_t *h, int signum) {
   daemon_t *d = h->data;
   tc_log_info("received %s: stopping", signum == SIGTERM ? "SIGTERM" : "SIGINT");
   begin_stop(d);
+}
+
+/* SIGHUP (logrotate, or a terminal that went away): reopen the log file,
+ * never stop. */
+static void on_sighup(uv_signal_t *h, int signum) {
+  (void)h;
+  (void)signum;
+  int rc = txc_logfile_reopen();
+  if (rc > 0)
+    tc_log_info("received SIGHUP: log file reopened");
+  else if (rc == 0)
+    tc_log_info("received SIGHUP: the log goes to a pipe or terminal, nothing to reopen; not stopping");
+  else
+    tc_log_warn("received SIGHUP: could not reopen the log file: %s (still writing to the old one)",
+                strerror(errno));
 }
 
 static void on_ready(tc_node_t *node, int status, const char *err, void *arg) {
@@ -163,14 +182,17 @@ int main(int argc, char **argv) {
   tc_log_set_json(strcmp(cfg.log_format, "json") == 0);
   tc_log_set_node((unsigned)cfg.node_id);
   signal(SIGPIPE, SIG_IGN);
+  txc_logfile_remember();
 
   daemon_t d = {0};
   d.loop = uv_default_loop();
   uv_signal_init(d.loop, &d.sigterm);
   uv_signal_init(d.loop, &d.sigint);
-  d.sigterm.data = d.sigint.data = &d;
+  uv_signal_init(d.loop, &d.sighup);
+  d.sigterm.data = d.sigint.data = d.sighup.data = &d;
   uv_signal_start(&d.sigterm, on_signal, SIGTERM);
   uv_signal_start(&d.sigint, on_signal, SIGINT);
+  uv_signal_start(&d.sighup, on_sighup, SIGHUP);
 
   d.node = tc_node_start(d.loop, &cfg, on_ready, &d);
   if (!d.node) {

@@ -51,6 +51,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "tc_config.h"
 #include "tc_log.h"
 #include "txc_idtable.h"
 
@@ -917,22 +918,6 @@ static void on_connection(uv_stream_t *l, int status) {
 }
 
 /* Numeric address only: name resolution would block the loop. */
-static int parse_listen_addr(const char *host, int port, struct sockaddr_storage *ss) {
-  char buf[64];
-  if (!host || !*host || strcmp(host, "*") == 0) host = "0.0.0.0";
-  else if (strcmp(host, "localhost") == 0) host = "127.0.0.1";
-  size_t n = strlen(host);
-  if (host[0] == '[' && n >= 2 && host[n - 1] == ']' && n - 2 < sizeof(buf)) {
-    memcpy(buf, host + 1, n - 2);
-    buf[n - 2] = '\0';
-    host = buf;
-  }
-  memset(ss, 0, sizeof(*ss));
-  if (uv_ip4_addr(host, port, (struct sockaddr_in *)ss) == 0) return 0;
-  if (uv_ip6_addr(host, port, (struct sockaddr_in6 *)ss) == 0) return 0;
-  return UV_EINVAL;
-}
-
 int tc_server_start(uv_loop_t *loop, const tc_server_opts_t *opts, tc_server_t **out, char *err,
                     size_t errlen) {
   char dummy[1];
@@ -956,7 +941,7 @@ int tc_server_start(uv_loop_t *loop, const tc_server_opts_t *opts, tc_server_t *
     return TXP_EINVALID_ARG;
   }
   struct sockaddr_storage addr;
-  if (parse_listen_addr(opts->listen_host, opts->listen_port, &addr) != 0) {
+  if (tc_config_listen_sockaddr(opts->listen_host, opts->listen_port, &addr) != 0) {
     snprintf(err, errlen, "could not start server: listen address \"%s\" is not a numeric IP",
              opts->listen_host);
     return TXP_EINVALID_ARG;

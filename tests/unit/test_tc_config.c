@@ -145,6 +145,52 @@ static void test_cross_field_checks(void **state) {
   assert_int_equal(c.max_inflight, 99);
 }
 
+/* Security review, finding 7: what --check-config accepts, start-up
+ * accepts; the mask --print-config prints is not a secret; a misspelt
+ * TC_<SECTION>_<KEY> is an error, not ignored. */
+static void test_config_says_the_truth(void **state) {
+  (void)state;
+  tc_config_t c;
+  char err[512];
+  valid_base(&c);
+  snprintf(c.listen, sizeof(c.listen), "example.com:1");
+  assert_int_equal(tc_config_validate(&c, err, sizeof(err)), -1);
+  assert_non_null(strstr(err, "numeric IP"));
+  static const char *const good[] = {"127.0.0.1:1", "0.0.0.0:7091", "[::1]:7091", "localhost:7091", "*:7091"};
+  for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+    valid_base(&c);
+    snprintf(c.listen, sizeof(c.listen), "%s", good[i]);
+    assert_int_equal(tc_config_validate(&c, err, sizeof(err)), 0);
+  }
+  valid_base(&c);
+  snprintf(c.token, sizeof(c.token), "%s", TC_CONFIG_MASK);
+  assert_int_equal(tc_config_validate(&c, err, sizeof(err)), -1);
+  assert_non_null(strstr(err, "server.token"));
+  valid_base(&c);
+  snprintf(c.pg_url, sizeof(c.pg_url), "postgresql://u:" TC_CONFIG_MASK "@db/tc");
+  assert_int_equal(tc_config_validate(&c, err, sizeof(err)), -1);
+  assert_non_null(strstr(err, "store.pg_url"));
+
+  valid_base(&c);
+  setenv("TC_SERVER_TOKN", "x", 1);
+  assert_int_equal(tc_config_load_env(&c, err, sizeof(err)), -1);
+  assert_non_null(strstr(err, "TC_SERVER_TOKN"));
+  unsetenv("TC_SERVER_TOKN");
+  setenv("TC_store_pg_url_x", "x", 1); /* the section matched whatever the case */
+  assert_int_equal(tc_config_load_env(&c, err, sizeof(err)), -1);
+  unsetenv("TC_store_pg_url_x");
+  /* the clients' variables of cluster/local/up are not settings: left alone */
+  setenv("TC_NODES", "127.0.0.1:1", 1);
+  setenv("TC_PG_URL", "postgresql://x/tc", 1);
+  setenv("TC_ADMIN_SOCKETS", "/tmp/a.sock", 1);
+  setenv("TC_TOKEN", "t", 1);
+  assert_int_equal(tc_config_load_env(&c, err, sizeof(err)), 0);
+  unsetenv("TC_NODES");
+  unsetenv("TC_PG_URL");
+  unsetenv("TC_ADMIN_SOCKETS");
+  unsetenv("TC_TOKEN");
+}
+
 static void test_split_addr(void **state) {
   (void)state;
   char host[64];
@@ -166,6 +212,7 @@ int main(void) {
     cmocka_unit_test(test_unknown_section_and_bad_values),
     cmocka_unit_test(test_env_overrides),
     cmocka_unit_test(test_cross_field_checks),
+    cmocka_unit_test(test_config_says_the_truth),
     cmocka_unit_test(test_split_addr),
   };
   return cmocka_run_group_tests_name("tc_config", tests, NULL, NULL);
