@@ -360,6 +360,9 @@ static void format_metrics(const snap_t *s, uint64_t now, sbuf_t *b) {
     counter(b, "txc_auth_failures_total", "Registrations with a wrong token.", sv->auth_failures);
     counter(b, "txc_version_mismatches_total", "Peers with another protocol major version.",
             sv->version_mismatches);
+    counter(b, "txc_unregistered_closed_total",
+            "Connections closed before registering: another frame first, or no registration in time.",
+            sv->unregistered_closed);
   }
 
   gauge(b, "txc_leader", "1 while this node holds the recovery leadership.", s->st.leader ? 1 : 0);

@@ -103,6 +103,7 @@ struct tc_conn {
   int inflight;                 /* tc_req_t not yet replied or dropped */
   int bad_frames;
   uint64_t last_active;         /* uv_now() of the last whole frame */
+  uint64_t accepted_at;         /* uv_now() at accept: registration is due by then + 3 heartbeats */
   uint64_t drain_start;
   txp_decoder_t *dec;
   txp_buf_t out;                /* encoded, not yet handed to uv_write */
@@ -720,7 +721,16 @@ static void conn_dispatch_request(tc_conn_t *c, txp_msg_t *m) {
 }
 
 static void conn_dispatch(tc_conn_t *c, txp_msg_t *m) {
-  if ((m->flags & TXP_FLAG_RESPONSE) || !txp_msg_type_is_request(m->type)) {
+  bool response = (m->flags & TXP_FLAG_RESPONSE) || !txp_msg_type_is_request(m->type);
+  if (c->role == ROLE_NONE && response) {
+    /* A stranger may send only its registration: an answer to a call we
+     * never made (a HeartbeatResult that keeps a socket alive) closes it. */
+    tc_log_warn("closing connection from %s: %s before registration", c->peer, txp_msg_type_name(m->type));
+    c->server->st.unregistered_closed++;
+    conn_close(c, TXP_ECONN_LOST);
+    return;
+  }
+  if (response) {
     conn_on_response(c, m);
     return;
   }
@@ -731,6 +741,7 @@ static void conn_dispatch(tc_conn_t *c, txp_msg_t *m) {
   if (c->role == ROLE_NONE) {
     tc_log_warn("closing connection from %s: %s before registration",
                 c->peer, txp_msg_type_name(m->type));
+    c->server->st.unregistered_closed++;
     conn_reply_code(c, m, TXP_ENOT_REGISTERED,
                     "connection not registered: send RegisterTM or RegisterRM first");
     conn_drain(c);
@@ -806,7 +817,9 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
 
 /* ------------------------------------------------------------- sweeps */
 
-/* Close connections silent for 3 heartbeats and drains that linger. */
+/* Close connections silent for 3 heartbeats, strangers not registered
+ * within 3 heartbeats of their accept (an absolute deadline: no frame
+ * moves it), and drains that linger. */
 static void on_idle_sweep(uv_timer_t *t) {
   tc_server_t *s = t->data;
   uint64_t now = uv_now(s->loop);
@@ -814,7 +827,12 @@ static void on_idle_sweep(uv_timer_t *t) {
   uint64_t linger = (uint64_t)s->opts.heartbeat_ms;
   /* conn_close() unlinks nothing and runs no callback: safe to iterate. */
   for (tc_conn_t *c = s->conns; c; c = c->next) {
-    if (c->state == CONN_OPEN && now - c->last_active >= idle) {
+    if (c->state == CONN_OPEN && c->role == ROLE_NONE && now - c->accepted_at >= idle) {
+      tc_log_info("closing connection from %s: not registered %" PRIu64 " ms after it connected", c->peer,
+                  now - c->accepted_at);
+      s->st.unregistered_closed++;
+      conn_close(c, TXP_ECONN_LOST);
+    } else if (c->state == CONN_OPEN && now - c->last_active >= idle) {
       tc_log_info("closing connection from %s: no frame for %" PRIu64 " ms", c->peer,
                   now - c->last_active);
       conn_close(c, TXP_ECONN_LOST);
@@ -907,7 +925,7 @@ static void on_connection(uv_stream_t *l, int status) {
   c->counted = true;
   s->nlive++;
   s->st.accepted++;
-  c->last_active = uv_now(s->loop);
+  c->last_active = c->accepted_at = uv_now(s->loop);
   rc = uv_read_start((uv_stream_t *)&c->tcp, on_alloc, on_read);
   if (rc != 0) {
     tc_log_warn("could not read from %s: %s", c->peer, uv_strerror(rc));

@@ -114,6 +114,7 @@ int tc_conn_call(tc_conn_t *c, txp_msg_t *msg, unsigned timeout_ms, tc_call_cb c
 typedef struct tc_server_stats {
   uint64_t accepted, refused, closed, frames_in, frames_out, bad_frames, busy_replies;
   uint64_t auth_failures, version_mismatches;
+  uint64_t unregistered_closed; /* strangers closed: a frame before registering, or no registration in time */
   int connections, rms, tms;
 } tc_server_stats_t;
 void tc_server_get_stats(const tc_server_t *s, tc_server_stats_t *out);

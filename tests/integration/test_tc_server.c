@@ -562,6 +562,25 @@ static void test_request_before_register(void **state) {
   assert_int_equal(requests_seen, 0);
 }
 
+/* Security review, finding 3: before registration a connection may send
+ * only its registration.  A response frame (a HeartbeatResult that would
+ * keep an idle stranger alive) closes it at once, with no reply. */
+static void test_response_before_register_closes(void **state) {
+  (void)state;
+  start_server();
+  client_t *cl = client_connect();
+  txp_msg_t hb, res;
+  txp_msg_init(&hb, TXP_MSG_HEARTBEAT);
+  hb.request_id = 7;
+  txp_msg_init_result(&res, &hb, 0, NULL);
+  client_send(cl, &res);
+  txp_msg_clear(&hb);
+  assert_true(run_until(client_gone, cl, WAIT_MS));
+  assert_int_equal(cl->nmsgs, 0);
+  assert_int_equal(stats().unregistered_closed, 1);
+  assert_int_equal(stats().connections, 0);
+}
+
 static void test_bad_version(void **state) {
   (void)state;
   start_server();
@@ -1034,6 +1053,7 @@ int main(void) {
     cmocka_unit_test_setup_teardown(test_register_tm, setup, teardown),
     cmocka_unit_test_setup_teardown(test_register_bad_token, setup, teardown),
     cmocka_unit_test_setup_teardown(test_request_before_register, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_response_before_register_closes, setup, teardown),
     cmocka_unit_test_setup_teardown(test_bad_version, setup, teardown),
     cmocka_unit_test_setup_teardown(test_garbage_closes_only_offender, setup, teardown),
     cmocka_unit_test_setup_teardown(test_body_errors_keep_connection, setup, teardown),
