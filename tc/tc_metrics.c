@@ -477,6 +477,10 @@ __attribute__((format(printf, 2, 0))) static void mhd_log(void *arg, const char 
 
 /* ------------------------------------------------------------- lifecycle */
 
+#define METRICS_CONNECTIONS 256 /* below FD_SETSIZE: MHD's internal thread may use select() */
+#define METRICS_PER_ADDRESS 8
+#define METRICS_IDLE_S 5
+
 int tc_metrics_start(tc_ctx_t *ctx, tc_metrics_t **out, char *err, size_t errlen) {
   *out = NULL;
   char host[256], portstr[16];
@@ -513,9 +517,16 @@ int tc_metrics_start(tc_ctx_t *ctx, tc_metrics_t **out, char *err, size_t errlen
   if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
   /* A first snapshot before the HTTP thread can read one. */
   publish(m);
+  /* Probes must get through while strangers dribble headers (security
+   * review, finding 5): one address holds at most METRICS_PER_ADDRESS
+   * connections, all of them METRICS_CONNECTIONS, and a connection silent
+   * for METRICS_IDLE_S is closed.  64 slow sockets from one address then
+   * leave room for the probes of every other address. */
   m->mhd = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_http, m, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
-                            NULL, MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT, (unsigned)64,
-                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_END);
+                            NULL, MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT,
+                            (unsigned)METRICS_CONNECTIONS, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                            (unsigned)METRICS_PER_ADDRESS, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)METRICS_IDLE_S,
+                            MHD_OPTION_END);
   freeaddrinfo(ai);
   if (!m->mhd) {
     snprintf(err, errlen, "could not listen for metrics on \"%s\" (address in use or not local?)",

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# test_http_strangers.sh - tcd's /healthz, /readyz and /metrics keep
+# answering while 64 strangers dribble headers (security review, finding
+# 5; issue 20).
+#
+# Usage: scripts/with-servers --pg -- tests/integration/test_http_strangers.sh
+#
+# A tcd with metrics.listen on 127.0.0.1; 64 sockets from 127.0.0.1 each
+# send a request line and then one header byte a second for 12 s (a
+# slowloris that never trips an idle timeout); meanwhile a probe from
+# another address (127.0.0.2) asks /healthz every second: every probe must
+# get 200 within 2 s.  And one address gets at most its share of the
+# connections: of the 64 slow ones, most were refused.
+set -euo pipefail
+
+bin=${TX_BIN_DIR:?TX_BIN_DIR not set}
+: "${TC_PG_URL:?run me under scripts/with-servers --pg}"
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/test_http_strangers.XXXXXX")
+tcd=
+cleanup() {
+  local rc=$?
+  [[ -z $tcd ]] || kill -KILL "$tcd" 2>/dev/null || true
+  if [[ $rc -ne 0 ]]; then echo "test_http_strangers: logs kept in $tmp" >&2; else rm -rf -- "$tmp"; fi
+  exit "$rc"
+}
+trap cleanup EXIT
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+port=$(free_port)
+mport=$(free_port)
+cat >"$tmp/tcd.ini" <<INI
+[node]
+id = 1
+[server]
+listen = 127.0.0.1:$port
+token = $(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')
+[store]
+pg_url = $TC_PG_URL
+[metrics]
+listen = 127.0.0.1:$mport
+INI
+chmod 600 "$tmp/tcd.ini"
+"$bin/tcd" -c "$tmp/tcd.ini" 2>"$tmp/tcd.log" &
+tcd=$!
+python3 - "$mport" <<'PY'
+import socket, sys, threading, time
+port = int(sys.argv[1])
+
+def probe(src):
+    t0 = time.monotonic()
+    try:
+        s = socket.socket()
+        s.settimeout(2)
+        s.bind((src, 0))
+        s.connect(("127.0.0.1", port))
+        s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        data = b""
+        while b"\r\n" not in data:
+            chunk = s.recv(256)
+            if not chunk:
+                break
+            data += chunk
+        s.close()
+        return data.split(b"\r\n", 1)[0].decode(errors="replace"), time.monotonic() - t0
+    except OSError as e:
+        return "error: %s" % e, time.monotonic() - t0
+
+for _ in range(100):  # tcd up and serving /healthz
+    line, _ = probe("127.0.0.1")
+    if " 200 " in line or " 503 " in line:
+        break
+    time.sleep(0.1)
+else:
+    sys.exit("tcd's /healthz never answered")
+
+slow, refused = [], 0
+for i in range(64):
+    s = socket.socket()
+    s.settimeout(2)
+    try:
+        s.connect(("127.0.0.1", port))
+        s.sendall(b"GET /healthz HTTP/1.1\r\n")
+        slow.append(s)
+    except OSError:
+        refused += 1
+stop = time.monotonic() + 12
+
+def dribble():
+    while time.monotonic() < stop:
+        for s in list(slow):
+            try:
+                s.sendall(b"X")
+            except OSError:
+                slow.remove(s)
+        time.sleep(1)
+
+th = threading.Thread(target=dribble)
+th.start()
+time.sleep(0.5)
+results = []
+while time.monotonic() < stop - 1:
+    results.append(probe("127.0.0.2"))
+    time.sleep(1)
+th.join()
+alive = len(slow)
+bad = [r for r in results if not (" 200 " in r[0] or " 503 " in r[0]) or r[1] > 2]
+print("probes from 127.0.0.2: %d, failed or slow: %d %s" % (len(results), len(bad), bad[:3]))
+print("slow connections from 127.0.0.1: 64 tried, %d still open at the end, %d refused at connect" % (alive, refused))
+ok = True
+if not results or bad:
+    print("FAILED - /healthz did not answer every probe within 2 s while 64 strangers dribbled headers")
+    ok = False
+else:
+    print("ok - /healthz answered every probe within 2 s")
+if alive > 8:
+    print("FAILED - one address kept %d connections (the per-address cap is 8)" % alive)
+    ok = False
+else:
+    print("ok - one address kept at most its share (%d)" % alive)
+sys.exit(0 if ok else 1)
+PY
