@@ -406,6 +406,8 @@ void txp_decoder_free(txp_decoder_t *d) {
 
 size_t txp_decoder_buffered(const txp_decoder_t *d) { return d->len - d->rpos; }
 
+size_t txp_decoder_capacity(const txp_decoder_t *d) { return d->alloc; }
+
 int txp_decoder_feed(txp_decoder_t *d, const char *buf, size_t len) {
   if (len == 0) return 0;
   size_t held = d->len - d->rpos;
@@ -605,7 +607,17 @@ int txp_decoder_next(txp_decoder_t *d, txp_msg_t *out) {
     return rc;
   }
   d->rpos += consumed;
-  if (d->rpos == d->len) d->rpos = d->len = 0;
+  if (d->rpos == d->len) {
+    d->rpos = d->len = 0;
+    /* A buffer that grew for a large frame goes back to its first size
+     * once empty: 32 connections that each sent one 1 MB frame must not
+     * keep 32 MB (security review, finding 3). */
+    if (d->alloc > TXP_DECODER_KEEP) {
+      free(d->data);
+      d->data = NULL;
+      d->alloc = 0;
+    }
+  }
   return rc;
 }
 

@@ -297,6 +297,10 @@ int txp_decoder_next(txp_decoder_t *d, txp_msg_t *out);
 
 /* Bytes buffered and not yet consumed. */
 size_t txp_decoder_buffered(const txp_decoder_t *d);
+/* Bytes allocated for buffering now: back to 0 once a frame larger than
+ * TXP_DECODER_KEEP was consumed and nothing is left over. */
+#define TXP_DECODER_KEEP (64u * 1024u)
+size_t txp_decoder_capacity(const txp_decoder_t *d);
 
 /* Decode exactly one complete frame held in 'buf' (convenience for tests
  * and tools).  Returns as txp_decoder_next, with TXP_EAGAIN if incomplete. */

@@ -580,12 +580,13 @@ static void on_stats(tc_pg_job_t *job, int status, void *arg) {
     const tc_server_stats_t *ss = &sn.server;
     json_object_set_new(
       a, "server",
-      json_pack("{s:i, s:i, s:i, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "connections", ss->connections, "rms",
+      json_pack("{s:i, s:i, s:i, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "connections", ss->connections,
+                "rms",
                 ss->rms, "tms", ss->tms, "accepted", U(ss->accepted), "refused", U(ss->refused), "closed",
                 U(ss->closed), "frames_in", U(ss->frames_in), "frames_out", U(ss->frames_out), "bad_frames",
                 U(ss->bad_frames), "busy_replies", U(ss->busy_replies), "auth_failures", U(ss->auth_failures),
                 "version_mismatches", U(ss->version_mismatches), "unregistered_closed",
-                U(ss->unregistered_closed)));
+                U(ss->unregistered_closed), "refused_per_address", U(ss->refused_per_address)));
   }
   const tc_store_stats_t *st = &sn.store;
   json_object_set_new(

@@ -42,6 +42,8 @@ static const key_desc_t keys[] = {
   STR_KEY("server", "listen", listen, "host:port to listen on (loopback by default)"),
   STR_KEY("server", "token", token, "registration secret that clients must present"),
   INT_KEY("server", "max_connections", max_connections, 1, 100000, "connection limit"),
+  INT_KEY("server", "max_connections_per_address", max_connections_per_address, 1, 100000,
+          "connections one peer address may hold (a host running many service instances needs more)"),
   INT_KEY("server", "max_inflight", max_inflight, 1, 65536, "requests in flight per connection"),
   INT_KEY("server", "heartbeat_ms", heartbeat_ms, 100, 600000, "heartbeat interval"),
   INT_KEY("server", "max_frame", max_frame, 1024, 16 * 1024 * 1024, "largest frame body"),
@@ -94,6 +96,7 @@ void tc_config_defaults(tc_config_t *c) {
   c->node_id = 1;
   snprintf(c->listen, sizeof(c->listen), "127.0.0.1:8091");
   c->max_connections = 4096;
+  c->max_connections_per_address = 512;
   c->max_inflight = 1024;
   c->heartbeat_ms = 5000;
   c->max_frame = 1024 * 1024;

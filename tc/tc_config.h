@@ -25,6 +25,7 @@ typedef struct tc_config {
   char listen[TC_CONFIG_STR];       /* host:port, default 127.0.0.1:8091 */
   char token[TC_CONFIG_STR];        /* registration secret, required */
   int max_connections;
+  int max_connections_per_address;
   int max_inflight;                 /* per connection */
   int heartbeat_ms;                 /* peers idle 3x this are dropped */
   int max_frame;                    /* bytes of msgpack body */

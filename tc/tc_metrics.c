@@ -352,6 +352,9 @@ static void format_metrics(const snap_t *s, uint64_t now, sbuf_t *b) {
     gauge(b, "txc_connections_open", "Open client connections (registered or not).", (double)sv->connections);
     counter(b, "txc_connections_accepted_total", "Client connections accepted.", sv->accepted);
     counter(b, "txc_connections_refused_total", "Client connections refused (limit).", sv->refused);
+    counter(b, "txc_connections_refused_per_address_total",
+            "Client connections refused because their address held its share (server.max_connections_per_address).",
+            sv->refused_per_address);
     head(b, "txc_frames_total", "counter", "Protocol frames, by direction.");
     sb_printf(b, "txc_frames_total{direction=\"in\"} %" PRIu64 "\n", sv->frames_in);
     sb_printf(b, "txc_frames_total{direction=\"out\"} %" PRIu64 "\n", sv->frames_out);

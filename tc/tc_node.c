@@ -118,6 +118,7 @@ static void start_serving(tc_node_t *node) {
   so.token = node->cfg.token;
   so.node_id = node->cfg.node_id;
   so.max_connections = node->cfg.max_connections;
+  so.max_connections_per_address = node->cfg.max_connections_per_address;
   so.max_inflight = node->cfg.max_inflight;
   so.heartbeat_ms = node->cfg.heartbeat_ms;
   so.max_frame = (uint32_t)node->cfg.max_frame;

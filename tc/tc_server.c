@@ -126,6 +126,7 @@ struct tc_server {
   uv_tcp_t listener;
   uv_timer_t idle_timer;
   uv_timer_t call_timer;
+  uint64_t refusal_logged_at, refusals_unlogged; /* refusal_log's rate limit */
   uv_prepare_t prepare;
   uv_check_t check;
   int handles; /* server handles not yet closed */
@@ -873,6 +874,38 @@ static void on_call_sweep(uv_timer_t *t) {
 
 /* ------------------------------------------------------------ listening */
 
+/* The length of the address part of a peer name ("1.2.3.4:5", "[::1]:5"). */
+static size_t peer_host_len(const char *peer) {
+  const char *colon = strrchr(peer, ':');
+  return colon ? (size_t)(colon - peer) : strlen(peer);
+}
+
+/* Live (counted) connections from the address of 'c'.  A scan: accepts are
+ * rare next to frames, and max_connections bounds the list. */
+static int peer_connections(const tc_server_t *s, const tc_conn_t *c) {
+  size_t hl = peer_host_len(c->peer);
+  int n = 0;
+  for (const tc_conn_t *o = s->conns; o; o = o->next)
+    if (o != c && o->counted && o->state == CONN_OPEN && peer_host_len(o->peer) == hl &&
+        memcmp(o->peer, c->peer, hl) == 0)
+      n++;
+  return n;
+}
+
+/* A refusal is logged at most once a second (a flood of connects must not
+ * become a flood of log lines); the count of refusals is in the stats. */
+static void refusal_log(tc_server_t *s, const tc_conn_t *c, const char *why, const char *setting, int limit) {
+  uint64_t now = uv_now(s->loop);
+  if (s->refusal_logged_at && now - s->refusal_logged_at < 1000) {
+    s->refusals_unlogged++;
+    return;
+  }
+  tc_log_warn("refusing connection from %s: %s (%s is %d; %" PRIu64 " more refused since the last line)", c->peer,
+              why, setting, limit, s->refusals_unlogged);
+  s->refusal_logged_at = now;
+  s->refusals_unlogged = 0;
+}
+
 static void on_connection(uv_stream_t *l, int status) {
   tc_server_t *s = l->data;
   if (status < 0) {
@@ -906,8 +939,15 @@ static void on_connection(uv_stream_t *l, int status) {
   peer_name(c);
   if (s->nlive >= s->opts.max_connections) {
     s->st.refused++;
-    tc_log_warn("refusing connection from %s: too many connections (max_connections is %d)",
-                c->peer, s->opts.max_connections);
+    refusal_log(s, c, "too many connections", "max_connections", s->opts.max_connections);
+    conn_close(c, TXP_ETOO_MANY_CONNS);
+    return;
+  }
+  if (peer_connections(s, c) >= s->opts.max_connections_per_address) {
+    s->st.refused++;
+    s->st.refused_per_address++;
+    refusal_log(s, c, "too many connections from its address", "max_connections_per_address",
+                s->opts.max_connections_per_address);
     conn_close(c, TXP_ETOO_MANY_CONNS);
     return;
   }
@@ -977,6 +1017,7 @@ int tc_server_start(uv_loop_t *loop, const tc_server_opts_t *opts, tc_server_t *
   s->opts.listen_host = s->host;
   s->opts.token = s->token;
   if (s->opts.max_connections <= 0) s->opts.max_connections = DEFAULT_MAX_CONNECTIONS;
+  if (s->opts.max_connections_per_address <= 0) s->opts.max_connections_per_address = s->opts.max_connections;
   if (s->opts.max_inflight <= 0) s->opts.max_inflight = DEFAULT_MAX_INFLIGHT;
   if (s->opts.heartbeat_ms <= 0) s->opts.heartbeat_ms = DEFAULT_HEARTBEAT_MS;
   if (s->opts.max_frame == 0) s->opts.max_frame = TXP_DEFAULT_MAX_FRAME;

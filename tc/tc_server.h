@@ -56,6 +56,7 @@ typedef struct tc_server_opts {
   const char *token;
   int node_id;
   int max_connections;
+  int max_connections_per_address; /* live connections one peer address may hold; 0: max_connections */
   int max_inflight;
   int heartbeat_ms;
   uint32_t max_frame;
@@ -115,6 +116,7 @@ typedef struct tc_server_stats {
   uint64_t accepted, refused, closed, frames_in, frames_out, bad_frames, busy_replies;
   uint64_t auth_failures, version_mismatches;
   uint64_t unregistered_closed; /* strangers closed: a frame before registering, or no registration in time */
+  uint64_t refused_per_address; /* of 'refused': the peer address held its share already */
   int connections, rms, tms;
 } tc_server_stats_t;
 void tc_server_get_stats(const tc_server_t *s, tc_server_stats_t *out);

@@ -581,6 +581,33 @@ static void test_response_before_register_closes(void **state) {
   assert_int_equal(stats().connections, 0);
 }
 
+static bool one_connection_left(void *p) {
+  (void)p;
+  return stats().connections == 1;
+}
+
+/* Finding 3: one address may hold at most max_connections_per_address
+ * live connections; the next is refused (closed at once), the others go
+ * on, and one that leaves makes room again. */
+static void test_max_connections_per_address(void **state) {
+  (void)state;
+  opts.max_connections_per_address = 2;
+  start_server();
+  client_t *a = client_tm("tm-a");
+  client_t *b = client_tm("tm-b");
+  client_t *c = client_connect();
+  assert_true(run_until(client_gone, c, WAIT_MS));
+  assert_int_equal(stats().refused, 1);
+  assert_int_equal(stats().refused_per_address, 1);
+  assert_int_equal(stats().connections, 2);
+  assert_served(a);
+  assert_served(b);
+  client_close(a);
+  assert_true(run_until(one_connection_left, NULL, WAIT_MS));
+  client_t *d = client_tm("tm-d"); /* room again */
+  assert_served(d);
+}
+
 static void test_bad_version(void **state) {
   (void)state;
   start_server();
@@ -1054,6 +1081,7 @@ int main(void) {
     cmocka_unit_test_setup_teardown(test_register_bad_token, setup, teardown),
     cmocka_unit_test_setup_teardown(test_request_before_register, setup, teardown),
     cmocka_unit_test_setup_teardown(test_response_before_register_closes, setup, teardown),
+    cmocka_unit_test_setup_teardown(test_max_connections_per_address, setup, teardown),
     cmocka_unit_test_setup_teardown(test_bad_version, setup, teardown),
     cmocka_unit_test_setup_teardown(test_garbage_closes_only_offender, setup, teardown),
     cmocka_unit_test_setup_teardown(test_body_errors_keep_connection, setup, teardown),

@@ -864,6 +864,53 @@ static void test_regress_next_on_empty_decoder(void **state) {
   txp_decoder_free(d);
 }
 
+/* Security review, finding 3: a buffer that grew for a large frame goes
+ * back to nothing once that frame is consumed (a connection that sent one
+ * big frame must not keep its memory). */
+static void test_decoder_buffer_shrinks(void **state) {
+  (void)state;
+  txp_msg_t m;
+  txp_msg_init(&m, TXP_MSG_BRANCH_REGISTER);
+  m.request_id = 1;
+  static char big[60000];
+  memset(big, 'k', sizeof(big) - 1);
+  big[sizeof(big) - 1] = '\0';
+  txp_msg_set_str(&m, TXP_F_XID, "127.0.0.1:8091:1");
+  txp_msg_set_int(&m, TXP_F_BRANCH_TYPE, 0);
+  txp_msg_set_str(&m, TXP_F_RESOURCE_ID, "stock");
+  txp_msg_set_str(&m, TXP_F_LOCK_KEYS, big);
+  txp_msg_set_str(&m, TXP_F_APP_DATA, big);
+  txp_buf_t b;
+  txp_buf_init(&b, 0);
+  assert_int_equal(txp_encode(&m, &b, 0), 0);
+  txp_msg_clear(&m);
+  assert_true(b.len > TXP_DECODER_KEEP);
+  txp_decoder_t *d = txp_decoder_new(NULL);
+  assert_int_equal(txp_decoder_feed(d, b.data, b.len), 0);
+  assert_true(txp_decoder_capacity(d) >= b.len);
+  txp_msg_t out;
+  txp_msg_init(&out, TXP_MSG_NONE);
+  assert_int_equal(txp_decoder_next(d, &out), 0);
+  assert_int_equal(strlen(out.lock_keys), sizeof(big) - 1);
+  txp_msg_clear(&out);
+  assert_int_equal(txp_decoder_capacity(d), 0);
+  /* and it still decodes what comes next */
+  txp_msg_init(&m, TXP_MSG_HEARTBEAT);
+  m.request_id = 2;
+  txp_buf_t small;
+  txp_buf_init(&small, 0);
+  assert_int_equal(txp_encode(&m, &small, 0), 0);
+  assert_int_equal(txp_decoder_feed(d, small.data, small.len), 0);
+  assert_int_equal(txp_decoder_next(d, &out), 0);
+  assert_int_equal(out.request_id, 2);
+  assert_true(txp_decoder_capacity(d) < TXP_DECODER_KEEP);
+  txp_msg_clear(&out);
+  txp_msg_clear(&m);
+  txp_buf_free(&small);
+  txp_buf_free(&b);
+  txp_decoder_free(d);
+}
+
 /* txp_decode_frame() took zero fields of 'limits' literally (max_count 0:
  * every non-empty body refused) while txp_decoder_new() reads 0 as "the
  * default"; the same limits must mean the same thing to both. */
@@ -932,6 +979,7 @@ int main(void) {
     cmocka_unit_test(test_encode_errors),
     cmocka_unit_test(test_encode_buffer_cap),
     cmocka_unit_test(test_regress_next_on_empty_decoder),
+    cmocka_unit_test(test_decoder_buffer_shrinks),
     cmocka_unit_test(test_regress_decode_frame_zero_limits),
     cmocka_unit_test(test_regress_encode_cap_mid_body),
     cmocka_unit_test(test_regress_empty_strings),
