@@ -322,10 +322,15 @@ int main(int argc, char **argv) {
   int exit_code = 0;
   ev_svc_t s = {0};
   svc_http_t *http = NULL;
+  svc_auth_t *auth = NULL;
+  if (!svc_service_key(&auth)) {
+    exit_code = 78;
+    goto out;
+  }
   for (size_t k = 0; k < NGROUPS; k++) {
     if (!want[k]) continue;
     svc_consumer_opts_t co = {.redis_url = redis_url, .pg_url = pg_url, .group = group_defs[k].name,
-                              .apply = group_defs[k].apply, .arg = &ctx};
+                              .apply = group_defs[k].apply, .arg = &ctx, .auth = auth};
     if (!(s.cs[s.n] = svc_consumer_start(&co, err, sizeof(err)))) {
       svc_error("could not start consumer group \"%s\": %s", group_defs[k].name, err);
       exit_code = 78;
@@ -357,6 +362,7 @@ int main(int argc, char **argv) {
 out:
   svc_http_stop(http);
   for (size_t i = 0; i < s.n; i++) svc_consumer_stop(s.cs[i]);
+  svc_auth_free(auth);
   if (exit_code == 0) svc_info("event-consumers stopped");
   return exit_code;
 }

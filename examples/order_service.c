@@ -165,6 +165,7 @@ typedef struct order_svc {
   rm_compensator_t *comp; /* local-mode orders: compensation and reconciliation */
   svc_relay_t *relay;     /* the outbox's events to the stream */
   svc_idem_t *idem;       /* the idempotent submit's fast path; NULL: PostgreSQL alone */
+  svc_auth_t *auth;       /* signs the calls to stock-service and the order events; NULL: unsigned */
   unsigned idem_ttl_s;    /* ORDER_IDEMPOTENCY_TTL_S: how long Redis keeps an answer */
   _Atomic unsigned long long idem_replays_redis, idem_replays_pg, idem_in_progress;
   const char *resource;
@@ -1581,6 +1582,11 @@ int main(int argc, char **argv) {
   }
   s.pool = svc_pgpool_new(pg_url, pool_size, "order-service");
   s.stock = svc_httpc_new(stock_url);
+  if (!svc_service_key(&s.auth)) {
+    exit_code = 78;
+    goto out;
+  }
+  if (s.stock) svc_httpc_set_auth(s.stock, s.auth);
   if (!s.pool || !s.stock) {
     svc_error("out of memory");
     exit_code = 70;
@@ -1604,7 +1610,8 @@ int main(int argc, char **argv) {
   if (!s.local_mode) {
     svc_relay_opts_t ro = {.pg_url = pg_url, .redis_url = redis_url,
                            .maxlen = svc_env_int("OUTBOX_STREAM_MAXLEN", 1000000, 1000, INT64_MAX / 2, &ok),
-                           .retention_s = svc_env_int("OUTBOX_RETENTION_S", 7 * 86400, 60, 86400LL * 3650, &ok)};
+                           .retention_s = svc_env_int("OUTBOX_RETENTION_S", 7 * 86400, 60, 86400LL * 3650, &ok),
+                           .auth = s.auth};
     if (!ok || !(s.relay = svc_relay_start(&ro, err, sizeof(err)))) {
       svc_error("could not start the outbox relay: %s", ok ? err : "invalid OUTBOX_* setting");
       exit_code = ok ? 71 : 78;
@@ -1654,6 +1661,7 @@ out:
   rm_compensator_stop(s.comp); /* before the prefilter it borrows */
   svc_pf_free(s.pf);
   svc_httpc_free(s.stock);
+  svc_auth_free(s.auth);
   svc_pgpool_free(s.pool);
   rm_client_free(s.rm);
   svc_http_global_cleanup();

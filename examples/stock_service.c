@@ -99,6 +99,8 @@ typedef struct stock_svc {
   bool local_mode; /* STOCK_LOCAL_MODE: serve requests without an xid */
   svc_pf_t *pf;              /* Redis follows the events applied here */
   svc_consumer_t *consumer;  /* group "stock" of the order events */
+  svc_auth_t *auth;          /* order-service's signature on every call; NULL: calls unchecked */
+  _Atomic unsigned long long unauthenticated; /* calls refused: no valid signature */
 } stock_svc_t;
 
 typedef enum { OP_FREEZE, OP_CONFIRM, OP_RELEASE } stock_opkind_t;
@@ -654,6 +656,11 @@ static void handle_stock_metrics(stock_svc_t *s, svc_resp_t *resp) {
     unsigned long long c = svc_http_status_count(code);
     if (c) svc_buf_printf(&b, "txc_client_http_responses_total{status=\"%d\"} %llu\n", code, c);
   }
+  svc_buf_printf(&b,
+                 "# HELP txc_client_unauthenticated_calls_total Calls refused: no valid order-service signature.\n"
+                 "# TYPE txc_client_unauthenticated_calls_total counter\n"
+                 "txc_client_unauthenticated_calls_total %llu\n",
+                 (unsigned long long)s->unauthenticated);
   if (s->consumer) svc_consumer_metrics(&s->consumer, 1, &b);
   if (b.p)
     svc_resp_text(resp, 200, b.p);
@@ -672,6 +679,17 @@ static bool is_local_freeze(const svc_req_t *req) {
 static void handler(const svc_req_t *req, svc_resp_t *resp, void *arg) {
   stock_svc_t *s = arg;
   bool post = strcmp(req->method, "POST") == 0;
+  bool op = strcmp(req->path, "/freeze") == 0 || strcmp(req->path, "/confirm") == 0 ||
+            strcmp(req->path, "/release") == 0;
+  if (post && op && s->auth && !svc_http_verify(s->auth, req)) {
+    /* only order-service, with the services' key, may move stock: a
+     * forged freeze (X-Txc-Local included) or confirm changes nothing */
+    s->unauthenticated++;
+    SVC_LOG(SVC_LOG_DEBUG, json_pack("{s:s}", "path", req->path), "refused an unsigned or badly signed call");
+    svc_resp_error(resp, 401, "unauthenticated",
+                   "the call must carry order-service's " SVC_AUTH_HEADER " (the services' key)");
+    return;
+  }
   if (strcmp(req->path, "/freeze") == 0 && post && is_local_freeze(req))
     handle_local_freeze(s, req, resp);
   else if (strcmp(req->path, "/freeze") == 0 && post)
@@ -757,6 +775,10 @@ int main(int argc, char **argv) {
     goto out;
   }
   char err[512];
+  if (!svc_service_key(&s.auth)) {
+    exit_code = 78;
+    goto out;
+  }
   const char *redis_url = svc_env_str("REDIS_URL", NULL);
   if (redis_url) {
     /* the order events: payments confirm, cancellations and expiries
@@ -764,7 +786,8 @@ int main(int argc, char **argv) {
     s.pf = svc_pf_new(redis_url, 4, err, sizeof(err));
     svc_consumer_opts_t co = {.redis_url = redis_url, .pg_url = pg_url,
                               .group = svc_env_str("STOCK_CONSUMER_GROUP", "stock"),
-                              .apply = stock_event_apply, .after = stock_event_after, .arg = &s};
+                              .apply = stock_event_apply, .after = stock_event_after, .arg = &s,
+                              .auth = s.auth};
     if (!s.pf || !(s.consumer = svc_consumer_start(&co, err, sizeof(err)))) {
       svc_error("could not start the order-event consumer: %s", err);
       exit_code = 69;
@@ -799,6 +822,7 @@ out:
   svc_http_stop(http); /* waits for the requests in progress */
   svc_consumer_stop(s.consumer);
   svc_pf_free(s.pf);
+  svc_auth_free(s.auth);
   svc_pgpool_free(s.pool);
   rm_client_free(s.rm);
   svc_http_global_cleanup();

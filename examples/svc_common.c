@@ -5,6 +5,7 @@
 #include "svc_common.h"
 #include "txc_failpoint.h"
 #include "txc_logfile.h"
+#include "svc_auth.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -417,4 +418,17 @@ void svc_buf_printf(svc_buf_t *b, const char *fmt, ...) {
     b->cap = cap;
     b->p[b->len] = '\0';
   }
+}
+
+bool svc_service_key(struct svc_auth **out) {
+  char err[512];
+  *out = svc_auth_from_env(err, sizeof(err));
+  if (*out) return true;
+  if (err[0]) {
+    svc_error("%s (TXC_SERVICE_KEY_FILE)", err);
+    return false;
+  }
+  svc_warn("TXC_SERVICE_KEY_FILE is not set: calls between the services and the order events are not "
+           "authenticated (cluster/local/up writes a key; see examples/svc_auth.h)");
+  return true;
 }

@@ -138,6 +138,15 @@ bool svc_pg_exec(PGconn *pg, const char *sql, int n, const char *const *params, 
  * Returns 0 or an RM_E_* code with a log line. */
 int svc_rm_client_new(const char *application_id, unsigned wait_ms, rm_client_t **out);
 
+/* --------------------------------------------------------- service key */
+
+/* The services' shared key (svc_auth.h) from TXC_SERVICE_KEY_FILE into
+ * '*out': true with *out NULL (and a warning that calls and events go
+ * unauthenticated) when it is not set; false, logged, when the file is
+ * bad (the service refuses to start). */
+struct svc_auth;
+bool svc_service_key(struct svc_auth **out);
+
 /* ------------------------------------------------------------ text */
 
 /* A growing text buffer (the services' /metrics pages).  Starts zeroed;

@@ -42,6 +42,7 @@ struct svc_consumer {
   svc_event_apply_fn apply;
   svc_event_after_fn after;
   void *arg;
+  const svc_auth_t *auth;
   int max_deliveries;
   int64_t backoff_ms[MAX_BACKOFF];
   size_t nbackoff;
@@ -124,9 +125,16 @@ static bool connect_stores(svc_consumer_t *c, char *err, size_t errlen) {
 
 /* ----------------------------------------------------------- events */
 
-/* A stream entry's fields into 'ev' (svc_event_parse). */
-static bool parse_entry(const redisReply *fields, svc_event_t *ev, json_t **payload, char *biz, char *why,
-                        size_t whylen) {
+static const char *field_of(const char *const *k, const char *const *v, size_t n, const char *name) {
+  for (size_t i = 0; i < n; i++)
+    if (k[i] && strcmp(k[i], name) == 0) return v[i];
+  return NULL;
+}
+
+/* A stream entry's fields into 'ev' (svc_event_parse), its signature
+ * checked first when the consumer has a key. */
+static bool parse_entry(const svc_consumer_t *c, const redisReply *fields, svc_event_t *ev, json_t **payload,
+                        char *biz, char *why, size_t whylen) {
   *payload = NULL;
   if (!fields || fields->type != REDIS_REPLY_ARRAY || fields->elements % 2 || fields->elements > 64) {
     snprintf(why, whylen, "malformed event: not a list of fields and values");
@@ -137,6 +145,12 @@ static bool parse_entry(const redisReply *fields, svc_event_t *ev, json_t **payl
   for (size_t i = 0; i < n; i++) {
     k[i] = fields->element[2 * i]->str;
     v[i] = fields->element[2 * i + 1]->str;
+  }
+  if (c->auth && !svc_event_verify(c->auth, field_of(k, v, n, "event_id"), field_of(k, v, n, "type"),
+                                   field_of(k, v, n, "order_id"), field_of(k, v, n, "payload"),
+                                   field_of(k, v, n, "mac"))) {
+    snprintf(why, whylen, "the event's signature does not verify (forged, or signed with another key)");
+    return false;
   }
   return svc_event_parse(k, v, n, ev, payload, biz, why, whylen);
 }
@@ -231,7 +245,7 @@ static void process(svc_consumer_t *c, const char *id, const redisReply *fields,
   svc_event_t ev = {.stream_id = id, .deliveries = deliveries};
   json_t *payload = NULL;
   char why[512] = "", mark[256], biz[SVC_EVENT_BIZ_KEY_MAX];
-  if (!parse_entry(fields, &ev, &payload, biz, why, sizeof(why))) {
+  if (!parse_entry(c, fields, &ev, &payload, biz, why, sizeof(why))) {
     snprintf(biz, sizeof(biz), "malformed:%.60s", id);
     dead_letter(c, id, biz, 0, fields, deliveries, why);
     return;
@@ -309,7 +323,7 @@ static bool retry_due(svc_consumer_t *c, char *err, size_t errlen) {
       svc_event_t ev = {0};
       json_t *pl = NULL;
       char perr[256];
-      if (!fields || !parse_entry(fields, &ev, &pl, biz, perr, sizeof(perr)))
+      if (!fields || !parse_entry(c, fields, &ev, &pl, biz, perr, sizeof(perr)))
         snprintf(biz, sizeof(biz), "malformed:%.60s", id);
       json_decref(pl);
       snprintf(reason, sizeof(reason), "%lld deliveries failed; the last: %s", deliveries,
@@ -370,7 +384,10 @@ static bool redeliver_requested(svc_consumer_t *c, char *err, size_t errlen) {
       PQclear(r);
       goto fail;
     }
-    if (svc_event_parse(k, v, 4, &ev, &payload, biz, why, sizeof(why)))
+    const char *mac = json_string_value(json_object_get(ej, "mac"));
+    if (c->auth && !svc_event_verify(c->auth, v[0], v[1], v[2], v[3], mac))
+      snprintf(why, sizeof(why), "the event's signature does not verify (forged, or signed with another key)");
+    else if (svc_event_parse(k, v, 4, &ev, &payload, biz, why, sizeof(why)))
       res = apply_in_tx(c, &ev, &dup, why, sizeof(why));
     if (res != SVC_EV_DONE && !svc_pg_exec(c->pg, "ROLLBACK TO SAVEPOINT redeliver", 0, NULL, PGRES_COMMAND_OK,
                                            NULL, err, errlen)) {
@@ -560,6 +577,7 @@ svc_consumer_t *svc_consumer_start(const svc_consumer_opts_t *o, char *err, size
   c->apply = o->apply;
   c->after = o->after;
   c->arg = o->arg;
+  c->auth = o->auth;
   c->stats.pending = c->stats.lag = -1;
   bool ok = true;
   c->max_deliveries = o->max_deliveries > 0 ? o->max_deliveries

@@ -65,6 +65,8 @@ typedef struct svc_consumer_opts {
   svc_event_apply_fn apply;
   svc_event_after_fn after; /* may be NULL */
   void *arg;
+  /* the events must carry a valid "mac" (svc_auth.h); NULL: not checked */
+  const svc_auth_t *auth;
   /* 0 / NULL: from the environment (CONSUMER_MAX_DELIVERIES,
    * CONSUMER_BACKOFF_MS="1000,5000,...") or the defaults */
   int max_deliveries;

@@ -62,3 +62,20 @@ bool svc_event_parse(const char *const *fields, const char *const *values, size_
   *payload = j;
   return true;
 }
+
+void svc_event_sign(const svc_auth_t *a, const char *event_id, const char *type, const char *order_id,
+                    const char *payload, char out[SVC_AUTH_HEX_MAX]) {
+  const char *parts[5] = {"order-event", event_id, type, order_id, payload};
+  size_t lens[5];
+  for (int i = 0; i < 5; i++) lens[i] = strlen(parts[i]);
+  svc_auth_sign(a, parts, lens, 5, out);
+}
+
+bool svc_event_verify(const svc_auth_t *a, const char *event_id, const char *type, const char *order_id,
+                      const char *payload, const char *mac) {
+  if (!event_id || !type || !order_id || !payload || !mac) return false;
+  const char *parts[5] = {"order-event", event_id, type, order_id, payload};
+  size_t lens[5];
+  for (int i = 0; i < 5; i++) lens[i] = strlen(parts[i]);
+  return svc_auth_verify(a, parts, lens, 5, mac);
+}

@@ -18,6 +18,8 @@
 
 #include <jansson.h>
 
+#include "svc_auth.h"
+
 #define SVC_EVENT_BIZ_KEY_MAX 96
 
 typedef struct svc_event {
@@ -38,5 +40,12 @@ typedef struct svc_event {
  * refuses the entry: false with 'why'. */
 bool svc_event_parse(const char *const *fields, const char *const *values, size_t n, svc_event_t *ev,
                      json_t **payload, char biz[SVC_EVENT_BIZ_KEY_MAX], char *why, size_t whylen);
+
+/* The MAC of an event (svc_auth.h): over its event_id, type, order_id and
+ * payload, as the stream carries them (text). */
+void svc_event_sign(const svc_auth_t *a, const char *event_id, const char *type, const char *order_id,
+                    const char *payload, char out[SVC_AUTH_HEX_MAX]);
+bool svc_event_verify(const svc_auth_t *a, const char *event_id, const char *type, const char *order_id,
+                      const char *payload, const char *mac);
 
 #endif /* SVC_EVENT_H */

@@ -408,6 +408,7 @@ typedef struct line {
 struct svc_httpc {
   pthread_mutex_t mu;
   char *base;
+  const svc_auth_t *auth; /* NULL: calls unsigned */
   int nidle;
   line_t idle[HTTPC_MAX_IDLE];
 };
@@ -497,6 +498,25 @@ svc_httpc_call_t *svc_httpc_start(svc_httpc_t *c, const char *path, const char *
   return svc_httpc_start_hdr(c, path, xid, NULL, body, timeout_ms, err, errlen);
 }
 
+void svc_httpc_set_auth(svc_httpc_t *c, const svc_auth_t *auth) { c->auth = auth; }
+
+void svc_http_sign(const svc_auth_t *a, const char *method, const char *path, const char *xid, const char *extra,
+                   const char *body, size_t body_len, char out[SVC_AUTH_HEX_MAX]) {
+  const char *parts[5] = {method, path, xid ? xid : "", extra ? extra : "", body};
+  size_t lens[5] = {strlen(method), strlen(path), strlen(parts[2]), strlen(parts[3]), body_len};
+  svc_auth_sign(a, parts, lens, 5, out);
+}
+
+bool svc_http_verify(const svc_auth_t *a, const svc_req_t *req) {
+  const char *xid = svc_req_header(req, SVC_XID_HEADER);
+  const char *local = svc_req_header(req, "X-Txc-Local");
+  char extra[64] = "";
+  if (local) snprintf(extra, sizeof(extra), "X-Txc-Local: %.40s", local);
+  const char *parts[5] = {req->method, req->path, xid ? xid : "", extra, req->body};
+  size_t lens[5] = {strlen(req->method), strlen(req->path), strlen(parts[2]), strlen(extra), req->body_len};
+  return svc_auth_verify(a, parts, lens, 5, svc_req_header(req, SVC_AUTH_HEADER));
+}
+
 svc_httpc_call_t *svc_httpc_start_hdr(svc_httpc_t *c, const char *path, const char *xid, const char *header,
                                       const json_t *body, unsigned timeout_ms, char *err, size_t errlen) {
   svc_httpc_call_t *k = calloc(1, sizeof(*k));
@@ -529,6 +549,12 @@ svc_httpc_call_t *svc_httpc_start_hdr(svc_httpc_t *c, const char *path, const ch
     k->hdrs = curl_slist_append(k->hdrs, hx);
   }
   if (header) k->hdrs = curl_slist_append(k->hdrs, header);
+  if (c->auth) {
+    char sig[SVC_AUTH_HEX_MAX], hs[SVC_AUTH_HEX_MAX + 32];
+    svc_http_sign(c->auth, "POST", path, xid, header, k->payload, strlen(k->payload), sig);
+    snprintf(hs, sizeof(hs), "%s: %s", SVC_AUTH_HEADER, sig);
+    k->hdrs = curl_slist_append(k->hdrs, hs);
+  }
   CURL *e = k->line.easy;
   curl_easy_reset(e); /* keeps the live connection (in the multi), clears options */
   curl_easy_setopt(e, CURLOPT_URL, k->url);

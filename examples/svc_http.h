@@ -25,6 +25,8 @@
 
 #include <jansson.h>
 
+#include "svc_auth.h"
+
 #define SVC_HTTP_MAX_BODY 16384
 
 /* The transaction id travels between services in this header. */
@@ -119,6 +121,17 @@ svc_httpc_call_t *svc_httpc_start(svc_httpc_t *c, const char *path, const char *
 svc_httpc_call_t *svc_httpc_start_hdr(svc_httpc_t *c, const char *path, const char *xid, const char *header,
                                       const json_t *body, unsigned timeout_ms, char *err, size_t errlen);
 int svc_httpc_finish(svc_httpc_call_t *call, long *status, json_t **answer, char *err, size_t errlen);
+
+/* Sign every call of 'c' with 'auth' (svc_auth.h; borrowed, may be NULL:
+ * unsigned), in the SVC_AUTH_HEADER header. */
+void svc_httpc_set_auth(svc_httpc_t *c, const svc_auth_t *auth);
+/* The signature of a call: method, path, its X-Txc-Xid value (NULL: none),
+ * its extra header line ("X-Txc-Local: 1", NULL: none) and its body. */
+void svc_http_sign(const svc_auth_t *a, const char *method, const char *path, const char *xid, const char *extra,
+                   const char *body, size_t body_len, char out[SVC_AUTH_HEX_MAX]);
+/* Whether 'req' carries a valid signature under 'a' (the same parts, read
+ * from the request). */
+bool svc_http_verify(const svc_auth_t *a, const svc_req_t *req);
 
 /* Call once at process start, before any thread (libcurl's global init). */
 bool svc_http_global_init(void);

@@ -27,6 +27,7 @@
 #include <time.h>
 
 #include "svc_common.h"
+#include "svc_event.h"
 #include "svc_redis.h"
 #include "txc_failpoint.h"
 
@@ -55,6 +56,7 @@ struct svc_relay {
   char *pg_url, *redis_url, *stream;
   unsigned poll_ms;
   long long maxlen, retention_s;
+  const svc_auth_t *auth;
 
   pthread_t thread;
   pthread_mutex_t mu;
@@ -139,10 +141,14 @@ static int xadd_rows(svc_relay_t *r, PGresult *res, long long first_seq, int seq
     char id[32];
     long long seq = seq_col >= 0 ? atoll(PQgetvalue(res, i, seq_col)) : first_seq + i;
     snprintf(id, sizeof(id), "%lld-0", seq);
+    char mac[SVC_AUTH_HEX_MAX] = "";
+    if (r->auth) svc_event_sign(r->auth, PQgetvalue(res, i, 0), PQgetvalue(res, i, 1), PQgetvalue(res, i, 2),
+                                PQgetvalue(res, i, 3), mac);
     const char *argv[] = {"XADD", r->stream, "MAXLEN", "~", maxlen, id, "event_id", PQgetvalue(res, i, 0),
                           "type", PQgetvalue(res, i, 1), "order_id", PQgetvalue(res, i, 2), "payload",
-                          PQgetvalue(res, i, 3)};
-    redisAppendCommandArgv(r->redis, (int)(sizeof(argv) / sizeof(argv[0])), argv, NULL);
+                          PQgetvalue(res, i, 3), "mac", mac};
+    int argc = (int)(sizeof(argv) / sizeof(argv[0])) - (r->auth ? 0 : 2);
+    redisAppendCommandArgv(r->redis, argc, argv, NULL);
   }
   int took = 0;
   bool stopped = false;
@@ -360,6 +366,7 @@ svc_relay_t *svc_relay_start(const svc_relay_opts_t *o, char *err, size_t errlen
   r->poll_ms = o->poll_ms ? o->poll_ms : 200;
   r->maxlen = o->maxlen > 0 ? o->maxlen : 1000000;
   r->retention_s = o->retention_s > 0 ? o->retention_s : 7 * 86400;
+  r->auth = o->auth;
   r->next_cleanup_us = svc_now_us() + 60 * 1000000LL;
   pthread_mutex_init(&r->mu, NULL);
   pthread_condattr_t ca;

@@ -33,6 +33,8 @@
 #include <jansson.h>
 #include <libpq-fe.h>
 
+#include "svc_auth.h"
+
 #define SVC_ORDER_STREAM "txc:order-events"
 
 /* Write the event 'type' ("order.paid", "order.cancelled",
@@ -46,6 +48,7 @@ typedef struct svc_relay_opts {
   unsigned poll_ms;        /* 0: 200; a kick publishes at once */
   long long maxlen;        /* 0: 1,000,000 (approximate trimming) */
   long long retention_s;   /* published rows kept this long; 0: 7 days */
+  const svc_auth_t *auth;  /* signs each event (field "mac"); NULL: unsigned */
 } svc_relay_opts_t;
 
 typedef struct svc_relay svc_relay_t;

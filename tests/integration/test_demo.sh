@@ -459,6 +459,47 @@ check "invariants of activity $fb_act after the outage (status $rc)" test "$rc" 
 fb_comp=$(metric 'txc_client_compensation_passes_total{result="ran"}')
 check "/metrics: compensation passes counted (${fb_comp:-missing})" test -n "$fb_comp"
 
+# --- 2c. callers the services do not know (security review, finding 2) ---
+# stock-service moves stock only for calls signed with the services' key
+# (order-service's); an order event in the stream must be signed the same.
+sc_act=$fb_act
+sc_frozen() { psql -X -q -A -t -d "$STOCK_PG_URL" -c "SELECT coalesce(sum(frozen_count), 0) FROM activity_ticket_bucket WHERE activity_id = $sc_act"; }
+sc_before=$(sc_frozen)
+scode=$(curl -s -o "$tmp/sbody" -w '%{http_code}' -XPOST "$STOCK_URL/freeze" -H 'X-Txc-Local: 1' \
+  -H 'Content-Type: application/json' \
+  -d '{"order_id":992200,"activity":'"$sc_act"',"ticket_type":1,"bucket":0,"qty":10,"user":200,"deadline_ms":9000000000000}') || scode=000
+check "a forged local freeze: 401 ($scode $(cat "$tmp/sbody"))" test "$scode" = 401
+scode=$(curl -s -o "$tmp/sbody" -w '%{http_code}' -XPOST "$STOCK_URL/freeze" -H 'X-Txc-Local: 1' \
+  -H 'X-Txc-Signature: 0000000000000000000000000000000000000000000000000000000000000000' \
+  -H 'Content-Type: application/json' \
+  -d '{"order_id":992201,"activity":'"$sc_act"',"ticket_type":1,"bucket":0,"qty":10,"user":201,"deadline_ms":9000000000000}') || scode=000
+check "a freeze with a made-up signature: 401 ($scode)" test "$scode" = 401
+check "nothing was frozen by them ($(sc_frozen) = $sc_before)" test "$(sc_frozen)" = "$sc_before"
+check "no stock_freeze row for the forged orders" \
+  test "$(psql -X -q -A -t -d "$STOCK_PG_URL" -c "SELECT count(*) FROM stock_freeze WHERE order_id IN (992200, 992201)")" = 0
+http POST /orders '{"activity":'"$sc_act"',"ticket_type":1,"user":8301,"qty":1}'
+sc_o=$(jfield "$body" order_id) sc_xid=$(jfield "$body" xid)
+scode=$(curl -s -o "$tmp/sbody" -w '%{http_code}' -XPOST "$STOCK_URL/confirm" -H "X-Txc-Xid: ${sc_xid:-x}" \
+  -H 'Content-Type: application/json' -d '{"order_id":'"${sc_o:-0}"'}') || scode=000
+check "a forged confirm of another user's order: 401 ($scode)" test "$scode" = 401
+# a forged order event, straight into the stream: dead-lettered, not applied
+redis-cli -u "$REDIS_URL" XADD txc:order-events '*' event_id 990001 type order.paid order_id "${sc_o:-0}" \
+  payload '{"activity":'"$sc_act"',"ticket_type":1,"bucket":0,"user":8301,"qty":1}' >/dev/null
+sc_dead() { psql -X -q -A -t -d "$STOCK_PG_URL" -c "SELECT count(*) FROM dead_letter WHERE consumer_group = 'stock' AND reason LIKE '%signature does not verify%'"; }
+for ((i = 0; i < 100; i++)); do [[ $(sc_dead) -ge 1 ]] && break; sleep 0.1; done
+check "a forged order.paid in the stream is dead-lettered (signature)" test "$(sc_dead)" -ge 1
+check "  and the order's freeze is still FROZEN" \
+  test "$(psql -X -q -A -t -d "$STOCK_PG_URL" -c "SELECT state FROM stock_freeze WHERE order_id = ${sc_o:-0}")" = FROZEN
+check "stock-service counted the refused calls" test "$(metric_at "$STOCK_URL" txc_client_unauthenticated_calls_total)" -ge 3
+ev_forged() { psql -X -q -A -t -d "$EVENTS_PG_URL" -c "SELECT count(DISTINCT consumer_group) FROM dead_letter WHERE reason LIKE '%signature does not verify%'"; }
+for ((i = 0; i < 100; i++)); do [[ $(ev_forged) -ge 3 ]] && break; sleep 0.1; done
+check "  and so is it in the three downstream groups ($(ev_forged) of 3)" test "$(ev_forged)" = 3
+# clean up for the checks that follow: the forged letters are not real ones
+psql -X -q -d "$STOCK_PG_URL" -c "DELETE FROM dead_letter WHERE reason LIKE '%signature does not verify%'" >/dev/null
+psql -X -q -d "$EVENTS_PG_URL" -c "DELETE FROM dead_letter WHERE reason LIKE '%signature does not verify%'" >/dev/null
+http POST "/orders/$sc_o/cancel"
+check "the real cancel of that order still works ($code)" test "$code" = 200
+
 # --- 4. a poison event: the notify group retries, dead-letters, an operator
 # lifts the cause and redelivers ---
 q_events() { psql -X -q -A -t -d "$EVENTS_PG_URL" -c "$1"; }

@@ -14,6 +14,11 @@
 
 #include "svc_event.h"
 
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 static const char *const good_k[] = {"event_id", "type", "order_id", "payload"};
 #define GOOD_PAYLOAD "{\"activity\":7,\"ticket_type\":1,\"bucket\":3,\"user\":42,\"qty\":2}"
 
@@ -108,6 +113,64 @@ static void test_null_value_refused(void **state) {
   assert_non_null(strstr(why, "without a value"));
 }
 
+/* A key file with 'lines' in a temporary directory; its path in 'path'. */
+static void key_file(char *path, size_t len, const char *lines, mode_t mode) {
+  snprintf(path, len, "/tmp/test_svc_auth.%d.key", (int)getpid());
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs(lines, f);
+  fclose(f);
+  chmod(path, mode);
+}
+
+#define KEY_A "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
+#define KEY_B "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100"
+
+/* The services' key (svc_auth.h): a signature verifies for exactly its
+ * parts, a key that follows as the second line still verifies (rotation),
+ * and a key file others may read, or with a bad line, is refused. */
+static void test_service_key(void **state) {
+  (void)state;
+  char path[128], err[256], sig[SVC_AUTH_HEX_MAX], sig2[SVC_AUTH_HEX_MAX];
+  key_file(path, sizeof(path), KEY_A "\n", 0600);
+  svc_auth_t *a = svc_auth_load(path, err, sizeof(err));
+  assert_non_null(a);
+  svc_event_sign(a, "12", "order.paid", "900", GOOD_PAYLOAD, sig);
+  assert_int_equal(strlen(sig), 64);
+  assert_true(svc_event_verify(a, "12", "order.paid", "900", GOOD_PAYLOAD, sig));
+  assert_false(svc_event_verify(a, "12", "order.cancelled", "900", GOOD_PAYLOAD, sig));
+  assert_false(svc_event_verify(a, "12", "order.paid", "901", GOOD_PAYLOAD, sig));
+  assert_false(svc_event_verify(a, "1", "2order.paid", "900", GOOD_PAYLOAD, sig)); /* parts are length-framed */
+  assert_false(svc_event_verify(a, "12", "order.paid", "900", GOOD_PAYLOAD, "00"));
+  assert_false(svc_event_verify(a, "12", "order.paid", "900", GOOD_PAYLOAD, NULL));
+  sig[0] = sig[0] == '0' ? '1' : '0';
+  assert_false(svc_event_verify(a, "12", "order.paid", "900", GOOD_PAYLOAD, sig));
+  svc_event_sign(a, "12", "order.paid", "900", GOOD_PAYLOAD, sig);
+
+  /* rotation: B signs, A still verifies */
+  key_file(path, sizeof(path), KEY_B "\n" KEY_A "\n", 0600);
+  svc_auth_t *ba = svc_auth_load(path, err, sizeof(err));
+  assert_non_null(ba);
+  assert_true(svc_event_verify(ba, "12", "order.paid", "900", GOOD_PAYLOAD, sig));
+  svc_event_sign(ba, "12", "order.paid", "900", GOOD_PAYLOAD, sig2);
+  assert_string_not_equal(sig, sig2);
+  assert_false(svc_event_verify(a, "12", "order.paid", "900", GOOD_PAYLOAD, sig2));
+  svc_auth_free(ba);
+  svc_auth_free(a);
+
+  key_file(path, sizeof(path), KEY_A "\n", 0644);
+  assert_null(svc_auth_load(path, err, sizeof(err)));
+  assert_non_null(strstr(err, "chmod 600"));
+  key_file(path, sizeof(path), "not a key\n", 0600);
+  assert_null(svc_auth_load(path, err, sizeof(err)));
+  assert_non_null(strstr(err, "hex digits"));
+  key_file(path, sizeof(path), "# only a comment\n", 0600);
+  assert_null(svc_auth_load(path, err, sizeof(err)));
+  unlink(path);
+  assert_null(svc_auth_load(path, err, sizeof(err)));
+  assert_non_null(strstr(err, "could not open"));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_good_event),
@@ -115,6 +178,7 @@ int main(void) {
     cmocka_unit_test(test_refusals),
     cmocka_unit_test(test_repeated_field_refused),
     cmocka_unit_test(test_null_value_refused),
+    cmocka_unit_test(test_service_key),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
