@@ -1449,15 +1449,8 @@ static void *background_main(void *arg) {
      * by work or the stop signal. */
     if (interval_us > 0 || next_wl != INT64_MAX) {
       struct timespec until;
-      clock_gettime(CLOCK_MONOTONIC, &until);
       int64_t wake = interval_us > 0 && next_expiry < next_wl ? next_expiry : next_wl;
-      int64_t wait = wake > now ? wake - now : 0;
-      until.tv_sec += (time_t)(wait / 1000000);
-      until.tv_nsec += (long)(wait % 1000000) * 1000L;
-      if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-      }
+      svc_deadline_in(&until, wake - now);
       pthread_cond_timedwait(&s->bg_cv, &s->bg_mu, &until);
     } else {
       pthread_cond_wait(&s->bg_cv, &s->bg_mu);

@@ -222,15 +222,31 @@ static PGconn *pg_connect(svc_pgpool_t *p, char *err, size_t errlen) {
   return pg;
 }
 
+void svc_deadline_in(struct timespec *until, int64_t us) {
+  clock_gettime(CLOCK_MONOTONIC, until);
+  if (us < 0) us = 0;
+  until->tv_sec += (time_t)(us / 1000000);
+  until->tv_nsec += (long)(us % 1000000) * 1000L;
+  if (until->tv_nsec >= 1000000000L) {
+    until->tv_sec++;
+    until->tv_nsec -= 1000000000L;
+  }
+}
+
+bool svc_pg_ensure(PGconn **pg, const char *conninfo, const char *what, char *err, size_t errlen) {
+  if (*pg && PQstatus(*pg) == CONNECTION_OK) return true;
+  PQfinish(*pg);
+  *pg = PQconnectdb(conninfo);
+  if (PQstatus(*pg) == CONNECTION_OK) return true;
+  snprintf(err, errlen, "could not connect to %s: %s", what, PQerrorMessage(*pg));
+  PQfinish(*pg);
+  *pg = NULL;
+  return false;
+}
+
 PGconn *svc_pg_get(svc_pgpool_t *p, unsigned wait_ms, char *err, size_t errlen) {
   struct timespec until;
-  clock_gettime(CLOCK_MONOTONIC, &until);
-  until.tv_sec += wait_ms / 1000;
-  until.tv_nsec += (long)(wait_ms % 1000) * 1000000L;
-  if (until.tv_nsec >= 1000000000L) {
-    until.tv_sec++;
-    until.tv_nsec -= 1000000000L;
-  }
+  svc_deadline_in(&until, (int64_t)wait_ms * 1000);
   pthread_mutex_lock(&p->mu);
   for (;;) {
     if (p->nidle > 0) {

@@ -95,6 +95,10 @@ int svc_wait_signal(void);
 
 /* Monotonic clock in microseconds. */
 int64_t svc_now_us(void);
+/* '*until' = now + 'us' on CLOCK_MONOTONIC, for pthread_cond_timedwait on
+ * a condition variable made with that clock. */
+struct timespec;
+void svc_deadline_in(struct timespec *until, int64_t us);
 /* 'unix_ms' as an ISO 8601 UTC time with milliseconds
  * ("2026-12-01T21:30:00.123Z"): the one formatter of the examples, for log
  * lines and for the timestamps they write to PostgreSQL. */
@@ -121,6 +125,11 @@ int svc_pgpool_prewarm(svc_pgpool_t *p, int n);
 /* Give 'pg' back.  A connection that is broken or left inside a
  * transaction is closed instead of kept. */
 void svc_pg_put(svc_pgpool_t *p, PGconn *pg);
+
+/* A thread's own connection: keep '*pg' if it is healthy, else (re)connect
+ * to 'conninfo'.  false with 'err' set ("could not connect to 'what': ...")
+ * and '*pg' NULL when it cannot. */
+bool svc_pg_ensure(PGconn **pg, const char *conninfo, const char *what, char *err, size_t errlen);
 
 /* Run 'sql' (no parameters, or 'n' text parameters) and return whether it
  * gave 'want' (PGRES_COMMAND_OK or PGRES_TUPLES_OK).  On success '*res'

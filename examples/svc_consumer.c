@@ -95,32 +95,14 @@ static bool ensure_group(svc_consumer_t *c, char *err, size_t errlen) {
 }
 
 static bool connect_stores(svc_consumer_t *c, char *err, size_t errlen) {
-  if (c->pg && PQstatus(c->pg) != CONNECTION_OK) {
-    PQfinish(c->pg);
-    c->pg = NULL;
-  }
-  if (!c->pg) {
-    c->pg = PQconnectdb(c->pg_url);
-    if (PQstatus(c->pg) != CONNECTION_OK) {
-      snprintf(err, errlen, "could not connect to the database: %s", PQerrorMessage(c->pg));
-      PQfinish(c->pg);
-      c->pg = NULL;
-      return false;
-    }
-  }
-  if (c->redis && c->redis->err) {
+  if (!svc_pg_ensure(&c->pg, c->pg_url, "the consumer's database", err, errlen)) return false;
+  int rc = svc_redis_ensure(&c->redis, c->redis_url, 2000, err, errlen);
+  if (rc == 2 && !ensure_group(c, err, errlen)) { /* a new connection: the group may be new too */
     redisFree(c->redis);
     c->redis = NULL;
+    return false;
   }
-  if (!c->redis) {
-    if (!(c->redis = svc_redis_connect(c->redis_url, 2000, err, errlen))) return false;
-    if (!ensure_group(c, err, errlen)) {
-      redisFree(c->redis);
-      c->redis = NULL;
-      return false;
-    }
-  }
-  return true;
+  return rc > 0;
 }
 
 /* ----------------------------------------------------------- events */
@@ -169,9 +151,15 @@ static void mark_key(const svc_consumer_t *c, const char *biz_key, char *out, si
   snprintf(out, outlen, "txc:consumed:{%s}:%s", c->group, biz_key);
 }
 
+/* XACK and forget the entry's last error: one round trip (pipelined). */
 static void ack(svc_consumer_t *c, const char *id) {
-  freeReplyObject(redisCommand(c->redis, "XACK %s %s %s", c->stream, c->group, id));
-  freeReplyObject(redisCommand(c->redis, "HDEL txc:consumer-errors:{%s} %s", c->group, id));
+  redisAppendCommand(c->redis, "XACK %s %s %s", c->stream, c->group, id);
+  redisAppendCommand(c->redis, "HDEL txc:consumer-errors:{%s} %s", c->group, id);
+  for (int i = 0; i < 2; i++) {
+    void *r = NULL;
+    if (redisGetReply(c->redis, &r) != REDIS_OK) return; /* the context is dead: the loop reconnects */
+    freeReplyObject(r);
+  }
 }
 
 /* Write the dead letter (or refresh it), acknowledge, alert.  false: the

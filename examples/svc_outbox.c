@@ -82,25 +82,8 @@ static void relay_failed(svc_relay_t *r, const char *what, const char *err) {
 }
 
 static bool relay_connect(svc_relay_t *r, char *err, size_t errlen) {
-  if (r->pg && PQstatus(r->pg) != CONNECTION_OK) {
-    PQfinish(r->pg);
-    r->pg = NULL;
-  }
-  if (!r->pg) {
-    r->pg = PQconnectdb(r->pg_url);
-    if (PQstatus(r->pg) != CONNECTION_OK) {
-      snprintf(err, errlen, "connect to the orders database: %s", PQerrorMessage(r->pg));
-      PQfinish(r->pg);
-      r->pg = NULL;
-      return false;
-    }
-  }
-  if (r->redis && r->redis->err) {
-    redisFree(r->redis);
-    r->redis = NULL;
-  }
-  if (!r->redis && !(r->redis = svc_redis_connect(r->redis_url, 2000, err, errlen))) return false;
-  return true;
+  return svc_pg_ensure(&r->pg, r->pg_url, "the orders database", err, errlen) &&
+         svc_redis_ensure(&r->redis, r->redis_url, 2000, err, errlen) > 0;
 }
 
 /* The stream's last generated id's first part; 0 when there is no stream.
@@ -318,13 +301,7 @@ static void *relay_main(void *arg) {
     if (!r->kicked) {
       unsigned wait = pause_ms ? pause_ms : r->poll_ms;
       struct timespec until;
-      clock_gettime(CLOCK_MONOTONIC, &until);
-      until.tv_sec += wait / 1000;
-      until.tv_nsec += (long)(wait % 1000) * 1000000L;
-      if (until.tv_nsec >= 1000000000L) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000L;
-      }
+      svc_deadline_in(&until, (int64_t)wait * 1000);
       pthread_cond_timedwait(&r->cv, &r->mu, &until);
       if (r->stopping) break;
     }

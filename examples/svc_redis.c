@@ -99,6 +99,13 @@ redisContext *svc_redis_connect(const char *url, unsigned timeout_ms, char *err,
   return svc_redis_open(&a, timeout_ms, timeout_ms, err, errlen);
 }
 
+int svc_redis_ensure(redisContext **c, const char *url, unsigned timeout_ms, char *err, size_t errlen) {
+  if (*c && !(*c)->err) return 1;
+  if (*c) redisFree(*c);
+  *c = svc_redis_connect(url, timeout_ms, err, errlen);
+  return *c ? 2 : 0;
+}
+
 redisReply *svc_redis_cmd(redisContext *c, char *err, size_t errlen, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);

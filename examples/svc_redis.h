@@ -34,6 +34,11 @@ redisContext *svc_redis_open(const svc_redis_addr_t *a, unsigned connect_ms, uns
 /* svc_redis_parse_url and svc_redis_open, 'timeout_ms' for both. */
 redisContext *svc_redis_connect(const char *url, unsigned timeout_ms, char *err, size_t errlen);
 
+/* A thread's own connection: keep '*c' if it has no error, else connect
+ * again.  Returns 1 when it is the connection it was, 2 when it is a new
+ * one (the caller redoes its set-up), 0 with 'err' set and '*c' NULL. */
+int svc_redis_ensure(redisContext **c, const char *url, unsigned timeout_ms, char *err, size_t errlen);
+
 /* Run a command (redisCommand's format); the reply, or NULL with 'err' set
  * (transport error: the context is dead, or an error reply: the reply is
  * freed and its text copied). */
