@@ -68,8 +68,10 @@ typedef struct conn {
   char url[512];
   long long user;
   bool cancelling;  /* cancel mode: this request is the cancel */
-  char resp[512];   /* the answer's body (cut at the buffer's size) */
+  char resp[1024];  /* the answer's body (cut at the buffer's size) */
   size_t rlen;
+  char token[72];   /* the order_token of the order to cancel */
+  struct curl_slist *cancel_hdrs; /* the headers with its Authorization */
 } conn_t;
 
 typedef struct load {
@@ -106,9 +108,17 @@ static void send_one(load_t *l, conn_t *c, long long cancel_id) {
   c->rlen = 0;
   c->resp[0] = '\0';
   c->cancelling = cancel_id > 0;
+  curl_slist_free_all(c->cancel_hdrs);
+  c->cancel_hdrs = NULL;
   if (c->cancelling) {
     snprintf(c->url, sizeof(c->url), "%s/orders/%lld/cancel", l->url, cancel_id);
     snprintf(c->body, sizeof(c->body), "{}");
+    if (c->token[0]) {
+      char h[96];
+      snprintf(h, sizeof(h), "Authorization: Bearer %s", c->token);
+      for (const struct curl_slist *x = l->hdrs; x; x = x->next) c->cancel_hdrs = curl_slist_append(c->cancel_hdrs, x->data);
+      c->cancel_hdrs = curl_slist_append(c->cancel_hdrs, h);
+    }
   } else {
     c->user = ++l->next_user;
     snprintf(c->url, sizeof(c->url), "%s/orders", l->url);
@@ -117,15 +127,18 @@ static void send_one(load_t *l, conn_t *c, long long cancel_id) {
   }
   curl_easy_setopt(c->e, CURLOPT_URL, c->url);
   curl_easy_setopt(c->e, CURLOPT_POSTFIELDS, c->body);
+  curl_easy_setopt(c->e, CURLOPT_HTTPHEADER, c->cancel_hdrs ? c->cancel_hdrs : l->hdrs);
   c->start_us = svc_now_us();
   curl_multi_add_handle(l->multi, c->e);
 }
 
-/* The order id of a 201 answer, or 0. */
-static long long answered_order(const conn_t *c) {
+/* The order id of a 201 answer, or 0; its order_token into c->token. */
+static long long answered_order(conn_t *c) {
   json_error_t je;
   json_t *j = json_loadb(c->resp, c->rlen, 0, &je);
   long long id = j ? (long long)json_integer_value(json_object_get(j, "order_id")) : 0;
+  const char *tok = json_string_value(json_object_get(j, "order_token"));
+  snprintf(c->token, sizeof(c->token), "%s", tok && strlen(tok) < sizeof(c->token) ? tok : "");
   json_decref(j);
   return id;
 }
@@ -447,7 +460,10 @@ int main(int argc, char **argv) {
   bool bad = l.errors * 100 > l.ok + l.errors;
   free(s);
   json_decref(j);
-  for (int i = 0; i < l.connections; i++) curl_easy_cleanup(l.conns[i].e);
+  for (int i = 0; i < l.connections; i++) {
+    curl_easy_cleanup(l.conns[i].e);
+    curl_slist_free_all(l.conns[i].cancel_hdrs);
+  }
   free(l.conns);
   free(l.lat);
   curl_slist_free_all(l.hdrs);

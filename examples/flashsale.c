@@ -98,6 +98,7 @@ typedef struct job {
   int want_status;  /* dup: the first answer's status, order id and refusal */
   long long want_order;
   char want_reason[16];
+  char token[72];   /* pay/cancel: the order_token of the 201 ("" without one) */
 } job_t;
 
 /* Min-heap of jobs by at_us. */
@@ -282,6 +283,10 @@ static bool start_job(run_t *r, const job_t *j) {
     snprintf(x->body, sizeof(x->body), "{\"activity\":%lld,\"ticket_type\":%d,\"user\":%d,\"qty\":%d}",
              r->o.activity, TICKET_TYPE, j->user + 1, j->qty);
   } else {
+    char h[96];
+    snprintf(h, sizeof(h), "Authorization: Bearer %s", j->token);
+    for (const struct curl_slist *l = r->hdrs; l; l = l->next) x->hdrs = curl_slist_append(x->hdrs, l->data);
+    if (j->token[0]) x->hdrs = curl_slist_append(x->hdrs, h);
     snprintf(url, sizeof(url), "%s/orders/%lld/%s", r->order_url, j->order_id,
              j->kind == REQ_PAY ? "pay" : "cancel");
     snprintf(x->body, sizeof(x->body), "{}");
@@ -384,6 +389,9 @@ static void finish_xfer(run_t *r, xfer_t *x, CURLcode cc) {
       r->ok_tickets += j->qty;
       json_t *o = json_loads(x->resp ? x->resp : "", 0, NULL);
       long long id = (long long)json_integer_value(json_object_get(o, "order_id"));
+      const char *tok = json_string_value(json_object_get(o, "order_token"));
+      char token[sizeof(j->token)] = "";
+      if (tok && strlen(tok) < sizeof(token)) snprintf(token, sizeof(token), "%s", tok);
       json_decref(o);
       if (id > 0) {
         char key[80];
@@ -402,6 +410,7 @@ static void finish_xfer(run_t *r, xfer_t *x, CURLcode cc) {
           job_t p = {.at_us = now + (int64_t)(rnd01(r) * r->o.think_ms * 1000.0),
                      .kind = dice < r->o.pay_pct ? REQ_PAY : REQ_CANCEL, .user = j->user, .order_id = id,
                      .qty = j->qty};
+          memcpy(p.token, token, sizeof(p.token));
           heap_push(&r->heap, p);
         }
       }

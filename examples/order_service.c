@@ -12,9 +12,11 @@
  *          with a key also: the key's earlier answer again (header
  *          Idempotent-Replayed: true) | 409 {error: in_progress}
  *          (Retry-After: 1) | 422 {error: idempotency_key_reused}
- *     GET  /orders/{id}                200 order | 404
- *     POST /orders/{id}/pay            200 order (PAID) | 404 | 409 | 503
- *     POST /orders/{id}/cancel         200 order (CANCELLED) | 404 | 409 | 503
+ *          (a 201's order has its order_token: buyer_ok)
+ *     GET  /orders/{id}                200 order | 401 | 403 | 404
+ *     POST /orders/{id}/pay            200 order (PAID) | 401 | 403 | 404 | 409 | 503
+ *     POST /orders/{id}/cancel         200 order (CANCELLED) | 401 | 403 | 404 | 409 | 503
+ *          (GET, pay and cancel: Authorization: Bearer <order_token>)
  *          (the stock follows through the order event a moment later)
  *     POST /activities/{id}/waitlist {user, ticket_type, qty}
  *          202 {position} | 409 {error: rejected, reason: over_limit} | 503
@@ -145,6 +147,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -241,6 +244,62 @@ static json_t *order_json(const order_t *o) {
   json_object_set_new(j, "xid", o->xid[0] ? json_string(o->xid) : json_null());
   if (o->cancel_reason[0]) json_object_set_new(j, "cancel_reason", json_string(o->cancel_reason));
   return j;
+}
+
+/*
+ * The buyer's proof (the demo's stand-in for a login, issue 20): the 201
+ * that creates an order hands out order_token, the MAC of the order id
+ * and its user under the services' key, and GET, pay and cancel of that
+ * order need it back as "Authorization: Bearer <order_token>".  Nothing
+ * is stored: any instance verifies it, across restarts, and a key
+ * rotation (svc_auth.h) keeps old tokens valid while the old key is
+ * listed.  It proves "this caller got the 201", not who the user is: a
+ * real deployment checks its login session here instead.  Without
+ * TXC_SERVICE_KEY_FILE nothing is checked (the service says so at start).
+ */
+static void order_token(const order_svc_t *s, long long order_id, long long user, char out[SVC_AUTH_HEX_MAX]) {
+  char id[24], u[24];
+  snprintf(id, sizeof(id), "%lld", order_id);
+  snprintf(u, sizeof(u), "%lld", user);
+  const char *parts[3] = {"order-token/1", id, u};
+  size_t lens[3] = {strlen(parts[0]), strlen(id), strlen(u)};
+  svc_auth_sign(s->auth, parts, lens, 3, out);
+}
+
+/* The order as its buyer gets it in the 201: with its order_token. */
+static json_t *buyer_json(const order_svc_t *s, const order_t *o) {
+  json_t *j = order_json(o);
+  if (s->auth) {
+    char tok[SVC_AUTH_HEX_MAX];
+    order_token(s, o->order_id, o->user, tok);
+    json_object_set_new(j, "order_token", json_string(tok));
+  }
+  return j;
+}
+
+/* Whether 'req' carries the order token of order 'order_id' of 'user'
+ * (always true without the services' key).  Otherwise 'resp' has the
+ * answer: 401 without a token, 403 with another order's. */
+static bool buyer_ok(const order_svc_t *s, const svc_req_t *req, long long order_id, long long user,
+                     svc_resp_t *resp) {
+  if (!s->auth) return true;
+  const char *h = svc_req_header(req, "Authorization");
+  if (!h || strncasecmp(h, "Bearer ", 7) != 0 || !h[7]) {
+    svc_resp_header(resp, "WWW-Authenticate", "Bearer realm=\"orders\"");
+    svc_resp_error(resp, 401, "unauthorized",
+                   "this needs the order's token: Authorization: Bearer <order_token of the 201>");
+    return false;
+  }
+  char id[24], u[24];
+  snprintf(id, sizeof(id), "%lld", order_id);
+  snprintf(u, sizeof(u), "%lld", user);
+  const char *parts[3] = {"order-token/1", id, u};
+  size_t lens[3] = {strlen(parts[0]), strlen(id), strlen(u)};
+  if (!svc_auth_verify(s->auth, parts, lens, 3, h + 7)) {
+    svc_resp_error(resp, 403, "forbidden", "the token is not this order's");
+    return false;
+  }
+  return true;
 }
 
 /* ------------------------------------------------------------ order ids */
@@ -423,7 +482,7 @@ static void create_local(order_svc_t *s, PGconn *pg, order_t *o, int64_t deadlin
     status = call_stock(s, "/freeze", NULL, body, reason, sizeof(reason), err, sizeof(err));
     if (status == 200) {
       svc_pg_put(s->pool, pg);
-      svc_resp_json(resp, 201, order_json(o));
+      svc_resp_json(resp, 201, buyer_json(s, o));
       return;
     }
     /* compensate: the order goes, then the Redis freeze */
@@ -499,7 +558,7 @@ static void place_order_local(order_svc_t *s, order_t *o, int64_t deadline_ms, s
     if (rc < 0)
       SVC_LOG(SVC_LOG_WARN, json_pack("{s:I}", "order_id", (json_int_t)o->order_id),
               "could not finish a local order (the compensation job will): %s", perr);
-    svc_resp_json(resp, 201, order_json(o));
+    svc_resp_json(resp, 201, buyer_json(s, o));
     return;
   }
   if (refusal) {
@@ -519,7 +578,7 @@ static void place_order_local(order_svc_t *s, order_t *o, int64_t deadline_ms, s
     SVC_LOG(SVC_LOG_WARN, json_pack("{s:I}", "order_id", (json_int_t)o->order_id),
             "local order left to the compensation job: %s", err);
     if (s->comp) rm_compensator_kick(s->comp, false);
-    svc_resp_json(resp, 201, order_json(o));
+    svc_resp_json(resp, 201, buyer_json(s, o));
     return;
   }
   /* any other answer (400, 409 mismatch): nothing was frozen; the order
@@ -704,7 +763,7 @@ static void place_order(order_svc_t *s, order_t *o, int64_t deadline_ms, int64_t
                             (double)(t_b1 - t_begin) / 1000, "stock_wait_ms", (double)(t_stock - t_b1) / 1000,
                             "commit_ms", (double)(t_end - t_stock) / 1000),
                   "slow order");
-        svc_resp_json(resp, 201, order_json(o));
+        svc_resp_json(resp, 201, buyer_json(s, o));
         return;
       }
       if (d == DECIDED_UNKNOWN) {
@@ -899,7 +958,7 @@ static key_state_t key_lookup(order_svc_t *s, long long user, const char *key, s
     ans->body = json_pack("{s:s,s:s}", "error", "rejected", "reason", reason);
   } else {
     ans->status = 201;
-    ans->body = order_json(&o);
+    ans->body = buyer_json(s, &o);
   }
   idem_fingerprint(o.activity, o.ticket_type, o.qty, ans->req, sizeof(ans->req));
   return KEY_FINAL;
@@ -1194,7 +1253,7 @@ static void queue_waitlist(order_svc_t *s, long long activity, long long ticket_
  * not_ready: pay it a moment later.  Returns the HTTP status; 'resp' (may
  * be NULL for the expiry job) gets the answer.
  */
-static int finish_order(order_svc_t *s, long long id, finish_kind_t kind, svc_resp_t *resp) {
+static int finish_order(order_svc_t *s, long long id, finish_kind_t kind, const svc_req_t *req, svc_resp_t *resp) {
   char err[512] = "", sid[24];
   snprintf(sid, sizeof(sid), "%lld", id);
   const char *p[1] = {sid};
@@ -1229,6 +1288,11 @@ static int finish_order(order_svc_t *s, long long id, finish_kind_t kind, svc_re
   bool comp_pending = !PQgetisnull(r, 0, 9) && strcmp(PQgetvalue(r, 0, 9), "PENDING") == 0;
   PQclear(r);
   r = NULL;
+  if (req && !buyer_ok(s, req, o.order_id, o.user, resp)) {
+    local_abort(pg);
+    svc_pg_put(s->pool, pg);
+    return resp->status;
+  }
   if (strcmp(o.status, "UNPAID") != 0 || (kind == FIN_EXPIRE && !overdue)) {
     local_abort(pg);
     svc_pg_put(s->pool, pg);
@@ -1280,7 +1344,7 @@ unavailable:
   return 503;
 }
 
-static void handle_get(order_svc_t *s, long long id, svc_resp_t *resp) {
+static void handle_get(order_svc_t *s, long long id, const svc_req_t *req, svc_resp_t *resp) {
   char err[512] = "";
   order_t o = {0};
   bool found = false;
@@ -1289,6 +1353,8 @@ static void handle_get(order_svc_t *s, long long id, svc_resp_t *resp) {
     load_order(pg, id, &o, &found, err, sizeof(err));
     svc_pg_put(s->pool, pg);
   }
+  if (found && !buyer_ok(s, req, o.order_id, o.user, resp))
+    return;
   if (found)
     svc_resp_json(resp, 200, order_json(&o));
   else if (!err[0])
@@ -1352,19 +1418,19 @@ static void handler(const svc_req_t *req, svc_resp_t *resp, void *arg) {
       svc_resp_error(resp, 405, "method_not_allowed", NULL);
   } else if (match_id(req->path, "/orders/", "", &id)) {
     if (get)
-      handle_get(s, id, resp);
+      handle_get(s, id, req, resp);
     else
       svc_resp_error(resp, 405, "method_not_allowed", NULL);
   } else if (s->local_mode && post && strncmp(req->path, "/orders/", 8) == 0) {
     svc_resp_error(resp, 501, "not_implemented", "pay and cancel need the coordinator (ORDER_TX_MODE=global)");
   } else if (match_id(req->path, "/orders/", "/pay", &id)) {
     if (post)
-      finish_order(s, id, FIN_PAY, resp);
+      finish_order(s, id, FIN_PAY, req, resp);
     else
       svc_resp_error(resp, 405, "method_not_allowed", NULL);
   } else if (match_id(req->path, "/orders/", "/cancel", &id)) {
     if (post)
-      finish_order(s, id, FIN_CANCEL, resp);
+      finish_order(s, id, FIN_CANCEL, req, resp);
     else
       svc_resp_error(resp, 405, "method_not_allowed", NULL);
   } else if (match_id(req->path, "/activities/", "/waitlist", &id)) {
@@ -1408,7 +1474,7 @@ static int expire_pass(order_svc_t *s) {
     bool stop = s->stopping;
     pthread_mutex_unlock(&s->bg_mu);
     if (stop) break;
-    if (finish_order(s, atoll(PQgetvalue(r, i, 0)), FIN_EXPIRE, NULL) == 200) n++;
+    if (finish_order(s, atoll(PQgetvalue(r, i, 0)), FIN_EXPIRE, NULL, NULL) == 200) n++;
   }
   PQclear(r);
   if (n) svc_info("expired %d unpaid orders", n);

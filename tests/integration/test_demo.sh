@@ -86,12 +86,27 @@ check() { # description, condition command...
 }
 
 # http METHOD PATH [BODY]: sets $code and $body
+# http METHOD PATH [BODY]: a call to order-service; code and body set.  An
+# order's GET, pay and cancel carry the order_token of its 201 (the buyer's
+# proof; remembered from every 201 seen), or $as_token when it is set
+# ("none": no Authorization header).
+declare -A order_tokens=()
 http() {
-  local out
-  out=$(curl -s -o "$tmp/body" -w '%{http_code}' -X "$1" -H 'Content-Type: application/json' \
+  local out auth=() tok=${as_token:-}
+  if [[ -z $tok && $2 =~ ^/orders/([0-9]+) ]]; then tok=${order_tokens[${BASH_REMATCH[1]}]:-}; fi
+  [[ -z $tok || $tok == none ]] || auth=(-H "Authorization: Bearer $tok")
+  out=$(curl -s -o "$tmp/body" -w '%{http_code}' -X "$1" -H 'Content-Type: application/json' "${auth[@]}" \
     ${3:+--data "$3"} "$ORDER_URL$2") || out=000
   code=$out
   body=$(cat "$tmp/body" 2>/dev/null || true)
+  remember_token
+}
+# remember_token: the order_token of the 201 in $code/$body
+remember_token() {
+  local id tok
+  [[ $code == 201 ]] || return 0
+  read -r id tok < <(python3 -c 'import json,sys; d=json.loads(sys.argv[1]); print(d.get("order_id", ""), d.get("order_token", ""))' "$body" 2>/dev/null) || true
+  [[ -z ${id:-} || -z ${tok:-} ]] || order_tokens[$id]=$tok
 }
 jfield() { python3 -c 'import json,sys; d=json.loads(sys.argv[1]); print(d.get(sys.argv[2], ""))' "$1" "$2"; }
 
@@ -164,8 +179,17 @@ check "unknown path: 404 ($code)" test "$code" = 404
 http POST /orders '{"activity":'"$act"',"ticket_type":1,"user":7001,"qty":2}'
 check "order: 201 ($code $body)" test "$code" = 201
 o1=$(jfield "$body" order_id)
+check "the 201 hands out the buyer's order_token" test -n "${order_tokens[$o1]:-}"
 http GET "/orders/$o1"
 check "GET order: 200 UNPAID ($code)" test "$code" = 200 -a "$(jfield "$body" status)" = UNPAID
+# the buyer's proof (security review, finding 4): without the order's
+# token, or with another order's, nobody reads, pays or cancels it
+as_token=none http GET "/orders/$o1"
+check "GET without the order's token: 401 ($code)" test "$code" = 401
+as_token=none http POST "/orders/$o1/pay"
+check "pay without the order's token: 401 ($code $body)" test "$code" = 401
+as_token=0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef http POST "/orders/$o1/cancel"
+check "cancel with a made-up token: 403 ($code $body)" test "$code" = 403
 http POST /orders '{"activity":'"$act"',"ticket_type":1,"user":7001,"qty":2}'
 check "over the limit: 409 over_limit ($code $body)" test "$code" = 409 -a "$(jfield "$body" reason)" = over_limit
 http POST "/orders/$o1/pay"
@@ -178,6 +202,10 @@ check "cancel a paid order: 409 ($code)" test "$code" = 409
 http POST /orders '{"activity":'"$act"',"ticket_type":1,"user":7002,"qty":1}'
 check "second order: 201 ($code)" test "$code" = 201
 o2=$(jfield "$body" order_id)
+as_token=${order_tokens[$o1]} http POST "/orders/$o2/cancel"
+check "a foreign cancel (user 7001's token on user 7002's order): 403 ($code $body)" test "$code" = 403
+check "  and the order is still UNPAID" \
+  test "$(psql -X -q -A -t -d "$ORDERS_PG_URL" -c "SELECT status FROM trade_order WHERE order_id = $o2")" = UNPAID
 http POST "/orders/$o2/cancel"
 check "cancel: 200 CANCELLED ($code $body)" test "$code" = 200 -a "$(jfield "$body" status)" = CANCELLED
 http POST "/orders/$o2/cancel"
@@ -249,6 +277,7 @@ kpost() {
   code=$out
   body=$(cat "$tmp/body" 2>/dev/null || true)
   replayed=$(awk -F': *' 'tolower($1) == "idempotent-replayed" {print $2}' "$tmp/hdrs" | tr -d '\r')
+  remember_token
 }
 orders_of() { # USER [KEY]: orders of that user in activity $ia (with that key)
   psql -X -q -A -t -d "$ORDERS_PG_URL" -c "SELECT count(*) FROM trade_order WHERE activity_id = $ia
