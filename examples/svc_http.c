@@ -28,6 +28,7 @@
 #include <microhttpd.h>
 
 #include "svc_common.h"
+#include "txc_httpguard.h"
 
 /* ------------------------------------------------------------- server */
 
@@ -59,8 +60,15 @@ typedef struct req_ctx {
   struct req_ctx *next; /* work queue */
 } req_ctx_t;
 
+/* Connections at once, and how long a request may take to arrive (from
+ * connect, or the last answer on a kept-alive connection): a stranger
+ * dribbling its headers is cut then (txc_httpguard.h). */
+#define SVC_HTTP_CONNECTIONS 4000
+#define SVC_HTTP_REQUEST_DEADLINE_MS 10000
+
 struct svc_http {
   struct MHD_Daemon *d;
+  txc_httpguard_t *guard;
   svc_handler_fn fn;
   void *arg;
   int port;
@@ -228,6 +236,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     return MHD_YES;
   }
   if (rc->state != REQ_READING) return MHD_YES; /* queued: not resumed yet */
+  txc_httpguard_received(h->guard, conn);
   if (rc->too_big) {
     svc_resp_error(&rc->resp, 413, "body_too_large", "request bodies are limited to 16384 bytes");
     return send_json(conn, &rc->resp);
@@ -257,9 +266,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                          enum MHD_RequestTerminationCode toe) {
-  (void)cls;
-  (void)conn;
   (void)toe;
+  txc_httpguard_completed(((svc_http_t *)cls)->guard, conn);
   req_ctx_t *rc = *con_cls;
   if (rc) {
     json_decref(rc->resp.body);
@@ -341,11 +349,17 @@ svc_http_t *svc_http_start(const char *listen, unsigned io_threads, unsigned wor
     h->nworkers++;
   }
   unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_ERROR_LOG | MHD_ALLOW_SUSPEND_RESUME;
+  h->guard = txc_httpguard_new(SVC_HTTP_CONNECTIONS, SVC_HTTP_REQUEST_DEADLINE_MS);
+  if (!h->guard) {
+    snprintf(err, errlen, "out of memory");
+    goto fail;
+  }
   h->d = MHD_start_daemon(flags, 0, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
                           MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&sa, MHD_OPTION_THREAD_POOL_SIZE, io_threads,
-                          MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)60, MHD_OPTION_CONNECTION_LIMIT, (unsigned)4000,
-                          MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024, MHD_OPTION_NOTIFY_COMPLETED,
-                          on_completed, NULL, MHD_OPTION_END);
+                          MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)60, MHD_OPTION_CONNECTION_LIMIT,
+                          (unsigned)SVC_HTTP_CONNECTIONS, MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024,
+                          MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_NOTIFY_CONNECTION,
+                          txc_httpguard_notify, h->guard, MHD_OPTION_END);
   if (!h->d) {
     snprintf(err, errlen, "could not listen on \"%s\" (address in use or not local?)", listen);
     goto fail;
@@ -360,6 +374,7 @@ fail:
   pthread_cond_broadcast(&h->cv);
   pthread_mutex_unlock(&h->mu);
   for (int i = 0; i < h->nworkers; i++) pthread_join(h->workers[i], NULL);
+  txc_httpguard_free(h->guard);
   free(h->workers);
   pthread_mutex_destroy(&h->mu);
   pthread_cond_destroy(&h->cv);
@@ -380,6 +395,7 @@ void svc_http_stop(svc_http_t *h) {
   pthread_mutex_unlock(&h->mu);
   for (int i = 0; i < h->nworkers; i++) pthread_join(h->workers[i], NULL);
   MHD_stop_daemon(h->d);
+  txc_httpguard_free(h->guard);
   if (ls != MHD_INVALID_SOCKET) close(ls);
   free(h->workers);
   pthread_mutex_destroy(&h->mu);

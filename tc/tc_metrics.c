@@ -33,6 +33,7 @@
 #include "tc_stats.h"
 #include "tc_recovery.h"
 #include "tc_server.h"
+#include "txc_httpguard.h"
 
 #ifndef TC_SCHEMA_VERSIONS
 #define TC_SCHEMA_VERSIONS "1,2"
@@ -56,6 +57,7 @@ typedef struct snap {
 struct tc_metrics {
   tc_ctx_t *ctx;
   struct MHD_Daemon *mhd;
+  txc_httpguard_t *guard; /* the total deadline of a request's arrival */
   int port;
   uv_timer_t tick;
   uint64_t last_probe_ns;
@@ -428,6 +430,7 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const cha
   if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
     return respond_text(conn, MHD_HTTP_METHOD_NOT_ALLOWED, "method %s not allowed: use GET\n", method);
   if (*upload_size) return respond_text(conn, MHD_HTTP_BAD_REQUEST, "unexpected request body\n");
+  txc_httpguard_received(m->guard, conn);
   snap_t *s = malloc(sizeof(*s));
   if (!s) return MHD_NO;
   pthread_mutex_lock(&m->mu);
@@ -438,6 +441,9 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const cha
   if (strcmp(url, "/metrics") == 0) {
     sbuf_t b = {0};
     format_metrics(s, now, &b);
+    counter(&b, "txc_metrics_requests_cut_total",
+            "Requests to this listener cut at the deadline (METRICS_REQUEST_DEADLINE_MS) before they had arrived.",
+            txc_httpguard_cut(m->guard));
     if (b.failed) {
       free(b.p);
       ret = MHD_NO;
@@ -483,6 +489,13 @@ __attribute__((format(printf, 2, 0))) static void mhd_log(void *arg, const char 
 #define METRICS_CONNECTIONS 256 /* below FD_SETSIZE: MHD's internal thread may use select() */
 #define METRICS_PER_ADDRESS 8
 #define METRICS_IDLE_S 5
+#define METRICS_REQUEST_DEADLINE_MS 5000 /* from connect (or the last answer) to the whole request */
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls, enum MHD_RequestTerminationCode toe) {
+  (void)con_cls;
+  (void)toe;
+  txc_httpguard_completed(((tc_metrics_t *)cls)->guard, conn);
+}
 
 int tc_metrics_start(tc_ctx_t *ctx, tc_metrics_t **out, char *err, size_t errlen) {
   *out = NULL;
@@ -523,15 +536,22 @@ int tc_metrics_start(tc_ctx_t *ctx, tc_metrics_t **out, char *err, size_t errlen
   /* Probes must get through while strangers dribble headers (security
    * review, finding 5): one address holds at most METRICS_PER_ADDRESS
    * connections, all of them METRICS_CONNECTIONS, and a connection silent
-   * for METRICS_IDLE_S is closed.  64 slow sockets from one address then
-   * leave room for the probes of every other address. */
-  m->mhd = MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_http, m, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
-                            NULL, MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT,
-                            (unsigned)METRICS_CONNECTIONS, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
-                            (unsigned)METRICS_PER_ADDRESS, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)METRICS_IDLE_S,
-                            MHD_OPTION_END);
+   * for METRICS_IDLE_S is closed, and one whose request has not fully
+   * arrived METRICS_REQUEST_DEADLINE_MS after it opened (or its last
+   * answer) is cut (txc_httpguard.h).  64 slow sockets from one address
+   * then leave room for the probes of every other address, and slow
+   * sockets from many addresses are gone within the deadline. */
+  m->guard = txc_httpguard_new(METRICS_CONNECTIONS, METRICS_REQUEST_DEADLINE_MS);
+  m->mhd = !m->guard ? NULL
+                     : MHD_start_daemon(flags, (uint16_t)port, NULL, NULL, on_http, m, MHD_OPTION_EXTERNAL_LOGGER,
+                                        mhd_log, NULL, MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_CONNECTION_LIMIT,
+                                        (unsigned)METRICS_CONNECTIONS, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                                        (unsigned)METRICS_PER_ADDRESS, MHD_OPTION_CONNECTION_TIMEOUT,
+                                        (unsigned)METRICS_IDLE_S, MHD_OPTION_NOTIFY_CONNECTION, txc_httpguard_notify,
+                                        m->guard, MHD_OPTION_NOTIFY_COMPLETED, on_completed, m, MHD_OPTION_END);
   freeaddrinfo(ai);
   if (!m->mhd) {
+    txc_httpguard_free(m->guard);
     snprintf(err, errlen, "could not listen for metrics on \"%s\" (address in use or not local?)",
              ctx->cfg->metrics_listen);
     pthread_mutex_destroy(&m->mu);
@@ -568,6 +588,8 @@ void tc_metrics_close(tc_metrics_t *m, void (*done)(void *), void *arg) {
   /* Joins the HTTP thread: no handler runs after this. */
   MHD_stop_daemon(m->mhd);
   m->mhd = NULL;
+  txc_httpguard_free(m->guard);
+  m->guard = NULL;
   m->close_parts = 1 + (m->probing ? 1 : 0);
   uv_close((uv_handle_t *)&m->tick, on_tick_closed);
 }

@@ -10,7 +10,9 @@
 # slowloris that never trips an idle timeout); meanwhile a probe from
 # another address (127.0.0.2) asks /healthz every second: every probe must
 # get 200 within 2 s.  And one address gets at most its share of the
-# connections: of the 64 slow ones, most were refused.
+# connections: of the 64 slow ones, most were refused.  Then 64 strangers
+# from 64 addresses dribble the same way: the total deadline of a
+# request's arrival cuts each within seconds, the probes answer meanwhile.
 set -euo pipefail
 
 bin=${TX_BIN_DIR:?TX_BIN_DIR not set}
@@ -116,5 +118,57 @@ if alive > 8:
     ok = False
 else:
     print("ok - one address kept at most its share (%d)" % alive)
+for s in slow:
+    s.close()
+
+# Phase 2: 64 strangers from 64 addresses (the per-address cap does not
+# stop them), each sending a header byte every second, so that the idle
+# timeout never fires: the total deadline of a request's arrival (5 s
+# from connect) cuts every one, and the probes answer meanwhile.
+many = []
+for i in range(64):
+    s = socket.socket()
+    s.settimeout(2)
+    try:
+        s.bind(("127.0.1.%d" % (i + 1), 0))
+        s.connect(("127.0.0.1", port))
+        s.sendall(b"GET /healthz HTTP/1.1\r\n")
+        many.append((s, time.monotonic()))
+    except OSError as e:
+        print("FAILED - stranger %d could not connect: %s" % (i, e))
+        ok = False
+cut_after = []
+results = []
+t_end = time.monotonic() + 10
+while many and time.monotonic() < t_end:
+    for s, t0 in list(many):
+        try:
+            s.sendall(b"X")
+            s.setblocking(False)
+            try:
+                if s.recv(64) == b"":
+                    raise ConnectionResetError("closed")
+            except BlockingIOError:
+                pass
+            finally:
+                s.setblocking(True)
+                s.settimeout(2)
+        except OSError:
+            cut_after.append(time.monotonic() - t0)
+            many.remove((s, t0))
+            s.close()
+    results.append(probe("127.0.0.2"))
+    time.sleep(1)
+bad = [r for r in results if not (" 200 " in r[0] or " 503 " in r[0]) or r[1] > 2]
+if many or bad:
+    print("FAILED - of 64 strangers from 64 addresses %d still connected after 10 s; probes failed: %s"
+          % (len(many), bad[:3]))
+    ok = False
+else:
+    print("ok - 64 strangers from 64 addresses cut after %.1f-%.1f s (deadline 5 s); %d probes answered"
+          % (min(cut_after), max(cut_after), len(results)))
+    if max(cut_after) > 8:
+        print("FAILED - a stranger lasted %.1f s (deadline 5 s)" % max(cut_after))
+        ok = False
 sys.exit(0 if ok else 1)
 PY
