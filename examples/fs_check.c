@@ -496,6 +496,36 @@ static void check_keys(fs_check_t *c, const char *activity, const fs_client_view
             keys, n, multi);
 }
 
+/* within_user_limit: no user holds more than the activity's per-user
+ * limit, in the orders (UNPAID and PAID) nor in the stock (freezes not
+ * RELEASED).  PostgreSQL enforces it whatever Redis said (a master that
+ * lost its last second of writes forgets what a user bought; sql/stock/005):
+ * this checks that it did. */
+static void check_user_limit(fs_check_t *c, const char *activity, long long limit, fs_result_t *res) {
+  bool ok = true;
+  char lim[24];
+  snprintf(lim, sizeof(lim), "%lld", limit);
+  const char *po[2] = {activity, lim}, *ps[1] = {activity};
+  long long o_over = q_ll(c->orders,
+                          "SELECT count(*) FROM (SELECT user_id FROM trade_order WHERE activity_id = $1"
+                          " AND status IN ('UNPAID', 'PAID') GROUP BY user_id HAVING sum(qty) > $2::bigint) x",
+                          2, po, &ok);
+  long long f_over = q_ll(c->stock,
+                          "SELECT count(*) FROM (SELECT f.user_id FROM stock_freeze f JOIN activity a"
+                          " USING (activity_id) WHERE f.activity_id = $1 AND f.state <> 'RELEASED'"
+                          " GROUP BY f.user_id, a.per_user_limit HAVING sum(f.qty) > a.per_user_limit) x",
+                          1, ps, &ok);
+  if (!ok)
+    inv_set(res, "within_user_limit", FS_FAILED, "could not count the users over the limit");
+  else if (o_over || f_over)
+    inv_set(res, "within_user_limit", FS_FAILED,
+            "users over the per-user limit of %lld: %lld in the orders, %lld in the stock freezes", limit, o_over,
+            f_over);
+  else
+    inv_set(res, "within_user_limit", FS_HOLDS,
+            "no user holds more than %lld tickets (orders UNPAID or PAID, freezes not RELEASED)", limit);
+}
+
 #define MAXB 10000
 
 void fs_check_run(fs_check_t *c, const fs_activity_t *a, const fs_client_view_t *view, int settle_s,
@@ -721,6 +751,7 @@ void fs_check_run(fs_check_t *c, const fs_activity_t *a, const fs_client_view_t 
     inv_set(res, "client_view", FS_HOLDS, "all %zu accepted orders exist, all %zu paid ones are PAID",
             view->naccepted, view->npaid);
   check_keys(c, sid, view, res);
+  check_user_limit(c, sid, a->limit, res);
 
   /* Global transactions */
   ok = true;

@@ -19,6 +19,9 @@
  *                         PostgreSQL; every Idempotency-Key the client
  *                         saw answered 201 more than once got the same
  *                         order each time, and that order holds the key
+ *     within_user_limit   no user holds more than the activity's
+ *                         per-user limit: in the orders (UNPAID, PAID)
+ *                         nor in the stock freezes (not RELEASED)
  *     globals_finished    every global transaction of the run ended
  *                         Committed or Rolled back
  *     no_leftover_locks   no global lock and no pending undo_log row left
@@ -96,7 +99,7 @@ typedef struct fs_invariant {
   char detail[256];
 } fs_invariant_t;
 
-#define FS_MAX_INV 12
+#define FS_MAX_INV 16
 
 typedef struct fs_result {
   long long stock, sold, frozen, available;

@@ -775,9 +775,10 @@ static void place_order(order_svc_t *s, order_t *o, int64_t deadline_ms, int64_t
       /* rolled back (e.g. timed out): release below */
       goto released;
     }
-    if (st == 409 && strcmp(reason, "sold_out") == 0) {
+    if (st == 409 && (strcmp(reason, "sold_out") == 0 || strcmp(reason, "over_limit") == 0)) {
+      /* PostgreSQL's refusal where Redis let the order through */
       http_status = 409;
-      answer_reason = "sold_out";
+      answer_reason = strcmp(reason, "sold_out") == 0 ? "sold_out" : "over_limit";
     }
   }
   {
@@ -800,10 +801,12 @@ released:
    * idempotency key (Redis lost the mark, or was down)?  Answer with it. */
   if (rc != 0 && o->idem_key && answer_key_taken(s, o, resp)) return;
   if (http_status == 409) {
-    /* PostgreSQL said sold out where Redis still had stock: Redis is
-     * behind (reconciliation will align it).  The client sees a refusal. */
-    SVC_LOG(SVC_LOG_DEBUG, json_pack("{s:s,s:I}", "xid", o->xid, "bucket", (json_int_t)o->bucket),
-            "bucket sold out in PostgreSQL although the prefilter let the order through");
+    /* PostgreSQL said sold out (or over the user's limit) where Redis let
+     * the order through: Redis is behind (reconciliation will align it).
+     * The client sees a refusal. */
+    SVC_LOG(SVC_LOG_DEBUG, json_pack("{s:s,s:I,s:s}", "xid", o->xid, "bucket", (json_int_t)o->bucket, "reason",
+                                     answer_reason),
+            "PostgreSQL refused what the prefilter let through");
     svc_resp_json(resp, 409, json_pack("{s:s,s:s}", "error", "rejected", "reason", answer_reason));
     return;
   }

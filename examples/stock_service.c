@@ -588,7 +588,13 @@ fail:
   default:
     break;
   }
-  SVC_LOG(status == 409 && rc == RM_E_GUARD ? SVC_LOG_DEBUG : SVC_LOG_WARN,
+  if (status == 503 && kind == OP_FREEZE && strstr(err, "over_limit: ")) {
+    /* stock_freeze's insert trigger (sql/stock/005): the user's limit,
+     * PostgreSQL's word whatever Redis let through */
+    status = 409;
+    reason = "over_limit";
+  }
+  SVC_LOG(status == 409 && (rc == RM_E_GUARD || strcmp(reason, "over_limit") == 0) ? SVC_LOG_DEBUG : SVC_LOG_WARN,
           json_pack("{s:s,s:I,s:I,s:s}", "xid", xid_log, "order_id", (json_int_t)op.order_id, "bucket",
                     (json_int_t)op.bucket, "reason", reason),
           "could not %s stock: %s", op_names[kind], err);
