@@ -136,8 +136,10 @@ typedef enum { RM_NODE_HOME = 0, RM_NODE_ROUND_ROBIN = 1 } rm_node_choice_t;
 typedef struct rm_client rm_client_t;
 
 /* Start the client (background thread, connections).  Does not wait for
- * the connections: calls made before a node is reachable wait up to their
- * deadline.  Returns 0 or RM_E_INVALID / RM_E_NOMEM. */
+ * the connections: a call made while no node is registered waits for one
+ * up to the connect timeout (or its deadline, if earlier), then ends with
+ * RM_E_NO_NODE; under degrade detection, at once when the client switches
+ * to local mode.  Returns 0 or RM_E_INVALID / RM_E_NOMEM. */
 RM_API int rm_client_new(const rm_config_t *cfg, rm_client_t **out);
 /* Stop the thread and close everything.  Calls still waiting fail with
  * RM_E_CONN_LOST (or RM_E_UNKNOWN_OUTCOME if sent), callbacks of pending
@@ -613,7 +615,11 @@ RM_API int rm_prefilter_script_sha(rm_prefilter_t *pf, const char *name, char *s
  *   consecutive failed probes switch the client to local mode;
  *   'recover_threshold' consecutive answered probes switch it back.  A
  *   call of the TM/RM API that ends with RM_E_NO_NODE makes the next probe
- *   start at once.  Each switch is logged (warning) and counted.
+ *   start at once (at most 4 a second), and with no node registered a
+ *   probe fails at once: with every coordinator gone the client switches
+ *   within about fail_threshold * probe_interval_ms (2-3 s by default), and
+ *   the calls that still wait for a node then end with RM_E_NO_NODE.  Each
+ *   switch is logged (warning) and counted.
  *
  *   Forcing: rm_client_force_mode(c, RM_MODE_LOCAL or RM_MODE_GLOBAL)
  *   overrides detection (which keeps probing), RM_MODE_AUTO gives the

@@ -744,6 +744,16 @@ static void test_degrade_and_recover(void **state) {
 
   double t0 = now_ms();
   tcds_kill();
+  /* A begin made as they die waits for a node at most the connect timeout
+   * (500 ms here), never its own 10 s deadline: RM_E_NO_NODE, and the TM
+   * takes the local path. */
+  char xid0[RM_XID_MAX];
+  double tb = now_ms();
+  int brc = rm_tm_begin(c, 10000, NULL, xid0);
+  double b_ms = now_ms() - tb;
+  print_message("  a begin as every node died: %s after %.0f ms\n", rm_strerror(brc), b_ms);
+  assert_int_equal(brc, RM_E_NO_NODE);
+  assert_true(b_ms < 2000);
   wait_mode(c, RM_MODE_LOCAL, 10000);
   double t_local = now_ms() - t0;
   rm_client_degrade_stats(c, &st);
@@ -751,6 +761,11 @@ static void test_degrade_and_recover(void **state) {
   assert_true(st.fail_streak >= 2);
   char xid[RM_XID_MAX];
   assert_int_equal(rm_tm_begin(c, 0, NULL, xid), RM_E_NO_NODE);
+  print_message("  local after %.0f ms without nodes\n", t_local);
+  /* Every node gone: local mode within the fail threshold's probe
+   * intervals (2 x 100 ms here), not after probes that each wait for a
+   * node (2 x 500 ms and more); a bound loose enough for a busy machine. */
+  assert_true(t_local < 1000);
 
   t0 = now_ms();
   tcds_start();

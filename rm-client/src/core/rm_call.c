@@ -10,7 +10,10 @@
  *        precedes the last ':' of the xid) when it is registered, else the
  *        client's home node or the next registered one after it (or the
  *        next round-robin: rm_config_t.node_choice).  None -> WAITING (in
- *        'waitq') until one registers or the deadline passes.
+ *        'waitq') until one registers, or for at most the connect timeout
+ *        (then RM_E_NO_NODE; the deadline for a call that may have reached
+ *        a node already), or until detection switches the client to
+ *        local mode (rm__calls_fail_waiting).
  *     3. SENT: encoded on that node's connection, in the id table and on
  *        the node's 'sent' list.  The answer completes it, except:
  *          - TXP_ESTORE (idempotent calls only), TXP_EBUSY, TXP_ESHUTDOWN,
@@ -320,6 +323,28 @@ static void dispatch(rm_client_t *c, rm_call_t *k) {
   }
   k->state = RM_CALL_WAITING;
   rm__call_list_push(&c->waitq, k);
+  /* No call waits longer than the connect timeout for a node to appear
+   * (the seed's 3 s): past it, RM_E_NO_NODE, so that a TM switches to
+   * local mode instead of holding its request to the deadline.  A call
+   * that may have reached a node waits to its deadline: its outcome is
+   * open until a node answers. */
+  uint64_t cap = rm__mono_ms() + c->cfg.connect_timeout_ms;
+  if (!k->maybe_done && cap < k->deadline_ms) heap_update(c, k, cap);
+}
+
+void rm__calls_fail_waiting(rm_client_t *c) {
+  rm_call_list_t q = c->waitq, keep = {0};
+  c->waitq.head = c->waitq.tail = NULL;
+  rm_call_t *k;
+  while ((k = rm__call_list_pop(&q))) {
+    if (k->maybe_done) {
+      rm__call_list_push(&keep, k);
+      continue;
+    }
+    rm__call_complete(c, k, unanswered_code(c, k));
+  }
+  c->waitq = keep;
+  rm__call_arm_timer(c);
 }
 
 /* A retryable refusal: try again after a short backoff (within the
@@ -390,6 +415,7 @@ static void on_answer(rm_client_t *c, rm_conn_t *conn, rm_call_t *k, const txp_m
 static void on_conn_ready(rm_conn_t *conn, void *arg) {
   rm_client_t *c = arg;
   atomic_fetch_add(&c->nodes_up, 1);
+  c->ever_up = true;
   /* Everything that waited for a node goes now, in arrival order. */
   rm_call_list_t q = c->waitq;
   c->waitq.head = c->waitq.tail = NULL;
@@ -485,6 +511,9 @@ static void on_timer(uv_timer_t *t) {
   for (rm_call_t *k; (k = heap_first(c)) != NULL && k->hnode.key <= now;) {
     if (now >= k->deadline_ms) {
       expire(c, k);
+    } else if (k->state == RM_CALL_WAITING) { /* waited the connect timeout for a node */
+      list_remove(&c->waitq, k);
+      rm__call_complete(c, k, unanswered_code(c, k));
     } else { /* a backoff ended */
       heap_update(c, k, k->deadline_ms);
       k->state = RM_CALL_NEW;

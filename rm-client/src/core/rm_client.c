@@ -195,6 +195,7 @@ int rm_client_new(const rm_config_t *cfg, rm_client_t **out) {
   rm_client_t *c = calloc(1, sizeof(*c));
   if (!c) return RM_E_NOMEM;
   c->cfg = *cfg;
+  c->created_ms = rm__mono_ms();
   if (!c->cfg.connect_timeout_ms) c->cfg.connect_timeout_ms = RM_DEFAULT_CONNECT_TIMEOUT_MS;
   if (!c->cfg.request_timeout_ms) c->cfg.request_timeout_ms = RM_DEFAULT_REQUEST_TIMEOUT_MS;
   if (!c->cfg.heartbeat_ms) c->cfg.heartbeat_ms = RM_DEFAULT_HEARTBEAT_MS;

@@ -151,6 +151,9 @@ struct rm_client {
   rm_degrade_opts_t dg;
   bool dg_enabled;
   bool probe_inflight;
+  uint64_t probe_last_ms; /* when the last probe started (rm__mono_ms) */
+  uint64_t created_ms;    /* rm_client_new (rm__mono_ms) */
+  bool ever_up;           /* a node has been registered once (loop thread) */
   uv_timer_t probe_timer;
   /* Any thread: */
   uv_mutex_t mode_mu; /* serializes changes of 'mode' */
@@ -207,6 +210,9 @@ void rm__call_arm_timer(rm_client_t *c);
 /* The client is stopping: complete every call (RM_E_UNKNOWN_OUTCOME when
  * it may have reached a coordinator, else RM_E_CONN_LOST). */
 void rm__calls_abort(rm_client_t *c);
+/* Detection switched to local mode: complete every call waiting for a node
+ * (RM_E_NO_NODE) but those that may have reached one.  Loop thread. */
+void rm__calls_fail_waiting(rm_client_t *c);
 /* What each connection tells the calls: ready, down (failover), frames. */
 extern const rm_conn_cbs_t rm__call_conn_cbs;
 

@@ -12,7 +12,12 @@
  *   read is the forced one if any, else the detected one.  It is published
  *   in atomics (read from any thread without locking); changes of it are
  *   made under 'mode_mu' (so each switch is counted once) and logged after.
- *   A call that ends with RM_E_NO_NODE starts the next probe at once.
+ *   A call that ends with RM_E_NO_NODE starts the next probe at once (at
+ *   most one every RM_DEGRADE_MIN_GAP_MS).  With no node registered a
+ *   probe fails at once, without waiting for one; calls then wait for a
+ *   node at most the connect timeout, and a switch to local mode fails
+ *   those still waiting (rm__calls_fail_waiting): no order is held longer
+ *   than the connect timeout for want of a coordinator.
  */
 #include <stdio.h>
 #include <string.h>
@@ -24,6 +29,7 @@
 #define RM_DEGRADE_FAILS 3u
 #define RM_DEGRADE_RECOVERS 3u
 #define RM_DEGRADE_INTERVAL_MS 1000u
+#define RM_DEGRADE_MIN_GAP_MS 250u /* between probes that calls without a node ask for */
 #define RM_DEGRADE_MAX_THRESHOLD 1000u
 #define RM_DEGRADE_MAX_MS 3600000u
 
@@ -58,7 +64,10 @@ static void probe_schedule(rm_client_t *c, uint64_t delay_ms) {
  * a call failed for want of a node (so that a burst of failures is
  * noticed within one probe timeout).  The core calls it through
  * c->probe_soon (rm__probe_soon, rm_core.h). */
-static void probe_now(rm_client_t *c) { probe_schedule(c, 0); }
+static void probe_now(rm_client_t *c) {
+  uint64_t now = rm__mono_ms(), next = c->probe_last_ms + RM_DEGRADE_MIN_GAP_MS;
+  probe_schedule(c, next > now ? next - now : 0);
+}
 
 static void on_probe_done(int code, const char *xid, int status, void *arg) {
   rm_client_t *c = arg;
@@ -88,6 +97,9 @@ static void on_probe_done(int code, const char *xid, int status, void *arg) {
       snprintf(why, sizeof(why), "no coordinator answered %u consecutive probes within %u ms (last: %s)", n,
                c->dg.probe_timeout_ms, rm_strerror(code));
       mode_update(c, why);
+      /* what waits for a node now would wait in vain: its callers take
+       * the local path at once */
+      if (atomic_load(&c->mode) == RM_MODE_LOCAL) rm__calls_fail_waiting(c);
     }
   }
   probe_schedule(c, c->dg.probe_interval_ms);
@@ -97,6 +109,17 @@ static void on_probe_done(int code, const char *xid, int status, void *arg) {
 static void on_probe_timer(uv_timer_t *t) {
   rm_client_t *c = t->data;
   if (c->stopping || !c->dg_enabled || c->probe_inflight) return;
+  c->probe_last_ms = rm__mono_ms();
+  if (atomic_load(&c->nodes_up) == 0 &&
+      (c->ever_up || c->probe_last_ms >= c->created_ms + c->cfg.connect_timeout_ms)) {
+    /* No node is registered (and this is not a client still making its
+     * first connections): the probe fails now rather than after waiting
+     * for one, so that a client with every coordinator gone switches
+     * within about fail_threshold probe intervals, the seed's 3 s. */
+    c->probe_inflight = true;
+    on_probe_done(RM_E_NO_NODE, NULL, 0, c);
+    return;
+  }
   rm_call_t *k = rm__call_new(TXP_MSG_GLOBAL_STATUS, true, c->dg.probe_timeout_ms);
   if (!k) {
     probe_schedule(c, c->dg.probe_interval_ms);
