@@ -213,10 +213,15 @@ static void on_beat(int status, const PGresult *r, const char *err, void *arg) {
   }
   cl->stats.heartbeats++;
   cl->last_beat_ok_ms = uv_now(cl->loop);
+  int ids[1024];
+  size_t n = 0;
   for (int i = 0; i < PQntuples(r) && !cl->closing; i++) {
-    if (cl->o.on_peer && !PQgetisnull(r, i, 1))
-      cl->o.on_peer(atoi(PQgetvalue(r, i, 0)), PQgetvalue(r, i, 1), cl->o.arg);
+    if (PQgetisnull(r, i, 1)) continue;
+    int id = atoi(PQgetvalue(r, i, 0));
+    if (n < sizeof(ids) / sizeof(ids[0])) ids[n++] = id;
+    if (cl->o.on_peer) cl->o.on_peer(id, PQgetvalue(r, i, 1), cl->o.arg);
   }
+  if (cl->o.on_members && !cl->closing) cl->o.on_members(ids, n, cl->o.arg);
 }
 
 static void send_beat(tc_cluster_t *cl) {

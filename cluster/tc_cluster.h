@@ -39,6 +39,7 @@
 #define TC_CLUSTER_H
 
 #include <libpq-fe.h>
+#include <stddef.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <uv.h>
@@ -67,6 +68,10 @@ typedef struct tc_cluster_opts {
   void (*on_lost)(const char *err, void *arg);
   /* A live peer with a bus address (from every heartbeat); may be NULL. */
   void (*on_peer)(int node_id, const char *bus_address, void *arg);
+  /* After each heartbeat written: the node ids of every live peer with a
+   * bus address ('ids' borrowed, 'n' of them); may be NULL.  What the bus
+   * takes as the current members. */
+  void (*on_members)(const int *ids, size_t n, void *arg);
   /* Whether this node leads now (written with the heartbeat); may be NULL. */
   bool (*is_leader)(void *arg);
   /* Log lines (level: 0 error, 1 warn, 2 info, 3 debug); may be NULL. */
