@@ -119,6 +119,7 @@ struct tc_bus {
   tc_bus_replay_t replay;
   uint64_t seq;                                 /* last sequence number sent */
   uint8_t member[(MAX_NODE_ID + 1 + 7) / 8];    /* bit per node id: current members */
+  bool members_known;                           /* tc_bus_set_members was called */
   unsigned log_interval_ms;
   uint64_t last_log_ms[MAX_NODE_ID + 1];        /* per claimed sender (0: unparsable) */
   uint32_t unlogged[MAX_NODE_ID + 1];
@@ -584,6 +585,13 @@ static void handle(tc_bus_t *bus, const void *buf, size_t len) {
   }
   if (hd.from == bus->node_id) return; /* ours: a misconfigured peer list */
   if (!is_member(bus, hd.from)) {
+    /* Before the first membership heartbeat everyone is a stranger: count
+     * those, but do not log them (the peers' first hellos, every start). */
+    if (!bus->members_known) {
+      bus->stats.rejected[TC_BUS_REJECT_NOT_MEMBER]++;
+      bus->stats.bad_messages++;
+      return;
+    }
     reject(bus, TC_BUS_REJECT_NOT_MEMBER, hd.from, "%s from a node id that is not a live member in the node table",
            tc_bus_kind_name(hd.kind));
     return;
@@ -801,6 +809,7 @@ int tc_bus_set_keys(tc_bus_t *bus, const tc_bus_keys_t *keys) {
 
 void tc_bus_set_members(tc_bus_t *bus, const int *ids, size_t n) {
   if (!bus) return;
+  bus->members_known = true;
   memset(bus->member, 0, sizeof(bus->member));
   for (size_t i = 0; i < n; i++)
     if (ids[i] >= 1 && ids[i] <= MAX_NODE_ID) bus->member[ids[i] / 8] |= (uint8_t)(1u << (ids[i] % 8));
