@@ -214,14 +214,16 @@ static bool is_member(const tc_bus_t *bus, unsigned id) {
 
 /* ----------------------------------------------------------- heartbeat */
 
-static void send_hello(tc_bus_t *bus) {
-  uint8_t flags = (bus->leader ? TC_BUS_F_LEADER : 0) | (bus->waiting ? TC_BUS_F_WAITERS : 0);
+static void send_hello_flags(tc_bus_t *bus, uint8_t extra) {
+  uint8_t flags = (bus->leader ? TC_BUS_F_LEADER : 0) | (bus->waiting ? TC_BUS_F_WAITERS : 0) | extra;
   txp_buf_reset(&bus->out);
   if (tc_bus_write_hello(&bus->out, (uint16_t)bus->node_id, bus->incarnation, flags, bus->advertise) == 0)
     send_out(bus);
   bus->hello_waiting = bus->waiting;
   bus->last_hello_ms = uv_now(bus->loop);
 }
+
+static void send_hello(tc_bus_t *bus) { send_hello_flags(bus, 0); }
 
 static void on_wcheck(uv_check_t *h) {
   tc_bus_t *bus = h->data;
@@ -264,6 +266,9 @@ static void on_hello(tc_bus_t *bus, const tc_bus_hdr_t *hd) {
     p->up = true;
     if (bus->h.on_peer) bus->h.on_peer(p->node_id, p->advertise, true, bus->h.arg);
     /* A peer that just (re)joined learns about us at once. */
+    send_hello(bus);
+  } else if (hd->flags & TC_BUS_F_ASK) {
+    /* It just took us for a member: it may have dropped our last hello. */
     send_hello(bus);
   }
 }
@@ -587,6 +592,7 @@ static void handle(tc_bus_t *bus, const void *buf, size_t len) {
   if (!is_member(bus, hd.from)) {
     /* Before the first membership heartbeat everyone is a stranger: count
      * those, but do not log them (the peers' first hellos, every start). */
+    if (bus->h.on_stranger) bus->h.on_stranger(hd.from, bus->h.arg);
     if (!bus->members_known) {
       bus->stats.rejected[TC_BUS_REJECT_NOT_MEMBER]++;
       bus->stats.bad_messages++;
@@ -809,10 +815,20 @@ int tc_bus_set_keys(tc_bus_t *bus, const tc_bus_keys_t *keys) {
 
 void tc_bus_set_members(tc_bus_t *bus, const int *ids, size_t n) {
   if (!bus) return;
+  uint8_t old[sizeof(bus->member)];
+  memcpy(old, bus->member, sizeof(old));
   bus->members_known = true;
   memset(bus->member, 0, sizeof(bus->member));
-  for (size_t i = 0; i < n; i++)
-    if (ids[i] >= 1 && ids[i] <= MAX_NODE_ID) bus->member[ids[i] / 8] |= (uint8_t)(1u << (ids[i] % 8));
+  bool grew = false;
+  for (size_t i = 0; i < n; i++) {
+    if (ids[i] < 1 || ids[i] > MAX_NODE_ID || ids[i] == bus->node_id) continue;
+    uint8_t bit = (uint8_t)(1u << (ids[i] % 8));
+    bus->member[ids[i] / 8] |= bit;
+    if (!(old[ids[i] / 8] & bit)) grew = true;
+  }
+  /* New members may have sent hellos that we dropped: greet them and ask
+   * for an answer, rather than wait for their next heartbeat. */
+  if (grew && !bus->closing) send_hello_flags(bus, TC_BUS_F_ASK);
 }
 
 int tc_bus_peers_up(const tc_bus_t *bus) { return bus ? bus->stats.peers_up : 0; }

@@ -72,6 +72,10 @@ typedef struct tc_bus_handlers {
    * RM here serves the resource (the bus answers NO_RM itself). */
   int (*on_forward)(tc_bus_fwd_t *f, const txp_msg_t *req, const char *client_id,
                     unsigned timeout_ms, void *arg);
+  /* A message signed with the secret came from 'node_id', which is not a
+   * member (yet): e.g. a node that just started; the membership may want
+   * to look again soon (tc_cluster_beat_soon).  May be NULL. */
+  void (*on_stranger)(int node_id, void *arg);
   /* A peer appeared on (up) or left (!up) the bus; may be NULL. */
   void (*on_peer)(int node_id, const char *address, bool up, void *arg);
   /* How many lock waiters this node has now (checked once per loop

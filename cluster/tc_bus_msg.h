@@ -27,7 +27,7 @@
  *    32+n   32 mac          crypto_auth of bytes [0, 32+n)
  *
  *   Payloads:
- *     HELLO           u8 len + advertised client address; flags: leader,
+ *     HELLO           u8 len + advertised client address; flags: leader, asks for an answer,
  *                     has lock waiters
  *     RELEASED        u16 count, then count x (u8 len + xid): the global
  *                     locks of these xids were released (or began rolling
@@ -72,6 +72,7 @@ typedef enum tc_bus_kind {
 enum {
   TC_BUS_F_LEADER = 1u << 0,  /* the sender leads the recovery jobs */
   TC_BUS_F_WAITERS = 1u << 1, /* the sender has lock waiters: send it releases */
+  TC_BUS_F_ASK = 1u << 2,     /* the sender just learned new members: answer with a HELLO */
 };
 
 typedef enum tc_bus_outcome {

@@ -37,6 +37,7 @@ struct tc_cluster {
 
   bool busy;
   uint64_t last_beat_sent_ms;
+  bool beat_soon; /* tc_cluster_beat_soon: the next tick beats */
   uint64_t last_beat_ok_ms; /* 0 = never */
 
   bool closing;
@@ -242,9 +243,15 @@ static void step(tc_cluster_t *cl) {
     if (now >= cl->next_claim_ms) send_claim(cl);
   } else if (cl->want_register && !cl->registered) {
     send_register(cl);
-  } else if (cl->registered && now - cl->last_beat_sent_ms >= cl->o.heartbeat_ms) {
+  } else if (cl->registered && (now - cl->last_beat_sent_ms >= cl->o.heartbeat_ms ||
+                                 (cl->beat_soon && now - cl->last_beat_sent_ms >= TICK_MS))) {
+    cl->beat_soon = false;
     send_beat(cl);
   }
+}
+
+void tc_cluster_beat_soon(tc_cluster_t *cl) {
+  if (cl && !cl->closing) cl->beat_soon = true;
 }
 
 static void on_tick(uv_timer_t *t) { step(t->data); }

@@ -99,6 +99,12 @@ void tc_cluster_session_down(tc_cluster_t *cl);
 void tc_cluster_register(tc_cluster_t *cl, const char *address, const char *admin_socket,
                          const char *bus_address);
 
+/* Write the next heartbeat (and read the peers again) at the next tick
+ * rather than after heartbeat_ms: at most one per tick (100 ms).  For the
+ * bus, when a message signed with the secret comes from a node id that is
+ * not (yet) a member: a node that just started. */
+void tc_cluster_beat_soon(tc_cluster_t *cl);
+
 bool tc_cluster_healthy(const tc_cluster_t *cl);
 /* Milliseconds since the last heartbeat was written (UINT64_MAX if never). */
 uint64_t tc_cluster_heartbeat_age_ms(const tc_cluster_t *cl);

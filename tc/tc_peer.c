@@ -110,6 +110,11 @@ static void on_cluster_members(const int *ids, size_t n, void *arg) {
 
 static void bus_log(int level, const char *msg, void *arg) { TC_LOG(level, NULL, "%s", msg); }
 
+static void on_bus_stranger(int node_id, void *arg) {
+  tc_peer_t *p = arg;
+  if (p->cluster) tc_cluster_beat_soon(p->cluster);
+}
+
 static int add_config_peer(int node_id, const char *addr, void *arg) {
   on_cluster_peer(node_id, addr, arg);
   return 0;
@@ -289,6 +294,7 @@ int tc_peer_bus_start(tc_peer_t *p, char *err, size_t errlen) {
   bo.h.on_peer = on_bus_peer;
   bo.h.waiters = bus_waiters;
   bo.h.log = bus_log;
+  bo.h.on_stranger = on_bus_stranger;
   bo.h.arg = p;
   p->bus = tc_bus_new(p->ctx->loop, &bo, err, errlen);
   tc_bus_keys_wipe(&keys);
