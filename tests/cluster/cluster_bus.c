@@ -470,7 +470,22 @@ static void *intruder_main(void *arg) {
     if (n < 0) continue;
     tc_bus_hdr_t h;
     tc_bus_forward_msg_t f;
-    if (tc_bus_parse_header(buf, (size_t)n, &h) == 0) {
+    const uint8_t *u = buf;
+    if (n > 31 && memcmp(u, "TXB1", 4) == 0 && u[4] == TC_BUS_FORWARD && ((u[6] << 8) | u[7]) == intr.tnode) {
+      /* An older tcd's unauthenticated FORWARD (what bus.py read): so that
+       * this check fails against it, as the review's attack did. */
+      uint64_t id = 0;
+      for (int i = 0; i < 8; i++) id = (id << 8) | u[18 + i];
+      size_t at = 30 + u[30] + 1;
+      uint32_t fl = at + 4 <= (size_t)n ? (uint32_t)u[at] << 24 | u[at + 1] << 16 | u[at + 2] << 8 | u[at + 3] : 0;
+      txp_msg_t req;
+      txp_msg_init(&req, TXP_MSG_NONE);
+      if (fl && at + 4 + fl <= (size_t)n && txp_decode_frame((const char *)u + at + 4, fl, NULL, &req) == 0 && req.xid) {
+        forge(s, 0, intr.tnode, id, req.xid, req.branch_id);
+        atomic_fetch_add(&intr.forged, 1);
+      }
+      txp_msg_clear(&req);
+    } else if (tc_bus_parse_header(buf, (size_t)n, &h) == 0) {
       if (h.from == intr.rnode && !captured) {
         captured = malloc((size_t)n);
         memcpy(captured, buf, (size_t)n);
