@@ -332,12 +332,40 @@ static int free_port_static(void) {
   return free_port();
 }
 
+/* The bus of the bench's nodes needs a cluster secret: a random key in a
+ * file of mode 0600 (mkstemp's), removed by stop_tcd. */
+static char bench_secret[PATH_MAX];
+
+static int make_secret(void) {
+  if (bench_secret[0]) return 0;
+  const char *dir = getenv("TMPDIR") && getenv("TMPDIR")[0] ? getenv("TMPDIR") : "/tmp";
+  snprintf(bench_secret, sizeof(bench_secret), "%s/tc-bench-secret.XXXXXX", dir);
+  int fd = mkstemp(bench_secret);
+  unsigned char key[32];
+  FILE *r = fopen("/dev/urandom", "rb");
+  bool ok = fd >= 0 && r && fread(key, 1, sizeof(key), r) == sizeof(key);
+  if (r) fclose(r);
+  char hex[2 * sizeof(key) + 2];
+  for (size_t i = 0; i < sizeof(key); i++) snprintf(hex + 2 * i, 3, "%02x", key[i]);
+  hex[2 * sizeof(key)] = '\n';
+  ok = ok && write(fd, hex, 2 * sizeof(key) + 1) == (ssize_t)(2 * sizeof(key) + 1);
+  if (fd >= 0) close(fd);
+  if (!ok) {
+    fprintf(stderr, "tc-bench: could not write the cluster secret file %s\n", bench_secret);
+    if (fd >= 0) unlink(bench_secret);
+    bench_secret[0] = '\0';
+    return -1;
+  }
+  return 0;
+}
+
 static int start_tcd(opts_t *o, const char *self, int idx) {
   char bin[PATH_MAX];
   snprintf(bin, sizeof(bin), "%s", self);
   char *slash = strrchr(bin, '/');
   if (slash) snprintf(slash + 1, sizeof(bin) - (size_t)(slash + 1 - bin), "tcd");
   else snprintf(bin, sizeof(bin), "tcd");
+  if (o->want_nodes > 1 && !o->no_bus && make_secret() != 0) return -1;
   if (idx == 0) {
     /* Every bus port up front: each node lists all the others as peers. */
     for (int i = 0; i < o->want_nodes; i++) {
@@ -370,6 +398,7 @@ static int start_tcd(opts_t *o, const char *self, int idx) {
       if (o->want_nodes > 1 && !o->no_bus) {
         putenv(bus);
         putenv(peers_env);
+        setenv("TC_CLUSTER_SECRET_FILE", bench_secret, 1);
       }
       if (!getenv("TC_LOG_LEVEL")) setenv("TC_LOG_LEVEL", "warn", 1);
       execl(bin, "tcd", (char *)NULL);
@@ -401,6 +430,8 @@ static void stop_tcd(void) {
     waitpid(tcd_pids[i], NULL, 0);
     tcd_pids[i] = 0;
   }
+  if (bench_secret[0]) unlink(bench_secret);
+  bench_secret[0] = '\0';
 }
 
 /* ----------------------------------------------------------------- main */

@@ -16,6 +16,19 @@
  *   Received messages are handled in arrival order, at most RECV_BURST per
  *   poll callback (the fd stays readable if more wait, so the loop comes
  *   back to them after serving everything else once).
+ *
+ *   What a message must pass before anything reads its payload, in this
+ *   order (tc_bus_auth.h): it parses (header and lengths), its MAC verifies
+ *   with a key of the cluster secret, its sender is a current member (the
+ *   live nodes of the store's node table, from tc_bus_set_members: nobody
+ *   before the first heartbeat), and its sequence and stamp pass the replay
+ *   window.  A message that fails is dropped and counted by reason
+ *   (tc_bus_stats_t.rejected); the first of each (claimed) sender in a
+ *   log interval is logged, the rest only counted.  A FORWARD_RESULT is
+ *   further matched with its pending forward: the forward id (64 random
+ *   bits), a sender the FORWARD went to and that has not answered yet, and
+ *   the xid and branch id it asked about, in the payload and in the RM's
+ *   frame.
  */
 #include "tc_bus.h"
 
@@ -29,6 +42,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <sodium.h>
+
+#include "tc_bus_auth.h"
 #include "tc_bus_msg.h"
 
 #define MAX_PEERS 64
@@ -36,6 +52,7 @@
 #define RECV_BURST 256
 #define RELEASED_BATCH_BYTES (60u * 1024u)
 #define PEER_DEAD_BEATS 3
+#define MAX_NODE_ID 1023
 
 typedef struct peer {
   int node_id;
@@ -48,13 +65,16 @@ typedef struct peer {
 } peer_t;
 
 typedef struct pending {
-  uint64_t id;
+  uint64_t id; /* random, never 0 */
   tc_bus_call_cb cb;
   void *arg;
   uint64_t deadline_ms;
   int expected, no_rm, failed, refused;
   char resource[TXP_MAX_RESOURCE_LEN + 1];
+  char xid[TXP_MAX_XID_LEN + 1]; /* what was asked: answers must match */
+  int64_t branch_id;
   uint16_t result_type;
+  uint16_t asked[MAX_PEERS]; /* the peers up when it was sent; 0 once answered */
   struct pending *next;
 } pending_t;
 
@@ -62,6 +82,8 @@ struct tc_bus_fwd {
   tc_bus_t *bus;
   uint16_t asker;
   uint64_t id;
+  char xid[TXP_MAX_XID_LEN + 1];
+  int64_t branch_id;
 };
 
 struct tc_bus {
@@ -91,8 +113,16 @@ struct tc_bus {
   peer_t peers[MAX_PEERS];
   int npeers;
   pending_t *pending;
-  uint64_t next_id;
   bool leader;
+
+  tc_bus_keys_t keys;
+  tc_bus_replay_t replay;
+  uint64_t seq;                                 /* last sequence number sent */
+  uint8_t member[(MAX_NODE_ID + 1 + 7) / 8];    /* bit per node id: current members */
+  bool members_known;                           /* tc_bus_set_members was called */
+  unsigned log_interval_ms;
+  uint64_t last_log_ms[MAX_NODE_ID + 1];        /* per claimed sender (0: unparsable) */
+  uint32_t unlogged[MAX_NODE_ID + 1];
 
   bool closing;
   int close_parts;
@@ -115,28 +145,85 @@ static peer_t *find_peer(tc_bus_t *bus, int node_id, bool create) {
   return p;
 }
 
-static void send_buf(tc_bus_t *bus, const char *data, size_t len) {
-  if (bus->sock < 0 || !len) return;
-  int rc = nn_send(bus->sock, data, len, NN_DONTWAIT);
+/* Seal the one message in 'b' (next sequence number, our clock, the MAC)
+ * and send it. */
+static void send_buf(tc_bus_t *bus, txp_buf_t *b) {
+  if (bus->sock < 0 || !b->len) return;
+  if (tc_bus_seal(b, 0, ++bus->seq, tc_bus_wall_ms(), &bus->keys) != 0) {
+    bus->stats.send_dropped++;
+    return;
+  }
+  int rc = nn_send(bus->sock, b->data, b->len, NN_DONTWAIT);
   if (rc < 0) bus->stats.send_dropped++;
   else bus->stats.sent++;
 }
 
 static void send_out(tc_bus_t *bus) {
-  send_buf(bus, bus->out.data, bus->out.len);
+  send_buf(bus, &bus->out);
   txp_buf_reset(&bus->out);
+}
+
+static const char *const reject_names[TC_BUS_REJECT_N] = {
+  [TC_BUS_REJECT_MALFORMED] = "malformed",     [TC_BUS_REJECT_BAD_MAC] = "bad MAC",
+  [TC_BUS_REJECT_NOT_MEMBER] = "not a member", [TC_BUS_REJECT_REPLAYED] = "replayed",
+  [TC_BUS_REJECT_STALE] = "outside the time window", [TC_BUS_REJECT_UNEXPECTED] = "unexpected answer",
+};
+
+const char *tc_bus_reject_name(int reason) {
+  static const char *const keys[TC_BUS_REJECT_N] = {"malformed", "bad_mac", "not_member",
+                                                    "replayed",  "stale",   "unexpected"};
+  return reason >= 0 && reason < TC_BUS_REJECT_N ? keys[reason] : "unknown";
+}
+
+/* Drop a message: count it, and log it if it is the first from 'from' (the
+ * id it claims, 0 when unparsable) in this log interval; the next line
+ * says how many went unlogged meanwhile. */
+static void reject(tc_bus_t *bus, int reason, unsigned from, const char *fmt, ...)
+  __attribute__((format(printf, 4, 5)));
+static void reject(tc_bus_t *bus, int reason, unsigned from, const char *fmt, ...) {
+  bus->stats.rejected[reason]++;
+  bus->stats.bad_messages++;
+  if (from > MAX_NODE_ID) from = 0;
+  uint64_t now = uv_now(bus->loop);
+  if (bus->last_log_ms[from] && now - bus->last_log_ms[from] < bus->log_interval_ms) {
+    bus->unlogged[from]++;
+    return;
+  }
+  bus->last_log_ms[from] = now ? now : 1;
+  if (!bus->h.log) {
+    bus->unlogged[from] = 0;
+    return;
+  }
+  char what[256], msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof(what), fmt, ap);
+  va_end(ap);
+  int n = snprintf(msg, sizeof(msg), "dropped a bus message (%s) claiming to be from node %u: %s",
+                   reject_names[reason], from, what);
+  if (bus->unlogged[from] && n > 0 && (size_t)n < sizeof(msg))
+    snprintf(msg + n, sizeof(msg) - (size_t)n, " (and %u more from it not logged since the last line)",
+             bus->unlogged[from]);
+  bus->unlogged[from] = 0;
+  bus->h.log(1, msg, bus->h.arg);
+}
+
+static bool is_member(const tc_bus_t *bus, unsigned id) {
+  return id <= MAX_NODE_ID && (bus->member[id / 8] & (1u << (id % 8)));
 }
 
 /* ----------------------------------------------------------- heartbeat */
 
-static void send_hello(tc_bus_t *bus) {
-  uint8_t flags = (bus->leader ? TC_BUS_F_LEADER : 0) | (bus->waiting ? TC_BUS_F_WAITERS : 0);
+static void send_hello_flags(tc_bus_t *bus, uint8_t extra) {
+  uint8_t flags = (bus->leader ? TC_BUS_F_LEADER : 0) | (bus->waiting ? TC_BUS_F_WAITERS : 0) | extra;
   txp_buf_reset(&bus->out);
   if (tc_bus_write_hello(&bus->out, (uint16_t)bus->node_id, bus->incarnation, flags, bus->advertise) == 0)
     send_out(bus);
   bus->hello_waiting = bus->waiting;
   bus->last_hello_ms = uv_now(bus->loop);
 }
+
+static void send_hello(tc_bus_t *bus) { send_hello_flags(bus, 0); }
 
 static void on_wcheck(uv_check_t *h) {
   tc_bus_t *bus = h->data;
@@ -163,7 +250,7 @@ static void check_peers(tc_bus_t *bus, uint64_t now) {
 static void on_hello(tc_bus_t *bus, const tc_bus_hdr_t *hd) {
   char addr[TC_BUS_MAX_ADDR + 1];
   if (tc_bus_parse_hello(hd, addr, sizeof(addr)) != 0) {
-    bus->stats.bad_messages++;
+    reject(bus, TC_BUS_REJECT_MALFORMED, hd->from, "bad hello payload");
     return;
   }
   peer_t *p = find_peer(bus, hd->from, true);
@@ -180,6 +267,9 @@ static void on_hello(tc_bus_t *bus, const tc_bus_hdr_t *hd) {
     if (bus->h.on_peer) bus->h.on_peer(p->node_id, p->advertise, true, bus->h.arg);
     /* A peer that just (re)joined learns about us at once. */
     send_hello(bus);
+  } else if (hd->flags & TC_BUS_F_ASK) {
+    /* It just took us for a member: it may have dropped our last hello. */
+    send_hello(bus);
   }
 }
 
@@ -188,7 +278,7 @@ static void on_hello(tc_bus_t *bus, const tc_bus_hdr_t *hd) {
 static void flush_released(tc_bus_t *bus) {
   if (!bus->rel_open) return;
   tc_bus_released_end(&bus->relw);
-  if (bus->relw.count) send_buf(bus, bus->rel.data, bus->rel.len);
+  if (bus->relw.count) send_buf(bus, &bus->rel);
   bus->stats.released_sent += bus->relw.count;
   txp_buf_reset(&bus->rel);
   bus->rel_open = false;
@@ -240,8 +330,10 @@ static void released_one(const char *xid, void *arg) {
 
 /* ------------------------------------------------------------ forwards */
 
-static void send_result(tc_bus_t *bus, uint16_t asker, uint64_t id, int outcome, const txp_buf_t *frame) {
-  tc_bus_result_msg_t r = {.target = asker, .id = id, .outcome = (uint8_t)outcome};
+static void send_result(tc_bus_t *bus, uint16_t asker, uint64_t id, const char *xid, int64_t branch_id,
+                        int outcome, const txp_buf_t *frame) {
+  tc_bus_result_msg_t r = {.target = asker, .id = id, .outcome = (uint8_t)outcome, .branch_id = branch_id};
+  snprintf(r.xid, sizeof(r.xid), "%s", xid);
   if (frame) {
     r.frame = (const uint8_t *)frame->data;
     r.frame_len = (uint32_t)frame->len;
@@ -253,35 +345,39 @@ static void send_result(tc_bus_t *bus, uint16_t asker, uint64_t id, int outcome,
 static void on_forward(tc_bus_t *bus, const tc_bus_hdr_t *hd) {
   tc_bus_forward_msg_t f;
   if (tc_bus_parse_forward(hd, &f) != 0) {
-    bus->stats.bad_messages++;
+    reject(bus, TC_BUS_REJECT_MALFORMED, hd->from, "bad forward payload");
     return;
   }
   if (f.target != 0 && f.target != bus->node_id) return; /* meant for another node */
   txp_msg_t req;
   txp_msg_init(&req, TXP_MSG_NONE);
   int rc = txp_decode_frame((const char *)f.frame, f.frame_len, NULL, &req);
-  if (rc != 0 || (req.type != TXP_MSG_BRANCH_COMMIT && req.type != TXP_MSG_BRANCH_ROLLBACK)) {
-    bus->stats.bad_messages++;
+  if (rc != 0 || (req.type != TXP_MSG_BRANCH_COMMIT && req.type != TXP_MSG_BRANCH_ROLLBACK) || !req.xid ||
+      !req.xid[0] || strlen(req.xid) > TXP_MAX_XID_LEN || !txp_msg_has(&req, TXP_F_BRANCH_ID)) {
+    reject(bus, TC_BUS_REJECT_MALFORMED, hd->from, "forward without a BranchCommit or BranchRollback frame");
     txp_msg_clear(&req);
     return;
   }
   tc_bus_fwd_t *fw = calloc(1, sizeof(*fw));
   if (!fw) {
+    send_result(bus, hd->from, f.id, req.xid, req.branch_id, TC_BUS_FAILED, NULL);
     txp_msg_clear(&req);
-    send_result(bus, hd->from, f.id, TC_BUS_FAILED, NULL);
     return;
   }
   fw->bus = bus;
   fw->asker = hd->from;
   fw->id = f.id;
+  snprintf(fw->xid, sizeof(fw->xid), "%s", req.xid);
+  fw->branch_id = req.branch_id;
   bus->fwd_out++;
   rc = bus->h.on_forward ? bus->h.on_forward(fw, &req, f.client_id, f.timeout_ms, bus->h.arg)
                          : TXP_EBRANCH_NOT_FOUND;
   txp_msg_clear(&req);
   if (rc != 0) {
     bus->fwd_out--;
+    send_result(bus, hd->from, f.id, fw->xid, fw->branch_id, rc == TXP_EBRANCH_NOT_FOUND ? TC_BUS_NO_RM : TC_BUS_FAILED,
+                NULL);
     free(fw);
-    send_result(bus, hd->from, f.id, rc == TXP_EBRANCH_NOT_FOUND ? TC_BUS_NO_RM : TC_BUS_FAILED, NULL);
     return;
   }
   bus->stats.forwards_served++;
@@ -296,14 +392,30 @@ void tc_bus_forward_reply(tc_bus_fwd_t *f, int status, const txp_msg_t *res) {
     int outcome = TC_BUS_FAILED;
     txp_buf_t frame;
     txp_buf_init(&frame, 0);
-    if (status == 0 && res && txp_encode(res, &frame, 0) == 0) outcome = TC_BUS_ANSWERED;
-    else if (status == TXP_EBAD_STATE) outcome = TC_BUS_REFUSED;
-    else if (status == TXP_EBRANCH_NOT_FOUND) outcome = TC_BUS_NO_RM;
-    send_result(bus, f->asker, f->id, outcome, outcome == TC_BUS_ANSWERED ? &frame : NULL);
+    txp_msg_t m;
+    if (status == 0 && res) {
+      /* The answer names what it answers (the RM need not): a shallow copy,
+       * its strings stay borrowed. */
+      m = *res;
+      txp_msg_set_str(&m, TXP_F_XID, f->xid);
+      txp_msg_set_int(&m, TXP_F_BRANCH_ID, f->branch_id);
+      if (txp_encode(&m, &frame, 0) == 0) outcome = TC_BUS_ANSWERED;
+    } else if (status == TXP_EBAD_STATE) {
+      outcome = TC_BUS_REFUSED;
+    } else if (status == TXP_EBRANCH_NOT_FOUND) {
+      outcome = TC_BUS_NO_RM;
+    }
+    send_result(bus, f->asker, f->id, f->xid, f->branch_id, outcome, outcome == TC_BUS_ANSWERED ? &frame : NULL);
     txp_buf_free(&frame);
   }
   free(f);
   if (bus->closing) finish_close(bus);
+}
+
+static bool take_pending_peek(const tc_bus_t *bus, uint64_t id) {
+  for (const pending_t *q = bus->pending; q; q = q->next)
+    if (q->id == id) return true;
+  return false;
 }
 
 static pending_t *take_pending(tc_bus_t *bus, uint64_t id) {
@@ -339,7 +451,7 @@ static void complete_unanswered(pending_t *p) {
 static void on_result(tc_bus_t *bus, const tc_bus_hdr_t *hd) {
   tc_bus_result_msg_t r;
   if (tc_bus_parse_result(hd, &r) != 0) {
-    bus->stats.bad_messages++;
+    reject(bus, TC_BUS_REJECT_MALFORMED, hd->from, "bad forward-result payload");
     return;
   }
   if (r.target != bus->node_id) return;
@@ -347,13 +459,38 @@ static void on_result(tc_bus_t *bus, const tc_bus_hdr_t *hd) {
   for (pending_t *q = bus->pending; q; q = q->next)
     if (q->id == r.id) p = q;
   if (!p) return; /* answered already (another peer was faster), or expired */
+  /* Only a peer the forward went to, once each, about what was asked. */
+  int slot = -1;
+  for (int i = 0; i < p->expected && slot < 0; i++)
+    if (p->asked[i] == hd->from) slot = i;
+  if (slot < 0) {
+    reject(bus, TC_BUS_REJECT_UNEXPECTED, hd->from, "an answer to forward %016llx, which was not sent to it "
+           "(or which it answered already)", (unsigned long long)r.id);
+    return;
+  }
+  if (strcmp(r.xid, p->xid) != 0 || r.branch_id != p->branch_id) {
+    reject(bus, TC_BUS_REJECT_UNEXPECTED, hd->from, "an answer to forward %016llx about \"%s\" branch %lld, "
+           "which asked about \"%s\" branch %lld", (unsigned long long)r.id, r.xid, (long long)r.branch_id, p->xid,
+           (long long)p->branch_id);
+    return;
+  }
+  p->asked[slot] = 0;
   if (r.outcome == TC_BUS_ANSWERED) {
     txp_msg_t res;
     txp_msg_init(&res, TXP_MSG_NONE);
     if (txp_decode_frame((const char *)r.frame, r.frame_len, NULL, &res) != 0 ||
-        res.type != p->result_type) {
-      bus->stats.bad_messages++;
+        res.type != p->result_type || !res.xid || strcmp(res.xid, p->xid) != 0 ||
+        !txp_msg_has(&res, TXP_F_BRANCH_ID) || res.branch_id != p->branch_id) {
+      reject(bus, TC_BUS_REJECT_UNEXPECTED, hd->from,
+             "an answer to forward %016llx whose frame is not a result for \"%s\" branch %lld",
+             (unsigned long long)r.id, p->xid, (long long)p->branch_id);
       txp_msg_clear(&res);
+      p->failed++; /* it had its say: count it as failed */
+      if (p->no_rm + p->refused + p->failed < p->expected) return;
+      take_pending(bus, p->id);
+      bus->stats.forwards_no_rm++;
+      complete_unanswered(p);
+      free(p);
       return;
     }
     take_pending(bus, p->id);
@@ -376,7 +513,8 @@ static void on_result(tc_bus_t *bus, const tc_bus_hdr_t *hd) {
 int tc_bus_forward(tc_bus_t *bus, const txp_msg_t *req, const char *client_id, unsigned timeout_ms,
                    tc_bus_call_cb cb, void *arg) {
   if (!bus || bus->closing) return TXP_ESHUTDOWN;
-  if (!req || !cb || (req->type != TXP_MSG_BRANCH_COMMIT && req->type != TXP_MSG_BRANCH_ROLLBACK))
+  if (!req || !cb || (req->type != TXP_MSG_BRANCH_COMMIT && req->type != TXP_MSG_BRANCH_ROLLBACK) || !req->xid ||
+      !req->xid[0] || strlen(req->xid) > TXP_MAX_XID_LEN)
     return TXP_EINVALID_ARG;
   check_peers(bus, uv_now(bus->loop));
   if (bus->stats.peers_up == 0) return TXP_ENO_NODE;
@@ -390,10 +528,16 @@ int tc_bus_forward(tc_bus_t *bus, const txp_msg_t *req, const char *client_id, u
     free(p);
     return rc;
   }
-  p->id = ++bus->next_id;
+  /* Not guessable, and not one pending already. */
+  do {
+    randombytes_buf(&p->id, sizeof(p->id));
+  } while (p->id == 0 || take_pending_peek(bus, p->id));
   p->cb = cb;
   p->arg = arg;
-  p->expected = bus->stats.peers_up;
+  for (int i = 0; i < bus->npeers && p->expected < MAX_PEERS; i++)
+    if (bus->peers[i].up) p->asked[p->expected++] = (uint16_t)bus->peers[i].node_id;
+  snprintf(p->xid, sizeof(p->xid), "%s", req->xid ? req->xid : "");
+  p->branch_id = req->branch_id;
   p->deadline_ms = uv_now(bus->loop) + (timeout_ms ? timeout_ms : 10000);
   p->result_type = (uint16_t)(req->type + 1);
   snprintf(p->resource, sizeof(p->resource), "%s", req->resource_id ? req->resource_id : "");
@@ -435,10 +579,42 @@ static void handle(tc_bus_t *bus, const void *buf, size_t len) {
   tc_bus_hdr_t hd;
   bus->stats.received++;
   if (tc_bus_parse_header(buf, len, &hd) != 0) {
-    bus->stats.bad_messages++;
+    bool old = len >= 4 && memcmp(buf, "TXB1", 4) == 0;
+    reject(bus, TC_BUS_REJECT_MALFORMED, 0, "%s (%zu bytes)",
+           old ? "the unauthenticated TXB1 format of older versions" : "not a bus message", len);
+    return;
+  }
+  if (tc_bus_verify(buf, len, &bus->keys) != 0) {
+    reject(bus, TC_BUS_REJECT_BAD_MAC, hd.from, "%s not signed with the cluster secret", tc_bus_kind_name(hd.kind));
     return;
   }
   if (hd.from == bus->node_id) return; /* ours: a misconfigured peer list */
+  if (!is_member(bus, hd.from)) {
+    /* Before the first membership heartbeat everyone is a stranger: count
+     * those, but do not log them (the peers' first hellos, every start). */
+    if (bus->h.on_stranger) bus->h.on_stranger(hd.from, bus->h.arg);
+    if (!bus->members_known) {
+      bus->stats.rejected[TC_BUS_REJECT_NOT_MEMBER]++;
+      bus->stats.bad_messages++;
+      return;
+    }
+    reject(bus, TC_BUS_REJECT_NOT_MEMBER, hd.from, "%s from a node id that is not a live member in the node table",
+           tc_bus_kind_name(hd.kind));
+    return;
+  }
+  uint64_t now = tc_bus_wall_ms();
+  switch (tc_bus_replay_check(&bus->replay, hd.from, hd.incarnation, hd.seq, hd.sent_ms, now)) {
+  case TC_BUS_FRESH: break;
+  case TC_BUS_REPLAYED:
+    reject(bus, TC_BUS_REJECT_REPLAYED, hd.from, "%s number %llu of incarnation %08x seen already",
+           tc_bus_kind_name(hd.kind), (unsigned long long)hd.seq, (unsigned)hd.incarnation);
+    return;
+  default:
+    reject(bus, TC_BUS_REJECT_STALE, hd.from, "%s sent at %llu, %lld ms from our clock (window %llu ms)",
+           tc_bus_kind_name(hd.kind), (unsigned long long)hd.sent_ms, (long long)(hd.sent_ms - now),
+           (unsigned long long)bus->replay.window_ms);
+    return;
+  }
   /* Any message shows that its sender is alive.  Only heartbeats (and the
    * configuration) make a new peer: anything else from an unknown sender
    * is still handled, but does not take a slot of the peer table. */
@@ -447,11 +623,12 @@ static void handle(tc_bus_t *bus, const void *buf, size_t len) {
   switch (hd.kind) {
   case TC_BUS_HELLO: on_hello(bus, &hd); break;
   case TC_BUS_RELEASED:
-    if (tc_bus_each_released(&hd, released_one, bus) < 0) bus->stats.bad_messages++;
+    if (tc_bus_each_released(&hd, released_one, bus) < 0)
+      reject(bus, TC_BUS_REJECT_MALFORMED, hd.from, "bad released payload");
     break;
   case TC_BUS_FORWARD: on_forward(bus, &hd); break;
   case TC_BUS_FORWARD_RESULT: on_result(bus, &hd); break;
-  default: bus->stats.bad_messages++; break;
+  default: reject(bus, TC_BUS_REJECT_MALFORMED, hd.from, "unknown kind %d", hd.kind); break;
   }
 }
 
@@ -506,6 +683,14 @@ tc_bus_t *tc_bus_new(uv_loop_t *loop, const tc_bus_opts_t *o, char *err, size_t 
              o->node_id);
     return NULL;
   }
+  if (!o->keys || o->keys->n < 1) {
+    snprintf(err, errlen, "the bus needs the cluster secret (cluster.secret_file)");
+    return NULL;
+  }
+  if (sodium_init() < 0) {
+    snprintf(err, errlen, "could not initialise libsodium");
+    return NULL;
+  }
   tc_bus_t *bus = calloc(1, sizeof(*bus));
   if (!bus) {
     snprintf(err, errlen, "out of memory");
@@ -517,7 +702,10 @@ tc_bus_t *tc_bus_new(uv_loop_t *loop, const tc_bus_opts_t *o, char *err, size_t 
   bus->h = o->h;
   snprintf(bus->bind, sizeof(bus->bind), "%s", o->bind);
   snprintf(bus->advertise, sizeof(bus->advertise), "%s", o->advertise ? o->advertise : "");
-  bus->incarnation = (uint32_t)(uv_hrtime() ^ ((uint64_t)getpid() << 16)) | 1u;
+  bus->incarnation = randombytes_random() | 1u;
+  bus->keys = *o->keys;
+  tc_bus_replay_init(&bus->replay, o->replay_window_ms);
+  bus->log_interval_ms = o->log_interval_ms ? o->log_interval_ms : 60000;
   txp_buf_init(&bus->rel, 0);
   txp_buf_init(&bus->out, 0);
 
@@ -570,6 +758,7 @@ fail_sock:
 fail:
   txp_buf_free(&bus->rel);
   txp_buf_free(&bus->out);
+  tc_bus_keys_wipe(&bus->keys);
   free(bus);
   return NULL;
 }
@@ -580,6 +769,7 @@ static void finish_close(tc_bus_t *bus) {
   void *darg = bus->done_arg;
   txp_buf_free(&bus->rel);
   txp_buf_free(&bus->out);
+  tc_bus_keys_wipe(&bus->keys);
   free(bus);
   if (done) done(darg);
 }
@@ -615,6 +805,30 @@ void tc_bus_set_leader(tc_bus_t *bus, bool leader) {
   if (!bus || bus->leader == leader) return;
   bus->leader = leader;
   if (!bus->closing) send_hello(bus); /* tell the peers now */
+}
+
+int tc_bus_set_keys(tc_bus_t *bus, const tc_bus_keys_t *keys) {
+  if (!bus || !keys || keys->n < 1) return TXP_EINVALID_ARG;
+  bus->keys = *keys;
+  return 0;
+}
+
+void tc_bus_set_members(tc_bus_t *bus, const int *ids, size_t n) {
+  if (!bus) return;
+  uint8_t old[sizeof(bus->member)];
+  memcpy(old, bus->member, sizeof(old));
+  bus->members_known = true;
+  memset(bus->member, 0, sizeof(bus->member));
+  bool grew = false;
+  for (size_t i = 0; i < n; i++) {
+    if (ids[i] < 1 || ids[i] > MAX_NODE_ID || ids[i] == bus->node_id) continue;
+    uint8_t bit = (uint8_t)(1u << (ids[i] % 8));
+    bus->member[ids[i] / 8] |= bit;
+    if (!(old[ids[i] / 8] & bit)) grew = true;
+  }
+  /* New members may have sent hellos that we dropped: greet them and ask
+   * for an answer, rather than wait for their next heartbeat. */
+  if (grew && !bus->closing) send_hello_flags(bus, TC_BUS_F_ASK);
 }
 
 int tc_bus_peers_up(const tc_bus_t *bus) { return bus ? bus->stats.peers_up : 0; }

@@ -17,6 +17,14 @@
  *       connected to it asks its peers; a peer that has such an RM (and
  *       whose store agrees with the request, see tc_node.c) relays the call
  *       and sends back the RM's answer.
+ *   Every message is sealed with the cluster secret and numbered; a
+ *   receiver believes only messages that verify, come from a current
+ *   member (tc_bus_set_members: the live nodes of the store's node table),
+ *   and are not replays (tc_bus_auth.h, and tc_bus.c for the order of the
+ *   checks).  Nodes with different secrets, or an older version that speaks
+ *   the unauthenticated TXB1 format, do not hear each other: the cluster
+ *   works on without the bus (below) until they agree again.
+ *
  *   Nothing on the bus is needed for correctness: a lost RELEASED delays a
  *   waiter until its next store re-check, a lost FORWARD leaves the branch to
  *   the leader's retry job, a repeated one reaches an idempotent RM twice.
@@ -42,6 +50,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "tc_bus_auth.h"
 #include "txp_msg.h"
 
 typedef struct tc_bus tc_bus_t;
@@ -63,11 +72,19 @@ typedef struct tc_bus_handlers {
    * RM here serves the resource (the bus answers NO_RM itself). */
   int (*on_forward)(tc_bus_fwd_t *f, const txp_msg_t *req, const char *client_id,
                     unsigned timeout_ms, void *arg);
+  /* A message signed with the secret came from 'node_id', which is not a
+   * member (yet): e.g. a node that just started; the membership may want
+   * to look again soon (tc_cluster_beat_soon).  May be NULL. */
+  void (*on_stranger)(int node_id, void *arg);
   /* A peer appeared on (up) or left (!up) the bus; may be NULL. */
   void (*on_peer)(int node_id, const char *address, bool up, void *arg);
   /* How many lock waiters this node has now (checked once per loop
    * iteration); NULL = always some, peers always send releases. */
   size_t (*waiters)(void *arg);
+  /* Log lines (level: 0 error, 1 warn, 2 info, 3 debug), e.g. a dropped
+   * message, at most one per claimed sender per log interval; may be
+   * NULL.  'msg' is borrowed. */
+  void (*log)(int level, const char *msg, void *arg);
   void *arg;
 } tc_bus_handlers_t;
 
@@ -76,11 +93,26 @@ typedef struct tc_bus_opts {
   const char *bind;         /* nanomsg address, e.g. tcp://127.0.0.1:7101; copied */
   const char *advertise;    /* client address, sent in heartbeats; copied */
   unsigned heartbeat_ms;    /* HELLO period, default 1000 */
+  const tc_bus_keys_t *keys; /* the cluster secret (required); copied */
+  unsigned replay_window_ms; /* accepted clock difference, default 30000 */
+  unsigned log_interval_ms; /* one line per sender per interval, default 60000 */
   tc_bus_handlers_t h;
 } tc_bus_opts_t;
 
+/* Why a received message was dropped. */
+typedef enum tc_bus_reject {
+  TC_BUS_REJECT_MALFORMED = 0,  /* does not parse (TXB1 included) */
+  TC_BUS_REJECT_BAD_MAC = 1,    /* not sealed with a key of the secret */
+  TC_BUS_REJECT_NOT_MEMBER = 2, /* sender id not a live member */
+  TC_BUS_REJECT_REPLAYED = 3,   /* sequence number seen already */
+  TC_BUS_REJECT_STALE = 4,      /* stamp outside the replay window */
+  TC_BUS_REJECT_UNEXPECTED = 5, /* an answer nobody was asked for, or about another branch */
+  TC_BUS_REJECT_N = 6,
+} tc_bus_reject_t;
+
 typedef struct tc_bus_stats {
-  uint64_t sent, received, send_dropped, bad_messages;
+  uint64_t sent, received, send_dropped, bad_messages; /* bad: sum of rejected[] */
+  uint64_t rejected[TC_BUS_REJECT_N];
   uint64_t released_sent, released_received;   /* xids */
   uint64_t released_skipped;                    /* not sent: no peer had waiters */
   uint64_t forwards_sent, forwards_answered, forwards_no_rm, forwards_timed_out;
@@ -116,6 +148,16 @@ int tc_bus_forward(tc_bus_t *bus, const txp_msg_t *req, const char *client_id, u
  * (status 0), or status < 0 when the call failed (TXP_EBAD_STATE: refused
  * because the store disagrees).  Frees 'f'. */
 void tc_bus_forward_reply(tc_bus_fwd_t *f, int status, const txp_msg_t *res);
+
+/* Replace the cluster secret (e.g. a rotation step read on SIGHUP); keys
+ * are copied.  0 or TXP_EINVALID_ARG (no key). */
+int tc_bus_set_keys(tc_bus_t *bus, const tc_bus_keys_t *keys);
+/* The current members: node ids whose messages are believed (the live
+ * nodes of the node table, from each membership heartbeat).  Replaces the
+ * previous list; 'ids' is borrowed.  Until the first call nobody is. */
+void tc_bus_set_members(tc_bus_t *bus, const int *ids, size_t n);
+/* "bad_mac", "replayed", ... for a tc_bus_reject_t (metric labels). */
+const char *tc_bus_reject_name(int reason);
 
 /* Our leadership, announced in heartbeats (informational). */
 void tc_bus_set_leader(tc_bus_t *bus, bool leader);

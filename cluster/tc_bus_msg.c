@@ -72,7 +72,7 @@ static int rd_done(const rd_t *r) { return r->bad || r->p != r->end ? TXP_EMALFO
 
 int tc_bus_parse_header(const void *buf, size_t len, tc_bus_hdr_t *out) {
   memset(out, 0, sizeof(*out));
-  if (!buf || len < TC_BUS_HEADER_SIZE || len > TC_BUS_MAX_MSG) return TXP_EMALFORMED;
+  if (!buf || len < TC_BUS_HEADER_SIZE + TC_BUS_TRAILER_SIZE || len > TC_BUS_MAX_MSG) return TXP_EMALFORMED;
   if (memcmp(buf, TC_BUS_MAGIC, 4) != 0) return TXP_EMALFORMED;
   rd_t r = {(const uint8_t *)buf + 4, (const uint8_t *)buf + len, false};
   out->kind = rd_u8(&r);
@@ -80,8 +80,13 @@ int tc_bus_parse_header(const void *buf, size_t len, tc_bus_hdr_t *out) {
   out->from = rd_u16(&r);
   out->incarnation = rd_u32(&r);
   out->payload_len = rd_u32(&r);
+  out->seq = rd_u64(&r);
+  out->sent_ms = rd_u64(&r);
   out->payload = r.p;
-  if (r.bad || out->payload_len != len - TC_BUS_HEADER_SIZE) return TXP_EMALFORMED;
+  if (r.bad || len - TC_BUS_HEADER_SIZE < TC_BUS_TRAILER_SIZE ||
+      out->payload_len != len - TC_BUS_HEADER_SIZE - TC_BUS_TRAILER_SIZE)
+    return TXP_EMALFORMED;
+  if (out->seq == 0) return TXP_EMALFORMED;
   if (out->kind < TC_BUS_HELLO || out->kind > TC_BUS_FORWARD_RESULT) return TXP_EMALFORMED;
   if (out->from == 0 || out->from > 1023) return TXP_EMALFORMED;
   return 0;
@@ -118,6 +123,10 @@ int tc_bus_parse_result(const tc_bus_hdr_t *h, tc_bus_result_msg_t *out) {
   out->target = rd_u16(&r);
   out->id = rd_u64(&r);
   out->outcome = rd_u8(&r);
+  uint8_t xl = rd_u8(&r);
+  if (xl == 0) r.bad = true;
+  rd_str(&r, xl, out->xid, TXP_MAX_XID_LEN);
+  out->branch_id = (int64_t)rd_u64(&r);
   out->frame_len = rd_u32(&r);
   out->frame = rd_bytes(&r, out->frame_len);
   if (rd_done(&r) != 0 || out->outcome > TC_BUS_FAILED) return TXP_EMALFORMED;
@@ -182,7 +191,8 @@ static int put_str8(txp_buf_t *b, const char *s, size_t max) {
   return rc || !n ? rc : txp_buf_append(b, s, n);
 }
 
-/* Header with a zero payload length, patched by finish(). */
+/* Header with a zero payload length, patched by finish(); seq and sent_ms
+ * zero, written by tc_bus_seal(). */
 static int put_header(txp_buf_t *b, int kind, uint8_t flags, uint16_t from, uint32_t inc) {
   int rc = txp_buf_append(b, TC_BUS_MAGIC, 4);
   if (!rc) rc = put_u8(b, (uint8_t)kind);
@@ -190,13 +200,15 @@ static int put_header(txp_buf_t *b, int kind, uint8_t flags, uint16_t from, uint
   if (!rc) rc = put_u16(b, from);
   if (!rc) rc = put_u32(b, inc);
   if (!rc) rc = put_u32(b, 0);
+  if (!rc) rc = put_u64(b, 0);
+  if (!rc) rc = put_u64(b, 0);
   return rc;
 }
 
 /* Patch the payload length of the message that starts at 'start', or undo
  * it when 'rc' says it failed. */
 static int finish(txp_buf_t *b, size_t start, int rc) {
-  if (rc == 0 && b->len - start - TC_BUS_HEADER_SIZE > TC_BUS_MAX_MSG - TC_BUS_HEADER_SIZE)
+  if (rc == 0 && b->len - start > TC_BUS_MAX_MSG - TC_BUS_TRAILER_SIZE)
     rc = TXP_EFRAME_TOO_BIG;
   if (rc != 0) {
     b->len = start;
@@ -235,6 +247,8 @@ int tc_bus_write_result(txp_buf_t *out, uint16_t from, uint32_t inc, const tc_bu
   if (!rc) rc = put_u16(out, r->target);
   if (!rc) rc = put_u64(out, r->id);
   if (!rc) rc = put_u8(out, r->outcome);
+  if (!rc) rc = r->xid[0] ? put_str8(out, r->xid, TXP_MAX_XID_LEN) : TXP_EINVALID_ARG;
+  if (!rc) rc = put_u64(out, (uint64_t)r->branch_id);
   if (!rc) rc = put_u32(out, r->frame_len);
   if (!rc && r->frame_len) rc = txp_buf_append(out, r->frame, r->frame_len);
   return finish(out, start, rc);
@@ -245,7 +259,9 @@ int tc_bus_released_begin(tc_bus_released_writer_t *w, txp_buf_t *out, uint16_t 
   w->out = out;
   w->start = out->len;
   w->count = 0;
-  w->max_bytes = max_bytes && max_bytes < TC_BUS_MAX_MSG ? max_bytes : TC_BUS_MAX_MSG;
+  /* The MAC comes after what the limit counts. */
+  size_t most = TC_BUS_MAX_MSG - TC_BUS_TRAILER_SIZE;
+  w->max_bytes = max_bytes && max_bytes < most ? max_bytes : most;
   int rc = put_header(out, TC_BUS_RELEASED, 0, from, inc);
   if (!rc) rc = put_u16(out, 0);
   if (rc) finish(out, w->start, rc);

@@ -37,6 +37,7 @@ struct tc_cluster {
 
   bool busy;
   uint64_t last_beat_sent_ms;
+  bool beat_soon; /* tc_cluster_beat_soon: the next tick beats */
   uint64_t last_beat_ok_ms; /* 0 = never */
 
   bool closing;
@@ -213,10 +214,15 @@ static void on_beat(int status, const PGresult *r, const char *err, void *arg) {
   }
   cl->stats.heartbeats++;
   cl->last_beat_ok_ms = uv_now(cl->loop);
+  int ids[1024];
+  size_t n = 0;
   for (int i = 0; i < PQntuples(r) && !cl->closing; i++) {
-    if (cl->o.on_peer && !PQgetisnull(r, i, 1))
-      cl->o.on_peer(atoi(PQgetvalue(r, i, 0)), PQgetvalue(r, i, 1), cl->o.arg);
+    if (PQgetisnull(r, i, 1)) continue;
+    int id = atoi(PQgetvalue(r, i, 0));
+    if (n < sizeof(ids) / sizeof(ids[0])) ids[n++] = id;
+    if (cl->o.on_peer) cl->o.on_peer(id, PQgetvalue(r, i, 1), cl->o.arg);
   }
+  if (cl->o.on_members && !cl->closing) cl->o.on_members(ids, n, cl->o.arg);
 }
 
 static void send_beat(tc_cluster_t *cl) {
@@ -237,9 +243,15 @@ static void step(tc_cluster_t *cl) {
     if (now >= cl->next_claim_ms) send_claim(cl);
   } else if (cl->want_register && !cl->registered) {
     send_register(cl);
-  } else if (cl->registered && now - cl->last_beat_sent_ms >= cl->o.heartbeat_ms) {
+  } else if (cl->registered && (now - cl->last_beat_sent_ms >= cl->o.heartbeat_ms ||
+                                 (cl->beat_soon && now - cl->last_beat_sent_ms >= TICK_MS))) {
+    cl->beat_soon = false;
     send_beat(cl);
   }
+}
+
+void tc_cluster_beat_soon(tc_cluster_t *cl) {
+  if (cl && !cl->closing) cl->beat_soon = true;
 }
 
 static void on_tick(uv_timer_t *t) { step(t->data); }

@@ -39,6 +39,7 @@
 #define TC_CLUSTER_H
 
 #include <libpq-fe.h>
+#include <stddef.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <uv.h>
@@ -67,6 +68,10 @@ typedef struct tc_cluster_opts {
   void (*on_lost)(const char *err, void *arg);
   /* A live peer with a bus address (from every heartbeat); may be NULL. */
   void (*on_peer)(int node_id, const char *bus_address, void *arg);
+  /* After each heartbeat written: the node ids of every live peer with a
+   * bus address ('ids' borrowed, 'n' of them); may be NULL.  What the bus
+   * takes as the current members. */
+  void (*on_members)(const int *ids, size_t n, void *arg);
   /* Whether this node leads now (written with the heartbeat); may be NULL. */
   bool (*is_leader)(void *arg);
   /* Log lines (level: 0 error, 1 warn, 2 info, 3 debug); may be NULL. */
@@ -93,6 +98,12 @@ void tc_cluster_session_down(tc_cluster_t *cl);
  * Strings are copied; 'admin_socket'/'bus_address' may be empty. */
 void tc_cluster_register(tc_cluster_t *cl, const char *address, const char *admin_socket,
                          const char *bus_address);
+
+/* Write the next heartbeat (and read the peers again) at the next tick
+ * rather than after heartbeat_ms: at most one per tick (100 ms).  For the
+ * bus, when a message signed with the secret comes from a node id that is
+ * not (yet) a member: a node that just started. */
+void tc_cluster_beat_soon(tc_cluster_t *cl);
 
 bool tc_cluster_healthy(const tc_cluster_t *cl);
 /* Milliseconds since the last heartbeat was written (UINT64_MAX if never). */

@@ -588,6 +588,16 @@ static void on_stats(tc_pg_job_t *job, int status, void *arg) {
                 "version_mismatches", U(ss->version_mismatches), "unregistered_closed",
                 U(ss->unregistered_closed), "refused_per_address", U(ss->refused_per_address)));
   }
+  if (sn.has_bus) {
+    const tc_bus_stats_t *bs = &sn.bus;
+    json_t *rej = json_object();
+    for (int i = 0; i < TC_BUS_REJECT_N; i++) json_object_set_new(rej, tc_bus_reject_name(i), U(bs->rejected[i]));
+    json_object_set_new(a, "bus",
+                        json_pack("{s:i, s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "peers_up", bs->peers_up, "sent",
+                                  U(bs->sent), "received", U(bs->received), "send_dropped", U(bs->send_dropped),
+                                  "rejected", rej, "forwards_sent", U(bs->forwards_sent), "forwards_answered",
+                                  U(bs->forwards_answered), "forwards_served", U(bs->forwards_served)));
+  }
   const tc_store_stats_t *st = &sn.store;
   json_object_set_new(
     a, "store",

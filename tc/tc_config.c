@@ -5,6 +5,7 @@
 #include "txp_xid.h"
 
 #include <ctype.h>
+#include <stdbool.h>
 #include <errno.h>
 #include <ini.h>
 #include <stdio.h>
@@ -15,6 +16,7 @@
 #include <uv.h>
 
 #include "tc_admin_cmd.h"
+#include "tc_bus_auth.h"
 #include "tc_log.h"
 
 typedef enum { T_INT, T_I64, T_STR } key_type_t;
@@ -78,6 +80,11 @@ static const key_desc_t keys[] = {
           "with a bus, lock waiters re-check the store this often (0: never)"),
   INT_KEY("cluster", "claim_wait_ms", cluster_claim_wait_ms, 0, 600000,
           "how long a starting node waits for its node id to be freed"),
+  STR_KEY("cluster", "secret_file", cluster_secret_file,
+          "file (mode 0600) with the cluster secret that signs bus messages: one key of 64 hex digits, "
+          "or two during a rotation (first signs, both verify); required with a bus"),
+  INT_KEY("cluster", "replay_window_ms", cluster_replay_window_ms, 1000, 600000,
+          "bus messages stamped further than this from our clock are dropped (node clocks must agree)"),
   STR_KEY("admin", "socket", admin_socket, "admin Unix socket path (empty: none)"),
   STR_KEY("admin", "allow_uids", admin_allow_uids, "uids allowed on the admin socket besides tcd's own"),
   STR_KEY("admin", "allow_gids", admin_allow_gids, "gids allowed on the admin socket"),
@@ -119,6 +126,7 @@ void tc_config_defaults(tc_config_t *c) {
   c->cluster_forward_timeout_ms = 10000;
   c->cluster_lock_recheck_ms = 500;
   c->cluster_claim_wait_ms = 3000;
+  c->cluster_replay_window_ms = 30000;
   snprintf(c->admin_socket_mode, sizeof(c->admin_socket_mode), "0600");
   c->admin_max_request = 4096;
   c->admin_idle_ms = 60000;
@@ -335,11 +343,42 @@ int tc_config_each_peer(const char *peers, int (*fn)(int, const char *, void *),
   return 0;
 }
 
+/* A bus address that binds every interface: tcp://STAR:N (a "*" host), tcp://0.0.0.0:N,
+ * tcp://[::]:N (nanomsg's "tcp://eth0;..." interface form is left alone). */
+static bool bus_wildcard(const char *addr) {
+  const char *h = strstr(addr, "://");
+  if (!h || strncmp(addr, "tcp", 3) != 0) return false;
+  h += 3;
+  return strncmp(h, "*:", 2) == 0 || strncmp(h, "0.0.0.0:", 8) == 0 || strncmp(h, "[::]:", 5) == 0 ||
+         strncmp(h, "[::0]:", 6) == 0;
+}
+
 static int validate_cluster(const tc_config_t *c, char *err, size_t errlen) {
   if (c->cluster_bus[0] && !strstr(c->cluster_bus, "://")) {
     snprintf(err, errlen, "invalid cluster.bus \"%s\": expected a nanomsg address such as tcp://127.0.0.1:7101",
              c->cluster_bus);
     return -1;
+  }
+  if (c->cluster_bus[0] && bus_wildcard(c->cluster_bus)) {
+    snprintf(err, errlen,
+             "cluster.bus \"%s\" binds every interface: give the address the other nodes reach this one at "
+             "(e.g. tcp://10.0.0.5:7101, or tcp://127.0.0.1:7101 on one machine)",
+             c->cluster_bus);
+    return -1;
+  }
+  if (c->cluster_bus[0]) {
+    /* Without the secret anyone who reaches the bus could fake phase-two
+     * results: no bus without it (and it must be readable now). */
+    if (!c->cluster_secret_file[0]) {
+      snprintf(err, errlen,
+               "cluster.bus is set but cluster.secret_file is not: the bus needs the cluster secret (a file of "
+               "mode 0600 with a key of 64 hex digits, the same on every node; or TC_CLUSTER_SECRET_FILE)");
+      return -1;
+    }
+    tc_bus_keys_t k;
+    int rc = tc_bus_keys_load(c->cluster_secret_file, &k, err, errlen);
+    tc_bus_keys_wipe(&k);
+    if (rc != 0) return -1;
   }
   if (tc_config_each_peer(c->cluster_peers, NULL, NULL, err, errlen) != 0) return -1;
   if (c->cluster_leader_lease_ms < 3 * c->cluster_heartbeat_ms) {

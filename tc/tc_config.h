@@ -55,6 +55,8 @@ typedef struct tc_config {
   int cluster_forward_timeout_ms;   /* phase two relayed through a peer */
   int cluster_lock_recheck_ms;      /* lock waiters re-check the store (bus mode) */
   int cluster_claim_wait_ms;        /* wait for a dead predecessor's node id */
+  char cluster_secret_file[TC_CONFIG_STR]; /* the bus's shared key(s), mode 0600 (tc_bus_auth.h) */
+  int cluster_replay_window_ms;     /* bus messages stamped further from our clock are dropped */
   /* [admin] */
   char admin_socket[TC_CONFIG_STR];
   char admin_allow_uids[TC_CONFIG_STR]; /* besides tcd's own uid; "0,1000" */

@@ -70,6 +70,7 @@ struct tc_ctx {
   tc_recovery_t *recovery; /* read by admin and metrics (leader, stats) */
   tc_admin_t *admin;       /* NULL without admin.socket; read by metrics */
   bool peers;              /* a peer bus runs: lock releases may come from other nodes */
+  struct tc_bus *bus;      /* that bus (NULL without); read by stats */
   bool serving;
   bool stopping;
   tc_node_stats_t stats;

@@ -43,7 +43,8 @@ static void usage(FILE *f) {
           "Settings apply in this order: defaults, the config file, environment\n"
           "variables TC_<SECTION>_<KEY> (e.g. TC_SERVER_TOKEN, TC_STORE_PG_URL), --set.\n"
           "SIGTERM or SIGINT stops the node cleanly; SIGHUP reopens the log file\n"
-          "(stderr, when it is a file: logrotate's signal) and changes nothing else.\n"
+          "(stderr, when it is a file: logrotate's signal), reads cluster.secret_file\n"
+          "again (a step of a secret rotation) and changes nothing else.\n"
           "\n"
           "exit status: 0 clean stop, 64 usage error, 78 bad configuration,\n"
           "             69 store or listener unavailable at start-up.\n");
@@ -74,10 +75,11 @@ static void on_signal(uv_signal_t *h, int signum) {
   begin_stop(d);
 }
 
-/* SIGHUP (logrotate, or a terminal that went away): reopen the log file,
+/* SIGHUP (logrotate, or a terminal that went away, or a step of a cluster
+ * secret rotation): reopen the log file, read cluster.secret_file again,
  * never stop. */
 static void on_sighup(uv_signal_t *h, int signum) {
-  (void)h;
+  daemon_t *d = h->data;
   (void)signum;
   int rc = txc_logfile_reopen();
   if (rc > 0)
@@ -87,6 +89,13 @@ static void on_sighup(uv_signal_t *h, int signum) {
   else
     tc_log_warn("received SIGHUP: could not reopen the log file: %s (still writing to the old one)",
                 strerror(errno));
+  char msg[512];
+  if (d && d->node && !d->stopping) {
+    if (tc_node_reload_secret(d->node, msg, sizeof(msg)) != 0)
+      tc_log_warn("received SIGHUP: could not read the cluster secret again: %s (the bus keeps its keys)", msg);
+    else if (msg[0])
+      tc_log_info("received SIGHUP: cluster secret read again (%s; the bus signs with the first)", msg);
+  }
 }
 
 static void on_ready(tc_node_t *node, int status, const char *err, void *arg) {

@@ -370,6 +370,26 @@ static void format_metrics(const snap_t *s, uint64_t now, sbuf_t *b) {
             sv->unregistered_closed);
   }
 
+  if (s->st.has_bus) {
+    const tc_bus_stats_t *bs = &s->st.bus;
+    gauge(b, "txc_bus_peers_up", "Peer nodes heard on the cluster bus within 3 heartbeats.", (double)bs->peers_up);
+    head(b, "txc_bus_messages_total", "counter", "Cluster bus messages, by direction.");
+    sb_printf(b, "txc_bus_messages_total{direction=\"out\"} %" PRIu64 "\n", bs->sent);
+    sb_printf(b, "txc_bus_messages_total{direction=\"in\"} %" PRIu64 "\n", bs->received);
+    counter(b, "txc_bus_send_dropped_total", "Cluster bus messages not sent (full pipe, or could not seal).",
+            bs->send_dropped);
+    head(b, "txc_bus_rejected_total", "counter",
+         "Cluster bus messages dropped, by reason (malformed, bad_mac, not_member, replayed, stale, unexpected).");
+    for (int i = 0; i < TC_BUS_REJECT_N; i++)
+      sb_printf(b, "txc_bus_rejected_total{reason=\"%s\"} %" PRIu64 "\n", tc_bus_reject_name(i), bs->rejected[i]);
+    head(b, "txc_bus_forwards_total", "counter", "Phase-two calls this node relayed through peers, by outcome.");
+    sb_printf(b, "txc_bus_forwards_total{outcome=\"answered\"} %" PRIu64 "\n", bs->forwards_answered);
+    sb_printf(b, "txc_bus_forwards_total{outcome=\"no_rm\"} %" PRIu64 "\n", bs->forwards_no_rm);
+    sb_printf(b, "txc_bus_forwards_total{outcome=\"timed_out\"} %" PRIu64 "\n", bs->forwards_timed_out);
+    counter(b, "txc_bus_forwards_served_total", "Phase-two calls relayed for peers to a local RM.",
+            bs->forwards_served);
+  }
+
   gauge(b, "txc_leader", "1 while this node holds the recovery leadership.", s->st.leader ? 1 : 0);
   if (s->st.has_recovery) {
     counter(b, "txc_leader_terms_total", "Times this node became the leader.", s->st.rec.leader_terms);

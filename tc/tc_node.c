@@ -245,3 +245,9 @@ void tc_node_stop(tc_node_t *node, void (*done)(void *), void *arg) {
   if (node->ctx.server) tc_server_stop(node->ctx.server, after_server_stopped, node);
   else after_server_stopped(node);
 }
+
+int tc_node_reload_secret(tc_node_t *node, char *msg, size_t msglen) {
+  if (msglen) msg[0] = '\0';
+  if (!node || node->ctx.stopping || !node->peer) return 0;
+  return tc_peer_reload_secret(node->peer, msg, msglen);
+}

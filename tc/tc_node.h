@@ -31,6 +31,11 @@ tc_node_t *tc_node_start(uv_loop_t *loop, const tc_config_t *cfg,
 /* Stop serving and release everything; 'done' runs when all is closed. */
 void tc_node_stop(tc_node_t *node, void (*done)(void *arg), void *arg);
 
+/* Read the cluster secret file again (SIGHUP: a rotation step).  0 (also
+ * without a bus; 'msg' then says what was loaded) or < 0 with 'msg' saying
+ * why not: the keys in use stay. */
+int tc_node_reload_secret(tc_node_t *node, char *msg, size_t msglen);
+
 /* The port actually listened on (useful with port 0). */
 int tc_node_port(const tc_node_t *node);
 

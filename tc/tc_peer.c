@@ -103,6 +103,18 @@ static void on_cluster_peer(int node_id, const char *bus_address, void *arg) {
     tc_log_warn("could not connect the bus to node %d at \"%s\"", node_id, bus_address);
 }
 
+static void on_cluster_members(const int *ids, size_t n, void *arg) {
+  tc_peer_t *p = arg;
+  if (p->bus) tc_bus_set_members(p->bus, ids, n);
+}
+
+static void bus_log(int level, const char *msg, void *arg) { TC_LOG(level, NULL, "%s", msg); }
+
+static void on_bus_stranger(int node_id, void *arg) {
+  tc_peer_t *p = arg;
+  if (p->cluster) tc_cluster_beat_soon(p->cluster);
+}
+
 static int add_config_peer(int node_id, const char *addr, void *arg) {
   on_cluster_peer(node_id, addr, arg);
   return 0;
@@ -245,6 +257,7 @@ static int membership_start(tc_peer_t *p) {
   co.on_claimed = on_claimed;
   co.on_lost = on_claim_lost;
   co.on_peer = on_cluster_peer;
+  co.on_members = on_cluster_members;
   co.is_leader = cluster_is_leader;
   co.log = cluster_log;
   co.arg = p;
@@ -267,7 +280,11 @@ static int membership_start(tc_peer_t *p) {
 
 int tc_peer_bus_start(tc_peer_t *p, char *err, size_t errlen) {
   if (!p->ctx->cfg->cluster_bus[0]) return 0;
+  tc_bus_keys_t keys;
+  if (tc_bus_keys_load(p->ctx->cfg->cluster_secret_file, &keys, err, errlen) != 0) return TXP_EINVALID_ARG;
   tc_bus_opts_t bo = {0};
+  bo.keys = &keys;
+  bo.replay_window_ms = (unsigned)p->ctx->cfg->cluster_replay_window_ms;
   bo.node_id = p->ctx->cfg->node_id;
   bo.bind = p->ctx->cfg->cluster_bus;
   bo.advertise = p->ctx->advertise;
@@ -276,9 +293,13 @@ int tc_peer_bus_start(tc_peer_t *p, char *err, size_t errlen) {
   bo.h.on_forward = on_bus_forward;
   bo.h.on_peer = on_bus_peer;
   bo.h.waiters = bus_waiters;
+  bo.h.log = bus_log;
+  bo.h.on_stranger = on_bus_stranger;
   bo.h.arg = p;
   p->bus = tc_bus_new(p->ctx->loop, &bo, err, errlen);
+  tc_bus_keys_wipe(&keys);
   if (!p->bus) return TXP_EINVALID_ARG;
+  p->ctx->bus = p->bus;
   char perr[256];
   tc_config_each_peer(p->ctx->cfg->cluster_peers, add_config_peer, p, perr, sizeof(perr));
   return 0;
@@ -304,6 +325,17 @@ void tc_peer_register(tc_peer_t *p) {
 }
 
 bool tc_peer_bus_on(const tc_peer_t *p) { return p && p->bus; }
+
+int tc_peer_reload_secret(tc_peer_t *p, char *err, size_t errlen) {
+  if (!p || !p->bus) return 0;
+  tc_bus_keys_t keys;
+  if (tc_bus_keys_load(p->ctx->cfg->cluster_secret_file, &keys, err, errlen) != 0) return TXP_EINVALID_ARG;
+  int n = keys.n;
+  int rc = tc_bus_set_keys(p->bus, &keys);
+  tc_bus_keys_wipe(&keys);
+  if (rc == 0) snprintf(err, errlen, "%d key%s", n, n == 1 ? "" : "s");
+  return rc;
+}
 
 void tc_peer_released(tc_peer_t *p, const char *xid) {
   if (p && p->bus) tc_bus_released(p->bus, xid);
@@ -345,6 +377,7 @@ void tc_peer_close(tc_peer_t *p, void (*done)(void *arg), void *arg) {
   if (p->bus) {
     tc_bus_t *bus = p->bus;
     p->bus = NULL;
+    p->ctx->bus = NULL;
     pc->parts++;
     tc_bus_close(bus, peer_part_closed, pc);
   }

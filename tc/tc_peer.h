@@ -25,6 +25,10 @@ tc_peer_t *tc_peer_new(tc_ctx_t *ctx, void (*on_claimed)(int status, const char 
 int tc_peer_bus_start(tc_peer_t *p, char *err, size_t errlen);
 /* Write this node's addresses into node_table (heartbeats carry them). */
 void tc_peer_register(tc_peer_t *p);
+/* Read cluster.secret_file again (a rotation step, on SIGHUP): 0 and the
+ * bus signs with its first key from now on, or TXP_EINVALID_ARG with 'err'
+ * saying why (the old keys stay).  0 without a bus. */
+int tc_peer_reload_secret(tc_peer_t *p, char *err, size_t errlen);
 /* Whether a bus runs. */
 bool tc_peer_bus_on(const tc_peer_t *p);
 /* Locks of 'xid' were released here: tell the other nodes' waiters. */

@@ -20,6 +20,8 @@ void tc_stats_read(const tc_ctx_t *ctx, tc_stats_t *out) {
   out->has_recovery = ctx->recovery != NULL;
   out->leader = ctx->recovery && tc_recovery_is_leader(ctx->recovery);
   if (ctx->recovery) tc_recovery_get_stats(ctx->recovery, &out->rec);
+  out->has_bus = ctx->bus != NULL;
+  if (ctx->bus) tc_bus_get_stats(ctx->bus, &out->bus);
   out->has_admin = ctx->admin != NULL;
   if (ctx->admin) tc_admin_get_stats(ctx->admin, &out->admin);
   out->lock_waiters = ctx->lockwait ? tc_lockwait_count(ctx->lockwait) : 0;

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "tc_admin.h"
+#include "tc_bus.h"
 #include "tc_ctx.h"
 #include "tc_recovery.h"
 #include "tc_server.h"
@@ -18,13 +19,14 @@
 typedef struct tc_stats {
   int node_id;
   bool serving, stopping, leader;
-  bool has_server, has_recovery, has_admin; /* which parts below were read */
+  bool has_server, has_recovery, has_admin, has_bus; /* which parts below were read */
   tc_node_stats_t counters;
   tc_store_stats_t store;
   int store_ready_conns;
   tc_server_stats_t server;
   tc_recovery_stats_t rec;
   tc_admin_stats_t admin;
+  tc_bus_stats_t bus;
   uint64_t lock_waiters;
 } tc_stats_t;
 

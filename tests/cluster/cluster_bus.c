@@ -11,9 +11,18 @@
  *      BranchRollback when the transactions are decided on node T (T, R
  *      and the leader all different, so the leader's retry job cannot be
  *      what delivers them), and fast;
- *   3. a forged FORWARD injected into a node's bus (BranchCommit for a
- *      transaction that is still Begin) is refused after the store check:
- *      the RM never hears of it;
+ *   3. a FORWARD injected into a node's bus by a process that joined it:
+ *      without the cluster secret it is not even answered; signed with the
+ *      secret (an insider) as BranchCommit for a transaction that is still
+ *      Begin, it is refused after the store check; the RM never hears of it;
+ *   3b. security finding 1: a process that joins the bus of the node that
+ *      drives a rollback answers its FORWARD with forged FORWARD_RESULTs
+ *      ("the RM rolled back": in the old unauthenticated format as node 777,
+ *      sealed with a wrong key as a member, sealed with the secret as a
+ *      non-member) and replays a captured message of a real peer; the only
+ *      RM can never undo (it answers RollbackFailedRetryable, slowly, so the
+ *      forgeries arrive first): the transaction stays RollbackRetrying,
+ *      and the node logs each kind of drop;
  *   4. membership: a second process with a node id in use refuses to start
  *      with a clear message; tc_nodes shows every node up and one leader;
  *   5. adoption: a node killed (-9) in the middle of phase two (its RM had
@@ -38,6 +47,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tc_bus_auth.h"
 #include "tc_bus_msg.h"
 #include "txclient.h"
 
@@ -301,31 +311,280 @@ static void test_forged_forward(int target) {
   txp_buf_init(&frame, 0);
   txp_buf_init(&out, 0);
   txp_encode(&m, &frame, 0);
-  tc_bus_forward_msg_t f = {.target = (uint16_t)target, .id = 4242, .timeout_ms = 2000,
-                            .frame = (const uint8_t *)frame.data, .frame_len = (uint32_t)frame.len};
-  tc_bus_write_forward(&out, 999, 7, &f);
-  nn_send(s, out.data, out.len, 0);
-  int outcome = -1;
-  for (double end = txc_now_ms() + 3000; txc_now_ms() < end && outcome < 0;) {
-    void *buf = NULL;
-    int n = nn_recv(s, &buf, NN_MSG, 0);
-    if (n < 0) continue;
-    tc_bus_hdr_t h;
-    tc_bus_result_msg_t res;
-    if (tc_bus_parse_header(buf, (size_t)n, &h) == 0 && h.kind == TC_BUS_FORWARD_RESULT &&
-        tc_bus_parse_result(&h, &res) == 0 && res.target == 999 && res.id == 4242)
-      outcome = res.outcome;
-    nn_freemsg(buf);
+  tc_bus_keys_t wrong, secret;
+  char path[1024], err[512];
+  snprintf(path, sizeof(path), "%s/cluster.secret", cluster_dir);
+  bool have_secret = tc_bus_keys_load(path, &secret, err, sizeof(err)) == 0;
+  check(have_secret, "the cluster secret of cluster/local/up (%s)", have_secret ? path : err);
+  tc_bus_keys_from_hex(&wrong, "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff", NULL);
+  int outcome[2] = {-1, -1};
+  int other = target % 3 + 1; /* a member: the secret makes it an insider */
+  for (int round = 0; round < 2; round++) {
+    tc_bus_forward_msg_t f = {.target = (uint16_t)target, .id = 4242 + round, .timeout_ms = 2000,
+                              .frame = (const uint8_t *)frame.data, .frame_len = (uint32_t)frame.len};
+    txp_buf_reset(&out);
+    tc_bus_write_forward(&out, round ? (uint16_t)other : 999, 7, &f);
+    tc_bus_seal(&out, 0, 1, tc_bus_wall_ms(), round ? &secret : &wrong);
+    nn_send(s, out.data, out.len, 0);
+    for (double end = txc_now_ms() + 2500; txc_now_ms() < end && outcome[round] < 0;) {
+      void *buf = NULL;
+      int n = nn_recv(s, &buf, NN_MSG, 0);
+      if (n < 0) continue;
+      tc_bus_hdr_t h;
+      tc_bus_result_msg_t res;
+      if (tc_bus_parse_header(buf, (size_t)n, &h) == 0 && h.kind == TC_BUS_FORWARD_RESULT &&
+          tc_bus_parse_result(&h, &res) == 0 && res.id == f.id)
+        outcome[round] = res.outcome;
+      nn_freemsg(buf);
+    }
   }
   nn_close(s);
   txp_buf_free(&frame);
   txp_buf_free(&out);
   sleep_ms(200);
-  check(outcome == TC_BUS_REFUSED, "a forged BranchCommit for a Begin transaction is refused (outcome %d)", outcome);
+  check(outcome[0] < 0, "a forward without the cluster secret is not answered (outcome %d)", outcome[0]);
+  check(outcome[1] == TC_BUS_REFUSED,
+        "a forged BranchCommit for a Begin transaction, signed with the secret, is refused (outcome %d)",
+        outcome[1]);
   check(rm_count(xid) == 0, "the RM never heard of it (%d requests)", rm_count(xid));
   int st;
   txc_rollback(t, xid, &st);
   txc_close(t);
+}
+
+/* --------------------------------------------------- forged results */
+
+/* The RM of fwd_res, connected to one node: it can never undo, and says so
+ * after a while (the forgeries get there first). */
+static struct {
+  txc_t *c;
+  atomic_int stop, rollbacks;
+  pthread_t th;
+} slow = {0};
+
+static int slow_handler(txc_t *c, const txp_msg_t *req, txp_msg_t *res, void *arg) {
+  if (req->type == TXP_MSG_BRANCH_ROLLBACK) atomic_fetch_add(&slow.rollbacks, 1);
+  sleep_ms(1500);
+  txp_msg_set_int(res, TXP_F_BRANCH_STATUS, req->type == TXP_MSG_BRANCH_ROLLBACK
+                                                ? TXP_BS_PHASE2_ROLLBACK_FAILED_RETRYABLE
+                                                : TXP_BS_PHASE2_COMMIT_FAILED_RETRYABLE);
+  return 0;
+}
+
+static void *slow_main(void *arg) {
+  double last = 0;
+  while (!atomic_load(&slow.stop)) {
+    if (txc_poll(slow.c, 50, false) < 0) break;
+    if (txc_now_ms() - last > 1000) {
+      txp_msg_t hb, res;
+      txp_msg_init(&hb, TXP_MSG_HEARTBEAT);
+      txp_msg_init(&res, TXP_MSG_NONE);
+      txc_call(slow.c, &hb, &res, 2000);
+      txp_msg_clear(&res);
+      last = txc_now_ms();
+    }
+  }
+  return NULL;
+}
+
+static struct {
+  int tnode, rnode, other;
+  char bus[2][256]; /* tnode's, rnode's */
+  tc_bus_keys_t secret;
+  bool have_secret;
+  atomic_int stop, forged, replayed;
+  pthread_t th;
+} intr;
+
+static void put_be(uint8_t *p, uint64_t v, int n) {
+  for (int i = n - 1; i >= 0; i--) {
+    p[i] = (uint8_t)v;
+    v >>= 8;
+  }
+}
+
+/* Answer forward 'id' of node 'asker' about 'xid'/'branch': the RM rolled
+ * back.  'how' 0: the old TXB1 format as node 777 (what bus.py did);
+ * 1: sealed with a wrong key as node 'other'; 2: sealed with the secret
+ * as node 777. */
+static void forge(int s, int how, int asker, uint64_t id, const char *xid, int64_t branch) {
+  txp_msg_t res;
+  txp_msg_init(&res, (txp_msg_type_t)(TXP_MSG_BRANCH_ROLLBACK + 1));
+  res.flags = TXP_FLAG_RESPONSE;
+  txp_msg_set_int(&res, TXP_F_CODE, 0);
+  txp_msg_set_str(&res, TXP_F_XID, xid);
+  txp_msg_set_int(&res, TXP_F_BRANCH_ID, branch);
+  txp_msg_set_int(&res, TXP_F_BRANCH_STATUS, TXP_BS_PHASE2_ROLLBACKED);
+  txp_buf_t frame, out;
+  txp_buf_init(&frame, 0);
+  txp_buf_init(&out, 0);
+  txp_encode(&res, &frame, 0);
+  if (how == 0) {
+    size_t plen = 2 + 8 + 1 + 4 + frame.len;
+    uint8_t *m = calloc(1, 16 + plen);
+    memcpy(m, "TXB1", 4);
+    m[4] = TC_BUS_FORWARD_RESULT;
+    put_be(m + 6, 777, 2);
+    put_be(m + 8, 12345, 4);
+    put_be(m + 12, plen, 4);
+    put_be(m + 16, (uint64_t)asker, 2);
+    put_be(m + 18, id, 8);
+    m[26] = TC_BUS_ANSWERED;
+    put_be(m + 27, frame.len, 4);
+    memcpy(m + 31, frame.data, frame.len);
+    nn_send(s, m, 16 + plen, 0);
+    free(m);
+  } else {
+    tc_bus_keys_t wrong;
+    tc_bus_keys_from_hex(&wrong, "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100", NULL);
+    tc_bus_result_msg_t r = {.target = (uint16_t)asker, .id = id, .outcome = TC_BUS_ANSWERED, .branch_id = branch,
+                             .frame = (const uint8_t *)frame.data, .frame_len = (uint32_t)frame.len};
+    snprintf(r.xid, sizeof(r.xid), "%s", xid);
+    tc_bus_write_result(&out, how == 1 ? (uint16_t)intr.other : 777, 0x5eed, &r);
+    static uint64_t seq;
+    tc_bus_seal(&out, 0, ++seq, tc_bus_wall_ms(), how == 1 ? &wrong : &intr.secret);
+    nn_send(s, out.data, out.len, 0);
+  }
+  txp_buf_free(&frame);
+  txp_buf_free(&out);
+}
+
+/* Joins the buses of tnode and rnode: answers tnode's forwards with
+ * forgeries, replays one message of rnode's to tnode. */
+static void *intruder_main(void *arg) {
+  int s = nn_socket(AF_SP, NN_BUS);
+  int tmo = 50;
+  nn_setsockopt(s, NN_SOL_SOCKET, NN_RCVTIMEO, &tmo, sizeof(tmo));
+  nn_connect(s, intr.bus[0]);
+  nn_connect(s, intr.bus[1]);
+  void *captured = NULL;
+  int captured_len = 0;
+  double captured_at = 0;
+  while (!atomic_load(&intr.stop)) {
+    void *buf = NULL;
+    int n = nn_recv(s, &buf, NN_MSG, 0);
+    if (captured && !atomic_load(&intr.replayed) && txc_now_ms() - captured_at > 300) {
+      nn_send(s, captured, (size_t)captured_len, 0);
+      atomic_store(&intr.replayed, 1);
+    }
+    if (n < 0) continue;
+    tc_bus_hdr_t h;
+    tc_bus_forward_msg_t f;
+    const uint8_t *u = buf;
+    if (n > 31 && memcmp(u, "TXB1", 4) == 0 && u[4] == TC_BUS_FORWARD && ((u[6] << 8) | u[7]) == intr.tnode) {
+      /* An older tcd's unauthenticated FORWARD (what bus.py read): so that
+       * this check fails against it, as the review's attack did. */
+      uint64_t id = 0;
+      for (int i = 0; i < 8; i++) id = (id << 8) | u[18 + i];
+      size_t at = 30 + u[30] + 1;
+      uint32_t fl = at + 4 <= (size_t)n ? (uint32_t)u[at] << 24 | u[at + 1] << 16 | u[at + 2] << 8 | u[at + 3] : 0;
+      txp_msg_t req;
+      txp_msg_init(&req, TXP_MSG_NONE);
+      if (fl && at + 4 + fl <= (size_t)n && txp_decode_frame((const char *)u + at + 4, fl, NULL, &req) == 0 && req.xid) {
+        forge(s, 0, intr.tnode, id, req.xid, req.branch_id);
+        atomic_fetch_add(&intr.forged, 1);
+      }
+      txp_msg_clear(&req);
+    } else if (tc_bus_parse_header(buf, (size_t)n, &h) == 0) {
+      if (h.from == intr.rnode && !captured) {
+        captured = malloc((size_t)n);
+        memcpy(captured, buf, (size_t)n);
+        captured_len = n;
+        captured_at = txc_now_ms();
+      }
+      if (h.from == intr.tnode && h.kind == TC_BUS_FORWARD && tc_bus_parse_forward(&h, &f) == 0) {
+        txp_msg_t req;
+        txp_msg_init(&req, TXP_MSG_NONE);
+        if (txp_decode_frame((const char *)f.frame, f.frame_len, NULL, &req) == 0 && req.xid) {
+          for (int how = 0; how < (intr.have_secret ? 3 : 2); how++)
+            forge(s, how, h.from, f.id, req.xid, req.branch_id);
+          atomic_fetch_add(&intr.forged, 1);
+        }
+        txp_msg_clear(&req);
+      }
+    }
+    nn_freemsg(buf);
+  }
+  free(captured);
+  nn_close(s);
+  return NULL;
+}
+
+static void bus_address(int node, char *out, size_t outlen) {
+  char sql[128];
+  snprintf(sql, sizeof(sql), "SELECT bus_address FROM node_table WHERE node_id = %d", node);
+  PGconn *c = PQconnectdb(tc_url);
+  PGresult *r = PQexec(c, sql);
+  out[0] = '\0';
+  if (PQntuples(r) == 1) snprintf(out, outlen, "%s", PQgetvalue(r, 0, 0));
+  PQclear(r);
+  PQfinish(c);
+}
+
+static bool log_has(int node, const char *what) {
+  char cmd[2048];
+  snprintf(cmd, sizeof(cmd), "grep -qF '%s' %s/node%d.log", what, cluster_dir, node);
+  return system(cmd) == 0;
+}
+
+static void test_forged_result(int tnode, int rnode) {
+  char path[1024], err[512];
+  snprintf(path, sizeof(path), "%s/cluster.secret", cluster_dir);
+  /* Without it (an older cluster/local/up) the forgeries that need no
+   * secret are still sent, so this check runs against older tcds too. */
+  intr.have_secret = tc_bus_keys_load(path, &intr.secret, err, sizeof(err)) == 0;
+  check(intr.have_secret, "the cluster secret for the insider's forgery: %s", intr.have_secret ? path : err);
+  intr.tnode = tnode;
+  intr.rnode = rnode;
+  intr.other = 5; /* any id: the MAC is checked first */
+  bus_address(tnode, intr.bus[0], sizeof(intr.bus[0]));
+  bus_address(rnode, intr.bus[1], sizeof(intr.bus[1]));
+  slow.c = connect_node(rnode, true, "fwd-rm", "fwd_res");
+  txc_set_handler(slow.c, slow_handler, NULL);
+  pthread_create(&slow.th, NULL, slow_main, NULL);
+  pthread_create(&intr.th, NULL, intruder_main, NULL);
+  sleep_ms(500); /* the intruder's pipes are up */
+
+  txc_t *t = connect_node(tnode, false, "fwd-victim", NULL);
+  char xid[TXP_MAX_XID_LEN + 1];
+  int64_t bid;
+  int st = 0;
+  int rc = txc_begin(t, 30000, "fwd-demo", NULL, xid);
+  if (rc == 0) rc = txc_branch_register(t, xid, "fwd_res", "fwd_acct:1", 0, &bid, NULL);
+  if (rc == 0) rc = txc_rollback(t, xid, &st);
+  check(rc == 0, "rollback on node %d of a branch whose only RM is on node %d: %s (status %d)", tnode, rnode,
+        txp_strerror(rc), st);
+  sleep_ms(2500); /* the RM's slow answer, and any retry */
+  char sql[512];
+  snprintf(sql, sizeof(sql), "SELECT status FROM global_table WHERE xid = '%s'", xid);
+  long long gs = q1(sql);
+  snprintf(sql, sizeof(sql), "SELECT count(*) FROM global_history WHERE xid = '%s'", xid);
+  long long hist = q1(sql);
+  check(atomic_load(&intr.forged) > 0, "the intruder saw node %d's FORWARD and answered it (%d times, 3 forgeries each)",
+        tnode, atomic_load(&intr.forged));
+  check(atomic_load(&slow.rollbacks) > 0, "the RM got the relayed BranchRollback (%d)", atomic_load(&slow.rollbacks));
+  check(st != TXP_GS_ROLLBACKED && gs == TXP_GS_ROLLBACK_RETRYING && hist == 0,
+        "forged results are not believed: the rollback answered status %d, the transaction is %lld "
+        "(RollbackRetrying = %d), %lld history rows",
+        st, gs, TXP_GS_ROLLBACK_RETRYING, hist);
+  check(log_has(tnode, "(malformed) claiming to be from node 0: the unauthenticated TXB1 format"),
+        "node %d logged the old-format forgery", tnode);
+  char what[128];
+  snprintf(what, sizeof(what), "(bad MAC) claiming to be from node %d", intr.other);
+  check(log_has(tnode, what), "node %d logged the forgery sealed with a wrong key", tnode);
+  check(log_has(tnode, "(not a member) claiming to be from node 777"), "node %d logged the non-member", tnode);
+  snprintf(what, sizeof(what), "(replayed) claiming to be from node %d", rnode);
+  check(atomic_load(&intr.replayed) && log_has(tnode, what), "node %d logged the replayed message of node %d", tnode,
+        rnode);
+  atomic_store(&intr.stop, 1);
+  pthread_join(intr.th, NULL);
+  atomic_store(&slow.stop, 1);
+  pthread_join(slow.th, NULL);
+  txc_close(slow.c);
+  /* The transaction stays RollbackRetrying (no RM can undo it): the
+   * leader's retries are harmless to the checks that follow. */
+  txc_close(t);
+  tc_bus_keys_wipe(&intr.secret);
 }
 
 /* ------------------------------------------------------------ membership */
@@ -435,6 +694,7 @@ int main(void) {
   test_lock_wake(tnode, leader);
   test_forwarding(tnode, rnode);
   test_forged_forward(rnode);
+  test_forged_result(tnode, rnode);
   test_duplicate_id();
   test_adoption(tnode, leader);
 

@@ -6,7 +6,10 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -82,7 +85,36 @@ static void test_checks(void **state) {
   valid_base(&c);
   assert_int_equal(tc_config_set(&c, "cluster", "peers", "2@tcp://127.0.0.1:7102", err, sizeof(err)), 0);
   assert_int_equal(tc_config_set(&c, "cluster", "bus", "tcp://127.0.0.1:7101", err, sizeof(err)), 0);
+  /* A bus needs the cluster secret. */
+  assert_int_equal(tc_config_validate(&c, err, sizeof(err)), -1);
+  assert_non_null(strstr(err, "cluster.secret_file"));
+  char path[] = "/tmp/test_cluster_config.XXXXXX";
+  int fd = mkstemp(path);
+  assert_true(fd >= 0);
+  const char key[] = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n";
+  assert_int_equal(write(fd, key, sizeof(key) - 1), (int)sizeof(key) - 1);
+  close(fd);
+  assert_int_equal(tc_config_set(&c, "cluster", "secret_file", path, err, sizeof(err)), 0);
   assert_int_equal(tc_config_validate(&c, err, sizeof(err)), 0);
+  assert_int_equal(c.cluster_replay_window_ms, 30000);
+  /* Readable by others: refused, naming the file. */
+  assert_int_equal(chmod(path, 0644), 0);
+  assert_int_equal(tc_config_validate(&c, err, sizeof(err)), -1);
+  assert_non_null(strstr(err, path));
+  assert_non_null(strstr(err, "0600"));
+  assert_int_equal(chmod(path, 0600), 0);
+  /* A bus on every interface is refused: bind the address peers use. */
+  static const char *const wild[] = {"tcp://*:7101", "tcp://0.0.0.0:7101", "tcp://[::]:7101"};
+  for (size_t i = 0; i < 3; i++) {
+    assert_int_equal(tc_config_set(&c, "cluster", "bus", wild[i], err, sizeof(err)), 0);
+    assert_int_equal(tc_config_validate(&c, err, sizeof(err)), -1);
+    assert_non_null(strstr(err, "every interface"));
+  }
+  assert_int_equal(tc_config_set(&c, "cluster", "bus", "tcp://10.1.2.3:7101", err, sizeof(err)), 0);
+  assert_int_equal(tc_config_validate(&c, err, sizeof(err)), 0);
+  unlink(path);
+  assert_int_equal(tc_config_validate(&c, err, sizeof(err)), -1);
+  assert_non_null(strstr(err, "could not open the cluster secret file"));
   assert_int_equal(tc_config_set(&c, "cluster", "heartbeat_ms", "50", err, sizeof(err)), -1);
 }
 
