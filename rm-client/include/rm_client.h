@@ -25,8 +25,14 @@
  *   call (begin and branch registration carry idempotency keys, so a retry
  *   never creates a second transaction or branch).
  *
+ *   rm_errmsg() has the details of the calling thread's last failure.
+ *
  *   The library never prints, never exits and installs no signal handler:
- *   log lines go to the callback set in rm_config_t (none by default).
+ *   log lines go to the callback set in rm_config_t (none by default;
+ *   rm_log_stderr is a ready-made one).
+ *
+ *   A first program: rm-client/README.md ("Using librmclient") and
+ *   examples/transfer/transfer.c.
  */
 #ifndef RM_CLIENT_H
 #define RM_CLIENT_H
