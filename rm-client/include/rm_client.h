@@ -357,7 +357,9 @@ RM_API int rm_at_delete(rm_branch_t *b, const char *table, const char *const *pk
  * decision, and then its undo (+n) would be refused and the global
  * transaction could never roll back.  A negative delta is therefore
  * RM_E_INVALID here (and in rm_at_update_delta_deferred), with nothing
- * changed: give back with rm_at_update_delta_on_commit.
+ * changed: give back with rm_at_update_delta_on_commit.  An amount (a
+ * balance, a debit of 10.50) is rm_at_update_add's job: any sign, numeric,
+ * under the row's global lock.
  */
 RM_API int rm_at_update_delta(rm_branch_t *b, const char *table, const char *const *pk_vals,
                               const char *col, long long delta, const char *guard);
