@@ -76,6 +76,7 @@ void test_resource_needs_undo_log(void **state);
 void test_update_add(void **state);
 void test_rollback_pending(void **state);
 void test_errmsg(void **state);
+void test_commit_failed(void **state);
 
 /* test_rm_at_giveback.c */
 void test_giveback_refused_in_phase_one(void **state);

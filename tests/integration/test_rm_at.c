@@ -1213,6 +1213,7 @@ int main(void) {
     cmocka_unit_test(test_update_add),
     cmocka_unit_test(test_rollback_pending),
     cmocka_unit_test(test_errmsg),
+    cmocka_unit_test(test_commit_failed),
   };
   /* RM_TEST_FILTER=test_dirty* runs only the matching tests. */
   if (getenv("RM_TEST_FILTER")) cmocka_set_test_filter(getenv("RM_TEST_FILTER"));

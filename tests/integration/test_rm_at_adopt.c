@@ -3,7 +3,8 @@
  * program and fixture of test_rm_at.c (rm_at_fixture.h): rm_resource_add
  * refusing a database without the RM schema (or with an old one), a
  * rollback that cannot finish (a database whose undo_log went away)
- * answered RM_E_ROLLBACK_PENDING until it can, rm_at_update_add (a debit
+ * answered RM_E_ROLLBACK_PENDING until it can, a commit whose give-back
+ * is refused answered RM_E_COMMIT_FAILED, rm_at_update_add (a debit
  * of 10.50 in one call, its guard, its undo), and rm_errmsg() for calls
  * that have no branch to hold a message.
  *
@@ -253,5 +254,42 @@ void test_errmsg(void **state) {
   cfg.token = NULL;
   assert_int_equal(rm_client_new(&cfg, &c), RM_E_INVALID);
   assert_true(has(rm_errmsg(), "token"));
+  PQfinish(o);
+}
+
+/* A commit whose phase two fails for good (a give-back refused by a
+ * constraint after an outside write): RM_E_COMMIT_FAILED with status
+ * CommitFailed, not 0. */
+void test_commit_failed(void **state) {
+  (void)state;
+  PGconn *o = pg_open(orders_url);
+  assert_non_null(o);
+  assert_true(exec_ok(o, "DROP SCHEMA IF EXISTS rmt_cf CASCADE; CREATE SCHEMA rmt_cf;"
+                         " CREATE TABLE rmt_cf.undo_log (LIKE public.undo_log INCLUDING ALL);"
+                         " CREATE TABLE rmt_cf.cnt (id int PRIMARY KEY, frozen int NOT NULL CHECK (frozen >= 0));"
+                         " INSERT INTO rmt_cf.cnt VALUES (1, 5)"));
+  char url[1024];
+  url_with_path(url, sizeof(url), "rmt_cf");
+  assert_int_equal(rm_resource_add(client, "rmt_cf", url), 0);
+  sleep_ms(200);
+  assert_true(exec_ok(o, "SET search_path = rmt_cf"));
+  char xid[RM_XID_MAX];
+  assert_int_equal(rm_tm_begin(client, 30000, "commit_failed", xid), 0);
+  assert_true(exec_ok(o, "BEGIN"));
+  rm_branch_t *b = NULL;
+  assert_int_equal(rm_at_open(client, xid, "rmt_cf", o, &b), 0);
+  const char *pk[1] = {"1"};
+  assert_int_equal(rm_at_update_delta_on_commit(b, "cnt", pk, "frozen", -3), 0);
+  assert_int_equal(rm_at_prepare(b, NULL), 0);
+  assert_true(exec_ok(o, "COMMIT"));
+  rm_at_close(b, true);
+  assert_true(exec_ok(o, "UPDATE rmt_cf.cnt SET frozen = 1 WHERE id = 1")); /* the outside write */
+  int st = 0;
+  assert_int_equal(rm_tm_commit(client, xid, &st), RM_E_COMMIT_FAILED);
+  assert_int_equal(st, RM_GS_COMMIT_FAILED);
+  assert_true(has(rm_errmsg(), "committed, but"));
+  assert_true(has(rm_errmsg(), xid));
+  assert_int_equal(q_ll(o, "SELECT frozen FROM rmt_cf.cnt WHERE id = 1", NULL, NULL, NULL), 1);
+  assert_true(exec_ok(o, "RESET search_path"));
   PQfinish(o);
 }
