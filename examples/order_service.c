@@ -219,15 +219,15 @@ typedef enum { DECIDED_UNKNOWN, DECIDED_COMMIT, DECIDED_ROLLBACK } decision_t;
 
 static decision_t decision_of(int status) {
   switch (status) {
-  case 2: /* Committing */
-  case 3: /* CommitRetrying */
-  case 8: /* AsyncCommitting */
+  case RM_GS_COMMITTING:
+  case RM_GS_COMMIT_RETRYING:
+  case RM_GS_ASYNC_COMMITTING:
   case RM_GS_COMMITTED:
     return DECIDED_COMMIT;
   case RM_GS_ROLLBACKING:
-  case 5: /* RollbackRetrying */
-  case 6: /* TimeoutRollbacking */
-  case 7: /* TimeoutRollbackRetrying */
+  case RM_GS_ROLLBACK_RETRYING:
+  case RM_GS_TIMEOUT_ROLLBACKING:
+  case RM_GS_TIMEOUT_ROLLBACK_RETRYING:
   case RM_GS_ROLLBACKED:
   case RM_GS_TIMEOUT_ROLLBACKED:
     return DECIDED_ROLLBACK;
@@ -336,6 +336,9 @@ static decision_t rollback_global(order_svc_t *s, const char *xid, const char *w
   int st = 0;
   int rc = rm_tm_rollback(s->rm, xid, &st);
   if (rc == 0) return DECIDED_ROLLBACK;
+  /* RM_E_ROLLBACK_PENDING: decided, the TC finishes the undo (the status
+   * says rollback); RM_E_ROLLBACK_FAILED: a branch is not undone (status
+   * RollbackFailed: unknown here, for an operator).  rm_errmsg() has it. */
   decision_t d = st ? decision_of(st) : DECIDED_UNKNOWN;
   if (d == DECIDED_UNKNOWN) {
     int st2 = 0;
@@ -352,6 +355,12 @@ static decision_t commit_global(order_svc_t *s, const char *xid, char *err, size
   int st = 0;
   int rc = rm_tm_commit(s->rm, xid, &st);
   if (rc == 0) return DECIDED_COMMIT;
+  if (rc == RM_E_COMMIT_FAILED) {
+    /* Committed; a branch's phase-two commit (a give-back) failed for
+     * good: the order stands, the branch is an operator's. */
+    SVC_LOG(SVC_LOG_WARN, json_pack("{s:s}", "xid", xid), "%s", rm_errmsg());
+    return DECIDED_COMMIT;
+  }
   snprintf(err, errlen, "commit: %s", rm_strerror(rc));
   decision_t d = st ? decision_of(st) : DECIDED_UNKNOWN;
   for (int i = 0; d == DECIDED_UNKNOWN && i < 3; i++) {

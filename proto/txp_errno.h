@@ -56,7 +56,10 @@
   X(DEADLINE,          -10201, true,  "deadline exceeded before sending")             \
   X(NO_NODE,           -10202, true,  "no coordinator node reachable")                \
   X(CONN_LOST,         -10203, true,  "connection lost")                              \
-  X(NOT_SUPPORTED,     -10204, false, "statement not supported by the AT layer")
+  X(NOT_SUPPORTED,     -10204, false, "statement not supported by the AT layer")        \
+  X(ROLLBACK_PENDING,  -10205, true,  "rollback decided, not finished: the coordinator retries") \
+  X(ROLLBACK_FAILED,   -10206, false, "rollback decided, a branch could not be undone") \
+  X(COMMIT_FAILED,     -10207, false, "commit decided, a branch could not be committed")
 
 typedef enum txp_errno {
   TXP_OK = 0,

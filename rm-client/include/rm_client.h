@@ -25,8 +25,14 @@
  *   call (begin and branch registration carry idempotency keys, so a retry
  *   never creates a second transaction or branch).
  *
+ *   rm_errmsg() has the details of the calling thread's last failure.
+ *
  *   The library never prints, never exits and installs no signal handler:
- *   log lines go to the callback set in rm_config_t (none by default).
+ *   log lines go to the callback set in rm_config_t (none by default;
+ *   rm_log_stderr is a ready-made one).
+ *
+ *   A first program: rm-client/README.md ("Using librmclient") and
+ *   examples/transfer/transfer.c.
  */
 #ifndef RM_CLIENT_H
 #define RM_CLIENT_H
@@ -69,6 +75,16 @@ enum {
   RM_E_NO_NODE = -10202,        /* no coordinator node reachable */
   RM_E_CONN_LOST = -10203,
   RM_E_NOT_SUPPORTED = -10204,  /* statement the AT layer cannot handle */
+  RM_E_ROLLBACK_PENDING = -10205, /* rm_tm_rollback: rolled back as a decision, but not every
+                                     branch is undone yet (*status: Rollbacking, RollbackRetrying,
+                                     TimeoutRollback(Retry)ing, StopRollbackRetry); the coordinator
+                                     retries while each resource's RM runs: see rm_errmsg() */
+  RM_E_ROLLBACK_FAILED = -10206,  /* rm_tm_rollback: a branch can never be undone automatically
+                                     (*status RollbackFailed or TimeoutRollbackFailed, e.g. a
+                                     dirty write): repair the row, then `tcctl redrive XID` */
+  RM_E_COMMIT_FAILED = -10207,    /* rm_tm_commit: committed as a decision, but a branch's
+                                     phase two failed for good (*status CommitFailed): an
+                                     operator's (`tcctl show XID`) */
   RM_E_DB = -10300,             /* a database statement failed (see errmsg) */
   RM_E_NO_TABLE = -10301,       /* unknown table */
   RM_E_NO_PK = -10302,          /* table has no primary key */
@@ -77,19 +93,43 @@ enum {
   RM_E_STATE = -10305,          /* call out of order for this branch */
 };
 
-/* Global status values (Seata's numbers; proto/txp_status.h). */
+/* Global status values (Seata's numbers; proto/txp_status.h), every one
+ * the coordinator may answer.  Final: Committed, CommitFailed, Rollbacked,
+ * TimeoutRollbacked, RollbackFailed, TimeoutRollbackFailed, Finished. */
 enum {
-  RM_GS_BEGIN = 1,
-  RM_GS_ROLLBACKING = 4,
+  RM_GS_UNKNOWN = 0,
+  RM_GS_BEGIN = 1,                     /* active: branches may register */
+  RM_GS_COMMITTING = 2,                /* commit decided, phase two running */
+  RM_GS_COMMIT_RETRYING = 3,           /* commit decided, phase two retried */
+  RM_GS_ROLLBACKING = 4,               /* rollback decided, undo running */
+  RM_GS_ROLLBACK_RETRYING = 5,         /* rollback decided, undo retried (an RM is missing,
+                                          a database without undo_log, a lock timeout) */
+  RM_GS_TIMEOUT_ROLLBACKING = 6,       /* timed out: rollback decided, undo running */
+  RM_GS_TIMEOUT_ROLLBACK_RETRYING = 7, /* timed out: undo retried */
+  RM_GS_ASYNC_COMMITTING = 8,          /* committed, clean-up running (shown as Committed) */
   RM_GS_COMMITTED = 9,
+  RM_GS_COMMIT_FAILED = 10,            /* committed, a branch failed for good: operator */
   RM_GS_ROLLBACKED = 11,
   RM_GS_TIMEOUT_ROLLBACKED = 12,
-  RM_GS_ROLLBACK_FAILED = 13,
+  RM_GS_ROLLBACK_FAILED = 13,          /* a branch cannot be undone (dirty write): operator */
+  RM_GS_TIMEOUT_ROLLBACK_FAILED = 14,
+  RM_GS_FINISHED = 15,
+  RM_GS_STOP_COMMIT_RETRY = 19,        /* an operator stopped the retries (tcctl) */
+  RM_GS_STOP_ROLLBACK_RETRY = 20,
 };
 
 RM_API const char *rm_strerror(int code);
 /* Name of a global status ("Committed", ...). */
 RM_API const char *rm_global_status_name(int status);
+/*
+ * Details of the calling thread's last failed call of the client, resource,
+ * TM or AT functions ("" if none yet): why the arguments were refused, the
+ * coordinator's or PostgreSQL's message, what to run to fix it.  Like
+ * rm_prefilter_errmsg: thread-local, valid until the thread's next failed
+ * call, never cleared by a success (read it right after the failure).  An
+ * AT branch's failures are also in rm_at_errmsg(b).
+ */
+RM_API const char *rm_errmsg(void);
 
 /* Levels start at 1 so that a zero-initialized rm_config_t means the
  * default (RM_LOG_WARN).  Lower is more severe. */
@@ -98,6 +138,11 @@ typedef enum { RM_LOG_ERROR = 1, RM_LOG_WARN = 2, RM_LOG_INFO = 3, RM_LOG_DEBUG 
  * at a time; 'msg' is valid during the call.  Must not call back into the
  * library's blocking functions. */
 typedef void (*rm_log_cb)(int level, const char *msg, void *arg);
+/* A ready-made rm_log_cb: one line per call on stderr, "PREFIX: rmclient
+ * LEVEL: msg", PREFIX being 'arg' as a C string (the program's name; NULL:
+ * none).  The library calls it only when the program passes it:
+ *   rm_config_t cfg = {..., .log_cb = rm_log_stderr, .log_arg = "transfer"}; */
+RM_API void rm_log_stderr(int level, const char *msg, void *arg);
 
 /* Strings are copied by rm_client_new(); numbers: 0 means the default. */
 typedef struct rm_config {
@@ -153,24 +198,69 @@ RM_API int rm_client_nodes_up(rm_client_t *c);
 
 /* ---------------------------------------------------------------- TM --- */
 
-/* Begin a global transaction.  'timeout_ms' 0 = the TC's default; 'name'
- * may be NULL.  Writes the xid (a plain string to pass to other services)
- * into 'xid' (RM_XID_MAX bytes). */
+/*
+ * The TM calls: 0 means the caller got what it asked for, and nothing else
+ * does.  '*status' (may be NULL) is the global status the coordinator
+ * answered with, whatever the code (0 when it did not answer).  Codes any
+ * of them may return: RM_E_INVALID (bad argument, or a blocking call from
+ * a library callback), RM_E_NOMEM, RM_E_AUTH, RM_E_NO_NODE and
+ * RM_E_DEADLINE (not sent: nothing happened), RM_E_UNKNOWN_OUTCOME and
+ * RM_E_CONN_LOST after sending (may have happened: ask rm_tm_status, or
+ * repeat the call, which is idempotent), RM_E_STORE and RM_E_BUSY (the
+ * coordinator could not take it now: retry), RM_E_GLOBAL_NOT_FOUND.
+ * rm_errmsg() has the details of a failure.
+ */
+
+/* Begin a global transaction.  'timeout_ms' 0 = the TC's default (tcd
+ * --print-config: 60 s); 'name' may be NULL.  Writes the xid (a plain
+ * string to pass to other services) into 'xid' (RM_XID_MAX bytes; "" on
+ * failure).  RM_E_NO_NODE or RM_E_DEADLINE: certainly no transaction. */
 RM_API int rm_tm_begin(rm_client_t *c, unsigned timeout_ms, const char *name, char *xid);
-/* Commit.  On 0, *status (may be NULL) is RM_GS_COMMITTED; a rollback
- * decision made meanwhile (e.g. timeout) comes back as RM_E_TIMED_OUT or
- * RM_E_GLOBAL_NOT_ACTIVE with *status telling which. */
+/*
+ * Commit.  0: the commit is decided and durable; *status is
+ * RM_GS_COMMITTED (or, for a repeated call, Committing/CommitRetrying:
+ * phase two, AT clean-up, still runs).  Not committed: RM_E_TIMED_OUT (the
+ * transaction timed out and is rolled back: *status TimeoutRollback*),
+ * RM_E_GLOBAL_NOT_ACTIVE (a rollback was decided before: *status tells
+ * which).  RM_E_COMMIT_FAILED: committed, but a branch's phase-two commit
+ * failed for good (*status RM_GS_COMMIT_FAILED; only branches with
+ * rm_at_update_delta_on_commit do work there): an operator's.
+ */
 RM_API int rm_tm_commit(rm_client_t *c, const char *xid, int *status);
+/*
+ * Roll back, and wait until every branch is undone.  0: rolled back and
+ * finished, *status RM_GS_ROLLBACKED (or RM_GS_TIMEOUT_ROLLBACKED: it timed
+ * out first).  Decided but not finished:
+ *   RM_E_ROLLBACK_PENDING  *status Rollbacking, RollbackRetrying,
+ *                          TimeoutRollbacking, TimeoutRollbackRetrying or
+ *                          StopRollbackRetry: a branch's undo failed for
+ *                          now (its resource's RM is not running, the
+ *                          database has no undo_log, a row lock timed
+ *                          out); the coordinator retries it, and finishes
+ *                          once an RM of that resource runs.
+ *   RM_E_ROLLBACK_FAILED   *status RollbackFailed or TimeoutRollbackFailed:
+ *                          a branch can never be undone automatically (a
+ *                          dirty write: someone changed the row outside
+ *                          the coordinator; nothing was overwritten).
+ *                          Repair the row by hand, then `tcctl redrive XID`
+ *                          (`tcctl show XID` has the row and both values).
+ * Either way nothing of the transaction will be committed.  Not rolled
+ * back: RM_E_GLOBAL_NOT_ACTIVE with *status RM_GS_COMMITTED (a commit was
+ * decided before).  A transaction the timeout rolled back first answers as
+ * that rollback does (0 with RM_GS_TIMEOUT_ROLLBACKED, or the two codes
+ * above with the Timeout* statuses).
+ */
 RM_API int rm_tm_rollback(rm_client_t *c, const char *xid, int *status);
 /* The coordinator's status of 'xid' (also after it finished), passed
- * through: any txp global status, e.g. RM_GS_BEGIN or RM_GS_COMMITTED. */
+ * through: any RM_GS_* above.  0 whenever the coordinator answered. */
 RM_API int rm_tm_status(rm_client_t *c, const char *xid, int *status);
 
 /* Callback forms: 'xid' is the new xid for begin (NULL on failure) and the
  * request's xid for the others, valid during the callback; 'status' is set
  * for commit/rollback/status when the coordinator said it (else 0).  The
  * callback runs on the library's thread and must not block, nor call the
- * blocking functions (they return RM_E_INVALID there). */
+ * blocking functions (they return RM_E_INVALID there).  'code' is what the
+ * blocking form would return (RM_E_ROLLBACK_PENDING ... included). */
 typedef void (*rm_tm_cb)(int code, const char *xid, int status, void *arg);
 RM_API int rm_tm_begin_async(rm_client_t *c, unsigned timeout_ms, const char *name, rm_tm_cb cb, void *arg);
 RM_API int rm_tm_commit_async(rm_client_t *c, const char *xid, rm_tm_cb cb, void *arg);
@@ -184,12 +274,19 @@ typedef struct pg_conn PGconn; /* libpq's, as the caller passes it */
 /*
  * Declare this process a resource manager for 'resource_id' (one
  * PostgreSQL database), reachable for phase-two work through 'conninfo'
- * (the library opens its own connections there; the database must have
- * sql/rm's undo_log table).  Re-registers with every node.  Call once per
- * resource, before its branches; adding the same id with the same conninfo
- * again is a no-op.  RM_E_INVALID: NULL or empty arguments, an id longer
- * than 256 bytes or holding ',', '^' or control bytes, a malformed
- * conninfo, or the id already added with another conninfo.
+ * (the library opens its own connections there).  Connects once to check
+ * the database: it must have the RM schema, sql/rm's undo_log table
+ * (`txc-db-migrate 'CONNINFO' rm`, once per database).  Re-registers with
+ * every node.  Call once per resource, before its branches; adding the same
+ * id with the same conninfo again is a no-op (no check).  While this
+ * process runs it also does phase two (commit clean-up, rollback undo) of
+ * its resources' branches for every transaction, its own or others'.
+ * Codes (rm_errmsg() says which and what to run): RM_E_INVALID (NULL or
+ * empty arguments, an id longer than 256 bytes or holding ',', '^' or
+ * control bytes, a malformed conninfo, the id already added with another
+ * conninfo), RM_E_DB (the database refused the connection or the check),
+ * RM_E_NO_TABLE (no undo_log table), RM_E_NOT_SUPPORTED (an undo_log of an
+ * older version of the schema set), RM_E_NOMEM.
  */
 RM_API int rm_resource_add(rm_client_t *c, const char *resource_id, const char *conninfo);
 
@@ -230,6 +327,23 @@ RM_API int rm_at_insert(rm_branch_t *b, const char *table, int ncols, const char
 /* UPDATE one row identified by its primary key values (in key order). */
 RM_API int rm_at_update(rm_branch_t *b, const char *table, const char *const *pk_vals, int nset,
                         const char *const *set_cols, const char *const *set_vals);
+/*
+ * UPDATE table SET col = col + amount WHERE pk AND (guard), one row: the
+ * read-modify-write of a balance in one call, e.g. a debit of 10.50:
+ *   rm_at_update_add(b, "account", pk, "balance", "-10.50", "balance + $1 >= 0")
+ * 'amount' is text in the column's type (integer or numeric, any sign);
+ * 'guard' an SQL condition on the row's own columns with $1 standing for
+ * 'amount', or NULL.  It is an rm_at_update in every other respect: the
+ * row is locked (FOR UPDATE locally, its global lock key at prepare), its
+ * before and after images are recorded, and a rollback restores the before
+ * image (refusing, as a dirty write, if the row changed meanwhile).  Use
+ * it for money; rm_at_update_delta is for hot counters that may not take
+ * a global lock.  Codes as rm_at_update's, and RM_E_GUARD when the guard
+ * refuses (the message has the column's value), RM_E_NOT_SUPPORTED for a
+ * column that is not integer or numeric, or part of the key.
+ */
+RM_API int rm_at_update_add(rm_branch_t *b, const char *table, const char *const *pk_vals, const char *col,
+                            const char *amount, const char *guard);
 /* DELETE one row identified by its primary key values. */
 RM_API int rm_at_delete(rm_branch_t *b, const char *table, const char *const *pk_vals);
 /*
@@ -245,7 +359,9 @@ RM_API int rm_at_delete(rm_branch_t *b, const char *table, const char *const *pk
  * decision, and then its undo (+n) would be refused and the global
  * transaction could never roll back.  A negative delta is therefore
  * RM_E_INVALID here (and in rm_at_update_delta_deferred), with nothing
- * changed: give back with rm_at_update_delta_on_commit.
+ * changed: give back with rm_at_update_delta_on_commit.  An amount (a
+ * balance, a debit of 10.50) is rm_at_update_add's job: any sign, numeric,
+ * under the row's global lock.
  */
 RM_API int rm_at_update_delta(rm_branch_t *b, const char *table, const char *const *pk_vals,
                               const char *col, long long delta, const char *guard);

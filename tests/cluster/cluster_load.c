@@ -290,7 +290,9 @@ static void *worker_main(void *arg) {
     } else {
       int rc2 = rm_tm_rollback(client, r.xid, &st);
       note_tm_error(rc2);
-      r.view = rc2 == 0 ? V_ROLLED_BACK : V_UNKNOWN;
+      /* Pending: decided, the TC finishes the undo (no outside writers
+       * here, so it cannot end RollbackFailed: that stays unknown). */
+      r.view = rc2 == 0 || rc2 == RM_E_ROLLBACK_PENDING ? V_ROLLED_BACK : V_UNKNOWN;
       if (rc2 == RM_E_GLOBAL_NOT_ACTIVE && st == RM_GS_COMMITTED) r.view = V_COMMITTED;
     }
     r.last_rc = rc;

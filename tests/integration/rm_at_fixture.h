@@ -71,6 +71,13 @@ void test_schema_change(void **state);
 void test_prepared_statements(void **state);
 void test_insert_fails_late(void **state);
 
+/* test_rm_at_adopt.c */
+void test_resource_needs_undo_log(void **state);
+void test_update_add(void **state);
+void test_rollback_pending(void **state);
+void test_errmsg(void **state);
+void test_commit_failed(void **state);
+
 /* test_rm_at_giveback.c */
 void test_giveback_refused_in_phase_one(void **state);
 void test_release_waits_for_commit(void **state);

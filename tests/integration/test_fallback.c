@@ -529,7 +529,8 @@ static result_t global_order(worker_t *w, int64_t oid, int64_t user, int qty, in
       return RES_UNKNOWN; /* keep the Redis freeze: reconciliation sorts it out */
   }
   rc = rm_tm_rollback(s->c, xid, &status);
-  if (rc != 0 && rc != RM_E_TIMED_OUT) return RES_UNKNOWN;
+  /* Pending: rolled back as a decision, the TC finishes the undo. */
+  if (rc != 0 && rc != RM_E_TIMED_OUT && rc != RM_E_ROLLBACK_PENDING) return RES_UNKNOWN;
   rm_prefilter_release(s->pf, s->act, TT, oid);
   return guard ? RES_REFUSED : RES_FAILED;
 }

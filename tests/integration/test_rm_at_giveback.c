@@ -342,7 +342,8 @@ void test_undo_refused_by_constraint(void **state) {
   assert_true(exec_ok(s, "UPDATE activity_ticket_bucket SET frozen_count = 0"
                          " WHERE activity_id = 1 AND ticket_type = 1 AND bucket_id = 25"));
   int st = 0;
-  rm_tm_rollback(client, xid, &st);
+  assert_int_equal(rm_tm_rollback(client, xid, &st), RM_E_ROLLBACK_FAILED);
+  assert_int_equal(st, RM_GS_ROLLBACK_FAILED);
   assert_int_equal(WAIT_EQ(RM_GS_ROLLBACK_FAILED, 20, global_status(xid)), RM_GS_ROLLBACK_FAILED);
   assert_int_equal(undo_left(s, xid), 1);
   assert_int_equal(bucket_col(s, 25, "frozen_count"), 0);

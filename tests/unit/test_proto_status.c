@@ -439,6 +439,9 @@ static void test_error_table(void **state) {
   assert_int_equal(TXP_ELOCK_CONFLICT, -10105);
   assert_int_equal(TXP_EUNKNOWN_OUTCOME, -10200);
   assert_int_equal(TXP_ENOT_SUPPORTED, -10204);
+  assert_int_equal(TXP_EROLLBACK_PENDING, -10205);
+  assert_int_equal(TXP_EROLLBACK_FAILED, -10206);
+  assert_int_equal(TXP_ECOMMIT_FAILED, -10207);
   assert_string_equal(txp_errname(TXP_ELOCK_CONFLICT), "LOCK_CONFLICT");
   assert_string_equal(txp_strerror(TXP_ELOCK_CONFLICT), "global lock conflict");
   assert_string_equal(txp_strerror(TXP_EBAD_MAGIC), "bad frame magic");
@@ -477,7 +480,7 @@ static void test_error_unknown_codes(void **state) {
     assert_false(txp_err_known(sys[i]));
   }
   static const int unk[] = {1, 42, -4096, -9999, -10000, -10015, -10099, -10119,
-                            -10199, -10205, INT32_MIN, INT32_MAX, 10001};
+                            -10199, -10208, INT32_MIN, INT32_MAX, 10001};
   for (size_t i = 0; i < NELEM(unk); i++) {
     assert_string_equal(txp_strerror(unk[i]), "unknown error");
     assert_string_equal(txp_errname(unk[i]), "UNKNOWN");

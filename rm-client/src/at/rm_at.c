@@ -70,24 +70,36 @@ static bool xid_ok(const char *xid) {
 int rm_at_open(rm_client_t *c, const char *xid, const char *resource_id, PGconn *pg,
                rm_branch_t **out) {
   if (out) *out = NULL;
-  if (!c || !xid || !resource_id || !pg || !out || !xid_ok(xid)) return RM_E_INVALID;
+  if (!c || !xid || !resource_id || !pg || !out)
+    return rm__fail(RM_E_INVALID, "could not open a branch: the client, xid, resource id, connection or out is NULL");
+  if (!xid_ok(xid))
+    return rm__fail(RM_E_INVALID, "could not open a branch: the xid is empty or longer than %d bytes",
+                    TXP_MAX_XID_LEN);
   rm_at_resource_t *r = rm__at_resource_find(c, resource_id);
   if (!r) {
-    rm__log(c, RM_LOG_ERROR, "could not open a branch of \"%s\": resource \"%s\" was not added",
-            xid, resource_id);
+    rm__fail(RM_E_INVALID, "could not open a branch of \"%s\": resource \"%s\" was not added (call "
+             "rm_resource_add first)", xid, resource_id);
+    rm__log(c, RM_LOG_ERROR, "%s", rm_errmsg());
     return RM_E_INVALID;
   }
-  if (PQstatus(pg) != CONNECTION_OK || PQtransactionStatus(pg) != PQTRANS_INTRANS) return RM_E_STATE;
+  if (PQstatus(pg) != CONNECTION_OK)
+    return rm__fail(RM_E_STATE, "could not open a branch of \"%s\" on \"%s\": the connection is not open", xid,
+                    resource_id);
+  if (PQtransactionStatus(pg) != PQTRANS_INTRANS)
+    return rm__fail(RM_E_STATE,
+                    "could not open a branch of \"%s\" on \"%s\": the connection must be idle inside a "
+                    "transaction block (run BEGIN first; not in a failed or busy transaction)", xid, resource_id);
   const char *enc = PQparameterStatus(pg, "client_encoding");
   if (!enc || strcmp(enc, "UTF8") != 0) {
-    rm__log(c, RM_LOG_ERROR, "could not open a branch of \"%s\": client_encoding is \"%s\", not UTF8",
-            xid, enc ? enc : "?");
+    rm__fail(RM_E_NOT_SUPPORTED, "could not open a branch of \"%s\": client_encoding is \"%s\", not UTF8", xid,
+             enc ? enc : "?");
+    rm__log(c, RM_LOG_ERROR, "%s", rm_errmsg());
     return RM_E_NOT_SUPPORTED;
   }
   rm_branch_t *b = calloc(1, sizeof(*b));
   if (!b || !(b->undo = json_array())) {
     free(b);
-    return RM_E_NOMEM;
+    return rm__fail(RM_E_NOMEM, "could not open a branch of \"%s\": out of memory", xid);
   }
   b->c = c;
   b->res = r;
@@ -135,6 +147,8 @@ int rm_at_close(rm_branch_t *b, bool committed) {
             "branch of \"%s\" on \"%s\" committed %zu statement(s) without rm_at_prepare: they "
             "are not part of the global transaction",
             b->xid, b->res->id, b->nitems);
+    rm__fail(RM_E_STATE, "branch of \"%s\" on \"%s\" committed %zu statement(s) without rm_at_prepare: they "
+             "are not part of the global transaction", b->xid, b->res->id, b->nitems);
     rc = RM_E_STATE;
   }
   branch_free(b);
@@ -193,8 +207,16 @@ static int check_commit_deltas(rm_branch_t *b) {
   return 0;
 }
 
+static int prepare(rm_branch_t *b, int64_t *branch_id);
+
 int rm_at_prepare(rm_branch_t *b, int64_t *branch_id) {
-  if (!b) return RM_E_INVALID;
+  if (!b) return rm__fail(RM_E_INVALID, "could not prepare a branch: the branch is NULL");
+  int rc = prepare(b, branch_id);
+  if (rc != 0) rm__errmsg_set("%s", b->errmsg[0] ? b->errmsg : rm_strerror(rc));
+  return rc;
+}
+
+static int prepare(rm_branch_t *b, int64_t *branch_id) {
   if (b->state != RM_BRANCH_OPEN) {
     rm__at_err(b, "branch is already %s", b->state == RM_BRANCH_PREPARED ? "prepared" : "failed");
     return RM_E_STATE;

@@ -355,7 +355,17 @@ void rm__at_sp_rollback(rm_branch_t *b) {
   PQclear(res);
 }
 
+static int stmt_end(rm_branch_t *b, int rc);
+
+/* The end of every statement: its code, and on failure rm_errmsg() set to
+ * the branch's message (which some paths write directly). */
 int rm__at_stmt_end(rm_branch_t *b, int rc) {
+  rc = stmt_end(b, rc);
+  if (rc != 0) rm__errmsg_set("%s", b->errmsg[0] ? b->errmsg : rm_strerror(rc));
+  return rc;
+}
+
+static int stmt_end(rm_branch_t *b, int rc) {
   b->sp_pending = false;
   if (!b->sp_taken) {
     if (rc != 0 && b->sp_released) {

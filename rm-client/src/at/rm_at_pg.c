@@ -12,6 +12,7 @@ void rm__at_err(rm_branch_t *b, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(b->errmsg, sizeof(b->errmsg), fmt, ap);
   va_end(ap);
+  rm__errmsg_set("%s", b->errmsg); /* rm_errmsg() too: the one last-error pattern */
 }
 
 rm_row_t *rm__row_from_result(const PGresult *res, int row) {

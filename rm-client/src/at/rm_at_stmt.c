@@ -1,7 +1,7 @@
 /*
  * rm_at_stmt.c - the statements of an AT branch on the caller's connection
- * (rm_at_insert, _update, _delete, _update_delta, _update_delta_deferred,
- * _update_delta_on_commit), each in the frame of rm_at_frame.c; and the
+ * (rm_at_insert, _update, _update_add, _delete, _update_delta,
+ * _update_delta_deferred, _update_delta_on_commit), each in the frame of rm_at_frame.c; and the
  * deferred delta UPDATEs, which rm_at_prepare runs.
  *
  * NOTES
@@ -13,6 +13,9 @@
  *             UPDATE ... RETURNING *                 (after image)
  *     delete: SELECT * ... FOR UPDATE                (before image)
  *             DELETE
+ *     add:    SELECT * ... FOR UPDATE                (before image)
+ *             UPDATE SET col = col + $1 WHERE pk AND (guard) RETURNING *
+ *                                                    (after image; an update)
  *     delta:  UPDATE SET col = col + $1 WHERE pk AND (guard)
  *     deferred delta: SELECT 1 ... WHERE pk (the row exists; no lock),
  *             the UPDATE is kept for prepare
@@ -399,8 +402,9 @@ static int delta_target(rm_branch_t *b, const char *table, const char *const *pk
   return 0;
 }
 
-/* Append "UPDATE t SET c = c + $1 WHERE pk = $2 ... AND (guard) RETURNING c". */
-static int delta_sql(txp_buf_t *sql, const rm_table_t *t, int ci, const char *guard) {
+/* Append "UPDATE t SET c = c + $1 WHERE pk = $2 ... AND (guard) RETURNING
+ * <returning>" (NULL: the column c). */
+static int delta_sql(txp_buf_t *sql, const rm_table_t *t, int ci, const char *guard, const char *returning) {
   int rc = txp_buf_append_str(sql, "UPDATE ");
   if (!rc) rc = txp_buf_append_str(sql, t->qname);
   if (!rc) rc = txp_buf_append_str(sql, " SET ");
@@ -415,7 +419,7 @@ static int delta_sql(txp_buf_t *sql, const rm_table_t *t, int ci, const char *gu
     if (!rc) rc = txp_buf_append_str(sql, ")");
   }
   if (!rc) rc = txp_buf_append_str(sql, " RETURNING ");
-  if (!rc) rc = txp_buf_append_str(sql, t->cols[ci].qname);
+  if (!rc) rc = txp_buf_append_str(sql, returning ? returning : t->cols[ci].qname);
   return rc;
 }
 
@@ -465,7 +469,7 @@ int rm_at_update_delta(rm_branch_t *b, const char *table, const char *const *pk_
   snprintf(dbuf, sizeof(dbuf), "%lld", delta);
   params = calloc((size_t)(1 + t->npk), sizeof(char *));
   types = params ? calloc((size_t)(1 + t->npk), sizeof(Oid)) : NULL;
-  if (!types || delta_sql(&sql, t, ci, guard) != 0) {
+  if (!types || delta_sql(&sql, t, ci, guard, NULL) != 0) {
     rc = oom(b);
     goto out;
   }
@@ -504,6 +508,66 @@ int rm_at_update_delta(rm_branch_t *b, const char *table, const char *const *pk_
   rc = rm__at_record(b, t, &it, false);
 out:
   free(types);
+  free(params);
+  return stmt_finish(b, rc, &it, res, &sql);
+}
+
+/*
+ * UPDATE t SET c = c + $1 WHERE pk AND (guard) RETURNING *: an update of
+ * one row by an amount, as rm_at_update in every other respect (before
+ * image under FOR UPDATE, after image, the row's global lock key, the undo
+ * restores the before image if the row still shows the after image).
+ * 'amount' is text in the column's type (PostgreSQL infers $1 from the
+ * column), so numeric "-10.50" works where rm_at_update_delta's long long
+ * cannot, and a decrement is safe here: the row stays locked globally
+ * until the decision, so nobody spends what a rollback would give back.
+ */
+int rm_at_update_add(rm_branch_t *b, const char *table, const char *const *pk_vals, const char *col,
+                     const char *amount, const char *guard) {
+  if (!b) return RM_E_INVALID;
+  const char *const scol[1] = {col};
+  int rc = stmt_start(b, table && pk_vals && col && amount && amount[0], "table, key values, column or amount",
+                      1, scol);
+  if (rc != 0) return rc;
+  const rm_table_t *t = NULL;
+  txp_buf_t sql;
+  txp_buf_init(&sql, 0);
+  PGresult *res = NULL;
+  const char **params = NULL;
+  rm_item_t it = {0};
+  int ci = -1;
+  if ((rc = delta_target(b, table, pk_vals, col, &t, &ci)) != 0 || (rc = check_lock_key(b, t, pk_vals)) != 0)
+    goto out;
+  if ((rc = before_item(b, RM_OP_UPDATE, t, pk_vals, &it)) != 0) goto out;
+  params = calloc((size_t)(1 + t->npk), sizeof(char *));
+  if (!params || delta_sql(&sql, t, ci, guard, "*") != 0) {
+    rc = oom(b);
+    goto out;
+  }
+  params[0] = amount;
+  for (int k = 0; k < t->npk; k++) params[1 + k] = pk_vals[k];
+  if (!(res = rm__at_run(b, "could not update", sql.data, 1 + t->npk, params, NULL, PGRES_TUPLES_OK, &rc)))
+    goto out;
+  if (PQntuples(res) != 1) {
+    /* The row exists and is locked (before_item): the guard refused. */
+    if (PQntuples(res) == 0) {
+      int vi = rm_row_find(it.before, col);
+      const char *was = vi >= 0 && it.before->vals[vi] ? it.before->vals[vi] : "NULL";
+      rm__at_err(b, "the guard of the update of \"%s\".\"%s\" by %s refused (\"%s\" is %s)", t->name, col, amount,
+                 col, was);
+      rc = RM_E_GUARD;
+    } else {
+      rm__at_err(b, "update of \"%s\" touched %d rows, not one", t->name, PQntuples(res));
+      rc = RM_E_NOT_ONE_ROW;
+    }
+    goto out;
+  }
+  if (!(it.after = rm__row_from_result(res, 0))) {
+    rc = oom(b);
+    goto out;
+  }
+  rc = rm__at_record(b, t, &it, true);
+out:
   free(params);
   return stmt_finish(b, rc, &it, res, &sql);
 }
@@ -607,7 +671,7 @@ int rm_at_update_delta_deferred(rm_branch_t *b, const char *table, const char *c
   bool released = false;
   int ci = -1;
   if ((rc = delta_target(b, table, pk_vals, col, &t, &ci)) != 0) goto out;
-  if (delta_sql(&sql, t, ci, guard) != 0 || pk_stmt_sql(&esql, "SELECT 1 FROM ", t, NULL) != 0) {
+  if (delta_sql(&sql, t, ci, guard, NULL) != 0 || pk_stmt_sql(&esql, "SELECT 1 FROM ", t, NULL) != 0) {
     rc = oom(b);
     goto out;
   }

@@ -116,19 +116,124 @@ static bool resource_id_ok(const char *id) {
   return true;
 }
 
+/* Whether 'resource_id' was added before with 'conninfo': 1 (the same), a
+ * code (another conninfo), 0 (not yet). */
+static int already_added(rm_at_state_t *s, const char *resource_id, const char *conninfo) {
+  int rc = 0;
+  pthread_mutex_lock(&s->mu);
+  for (rm_at_resource_t *r = s->resources; r; r = r->next)
+    if (strcmp(r->id, resource_id) == 0) rc = strcmp(r->conninfo, conninfo) == 0 ? 1 : RM_E_INVALID;
+  pthread_mutex_unlock(&s->mu);
+  return rc;
+}
+
+/*
+ * Check that the database of 'conninfo' can serve AT branches: it answers,
+ * it has the undo_log table with the columns this library writes, and the
+ * "rm" schema set db-migrate recorded there (schema_version, when the
+ * table was made by db-migrate) is at least RM_UNDO_SCHEMA_VERSION.  0, or
+ * a code with rm_errmsg() set and the line logged.  Without this check the
+ * first branch would fail at prepare, after its registration, and leave a
+ * rollback that retries until someone migrates the database.
+ */
+static int check_database(rm_client_t *c, rm_at_state_t *s, const char *id, const char *conninfo) {
+  rm_at_tuning_t t = rm__undo_tuning(s);
+  char ct[16], err[RM_ERRMSG_MAX];
+  snprintf(ct, sizeof(ct), "%u", t.connect_timeout_s);
+  const char *kw[] = {"connect_timeout", "application_name", "dbname", NULL};
+  const char *vals[] = {ct, "librmclient", conninfo, NULL};
+  PGconn *pg = PQconnectdbParams(kw, vals, 1);
+  PGresult *res = NULL;
+  int rc = 0;
+  if (!pg) {
+    rc = rm__fail(RM_E_NOMEM, "could not add resource \"%s\": out of memory", id);
+    goto out;
+  }
+  if (PQstatus(pg) != CONNECTION_OK) {
+    char what[320];
+    snprintf(what, sizeof(what), "could not add resource \"%s\": could not connect to its database", id);
+    rm__pg_error(err, sizeof(err), what, pg, NULL);
+    rc = rm__fail(RM_E_DB, "%s", err);
+    goto out;
+  }
+  const char *db = PQdb(pg);
+  res = PQexec(pg,
+               "SELECT (SELECT count(*) FROM pg_catalog.pg_attribute"
+               "         WHERE attrelid = to_regclass('undo_log') AND NOT attisdropped"
+               "           AND attname IN ('id', 'branch_id', 'xid', 'context', 'rollback_info',"
+               "                           'log_status', 'log_created', 'log_modified')),"
+               "       to_regclass('undo_log') IS NOT NULL, to_regclass('schema_version') IS NOT NULL");
+  if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
+    rm__pg_error(err, sizeof(err), "could not look for the undo_log table", pg, res);
+    rc = rm__fail(RM_E_DB, "could not add resource \"%s\": %s", id, err);
+    goto out;
+  }
+  bool has_table = PQgetvalue(res, 0, 1)[0] == 't', has_versions = PQgetvalue(res, 0, 2)[0] == 't';
+  int ncols = atoi(PQgetvalue(res, 0, 0));
+  PQclear(res);
+  res = NULL;
+  if (!has_table) {
+    rc = rm__fail(RM_E_NO_TABLE,
+                  "could not add resource \"%s\": database \"%s\" has no undo_log table (on its search_path); "
+                  "apply the RM schema first: `txc-db-migrate 'CONNINFO' rm` (scripts/db-migrate in the source "
+                  "tree), with this resource's conninfo",
+                  id, db);
+    goto out;
+  }
+  long version = -1;
+  if (has_versions) {
+    res = PQexec(pg, "SELECT coalesce(max(version), -1) FROM schema_version WHERE set_name = 'rm'");
+    if (PQresultStatus(res) != PGRES_TUPLES_OK || PQntuples(res) != 1) {
+      rm__pg_error(err, sizeof(err), "could not read schema_version", pg, res);
+      rc = rm__fail(RM_E_DB, "could not add resource \"%s\": %s", id, err);
+      goto out;
+    }
+    version = atol(PQgetvalue(res, 0, 0));
+  }
+  /* Recorded by db-migrate: the version decides; made by hand (no record):
+   * the columns do. */
+  if ((version >= 0 && version < RM_UNDO_SCHEMA_VERSION) || (version < 0 && ncols != 8)) {
+    char have[64];
+    if (version >= 0) snprintf(have, sizeof(have), "at version %ld", version);
+    else snprintf(have, sizeof(have), "not the one this library writes");
+    rc = rm__fail(RM_E_NOT_SUPPORTED,
+                  "could not add resource \"%s\": the undo_log table of database \"%s\" is %s (this library "
+                  "needs version %d of the \"rm\" schema set): run `txc-db-migrate 'CONNINFO' rm` "
+                  "(scripts/db-migrate in the source tree), with this resource's conninfo",
+                  id, db, have, RM_UNDO_SCHEMA_VERSION);
+  }
+out:
+  if (rc != 0) rm__log(c, RM_LOG_ERROR, "%s", rm_errmsg());
+  PQclear(res);
+  PQfinish(pg);
+  return rc;
+}
+
 int rm_resource_add(rm_client_t *c, const char *resource_id, const char *conninfo) {
-  if (!c || !resource_id || !conninfo || !resource_id_ok(resource_id)) return RM_E_INVALID;
+  if (!c || !resource_id || !conninfo)
+    return rm__fail(RM_E_INVALID, "could not add a resource: the client, the resource id or the conninfo is NULL");
+  if (!resource_id_ok(resource_id))
+    return rm__fail(RM_E_INVALID,
+                    "could not add resource \"%.256s\": a resource id is 1 to %d bytes without ',', '^' or "
+                    "control characters", resource_id, TXP_MAX_RESOURCE_LEN);
   char *perr = NULL;
   PQconninfoOption *opts = PQconninfoParse(conninfo, &perr);
   if (!opts) {
-    rm__log(c, RM_LOG_ERROR, "could not add resource \"%s\": invalid conninfo: %s", resource_id,
-            perr ? perr : "out of memory");
+    rm__fail(perr ? RM_E_INVALID : RM_E_NOMEM, "could not add resource \"%s\": invalid conninfo: %s",
+             resource_id, perr ? perr : "out of memory");
+    rm__log(c, RM_LOG_ERROR, "%s", rm_errmsg());
     PQfreemem(perr);
     return perr ? RM_E_INVALID : RM_E_NOMEM;
   }
   PQconninfoFree(opts);
   rm_at_state_t *s = rm__at_state_get(c);
-  if (!s) return RM_E_NOMEM;
+  if (!s) return rm__fail(RM_E_NOMEM, "could not add resource \"%s\": out of memory", resource_id);
+  int added = already_added(s, resource_id, conninfo);
+  if (added == 1) return 0; /* the same resource again: nothing to do */
+  if (added == 0) {
+    int crc = check_database(c, s, resource_id, conninfo);
+    if (crc != 0) return crc;
+  }
 
   rm_at_resource_t *r = calloc(1, sizeof(*r));
   if (!r || !(r->id = strdup(resource_id)) || !(r->conninfo = strdup(conninfo)) ||
@@ -138,7 +243,7 @@ int rm_resource_add(rm_client_t *c, const char *resource_id, const char *conninf
       free(r->conninfo);
     }
     free(r);
-    return RM_E_NOMEM;
+    return rm__fail(RM_E_NOMEM, "could not add resource \"%s\": out of memory", resource_id);
   }
   r->st = s;
   pthread_mutex_init(&r->meta_mu, NULL);
@@ -165,11 +270,11 @@ int rm_resource_add(rm_client_t *c, const char *resource_id, const char *conninf
   pthread_mutex_unlock(&s->mu);
   if (rc != 0) {
     resource_free(r);
-    if (rc == RM_E_INVALID)
-      rm__log(c, RM_LOG_ERROR,
-              "could not add resource \"%s\": already added with another conninfo, or the "
-              "resource list is full",
-              resource_id);
+    if (rc == RM_E_INVALID) {
+      rm__fail(rc, "could not add resource \"%s\": already added with another conninfo, or the resource list "
+               "is full", resource_id);
+      rm__log(c, RM_LOG_ERROR, "%s", rm_errmsg());
+    }
     return rc == 1 ? 0 : rc; /* the same resource again: nothing to do */
   }
   rm__log(c, RM_LOG_INFO, "resource \"%s\" added", resource_id);

@@ -20,6 +20,12 @@
 
 #define INT8OID 20
 
+/* The version of the "rm" schema set (sql/rm/NNN_*.sql, recorded by
+ * db-migrate in schema_version) this library needs: rm_resource_add
+ * refuses a database below it.  Raise it with a new sql/rm file that the
+ * library depends on. */
+#define RM_UNDO_SCHEMA_VERSION 1
+
 /* SQL: whether undo_log row alias 'u' carries commit deltas (context values
  * are %-escaped, so ";commit=1;" cannot occur inside one). */
 #define MARKED(u) "((';' || coalesce(" u ".context, '') || ';') LIKE '%;commit=1;%')"

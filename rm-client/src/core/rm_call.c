@@ -357,6 +357,48 @@ static void retry_later(rm_client_t *c, rm_call_t *k) {
   heap_update(c, k, due < k->deadline_ms ? due : k->deadline_ms);
 }
 
+/*
+ * What a commit or rollback that the coordinator answered with code 0
+ * really got, by the status it answered (rm_client.h: a code 0 means the
+ * caller got what it asked for, and nothing else does): 0, or
+ * RM_E_ROLLBACK_PENDING / RM_E_ROLLBACK_FAILED / RM_E_COMMIT_FAILED with
+ * the explanation in 'k->errmsg'.  The coordinator's answer stays as it
+ * was (a repeated call is still idempotent): only the code changes.
+ */
+static int decision_code(rm_call_t *k) {
+  const char *name = txp_global_status_name(k->status);
+  if (k->type == TXP_MSG_GLOBAL_COMMIT) {
+    if (k->status != TXP_GS_COMMIT_FAILED) return 0;
+    snprintf(k->errmsg, sizeof(k->errmsg),
+             "global transaction \"%s\" is committed, but a branch's phase-two commit failed for good (%s): "
+             "see `tcctl show %s`", k->xid, name, k->xid);
+    return RM_E_COMMIT_FAILED;
+  }
+  if (k->type != TXP_MSG_GLOBAL_ROLLBACK) return 0;
+  switch (k->status) {
+  case TXP_GS_ROLLBACK_FAILED:
+  case TXP_GS_TIMEOUT_ROLLBACK_FAILED:
+    snprintf(k->errmsg, sizeof(k->errmsg),
+             "rollback of global transaction \"%s\" failed (%s): a branch cannot be undone, e.g. a row was "
+             "changed outside the coordinator (a dirty write; nothing was overwritten): `tcctl show %s` names "
+             "it; repair the row, then run `tcctl redrive %s`", k->xid, name, k->xid, k->xid);
+    return RM_E_ROLLBACK_FAILED;
+  case TXP_GS_ROLLBACKING:
+  case TXP_GS_ROLLBACK_RETRYING:
+  case TXP_GS_TIMEOUT_ROLLBACKING:
+  case TXP_GS_TIMEOUT_ROLLBACK_RETRYING:
+  case TXP_GS_STOP_ROLLBACK_RETRY:
+    snprintf(k->errmsg, sizeof(k->errmsg),
+             "rollback of global transaction \"%s\" is decided but not finished (%s): a branch is not undone "
+             "yet (no resource manager of its resource running, a database without undo_log, a lock "
+             "timeout: `tcctl show %s` has the branch's last error); the coordinator retries while an RM of "
+             "that resource runs", k->xid, name, k->xid);
+    return RM_E_ROLLBACK_PENDING;
+  default:
+    return 0;
+  }
+}
+
 /* The answer 'm' to SENT call 'k' (already unlinked), from 'conn'. */
 static void on_answer(rm_client_t *c, rm_conn_t *conn, rm_call_t *k, const txp_msg_t *m) {
   int idx = rm__conn_index(conn);
@@ -390,6 +432,14 @@ static void on_answer(rm_client_t *c, rm_conn_t *conn, rm_call_t *k, const txp_m
       if (m->waited_ms)
         RM_LOG_C(c, RM_LOG_DEBUG, "branch %" PRId64 " of \"%s\" registered after waiting %u ms for a global lock",
             m->branch_id, k->xid, (unsigned)m->waited_ms);
+    } else {
+      int done = decision_code(k);
+      if (done != 0) {
+        k->errmsg_code = done;
+        RM_LOG_C(c, RM_LOG_WARN, "%s", k->errmsg);
+        rm__call_complete(c, k, done);
+        return;
+      }
     }
     rm__call_complete(c, k, 0);
     return;

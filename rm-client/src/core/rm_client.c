@@ -181,19 +181,34 @@ static int start_thread(rm_client_t *c) {
 int rm_client_new(const rm_config_t *cfg, rm_client_t **out) {
   rm_addr_t addrs[RM_MAX_NODES];
   char cid[TXP_MAX_NAME_LEN + 1];
+  char fperr[256] = "";
   if (out) *out = NULL;
-  if (!cfg || !out || rm__check_str(cfg->token, TXP_MAX_TOKEN_LEN, true) != 0 ||
-      rm__check_str(cfg->application_id, TXP_MAX_NAME_LEN, true) != 0 ||
-      rm__check_str(cfg->client_id, TXP_MAX_NAME_LEN, false) != 0 || (cfg->client_id && !cfg->client_id[0]) ||
-      !cfg->nodes)
-    return RM_E_INVALID;
+  if (!cfg || !out) return rm__fail(RM_E_INVALID, "could not create the client: config or out is NULL");
+  if (rm__check_str(cfg->token, TXP_MAX_TOKEN_LEN, true) != 0)
+    return rm__fail(RM_E_INVALID, "could not create the client: token is NULL, empty or longer than %d bytes",
+                    TXP_MAX_TOKEN_LEN);
+  if (rm__check_str(cfg->application_id, TXP_MAX_NAME_LEN, true) != 0)
+    return rm__fail(RM_E_INVALID,
+                    "could not create the client: application_id is NULL, empty or longer than %d bytes",
+                    TXP_MAX_NAME_LEN);
+  if (rm__check_str(cfg->client_id, TXP_MAX_NAME_LEN, false) != 0 || (cfg->client_id && !cfg->client_id[0]))
+    return rm__fail(RM_E_INVALID, "could not create the client: client_id is empty or longer than %d bytes",
+                    TXP_MAX_NAME_LEN);
+  if (!cfg->nodes) return rm__fail(RM_E_INVALID, "could not create the client: nodes is NULL");
   int nnodes = rm__nodes_parse(cfg->nodes, addrs, RM_MAX_NODES);
-  if (nnodes <= 0) return RM_E_INVALID;
-  if (cfg->log_level < 0 || cfg->log_level > RM_LOG_DEBUG) return RM_E_INVALID;
-  if (cfg->node_choice != RM_NODE_HOME && cfg->node_choice != RM_NODE_ROUND_ROBIN) return RM_E_INVALID;
+  if (nnodes <= 0)
+    return rm__fail(RM_E_INVALID,
+                    "could not create the client: invalid nodes \"%.200s\" (want \"host:port,host:port\", "
+                    "at most %d)", cfg->nodes, RM_MAX_NODES);
+  if (cfg->log_level < 0 || cfg->log_level > RM_LOG_DEBUG)
+    return rm__fail(RM_E_INVALID, "could not create the client: log_level %d is not an rm_log_level_t",
+                    cfg->log_level);
+  if (cfg->node_choice != RM_NODE_HOME && cfg->node_choice != RM_NODE_ROUND_ROBIN)
+    return rm__fail(RM_E_INVALID, "could not create the client: node_choice %d is not an rm_node_choice_t",
+                    cfg->node_choice);
 
   rm_client_t *c = calloc(1, sizeof(*c));
-  if (!c) return RM_E_NOMEM;
+  if (!c) return rm__fail(RM_E_NOMEM, "could not create the client: out of memory");
   c->cfg = *cfg;
   c->created_ms = rm__mono_ms();
   if (!c->cfg.connect_timeout_ms) c->cfg.connect_timeout_ms = RM_DEFAULT_CONNECT_TIMEOUT_MS;
@@ -244,7 +259,6 @@ int rm_client_new(const rm_config_t *cfg, rm_client_t **out) {
 
   int rc = RM_E_NOMEM;
   if (rm__logger_init(&c->log, c->cfg.log_cb, c->cfg.log_arg, c->cfg.log_level) != 0) goto fail_memory;
-  char fperr[256];
   if (txc_failpoint_arm_env(fperr, sizeof(fperr)) != 0) {
     /* A fault run with a bad spec must not run without its fault; the
      * library never prints: the reason goes to the caller's log. */
@@ -303,10 +317,11 @@ fail_mutex:
 fail_logger:
   rm__logger_destroy(&c->log);
   client_free_memory(c);
-  return rc;
+  if (fperr[0]) return rm__fail(rc, "could not create the client: invalid TX_FAILPOINTS: %s", fperr);
+  return rm__fail(rc, "could not create the client: %s", rm_strerror(rc));
 fail_memory:
   client_free_memory(c);
-  return RM_E_NOMEM;
+  return rm__fail(RM_E_NOMEM, "could not create the client: out of memory");
 }
 
 void rm_client_free(rm_client_t *c) {

@@ -32,3 +32,12 @@ void rm__logger_write(rm_logger_t *l, int level, const char *fmt, ...) {
   rm__logger_vwrite(l, level, fmt, ap);
   va_end(ap);
 }
+
+/* The stock logger a program may pass (rm_client.h): the library never
+ * calls it on its own. */
+void rm_log_stderr(int level, const char *msg, void *arg) {
+  static const char *const names[] = {"?", "error", "warning", "info", "debug"};
+  const char *prefix = arg;
+  const char *name = level >= RM_LOG_ERROR && level <= RM_LOG_DEBUG ? names[level] : names[0];
+  fprintf(stderr, "%s%srmclient %s: %s\n", prefix ? prefix : "", prefix ? ": " : "", name, msg ? msg : "");
+}

@@ -104,15 +104,50 @@ static rm_call_t *xid_call(rm_client_t *c, uint16_t type, const char *xid, int *
   return k;
 }
 
+/* rm_errmsg() for a TM call that could not be made: 'what' names it. */
+static int tm_refused(int rc, rm_client_t *c, const char *what, const char *xid, const char *name) {
+  if (rc == RM_E_NOMEM) return rm__fail(rc, "could not %s: out of memory", what);
+  if (!c) return rm__fail(rc, "could not %s: the client is NULL", what);
+  if (xid && rm__check_str(xid, TXP_MAX_XID_LEN, true) != 0)
+    return rm__fail(rc, "could not %s: the xid is %s", what, xid[0] ? "longer than 128 bytes" : "NULL or empty");
+  if (name && rm__check_str(name, TXP_MAX_NAME_LEN, false) != 0)
+    return rm__fail(rc, "could not %s: the name is longer than %d bytes", what, TXP_MAX_NAME_LEN);
+  return rm__fail(rc, "could not %s: invalid argument (NULL xid, buffer or callback)", what);
+}
+
+/* rm_errmsg() after a blocking call 'k' ended with 'rc' != 0: the
+ * coordinator's message when it answered. */
+static int tm_failed(int rc, rm_call_t *k, bool completed, const char *what) {
+  const char *why = completed && k->errmsg[0] ? k->errmsg : rm_strerror(rc);
+  if (k->type == TXP_MSG_GLOBAL_BEGIN) return rm__fail(rc, "could not %s: %s", what, why);
+  if (rc == RM_E_ROLLBACK_PENDING || rc == RM_E_ROLLBACK_FAILED || rc == RM_E_COMMIT_FAILED)
+    return rm__fail(rc, "%s", why);
+  if (completed && k->status)
+    return rm__fail(rc, "could not %s \"%s\": %s (status %s)", what, k->xid, why,
+                    txp_global_status_name(k->status));
+  return rm__fail(rc, "could not %s \"%s\": %s", what, k->xid, why);
+}
+
+static const char *tm_what(uint16_t type) {
+  switch (type) {
+  case TXP_MSG_GLOBAL_BEGIN: return "begin a global transaction";
+  case TXP_MSG_GLOBAL_COMMIT: return "commit global transaction";
+  case TXP_MSG_GLOBAL_ROLLBACK: return "roll back global transaction";
+  default: return "read the status of global transaction";
+  }
+}
+
 int rm_tm_begin(rm_client_t *c, unsigned timeout_ms, const char *name, char *xid) {
   int rc;
-  if (!xid) return RM_E_INVALID;
+  const char *what = tm_what(TXP_MSG_GLOBAL_BEGIN);
+  if (!xid) return tm_refused(RM_E_INVALID, c, what, NULL, name);
   xid[0] = '\0';
   bool completed;
   rm_call_t *k = begin_call(c, timeout_ms, name, &rc);
-  if (!k) return rc;
+  if (!k) return tm_refused(rc, c, what, NULL, name);
   rc = run_blocking(c, k, &completed);
   if (rc == 0 && completed) snprintf(xid, RM_XID_MAX, "%s", k->res_xid);
+  if (rc != 0) tm_failed(rc, k, completed, what);
   rm__call_unref(k);
   return rc;
 }
@@ -122,9 +157,10 @@ static int xid_blocking(rm_client_t *c, uint16_t type, const char *xid, int *sta
   bool completed;
   if (status) *status = 0;
   rm_call_t *k = xid_call(c, type, xid, &rc);
-  if (!k) return rc;
+  if (!k) return tm_refused(rc, c, tm_what(type), xid ? xid : "", NULL);
   rc = run_blocking(c, k, &completed);
   if (status && completed) *status = k->status;
+  if (rc != 0) tm_failed(rc, k, completed, tm_what(type));
   rm__call_unref(k);
   return rc;
 }
@@ -143,16 +179,21 @@ int rm_tm_status(rm_client_t *c, const char *xid, int *status) {
 
 int rm_tm_begin_async(rm_client_t *c, unsigned timeout_ms, const char *name, rm_tm_cb cb, void *arg) {
   int rc;
-  if (!cb) return RM_E_INVALID;
+  const char *what = tm_what(TXP_MSG_GLOBAL_BEGIN);
+  if (!cb) return tm_refused(RM_E_INVALID, c, what, NULL, name);
   rm_call_t *k = begin_call(c, timeout_ms, name, &rc);
-  return k ? run_async(c, k, cb, arg) : rc;
+  if (!k) return tm_refused(rc, c, what, NULL, name);
+  if ((rc = run_async(c, k, cb, arg)) != 0) rm__fail(rc, "could not %s: %s", what, rm_strerror(rc));
+  return rc;
 }
 
 static int xid_async(rm_client_t *c, uint16_t type, const char *xid, rm_tm_cb cb, void *arg) {
   int rc;
-  if (!cb) return RM_E_INVALID;
+  if (!cb) return tm_refused(RM_E_INVALID, c, tm_what(type), xid ? xid : "", NULL);
   rm_call_t *k = xid_call(c, type, xid, &rc);
-  return k ? run_async(c, k, cb, arg) : rc;
+  if (!k) return tm_refused(rc, c, tm_what(type), xid ? xid : "", NULL);
+  if ((rc = run_async(c, k, cb, arg)) != 0) rm__fail(rc, "could not %s \"%s\": %s", tm_what(type), xid, rm_strerror(rc));
+  return rc;
 }
 
 int rm_tm_commit_async(rm_client_t *c, const char *xid, rm_tm_cb cb, void *arg) {

@@ -5,6 +5,7 @@
  * public header and proto/, so that the prefilter, the fallback and the AT
  * layer can use it without reaching into the core.
  */
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -37,12 +38,51 @@ _Static_assert((int)RM_E_DEADLINE == (int)TXP_EDEADLINE, "RM_E_DEADLINE is TXP_E
 _Static_assert((int)RM_E_NO_NODE == (int)TXP_ENO_NODE, "RM_E_NO_NODE is TXP_ENO_NODE");
 _Static_assert((int)RM_E_CONN_LOST == (int)TXP_ECONN_LOST, "RM_E_CONN_LOST is TXP_ECONN_LOST");
 _Static_assert((int)RM_E_NOT_SUPPORTED == (int)TXP_ENOT_SUPPORTED, "RM_E_NOT_SUPPORTED is TXP_ENOT_SUPPORTED");
-_Static_assert((int)RM_GS_BEGIN == (int)TXP_GS_BEGIN, "RM_GS_BEGIN is TXP_GS_BEGIN");
-_Static_assert((int)RM_GS_ROLLBACKING == (int)TXP_GS_ROLLBACKING, "RM_GS_ROLLBACKING is TXP_GS_ROLLBACKING");
-_Static_assert((int)RM_GS_COMMITTED == (int)TXP_GS_COMMITTED, "RM_GS_COMMITTED is TXP_GS_COMMITTED");
-_Static_assert((int)RM_GS_ROLLBACKED == (int)TXP_GS_ROLLBACKED, "RM_GS_ROLLBACKED is TXP_GS_ROLLBACKED");
-_Static_assert((int)RM_GS_TIMEOUT_ROLLBACKED == (int)TXP_GS_TIMEOUT_ROLLBACKED, "RM_GS_TIMEOUT_ROLLBACKED is TXP_GS_TIMEOUT_ROLLBACKED");
-_Static_assert((int)RM_GS_ROLLBACK_FAILED == (int)TXP_GS_ROLLBACK_FAILED, "RM_GS_ROLLBACK_FAILED is TXP_GS_ROLLBACK_FAILED");
+_Static_assert((int)RM_E_ROLLBACK_PENDING == (int)TXP_EROLLBACK_PENDING, "RM_E_ROLLBACK_PENDING is TXP_EROLLBACK_PENDING");
+_Static_assert((int)RM_E_ROLLBACK_FAILED == (int)TXP_EROLLBACK_FAILED, "RM_E_ROLLBACK_FAILED is TXP_EROLLBACK_FAILED");
+_Static_assert((int)RM_E_COMMIT_FAILED == (int)TXP_ECOMMIT_FAILED, "RM_E_COMMIT_FAILED is TXP_ECOMMIT_FAILED");
+/* Every global status, so that a caller can name each one the TC answers. */
+#define RM_GS_SAME(rm, txp) _Static_assert((int)(rm) == (int)(txp), #rm " is " #txp)
+RM_GS_SAME(RM_GS_UNKNOWN, TXP_GS_UNKNOWN);
+RM_GS_SAME(RM_GS_BEGIN, TXP_GS_BEGIN);
+RM_GS_SAME(RM_GS_COMMITTING, TXP_GS_COMMITTING);
+RM_GS_SAME(RM_GS_COMMIT_RETRYING, TXP_GS_COMMIT_RETRYING);
+RM_GS_SAME(RM_GS_ROLLBACKING, TXP_GS_ROLLBACKING);
+RM_GS_SAME(RM_GS_ROLLBACK_RETRYING, TXP_GS_ROLLBACK_RETRYING);
+RM_GS_SAME(RM_GS_TIMEOUT_ROLLBACKING, TXP_GS_TIMEOUT_ROLLBACKING);
+RM_GS_SAME(RM_GS_TIMEOUT_ROLLBACK_RETRYING, TXP_GS_TIMEOUT_ROLLBACK_RETRYING);
+RM_GS_SAME(RM_GS_ASYNC_COMMITTING, TXP_GS_ASYNC_COMMITTING);
+RM_GS_SAME(RM_GS_COMMITTED, TXP_GS_COMMITTED);
+RM_GS_SAME(RM_GS_COMMIT_FAILED, TXP_GS_COMMIT_FAILED);
+RM_GS_SAME(RM_GS_ROLLBACKED, TXP_GS_ROLLBACKED);
+RM_GS_SAME(RM_GS_TIMEOUT_ROLLBACKED, TXP_GS_TIMEOUT_ROLLBACKED);
+RM_GS_SAME(RM_GS_ROLLBACK_FAILED, TXP_GS_ROLLBACK_FAILED);
+RM_GS_SAME(RM_GS_TIMEOUT_ROLLBACK_FAILED, TXP_GS_TIMEOUT_ROLLBACK_FAILED);
+RM_GS_SAME(RM_GS_FINISHED, TXP_GS_FINISHED);
+RM_GS_SAME(RM_GS_STOP_COMMIT_RETRY, TXP_GS_STOP_COMMIT_RETRY);
+RM_GS_SAME(RM_GS_STOP_ROLLBACK_RETRY, TXP_GS_STOP_ROLLBACK_RETRY);
+_Static_assert(TXP_GS__MAX == 21, "a new global status: add it to rm_client.h's RM_GS_*");
+#undef RM_GS_SAME
+
+/* The last error of the calling thread (rm_errmsg). */
+static _Thread_local char tls_errmsg[RM_ERRMSG_MAX];
+
+const char *rm_errmsg(void) { return tls_errmsg; }
+
+void rm__errmsg_set(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(tls_errmsg, sizeof(tls_errmsg), fmt, ap);
+  va_end(ap);
+}
+
+int rm__fail(int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(tls_errmsg, sizeof(tls_errmsg), fmt, ap);
+  va_end(ap);
+  return code;
+}
 
 const char *rm_strerror(int code) {
   switch (code) {
