@@ -575,7 +575,8 @@ static void on_stats(tc_pg_job_t *job, int status, void *arg) {
                                 "no_rm", U(ns->phase2_no_rm), "forwarded", U(ns->phase2_forwarded), "active",
                                 ns->phase2_active, "commit_drives", U(ns->phase2_count[0]), "rollback_drives",
                                 U(ns->phase2_count[1])));
-  json_object_set_new(a, "requests", json_pack("{s:o, s:o}", "total", U(ns->requests), "bad", U(ns->bad_requests)));
+  json_object_set_new(a, "requests", json_pack("{s:o, s:o, s:o}", "total", U(ns->requests), "bad", U(ns->bad_requests),
+                                                   "not_owner", U(ns->not_owner)));
   if (sn.has_server) {
     const tc_server_stats_t *ss = &sn.server;
     json_object_set_new(

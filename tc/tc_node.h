@@ -19,6 +19,8 @@
 
 #include <uv.h>
 
+#include <stddef.h>
+
 #include "tc_config.h"
 
 typedef struct tc_node tc_node_t;
@@ -30,6 +32,11 @@ tc_node_t *tc_node_start(uv_loop_t *loop, const tc_config_t *cfg,
                          void (*on_ready)(tc_node_t *, int, const char *, void *), void *arg);
 /* Stop serving and release everything; 'done' runs when all is closed. */
 void tc_node_stop(tc_node_t *node, void (*done)(void *arg), void *arg);
+
+/* Load server.credentials_file again and use it for later registrations
+ * (SIGHUP).  0 (what was loaded, in 'err'), 1 when no file is configured,
+ * or -1 with the reason in 'err': the table in use stays. */
+int tc_node_reload_credentials(tc_node_t *node, char *err, size_t errlen);
 
 /* The port actually listened on (useful with port 0). */
 int tc_node_port(const tc_node_t *node);

@@ -68,6 +68,7 @@ typedef enum tc_res {
   TC_RES_BRANCH_NOT_FOUND,
   TC_RES_FAILED,
   TC_RES_RETRY,
+  TC_RES_NOT_OWNER, /* the caller may not act on this xid or branch */
 } tc_res_t;
 
 typedef enum tc_decide_action { TC_DECIDE_COMMIT, TC_DECIDE_ROLLBACK, TC_DECIDE_TIMEOUT } tc_decide_action_t;
@@ -104,13 +105,16 @@ struct tc_op {
   int64_t id;             /* BEGIN: transaction id; REGISTER/PHASE2: branch id */
   uint32_t timeout_ms;    /* BEGIN */
   const char *name;       /* BEGIN */
-  const char *app_id;     /* BEGIN */
+  const char *app_id;     /* BEGIN; REGISTER, DECIDE, PHASE2: the caller's */
+  const char *group;      /* BEGIN, REGISTER, DECIDE, PHASE2: the caller's
+                             group; NULL: the coordinator itself (recovery,
+                             phase two, operators), never refused */
   const char *idem_key;   /* BEGIN, REGISTER */
   const char *resource_id;/* REGISTER */
   int branch_type;        /* REGISTER */
   const char *lock_keys;  /* REGISTER, already validated; may be NULL */
   const char *app_data;   /* REGISTER */
-  const char *client_id;  /* REGISTER */
+  const char *client_id;  /* REGISTER; PHASE2: the reporting RM's */
   tc_decide_action_t action; /* DECIDE */
   int branch_status;      /* PHASE2 */
   const char *error;      /* PHASE2: last error text, may be NULL */
