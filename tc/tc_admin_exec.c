@@ -741,7 +741,7 @@ static void on_drive_done(int global_status, void *arg) {
 }
 
 /* Branch rows for a drive from columns branch_id, branch_type, status,
- * resource_id, client_id.  NULL with n 0 if none (or out of memory). */
+ * resource_id, client_id, application_id, app_group.  NULL with n 0 if none (or out of memory). */
 static tc_branch_row_t *branch_rows(const PGresult *r, int *n) {
   int nr = PQntuples(r);
   *n = 0;
@@ -754,6 +754,8 @@ static tc_branch_row_t *branch_rows(const PGresult *r, int *n) {
     b->status = col_i(r, i, 2);
     snprintf(b->resource_id, sizeof(b->resource_id), "%s", PQgetvalue(r, i, 3));
     snprintf(b->client_id, sizeof(b->client_id), "%s", PQgetvalue(r, i, 4));
+    snprintf(b->application_id, sizeof(b->application_id), "%s", PQgetvalue(r, i, 5));
+    snprintf(b->app_group, sizeof(b->app_group), "%s", PQgetvalue(r, i, 6));
   }
   *n = nr;
   return rows;
@@ -828,8 +830,9 @@ static void apply_cas(exec_t *x) {
   const char *sql[] = {
     "SELECT result, status, branch_id, branch_status FROM tc_admin_cas($1, $2::smallint, $3::smallint, $4, "
     "$5::int, $6::smallint[])",
-    "SELECT branch_id, branch_type, status, resource_id, coalesce(client_id, '') FROM branch_table "
-    "WHERE xid = $1 ORDER BY branch_id",
+    "SELECT branch_id, branch_type, status, resource_id, coalesce(client_id, ''), "
+    "coalesce(application_id, ''), coalesce(app_group, '') FROM branch_table WHERE xid = $1 "
+    "ORDER BY branch_id",
   };
   const int np[] = {6, 1};
   const char *const *vals[] = {v0, v1};

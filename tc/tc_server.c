@@ -1190,14 +1190,23 @@ static bool conn_serves(const tc_conn_t *c, const char *resource_id) {
 }
 
 tc_conn_t *tc_server_find_rm(tc_server_t *s, const char *resource_id, const char *client_id) {
-  tc_conn_t *any = NULL;
+  return tc_server_find_branch_rm(s, resource_id, client_id, NULL, NULL);
+}
+
+tc_conn_t *tc_server_find_branch_rm(tc_server_t *s, const char *resource_id, const char *client_id,
+                                    const char *app_id, const char *group) {
+  tc_conn_t *any = NULL, *same_app = NULL;
   if (!s || !resource_id) return NULL;
+  bool by_group = group && group[0];
   for (tc_conn_t *c = s->conns; c; c = c->next) {
     if (c->state != CONN_OPEN || c->role != ROLE_RM || !conn_serves(c, resource_id)) continue;
-    if (client_id && strcmp(c->client_id, client_id) == 0) return c;
+    if (by_group && strcmp(c->group, group) != 0) continue;
+    bool app_ok = !app_id || !app_id[0] || strcmp(c->app_id, app_id) == 0;
+    if (app_ok && client_id && strcmp(c->client_id, client_id) == 0) return c;
+    if (app_ok && !same_app) same_app = c;
     if (!any) any = c;
   }
-  return any;
+  return same_app ? same_app : any;
 }
 
 int tc_conn_call(tc_conn_t *c, txp_msg_t *msg, unsigned timeout_ms, tc_call_cb cb, void *arg) {

@@ -111,6 +111,12 @@ void tc_conn_unref(tc_conn_t *c);
  * whose client id is 'client_id' (may be NULL).  Borrowed; NULL if none.
  */
 tc_conn_t *tc_server_find_rm(tc_server_t *s, const char *resource_id, const char *client_id);
+/* The same among the RMs of 'group' only (when not NULL or ""), and
+ * preferring the RMs of application 'app_id': phase two of a branch goes
+ * to an RM of the group that registered it, never to an application of
+ * another group that claims its resource. */
+tc_conn_t *tc_server_find_branch_rm(tc_server_t *s, const char *resource_id, const char *client_id,
+                                    const char *app_id, const char *group);
 
 /* Credentials for later registrations (a reload); 'creds' is borrowed and
  * must stay valid until replaced or the server is stopped.  Registered

@@ -456,7 +456,8 @@ static int build_decide(tc_store_t *st, batch_t *b, tc_pg_job_t *job) {
     const char *v[] = {xids_copy};
     rc = tc_pg_job_add_prepared(job, "tc_decide_branches",
                                 "SELECT xid, branch_id, branch_type, status, resource_id, client_id, "
-                                "application_data IS NOT DISTINCT FROM '" TXP_APP_DATA_PHASE2_SYNC "' "
+                                "application_data IS NOT DISTINCT FROM '" TXP_APP_DATA_PHASE2_SYNC "', "
+                                "application_id, app_group "
                                 "FROM branch_table WHERE xid = ANY($1::text[]) "
                                 "ORDER BY xid COLLATE \"C\", branch_id",
                                 1, v);
@@ -553,6 +554,8 @@ static void take_decide(batch_t *b, const PGresult *r, const PGresult *br) {
       copy_str(bw->resource_id, sizeof(bw->resource_id), PQgetvalue(br, k, 4));
       copy_str(bw->client_id, sizeof(bw->client_id), PQgetvalue(br, k, 5));
       bw->phase2_sync = strcmp(PQgetvalue(br, k, 6), "t") == 0;
+      copy_str(bw->application_id, sizeof(bw->application_id), PQgetvalue(br, k, 7));
+      copy_str(bw->app_group, sizeof(bw->app_group), PQgetvalue(br, k, 8));
     }
   }
 }

@@ -79,6 +79,8 @@ typedef struct tc_branch_row {
   int status;
   char resource_id[TXP_MAX_RESOURCE_LEN + 1];
   char client_id[TXP_MAX_NAME_LEN + 1];
+  char application_id[TXP_MAX_NAME_LEN + 1]; /* of the registering RM; "" before sql/tc/008 */
+  char app_group[TXP_MAX_NAME_LEN + 1];      /* its group; "" before sql/tc/008 */
   bool phase2_sync; /* registered with TXP_APP_DATA_PHASE2_SYNC (DECIDE rows) */
 } tc_branch_row_t;
 

@@ -30,6 +30,7 @@
 ALTER TABLE global_table ADD COLUMN app_group text;
 ALTER TABLE global_history ADD COLUMN app_group text;
 ALTER TABLE branch_table ADD COLUMN application_id text;
+ALTER TABLE branch_table ADD COLUMN app_group text;
 UPDATE global_table SET app_group = '*token*' WHERE app_group IS NULL;
 UPDATE global_history SET app_group = '*token*' WHERE app_group IS NULL;
 
@@ -43,6 +44,9 @@ COMMENT ON COLUMN global_history.app_group IS 'As in global_table.';
 COMMENT ON COLUMN branch_table.application_id IS
   'Application of the RM that registered the branch: only that RM (this application and client_id) '
   'may report it, and its application may commit or roll back the global. NULL before version 8.';
+COMMENT ON COLUMN branch_table.app_group IS
+  'Group of that application: phase two goes to an RM of this group only (tc_server_find_branch_rm). '
+  'NULL before version 8.';
 
 -- GlobalBegin's idempotency keys are per application.
 CREATE UNIQUE INDEX global_table_app_idem_key_idx ON global_table (application_id, idem_key)
@@ -234,11 +238,12 @@ BEGIN
 
   -- 6. Branch rows of the items that got all their keys.
   INSERT INTO branch_table (branch_id, xid, transaction_id, resource_id, branch_type, status,
-                            lock_keys, application_data, client_id, idem_key, application_id)
-  SELECT u.b, u.x, gt.transaction_id, u.r, u.ty, 1, u.lk, u.ad, u.cl, u.k, u.ap
+                            lock_keys, application_data, client_id, idem_key, application_id,
+                            app_group)
+  SELECT u.b, u.x, gt.transaction_id, u.r, u.ty, 1, u.lk, u.ad, u.cl, u.k, u.ap, u.gr
     FROM unnest(p_xid, p_branch, p_resource, p_type, p_lock_keys, p_app_data, p_client, p_idem,
-                p_app)
-         WITH ORDINALITY AS u(x, b, r, ty, lk, ad, cl, k, ap, i)
+                p_app, p_group)
+         WITH ORDINALITY AS u(x, b, r, ty, lk, ad, cl, k, ap, gr, i)
     JOIN global_table gt ON gt.xid = u.x
    WHERE u.i = ANY (v_active) AND NOT (u.i = ANY (v_dup)) AND NOT (u.i = ANY (v_conflict));
 

@@ -740,11 +740,12 @@ BEGIN
 
   -- 6. Branch rows of the items that got all their keys.
   INSERT INTO branch_table (branch_id, xid, transaction_id, resource_id, branch_type, status,
-                            lock_keys, application_data, client_id, idem_key, application_id)
-  SELECT u.b, u.x, gt.transaction_id, u.r, u.ty, 1, u.lk, u.ad, u.cl, u.k, u.ap
+                            lock_keys, application_data, client_id, idem_key, application_id,
+                            app_group)
+  SELECT u.b, u.x, gt.transaction_id, u.r, u.ty, 1, u.lk, u.ad, u.cl, u.k, u.ap, u.gr
     FROM unnest(p_xid, p_branch, p_resource, p_type, p_lock_keys, p_app_data, p_client, p_idem,
-                p_app)
-         WITH ORDINALITY AS u(x, b, r, ty, lk, ad, cl, k, ap, i)
+                p_app, p_group)
+         WITH ORDINALITY AS u(x, b, r, ty, lk, ad, cl, k, ap, gr, i)
     JOIN global_table gt ON gt.xid = u.x
    WHERE u.i = ANY (v_active) AND NOT (u.i = ANY (v_dup)) AND NOT (u.i = ANY (v_conflict));
 
@@ -798,6 +799,7 @@ CREATE TABLE public.branch_table (
     gmt_create timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     gmt_modified timestamp with time zone DEFAULT clock_timestamp() NOT NULL,
     application_id text,
+    app_group text,
     CONSTRAINT branch_table_branch_type_check CHECK ((branch_type >= 0)),
     CONSTRAINT branch_table_retry_count_check CHECK ((retry_count >= 0)),
     CONSTRAINT branch_table_status_check CHECK ((status >= 0)),
@@ -906,6 +908,12 @@ COMMENT ON COLUMN public.branch_table.gmt_modified IS 'Last change time; set by 
 --
 
 COMMENT ON COLUMN public.branch_table.application_id IS 'Application of the RM that registered the branch: only that RM (this application and client_id) may report it, and its application may commit or roll back the global. NULL before version 8.';
+
+--
+-- Name: COLUMN branch_table.app_group; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON COLUMN public.branch_table.app_group IS 'Group of that application: phase two goes to an RM of this group only (tc_server_find_branch_rm). NULL before version 8.';
 
 --
 -- Name: global_history; Type: TABLE; Schema: public; Owner: -

@@ -124,6 +124,14 @@ static int global_report(txc_t *c, const char *xid, int status) {
   return rc;
 }
 
+static int count_calls(txc_t *c, const txp_msg_t *req, txp_msg_t *res, void *arg) {
+  (void)c;
+  (void)req;
+  (void)res;
+  (*(int *)arg)++;
+  return 0;
+}
+
 static long branch_status_of(int64_t branch) {
   char b[32];
   snprintf(b, sizeof(b), "%" PRId64, branch);
@@ -249,6 +257,11 @@ static void test_foreign_app_refused(void **state) {
   txc_t *rm = app_conn(true, "stock-svc", S_STOCK);
   txc_t *evil = app_conn(false, "evil", S_EVIL);
   txc_t *evil_rm = app_conn(true, "evil", S_EVIL);
+  /* A rogue RM that claims the branch's resource and client id. */
+  txc_t *rogue = open_conn();
+  assert_int_equal(txc_register(rogue, true, "evil", "stock-svc-rm", S_EVIL, "r_stock"), 0);
+  int rogue_calls = 0;
+  txc_set_handler(rogue, count_calls, &rogue_calls);
   char xid[TXP_MAX_XID_LEN + 1];
   begin(tm, NULL, xid);
   int64_t br = register_branch(rm, xid, "t_authz:1");
@@ -276,6 +289,15 @@ static void test_foreign_app_refused(void **state) {
   assert_int_equal(branch_status_of(br), TXP_BS_PHASE1_DONE);
   assert_int_equal(txc_commit(tm, xid, &status), 0);
   assert_int_equal(status, TXP_GS_COMMITTED);
+  /* Phase two went to the group's RM, not to the rogue. */
+  bool delivered = false;
+  for (int i = 0; i < 500 && !delivered; i++) {
+    delivered = rmsim_events(g_rm, xid, TXP_MSG_BRANCH_COMMIT, 0, NULL, 0) > 0;
+    if (!delivered) usleep(10000);
+  }
+  assert_true(delivered);
+  txc_poll(rogue, 100, false);
+  assert_int_equal(rogue_calls, 0);
   assert_int_equal(txc_status(tm, xid, &status), 0);
   assert_true(status == TXP_GS_COMMITTED || status == TXP_GS_ASYNC_COMMITTING);
   /* Finished: still not the attacker's to read or decide. */
