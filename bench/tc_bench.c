@@ -18,8 +18,10 @@
  * PostgreSQL); without TC_NODES it starts its own tcd nodes: --nodes N
  * (default 3) nodes with distinct node ids and a peer bus; node 1 alone for
  * the single-node figure, then nodes 2..N join for the cluster figure.
- * TC_TOKEN is the registration secret (default "bench-token" for the nodes
- * it starts).
+ * The registration secret is application "tc-bench"'s (common/txc_secret.h:
+ * TC_SECRET_FILE, TC_SECRETS_DIR/tc-bench as cluster/local/up writes it, or
+ * the legacy TC_TOKEN; default "bench-token" for the nodes it starts, as
+ * their server.token).
  *
  * The last line printed is one JSON object:
  *   {"clients":N,"tps":...,"p50_ms":...,"p99_ms":...,"baseline_tps":...,"ratio":...,
@@ -45,6 +47,7 @@
 #include <unistd.h>
 
 #include "tc_bench_load.h"
+#include "txc_secret.h"
 #include "txclient.h"
 
 #ifndef TX_SOURCE_DIR
@@ -601,7 +604,14 @@ int main(int argc, char **argv) {
     if (prepare_wal(o.pg_url, segments > MAX_WAL_SEGMENTS ? MAX_WAL_SEGMENTS : segments) != 0) return 69;
   }
   const char *nodes = getenv("TC_NODES");
-  o.token = getenv("TC_TOKEN") ? getenv("TC_TOKEN") : "bench-token";
+  static char secret[512];
+  char why[512];
+  int src = txc_secret_for("tc-bench", secret, sizeof(secret), NULL, why, sizeof(why));
+  if (src < 0) {
+    fprintf(stderr, "tc-bench: %s\n", why);
+    return 78;
+  }
+  o.token = src == 0 ? secret : "bench-token";
   bool own = !(nodes && nodes[0]);
   if (!own) {
     char tmp[1024];

@@ -110,7 +110,9 @@
  *   (rm_prefilter_expire, stock side only) is only a backstop.
  *
  *   Settings (environment, as printed by cluster/local/up): ORDERS_PG_URL,
- *   TC_NODES, TC_TOKEN, REDIS_URL, STOCK_URL; and, with their defaults:
+ *   TC_NODES, TC_SECRETS_DIR (or TC_SECRET_FILE: the secret of application
+ *   "order-service"; the legacy TC_TOKEN still works), REDIS_URL,
+ *   STOCK_URL; and, with their defaults:
  *     OUTBOX_STREAM_MAXLEN     1000000 (approximate trim of the stream:
  *                              keep it above the worst consumer backlog)
  *     OUTBOX_RETENTION_S       604800 (published outbox rows kept 7 days)
@@ -1575,7 +1577,7 @@ static void usage(FILE *f) {
           "usage: order-service [--listen HOST:PORT] [--url-file FILE]\n"
           "\n"
           "The order entry point and TM of the flash-sale demo (see examples/order_service.c).\n"
-          "Environment: ORDERS_PG_URL, TC_NODES, TC_TOKEN, REDIS_URL, STOCK_URL (from\n"
+          "Environment: ORDERS_PG_URL, TC_NODES, TC_SECRETS_DIR or TC_SECRET_FILE, REDIS_URL, STOCK_URL (from\n"
           "cluster/local/up), ORDER_LISTEN, ORDER_THREADS, ORDER_PG_POOL, ORDER_RESOURCE_ID,\n"
           "ORDER_GTX_TIMEOUT_MS, STOCK_CALL_TIMEOUT_MS, ORDER_TTL_S, ORDER_FREEZE_GRACE_S,\n"
           "ORDER_EXPIRY_INTERVAL_MS, PF_COMMAND_TIMEOUT_MS, PF_CONNECT_TIMEOUT_MS, ORDER_LOG_LEVEL,\n"

@@ -64,7 +64,9 @@
  *   trouble): the caller rolls the global transaction back.
  *
  *   Settings (environment, as printed by cluster/local/up): STOCK_PG_URL,
- *   TC_NODES, TC_TOKEN; STOCK_LISTEN (host:port, default 127.0.0.1:0 = any
+ *   TC_NODES, TC_SECRETS_DIR (or TC_SECRET_FILE: the secret of application
+ *   "stock-service"; the legacy TC_TOKEN still works); STOCK_LISTEN
+ *   (host:port, default 127.0.0.1:0 = any
  *   free port), STOCK_THREADS (default 8 per CPU), STOCK_RESOURCE_ID
  *   (default "stock"), STOCK_SLOW_MS (1000: a slower operation logs the time
  *   of each phase, at info level), STOCK_LOG_LEVEL; for the benchmarks:
@@ -721,7 +723,7 @@ static void usage(FILE *f) {
           "usage: stock-service [--listen HOST:PORT] [--url-file FILE]\n"
           "\n"
           "The stock branch of the flash-sale demo (see examples/stock_service.c).\n"
-          "Environment: STOCK_PG_URL, TC_NODES, TC_TOKEN (from cluster/local/up),\n"
+          "Environment: STOCK_PG_URL, TC_NODES, TC_SECRETS_DIR or TC_SECRET_FILE (from cluster/local/up),\n"
           "STOCK_LISTEN, STOCK_THREADS, STOCK_RESOURCE_ID, STOCK_FREEZE_MODE (deferred|delta|at),\n"
           "STOCK_LOCAL_MODE (1: serve calls without an xid, no coordinator), STOCK_LOG_LEVEL,\n"
           "REDIS_URL (the order events), STOCK_CONSUMER_GROUP, CONSUMER_MAX_DELIVERIES, CONSUMER_BACKOFF_MS.\n");

@@ -5,6 +5,7 @@
 #include "svc_common.h"
 #include "txc_failpoint.h"
 #include "txc_logfile.h"
+#include "txc_secret.h"
 #include "svc_auth.h"
 
 #include <errno.h>
@@ -334,15 +335,24 @@ bool svc_pg_exec(PGconn *pg, const char *sql, int n, const char *const *params, 
 int svc_rm_client_new(const char *application_id, unsigned wait_ms, rm_client_t **out) {
   bool ok = true;
   const char *nodes = svc_env_str("TC_NODES", NULL);
-  const char *token = svc_env_str("TC_TOKEN", NULL);
-  if (!nodes || !token) {
-    svc_error("could not start the transaction client: TC_NODES and TC_TOKEN must be set "
-              "(they are printed by cluster/local/up)");
+  /* The application's own secret (txc_secret.h): TC_SECRET_FILE, or its
+   * file in TC_SECRETS_DIR, or the legacy shared TC_TOKEN. */
+  char secret[512], why[512];
+  const char *source = NULL;
+  int src = txc_secret_for(application_id, secret, sizeof(secret), &source, why, sizeof(why));
+  if (!nodes || src != 0) {
+    svc_error("could not start the transaction client: %s", !nodes ? "TC_NODES is not set (cluster/local/up prints it)"
+              : src > 0 ? "no registration secret: set TC_SECRETS_DIR or TC_SECRET_FILE (cluster/local/up prints "
+                          "them), or the legacy TC_TOKEN"
+                        : why);
     return RM_E_INVALID;
   }
+  if (strcmp(source, "TC_TOKEN") == 0)
+    svc_warn("registering as \"%s\" with the shared TC_TOKEN: the coordinator puts all its holders in one "
+             "group; give the application its own secret (TC_SECRETS_DIR or TC_SECRET_FILE)", application_id);
   rm_config_t cfg = {
     .nodes = nodes,
-    .token = token,
+    .token = secret,
     .application_id = application_id,
     .request_timeout_ms = (unsigned)svc_env_int("RM_REQUEST_TIMEOUT_MS", 5000, 100, 600000, &ok),
     .lock_wait_ms = (unsigned)svc_env_int("RM_LOCK_WAIT_MS", 2000, 0, 600000, &ok),
@@ -368,6 +378,7 @@ int svc_rm_client_new(const char *application_id, unsigned wait_ms, rm_client_t 
     return RM_E_INVALID;
   }
   int rc = rm_client_new(&cfg, out);
+  memset(secret, 0, sizeof(secret)); /* the client keeps its own copy */
   if (rc != 0) {
     svc_error("could not start the transaction client: %s", rm_strerror(rc));
     return rc;

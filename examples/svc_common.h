@@ -140,7 +140,8 @@ bool svc_pg_exec(PGconn *pg, const char *sql, int n, const char *const *params, 
 
 /* -------------------------------------------------------- librmclient */
 
-/* Start a client for 'application_id' from TC_NODES and TC_TOKEN (and
+/* Start a client for 'application_id' from TC_NODES and its secret
+ * (common/txc_secret.h: TC_SECRET_FILE, TC_SECRETS_DIR or TC_TOKEN) (and
  * RM_REQUEST_TIMEOUT_MS, RM_LOCK_WAIT_MS), logging through svc_log.  Waits
  * up to 'wait_ms' for a first coordinator node to be connected (a service
  * that starts before the cluster still starts; calls wait for nodes).

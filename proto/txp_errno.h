@@ -51,6 +51,7 @@
   X(BAD_STATE,         -10116, false, "illegal status transition")                    \
   X(INTERNAL,          -10117, false, "internal error")                               \
   X(TOO_MANY_CONNS,    -10118, true,  "too many connections")                         \
+  X(NOT_OWNER,         -10119, false, "not the owner: another application's transaction") \
   /* client side */                                                                   \
   X(UNKNOWN_OUTCOME,   -10200, true,  "outcome unknown: request sent, no answer")     \
   X(DEADLINE,          -10201, true,  "deadline exceeded before sending")             \

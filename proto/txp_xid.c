@@ -7,10 +7,10 @@
 
 #include "txp_xid.h"
 
-int txp_xid_make(char *out, size_t cap, const char *node, int64_t id) {
+int txp_xid_make(char *out, size_t cap, const char *node, int64_t id, uint64_t nonce) {
   size_t n = node ? strlen(node) : 0;
   if (!out || n == 0 || n > TXP_XID_NODE_MAX || id < 0) return -1;
-  int w = snprintf(out, cap, "%s:%" PRId64, node, id);
+  int w = snprintf(out, cap, "%s:%" PRId64 ":%016" PRIx64, node, id, nonce);
   if (w < 0 || (size_t)w >= cap || w > (int)TXP_MAX_XID_LEN) {
     if (cap) out[0] = '\0';
     return -1;
@@ -25,23 +25,44 @@ static int digits(const char *s, size_t n) {
   return 1;
 }
 
-int txp_xid_parse(const char *xid, char *node, size_t cap, int64_t *id) {
+/* Lowercase only: an xid has one spelling, so that the store's lookup of
+ * it (a plain string comparison) cannot be dodged by changing case. */
+static int hex_value(char ch) {
+  if (ch >= '0' && ch <= '9') return ch - '0';
+  if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+  return -1;
+}
+
+int txp_xid_parse(const char *xid, char *node, size_t cap, int64_t *id, uint64_t *nonce) {
   if (!xid || !node || cap == 0) return -1;
-  const char *last = strrchr(xid, ':');
-  if (!last || last == xid) return -1;
-  size_t n = (size_t)(last - xid), idlen = strlen(last + 1);
-  if (n > TXP_XID_NODE_MAX || n >= cap || idlen > 19 || !digits(last + 1, idlen)) return -1;
+  size_t len = strlen(xid);
+  if (len < TXP_XID_NONCE_LEN + 1 || len > TXP_MAX_XID_LEN) return -1;
+  const char *hex = xid + len - TXP_XID_NONCE_LEN;
+  if (hex[-1] != ':') return -1;
+  uint64_t r = 0;
+  for (size_t i = 0; i < TXP_XID_NONCE_LEN; i++) {
+    int v = hex_value(hex[i]);
+    if (v < 0) return -1;
+    r = r << 4 | (uint64_t)v;
+  }
+  /* ID: between the ':' before it and the one before the nonce. */
+  const char *id_end = hex - 1;
+  const char *id_colon = id_end > xid ? memrchr(xid, ':', (size_t)(id_end - xid)) : NULL;
+  if (!id_colon || id_colon == xid) return -1;
+  size_t n = (size_t)(id_colon - xid), idlen = (size_t)(id_end - id_colon - 1);
+  if (n > TXP_XID_NODE_MAX || n >= cap || idlen > 19 || !digits(id_colon + 1, idlen)) return -1;
   /* NODE itself ends in ":port". */
   const char *port = memrchr(xid, ':', n);
-  if (!port || port == xid || !digits(port + 1, (size_t)(last - port - 1))) return -1;
+  if (!port || port == xid || !digits(port + 1, (size_t)(id_colon - port - 1))) return -1;
   int64_t v = 0;
   for (size_t i = 0; i < idlen; i++) {
-    int d = last[1 + i] - '0';
+    int d = id_colon[1 + i] - '0';
     if (v > (INT64_MAX - d) / 10) return -1;
     v = v * 10 + d;
   }
   memcpy(node, xid, n);
   node[n] = '\0';
   if (id) *id = v;
+  if (nonce) *nonce = r;
   return 0;
 }

@@ -575,7 +575,8 @@ static void on_stats(tc_pg_job_t *job, int status, void *arg) {
                                 "no_rm", U(ns->phase2_no_rm), "forwarded", U(ns->phase2_forwarded), "active",
                                 ns->phase2_active, "commit_drives", U(ns->phase2_count[0]), "rollback_drives",
                                 U(ns->phase2_count[1])));
-  json_object_set_new(a, "requests", json_pack("{s:o, s:o}", "total", U(ns->requests), "bad", U(ns->bad_requests)));
+  json_object_set_new(a, "requests", json_pack("{s:o, s:o, s:o}", "total", U(ns->requests), "bad", U(ns->bad_requests),
+                                                   "not_owner", U(ns->not_owner)));
   if (sn.has_server) {
     const tc_server_stats_t *ss = &sn.server;
     json_object_set_new(
@@ -750,7 +751,7 @@ static void on_drive_done(int global_status, void *arg) {
 }
 
 /* Branch rows for a drive from columns branch_id, branch_type, status,
- * resource_id, client_id.  NULL with n 0 if none (or out of memory). */
+ * resource_id, client_id, application_id, app_group.  NULL with n 0 if none (or out of memory). */
 static tc_branch_row_t *branch_rows(const PGresult *r, int *n) {
   int nr = PQntuples(r);
   *n = 0;
@@ -763,6 +764,8 @@ static tc_branch_row_t *branch_rows(const PGresult *r, int *n) {
     b->status = col_i(r, i, 2);
     snprintf(b->resource_id, sizeof(b->resource_id), "%s", PQgetvalue(r, i, 3));
     snprintf(b->client_id, sizeof(b->client_id), "%s", PQgetvalue(r, i, 4));
+    snprintf(b->application_id, sizeof(b->application_id), "%s", PQgetvalue(r, i, 5));
+    snprintf(b->app_group, sizeof(b->app_group), "%s", PQgetvalue(r, i, 6));
   }
   *n = nr;
   return rows;
@@ -837,8 +840,9 @@ static void apply_cas(exec_t *x) {
   const char *sql[] = {
     "SELECT result, status, branch_id, branch_status FROM tc_admin_cas($1, $2::smallint, $3::smallint, $4, "
     "$5::int, $6::smallint[])",
-    "SELECT branch_id, branch_type, status, resource_id, coalesce(client_id, '') FROM branch_table "
-    "WHERE xid = $1 ORDER BY branch_id",
+    "SELECT branch_id, branch_type, status, resource_id, coalesce(client_id, ''), "
+    "coalesce(application_id, ''), coalesce(app_group, '') FROM branch_table WHERE xid = $1 "
+    "ORDER BY branch_id",
   };
   const int np[] = {6, 1};
   const char *const *vals[] = {v0, v1};

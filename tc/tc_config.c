@@ -17,6 +17,7 @@
 
 #include "tc_admin_cmd.h"
 #include "tc_bus_auth.h"
+#include "tc_creds.h"
 #include "tc_log.h"
 
 typedef enum { T_INT, T_I64, T_STR } key_type_t;
@@ -42,7 +43,11 @@ static const key_desc_t keys[] = {
   INT_KEY("node", "id", node_id, 1, 1023, "node id, unique in the cluster"),
   STR_KEY("node", "advertise", advertise, "host:port that clients use (default: listen)"),
   STR_KEY("server", "listen", listen, "host:port to listen on (loopback by default)"),
-  STR_KEY("server", "token", token, "registration secret that clients must present"),
+  STR_KEY("server", "token", token,
+          "legacy shared registration secret: its holders form one group of their own (empty: off)"),
+  STR_KEY("server", "credentials_file", credentials_file,
+          "file of \"application_id group secret\" lines, mode 0600: each application's own secret "
+          "(reloaded on SIGHUP)"),
   INT_KEY("server", "max_connections", max_connections, 1, 100000, "connection limit"),
   INT_KEY("server", "max_connections_per_address", max_connections_per_address, 1, 100000,
           "connections one peer address may hold (a host running many service instances needs more)"),
@@ -415,10 +420,20 @@ int tc_config_validate(const tc_config_t *c, char *err, size_t errlen) {
     snprintf(err, errlen, "invalid node.advertise \"%s\": expected host:port", c->advertise);
     return -1;
   }
-  if (c->token[0] == '\0') {
+  if (c->token[0] == '\0' && c->credentials_file[0] == '\0') {
     snprintf(err, errlen,
-             "server.token is empty: set a registration secret (config file or TC_SERVER_TOKEN)");
+             "neither server.credentials_file nor server.token is set: clients could not register "
+             "(set TC_SERVER_CREDENTIALS_FILE, or the legacy TC_SERVER_TOKEN)");
     return -1;
+  }
+  if (c->credentials_file[0]) {
+    char why[512];
+    tc_creds_t *cr = tc_creds_load(c->credentials_file, why, sizeof(why));
+    if (!cr) {
+      snprintf(err, errlen, "invalid server.credentials_file: %s", why);
+      return -1;
+    }
+    tc_creds_free(cr);
   }
   if (c->pg_url[0] == '\0') {
     snprintf(err, errlen, "store.pg_url is empty: set the PostgreSQL URL (or TC_STORE_PG_URL)");

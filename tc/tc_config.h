@@ -23,7 +23,8 @@ typedef struct tc_config {
   char advertise[TC_CONFIG_STR];    /* host:port clients use; default = listen */
   /* [server] */
   char listen[TC_CONFIG_STR];       /* host:port, default 127.0.0.1:8091 */
-  char token[TC_CONFIG_STR];        /* registration secret, required */
+  char token[TC_CONFIG_STR];        /* legacy shared registration secret; may be empty */
+  char credentials_file[TC_CONFIG_STR]; /* per-application secrets (tc_creds.h); may be empty */
   int max_connections;
   int max_connections_per_address;
   int max_inflight;                 /* per connection */

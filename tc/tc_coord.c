@@ -24,11 +24,13 @@
  *   A crash after 3 leaves a session whose retry lease expires; the leader's
  *   recovery job adopts and finishes it (tc_recovery.c).
  */
+#include <errno.h>
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include "tc_lockwait.h"
 #include "tc_log.h"
@@ -56,7 +58,20 @@ typedef struct call {
    * is queued or waiting for a lock. */
   char client_id[TXP_MAX_NAME_LEN + 1];
   char app_id[TXP_MAX_NAME_LEN + 1];
+  char group[TXP_MAX_NAME_LEN + 1];
 } call_t;
+
+/* The caller's identity, copied into the call and named by its op: the
+ * store checks it against the transaction's owner (may_act, below). */
+static void call_identify(call_t *c, const tc_conn_t *conn) {
+  snprintf(c->client_id, sizeof(c->client_id), "%s", tc_conn_client_id(conn));
+  snprintf(c->app_id, sizeof(c->app_id), "%s", tc_conn_app_id(conn));
+  snprintf(c->group, sizeof(c->group), "%s", tc_conn_group(conn));
+  c->op.client_id = c->client_id;
+  c->op.app_id = c->app_id;
+  c->op.group = c->group;
+}
+
 
 static call_t *call_new(tc_ctx_t *ctx, tc_req_t *req, tc_op_kind_t kind, void (*cb)(tc_op_t *, void *)) {
   call_t *c = calloc(1, sizeof(*c));
@@ -73,6 +88,18 @@ static call_t *call_new(tc_ctx_t *ctx, tc_req_t *req, tc_op_kind_t kind, void (*
 static void call_free(call_t *c) {
   tc_op_clear(&c->op);
   free(c);
+}
+
+/* Answer a refusal of the ownership rule: counted, nothing changed. */
+static void reply_not_owner(call_t *c, const char *what) {
+  char msg[256];
+  c->ctx->stats.not_owner++;
+  snprintf(msg, sizeof(msg), "could not %s: the global transaction or branch belongs to another application",
+           what);
+  tc_log_warn("refused to %s global transaction \"%s\" for application \"%s\" (group \"%s\") from %s: "
+              "not the owner", what, c->xid, c->app_id, c->group, tc_conn_peer(c->req->conn));
+  tc_req_reply_code(c->req, TXP_ENOT_OWNER, msg);
+  call_free(c);
 }
 
 static void reply_code(call_t *c, int code, const char *msg) {
@@ -103,6 +130,30 @@ static bool require_xid_or_reply(tc_ctx_t *ctx, tc_req_t *req) {
 }
 
 /* ----------------------------------------------------------------- begin */
+
+/*
+ * The random part of a new xid (txp_xid.h), from the kernel's CSPRNG.
+ * Drawn 64 at a time so that a begin costs no system call; per thread,
+ * since tests run several nodes in one process.  Returns 0, or -1 when the
+ * kernel gave no randomness (then no xid is made).
+ */
+static int xid_nonce(uint64_t *out) {
+  static __thread uint64_t pool[64];
+  static __thread size_t left;
+  if (left == 0) {
+    size_t got = 0;
+    while (got < sizeof(pool)) {
+      ssize_t n = getrandom((char *)pool + got, sizeof(pool) - got, 0);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return -1;
+      got += (size_t)n;
+    }
+    left = sizeof(pool) / sizeof(pool[0]);
+  }
+  *out = pool[--left];
+  pool[left] = 0; /* a used nonce does not linger */
+  return 0;
+}
 
 static void on_begin_done(tc_op_t *op, void *arg) {
   call_t *c = arg;
@@ -147,7 +198,12 @@ static void handle_begin(tc_ctx_t *ctx, tc_req_t *req) {
     reply_code(c, TXP_ESTORE, "no transaction id available: coordinator store unreachable, retry");
     return;
   }
-  if (txp_xid_make(c->xid, sizeof(c->xid), ctx->advertise, txid) < 0) {
+  uint64_t nonce;
+  if (xid_nonce(&nonce) != 0) {
+    reply_code(c, TXP_EINTERNAL, "could not make an xid: no randomness from the kernel");
+    return;
+  }
+  if (txp_xid_make(c->xid, sizeof(c->xid), ctx->advertise, txid, nonce) < 0) {
     /* node.advertise is checked at start-up (tc_config.c): not reached. */
     reply_code(c, TXP_EINTERNAL, "could not make an xid from node.advertise");
     return;
@@ -156,8 +212,7 @@ static void handle_begin(tc_ctx_t *ctx, tc_req_t *req) {
   c->op.id = txid;
   c->op.timeout_ms = timeout;
   c->op.name = m->name;
-  snprintf(c->app_id, sizeof(c->app_id), "%s", tc_conn_app_id(req->conn));
-  c->op.app_id = c->app_id;
+  call_identify(c, req->conn);
   c->op.idem_key = m->idem_key && m->idem_key[0] ? m->idem_key : NULL;
   submit_or_reply(c);
 }
@@ -203,6 +258,9 @@ static void on_decide_done(tc_op_t *op, void *arg) {
   switch (op->res) {
   case TC_RES_NOT_FOUND:
     reply_code(c, TXP_EGLOBAL_NOT_FOUND, "global transaction not found");
+    return;
+  case TC_RES_NOT_OWNER:
+    reply_not_owner(c, want_commit ? "commit" : "roll back");
     return;
   case TC_RES_OK:
   case TC_RES_TIMED_OUT:
@@ -271,6 +329,7 @@ static void handle_decide(tc_ctx_t *ctx, tc_req_t *req, tc_decide_action_t actio
   snprintf(c->xid, sizeof(c->xid), "%s", req->msg.xid);
   c->op.xid = c->xid;
   c->op.action = action;
+  call_identify(c, req->conn);
   if (action == TC_DECIDE_COMMIT) TXC_FAILPOINT("tc.commit.before_decision");
   submit_or_reply(c);
 }
@@ -300,6 +359,10 @@ static void on_status_read(tc_pg_job_t *job, int status, void *arg) {
     const PGresult *r = tc_pg_job_result(job, 0);
     if (PQntuples(r) == 0) {
       tc_req_reply_code(rc->req, TXP_EGLOBAL_NOT_FOUND, "global transaction not found");
+    } else if (strcmp(PQgetvalue(r, 0, 1), "t") != 0) {
+      rc->ctx->stats.not_owner++;
+      tc_req_reply_code(rc->req, TXP_ENOT_OWNER,
+                        "could not read the global status: the global transaction belongs to another application");
     } else {
       txp_msg_t res;
       txp_msg_init_result(&res, &rc->req->msg, 0, NULL);
@@ -330,13 +393,16 @@ static void submit_read(tc_ctx_t *ctx, tc_req_t *req, const char *sql, int n, co
   }
 }
 
+/* The status, to whoever may decide the transaction (tc__may_decide), or
+ * once it finished, to its group. */
 static void handle_status(tc_ctx_t *ctx, tc_req_t *req) {
   if (!require_xid_or_reply(ctx, req)) return;
-  const char *v[] = {req->msg.xid};
+  const char *v[] = {req->msg.xid, tc_conn_app_id(req->conn), tc_conn_group(req->conn)};
   submit_read(ctx, req,
-              "SELECT status FROM global_table WHERE xid = $1 "
-              "UNION ALL SELECT status FROM global_history WHERE xid = $1 LIMIT 1",
-              1, v, on_status_read);
+              "SELECT status, tc__may_decide(xid, application_id, app_group, $2, $3) "
+              "FROM global_table WHERE xid = $1 "
+              "UNION ALL SELECT status, app_group = $3 FROM global_history WHERE xid = $1 LIMIT 1",
+              3, v, on_status_read);
 }
 
 /* Row keys of 'keys' for 'resource' as a PostgreSQL text[] literal. */
@@ -478,6 +544,9 @@ static void on_register_done(tc_op_t *op, void *arg) {
   case TC_RES_NOT_FOUND:
     reply_register(c, TXP_EGLOBAL_NOT_FOUND, "global transaction not found");
     return;
+  case TC_RES_NOT_OWNER:
+    reply_not_owner(c, "register a branch in");
+    return;
   case TC_RES_NOT_ACTIVE:
     snprintf(msg, sizeof(msg), "could not register branch: global transaction is %s, expected Begin",
              txp_global_status_name(op->global_status));
@@ -581,8 +650,7 @@ static void handle_register(tc_ctx_t *ctx, tc_req_t *req) {
   c->op.branch_type = (int)m->branch_type;
   c->op.lock_keys = m->lock_keys && m->lock_keys[0] ? m->lock_keys : NULL;
   c->op.app_data = m->application_data;
-  snprintf(c->client_id, sizeof(c->client_id), "%s", tc_conn_client_id(req->conn));
-  c->op.client_id = c->client_id;
+  call_identify(c, req->conn);
   c->op.idem_key = m->idem_key && m->idem_key[0] ? m->idem_key : NULL;
   if (m->lock_wait_ms) c->lock_deadline_ns = c->started_ns + (uint64_t)m->lock_wait_ms * 1000000u;
   submit_or_reply(c);
@@ -599,6 +667,7 @@ static void on_branch_report_done(tc_op_t *op, void *arg) {
   switch (op->res) {
   case TC_RES_NOT_FOUND: reply_code(c, TXP_EGLOBAL_NOT_FOUND, "global transaction not found"); return;
   case TC_RES_BRANCH_NOT_FOUND: reply_code(c, TXP_EBRANCH_NOT_FOUND, "branch not found"); return;
+  case TC_RES_NOT_OWNER: reply_not_owner(c, "report a branch of"); return;
   default: reply_code(c, 0, NULL); return;
   }
 }
@@ -628,6 +697,7 @@ static void handle_branch_report(tc_ctx_t *ctx, tc_req_t *req) {
   c->op.id = m->branch_id;
   c->op.branch_status = (int)m->branch_status;
   c->op.error = m->message;
+  call_identify(c, req->conn);
   submit_or_reply(c);
 }
 

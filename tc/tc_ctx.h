@@ -34,6 +34,7 @@ typedef struct tc_node_stats {
   uint64_t registered, register_conflicts, lock_waits, lock_wait_timeouts, lock_wait_ms_total;
   uint64_t phase2_calls, phase2_retryable, phase2_unretryable, phase2_no_rm;
   uint64_t requests, bad_requests;
+  uint64_t not_owner; /* requests refused: another application's xid or branch */
   uint64_t phase2_forwarded; /* branch calls relayed through a peer (cluster bus) */
   int phase2_active; /* gauge */
   /* Phase-two drives, [0] commit / [1] rollback: a duration histogram

@@ -43,8 +43,9 @@ static void usage(FILE *f) {
           "Settings apply in this order: defaults, the config file, environment\n"
           "variables TC_<SECTION>_<KEY> (e.g. TC_SERVER_TOKEN, TC_STORE_PG_URL), --set.\n"
           "SIGTERM or SIGINT stops the node cleanly; SIGHUP reopens the log file\n"
-          "(stderr, when it is a file: logrotate's signal), reads cluster.secret_file\n"
-          "again (a step of a secret rotation) and changes nothing else.\n"
+          "(stderr, when it is a file: logrotate's signal), reloads\n"
+          "server.credentials_file and reads cluster.secret_file again (steps of a\n"
+          "rotation), and changes nothing else.\n"
           "\n"
           "exit status: 0 clean stop, 64 usage error, 78 bad configuration,\n"
           "             69 store or listener unavailable at start-up.\n");
@@ -75,12 +76,18 @@ static void on_signal(uv_signal_t *h, int signum) {
   begin_stop(d);
 }
 
-/* SIGHUP (logrotate, or a terminal that went away, or a step of a cluster
- * secret rotation): reopen the log file, read cluster.secret_file again,
- * never stop. */
+/* SIGHUP (logrotate, or a terminal that went away, or a step of a
+ * credential or cluster secret rotation): reopen the log file, reload
+ * server.credentials_file, read cluster.secret_file again, never stop. */
 static void on_sighup(uv_signal_t *h, int signum) {
-  daemon_t *d = h->data;
   (void)signum;
+  daemon_t *d = h->data;
+  if (d->node) {
+    char why[512];
+    int cr = tc_node_reload_credentials(d->node, why, sizeof(why));
+    if (cr == 0) tc_log_info("received SIGHUP: credentials reloaded: %s", why);
+    else if (cr < 0) tc_log_warn("received SIGHUP: could not reload the credentials, keeping the old ones: %s", why);
+  }
   int rc = txc_logfile_reopen();
   if (rc > 0)
     tc_log_info("received SIGHUP: log file reopened");

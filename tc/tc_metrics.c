@@ -272,6 +272,8 @@ static void format_metrics(const snap_t *s, uint64_t now, sbuf_t *b) {
           n->register_conflicts);
   counter(b, "txc_requests_total", "Requests served (TM and RM).", n->requests);
   counter(b, "txc_bad_requests_total", "Requests refused as invalid.", n->bad_requests);
+  counter(b, "txc_not_owner_total",
+          "Requests refused because the xid or branch belongs to another application or group.", n->not_owner);
 
   counter(b, "txc_lock_waits_total", "Registrations that waited for a global lock.", n->lock_waits);
   head(b, "txc_lock_wait_seconds_total", "counter", "Time spent waiting for global locks (granted waits).");
@@ -362,7 +364,7 @@ static void format_metrics(const snap_t *s, uint64_t now, sbuf_t *b) {
     sb_printf(b, "txc_frames_total{direction=\"out\"} %" PRIu64 "\n", sv->frames_out);
     counter(b, "txc_bad_frames_total", "Frames that could not be decoded (bad magic, size, body).", sv->bad_frames);
     counter(b, "txc_busy_replies_total", "Requests answered BUSY (too many in flight).", sv->busy_replies);
-    counter(b, "txc_auth_failures_total", "Registrations with a wrong token.", sv->auth_failures);
+    counter(b, "txc_auth_failures_total", "Registrations refused: unknown application, wrong secret or wrong token.", sv->auth_failures);
     counter(b, "txc_version_mismatches_total", "Peers with another protocol major version.",
             sv->version_mismatches);
     counter(b, "txc_unregistered_closed_total",

@@ -12,6 +12,7 @@
 #include "tc_admin.h"
 #include "tc_admin_exec.h"
 #include "tc_coord.h"
+#include "tc_creds.h"
 #include "tc_ctx.h"
 #include "tc_lockwait.h"
 #include "tc_log.h"
@@ -29,6 +30,7 @@ struct tc_node {
   char advertise[TC_CONFIG_STR];
   struct tc_metrics *metrics; /* NULL without metrics.listen */
   tc_peer_t *peer;
+  tc_creds_t *creds; /* server.credentials_file; NULL: none */
   bool store_ready, claimed;
   uv_timer_t stats_timer; /* debug-level store statistics */
   bool stats_timer_on;
@@ -116,6 +118,7 @@ static void start_serving(tc_node_t *node) {
   so.listen_host = host;
   so.listen_port = port;
   so.token = node->cfg.token;
+  so.creds = node->creds;
   so.node_id = node->cfg.node_id;
   so.max_connections = node->cfg.max_connections;
   so.max_connections_per_address = node->cfg.max_connections_per_address;
@@ -175,6 +178,16 @@ tc_node_t *tc_node_start(uv_loop_t *loop, const tc_config_t *cfg,
   node->ctx.ops = &node_ops;
   node->on_ready = on_ready;
   node->ready_arg = arg;
+  if (node->cfg.credentials_file[0]) {
+    char why[512];
+    node->creds = tc_creds_load(node->cfg.credentials_file, why, sizeof(why));
+    if (!node->creds) {
+      fail_start(node, TXP_EINVALID_ARG, why);
+      return node;
+    }
+    tc_log_info("loaded %zu credentials of %zu applications from \"%s\"", tc_creds_count(node->creds),
+                tc_creds_apps(node->creds), node->cfg.credentials_file);
+  }
   node->ctx.lockwait = tc_lockwait_new(loop, MAX_LOCK_WAITERS);
   node->ctx.store = tc_store_new(loop, &node->cfg, on_store_ready, node, STORE_READY_TIMEOUT_MS);
   if (node->ctx.lockwait && node->ctx.store) node->peer = tc_peer_new(&node->ctx, on_claimed, node);
@@ -193,6 +206,7 @@ static void stop_part(void *arg) {
   if (--node->stop_parts > 0) return;
   void (*done)(void *) = node->stop_done;
   void *darg = node->stop_arg;
+  tc_creds_free(node->creds);
   free(node);
   if (done) done(darg);
 }
@@ -250,4 +264,20 @@ int tc_node_reload_secret(tc_node_t *node, char *msg, size_t msglen) {
   if (msglen) msg[0] = '\0';
   if (!node || node->ctx.stopping || !node->peer) return 0;
   return tc_peer_reload_secret(node->peer, msg, msglen);
+}
+
+int tc_node_reload_credentials(tc_node_t *node, char *err, size_t errlen) {
+  if (!node->cfg.credentials_file[0]) {
+    snprintf(err, errlen, "no server.credentials_file configured");
+    return 1;
+  }
+  tc_creds_t *fresh = tc_creds_load(node->cfg.credentials_file, err, errlen);
+  if (!fresh) return -1;
+  /* The server reads the table only while registering, on this loop: once
+   * it has the new one, nothing refers to the old one. */
+  if (node->ctx.server) tc_server_set_creds(node->ctx.server, fresh);
+  tc_creds_free(node->creds);
+  node->creds = fresh;
+  snprintf(err, errlen, "%zu credentials of %zu applications", tc_creds_count(fresh), tc_creds_apps(fresh));
+  return 0;
 }

@@ -19,6 +19,8 @@
 
 #include <uv.h>
 
+#include <stddef.h>
+
 #include "tc_config.h"
 
 typedef struct tc_node tc_node_t;
@@ -35,6 +37,11 @@ void tc_node_stop(tc_node_t *node, void (*done)(void *arg), void *arg);
  * without a bus; 'msg' then says what was loaded) or < 0 with 'msg' saying
  * why not: the keys in use stay. */
 int tc_node_reload_secret(tc_node_t *node, char *msg, size_t msglen);
+
+/* Load server.credentials_file again and use it for later registrations
+ * (SIGHUP).  0 (what was loaded, in 'err'), 1 when no file is configured,
+ * or -1 with the reason in 'err': the table in use stays. */
+int tc_node_reload_credentials(tc_node_t *node, char *err, size_t errlen);
 
 /* The port actually listened on (useful with port 0). */
 int tc_node_port(const tc_node_t *node);

@@ -227,7 +227,8 @@ static void branch_call(drive_t *d, branch_ctx_t *b) {
   txp_msg_set_int(&m, TXP_F_BRANCH_ID, b->row.branch_id);
   txp_msg_set_str(&m, TXP_F_RESOURCE_ID, b->row.resource_id);
   txp_msg_set_int(&m, TXP_F_BRANCH_TYPE, b->row.branch_type);
-  tc_conn_t *conn = tc_server_find_rm(ctx->server, b->row.resource_id, b->row.client_id);
+  tc_conn_t *conn = tc_server_find_branch_rm(ctx->server, b->row.resource_id, b->row.client_id,
+                                             b->row.application_id, b->row.app_group);
   if (!conn) {
     /* Cluster: a peer that holds such an RM relays the call (its answer
      * comes back through on_branch_result like a direct one). */

@@ -145,6 +145,8 @@ static void on_claimed(tc_pg_job_t *job, int status, void *arg) {
       b->status = atoi(PQgetvalue(r, j, 4));
       snprintf(b->resource_id, sizeof(b->resource_id), "%s", PQgetvalue(r, j, 5));
       snprintf(b->client_id, sizeof(b->client_id), "%s", PQgetvalue(r, j, 6));
+      snprintf(b->application_id, sizeof(b->application_id), "%s", PQgetvalue(r, j, 7));
+      snprintf(b->app_group, sizeof(b->app_group), "%s", PQgetvalue(r, j, 8));
     }
     rec->stats.retried++;
     tc_log_ctx_t lc = {xid, 0, NULL};
@@ -205,7 +207,8 @@ static void run_jobs(tc_recovery_t *rec) {
     snprintf(lease, sizeof(lease), "%d", CLAIM_LEASE_MS);
     const char *v[] = {lim, lease};
     run_read(rec,
-             "SELECT c.xid, c.status, b.branch_id, b.branch_type, b.status, b.resource_id, b.client_id "
+             "SELECT c.xid, c.status, b.branch_id, b.branch_type, b.status, b.resource_id, b.client_id, "
+             "b.application_id, b.app_group "
              "FROM tc_claim_retries($1::int, $2::int) c "
              "LEFT JOIN branch_table b ON b.xid = c.xid ORDER BY c.xid, b.branch_id",
              2, v, on_claimed, &rec->retries_running);

@@ -52,6 +52,7 @@
 #include <string.h>
 
 #include "tc_config.h"
+#include "tc_creds.h"
 #include "tc_log.h"
 #include "txc_idtable.h"
 
@@ -111,6 +112,7 @@ struct tc_conn {
   tc_call_t *calls;
   char *client_id;
   char *app_id;
+  char *group;                  /* the application's group (tc_creds.h) */
   char **resource_ids;
   size_t n_resource_ids;
   char peer[80]; /* "[" INET6_ADDRSTRLEN "]:65535" */
@@ -121,8 +123,9 @@ struct tc_server {
   uv_loop_t *loop;
   tc_server_opts_t opts; /* strings point at our copies below */
   char *host;
-  char *token;
+  char *token;                  /* NULL: no legacy token */
   size_t token_len;
+  const tc_creds_t *creds;      /* borrowed; NULL: token only */
   uv_tcp_t listener;
   uv_timer_t idle_timer;
   uv_timer_t call_timer;
@@ -153,21 +156,6 @@ static char *str_dup(const char *s) {
   char *p = malloc(n);
   if (p) memcpy(p, s, n);
   return p;
-}
-
-/*
- * Compare the peer's token with ours in time that depends only on the
- * length of ours, so that response timing does not reveal how many leading
- * bytes matched.
- */
-static bool token_equal(const char *given, const char *want, size_t want_len) {
-  size_t glen = strnlen(given, want_len + 1);
-  volatile unsigned char diff = (unsigned char)(glen != want_len);
-  for (size_t i = 0; i < want_len; i++) {
-    unsigned char g = i < glen ? (unsigned char)given[i] : 0;
-    diff |= (unsigned char)(g ^ (unsigned char)want[i]);
-  }
-  return diff == 0;
 }
 
 /* Copy 'src' into 'dst' (size TXP_MAX_MESSAGE_LEN + 1), cut at a UTF-8
@@ -289,9 +277,10 @@ static void conn_free_registration(tc_conn_t *c) {
   free(c->resource_ids);
   free(c->client_id);
   free(c->app_id);
+  free(c->group);
   c->resource_ids = NULL;
   c->n_resource_ids = 0;
-  c->client_id = c->app_id = NULL;
+  c->client_id = c->app_id = c->group = NULL;
 }
 
 static void conn_free(tc_conn_t *c) {
@@ -527,10 +516,40 @@ static int parse_resource_ids(const char *list, char ***out, size_t *n_out) {
 }
 
 /*
- * RegisterTM / RegisterRM: check the token, remember who the peer is, and
- * answer.  A wrong or missing token is answered AUTH and the connection is
- * drained.  Registering again on the same connection replaces the
- * identity (e.g. a new resource list).
+ * Who the peer is: the group of its application when its secret is right,
+ * else NULL with the reason in '*why'.  An application listed in the
+ * credentials file must present one of its own secrets; server.token
+ * admits only applications that are not listed, into a group of their own
+ * (TC_CREDS_TOKEN_GROUP), so that the shared token cannot reach a
+ * credentialed application's transactions.
+ */
+static const char *authenticate(const tc_server_t *s, const txp_msg_t *m, const char **why) {
+  if (!txp_msg_has(m, TXP_F_TOKEN) || m->token == NULL) {
+    *why = "no secret given";
+    return NULL;
+  }
+  const char *app = m->application_id ? m->application_id : "";
+  bool known = false;
+  if (s->creds) {
+    const char *group = tc_creds_check(s->creds, app, m->token, &known);
+    if (group) return group;
+    if (known) {
+      *why = "wrong secret for the application";
+      return NULL;
+    }
+  }
+  if (s->token && tc_creds_secret_equal(m->token, s->token, s->token_len)) return TC_CREDS_TOKEN_GROUP;
+  *why = s->creds ? (s->token ? "unknown application or wrong token" : "unknown application")
+                  : "wrong token";
+  return NULL;
+}
+
+/*
+ * RegisterTM / RegisterRM: authenticate the peer's application, remember
+ * who the peer is (client id, application, group), and answer.  A wrong or
+ * missing secret is answered AUTH and the connection is drained.
+ * Registering again on the same connection replaces the identity (e.g. a
+ * new resource list).
  */
 static void conn_register(tc_conn_t *c, const txp_msg_t *m) {
   tc_server_t *s = c->server;
@@ -538,13 +557,12 @@ static void conn_register(tc_conn_t *c, const txp_msg_t *m) {
   const char *kind = rm ? "RM" : "TM";
   const char *why = NULL;
 
-  if (!txp_msg_has(m, TXP_F_TOKEN) || m->token == NULL) why = "no token given";
-  else if (!token_equal(m->token, s->token, s->token_len)) why = "wrong token";
-  if (why) {
+  const char *group = authenticate(s, m, &why);
+  if (!group) {
     char text[128];
     s->st.auth_failures++;
-    tc_log_warn("could not register %s \"%s\" from %s: authentication failed: %s", kind,
-                m->client_id, c->peer, why);
+    tc_log_warn("could not register %s \"%s\" of application \"%s\" from %s: authentication failed: %s",
+                kind, m->client_id, m->application_id ? m->application_id : "", c->peer, why);
     snprintf(text, sizeof(text), "authentication failed: %s", why);
     conn_reply_code(c, m, TXP_EAUTH, text);
     conn_drain(c);
@@ -555,11 +573,13 @@ static void conn_register(tc_conn_t *c, const txp_msg_t *m) {
   size_t nids = 0;
   char *cid = str_dup(m->client_id);
   char *aid = str_dup(m->application_id);
-  int rc = (cid && aid) ? 0 : TXP_ENOMEM;
+  char *grp = str_dup(group);
+  int rc = (cid && aid && grp) ? 0 : TXP_ENOMEM;
   if (rc == 0 && rm) rc = parse_resource_ids(m->resource_ids, &ids, &nids);
   if (rc != 0) {
     free(cid);
     free(aid);
+    free(grp);
     tc_log_error("could not register %s \"%s\" from %s: out of memory", kind, m->client_id,
                  c->peer);
     conn_reply_code(c, m, TXP_ENOMEM, "could not register: out of memory");
@@ -572,6 +592,7 @@ static void conn_register(tc_conn_t *c, const txp_msg_t *m) {
   conn_free_registration(c);
   c->client_id = cid;
   c->app_id = aid;
+  c->group = grp;
   c->resource_ids = ids;
   c->n_resource_ids = nids;
   c->role = rm ? ROLE_RM : ROLE_TM;
@@ -587,8 +608,8 @@ static void conn_register(tc_conn_t *c, const txp_msg_t *m) {
   if (rc != 0 && c->state == CONN_OPEN)
     tc_log_warn("could not answer %s registration from %s: %s", kind, c->peer, txp_strerror(rc));
 
-  tc_log_info("registered %s \"%s\" of application \"%s\" from %s%s%s%s", kind, cid, aid,
-              c->peer, rm ? " with resources \"" : "", rm ? m->resource_ids : "",
+  tc_log_info("registered %s \"%s\" of application \"%s\" (group \"%s\") from %s%s%s%s", kind, cid,
+              aid, grp, c->peer, rm ? " with resources \"" : "", rm ? m->resource_ids : "",
               rm ? "\"" : "");
   /* Announce after the answer is queued: a handler that calls the RM at
    * once must not overtake its registration result. */
@@ -989,8 +1010,10 @@ int tc_server_start(uv_loop_t *loop, const tc_server_opts_t *opts, tc_server_t *
     snprintf(err, errlen, "could not start server: invalid argument");
     return TXP_EINVALID_ARG;
   }
-  if (!opts->token || !*opts->token || strlen(opts->token) > TXP_MAX_TOKEN_LEN) {
-    snprintf(err, errlen, "could not start server: the registration token must be 1 to %d bytes",
+  bool has_token = opts->token && *opts->token;
+  if ((!has_token && !opts->creds) || (opts->token && strlen(opts->token) > TXP_MAX_TOKEN_LEN)) {
+    snprintf(err, errlen,
+             "could not start server: credentials or a registration token of 1 to %d bytes are needed",
              TXP_MAX_TOKEN_LEN);
     return TXP_EINVALID_ARG;
   }
@@ -1010,10 +1033,11 @@ int tc_server_start(uv_loop_t *loop, const tc_server_opts_t *opts, tc_server_t *
   s->loop = loop;
   s->opts = *opts;
   s->host = str_dup(opts->listen_host ? opts->listen_host : "0.0.0.0");
-  s->token = str_dup(opts->token);
+  s->token = has_token ? str_dup(opts->token) : NULL;
+  s->creds = opts->creds;
   bool calls_ok = txc_idtable_init(&s->calls, CALL_HASH_BITS_MIN) == 0;
-  if (!s->host || !s->token || !calls_ok) goto fail_free;
-  s->token_len = strlen(s->token);
+  if (!s->host || (has_token && !s->token) || !calls_ok) goto fail_free;
+  s->token_len = s->token ? strlen(s->token) : 0;
   s->opts.listen_host = s->host;
   s->opts.token = s->token;
   if (s->opts.max_connections <= 0) s->opts.max_connections = DEFAULT_MAX_CONNECTIONS;
@@ -1147,6 +1171,11 @@ bool tc_conn_closed(const tc_conn_t *c) { return c->state != CONN_OPEN; }
 const char *tc_conn_peer(const tc_conn_t *c) { return c->peer; }
 const char *tc_conn_client_id(const tc_conn_t *c) { return c->client_id ? c->client_id : ""; }
 const char *tc_conn_app_id(const tc_conn_t *c) { return c->app_id ? c->app_id : ""; }
+const char *tc_conn_group(const tc_conn_t *c) { return c->group ? c->group : ""; }
+
+void tc_server_set_creds(tc_server_t *s, const tc_creds_t *creds) {
+  if (s) s->creds = creds;
+}
 
 void tc_conn_ref(tc_conn_t *c) { c->refs++; }
 
@@ -1161,14 +1190,23 @@ static bool conn_serves(const tc_conn_t *c, const char *resource_id) {
 }
 
 tc_conn_t *tc_server_find_rm(tc_server_t *s, const char *resource_id, const char *client_id) {
-  tc_conn_t *any = NULL;
+  return tc_server_find_branch_rm(s, resource_id, client_id, NULL, NULL);
+}
+
+tc_conn_t *tc_server_find_branch_rm(tc_server_t *s, const char *resource_id, const char *client_id,
+                                    const char *app_id, const char *group) {
+  tc_conn_t *any = NULL, *same_app = NULL;
   if (!s || !resource_id) return NULL;
+  bool by_group = group && group[0];
   for (tc_conn_t *c = s->conns; c; c = c->next) {
     if (c->state != CONN_OPEN || c->role != ROLE_RM || !conn_serves(c, resource_id)) continue;
-    if (client_id && strcmp(c->client_id, client_id) == 0) return c;
+    if (by_group && strcmp(c->group, group) != 0) continue;
+    bool app_ok = !app_id || !app_id[0] || strcmp(c->app_id, app_id) == 0;
+    if (app_ok && client_id && strcmp(c->client_id, client_id) == 0) return c;
+    if (app_ok && !same_app) same_app = c;
     if (!any) any = c;
   }
-  return any;
+  return same_app ? same_app : any;
 }
 
 int tc_conn_call(tc_conn_t *c, txp_msg_t *msg, unsigned timeout_ms, tc_call_cb cb, void *arg) {

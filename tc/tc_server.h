@@ -5,7 +5,8 @@
  * NOTES
  *   Runs on the node's single libuv loop.  Each connection owns a txp
  *   decoder and a bounded write queue.  The first request on a connection
- *   must be RegisterTM or RegisterRM with the configured token; anything
+ *   must be RegisterTM or RegisterRM with the application's secret (or the
+ *   legacy shared token: authenticate() in tc_server.c); anything
  *   else first is answered NOT_REGISTERED and the connection is closed.  A
  *   peer whose protocol major version differs gets an Error frame with
  *   BAD_VERSION and is closed; a peer that sends garbage (bad magic,
@@ -37,6 +38,7 @@
 
 typedef struct tc_server tc_server_t;
 typedef struct tc_conn tc_conn_t;
+typedef struct tc_creds tc_creds_t;
 
 /* One request being served.  'msg' is owned by the request. */
 typedef struct tc_req {
@@ -53,7 +55,9 @@ typedef void (*tc_call_cb)(int status, const txp_msg_t *res, void *arg);
 typedef struct tc_server_opts {
   const char *listen_host;
   int listen_port; /* 0: ephemeral (see tc_server_port) */
-  const char *token;
+  const char *token;        /* legacy shared secret; NULL or "": none */
+  const tc_creds_t *creds;  /* per-application secrets (borrowed); NULL: none.
+                               At least one of the two. */
   int node_id;
   int max_connections;
   int max_connections_per_address; /* live connections one peer address may hold; 0: max_connections */
@@ -97,6 +101,8 @@ bool tc_conn_closed(const tc_conn_t *c);
 const char *tc_conn_peer(const tc_conn_t *c);      /* "ip:port" */
 const char *tc_conn_client_id(const tc_conn_t *c); /* from registration */
 const char *tc_conn_app_id(const tc_conn_t *c);
+/* The group its application authenticated into (tc_creds.h). */
+const char *tc_conn_group(const tc_conn_t *c);
 void tc_conn_ref(tc_conn_t *c);
 void tc_conn_unref(tc_conn_t *c);
 
@@ -105,6 +111,17 @@ void tc_conn_unref(tc_conn_t *c);
  * whose client id is 'client_id' (may be NULL).  Borrowed; NULL if none.
  */
 tc_conn_t *tc_server_find_rm(tc_server_t *s, const char *resource_id, const char *client_id);
+/* The same among the RMs of 'group' only (when not NULL or ""), and
+ * preferring the RMs of application 'app_id': phase two of a branch goes
+ * to an RM of the group that registered it, never to an application of
+ * another group that claims its resource. */
+tc_conn_t *tc_server_find_branch_rm(tc_server_t *s, const char *resource_id, const char *client_id,
+                                    const char *app_id, const char *group);
+
+/* Credentials for later registrations (a reload); 'creds' is borrowed and
+ * must stay valid until replaced or the server is stopped.  Registered
+ * connections keep their identity. */
+void tc_server_set_creds(tc_server_t *s, const tc_creds_t *creds);
 
 /* Send request 'msg' (type, fields; request_id is assigned here) to 'c' and
  * call 'cb' once with the result or an error.  Returns 0, or a negative code

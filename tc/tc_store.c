@@ -200,6 +200,7 @@ static tc_res_t parse_res(const char *w) {
     {"branch_not_found", TC_RES_BRANCH_NOT_FOUND},
     {"failed", TC_RES_FAILED},
     {"retry", TC_RES_RETRY},
+    {"not_owner", TC_RES_NOT_OWNER},
   };
   for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++)
     if (strcmp(map[i].word, w) == 0) return map[i].res;
@@ -372,8 +373,8 @@ static int add_stmt(tc_pg_job_t *job, const char *name, const char *sql, arr_t *
 }
 
 static int build_begin(tc_store_t *st, batch_t *b, tc_pg_job_t *job) {
-  arr_t a[6];
-  for (int i = 0; i < 6; i++) arr_init(&a[i]);
+  arr_t a[7];
+  for (int i = 0; i < 7; i++) arr_init(&a[i]);
   for (int i = 0; i < b->count[TC_OP_BEGIN]; i++) {
     tc_op_t *op = b->by_kind[TC_OP_BEGIN][i];
     arr_add(&a[0], op->xid);
@@ -381,22 +382,23 @@ static int build_begin(tc_store_t *st, batch_t *b, tc_pg_job_t *job) {
     arr_add_i64(&a[2], op->timeout_ms);
     arr_add(&a[3], op->name);
     arr_add(&a[4], op->app_id);
-    arr_add(&a[5], op->idem_key);
+    arr_add(&a[5], op->group);
+    arr_add(&a[6], op->idem_key);
   }
   char node[16];
   snprintf(node, sizeof(node), "%d", st->node_id);
   const char *extra[] = {node};
   int rc = add_stmt(job, "tc_begin",
                     "SELECT item, xid, result FROM tc_begin_batch($1::text[], $2::bigint[], "
-                    "$3::int[], $4::text[], $5::text[], $6::text[], $7::int)",
-                    a, 6, extra, 1);
-  for (int i = 0; i < 6; i++) arr_free(&a[i]);
+                    "$3::int[], $4::text[], $5::text[], $6::text[], $7::text[], $8::int)",
+                    a, 7, extra, 1);
+  for (int i = 0; i < 7; i++) arr_free(&a[i]);
   return rc;
 }
 
 static int build_register(tc_store_t *st, batch_t *b, tc_pg_job_t *job) {
-  arr_t a[12];
-  for (int i = 0; i < 12; i++) arr_init(&a[i]);
+  arr_t a[14];
+  for (int i = 0; i < 14; i++) arr_init(&a[i]);
   int rc = 0;
   for (int i = 0; i < b->count[TC_OP_REGISTER] && rc == 0; i++) {
     tc_op_t *op = b->by_kind[TC_OP_REGISTER][i];
@@ -408,8 +410,10 @@ static int build_register(tc_store_t *st, batch_t *b, tc_pg_job_t *job) {
     arr_add(&a[5], op->app_data);
     arr_add(&a[6], op->client_id);
     arr_add(&a[7], op->idem_key);
+    arr_add(&a[8], op->app_id);
+    arr_add(&a[9], op->group);
     if (op->lock_keys && op->lock_keys[0]) {
-      lock_rows_ctx_t c = {&a[8], &a[9], &a[10], &a[11], i + 1, op->resource_id, 0};
+      lock_rows_ctx_t c = {&a[10], &a[11], &a[12], &a[13], i + 1, op->resource_id, 0};
       if (txp_lockkeys_each(op->lock_keys, (size_t)st->max_lock_keys, add_lock_row, &c) < 0)
         rc = -1; /* validated by the caller: only a bug gets here */
     }
@@ -418,21 +422,23 @@ static int build_register(tc_store_t *st, batch_t *b, tc_pg_job_t *job) {
     rc = add_stmt(job, "tc_register",
                   "SELECT item, result, branch_id, holder, holder_status FROM tc_register_batch("
                   "$1::text[], $2::bigint[], $3::text[], $4::smallint[], $5::text[], $6::text[], "
-                  "$7::text[], $8::text[], $9::int[], $10::text[], $11::text[], $12::text[])",
-                  a, 12, NULL, 0);
-  for (int i = 0; i < 12; i++) arr_free(&a[i]);
+                  "$7::text[], $8::text[], $9::text[], $10::text[], $11::int[], $12::text[], "
+                  "$13::text[], $14::text[])",
+                  a, 14, NULL, 0);
+  for (int i = 0; i < 14; i++) arr_free(&a[i]);
   return rc;
 }
 
 static int build_decide(tc_store_t *st, batch_t *b, tc_pg_job_t *job) {
   static const char *const action_words[] = {"commit", "rollback", "timeout"};
-  arr_t a[2];
-  arr_init(&a[0]);
-  arr_init(&a[1]);
+  arr_t a[4];
+  for (int i = 0; i < 4; i++) arr_init(&a[i]);
   for (int i = 0; i < b->count[TC_OP_DECIDE]; i++) {
     tc_op_t *op = b->by_kind[TC_OP_DECIDE][i];
     arr_add(&a[0], op->xid);
     arr_add(&a[1], action_words[op->action]);
+    arr_add(&a[2], op->group ? op->app_id : NULL);
+    arr_add(&a[3], op->group);
   }
   char lease[16];
   snprintf(lease, sizeof(lease), "%d", st->lease_ms);
@@ -441,15 +447,17 @@ static int build_decide(tc_store_t *st, batch_t *b, tc_pg_job_t *job) {
   const char *xids = arr_end(&a[0]);
   char *xids_copy = xids ? strdup(xids) : NULL;
   int rc = add_stmt(job, "tc_decide",
-                    "SELECT item, result, status FROM tc_decide_batch($1::text[], $2::text[], $3::int)",
-                    a, 2, extra, 1);
+                    "SELECT item, result, status FROM tc_decide_batch($1::text[], $2::text[], "
+                    "$3::text[], $4::text[], $5::int)",
+                    a, 4, extra, 1);
   if (rc == 0 && xids_copy) {
     /* COLLATE "C": take_decide merges these rows with the ops sorted by
      * strcmp(), which the database's default collation need not agree with. */
     const char *v[] = {xids_copy};
     rc = tc_pg_job_add_prepared(job, "tc_decide_branches",
                                 "SELECT xid, branch_id, branch_type, status, resource_id, client_id, "
-                                "application_data IS NOT DISTINCT FROM '" TXP_APP_DATA_PHASE2_SYNC "' "
+                                "application_data IS NOT DISTINCT FROM '" TXP_APP_DATA_PHASE2_SYNC "', "
+                                "application_id, app_group "
                                 "FROM branch_table WHERE xid = ANY($1::text[]) "
                                 "ORDER BY xid COLLATE \"C\", branch_id",
                                 1, v);
@@ -457,20 +465,24 @@ static int build_decide(tc_store_t *st, batch_t *b, tc_pg_job_t *job) {
     rc = -1;
   }
   free(xids_copy);
-  arr_free(&a[0]);
-  arr_free(&a[1]);
+  for (int i = 0; i < 4; i++) arr_free(&a[i]);
   return rc;
 }
 
 static int build_phase2(tc_store_t *st, batch_t *b, tc_pg_job_t *job) {
-  arr_t a[4];
-  for (int i = 0; i < 4; i++) arr_init(&a[i]);
+  arr_t a[7];
+  for (int i = 0; i < 7; i++) arr_init(&a[i]);
   for (int i = 0; i < b->count[TC_OP_PHASE2]; i++) {
     tc_op_t *op = b->by_kind[TC_OP_PHASE2][i];
     arr_add(&a[0], op->xid);
     arr_add_i64(&a[1], op->id);
     arr_add_i64(&a[2], op->branch_status);
     arr_add(&a[3], op->error);
+    /* A report (the caller's identity given) is checked; phase-two
+     * outcomes, the coordinator's own, are not. */
+    arr_add(&a[4], op->group ? op->app_id : NULL);
+    arr_add(&a[5], op->group ? op->client_id : NULL);
+    arr_add(&a[6], op->group);
   }
   char rmin[16], rmax[16];
   snprintf(rmin, sizeof(rmin), "%d", st->retry_min_ms);
@@ -478,9 +490,10 @@ static int build_phase2(tc_store_t *st, batch_t *b, tc_pg_job_t *job) {
   const char *extra[] = {rmin, rmax};
   int rc = add_stmt(job, "tc_phase2",
                     "SELECT item, result, global_status, finished FROM tc_phase2_batch("
-                    "$1::text[], $2::bigint[], $3::smallint[], $4::text[], $5::int, $6::int)",
-                    a, 4, extra, 2);
-  for (int i = 0; i < 4; i++) arr_free(&a[i]);
+                    "$1::text[], $2::bigint[], $3::smallint[], $4::text[], $5::text[], $6::text[], "
+                    "$7::text[], $8::int, $9::int)",
+                    a, 7, extra, 2);
+  for (int i = 0; i < 7; i++) arr_free(&a[i]);
   return rc;
 }
 
@@ -541,6 +554,8 @@ static void take_decide(batch_t *b, const PGresult *r, const PGresult *br) {
       copy_str(bw->resource_id, sizeof(bw->resource_id), PQgetvalue(br, k, 4));
       copy_str(bw->client_id, sizeof(bw->client_id), PQgetvalue(br, k, 5));
       bw->phase2_sync = strcmp(PQgetvalue(br, k, 6), "t") == 0;
+      copy_str(bw->application_id, sizeof(bw->application_id), PQgetvalue(br, k, 7));
+      copy_str(bw->app_group, sizeof(bw->app_group), PQgetvalue(br, k, 8));
     }
   }
 }

@@ -68,6 +68,7 @@ typedef enum tc_res {
   TC_RES_BRANCH_NOT_FOUND,
   TC_RES_FAILED,
   TC_RES_RETRY,
+  TC_RES_NOT_OWNER, /* the caller may not act on this xid or branch */
 } tc_res_t;
 
 typedef enum tc_decide_action { TC_DECIDE_COMMIT, TC_DECIDE_ROLLBACK, TC_DECIDE_TIMEOUT } tc_decide_action_t;
@@ -78,6 +79,8 @@ typedef struct tc_branch_row {
   int status;
   char resource_id[TXP_MAX_RESOURCE_LEN + 1];
   char client_id[TXP_MAX_NAME_LEN + 1];
+  char application_id[TXP_MAX_NAME_LEN + 1]; /* of the registering RM; "" before sql/tc/008 */
+  char app_group[TXP_MAX_NAME_LEN + 1];      /* its group; "" before sql/tc/008 */
   bool phase2_sync; /* registered with TXP_APP_DATA_PHASE2_SYNC (DECIDE rows) */
 } tc_branch_row_t;
 
@@ -104,13 +107,16 @@ struct tc_op {
   int64_t id;             /* BEGIN: transaction id; REGISTER/PHASE2: branch id */
   uint32_t timeout_ms;    /* BEGIN */
   const char *name;       /* BEGIN */
-  const char *app_id;     /* BEGIN */
+  const char *app_id;     /* BEGIN; REGISTER, DECIDE, PHASE2: the caller's */
+  const char *group;      /* BEGIN, REGISTER, DECIDE, PHASE2: the caller's
+                             group; NULL: the coordinator itself (recovery,
+                             phase two, operators), never refused */
   const char *idem_key;   /* BEGIN, REGISTER */
   const char *resource_id;/* REGISTER */
   int branch_type;        /* REGISTER */
   const char *lock_keys;  /* REGISTER, already validated; may be NULL */
   const char *app_data;   /* REGISTER */
-  const char *client_id;  /* REGISTER */
+  const char *client_id;  /* REGISTER; PHASE2: the reporting RM's */
   tc_decide_action_t action; /* DECIDE */
   int branch_status;      /* PHASE2 */
   const char *error;      /* PHASE2: last error text, may be NULL */

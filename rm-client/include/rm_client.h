@@ -60,7 +60,7 @@ enum {
   RM_E_INVALID = -10014,        /* bad argument (NULL, empty, too long) */
   RM_E_NOMEM = -10011,
   RM_E_BAD_REQUEST = -10100,    /* the TC refused the request as malformed */
-  RM_E_AUTH = -10101,           /* wrong token */
+  RM_E_AUTH = -10101,           /* wrong secret for the application_id */
   RM_E_GLOBAL_NOT_FOUND = -10103,
   RM_E_GLOBAL_NOT_ACTIVE = -10104, /* e.g. register after the decision */
   RM_E_LOCK_CONFLICT = -10105,
@@ -70,6 +70,8 @@ enum {
   RM_E_STORE = -10109,          /* TC store unavailable: retryable */
   RM_E_BUSY = -10111,
   RM_E_DIRTY_WRITE = -10115,
+  RM_E_NOT_OWNER = -10119,      /* the xid or branch is another application's
+                                   (or another group's): nothing changed */
   RM_E_UNKNOWN_OUTCOME = -10200, /* sent, no answer: may have happened */
   RM_E_DEADLINE = -10201,       /* deadline passed before sending: did not happen */
   RM_E_NO_NODE = -10202,        /* no coordinator node reachable */
@@ -147,8 +149,12 @@ RM_API void rm_log_stderr(int level, const char *msg, void *arg);
 /* Strings are copied by rm_client_new(); numbers: 0 means the default. */
 typedef struct rm_config {
   const char *nodes;           /* "host:port,host:port,...", required ([v6]:port too) */
-  const char *token;           /* registration secret, required */
-  const char *application_id;  /* required */
+  const char *token;           /* registration secret, required: this
+                                  application's own secret when the TC has a
+                                  credentials file (README "Security
+                                  model"), else the cluster's server.token */
+  const char *application_id;  /* required; with credentials, the name the
+                                  secret belongs to */
   const char *client_id;       /* default: application_id-pid-random */
   unsigned connect_timeout_ms; /* connect + register, default 3000 */
   unsigned request_timeout_ms; /* default deadline of a call, default 5000 */

@@ -58,6 +58,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "txc_secret.h"
 #include "rm_client.h"
 
 #define SLOT_MS 250
@@ -413,7 +414,10 @@ static void scenario_pause(double duration) {
     nodes = comma ? comma + 1 : "";
   }
   rm_client_t *probe = NULL;
-  rm_config_t cfg = {.nodes = live, .token = getenv("TC_TOKEN"), .application_id = "cluster-load-probe",
+  char probe_secret[512], why[512];
+  if (txc_secret_for("cluster-load-probe", probe_secret, sizeof(probe_secret), NULL, why, sizeof(why)) != 0)
+    probe_secret[0] = '\0';
+  rm_config_t cfg = {.nodes = live, .token = probe_secret, .application_id = "cluster-load-probe",
                      .request_timeout_ms = 2000};
   int rc = rm_client_new(&cfg, &probe);
   for (int i = 0; i < 50 && rc == 0 && rm_client_nodes_up(probe) < 1; i++) sleep_ms(20);
@@ -655,7 +659,11 @@ int main(int argc, char **argv) {
     return 64;
   }
   const char *scenario = argv[optind];
-  const char *nodes = getenv("TC_NODES"), *token = getenv("TC_TOKEN");
+  /* Its own secret (common/txc_secret.h: TC_SECRETS_DIR/cluster-load). */
+  static char secret[512];
+  char why[512];
+  const char *nodes = getenv("TC_NODES");
+  const char *token = txc_secret_for("cluster-load", secret, sizeof(secret), NULL, why, sizeof(why)) == 0 ? secret : NULL;
   orders_url = getenv("ORDERS_PG_URL");
   stock_url = getenv("STOCK_PG_URL");
   tc_url = getenv("TC_PG_URL");

@@ -3,7 +3,7 @@
  * duplicated and replayed protocol frames sent to every tcd node while a
  * sale runs.
  *
- * Usage: fault_frames --nodes H:P,H:P,... --token T [--seed N] [--rounds N]
+ * Usage: fault_frames --nodes H:P,H:P,... [--seed N] [--rounds N]
  *                     [--xid XID:STATUS]...
  *   per round and node:
  *     1. garbage bytes (random length, seeded) on a fresh connection;
@@ -25,6 +25,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "txc_secret.h"
 #include "txclient.h"
 
 #define MAX_NODES 16
@@ -78,19 +79,27 @@ int main(int argc, char **argv) {
   int nx = 0;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--nodes") && i + 1 < argc) nodes = argv[++i];
-    else if (!strcmp(argv[i], "--token") && i + 1 < argc) token = argv[++i];
     else if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], NULL, 10);
     else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--xid") && i + 1 < argc) {
       if (nx < MAX_XIDS) xids[nx++] = argv[++i];
       else i++;
     } else {
-      fprintf(stderr, "usage: fault_frames --nodes H:P,... --token T [--seed N] [--rounds N] [--xid XID:STATUS]...\n");
+      fprintf(stderr, "usage: fault_frames --nodes H:P,... [--seed N] [--rounds N] [--xid XID:STATUS]...\n");
       return 2;
     }
   }
-  if (!nodes || !token) {
-    fprintf(stderr, "fault_frames: --nodes and --token are required\n");
+  /* The secret of application fault-frames (common/txc_secret.h), from a
+   * file: never on the command line. */
+  static char secret[512];
+  char why[512];
+  if (nodes && txc_secret_for("fault-frames", secret, sizeof(secret), NULL, why, sizeof(why)) != 0) {
+    fprintf(stderr, "fault_frames: no secret: %s\n", why);
+    return 2;
+  }
+  token = secret;
+  if (!nodes) {
+    fprintf(stderr, "fault_frames: --nodes is required\n");
     return 2;
   }
   rng_state = seed ? seed : 1;

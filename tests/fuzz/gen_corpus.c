@@ -34,7 +34,7 @@ static const struct {
 static const char *str_for(int key) {
   switch (key) {
   case TXP_F_MESSAGE: return "global lock conflict on stock:42";
-  case TXP_F_XID: return "10.0.0.7:8091:90001234";
+  case TXP_F_XID: return "10.0.0.7:8091:90001234:5ac1d2e3f4a5b6c7";
   case TXP_F_NAME: return "flash-sale-order";
   case TXP_F_RESOURCE_ID: return "jdbc:postgresql://db/shop";
   case TXP_F_LOCK_KEYS: return "stock:42,43;orders:9001";

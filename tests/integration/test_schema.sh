@@ -285,9 +285,12 @@ expect_value "tc: branch_table.lock_keys keeps 64 KiB unchanged" "$TC_PG_URL" \
 expect_sqlstate "tc: global_table rejects an xid over 128 bytes" "$TC_PG_URL" 23514 \
   "INSERT INTO global_table (xid, transaction_id, status, timeout_ms, deadline, node_id)
    VALUES (repeat('x', 129), 1, 1, 1000, now(), 1);"
-expect_sqlstate "tc: global_table idem_key is unique" "$TC_PG_URL" 23505 \
-  "INSERT INTO global_table (xid, transaction_id, status, timeout_ms, deadline, node_id, idem_key) VALUES ('a:1', 1, 1, 1000, now(), 1, 'k');
-   INSERT INTO global_table (xid, transaction_id, status, timeout_ms, deadline, node_id, idem_key) VALUES ('a:2', 2, 1, 1000, now(), 1, 'k');"
+expect_sqlstate "tc: global_table idem_key is unique per application" "$TC_PG_URL" 23505 \
+  "INSERT INTO global_table (xid, transaction_id, status, timeout_ms, deadline, node_id, idem_key, application_id) VALUES ('a:1', 1, 1, 1000, now(), 1, 'k', 'app');
+   INSERT INTO global_table (xid, transaction_id, status, timeout_ms, deadline, node_id, idem_key, application_id) VALUES ('a:2', 2, 1, 1000, now(), 1, 'k', 'app');"
+expect_ok "tc: two applications may use one idem_key" "$TC_PG_URL" \
+  "INSERT INTO global_table (xid, transaction_id, status, timeout_ms, deadline, node_id, idem_key, application_id) VALUES ('a:1', 1, 1, 1000, now(), 1, 'k', 'app-a');
+   INSERT INTO global_table (xid, transaction_id, status, timeout_ms, deadline, node_id, idem_key, application_id) VALUES ('a:2', 2, 1, 1000, now(), 1, 'k', 'app-b');"
 expect_ok "tc: global_table accepts many begins without idem_key" "$TC_PG_URL" \
   "INSERT INTO global_table (xid, transaction_id, status, timeout_ms, deadline, node_id) VALUES ('a:1', 1, 1, 1000, now(), 1);
    INSERT INTO global_table (xid, transaction_id, status, timeout_ms, deadline, node_id) VALUES ('a:2', 2, 1, 1000, now(), 1);"

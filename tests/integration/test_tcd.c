@@ -676,7 +676,12 @@ static void test_reregister_in_flight(void **state) {
   assert_string_equal(text, "t7b-third-identity");
   assert_int_equal(txc_rollback(cl.tm, xw, &status), 0);
   assert_int_equal(status, TXP_GS_ROLLBACKED);
-  assert_int_equal(txc_rollback(cl.tm, x2, &status), 0);
+  /* x2 is test-app-2's: another application may not roll it back, that
+   * one may. */
+  assert_int_equal(txc_rollback(cl.tm, x2, &status), TXP_ENOT_OWNER);
+  txc_t *app2 = raw_connect();
+  assert_int_equal(txc_register(app2, false, "test-app-2", "t7b-app2", TOKEN, NULL), 0);
+  assert_int_equal(txc_rollback(app2, x2, &status), 0);
   assert_int_equal(status, TXP_GS_ROLLBACKED);
   assert_true(tcd_alive());
 }

@@ -77,22 +77,23 @@ static void test_nodes_parse(void **state) {
 static void test_xid_node(void **state) {
   (void)state;
   char out[RM_ADDR_MAX];
-  assert_int_equal(rm__xid_node("127.0.0.1:8091:4096", out, sizeof(out)), 0);
+  assert_int_equal(rm__xid_node("127.0.0.1:8091:4096:00000000deadbeef", out, sizeof(out)), 0);
   assert_string_equal(out, "127.0.0.1:8091");
-  assert_int_equal(rm__xid_node("tc-2:9000:1", out, sizeof(out)), 0);
+  assert_int_equal(rm__xid_node("tc-2:9000:1:00000000deadbeef", out, sizeof(out)), 0);
   assert_string_equal(out, "tc-2:9000");
-  assert_int_equal(rm__xid_node("[::1]:8091:7", out, sizeof(out)), 0);
+  assert_int_equal(rm__xid_node("[::1]:8091:7:00000000deadbeef", out, sizeof(out)), 0);
   assert_string_equal(out, "[::1]:8091");
   static const char *const bad[] = {
-    "", "abc", "4096", ":4096", "127.0.0.1:8091:", "127.0.0.1:8091:12a", "host:4096",
-    "127.0.0.1:0:1", "127.0.0.1:8091:-1", "::1:8091:7",
+    "", "abc", "4096", ":4096", "127.0.0.1:8091:", "127.0.0.1:8091:12a:00000000deadbeef",
+    "127.0.0.1:8091:4096" /* the old format, no nonce */, "host:4096",
+    "127.0.0.1:0:1:00000000deadbeef", "127.0.0.1:8091:-1:00000000deadbeef", "::1:8091:7:00000000deadbeef",
   };
   for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
     if (rm__xid_node(bad[i], out, sizeof(out)) != -1) fail_msg("accepted xid \"%s\"", bad[i]);
   }
   assert_int_equal(rm__xid_node(NULL, out, sizeof(out)), -1);
-  assert_int_equal(rm__xid_node("127.0.0.1:8091:1", out, 14), -1); /* "127.0.0.1:8091" needs 15 */
-  assert_int_equal(rm__xid_node("127.0.0.1:8091:1", out, 15), 0);
+  assert_int_equal(rm__xid_node("127.0.0.1:8091:1:00000000deadbeef", out, 14), -1); /* "127.0.0.1:8091" needs 15 */
+  assert_int_equal(rm__xid_node("127.0.0.1:8091:1:00000000deadbeef", out, 15), 0);
 }
 
 static void test_backoff_bounds(void **state) {

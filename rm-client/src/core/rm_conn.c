@@ -161,7 +161,7 @@ int rm__nodes_parse(const char *list, rm_addr_t *out, int max) {
 int rm__xid_node(const char *xid, char *out, size_t cap) {
   char host[RM_ADDR_MAX], node[RM_ADDR_MAX];
   int port;
-  if (!out || cap == 0 || txp_xid_parse(xid, node, sizeof(node), NULL) != 0) return -1;
+  if (!out || cap == 0 || txp_xid_parse(xid, node, sizeof(node), NULL, NULL) != 0) return -1;
   size_t n = strlen(node);
   if (n >= cap || rm__addr_parse(node, host, sizeof(host), &port) != 0) return -1;
   memcpy(out, node, n + 1);
