@@ -542,8 +542,15 @@ static int fmt(char **cmds, size_t *lens, size_t *n, int argc, const char **argv
  * of the reads stay alive in 'reads' (the changes point into them) until
  * the caller frees them.
  */
-static int reconcile_round(rm_prefilter_t *pf, rm_pf_conn_t *c, target_t *t, bool dry_run,
-                           changes_t *chg, redisReply **reads, size_t *nreads, bool *broken) {
+static bool same_ticket_types(const target_t *a, const target_t *b) {
+  if (a->ntt != b->ntt) return false;
+  for (size_t i = 0; i < a->ntt; i++)
+    if (a->tts[i].tt != b->tts[i].tt) return false;
+  return true;
+}
+
+static int reconcile_round(rm_prefilter_t *pf, rm_pf_conn_t *c, PGconn *pg, int64_t activity_id, target_t *t,
+                           bool dry_run, changes_t *chg, redisReply **reads, size_t *nreads, bool *broken) {
   size_t nkeys = 3 + 2 * t->ntt, ncmd = 0, nr;
   size_t cap = 1 + 3 + 2 * t->ntt;
   char **cmds = calloc(cap, sizeof(*cmds));
@@ -568,6 +575,42 @@ static int reconcile_round(rm_prefilter_t *pf, rm_pf_conn_t *c, target_t *t, boo
     argv[5 + 2 * i] = t->tts[i].keys.k[RM_PF_K_EXPIRY];
   }
   if (fmt(cmds, lens, &ncmd, (int)nkeys + 1, argv) != 0) goto oom;
+  /* WATCH before PostgreSQL is read: a writer that changes PostgreSQL and
+   * then Redis (the stock consumer's confirm or release, an expiry) either
+   * committed before the read below, so the target has it, or changes Redis
+   * after the WATCH, so EXEC aborts and the round is done again.  Reading
+   * PostgreSQL first would let such a writer slip in between and have its
+   * Redis change overwritten with the stale target. */
+  rc = rm__pf_conn_pipeline(&pf->pool, c, 1, cmds, lens, reads);
+  free_cmds(cmds, ncmd);
+  ncmd = 0;
+  if (rc != 0) {
+    *broken = true;
+    goto out;
+  }
+  *nreads = 1;
+  if (!is_watch_ok(reads[0])) {
+    rm__pf_errf("unexpected reply to WATCH");
+    rc = RM_PF_E_REPLY;
+    *broken = true;
+    goto out;
+  }
+  {
+    target_t fresh;
+    memset(&fresh, 0, sizeof(fresh));
+    rc = target_load(pg, activity_id, &fresh);
+    if (rc != 0) {
+      target_free(&fresh);
+      goto unwatch;
+    }
+    bool same = same_ticket_types(t, &fresh);
+    target_free(t);
+    *t = fresh;
+    if (!same) { /* the keys to watch changed: again, with the new ones */
+      rc = 1;
+      goto unwatch;
+    }
+  }
   {
     const char *a[] = {"HGETALL", t->akeys.k[RM_PF_K_META]};
     if (fmt(cmds, lens, &ncmd, 2, a) != 0) goto oom;
@@ -582,20 +625,14 @@ static int reconcile_round(rm_prefilter_t *pf, rm_pf_conn_t *c, target_t *t, boo
     if (fmt(cmds, lens, &ncmd, 2, h) != 0 || fmt(cmds, lens, &ncmd, 5, z) != 0) goto oom;
   }
   nr = ncmd;
-  rc = rm__pf_conn_pipeline(&pf->pool, c, ncmd, cmds, lens, reads);
+  rc = rm__pf_conn_pipeline(&pf->pool, c, ncmd, cmds, lens, reads + 1);
   free_cmds(cmds, ncmd);
   ncmd = 0;
   if (rc != 0) {
     *broken = true;
     goto out;
   }
-  *nreads = nr;
-  if (!is_watch_ok(reads[0])) {
-    rm__pf_errf("unexpected reply to WATCH");
-    rc = RM_PF_E_REPLY;
-    *broken = true;
-    goto out;
-  }
+  *nreads = 1 + nr;
 
   /* Diff. */
   if (reply_pairs(reads[1], &cur) != 0) goto bad_reply;
@@ -682,6 +719,16 @@ static int reconcile_round(rm_prefilter_t *pf, rm_pf_conn_t *c, target_t *t, boo
     goto oom;
   }
 
+unwatch: {
+    int keep = rc;
+    const char *u[] = {"UNWATCH"};
+    redisReply *ur = NULL;
+    if (fmt(cmds, lens, &ncmd, 1, u) != 0) goto oom;
+    if (rm__pf_conn_pipeline(&pf->pool, c, 1, cmds, lens, &ur) != 0) *broken = true;
+    free_replies(&ur, ur ? 1 : 0);
+    rc = keep;
+    goto out;
+  }
 bad_reply:
   rm__pf_errf("unexpected reply while reading the activity from Redis");
   rc = RM_PF_E_REPLY;
@@ -722,16 +769,18 @@ int rm_prefilter_reconcile(rm_prefilter_t *pf, PGconn *pg, int64_t activity_id, 
   rc = rm__pf_conn_get(&pf->pool, &c);
   if (rc != 0) goto out;
 
-  reads = calloc(4 + 2 * t.ntt, sizeof(*reads));
-  if (!reads) {
-    rm__pf_errf("out of memory");
-    rc = RM_E_NOMEM;
-    goto out;
-  }
   for (int attempt = 1;; attempt++) {
     size_t nreads = 0;
     bool broken = false;
-    rc = reconcile_round(pf, c, &t, dry_run, &chg, reads, &nreads, &broken);
+    if (!c && (rc = rm__pf_conn_get(&pf->pool, &c)) != 0) goto out; /* the last round broke it */
+    free(reads);
+    reads = calloc(4 + 2 * t.ntt, sizeof(*reads)); /* each round reads t's keys, t as reloaded */
+    if (!reads) {
+      rm__pf_errf("out of memory");
+      rc = RM_E_NOMEM;
+      goto out;
+    }
+    rc = reconcile_round(pf, c, pg, activity_id, &t, dry_run, &chg, reads, &nreads, &broken);
     if (rc == 0) {
       for (size_t i = 0; i < chg.n; i++) {
         const change_t *x = &chg.v[i];
