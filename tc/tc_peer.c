@@ -146,6 +146,8 @@ typedef struct relay {
   int branch_type;
   char resource_id[TXP_MAX_RESOURCE_LEN + 1];
   char client_id[TXP_MAX_NAME_LEN + 1];
+  char app_id[TXP_MAX_NAME_LEN + 1];    /* of the branch, from the store */
+  char app_group[TXP_MAX_NAME_LEN + 1]; /* its group, from the store */
   unsigned timeout_ms;
 } relay_t;
 
@@ -169,11 +171,18 @@ static void on_relay_checked(tc_pg_job_t *job, int status, void *arg) {
     bool ok = r->type == TXP_MSG_BRANCH_COMMIT ? txp_global_status_is_commit(gs)
                                                : txp_global_status_is_rollback(gs);
     rc = ok ? 0 : TXP_EBAD_STATE;
+    if (ok) { /* who registered the branch, as the store says: not the message */
+      snprintf(r->app_id, sizeof(r->app_id), "%s", PQgetvalue(res, 0, 1));
+      snprintf(r->app_group, sizeof(r->app_group), "%s", PQgetvalue(res, 0, 2));
+    }
   } else if (p->ctx->stopping) {
     rc = TXP_ESHUTDOWN;
   }
   if (rc == 0) {
-    tc_conn_t *conn = tc_server_find_rm(p->ctx->server, r->resource_id, r->client_id[0] ? r->client_id : NULL);
+    /* only an RM of the branch's group, as when this node drives phase two
+     * itself (tc_phase2.c) */
+    tc_conn_t *conn = tc_server_find_branch_rm(p->ctx->server, r->resource_id, r->client_id[0] ? r->client_id : NULL,
+                                               r->app_id, r->app_group);
     if (!conn) {
       rc = TXP_EBRANCH_NOT_FOUND; /* it went away meanwhile */
     } else {
@@ -203,8 +212,9 @@ static int on_bus_forward(tc_bus_fwd_t *f, const txp_msg_t *req, const char *cli
   const char *v[] = {req->xid, branch};
   if (!job ||
       tc_pg_job_add(job,
-                    "SELECT g.status FROM global_table g JOIN branch_table b "
-                    "ON b.xid = g.xid AND b.branch_id = $2::bigint WHERE g.xid = $1",
+                    "SELECT g.status, coalesce(b.application_id, ''), coalesce(b.app_group, '')"
+                    " FROM global_table g JOIN branch_table b"
+                    " ON b.xid = g.xid AND b.branch_id = $2::bigint WHERE g.xid = $1",
                     2, v) != 0) {
     if (job) tc_pg_job_free(job);
     free(r);
