@@ -154,6 +154,7 @@
 #include <unistd.h>
 
 #include "svc_common.h"
+#include "txc_isotime.h"
 #include "svc_http.h"
 #include "svc_idem.h"
 #include "svc_outbox.h"
@@ -407,7 +408,7 @@ static int branch_insert_order(order_svc_t *s, PGconn *pg, const order_t *o, cha
   const char *cols[9] = {"order_id", "activity_id", "ticket_type", "user_id", "qty", "bucket_id", "xid",
                          "expire_at", "idem_key"};
   const char *vals[9] = {sid, sa, st, su, sq, sb, o->xid, exp, o->idem_key};
-  svc_iso_time(exp, o->expire_ms);
+  txc_iso_time(exp, o->expire_ms);
   int ncols = o->idem_key ? 9 : 8;
   if (!svc_pg_exec(pg, "BEGIN", 0, NULL, PGRES_COMMAND_OK, NULL, err, errlen)) return RM_E_DB;
   rm_branch_t *b = NULL;

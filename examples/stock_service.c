@@ -86,6 +86,7 @@
 #include <unistd.h>
 
 #include "svc_common.h"
+#include "txc_isotime.h"
 #include "svc_consumer.h"
 #include "svc_http.h"
 #include "svc_prefilter.h"
@@ -376,7 +377,7 @@ static int op_statements(stmt_ctx_t *c, freeze_mode_t mode, const stock_op_t *op
   switch (op->kind) {
   case OP_FREEZE: {
     /* the deadline as an exact UTC timestamp */
-    svc_iso_time(dl, op->deadline_ms);
+    txc_iso_time(dl, op->deadline_ms);
     static const char *const fcols[] = {"order_id", "activity_id", "ticket_type", "bucket_id", "user_id", "qty",
                                         "deadline"};
     const char *fvals[] = {so, sa, st, sb, su, sq, dl};

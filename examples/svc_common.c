@@ -5,6 +5,8 @@
 #include "svc_common.h"
 #include "txc_failpoint.h"
 #include "txc_logfile.h"
+#include "txc_isotime.h"
+#include "txc_pgmsg.h"
 #include "txc_secret.h"
 #include "svc_auth.h"
 
@@ -45,8 +47,8 @@ void svc_log_write(int level, json_t *fields, const char *fmt, ...) {
 
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
-  char when[SVC_ISO_TIME_MAX];
-  svc_iso_time(when, (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000L);
+  char when[TXC_ISO_TIME_MAX];
+  txc_iso_time(when, (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000L);
 
   if (level < 0) level = 0;
   if (level > 3) level = 3;
@@ -142,19 +144,6 @@ int svc_wait_signal(void) {
   }
 }
 
-void svc_iso_time(char out[SVC_ISO_TIME_MAX], int64_t unix_ms) {
-  int64_t secs = unix_ms >= 0 ? unix_ms / 1000 : (unix_ms - 999) / 1000;
-  time_t t = (time_t)secs;
-  struct tm tm;
-  gmtime_r(&t, &tm);
-  char tmp[96]; /* room for any int the compiler can imagine in the fields */
-  snprintf(tmp, sizeof(tmp), "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
-           tm.tm_hour, tm.tm_min, tm.tm_sec, (int)(unix_ms - secs * 1000));
-  size_t n = strnlen(tmp, SVC_ISO_TIME_MAX - 1);
-  memcpy(out, tmp, n);
-  out[n] = '\0';
-}
-
 int64_t svc_now_us(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -212,11 +201,8 @@ static PGconn *pg_connect(svc_pgpool_t *p, char *err, size_t errlen) {
   const char *vals[] = {p->conninfo, p->appname, NULL};
   PGconn *pg = PQconnectdbParams(keys, vals, 1);
   if (!pg || PQstatus(pg) != CONNECTION_OK) {
-    snprintf(err, errlen, "could not connect to PostgreSQL: %s",
-             pg ? PQerrorMessage(pg) : "out of memory");
-    /* libpq messages end with a newline: drop it for the log line */
-    size_t n = strlen(err);
-    while (n && (err[n - 1] == '\n' || err[n - 1] == '\r')) err[--n] = '\0';
+    const char *m = pg ? PQerrorMessage(pg) : "out of memory";
+    snprintf(err, errlen, "could not connect to PostgreSQL: %.*s", (int)txc_pgmsg_len(m), m);
     PQfinish(pg);
     return NULL;
   }
@@ -239,7 +225,8 @@ bool svc_pg_ensure(PGconn **pg, const char *conninfo, const char *what, char *er
   PQfinish(*pg);
   *pg = PQconnectdb(conninfo);
   if (PQstatus(*pg) == CONNECTION_OK) return true;
-  snprintf(err, errlen, "could not connect to %s: %s", what, PQerrorMessage(*pg));
+  const char *m = PQerrorMessage(*pg);
+  snprintf(err, errlen, "could not connect to %s: %.*s", what, (int)txc_pgmsg_len(m), m);
   PQfinish(*pg);
   *pg = NULL;
   return false;
@@ -316,9 +303,8 @@ bool svc_pg_exec(PGconn *pg, const char *sql, int n, const char *const *params, 
   PGresult *r = n > 0 ? PQexecParams(pg, sql, n, NULL, params, NULL, NULL, 0) : PQexec(pg, sql);
   if (PQresultStatus(r) != want) {
     const char *m = r ? PQresultErrorMessage(r) : PQerrorMessage(pg);
-    snprintf(err, errlen, "%s", m && *m ? m : "unexpected result");
-    size_t l = strlen(err);
-    while (l && (err[l - 1] == '\n' || err[l - 1] == '\r')) err[--l] = '\0';
+    if (!m || !*m) m = "unexpected result";
+    snprintf(err, errlen, "%.*s", (int)txc_pgmsg_len(m), m);
     PQclear(r);
     if (res) *res = NULL;
     return false;

@@ -102,8 +102,6 @@ void svc_deadline_in(struct timespec *until, int64_t us);
 /* 'unix_ms' as an ISO 8601 UTC time with milliseconds
  * ("2026-12-01T21:30:00.123Z"): the one formatter of the examples, for log
  * lines and for the timestamps they write to PostgreSQL. */
-#define SVC_ISO_TIME_MAX 32
-void svc_iso_time(char out[SVC_ISO_TIME_MAX], int64_t unix_ms);
 
 /* ------------------------------------------------------ PostgreSQL pool */
 

@@ -11,6 +11,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "txc_isotime.h"
+
 int tc_log_level = TC_LOG_INFO;
 static unsigned log_node;
 static int log_json = 1;
@@ -58,11 +60,8 @@ void tc_log_write(int level, const tc_log_ctx_t *ctx, const char *fmt, ...) {
   va_end(ap);
 
   struct timeval tv;
-  struct tm tm;
   gettimeofday(&tv, NULL);
-  gmtime_r(&tv.tv_sec, &tm);
-  size_t tl = strftime(ts, sizeof(ts), "%Y-%m-%dT%H:%M:%S", &tm);
-  snprintf(ts + tl, sizeof(ts) - tl, ".%03dZ", (int)(tv.tv_usec / 1000));
+  txc_iso_time(ts, (int64_t)tv.tv_sec * 1000 + tv.tv_usec / 1000);
   if (level < 0) level = 0;
   if (level > 3) level = 3;
 

@@ -10,6 +10,7 @@
 
 #include "tc_pg.h"
 #include "tc_pg_int.h"
+#include "txc_pgmsg.h"
 
 /* Copy 'src' into 'dst' ('len' bytes), dropping the trailing newlines and
  * spaces libpq puts at the end of its messages. */
@@ -19,9 +20,7 @@ void tc__pg_copy_msg(char *dst, size_t len, const char *src)
 
   if (src == NULL)
     src = "";
-  n = strlen(src);
-  while (n > 0 && (src[n - 1] == '\n' || src[n - 1] == ' '))
-    n--;
+  n = txc_pgmsg_len(src);
   if (n >= len)
     n = len - 1;
   memcpy(dst, src, n);

@@ -15,6 +15,8 @@
 
 #include "txc_heap.h"
 #include "txc_idtable.h"
+#include "txc_isotime.h"
+#include "txc_pgmsg.h"
 
 #define N 500
 
@@ -117,10 +119,38 @@ static void test_idtable_against_model(void **state) {
   txc_idtable_free(&t);
 }
 
+/* The one ISO formatter: epoch, before it (a negative time rounds down to
+ * the second before, with 999 ms), a day of 2026, a leap day. */
+static void test_iso_time(void **state) {
+  (void)state;
+  char out[TXC_ISO_TIME_MAX];
+  txc_iso_time(out, 0);
+  assert_string_equal(out, "1970-01-01T00:00:00.000Z");
+  txc_iso_time(out, -1);
+  assert_string_equal(out, "1969-12-31T23:59:59.999Z");
+  txc_iso_time(out, 1796186503453LL);
+  assert_string_equal(out, "2026-12-02T04:41:43.453Z");
+  txc_iso_time(out, 951782400000LL + 86399999LL);
+  assert_string_equal(out, "2000-02-29T23:59:59.999Z");
+}
+
+/* libpq messages lose their trailing newline, carriage return and spaces
+ * only. */
+static void test_pgmsg_len(void **state) {
+  (void)state;
+  assert_int_equal(txc_pgmsg_len(NULL), 0);
+  assert_int_equal(txc_pgmsg_len(""), 0);
+  assert_int_equal(txc_pgmsg_len("ERROR:  x\n"), 9);
+  assert_int_equal(txc_pgmsg_len("a\nb \r\n"), 3);
+  assert_int_equal(txc_pgmsg_len("\n\n"), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_heap_against_model),
     cmocka_unit_test(test_idtable_against_model),
+    cmocka_unit_test(test_iso_time),
+    cmocka_unit_test(test_pgmsg_len),
   };
   return cmocka_run_group_tests_name("common", tests, NULL, NULL);
 }

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "rm_pg.h"
+#include "txc_pgmsg.h"
 
 const char *rm__sqlstate(const PGresult *res) {
   const char *s = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
@@ -20,8 +21,7 @@ void rm__pg_error(char *err, size_t errlen, const char *what, PGconn *pg, const 
   if (!m) m = res ? PQresultErrorMessage(res) : NULL;
   if (!m || !*m) m = pg ? PQerrorMessage(pg) : "no connection";
   if (!m || !*m) m = "unknown error";
-  size_t n = strlen(m);
-  while (n > 0 && (m[n - 1] == '\n' || m[n - 1] == ' ')) n--;
+  size_t n = txc_pgmsg_len(m);
   if (d) snprintf(err, errlen, "%s: %.*s (%s)", what, (int)n, m, d);
   else snprintf(err, errlen, "%s: %.*s", what, (int)n, m);
 }
