@@ -52,6 +52,18 @@
  *   condition variable (CLOCK_MONOTONIC) until the next pass is due or a
  *   kick arrives; it never holds its mutex while a pass runs.
  *
+ *   Redis master changes (a Sentinel failover, a restart: the new master
+ *   may have lost up to a second of freezes, so it can show more stock
+ *   than exists and forget what a user bought): the thread checks the
+ *   prefilter's master every MASTER_PROBE_MS (rm__pf_master_probe), and
+ *   the prefilter's pool calls the hook when any connection finds another
+ *   master.  Either way a reconciliation pass runs at once, and a second
+ *   FAILOVER_FOLLOWUP_MS later: the first drops the freezes that Redis
+ *   granted and PostgreSQL had not recorded yet (in flight), the second
+ *   puts back those that committed meanwhile.  A failed one is retried
+ *   every FAILOVER_RETRY_MS.  PostgreSQL's guards keep the sale from
+ *   overselling in between, whatever Redis says.
+ *
  *   The library never prints: lines go to the options' log callback.
  */
 #include <inttypes.h>
@@ -67,6 +79,7 @@
 #include "rm_log.h"
 #include "rm_pg.h"
 #include "rm_prefilter_conn.h"
+#include "rm_prefilter_int.h"
 #include "rm_prefilter_pg.h"
 #include "rm_prefilter_keys.h"
 
@@ -76,6 +89,13 @@
 #define SCAN_BATCH "100"
 #define DEFAULT_INTERVAL_MS 10000u
 #define DEFAULT_RECONCILE_MS 300000u
+/* After a Redis master change: check the master this often, reconcile at
+ * once, again this long after (freezes in flight during the first are in
+ * PostgreSQL by then: the services' global timeout is at most 5 s), and
+ * retry a failed one this soon. */
+#define MASTER_PROBE_MS 1000u
+#define FAILOVER_FOLLOWUP_MS 5000u
+#define FAILOVER_RETRY_MS 1000u
 #define ERR_MAX 512
 
 /* ------------------------------------------------------------ logging --- */
@@ -370,6 +390,8 @@ struct rm_compensator {
   bool stop;
   bool kick;
   bool kick_reconcile;
+  bool failover;           /* a master change waits for its reconciliation */
+  uint64_t followup_at;    /* the second reconciliation after it, or UINT64_MAX */
   uint64_t started, finished;
   rm_comp_report_t last;
   rm_compensator_stats_t st;
@@ -381,21 +403,54 @@ static void deadline_ts(uint64_t ms, struct timespec *ts) {
   ts->tv_nsec = (long)(ms % 1000u) * 1000000L;
 }
 
+/* The prefilter's pool found another master (called under its mutex). */
+static void on_master_change(void *arg) {
+  rm_compensator_t *k = arg;
+  pthread_mutex_lock(&k->mu);
+  k->failover = true;
+  k->kick = k->kick_reconcile = true;
+  k->followup_at = rm__mono_ms() + FAILOVER_FOLLOWUP_MS;
+  pthread_cond_signal(&k->wake);
+  pthread_mutex_unlock(&k->mu);
+}
+
+static uint64_t min3(uint64_t a, uint64_t b, uint64_t c) {
+  uint64_t m = a < b ? a : b;
+  return m < c ? m : c;
+}
+
 static void *compensator_main(void *arg) {
   rm_compensator_t *k = arg;
   uint64_t next = rm__mono_ms();
   uint64_t next_rec = k->pf && k->reconcile_ms ? next : UINT64_MAX;
+  uint64_t next_probe = k->pf ? next + MASTER_PROBE_MS : UINT64_MAX;
   pthread_mutex_lock(&k->mu);
   while (!k->stop) {
     uint64_t now = rm__mono_ms();
+    if (now >= next_probe) {
+      /* Outside the mutex: a probe may take a connect timeout, and a
+       * change it finds calls on_master_change. */
+      pthread_mutex_unlock(&k->mu);
+      rm__pf_master_probe(&k->pf->pool);
+      pthread_mutex_lock(&k->mu);
+      now = rm__mono_ms();
+      next_probe = now + MASTER_PROBE_MS;
+      continue;
+    }
+    if (now >= k->followup_at) {
+      k->followup_at = UINT64_MAX;
+      k->kick = k->kick_reconcile = true;
+    }
     bool due = k->kick || now >= next;
     bool rec = k->pf && (k->kick_reconcile || now >= next_rec);
     if (!due && !rec) {
       struct timespec ts;
-      deadline_ts(next < next_rec ? next : next_rec, &ts);
+      deadline_ts(min3(next < next_rec ? next : next_rec, next_probe, k->followup_at), &ts);
       pthread_cond_timedwait(&k->wake, &k->mu, &ts);
       continue;
     }
+    bool after_failover = rec && k->failover;
+    k->failover = false;
     k->kick = k->kick_reconcile = false;
     k->started++;
     pthread_mutex_unlock(&k->mu);
@@ -424,6 +479,13 @@ static void *compensator_main(void *arg) {
      * with the next pass rather than in a full period, not at once: a
      * database that is down must not make the job spin. */
     if (rec) next_rec = rc == 0 ? now + k->reconcile_ms : next;
+    if (after_failover && (rc != 0 || rep.reconcile_failed)) {
+      /* Redis may still hold more stock than exists: soon, not in a period. */
+      k->failover = true;
+      if (k->followup_at > now + FAILOVER_RETRY_MS) k->followup_at = now + FAILOVER_RETRY_MS;
+    } else if (after_failover && k->followup_at == UINT64_MAX) {
+      k->followup_at = now + FAILOVER_FOLLOWUP_MS; /* a retry took the second one's place */
+    }
     pthread_cond_broadcast(&k->done);
   }
   pthread_mutex_unlock(&k->mu);
@@ -453,6 +515,7 @@ int rm_compensator_start(const rm_compensator_options_t *o, rm_compensator_t **o
   k->interval_ms = o->interval_ms ? o->interval_ms : DEFAULT_INTERVAL_MS;
   k->reconcile_ms = o->reconcile_interval_ms ? o->reconcile_interval_ms : DEFAULT_RECONCILE_MS;
   k->run = o->run;
+  k->followup_at = UINT64_MAX;
 
   pthread_condattr_t ca;
   if (pthread_mutex_init(&k->mu, NULL) != 0) goto fail_memory;
@@ -471,6 +534,7 @@ int rm_compensator_start(const rm_compensator_options_t *o, rm_compensator_t **o
   int rc = pthread_create(&k->thread, NULL, compensator_main, k);
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (rc != 0) goto fail_done;
+  if (k->pf) rm__pf_pool_set_hook(&k->pf->pool, on_master_change, k);
   *out = k;
   return 0;
 
@@ -528,6 +592,7 @@ int rm_compensator_run_now(rm_compensator_t *k, bool reconcile, unsigned timeout
 
 void rm_compensator_stop(rm_compensator_t *k) {
   if (!k) return;
+  if (k->pf) rm__pf_pool_set_hook(&k->pf->pool, NULL, NULL);
   pthread_mutex_lock(&k->mu);
   k->stop = true;
   pthread_cond_broadcast(&k->wake);
