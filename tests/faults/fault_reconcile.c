@@ -14,7 +14,9 @@
 #include "rm_client.h"
 
 int main(int argc, char **argv) {
-  const char *pg_url = getenv("STOCK_PG_URL"), *redis_url = getenv("REDIS_URL");
+  char buf[4096];
+  /* REDIS_SENTINELS + REDIS_MASTER_NAME (cluster/local/up --ha), else REDIS_URL */
+  const char *pg_url = getenv("STOCK_PG_URL"), *redis_url = rm_redis_url_from_env(buf, sizeof(buf));
   if (argc != 2 || !pg_url || !redis_url) {
     fprintf(stderr, "usage: STOCK_PG_URL=... REDIS_URL=... fault_reconcile ACTIVITY\n");
     return 2;
