@@ -918,8 +918,10 @@ RM_API int rm_redis_resolve(const char *url, unsigned timeout_ms, rm_redis_addr_
 /* How many times the prefilter's connections found another master than
  * the one before (a new address or run_id: a failover or a restart).
  * Each one makes a compensator using 'pf' reconcile Redis with
- * PostgreSQL at once, and once more 5 s later (for the freezes that were
- * in flight during the first). */
+ * PostgreSQL at once, then every 5 s until a pass (the second or later)
+ * finds nothing to correct: a pass drops the freezes in flight, the next
+ * puts back those that committed (at most 120 passes; a failed one is
+ * retried after 1 s). */
 RM_API uint64_t rm_prefilter_master_changes(rm_prefilter_t *pf);
 
 #ifdef __cplusplus

@@ -57,12 +57,16 @@
  *   than exists and forget what a user bought): the thread checks the
  *   prefilter's master every MASTER_PROBE_MS (rm__pf_master_probe), and
  *   the prefilter's pool calls the hook when any connection finds another
- *   master.  Either way a reconciliation pass runs at once, and a second
- *   FAILOVER_FOLLOWUP_MS later: the first drops the freezes that Redis
- *   granted and PostgreSQL had not recorded yet (in flight), the second
- *   puts back those that committed meanwhile.  A failed one is retried
- *   every FAILOVER_RETRY_MS.  PostgreSQL's guards keep the sale from
- *   overselling in between, whatever Redis says.
+ *   master.  Either way reconciliation passes follow: one at once, then
+ *   one every FAILOVER_AGAIN_MS until a pass (the second or later) finds
+ *   nothing to correct; a failed one (RM_PF_E_CONFLICT while the sale
+ *   writes, a database error) is retried after FAILOVER_RETRY_MS; at most
+ *   FAILOVER_MAX_PASSES.  Why more than one: a pass drops the freezes that
+ *   Redis granted and PostgreSQL has not recorded yet (in flight), and
+ *   the next puts back those that committed meanwhile; once the traffic
+ *   of the sale has settled, two passes agree and Redis equals
+ *   PostgreSQL.  PostgreSQL's guards keep the sale from overselling in
+ *   between, whatever Redis says.
  *
  *   The library never prints: lines go to the options' log callback.
  */
@@ -89,13 +93,15 @@
 #define SCAN_BATCH "100"
 #define DEFAULT_INTERVAL_MS 10000u
 #define DEFAULT_RECONCILE_MS 300000u
-/* After a Redis master change: check the master this often, reconcile at
- * once, again this long after (freezes in flight during the first are in
- * PostgreSQL by then: the services' global timeout is at most 5 s), and
- * retry a failed one this soon. */
+/* Redis master changes: check the master this often; reconcile at once,
+ * then again this long after each pass (freezes in flight during one are
+ * in PostgreSQL by then: the services' global timeout is at most 5 s)
+ * until one finds nothing; retry a failed one this soon; give up after
+ * this many (the periodic reconciliation goes on). */
 #define MASTER_PROBE_MS 1000u
-#define FAILOVER_FOLLOWUP_MS 5000u
+#define FAILOVER_AGAIN_MS 5000u
 #define FAILOVER_RETRY_MS 1000u
+#define FAILOVER_MAX_PASSES 120u
 #define ERR_MAX 512
 
 /* ------------------------------------------------------------ logging --- */
@@ -390,8 +396,10 @@ struct rm_compensator {
   bool stop;
   bool kick;
   bool kick_reconcile;
-  bool failover;           /* a master change waits for its reconciliation */
-  uint64_t followup_at;    /* the second reconciliation after it, or UINT64_MAX */
+  bool fo_active;          /* a master change: reconciling until a quiet pass */
+  unsigned fo_passes;      /* passes since it (done and failed) */
+  unsigned fo_ok;          /* of which succeeded */
+  uint64_t fo_due;         /* the next of them, or UINT64_MAX */
   uint64_t started, finished;
   rm_comp_report_t last;
   rm_compensator_stats_t st;
@@ -407,9 +415,10 @@ static void deadline_ts(uint64_t ms, struct timespec *ts) {
 static void on_master_change(void *arg) {
   rm_compensator_t *k = arg;
   pthread_mutex_lock(&k->mu);
-  k->failover = true;
+  k->fo_active = true;
+  k->fo_passes = k->fo_ok = 0;
+  k->fo_due = UINT64_MAX;
   k->kick = k->kick_reconcile = true;
-  k->followup_at = rm__mono_ms() + FAILOVER_FOLLOWUP_MS;
   pthread_cond_signal(&k->wake);
   pthread_mutex_unlock(&k->mu);
 }
@@ -437,20 +446,18 @@ static void *compensator_main(void *arg) {
       next_probe = now + MASTER_PROBE_MS;
       continue;
     }
-    if (now >= k->followup_at) {
-      k->followup_at = UINT64_MAX;
+    if (now >= k->fo_due) {
+      k->fo_due = UINT64_MAX;
       k->kick = k->kick_reconcile = true;
     }
     bool due = k->kick || now >= next;
     bool rec = k->pf && (k->kick_reconcile || now >= next_rec);
     if (!due && !rec) {
       struct timespec ts;
-      deadline_ts(min3(next < next_rec ? next : next_rec, next_probe, k->followup_at), &ts);
+      deadline_ts(min3(next < next_rec ? next : next_rec, next_probe, k->fo_due), &ts);
       pthread_cond_timedwait(&k->wake, &k->mu, &ts);
       continue;
     }
-    bool after_failover = rec && k->failover;
-    k->failover = false;
     k->kick = k->kick_reconcile = false;
     k->started++;
     pthread_mutex_unlock(&k->mu);
@@ -479,12 +486,23 @@ static void *compensator_main(void *arg) {
      * with the next pass rather than in a full period, not at once: a
      * database that is down must not make the job spin. */
     if (rec) next_rec = rc == 0 ? now + k->reconcile_ms : next;
-    if (after_failover && (rc != 0 || rep.reconcile_failed)) {
-      /* Redis may still hold more stock than exists: soon, not in a period. */
-      k->failover = true;
-      if (k->followup_at > now + FAILOVER_RETRY_MS) k->followup_at = now + FAILOVER_RETRY_MS;
-    } else if (after_failover && k->followup_at == UINT64_MAX) {
-      k->followup_at = now + FAILOVER_FOLLOWUP_MS; /* a retry took the second one's place */
+    if (rec && k->fo_active) {
+      bool ok = rc == 0 && !rep.reconcile_failed;
+      unsigned fixed = rep.fixed.meta + rep.fixed.buckets + rep.fixed.users + rep.fixed.orders + rep.fixed.deadlines;
+      k->fo_passes++;
+      if (ok) k->fo_ok++;
+      if (ok && k->fo_ok >= 2 && fixed == 0) {
+        k->fo_active = false; /* Redis equals PostgreSQL again */
+        k->fo_due = UINT64_MAX;
+      } else if (k->fo_passes >= FAILOVER_MAX_PASSES) {
+        k->fo_active = false;
+        k->fo_due = UINT64_MAX;
+        COMP_LOG(&k->pf->log, RM_LOG_WARN, "reconciliation after a Redis master change: still not quiet after %u passes; "
+                   "the periodic reconciliation takes over", k->fo_passes);
+      } else {
+        /* Redis may still hold more stock than exists: soon, not in a period. */
+        k->fo_due = now + (ok ? FAILOVER_AGAIN_MS : FAILOVER_RETRY_MS);
+      }
     }
     pthread_cond_broadcast(&k->done);
   }
@@ -515,7 +533,7 @@ int rm_compensator_start(const rm_compensator_options_t *o, rm_compensator_t **o
   k->interval_ms = o->interval_ms ? o->interval_ms : DEFAULT_INTERVAL_MS;
   k->reconcile_ms = o->reconcile_interval_ms ? o->reconcile_interval_ms : DEFAULT_RECONCILE_MS;
   k->run = o->run;
-  k->followup_at = UINT64_MAX;
+  k->fo_due = UINT64_MAX;
 
   pthread_condattr_t ca;
   if (pthread_mutex_init(&k->mu, NULL) != 0) goto fail_memory;
