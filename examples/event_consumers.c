@@ -60,6 +60,7 @@
 #include "svc_common.h"
 #include "svc_consumer.h"
 #include "svc_http.h"
+#include "svc_redis.h"
 #include "txc_failpoint.h"
 
 #define POINTS_PER_TICKET 100
@@ -300,7 +301,7 @@ int main(int argc, char **argv) {
   if (early >= 0) return early;
   bool ok = true;
   ev_ctx_t ctx = {.delay_ms = (int)svc_env_int("EVENTS_APPLY_DELAY_MS", 0, 0, 10000, &ok)};
-  const char *pg_url = svc_env_str("EVENTS_PG_URL", NULL), *redis_url = svc_env_str("REDIS_URL", NULL);
+  const char *pg_url = svc_env_str("EVENTS_PG_URL", NULL), *redis_url = svc_redis_env_url();
   bool want[NGROUPS] = {false};
   if (!parse_groups(svc_env_str("EVENTS_GROUPS", "points,notify,tickets"), want)) ok = false;
   if (!pg_url) {

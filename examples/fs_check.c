@@ -39,7 +39,7 @@ bool fs_env_load(fs_env_t *env) {
   env->stock_pg = svc_env_str("STOCK_PG_URL", NULL);
   env->orders_pg = svc_env_str("ORDERS_PG_URL", NULL);
   env->tc_pg = svc_env_str("TC_PG_URL", NULL);
-  env->redis_url = svc_env_str("REDIS_URL", NULL);
+  env->redis_url = svc_redis_env_url(); /* a Sentinel URL under cluster/local/up --ha */
   env->events_pg = svc_env_str("EVENTS_PG_URL", NULL);
   const char *missing[5];
   int n = 0;
@@ -605,7 +605,15 @@ void fs_check_run(fs_check_t *c, const fs_activity_t *a, const fs_client_view_t 
   /* Redis: the prefilter's bucket hash, read directly */
   char rkey[128];
   snprintf(rkey, sizeof(rkey), "{act_%lld}:t%lld:stock", a->activity, a->ticket_type);
-  redisReply *rr = redisCommand(c->redis, "HGETALL %s", rkey);
+  /* The connection may be to a master that died since (a Sentinel
+   * failover during the sale): connect again, to the current one. */
+  char rerr[256] = "";
+  redisReply *rr = NULL;
+  for (int attempt = 0; attempt < 2 && !rr; attempt++) {
+    if (svc_redis_ensure(&c->redis, c->env.redis_url, 5000, rerr, sizeof(rerr)) == 0) break;
+    rr = redisCommand(c->redis, "HGETALL %s", rkey);
+    if (!rr) snprintf(rerr, sizeof(rerr), "%s", c->redis->errstr);
+  }
   long long rn = -1, r_bad = 0, r_total = 0;
   bool redis_ok = rr && rr->type == REDIS_REPLY_ARRAY;
   if (redis_ok) {
@@ -631,7 +639,7 @@ void fs_check_run(fs_check_t *c, const fs_activity_t *a, const fs_client_view_t 
   }
   if (!redis_ok)
     inv_set(res, "no_oversell_redis", FS_FAILED, "could not read %s: %s", rkey,
-            rr && rr->str ? rr->str : c->redis->errstr);
+            rr && rr->str ? rr->str : rerr);
   else if (rn != nb || r_bad)
     inv_set(res, "no_oversell_redis", FS_FAILED, "%lld of %lld buckets over their stock (Redis has n=%lld)", r_bad,
             nb, rn);

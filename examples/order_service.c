@@ -159,6 +159,7 @@
 #include "svc_idem.h"
 #include "svc_outbox.h"
 #include "svc_prefilter.h"
+#include "svc_redis.h"
 #include "txc_failpoint.h"
 
 #define ID_BLOCK 100
@@ -1617,7 +1618,7 @@ int main(int argc, char **argv) {
   }
   const char *pg_url = svc_env_str("ORDERS_PG_URL", NULL);
   const char *stock_url = svc_env_str("STOCK_URL", NULL);
-  const char *redis_url = svc_env_str("REDIS_URL", NULL);
+  const char *redis_url = svc_redis_env_url(); /* REDIS_SENTINELS + REDIS_MASTER_NAME, else REDIS_URL */
   if (!pg_url || !stock_url || !redis_url) {
     svc_error("ORDERS_PG_URL, STOCK_URL and REDIS_URL must be set (cluster/local/up prints them)");
     ok = false;

@@ -90,6 +90,7 @@
 #include "svc_consumer.h"
 #include "svc_http.h"
 #include "svc_prefilter.h"
+#include "svc_redis.h"
 
 #define FREEZE_GUARD "stock - frozen_count - sold_count >= $1"
 
@@ -788,7 +789,7 @@ int main(int argc, char **argv) {
     exit_code = 78;
     goto out;
   }
-  const char *redis_url = svc_env_str("REDIS_URL", NULL);
+  const char *redis_url = svc_redis_env_url(); /* REDIS_SENTINELS + REDIS_MASTER_NAME, else REDIS_URL */
   if (redis_url) {
     /* the order events: payments confirm, cancellations and expiries
      * release, and Redis follows */

@@ -96,6 +96,14 @@ void svc_resp_json(svc_resp_t *resp, int status, json_t *body) {
 
 void svc_resp_error(svc_resp_t *resp, int status, const char *reason, const char *detail) {
   json_t *o = json_pack("{s:s}", "error", reason);
+  /* Every 503 is "try again soon" (a store, Redis or the coordinator is
+   * away, e.g. the second or two of a Redis failover): say when. */
+  if (status == 503) {
+    bool has = false;
+    for (int i = 0; i < resp->nheaders; i++)
+      if (strcasecmp(resp->headers[i][0], "Retry-After") == 0) has = true;
+    if (!has) svc_resp_header(resp, "Retry-After", "1");
+  }
   if (detail) {
     json_t *d = json_string(detail);
     if (d) json_object_set_new(o, "detail", d);

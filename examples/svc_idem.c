@@ -21,7 +21,7 @@
 #define PENDING "pending"
 
 struct svc_idem {
-  svc_redis_addr_t addr;
+  char *url; /* resolved at each connect (Sentinel: the current master) */
   unsigned cmd_ms, conn_ms;
 
   pthread_mutex_t mu; /* the fields below */
@@ -54,9 +54,9 @@ svc_idem_t *svc_idem_new(const char *redis_url, unsigned command_timeout_ms, uns
     snprintf(err, errlen, "out of memory");
     return NULL;
   }
-  if (!redis_url || !svc_redis_parse_url(redis_url, &x->addr)) {
-    snprintf(err, errlen, "malformed Redis URL \"%s\" (expected redis://[:password@]host[:port][/db])",
-             redis_url ? redis_url : "");
+  if (!rm_redis_url_valid(redis_url) || !(x->url = strdup(redis_url))) {
+    snprintf(err, errlen, "malformed Redis URL \"%s\" (expected redis://[:password@]host[:port][/db] or "
+             "redis+sentinel://host:port,.../master-name)", redis_url ? redis_url : "");
     free(x);
     return NULL;
   }
@@ -70,6 +70,7 @@ void svc_idem_free(svc_idem_t *x) {
   if (!x) return;
   for (int i = 0; i < x->nidle; i++) redisFree(x->idle[i]);
   pthread_mutex_destroy(&x->mu);
+  free(x->url);
   free(x);
 }
 
@@ -95,7 +96,7 @@ static redisContext *conn_get(svc_idem_t *x) {
   pthread_mutex_unlock(&x->mu);
   if (c || down) return c;
   char err[256];
-  c = svc_redis_open(&x->addr, x->conn_ms, x->cmd_ms, err, sizeof(err));
+  c = svc_redis_connect_to(x->url, x->conn_ms, x->cmd_ms, err, sizeof(err));
   if (!c) {
     SVC_LOG(SVC_LOG_DEBUG, NULL, "idempotency fast path: %s", err);
     went_down(x);
@@ -125,7 +126,7 @@ static redisReply *run(svc_idem_t *x, int argc, const char **argv) {
   if (!c) return NULL;
   redisReply *r = redisCommandArgv(c, argc, argv, NULL);
   if (!r)
-    SVC_LOG(SVC_LOG_DEBUG, NULL, "idempotency fast path: Redis at \"%s:%d\": %s", x->addr.host, x->addr.port, c->errstr);
+    SVC_LOG(SVC_LOG_DEBUG, NULL, "idempotency fast path: Redis at \"%s:%d\": %s", c->tcp.host ? c->tcp.host : "?", c->tcp.port, c->errstr);
   conn_put(x, c);
   if (r && r->type == REDIS_REPLY_ERROR) {
     SVC_LOG(SVC_LOG_WARN, NULL, "idempotency fast path: Redis refused %s: %s", argv[0], r->str);

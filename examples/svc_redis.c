@@ -7,55 +7,40 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <sys/time.h>
 
+#include "rm_client.h"
 #include "svc_parse.h"
 
-bool svc_redis_parse_url(const char *url, svc_redis_addr_t *x) {
+/* Redis addresses are librmclient's (rm_redis_*, rm_client.h): one parser
+ * and one Sentinel resolver for the library and the services. */
+static void addr_from(const rm_redis_addr_t *r, svc_redis_addr_t *x) {
   memset(x, 0, sizeof(*x));
-  const char *u = url;
-  if (strncmp(u, "redis://", 8) != 0) return false;
-  u += 8;
-  const char *at = strrchr(u, '@');
-  if (at) {
-    const char *colon = memchr(u, ':', (size_t)(at - u));
-    if (colon) {
-      size_t pl = (size_t)(at - colon - 1);
-      if (pl >= sizeof(x->password)) return false;
-      memcpy(x->password, colon + 1, pl);
-      x->password[pl] = '\0';
-    }
-    u = at + 1;
-  }
-  const char *h = u, *he;
-  if (*u == '[') {
-    h = u + 1;
-    he = strchr(h, ']');
-    if (!he) return false;
-    u = he + 1;
-  } else {
-    he = u + strcspn(u, ":/");
-    u = he;
-  }
-  size_t hl = (size_t)(he - h);
-  if (hl == 0 || hl >= sizeof(x->host)) return false;
-  memcpy(x->host, h, hl);
-  x->host[hl] = '\0';
-  long long v = 6379;
-  if (*u == ':') {
-    char port[8];
-    size_t l = strcspn(u + 1, "/");
-    if (l == 0 || l >= sizeof(port)) return false;
-    memcpy(port, u + 1, l);
-    port[l] = '\0';
-    if (!svc_parse_ll(port, 1, 65535, &v)) return false;
-    u += 1 + l;
-  }
-  x->port = (int)v;
-  v = 0;
-  if (*u == '/' && u[1] && !svc_parse_ll(u + 1, 0, 1000000, &v)) return false;
-  x->db = (int)v;
-  return *u == '\0' || *u == '/';
+  snprintf(x->host, sizeof(x->host), "%s", r->host);
+  snprintf(x->password, sizeof(x->password), "%s", r->password);
+  x->port = r->port;
+  x->db = r->db;
+}
+
+bool svc_redis_parse_url(const char *url, svc_redis_addr_t *x) {
+  rm_redis_addr_t r;
+  memset(x, 0, sizeof(*x));
+  /* A plain URL resolves without I/O; a Sentinel URL has no fixed address. */
+  if (!url || strncmp(url, "redis://", 8) != 0 || rm_redis_resolve(url, 0, &r) != 0) return false;
+  addr_from(&r, x);
+  return true;
+}
+
+static char env_url[4096];
+static const char *env_url_p;
+
+static void env_url_init(void) { env_url_p = rm_redis_url_from_env(env_url, sizeof(env_url)); }
+
+const char *svc_redis_env_url(void) {
+  static pthread_once_t once = PTHREAD_ONCE_INIT;
+  pthread_once(&once, env_url_init);
+  return env_url_p;
 }
 
 redisContext *svc_redis_open(const svc_redis_addr_t *a, unsigned connect_ms, unsigned command_ms, char *err,
@@ -89,14 +74,26 @@ redisContext *svc_redis_open(const svc_redis_addr_t *a, unsigned connect_ms, uns
   return c;
 }
 
-redisContext *svc_redis_connect(const char *url, unsigned timeout_ms, char *err, size_t errlen) {
+redisContext *svc_redis_connect_to(const char *url, unsigned connect_ms, unsigned command_ms, char *err,
+                                   size_t errlen) {
+  rm_redis_addr_t r;
   svc_redis_addr_t a;
-  if (!url || !svc_redis_parse_url(url, &a)) {
-    snprintf(err, errlen, "malformed Redis URL \"%s\" (expected redis://[:password@]host[:port][/db])",
-             url ? url : "");
+  int rc = rm_redis_resolve(url, connect_ms, &r);
+  if (rc == RM_E_INVALID) {
+    snprintf(err, errlen, "malformed Redis URL \"%s\" (expected redis://[:password@]host[:port][/db] or "
+             "redis+sentinel://host:port,.../master-name[/db])", url ? url : "");
     return NULL;
   }
-  return svc_redis_open(&a, timeout_ms, timeout_ms, err, errlen);
+  if (rc != 0) {
+    snprintf(err, errlen, "%s: %s", rm_prefilter_strerror(rc), rm_prefilter_errmsg());
+    return NULL;
+  }
+  addr_from(&r, &a);
+  return svc_redis_open(&a, connect_ms, command_ms, err, errlen);
+}
+
+redisContext *svc_redis_connect(const char *url, unsigned timeout_ms, char *err, size_t errlen) {
+  return svc_redis_connect_to(url, timeout_ms, timeout_ms, err, errlen);
 }
 
 int svc_redis_ensure(redisContext **c, const char *url, unsigned timeout_ms, char *err, size_t errlen) {
@@ -117,6 +114,12 @@ redisReply *svc_redis_cmd(redisContext *c, char *err, size_t errlen, const char 
   }
   if (r->type == REDIS_REPLY_ERROR) {
     snprintf(err, errlen, "Redis: %s", r->str ? r->str : "error reply");
+    if (r->str && strncmp(r->str, "READONLY", 8) == 0) {
+      /* A demoted master (a Sentinel failover): this context is done
+       * with; the caller's next connect finds the new master. */
+      c->err = REDIS_ERR_OTHER;
+      snprintf(c->errstr, sizeof(c->errstr), "the server is a replica now (READONLY)");
+    }
     freeReplyObject(r);
     return NULL;
   }

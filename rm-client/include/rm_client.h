@@ -981,6 +981,71 @@ typedef struct rm_compensator_stats {
 } rm_compensator_stats_t;
 RM_API void rm_compensator_stats(rm_compensator_t *k, rm_compensator_stats_t *out);
 
+/* ============================================================================
+ * Redis addresses and Sentinel (rm_redis_*): the one parser and resolver of
+ * Redis addresses in the project (the prefilter, txc-compensate and the
+ * demo services all go through it).
+ *
+ * NOTES
+ *   Two URL forms:
+ *     redis://[:password@]host[:port][/db]              one server
+ *     redis+sentinel://[:password@]h1[:p1],h2[:p2],.../master-name[/db]
+ *   The second names 1..8 Sentinels (port 26379 by default) watching the
+ *   master 'master-name'; the password is the master's.  Whoever is given
+ *   it finds the master at each (re)connect: the sentinels are asked in
+ *   turn (SENTINEL get-master-addr-by-name), the answer is connected to
+ *   and must say ROLE master; on a broken connection, a timeout or a
+ *   READONLY reply the next connect asks again.  +switch-master is not
+ *   subscribed to: every failure re-resolves, and the prefilter's
+ *   compensation job (rm_compensator_*) also checks the master once a
+ *   second, so no thread is needed for it.  No step waits longer than its
+ *   connect or command timeout; with no master reachable the calls fail
+ *   at once with RM_E_REDIS_NO_MASTER (the command did not run).
+ *
+ *   The environment of cluster/local/up --ha: REDIS_SENTINELS
+ *   (host:port,...) and REDIS_MASTER_NAME; REDIS_URL names the first
+ *   master (for tools that need no failover).  rm_redis_url_from_env
+ *   builds the URL every program should use from them.
+ * ========================================================================== */
+
+enum {
+  RM_E_REDIS_NO_MASTER = -10430, /* no Redis master reachable (Sentinel): did not run */
+};
+
+typedef struct rm_redis_addr {
+  char host[256];
+  int port;
+  char password[256]; /* "" = no AUTH */
+  int db;
+  char run_id[41];    /* the master's run_id ("" for a plain URL: not asked) */
+} rm_redis_addr_t;
+
+/* The Redis URL of this process's environment, into 'buf' (cap 'cap'):
+ * with REDIS_SENTINELS and REDIS_MASTER_NAME both set and not empty,
+ * "redis+sentinel://SENTINELS/NAME" (with the password and db of
+ * REDIS_URL, if it has them); else REDIS_URL as it is.  Returns 'buf', or
+ * NULL (neither set, or 'cap' too small). */
+RM_API const char *rm_redis_url_from_env(char *buf, size_t cap);
+
+/* Whether 'url' is a Redis URL of either form (no I/O). */
+RM_API bool rm_redis_url_valid(const char *url);
+
+/* Where the master of 'url' is now.  A redis:// URL: its address, no I/O.
+ * A redis+sentinel:// URL: resolved as above (each connect and reply
+ * bounded by 'timeout_ms', 0 = 500), run_id filled.  0; RM_E_INVALID (bad
+ * URL); RM_E_REDIS_NO_MASTER (rm_prefilter_errmsg() says what each
+ * sentinel and the master answered). */
+RM_API int rm_redis_resolve(const char *url, unsigned timeout_ms, rm_redis_addr_t *out);
+
+/* How many times the prefilter's connections found another master than
+ * the one before (a new address or run_id: a failover or a restart).
+ * Each one makes a compensator using 'pf' reconcile Redis with
+ * PostgreSQL at once, then every 5 s until a pass (the second or later)
+ * finds nothing to correct: a pass drops the freezes in flight, the next
+ * puts back those that committed (at most 120 passes; a failed one is
+ * retried after 1 s). */
+RM_API uint64_t rm_prefilter_master_changes(rm_prefilter_t *pf);
+
 #ifdef __cplusplus
 }
 #endif

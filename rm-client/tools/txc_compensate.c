@@ -30,7 +30,8 @@ static void usage(FILE *f) {
           "Run one pass of the compensation job for orders taken in fallback-to-local\n"
           "mode: each pending order is finished (stock frozen) or cancelled with its\n"
           "Redis freeze released, and with --reconcile Redis is corrected from\n"
-          "PostgreSQL.  Reads ORDERS_PG_URL, STOCK_PG_URL and REDIS_URL.\n"
+          "PostgreSQL.  Reads ORDERS_PG_URL, STOCK_PG_URL and REDIS_URL\n"
+          "(or REDIS_SENTINELS and REDIS_MASTER_NAME: the master through Sentinel).\n"
           "exit status: 0 done, 1 error or rows left failed, 2 usage, 75 another pass runs\n");
 }
 
@@ -55,7 +56,10 @@ int main(int argc, char **argv) {
     default: usage(stderr); return 2;
     }
   }
-  const char *orders = getenv("ORDERS_PG_URL"), *stock = getenv("STOCK_PG_URL"), *redis = getenv("REDIS_URL");
+  const char *orders = getenv("ORDERS_PG_URL"), *stock = getenv("STOCK_PG_URL"), *redis;
+  char redis_buf[4096];
+  /* REDIS_SENTINELS + REDIS_MASTER_NAME (cluster/local/up --ha), else REDIS_URL */
+  redis = rm_redis_url_from_env(redis_buf, sizeof(redis_buf));
   if (!orders || !*orders || !stock || !*stock) {
     fprintf(stderr, "txc-compensate: ORDERS_PG_URL and STOCK_PG_URL must be set (see cluster/local/up)\n");
     return 2;

@@ -19,6 +19,7 @@
 #include <arpa/inet.h>
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -89,6 +90,65 @@ static void test_url_bad(void **state) {
   memset(longhost + 8, 'a', 300);
   longhost[308] = '\0';
   assert_int_equal(rm__pf_url_parse(longhost, &u), -1);
+}
+
+static void test_url_sentinel(void **state) {
+  (void)state;
+  rm_pf_url_t u;
+  assert_int_equal(rm__pf_url_parse("redis+sentinel://127.0.0.1:26001,127.0.0.1:26002,[::1]/txc", &u), 0);
+  assert_int_equal(u.nsentinels, 3);
+  assert_string_equal(u.sentinel[0].host, "127.0.0.1");
+  assert_int_equal(u.sentinel[1].port, 26002);
+  assert_string_equal(u.sentinel[2].host, "::1");
+  assert_int_equal(u.sentinel[2].port, 26379);
+  assert_string_equal(u.master_name, "txc");
+  assert_int_equal(u.db, 0);
+  assert_false(u.has_password);
+  assert_int_equal(rm__pf_url_parse("redis+sentinel://:pw@h1/my-master.1/3", &u), 0);
+  assert_int_equal(u.nsentinels, 1);
+  assert_string_equal(u.password, "pw");
+  assert_string_equal(u.master_name, "my-master.1");
+  assert_int_equal(u.db, 3);
+  /* a plain URL has no sentinels */
+  assert_int_equal(rm__pf_url_parse("redis://h:1", &u), 0);
+  assert_int_equal(u.nsentinels, 0);
+  static const char *const bad[] = {
+    "redis+sentinel://", "redis+sentinel://h1", "redis+sentinel://h1/", "redis+sentinel://h1,/m",
+    "redis+sentinel://,h1/m", "redis+sentinel://h1:0/m", "redis+sentinel://h1/m x", "redis+sentinel://h1/m/x",
+    "redis+sentinel://h1/m$", "redis+sentinel://a,b,c,d,e,f,g,h,i/m", "redis://a,b/1",
+  };
+  for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+    if (rm__pf_url_parse(bad[i], &u) != -1) fail_msg("accepted \"%s\"", bad[i]);
+}
+
+static void test_url_from_env(void **state) {
+  (void)state;
+  char buf[256];
+  unsetenv("REDIS_SENTINELS");
+  unsetenv("REDIS_MASTER_NAME");
+  setenv("REDIS_URL", "redis://:pw@127.0.0.1:7000/2", 1);
+  assert_string_equal(rm_redis_url_from_env(buf, sizeof(buf)), "redis://:pw@127.0.0.1:7000/2");
+  setenv("REDIS_SENTINELS", "127.0.0.1:1,127.0.0.1:2", 1);
+  assert_string_equal(rm_redis_url_from_env(buf, sizeof(buf)), "redis://:pw@127.0.0.1:7000/2"); /* no name */
+  setenv("REDIS_MASTER_NAME", "txc", 1);
+  assert_string_equal(rm_redis_url_from_env(buf, sizeof(buf)), "redis+sentinel://:pw@127.0.0.1:1,127.0.0.1:2/txc/2");
+  assert_true(rm_redis_url_valid(buf));
+  assert_null(rm_redis_url_from_env(buf, 10));
+  setenv("REDIS_SENTINELS", "", 1);
+  assert_string_equal(rm_redis_url_from_env(buf, sizeof(buf)), "redis://:pw@127.0.0.1:7000/2");
+  unsetenv("REDIS_URL");
+  assert_null(rm_redis_url_from_env(buf, sizeof(buf)));
+  unsetenv("REDIS_SENTINELS");
+  unsetenv("REDIS_MASTER_NAME");
+  /* a plain URL resolves without I/O */
+  rm_redis_addr_t a;
+  assert_int_equal(rm_redis_resolve("redis://10.1.2.3:7001/4", 0, &a), 0);
+  assert_string_equal(a.host, "10.1.2.3");
+  assert_int_equal(a.port, 7001);
+  assert_int_equal(a.db, 4);
+  assert_int_equal(rm_redis_resolve("http://x", 0, &a), RM_E_INVALID);
+  /* no sentinel listens on port 1: fails fast with the distinct code */
+  assert_int_equal(rm_redis_resolve("redis+sentinel://127.0.0.1:1/txc", 200, &a), RM_E_REDIS_NO_MASTER);
 }
 
 /* --------------------------------------------------------------- keys --- */
@@ -419,6 +479,7 @@ static void test_self_connected(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_url_ok),        cmocka_unit_test(test_url_bad),
+    cmocka_unit_test(test_url_sentinel),  cmocka_unit_test(test_url_from_env),
     cmocka_unit_test(test_keys),          cmocka_unit_test(test_ranges),
     cmocka_unit_test(test_codes),         cmocka_unit_test(test_i64),
     cmocka_unit_test(test_rec),           cmocka_unit_test(test_reply_int),

@@ -52,6 +52,22 @@
  *   condition variable (CLOCK_MONOTONIC) until the next pass is due or a
  *   kick arrives; it never holds its mutex while a pass runs.
  *
+ *   Redis master changes (a Sentinel failover, a restart: the new master
+ *   may have lost up to a second of freezes, so it can show more stock
+ *   than exists and forget what a user bought): the thread checks the
+ *   prefilter's master every MASTER_PROBE_MS (rm__pf_master_probe), and
+ *   the prefilter's pool calls the hook when any connection finds another
+ *   master.  Either way reconciliation passes follow: one at once, then
+ *   one every FAILOVER_AGAIN_MS until a pass (the second or later) finds
+ *   nothing to correct; a failed one (RM_PF_E_CONFLICT while the sale
+ *   writes, a database error) is retried after FAILOVER_RETRY_MS; at most
+ *   FAILOVER_MAX_PASSES.  Why more than one: a pass drops the freezes that
+ *   Redis granted and PostgreSQL has not recorded yet (in flight), and
+ *   the next puts back those that committed meanwhile; once the traffic
+ *   of the sale has settled, two passes agree and Redis equals
+ *   PostgreSQL.  PostgreSQL's guards keep the sale from overselling in
+ *   between, whatever Redis says.
+ *
  *   The library never prints: lines go to the options' log callback.
  */
 #include <inttypes.h>
@@ -67,6 +83,7 @@
 #include "rm_log.h"
 #include "rm_pg.h"
 #include "rm_prefilter_conn.h"
+#include "rm_prefilter_int.h"
 #include "rm_prefilter_pg.h"
 #include "rm_prefilter_keys.h"
 
@@ -76,6 +93,15 @@
 #define SCAN_BATCH "100"
 #define DEFAULT_INTERVAL_MS 10000u
 #define DEFAULT_RECONCILE_MS 300000u
+/* Redis master changes: check the master this often; reconcile at once,
+ * then again this long after each pass (freezes in flight during one are
+ * in PostgreSQL by then: the services' global timeout is at most 5 s)
+ * until one finds nothing; retry a failed one this soon; give up after
+ * this many (the periodic reconciliation goes on). */
+#define MASTER_PROBE_MS 1000u
+#define FAILOVER_AGAIN_MS 5000u
+#define FAILOVER_RETRY_MS 1000u
+#define FAILOVER_MAX_PASSES 120u
 #define ERR_MAX 512
 
 /* ------------------------------------------------------------ logging --- */
@@ -370,6 +396,10 @@ struct rm_compensator {
   bool stop;
   bool kick;
   bool kick_reconcile;
+  bool fo_active;          /* a master change: reconciling until a quiet pass */
+  unsigned fo_passes;      /* passes since it (done and failed) */
+  unsigned fo_ok;          /* of which succeeded */
+  uint64_t fo_due;         /* the next of them, or UINT64_MAX */
   uint64_t started, finished;
   rm_comp_report_t last;
   rm_compensator_stats_t st;
@@ -381,18 +411,50 @@ static void deadline_ts(uint64_t ms, struct timespec *ts) {
   ts->tv_nsec = (long)(ms % 1000u) * 1000000L;
 }
 
+/* The prefilter's pool found another master (called under its mutex). */
+static void on_master_change(void *arg) {
+  rm_compensator_t *k = arg;
+  pthread_mutex_lock(&k->mu);
+  k->fo_active = true;
+  k->fo_passes = k->fo_ok = 0;
+  k->fo_due = UINT64_MAX;
+  k->kick = k->kick_reconcile = true;
+  pthread_cond_signal(&k->wake);
+  pthread_mutex_unlock(&k->mu);
+}
+
+static uint64_t min3(uint64_t a, uint64_t b, uint64_t c) {
+  uint64_t m = a < b ? a : b;
+  return m < c ? m : c;
+}
+
 static void *compensator_main(void *arg) {
   rm_compensator_t *k = arg;
   uint64_t next = rm__mono_ms();
   uint64_t next_rec = k->pf && k->reconcile_ms ? next : UINT64_MAX;
+  uint64_t next_probe = k->pf ? next + MASTER_PROBE_MS : UINT64_MAX;
   pthread_mutex_lock(&k->mu);
   while (!k->stop) {
     uint64_t now = rm__mono_ms();
+    if (now >= next_probe) {
+      /* Outside the mutex: a probe may take a connect timeout, and a
+       * change it finds calls on_master_change. */
+      pthread_mutex_unlock(&k->mu);
+      rm__pf_master_probe(&k->pf->pool);
+      pthread_mutex_lock(&k->mu);
+      now = rm__mono_ms();
+      next_probe = now + MASTER_PROBE_MS;
+      continue;
+    }
+    if (now >= k->fo_due) {
+      k->fo_due = UINT64_MAX;
+      k->kick = k->kick_reconcile = true;
+    }
     bool due = k->kick || now >= next;
     bool rec = k->pf && (k->kick_reconcile || now >= next_rec);
     if (!due && !rec) {
       struct timespec ts;
-      deadline_ts(next < next_rec ? next : next_rec, &ts);
+      deadline_ts(min3(next < next_rec ? next : next_rec, next_probe, k->fo_due), &ts);
       pthread_cond_timedwait(&k->wake, &k->mu, &ts);
       continue;
     }
@@ -424,6 +486,24 @@ static void *compensator_main(void *arg) {
      * with the next pass rather than in a full period, not at once: a
      * database that is down must not make the job spin. */
     if (rec) next_rec = rc == 0 ? now + k->reconcile_ms : next;
+    if (rec && k->fo_active) {
+      bool ok = rc == 0 && !rep.reconcile_failed;
+      unsigned fixed = rep.fixed.meta + rep.fixed.buckets + rep.fixed.users + rep.fixed.orders + rep.fixed.deadlines;
+      k->fo_passes++;
+      if (ok) k->fo_ok++;
+      if (ok && k->fo_ok >= 2 && fixed == 0) {
+        k->fo_active = false; /* Redis equals PostgreSQL again */
+        k->fo_due = UINT64_MAX;
+      } else if (k->fo_passes >= FAILOVER_MAX_PASSES) {
+        k->fo_active = false;
+        k->fo_due = UINT64_MAX;
+        COMP_LOG(&k->pf->log, RM_LOG_WARN, "reconciliation after a Redis master change: still not quiet after %u passes; "
+                   "the periodic reconciliation takes over", k->fo_passes);
+      } else {
+        /* Redis may still hold more stock than exists: soon, not in a period. */
+        k->fo_due = now + (ok ? FAILOVER_AGAIN_MS : FAILOVER_RETRY_MS);
+      }
+    }
     pthread_cond_broadcast(&k->done);
   }
   pthread_mutex_unlock(&k->mu);
@@ -453,6 +533,7 @@ int rm_compensator_start(const rm_compensator_options_t *o, rm_compensator_t **o
   k->interval_ms = o->interval_ms ? o->interval_ms : DEFAULT_INTERVAL_MS;
   k->reconcile_ms = o->reconcile_interval_ms ? o->reconcile_interval_ms : DEFAULT_RECONCILE_MS;
   k->run = o->run;
+  k->fo_due = UINT64_MAX;
 
   pthread_condattr_t ca;
   if (pthread_mutex_init(&k->mu, NULL) != 0) goto fail_memory;
@@ -471,6 +552,7 @@ int rm_compensator_start(const rm_compensator_options_t *o, rm_compensator_t **o
   int rc = pthread_create(&k->thread, NULL, compensator_main, k);
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (rc != 0) goto fail_done;
+  if (k->pf) rm__pf_pool_set_hook(&k->pf->pool, on_master_change, k);
   *out = k;
   return 0;
 
@@ -528,6 +610,7 @@ int rm_compensator_run_now(rm_compensator_t *k, bool reconcile, unsigned timeout
 
 void rm_compensator_stop(rm_compensator_t *k) {
   if (!k) return;
+  if (k->pf) rm__pf_pool_set_hook(&k->pf->pool, NULL, NULL);
   pthread_mutex_lock(&k->mu);
   k->stop = true;
   pthread_cond_broadcast(&k->wake);

@@ -59,6 +59,7 @@ rm_pf_count_t rm__pf_count_index(int rc) {
   case RM_PF_ALREADY_WAITING: return RM_PF_C_ALREADY_WAITING;
   case RM_E_UNKNOWN_OUTCOME: return RM_PF_C_UNKNOWN_OUTCOME;
   case RM_E_CONN_LOST:
+  case RM_E_REDIS_NO_MASTER:
   case RM_E_DEADLINE: return RM_PF_C_NOT_SENT;
   default: return rc > 0 ? RM_PF_C_OK : RM_PF_C_ERROR;
   }
@@ -104,7 +105,8 @@ int rm_prefilter_new(const char *redis_url, const rm_pf_options_t *opts, rm_pref
   int rc;
   if (out) *out = NULL;
   if (!out || rm__pf_url_parse(redis_url, &url) != 0) {
-    rm__pf_errf("invalid Redis URL \"%s\": expected redis://[:password@]host[:port][/db]",
+    rm__pf_errf("invalid Redis URL \"%s\": expected redis://[:password@]host[:port][/db] or "
+                "redis+sentinel://[:password@]host[:port],.../master-name[/db]",
                 redis_url ? redis_url : "(null)");
     return RM_E_INVALID;
   }
@@ -162,11 +164,16 @@ const char *rm_prefilter_strerror(int code) {
   case RM_PF_E_REPLY: return "unexpected reply from Redis";
   case RM_PF_E_CONFLICT: return "Redis kept changing during reconciliation";
   case RM_PF_NO_ACTIVITY: return "activity not found in the database";
+  case RM_E_REDIS_NO_MASTER: return "no Redis master reachable";
   default: return rm_strerror(code);
   }
 }
 
 const char *rm_prefilter_errmsg(void) { return rm__pf_err(); }
+
+uint64_t rm_prefilter_master_changes(rm_prefilter_t *pf) {
+  return pf ? (uint64_t)atomic_load_explicit(&pf->pool.master_changes, memory_order_relaxed) : 0;
+}
 
 /* ------------------------------------------------------------ freeze --- */
 

@@ -36,6 +36,7 @@
 #define STALE_CHECK_IDLE_MS 20 /* check idle connections older than this */
 #define BACKOFF_MIN_MS 50
 #define RECV_BUF 16384
+#define SENTINEL_BACKOFF_MAX_MS 250 /* with Sentinel: look for the new master soon */
 
 /* ---------------------------------------------------- errors, logging --- */
 
@@ -67,6 +68,7 @@ int rm__pf_pool_init(rm_pf_pool_t *p, const rm_pf_url_t *url, unsigned cmd_timeo
   p->cmd_timeout_ms = cmd_timeout_ms;
   p->connect_timeout_ms = connect_timeout_ms;
   p->max_conns = max_conns;
+  if (url->nsentinels && backoff_max_ms > SENTINEL_BACKOFF_MAX_MS) backoff_max_ms = SENTINEL_BACKOFF_MAX_MS;
   p->backoff_min_ms = BACKOFF_MIN_MS < backoff_max_ms ? BACKOFF_MIN_MS : backoff_max_ms;
   p->backoff_max_ms = backoff_max_ms;
   p->log = log;
@@ -84,6 +86,10 @@ int rm__pf_pool_init(rm_pf_pool_t *p, const rm_pf_url_t *url, unsigned cmd_timeo
     }
   }
   if (pthread_mutex_init(&p->mu, NULL) != 0) return RM_E_NOMEM;
+  if (pthread_mutex_init(&p->resolve_mu, NULL) != 0) {
+    pthread_mutex_destroy(&p->mu);
+    return RM_E_NOMEM;
+  }
   if (pthread_condattr_init(&ca) != 0) goto fail_mutex;
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
   if (pthread_cond_init(&p->cv, &ca) != 0) {
@@ -95,9 +101,11 @@ int rm__pf_pool_init(rm_pf_pool_t *p, const rm_pf_url_t *url, unsigned cmd_timeo
   atomic_init(&p->connect_failures, 0);
   atomic_init(&p->noscript_reloads, 0);
   atomic_init(&p->stale_closed, 0);
+  atomic_init(&p->master_changes, 0);
   return 0;
 
 fail_mutex:
+  pthread_mutex_destroy(&p->resolve_mu);
   pthread_mutex_destroy(&p->mu);
   return RM_E_NOMEM;
 }
@@ -117,6 +125,7 @@ void rm__pf_pool_destroy(rm_pf_pool_t *p) {
   }
   p->idle = NULL;
   pthread_cond_destroy(&p->cv);
+  pthread_mutex_destroy(&p->resolve_mu);
   pthread_mutex_destroy(&p->mu);
 }
 
@@ -142,10 +151,10 @@ static int send_all(rm_pf_pool_t *p, rm_pf_conn_t *c, const char *buf, size_t le
     }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-      rm__pf_errf("could not send to Redis at \"%s:%d\": no progress within %u ms", p->url.host,
-                  p->url.port, p->cmd_timeout_ms);
+      rm__pf_errf("could not send to Redis at \"%s:%d\": no progress within %u ms", c->host,
+                  c->port, p->cmd_timeout_ms);
     else
-      rm__pf_errf("could not send to Redis at \"%s:%d\": %s", p->url.host, p->url.port,
+      rm__pf_errf("could not send to Redis at \"%s:%d\": %s", c->host, c->port,
                   n < 0 ? strerror(errno) : "connection closed");
     return done == 0 ? RM_E_CONN_LOST : RM_E_UNKNOWN_OUTCOME;
   }
@@ -159,7 +168,7 @@ static int read_reply(rm_pf_pool_t *p, rm_pf_conn_t *c, redisReply **out) {
     void *r = NULL;
     ssize_t n;
     if (redisReaderGetReply(c->ctx->reader, &r) != REDIS_OK) {
-      rm__pf_errf("protocol error from Redis at \"%s:%d\": %s", p->url.host, p->url.port,
+      rm__pf_errf("protocol error from Redis at \"%s:%d\": %s", c->host, c->port,
                   c->ctx->reader->errstr);
       return RM_E_UNKNOWN_OUTCOME;
     }
@@ -170,20 +179,20 @@ static int read_reply(rm_pf_pool_t *p, rm_pf_conn_t *c, redisReply **out) {
     n = recv(c->ctx->fd, buf, sizeof(buf), 0);
     if (n > 0) {
       if (redisReaderFeed(c->ctx->reader, buf, (size_t)n) != REDIS_OK) {
-        rm__pf_errf("could not buffer the reply of Redis at \"%s:%d\"", p->url.host, p->url.port);
+        rm__pf_errf("could not buffer the reply of Redis at \"%s:%d\"", c->host, c->port);
         return RM_E_UNKNOWN_OUTCOME;
       }
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
     if (n == 0)
-      rm__pf_errf("Redis at \"%s:%d\" closed the connection before answering", p->url.host,
-                  p->url.port);
+      rm__pf_errf("Redis at \"%s:%d\" closed the connection before answering", c->host,
+                  c->port);
     else if (errno == EAGAIN || errno == EWOULDBLOCK)
-      rm__pf_errf("Redis at \"%s:%d\" did not answer within %u ms", p->url.host, p->url.port,
+      rm__pf_errf("Redis at \"%s:%d\" did not answer within %u ms", c->host, c->port,
                   p->cmd_timeout_ms);
     else
-      rm__pf_errf("could not read from Redis at \"%s:%d\": %s", p->url.host, p->url.port,
+      rm__pf_errf("could not read from Redis at \"%s:%d\": %s", c->host, c->port,
                   strerror(errno));
     return RM_E_UNKNOWN_OUTCOME;
   }
@@ -261,20 +270,25 @@ static bool is_ok(const redisReply *r) {
   return r && r->type == REDIS_REPLY_STATUS && r->len == 2 && memcmp(r->str, "OK", 2) == 0;
 }
 
-/* AUTH, SELECT and SCRIPT LOAD of every script ('only' < 0), or SCRIPT LOAD
- * of script 'only' alone, in one round trip. */
-static int conn_prepare(rm_pf_pool_t *p, rm_pf_conn_t *c, int only) {
-  char *cmds[RM_PF_S__COUNT + 2];
-  size_t lens[RM_PF_S__COUNT + 2];
-  redisReply *replies[RM_PF_S__COUNT + 2];
-  int kinds[RM_PF_S__COUNT + 2]; /* -2 AUTH, -1 SELECT, else a script */
+enum { K_INFO = -4, K_ROLE = -3, K_AUTH = -2, K_SELECT = -1 };
+
+/* AUTH, SELECT, ROLE, INFO server and SCRIPT LOAD of every script ('only'
+ * < 0; 'run_id' gets the server's), or SCRIPT LOAD of script 'only'
+ * alone, in one round trip.  With Sentinel, a server whose ROLE is not
+ * master fails with RM_E_REDIS_NO_MASTER. */
+static int conn_prepare(rm_pf_pool_t *p, rm_pf_conn_t *c, int only, char *run_id) {
+  char *cmds[RM_PF_S__COUNT + 4];
+  size_t lens[RM_PF_S__COUNT + 4];
+  redisReply *replies[RM_PF_S__COUNT + 4];
+  int kinds[RM_PF_S__COUNT + 4]; /* K_*, else a script */
   size_t n = 0;
   int rc = 0;
   char dbs[16];
+  int role_at = -1;
 
   if (only < 0 && p->url.has_password) {
     const char *argv[] = {"AUTH", p->url.password};
-    kinds[n] = -2;
+    kinds[n] = K_AUTH;
     int len = redisFormatCommandArgv(&cmds[n], 2, argv, NULL);
     if (len < 0) goto nomem;
     lens[n++] = (size_t)len;
@@ -282,8 +296,21 @@ static int conn_prepare(rm_pf_pool_t *p, rm_pf_conn_t *c, int only) {
   if (only < 0 && p->url.db != 0) {
     const char *argv[] = {"SELECT", dbs};
     snprintf(dbs, sizeof(dbs), "%d", p->url.db);
-    kinds[n] = -1;
+    kinds[n] = K_SELECT;
     int len = redisFormatCommandArgv(&cmds[n], 2, argv, NULL);
+    if (len < 0) goto nomem;
+    lens[n++] = (size_t)len;
+  }
+  if (only < 0) {
+    const char *rargv[] = {"ROLE"}, *iargv[] = {"INFO", "server"};
+    int len;
+    role_at = (int)n;
+    kinds[n] = K_ROLE;
+    len = redisFormatCommandArgv(&cmds[n], 1, rargv, NULL);
+    if (len < 0) goto nomem;
+    lens[n++] = (size_t)len;
+    kinds[n] = K_INFO;
+    len = redisFormatCommandArgv(&cmds[n], 2, iargv, NULL);
     if (len < 0) goto nomem;
     lens[n++] = (size_t)len;
   }
@@ -298,16 +325,28 @@ static int conn_prepare(rm_pf_pool_t *p, rm_pf_conn_t *c, int only) {
   }
 
   rc = rm__pf_conn_pipeline(p, c, n, cmds, lens, replies);
+  if (rc == 0 && role_at >= 0) {
+    char role[16];
+    if (rm__redis_parse_identity(replies[role_at], replies[role_at + 1], run_id, role, sizeof(role)) != 0 &&
+        p->url.nsentinels) {
+      rm__pf_errf("Redis at \"%s:%d\", named master \"%s\" by the sentinels, is not a master (ROLE: %s)",
+                  c->host, c->port, p->url.master_name, role);
+      rc = RM_E_REDIS_NO_MASTER;
+    }
+    if (rc != 0)
+      for (size_t i = 0; i < n; i++) freeReplyObject(replies[i]);
+  }
   if (rc == 0) {
     for (size_t i = 0; i < n && rc == 0; i++) {
       const redisReply *r = replies[i];
+      if (kinds[i] == K_ROLE || kinds[i] == K_INFO) continue;
       if (kinds[i] < 0 ? is_ok(r) : is_sha(r)) {
         if (kinds[i] >= 0) memcpy(c->sha[kinds[i]], r->str, RM_PF_SHA_LEN + 1);
         continue;
       }
       rm__pf_errf("could not %s on Redis at \"%s:%d\": %.*s",
-                  kinds[i] == -2 ? "authenticate" : kinds[i] == -1 ? "select the database" : "load the scripts",
-                  p->url.host, p->url.port,
+                  kinds[i] == K_AUTH ? "authenticate" : kinds[i] == K_SELECT ? "select the database" : "load the scripts",
+                  c->host, c->port,
                   r && (r->type == REDIS_REPLY_ERROR || r->type == REDIS_REPLY_STATUS) ? (int)r->len : 16,
                   r && (r->type == REDIS_REPLY_ERROR || r->type == REDIS_REPLY_STATUS) ? r->str
                                                                                       : "unexpected reply");
@@ -344,32 +383,122 @@ bool rm__pf_self_connected(int fd) {
   return false; /* a Unix socket cannot connect to itself */
 }
 
-static int conn_open(rm_pf_pool_t *p, rm_pf_conn_t **out) {
-  rm_pf_conn_t *c;
-  redisContext *ctx = redisConnectWithTimeout(p->url.host, p->url.port, ms_tv(p->connect_timeout_ms));
+/* With Sentinel: forget the master's address, so that the next connect
+ * asks the sentinels.  Under 'mu'. */
+static void master_forget_locked(rm_pf_pool_t *p) {
+  if (p->url.nsentinels) p->master_known = false;
+}
+
+/* Where a new connection goes: the URL's address, or (Sentinel) the
+ * master as last resolved, asking the sentinels first if it is not known.
+ * 0 or RM_E_REDIS_NO_MASTER. */
+static int conn_target(rm_pf_pool_t *p, rm_pf_hostport_t *t) {
+  rm_pf_hostport_t m;
+  unsigned next;
   int rc;
+  if (!p->url.nsentinels) {
+    memcpy(t->host, p->url.host, sizeof(t->host));
+    t->port = p->url.port;
+    return 0;
+  }
+  pthread_mutex_lock(&p->resolve_mu);
+  pthread_mutex_lock(&p->mu);
+  if (p->master_known) {
+    *t = p->master;
+    pthread_mutex_unlock(&p->mu);
+    pthread_mutex_unlock(&p->resolve_mu);
+    return 0;
+  }
+  next = p->sentinel_next;
+  pthread_mutex_unlock(&p->mu);
+  rc = rm__sentinel_ask(&p->url, p->connect_timeout_ms, p->cmd_timeout_ms, &next, &m);
+  pthread_mutex_lock(&p->mu);
+  p->sentinel_next = next;
+  if (rc == 0) {
+    if (!p->master_known && (strcmp(m.host, p->master.host) != 0 || m.port != p->master.port))
+      RM_LOGGER(p->log, RM_LOG_INFO, "the sentinels name \"%s:%d\" as Redis master \"%s\"", m.host, m.port,
+                p->url.master_name);
+    p->master = m;
+    p->master_known = true;
+    *t = m;
+  }
+  pthread_mutex_unlock(&p->mu);
+  pthread_mutex_unlock(&p->resolve_mu);
+  return rc;
+}
+
+/* A new connection reached the master 't' with 'run_id': if another than
+ * the one before, count a master change and call the hook. */
+static void master_seen(rm_pf_pool_t *p, const rm_pf_hostport_t *t, const char *run_id) {
+  char before[RM_PF_HOST_MAX + 64] = "";
+  bool changed;
+  if (!run_id[0]) return; /* INFO without run_id: cannot tell */
+  pthread_mutex_lock(&p->mu);
+  changed = p->seen_run_id[0] &&
+            (strcmp(p->seen_run_id, run_id) != 0 || strcmp(p->seen.host, t->host) != 0 || p->seen.port != t->port);
+  if (changed) snprintf(before, sizeof(before), "%s:%d (run_id %.12s)", p->seen.host, p->seen.port, p->seen_run_id);
+  if (changed || !p->seen_run_id[0]) {
+    p->seen = *t;
+    snprintf(p->seen_run_id, sizeof(p->seen_run_id), "%s", run_id);
+  }
+  if (changed) {
+    atomic_fetch_add_explicit(&p->master_changes, 1, memory_order_relaxed);
+    if (p->on_change) p->on_change(p->on_change_arg);
+  }
+  pthread_mutex_unlock(&p->mu);
+  if (changed)
+    RM_LOGGER(p->log, RM_LOG_WARN,
+              "Redis master changed: %s -> %s:%d (run_id %.12s): it may have lost the last writes; "
+              "reconciliation with PostgreSQL follows",
+              before, t->host, t->port, run_id);
+}
+
+static int conn_open_once(rm_pf_pool_t *p, rm_pf_conn_t **out);
+
+/* With Sentinel, a connect to the master as last resolved that fails is
+ * retried once after asking the sentinels again (the master died, or was
+ * demoted, since): a caller after a failover need not fail once first. */
+static int conn_open(rm_pf_pool_t *p, rm_pf_conn_t **out) {
+  bool known;
+  int rc;
+  pthread_mutex_lock(&p->mu);
+  known = p->master_known;
+  pthread_mutex_unlock(&p->mu);
+  rc = conn_open_once(p, out);
+  if (rc == RM_E_REDIS_NO_MASTER && p->url.nsentinels && known) rc = conn_open_once(p, out);
+  return rc;
+}
+
+static int conn_open_once(rm_pf_pool_t *p, rm_pf_conn_t **out) {
+  rm_pf_conn_t *c;
+  rm_pf_hostport_t t;
+  char run_id[RM_REDIS_RUN_ID_MAX] = "";
+  int rc = conn_target(p, &t);
+  /* With Sentinel, "cannot connect" means "no master reachable". */
+  int lost = p->url.nsentinels ? RM_E_REDIS_NO_MASTER : RM_E_CONN_LOST;
+  if (rc != 0) return rc;
+  redisContext *ctx = redisConnectWithTimeout(t.host, t.port, ms_tv(p->connect_timeout_ms));
   if (!ctx) {
     rm__pf_errf("out of memory");
     return RM_E_NOMEM;
   }
   if (ctx->err) {
-    rm__pf_errf("could not connect to Redis at \"%s:%d\": %s", p->url.host, p->url.port,
-                ctx->errstr);
+    rm__pf_errf("could not connect to Redis at \"%s:%d\": %s", t.host, t.port, ctx->errstr);
     redisFree(ctx);
-    return RM_E_CONN_LOST;
+    goto lost;
   }
   if (rm__pf_self_connected(ctx->fd)) {
     rm__pf_errf("could not connect to Redis at \"%s:%d\": the socket connected to itself "
                 "(nothing listens there, and the kernel chose that port as the local one)",
-                p->url.host, p->url.port);
+                t.host, t.port);
     redisFree(ctx);
-    return RM_E_CONN_LOST;
+    goto lost;
   }
   if (redisSetTimeout(ctx, ms_tv(p->cmd_timeout_ms)) != REDIS_OK) {
     rm__pf_errf("could not set the timeouts of a connection to Redis at \"%s:%d\": %s",
-                p->url.host, p->url.port, ctx->errstr);
+                t.host, t.port, ctx->errstr);
     redisFree(ctx);
-    return RM_E_CONN_LOST;
+    goto lost;
   }
   c = calloc(1, sizeof(*c));
   if (!c) {
@@ -378,15 +507,24 @@ static int conn_open(rm_pf_pool_t *p, rm_pf_conn_t **out) {
     return RM_E_NOMEM;
   }
   c->ctx = ctx;
-  rc = conn_prepare(p, c, -1);
+  memcpy(c->host, t.host, sizeof(c->host));
+  c->port = t.port;
+  rc = conn_prepare(p, c, -1, run_id);
   if (rc != 0) {
     conn_close(c);
-    /* Nothing of the caller's command was sent. */
-    return rc == RM_E_NOMEM ? rc : RM_E_CONN_LOST;
+    if (rc == RM_E_NOMEM) return rc;
+    goto lost; /* nothing of the caller's command was sent */
   }
   atomic_fetch_add_explicit(&p->connects, 1, memory_order_relaxed);
+  master_seen(p, &t, run_id);
   *out = c;
   return 0;
+
+lost:
+  pthread_mutex_lock(&p->mu);
+  master_forget_locked(p);
+  pthread_mutex_unlock(&p->mu);
+  return lost;
 }
 
 /* Whether an idle connection was closed by the server (or has unexpected
@@ -408,6 +546,7 @@ int rm__pf_conn_get(rm_pf_pool_t *p, rm_pf_conn_t **out) {
       c->next = NULL;
       if (now >= c->idle_since_ms + STALE_CHECK_IDLE_MS && conn_stale(c)) {
         p->open--;
+        master_forget_locked(p); /* closed by the server: maybe it died */
         atomic_fetch_add_explicit(&p->stale_closed, 1, memory_order_relaxed);
         conn_close(c);
         continue;
@@ -420,9 +559,14 @@ int rm__pf_conn_get(rm_pf_pool_t *p, rm_pf_conn_t **out) {
       rm_pf_conn_t *c = NULL;
       int rc;
       if (now < p->retry_at_ms) {
+        unsigned wait = (unsigned)(p->retry_at_ms - now);
         pthread_mutex_unlock(&p->mu);
+        if (p->url.nsentinels) {
+          rm__pf_errf("no Redis master \"%s\" reachable: next attempt in %u ms", p->url.master_name, wait);
+          return RM_E_REDIS_NO_MASTER;
+        }
         rm__pf_errf("Redis at \"%s:%d\" is unreachable: next connection attempt in %u ms",
-                    p->url.host, p->url.port, (unsigned)(p->retry_at_ms - now));
+                    p->url.host, p->url.port, wait);
         return RM_E_CONN_LOST;
       }
       p->open++;
@@ -442,7 +586,7 @@ int rm__pf_conn_get(rm_pf_pool_t *p, rm_pf_conn_t **out) {
         return rc;
       }
       if (p->failures) RM_LOGGER(p->log, RM_LOG_INFO, "connected to Redis at \"%s:%d\" again",
-                                 p->url.host, p->url.port);
+                                 c->host, c->port);
       p->failures = 0;
       p->retry_at_ms = 0;
       pthread_mutex_unlock(&p->mu);
@@ -468,6 +612,8 @@ void rm__pf_conn_put(rm_pf_pool_t *p, rm_pf_conn_t *c, bool broken) {
     conn_close(c);
     pthread_mutex_lock(&p->mu);
     p->open--;
+    /* A broken connection may be the first sign of a failover. */
+    master_forget_locked(p);
   } else {
     c->idle_since_ms = rm__mono_ms();
     pthread_mutex_lock(&p->mu);
@@ -476,6 +622,22 @@ void rm__pf_conn_put(rm_pf_pool_t *p, rm_pf_conn_t *c, bool broken) {
   }
   pthread_cond_signal(&p->cv);
   pthread_mutex_unlock(&p->mu);
+}
+
+/* Unlink every idle connection (closed by close_list outside 'mu'). */
+static rm_pf_conn_t *take_idle_locked(rm_pf_pool_t *p) {
+  rm_pf_conn_t *idle = p->idle;
+  p->idle = NULL;
+  for (rm_pf_conn_t *x = idle; x; x = x->next) p->open--;
+  return idle;
+}
+
+static void close_list(rm_pf_conn_t *c) {
+  while (c) {
+    rm_pf_conn_t *next = c->next;
+    conn_close(c);
+    c = next;
+  }
 }
 
 /* ----------------------------------------------------------- EVALSHA --- */
@@ -490,6 +652,7 @@ int rm__pf_eval(rm_pf_pool_t *p, int script, int nkeys, const char *const *keys,
   char nk[24];
   rm_pf_conn_t *c = NULL;
   redisReply *r = NULL;
+  bool readonly_retried = false;
 
   *reply = NULL;
   if (argc > 64) {
@@ -517,6 +680,27 @@ int rm__pf_eval(rm_pf_pool_t *p, int script, int nkeys, const char *const *keys,
       rm__pf_conn_put(p, c, true);
       goto out;
     }
+    if (r->type == REDIS_REPLY_ERROR && r->len >= 8 && memcmp(r->str, "READONLY", 8) == 0 && !readonly_retried) {
+      /* A demoted master (a failover: Sentinel made it a replica).  The
+       * script was refused before it ran: find the master again and run
+       * it there, once. */
+      readonly_retried = true;
+      RM_LOGGER(p->log, RM_LOG_WARN, "Redis at \"%s:%d\" is a replica now (READONLY): looking for the master",
+                c->host, c->port);
+      freeReplyObject(r);
+      r = NULL;
+      rm__pf_conn_put(p, c, true);
+      c = NULL;
+      pthread_mutex_lock(&p->mu);
+      rm_pf_conn_t *idle = take_idle_locked(p); /* to the same demoted server */
+      pthread_cond_broadcast(&p->cv);
+      pthread_mutex_unlock(&p->mu);
+      close_list(idle);
+      rc = rm__pf_conn_get(p, &c);
+      if (rc != 0) goto out;
+      attempt = -1;
+      continue;
+    }
     if (attempt == 0 && r->type == REDIS_REPLY_ERROR && r->len >= 8 &&
         memcmp(r->str, "NOSCRIPT", 8) == 0) {
       /* The scripts were flushed (SCRIPT FLUSH, a failover): the script
@@ -525,8 +709,8 @@ int rm__pf_eval(rm_pf_pool_t *p, int script, int nkeys, const char *const *keys,
       r = NULL;
       atomic_fetch_add_explicit(&p->noscript_reloads, 1, memory_order_relaxed);
       RM_LOGGER(p->log, RM_LOG_INFO, "script \"%s\" missing on Redis at \"%s:%d\" (NOSCRIPT): loading it again",
-                rm__pf_script_name(script), p->url.host, p->url.port);
-      rc = conn_prepare(p, c, script);
+                rm__pf_script_name(script), c->host, c->port);
+      rc = conn_prepare(p, c, script, NULL);
       if (rc != 0) {
         rm__pf_conn_put(p, c, true);
         if (rc != RM_E_NOMEM) rc = RM_E_CONN_LOST;
@@ -552,4 +736,41 @@ int rm__pf_script_sha(rm_pf_pool_t *p, int script, char sha[RM_PF_SHA_LEN + 1]) 
   memcpy(sha, c->sha[script], RM_PF_SHA_LEN + 1);
   rm__pf_conn_put(p, c, false);
   return 0;
+}
+
+/* ---------------------------------------------------- master changes --- */
+
+void rm__pf_pool_set_hook(rm_pf_pool_t *p, void (*fn)(void *arg), void *arg) {
+  pthread_mutex_lock(&p->mu);
+  p->on_change = fn;
+  p->on_change_arg = arg;
+  pthread_mutex_unlock(&p->mu);
+}
+
+int rm__pf_master_probe(rm_pf_pool_t *p) {
+  rm_pf_conn_t *c = NULL, *idle = NULL;
+  int rc;
+  if (p->url.nsentinels) {
+    rm_pf_hostport_t m;
+    unsigned next;
+    pthread_mutex_lock(&p->mu);
+    next = p->sentinel_next;
+    pthread_mutex_unlock(&p->mu);
+    rc = rm__sentinel_ask(&p->url, p->connect_timeout_ms, p->cmd_timeout_ms, &next, &m);
+    pthread_mutex_lock(&p->mu);
+    p->sentinel_next = next;
+    if (rc == 0 && p->master_known && (strcmp(m.host, p->master.host) != 0 || m.port != p->master.port)) {
+      /* The sentinels name another master: the idle connections go to
+       * the old one (maybe alive and a replica now). */
+      RM_LOGGER(p->log, RM_LOG_INFO, "the sentinels name \"%s:%d\" as Redis master \"%s\" now (was \"%s:%d\")",
+                m.host, m.port, p->url.master_name, p->master.host, p->master.port);
+      p->master = m;
+      idle = take_idle_locked(p);
+    }
+    pthread_mutex_unlock(&p->mu);
+    close_list(idle);
+  }
+  rc = rm__pf_conn_get(p, &c);
+  if (rc == 0) rm__pf_conn_put(p, c, false);
+  return rc;
 }

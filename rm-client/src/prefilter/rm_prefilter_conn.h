@@ -30,6 +30,19 @@
  *
  *   Thread safety: the pool's lists and counters are under its mutex; a
  *   connection taken from the pool belongs to one thread until given back.
+ *
+ *   Sentinel (a redis+sentinel:// URL, rm_redis_sentinel.h): the master's
+ *   address is pool state ('master', under 'mu').  A new connection goes
+ *   to it, asking the sentinels first when it is not known (at start, and
+ *   after anything that suggests a failover: a connection broken or timed
+ *   out, a connect refused, a READONLY reply, a ROLE that is not master),
+ *   one thread at a time ('resolve_mu', held only while asking).  Every
+ *   new connection, in either mode, reads ROLE and the run_id in its
+ *   set-up round trip: a Sentinel URL requires ROLE master, and a new
+ *   address or run_id counts as a master change ('master_changes', and
+ *   the hook of rm__pf_pool_set_hook: the compensator's reconciliation).
+ *   The backoff after failed connects is at most 250 ms then, so the
+ *   first calls after a promotion find the new master quickly.
  */
 #ifndef RM_PREFILTER_CONN_H
 #define RM_PREFILTER_CONN_H
@@ -46,6 +59,7 @@
 #include "rm_log.h"
 #include "rm_util.h"
 #include "rm_prefilter_keys.h"
+#include "rm_redis_sentinel.h"
 
 #define RM_PF_SHA_LEN 40
 #define RM_PF_ERR_MAX 256
@@ -56,6 +70,8 @@ const char *rm__pf_err(void);
 
 typedef struct rm_pf_conn {
   redisContext *ctx;
+  char host[RM_PF_HOST_MAX]; /* where it is connected (messages) */
+  int port;
   struct rm_pf_conn *next;     /* idle list */
   uint64_t idle_since_ms;      /* monotonic */
   char sha[RM_PF_S__COUNT][RM_PF_SHA_LEN + 1]; /* as this connection loaded them */
@@ -79,8 +95,19 @@ typedef struct rm_pf_pool {
   unsigned open;     /* idle + in use + being connected */
   unsigned failures; /* consecutive failed connects */
   uint64_t retry_at_ms; /* no connect before this (monotonic) */
+  /* Sentinel: the master as last resolved; !master_known: ask first. */
+  rm_pf_hostport_t master;
+  bool master_known;
+  unsigned sentinel_next; /* the sentinel to ask first */
+  /* The master the last new connection reached ("" run_id: none yet). */
+  rm_pf_hostport_t seen;
+  char seen_run_id[RM_REDIS_RUN_ID_MAX];
+  void (*on_change)(void *arg); /* called under 'mu': must not block */
+  void *on_change_arg;
 
-  atomic_uint_fast64_t connects, connect_failures, noscript_reloads, stale_closed;
+  pthread_mutex_t resolve_mu; /* one thread asks the sentinels at a time */
+
+  atomic_uint_fast64_t connects, connect_failures, noscript_reloads, stale_closed, master_changes;
 } rm_pf_pool_t;
 
 /* 0, or RM_E_INVALID (a script missing from the embedded table),
@@ -134,6 +161,17 @@ int rm__pf_conn_command(rm_pf_pool_t *p, rm_pf_conn_t *c, int argc, const char *
  */
 int rm__pf_eval(rm_pf_pool_t *p, int script, int nkeys, const char *const *keys, int nargs,
                 const char *const *args, redisReply **reply);
+
+/* A master change calls 'fn(arg)' (NULL: none) under the pool's mutex:
+ * it must only note it (a compensator's kick). */
+void rm__pf_pool_set_hook(rm_pf_pool_t *p, void (*fn)(void *arg), void *arg);
+
+/* Check the master now (the compensator's thread, once a second): with
+ * Sentinel, ask the sentinels and, if they name another address, drop
+ * the idle connections; then, in either mode, take a connection and give
+ * it back (a stale one is replaced, and a new one compares its master
+ * with the last).  0 or the codes of rm__pf_conn_get. */
+int rm__pf_master_probe(rm_pf_pool_t *p);
 
 /* The SHA1 of 'script' as Redis computed it (takes a connection). */
 int rm__pf_script_sha(rm_pf_pool_t *p, int script, char sha[RM_PF_SHA_LEN + 1]);

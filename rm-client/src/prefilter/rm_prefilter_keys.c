@@ -28,15 +28,52 @@ static int parse_uint(const char *s, size_t len, long max, long *out) {
   return 0;
 }
 
+/* One "host[:port]" or "[v6][:port]" in [p, end): 0 or -1. */
+static int parse_hostport(const char *p, const char *end, int defport, rm_pf_hostport_t *out) {
+  const char *hend;
+  long v;
+  out->port = defport;
+  if (p < end && *p == '[') {
+    const char *rb = memchr(p, ']', (size_t)(end - p));
+    if (!rb || rb == p + 1) return -1;
+    if ((size_t)(rb - p - 1) >= sizeof(out->host)) return -1;
+    memcpy(out->host, p + 1, (size_t)(rb - p - 1));
+    out->host[rb - p - 1] = '\0';
+    hend = rb + 1;
+    if (hend < end && *hend != ':') return -1;
+  } else {
+    hend = p;
+    while (hend < end && *hend != ':') hend++;
+    if (hend == p || (size_t)(hend - p) >= sizeof(out->host)) return -1;
+    memcpy(out->host, p, (size_t)(hend - p));
+    out->host[hend - p] = '\0';
+    for (const char *q = out->host; *q; q++)
+      if (*q == '[' || *q == ']' || *q == '@' || *q == ',') return -1;
+  }
+  if (hend < end) { /* ":port" */
+    if (parse_uint(hend + 1, (size_t)(end - hend - 1), 65535, &v) != 0 || v == 0) return -1;
+    out->port = (int)v;
+  }
+  return 0;
+}
+
 int rm__pf_url_parse(const char *url, rm_pf_url_t *out) {
-  static const char scheme[] = "redis://";
-  const char *p, *end, *at, *slash, *hend;
+  static const char scheme[] = "redis://", sscheme[] = "redis+sentinel://";
+  const char *p, *end, *at, *slash;
+  bool sentinel;
   long v;
   if (!url || !out) return -1;
   memset(out, 0, sizeof(*out));
   out->port = 6379;
-  if (strncmp(url, scheme, sizeof(scheme) - 1) != 0) return -1;
-  p = url + sizeof(scheme) - 1;
+  if (strncmp(url, scheme, sizeof(scheme) - 1) == 0) {
+    sentinel = false;
+    p = url + sizeof(scheme) - 1;
+  } else if (strncmp(url, sscheme, sizeof(sscheme) - 1) == 0) {
+    sentinel = true;
+    p = url + sizeof(sscheme) - 1;
+  } else {
+    return -1;
+  }
   end = p + strlen(p);
   for (const char *q = p; q < end; q++)
     if ((unsigned char)*q <= ' ' || *q == 0x7f) return -1;
@@ -58,31 +95,41 @@ int rm__pf_url_parse(const char *url, rm_pf_url_t *out) {
     p = at + 1;
   }
 
-  /* Host, "[v6]" or a name/IPv4 without ':'. */
-  if (*p == '[') {
-    const char *rb = memchr(p, ']', (size_t)(slash - p));
-    if (!rb || rb == p + 1) return -1;
-    if ((size_t)(rb - p - 1) >= sizeof(out->host)) return -1;
-    memcpy(out->host, p + 1, (size_t)(rb - p - 1));
-    out->host[rb - p - 1] = '\0';
-    hend = rb + 1;
-    if (hend < slash && *hend != ':') return -1;
-  } else {
-    hend = p;
-    while (hend < slash && *hend != ':') hend++;
-    if (hend == p || (size_t)(hend - p) >= sizeof(out->host)) return -1;
-    memcpy(out->host, p, (size_t)(hend - p));
-    out->host[hend - p] = '\0';
-    for (const char *q = out->host; *q; q++)
-      if (*q == '[' || *q == ']' || *q == '@') return -1;
-  }
-  if (hend < slash) { /* ":port" */
-    if (parse_uint(hend + 1, (size_t)(slash - hend - 1), 65535, &v) != 0 || v == 0) return -1;
-    out->port = (int)v;
-  }
-  if (slash < end) { /* "/db", or a lone "/" */
-    if (slash + 1 < end) {
+  if (!sentinel) {
+    rm_pf_hostport_t hp;
+    if (parse_hostport(p, slash, 6379, &hp) != 0) return -1;
+    memcpy(out->host, hp.host, sizeof(out->host));
+    out->port = hp.port;
+    if (slash < end && slash + 1 < end) { /* "/db", or a lone "/" */
       if (parse_uint(slash + 1, (size_t)(end - slash - 1), 1000000, &v) != 0) return -1;
+      out->db = (int)v;
+    }
+    return 0;
+  }
+
+  /* Sentinels "h1[:p1],h2[:p2]...", then "/name[/db]". */
+  while (p < slash) {
+    const char *comma = memchr(p, ',', (size_t)(slash - p));
+    if (!comma) comma = slash;
+    if (out->nsentinels >= RM_PF_SENTINELS_MAX) return -1;
+    if (parse_hostport(p, comma, RM_PF_SENTINEL_PORT, &out->sentinel[out->nsentinels]) != 0) return -1;
+    out->nsentinels++;
+    p = comma < slash ? comma + 1 : slash;
+    if (comma < slash && p == slash) return -1; /* trailing ',' */
+  }
+  if (out->nsentinels == 0 || slash >= end) return -1;
+  {
+    const char *name = slash + 1, *nend = memchr(name, '/', (size_t)(end - name));
+    if (!nend) nend = end;
+    if (nend == name || (size_t)(nend - name) >= sizeof(out->master_name)) return -1;
+    for (const char *q = name; q < nend; q++)
+      if (!((*q >= 'a' && *q <= 'z') || (*q >= 'A' && *q <= 'Z') || (*q >= '0' && *q <= '9') || *q == '_' ||
+            *q == '.' || *q == '-'))
+        return -1;
+    memcpy(out->master_name, name, (size_t)(nend - name));
+    out->master_name[nend - name] = '\0';
+    if (nend < end && nend + 1 < end) {
+      if (parse_uint(nend + 1, (size_t)(end - nend - 1), 1000000, &v) != 0) return -1;
       out->db = (int)v;
     }
   }

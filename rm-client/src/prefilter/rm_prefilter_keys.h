@@ -24,17 +24,32 @@
 #define RM_PF_HOST_MAX 256
 #define RM_PF_PASSWORD_MAX 256
 
-typedef struct rm_pf_url {
+#define RM_PF_SENTINELS_MAX 8
+#define RM_PF_MASTER_NAME_MAX 128
+#define RM_PF_SENTINEL_PORT 26379
+
+typedef struct rm_pf_hostport {
   char host[RM_PF_HOST_MAX]; /* without brackets for IPv6 */
+  int port;
+} rm_pf_hostport_t;
+
+typedef struct rm_pf_url {
+  char host[RM_PF_HOST_MAX]; /* without brackets for IPv6; "" for a Sentinel URL */
   int port;                  /* 1..65535, default 6379 */
-  char password[RM_PF_PASSWORD_MAX];
+  char password[RM_PF_PASSWORD_MAX]; /* the master's (never sent to a sentinel) */
   bool has_password;
   int db; /* 0..1000000, default 0 */
+  /* A Sentinel URL: nsentinels >= 1, the master found by name. */
+  unsigned nsentinels;
+  rm_pf_hostport_t sentinel[RM_PF_SENTINELS_MAX]; /* port default 26379 */
+  char master_name[RM_PF_MASTER_NAME_MAX];
 } rm_pf_url_t;
 
 /* Parse "redis://[:password@]host[:port][/db]" ("[v6]" hosts too; a user
- * name before the ':' is refused: Redis 7 ACL users are not supported).
- * 0 or -1. */
+ * name before the ':' is refused: Redis 7 ACL users are not supported),
+ * or "redis+sentinel://[:password@]h1[:p1],h2[:p2],.../master-name[/db]"
+ * (1..8 sentinels, port 26379 by default; the password is the master's;
+ * the name [A-Za-z0-9_.-], up to 127 characters).  0 or -1. */
 int rm__pf_url_parse(const char *url, rm_pf_url_t *out);
 
 /* --------------------------------------------------------------- keys --- */
