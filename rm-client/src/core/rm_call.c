@@ -472,6 +472,7 @@ static void on_conn_ready(rm_conn_t *conn, void *arg) {
   rm_call_t *k;
   while ((k = rm__call_list_pop(&q))) {
     k->state = RM_CALL_NEW;
+    heap_update(c, k, k->deadline_ms); /* its heap entry was the end of the wait for a node */
     dispatch(c, k);
   }
   (void)conn;
@@ -564,10 +565,12 @@ static void on_timer(uv_timer_t *t) {
     } else if (k->state == RM_CALL_WAITING) { /* waited the connect timeout for a node */
       list_remove(&c->waitq, k);
       rm__call_complete(c, k, unanswered_code(c, k));
-    } else { /* a backoff ended */
+    } else if (k->state == RM_CALL_BACKOFF) { /* a backoff ended */
       heap_update(c, k, k->deadline_ms);
       k->state = RM_CALL_NEW;
       dispatch(c, k);
+    } else { /* an earlier entry that no longer applies: the deadline it is */
+      heap_update(c, k, k->deadline_ms);
     }
   }
   rm__call_arm_timer(c);
