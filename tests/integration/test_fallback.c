@@ -784,6 +784,104 @@ static void test_degrade_and_recover(void **state) {
   rm_client_free(c);
 }
 
+/* A call that waits for a node, gets one, and is still in flight when its
+ * wait for a node would have ended: it must not be sent a second time.
+ * Branch B's registration waits (no node), the nodes come back, it is sent
+ * and then waits at the TC for the global lock branch A holds, past the
+ * connect timeout: it ends once, with the lock wait's answer, and the
+ * client goes on working (before the fix it was dispatched again when the
+ * connect-timeout entry fired: lists and id table corrupted). */
+static void *prepare_thread(void *arg) {
+  rm_branch_t *b = arg;
+  intptr_t rc = rm_at_prepare(b, NULL);
+  return (void *)rc;
+}
+
+static void test_waiting_call_sent_once(void **state) {
+  (void)state;
+  if (!tc_url || !getenv("TX_BIN_DIR")) skip();
+  tcds_start();
+  char nodes[128];
+  snprintf(nodes, sizeof(nodes), "127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d", tcds[0].port, tcds[1].port,
+           tcds[2].port);
+  rm_config_t cfg = {0};
+  cfg.nodes = nodes;
+  cfg.token = TOKEN;
+  cfg.application_id = "fallback-test";
+  cfg.connect_timeout_ms = 1500; /* the cap of a wait for a node */
+  cfg.request_timeout_ms = 10000;
+  cfg.lock_wait_ms = 4000;       /* longer than the cap */
+  cfg.heartbeat_ms = 500;
+  cfg.log_cb = log_cb;
+  cfg.log_level = RM_LOG_INFO;
+  rm_client_t *c = NULL;
+  assert_int_equal(rm_client_new(&cfg, &c), 0);
+  assert_int_equal(rm_resource_add(c, "stock", stock_url), 0);
+  wait_nodes_up(c, NTCD, 10000);
+  PGconn *spg = pg_open(stock_url), *spg2 = pg_open(stock_url);
+  assert_non_null(spg);
+  assert_non_null(spg2);
+  int64_t act = 990001;
+  sql_ok(spg, "DELETE FROM activity_ticket_bucket WHERE activity_id = %" PRId64, act);
+  sql_ok(spg, "DELETE FROM activity WHERE activity_id = %" PRId64, act);
+  seed_activity(spg, act, 10, 1, 100);
+  char sa[24], st[24];
+  snprintf(sa, sizeof(sa), "%" PRId64, act);
+  snprintf(st, sizeof(st), "%d", TT);
+  const char *pk[] = {sa, st, "0"};
+
+  /* A holds the bucket row's global lock (phase one done, no decision) */
+  char xa[RM_XID_MAX], xb[RM_XID_MAX];
+  assert_int_equal(rm_tm_begin(c, 30000, NULL, xa), 0);
+  assert_int_equal(rm_tm_begin(c, 30000, NULL, xb), 0);
+  rm_branch_t *ba = NULL, *bb = NULL;
+  assert_true(txn(spg, "BEGIN"));
+  assert_int_equal(rm_at_open(c, xa, "stock", spg, &ba), 0);
+  const char *ucol[] = {"stock"}, *uval[] = {"100"}; /* a plain update: an exclusive global lock */
+  assert_int_equal(rm_at_update(ba, "activity_ticket_bucket", pk, 1, ucol, uval), 0);
+  assert_int_equal(rm_at_prepare(ba, NULL), 0);
+  assert_true(txn(spg, "COMMIT"));
+  rm_at_close(ba, true);
+
+  /* every node gone: B's registration waits for one */
+  tcds_kill();
+  double end = now_ms() + 5000;
+  while (rm_client_nodes_up(c) > 0 && now_ms() < end) sleep_ms(10);
+  assert_int_equal(rm_client_nodes_up(c), 0);
+  assert_true(txn(spg2, "BEGIN"));
+  assert_int_equal(rm_at_open(c, xb, "stock", spg2, &bb), 0);
+  assert_int_equal(rm_at_update(bb, "activity_ticket_bucket", pk, 1, ucol, uval), 0);
+  double t0 = now_ms();
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, prepare_thread, bb), 0);
+  tcds_start(); /* back within the cap: B is sent, then waits for A's lock past it */
+  double back = now_ms() - t0;
+  void *ret = NULL;
+  pthread_join(th, &ret);
+  int rc = (int)(intptr_t)ret;
+  double took = now_ms() - t0;
+  print_message("  the waiting registration: %s after %.0f ms (nodes back after %.0f ms)\n", rm_strerror(rc), took,
+                back);
+  assert_true(rc == RM_E_LOCK_WAIT_TIMEOUT || rc == RM_E_LOCK_CONFLICT || rc == RM_E_NO_NODE);
+  /* Sent once, when a node came back: the lock wait ends lock_wait_ms
+   * after that.  Sent again when the cap's entry fired (the bug), it
+   * started over there: cap + lock_wait_ms (5.5 s). */
+  if (rc == RM_E_LOCK_WAIT_TIMEOUT) assert_true(took < back + cfg.lock_wait_ms + 1000);
+  txn(spg2, "ROLLBACK");
+  rm_at_close(bb, false);
+  /* the client still works: both globals roll back, A's lock goes */
+  int st_a = 0, st_b = 0;
+  assert_int_equal(rm_tm_rollback(c, xa, &st_a), 0);
+  int rb = rm_tm_rollback(c, xb, &st_b);
+  assert_true(rb == 0 || rb == RM_E_GLOBAL_NOT_FOUND);
+  char x3[RM_XID_MAX];
+  assert_int_equal(rm_tm_begin(c, 0, NULL, x3), 0);
+  assert_int_equal(rm_tm_rollback(c, x3, NULL), 0);
+  PQfinish(spg);
+  PQfinish(spg2);
+  rm_client_free(c);
+}
+
 /* Forced modes override detection both ways, with the nodes up and down. */
 static void test_forced_modes(void **state) {
   (void)state;
@@ -1222,6 +1320,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest degrade[] = {
     cmocka_unit_test_teardown(test_degrade_and_recover, teardown_tcds),
     cmocka_unit_test_teardown(test_forced_modes, teardown_tcds),
+    cmocka_unit_test_teardown(test_waiting_call_sent_once, teardown_tcds),
   };
   const struct CMUnitTest sale[] = {
     cmocka_unit_test_teardown(test_sale_through_outage, teardown_tcds),
