@@ -59,14 +59,10 @@
 #include "rm_log.h"
 #include "rm_util.h"
 #include "rm_prefilter_keys.h"
+#include "rm_prefilter_err.h"
 #include "rm_redis_sentinel.h"
 
 #define RM_PF_SHA_LEN 40
-#define RM_PF_ERR_MAX 256
-
-/* Thread-local message of the last failure (rm_prefilter_errmsg). */
-void rm__pf_errf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-const char *rm__pf_err(void);
 
 typedef struct rm_pf_conn {
   redisContext *ctx;
@@ -120,12 +116,6 @@ void rm__pf_pool_destroy(rm_pf_pool_t *p);
 unsigned rm__pf_pool_open(rm_pf_pool_t *p);
 
 
-/* Whether the connected TCP socket 'fd' is connected to itself: its local
- * and peer addresses are equal.  On loopback, a connect to a port where
- * nothing listens can succeed that way when the kernel happens to pick that
- * very port as the local one (TCP simultaneous open); the socket then holds
- * the port the restarting Redis needs and echoes our commands back. */
-bool rm__pf_self_connected(int fd);
 
 /*
  * Take a connection (an idle one, or a new one: connected, AUTH/SELECT,

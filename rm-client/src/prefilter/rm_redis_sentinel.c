@@ -14,7 +14,7 @@
 #include <sys/time.h>
 
 #include "rm_client.h"
-#include "rm_prefilter_conn.h"
+#include "rm_prefilter_err.h"
 #include "rm_redis_sentinel.h"
 
 #define DEFAULT_TIMEOUT_MS 500u
