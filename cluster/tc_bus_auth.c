@@ -7,68 +7,19 @@
 #include <sodium.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 
 #include "tc_bus_msg.h"
+#include "txc_keyfile.h"
 
-static int hex_key(const char *hex, size_t n, unsigned char *key) {
-  size_t bin = 0;
-  if (n != 2 * TC_BUS_KEY_BYTES) return -1;
-  if (sodium_hex2bin(key, TC_BUS_KEY_BYTES, hex, n, NULL, &bin, NULL) != 0 || bin != TC_BUS_KEY_BYTES) return -1;
-  return 0;
-}
+static int hex_key(const char *hex, size_t n, unsigned char *key) { return txc_key_from_hex(hex, n, key); }
 
 int tc_bus_keys_load(const char *path, tc_bus_keys_t *out, char *err, size_t errlen) {
   memset(out, 0, sizeof(*out));
-  if (sodium_init() < 0) {
-    snprintf(err, errlen, "could not initialise libsodium");
-    return -1;
-  }
-  if (!path || !path[0]) {
-    snprintf(err, errlen, "no cluster secret file given");
-    return -1;
-  }
-  FILE *f = fopen(path, "r");
-  if (!f) {
-    snprintf(err, errlen, "could not open the cluster secret file \"%s\": %s", path, strerror(errno));
-    return -1;
-  }
-  struct stat st;
-  if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode) || (st.st_mode & 077)) {
-    snprintf(err, errlen, "the cluster secret file \"%s\" is not a regular file of mode 0600 (group or others "
-             "may read it): chmod 600 it", path);
-    fclose(f);
-    return -1;
-  }
-  char line[256];
-  int lineno = 0, rc = 0;
-  while (rc == 0 && fgets(line, sizeof(line), f)) {
-    lineno++;
-    size_t n = strcspn(line, "\r\n");
-    line[n] = '\0';
-    while (n > 0 && (line[n - 1] == ' ' || line[n - 1] == '\t')) line[--n] = '\0';
-    if (n == 0 || line[0] == '#') continue;
-    if (out->n == TC_BUS_MAX_KEYS) {
-      snprintf(err, errlen, "the cluster secret file \"%s\" has more than %d keys (line %d)", path,
-               TC_BUS_MAX_KEYS, lineno);
-      rc = -1;
-    } else if (hex_key(line, n, out->key[out->n]) != 0) {
-      snprintf(err, errlen, "line %d of the cluster secret file \"%s\" is not a key of %d hex digits", lineno, path,
-               2 * TC_BUS_KEY_BYTES);
-      rc = -1;
-    } else {
-      out->n++;
-    }
-  }
-  sodium_memzero(line, sizeof(line));
-  fclose(f);
-  if (rc == 0 && out->n == 0) {
-    snprintf(err, errlen, "the cluster secret file \"%s\" holds no key", path);
-    rc = -1;
-  }
-  if (rc != 0) tc_bus_keys_wipe(out);
-  return rc;
+  int n = txc_keyfile_load(path, "cluster secret file", out->key, TC_BUS_MAX_KEYS, err, errlen);
+  if (n < 0) return -1;
+  out->n = n;
+  return 0;
 }
 
 int tc_bus_keys_from_hex(tc_bus_keys_t *out, const char *current, const char *previous) {

@@ -46,7 +46,7 @@
 
 #include "txp_msg.h"
 
-#define TC_BUS_KEY_BYTES 32
+#define TC_BUS_KEY_BYTES 32 /* TXC_KEY_BYTES: the key file format is common/txc_keyfile.h */
 #define TC_BUS_MAC_BYTES 32
 #define TC_BUS_MAX_KEYS 2
 

@@ -4,40 +4,50 @@
 #include "txc_secret.h"
 
 #include <errno.h>
-#include <fcntl.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
+
+FILE *txc_private_fopen(const char *path, const char *what, char *err, size_t errlen) {
+  if (!path || !*path) {
+    snprintf(err, errlen, "no %s given", what);
+    return NULL;
+  }
+  FILE *f = fopen(path, "re");
+  if (!f) {
+    snprintf(err, errlen, "could not open %s \"%s\": %s", what, path, strerror(errno));
+    return NULL;
+  }
+  struct stat st;
+  if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+    snprintf(err, errlen, "%s \"%s\" is not a regular file", what, path);
+    fclose(f);
+    return NULL;
+  }
+  if (st.st_mode & 077) {
+    snprintf(err, errlen, "%s \"%s\" has mode %04o: it must be readable by its owner only (chmod 600)", what, path,
+             (unsigned)(st.st_mode & 07777));
+    fclose(f);
+    return NULL;
+  }
+  return f;
+}
 
 int txc_secret_read(const char *path, char *out, size_t cap, char *err, size_t errlen) {
   if (!path || !*path || !out || cap < 2) {
     snprintf(err, errlen, "no secret file given");
     return -1;
   }
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    snprintf(err, errlen, "could not open secret file \"%s\": %s", path, strerror(errno));
-    return -1;
-  }
-  struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    snprintf(err, errlen, "secret file \"%s\" is not a regular file", path);
-    close(fd);
-    return -1;
-  }
-  if (st.st_mode & 077) {
-    snprintf(err, errlen, "secret file \"%s\" has mode %04o: it must be readable by its owner only (chmod 600)",
-             path, (unsigned)(st.st_mode & 07777));
-    close(fd);
-    return -1;
-  }
+  FILE *f = txc_private_fopen(path, "secret file", err, errlen);
+  if (!f) return -1;
   char buf[1024];
-  ssize_t n = read(fd, buf, sizeof(buf) - 1);
-  close(fd);
-  if (n < 0) {
-    snprintf(err, errlen, "could not read secret file \"%s\": %s", path, strerror(errno));
+  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+  bool bad = ferror(f) != 0;
+  fclose(f);
+  if (bad) {
+    snprintf(err, errlen, "could not read secret file \"%s\"", path);
     return -1;
   }
   buf[n] = '\0';

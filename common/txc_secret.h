@@ -21,6 +21,16 @@
 #define TXC_SECRET_H
 
 #include <stddef.h>
+#include <stdio.h>
+
+/*
+ * Open 'path' for reading if it is a regular file that only its owner may
+ * read (mode 0600 or 0400): the one check for every secret the project
+ * reads (a client's secret, tcd's credentials, the cluster secret, the
+ * services' key).  NULL with the reason in 'err', naming the file as
+ * 'what' ("secret file", "credentials file", ...).
+ */
+FILE *txc_private_fopen(const char *path, const char *what, char *err, size_t errlen);
 
 /*
  * The secret in 'path' into 'out' ('cap' bytes).  Returns 0, or -1 with

@@ -9,9 +9,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include <sodium.h>
+
+#include "txc_keyfile.h"
 
 #define MAX_KEYS 2
 
@@ -25,53 +26,13 @@ svc_auth_t *svc_auth_load(const char *path, char *err, size_t errlen) {
     snprintf(err, errlen, "could not initialise libsodium");
     return NULL;
   }
-  FILE *f = fopen(path, "r");
-  if (!f) {
-    snprintf(err, errlen, "could not open the service key file \"%s\": %s", path, strerror(errno));
-    return NULL;
-  }
-  struct stat st;
-  if (fstat(fileno(f), &st) != 0 || (st.st_mode & 077)) {
-    snprintf(err, errlen, "the service key file \"%s\" may be read by group or others: chmod 600 it", path);
-    fclose(f);
-    return NULL;
-  }
   svc_auth_t *a = sodium_malloc(sizeof(*a));
   if (!a) {
-    fclose(f);
     snprintf(err, errlen, "out of memory");
     return NULL;
   }
-  a->nkeys = 0;
-  char line[256];
-  int lineno = 0;
-  bool ok = true;
-  while (ok && fgets(line, sizeof(line), f)) {
-    lineno++;
-    size_t n = strcspn(line, "\r\n");
-    line[n] = '\0';
-    if (n == 0 || line[0] == '#') continue;
-    size_t bin = 0;
-    if (a->nkeys == MAX_KEYS) {
-      snprintf(err, errlen, "the service key file \"%s\" has more than %d keys (line %d)", path, MAX_KEYS, lineno);
-      ok = false;
-    } else if (n != 2 * crypto_auth_KEYBYTES ||
-               sodium_hex2bin(a->key[a->nkeys], crypto_auth_KEYBYTES, line, n, NULL, &bin, NULL) != 0 ||
-               bin != crypto_auth_KEYBYTES) {
-      snprintf(err, errlen, "line %d of the service key file \"%s\" is not a key of %d hex digits", lineno, path,
-               2 * crypto_auth_KEYBYTES);
-      ok = false;
-    } else {
-      a->nkeys++;
-    }
-  }
-  sodium_memzero(line, sizeof(line));
-  fclose(f);
-  if (ok && a->nkeys == 0) {
-    snprintf(err, errlen, "the service key file \"%s\" holds no key", path);
-    ok = false;
-  }
-  if (!ok) {
+  a->nkeys = txc_keyfile_load(path, "service key file", a->key, MAX_KEYS, err, errlen);
+  if (a->nkeys < 0) {
     sodium_free(a);
     return NULL;
   }

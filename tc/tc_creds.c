@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "txc_secret.h"
 #include "txp_msg.h"
 
 #define CREDS_MAX 10000
@@ -131,28 +132,8 @@ static int add_line(tc_creds_t *c, const char *line, int lineno, const char *pat
 }
 
 tc_creds_t *tc_creds_load(const char *path, char *err, size_t errlen) {
-  if (!path || !path[0]) {
-    snprintf(err, errlen, "no credentials file given");
-    return NULL;
-  }
-  FILE *f = fopen(path, "r");
-  if (!f) {
-    snprintf(err, errlen, "could not open credentials file \"%s\": %s", path, strerror(errno));
-    return NULL;
-  }
-  struct stat st;
-  if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-    snprintf(err, errlen, "credentials file \"%s\" is not a regular file", path);
-    fclose(f);
-    return NULL;
-  }
-  if (st.st_mode & 077) {
-    snprintf(err, errlen,
-             "credentials file \"%s\" has mode %04o: it must be readable by its owner only (chmod 600)", path,
-             (unsigned)(st.st_mode & 07777));
-    fclose(f);
-    return NULL;
-  }
+  FILE *f = txc_private_fopen(path, "credentials file", err, errlen);
+  if (!f) return NULL;
   tc_creds_t *c = calloc(1, sizeof(*c));
   if (!c) {
     snprintf(err, errlen, "out of memory");
