@@ -17,18 +17,18 @@ FILE *txc_private_fopen(const char *path, const char *what, char *err, size_t er
   }
   FILE *f = fopen(path, "re");
   if (!f) {
-    snprintf(err, errlen, "could not open %s \"%s\": %s", what, path, strerror(errno));
+    snprintf(err, errlen, "could not open the %s \"%s\": %s", what, path, strerror(errno));
     return NULL;
   }
   struct stat st;
   if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
-    snprintf(err, errlen, "%s \"%s\" is not a regular file", what, path);
+    snprintf(err, errlen, "the %s \"%s\" is not a regular file", what, path);
     fclose(f);
     return NULL;
   }
   if (st.st_mode & 077) {
-    snprintf(err, errlen, "%s \"%s\" has mode %04o: it must be readable by its owner only (chmod 600)", what, path,
-             (unsigned)(st.st_mode & 07777));
+    snprintf(err, errlen, "the %s \"%s\" has mode %04o: it must be readable by its owner only (0600 or 0400: chmod 600)",
+             what, path, (unsigned)(st.st_mode & 07777));
     fclose(f);
     return NULL;
   }
