@@ -18,6 +18,13 @@ const char *const txc_failpoint_names[] = {
   "tc.commit.after_decision",   /* commit decision durable, no branch told */
   "tc.rollback.after_decision", /* rollback decision durable, no branch told */
   "tc.phase2.after_acks",       /* every branch acknowledged commit, not recorded */
+  /* tcd's store (action "fail": the batch's connection is treated as lost) */
+  "tc.store.begin.reply_lost",    /* a batch with begins committed, its answer lost */
+  "tc.store.register.reply_lost", /* a batch with registrations committed, its answer lost */
+  "tc.store.decide.reply_lost",   /* a batch with decisions committed, its answer lost */
+  "tc.store.begin.aborted",       /* a batch with begins lost before its COMMIT */
+  "tc.store.register.aborted",    /* a batch with registrations lost before its COMMIT */
+  "tc.store.decide.aborted",      /* a batch with decisions lost before its COMMIT */
   /* librmclient (AT) */
   "rm.at.after_register",       /* branch registered, local transaction open */
   "rm.at.after_local_commit",   /* local COMMIT done, not reported to the caller */
@@ -59,6 +66,7 @@ static int find(const char *name, size_t len) {
 static int parse_action(const char *s, size_t len, txp_fp_action_t *a) {
   static const struct { const char *name; txp_fp_action_t a; } acts[] = {
     {"off", TXC_FP_OFF}, {"abort", TXC_FP_ABORT}, {"stop", TXC_FP_STOP}, {"trace", TXC_FP_TRACE},
+    {"fail", TXC_FP_FAIL},
   };
   for (size_t i = 0; i < sizeof(acts) / sizeof(acts[0]); i++)
     if (strlen(acts[i].name) == len && memcmp(acts[i].name, s, len) == 0) {
@@ -87,7 +95,7 @@ static int parse_one(const char *s, size_t len, int *idx, point_t *p, char *err,
   const char *at = memchr(act, '@', (size_t)(end - act));
   size_t alen = (size_t)((at ? at : end) - act);
   if (parse_action(act, alen, &p->action) != 0) {
-    snprintf(err, errlen, "failpoint \"%.*s\": unknown action \"%.*s\" (abort, stop, trace or off)",
+    snprintf(err, errlen, "failpoint \"%.*s\": unknown action \"%.*s\" (abort, stop, trace, fail or off)",
              (int)nlen, s, (int)alen, act);
     return -1;
   }
@@ -193,7 +201,11 @@ txp_fp_action_t txc_failpoint_hit(const char *name) {
   /* One line, written at once: the fault driver greps for it. */
   char line[160];
   int n = snprintf(line, sizeof(line), "failpoint %s: %s (pid %ld)\n", name,
-                   fire == TXC_FP_ABORT ? "abort" : fire == TXC_FP_STOP ? "stop" : "trace", (long)getpid());
+                   fire == TXC_FP_ABORT  ? "abort"
+                   : fire == TXC_FP_STOP ? "stop"
+                   : fire == TXC_FP_FAIL ? "fail"
+                                         : "trace",
+                   (long)getpid());
   if (n > 0) {
     ssize_t w = write(STDERR_FILENO, line, (size_t)n < sizeof(line) ? (size_t)n : sizeof(line) - 1);
     (void)w;
@@ -204,7 +216,7 @@ txp_fp_action_t txc_failpoint_hit(const char *name) {
 }
 
 size_t txc_failpoint_list(char *out, size_t cap) {
-  static const char *const act[] = {"off", "abort", "stop", "trace"};
+  static const char *const act[] = {"off", "abort", "stop", "trace", "fail"};
   size_t len = 0;
   if (cap == 0) return 0;
   out[0] = '\0';

@@ -13,6 +13,10 @@
  *           no atexit, no flush, sockets reset by the kernel)
  *   stop    the process stops itself with SIGSTOP (resumed by SIGCONT)
  *   trace   one line on stderr, nothing else (to see that a point is met)
+ *   fail    one line on stderr, and TXC_FAILPOINT_FAILS(name) is true: the
+ *           code at the point takes its fault branch (a point that stands
+ *           for a fault of the world, not of the process, e.g. a lost
+ *           answer of PostgreSQL; TXC_FAILPOINT treats it as trace)
  *   off     disarm
  * "@N" fires on the Nth hit after arming (default 1); the point disarms
  * once it fired.  Only names of the registry below are accepted, so a typo
@@ -29,7 +33,7 @@
 /* Longest spec accepted (bytes). */
 #define TXC_FAILPOINT_MAX_SPEC 1024
 
-typedef enum { TXC_FP_OFF = 0, TXC_FP_ABORT, TXC_FP_STOP, TXC_FP_TRACE } txp_fp_action_t;
+typedef enum { TXC_FP_OFF = 0, TXC_FP_ABORT, TXC_FP_STOP, TXC_FP_TRACE, TXC_FP_FAIL } txp_fp_action_t;
 
 /* Arms (or with "off" disarms) the points in SPEC: "name=action[@N]",
  * comma-separated.  All or nothing: a bad element changes nothing and
@@ -62,8 +66,10 @@ extern const char *const txc_failpoint_names[];
 
 #ifdef TX_FAILPOINTS
 #define TXC_FAILPOINT(name) ((void)txc_failpoint_hit(name))
+#define TXC_FAILPOINT_FAILS(name) (txc_failpoint_hit(name) == TXC_FP_FAIL)
 #else
 #define TXC_FAILPOINT(name) ((void)0)
+#define TXC_FAILPOINT_FAILS(name) false
 #endif
 
 #endif

@@ -657,7 +657,7 @@ static void exec_help(exec_t *x) {
     {"redrive XID", "re-send phase two now, following the recorded decision"},
     {"delete XID", "delete lock and branch rows left by a finished or unknown transaction"},
     {"failpoint list", "fault-injection points and how they are armed (test builds only)"},
-    {"failpoint arm NAME=ACTION[@N][,...]", "arm points: abort, stop, trace or off, on the Nth hit"},
+    {"failpoint arm NAME=ACTION[@N][,...]", "arm points: abort, stop, trace, fail or off, on the Nth hit"},
   };
   json_t *list = json_array();
   for (size_t i = 0; i < sizeof(lines) / sizeof(lines[0]); i++)

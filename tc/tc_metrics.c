@@ -345,6 +345,15 @@ static void format_metrics(const snap_t *s, uint64_t now, sbuf_t *b) {
           st->batch_retries);
   counter(b, "txc_store_deadlocks_total", "Batches that met a deadlock or serialization failure.", st->deadlocks);
   counter(b, "txc_store_op_failures_total", "Operations that failed in the store.", st->op_failures);
+  counter(b, "txc_store_unknown_batches_total",
+          "Batches whose connection broke in flight (outcome unknown, read back from the store).",
+          st->unknown_batches);
+  head(b, "txc_store_unknown_ops_total", "counter",
+       "Operations of such batches, by what reading the store found: applied (answered as their batch "
+       "would have), redone (not applied: run again), failed (no reading in time, or broken too often).");
+  sb_printf(b, "txc_store_unknown_ops_total{resolution=\"applied\"} %" PRIu64 "\n", st->unknown_applied);
+  sb_printf(b, "txc_store_unknown_ops_total{resolution=\"redone\"} %" PRIu64 "\n", st->unknown_redone);
+  sb_printf(b, "txc_store_unknown_ops_total{resolution=\"failed\"} %" PRIu64 "\n", st->unknown_failed);
   gauge(b, "txc_store_connections_ready", "PostgreSQL connections ready (writers and readers).",
         (double)s->st.store_ready_conns);
 

@@ -49,6 +49,43 @@
  *       BranchRollback again, which the RM answers idempotently.
  *   store.relaxed_writers = 0 puts everything on the durable lane (and
  *   opens no clean-up connection).
+ *
+ *   Unknown outcomes.  A batch whose connection breaks in flight (the
+ *   primary died, failed over, or the network cut) may or may not have
+ *   committed: the COMMIT may have run with its answer lost.  Nothing is
+ *   guessed and nothing is answered from memory; the store reads back what
+ *   PostgreSQL holds, on a reader connection, which (target_session_attrs=
+ *   read-write, the same conninfo as the writers) lands on the primary that
+ *   takes the writes now, after the failover.  Since a synchronous standby
+ *   had every durable commit before it was acknowledged, what the new
+ *   primary holds is what committed; a transaction that was only in the old
+ *   primary's memory was never answered, so losing it loses no answer.
+ *   Each op carries its own identity, so one reading tells for all of them
+ *   (the batch's other effects are set-based functions of the same ops):
+ *     - a begin: its xid (chosen by this node) is in global_table or
+ *       global_history: it committed, answer ok;
+ *     - a registration: its branch id (chosen by this node) is in
+ *       branch_table under its xid: it committed with its locks, answer ok
+ *       with that id;
+ *     - a decision: the global's status is the outcome of this op's action
+ *       and the caller may decide it (tc__may_decide): the decision stands,
+ *       answered as a fresh one with the branches to drive (if another
+ *       decision to the same effect got there first, phase two is driven
+ *       twice, which RMs answer idempotently, as they do recovery's).
+ *   Everything else did not happen (or was refused, which changed nothing):
+ *   it goes back to the head of its lane and runs again, and the function
+ *   gives the answer a first run would have (a crossing decision, a
+ *   stranger's, a global finished meanwhile).  An op whose batch broke
+ *   MAX_BROKEN times fails with TXP_ESTORE saying nothing was recorded; a
+ *   reading that cannot be had within RESOLVE_WAIT_MS fails the ops with
+ *   "outcome unknown" (the callers' idempotency keys and the recovery job
+ *   remain).  One race is closed too: if the old connection's transaction
+ *   ended after the reading (a network cut, not a crash), an op run again
+ *   meets a unique violation on its own xid or branch id, and is read
+ *   again instead of failing.  Phase-two records are not read back: they
+ *   fail, and the recovery job drives the branch again (their loss is
+ *   harmless, see above).  Failpoints tc.store.*.aborted and
+ *   tc.store.*.reply_lost stand for both kinds of loss in the tests.
  */
 #include "tc_store.h"
 
@@ -58,7 +95,9 @@
 #include <string.h>
 
 #include "tc_log.h"
+#include "txc_failpoint.h"
 #include "txp_lockkey.h"
+#include "txp_status.h"
 
 #define ID_BLOCK 4096
 /* Id blocks held in reserve.  A two-branch transaction takes three ids, so
@@ -69,6 +108,14 @@
 #define SPARE_BLOCKS 4
 #define MAX_ATTEMPTS 3
 #define LAZY_BATCH 64
+/* Unknown outcomes (see NOTES): how often an op may see its batch's
+ * connection break before it fails (each time the store was read and the
+ * op found not applied), how long the reading waits for a connection (a
+ * primary's failover takes up to 15 s), and how often a broken reading is
+ * tried again. */
+#define MAX_BROKEN 3
+#define RESOLVE_WAIT_MS 30000
+#define RESOLVE_READS 3
 
 /* The write lanes (see NOTES). */
 enum { LANE_DURABLE = 0, LANE_RELAXED = 1, LANE_CLEANUP = 2, LANES = 3 };
@@ -129,6 +176,8 @@ typedef struct batch {
   int stmt_index[TC_OP__KINDS]; /* statement of each kind in the job, -1 if none */
   int branches_stmt;       /* DECIDE: the branch list statement */
   uint64_t started_ns;
+  bool aborted_on_purpose; /* failpoint tc.store.*.aborted: the job ends in an error */
+  int reads;               /* a resolution (see NOTES): readings sent so far */
 } batch_t;
 
 static void schedule_flush(tc_store_t *st);
@@ -304,6 +353,7 @@ int tc_store_submit(tc_store_t *st, tc_op_t *op) {
   if (queued_total(st) >= st->queue_max) return TXP_EBUSY;
   op->status = 0;
   op->attempts_ = 0;
+  op->broken_ = 0;
   op->alone_ = false;
   op->res = TC_RES_NONE;
   op->errmsg[0] = '\0';
@@ -429,6 +479,16 @@ static int build_register(tc_store_t *st, batch_t *b, tc_pg_job_t *job) {
   return rc;
 }
 
+/* The branches of the xids $1, in xid order (COLLATE "C": attach_branches
+ * merges these rows with the ops sorted by strcmp(), which the database's
+ * default collation need not agree with). */
+#define SQL_DECIDE_BRANCHES                                                          \
+  "SELECT xid, branch_id, branch_type, status, resource_id, client_id, "              \
+  "application_data IS NOT DISTINCT FROM '" TXP_APP_DATA_PHASE2_SYNC "', "           \
+  "application_id, app_group "                                                        \
+  "FROM branch_table WHERE xid = ANY($1::text[]) "                                    \
+  "ORDER BY xid COLLATE \"C\", branch_id"
+
 static int build_decide(tc_store_t *st, batch_t *b, tc_pg_job_t *job) {
   static const char *const action_words[] = {"commit", "rollback", "timeout"};
   arr_t a[4];
@@ -451,16 +511,8 @@ static int build_decide(tc_store_t *st, batch_t *b, tc_pg_job_t *job) {
                     "$3::text[], $4::text[], $5::int)",
                     a, 4, extra, 1);
   if (rc == 0 && xids_copy) {
-    /* COLLATE "C": take_decide merges these rows with the ops sorted by
-     * strcmp(), which the database's default collation need not agree with. */
     const char *v[] = {xids_copy};
-    rc = tc_pg_job_add_prepared(job, "tc_decide_branches",
-                                "SELECT xid, branch_id, branch_type, status, resource_id, client_id, "
-                                "application_data IS NOT DISTINCT FROM '" TXP_APP_DATA_PHASE2_SYNC "', "
-                                "application_id, app_group "
-                                "FROM branch_table WHERE xid = ANY($1::text[]) "
-                                "ORDER BY xid COLLATE \"C\", branch_id",
-                                1, v);
+    rc = tc_pg_job_add_prepared(job, "tc_decide_branches", SQL_DECIDE_BRANCHES, 1, v);
   } else if (!xids_copy) {
     rc = -1;
   }
@@ -522,6 +574,10 @@ static void take_register(batch_t *b, const PGresult *r) {
   }
 }
 
+/* The branches to drive of the decisions just made ('br': rows of
+ * tc_decide_branches, in xid order like the ops). */
+static void attach_branches(batch_t *b, const PGresult *br);
+
 static void take_decide(batch_t *b, const PGresult *r, const PGresult *br) {
   for (int row = 0; row < PQntuples(r); row++) {
     int item = get_int(r, row, 0);
@@ -530,7 +586,10 @@ static void take_decide(batch_t *b, const PGresult *r, const PGresult *br) {
     op->res = parse_res(PQgetvalue(r, row, 1));
     op->global_status = get_int(r, row, 2);
   }
-  if (!br) return;
+  if (br) attach_branches(b, br);
+}
+
+static void attach_branches(batch_t *b, const PGresult *br) {
   /* Both sides are in xid order: merge.  Only ops whose decision was just
    * made get branches to drive (a repeated commit must not drive twice). */
   int nrows = PQntuples(br), row = 0;
@@ -579,6 +638,251 @@ static void batch_free(batch_t *b) {
   free(b);
 }
 
+/* ------------------------------------------------------ unknown outcomes */
+
+/* Whether one of the failpoints of the kinds this batch carries fires
+ * (action "fail"); each kind present hits its own point. */
+static bool batch_fault(const batch_t *b, const char *begin_fp, const char *register_fp,
+                        const char *decide_fp) {
+  (void)begin_fp, (void)register_fp, (void)decide_fp; /* unused without failpoints */
+  bool fired = false;
+  if (b->count[TC_OP_BEGIN] && TXC_FAILPOINT_FAILS(begin_fp)) fired = true;
+  if (b->count[TC_OP_REGISTER] && TXC_FAILPOINT_FAILS(register_fp)) fired = true;
+  if (b->count[TC_OP_DECIDE] && TXC_FAILPOINT_FAILS(decide_fp)) fired = true;
+  return fired;
+}
+
+static void resolve_send(batch_t *r);
+
+/* Ends a resolution's op that the reading found applied, or that cannot
+ * be resolved ('why' set: it fails with it). */
+static void resolve_end(tc_store_t *st, tc_op_t *op, const char *why) {
+  if (why) {
+    op_fail(op, why);
+    st->stats.unknown_failed++;
+  } else {
+    st->stats.unknown_applied++;
+  }
+  op_complete(st, op);
+}
+
+/* Fails every op of a resolution that could not read the store. */
+static void resolve_give_up(batch_t *r, const char *why) {
+  char msg[256];
+  snprintf(msg, sizeof(msg),
+           "store connection lost in flight and the outcome could not be read back (%s): "
+           "unknown, retry with the same idempotency key or ask the status",
+           why);
+  for (int i = 0; i < r->n; i++) resolve_end(r->st, r->ops[i], msg);
+  batch_free(r);
+}
+
+/* Moves the ops of 'b' whose outcome a reading can tell (begins,
+ * registrations, decisions; phase-two records stay in 'b' and fail: see
+ * NOTES) into a resolution, and sends its reading. */
+static void resolve_take(tc_store_t *st, lane_t *lane, batch_t *b) {
+  batch_t *r = calloc(1, sizeof(*r));
+  if (r) r->ops = calloc((size_t)b->n, sizeof(tc_op_t *));
+  if (!r || !r->ops) {
+    free(r);
+    return; /* the ops fail with "outcome unknown", as without this */
+  }
+  r->st = st;
+  r->lane = lane;
+  for (int i = 0; i < b->n; i++) {
+    tc_op_t *op = b->ops[i];
+    if (!op || op->kind == TC_OP_PHASE2) continue;
+    op->broken_++;
+    r->ops[r->n++] = op;
+    r->count[op->kind]++;
+    b->ops[i] = NULL;
+  }
+  for (int k = 0; k < TC_OP__KINDS; k++) {
+    r->stmt_index[k] = -1;
+    if (!r->count[k]) continue;
+    r->by_kind[k] = calloc((size_t)r->count[k], sizeof(tc_op_t *));
+    if (!r->by_kind[k]) {
+      resolve_give_up(r, "out of memory");
+      return;
+    }
+    int j = 0;
+    for (int i = 0; i < r->n; i++)
+      if (r->ops[i]->kind == (tc_op_kind_t)k) r->by_kind[k][j++] = r->ops[i];
+  }
+  if (r->count[TC_OP_DECIDE] > 1)
+    qsort(r->by_kind[TC_OP_DECIDE], (size_t)r->count[TC_OP_DECIDE], sizeof(tc_op_t *), cmp_op_xid);
+  if (r->n == 0) {
+    batch_free(r);
+    return;
+  }
+  tc_log_warn("store batch of %d op(s) lost its connection in flight: reading the store to "
+              "resolve %d of them",
+              b->n, r->n);
+  resolve_send(r);
+}
+
+/* Whether global status 's' is the outcome of decision 'a'. */
+static bool status_is_outcome_of(int s, tc_decide_action_t a) {
+  return a == TC_DECIDE_COMMIT ? txp_global_status_is_commit(s) : txp_global_status_is_rollback(s);
+}
+
+static void on_resolved(tc_pg_job_t *job, int status, void *arg) {
+  batch_t *r = arg;
+  tc_store_t *st = r->st;
+  if (status != TC_PG_OK) {
+    if (status == TC_PG_EBROKEN && !st->closing && r->reads < RESOLVE_READS) {
+      resolve_send(r);
+      return;
+    }
+    resolve_give_up(r, status == TC_PG_ESTMT ? tc_pg_job_error(job)
+                       : status == TC_PG_ENOCONN ? "no store connection in time"
+                       : status == TC_PG_ECLOSING ? "shutting down"
+                                                  : "store connection lost again");
+    return;
+  }
+  /* What the reading found applied is answered as its batch would have;
+   * the rest did not happen and runs again. */
+  bool *applied = calloc((size_t)r->n > 0 ? (size_t)r->n : 1, sizeof(bool));
+  if (!applied) {
+    resolve_give_up(r, "out of memory");
+    return;
+  }
+  for (int k = TC_OP_BEGIN; k <= TC_OP_DECIDE; k++) {
+    if (r->stmt_index[k] < 0) continue;
+    const PGresult *res = tc_pg_job_result(job, r->stmt_index[k]);
+    for (int row = 0; row < PQntuples(res); row++) {
+      int item = get_int(res, row, 0);
+      if (item < 1 || item > r->count[k]) continue;
+      tc_op_t *op = r->by_kind[k][item - 1];
+      if (k == TC_OP_DECIDE) {
+        /* Decided, by this op or another one to the same effect, and this
+         * caller may decide it: the decision stands.  Anything else runs
+         * again (still active: it was not taken; a crossing decision or a
+         * stranger: the function gives the answer). */
+        if (PQgetisnull(res, row, 1) || PQgetvalue(res, row, 2)[0] != 't') continue;
+        int gs = get_int(res, row, 1);
+        if (gs == TXP_GS_BEGIN || !status_is_outcome_of(gs, op->action)) continue;
+        op->res = TC_RES_OK;
+        op->global_status = gs;
+      } else {
+        if (PQgetvalue(res, row, 1)[0] != 't') continue;
+        op->res = TC_RES_OK;
+        if (k == TC_OP_BEGIN) copy_str(op->out_xid, sizeof(op->out_xid), op->xid);
+        else op->out_id = op->id;
+      }
+      for (int i = 0; i < r->n; i++)
+        if (r->ops[i] == op) applied[i] = true;
+    }
+  }
+  if (r->stmt_index[TC_OP_DECIDE] >= 0) attach_branches(r, tc_pg_job_result(job, r->branches_stmt));
+
+  /* Not applied: back to the head of the lane, in queue order. */
+  bool requeued = false;
+  for (int i = r->n - 1; i >= 0; i--) {
+    tc_op_t *op = r->ops[i];
+    if (applied[i]) continue;
+    r->ops[i] = NULL;
+    if (op->broken_ >= MAX_BROKEN || st->closing) {
+      char msg[256];
+      snprintf(msg, sizeof(msg),
+               "store connection lost in flight %d time(s); the store was read back and nothing "
+               "of this request is recorded: retry",
+               op->broken_);
+      resolve_end(st, op, msg);
+      continue;
+    }
+    op->res = TC_RES_NONE;
+    op->status = 0;
+    op->errmsg[0] = '\0';
+    queue_push_front(r->lane, op);
+    st->stats.unknown_redone++;
+    requeued = true;
+  }
+  for (int i = 0; i < r->n; i++) {
+    if (!r->ops[i]) continue;
+    if (r->ops[i]->status != 0) { /* attach_branches ran out of memory */
+      st->stats.unknown_failed++;
+      op_complete(st, r->ops[i]);
+    } else {
+      resolve_end(st, r->ops[i], NULL);
+    }
+  }
+  free(applied);
+  batch_free(r);
+  if (requeued) schedule_flush(st);
+}
+
+/* The reading: which of the ops is recorded in the store (on a reader
+ * connection, which reaches the primary that takes the writes now). */
+static void resolve_send(batch_t *r) {
+  tc_store_t *st = r->st;
+  r->reads++;
+  tc_pg_job_t *job = tc_pg_job_new(0, on_resolved, r);
+  int rc = job ? 0 : -1, stmt = 0;
+  arr_t a[3];
+  for (int i = 0; i < 3; i++) arr_init(&a[i]);
+  if (rc == 0 && r->count[TC_OP_BEGIN]) {
+    for (int i = 0; i < r->count[TC_OP_BEGIN]; i++) arr_add(&a[0], r->by_kind[TC_OP_BEGIN][i]->xid);
+    r->stmt_index[TC_OP_BEGIN] = stmt++;
+    rc = add_stmt(job, "tc_resolve_begin",
+                  "SELECT u.i::int, EXISTS (SELECT 1 FROM global_table g WHERE g.xid = u.x) "
+                  "OR EXISTS (SELECT 1 FROM global_history h WHERE h.xid = u.x) "
+                  "FROM unnest($1::text[]) WITH ORDINALITY AS u(x, i)",
+                  a, 1, NULL, 0);
+  }
+  for (int i = 0; i < 3; i++) {
+    arr_free(&a[i]);
+    arr_init(&a[i]);
+  }
+  if (rc == 0 && r->count[TC_OP_REGISTER]) {
+    for (int i = 0; i < r->count[TC_OP_REGISTER]; i++) {
+      arr_add(&a[0], r->by_kind[TC_OP_REGISTER][i]->xid);
+      arr_add_i64(&a[1], r->by_kind[TC_OP_REGISTER][i]->id);
+    }
+    r->stmt_index[TC_OP_REGISTER] = stmt++;
+    rc = add_stmt(job, "tc_resolve_register",
+                  "SELECT u.i::int, EXISTS (SELECT 1 FROM branch_table b "
+                  "WHERE b.branch_id = u.b AND b.xid = u.x) "
+                  "FROM unnest($1::text[], $2::bigint[]) WITH ORDINALITY AS u(x, b, i)",
+                  a, 2, NULL, 0);
+  }
+  for (int i = 0; i < 3; i++) {
+    arr_free(&a[i]);
+    arr_init(&a[i]);
+  }
+  if (rc == 0 && r->count[TC_OP_DECIDE]) {
+    for (int i = 0; i < r->count[TC_OP_DECIDE]; i++) {
+      const tc_op_t *op = r->by_kind[TC_OP_DECIDE][i];
+      arr_add(&a[0], op->xid);
+      arr_add(&a[1], op->group ? op->app_id : NULL);
+      arr_add(&a[2], op->group);
+    }
+    const char *xids = arr_end(&a[0]);
+    char *xids_copy = xids ? strdup(xids) : NULL;
+    r->stmt_index[TC_OP_DECIDE] = stmt++;
+    r->branches_stmt = stmt++;
+    rc = xids_copy ? add_stmt(job, "tc_resolve_decide",
+                              "SELECT u.i::int, g.status, "
+                              "tc__may_decide(g.xid, g.application_id, g.app_group, u.ap, u.gr) "
+                              "FROM unnest($1::text[], $2::text[], $3::text[]) "
+                              "WITH ORDINALITY AS u(x, ap, gr, i) "
+                              "LEFT JOIN global_table g ON g.xid = u.x",
+                              a, 3, NULL, 0)
+                   : -1;
+    if (rc == 0) {
+      const char *v[] = {xids_copy};
+      rc = tc_pg_job_add_prepared(job, "tc_decide_branches", SQL_DECIDE_BRANCHES, 1, v);
+    }
+    free(xids_copy);
+  }
+  for (int i = 0; i < 3; i++) arr_free(&a[i]);
+  if (rc == 0) rc = tc_pg_submit(st->rpool, job, RESOLVE_WAIT_MS);
+  if (rc != 0) {
+    if (job) tc_pg_job_free(job);
+    resolve_give_up(r, "could not queue the reading");
+  }
+}
+
 static void on_batch_done(tc_pg_job_t *job, int status, void *arg) {
   batch_t *b = arg;
   tc_store_t *st = b->st;
@@ -587,6 +891,16 @@ static void on_batch_done(tc_pg_job_t *job, int status, void *arg) {
   st->stats.batches++;
   st->stats.ops += (uint64_t)b->n;
   st->stats.batch_ms_total += tc_pg_job_elapsed_ms(job);
+
+  /* The fault suite's stand-ins for a connection lost before the COMMIT
+   * (the job's last statement failed on purpose: nothing committed) and
+   * for a COMMIT whose answer was lost (committed, results dropped). */
+  if (status == TC_PG_ESTMT && b->aborted_on_purpose)
+    status = TC_PG_EBROKEN;
+  else if (status == TC_PG_OK && batch_fault(b, "tc.store.begin.reply_lost", "tc.store.register.reply_lost",
+                                             "tc.store.decide.reply_lost"))
+    status = TC_PG_EBROKEN;
+  if (status == TC_PG_EBROKEN) st->stats.unknown_batches++;
 
   if (status == TC_PG_OK) {
     if (b->stmt_index[TC_OP_BEGIN] >= 0) take_begin(b, tc_pg_job_result(job, b->stmt_index[TC_OP_BEGIN]));
@@ -620,6 +934,14 @@ static void on_batch_done(tc_pg_job_t *job, int status, void *arg) {
       }
       st->stats.batch_retries++;
     }
+    /* Outcome unknown: read the store rather than guess (NOTES).  An op
+     * that ran again after such a reading and met a unique violation may
+     * find its first run committed after all (the old connection's
+     * transaction ended late): read again. */
+    if (!st->closing && (status == TC_PG_EBROKEN ||
+                         (status == TC_PG_ESTMT && strcmp(sqlstate, "23505") == 0 && b->n == 1 &&
+                          b->ops[0] && b->ops[0]->broken_ > 0)))
+      resolve_take(st, lane, b);
     char msg[256];
     if (status == TC_PG_EBROKEN)
       snprintf(msg, sizeof(msg), "store connection lost in flight: outcome unknown, retry");
@@ -627,7 +949,7 @@ static void on_batch_done(tc_pg_job_t *job, int status, void *arg) {
       snprintf(msg, sizeof(msg), "store error: %s", tc_pg_job_error(job));
     else
       snprintf(msg, sizeof(msg), "store unavailable (code %d)", status);
-    if (status == TC_PG_ESTMT && !transient && b->n == 1)
+    if (status == TC_PG_ESTMT && !transient && b->n == 1 && b->ops[0])
       tc_log_warn("could not run store batch: %s", tc_pg_job_error(job));
     for (int i = 0; i < b->n; i++)
       if (b->ops[i]) op_fail(b->ops[i], msg);
@@ -699,6 +1021,10 @@ static int flush_one(tc_store_t *st, lane_t *lane) {
   if (b->count[TC_OP_PHASE2] && rc == 0) {
     b->stmt_index[TC_OP_PHASE2] = stmt++;
     rc = build_phase2(st, b, job);
+  }
+  if (rc == 0 && batch_fault(b, "tc.store.begin.aborted", "tc.store.register.aborted", "tc.store.decide.aborted")) {
+    b->aborted_on_purpose = true; /* see on_batch_done */
+    rc = tc_pg_job_add(job, "SELECT 1 / 0", 0, NULL);
   }
   if (rc != 0) {
     tc_pg_job_free(job);

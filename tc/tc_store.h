@@ -20,9 +20,12 @@
  *     - any other statement error: the ops are retried one per batch, so one
  *       bad op cannot fail its neighbours; an op that fails alone gets
  *       TXP_ESTORE;
- *     - connection lost while in flight: the outcome is unknown; every op
- *       gets TXP_ESTORE and callers retry with their idempotency keys or
- *       leave it to recovery.  The store never decides from memory.
+ *     - connection lost while in flight: the outcome is unknown, and the
+ *       store reads it back on a reader connection (the primary that takes
+ *       the writes now) instead of guessing: begins, registrations and
+ *       decisions found recorded are answered as their batch would have,
+ *       the others run again (tc_store.c NOTES, "Unknown outcomes");
+ *       phase-two records get TXP_ESTORE and are left to recovery.
  *   Reads (status, lock query, recovery scans) run on the reader
  *   connections, outside batches.
  *
@@ -139,6 +142,7 @@ struct tc_op {
 
   /* private */
   int attempts_;
+  int broken_; /* batches of this op that lost their connection in flight */
   bool alone_;
   uint64_t queued_ns_;
   tc_op_t *next_;
@@ -156,6 +160,11 @@ typedef struct tc_store_stats {
   double op_seconds_by_kind[TC_OP__KINDS]; /* submit to callback, summed */
   uint64_t op_bucket[TC_OP__KINDS][TC_STORE_OP_BUCKETS]; /* ... counted per bound (not cumulative) */
   uint64_t op_count[TC_OP__KINDS];                       /* ... completed */
+  /* Batches whose connection broke in flight (outcome unknown), and what
+   * reading the store made of their ops: found applied (answered as the
+   * batch would have), not applied (run again), or failed (no reading, or
+   * broken too often). */
+  uint64_t unknown_batches, unknown_applied, unknown_redone, unknown_failed;
 } tc_store_stats_t;
 
 /*

@@ -81,6 +81,9 @@ extern bool g_stopped_on_purpose; /* a test stopped tcd: the teardown does not m
 /* Start tcd on a fresh port (retrying when the port is taken) and point
  * the RM thread at it; 0 or -1. */
 int tcd_start(void);
+/* The same with failpoints armed from the start (TX_FAILPOINTS='failpoints',
+ * NULL: none) and tcd's output appended to the file 'log' (NULL: inherited). */
+int tcd_start_armed(const char *failpoints, const char *log);
 /* SIGTERM, bounded wait, then SIGKILL.  Returns the wait status, or -1. */
 int tcd_stop(void);
 void tcd_kill9(void);

@@ -90,6 +90,22 @@ static void arming_is_all_or_nothing(void **state) {
   assert_int_equal(txc_failpoint_hit("tc.begin.after_store"), TXC_FP_TRACE);
 }
 
+/* "fail" is returned to the point (TXC_FAILPOINT_FAILS), once, on the Nth hit. */
+static void fail_is_returned_once(void **state) {
+  (void)state;
+  assert_int_equal(txc_failpoint_arm("tc.store.decide.reply_lost=fail@2", err, sizeof(err)), 0);
+  assert_int_equal(txc_failpoint_hit("tc.store.decide.reply_lost"), TXC_FP_OFF);
+  assert_int_equal(txc_failpoint_hit("tc.store.decide.reply_lost"), TXC_FP_FAIL);
+  assert_int_equal(txc_failpoint_hit("tc.store.decide.reply_lost"), TXC_FP_OFF);
+  char out[2048];
+  txc_failpoint_list(out, sizeof(out));
+  assert_non_null(strstr(out, "tc.store.decide.reply_lost off 0\n"));
+  assert_int_equal(txc_failpoint_arm("tc.store.begin.aborted=fail@4", err, sizeof(err)), 0);
+  txc_failpoint_list(out, sizeof(out));
+  assert_non_null(strstr(out, "tc.store.begin.aborted fail 4\n"));
+  assert_int_equal(txc_failpoint_arm("tc.store.begin.aborted=off", err, sizeof(err)), 0);
+}
+
 static void off_disarms(void **state) {
   (void)state;
   assert_int_equal(txc_failpoint_arm("tc.phase2.after_acks=trace", err, sizeof(err)), 0);
@@ -141,6 +157,7 @@ int main(void) {
     cmocka_unit_test_setup(refuses_bad_specs, setup),
     cmocka_unit_test_setup(fires_on_the_nth_hit_once, setup),
     cmocka_unit_test_setup(arming_is_all_or_nothing, setup),
+    cmocka_unit_test_setup(fail_is_returned_once, setup),
     cmocka_unit_test_setup(off_disarms, setup),
     cmocka_unit_test_setup(lists_every_point, setup),
     cmocka_unit_test_setup(env_arming, setup),

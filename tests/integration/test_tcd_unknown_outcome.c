@@ -1,0 +1,250 @@
+/*
+ * test_tcd_unknown_outcome.c - a store batch whose connection is lost in
+ * flight is resolved by reading the store, not by guessing (tc_store.c
+ * NOTES, "Unknown outcomes"; issue 22: "no answered decision is lost").
+ *
+ * Both kinds of loss, for each kind of op that a reading can tell:
+ *   - "reply_lost": the batch committed and its answer was lost (what a
+ *     primary that dies between its COMMIT and the answer, or a failover to
+ *     a synchronous standby that has the commit, looks like to tcd).  The
+ *     client must get the answer the batch would have given, and nothing may
+ *     be applied twice.
+ *   - "aborted": the batch never committed (the primary died before it).
+ *     The op must run again and succeed, once.
+ * The faults are tcd's failpoints (action "fail", armed at start), so every
+ * test is deterministic: one batch of the chosen kind is lost, and the test
+ * checks in tcd's log that it was (a test whose fault never happened would
+ * pass for nothing), then checks the client's answer and the store's rows.
+ * The failover itself, with a real primary killed, is the fault scenario
+ * pg_primary_kill.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "tcd_suite.h"
+#include "txp_errno.h"
+#include "txp_status.h"
+
+static char g_log[256];
+
+/* Restart tcd with 'failpoint' armed ("fail" on its first hit) and its
+ * output in a fresh log file. */
+static void restart_armed(const char *failpoint) {
+  g_stopped_on_purpose = true;
+  assert_int_equal(tcd_stop(), 0);
+  snprintf(g_log, sizeof(g_log), "%s/tcd-unknown-%d.log", getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp",
+           (int)getpid());
+  unlink(g_log);
+  char spec[128];
+  snprintf(spec, sizeof(spec), "%s=fail", failpoint);
+  assert_int_equal(tcd_start_armed(spec, g_log), 0);
+  g_stopped_on_purpose = false;
+}
+
+/* Whether tcd's log has a line containing 'what' (waits for it a little:
+ * the log is written by another process). */
+static bool log_has(const char *what) {
+  double deadline = now_ms() + WAIT_MS;
+  for (;;) {
+    FILE *f = fopen(g_log, "r");
+    char line[1024];
+    bool found = false;
+    while (f && !found && fgets(line, sizeof(line), f)) found = strstr(line, what) != NULL;
+    if (f) fclose(f);
+    if (found) return true;
+    if (now_ms() >= deadline) return false;
+    nap();
+  }
+}
+
+/* The fault happened, and the store was read to resolve it. */
+static void expect_fault_resolved(const char *failpoint) {
+  char fired[160];
+  snprintf(fired, sizeof(fired), "failpoint %s: fail", failpoint);
+  if (!log_has(fired)) fail_msg("failpoint %s never fired (log %s)", failpoint, g_log);
+  if (!log_has("lost its connection in flight: reading the store"))
+    fail_msg("no resolution by reading the store in the log %s", g_log);
+}
+
+static long count_globals(const char *xid) {
+  return db_long("SELECT count(*) FROM global_table WHERE xid = $1", xid, NULL) +
+         db_long("SELECT count(*) FROM global_history WHERE xid = $1", xid, NULL);
+}
+
+/* Commit with two branches served by the RM thread, and check it all ended
+ * committed, each branch told once at least. */
+static void commit_and_check(cli_t *cl, const char *xid, int64_t b1, int64_t b2) {
+  int status = -1;
+  int rc = txc_commit(cl->tm, xid, &status);
+  if (rc != 0) fail_msg("GlobalCommit %s: %s (%d)", xid, txp_errname(rc), rc);
+  assert_int_equal(status, TXP_GS_COMMITTED);
+  expect_history(xid, TXP_GS_COMMITTED, WAIT_MS);
+  assert_int_equal(history_branches(xid, TXP_BS_PHASE2_COMMITTED), 2);
+  assert_int_equal(db_long(SQL_LIVE_ROWS, xid, NULL), 0);
+  int64_t ids[8];
+  int n = rm_events(xid, TXP_MSG_BRANCH_COMMIT, 0, ids, 8);
+  assert_true(n >= 2);
+  assert_true(has_id(ids, n, b1) && has_id(ids, n, b2));
+  assert_int_equal(rm_events(xid, TXP_MSG_BRANCH_ROLLBACK, 0, NULL, 0), 0);
+}
+
+/* A begin committed, its answer lost: the TM gets that xid, once. */
+static void test_begin_reply_lost(void **state) {
+  (void)state;
+  restart_armed("tc.store.begin.reply_lost");
+  cli_t cl;
+  cli_open(&cl, "u1");
+  char xid[TXP_MAX_XID_LEN + 1];
+  begin_ok(cl.tm, 30000, "u1-begin-reply-lost", xid);
+  expect_fault_resolved("tc.store.begin.reply_lost");
+  assert_int_equal(count_globals(xid), 1);
+  assert_int_equal(db_long(SQL_GLOBAL_STATUS, xid, NULL), TXP_GS_BEGIN);
+  int64_t b1 = register_ok(cl.rm, xid, "db_orders", "t_order:u1");
+  int64_t b2 = register_ok(cl.rm, xid, "db_stock", "t_stock:u1");
+  commit_and_check(&cl, xid, b1, b2);
+}
+
+/* A begin that never committed runs again: the TM gets a live xid. */
+static void test_begin_aborted(void **state) {
+  (void)state;
+  restart_armed("tc.store.begin.aborted");
+  cli_t cl;
+  cli_open(&cl, "u2");
+  char xid[TXP_MAX_XID_LEN + 1];
+  begin_ok(cl.tm, 30000, "u2-begin-aborted", xid);
+  expect_fault_resolved("tc.store.begin.aborted");
+  assert_int_equal(count_globals(xid), 1);
+  assert_int_equal(db_long(SQL_GLOBAL_STATUS, xid, NULL), TXP_GS_BEGIN);
+  int64_t b1 = register_ok(cl.rm, xid, "db_orders", "t_order:u2");
+  int64_t b2 = register_ok(cl.rm, xid, "db_stock", "t_stock:u2");
+  commit_and_check(&cl, xid, b1, b2);
+}
+
+/* A registration committed with its lock, its answer lost: the RM gets the
+ * branch id that was recorded, and there is one branch, one lock. */
+static void test_register_reply_lost(void **state) {
+  (void)state;
+  restart_armed("tc.store.register.reply_lost");
+  cli_t cl;
+  cli_open(&cl, "u3");
+  char xid[TXP_MAX_XID_LEN + 1];
+  begin_ok(cl.tm, 30000, "u3-register-reply-lost", xid);
+  int64_t b1 = register_ok(cl.rm, xid, "db_orders", "t_order:u3");
+  expect_fault_resolved("tc.store.register.reply_lost");
+  assert_int_equal(db_long(SQL_BRANCHES, xid, NULL), 1);
+  assert_int_equal(branch_status(b1), TXP_BS_REGISTERED);
+  assert_int_equal(db_long(SQL_LOCKS, xid, NULL), 1);
+  char holder[TXP_MAX_XID_LEN + 1];
+  db_text(SQL_KEY_HOLDER, "db_orders^^^t_order^^^u3", holder, sizeof(holder));
+  assert_string_equal(holder, xid);
+  int64_t b2 = register_ok(cl.rm, xid, "db_stock", "t_stock:u3");
+  commit_and_check(&cl, xid, b1, b2);
+}
+
+/* A registration that never committed runs again and takes its lock. */
+static void test_register_aborted(void **state) {
+  (void)state;
+  restart_armed("tc.store.register.aborted");
+  cli_t cl;
+  cli_open(&cl, "u4");
+  char xid[TXP_MAX_XID_LEN + 1];
+  begin_ok(cl.tm, 30000, "u4-register-aborted", xid);
+  int64_t b1 = register_ok(cl.rm, xid, "db_orders", "t_order:u4");
+  expect_fault_resolved("tc.store.register.aborted");
+  assert_int_equal(db_long(SQL_BRANCHES, xid, NULL), 1);
+  assert_int_equal(branch_status(b1), TXP_BS_REGISTERED);
+  assert_int_equal(db_long(SQL_LOCKS, xid, NULL), 1);
+  int64_t b2 = register_ok(cl.rm, xid, "db_stock", "t_stock:u4");
+  commit_and_check(&cl, xid, b1, b2);
+}
+
+/* A commit decision recorded, its answer lost: the TM hears "committed"
+ * (not an error it would have to guess about) and the branches are
+ * driven. */
+static void test_commit_reply_lost(void **state) {
+  (void)state;
+  restart_armed("tc.store.decide.reply_lost");
+  cli_t cl;
+  cli_open(&cl, "u5");
+  char xid[TXP_MAX_XID_LEN + 1];
+  begin_ok(cl.tm, 30000, "u5-commit-reply-lost", xid);
+  int64_t b1 = register_ok(cl.rm, xid, "db_orders", "t_order:u5");
+  int64_t b2 = register_ok(cl.rm, xid, "db_stock", "t_stock:u5");
+  commit_and_check(&cl, xid, b1, b2);
+  expect_fault_resolved("tc.store.decide.reply_lost");
+}
+
+/* A rollback decision that never committed runs again; the TM's answer
+ * comes once both branches are undone, newest first, as without the
+ * fault. */
+static void test_rollback_aborted(void **state) {
+  (void)state;
+  restart_armed("tc.store.decide.aborted");
+  cli_t cl;
+  cli_open(&cl, "u6");
+  char xid[TXP_MAX_XID_LEN + 1];
+  begin_ok(cl.tm, 30000, "u6-rollback-aborted", xid);
+  int64_t b1 = register_ok(cl.rm, xid, "db_orders", "t_order:u6");
+  int64_t b2 = register_ok(cl.rm, xid, "db_stock", "t_stock:u6");
+  int status = -1;
+  int rc = txc_rollback(cl.tm, xid, &status);
+  if (rc != 0) fail_msg("GlobalRollback %s: %s (%d)", xid, txp_errname(rc), rc);
+  assert_int_equal(status, TXP_GS_ROLLBACKED);
+  expect_fault_resolved("tc.store.decide.aborted");
+  int64_t ids[8];
+  int n = rm_events(xid, TXP_MSG_BRANCH_ROLLBACK, 0, ids, 8);
+  assert_true(n >= 2);
+  assert_true(has_id(ids, n, b1) && has_id(ids, n, b2));
+  assert_int_equal(ids[0], b2); /* newest first */
+  expect_history(xid, TXP_GS_ROLLBACKED, WAIT_MS);
+  assert_int_equal(db_long(SQL_LIVE_ROWS, xid, NULL), 0);
+}
+
+/* A rollback decision recorded, its answer lost: answered after the undo,
+ * as a fresh one. */
+static void test_rollback_reply_lost(void **state) {
+  (void)state;
+  restart_armed("tc.store.decide.reply_lost");
+  cli_t cl;
+  cli_open(&cl, "u7");
+  char xid[TXP_MAX_XID_LEN + 1];
+  begin_ok(cl.tm, 30000, "u7-rollback-reply-lost", xid);
+  int64_t b1 = register_ok(cl.rm, xid, "db_orders", "t_order:u7");
+  int status = -1;
+  int rc = txc_rollback(cl.tm, xid, &status);
+  if (rc != 0) fail_msg("GlobalRollback %s: %s (%d)", xid, txp_errname(rc), rc);
+  assert_int_equal(status, TXP_GS_ROLLBACKED);
+  expect_fault_resolved("tc.store.decide.reply_lost");
+  int64_t ids[8];
+  int n = rm_events(xid, TXP_MSG_BRANCH_ROLLBACK, 0, ids, 8);
+  assert_true(n >= 1 && has_id(ids, n, b1));
+  expect_history(xid, TXP_GS_ROLLBACKED, WAIT_MS);
+}
+
+/* The last tcd (armed or not) must stop cleanly: the suite's teardown. */
+static int group_teardown(void **state) {
+  if (g_log[0]) unlink(g_log);
+  return suite_group_teardown(state);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test_setup_teardown(test_begin_reply_lost, suite_test_setup, suite_test_teardown),
+    cmocka_unit_test_setup_teardown(test_begin_aborted, suite_test_setup, suite_test_teardown),
+    cmocka_unit_test_setup_teardown(test_register_reply_lost, suite_test_setup, suite_test_teardown),
+    cmocka_unit_test_setup_teardown(test_register_aborted, suite_test_setup, suite_test_teardown),
+    cmocka_unit_test_setup_teardown(test_commit_reply_lost, suite_test_setup, suite_test_teardown),
+    cmocka_unit_test_setup_teardown(test_rollback_aborted, suite_test_setup, suite_test_teardown),
+    cmocka_unit_test_setup_teardown(test_rollback_reply_lost, suite_test_setup, suite_test_teardown),
+  };
+  return cmocka_run_group_tests_name("tcd_unknown_outcome", tests, suite_group_setup, group_teardown);
+}
