@@ -41,8 +41,6 @@
  *   when more than 1% of the measured requests failed, 2 usage, 3 could
  *   not run.
  */
-#include <ctype.h>
-#include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -56,6 +54,7 @@
 #include <libpq-fe.h>
 #include <time.h>
 
+#include "budget.h"
 #include "fs_check.h"
 #include "svc_common.h"
 
@@ -197,74 +196,6 @@ static double pct(const long long *v, size_t n, double p) {
 }
 
 
-/* ------------------------------------------------ CPU of the processes */
-
-enum { C_PG, C_TCD, C_ORDER, C_STOCK, C_REDIS, C_SELF, C_N };
-static const char *const comp_names[C_N] = {"postgres", "tcd", "order_service", "stock_service", "redis",
-                                            "load_generator"};
-
-/* utime + stime (+ cutime + cstime when 'children'), in clock ticks, of
- * 'pid'; its parent in *ppid (may be NULL).  -1 if unreadable. */
-static long long proc_ticks(long pid, bool children, long *ppid) {
-  char path[64], buf[1024];
-  snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
-  FILE *f = fopen(path, "r");
-  if (!f) return -1;
-  size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-  fclose(f);
-  buf[n] = '\0';
-  char *p = strrchr(buf, ')'); /* after the command name */
-  if (!p) return -1;
-  /* fields from 3 on: state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime cutime cstime */
-  char state;
-  long pp;
-  unsigned long long ut, st;
-  long long cut, cst;
-  if (sscanf(p + 2, "%c %ld %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu %lld %lld", &state, &pp, &ut, &st, &cut,
-             &cst) != 6)
-    return -1;
-  if (ppid) *ppid = pp;
-  return (long long)(ut + st) + (children ? cut + cst : 0);
-}
-
-static long env_pid(const char *name) {
-  const char *v = getenv(name);
-  return v && *v ? atol(v) : 0;
-}
-
-/* CPU ticks of each component now; false when the environment does not
- * name the processes. */
-static bool cpu_sample(long long out[C_N]) {
-  long pg = env_pid("PG_PID"), redis = env_pid("REDIS_PID"), order = env_pid("ORDER_PID"),
-       stock = env_pid("STOCK_PID");
-  const char *tcs = getenv("TC_PIDS");
-  if (!pg || !order || !stock || !tcs) return false;
-  for (int i = 0; i < C_N; i++) out[i] = 0;
-  out[C_PG] = proc_ticks(pg, true, NULL);
-  DIR *d = opendir("/proc");
-  struct dirent *e;
-  while (d && (e = readdir(d)) != NULL) {
-    if (!isdigit((unsigned char)e->d_name[0])) continue;
-    long pid = atol(e->d_name), pp = 0;
-    long long t = proc_ticks(pid, false, &pp);
-    if (t >= 0 && pp == pg) out[C_PG] += t;
-  }
-  if (d) closedir(d);
-  for (const char *p = tcs; *p;) {
-    long pid = atol(p);
-    long long t = pid ? proc_ticks(pid, true, NULL) : -1;
-    if (t > 0) out[C_TCD] += t;
-    p = strchr(p, ',');
-    if (!p) break;
-    p++;
-  }
-  out[C_ORDER] = proc_ticks(order, true, NULL);
-  out[C_STOCK] = proc_ticks(stock, true, NULL);
-  out[C_REDIS] = redis ? proc_ticks(redis, true, NULL) : 0;
-  out[C_SELF] = proc_ticks((long)getpid(), false, NULL);
-  return true;
-}
-
 static void usage(FILE *f) {
   fprintf(f, "usage: order-load [--connections N] [--duration S] [--warmup S] [--buckets N] [--tickets N]\n"
              "                  [--mode buy|cancel|expire] [--orders N] [--label TEXT] [--json FILE]\n"
@@ -359,8 +290,8 @@ int main(int argc, char **argv) {
   for (int i = 0; i < l.connections; i++) send_one(&l, &l.conns[i], 0);
   int inflight = l.connections;
   int64_t next_progress = l.t0 + 1000000;
-  long long cpu0[C_N], cpu1[C_N];
-  bool cpu_on = false, cpu_started = false, cpu_done = false;
+  budget_sample_t cpu0, cpu1; /* the budget at the start and the end of the measured period */
+  bool cpu_started = false, cpu_done = false;
   long long last_ok = 0;
   while (inflight > 0) {
     int running;
@@ -408,10 +339,11 @@ int main(int argc, char **argv) {
     int64_t now = svc_now_us();
     if (!cpu_started && now >= l.measure_from) {
       cpu_started = true;
-      cpu_on = cpu_sample(cpu0);
+      budget_sample(&cpu0);
     }
-    if (cpu_on && !cpu_done && now >= l.measure_to) {
-      cpu_done = cpu_sample(cpu1);
+    if (cpu_started && !cpu_done && now >= l.measure_to) {
+      budget_sample(&cpu1);
+      cpu_done = true;
     }
     if (now >= next_progress) {
       if (now > l.measure_from && now <= l.measure_to + 1000000) {
@@ -443,16 +375,12 @@ int main(int argc, char **argv) {
     json_object_set_new(j, "expiries_per_s", json_real(expire_s > 0 ? (double)l.bought / expire_s : 0));
   }
   if (l.first_error[0]) json_object_set_new(j, "first_error", json_string(l.first_error));
-  if (cpu_done && l.ok > 0) {
-    double tick_ms = 1000.0 / (double)sysconf(_SC_CLK_TCK), total = 0;
-    json_t *cj = json_object();
-    for (int i = 0; i < C_N; i++) {
-      double ms = (double)(cpu1[i] - cpu0[i]) * tick_ms / (double)l.ok;
-      json_object_set_new(cj, comp_names[i], json_real(round(ms * 1000) / 1000));
-      if (i != C_SELF) total += ms;
-    }
-    json_object_set_new(cj, "total", json_real(round(total * 1000) / 1000));
-    json_object_set_new(j, "cpu_ms_per_order", cj);
+  json_t *budget = cpu_done ? budget_json(&cpu0, &cpu1, l.ok) : NULL;
+  if (budget) {
+    /* cpu_ms_per_order: the key the benchmarks read since the start */
+    json_t *cpu = json_object_get(budget, "cpu_ms");
+    if (cpu) json_object_set(j, "cpu_ms_per_order", cpu);
+    json_object_set_new(j, "budget_per_order", budget);
   }
   char *s = json_dumps(j, JSON_COMPACT);
   printf("%s\n", s);
