@@ -10,8 +10,7 @@
 #include <unistd.h>
 
 #include <curl/curl.h>
-#include <libpq-fe.h>
-
+#include "pgstat.h"
 #include "svc_redis.h"
 
 static const char *const comp_names[BUDGET_NCOMP] = {"postgres", "tcd", "order_service", "stock_service", "redis",
@@ -124,67 +123,10 @@ static long long machine_ctx_switches(void) {
 
 /* ----------------------------------------------------------- PostgreSQL */
 
-/* The database name of a conninfo (URL or key=value), or "" . */
-static void db_name(const char *conninfo, char *out, size_t cap) {
-  out[0] = '\0';
-  PQconninfoOption *o = conninfo ? PQconninfoParse(conninfo, NULL) : NULL;
-  for (PQconninfoOption *p = o; p && p->keyword; p++)
-    if (strcmp(p->keyword, "dbname") == 0 && p->val) snprintf(out, cap, "%s", p->val);
-  if (o) PQconninfoFree(o);
-}
-
-static long long get_ll(PGresult *r, int row, int col) {
-  return PQgetisnull(r, row, col) ? 0 : atoll(PQgetvalue(r, row, col));
-}
-
 static void sample_pg(budget_sample_t *s) {
   static const char *const urls[] = {"ORDERS_PG_URL", "STOCK_PG_URL", "TC_PG_URL", "EVENTS_PG_URL"};
-  for (size_t i = 0; i < sizeof(urls) / sizeof(urls[0]) && s->ndb < BUDGET_MAX_DB; i++) {
-    char name[64];
-    db_name(getenv(urls[i]), name, sizeof(name));
-    bool dup = !name[0];
-    for (int k = 0; k < s->ndb && !dup; k++) dup = strcmp(s->db[k], name) == 0;
-    if (dup) continue;
-    snprintf(s->db[s->ndb], sizeof(s->db[0]), "%s", name);
-    s->xacts[s->ndb] = -1;
-    s->statements[s->ndb] = -1;
-    s->ndb++;
-  }
-  const char *url = getenv("TC_PG_URL");
-  if (!url || s->ndb == 0) return;
-  PGconn *pg = PQconnectdb(url);
-  if (PQstatus(pg) != CONNECTION_OK) {
-    PQfinish(pg);
-    return;
-  }
-  PGresult *r = PQexec(pg, "SELECT wal_records, wal_fpi, wal_bytes FROM pg_stat_wal");
-  if (PQresultStatus(r) == PGRES_TUPLES_OK && PQntuples(r) == 1) {
-    s->have_pg = true;
-    s->wal_records = get_ll(r, 0, 0);
-    s->wal_fpi = get_ll(r, 0, 1);
-    s->wal_bytes = get_ll(r, 0, 2);
-  }
-  PQclear(r);
-  r = PQexec(pg, "SELECT datname, xact_commit + xact_rollback FROM pg_stat_database WHERE datname IS NOT NULL");
-  for (int i = 0; PQresultStatus(r) == PGRES_TUPLES_OK && i < PQntuples(r); i++)
-    for (int k = 0; k < s->ndb; k++)
-      if (strcmp(s->db[k], PQgetvalue(r, i, 0)) == 0) s->xacts[k] = get_ll(r, i, 1);
-  PQclear(r);
-  /* The view exists where the extension was created: here, once.  A
-   * server without the library loaded refuses, and statements stay
-   * unknown. */
-  r = PQexec(pg, "CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
-  PQclear(r);
-  r = PQexec(pg, "SELECT d.datname, sum(s.calls) FROM pg_stat_statements(false) s "
-                 "JOIN pg_database d ON d.oid = s.dbid GROUP BY d.datname");
-  if (PQresultStatus(r) == PGRES_TUPLES_OK) {
-    for (int k = 0; k < s->ndb; k++) s->statements[k] = 0;
-    for (int i = 0; i < PQntuples(r); i++)
-      for (int k = 0; k < s->ndb; k++)
-        if (strcmp(s->db[k], PQgetvalue(r, i, 0)) == 0) s->statements[k] = get_ll(r, i, 1);
-  }
-  PQclear(r);
-  PQfinish(pg);
+  for (size_t i = 0; i < sizeof(urls) / sizeof(urls[0]); i++) pgstat_add_db(&s->pg, getenv(urls[i]));
+  if (s->pg.ndb) pgstat_sample(&s->pg, getenv("TC_PG_URL"));
 }
 
 /* ----------------------------------------------- Redis, tcd, stock-service */
@@ -323,21 +265,23 @@ json_t *budget_json(const budget_sample_t *a, const budget_sample_t *b, long lon
   }
   if (a->machine_ctx_switches >= 0 && b->machine_ctx_switches >= 0)
     json_object_set_new(j, "machine_context_switches", per(b->machine_ctx_switches - a->machine_ctx_switches, orders));
-  if (a->have_pg && b->have_pg) {
-    json_object_set_new(j, "wal_bytes", per(b->wal_bytes - a->wal_bytes, orders));
-    json_object_set_new(j, "wal_records", per(b->wal_records - a->wal_records, orders));
-    json_object_set_new(j, "wal_fpi", per(b->wal_fpi - a->wal_fpi, orders));
+  const pgstat_t *pa = &a->pg, *pb = &b->pg;
+  if (pa->ok && pb->ok) {
+    json_object_set_new(j, "wal_bytes", per(pb->wal_bytes - pa->wal_bytes, orders));
+    json_object_set_new(j, "wal_records", per(pb->wal_records - pa->wal_records, orders));
+    json_object_set_new(j, "wal_fpi", per(pb->wal_fpi - pa->wal_fpi, orders));
+    json_object_set_new(j, "wal_syncs", per(pb->wal_sync - pa->wal_sync, orders));
     json_t *tx = json_object(), *st = json_object();
     long long tx_total = 0, st_total = 0;
     bool st_known = true;
-    for (int k = 0; k < a->ndb && k < b->ndb; k++) {
-      if (a->xacts[k] >= 0 && b->xacts[k] >= 0) {
-        json_object_set_new(tx, a->db[k], per(b->xacts[k] - a->xacts[k], orders));
-        tx_total += b->xacts[k] - a->xacts[k];
+    for (int k = 0; k < pa->ndb && k < pb->ndb; k++) {
+      if (pa->xacts[k] >= 0 && pb->xacts[k] >= 0) {
+        json_object_set_new(tx, pa->db[k], per(pb->xacts[k] - pa->xacts[k], orders));
+        tx_total += pb->xacts[k] - pa->xacts[k];
       }
-      if (a->statements[k] >= 0 && b->statements[k] >= 0) {
-        json_object_set_new(st, a->db[k], per(b->statements[k] - a->statements[k], orders));
-        st_total += b->statements[k] - a->statements[k];
+      if (pa->statements[k] >= 0 && pb->statements[k] >= 0) {
+        json_object_set_new(st, pa->db[k], per(pb->statements[k] - pa->statements[k], orders));
+        st_total += pb->statements[k] - pa->statements[k];
       } else {
         st_known = false;
       }

@@ -31,8 +31,9 @@
 
 #include <jansson.h>
 
+#include "pgstat.h"
+
 enum { BUDGET_PG, BUDGET_TCD, BUDGET_ORDER, BUDGET_STOCK, BUDGET_REDIS, BUDGET_SELF, BUDGET_NCOMP };
-#define BUDGET_MAX_DB 6
 
 typedef struct budget_sample {
   bool have_procs;                       /* the environment named the processes */
@@ -40,12 +41,7 @@ typedef struct budget_sample {
   long long ctx_switches[BUDGET_NCOMP];  /* voluntary + involuntary, every thread */
   long long machine_ctx_switches;        /* /proc/stat ctxt, -1 unreadable */
 
-  bool have_pg;
-  long long wal_records, wal_fpi, wal_bytes;
-  int ndb;
-  char db[BUDGET_MAX_DB][64];            /* database names (orders, stock, tc, events) */
-  long long xacts[BUDGET_MAX_DB];        /* commits + rollbacks */
-  long long statements[BUDGET_MAX_DB];   /* pg_stat_statements calls; -1 without it */
+  pgstat_t pg;                           /* WAL, and transactions and statements by database */
 
   long long redis_commands;              /* -1 unreadable */
   long long tc_frames_in;                /* summed over TC_ADMIN_SOCKETS; -1 unreadable */
@@ -57,7 +53,7 @@ void budget_sample(budget_sample_t *out);
 
 /* The per-order figures between two samples over 'orders' orders:
  * {"cpu_ms": {component: ms, "total"}, "context_switches": {...},
- *  "machine_context_switches", "wal_bytes", "wal_records", "wal_fpi",
+ *  "machine_context_switches", "wal_bytes", "wal_records", "wal_fpi", "wal_syncs",
  *  "pg_transactions": {db: n, "total"}, "pg_statements": {...},
  *  "redis_commands", "tc_frames", "stock_http_requests"} (parts that could
  * not be read are absent).  New reference, or NULL when orders <= 0. */

@@ -46,6 +46,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "pgstat.h"
 #include "tc_bench_load.h"
 #include "txc_secret.h"
 #include "txclient.h"
@@ -70,11 +71,47 @@ typedef struct {
   const char *pg_url;
 } opts_t;
 
+/* What the store's server did per transaction over a measured period
+ * (pgstat.h): counts that do not depend on the machine. */
+typedef struct {
+  bool ok;
+  double statements, xacts, wal_bytes, wal_records, wal_syncs;
+} tx_budget_t;
+
 typedef struct {
   double tps, p50, p99;
   uint64_t errors, done;
   double tcd_cpu_ms_per_tx; /* CPU time of the nodes it started, per transaction (0: not known) */
+  tx_budget_t budget;
 } result_t;
+
+static void budget_start(pgstat_t *a, const char *url) {
+  memset(a, 0, sizeof(*a));
+  pgstat_add_db(a, url);
+  pgstat_sample(a, url);
+}
+
+static tx_budget_t budget_end(const pgstat_t *a, const char *url, uint64_t done) {
+  pgstat_t b = *a;
+  pgstat_sample(&b, url);
+  tx_budget_t t = {0};
+  if (!a->ok || !b.ok || done == 0 || a->ndb != 1 || a->statements[0] < 0 || b.statements[0] < 0) return t;
+  double n = (double)done;
+  t.ok = true;
+  t.statements = (double)(b.statements[0] - a->statements[0]) / n;
+  t.xacts = (double)(b.xacts[0] - a->xacts[0]) / n;
+  t.wal_bytes = (double)(b.wal_bytes - a->wal_bytes) / n;
+  t.wal_records = (double)(b.wal_records - a->wal_records) / n;
+  t.wal_syncs = (double)(b.wal_sync - a->wal_sync) / n;
+  return t;
+}
+
+static void print_budget(const char *what, const tx_budget_t *t) {
+  if (!t->ok) return;
+  printf("%s per transaction: %.2f statements, %.2f PostgreSQL transactions, %.0f WAL bytes, %.1f WAL records, "
+         "%.3f WAL fsyncs\n",
+         what, t->statements, t->xacts, t->wal_bytes, t->wal_records, t->wal_syncs);
+}
 
 static atomic_int phase; /* 0 warm-up, 1 measure, 2 stop */
 
@@ -247,7 +284,7 @@ static int prepare_wal(const char *url, int segments) {
   return rc;
 }
 
-static double run_baseline(const opts_t *o) {
+static double run_baseline(const opts_t *o, tx_budget_t *budget) {
   if (prepare_baseline_tables(o->pg_url) != 0) return -1;
   base_t *bs = calloc((size_t)o->clients, sizeof(base_t));
   if (!bs) return -1;
@@ -259,6 +296,8 @@ static double run_baseline(const opts_t *o) {
   }
   sleep_s(o->warmup_s);
   atomic_store(&base_phase, 1);
+  pgstat_t pg0;
+  budget_start(&pg0, o->pg_url);
   double t0 = txc_now_ms();
   sleep_s(o->baseline_s);
   atomic_store(&base_phase, 2);
@@ -270,6 +309,7 @@ static double run_baseline(const opts_t *o) {
     errors += bs[i].errors;
     if (bs[i].err[0] && i == 0) fprintf(stderr, "tc-bench: baseline error: %s", bs[i].err);
   }
+  *budget = budget_end(&pg0, o->pg_url, done);
   free(bs);
   if (errors) fprintf(stderr, "tc-bench: baseline had %" PRIu64 " failed transactions\n", errors);
   return (double)done / elapsed;
@@ -510,6 +550,8 @@ static int run_clients(opts_t *o, result_t *out) {
   fflush(stdout);
   sleep_s(o->warmup_s);
   atomic_store(&phase, 1);
+  pgstat_t pg0;
+  budget_start(&pg0, o->pg_url);
   double t0 = txc_now_ms(), cpu0 = tcd_cpu_s();
   sleep_s(o->duration_s);
   atomic_store(&phase, 2);
@@ -541,6 +583,9 @@ static int run_clients(opts_t *o, result_t *out) {
   }
   free(all);
   free(cl);
+  /* Read once the load stopped: the few transactions in flight then are
+   * counted in the server's figures, not in 'done' (well below 1%). */
+  out->budget = budget_end(&pg0, o->pg_url, done);
   out->tps = (double)done / elapsed;
   out->tcd_cpu_ms_per_tx = done && cpu > 0 ? cpu * 1000.0 / (double)done : 0;
   out->done = done;
@@ -663,9 +708,12 @@ int main(int argc, char **argv) {
   }
   stop_tcd();
 
-  double base = run_baseline(&o);
+  tx_budget_t base_budget;
+  double base = run_baseline(&o, &base_budget);
   printf("baseline: %.0f transactions/s (same store writes, one statement per round trip, %d connections)\n",
          base, o.clients);
+  print_budget("1 node: ", &single.budget);
+  print_budget("baseline:", &base_budget);
   double ratio = base > 0 ? single.tps / base : 0;
   double cvs = 0;
   if (nrounds) {
@@ -679,10 +727,20 @@ int main(int argc, char **argv) {
   printf("{\"clients\":%d,\"tps\":%.1f,\"p50_ms\":%.3f,\"p99_ms\":%.3f,\"baseline_tps\":%.1f,\"ratio\":%.3f,"
          "\"errors\":%" PRIu64 ",\"nodes\":%d,\"cluster_tps\":%.1f,\"cluster_p50_ms\":%.3f,"
          "\"cluster_p99_ms\":%.3f,\"cluster_vs_single\":%.3f,\"cluster_errors\":%" PRIu64
-         ",\"tcd_cpu_ms_per_tx\":%.4f,\"cluster_tcd_cpu_ms_per_tx\":%.4f,\"bus\":%s}\n",
+         ",\"tcd_cpu_ms_per_tx\":%.4f,\"cluster_tcd_cpu_ms_per_tx\":%.4f,\"bus\":%s",
          o.clients, single.tps, single.p50, single.p99, base, ratio, single.errors, total > 1 ? o.nnodes : 1,
          cluster.tps, cluster.p50, cluster.p99, cvs, cluster.errors, single.tcd_cpu_ms_per_tx,
          cluster.tcd_cpu_ms_per_tx, o.no_bus ? "false" : "true");
+  /* The store's work per transaction, the coordinator's and the naive
+   * baseline's (absent when the server's counters could not be read). */
+  const tx_budget_t *bud[] = {&single.budget, &base_budget};
+  const char *bname[] = {"budget_per_tx", "baseline_budget_per_tx"};
+  for (int i = 0; i < 2; i++)
+    if (bud[i]->ok)
+      printf(",\"%s\":{\"statements\":%.3f,\"pg_transactions\":%.3f,\"wal_bytes\":%.1f,\"wal_records\":%.2f,"
+             "\"wal_syncs\":%.4f}",
+             bname[i], bud[i]->statements, bud[i]->xacts, bud[i]->wal_bytes, bud[i]->wal_records, bud[i]->wal_syncs);
+  printf("}\n");
   uint64_t errors = single.errors + cluster.errors, done = single.done + cluster.done;
   return errors > done / 100 ? 1 : 0;
 }
