@@ -9,8 +9,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include <curl/curl.h>
 #include "pgstat.h"
+#include "svc_http.h"
 #include "svc_redis.h"
 
 static const char *const comp_names[BUDGET_NCOMP] = {"postgres", "tcd", "order_service", "stock_service", "redis",
@@ -176,51 +176,21 @@ static long long sample_tc_frames(void) {
   return sum;
 }
 
-typedef struct {
-  char *data;
-  size_t len;
-} body_t;
-
-static size_t take_body(char *p, size_t s, size_t n, void *ud) {
-  body_t *b = ud;
-  size_t len = s * n;
-  if (b->len + len > (1u << 20)) return 0; /* a /metrics page is far smaller */
-  char *d = realloc(b->data, b->len + len + 1);
-  if (!d) return 0;
-  memcpy(d + b->len, p, len);
-  b->data = d;
-  b->len += len;
-  d[b->len] = '\0';
-  return len;
-}
-
 /* The sum of txc_client_http_responses_total on STOCK_URL/metrics. */
 static long long sample_stock_http(void) {
   const char *base = getenv("STOCK_URL");
   if (!base || !*base) return -1;
-  char url[512];
+  char url[512], err[256];
   snprintf(url, sizeof(url), "%s/metrics", base);
-  CURL *e = curl_easy_init();
-  if (!e) return -1;
-  body_t b = {0};
-  curl_easy_setopt(e, CURLOPT_URL, url);
-  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, take_body);
-  curl_easy_setopt(e, CURLOPT_WRITEDATA, &b);
-  curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, 3000L);
-  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-  long status = 0;
-  long long sum = -1;
-  if (curl_easy_perform(e) == CURLE_OK && curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status) == CURLE_OK &&
-      status == 200 && b.data) {
-    sum = 0;
-    for (char *line = strtok(b.data, "\n"); line; line = strtok(NULL, "\n")) {
-      if (strncmp(line, "txc_client_http_responses_total", 31) != 0) continue;
-      const char *sp = strrchr(line, ' ');
-      if (sp) sum += atoll(sp + 1);
-    }
+  char *text = svc_http_get_text(url, 3000, err, sizeof(err));
+  if (!text) return -1;
+  long long sum = 0;
+  for (char *save = NULL, *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+    if (strncmp(line, "txc_client_http_responses_total", 31) != 0) continue;
+    const char *sp = strrchr(line, ' ');
+    if (sp) sum += atoll(sp + 1);
   }
-  free(b.data);
-  curl_easy_cleanup(e);
+  free(text);
   return sum;
 }
 

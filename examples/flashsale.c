@@ -62,6 +62,7 @@
 
 #include "fs_check.h"
 #include "svc_common.h"
+#include "svc_http.h"
 #include "svc_prefilter.h"
 
 #define TICKET_TYPE 1
@@ -541,48 +542,14 @@ typedef struct ev_metrics {
   size_t ng;
 } ev_metrics_t;
 
-typedef struct text_buf {
-  char *p;
-  size_t len;
-} text_buf_t;
-
-static size_t on_text(char *ptr, size_t size, size_t nmemb, void *ud) {
-  text_buf_t *b = ud;
-  size_t n = size * nmemb;
-  if (b->len + n > (4u << 20)) return 0;
-  char *np = realloc(b->p, b->len + n + 1);
-  if (!np) return 0;
-  memcpy(np + b->len, ptr, n);
-  b->p = np;
-  b->len += n;
-  b->p[b->len] = '\0';
-  return n;
-}
-
 /* GET base/metrics: the text (malloc'd) or NULL. */
 static char *get_metrics(const char *base) {
   if (!base) return NULL;
-  char url[512];
+  char url[512], err[256];
   snprintf(url, sizeof(url), "%s/metrics", base);
-  CURL *e = curl_easy_init();
-  if (!e) return NULL;
-  text_buf_t b = {0};
-  curl_easy_setopt(e, CURLOPT_URL, url);
-  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_text);
-  curl_easy_setopt(e, CURLOPT_WRITEDATA, &b);
-  curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, 5000L);
-  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-  long status = 0;
-  CURLcode cc = curl_easy_perform(e);
-  if (cc == CURLE_OK) curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
-  curl_easy_cleanup(e);
-  if (cc != CURLE_OK || status != 200 || !b.p) {
-    fprintf(stderr, "flashsale: could not read %s: %s\n", url,
-            cc != CURLE_OK ? curl_easy_strerror(cc) : "no 200 answer");
-    free(b.p);
-    return NULL;
-  }
-  return b.p;
+  char *t = svc_http_get_text(url, 5000, err, sizeof(err));
+  if (!t) fprintf(stderr, "flashsale: could not read %s: %s\n", url, err);
+  return t;
 }
 
 static ev_group_t *ev_group(ev_metrics_t *m, const char *name) {

@@ -637,3 +637,48 @@ int svc_httpc_post(svc_httpc_t *c, const char *path, const char *xid, const json
   if (!k) return -1;
   return svc_httpc_finish(k, status, answer, err, errlen);
 }
+
+/* ------------------------------------------------------------ GET text */
+
+typedef struct text_buf {
+  char *p;
+  size_t len;
+} text_buf_t;
+
+static size_t on_text(char *ptr, size_t size, size_t nmemb, void *ud) {
+  text_buf_t *b = ud;
+  size_t n = size * nmemb;
+  if (b->len + n > (4u << 20)) return 0;
+  char *np = realloc(b->p, b->len + n + 1);
+  if (!np) return 0;
+  memcpy(np + b->len, ptr, n);
+  b->p = np;
+  b->len += n;
+  b->p[b->len] = '\0';
+  return n;
+}
+
+char *svc_http_get_text(const char *url, unsigned timeout_ms, char *err, size_t errlen) {
+  CURL *e = curl_easy_init();
+  if (!e) {
+    snprintf(err, errlen, "out of memory");
+    return NULL;
+  }
+  text_buf_t b = {0};
+  curl_easy_setopt(e, CURLOPT_URL, url);
+  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_text);
+  curl_easy_setopt(e, CURLOPT_WRITEDATA, &b);
+  curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
+  curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+  long status = 0;
+  CURLcode cc = curl_easy_perform(e);
+  if (cc == CURLE_OK) curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status);
+  curl_easy_cleanup(e);
+  if (cc != CURLE_OK || status != 200 || !b.p) {
+    if (cc != CURLE_OK) snprintf(err, errlen, "%s", curl_easy_strerror(cc));
+    else snprintf(err, errlen, "answered %ld, not 200", status);
+    free(b.p);
+    return NULL;
+  }
+  return b.p;
+}

@@ -133,6 +133,11 @@ void svc_http_sign(const svc_auth_t *a, const char *method, const char *path, co
  * from the request). */
 bool svc_http_verify(const svc_auth_t *a, const svc_req_t *req);
 
+/* GET 'url' (one short connection, within 'timeout_ms', at most 4 MiB):
+ * the body of a 200 answer, malloc'd and NUL-terminated, or NULL with the
+ * reason in 'err' (for scraping a /metrics page). */
+char *svc_http_get_text(const char *url, unsigned timeout_ms, char *err, size_t errlen);
+
 /* Call once at process start, before any thread (libcurl's global init). */
 bool svc_http_global_init(void);
 void svc_http_global_cleanup(void);

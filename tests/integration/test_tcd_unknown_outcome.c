@@ -97,74 +97,68 @@ static void commit_and_check(cli_t *cl, const char *xid, int64_t b1, int64_t b2)
   assert_int_equal(rm_events(xid, TXP_MSG_BRANCH_ROLLBACK, 0, NULL, 0), 0);
 }
 
-/* A begin committed, its answer lost: the TM gets that xid, once. */
+/* A begin lost in flight ('failpoint'): the TM gets an xid that is live,
+ * once, and the transaction runs to its commit. */
+static void begin_lost(const char *failpoint, const char *who) {
+  restart_armed(failpoint);
+  cli_t cl;
+  cli_open(&cl, who);
+  char xid[TXP_MAX_XID_LEN + 1], keys[2][64];
+  begin_ok(cl.tm, 30000, who, xid);
+  expect_fault_resolved(failpoint);
+  assert_int_equal(count_globals(xid), 1);
+  assert_int_equal(db_long(SQL_GLOBAL_STATUS, xid, NULL), TXP_GS_BEGIN);
+  snprintf(keys[0], sizeof(keys[0]), "t_order:%s", who);
+  snprintf(keys[1], sizeof(keys[1]), "t_stock:%s", who);
+  int64_t b1 = register_ok(cl.rm, xid, "db_orders", keys[0]);
+  int64_t b2 = register_ok(cl.rm, xid, "db_stock", keys[1]);
+  commit_and_check(&cl, xid, b1, b2);
+}
+
+/* A registration lost in flight ('failpoint'): the RM gets the branch id
+ * that is recorded, and there is one branch holding its one lock. */
+static void register_lost(const char *failpoint, const char *who) {
+  restart_armed(failpoint);
+  cli_t cl;
+  cli_open(&cl, who);
+  char xid[TXP_MAX_XID_LEN + 1], keys[2][64], row_key[96], holder[TXP_MAX_XID_LEN + 1];
+  begin_ok(cl.tm, 30000, who, xid);
+  snprintf(keys[0], sizeof(keys[0]), "t_order:%s", who);
+  snprintf(keys[1], sizeof(keys[1]), "t_stock:%s", who);
+  int64_t b1 = register_ok(cl.rm, xid, "db_orders", keys[0]);
+  expect_fault_resolved(failpoint);
+  assert_int_equal(db_long(SQL_BRANCHES, xid, NULL), 1);
+  assert_int_equal(branch_status(b1), TXP_BS_REGISTERED);
+  assert_int_equal(db_long(SQL_LOCKS, xid, NULL), 1);
+  snprintf(row_key, sizeof(row_key), "db_orders^^^t_order^^^%s", who);
+  db_text(SQL_KEY_HOLDER, row_key, holder, sizeof(holder));
+  assert_string_equal(holder, xid);
+  int64_t b2 = register_ok(cl.rm, xid, "db_stock", keys[1]);
+  commit_and_check(&cl, xid, b1, b2);
+}
+
+/* Committed, its answer lost: the TM gets that xid, once. */
 static void test_begin_reply_lost(void **state) {
   (void)state;
-  restart_armed("tc.store.begin.reply_lost");
-  cli_t cl;
-  cli_open(&cl, "u1");
-  char xid[TXP_MAX_XID_LEN + 1];
-  begin_ok(cl.tm, 30000, "u1-begin-reply-lost", xid);
-  expect_fault_resolved("tc.store.begin.reply_lost");
-  assert_int_equal(count_globals(xid), 1);
-  assert_int_equal(db_long(SQL_GLOBAL_STATUS, xid, NULL), TXP_GS_BEGIN);
-  int64_t b1 = register_ok(cl.rm, xid, "db_orders", "t_order:u1");
-  int64_t b2 = register_ok(cl.rm, xid, "db_stock", "t_stock:u1");
-  commit_and_check(&cl, xid, b1, b2);
+  begin_lost("tc.store.begin.reply_lost", "u1");
 }
 
-/* A begin that never committed runs again: the TM gets a live xid. */
+/* Never committed: the begin runs again. */
 static void test_begin_aborted(void **state) {
   (void)state;
-  restart_armed("tc.store.begin.aborted");
-  cli_t cl;
-  cli_open(&cl, "u2");
-  char xid[TXP_MAX_XID_LEN + 1];
-  begin_ok(cl.tm, 30000, "u2-begin-aborted", xid);
-  expect_fault_resolved("tc.store.begin.aborted");
-  assert_int_equal(count_globals(xid), 1);
-  assert_int_equal(db_long(SQL_GLOBAL_STATUS, xid, NULL), TXP_GS_BEGIN);
-  int64_t b1 = register_ok(cl.rm, xid, "db_orders", "t_order:u2");
-  int64_t b2 = register_ok(cl.rm, xid, "db_stock", "t_stock:u2");
-  commit_and_check(&cl, xid, b1, b2);
+  begin_lost("tc.store.begin.aborted", "u2");
 }
 
-/* A registration committed with its lock, its answer lost: the RM gets the
- * branch id that was recorded, and there is one branch, one lock. */
+/* Committed with its lock, its answer lost. */
 static void test_register_reply_lost(void **state) {
   (void)state;
-  restart_armed("tc.store.register.reply_lost");
-  cli_t cl;
-  cli_open(&cl, "u3");
-  char xid[TXP_MAX_XID_LEN + 1];
-  begin_ok(cl.tm, 30000, "u3-register-reply-lost", xid);
-  int64_t b1 = register_ok(cl.rm, xid, "db_orders", "t_order:u3");
-  expect_fault_resolved("tc.store.register.reply_lost");
-  assert_int_equal(db_long(SQL_BRANCHES, xid, NULL), 1);
-  assert_int_equal(branch_status(b1), TXP_BS_REGISTERED);
-  assert_int_equal(db_long(SQL_LOCKS, xid, NULL), 1);
-  char holder[TXP_MAX_XID_LEN + 1];
-  db_text(SQL_KEY_HOLDER, "db_orders^^^t_order^^^u3", holder, sizeof(holder));
-  assert_string_equal(holder, xid);
-  int64_t b2 = register_ok(cl.rm, xid, "db_stock", "t_stock:u3");
-  commit_and_check(&cl, xid, b1, b2);
+  register_lost("tc.store.register.reply_lost", "u3");
 }
 
-/* A registration that never committed runs again and takes its lock. */
+/* Never committed: the registration runs again and takes its lock. */
 static void test_register_aborted(void **state) {
   (void)state;
-  restart_armed("tc.store.register.aborted");
-  cli_t cl;
-  cli_open(&cl, "u4");
-  char xid[TXP_MAX_XID_LEN + 1];
-  begin_ok(cl.tm, 30000, "u4-register-aborted", xid);
-  int64_t b1 = register_ok(cl.rm, xid, "db_orders", "t_order:u4");
-  expect_fault_resolved("tc.store.register.aborted");
-  assert_int_equal(db_long(SQL_BRANCHES, xid, NULL), 1);
-  assert_int_equal(branch_status(b1), TXP_BS_REGISTERED);
-  assert_int_equal(db_long(SQL_LOCKS, xid, NULL), 1);
-  int64_t b2 = register_ok(cl.rm, xid, "db_stock", "t_stock:u4");
-  commit_and_check(&cl, xid, b1, b2);
+  register_lost("tc.store.register.aborted", "u4");
 }
 
 /* A commit decision recorded, its answer lost: the TM hears "committed"
@@ -183,23 +177,25 @@ static void test_commit_reply_lost(void **state) {
   expect_fault_resolved("tc.store.decide.reply_lost");
 }
 
-/* A rollback decision that never committed runs again; the TM's answer
- * comes once both branches are undone, newest first, as without the
- * fault. */
-static void test_rollback_aborted(void **state) {
-  (void)state;
-  restart_armed("tc.store.decide.aborted");
+/* A rollback decision lost in flight ('failpoint'), of a global with two
+ * branches: the TM's answer comes once both are undone, newest first, as
+ * without the fault (answered as a fresh decision when it had committed,
+ * run again when it had not). */
+static void rollback_lost(const char *failpoint, const char *who) {
+  restart_armed(failpoint);
   cli_t cl;
-  cli_open(&cl, "u6");
-  char xid[TXP_MAX_XID_LEN + 1];
-  begin_ok(cl.tm, 30000, "u6-rollback-aborted", xid);
-  int64_t b1 = register_ok(cl.rm, xid, "db_orders", "t_order:u6");
-  int64_t b2 = register_ok(cl.rm, xid, "db_stock", "t_stock:u6");
+  cli_open(&cl, who);
+  char xid[TXP_MAX_XID_LEN + 1], keys[2][64];
+  begin_ok(cl.tm, 30000, who, xid);
+  snprintf(keys[0], sizeof(keys[0]), "t_order:%s", who);
+  snprintf(keys[1], sizeof(keys[1]), "t_stock:%s", who);
+  int64_t b1 = register_ok(cl.rm, xid, "db_orders", keys[0]);
+  int64_t b2 = register_ok(cl.rm, xid, "db_stock", keys[1]);
   int status = -1;
   int rc = txc_rollback(cl.tm, xid, &status);
   if (rc != 0) fail_msg("GlobalRollback %s: %s (%d)", xid, txp_errname(rc), rc);
   assert_int_equal(status, TXP_GS_ROLLBACKED);
-  expect_fault_resolved("tc.store.decide.aborted");
+  expect_fault_resolved(failpoint);
   int64_t ids[8];
   int n = rm_events(xid, TXP_MSG_BRANCH_ROLLBACK, 0, ids, 8);
   assert_true(n >= 2);
@@ -209,25 +205,14 @@ static void test_rollback_aborted(void **state) {
   assert_int_equal(db_long(SQL_LIVE_ROWS, xid, NULL), 0);
 }
 
-/* A rollback decision recorded, its answer lost: answered after the undo,
- * as a fresh one. */
+static void test_rollback_aborted(void **state) {
+  (void)state;
+  rollback_lost("tc.store.decide.aborted", "u6");
+}
+
 static void test_rollback_reply_lost(void **state) {
   (void)state;
-  restart_armed("tc.store.decide.reply_lost");
-  cli_t cl;
-  cli_open(&cl, "u7");
-  char xid[TXP_MAX_XID_LEN + 1];
-  begin_ok(cl.tm, 30000, "u7-rollback-reply-lost", xid);
-  int64_t b1 = register_ok(cl.rm, xid, "db_orders", "t_order:u7");
-  int status = -1;
-  int rc = txc_rollback(cl.tm, xid, &status);
-  if (rc != 0) fail_msg("GlobalRollback %s: %s (%d)", xid, txp_errname(rc), rc);
-  assert_int_equal(status, TXP_GS_ROLLBACKED);
-  expect_fault_resolved("tc.store.decide.reply_lost");
-  int64_t ids[8];
-  int n = rm_events(xid, TXP_MSG_BRANCH_ROLLBACK, 0, ids, 8);
-  assert_true(n >= 1 && has_id(ids, n, b1));
-  expect_history(xid, TXP_GS_ROLLBACKED, WAIT_MS);
+  rollback_lost("tc.store.decide.reply_lost", "u7");
 }
 
 /* The last tcd (armed or not) must stop cleanly: the suite's teardown. */
