@@ -131,6 +131,12 @@
  *     ORDER_SLOW_MS            1000 (an order slower than this logs the
  *                              time of each phase, at info level)
  *     PF_COMMAND_TIMEOUT_MS    500, PF_CONNECT_TIMEOUT_MS 1000 (Redis)
+ *     ORDER_TICKET_PRICE_CENTS 9900 (an order's amount_cents is qty times
+ *                              this; the payment ledger takes it)
+ *     ORDER_RECONCILE_AT       02:30 (the daily reconciliation, UTC; off:
+ *                              none; order_recon.h, reconcile.h)
+ *     ORDER_RECONCILE_INTERVAL_S 0 (> 0: every this many seconds instead)
+ *     ORDER_RECONCILE_SETTLE_S 300 (changes this recent wait for the next run)
  *     ORDER_IDEMPOTENCY_TTL_S  86400 (how long Redis keeps a key's answer;
  *                              PostgreSQL keeps the key with the order)
  *     ORDER_LOG_LEVEL          info
@@ -154,6 +160,7 @@
 #include <unistd.h>
 
 #include "order_service.h"
+#include "order_recon.h"
 #include "svc_common.h"
 #include "txc_isotime.h"
 #include "svc_http.h"
@@ -259,8 +266,9 @@ static void local_abort(PGconn *pg) {
 
 /* Branch 1 of a purchase: insert 'o' as UNPAID. */
 static int branch_insert_order(order_svc_t *s, PGconn *pg, const order_t *o, char *err, size_t errlen) {
-  char sid[24], sa[24], st[24], su[24], sq[24], sb[24], exp[64] = "";
+  char sid[24], sa[24], st[24], su[24], sq[24], sb[24], sm[24], exp[64] = "";
   snprintf(sid, sizeof(sid), "%lld", o->order_id);
+  snprintf(sm, sizeof(sm), "%lld", o->qty * s->price_cents);
   snprintf(sa, sizeof(sa), "%lld", o->activity);
   snprintf(st, sizeof(st), "%lld", o->ticket_type);
   snprintf(su, sizeof(su), "%lld", o->user);
@@ -268,11 +276,11 @@ static int branch_insert_order(order_svc_t *s, PGconn *pg, const order_t *o, cha
   snprintf(sb, sizeof(sb), "%lld", o->bucket);
   /* The key goes in with the order: the unique (user_id, idem_key) refuses
    * a second order for it (the AT insert fails, this attempt rolls back). */
-  const char *cols[9] = {"order_id", "activity_id", "ticket_type", "user_id", "qty", "bucket_id", "xid",
-                         "expire_at", "idem_key"};
-  const char *vals[9] = {sid, sa, st, su, sq, sb, o->xid, exp, o->idem_key};
+  const char *cols[10] = {"order_id", "activity_id", "ticket_type", "user_id", "qty", "bucket_id", "xid",
+                          "expire_at", "amount_cents", "idem_key"};
+  const char *vals[10] = {sid, sa, st, su, sq, sb, o->xid, exp, sm, o->idem_key};
   txc_iso_time(exp, o->expire_ms);
-  int ncols = o->idem_key ? 9 : 8;
+  int ncols = o->idem_key ? 10 : 9;
   if (!svc_pg_exec(pg, "BEGIN", 0, NULL, PGRES_COMMAND_OK, NULL, err, errlen)) return RM_E_DB;
   rm_branch_t *b = NULL;
   int rc = rm_at_open(s->rm, o->xid, s->resource, pg, &b);
@@ -559,6 +567,7 @@ static void handle_metrics(order_svc_t *s, svc_resp_t *resp) {
                  "# TYPE txc_outbox_oldest_unpublished_seconds gauge\ntxc_outbox_oldest_unpublished_seconds %.3f\n",
                  (unsigned long long)rs.published, (unsigned long long)rs.republished,
                  (unsigned long long)rs.errors, rs.unpublished, rs.oldest_unpublished_s);
+  order_recon_metrics(s->recon, &b);
   if (b.p)
     svc_resp_text(resp, 200, b.p);
   else
@@ -926,8 +935,23 @@ static int finish_order(order_svc_t *s, long long id, finish_kind_t kind, const 
   json_t *payload = json_pack("{s:I,s:I,s:I,s:I,s:I}", "activity", (json_int_t)o.activity, "ticket_type",
                               (json_int_t)o.ticket_type, "bucket", (json_int_t)o.bucket, "user", (json_int_t)o.user,
                               "qty", (json_int_t)o.qty);
-  if (!svc_pg_exec(pg, "UPDATE trade_order SET status = $2, updated_at = now() WHERE order_id = $1", 2, pu,
-                   PGRES_COMMAND_OK, NULL, err, sizeof(err)) ||
+  /* A payment also writes the payment ledger (the demo's stand-in for the
+   * provider's statement, which the daily reconciliation compares with
+   * the orders: reconcile.h), with the order's amount; an order made
+   * without one (local mode, before sql/orders/005) gets it now. */
+  char sprice[24];
+  snprintf(sprice, sizeof(sprice), "%lld", s->price_cents);
+  const char *pp[2] = {sid, sprice};
+  if (!(kind == FIN_PAY
+            ? svc_pg_exec(pg,
+                          "WITH o AS (UPDATE trade_order SET status = 'PAID', updated_at = now(),"
+                          " amount_cents = coalesce(amount_cents, qty * $2::bigint)"
+                          " WHERE order_id = $1 RETURNING order_id, amount_cents)"
+                          " INSERT INTO payment_ledger (order_id, amount_cents, provider_ref)"
+                          " SELECT order_id, amount_cents, 'demo-pay:' || order_id FROM o",
+                          2, pp, PGRES_COMMAND_OK, NULL, err, sizeof(err))
+            : svc_pg_exec(pg, "UPDATE trade_order SET status = $2, updated_at = now() WHERE order_id = $1", 2, pu,
+                          PGRES_COMMAND_OK, NULL, err, sizeof(err))) ||
       !svc_outbox_add(pg, fin_events[kind], o.order_id, payload, err, sizeof(err)) ||
       !local_commit(pg, err, sizeof(err)))
     goto fail;
@@ -1176,7 +1200,8 @@ static void usage(FILE *f) {
           "cluster/local/up), ORDER_LISTEN, ORDER_THREADS, ORDER_PG_POOL, ORDER_RESOURCE_ID,\n"
           "ORDER_GTX_TIMEOUT_MS, STOCK_CALL_TIMEOUT_MS, ORDER_TTL_S, ORDER_FREEZE_GRACE_S,\n"
           "ORDER_EXPIRY_INTERVAL_MS, PF_COMMAND_TIMEOUT_MS, PF_CONNECT_TIMEOUT_MS, ORDER_LOG_LEVEL,\n"
-          "OUTBOX_STREAM_MAXLEN, OUTBOX_RETENTION_S, ORDER_IDEMPOTENCY_TTL_S,\n"
+          "OUTBOX_STREAM_MAXLEN, OUTBOX_RETENTION_S, ORDER_IDEMPOTENCY_TTL_S, ORDER_TICKET_PRICE_CENTS,\n"
+          "ORDER_RECONCILE_AT, ORDER_RECONCILE_INTERVAL_S, ORDER_RECONCILE_SETTLE_S,\n"
           "ORDER_TX_MODE (global|local: benchmarks only).\n");
 }
 
@@ -1197,6 +1222,7 @@ int main(int argc, char **argv) {
   s.slow_us = svc_env_int("ORDER_SLOW_MS", 1000, 0, 3600000, &ok) * 1000;
   s.idem_ttl_s = (unsigned)svc_env_int("ORDER_IDEMPOTENCY_TTL_S", 86400, 1, 86400LL * 365, &ok);
   s.expiry_interval_ms = svc_env_int("ORDER_EXPIRY_INTERVAL_MS", 1000, 0, 3600000, &ok);
+  s.price_cents = svc_env_int("ORDER_TICKET_PRICE_CENTS", 9900, 0, 100000000, &ok);
   const char *txmode = svc_env_str("ORDER_TX_MODE", "global");
   if (strcmp(txmode, "local") == 0) {
     s.local_mode = true;
@@ -1276,6 +1302,13 @@ int main(int argc, char **argv) {
   }
   start_compensator(&s, pg_url);
   if (!s.local_mode) {
+    s.recon = order_recon_start(pg_url, &ok);
+    if (!ok) {
+      exit_code = 78;
+      goto out;
+    }
+  }
+  if (!s.local_mode) {
     svc_relay_opts_t ro = {.pg_url = pg_url, .redis_url = redis_url,
                            .maxlen = svc_env_int("OUTBOX_STREAM_MAXLEN", 1000000, 1000, INT64_MAX / 2, &ok),
                            .retention_s = svc_env_int("OUTBOX_RETENTION_S", 7 * 86400, 60, 86400LL * 3650, &ok),
@@ -1324,6 +1357,7 @@ out:
     pthread_mutex_unlock(&s.bg_mu);
     pthread_join(s.bg_thread, NULL);
   }
+  order_recon_stop(s.recon);
   svc_relay_stop(s.relay);
   svc_idem_free(s.idem);
   rm_compensator_stop(s.comp); /* before the prefilter it borrows */

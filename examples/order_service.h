@@ -31,6 +31,7 @@ typedef struct order_svc {
   svc_relay_t *relay;     /* the outbox's events to the stream */
   svc_idem_t *idem;       /* the idempotent submit's fast path; NULL: PostgreSQL alone */
   svc_auth_t *auth;       /* signs the calls to stock-service and the order events; NULL: unsigned */
+  struct order_recon *recon; /* the daily reconciliation's schedule (order_recon.h); NULL: none */
   unsigned idem_ttl_s;    /* ORDER_IDEMPOTENCY_TTL_S: how long Redis keeps an answer */
   _Atomic unsigned long long idem_replays_redis, idem_replays_pg, idem_in_progress;
   const char *resource;
@@ -38,6 +39,7 @@ typedef struct order_svc {
   long long ttl_s;           /* unpaid orders expire after this */
   long long freeze_grace_s;  /* the Redis/stock freeze outlives the order by this */
   long long expiry_interval_ms;
+  long long price_cents;     /* ORDER_TICKET_PRICE_CENTS: an order's amount is qty times this */
   bool local_mode; /* ORDER_TX_MODE=local: no coordinator (benchmark baseline) */
   int64_t slow_us;  /* ORDER_SLOW_MS: log the phases of slower orders */
 
