@@ -50,7 +50,8 @@
  *   was opened on one, and every write would fail the same way there; the
  *   job completes with TC_PG_ESTMT (nothing was written), the connection
  *   is dropped and opened again, on the primary if the conninfo says
- *   target_session_attrs=read-write.
+ *   target_session_attrs=read-write (with a host list and without that,
+ *   the next attempt at least begins with the next host).
  *
  *   Several hosts (host=a,b or postgresql://a:1,b:2/db, e.g. a primary and
  *   its standby with target_session_attrs=read-write: libpq walks the list
@@ -1166,7 +1167,11 @@ static void conn_sync_done(tc_pg_conn_t *c)
   if (PQstatus(c->pg) == CONNECTION_BAD) {
     conn_fail(c, PQerrorMessage(c->pg));
   } else if (job->has_error && strcmp(job->sqlstate, "25006") == 0) {
-    /* A standby (NOTES): find the primary. */
+    /* A standby (NOTES): find the primary.  With a host list, the next
+     * attempt begins after this host, so that a conninfo without
+     * target_session_attrs=read-write does not come straight back. */
+    if (c->pool->nhosts >= 2)
+      c->first_host = (c->first_host + 1) % c->pool->nhosts;
     conn_fail(c, "the server is read-only (a standby?): reconnecting");
   } else if (ts == PQTRANS_IDLE) {
     c->state = CONN_READY;
