@@ -12,6 +12,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -220,8 +221,31 @@ void svc_deadline_in(struct timespec *until, int64_t us) {
   }
 }
 
+/* Whether a connection that sat idle can be used again: still open (what
+ * the server sent meanwhile is read without blocking, so one that died or
+ * was stopped by a failover shows now, not as the next statement's error),
+ * and not on a read-only server (a hot standby: every write would fail
+ * there with SQLSTATE 25006; PostgreSQL 14 and later report in_hot_standby
+ * and default_transaction_read_only to the client). */
+static bool pg_idle_usable(PGconn *pg) {
+  if (!pg || PQstatus(pg) != CONNECTION_OK) return false;
+  struct pollfd pfd = {.fd = PQsocket(pg), .events = POLLIN};
+  if (pfd.fd < 0) return false;
+  /* A server that goes away says so first (FATAL "terminating
+   * connection ..."), then closes: the first read takes the message, the
+   * next one meets the end of the stream. */
+  for (int i = 0; i < 4 && poll(&pfd, 1, 0) != 0; i++)
+    if (!PQconsumeInput(pg) || PQstatus(pg) != CONNECTION_OK) return false;
+  const char *hs = PQparameterStatus(pg, "in_hot_standby");
+  const char *ro = PQparameterStatus(pg, "default_transaction_read_only");
+  return !(hs && strcmp(hs, "on") == 0) && !(ro && strcmp(ro, "on") == 0);
+}
+
 bool svc_pg_ensure(PGconn **pg, const char *conninfo, const char *what, char *err, size_t errlen) {
-  if (*pg && PQstatus(*pg) == CONNECTION_OK) return true;
+  /* Between transactions the check reads what the server sent (a dead
+   * one shows now); inside one, nothing is read behind the caller's back. */
+  if (*pg && (PQtransactionStatus(*pg) == PQTRANS_IDLE ? pg_idle_usable(*pg) : PQstatus(*pg) == CONNECTION_OK))
+    return true;
   PQfinish(*pg);
   *pg = PQconnectdb(conninfo);
   if (PQstatus(*pg) == CONNECTION_OK) return true;
@@ -240,10 +264,13 @@ PGconn *svc_pg_get(svc_pgpool_t *p, unsigned wait_ms, char *err, size_t errlen) 
     if (p->nidle > 0) {
       PGconn *pg = p->idle[--p->nidle];
       pthread_mutex_unlock(&p->mu);
-      if (PQstatus(pg) == CONNECTION_OK) return pg;
-      /* died while idle (server restart): replace it */
+      if (pg_idle_usable(pg)) return pg;
+      /* Died while idle (a server restart, the primary's failover) or on a
+       * standby: replace it.  PQreset connects again with the same
+       * conninfo, so a multi-host one with target_session_attrs=read-write
+       * lands on the (new) primary. */
       PQreset(pg);
-      if (PQstatus(pg) == CONNECTION_OK) return pg;
+      if (pg_idle_usable(pg)) return pg;
       PQfinish(pg);
       pthread_mutex_lock(&p->mu);
       p->open--;
@@ -287,7 +314,15 @@ int svc_pgpool_prewarm(svc_pgpool_t *p, int n) {
 
 void svc_pg_put(svc_pgpool_t *p, PGconn *pg) {
   if (!pg) return;
+  /* A connection that failed in the middle of a transaction (its server
+   * died: CONNECTION_BAD; or left in a failed or open block) is closed,
+   * never lent again; so is one found to be on a read-only server. */
   bool keep = PQstatus(pg) == CONNECTION_OK && PQtransactionStatus(pg) == PQTRANS_IDLE;
+  if (keep) {
+    const char *hs = PQparameterStatus(pg, "in_hot_standby");
+    const char *ro = PQparameterStatus(pg, "default_transaction_read_only");
+    keep = !(hs && strcmp(hs, "on") == 0) && !(ro && strcmp(ro, "on") == 0);
+  }
   if (!keep) PQfinish(pg);
   pthread_mutex_lock(&p->mu);
   if (keep)

@@ -25,7 +25,8 @@
  *                    direction it asked for.  The timer bounds the whole
  *                    of steps 3-4 (connect_timeout from the conninfo, else
  *                    10 s), because libpq does not enforce connect_timeout
- *                    for PQconnectPoll.
+ *                    for PQconnectPoll; with several hosts it bounds each
+ *                    host (see "Several hosts" below).
  *     4. INIT        PQsetnonblocking(1); then, if init_sql is set, it is
  *                    sent with PQsendQuery (simple protocol, so it may hold
  *                    several statements) before pipeline mode is entered,
@@ -44,6 +45,30 @@
  *   conn_fail(): the uv_poll is closed *before* PQfinish closes the socket
  *   (libuv requires it), the in-flight job completes with TC_PG_EBROKEN,
  *   on_state(up=false, why) runs, and the connection goes back to 1.
+ *   So does a job that failed with SQLSTATE 25006 (read_only_sql_
+ *   transaction): the session is on a server that became a standby, or
+ *   was opened on one, and every write would fail the same way there; the
+ *   job completes with TC_PG_ESTMT (nothing was written), the connection
+ *   is dropped and opened again, on the primary if the conninfo says
+ *   target_session_attrs=read-write (with a host list and without that,
+ *   the next attempt at least begins with the next host).
+ *
+ *   Several hosts (host=a,b or postgresql://a:1,b:2/db, e.g. a primary and
+ *   its standby with target_session_attrs=read-write: libpq walks the list
+ *   inside PQconnectPoll, skipping hosts that refuse or are read-only).
+ *   libpq has no call to give up on one host and go on to the next, and
+ *   a host that accepts the TCP connection and then never answers (a
+ *   hung or paused server) would hold the whole attempt.  So the timer
+ *   bounds each host: after every PQconnectPoll the host libpq is on
+ *   (PQhost/PQport) is looked up in the list, and the timer restarts when
+ *   it changed.  When it fires, the attempt is dropped and started again at
+ *   once with the list rotated to begin after that host (it comes last);
+ *   after as many timeouts in a row as there are hosts, the attempt fails
+ *   as usual (backoff).  A connection that got through remembers its
+ *   host: its next attempt (after the server died, say) starts there, so a
+ *   pool that found the new primary after a failover goes straight back
+ *   to it.  Host names in a list are resolved by libpq on the loop (only a
+ *   single host by name goes through step 2): use addresses.
  *
  *   Poll handles.  libpq may close its socket and open another one inside
  *   PQconnectPoll (next address, SSL or GSS fallback), possibly with the
@@ -116,7 +141,10 @@
 #define TC_PG_DEFAULT_SIZE 4
 #define TC_PG_DEFAULT_MAX_QUEUE 4096
 #define TC_PG_DEFAULT_RECONNECT_MIN_MS 100u
-#define TC_PG_DEFAULT_RECONNECT_MAX_MS 5000u
+/* A second at most between attempts: after a primary's failover the new
+ * one must be found within a second of its promotion (cluster/local/pg-ha),
+ * and a failed attempt costs little. */
+#define TC_PG_DEFAULT_RECONNECT_MAX_MS 1000u
 #define TC_PG_MAX_SIZE 1024
 #define TC_PG_DEFAULT_CONNECT_TIMEOUT_MS 10000u
 
@@ -155,6 +183,12 @@ struct tc_pg_conn {
   bool gai_pending;
   bool want_write; /* the last PQflush returned 1 */
   unsigned backoff_ms;
+  /* Several hosts: where in the list the next attempt begins, the
+   * position (in that rotated order) of the host libpq is on (-1: not
+   * known yet), and the host timeouts of this round. */
+  int first_host;
+  int cur_host;
+  int host_timeouts;
   tc_pg_job_t *job; /* in flight (BUSY only) */
   /* Prepared statements of this session (names are static strings). */
   const char *prepared[TC_PG_MAX_PREPARED];
@@ -178,6 +212,15 @@ struct tc_pg_pool {
 
   PQconninfoOption *parsed; /* the conninfo, parsed once */
   const char *resolve_host; /* points into 'parsed'; NULL: let libpq do it */
+  /* The conninfo's host list, when it has two hosts or more (else
+   * nhosts <= 1 and the lists are NULL): host, hostaddr and port, split at
+   * the commas; a list the conninfo does not give is NULL, and a single
+   * port (nport 1) applies to every host. */
+  int nhosts;
+  char **hosts;
+  char **hostaddrs;
+  char **ports;
+  int nport;
 
   tc_pg_conn_t *conns;
 
@@ -377,8 +420,20 @@ static void pool_dispatch(tc_pg_pool_t *pool)
 
 /* ---- handle bookkeeping and the end of the pool ---- */
 
+static void free_list(char **list)
+{
+  if (list == NULL)
+    return;
+  for (char **p = list; *p != NULL; p++)
+    free(*p);
+  free(list);
+}
+
 static void pool_free(tc_pg_pool_t *pool)
 {
+  free_list(pool->hosts);
+  free_list(pool->hostaddrs);
+  free_list(pool->ports);
   txc_heap_free(&pool->heap);
   free(pool->conns);
   if (pool->parsed != NULL)
@@ -628,10 +683,97 @@ static void conn_drain_init(tc_pg_conn_t *c)
   conn_ready(c);
 }
 
+/* ---- several hosts ---- */
+
+/* Entry 'i' of 'list' (NULL or "" when the conninfo does not give it). */
+static const char *list_at(char **list, int n, int i)
+{
+  if (list == NULL)
+    return NULL;
+  return list[n == 1 ? 0 : i];
+}
+
+/*
+ * The position, in the order of the current attempt (the list rotated to
+ * begin at c->first_host), of the host libpq is on; -1 if it cannot be
+ * told.  PQhost gives the host, or the hostaddr when there is no host.
+ */
+static int conn_host_index(const tc_pg_conn_t *c)
+{
+  const tc_pg_pool_t *pool = c->pool;
+  const char *h = PQhost(c->pg), *p = PQport(c->pg);
+  int n = pool->nhosts;
+
+  if (h == NULL)
+    return -1;
+  for (int k = 0; k < n; k++) {
+    int i = (c->first_host + k) % n;
+    const char *name = list_at(pool->hosts, n, i);
+    const char *port = list_at(pool->ports, pool->nport, i);
+
+    if (name == NULL || name[0] == '\0')
+      name = list_at(pool->hostaddrs, n, i);
+    if (name == NULL || strcmp(name, h) != 0)
+      continue;
+    if (p != NULL && p[0] != '\0' && port != NULL && port[0] != '\0' && strcmp(port, p) != 0)
+      continue;
+    return k;
+  }
+  return -1;
+}
+
+/* After a PQconnectPoll with several hosts: restart the timer when libpq
+ * moved on to another host, so that each host has the whole timeout. */
+static void conn_track_host(tc_pg_conn_t *c)
+{
+  int k;
+
+  if (c->pool->nhosts < 2)
+    return;
+  k = conn_host_index(c);
+  if (k >= 0 && k != c->cur_host) {
+    c->cur_host = k;
+    uv_timer_start(&c->timer, conn_on_timer, c->pool->connect_timeout_ms, 0);
+  }
+}
+
+static void conn_start(tc_pg_conn_t *c, const char *hostaddr);
+
+/*
+ * The connect timeout fired on host c->cur_host of a list.  Give up on
+ * that host: start again at once with the list rotated to begin after it,
+ * unless every host of the list timed out in this round, then fail as
+ * usual (backoff).  Returns whether it started again.
+ */
+static bool conn_skip_host(tc_pg_conn_t *c)
+{
+  tc_pg_pool_t *pool = c->pool;
+  int k = c->cur_host >= 0 ? c->cur_host : 0;
+
+  c->first_host = (c->first_host + k + 1) % pool->nhosts;
+  if (++c->host_timeouts >= pool->nhosts) {
+    c->host_timeouts = 0;
+    return false;
+  }
+  conn_teardown(c);
+  conn_start(c, NULL);
+  return true;
+}
+
 /* Step 3 done: PQconnectPoll said OK. */
 static void conn_connected(tc_pg_conn_t *c)
 {
   tc_pg_pool_t *pool = c->pool;
+
+  if (pool->nhosts >= 2) {
+    /* The next attempt begins with the host that answered. */
+    int k = conn_host_index(c);
+
+    if (k >= 0)
+      c->first_host = (c->first_host + k) % pool->nhosts;
+    c->cur_host = -1;
+    c->host_timeouts = 0;
+  }
 
   if (PQsetnonblocking(c->pg, 1) != 0) {
     conn_fail(c, PQerrorMessage(c->pg));
@@ -673,6 +815,7 @@ static void conn_connect_step(tc_pg_conn_t *c)
     conn_fail(c, PQerrorMessage(c->pg));
     return;
   }
+  conn_track_host(c);
   if (conn_watch(c, events, true) != 0)
     conn_fail(c, "could not watch the connection's socket");
 }
@@ -681,41 +824,104 @@ static void conn_connect_step(tc_pg_conn_t *c)
  * Step 3 begins.  'hostaddr' is the resolved address of the conninfo's
  * host (step 2), or NULL to hand the conninfo to libpq as it is.
  */
+/* 'list' (n entries) joined with commas, beginning at entry 'first';
+ * NULL on allocation failure. */
+static char *join_rotated(char **list, int n, int first)
+{
+  size_t len = 1;
+  char *out, *p;
+
+  for (int i = 0; i < n; i++)
+    len += strlen(list[i]) + 1;
+  out = malloc(len);
+  if (out == NULL)
+    return NULL;
+  p = out;
+  for (int k = 0; k < n; k++) {
+    const char *e = list[(first + k) % n];
+    size_t l = strlen(e);
+
+    if (k > 0)
+      *p++ = ',';
+    memcpy(p, e, l);
+    p += l;
+  }
+  *p = '\0';
+  return out;
+}
+
+/*
+ * PQconnectStartParams with the parsed conninfo, 'hostaddr' instead of its
+ * hostaddr (step 2), or with its host lists rotated to begin at
+ * c->first_host.  NULL on allocation failure.
+ */
+static PGconn *start_params(tc_pg_conn_t *c, const char *hostaddr)
+{
+  tc_pg_pool_t *pool = c->pool;
+  const char **keys = NULL, **vals = NULL;
+  char *rot[3] = {NULL, NULL, NULL};
+  size_t n = 0, i = 0;
+  PQconninfoOption *o;
+  PGconn *pg = NULL;
+  bool rotate = hostaddr == NULL;
+
+  if (rotate) {
+    if (pool->hosts != NULL && (rot[0] = join_rotated(pool->hosts, pool->nhosts, c->first_host)) == NULL)
+      goto out;
+    if (pool->hostaddrs != NULL &&
+        (rot[1] = join_rotated(pool->hostaddrs, pool->nhosts, c->first_host)) == NULL)
+      goto out;
+    if (pool->ports != NULL && pool->nport > 1 &&
+        (rot[2] = join_rotated(pool->ports, pool->nport, c->first_host)) == NULL)
+      goto out;
+  }
+  for (o = pool->parsed; o->keyword != NULL; o++)
+    n++;
+  keys = calloc(n + 2, sizeof *keys);
+  vals = calloc(n + 2, sizeof *vals);
+  if (keys == NULL || vals == NULL)
+    goto out;
+  for (o = pool->parsed; o->keyword != NULL; o++) {
+    const char *v = o->val;
+
+    if (v == NULL)
+      continue;
+    if (strcmp(o->keyword, "hostaddr") == 0) {
+      if (!rotate)
+        continue; /* given below */
+      v = rot[1] != NULL ? rot[1] : v;
+    } else if (rotate && strcmp(o->keyword, "host") == 0 && rot[0] != NULL) {
+      v = rot[0];
+    } else if (rotate && strcmp(o->keyword, "port") == 0 && rot[2] != NULL) {
+      v = rot[2];
+    }
+    keys[i] = o->keyword;
+    vals[i] = v;
+    i++;
+  }
+  if (!rotate) {
+    keys[i] = "hostaddr";
+    vals[i] = hostaddr;
+  }
+  pg = PQconnectStartParams(keys, vals, 0);
+out:
+  free(keys);
+  free(vals);
+  for (int k = 0; k < 3; k++)
+    free(rot[k]);
+  return pg;
+}
+
 static void conn_start(tc_pg_conn_t *c, const char *hostaddr)
 {
   tc_pg_pool_t *pool = c->pool;
   PGconn *pg;
 
-  if (hostaddr != NULL) {
-    const char **keys = NULL, **vals = NULL;
-    size_t n = 0, i = 0;
-    PQconninfoOption *o;
-
-    for (o = pool->parsed; o->keyword != NULL; o++)
-      n++;
-    keys = calloc(n + 2, sizeof *keys);
-    vals = calloc(n + 2, sizeof *vals);
-    if (keys == NULL || vals == NULL) {
-      free(keys);
-      free(vals);
-      conn_fail(c, "out of memory");
-      return;
-    }
-    for (o = pool->parsed; o->keyword != NULL; o++) {
-      if (o->val == NULL || strcmp(o->keyword, "hostaddr") == 0)
-        continue;
-      keys[i] = o->keyword;
-      vals[i] = o->val;
-      i++;
-    }
-    keys[i] = "hostaddr";
-    vals[i] = hostaddr;
-    pg = PQconnectStartParams(keys, vals, 0);
-    free(keys);
-    free(vals);
-  } else {
+  c->cur_host = -1;
+  if (hostaddr != NULL || (pool->nhosts >= 2 && c->first_host != 0))
+    pg = start_params(c, hostaddr);
+  else
     pg = PQconnectStart(pool->conninfo);
-  }
   if (pg == NULL) {
     conn_fail(c, "out of memory");
     return;
@@ -809,6 +1015,10 @@ static void conn_on_timer(uv_timer_t *timer)
     conn_connect(c);
     break;
   case CONN_CONNECTING:
+    if (pool->nhosts >= 2 && conn_skip_host(c))
+      break;
+    conn_fail(c, "timeout expired while connecting");
+    break;
   case CONN_INIT:
     conn_fail(c, "timeout expired while connecting");
     break;
@@ -956,6 +1166,13 @@ static void conn_sync_done(tc_pg_conn_t *c)
     c->must_deallocate = true;
   if (PQstatus(c->pg) == CONNECTION_BAD) {
     conn_fail(c, PQerrorMessage(c->pg));
+  } else if (job->has_error && strcmp(job->sqlstate, "25006") == 0) {
+    /* A standby (NOTES): find the primary.  With a host list, the next
+     * attempt begins after this host, so that a conninfo without
+     * target_session_attrs=read-write does not come straight back. */
+    if (c->pool->nhosts >= 2)
+      c->first_host = (c->first_host + 1) % c->pool->nhosts;
+    conn_fail(c, "the server is read-only (a standby?): reconnecting");
   } else if (ts == PQTRANS_IDLE) {
     c->state = CONN_READY;
   } else if (ts == PQTRANS_INTRANS || ts == PQTRANS_INERROR) {
@@ -1116,6 +1333,78 @@ static const char *pick_resolve_host(const PQconninfoOption *opts)
   return host;
 }
 
+/* 'v' split at the commas into a NULL-terminated array (*n entries);
+ * NULL with *n 0 for NULL or "", NULL with *n -1 on allocation failure. */
+static char **split_list(const char *v, int *n)
+{
+  int cnt = 1, k = 0;
+  char **out;
+  const char *p;
+
+  *n = 0;
+  if (v == NULL || v[0] == '\0')
+    return NULL;
+  for (p = v; *p != '\0'; p++)
+    if (*p == ',')
+      cnt++;
+  out = calloc((size_t)cnt + 1, sizeof *out);
+  if (out == NULL)
+    goto fail;
+  for (p = v;; k++) {
+    const char *e = strchr(p, ',');
+    size_t l = e != NULL ? (size_t)(e - p) : strlen(p);
+
+    out[k] = malloc(l + 1);
+    if (out[k] == NULL)
+      goto fail;
+    memcpy(out[k], p, l);
+    out[k][l] = '\0';
+    if (e == NULL)
+      break;
+    p = e + 1;
+  }
+  *n = cnt;
+  return out;
+fail:
+  free_list(out);
+  *n = -1;
+  return NULL;
+}
+
+/* Several hosts (NOTES): keep the conninfo's lists when it has two hosts
+ * or more.  Returns 0, or -1 on allocation failure. */
+static int pick_hosts(tc_pg_pool_t *pool)
+{
+  const char *host = NULL, *hostaddr = NULL, *port = NULL;
+  int nh, na, np;
+
+  for (const PQconninfoOption *o = pool->parsed; o->keyword != NULL; o++) {
+    if (strcmp(o->keyword, "host") == 0)
+      host = o->val;
+    else if (strcmp(o->keyword, "hostaddr") == 0)
+      hostaddr = o->val;
+    else if (strcmp(o->keyword, "port") == 0)
+      port = o->val;
+  }
+  pool->hosts = split_list(host, &nh);
+  pool->hostaddrs = split_list(hostaddr, &na);
+  pool->ports = split_list(port, &np);
+  if (nh < 0 || na < 0 || np < 0)
+    return -1;
+  pool->nhosts = nh > na ? nh : na;
+  pool->nport = np;
+  /* libpq refuses lists of different lengths; then connecting fails the
+   * usual way, without rotation. */
+  if (pool->nhosts < 2 || (nh != 0 && na != 0 && nh != na) || (np > 1 && np != pool->nhosts)) {
+    free_list(pool->hosts);
+    free_list(pool->hostaddrs);
+    free_list(pool->ports);
+    pool->hosts = pool->hostaddrs = pool->ports = NULL;
+    pool->nhosts = pool->nport = 0;
+  }
+  return 0;
+}
+
 static unsigned pick_connect_timeout(const PQconninfoOption *opts)
 {
   const PQconninfoOption *o;
@@ -1187,6 +1476,8 @@ tc_pg_pool_t *tc_pg_pool_new(uv_loop_t *loop, const tc_pg_pool_opts_t *opts)
     goto fail_parse;
   pool->resolve_host = pick_resolve_host(pool->parsed);
   pool->connect_timeout_ms = pick_connect_timeout(pool->parsed);
+  if (pick_hosts(pool) != 0)
+    goto fail_hosts;
   pool->conns = calloc((size_t)pool->size, sizeof *pool->conns);
   if (pool->conns == NULL)
     goto fail_conns;
@@ -1205,6 +1496,7 @@ tc_pg_pool_t *tc_pg_pool_new(uv_loop_t *loop, const tc_pg_pool_opts_t *opts)
     c->pool = pool;
     c->index = i;
     c->state = CONN_IDLE;
+    c->cur_host = -1;
     uv_timer_init(loop, &c->timer);
     c->timer.data = c;
     pool->open_handles++;
@@ -1214,6 +1506,10 @@ tc_pg_pool_t *tc_pg_pool_new(uv_loop_t *loop, const tc_pg_pool_opts_t *opts)
   return pool;
 
 fail_conns:
+fail_hosts:
+  free_list(pool->hosts);
+  free_list(pool->hostaddrs);
+  free_list(pool->ports);
   PQconninfoFree(pool->parsed);
 fail_parse:
   if (perr != NULL)

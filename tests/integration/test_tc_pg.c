@@ -1091,6 +1091,92 @@ static void test_host_list_fallback(void **state)
   ctx_finish(&t);
 }
 
+/* A list whose first host accepts the TCP connection and never answers
+ * (a listening socket nobody accepts from: a hung server).  libpq would
+ * wait on it forever; the per-host timer gives up on it after
+ * connect_timeout and starts again with the next host, without reporting
+ * the connection down. */
+static void hung_cb(tc_pg_job_t *job, int status, void *arg)
+{
+  ctx_t *t = arg;
+
+  expect_ok(job, status);
+  t->elapsed[t->ncb] = tc_pg_job_elapsed_ms(job);
+  t->ncb++;
+  if (t->ncb == 1) {
+    /* The next connection of the pool begins with the host that
+     * answered: no second wait. */
+    submit_ok(t, make_job(0, hung_cb, t, "SELECT 1", NULL), 10000);
+    return;
+  }
+  close_pool(t);
+}
+
+static void test_host_list_hung_first(void **state)
+{
+  ctx_t t;
+  char port[64], user[64], db[64];
+  char conninfo[256];
+  int fd, hung;
+
+  (void)state;
+  need_server();
+  if (!url_parts(getenv("TC_PG_URL"), port, user, db, sizeof port))
+    skip();
+  ctx_init(&t);
+  hung = closed_port(&fd);
+  assert_int_equal(listen(fd, 16), 0);
+  snprintf(conninfo, sizeof conninfo,
+           "host=127.0.0.1,127.0.0.1 port=%d,%s user=%s dbname=%s connect_timeout=2", hung, port, user,
+           db);
+  open_pool(&t, conninfo, 1, 0);
+  submit_ok(&t, make_job(0, hung_cb, &t, "SELECT 1", NULL), 10000);
+  uv_run(&t.loop, UV_RUN_DEFAULT);
+  close(fd);
+  assert_int_equal(t.ncb, 2);
+  assert_int_equal(t.downs[0], 0);
+  print_message("first job %.0f ms, second %.0f ms\n", t.elapsed[0], t.elapsed[1]);
+  assert_true(t.elapsed[0] >= 1900.0 && t.elapsed[0] < 6000.0);
+  assert_true(t.elapsed[1] < 1000.0);
+  ctx_finish(&t);
+}
+
+/* A write refused with SQLSTATE 25006 (the session is read-only, as on a
+ * standby) fails the job and drops the connection; the next one is a new
+ * session (here: no longer read-only). */
+static void ro_cb(tc_pg_job_t *job, int status, void *arg)
+{
+  ctx_t *t = arg;
+
+  t->ncb++;
+  if (t->ncb == 1) {
+    expect_ok(job, status);
+    submit_ok(t, make_job(TC_PG_JOB_TXN, ro_cb, t, "CREATE TABLE tc_pg_ro_never (a int)", NULL), 10000);
+  } else if (t->ncb == 2) {
+    assert_int_equal(status, TC_PG_ESTMT);
+    assert_string_equal(tc_pg_job_sqlstate(job), "25006");
+    assert_int_equal(t->downs[0], 1);
+    submit_ok(t, make_job(0, ro_cb, t, "SHOW default_transaction_read_only", NULL), 10000);
+  } else {
+    expect_ok(job, status);
+    assert_string_equal(val(job, 0, 0, 0), "off");
+    assert_int_equal(t->ups[0], 2);
+    close_pool(t);
+  }
+}
+
+static void test_read_only_reconnects(void **state)
+{
+  ctx_t t;
+
+  (void)state;
+  ctx_open(&t, 1, 0);
+  submit_ok(&t, make_job(0, ro_cb, &t, "SET default_transaction_read_only = on", NULL), 10000);
+  uv_run(&t.loop, UV_RUN_DEFAULT);
+  assert_int_equal(t.ncb, 3);
+  ctx_finish(&t);
+}
+
 /* ---- 13. bad options and job edge cases (no server needed) ---- */
 
 static void test_bad_options(void **state)
@@ -1145,6 +1231,8 @@ int main(void)
     cmocka_unit_test(test_big_payloads),
     cmocka_unit_test(test_hostname),
     cmocka_unit_test(test_host_list_fallback),
+    cmocka_unit_test(test_host_list_hung_first),
+    cmocka_unit_test(test_read_only_reconnects),
   };
 
   return cmocka_run_group_tests_name("tc_pg", tests, NULL, NULL);

@@ -74,11 +74,11 @@ int rm__undo_pool_get(rm_at_resource_t *r, PGconn **out, char *err, size_t errle
     if (r->nidle > 0) {
       PGconn *pg = r->idle[--r->nidle];
       pthread_mutex_unlock(&r->pool_mu);
-      if (PQstatus(pg) == CONNECTION_OK) {
+      if (rm__pg_idle_usable(pg)) {
         *out = pg;
         return 0;
       }
-      PQfinish(pg); /* broken while idle: open a new one */
+      PQfinish(pg); /* broken while idle (its server died, a failover), or read-only: open a new one */
       pthread_mutex_lock(&r->pool_mu);
       r->total--;
       continue;
@@ -153,7 +153,9 @@ PGresult *rm__undo_exec(rm_undo_ctx_t *u, const char *what, const char *sql, int
   if (PQresultStatus(res) == want) return res;
   rm__pg_error(u->err, u->errlen, what, u->pg, res);
   snprintf(u->sqlstate, sizeof(u->sqlstate), "%s", rm__sqlstate(res));
-  if (PQstatus(u->pg) != CONNECTION_OK) u->bad = true;
+  /* A lost connection, or one on a standby (the next one goes to the
+   * primary: the conninfo's target_session_attrs). */
+  if (PQstatus(u->pg) != CONNECTION_OK || rm__pg_read_only_error(res)) u->bad = true;
   PQclear(res);
   return NULL;
 }

@@ -4,6 +4,7 @@
  * the check that a caller's connection can take a statement.  A leaf (the
  * public header and libpq only).
  */
+#include <poll.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -43,3 +44,20 @@ const char *rm__pg_unusable(PGconn *pg, bool need_idle, int *code) {
   *code = 0;
   return NULL;
 }
+
+bool rm__pg_idle_usable(PGconn *pg) {
+  if (!pg || PQstatus(pg) != CONNECTION_OK || PQtransactionStatus(pg) != PQTRANS_IDLE) return false;
+  struct pollfd pfd = {.fd = PQsocket(pg), .events = POLLIN};
+  if (pfd.fd < 0) return false;
+  /* Readable while idle: a notice, a parameter change, or the server's
+   * goodbye: FATAL "terminating connection ...", then the end of the
+   * stream, which only the next read meets.  PQconsumeInput never
+   * blocks. */
+  for (int i = 0; i < 4 && poll(&pfd, 1, 0) != 0; i++)
+    if (!PQconsumeInput(pg) || PQstatus(pg) != CONNECTION_OK) return false;
+  const char *hs = PQparameterStatus(pg, "in_hot_standby");
+  const char *ro = PQparameterStatus(pg, "default_transaction_read_only");
+  return !(hs && strcmp(hs, "on") == 0) && !(ro && strcmp(ro, "on") == 0);
+}
+
+bool rm__pg_read_only_error(const PGresult *res) { return strcmp(rm__sqlstate(res), "25006") == 0; }

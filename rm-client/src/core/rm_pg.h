@@ -22,5 +22,16 @@ const char *rm__sqlstate(const PGresult *res);
  * failed or busy transaction, or with 'need_idle', inside a transaction
  * block. */
 const char *rm__pg_unusable(PGconn *pg, bool need_idle, int *code);
+/* Whether an idle pooled connection can be lent again: open, and not
+ * closed by its server meanwhile (whatever the server sent is read without
+ * blocking, so a server that died or was stopped by a failover is seen
+ * now, not by the next statement), and not on a read-only server (a hot
+ * standby, or a session made read-only: every write would fail there with
+ * SQLSTATE 25006; PostgreSQL 14 and later report both settings to the
+ * client).  A connection that is not usable should be closed. */
+bool rm__pg_idle_usable(PGconn *pg);
+/* Whether 'res' failed because the server is read-only (SQLSTATE 25006:
+ * a standby): the connection should be closed rather than reused. */
+bool rm__pg_read_only_error(const PGresult *res);
 
 #endif /* RM_PG_H */
