@@ -116,6 +116,8 @@
 #define MAX_BROKEN 3
 #define RESOLVE_WAIT_MS 30000
 #define RESOLVE_READS 3
+/* At most one "store connection lost" line this often (on_pool_state). */
+#define LOST_LOG_MS 2000
 
 /* The write lanes (see NOTES). */
 enum { LANE_DURABLE = 0, LANE_RELAXED = 1, LANE_CLEANUP = 2, LANES = 3 };
@@ -164,6 +166,8 @@ struct tc_store {
   void *close_arg;
 
   tc_store_stats_t stats;
+  uint64_t lost_logged_ms; /* the last "connection lost" line (loop time), 0: none yet */
+  uint64_t lost_unlogged;  /* failures since, not logged */
 };
 
 typedef struct batch {
@@ -1163,7 +1167,22 @@ static void on_pool_state(tc_pg_pool_t *pool, int idx, bool up, const char *err,
     if (st->id_next >= st->id_end && st->nspare == 0) fetch_block(st);
     schedule_flush(st);
   } else if (!st->closing) {
-    tc_log_warn("store connection %d lost: %s", idx, err ? err : "unknown error");
+    /* While the server is away (a failover: several seconds), every
+     * connection fails again at each backoff step: one line every
+     * LOST_LOG_MS says so, with how many failures it stands for. */
+    uint64_t now = uv_now(st->loop);
+    if (st->lost_logged_ms == 0 || now - st->lost_logged_ms >= LOST_LOG_MS) {
+      if (st->lost_unlogged)
+        tc_log_warn("store connection %d lost: %s (and %llu more failures of store connections in the last %.0f s)",
+                    idx, err ? err : "unknown error", (unsigned long long)st->lost_unlogged,
+                    (double)(now - st->lost_logged_ms) / 1000.0);
+      else
+        tc_log_warn("store connection %d lost: %s", idx, err ? err : "unknown error");
+      st->lost_logged_ms = now;
+      st->lost_unlogged = 0;
+    } else {
+      st->lost_unlogged++;
+    }
   }
 }
 
