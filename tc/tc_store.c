@@ -72,6 +72,14 @@
  *       answered as a fresh one with the branches to drive (if another
  *       decision to the same effect got there first, phase two is driven
  *       twice, which RMs answer idempotently, as they do recovery's).
+ *   The reading is a transaction that takes a transaction id, on a
+ *   connection with synchronous_commit on, and its answers count only once
+ *   it committed: that COMMIT flushes (and, with a synchronous standby,
+ *   replicates) the WAL up to itself, so a row it saw is durable, a begin
+ *   committed asynchronously on the relaxed lane included.  Without that,
+ *   a reader whose backend outlived the writer's by a moment in a crash saw
+ *   such a begin in memory, answered it, and the crash lost it (the fault
+ *   suite's cluster_pgrestart found it: a TM's acknowledged xid gone).
  *   Everything else did not happen (or was refused, which changed nothing):
  *   it goes back to the head of its lane and runs again, and the function
  *   gives the answer a first run would have (a crossing decision, a
@@ -821,8 +829,11 @@ static void on_resolved(tc_pg_job_t *job, int status, void *arg) {
 static void resolve_send(batch_t *r) {
   tc_store_t *st = r->st;
   r->reads++;
-  tc_pg_job_t *job = tc_pg_job_new(0, on_resolved, r);
-  int rc = job ? 0 : -1, stmt = 0;
+  /* A transaction with an id of its own: its COMMIT (synchronous_commit
+   * is on for readers) flushes the WAL up to itself, so what the reading
+   * saw is durable once the job returns (NOTES). */
+  tc_pg_job_t *job = tc_pg_job_new(TC_PG_JOB_TXN, on_resolved, r);
+  int rc = job ? tc_pg_job_add(job, "SELECT pg_catalog.pg_current_xact_id()", 0, NULL) : -1, stmt = 1;
   arr_t a[3];
   for (int i = 0; i < 3; i++) arr_init(&a[i]);
   if (rc == 0 && r->count[TC_OP_BEGIN]) {
