@@ -393,6 +393,7 @@ static int local_refusal(const char *reason) {
   if (strcmp(reason, "sold_out") == 0) return RM_PF_SOLD_OUT;
   if (strcmp(reason, "over_limit") == 0) return RM_PF_OVER_LIMIT;
   if (strcmp(reason, "invalid") == 0) return RM_PF_BAD_ARGS;
+  if (strcmp(reason, "not_on_sale") == 0) return RM_PF_NOT_ON_SALE;
   return 0;
 }
 
@@ -658,10 +659,13 @@ static void place_order(order_svc_t *s, order_t *o, int64_t deadline_ms, int64_t
       /* rolled back (e.g. timed out): release below */
       goto released;
     }
-    if (st == 409 && (strcmp(reason, "sold_out") == 0 || strcmp(reason, "over_limit") == 0)) {
-      /* PostgreSQL's refusal where Redis let the order through */
+    if (st == 409 && (strcmp(reason, "sold_out") == 0 || strcmp(reason, "over_limit") == 0 ||
+                      strcmp(reason, "not_on_sale") == 0)) {
+      /* PostgreSQL's refusal where Redis let the order through (the sale
+       * window: sql/stock/006) */
       http_status = 409;
-      answer_reason = strcmp(reason, "sold_out") == 0 ? "sold_out" : "over_limit";
+      answer_reason = strcmp(reason, "sold_out") == 0 ? "sold_out"
+                      : strcmp(reason, "over_limit") == 0 ? "over_limit" : "not_on_sale";
     }
   }
   {
