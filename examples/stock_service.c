@@ -53,7 +53,9 @@
  *          {error: unknown_order}.  The row is locked (SELECT ... FOR
  *          UPDATE) in the local transaction before the change, so a
  *          confirm and a release of one order cannot both win.
- *     GET  /healthz  200 {ok, tc_nodes_up}
+ *     GET  /healthz  200 {ok, tc_nodes_up, mode}
+ *     POST /admin/mode {mode: local|global|auto}  this client's forced mode
+ *          (svc_admin.h; stock-service follows each call's own mode)
  *
  *   Each operation also inserts its stock_log row (UNIQUE (order_id, op))
  *   in the same branch, so an operation happens at most once per order
@@ -90,6 +92,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "svc_admin.h"
 #include "svc_common.h"
 #include "txc_isotime.h"
 #include "svc_consumer.h"
@@ -111,6 +114,7 @@ typedef struct stock_svc {
   svc_consumer_t *consumer;  /* group "stock" of the order events */
   svc_auth_t *auth;          /* order-service's signature on every call; NULL: calls unchecked */
   stock_window_t *window;    /* the sale-window job (stock_window.h); NULL: off */
+  svc_admin_t *admin;        /* POST /admin/mode (svc_admin.h) */
   _Atomic unsigned long long unauthenticated; /* calls refused: no valid signature */
 } stock_svc_t;
 
@@ -687,6 +691,7 @@ static void handle_stock_metrics(stock_svc_t *s, svc_resp_t *resp) {
                  (unsigned long long)s->unauthenticated);
   if (s->consumer) svc_consumer_metrics(&s->consumer, 1, &b);
   stock_window_metrics(s->window, &b);
+  svc_admin_metrics(s->admin, &b, true);
   if (b.p)
     svc_resp_text(resp, 200, b.p);
   else
@@ -704,6 +709,7 @@ static bool is_local_freeze(const svc_req_t *req) {
 static void handler(const svc_req_t *req, svc_resp_t *resp, void *arg) {
   stock_svc_t *s = arg;
   bool post = strcmp(req->method, "POST") == 0;
+  if (svc_admin_handle(s->admin, req, resp)) return; /* /admin/...: the runtime mode switch */
   bool op = strcmp(req->path, "/freeze") == 0 || strcmp(req->path, "/confirm") == 0 ||
             strcmp(req->path, "/release") == 0;
   if (post && op && s->auth && !svc_http_verify(s->auth, req)) {
@@ -726,7 +732,8 @@ static void handler(const svc_req_t *req, svc_resp_t *resp, void *arg) {
   else if (strcmp(req->path, "/metrics") == 0 && strcmp(req->method, "GET") == 0)
     handle_stock_metrics(s, resp);
   else if (strcmp(req->path, "/healthz") == 0 && strcmp(req->method, "GET") == 0)
-    svc_resp_json(resp, 200, json_pack("{s:b,s:i}", "ok", 1, "tc_nodes_up", rm_client_nodes_up(s->rm)));
+    svc_resp_json(resp, 200, json_pack("{s:b,s:i,s:s}", "ok", 1, "tc_nodes_up", rm_client_nodes_up(s->rm), "mode",
+                                       rm_mode_name(rm_client_mode(s->rm))));
   else if (strcmp(req->path, "/freeze") == 0 || strcmp(req->path, "/confirm") == 0 ||
            strcmp(req->path, "/release") == 0)
     svc_resp_error(resp, 405, "method_not_allowed", NULL);
@@ -801,7 +808,7 @@ int main(int argc, char **argv) {
     goto out;
   }
   char err[512];
-  if (!svc_service_key(&s.auth)) {
+  if (!svc_service_key(&s.auth) || !(s.admin = svc_admin_new(s.rm, s.auth))) {
     exit_code = 78;
     goto out;
   }
@@ -857,6 +864,7 @@ out:
   svc_consumer_stop(s.consumer);
   stock_window_stop(s.window);
   svc_pf_free(s.pf);
+  svc_admin_free(s.admin);
   svc_auth_free(s.auth);
   svc_pgpool_free(s.pool);
   rm_client_free(s.rm);
