@@ -10,7 +10,17 @@
  *   1. Seed: a new activity (or --activity ID, which must not exist yet)
  *      with --tickets tickets split over --buckets bucket rows of ticket
  *      type 1 and per-user limit --limit, on sale from now; then loaded
- *      into Redis by the prefilter's seed (rm_prefilter_seed).
+ *      into Redis by the prefilter's seed (rm_prefilter_seed).  With
+ *      --open-in MS the sale has a window instead: not started, opening
+ *      in MS milliseconds and closing --close-after MS after that
+ *      (default: the arrival window plus --think-ms plus 3 s);
+ *      stock-service's window job opens and closes it.  Then one order
+ *      before the opening must be refused not_on_sale, the sale starts
+ *      once PostgreSQL and Redis both say status 1 (how late after
+ *      starts_at is printed), and after the sale, once both say status 2
+ *      (how late after ends_at), one more order must be refused
+ *      not_on_sale: the "sale_window" of the report, which fails the run
+ *      (exit 1) when any of it does not hold.
  *   2. Sale: --users users arrive at random instants within --window
  *      seconds; each sends POST /orders with 1..limit tickets.  After a
  *      201, a user buys again with --again percent probability (which can
@@ -64,6 +74,7 @@
 #include "svc_common.h"
 #include "svc_http.h"
 #include "svc_prefilter.h"
+#include "txc_isotime.h"
 
 #define TICKET_TYPE 1
 
@@ -79,6 +90,7 @@ typedef struct opts {
   const char *json_path;
   bool quiet;
   bool check_only;
+  long long open_in_ms, close_after_ms; /* --open-in, --close-after: the sale window */
 } opts_t;
 
 typedef enum { REQ_ORDER, REQ_PAY, REQ_CANCEL } req_kind_t;
@@ -675,6 +687,10 @@ static void usage(FILE *f) {
           "  --json FILE      also write the report as JSON\n"
           "  --quiet          no progress lines\n"
           "  --check-only     no sale: check the invariants of --activity as it is\n"
+          "  --open-in MS     the sale opens MS ms after seeding (stock-service's window job\n"
+          "                   opens it) instead of at once; checks it opens and closes on time\n"
+          "  --close-after MS the sale closes MS ms after it opened (with --open-in; default\n"
+          "                   the arrival window + --think-ms + 3000)\n"
           "\n"
           "exit status: 0 invariants hold, 1 an invariant failed, 2 usage, 3 could not run\n");
 }
@@ -691,6 +707,7 @@ static bool parse_opts(int argc, char **argv, opts_t *o) {
     {"seed", required_argument, NULL, 'S'},    {"json", required_argument, NULL, 'j'},
     {"quiet", no_argument, NULL, 'q'},         {"help", no_argument, NULL, 'h'},
     {"check-only", no_argument, NULL, 'C'},
+    {"open-in", required_argument, NULL, 'O'}, {"close-after", required_argument, NULL, 'E'},
     {NULL, 0, NULL, 0}};
   *o = (opts_t){.users = 2000, .window_s = 10, .tickets = 500, .buckets = 5, .limit = 2, .pay_pct = 50,
                 .cancel_pct = 10, .again_pct = 20, .think_ms = 1000, .connections = 64, .settle_s = 30,
@@ -724,6 +741,8 @@ static bool parse_opts(int argc, char **argv, opts_t *o) {
     case 'j': o->json_path = optarg; break;
     case 'q': o->quiet = true; break;
     case 'C': o->check_only = true; break;
+    case 'O': ok = svc_parse_ll(optarg, 0, 3600000, &o->open_in_ms); break;
+    case 'E': ok = svc_parse_ll(optarg, 1, 86400000, &o->close_after_ms); break;
     case 'h': usage(stdout); exit(0);
     default: usage(stderr); return false;
     }
@@ -749,7 +768,115 @@ static bool parse_opts(int argc, char **argv, opts_t *o) {
     return false;
   }
   if (o->seed == 0) o->seed = 1;
+  if (o->open_in_ms && !o->close_after_ms)
+    o->close_after_ms = (long long)(o->window_s * 1000) + o->think_ms + 3000;
   return true;
+}
+
+/* ------------------------------------------------------- sale window */
+
+typedef struct window_view {
+  bool asked, ok;
+  long long opened_ms, closed_ms;          /* when both said 1, then 2 (0: never) */
+  char before[24], after[24];              /* the probes' answers */
+} window_view_t;
+
+static int64_t wall_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void sleep_until_ms(int64_t at) {
+  int64_t d = at - wall_ms();
+  if (d <= 0) return;
+  struct timespec ts = {.tv_sec = d / 1000, .tv_nsec = (d % 1000) * 1000000};
+  nanosleep(&ts, NULL);
+}
+
+/* One POST /orders of 'user' (no Idempotency-Key), outside the sale's
+ * counters: its answer as "201", the 409's reason, or "HTTP <status>". */
+static void probe_order(const run_t *r, long long user, char *out, size_t len) {
+  CURL *e = curl_easy_init();
+  char url[512], body[160];
+  xfer_t x = {0};
+  snprintf(url, sizeof(url), "%s/orders", r->order_url);
+  snprintf(body, sizeof(body), "{\"activity\":%lld,\"ticket_type\":%d,\"user\":%lld,\"qty\":1}", r->o.activity,
+           TICKET_TYPE, user);
+  struct curl_slist *h = curl_slist_append(NULL, "Content-Type: application/json");
+  long status = 0;
+  snprintf(out, len, "no answer");
+  if (e && h) {
+    curl_easy_setopt(e, CURLOPT_URL, url);
+    curl_easy_setopt(e, CURLOPT_POSTFIELDS, body);
+    curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_write);
+    curl_easy_setopt(e, CURLOPT_WRITEDATA, &x);
+    curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, 10000L);
+    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    if (curl_easy_perform(e) == CURLE_OK && curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status) == CURLE_OK) {
+      if (status == 409)
+        json_reason(x.resp, "reason", out, len);
+      else
+        snprintf(out, len, "HTTP %ld", status);
+    }
+  }
+  free(x.resp);
+  curl_slist_free_all(h);
+  if (e) curl_easy_cleanup(e);
+}
+
+/* Wait until PostgreSQL and Redis both say 'want' (up to 'until_ms'):
+ * when they did, or 0. */
+static long long wait_status(fs_check_t *ck, const fs_activity_t *a, int want, int64_t until_ms) {
+  char err[256];
+  for (;;) {
+    int pg = -1, rs = -1;
+    int64_t now = wall_ms();
+    if (fs_sale_status(ck, a, &pg, &rs, err, sizeof(err)) && pg == want && rs == want) return now;
+    if (now > until_ms) return 0;
+    struct timespec ts = {.tv_sec = 0, .tv_nsec = 2000000};
+    nanosleep(&ts, NULL);
+  }
+}
+
+static void print_ms(const char *what, long long ms) {
+  char t[TXC_ISO_TIME_MAX];
+  txc_iso_time(t, ms);
+  printf("%s %s", what, t);
+}
+
+/* Before the sale: the probe, then the opening. */
+static void window_open(run_t *r, fs_check_t *ck, const fs_activity_t *a, window_view_t *w) {
+  w->asked = true;
+  print_ms("flashsale: sale window: opens", a->starts_ms);
+  print_ms(", closes", a->ends_ms);
+  printf("\n");
+  probe_order(r, r->o.users + 1, w->before, sizeof(w->before));
+  sleep_until_ms(a->starts_ms - 20);
+  w->opened_ms = wait_status(ck, a, 1, a->starts_ms + 10000);
+  if (w->opened_ms)
+    printf("flashsale: sale opened (PostgreSQL and Redis status 1) %+lld ms after starts_at; an order before: %s\n",
+           w->opened_ms - a->starts_ms, w->before);
+  else
+    printf("flashsale: sale did NOT open within 10 s of starts_at; an order before: %s\n", w->before);
+  fflush(stdout);
+}
+
+/* After the sale: the closing, then the probe. */
+static void window_close(run_t *r, fs_check_t *ck, const fs_activity_t *a, window_view_t *w) {
+  if (!w->opened_ms) return;
+  sleep_until_ms(a->ends_ms - 20);
+  w->closed_ms = wait_status(ck, a, 2, a->ends_ms + 10000);
+  probe_order(r, r->o.users + 1, w->after, sizeof(w->after));
+  if (w->closed_ms)
+    printf("flashsale: sale closed (PostgreSQL and Redis status 2) %+lld ms after ends_at; an order after: %s\n",
+           w->closed_ms - a->ends_ms, w->after);
+  else
+    printf("flashsale: sale did NOT close within 10 s of ends_at; an order after: %s\n", w->after);
+  w->ok = w->opened_ms >= a->starts_ms && w->closed_ms >= a->ends_ms && strcmp(w->before, "not_on_sale") == 0 &&
+          strcmp(w->after, "not_on_sale") == 0;
+  fflush(stdout);
 }
 
 int main(int argc, char **argv) {
@@ -765,7 +892,9 @@ int main(int argc, char **argv) {
   fs_check_t *ck = fs_check_new(&env);
   if (!ck) return 3;
   fs_activity_t act = {.activity = r.o.activity, .ticket_type = TICKET_TYPE, .tickets = r.o.tickets,
-                       .buckets = r.o.buckets, .limit = r.o.limit};
+                       .buckets = r.o.buckets, .limit = r.o.limit,
+                       .open_in_ms = r.o.check_only ? 0 : r.o.open_in_ms, .close_after_ms = r.o.close_after_ms};
+  window_view_t win = {0};
   char err[512];
   if (r.o.check_only ? !fs_load(ck, &act, err, sizeof(err)) : !fs_seed(ck, &act, err, sizeof(err))) {
     fprintf(stderr, "flashsale: could not %s the activity: %s\n", r.o.check_only ? "load" : "seed", err);
@@ -788,7 +917,9 @@ int main(int argc, char **argv) {
            "%lld users within %.1fs (seed %u)\n",
            act.activity, act.tickets, act.buckets, act.limit, r.o.users, r.o.window_s, r.o.seed);
     fflush(stdout);
+    if (act.open_in_ms) window_open(&r, ck, &act, &win);
     ran = run_sale(&r);
+    if (act.open_in_ms) window_close(&r, ck, &act, &win);
   }
   double dur_s = (double)(r.last_us - r.first_us) / 1e6;
   if (dur_s <= 0) dur_s = 1e-6;
@@ -838,6 +969,14 @@ int main(int argc, char **argv) {
     printf("%s %s %.0f/%.0f/%.0f", i ? "," : "; consumed/retried/dead-lettered by group:", ev.g[i].name,
            ev.g[i].consumed, ev.g[i].retried, ev.g[i].dead_lettered);
   printf("\n");
+  if (win.asked) {
+    char t1[TXC_ISO_TIME_MAX], t2[TXC_ISO_TIME_MAX];
+    txc_iso_time(t1, act.starts_ms);
+    txc_iso_time(t2, act.ends_ms);
+    printf("sale window %s .. %s: opened %+lld ms, closed %+lld ms after its times; orders outside: %s, %s: %s\n",
+           t1, t2, win.opened_ms ? win.opened_ms - act.starts_ms : -1,
+           win.closed_ms ? win.closed_ms - act.ends_ms : -1, win.before, win.after, win.ok ? "ok" : "FAILED");
+  }
   fs_print_invariants(&res, stdout);
   printf("invariants: %s\n", res.ok ? "all hold" : "FAILED");
 
@@ -865,6 +1004,14 @@ int main(int argc, char **argv) {
     json_object_set_new(j, "duplicates", json_pack("{s:I,s:I,s:I}", "sent", (json_int_t)r.dup_sent, "same",
                                                    (json_int_t)r.dup_same, "differing", (json_int_t)r.dup_differ));
     json_object_set_new(j, "invariants", fs_invariants_json(&res));
+    if (win.asked)
+      json_object_set_new(
+        j, "sale_window",
+        json_pack("{s:I,s:I,s:o,s:o,s:s,s:s,s:b}", "starts_at_ms", (json_int_t)act.starts_ms, "ends_at_ms",
+                  (json_int_t)act.ends_ms, "opened_late_ms",
+                  win.opened_ms ? json_integer(win.opened_ms - act.starts_ms) : json_null(), "closed_late_ms",
+                  win.closed_ms ? json_integer(win.closed_ms - act.ends_ms) : json_null(), "before_open",
+                  win.before, "after_close", win.after, "ok", win.ok));
     json_object_set_new(j, "globals_per_accepted_order", globals_per_order >= 0 ? json_real(globals_per_order)
                                                                                 : json_null());
     json_t *groups = json_object();
@@ -899,5 +1046,5 @@ int main(int argc, char **argv) {
   if (r.multi) curl_multi_cleanup(r.multi);
   curl_global_cleanup();
   if (!ran) return 3;
-  return res.ok ? 0 : 1;
+  return res.ok && (!win.asked || win.ok) ? 0 : 1;
 }

@@ -170,20 +170,31 @@ bool fs_seed(fs_check_t *c, fs_activity_t *a, char *err, size_t errlen) {
         return false;
       }
     }
-    char sid[24], stt[24], st[24], sb[24], sl[24], name[64];
+    char sid[24], stt[24], st[24], sb[24], sl[24], name[64], sopen[24], sclose[24];
     snprintf(sid, sizeof(sid), "%lld", id);
     snprintf(stt, sizeof(stt), "%lld", a->ticket_type);
     snprintf(st, sizeof(st), "%lld", a->tickets);
     snprintf(sb, sizeof(sb), "%lld", a->buckets);
     snprintf(sl, sizeof(sl), "%lld", a->limit);
     snprintf(name, sizeof(name), "flash sale %lld", id);
-    const char *p1[3] = {sid, name, sl};
+    snprintf(sopen, sizeof(sopen), "%lld", a->open_in_ms);
+    snprintf(sclose, sizeof(sclose), "%lld", a->close_after_ms > 0 ? a->close_after_ms : 60000);
+    const char *p1[5] = {sid, name, sl, sopen, sclose};
+    PGresult *wr = NULL;
     const char *p2[4] = {sid, stt, st, sb};
     if (!svc_pg_exec(c->stock, "BEGIN", 0, NULL, PGRES_COMMAND_OK, NULL, err, errlen)) return false;
+    /* open_in_ms 0: on sale now, as before the sale window existed; else
+     * not started, opening in open_in_ms (the window job flips it) */
     if (svc_pg_exec(c->stock,
                     "INSERT INTO activity (activity_id, name, status, per_user_limit, starts_at, ends_at)"
-                    " VALUES ($1, $2, 1, $3, now() - interval '1 second', now() + interval '1 day')",
-                    3, p1, PGRES_COMMAND_OK, NULL, err, errlen) &&
+                    " SELECT $1, $2, CASE WHEN $4::bigint > 0 THEN 0 ELSE 1 END, $3, s,"
+                    "  CASE WHEN $4::bigint > 0 THEN s + $5::bigint * interval '1 millisecond'"
+                    "  ELSE now() + interval '1 day' END"
+                    " FROM (SELECT CASE WHEN $4::bigint > 0 THEN now() + $4::bigint * interval '1 millisecond'"
+                    "  ELSE now() - interval '1 second' END AS s) w"
+                    " RETURNING floor(extract(epoch FROM starts_at) * 1000)::bigint,"
+                    "  floor(extract(epoch FROM ends_at) * 1000)::bigint",
+                    5, p1, PGRES_TUPLES_OK, &wr, err, errlen) &&
         svc_pg_exec(c->stock,
                     "INSERT INTO activity_ticket_bucket (activity_id, ticket_type, bucket_id, stock)"
                     " SELECT $1, $2, g, $3::int / $4::int + CASE WHEN g < $3::int % $4::int THEN 1 ELSE 0 END"
@@ -191,8 +202,12 @@ bool fs_seed(fs_check_t *c, fs_activity_t *a, char *err, size_t errlen) {
                     4, p2, PGRES_COMMAND_OK, NULL, err, errlen) &&
         svc_pg_exec(c->stock, "COMMIT", 0, NULL, PGRES_COMMAND_OK, NULL, err, errlen)) {
       a->activity = id;
+      a->starts_ms = atoll(PQgetvalue(wr, 0, 0));
+      a->ends_ms = atoll(PQgetvalue(wr, 0, 1));
+      PQclear(wr);
       break;
     }
+    PQclear(wr);
     PQclear(PQexec(c->stock, "ROLLBACK"));
     if (a->activity || !strstr(err, "activity_pkey")) return false; /* taken on purpose, or another error */
     err[0] = '\0';                                                    /* raced another seeder: next id */
@@ -209,6 +224,27 @@ bool fs_seed(fs_check_t *c, fs_activity_t *a, char *err, size_t errlen) {
     return false;
   }
   a->redis_seeded = true;
+  return true;
+}
+
+bool fs_sale_status(fs_check_t *c, const fs_activity_t *a, int *pg_status, int *redis_status, char *err,
+                    size_t errlen) {
+  char sid[24], key[64];
+  snprintf(sid, sizeof(sid), "%lld", a->activity);
+  const char *p[1] = {sid};
+  bool ok = true;
+  long long st = q_ll(c->stock, "SELECT status FROM activity WHERE activity_id = $1", 1, p, &ok);
+  if (!ok) {
+    snprintf(err, errlen, "could not read the status of activity %lld", a->activity);
+    return false;
+  }
+  *pg_status = (int)st;
+  snprintf(key, sizeof(key), "{act_%lld}:meta", a->activity);
+  if (svc_redis_ensure(&c->redis, c->env.redis_url, 5000, err, errlen) == 0) return false;
+  redisReply *r = svc_redis_cmd(c->redis, err, errlen, "HGET %s status", key);
+  if (!r) return false;
+  *redis_status = r->type == REDIS_REPLY_STRING ? atoi(r->str) : -1;
+  freeReplyObject(r);
   return true;
 }
 

@@ -63,7 +63,13 @@ bool fs_env_load(fs_env_t *env);
 typedef struct fs_activity {
   long long activity; /* 0: choose the next free id */
   long long ticket_type, tickets, buckets, limit;
+  /* The sale window: 0 = on sale from now (status 1, starts_at now - 1 s,
+   * ends_at now + 1 day); > 0 = the sale opens in open_in_ms (status 0:
+   * stock-service's window job opens it) and closes close_after_ms after
+   * that (default 60 s).  PostgreSQL's clock. */
+  long long open_in_ms, close_after_ms;
   bool redis_seeded;  /* out: the prefilter's copy was loaded */
+  long long starts_ms, ends_ms; /* out: starts_at and ends_at, unix ms */
 } fs_activity_t;
 
 typedef struct fs_check fs_check_t;
@@ -71,10 +77,16 @@ typedef struct fs_check fs_check_t;
 fs_check_t *fs_check_new(const fs_env_t *env);
 void fs_check_free(fs_check_t *c);
 
-/* Create the activity (on sale from now) and its buckets in the stock
- * database, and the prefilter's copy in Redis; remembers the run's start
- * on the coordinator's clock. */
+/* Create the activity (on sale from now, or in the window a->open_in_ms
+ * asks for) and its buckets in the stock database, and the prefilter's
+ * copy in Redis; remembers the run's start on the coordinator's clock. */
 bool fs_seed(fs_check_t *c, fs_activity_t *a, char *err, size_t errlen);
+
+/* The activity's status now in PostgreSQL (activity.status) and in Redis
+ * (the meta hash's status; -1 when absent).  false with 'err' set when
+ * either could not be read. */
+bool fs_sale_status(fs_check_t *c, const fs_activity_t *a, int *pg_status, int *redis_status, char *err,
+                    size_t errlen);
 
 /* One 201 answer to a POST /orders that carried an Idempotency-Key. */
 typedef struct fs_keyed {

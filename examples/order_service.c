@@ -21,6 +21,8 @@
  *     POST /activities/{id}/waitlist {user, ticket_type, qty}
  *          202 {position} | 409 {error: rejected, reason: over_limit} | 503
  *     GET  /healthz                    200 {ok, tc_nodes_up, mode}
+ *     POST /admin/mode {mode: local|global|auto}   the runtime switch of
+ *          the fallback to local mode, authenticated (svc_admin.h)
  *     GET  /metrics                    200 Prometheus text (txc_client_*)
  *   Fallback to local (TXC_TX_MODE=auto|global|local, default auto): with
  *   no coordinator, purchases run as local transactions with compensation
@@ -161,6 +163,7 @@
 
 #include "order_service.h"
 #include "order_recon.h"
+#include "svc_admin.h"
 #include "svc_common.h"
 #include "txc_isotime.h"
 #include "svc_http.h"
@@ -393,6 +396,7 @@ static int local_refusal(const char *reason) {
   if (strcmp(reason, "sold_out") == 0) return RM_PF_SOLD_OUT;
   if (strcmp(reason, "over_limit") == 0) return RM_PF_OVER_LIMIT;
   if (strcmp(reason, "invalid") == 0) return RM_PF_BAD_ARGS;
+  if (strcmp(reason, "not_on_sale") == 0) return RM_PF_NOT_ON_SALE;
   return 0;
 }
 
@@ -568,6 +572,7 @@ static void handle_metrics(order_svc_t *s, svc_resp_t *resp) {
                  (unsigned long long)rs.published, (unsigned long long)rs.republished,
                  (unsigned long long)rs.errors, rs.unpublished, rs.oldest_unpublished_s);
   order_recon_metrics(s->recon, &b);
+  svc_admin_metrics(s->admin, &b, false);
   if (b.p)
     svc_resp_text(resp, 200, b.p);
   else
@@ -658,10 +663,13 @@ static void place_order(order_svc_t *s, order_t *o, int64_t deadline_ms, int64_t
       /* rolled back (e.g. timed out): release below */
       goto released;
     }
-    if (st == 409 && (strcmp(reason, "sold_out") == 0 || strcmp(reason, "over_limit") == 0)) {
-      /* PostgreSQL's refusal where Redis let the order through */
+    if (st == 409 && (strcmp(reason, "sold_out") == 0 || strcmp(reason, "over_limit") == 0 ||
+                      strcmp(reason, "not_on_sale") == 0)) {
+      /* PostgreSQL's refusal where Redis let the order through (the sale
+       * window: sql/stock/006) */
       http_status = 409;
-      answer_reason = strcmp(reason, "sold_out") == 0 ? "sold_out" : "over_limit";
+      answer_reason = strcmp(reason, "sold_out") == 0 ? "sold_out"
+                      : strcmp(reason, "over_limit") == 0 ? "over_limit" : "not_on_sale";
     }
   }
   {
@@ -1044,6 +1052,7 @@ static void handler(const svc_req_t *req, svc_resp_t *resp, void *arg) {
   order_svc_t *s = arg;
   bool post = strcmp(req->method, "POST") == 0, get = strcmp(req->method, "GET") == 0;
   long long id;
+  if (svc_admin_handle(s->admin, req, resp)) return; /* /admin/...: the runtime mode switch */
   if (strcmp(req->path, "/orders") == 0) {
     if (post)
       handle_create(s, req, resp);
@@ -1281,6 +1290,10 @@ int main(int argc, char **argv) {
     goto out;
   }
   if (s.stock) svc_httpc_set_auth(s.stock, s.auth);
+  if (!(s.admin = svc_admin_new(s.rm, s.auth))) {
+    exit_code = 78;
+    goto out;
+  }
   if (!s.pool || !s.stock) {
     svc_error("out of memory");
     exit_code = 70;
@@ -1363,6 +1376,7 @@ out:
   rm_compensator_stop(s.comp); /* before the prefilter it borrows */
   svc_pf_free(s.pf);
   svc_httpc_free(s.stock);
+  svc_admin_free(s.admin);
   svc_auth_free(s.auth);
   svc_pgpool_free(s.pool);
   rm_client_free(s.rm);

@@ -31,6 +31,7 @@ typedef struct order_svc {
   svc_relay_t *relay;     /* the outbox's events to the stream */
   svc_idem_t *idem;       /* the idempotent submit's fast path; NULL: PostgreSQL alone */
   svc_auth_t *auth;       /* signs the calls to stock-service and the order events; NULL: unsigned */
+  struct svc_admin *admin;  /* POST /admin/mode (svc_admin.h) */
   struct order_recon *recon; /* the daily reconciliation's schedule (order_recon.h); NULL: none */
   unsigned idem_ttl_s;    /* ORDER_IDEMPOTENCY_TTL_S: how long Redis keeps an answer */
   _Atomic unsigned long long idem_replays_redis, idem_replays_pg, idem_in_progress;

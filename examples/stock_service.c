@@ -14,7 +14,9 @@
  *          so concurrent freezes of one bucket take no global row lock),
  *          and the freeze's stock_freeze row (FROZEN, its deadline: what
  *          the prefilter's reconciliation and expiry sweep read)
- *          200 {bucket, branch_id} | 409 {error: sold_out}
+ *          200 {bucket, branch_id} | 409 {error: sold_out | over_limit |
+ *          not_on_sale} (not_on_sale: outside the sale window, the
+ *          stock_freeze insert trigger of sql/stock/006)
  *     POST /confirm {order_id}  stock_freeze FROZEN -> CONFIRMED,
  *          frozen_count -= qty, sold_count += qty
  *     POST /release {order_id, reason: cancel|expire}  stock_freeze
@@ -51,7 +53,9 @@
  *          {error: unknown_order}.  The row is locked (SELECT ... FOR
  *          UPDATE) in the local transaction before the change, so a
  *          confirm and a release of one order cannot both win.
- *     GET  /healthz  200 {ok, tc_nodes_up}
+ *     GET  /healthz  200 {ok, tc_nodes_up, mode}
+ *     POST /admin/mode {mode: local|global|auto}  this client's forced mode
+ *          (svc_admin.h; stock-service follows each call's own mode)
  *
  *   Each operation also inserts its stock_log row (UNIQUE (order_id, op))
  *   in the same branch, so an operation happens at most once per order
@@ -74,7 +78,10 @@
  *   deferred to rm_at_prepare; delta: the UPDATE at once; at: plain AT row
  *   images and a global lock on the bucket row) and STOCK_LOCAL_MODE=1 (calls without
  *   an xid run as plain local transactions: the "no coordinator" baseline;
- *   never in production, nothing would undo them).  --listen and --url-file FILE (the
+ *   never in production, nothing would undo them); STOCK_WINDOW_INTERVAL_MS
+ *   (1000; 0: off): the sale-window job (stock_window.h), which opens and
+ *   closes each activity's sale at its starts_at and ends_at in PostgreSQL
+ *   and Redis, one instance at a time.  --listen and --url-file FILE (the
  *   service writes its URL there once it serves: how scripts find a port
  *   chosen by the kernel) override them.  SIGTERM/SIGINT: stop accepting,
  *   finish the requests in progress, close, exit 0.
@@ -85,12 +92,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "svc_admin.h"
 #include "svc_common.h"
 #include "txc_isotime.h"
 #include "svc_consumer.h"
 #include "svc_http.h"
 #include "svc_prefilter.h"
 #include "svc_redis.h"
+#include "stock_window.h"
 
 #define FREEZE_GUARD "stock - frozen_count - sold_count >= $1"
 
@@ -104,6 +113,8 @@ typedef struct stock_svc {
   svc_pf_t *pf;              /* Redis follows the events applied here */
   svc_consumer_t *consumer;  /* group "stock" of the order events */
   svc_auth_t *auth;          /* order-service's signature on every call; NULL: calls unchecked */
+  stock_window_t *window;    /* the sale-window job (stock_window.h); NULL: off */
+  svc_admin_t *admin;        /* POST /admin/mode (svc_admin.h) */
   _Atomic unsigned long long unauthenticated; /* calls refused: no valid signature */
 } stock_svc_t;
 
@@ -598,7 +609,13 @@ fail:
     status = 409;
     reason = "over_limit";
   }
-  SVC_LOG(status == 409 && (rc == RM_E_GUARD || strcmp(reason, "over_limit") == 0) ? SVC_LOG_DEBUG : SVC_LOG_WARN,
+  if (status == 503 && kind == OP_FREEZE && strstr(err, "not_on_sale: ")) {
+    /* the sale window, stock_freeze's other insert trigger (sql/stock/006) */
+    status = 409;
+    reason = "not_on_sale";
+  }
+  SVC_LOG(status == 409 && (rc == RM_E_GUARD || strcmp(reason, "over_limit") == 0 ||
+                            strcmp(reason, "not_on_sale") == 0) ? SVC_LOG_DEBUG : SVC_LOG_WARN,
           json_pack("{s:s,s:I,s:I,s:s}", "xid", xid_log, "order_id", (json_int_t)op.order_id, "bucket",
                     (json_int_t)op.bucket, "reason", reason),
           "could not %s stock: %s", op_names[kind], err);
@@ -637,6 +654,7 @@ static void handle_local_freeze(stock_svc_t *s, const svc_req_t *req, svc_resp_t
   case RM_PF_SOLD_OUT: status = 409; reason = "sold_out"; break;
   case RM_PF_OVER_LIMIT: status = 409; reason = "over_limit"; break;
   case RM_PF_BAD_ARGS: status = 409; reason = "invalid"; break;
+  case RM_PF_NOT_ON_SALE: status = 409; reason = "not_on_sale"; break;
   case RM_LOCAL_E_MISMATCH: status = 409; reason = "mismatch"; break;
   case RM_E_INVALID: status = 400; reason = "bad_request"; break;
   default: break;
@@ -672,6 +690,8 @@ static void handle_stock_metrics(stock_svc_t *s, svc_resp_t *resp) {
                  "txc_client_unauthenticated_calls_total %llu\n",
                  (unsigned long long)s->unauthenticated);
   if (s->consumer) svc_consumer_metrics(&s->consumer, 1, &b);
+  stock_window_metrics(s->window, &b);
+  svc_admin_metrics(s->admin, &b, true);
   if (b.p)
     svc_resp_text(resp, 200, b.p);
   else
@@ -689,6 +709,7 @@ static bool is_local_freeze(const svc_req_t *req) {
 static void handler(const svc_req_t *req, svc_resp_t *resp, void *arg) {
   stock_svc_t *s = arg;
   bool post = strcmp(req->method, "POST") == 0;
+  if (svc_admin_handle(s->admin, req, resp)) return; /* /admin/...: the runtime mode switch */
   bool op = strcmp(req->path, "/freeze") == 0 || strcmp(req->path, "/confirm") == 0 ||
             strcmp(req->path, "/release") == 0;
   if (post && op && s->auth && !svc_http_verify(s->auth, req)) {
@@ -711,7 +732,8 @@ static void handler(const svc_req_t *req, svc_resp_t *resp, void *arg) {
   else if (strcmp(req->path, "/metrics") == 0 && strcmp(req->method, "GET") == 0)
     handle_stock_metrics(s, resp);
   else if (strcmp(req->path, "/healthz") == 0 && strcmp(req->method, "GET") == 0)
-    svc_resp_json(resp, 200, json_pack("{s:b,s:i}", "ok", 1, "tc_nodes_up", rm_client_nodes_up(s->rm)));
+    svc_resp_json(resp, 200, json_pack("{s:b,s:i,s:s}", "ok", 1, "tc_nodes_up", rm_client_nodes_up(s->rm), "mode",
+                                       rm_mode_name(rm_client_mode(s->rm))));
   else if (strcmp(req->path, "/freeze") == 0 || strcmp(req->path, "/confirm") == 0 ||
            strcmp(req->path, "/release") == 0)
     svc_resp_error(resp, 405, "method_not_allowed", NULL);
@@ -728,7 +750,8 @@ static void usage(FILE *f) {
           "Environment: STOCK_PG_URL, TC_NODES, TC_SECRETS_DIR or TC_SECRET_FILE (from cluster/local/up),\n"
           "STOCK_LISTEN, STOCK_THREADS, STOCK_RESOURCE_ID, STOCK_FREEZE_MODE (deferred|delta|at),\n"
           "STOCK_LOCAL_MODE (1: serve calls without an xid, no coordinator), STOCK_LOG_LEVEL,\n"
-          "REDIS_URL (the order events), STOCK_CONSUMER_GROUP, CONSUMER_MAX_DELIVERIES, CONSUMER_BACKOFF_MS.\n");
+          "REDIS_URL (the order events), STOCK_CONSUMER_GROUP, CONSUMER_MAX_DELIVERIES, CONSUMER_BACKOFF_MS,\n"
+          "STOCK_WINDOW_INTERVAL_MS (the sale-window job, 1000; 0: off).\n");
 }
 
 int main(int argc, char **argv) {
@@ -785,7 +808,7 @@ int main(int argc, char **argv) {
     goto out;
   }
   char err[512];
-  if (!svc_service_key(&s.auth)) {
+  if (!svc_service_key(&s.auth) || !(s.admin = svc_admin_new(s.rm, s.auth))) {
     exit_code = 78;
     goto out;
   }
@@ -806,6 +829,14 @@ int main(int argc, char **argv) {
   } else {
     svc_warn("REDIS_URL is not set: no order-event consumer here (payments and cancellations will not reach the "
              "stock until one runs)");
+  }
+  {
+    bool wok = true;
+    s.window = stock_window_start(pg_url, redis_url, &wok);
+    if (!wok) {
+      exit_code = 78;
+      goto out;
+    }
   }
   svc_pgpool_prewarm(s.pool, threads);
   http = svc_http_start(listen, (unsigned)svc_ncpu(), (unsigned)threads, handler, &s, err, sizeof(err));
@@ -831,7 +862,9 @@ int main(int argc, char **argv) {
 out:
   svc_http_stop(http); /* waits for the requests in progress */
   svc_consumer_stop(s.consumer);
+  stock_window_stop(s.window);
   svc_pf_free(s.pf);
+  svc_admin_free(s.admin);
   svc_auth_free(s.auth);
   svc_pgpool_free(s.pool);
   rm_client_free(s.rm);

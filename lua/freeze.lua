@@ -11,7 +11,8 @@
 --         releases the order after it unless it was confirmed)
 --
 -- Returns the bucket frozen (>= 0), or
---   -1 not on sale (meta status is not 1)
+--   -1 not on sale (meta status is not 1, or the Redis server's clock is
+--      outside the window starts .. ends when meta has it: pf_on_sale)
 --   -2 over limit (user's tickets + qty > limit)
 --   -3 sold out (no bucket has qty available)
 --   -4 bad arguments (wrong number of keys or arguments, a value out of
@@ -41,9 +42,9 @@ local deadline = pf_int(ARGV[5], 0, 9007199254740991)
 if not tt or not user or not order or not qty or not deadline then return -4 end
 local k = {meta = KEYS[1], stock = KEYS[2], bought = KEYS[3], orders = KEYS[4], expiry = KEYS[5]}
 
-local meta = redis.call('HMGET', k.meta, 'status', 'limit')
+local meta = redis.call('HMGET', k.meta, 'status', 'limit', 'starts', 'ends')
 if not meta[1] then return -5 end
-if meta[1] ~= '1' then return -1 end
+if not pf_on_sale(meta[1], meta[3], meta[4]) then return -1 end
 
 local rec = redis.call('HGET', k.orders, order)
 if rec then return pf_replay(rec, tt, user, qty) end

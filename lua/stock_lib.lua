@@ -9,7 +9,9 @@
 -- so that every key of a call hashes to one Redis Cluster slot.  Scripts
 -- never build key names: the caller passes every key in KEYS.
 --   {act_A}:meta        hash   status (0 not started, 1 on sale, 2 ended),
---                              limit (most tickets one user may hold)
+--                              limit (most tickets one user may hold),
+--                              starts, ends (the sale window, unix ms;
+--                              optional: see pf_on_sale)
 --   {act_A}:t<T>:stock  hash   n (number of buckets of ticket type T) and,
 --                              for each bucket i in 0..n-1: stock:i,
 --                              frozen:i, sold:i
@@ -57,6 +59,26 @@ local function pf_int(s, lo, hi)
 end
 
 local function pf_qty(s) return pf_int(s, 1, PF_MAX_QTY) end
+
+-- Whether the activity is on sale now, from its meta fields 'status',
+-- 'starts' and 'ends' (strings or nil): status 1 and, when the window is
+-- there, the Redis server's clock (TIME) inside [starts, ends).  The
+-- same rule as PostgreSQL's activity_on_sale (sql/stock/006): status is
+-- what stock-service's window job sets at the times, and the times close
+-- the sale exactly at 'ends' even when the job is late or stopped.  The
+-- server's clock, not the caller's: one clock for every order-service, and
+-- nothing a caller passes can open a sale.  A window field that is not a
+-- number closes the sale.  (TIME before writes is allowed: scripts are
+-- replicated by their effects.)
+local function pf_on_sale(status, starts, ends)
+  if status ~= '1' then return false end
+  if not starts and not ends then return true end
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if starts and not (now >= (tonumber(starts) or math.huge)) then return false end
+  if ends and not (now < (tonumber(ends) or -math.huge)) then return false end
+  return true
+end
 
 -- A hash field holding a count: a missing field is 0.
 local function pf_num(v)

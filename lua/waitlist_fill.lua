@@ -45,9 +45,9 @@ for i = 5, #ARGV do
   ids[#ids + 1] = id
 end
 
-local meta = redis.call('HMGET', k.meta, 'status', 'limit')
+local meta = redis.call('HMGET', k.meta, 'status', 'limit', 'starts', 'ends')
 if not meta[1] then return -5 end
-if meta[1] ~= '1' then return -1 end
+if not pf_on_sale(meta[1], meta[3], meta[4]) then return -1 end
 local limit = pf_num(meta[2])
 local n = pf_num(redis.call('HGET', k.stock, 'n'))
 if n < 1 then return -5 end

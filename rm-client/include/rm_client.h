@@ -497,7 +497,7 @@ RM_API const char *rm_at_errmsg(const rm_branch_t *b);
 /* Results and errors of the prefilter (-10401 .. -10408 are the scripts'
  * codes -1 .. -8, shifted). */
 enum {
-  RM_PF_NOT_ON_SALE = -10401,       /* the activity's status is not "on sale" */
+  RM_PF_NOT_ON_SALE = -10401,       /* not on sale: status not 1, or outside the sale window */
   RM_PF_OVER_LIMIT = -10402,        /* the user would hold more than the limit */
   RM_PF_SOLD_OUT = -10403,          /* no bucket has the quantity */
   RM_PF_BAD_ARGS = -10404,          /* an argument out of range; nothing changed */
@@ -615,7 +615,9 @@ RM_API int rm_prefilter_waitlist_fill(rm_prefilter_t *pf, int64_t activity_id, i
 
 /* Record a freeze that Redis granted: bucket frozen_count += qty (if it
  * fits: else RM_PF_SOLD_OUT; and if the user stays within the activity's
- * per_user_limit: else RM_PF_OVER_LIMIT), a stock_freeze row (FROZEN,
+ * per_user_limit: else RM_PF_OVER_LIMIT; and if the activity is on sale
+ * now, status 1 inside starts_at .. ends_at: else RM_PF_NOT_ON_SALE,
+ * sql/stock/006), a stock_freeze row (FROZEN,
  * 'deadline_ms'), a stock_log "freeze" row.  0; 1 when this very freeze was
  * recorded before; RM_PF_ALREADY_CONFIRMED / RM_PF_ALREADY_RELEASED;
  * RM_PF_BAD_ARGS (the order id was recorded with other values, no such
@@ -636,7 +638,7 @@ RM_API int rm_prefilter_pg_release(PGconn *pg, int64_t order_id);
 /* What reconciliation found different in Redis (and, unless dry run,
  * corrected): numbers of fields or members. */
 typedef struct rm_pf_reconcile {
-  unsigned meta;      /* status, limit */
+  unsigned meta;      /* status, limit, starts, ends (the sale window) */
   unsigned buckets;   /* n, stock:i, frozen:i, sold:i */
   unsigned users;     /* per-user ticket counts */
   unsigned orders;    /* freeze records */
@@ -858,7 +860,8 @@ enum {
  * out of range, having done nothing. */
 RM_API int rm_local_order_insert(PGconn *orders_pg, const rm_local_order_t *o);
 /* Step 3, stock database: 0 frozen now, 1 frozen before; RM_PF_SOLD_OUT,
- * RM_PF_OVER_LIMIT, RM_PF_BAD_ARGS (no such bucket...): refused, now or
+ * RM_PF_OVER_LIMIT, RM_PF_BAD_ARGS (no such bucket...), RM_PF_NOT_ON_SALE
+ * (outside the sale window, sql/stock/006): refused, now or
  * before (the refusal is recorded: the order will be cancelled);
  * RM_LOCAL_E_MISMATCH, RM_E_INVALID, RM_E_DB, RM_E_STATE (nothing
  * decided). */

@@ -185,6 +185,10 @@ static void refusal_text(int refusal, const char **reason, const char **user) {
     *reason = "over_limit";
     *user = "cancelled: this order would exceed the purchase limit per user";
     break;
+  case RM_PF_NOT_ON_SALE:
+    *reason = "not_on_sale";
+    *user = "cancelled: the sale was not open when this order was confirmed";
+    break;
   default:
     *reason = "invalid";
     *user = "cancelled: this order could not be confirmed";
@@ -277,7 +281,7 @@ int rm_local_order_cancel(PGconn *orders_pg, rm_prefilter_t *pf, int64_t order_i
 /* -------------------------------------------------------------- stock --- */
 
 bool rm__local_is_refusal(int rc) {
-  return rc == RM_PF_SOLD_OUT || rc == RM_PF_OVER_LIMIT || rc == RM_PF_BAD_ARGS;
+  return rc == RM_PF_SOLD_OUT || rc == RM_PF_OVER_LIMIT || rc == RM_PF_BAD_ARGS || rc == RM_PF_NOT_ON_SALE;
 }
 
 int rm__local_stock_freeze(PGconn *pg, const rm_local_order_t *o, const char *source) {
@@ -308,6 +312,10 @@ int rm__local_stock_freeze(PGconn *pg, const rm_local_order_t *o, const char *so
   switch (code) {
   case 0: atomic_fetch_add(&n_frozen, 1); return 0;
   case 1: return 1;
+  case -1: /* outside the sale window (sql/stock/006) */
+    atomic_fetch_add(&n_refused, 1);
+    rm__pf_errf("the stock database refused order %" PRId64 " (not on sale)", o->order_id);
+    return RM_PF_NOT_ON_SALE;
   case -2:
   case -3:
   case -4:

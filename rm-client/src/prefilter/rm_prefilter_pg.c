@@ -389,7 +389,8 @@ static tt_state_t *tt_find(target_t *t, int32_t tt) {
 /* Read the activity from PostgreSQL in one snapshot and build the target. */
 static int target_load(PGconn *pg, int64_t activity_id, target_t *t) {
   static const char *const queries[4] = {
-    "SELECT status, per_user_limit FROM activity WHERE activity_id = $1::bigint",
+    "SELECT status, per_user_limit, floor(extract(epoch FROM starts_at) * 1000)::bigint, "
+    "floor(extract(epoch FROM ends_at) * 1000)::bigint FROM activity WHERE activity_id = $1::bigint",
     "SELECT ticket_type, bucket_id, stock, frozen_count, sold_count FROM activity_ticket_bucket "
     "WHERE activity_id = $1::bigint ORDER BY ticket_type, bucket_id",
     "SELECT user_id, sum(qty) FROM stock_freeze WHERE activity_id = $1::bigint "
@@ -423,9 +424,12 @@ static int target_load(PGconn *pg, int64_t activity_id, target_t *t) {
   }
   if (rm__pf_keys_build(&t->akeys, activity_id, 0) != 0) return RM_PF_BAD_ARGS;
 
-  /* meta */
+  /* meta: status, limit and the sale window in unix ms (the scripts'
+   * pf_on_sale compares it with the Redis server's clock) */
   OOM_IF(kv_add(&t->meta, "status", PQgetvalue(t->res[0], 0, 0)) != 0 ||
-         kv_add(&t->meta, "limit", PQgetvalue(t->res[0], 0, 1)) != 0);
+         kv_add(&t->meta, "limit", PQgetvalue(t->res[0], 0, 1)) != 0 ||
+         kv_add(&t->meta, "starts", PQgetvalue(t->res[0], 0, 2)) != 0 ||
+         kv_add(&t->meta, "ends", PQgetvalue(t->res[0], 0, 3)) != 0);
 
   /* buckets: rows sorted by ticket type, bucket */
   {
