@@ -58,6 +58,7 @@
 #include <string.h>
 
 #include "tc_log.h"
+#include "tc_pg.h"
 #include "txp_lockkey.h"
 
 #define ID_BLOCK 4096
