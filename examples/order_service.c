@@ -415,7 +415,7 @@ static void place_order_local(order_svc_t *s, order_t *o, int64_t deadline_ms, s
                          .bucket = (int32_t)o->bucket, .user_id = o->user, .qty = (int32_t)o->qty,
                          .expire_ms = o->expire_ms, .deadline_ms = deadline_ms, .idem_key = o->idem_key};
   PGconn *pg = svc_pg_get(s->pool, 5000, err, sizeof(err));
-  int rc = pg ? rm_local_order_insert(pg, &lo) : RM_E_DB;
+  int rc = pg ? rm_local_order_insert(s->rm, pg, &lo) : RM_E_DB;
   if (pg && rc < 0) snprintf(err, sizeof(err), "local order: %s: %s", rm_prefilter_strerror(rc), rm_local_errmsg());
   svc_pg_put(s->pool, pg);
   if (rc < 0) {
@@ -438,7 +438,7 @@ static void place_order_local(order_svc_t *s, order_t *o, int64_t deadline_ms, s
   int refusal = st == 409 ? local_refusal(reason) : 0;
   if (st == 200) {
     pg = svc_pg_get(s->pool, 5000, perr, sizeof(perr));
-    rc = pg ? rm_local_order_finish(pg, o->order_id) : RM_E_DB;
+    rc = pg ? rm_local_order_finish(s->rm, pg, o->order_id) : RM_E_DB;
     if (pg && rc < 0) snprintf(perr, sizeof(perr), "%s: %s", rm_prefilter_strerror(rc), rm_local_errmsg());
     svc_pg_put(s->pool, pg);
     if (rc < 0)
@@ -449,7 +449,7 @@ static void place_order_local(order_svc_t *s, order_t *o, int64_t deadline_ms, s
   }
   if (refusal) {
     pg = svc_pg_get(s->pool, 5000, perr, sizeof(perr));
-    rc = pg ? rm_local_order_cancel(pg, svc_pf_handle(s->pf), o->order_id, refusal) : RM_E_DB;
+    rc = pg ? rm_local_order_cancel(s->rm, pg, svc_pf_handle(s->pf), o->order_id, refusal) : RM_E_DB;
     if (pg && rc < 0) snprintf(perr, sizeof(perr), "%s: %s", rm_prefilter_strerror(rc), rm_local_errmsg());
     svc_pg_put(s->pool, pg);
     if (rc < 0)

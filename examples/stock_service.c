@@ -641,7 +641,7 @@ static void handle_local_freeze(stock_svc_t *s, const svc_req_t *req, svc_resp_t
   rm_local_order_t lo = {.order_id = op.order_id, .activity_id = op.activity, .ticket_type = (int32_t)op.ticket_type,
                          .bucket = (int32_t)op.bucket, .user_id = op.user, .qty = (int32_t)op.qty,
                          .expire_ms = 0, .deadline_ms = op.deadline_ms};
-  int rc = rm_local_stock_freeze(pg, &lo);
+  int rc = rm_local_stock_freeze(s->rm, pg, &lo);
   if (rc < 0) snprintf(err, sizeof(err), "%s: %s", rm_prefilter_strerror(rc), rm_local_errmsg());
   svc_pg_put(s->pool, pg);
   int status = 503;
@@ -666,12 +666,12 @@ static void handle_local_freeze(stock_svc_t *s, const svc_req_t *req, svc_resp_t
   svc_resp_error(resp, status, reason, err);
 }
 
-/* GET /metrics: local-mode freezes (rm_local_stats) and HTTP answers by
+/* GET /metrics: local-mode freezes (rm_client_local_stats) and HTTP answers by
  * status, in Prometheus text format. */
 static void handle_stock_metrics(stock_svc_t *s, svc_resp_t *resp) {
   svc_buf_t b = {0};
   rm_local_stats_t ls = {0};
-  rm_local_stats(&ls);
+  rm_client_local_stats(s->rm, &ls);
   svc_buf_printf(&b,
                  "# HELP txc_client_local_freezes_total Local-mode stock freezes decided here.\n"
                  "# TYPE txc_client_local_freezes_total counter\n"

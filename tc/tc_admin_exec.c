@@ -2,9 +2,10 @@
  * tc_admin_exec.c - what each admin command does, and the JSON it answers.
  *
  * NOTES
- *   Reads run on the store's reader connections (tc_store_read), never on
- *   the group-commit writers, so an operator's query cannot delay a
- *   commit batch.  Answers ({"ok":true,...}):
+ *   Reads go through the store's named reads (tc_store_read.h: their SQL
+ *   is there), which run on the reader connections, never on the
+ *   group-commit writers, so an operator's query cannot delay a commit
+ *   batch.  This file turns their rows into answers ({"ok":true,...}):
  *
  *     show globals  {"globals":[G...],"count":n,"truncated":b}
  *     show global   {"global":G|H|null,"branches":[B...],"locks":[L...],
@@ -31,8 +32,8 @@
  *   Repairs: read the stored state, plan with tc_adm_plan_repair (pure,
  *   checked against txp_global_transition_ok), then apply: a decision from
  *   Begin is the store's own DECIDE op (the TM's path: same lock handling,
- *   same counters); anything else is tc_admin_cas() (sql/tc/004_admin.sql),
- *   a compare-and-set under the global row lock that also re-checks the
+ *   same counters); anything else is tc_read_admin_cas (tc_admin_cas(),
+ *   sql/tc/004_admin.sql), a compare-and-set under the global row lock that also re-checks the
  *   forbidden branch statuses.  A re-drive then runs phase two on this node
  *   (tc__phase2_drive) and answers when it ends.  Every repair that changes
  *   something is logged at warn level with the operator's uid; a refused
@@ -56,14 +57,13 @@
 #include "tc_recovery.h"
 #include "tc_server.h"
 #include "tc_stats.h"
+#include "tc_store_read.h"
 
 
 #define READ_DEADLINE_MS 5000
 #define DRIVE_LEASE_MS 15000
 #define MAX_SHOWN_LOCKS 1000
 #define MAX_SHOWN_WAITERS 1000
-
-#define TS(col) "to_char((" col ") AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')"
 
 typedef struct exec {
   tc_adm_req_t *req;
@@ -91,105 +91,69 @@ static void finish_error(exec_t *x, const char *code, const char *fmt, ...) {
   finish(x, tc__admin_error(code, "%s", msg));
 }
 
-/* Submit a read job of 'n' statements ('sql[i]' with 'np[i]' parameters
- * from 'vals[i]').  On failure the request is answered here. */
-static void submit_read(exec_t *x, unsigned flags, tc_pg_job_cb cb, int n, const char *const *sql, const int *np,
-                        const char *const *const *vals) {
-  tc_pg_job_t *job = tc_pg_job_new(flags, cb, x);
-  bool ok = job != NULL;
-  for (int i = 0; ok && i < n; i++) ok = tc_pg_job_add(job, sql[i], np[i], vals[i]) == 0;
-  if (!ok) {
-    if (job) tc_pg_job_free(job);
+/* A read could not be sent ('rc' of a tc_read_*): answer the request. */
+static void finish_unsent(exec_t *x, int rc) {
+  if (rc == TC_READ_ENOMEM)
     finish_error(x, "internal", "out of memory");
-    return;
-  }
-  int rc = tc_store_read(x->ctx->store, job, READ_DEADLINE_MS);
-  if (rc != 0) {
-    tc_pg_job_free(job);
-    finish_error(x, rc == TC_PG_ECLOSING ? "shutting_down" : "store",
-                 rc == TC_PG_ECLOSING ? "coordinator shutting down" : "coordinator store queue full: retry later");
-  }
+  else
+    finish_error(x, rc == TC_READ_ECLOSING ? "shutting_down" : "store",
+                 rc == TC_READ_ECLOSING ? "coordinator shutting down" : "coordinator store queue full: retry later");
 }
 
 /* The answer to a failed read: 'what' says what could not be read. */
-static void finish_store_error(exec_t *x, tc_pg_job_t *job, int status, const char *what) {
-  if (status == TC_PG_ESTMT)
-    finish_error(x, "store", "could not %s: store error: %s", what, tc_pg_job_error(job));
-  else if (status == TC_PG_ECLOSING)
+static void finish_store_error(exec_t *x, int status, const char *err, const char *what) {
+  if (status == TC_READ_ESTMT)
+    finish_error(x, "store", "could not %s: store error: %s", what, err);
+  else if (status == TC_READ_ECLOSING)
     finish_error(x, "shutting_down", "could not %s: coordinator shutting down", what);
+  else if (status == TC_READ_ENOMEM)
+    finish_error(x, "internal", "could not %s: out of memory", what);
   else
     finish_error(x, "store", "could not %s: coordinator store unavailable (%s)", what,
-                 status == TC_PG_EBROKEN ? "connection lost" : "no connection");
+                 status == TC_READ_EBROKEN ? "connection lost" : "no connection");
 }
 
-/* ------------------------------------------------------------ PGresult */
+/* ---------------------------------------------------------------- rows */
 
-static json_t *col_str(const PGresult *r, int row, int col) {
-  return PQgetisnull(r, row, col) ? json_null() : tc__admin_str(PQgetvalue(r, row, col));
-}
-
-static json_t *col_int(const PGresult *r, int row, int col) {
-  return PQgetisnull(r, row, col) ? json_null() : json_integer(strtoll(PQgetvalue(r, row, col), NULL, 10));
-}
-
-static json_t *col_real(const PGresult *r, int row, int col) {
-  return PQgetisnull(r, row, col) ? json_null() : json_real(strtod(PQgetvalue(r, row, col), NULL));
-}
-
-static bool col_bool(const PGresult *r, int row, int col) {
-  return !PQgetisnull(r, row, col) && PQgetvalue(r, row, col)[0] == 't';
-}
-
-static int col_i(const PGresult *r, int row, int col) {
-  return PQgetisnull(r, row, col) ? 0 : atoi(PQgetvalue(r, row, col));
-}
+/* A column's text, or null for SQL NULL. */
+static json_t *str_or_null(const char *s) { return s ? tc__admin_str(s) : json_null(); }
 
 static json_t *ok_answer(void) { return json_pack("{s:b}", "ok", 1); }
 
 /* ------------------------------------------------------------- globals */
 
-/* Columns of a live global transaction; see global_json(). */
-#define GLOBAL_COLS                                                                                     \
-  "g.xid, g.transaction_id, g.status, g.application_id, g.transaction_name, g.timeout_ms, " TS(        \
-    "g.begin_time") ", extract(epoch FROM clock_timestamp() - g.begin_time)::float8, " TS("g.deadline") \
-    ", g.node_id, g.retry_count, " TS("g.next_retry_at") ", g.last_error, "                            \
-    "(SELECT count(*) FROM branch_table b WHERE b.xid = g.xid), "                                       \
-    "(SELECT count(*) FROM lock_table l WHERE l.xid = g.xid), g.deadline < clock_timestamp()"
-
-static json_t *global_json(const PGresult *r, int row) {
-  int s = col_i(r, row, 2);
+static json_t *global_json(const tc_read_global_t *r) {
   json_t *g = json_object();
-  json_object_set_new(g, "xid", col_str(r, row, 0));
-  json_object_set_new(g, "transaction_id", col_int(r, row, 1));
-  json_object_set_new(g, "status", json_string(txp_global_status_name(s)));
-  json_object_set_new(g, "status_code", json_integer(s));
-  json_object_set_new(g, "name", col_str(r, row, 4));
-  json_object_set_new(g, "application_id", col_str(r, row, 3));
-  json_object_set_new(g, "node_id", col_int(r, row, 9));
-  json_object_set_new(g, "begin_time", col_str(r, row, 6));
-  json_object_set_new(g, "age_s", col_real(r, row, 7));
-  json_object_set_new(g, "timeout_ms", col_int(r, row, 5));
-  json_object_set_new(g, "deadline", col_str(r, row, 8));
-  json_object_set_new(g, "timed_out", json_boolean(col_bool(r, row, 15)));
-  json_object_set_new(g, "retry_count", col_int(r, row, 10));
-  json_object_set_new(g, "next_retry_at", col_str(r, row, 11));
-  json_object_set_new(g, "last_error", col_str(r, row, 12));
-  json_object_set_new(g, "branches", col_int(r, row, 13));
-  json_object_set_new(g, "locks", col_int(r, row, 14));
+  json_object_set_new(g, "xid", str_or_null(r->xid));
+  json_object_set_new(g, "transaction_id", json_integer(r->transaction_id));
+  json_object_set_new(g, "status", json_string(txp_global_status_name(r->status)));
+  json_object_set_new(g, "status_code", json_integer(r->status));
+  json_object_set_new(g, "name", str_or_null(r->name));
+  json_object_set_new(g, "application_id", str_or_null(r->application_id));
+  json_object_set_new(g, "node_id", json_integer(r->node_id));
+  json_object_set_new(g, "begin_time", str_or_null(r->begin_time));
+  json_object_set_new(g, "age_s", json_real(r->age_s));
+  json_object_set_new(g, "timeout_ms", json_integer(r->timeout_ms));
+  json_object_set_new(g, "deadline", str_or_null(r->deadline));
+  json_object_set_new(g, "timed_out", json_boolean(r->timed_out));
+  json_object_set_new(g, "retry_count", json_integer(r->retry_count));
+  json_object_set_new(g, "next_retry_at", str_or_null(r->next_retry_at));
+  json_object_set_new(g, "last_error", str_or_null(r->last_error));
+  json_object_set_new(g, "branches", json_integer(r->branches));
+  json_object_set_new(g, "locks", json_integer(r->locks));
   json_object_set_new(g, "live", json_true());
   return g;
 }
 
-static void on_globals(tc_pg_job_t *job, int status, void *arg) {
+static void on_globals(int status, const char *err, const tc_read_global_t *rows, int n, void *arg) {
   exec_t *x = arg;
-  if (status != TC_PG_OK) {
-    finish_store_error(x, job, status, "list global transactions");
+  if (status != TC_READ_OK) {
+    finish_store_error(x, status, err, "list global transactions");
     return;
   }
-  const PGresult *r = tc_pg_job_result(job, 0);
-  int n = PQntuples(r), limit = x->req->cmd.limit;
+  int limit = x->req->cmd.limit;
   json_t *list = json_array();
-  for (int i = 0; i < n && i < limit; i++) json_array_append_new(list, global_json(r, i));
+  for (int i = 0; i < n && i < limit; i++) json_array_append_new(list, global_json(&rows[i]));
   json_t *a = ok_answer();
   json_object_set_new(a, "globals", list);
   json_object_set_new(a, "count", json_integer(n < limit ? n : limit));
@@ -199,30 +163,16 @@ static void on_globals(tc_pg_job_t *job, int status, void *arg) {
 
 static void exec_show_globals(exec_t *x) {
   const tc_adm_cmd_t *c = &x->req->cmd;
-  char statuses[TC_ADM_MAX_STATUSES * 4 + 3], age[32], limit[16];
-  const char *v[4] = {NULL, NULL, NULL, limit};
-  if (c->nstatuses) {
-    size_t o = 0;
-    statuses[o++] = '{';
-    for (int i = 0; i < c->nstatuses; i++)
-      o += (size_t)snprintf(statuses + o, sizeof(statuses) - o, "%s%d", i ? "," : "", c->statuses[i]);
-    snprintf(statuses + o, sizeof(statuses) - o, "}");
-    v[0] = statuses;
-  }
-  if (c->has_min_age) {
-    snprintf(age, sizeof(age), "%.3f", c->min_age_s);
-    v[1] = age;
-  }
-  if (c->has_name) v[2] = c->name;
-  snprintf(limit, sizeof(limit), "%d", c->limit + 1); /* one more: truncated? */
-  const char *sql = "SELECT " GLOBAL_COLS " FROM global_table g "
-                    "WHERE ($1::smallint[] IS NULL OR g.status = ANY ($1::smallint[])) "
-                    "AND ($2::float8 IS NULL OR g.begin_time <= clock_timestamp() - $2::float8 * interval '1 second') "
-                    "AND ($3::text IS NULL OR g.transaction_name = $3) "
-                    "ORDER BY g.begin_time, g.xid LIMIT $4::int";
-  const int np[] = {4};
-  const char *const *vals[] = {v};
-  submit_read(x, 0, on_globals, 1, &sql, np, vals);
+  tc_read_globals_filter_t f = {
+    .statuses = c->statuses,
+    .nstatuses = c->nstatuses,
+    .has_min_age = c->has_min_age,
+    .min_age_s = c->min_age_s,
+    .name = c->has_name ? c->name : NULL,
+    .limit = c->limit + 1, /* one more: truncated? */
+  };
+  int rc = tc_read_globals(x->ctx->store, &f, READ_DEADLINE_MS, on_globals, x);
+  if (rc != 0) finish_unsent(x, rc);
 }
 
 /* -------------------------------------------------------- waiters (W) */
@@ -288,41 +238,37 @@ static json_t *waiters_of(tc_ctx_t *ctx, const char *holder) {
 
 /* -------------------------------------------------------------- global */
 
-static json_t *lock_json(const PGresult *r, int row, int first_col, bool with_xid) {
-  /* columns from first_col: row_key, xid, branch_id, resource_id, table_name, pk, status, since */
-  int c = first_col;
+static json_t *lock_json(const tc_read_lock_t *l, bool with_xid) {
   json_t *o = json_object();
-  json_object_set_new(o, "row_key", col_str(r, row, c));
-  if (with_xid) json_object_set_new(o, "xid", col_str(r, row, c + 1));
-  json_object_set_new(o, "branch_id", col_int(r, row, c + 2));
-  json_object_set_new(o, "resource_id", col_str(r, row, c + 3));
-  json_object_set_new(o, "table", col_str(r, row, c + 4));
-  json_object_set_new(o, "pk", col_str(r, row, c + 5));
-  json_object_set_new(o, "status", json_string(col_i(r, row, c + 6) == 1 ? "rollbacking" : "locked"));
-  json_object_set_new(o, "since", col_str(r, row, c + 7));
+  json_object_set_new(o, "row_key", str_or_null(l->row_key));
+  if (with_xid) json_object_set_new(o, "xid", str_or_null(l->xid));
+  json_object_set_new(o, "branch_id", json_integer(l->branch_id));
+  json_object_set_new(o, "resource_id", str_or_null(l->resource_id));
+  json_object_set_new(o, "table", str_or_null(l->table));
+  json_object_set_new(o, "pk", str_or_null(l->pk));
+  json_object_set_new(o, "status", json_string(l->status == 1 ? "rollbacking" : "locked"));
+  json_object_set_new(o, "since", str_or_null(l->since));
   return o;
 }
 
-#define LOCK_COLS "l.row_key, l.xid, l.branch_id, l.resource_id, l.table_name, l.pk, l.status, " TS("l.gmt_create")
-
-static json_t *branches_from_table(const PGresult *r) {
+static json_t *branches_from_table(const tc_read_branch_t *rows, int n) {
   json_t *list = json_array();
-  for (int i = 0; i < PQntuples(r); i++) {
-    int s = col_i(r, i, 3), t = col_i(r, i, 2);
+  for (int i = 0; i < n; i++) {
+    const tc_read_branch_t *r = &rows[i];
     json_t *b = json_object();
-    json_object_set_new(b, "branch_id", col_int(r, i, 0));
-    json_object_set_new(b, "resource_id", col_str(r, i, 1));
-    json_object_set_new(b, "branch_type", json_string(txp_branch_type_name(t)));
-    json_object_set_new(b, "status", json_string(txp_branch_status_name(s)));
-    json_object_set_new(b, "status_code", json_integer(s));
-    json_object_set_new(b, "client_id", col_str(r, i, 4));
-    json_object_set_new(b, "retry_count", col_int(r, i, 5));
-    json_object_set_new(b, "next_retry_at", col_str(r, i, 6));
-    json_object_set_new(b, "last_error", col_str(r, i, 7));
-    json_object_set_new(b, "lock_keys", col_str(r, i, 8));
-    json_object_set_new(b, "application_data", col_str(r, i, 9));
-    json_object_set_new(b, "created", col_str(r, i, 10));
-    json_object_set_new(b, "modified", col_str(r, i, 11));
+    json_object_set_new(b, "branch_id", json_integer(r->branch_id));
+    json_object_set_new(b, "resource_id", str_or_null(r->resource_id));
+    json_object_set_new(b, "branch_type", json_string(txp_branch_type_name(r->branch_type)));
+    json_object_set_new(b, "status", json_string(txp_branch_status_name(r->status)));
+    json_object_set_new(b, "status_code", json_integer(r->status));
+    json_object_set_new(b, "client_id", str_or_null(r->client_id));
+    json_object_set_new(b, "retry_count", json_integer(r->retry_count));
+    json_object_set_new(b, "next_retry_at", str_or_null(r->next_retry_at));
+    json_object_set_new(b, "last_error", str_or_null(r->last_error));
+    json_object_set_new(b, "lock_keys", str_or_null(r->lock_keys));
+    json_object_set_new(b, "application_data", str_or_null(r->application_data));
+    json_object_set_new(b, "created", str_or_null(r->created));
+    json_object_set_new(b, "modified", str_or_null(r->modified));
     json_array_append_new(list, b);
   }
   return list;
@@ -354,35 +300,33 @@ static json_t *branches_from_history(const char *text) {
   return out;
 }
 
-static void on_global(tc_pg_job_t *job, int status, void *arg) {
+static void on_global(int status, const char *err, const tc_read_global_view_t *v, void *arg) {
   exec_t *x = arg;
-  if (status != TC_PG_OK) {
-    finish_store_error(x, job, status, "read the global transaction");
+  if (status != TC_READ_OK) {
+    finish_store_error(x, status, err, "read the global transaction");
     return;
   }
-  const PGresult *g = tc_pg_job_result(job, 0), *br = tc_pg_job_result(job, 1), *lk = tc_pg_job_result(job, 2),
-                 *h = tc_pg_job_result(job, 3);
   json_t *a = ok_answer();
   json_t *branches = NULL;
-  if (PQntuples(g) > 0) {
-    json_object_set_new(a, "global", global_json(g, 0));
-  } else if (PQntuples(h) > 0) {
-    int s = col_i(h, 0, 1);
+  if (v->global) {
+    json_object_set_new(a, "global", global_json(v->global));
+  } else if (v->history) {
+    const tc_read_history_t *h = v->history;
     json_t *o = json_object();
     json_object_set_new(o, "xid", tc__admin_str(x->xid));
-    json_object_set_new(o, "transaction_id", col_int(h, 0, 0));
-    json_object_set_new(o, "status", json_string(txp_global_status_name(s)));
-    json_object_set_new(o, "status_code", json_integer(s));
-    json_object_set_new(o, "name", col_str(h, 0, 3));
-    json_object_set_new(o, "application_id", col_str(h, 0, 2));
-    json_object_set_new(o, "begin_time", col_str(h, 0, 4));
-    json_object_set_new(o, "end_time", col_str(h, 0, 5));
+    json_object_set_new(o, "transaction_id", json_integer(h->transaction_id));
+    json_object_set_new(o, "status", json_string(txp_global_status_name(h->status)));
+    json_object_set_new(o, "status_code", json_integer(h->status));
+    json_object_set_new(o, "name", str_or_null(h->name));
+    json_object_set_new(o, "application_id", str_or_null(h->application_id));
+    json_object_set_new(o, "begin_time", str_or_null(h->begin_time));
+    json_object_set_new(o, "end_time", str_or_null(h->end_time));
     json_object_set_new(o, "live", json_false());
     json_object_set_new(a, "global", o);
-    branches = branches_from_history(PQgetvalue(h, 0, 6));
+    branches = branches_from_history(h->branches_json ? h->branches_json : "");
     /* Branch rows still in branch_table belong to no live session. */
-    json_object_set_new(a, "leftover_branches", json_integer(PQntuples(br)));
-  } else if (PQntuples(br) == 0 && PQntuples(lk) == 0) {
+    json_object_set_new(a, "leftover_branches", json_integer(v->nbranches));
+  } else if (v->nbranches == 0 && v->nlocks == 0) {
     json_decref(a);
     finish_error(x, "not_found", "global transaction \"%s\" not found (neither live nor in history)", x->xid);
     return;
@@ -390,57 +334,42 @@ static void on_global(tc_pg_job_t *job, int status, void *arg) {
     json_object_set_new(a, "global", json_null());
     json_object_set_new(a, "orphan", json_true());
   }
-  json_object_set_new(a, "branches", branches ? branches : branches_from_table(br));
+  json_object_set_new(a, "branches", branches ? branches : branches_from_table(v->branches, v->nbranches));
   json_t *locks = json_array();
-  int nl = PQntuples(lk);
-  for (int i = 0; i < nl && i < MAX_SHOWN_LOCKS; i++) json_array_append_new(locks, lock_json(lk, i, 0, false));
+  for (int i = 0; i < v->nlocks && i < MAX_SHOWN_LOCKS; i++)
+    json_array_append_new(locks, lock_json(&v->locks[i], false));
   json_object_set_new(a, "locks", locks);
-  json_object_set_new(a, "locks_truncated", json_boolean(nl > MAX_SHOWN_LOCKS));
+  json_object_set_new(a, "locks_truncated", json_boolean(v->nlocks > MAX_SHOWN_LOCKS));
   json_object_set_new(a, "waiters", waiters_of(x->ctx, x->xid));
   finish(x, a);
 }
 
 static void exec_show_global(exec_t *x) {
-  const char *v[] = {x->xid};
-  char lim[16];
-  snprintf(lim, sizeof(lim), "%d", MAX_SHOWN_LOCKS + 1);
-  const char *vl[] = {x->xid, lim};
-  const char *sql[] = {
-    "SELECT " GLOBAL_COLS " FROM global_table g WHERE g.xid = $1",
-    "SELECT branch_id, resource_id, branch_type, status, client_id, retry_count, " TS("next_retry_at")
-    ", last_error, lock_keys, application_data, " TS("gmt_create") ", " TS("gmt_modified")
-    " FROM branch_table WHERE xid = $1 ORDER BY branch_id",
-    "SELECT " LOCK_COLS " FROM lock_table l WHERE l.xid = $1 ORDER BY l.row_key LIMIT $2::int",
-    "SELECT transaction_id, status, application_id, transaction_name, " TS("begin_time") ", " TS("end_time")
-    ", branches::text FROM global_history WHERE xid = $1",
-  };
-  const int np[] = {1, 1, 2, 1};
-  const char *const *vals[] = {v, v, vl, v};
-  submit_read(x, 0, on_global, 4, sql, np, vals);
+  int rc = tc_read_global(x->ctx->store, x->xid, MAX_SHOWN_LOCKS + 1, READ_DEADLINE_MS, on_global, x);
+  if (rc != 0) finish_unsent(x, rc);
 }
 
 /* --------------------------------------------------------------- locks */
 
-static void on_locks(tc_pg_job_t *job, int status, void *arg) {
+static void on_locks(int status, const char *err, const tc_read_lock_t *rows, int n, void *arg) {
   exec_t *x = arg;
-  if (status != TC_PG_OK) {
-    finish_store_error(x, job, status, "list locks");
+  if (status != TC_READ_OK) {
+    finish_store_error(x, status, err, "list locks");
     return;
   }
   const tc_adm_cmd_t *c = &x->req->cmd;
-  const PGresult *r = tc_pg_job_result(job, 0);
-  int n = PQntuples(r), limit = c->limit;
+  int limit = c->limit;
   json_t *locks = json_array();
   json_t *holders = json_object(); /* xid -> true, in order of first appearance */
   json_t *order = json_array();
   for (int i = 0; i < n && i < limit; i++) {
-    json_t *o = lock_json(r, i, 0, true);
-    bool orphan = PQgetisnull(r, i, 8);
-    int hs = col_i(r, i, 8);
-    json_object_set_new(o, "holder_status", orphan ? json_null() : json_string(txp_global_status_name(hs)));
-    json_object_set_new(o, "orphan", json_boolean(orphan));
+    const tc_read_lock_t *l = &rows[i];
+    json_t *o = lock_json(l, true);
+    json_object_set_new(o, "holder_status",
+                        l->orphan ? json_null() : json_string(txp_global_status_name(l->holder_status)));
+    json_object_set_new(o, "orphan", json_boolean(l->orphan));
     json_array_append_new(locks, o);
-    const char *hx = PQgetvalue(r, i, 1);
+    const char *hx = l->xid ? l->xid : "";
     if (!json_object_get(holders, hx)) {
       json_object_set_new(holders, hx, json_true());
       json_array_append_new(order, tc__admin_str(hx));
@@ -476,42 +405,40 @@ static void on_locks(tc_pg_job_t *job, int status, void *arg) {
 
 static void exec_show_locks(exec_t *x) {
   const tc_adm_cmd_t *c = &x->req->cmd;
-  char limit[16];
-  snprintf(limit, sizeof(limit), "%d", c->limit + 1);
-  const char *v[] = {c->has_xid ? c->xid : NULL, c->has_key ? c->key : NULL, c->has_prefix ? c->key : NULL, limit};
-  const char *sql = "SELECT " LOCK_COLS ", g.status FROM lock_table l LEFT JOIN global_table g ON g.xid = l.xid "
-                    "WHERE ($1::text IS NULL OR l.xid = $1) AND ($2::text IS NULL OR l.row_key = $2) "
-                    "AND ($3::text IS NULL OR starts_with(l.row_key, $3)) "
-                    "ORDER BY l.row_key LIMIT $4::int";
-  const int np[] = {4};
-  const char *const *vals[] = {v};
-  submit_read(x, 0, on_locks, 1, &sql, np, vals);
+  tc_read_locks_filter_t f = {
+    .xid = c->has_xid ? c->xid : NULL,
+    .key = c->has_key ? c->key : NULL,
+    .prefix = c->has_prefix ? c->key : NULL,
+    .limit = c->limit + 1, /* one more: truncated? */
+  };
+  int rc = tc_read_locks(x->ctx->store, &f, READ_DEADLINE_MS, on_locks, x);
+  if (rc != 0) finish_unsent(x, rc);
 }
 
 /* --------------------------------------------------------------- nodes */
 
-static void on_nodes(tc_pg_job_t *job, int status, void *arg) {
+static void on_nodes(int status, const char *err, const tc_read_node_t *rows, int n, void *arg) {
   exec_t *x = arg;
-  if (x->ctx->stopping) status = TC_PG_ECLOSING; /* the recovery may be gone */
-  if (status != TC_PG_OK) {
-    finish_store_error(x, job, status, "list the nodes");
+  if (x->ctx->stopping) status = TC_READ_ECLOSING; /* the recovery may be gone */
+  if (status != TC_READ_OK) {
+    finish_store_error(x, status, err, "list the nodes");
     return;
   }
   tc_ctx_t *ctx = x->ctx;
-  const PGresult *r = tc_pg_job_result(job, 0);
   json_t *nodes = json_array();
-  for (int i = 0; i < PQntuples(r); i++) {
+  for (int i = 0; i < n; i++) {
+    const tc_read_node_t *r = &rows[i];
     json_t *o = json_object();
-    json_object_set_new(o, "node_id", col_int(r, i, 0));
-    json_object_set_new(o, "address", col_str(r, i, 1));
-    json_object_set_new(o, "admin_socket", col_str(r, i, 2));
-    json_object_set_new(o, "started_at", col_str(r, i, 3));
-    json_object_set_new(o, "heartbeat_at", col_str(r, i, 4));
-    json_object_set_new(o, "heartbeat_age_s", col_real(r, i, 5));
-    json_object_set_new(o, "is_leader", json_boolean(col_bool(r, i, 6)));
-    json_object_set_new(o, "pid", col_int(r, i, 7));
-    json_object_set_new(o, "version", col_str(r, i, 8));
-    json_object_set_new(o, "self", json_boolean(col_i(r, i, 0) == ctx->cfg->node_id));
+    json_object_set_new(o, "node_id", json_integer(r->node_id));
+    json_object_set_new(o, "address", str_or_null(r->address));
+    json_object_set_new(o, "admin_socket", str_or_null(r->admin_socket));
+    json_object_set_new(o, "started_at", str_or_null(r->started_at));
+    json_object_set_new(o, "heartbeat_at", str_or_null(r->heartbeat_at));
+    json_object_set_new(o, "heartbeat_age_s", json_real(r->heartbeat_age_s));
+    json_object_set_new(o, "is_leader", json_boolean(r->is_leader));
+    json_object_set_new(o, "pid", r->has_pid ? json_integer(r->pid) : json_null());
+    json_object_set_new(o, "version", str_or_null(r->version));
+    json_object_set_new(o, "self", json_boolean(r->node_id == ctx->cfg->node_id));
     json_array_append_new(nodes, o);
   }
   json_t *self = json_object();
@@ -529,24 +456,20 @@ static void on_nodes(tc_pg_job_t *job, int status, void *arg) {
 }
 
 static void exec_show_nodes(exec_t *x) {
-  const char *sql = "SELECT node_id, address, admin_socket, " TS("started_at") ", " TS("heartbeat_at")
-                    ", extract(epoch FROM clock_timestamp() - heartbeat_at)::float8, is_leader, pid, version "
-                    "FROM node_table ORDER BY node_id";
-  const int np[] = {0};
-  const char *const *vals[] = {NULL};
-  submit_read(x, 0, on_nodes, 1, &sql, np, vals);
+  int rc = tc_read_nodes(x->ctx->store, READ_DEADLINE_MS, on_nodes, x);
+  if (rc != 0) finish_unsent(x, rc);
 }
 
 /* --------------------------------------------------------------- stats */
 
 #define U(v) json_integer((json_int_t)(v))
 
-static void on_stats(tc_pg_job_t *job, int status, void *arg) {
+static void on_stats(int status, const char *err, const tc_read_count_t *rows, int n, void *arg) {
   exec_t *x = arg;
   tc_ctx_t *ctx = x->ctx;
   if (ctx->stopping) {
     /* The server, recovery and lock waits may be released already. */
-    finish_store_error(x, job, TC_PG_ECLOSING, "read the statistics");
+    finish_store_error(x, TC_READ_ECLOSING, err, "read the statistics");
     return;
   }
   tc_stats_t sn = {0};
@@ -620,11 +543,10 @@ static void on_stats(tc_pg_job_t *job, int status, void *arg) {
                       json_pack("{s:i, s:o, s:o, s:o, s:o, s:o, s:o}", "connections", as->connections, "accepted",
                                 U(as->accepted), "denied", U(as->denied), "requests", U(as->requests), "bad_requests",
                                 U(as->bad_requests), "repairs", U(as->repairs), "refused", U(as->refused)));
-  if (status == TC_PG_OK) {
-    const PGresult *r = tc_pg_job_result(job, 0);
+  if (status == TC_READ_OK) {
     json_t *sessions = json_object();
-    for (int i = 0; i < PQntuples(r); i++)
-      json_object_set_new(sessions, txp_global_status_name(col_i(r, i, 0)), col_int(r, i, 1));
+    for (int i = 0; i < n; i++)
+      json_object_set_new(sessions, txp_global_status_name(rows[i].status), json_integer(rows[i].count));
     json_object_set_new(a, "sessions", sessions);
   } else {
     json_object_set_new(a, "sessions", json_null());
@@ -634,10 +556,8 @@ static void on_stats(tc_pg_job_t *job, int status, void *arg) {
 }
 
 static void exec_stats(exec_t *x) {
-  const char *sql = tc_stats_sessions_sql;
-  const int np[] = {0};
-  const char *const *vals[] = {NULL};
-  submit_read(x, 0, on_stats, 1, &sql, np, vals);
+  int rc = tc_read_sessions(x->ctx->store, READ_DEADLINE_MS, on_stats, x);
+  if (rc != 0) finish_unsent(x, rc);
 }
 
 /* ---------------------------------------------------------------- help */
@@ -750,44 +670,29 @@ static void on_drive_done(int global_status, void *arg) {
   finish(x, a);
 }
 
-/* Branch rows for a drive from columns branch_id, branch_type, status,
- * resource_id, client_id, application_id, app_group.  NULL with n 0 if none (or out of memory). */
-static tc_branch_row_t *branch_rows(const PGresult *r, int *n) {
-  int nr = PQntuples(r);
-  *n = 0;
-  tc_branch_row_t *rows = nr ? calloc((size_t)nr, sizeof(*rows)) : NULL;
-  if (!rows) return NULL;
-  for (int i = 0; i < nr; i++) {
-    tc_branch_row_t *b = &rows[i];
-    b->branch_id = strtoll(PQgetvalue(r, i, 0), NULL, 10);
-    b->branch_type = col_i(r, i, 1);
-    b->status = col_i(r, i, 2);
-    snprintf(b->resource_id, sizeof(b->resource_id), "%s", PQgetvalue(r, i, 3));
-    snprintf(b->client_id, sizeof(b->client_id), "%s", PQgetvalue(r, i, 4));
-    snprintf(b->application_id, sizeof(b->application_id), "%s", PQgetvalue(r, i, 5));
-    snprintf(b->app_group, sizeof(b->app_group), "%s", PQgetvalue(r, i, 6));
-  }
-  *n = nr;
-  return rows;
-}
-
-static void on_cas(tc_pg_job_t *job, int status, void *arg) {
+static void on_cas(int status, const char *err, const tc_read_cas_result_t *r, void *arg) {
   exec_t *x = arg;
   char msg[768];
-  if (status != TC_PG_OK) {
-    if (status == TC_PG_EBROKEN) {
+  if (status != TC_READ_OK) {
+    if (status == TC_READ_EBROKEN) {
       finish_error(x, "store",
                    "could not %s global transaction \"%s\": store connection lost in flight, outcome unknown; "
                    "check with \"show global\"",
                    verb(x->req->cmd.kind), x->xid);
       return;
     }
-    finish_store_error(x, job, status, "apply the repair");
+    if (status == TC_READ_ENOMEM) {
+      finish_error(x, "internal",
+                   "could not %s global transaction \"%s\": out of memory reading the store's answer, outcome "
+                   "unknown; check with \"show global\"",
+                   verb(x->req->cmd.kind), x->xid);
+      return;
+    }
+    finish_store_error(x, status, err, "apply the repair");
     return;
   }
-  const PGresult *r = tc_pg_job_result(job, 0);
-  const char *res = PQntuples(r) ? PQgetvalue(r, 0, 0) : "";
-  int now = PQntuples(r) ? col_i(r, 0, 1) : 0;
+  const char *res = r->result;
+  int now = r->global_status;
   if (strcmp(res, "not_found") == 0) {
     snprintf(msg, sizeof(msg), "global transaction \"%s\" finished meanwhile (%s): nothing changed", x->xid,
              txp_global_status_name(now));
@@ -803,8 +708,9 @@ static void on_cas(tc_pg_job_t *job, int status, void *arg) {
   }
   if (strcmp(res, "branch") == 0) {
     snprintf(msg, sizeof(msg),
-             "could not %s global transaction \"%s\": branch %s is %s, so this would break atomicity; nothing changed",
-             verb(x->req->cmd.kind), x->xid, PQgetvalue(r, 0, 2), txp_branch_status_name(col_i(r, 0, 3)));
+             "could not %s global transaction \"%s\": branch %" PRId64
+             " is %s, so this would break atomicity; nothing changed",
+             verb(x->req->cmd.kind), x->xid, r->branch_id, txp_branch_status_name(r->branch_status));
     refuse(x, "refused", msg);
     return;
   }
@@ -819,34 +725,24 @@ static void on_cas(tc_pg_job_t *job, int status, void *arg) {
     finish(x, repair_answer(x));
     return;
   }
-  int n;
-  tc_branch_row_t *rows = branch_rows(tc_pg_job_result(job, 1), &n);
-  tc__phase2_drive(x->ctx, x->xid, x->plan.to, rows, n, on_drive_done, x);
-  free(rows);
+  tc__phase2_drive(x->ctx, x->xid, x->plan.to, r->rows, r->nrows, on_drive_done, x);
 }
 
 static void apply_cas(exec_t *x) {
-  static const char *const retry_words[] = {"lease", "now", "clear"};
-  char from[8], to[8], lease[16], forbid[64];
-  snprintf(from, sizeof(from), "%d", x->plan.from);
-  snprintf(to, sizeof(to), "%d", x->plan.to);
-  snprintf(lease, sizeof(lease), "%d", DRIVE_LEASE_MS);
-  size_t o = (size_t)snprintf(forbid, sizeof(forbid), "{");
-  for (int i = 0; i < x->plan.nforbid; i++)
-    o += (size_t)snprintf(forbid + o, sizeof(forbid) - o, "%s%d", i ? "," : "", x->plan.forbid[i]);
-  snprintf(forbid + o, sizeof(forbid) - o, "}");
-  const char *v0[] = {x->xid, from, to, retry_words[x->plan.retry], lease, forbid};
-  const char *v1[] = {x->xid};
-  const char *sql[] = {
-    "SELECT result, status, branch_id, branch_status FROM tc_admin_cas($1, $2::smallint, $3::smallint, $4, "
-    "$5::int, $6::smallint[])",
-    "SELECT branch_id, branch_type, status, resource_id, coalesce(client_id, ''), "
-    "coalesce(application_id, ''), coalesce(app_group, '') FROM branch_table WHERE xid = $1 "
-    "ORDER BY branch_id",
+  tc_read_retry_t retry = x->plan.retry == TC_ADM_RETRY_NOW     ? TC_READ_RETRY_NOW
+                          : x->plan.retry == TC_ADM_RETRY_CLEAR ? TC_READ_RETRY_CLEAR
+                                                                : TC_READ_RETRY_LEASE;
+  tc_read_cas_t in = {
+    .xid = x->xid,
+    .from = x->plan.from,
+    .to = x->plan.to,
+    .retry = retry,
+    .lease_ms = DRIVE_LEASE_MS,
+    .forbid = x->plan.forbid,
+    .nforbid = x->plan.nforbid,
   };
-  const int np[] = {6, 1};
-  const char *const *vals[] = {v0, v1};
-  submit_read(x, TC_PG_JOB_TXN, on_cas, 2, sql, np, vals);
+  int rc = tc_read_admin_cas(x->ctx->store, &in, READ_DEADLINE_MS, on_cas, x);
+  if (rc != 0) finish_unsent(x, rc);
 }
 
 static void on_decided(tc_op_t *op, void *arg) {
@@ -916,41 +812,32 @@ static void apply_decide(exec_t *x) {
 }
 
 /* The stored state is in: plan, then apply. */
-static void on_repair_state(tc_pg_job_t *job, int status, void *arg) {
+static void on_repair_state(int status, const char *err, const tc_read_repair_state_t *st, void *arg) {
   exec_t *x = arg;
-  if (status != TC_PG_OK) {
-    finish_store_error(x, job, status, "read the global transaction");
+  if (status != TC_READ_OK) {
+    finish_store_error(x, status, err, "read the global transaction");
     return;
   }
-  const PGresult *g = tc_pg_job_result(job, 0), *br = tc_pg_job_result(job, 1), *h = tc_pg_job_result(job, 2);
   char msg[768];
   tc_adm_kind_t kind = x->req->cmd.kind;
-  if (PQntuples(g) == 0) {
-    if (PQntuples(h) > 0) {
+  if (!st->live) {
+    if (st->in_history) {
       snprintf(msg, sizeof(msg), "global transaction \"%s\" already finished (%s): nothing to %s", x->xid,
-               txp_global_status_name(col_i(h, 0, 0)), tc_adm_kind_name(kind));
+               txp_global_status_name(st->history_status), tc_adm_kind_name(kind));
       refuse(x, "refused", msg);
     } else {
       finish_error(x, "not_found", "global transaction \"%s\" not found", x->xid);
     }
     return;
   }
-  int s = col_i(g, 0, 0);
-  int nb = PQntuples(br);
-  int *bs = calloc((size_t)(nb ? nb : 1), sizeof(int));
-  if (!bs) {
-    finish_error(x, "internal", "out of memory");
-    return;
-  }
-  for (int i = 0; i < nb; i++) bs[i] = col_i(br, i, 0);
-  int rc = tc_adm_plan_repair(kind, x->xid, s, bs, nb, &x->plan, msg, sizeof(msg));
-  free(bs);
+  int rc = tc_adm_plan_repair(kind, x->xid, st->global_status, st->branch_status, st->nbranches, &x->plan, msg,
+                              sizeof(msg));
   if (rc != 0) {
     refuse(x, "refused", msg);
     return;
   }
   if (x->plan.action == TC_ADM_ACT_DECIDE) {
-    if (x->plan.commit && col_bool(g, 0, 1)) {
+    if (x->plan.commit && st->past_deadline) {
       snprintf(msg, sizeof(msg),
                "could not commit global transaction \"%s\": it passed its deadline, so the coordinator rolls it "
                "back; use \"rollback\"",
@@ -964,16 +851,15 @@ static void on_repair_state(tc_pg_job_t *job, int status, void *arg) {
   }
 }
 
-static void on_deleted(tc_pg_job_t *job, int status, void *arg) {
+static void on_deleted(int status, const char *err, const tc_read_delete_result_t *r, void *arg) {
   exec_t *x = arg;
   char msg[768];
-  if (status != TC_PG_OK) {
-    finish_store_error(x, job, status, "delete the leftovers");
+  if (status != TC_READ_OK) {
+    finish_store_error(x, status, err, "delete the leftovers");
     return;
   }
-  const PGresult *r = tc_pg_job_result(job, 0);
-  const char *res = PQntuples(r) ? PQgetvalue(r, 0, 0) : "";
-  int s = PQntuples(r) ? col_i(r, 0, 1) : 0;
+  const char *res = r->result;
+  int s = r->history_status;
   if (strcmp(res, "live") == 0) {
     snprintf(msg, sizeof(msg),
              "global transaction \"%s\" is live (%s): delete only removes what finished transactions left behind; "
@@ -990,7 +876,7 @@ static void on_deleted(tc_pg_job_t *job, int status, void *arg) {
     finish_error(x, "internal", "unexpected store result \"%s\"", res);
     return;
   }
-  long long locks = strtoll(PQgetvalue(r, 0, 2), NULL, 10), branches = strtoll(PQgetvalue(r, 0, 3), NULL, 10);
+  long long locks = (long long)r->locks, branches = (long long)r->branches;
   if (locks && !x->ctx->stopping) tc_ctx_release_locks(x->ctx, x->xid);
   json_t *a = ok_answer();
   json_object_set_new(a, "xid", tc__admin_str(x->xid));
@@ -1005,22 +891,10 @@ static void on_deleted(tc_pg_job_t *job, int status, void *arg) {
 }
 
 static void exec_repair(exec_t *x) {
-  const char *v[] = {x->xid};
-  if (x->req->cmd.kind == TC_ADM_DELETE) {
-    const char *sql = "SELECT result, status, locks, branches FROM tc_admin_delete_leftovers($1)";
-    const int np[] = {1};
-    const char *const *vals[] = {v};
-    submit_read(x, TC_PG_JOB_TXN, on_deleted, 1, &sql, np, vals);
-    return;
-  }
-  const char *sql[] = {
-    "SELECT status, deadline < clock_timestamp() FROM global_table WHERE xid = $1",
-    "SELECT status FROM branch_table WHERE xid = $1 ORDER BY branch_id",
-    "SELECT status FROM global_history WHERE xid = $1",
-  };
-  const int np[] = {1, 1, 1};
-  const char *const *vals[] = {v, v, v};
-  submit_read(x, 0, on_repair_state, 3, sql, np, vals);
+  int rc = x->req->cmd.kind == TC_ADM_DELETE
+             ? tc_read_admin_delete(x->ctx->store, x->xid, READ_DEADLINE_MS, on_deleted, x)
+             : tc_read_repair_state(x->ctx->store, x->xid, READ_DEADLINE_MS, on_repair_state, x);
+  if (rc != 0) finish_unsent(x, rc);
 }
 
 /* ------------------------------------------------------------ dispatch */

@@ -9,7 +9,8 @@
  *   that fails it is answered at once with the specific code and changes
  *   nothing.  State changes go through tc_store ops (group commit); the
  *   reply is sent only from the op's callback, i.e. after the change is
- *   durable.
+ *   durable.  Status and LockQuery are reads (tc_store_read.h) on the
+ *   store's reader connections, outside the batches.
  *
  *   Lifecycle of a global transaction as this node sees it:
  *     1. GlobalBegin: id from the node's block, row inserted (Begin).
@@ -40,7 +41,10 @@
 #include "tc_phase2.h"
 #include "txp_xid.h"
 #include "tc_server.h"
+#include "tc_store_read.h"
 #include "txp_lockkey.h"
+
+#define READ_DEADLINE_MS 5000 /* a read's wait for a reader connection */
 
 typedef struct call {
   tc_ctx_t *ctx;
@@ -346,85 +350,59 @@ static void handle_global_report(tc_ctx_t *ctx, tc_req_t *req) {
 
 /* ------------------------------------------------------------------ reads */
 
+/* A read for a request: the reply is sent from its callback. */
 typedef struct read_call {
   tc_ctx_t *ctx;
   tc_req_t *req;
 } read_call_t;
 
-static void on_status_read(tc_pg_job_t *job, int status, void *arg) {
-  read_call_t *rc = arg;
-  if (status != TC_PG_OK) {
-    tc_req_reply_code(rc->req, TXP_ESTORE, "could not read the global status: store unavailable");
-  } else {
-    const PGresult *r = tc_pg_job_result(job, 0);
-    if (PQntuples(r) == 0) {
-      tc_req_reply_code(rc->req, TXP_EGLOBAL_NOT_FOUND, "global transaction not found");
-    } else if (strcmp(PQgetvalue(r, 0, 1), "t") != 0) {
-      rc->ctx->stats.not_owner++;
-      tc_req_reply_code(rc->req, TXP_ENOT_OWNER,
-                        "could not read the global status: the global transaction belongs to another application");
-    } else {
-      txp_msg_t res;
-      txp_msg_init_result(&res, &rc->req->msg, 0, NULL);
-      txp_msg_set_str(&res, TXP_F_XID, rc->req->msg.xid);
-      txp_msg_set_int(&res, TXP_F_GLOBAL_STATUS, atoi(PQgetvalue(r, 0, 0)));
-      tc_req_reply(rc->req, &res);
-    }
-  }
-  free(rc);
-}
-
-static void submit_read(tc_ctx_t *ctx, tc_req_t *req, const char *sql, int n, const char *const *vals,
-                        tc_pg_job_cb cb) {
+static read_call_t *read_call_new(tc_ctx_t *ctx, tc_req_t *req) {
   read_call_t *rc = calloc(1, sizeof(*rc));
-  tc_pg_job_t *job = rc ? tc_pg_job_new(0, cb, rc) : NULL;
-  if (!job || tc_pg_job_add(job, sql, n, vals) != 0) {
-    if (job) tc_pg_job_free(job);
-    free(rc);
+  if (!rc) {
     tc_req_reply_code(req, TXP_ENOMEM, "out of memory");
-    return;
+    return NULL;
   }
   rc->ctx = ctx;
   rc->req = req;
-  if (tc_store_read(ctx->store, job, 5000) != 0) {
-    tc_pg_job_free(job);
-    free(rc);
-    tc_req_reply_code(req, TXP_EBUSY, "coordinator store queue full: retry later");
+  return rc;
+}
+
+/* The read could not be sent ('code' of a tc_read_*): answer, free. */
+static void read_call_unsent(read_call_t *rc, int code) {
+  if (code == TC_READ_ENOMEM) tc_req_reply_code(rc->req, TXP_ENOMEM, "out of memory");
+  else tc_req_reply_code(rc->req, TXP_EBUSY, "coordinator store queue full: retry later");
+  free(rc);
+}
+
+static void on_status_read(int status, const char *err, const tc_read_status_t *r, void *arg) {
+  read_call_t *rc = arg;
+  if (status != TC_READ_OK) {
+    tc_req_reply_code(rc->req, TXP_ESTORE, "could not read the global status: store unavailable");
+  } else if (!r->found) {
+    tc_req_reply_code(rc->req, TXP_EGLOBAL_NOT_FOUND, "global transaction not found");
+  } else if (!r->allowed) {
+    rc->ctx->stats.not_owner++;
+    tc_req_reply_code(rc->req, TXP_ENOT_OWNER,
+                      "could not read the global status: the global transaction belongs to another application");
+  } else {
+    txp_msg_t res;
+    txp_msg_init_result(&res, &rc->req->msg, 0, NULL);
+    txp_msg_set_str(&res, TXP_F_XID, rc->req->msg.xid);
+    txp_msg_set_int(&res, TXP_F_GLOBAL_STATUS, r->global_status);
+    tc_req_reply(rc->req, &res);
   }
+  free(rc);
 }
 
 /* The status, to whoever may decide the transaction (tc__may_decide), or
  * once it finished, to its group. */
 static void handle_status(tc_ctx_t *ctx, tc_req_t *req) {
   if (!require_xid_or_reply(ctx, req)) return;
-  const char *v[] = {req->msg.xid, tc_conn_app_id(req->conn), tc_conn_group(req->conn)};
-  submit_read(ctx, req,
-              "SELECT status, tc__may_decide(xid, application_id, app_group, $2, $3) "
-              "FROM global_table WHERE xid = $1 "
-              "UNION ALL SELECT status, app_group = $3 FROM global_history WHERE xid = $1 LIMIT 1",
-              3, v, on_status_read);
-}
-
-/* Row keys of 'keys' for 'resource' as a PostgreSQL text[] literal. */
-typedef struct {
-  txp_buf_t buf;
-  const char *resource;
-  int n;
-} rowkeys_t;
-
-static int add_rowkey(const txp_lockkey_t *k, void *arg) {
-  rowkeys_t *rk = arg;
-  char row[TXP_MAX_ROW_KEY_LEN + 1];
-  if (txp_row_key(rk->resource, k, row, sizeof(row)) < 0) return TXP_EFIELD_TOO_LONG;
-  /* Escape for the text[] literal: key parts may hold '"' or '\\'. */
-  int rc = rk->n ? txp_buf_append(&rk->buf, ",\"", 2) : txp_buf_append(&rk->buf, "\"", 1);
-  rk->n++;
-  for (const char *p = row; *p && !rc; p++) {
-    if (*p == '"' || *p == '\\') rc = txp_buf_append(&rk->buf, "\\", 1);
-    if (!rc) rc = txp_buf_append(&rk->buf, p, 1);
-  }
-  if (!rc) rc = txp_buf_append(&rk->buf, "\"", 1);
-  return rc;
+  read_call_t *rc = read_call_new(ctx, req);
+  if (!rc) return;
+  int code = tc_read_status(ctx->store, req->msg.xid, tc_conn_app_id(req->conn), tc_conn_group(req->conn),
+                            READ_DEADLINE_MS, on_status_read, rc);
+  if (code != 0) read_call_unsent(rc, code);
 }
 
 /* Each row key must fit the store's limit. */
@@ -433,27 +411,25 @@ static int check_rowkey(const txp_lockkey_t *k, void *arg) {
   return txp_row_key((const char *)arg, k, row, sizeof(row)) < 0 ? TXP_EFIELD_TOO_LONG : 0;
 }
 
-static void on_lock_query_read(tc_pg_job_t *job, int status, void *arg) {
+static void on_lock_query_read(int status, const char *err, const char *holder, void *arg) {
   read_call_t *rc = arg;
-  if (status != TC_PG_OK) {
+  if (status != TC_READ_OK) {
     tc_req_reply_code(rc->req, TXP_ESTORE, "could not query locks: store unavailable");
   } else {
-    const PGresult *r = tc_pg_job_result(job, 0);
     txp_msg_t res;
     txp_msg_init_result(&res, &rc->req->msg, 0, NULL);
-    txp_msg_set_int(&res, TXP_F_LOCKABLE, PQntuples(r) == 0);
-    if (PQntuples(r) > 0) txp_msg_set_str(&res, TXP_F_LOCK_HOLDER, PQgetvalue(r, 0, 0));
+    txp_msg_set_int(&res, TXP_F_LOCKABLE, holder == NULL);
+    if (holder) txp_msg_set_str(&res, TXP_F_LOCK_HOLDER, holder);
     tc_req_reply(rc->req, &res);
   }
   free(rc);
 }
 
-/* Validate lock keys and, when 'rk' is given, collect their row keys. */
-static int check_lock_keys_or_reply(tc_ctx_t *ctx, tc_req_t *req, rowkeys_t *rk) {
+/* Validate lock keys: their number and each row key's length. */
+static int check_lock_keys_or_reply(tc_ctx_t *ctx, tc_req_t *req) {
   const txp_msg_t *m = &req->msg;
-  int n = rk ? txp_lockkeys_each(m->lock_keys, (size_t)ctx->cfg->max_lock_keys, add_rowkey, rk)
-             : txp_lockkeys_each(m->lock_keys, (size_t)ctx->cfg->max_lock_keys, check_rowkey,
-                                 (void *)(uintptr_t)m->resource_id);
+  int n = txp_lockkeys_each(m->lock_keys, (size_t)ctx->cfg->max_lock_keys, check_rowkey,
+                            (void *)(uintptr_t)m->resource_id);
   if (n >= 0) return n;
   char msg[256];
   if (n == TXP_ELIMIT)
@@ -468,26 +444,13 @@ static int check_lock_keys_or_reply(tc_ctx_t *ctx, tc_req_t *req, rowkeys_t *rk)
 }
 
 static void handle_lock_query(tc_ctx_t *ctx, tc_req_t *req) {
-  rowkeys_t rk = {.resource = req->msg.resource_id};
-  txp_buf_init(&rk.buf, 0);
-  if (txp_buf_append(&rk.buf, "{", 1) != 0) {
-    tc_req_reply_code(req, TXP_ENOMEM, "out of memory");
-    return;
-  }
-  if (check_lock_keys_or_reply(ctx, req, &rk) < 0) {
-    txp_buf_free(&rk.buf);
-    return;
-  }
-  if (txp_buf_append(&rk.buf, "}", 1) != 0) {
-    txp_buf_free(&rk.buf);
-    tc_req_reply_code(req, TXP_ENOMEM, "out of memory");
-    return;
-  }
-  const char *v[] = {rk.buf.data, req->msg.xid ? req->msg.xid : ""};
-  submit_read(ctx, req,
-              "SELECT xid FROM lock_table WHERE row_key = ANY($1::text[]) AND xid <> $2 LIMIT 1", 2,
-              v, on_lock_query_read);
-  txp_buf_free(&rk.buf);
+  if (check_lock_keys_or_reply(ctx, req) < 0) return;
+  read_call_t *rc = read_call_new(ctx, req);
+  if (!rc) return;
+  int code = tc_read_lock_holder(ctx->store, req->msg.resource_id, req->msg.lock_keys,
+                                 (size_t)ctx->cfg->max_lock_keys, req->msg.xid, READ_DEADLINE_MS,
+                                 on_lock_query_read, rc);
+  if (code != 0) read_call_unsent(rc, code);
 }
 
 /* --------------------------------------------------------- registration */
@@ -627,7 +590,7 @@ static void handle_register(tc_ctx_t *ctx, tc_req_t *req) {
     tc_req_reply_code(req, TXP_EBAD_REQUEST, "missing or empty resource_id");
     return;
   }
-  if (m->lock_keys && m->lock_keys[0] && check_lock_keys_or_reply(ctx, req, NULL) < 0) return;
+  if (m->lock_keys && m->lock_keys[0] && check_lock_keys_or_reply(ctx, req) < 0) return;
   if (m->lock_wait_ms > (uint32_t)ctx->cfg->lock_wait_max_ms) {
     snprintf(msg, sizeof(msg), "lock_wait_ms %u is above the limit of %d", m->lock_wait_ms,
              ctx->cfg->lock_wait_max_ms);

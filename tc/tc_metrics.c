@@ -31,6 +31,7 @@
 #include "tc_log.h"
 #include "tc_phase2.h"
 #include "tc_stats.h"
+#include "tc_store_read.h"
 #include "tc_recovery.h"
 #include "tc_server.h"
 #include "txc_httpguard.h"
@@ -113,7 +114,7 @@ static bool versions_present(const char *expected, const char *found, char *miss
 
 static void close_part(tc_metrics_t *m);
 
-static void on_probe(tc_pg_job_t *job, int status, void *arg) {
+static void on_probe(int status, const char *err, const tc_read_probe_t *p, void *arg) {
   tc_metrics_t *m = arg;
   m->probing = false;
   if (m->closing) {
@@ -123,58 +124,42 @@ static void on_probe(tc_pg_job_t *job, int status, void *arg) {
   snap_t *s = &m->loop_snap;
   s->probed = true;
   s->probed_ns = uv_hrtime();
-  if (status == TC_PG_OK) {
-    const PGresult *r = tc_pg_job_result(job, 0);
+  if (status == TC_READ_OK) {
     memset(s->sessions, 0, sizeof(s->sessions));
-    for (int i = 0; i < PQntuples(r); i++) {
-      int st = atoi(PQgetvalue(r, i, 0));
-      if (st >= 0 && st < TXP_GS__MAX) s->sessions[st] = strtoll(PQgetvalue(r, i, 1), NULL, 10);
+    for (int i = 0; i < p->nsessions; i++) {
+      int st = p->sessions[i].status;
+      if (st >= 0 && st < TXP_GS__MAX) s->sessions[st] = p->sessions[i].count;
     }
     s->sessions_valid = true;
-    r = tc_pg_job_result(job, 1);
-    s->retry_depth = strtoll(PQgetvalue(r, 0, 0), NULL, 10);
-    s->retry_due = strtoll(PQgetvalue(r, 0, 1), NULL, 10);
-    r = tc_pg_job_result(job, 2);
+    s->retry_depth = p->retry_depth;
+    s->retry_due = p->retry_due;
     char missing[128];
     s->db_ok = true;
-    s->schema_ok = versions_present(TC_SCHEMA_VERSIONS, PQgetvalue(r, 0, 0), missing, sizeof(missing));
+    s->schema_ok = versions_present(TC_SCHEMA_VERSIONS, p->schema_versions, missing, sizeof(missing));
     if (s->schema_ok)
       s->probe_error[0] = '\0';
     else
       snprintf(s->probe_error, sizeof(s->probe_error),
                "schema_version lacks tc version(s) %s (found \"%s\", expected \"%s\"): run scripts/db-migrate",
-               missing, PQgetvalue(r, 0, 0), TC_SCHEMA_VERSIONS);
-  } else if (status == TC_PG_ESTMT) {
+               missing, p->schema_versions, TC_SCHEMA_VERSIONS);
+  } else if (status == TC_READ_ESTMT) {
     /* PostgreSQL answered, but the schema is not what this build reads. */
     s->db_ok = true;
     s->schema_ok = false;
-    snprintf(s->probe_error, sizeof(s->probe_error), "store schema check failed: %s", tc_pg_job_error(job));
+    snprintf(s->probe_error, sizeof(s->probe_error), "store schema check failed: %s", err);
   } else {
     s->db_ok = false;
     s->sessions_valid = false;
     snprintf(s->probe_error, sizeof(s->probe_error), "PostgreSQL unreachable: %s",
-             status == TC_PG_EBROKEN ? "connection lost" : "no connection");
+             status == TC_READ_EBROKEN  ? "connection lost"
+             : status == TC_READ_ENOMEM ? "out of memory"
+                                        : "no connection");
   }
   publish(m);
 }
 
 static void start_probe(tc_metrics_t *m) {
-  tc_pg_job_t *job = tc_pg_job_new(0, on_probe, m);
-  if (!job) return;
-  if (tc_pg_job_add(job, tc_stats_sessions_sql, 0, NULL) != 0 ||
-      tc_pg_job_add(job,
-                    "SELECT count(*), count(*) FILTER (WHERE next_retry_at <= clock_timestamp()) "
-                    "FROM global_table WHERE next_retry_at IS NOT NULL",
-                    0, NULL) != 0 ||
-      tc_pg_job_add(job,
-                    "SELECT coalesce(string_agg(version::text, ',' ORDER BY version), '') "
-                    "FROM schema_version WHERE set_name = 'tc'",
-                    0, NULL) != 0 ||
-      tc_store_read(m->ctx->store, job, TC_METRICS_PROBE_MS * 2) != 0) {
-    tc_pg_job_free(job);
-    return;
-  }
-  m->probing = true;
+  if (tc_read_probe(m->ctx->store, TC_METRICS_PROBE_MS * 2, on_probe, m) == 0) m->probing = true;
 }
 
 static void on_tick(uv_timer_t *t) {

@@ -8,9 +8,10 @@
  *   snapshot (node, store, server, recovery and admin counters, plus the
  *   result of the last store probe) every TC_METRICS_PUBLISH_MS under a
  *   mutex; a handler copies the snapshot under the same mutex and formats
- *   it.  The probe runs on the store's reader connections every
- *   TC_METRICS_PROBE_MS: sessions by status (active sessions gauge), retry
- *   queue depth, and the tc rows of schema_version.
+ *   it.  The probe (tc_read_probe, tc_store_read.h) runs on the store's
+ *   reader connections every TC_METRICS_PROBE_MS: sessions by status
+ *   (active sessions gauge), retry queue depth, and the tc rows of
+ *   schema_version.
  *
  *   GET /metrics   text format 0.0.4, every name prefixed txc_
  *   GET /healthz   200 while the loop is alive (the snapshot is younger

@@ -1,7 +1,7 @@
 /*
  * tc_peer.c - the glue between one node and cluster/ (tc_peer.h): the
- * membership gets a one-connection pool of its own (the advisory lock of
- * the node id lives as long as that session), the bus gets handlers that
+ * membership gets a connection of its own (tc_read_conn_t: the advisory
+ * lock of the node id lives as long as that session), the bus gets handlers that
  * reach the lock waiters and the RM connections of this node, and a
  * relayed phase-two call is only sent for a decision on record.
  */
@@ -19,6 +19,7 @@
 #include "tc_log.h"
 #include "tc_recovery.h"
 #include "tc_server.h"
+#include "tc_store_read.h"
 
 #define MEMBER_SQL_DEADLINE_MS 5000
 
@@ -28,7 +29,7 @@ struct tc_peer {
   void *arg;
   tc_cluster_t *cluster;
   tc_bus_t *bus;
-  tc_pg_pool_t *member_pool;
+  tc_read_conn_t *member_conn; /* the session that holds the node id's lock */
 };
 
 static void cluster_log(int level, const char *msg, void *arg) { TC_LOG(level, NULL, "%s", msg); }
@@ -38,37 +39,25 @@ typedef struct member_call {
   void *arg;
 } member_call_t;
 
-static void on_member_job(tc_pg_job_t *job, int status, void *arg) {
+static void on_member_sql(int status, const struct pg_result *res, const char *err, void *arg) {
   member_call_t *mc = arg;
-  if (status == TC_PG_OK) {
-    mc->cb(0, tc_pg_job_result(job, 0), NULL, mc->arg);
-  } else {
-    const char *e = status == TC_PG_ESTMT || status == TC_PG_EBROKEN ? tc_pg_job_error(job) : NULL;
-    mc->cb(status, NULL, e && e[0] ? e : "store connection unavailable", mc->arg);
-  }
+  if (status == TC_READ_OK) mc->cb(0, res, NULL, mc->arg);
+  else mc->cb(status, NULL, err[0] ? err : "store connection unavailable", mc->arg);
   free(mc);
 }
 
 static int member_sql(void *ctx, const char *sql, int n, const char *const *v, tc_cluster_sql_cb cb, void *arg) {
   tc_peer_t *p = ctx;
   member_call_t *mc = malloc(sizeof(*mc));
-  tc_pg_job_t *job = mc ? tc_pg_job_new(0, on_member_job, mc) : NULL;
-  if (!job || tc_pg_job_add(job, sql, n, v) != 0) {
-    if (job) tc_pg_job_free(job);
-    free(mc);
-    return TXP_ENOMEM;
-  }
+  if (!mc) return TXP_ENOMEM;
   mc->cb = cb;
   mc->arg = arg;
-  int rc = tc_pg_submit(p->member_pool, job, MEMBER_SQL_DEADLINE_MS);
-  if (rc != 0) {
-    tc_pg_job_free(job);
-    free(mc);
-  }
-  return rc;
+  int rc = tc_read_conn_exec(p->member_conn, sql, n, v, MEMBER_SQL_DEADLINE_MS, on_member_sql, mc);
+  if (rc != 0) free(mc);
+  return rc == TC_READ_ENOMEM ? TXP_ENOMEM : rc;
 }
 
-static void on_member_state(tc_pg_pool_t *pool, int idx, bool up, const char *err, void *arg) {
+static void on_member_state(bool up, const char *err, void *arg) {
   tc_peer_t *p = arg;
   if (!p->cluster) return;
   if (up) tc_cluster_session_up(p->cluster);
@@ -161,19 +150,18 @@ static void on_relay_answer(int status, const txp_msg_t *res, void *arg) {
  * relayed BranchCommit/Rollback is only sent for a decision on record, so a
  * stale, duplicated or forged bus message can never make an RM act against
  * it. */
-static void on_relay_checked(tc_pg_job_t *job, int status, void *arg) {
+static void on_relay_checked(int status, const char *err, const tc_read_owner_t *o, void *arg) {
   relay_t *r = arg;
   tc_peer_t *p = r->p;
   int rc = TXP_ESTORE;
-  if (status == TC_PG_OK && !p->ctx->stopping) {
-    const PGresult *res = tc_pg_job_result(job, 0);
-    int gs = PQntuples(res) == 1 ? atoi(PQgetvalue(res, 0, 0)) : 0;
+  if (status == TC_READ_OK && !p->ctx->stopping) {
+    int gs = o->found ? o->global_status : 0;
     bool ok = r->type == TXP_MSG_BRANCH_COMMIT ? txp_global_status_is_commit(gs)
                                                : txp_global_status_is_rollback(gs);
     rc = ok ? 0 : TXP_EBAD_STATE;
     if (ok) { /* who registered the branch, as the store says: not the message */
-      snprintf(r->app_id, sizeof(r->app_id), "%s", PQgetvalue(res, 0, 1));
-      snprintf(r->app_group, sizeof(r->app_group), "%s", PQgetvalue(res, 0, 2));
+      snprintf(r->app_id, sizeof(r->app_id), "%s", o->application_id);
+      snprintf(r->app_group, sizeof(r->app_group), "%s", o->app_group);
     }
   } else if (p->ctx->stopping) {
     rc = TXP_ESHUTDOWN;
@@ -206,20 +194,7 @@ static int on_bus_forward(tc_bus_fwd_t *f, const txp_msg_t *req, const char *cli
   if (p->ctx->stopping || !p->ctx->server || !req->xid || !req->resource_id) return TXP_EBRANCH_NOT_FOUND;
   if (!tc_server_find_rm(p->ctx->server, req->resource_id, NULL)) return TXP_EBRANCH_NOT_FOUND;
   relay_t *r = calloc(1, sizeof(*r));
-  tc_pg_job_t *job = r ? tc_pg_job_new(0, on_relay_checked, r) : NULL;
-  char branch[32];
-  snprintf(branch, sizeof(branch), "%lld", (long long)req->branch_id);
-  const char *v[] = {req->xid, branch};
-  if (!job ||
-      tc_pg_job_add(job,
-                    "SELECT g.status, coalesce(b.application_id, ''), coalesce(b.app_group, '')"
-                    " FROM global_table g JOIN branch_table b"
-                    " ON b.xid = g.xid AND b.branch_id = $2::bigint WHERE g.xid = $1",
-                    2, v) != 0) {
-    if (job) tc_pg_job_free(job);
-    free(r);
-    return TXP_ENOMEM;
-  }
+  if (!r) return TXP_ENOMEM;
   r->p = p;
   r->f = f;
   r->type = req->type;
@@ -231,10 +206,10 @@ static int on_bus_forward(tc_bus_fwd_t *f, const txp_msg_t *req, const char *cli
   /* Leave the asker time to hear the answer before it gives up. */
   unsigned t = timeout_ms ? timeout_ms : (unsigned)p->ctx->cfg->cluster_forward_timeout_ms;
   r->timeout_ms = t > 1000 ? t - 500 : t / 2 + 1;
-  if (tc_store_read(p->ctx->store, job, r->timeout_ms) != 0) {
-    tc_pg_job_free(job);
+  int rc = tc_read_branch_owner(p->ctx->store, r->xid, r->branch_id, r->timeout_ms, on_relay_checked, r);
+  if (rc != 0) {
     free(r);
-    return TXP_EBUSY;
+    return rc == TC_READ_ENOMEM ? TXP_ENOMEM : TXP_EBUSY;
   }
   p->ctx->stats.phase2_calls++;
   return 0;
@@ -273,19 +248,9 @@ static int membership_start(tc_peer_t *p) {
   co.arg = p;
   p->cluster = tc_cluster_new(p->ctx->loop, &co);
   if (!p->cluster) return TXP_ENOMEM;
-  char init[128];
-  /* Heartbeats need not be durable: no fsync wait for them. */
-  snprintf(init, sizeof(init), "SET application_name = 'tcd-member/%d'; SET synchronous_commit = off",
-           p->ctx->cfg->node_id);
-  tc_pg_pool_opts_t o = {0};
-  o.conninfo = p->ctx->cfg->pg_url;
-  o.size = 1;
-  o.max_queue = 16;
-  o.on_state = on_member_state;
-  o.state_arg = p;
-  o.init_sql = init;
-  p->member_pool = tc_pg_pool_new(p->ctx->loop, &o);
-  return p->member_pool ? 0 : TXP_ENOMEM;
+  p->member_conn =
+    tc_read_conn_new(p->ctx->loop, p->ctx->cfg->pg_url, TC_READ_CONN_MEMBER, p->ctx->cfg->node_id, on_member_state, p);
+  return p->member_conn ? 0 : TXP_ENOMEM;
 }
 
 int tc_peer_bus_start(tc_peer_t *p, char *err, size_t errlen) {
@@ -397,10 +362,10 @@ void tc_peer_close(tc_peer_t *p, void (*done)(void *arg), void *arg) {
     pc->parts++;
     tc_cluster_close(cl, peer_part_closed, pc);
   }
-  if (p->member_pool) {
+  if (p->member_conn) {
     /* Closing the session gives the node id back at once. */
     pc->parts++;
-    tc_pg_pool_close(p->member_pool, peer_part_closed, pc);
+    tc_read_conn_close(p->member_conn, peer_part_closed, pc);
   }
   peer_part_closed(pc);
 }

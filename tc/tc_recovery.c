@@ -4,7 +4,7 @@
  *
  * NOTES
  *   Leadership is a PostgreSQL advisory lock (recovery.leader_lock_key)
- *   held by a dedicated connection of this node.  When the node dies, its
+ *   held by a dedicated connection of this node (tc_read_conn_t).  When the node dies, its
  *   session ends, the lock is free, and the next node to ask becomes the
  *   leader within one recovery interval.  No home-made consensus: the lock
  *   only avoids duplicated work.  Correctness never depends on it, because
@@ -33,6 +33,9 @@
  *     orphans   sessions whose first phase-two drive belonged to a node
  *               that is gone (its node lock is free) are made due at once,
  *               instead of when that node's decide lease runs out.
+ *   Each job is one named read of tc_store_read.h (tc_read_timeouts,
+ *   tc_read_claim_retries, tc_read_prune_history, tc_read_adopt_orphans)
+ *   on the store's reader connections; the SQL is there.
  */
 #include "tc_recovery.h"
 
@@ -43,18 +46,18 @@
 #include "tc_log.h"
 #include "tc_ctx.h"
 #include "tc_phase2.h"
+#include "tc_store_read.h"
 
 #define CLAIM_LIMIT 256
 #define CLAIM_LEASE_MS 12000
 #define TIMEOUT_LIMIT 256
 #define HISTORY_EVERY_MS 60000
-/* History rows deleted per statement: a first pruning after a long
- * retention period must not become one huge transaction. */
-#define HISTORY_BATCH 10000
+#define READ_DEADLINE_MS 5000   /* a job's wait for a reader connection */
+#define LEADER_DEADLINE_MS 2000 /* a question's wait for the leader connection */
 
 struct tc_recovery {
   tc_ctx_t *ctx;
-  tc_pg_pool_t *leader_pool;
+  tc_read_conn_t *leader_conn; /* the session that holds the leader lock */
   uv_timer_t tick;
   bool leader;
   bool asking;
@@ -95,17 +98,16 @@ static void on_timeout_decided(tc_op_t *op, void *arg) {
 
 static bool read_done(tc_recovery_t *rec);
 
-static void on_timeouts_found(tc_pg_job_t *job, int status, void *arg) {
+static void on_timeouts_found(int status, const char *err, const char *const *xids, int n, void *arg) {
   tc_recovery_t *rec = arg;
   rec->timeouts_running = false;
-  if (read_done(rec) || status != TC_PG_OK) return;
-  const PGresult *r = tc_pg_job_result(job, 0);
-  for (int i = 0; i < PQntuples(r); i++) {
+  if (read_done(rec) || status != TC_READ_OK) return;
+  for (int i = 0; i < n; i++) {
     timeout_call_t *t = calloc(1, sizeof(*t));
     if (!t) break;
     t->ctx = rec->ctx;
     rec->stats.timed_out++;
-    snprintf(t->xid, sizeof(t->xid), "%s", PQgetvalue(r, i, 0));
+    snprintf(t->xid, sizeof(t->xid), "%s", xids[i]);
     t->op.kind = TC_OP_DECIDE;
     t->op.cb = on_timeout_decided;
     t->op.arg = t;
@@ -120,125 +122,74 @@ static void on_timeouts_found(tc_pg_job_t *job, int status, void *arg) {
 
 /* -------------------------------------------------------------- retries */
 
-static void on_claimed(tc_pg_job_t *job, int status, void *arg) {
+static void on_claimed(int status, const char *err, const tc_read_claim_t *claims, int n, void *arg) {
   tc_recovery_t *rec = arg;
   rec->retries_running = false;
-  if (read_done(rec) || status != TC_PG_OK) return;
-  /* Rows: xid, global status, then one branch per row (NULL branch_id when
-   * the session has none left), ordered by xid. */
-  const PGresult *r = tc_pg_job_result(job, 0);
-  int n = PQntuples(r);
-  tc_branch_row_t *rows = calloc((size_t)(n ? n : 1), sizeof(*rows));
-  if (!rows) return;
-  int i = 0;
-  while (i < n) {
-    const char *xid = PQgetvalue(r, i, 0);
-    int gs = atoi(PQgetvalue(r, i, 1));
-    int k = 0;
-    int j = i;
-    for (; j < n && strcmp(PQgetvalue(r, j, 0), xid) == 0; j++) {
-      if (PQgetisnull(r, j, 2)) continue;
-      tc_branch_row_t *b = &rows[k++];
-      memset(b, 0, sizeof(*b));
-      b->branch_id = strtoll(PQgetvalue(r, j, 2), NULL, 10);
-      b->branch_type = atoi(PQgetvalue(r, j, 3));
-      b->status = atoi(PQgetvalue(r, j, 4));
-      snprintf(b->resource_id, sizeof(b->resource_id), "%s", PQgetvalue(r, j, 5));
-      snprintf(b->client_id, sizeof(b->client_id), "%s", PQgetvalue(r, j, 6));
-      snprintf(b->application_id, sizeof(b->application_id), "%s", PQgetvalue(r, j, 7));
-      snprintf(b->app_group, sizeof(b->app_group), "%s", PQgetvalue(r, j, 8));
-    }
+  if (read_done(rec) || status != TC_READ_OK) return;
+  for (int i = 0; i < n; i++) {
+    const tc_read_claim_t *c = &claims[i];
     rec->stats.retried++;
-    tc_log_ctx_t lc = {xid, 0, NULL};
-    TC_LOG(TC_LOG_DEBUG, &lc, "recovery drives phase two (%s, %d branches)", txp_global_status_name(gs), k);
-    tc__phase2_drive(rec->ctx, xid, gs, rows, k, NULL, NULL);
-    i = j;
+    tc_log_ctx_t lc = {c->xid, 0, NULL};
+    TC_LOG(TC_LOG_DEBUG, &lc, "recovery drives phase two (%s, %d branches)", txp_global_status_name(c->global_status),
+           c->nbranches);
+    tc__phase2_drive(rec->ctx, c->xid, c->global_status, c->branches, c->nbranches, NULL, NULL);
   }
-  free(rows);
 }
 
 /* -------------------------------------------------------------- history */
 
-static void on_history_pruned(tc_pg_job_t *job, int status, void *arg) {
+static void on_history_pruned(int status, const char *err, int64_t n, void *arg) {
   tc_recovery_t *rec = arg;
   rec->history_running = false;
   if (read_done(rec)) return;
-  if (status != TC_PG_OK) return;
-  uint64_t n = strtoull(PQcmdTuples((PGresult *)(uintptr_t)tc_pg_job_result(job, 0)), NULL, 10);
-  rec->stats.history_pruned += n;
-  if (n >= HISTORY_BATCH) rec->last_history_ns = 0; /* more to do: again at the next tick */
+  if (status != TC_READ_OK) return;
+  rec->stats.history_pruned += (uint64_t)n;
+  if (n >= TC_READ_HISTORY_BATCH) rec->last_history_ns = 0; /* more to do: again at the next tick */
 }
 
 /* -------------------------------------------------------------- orphans */
 
-static void on_orphans_adopted(tc_pg_job_t *job, int status, void *arg) {
+static void on_orphans_adopted(int status, const char *err, int64_t n, void *arg) {
   tc_recovery_t *rec = arg;
   rec->orphans_running = false;
-  if (read_done(rec) || status != TC_PG_OK) return;
-  int n = atoi(PQgetvalue(tc_pg_job_result(job, 0), 0, 0));
-  if (n > 0) tc_log_info("adopted %d sessions left mid-phase-two by nodes that are gone", n);
+  if (read_done(rec) || status != TC_READ_OK) return;
+  if (n > 0) tc_log_info("adopted %d sessions left mid-phase-two by nodes that are gone", (int)n);
 }
 
 /* ----------------------------------------------------------------- jobs */
 
-static void run_read(tc_recovery_t *rec, const char *sql, int n, const char *const *vals, tc_pg_job_cb cb,
-                     bool *running) {
-  tc_pg_job_t *job = tc_pg_job_new(0, cb, rec);
-  if (!job) return;
-  if (tc_pg_job_add(job, sql, n, vals) != 0 || tc_store_read(rec->ctx->store, job, 5000) != 0) {
-    tc_pg_job_free(job);
-    return;
-  }
+/* A job's read was sent ('rc' 0): it is running, and close waits for it. */
+static void read_sent(tc_recovery_t *rec, int rc, bool *running) {
+  if (rc != 0) return;
   *running = true;
   rec->reads++;
 }
 
 static void run_jobs(tc_recovery_t *rec) {
-  char lim[16], lease[16], days[16];
-  if (!rec->timeouts_running) {
-    snprintf(lim, sizeof(lim), "%d", TIMEOUT_LIMIT);
-    const char *v[] = {lim};
-    run_read(rec, "SELECT xid FROM global_table WHERE status = 1 AND deadline < statement_timestamp() "
-                  "ORDER BY deadline LIMIT $1::int", /* stable bound: an index range scan */
-             1, v, on_timeouts_found, &rec->timeouts_running);
-  }
-  if (!rec->retries_running) {
-    snprintf(lim, sizeof(lim), "%d", CLAIM_LIMIT);
-    snprintf(lease, sizeof(lease), "%d", CLAIM_LEASE_MS);
-    const char *v[] = {lim, lease};
-    run_read(rec,
-             "SELECT c.xid, c.status, b.branch_id, b.branch_type, b.status, b.resource_id, b.client_id, "
-             "b.application_id, b.app_group "
-             "FROM tc_claim_retries($1::int, $2::int) c "
-             "LEFT JOIN branch_table b ON b.xid = c.xid ORDER BY c.xid, b.branch_id",
-             2, v, on_claimed, &rec->retries_running);
-  }
+  tc_store_t *st = rec->ctx->store;
+  if (!rec->timeouts_running)
+    read_sent(rec, tc_read_timeouts(st, TIMEOUT_LIMIT, READ_DEADLINE_MS, on_timeouts_found, rec),
+              &rec->timeouts_running);
+  if (!rec->retries_running)
+    read_sent(rec, tc_read_claim_retries(st, CLAIM_LIMIT, CLAIM_LEASE_MS, READ_DEADLINE_MS, on_claimed, rec),
+              &rec->retries_running);
   if (!rec->orphans_running)
-    run_read(rec, "SELECT tc_adopt_orphans()", 0, NULL, on_orphans_adopted, &rec->orphans_running);
+    read_sent(rec, tc_read_adopt_orphans(st, READ_DEADLINE_MS, on_orphans_adopted, rec), &rec->orphans_running);
   uint64_t now = uv_hrtime();
   if (!rec->history_running && now - rec->last_history_ns > (uint64_t)HISTORY_EVERY_MS * 1000000u) {
     rec->last_history_ns = now;
-    snprintf(days, sizeof(days), "%d", rec->ctx->cfg->history_days);
-    const char *v[] = {days};
-    /* statement_timestamp(), not clock_timestamp(): a volatile bound
-     * cannot use the end_time index, and the history table is the one
-     * table here that is large (a full scan every minute, 0.6 s at 1.5
-     * million rows). */
-    run_read(rec,
-             "DELETE FROM global_history WHERE xid IN (SELECT xid FROM global_history "
-             "WHERE end_time < statement_timestamp() - $1::int * interval '1 day' "
-             "ORDER BY end_time LIMIT 10000)", /* HISTORY_BATCH */
-             1, v, on_history_pruned, &rec->history_running);
+    read_sent(rec,
+              tc_read_prune_history(st, rec->ctx->cfg->history_days, READ_DEADLINE_MS, on_history_pruned, rec),
+              &rec->history_running);
   }
 }
 
 /* ------------------------------------------------------------ leadership */
 
-static void on_leader_answer(tc_pg_job_t *job, int status, void *arg) {
+static void on_leader_answer(int status, const char *err, const char *answer, void *arg) {
   tc_recovery_t *rec = arg;
   rec->asking = false;
-  if (status != TC_PG_OK || rec->closing) return;
-  const char *answer = PQgetvalue(tc_pg_job_result(job, 0), 0, 0);
+  if (status != TC_READ_OK || rec->closing) return;
   if (strcmp(answer, "fenced") == 0) {
     tc_log_warn("the recovery leader stopped writing heartbeats for %d ms: its leadership was revoked",
                 rec->ctx->cfg->cluster_leader_lease_ms);
@@ -258,28 +209,19 @@ static void on_leader_answer(tc_pg_job_t *job, int status, void *arg) {
 
 static void ask_leadership(tc_recovery_t *rec) {
   if (rec->asking || !rec->ctx->ops->may_lead(rec->ctx)) return;
-  tc_pg_job_t *job = tc_pg_job_new(0, on_leader_answer, rec);
-  if (!job) return;
-  char key[32], ctx[16], lease[16];
-  snprintf(key, sizeof(key), "%lld", (long long)rec->ctx->cfg->leader_lock_key);
-  snprintf(ctx, sizeof(ctx), "%d", rec->ctx->cfg->node_id);
-  snprintf(lease, sizeof(lease), "%d", rec->ctx->cfg->cluster_leader_lease_ms);
-  const char *v[] = {key, ctx, lease};
-  if (tc_pg_job_add(job, "SELECT tc_leader_try($1::bigint, $2::integer, $3::integer)", 3, v) != 0 ||
-      tc_pg_submit(rec->leader_pool, job, 2000) != 0) {
-    tc_pg_job_free(job);
-    return;
-  }
-  rec->asking = true;
+  const tc_config_t *cfg = rec->ctx->cfg;
+  if (tc_read_leader_try(rec->leader_conn, cfg->leader_lock_key, cfg->node_id, cfg->cluster_leader_lease_ms,
+                         LEADER_DEADLINE_MS, on_leader_answer, rec) == 0)
+    rec->asking = true;
 }
 
 /* The leader still holds the lock (its connection is alive and was not
  * terminated by a fence): only then run a round of jobs. */
-static void on_leader_confirmed(tc_pg_job_t *job, int status, void *arg) {
+static void on_leader_confirmed(int status, const char *err, bool held, void *arg) {
   tc_recovery_t *rec = arg;
   rec->confirming = false;
-  if (status != TC_PG_OK || rec->closing || !rec->leader) return;
-  if (PQgetvalue(tc_pg_job_result(job, 0), 0, 0)[0] != 't') {
+  if (status != TC_READ_OK || rec->closing || !rec->leader) return;
+  if (!held) {
     rec->leader = false;
     tc_log_warn("lost the recovery leadership: the leader lock is no longer held by this node");
     return;
@@ -290,24 +232,12 @@ static void on_leader_confirmed(tc_pg_job_t *job, int status, void *arg) {
 
 static void confirm_leadership(tc_recovery_t *rec) {
   if (rec->confirming) return;
-  tc_pg_job_t *job = tc_pg_job_new(0, on_leader_confirmed, rec);
-  if (!job) return;
-  char key[32];
-  snprintf(key, sizeof(key), "%lld", (long long)rec->ctx->cfg->leader_lock_key);
-  const char *v[] = {key};
-  if (tc_pg_job_add(job,
-                    "SELECT EXISTS (SELECT 1 FROM pg_locks l WHERE l.pid = pg_backend_pid() "
-                    "AND l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 "
-                    "AND l.classid = ($1::bigint >> 32)::oid AND l.objid = ($1::bigint & 4294967295)::oid)",
-                    1, v) != 0 ||
-      tc_pg_submit(rec->leader_pool, job, 2000) != 0) {
-    tc_pg_job_free(job);
-    return;
-  }
-  rec->confirming = true;
+  if (tc_read_leader_held(rec->leader_conn, rec->ctx->cfg->leader_lock_key, LEADER_DEADLINE_MS, on_leader_confirmed,
+                          rec) == 0)
+    rec->confirming = true;
 }
 
-static void on_leader_conn(tc_pg_pool_t *pool, int idx, bool up, const char *err, void *arg) {
+static void on_leader_conn(bool up, const char *err, void *arg) {
   tc_recovery_t *rec = arg;
   if (!up && rec->leader) {
     /* The session holding the advisory lock is gone, and the lock with it. */
@@ -327,18 +257,9 @@ tc_recovery_t *tc_recovery_new(tc_ctx_t *ctx) {
   tc_recovery_t *rec = calloc(1, sizeof(*rec));
   if (!rec) return NULL;
   rec->ctx = ctx;
-  tc_pg_pool_opts_t o = {0};
-  o.conninfo = ctx->cfg->pg_url;
-  o.size = 1;
-  o.max_queue = 16;
-  o.on_state = on_leader_conn;
-  o.state_arg = rec;
-  /* The name says which node leads (tc_nodes, tc_leader_try read it). */
-  char init[64];
-  snprintf(init, sizeof(init), "SET application_name = 'tcd-leader/%d'", ctx->cfg->node_id);
-  o.init_sql = init;
-  rec->leader_pool = tc_pg_pool_new(ctx->loop, &o);
-  if (!rec->leader_pool) {
+  rec->leader_conn =
+    tc_read_conn_new(ctx->loop, ctx->cfg->pg_url, TC_READ_CONN_LEADER, ctx->cfg->node_id, on_leader_conn, rec);
+  if (!rec->leader_conn) {
     free(rec);
     return NULL;
   }
@@ -378,5 +299,5 @@ void tc_recovery_close(tc_recovery_t *rec, void (*done)(void *), void *arg) {
   rec->done_arg = arg;
   rec->close_parts = 2 + rec->reads;
   uv_close((uv_handle_t *)&rec->tick, on_tick_closed);
-  tc_pg_pool_close(rec->leader_pool, close_part, rec);
+  tc_read_conn_close(rec->leader_conn, close_part, rec);
 }

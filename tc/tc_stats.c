@@ -5,8 +5,6 @@
 
 #include "tc_lockwait.h"
 
-const char tc_stats_sessions_sql[] = "SELECT status, count(*) FROM global_table GROUP BY status ORDER BY status";
-
 void tc_stats_read(const tc_ctx_t *ctx, tc_stats_t *out) {
   out->node_id = ctx->cfg->node_id;
   out->serving = ctx->serving;

@@ -1,7 +1,9 @@
 /*
  * tc_stats.h - one snapshot of a node's figures (tc_stats.c), read by both
  * /metrics (tc_metrics.c) and the admin "stats" command (tc_admin_exec.c),
- * so the two cannot disagree about what a figure is.  Loop thread only.
+ * so the two cannot disagree about what a figure is.  The store's figures
+ * (sessions by status) are reads of their own: tc_read_sessions and
+ * tc_read_probe (tc_store_read.h).  Loop thread only.
  */
 #ifndef TC_STATS_H
 #define TC_STATS_H
@@ -34,8 +36,5 @@ typedef struct tc_stats {
  * recovery, lock waits and admin may be gone: their parts keep what 'out'
  * held (pass the previous snapshot to keep the last values). */
 void tc_stats_read(const tc_ctx_t *ctx, tc_stats_t *out);
-
-/* Unfinished global transactions by status: rows (status, count). */
-extern const char tc_stats_sessions_sql[];
 
 #endif /* TC_STATS_H */

@@ -103,6 +103,7 @@
 #include <string.h>
 
 #include "tc_log.h"
+#include "tc_pg.h"
 #include "txc_failpoint.h"
 #include "txp_lockkey.h"
 #include "txp_status.h"

@@ -26,8 +26,9 @@
  *       decisions found recorded are answered as their batch would have,
  *       the others run again (tc_store.c NOTES, "Unknown outcomes");
  *       phase-two records get TXP_ESTORE and are left to recovery.
- *   Reads (status, lock query, recovery scans) run on the reader
- *   connections, outside batches.
+ *   Reads (status, lock query, the operator's commands, the metrics
+ *   probe, recovery scans) run on the reader connections, outside
+ *   batches: tc_store_read.h names each one and holds its SQL.
  *
  *   Ids: blocks of 4096 ids from tc_id_block_seq; one block in use and up
  *   to SPARE_BLOCKS (4) in reserve, refilled in one round trip when two are
@@ -43,8 +44,9 @@
 #include <uv.h>
 
 #include "tc_config.h"
-#include "tc_pg.h"
 #include "txp_msg.h"
+
+struct tc_pg_job; /* tc_pg.h: only tc_store.c and tc_store_read.c know it */
 
 typedef struct tc_store tc_store_t;
 
@@ -187,8 +189,10 @@ void tc_op_clear(tc_op_t *op);
  * id block is available (store unreachable). */
 int tc_store_next_id(tc_store_t *st, int64_t *out);
 
-/* Run a read-only statement on a reader connection (see tc_pg_submit). */
-int tc_store_read(tc_store_t *st, tc_pg_job_t *job, unsigned deadline_ms);
+/* Run a job on a reader connection (see tc_pg_submit), for
+ * tc_store_read.c: the other modules call its named reads, and never see
+ * a job.  TC_PG_ECLOSING once the store closes. */
+int tc_store_read(tc_store_t *st, struct tc_pg_job *job, unsigned deadline_ms);
 
 void tc_store_get_stats(const tc_store_t *st, tc_store_stats_t *out);
 int tc_store_ready_conns(const tc_store_t *st);

@@ -801,7 +801,7 @@ typedef struct rm_degrade_stats {
   uint64_t probe_failures;  /* of which failed */
   unsigned fail_streak;     /* consecutive failed probes now */
   unsigned ok_streak;       /* consecutive answered probes now */
-  uint64_t local_orders;    /* process-wide: rm_local_stats().orders */
+  uint64_t local_orders;    /* this client's: rm_client_local_stats().orders */
 } rm_degrade_stats_t;
 RM_API void rm_client_degrade_stats(rm_client_t *c, rm_degrade_stats_t *out);
 
@@ -828,6 +828,10 @@ RM_API void rm_client_degrade_stats(rm_client_t *c, rm_degrade_stats_t *out);
  * No undo log, no global lock.  Every function here is idempotent by order
  * id and runs in the caller's transaction when one is open on 'pg' (else
  * in its own).  Codes as the prefilter's; details in rm_local_errmsg().
+ * 'c' is the client whose counters a success adds to
+ * (rm_client_local_stats); it may be NULL: counted nowhere (the
+ * compensation job names none: its figures are in rm_comp_report_t).
+ * Nothing else of 'c' is used: no coordinator is asked.
  * The tables and functions are in sql/orders/002_local_compensation.sql
  * and sql/stock/003_stock_compensation.sql. */
 
@@ -858,18 +862,18 @@ enum {
  * holds o->idem_key: nothing inserted; the caller answers with that
  * order), RM_E_INVALID (an argument out of range), RM_E_DB, RM_E_STATE.  Every rm_local_* call returns RM_E_INVALID for arguments
  * out of range, having done nothing. */
-RM_API int rm_local_order_insert(PGconn *orders_pg, const rm_local_order_t *o);
+RM_API int rm_local_order_insert(rm_client_t *c, PGconn *orders_pg, const rm_local_order_t *o);
 /* Step 3, stock database: 0 frozen now, 1 frozen before; RM_PF_SOLD_OUT,
  * RM_PF_OVER_LIMIT, RM_PF_BAD_ARGS (no such bucket...), RM_PF_NOT_ON_SALE
  * (outside the sale window, sql/stock/006): refused, now or
  * before (the refusal is recorded: the order will be cancelled);
  * RM_LOCAL_E_MISMATCH, RM_E_INVALID, RM_E_DB, RM_E_STATE (nothing
  * decided). */
-RM_API int rm_local_stock_freeze(PGconn *stock_pg, const rm_local_order_t *o);
+RM_API int rm_local_stock_freeze(rm_client_t *c, PGconn *stock_pg, const rm_local_order_t *o);
 /* Step 4, the stock side froze: mark the order's compensation done.  0, 1
  * (before), RM_LOCAL_E_DECIDED, RM_PF_UNKNOWN_ORDER (no compensation row),
  * RM_E_DB, RM_E_STATE. */
-RM_API int rm_local_order_finish(PGconn *orders_pg, int64_t order_id);
+RM_API int rm_local_order_finish(rm_client_t *c, PGconn *orders_pg, int64_t order_id);
 /*
  * Step 4, the stock side refused with 'refusal' (the code
  * rm_local_stock_freeze returned): release the Redis freeze through 'pf'
@@ -881,12 +885,15 @@ RM_API int rm_local_order_finish(PGconn *orders_pg, int64_t order_id);
  * RM_E_DB, RM_E_STATE; a Redis transport error (nothing changed in
  * PostgreSQL: retry, or leave it to the job).
  */
-RM_API int rm_local_order_cancel(PGconn *orders_pg, rm_prefilter_t *pf, int64_t order_id, int refusal);
+RM_API int rm_local_order_cancel(rm_client_t *c, PGconn *orders_pg, rm_prefilter_t *pf, int64_t order_id,
+                                 int refusal);
 /* Details of the calling thread's last failed rm_local_* or rm_compensate
  * call ("" if none). */
 RM_API const char *rm_local_errmsg(void);
 
-/* Process-wide counters of the rm_local_* calls that succeeded. */
+/* Counters of the rm_local_* calls that succeeded with client 'c' named,
+ * since rm_client_new.  Per client: the process-wide rm_local_stats() of
+ * earlier 0.1 builds is gone.  Any thread; all 0 for a NULL 'c'. */
 typedef struct rm_local_stats {
   uint64_t orders;    /* rm_local_order_insert: inserted now */
   uint64_t frozen;    /* rm_local_stock_freeze: frozen now */
@@ -894,7 +901,7 @@ typedef struct rm_local_stats {
   uint64_t finished;  /* rm_local_order_finish: done now */
   uint64_t cancelled; /* rm_local_order_cancel: cancelled now */
 } rm_local_stats_t;
-RM_API void rm_local_stats(rm_local_stats_t *out);
+RM_API void rm_client_local_stats(rm_client_t *c, rm_local_stats_t *out);
 
 /* ---- The compensation job and reconciliation ----
  *

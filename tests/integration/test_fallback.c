@@ -446,17 +446,17 @@ typedef struct worker {
 static result_t local_order(worker_t *w, int64_t oid, int64_t user, int qty, int bucket, int64_t dl) {
   sale_t *s = w->s;
   rm_local_order_t lo = {oid, s->act, TT, bucket, user, qty, dl, dl, NULL};
-  int rc = rm_local_order_insert(w->opg, &lo);
+  int rc = rm_local_order_insert(s->c, w->opg, &lo);
   if (rc < 0) {
     rm_prefilter_release(s->pf, s->act, TT, oid);
     return RES_FAILED;
   }
   if ((int)(rand_r(&w->seed) % 100) < s->lost_pct / 2) return RES_PENDING; /* the call never reached stock */
-  rc = rm_local_stock_freeze(w->spg, &lo);
+  rc = rm_local_stock_freeze(s->c, w->spg, &lo);
   if ((int)(rand_r(&w->seed) % 100) < s->lost_pct / 2) return RES_PENDING; /* its answer was lost */
-  if (rc == 0 || rc == 1) return rm_local_order_finish(w->opg, oid) >= 0 ? RES_OK : RES_PENDING;
+  if (rc == 0 || rc == 1) return rm_local_order_finish(s->c, w->opg, oid) >= 0 ? RES_OK : RES_PENDING;
   if (rc == RM_PF_SOLD_OUT || rc == RM_PF_OVER_LIMIT || rc == RM_PF_BAD_ARGS)
-    return rm_local_order_cancel(w->opg, s->pf, oid, rc) >= 0 ? RES_REFUSED : RES_PENDING;
+    return rm_local_order_cancel(s->c, w->opg, s->pf, oid, rc) >= 0 ? RES_REFUSED : RES_PENDING;
   return RES_PENDING;
 }
 
@@ -1008,6 +1008,18 @@ static void test_sale_through_outage(void **state) {
   assert_int_equal(st.to_local, 1);
   assert_int_equal(st.to_global, 1);
   assert_true(st.local_orders > 0);
+  /* The local-mode counters are this client's: every order a worker
+   * recorded through 'c', and none in another client of the process. */
+  rm_local_stats_t ls;
+  rm_client_local_stats(c, &ls);
+  assert_int_equal(ls.orders, st.local_orders);
+  assert_int_equal(ls.orders, atomic_load(&s.n[1][RES_OK]) + atomic_load(&s.n[1][RES_REFUSED]) +
+                                atomic_load(&s.n[1][RES_PENDING]));
+  assert_true(ls.frozen + ls.refused <= ls.orders);
+  rm_client_t *other = client_new(false);
+  rm_client_local_stats(other, &ls);
+  assert_int_equal(ls.orders + ls.frozen + ls.refused + ls.finished + ls.cancelled, 0);
+  rm_client_free(other);
 
   rm_compensator_stop(k);
   rm_client_free(c);
@@ -1031,13 +1043,13 @@ static void make_dataset(rm_prefilter_t *pf, PGconn *opg, PGconn *spg, int64_t a
     int qty = 1 + i % 2, bucket = -1;
     if (rm_prefilter_freeze_until(pf, act, TT, user, oid, qty, dl, &bucket) != 0) continue;
     rm_local_order_t lo = {oid, act, TT, bucket, user, qty, dl, dl, NULL};
-    assert_int_equal(rm_local_order_insert(opg, &lo), 0);
+    assert_int_equal(rm_local_order_insert(NULL, opg, &lo), 0);
     if (i % 3 == 2) continue;
-    int rc = rm_local_stock_freeze(spg, &lo);
+    int rc = rm_local_stock_freeze(NULL, spg, &lo);
     assert_true(rc == 0 || rc == RM_PF_SOLD_OUT || rc == RM_PF_OVER_LIMIT);
     if (i % 3 == 1) continue;
-    if (rc == 0) assert_int_equal(rm_local_order_finish(opg, oid), 0);
-    else assert_int_equal(rm_local_order_cancel(opg, pf, oid, rc), 0);
+    if (rc == 0) assert_int_equal(rm_local_order_finish(NULL, opg, oid), 0);
+    else assert_int_equal(rm_local_order_cancel(NULL, opg, pf, oid, rc), 0);
   }
 }
 

@@ -159,14 +159,27 @@ static void test_args(void **state) {
   assert_false(st.enabled);
   assert_int_equal(st.mode, RM_MODE_GLOBAL);
   assert_int_equal(st.probes, 0);
+
+  /* Local mode's counters are the client's: a refused call counts
+   * nothing, and no client means all zero. */
+  rm_local_order_t lo = {1, 1, 0, 0, 1, 1, 0, 0, NULL};
+  assert_int_equal(rm_local_order_insert(c, NULL, &lo), RM_E_INVALID);
+  assert_int_equal(rm_local_stock_freeze(c, NULL, &lo), RM_E_INVALID);
+  rm_local_stats_t ls;
+  memset(&ls, 0xff, sizeof(ls));
+  rm_client_local_stats(c, &ls);
+  assert_true(ls.orders == 0 && ls.frozen == 0 && ls.refused == 0 && ls.finished == 0 && ls.cancelled == 0);
+  memset(&ls, 0xff, sizeof(ls));
+  rm_client_local_stats(NULL, &ls);
+  assert_true(ls.orders == 0 && ls.frozen == 0 && ls.refused == 0 && ls.finished == 0 && ls.cancelled == 0);
+  rm_client_local_stats(c, NULL);
   rm_client_free(c);
 
   /* Local helpers and the job refuse bad arguments before any I/O. */
-  rm_local_order_t lo = {1, 1, 0, 0, 1, 1, 0, 0, NULL};
-  assert_int_equal(rm_local_order_insert(NULL, &lo), RM_E_INVALID);
-  assert_int_equal(rm_local_stock_freeze(NULL, &lo), RM_E_INVALID);
-  assert_int_equal(rm_local_order_finish(NULL, 1), RM_E_INVALID);
-  assert_int_equal(rm_local_order_cancel(NULL, NULL, 1, RM_PF_SOLD_OUT), RM_E_INVALID);
+  assert_int_equal(rm_local_order_insert(NULL, NULL, &lo), RM_E_INVALID);
+  assert_int_equal(rm_local_stock_freeze(NULL, NULL, &lo), RM_E_INVALID);
+  assert_int_equal(rm_local_order_finish(NULL, NULL, 1), RM_E_INVALID);
+  assert_int_equal(rm_local_order_cancel(NULL, NULL, NULL, 1, RM_PF_SOLD_OUT), RM_E_INVALID);
   assert_true(strlen(rm_local_errmsg()) > 0);
   rm_comp_report_t rep;
   rm_comp_options_t co = {0};

@@ -1,8 +1,9 @@
 /*
- * rm_attach.c - the resource manager above the core, attached to a client
- * (rm__rm_get, rm__rm_peek in rm_internal.h).  A leaf of the core: the
- * calls and the serving of the TC's requests read the attached state here
- * without reaching into the client's life cycle.
+ * rm_attach.c - what the layers above the core keep in a client
+ * (rm_internal.h): the resource manager attached to it (rm__rm_get,
+ * rm__rm_peek) and local mode's counters (rm__local_counters).  A leaf of
+ * the core: the calls and the serving of the TC's requests read the
+ * attached state here without reaching into the client's life cycle.
  */
 #include "rm_core.h"
 
@@ -20,4 +21,6 @@ void *rm__rm_get(rm_client_t *c, const rm_rm_ops_t *ops, void *(*create)(rm_clie
   uv_mutex_unlock(&c->rm_mu);
   return rm;
 }
+
+rm_local_counters_t *rm__local_counters(rm_client_t *c) { return c ? &c->local : NULL; }
 

@@ -161,6 +161,9 @@ struct rm_client {
   atomic_int mode, forced, detected;
   atomic_uint fail_streak, ok_streak;
   atomic_uint_fast64_t to_local, to_global, probes, probe_failures;
+
+  /* Local mode's counters (rm__local_counters, fallback/rm_local.c). */
+  rm_local_counters_t local;
 };
 
 #define RM_LOG_C(c, lvl, ...) RM_LOGGER(&(c)->log, (lvl), __VA_ARGS__)

@@ -14,6 +14,7 @@
 #ifndef RM_INTERNAL_H
 #define RM_INTERNAL_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -88,6 +89,16 @@ void *rm__rm_peek(rm_client_t *c);
 /* The client's degrade figures (rm_degrade.c), without the fallback's:
  * local_orders stays 0; fallback/ adds it in rm_client_degrade_stats. */
 void rm__degrade_stats(rm_client_t *c, rm_degrade_stats_t *out);
+
+/* What local mode (fallback/rm_local.c) counts for a client: the rm_local_*
+ * calls that succeeded with it named (rm_client_local_stats).  They live in
+ * the client, so that two clients of one process count apart; atomics:
+ * any thread, no lock. */
+typedef struct rm_local_counters {
+  atomic_uint_fast64_t orders, frozen, refused, finished, cancelled;
+} rm_local_counters_t;
+/* The counters of 'c'; NULL for NULL. */
+rm_local_counters_t *rm__local_counters(rm_client_t *c);
 
 /* Tell the core that the resource list changed: it re-registers as RM. */
 void rm__resources_changed(rm_client_t *c);

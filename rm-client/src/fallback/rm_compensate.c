@@ -149,9 +149,9 @@ static void note_failure(pass_t *p, int64_t order_id, const char *err) {
 /* Steps 2a and 2b for one row. */
 static void compensate_one(pass_t *p, const rm_local_order_t *ord) {
   char err[ERR_MAX];
-  int rc = rm__local_stock_freeze(p->stock, ord, RM_LOCAL_SOURCE_JOB);
+  int rc = rm__local_stock_freeze(NULL, p->stock, ord, RM_LOCAL_SOURCE_JOB);
   if (rc == 0 || rc == 1) {
-    int f = rm_local_order_finish(p->orders, ord->order_id);
+    int f = rm_local_order_finish(NULL, p->orders, ord->order_id);
     if (f == 0 || f == 1) {
       p->rep->frozen++;
       COMP_LOG(&p->log, RM_LOG_INFO, "compensation: order %" PRId64 " stands: its stock was %s", ord->order_id,
@@ -160,7 +160,7 @@ static void compensate_one(pass_t *p, const rm_local_order_t *ord) {
     }
     snprintf(err, sizeof(err), "could not finish the order: %s: %s", rm_prefilter_strerror(f), rm_local_errmsg());
   } else if (rm__local_is_refusal(rc)) {
-    int f = rm_local_order_cancel(p->orders, p->pf, ord->order_id, rc);
+    int f = rm_local_order_cancel(NULL, p->orders, p->pf, ord->order_id, rc);
     if (f == 0 || f == 1) {
       p->rep->cancelled++;
       COMP_LOG(&p->log, RM_LOG_WARN,

@@ -36,8 +36,13 @@
  *   transaction, or alone (autocommit) when none is open.
  *
  *   Threads: each call uses the caller's PGconn only (one thread at a time,
- *   as libpq requires); the counters are atomics.  Error details go to the
- *   thread-local message shared with the prefilter (rm_local_errmsg).
+ *   as libpq requires).  A success is counted in the client the caller
+ *   names (rm_client_local_stats; atomics in the client, rm_internal.h),
+ *   never in the process: two clients count apart, and the compensation
+ *   job, which names none, has its own figures (rm_comp_report_t).  Error
+ *   details go to the thread-local message shared with the prefilter
+ *   (rm_local_errmsg, like errno: these calls block on the caller's thread
+ *   and take no object of their own to keep it in; rm_prefilter_err.h).
  */
 #include <inttypes.h>
 #include <stdatomic.h>
@@ -53,7 +58,13 @@
 
 #define DEFAULT_TTL_MS (15 * 60 * 1000) /* trade_order's default expiry */
 
-static atomic_uint_fast64_t n_orders, n_frozen, n_refused, n_finished, n_cancelled;
+/* One more success 'field' (rm_local_counters_t) for client 'c'; NULL
+ * counts nowhere. */
+#define COUNT(c, field)                                   \
+  do {                                                    \
+    rm_local_counters_t *k_ = rm__local_counters(c);      \
+    if (k_) atomic_fetch_add(&k_->field, 1);              \
+  } while (0)
 
 /* ---------------------------------------------------------- libpq glue --- */
 
@@ -100,7 +111,7 @@ static bool order_ok(const rm_local_order_t *o) {
 
 /* ------------------------------------------------------------- orders --- */
 
-int rm_local_order_insert(PGconn *orders_pg, const rm_local_order_t *o) {
+int rm_local_order_insert(rm_client_t *c, PGconn *orders_pg, const rm_local_order_t *o) {
   char s[8][24];
   const char *vals[9];
   int64_t code;
@@ -130,7 +141,7 @@ int rm_local_order_insert(PGconn *orders_pg, const rm_local_order_t *o) {
                  9, vals, &code);
   if (rc != 0) return rc;
   switch (code) {
-  case 0: atomic_fetch_add(&n_orders, 1); return 0;
+  case 0: COUNT(c, orders); return 0;
   case 1: return 1;
   case -4:
     rm__pf_errf("order %" PRId64 " exists with other values (or as an order of a global transaction)",
@@ -145,7 +156,7 @@ int rm_local_order_insert(PGconn *orders_pg, const rm_local_order_t *o) {
   }
 }
 
-int rm_local_order_finish(PGconn *orders_pg, int64_t order_id) {
+int rm_local_order_finish(rm_client_t *c, PGconn *orders_pg, int64_t order_id) {
   char s[24];
   const char *vals[1] = {s};
   int64_t code;
@@ -160,7 +171,7 @@ int rm_local_order_finish(PGconn *orders_pg, int64_t order_id) {
                  "SELECT order_local_finish($1::bigint, 'FROZEN', NULL, NULL)", 1, vals, &code);
   if (rc != 0) return rc;
   switch (code) {
-  case 0: atomic_fetch_add(&n_finished, 1); return 0;
+  case 0: COUNT(c, finished); return 0;
   case 1: return 1;
   case -5:
     rm__pf_errf("local-mode order %" PRId64 " was cancelled before", order_id);
@@ -196,7 +207,7 @@ static void refusal_text(int refusal, const char **reason, const char **user) {
   }
 }
 
-int rm_local_order_cancel(PGconn *orders_pg, rm_prefilter_t *pf, int64_t order_id, int refusal) {
+int rm_local_order_cancel(rm_client_t *c, PGconn *orders_pg, rm_prefilter_t *pf, int64_t order_id, int refusal) {
   char s[24];
   const char *reason, *user;
   int rc = rm__pf_pg_usable(orders_pg, true);
@@ -261,7 +272,7 @@ int rm_local_order_cancel(PGconn *orders_pg, rm_prefilter_t *pf, int64_t order_i
                  "SELECT order_local_finish($1::bigint, $2::text, $3::text, $4::text)", 4, vals, &code);
   if (rc != 0) return rc;
   switch (code) {
-  case 0: atomic_fetch_add(&n_cancelled, 1); return 0;
+  case 0: COUNT(c, cancelled); return 0;
   case 1: return 1;
   case -5:
     rm__pf_errf("local-mode order %" PRId64 " was finished before with its stock frozen", order_id);
@@ -284,7 +295,7 @@ bool rm__local_is_refusal(int rc) {
   return rc == RM_PF_SOLD_OUT || rc == RM_PF_OVER_LIMIT || rc == RM_PF_BAD_ARGS || rc == RM_PF_NOT_ON_SALE;
 }
 
-int rm__local_stock_freeze(PGconn *pg, const rm_local_order_t *o, const char *source) {
+int rm__local_stock_freeze(rm_client_t *c, PGconn *pg, const rm_local_order_t *o, const char *source) {
   char s[7][24];
   const char *vals[8];
   int64_t code;
@@ -310,16 +321,16 @@ int rm__local_stock_freeze(PGconn *pg, const rm_local_order_t *o, const char *so
                  8, vals, &code);
   if (rc != 0) return rc;
   switch (code) {
-  case 0: atomic_fetch_add(&n_frozen, 1); return 0;
+  case 0: COUNT(c, frozen); return 0;
   case 1: return 1;
   case -1: /* outside the sale window (sql/stock/006) */
-    atomic_fetch_add(&n_refused, 1);
+    COUNT(c, refused);
     rm__pf_errf("the stock database refused order %" PRId64 " (not on sale)", o->order_id);
     return RM_PF_NOT_ON_SALE;
   case -2:
   case -3:
   case -4:
-    atomic_fetch_add(&n_refused, 1);
+    COUNT(c, refused);
     rm__pf_errf("the stock database refused order %" PRId64 " (%s)", o->order_id,
                 code == -2 ? "over the user limit" : code == -3 ? "sold out" : "no such bucket or other values");
     return code == -2 ? RM_PF_OVER_LIMIT : code == -3 ? RM_PF_SOLD_OUT : RM_PF_BAD_ARGS;
@@ -332,8 +343,8 @@ int rm__local_stock_freeze(PGconn *pg, const rm_local_order_t *o, const char *so
   }
 }
 
-int rm_local_stock_freeze(PGconn *stock_pg, const rm_local_order_t *o) {
-  return rm__local_stock_freeze(stock_pg, o, RM_LOCAL_SOURCE_SERVICE);
+int rm_local_stock_freeze(rm_client_t *c, PGconn *stock_pg, const rm_local_order_t *o) {
+  return rm__local_stock_freeze(c, stock_pg, o, RM_LOCAL_SOURCE_SERVICE);
 }
 
 /* ---------------------------------------------------------------- misc --- */
@@ -344,15 +355,18 @@ void rm_client_degrade_stats(rm_client_t *c, rm_degrade_stats_t *out) {
   if (!out) return;
   rm__degrade_stats(c, out);
   rm_local_stats_t ls;
-  rm_local_stats(&ls);
+  rm_client_local_stats(c, &ls);
   out->local_orders = ls.orders;
 }
 
-void rm_local_stats(rm_local_stats_t *out) {
+void rm_client_local_stats(rm_client_t *c, rm_local_stats_t *out) {
   if (!out) return;
-  out->orders = atomic_load(&n_orders);
-  out->frozen = atomic_load(&n_frozen);
-  out->refused = atomic_load(&n_refused);
-  out->finished = atomic_load(&n_finished);
-  out->cancelled = atomic_load(&n_cancelled);
+  memset(out, 0, sizeof(*out));
+  rm_local_counters_t *k = rm__local_counters(c);
+  if (!k) return;
+  out->orders = atomic_load(&k->orders);
+  out->frozen = atomic_load(&k->frozen);
+  out->refused = atomic_load(&k->refused);
+  out->finished = atomic_load(&k->finished);
+  out->cancelled = atomic_load(&k->cancelled);
 }

@@ -14,8 +14,8 @@
 #define RM_LOCAL_SOURCE_JOB "compensation"
 
 /* rm_local_stock_freeze with the decider named: 'source' is one of the
- * RM_LOCAL_SOURCE_* strings. */
-int rm__local_stock_freeze(PGconn *pg, const rm_local_order_t *o, const char *source);
+ * RM_LOCAL_SOURCE_* strings.  'c' as there (the job passes NULL). */
+int rm__local_stock_freeze(rm_client_t *c, PGconn *pg, const rm_local_order_t *o, const char *source);
 
 /* Whether 'rc' (of rm_local_stock_freeze) is a recorded refusal. */
 bool rm__local_is_refusal(int rc);

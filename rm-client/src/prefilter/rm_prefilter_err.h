@@ -3,6 +3,12 @@
  * the last failure (rm_prefilter_errmsg) and the self-connected socket
  * check.  Both the connection pool (rm_prefilter_conn.c) and the Sentinel
  * resolver (rm_redis_sentinel.c) use them; they include nothing of either.
+ *
+ * The message is per thread on purpose, like errno and rm_errmsg (public
+ * API: rm_client.h): one rm_prefilter_t serves any number of threads at
+ * once, and the rm_prefilter_pg_* and rm_local_* calls that also report
+ * here take no prefilter, so a message kept in the object would be
+ * overwritten by another thread's before the caller read it.
  */
 #ifndef RM_PREFILTER_ERR_H
 #define RM_PREFILTER_ERR_H
