@@ -6,6 +6,7 @@
 #include "txc_failpoint.h"
 #include "txc_logfile.h"
 #include "txc_isotime.h"
+#include "txc_pgconn.h"
 #include "txc_pgmsg.h"
 #include "txc_secret.h"
 #include "svc_auth.h"
@@ -221,30 +222,12 @@ void svc_deadline_in(struct timespec *until, int64_t us) {
   }
 }
 
-/* Whether a connection that sat idle can be used again: still open (what
- * the server sent meanwhile is read without blocking, so one that died or
- * was stopped by a failover shows now, not as the next statement's error),
- * and not on a read-only server (a hot standby: every write would fail
- * there with SQLSTATE 25006; PostgreSQL 14 and later report in_hot_standby
- * and default_transaction_read_only to the client). */
-static bool pg_idle_usable(PGconn *pg) {
-  if (!pg || PQstatus(pg) != CONNECTION_OK) return false;
-  struct pollfd pfd = {.fd = PQsocket(pg), .events = POLLIN};
-  if (pfd.fd < 0) return false;
-  /* A server that goes away says so first (FATAL "terminating
-   * connection ..."), then closes: the first read takes the message, the
-   * next one meets the end of the stream. */
-  for (int i = 0; i < 4 && poll(&pfd, 1, 0) != 0; i++)
-    if (!PQconsumeInput(pg) || PQstatus(pg) != CONNECTION_OK) return false;
-  const char *hs = PQparameterStatus(pg, "in_hot_standby");
-  const char *ro = PQparameterStatus(pg, "default_transaction_read_only");
-  return !(hs && strcmp(hs, "on") == 0) && !(ro && strcmp(ro, "on") == 0);
-}
+/* An idle connection is lent only if txc_pgconn_usable() (common/txc_pgconn.h). */
 
 bool svc_pg_ensure(PGconn **pg, const char *conninfo, const char *what, char *err, size_t errlen) {
   /* Between transactions the check reads what the server sent (a dead
    * one shows now); inside one, nothing is read behind the caller's back. */
-  if (*pg && (PQtransactionStatus(*pg) == PQTRANS_IDLE ? pg_idle_usable(*pg) : PQstatus(*pg) == CONNECTION_OK))
+  if (*pg && (PQtransactionStatus(*pg) == PQTRANS_IDLE ? txc_pgconn_usable(*pg) : PQstatus(*pg) == CONNECTION_OK))
     return true;
   PQfinish(*pg);
   *pg = PQconnectdb(conninfo);
@@ -264,13 +247,13 @@ PGconn *svc_pg_get(svc_pgpool_t *p, unsigned wait_ms, char *err, size_t errlen) 
     if (p->nidle > 0) {
       PGconn *pg = p->idle[--p->nidle];
       pthread_mutex_unlock(&p->mu);
-      if (pg_idle_usable(pg)) return pg;
+      if (txc_pgconn_usable(pg)) return pg;
       /* Died while idle (a server restart, the primary's failover) or on a
        * standby: replace it.  PQreset connects again with the same
        * conninfo, so a multi-host one with target_session_attrs=read-write
        * lands on the (new) primary. */
       PQreset(pg);
-      if (pg_idle_usable(pg)) return pg;
+      if (txc_pgconn_usable(pg)) return pg;
       PQfinish(pg);
       pthread_mutex_lock(&p->mu);
       p->open--;

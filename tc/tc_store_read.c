@@ -132,6 +132,23 @@ static bool col_b(const PGresult *r, int row, int col) {
 /* An array of 'n' rows of 'size' bytes (never a NULL for n 0). */
 static void *rows_new(int n, size_t size) { return calloc((size_t)(n > 0 ? n : 1), size); }
 
+/* Statement 0's result of a job that ended with '*status' ('*r', NULL
+ * unless TC_PG_OK) and an array of as many zeroed rows of 'size' bytes as
+ * it has ('*n'); out of memory: NULL, *n = 0 and *status TC_READ_ENOMEM. */
+static void *rows_of(tc_pg_job_t *job, int *status, size_t size, const PGresult **r, int *n) {
+  *r = NULL;
+  *n = 0;
+  if (*status != TC_PG_OK) return NULL;
+  *r = tc_pg_job_result(job, 0);
+  void *rows = rows_new(PQntuples(*r), size);
+  if (!rows) {
+    *status = TC_READ_ENOMEM;
+    return NULL;
+  }
+  *n = PQntuples(*r);
+  return rows;
+}
+
 /* Phase two's branch row from columns branch_id, branch_type, status,
  * resource_id, client_id, application_id, app_group from 'col' on (SQL
  * NULL: ""). */
@@ -311,18 +328,10 @@ static void lock_row(const PGresult *r, int row, tc_read_lock_t *l) {
 
 static void on_globals(tc_pg_job_t *job, int status, void *arg) {
   rd_t *rd = arg;
-  tc_read_global_t *rows = NULL;
-  int n = 0;
-  if (status == TC_PG_OK) {
-    const PGresult *r = tc_pg_job_result(job, 0);
-    n = PQntuples(r);
-    rows = rows_new(n, sizeof(*rows));
-    if (!rows) {
-      status = TC_READ_ENOMEM;
-      n = 0;
-    }
-    for (int i = 0; i < n; i++) global_row(r, i, &rows[i]);
-  }
+  const PGresult *r;
+  int n;
+  tc_read_global_t *rows = rows_of(job, &status, sizeof(*rows), &r, &n);
+  for (int i = 0; i < n; i++) global_row(r, i, &rows[i]);
   rd->cb.globals(status, err_of(job, status), rows, n, rd->arg);
   free(rows);
   free(rd);
@@ -442,21 +451,13 @@ int tc_read_global(tc_store_t *st, const char *xid, int max_locks, unsigned dead
 
 static void on_locks(tc_pg_job_t *job, int status, void *arg) {
   rd_t *rd = arg;
-  tc_read_lock_t *rows = NULL;
-  int n = 0;
-  if (status == TC_PG_OK) {
-    const PGresult *r = tc_pg_job_result(job, 0);
-    n = PQntuples(r);
-    rows = rows_new(n, sizeof(*rows));
-    if (!rows) {
-      status = TC_READ_ENOMEM;
-      n = 0;
-    }
-    for (int i = 0; i < n; i++) {
-      lock_row(r, i, &rows[i]);
-      rows[i].orphan = PQgetisnull(r, i, 8);
-      rows[i].holder_status = col_int(r, i, 8);
-    }
+  const PGresult *r;
+  int n;
+  tc_read_lock_t *rows = rows_of(job, &status, sizeof(*rows), &r, &n);
+  for (int i = 0; i < n; i++) {
+    lock_row(r, i, &rows[i]);
+    rows[i].orphan = PQgetisnull(r, i, 8);
+    rows[i].holder_status = col_int(r, i, 8);
   }
   rd->cb.locks(status, err_of(job, status), rows, n, rd->arg);
   free(rows);
@@ -481,29 +482,21 @@ int tc_read_locks(tc_store_t *st, const tc_read_locks_filter_t *f, unsigned dead
 
 static void on_nodes(tc_pg_job_t *job, int status, void *arg) {
   rd_t *rd = arg;
-  tc_read_node_t *rows = NULL;
-  int n = 0;
-  if (status == TC_PG_OK) {
-    const PGresult *r = tc_pg_job_result(job, 0);
-    n = PQntuples(r);
-    rows = rows_new(n, sizeof(*rows));
-    if (!rows) {
-      status = TC_READ_ENOMEM;
-      n = 0;
-    }
-    for (int i = 0; i < n; i++) {
-      tc_read_node_t *o = &rows[i];
-      o->node_id = col_i64(r, i, 0);
-      o->address = col_s(r, i, 1);
-      o->admin_socket = col_s(r, i, 2);
-      o->started_at = col_s(r, i, 3);
-      o->heartbeat_at = col_s(r, i, 4);
-      o->heartbeat_age_s = col_f(r, i, 5);
-      o->is_leader = col_b(r, i, 6);
-      o->has_pid = !PQgetisnull(r, i, 7);
-      o->pid = col_i64(r, i, 7);
-      o->version = col_s(r, i, 8);
-    }
+  const PGresult *r;
+  int n;
+  tc_read_node_t *rows = rows_of(job, &status, sizeof(*rows), &r, &n);
+  for (int i = 0; i < n; i++) {
+    tc_read_node_t *o = &rows[i];
+    o->node_id = col_i64(r, i, 0);
+    o->address = col_s(r, i, 1);
+    o->admin_socket = col_s(r, i, 2);
+    o->started_at = col_s(r, i, 3);
+    o->heartbeat_at = col_s(r, i, 4);
+    o->heartbeat_age_s = col_f(r, i, 5);
+    o->is_leader = col_b(r, i, 6);
+    o->has_pid = !PQgetisnull(r, i, 7);
+    o->pid = col_i64(r, i, 7);
+    o->version = col_s(r, i, 8);
   }
   rd->cb.nodes(status, err_of(job, status), rows, n, rd->arg);
   free(rows);

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "rm_pg.h"
+#include "txc_pgconn.h"
 #include "txc_pgmsg.h"
 
 const char *rm__sqlstate(const PGresult *res) {
@@ -46,18 +47,7 @@ const char *rm__pg_unusable(PGconn *pg, bool need_idle, int *code) {
 }
 
 bool rm__pg_idle_usable(PGconn *pg) {
-  if (!pg || PQstatus(pg) != CONNECTION_OK || PQtransactionStatus(pg) != PQTRANS_IDLE) return false;
-  struct pollfd pfd = {.fd = PQsocket(pg), .events = POLLIN};
-  if (pfd.fd < 0) return false;
-  /* Readable while idle: a notice, a parameter change, or the server's
-   * goodbye: FATAL "terminating connection ...", then the end of the
-   * stream, which only the next read meets.  PQconsumeInput never
-   * blocks. */
-  for (int i = 0; i < 4 && poll(&pfd, 1, 0) != 0; i++)
-    if (!PQconsumeInput(pg) || PQstatus(pg) != CONNECTION_OK) return false;
-  const char *hs = PQparameterStatus(pg, "in_hot_standby");
-  const char *ro = PQparameterStatus(pg, "default_transaction_read_only");
-  return !(hs && strcmp(hs, "on") == 0) && !(ro && strcmp(ro, "on") == 0);
+  return pg && PQtransactionStatus(pg) == PQTRANS_IDLE && txc_pgconn_usable(pg);
 }
 
 bool rm__pg_read_only_error(const PGresult *res) { return strcmp(rm__sqlstate(res), "25006") == 0; }
