@@ -54,36 +54,10 @@
 # Exit status 0 when everything passed.
 set -euo pipefail
 
-src=${TX_SOURCE_DIR:?TX_SOURCE_DIR not set}
-bin=${TX_BIN_DIR:?TX_BIN_DIR not set}
-export TX_BIN_DIR=$bin
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/test_demo.XXXXXX")
-chmod 711 "$tmp"
-export CLUSTER_DIR=$tmp/cluster
-failures=0
-cluster_up=0
+TEST_NAME=test_demo
+# shellcheck source=tests/integration/services_harness.sh
+. "${TX_SOURCE_DIR:?TX_SOURCE_DIR not set}/tests/integration/services_harness.sh"
 
-cleanup() {
-  local rc=$?
-  set +e
-  if [[ -n ${ORDER_PID:-} ]]; then "$src/examples/services" stop "$ORDER_PID" "${STOCK_PID:-}" "${EVENTS_PID:-}"; fi
-  [[ $cluster_up -eq 0 ]] || "$src/cluster/local/down" "$CLUSTER_DIR" >/dev/null
-  if [[ $rc -ne 0 || $failures -ne 0 ]]; then
-    echo "test_demo: logs kept in $tmp" >&2
-  else
-    rm -rf -- "$tmp"
-  fi
-  exit "$rc"
-}
-trap cleanup EXIT
-
-ok() { echo "ok - $*"; }
-fail() { echo "FAILED - $*" >&2; failures=$((failures + 1)); }
-check() { # description, condition command...
-  local what=$1
-  shift
-  if "$@"; then ok "$what"; else fail "$what"; fi
-}
 
 # http METHOD PATH [BODY]: sets $code and $body
 # http METHOD PATH [BODY]: a call to order-service; code and body set.  An
@@ -110,14 +84,7 @@ remember_token() {
 }
 jfield() { python3 -c 'import json,sys; d=json.loads(sys.argv[1]); print(d.get(sys.argv[2], ""))' "$1" "$2"; }
 
-# up picks free ports by probing; another process may take one first: retry.
-for attempt in 1 2 3; do
-  out=$("$src/cluster/local/up" --watch $$) && break
-  [[ $attempt -lt 3 ]] || { echo "test_demo: the cluster did not start" >&2; exit 1; }
-  rm -rf -- "$CLUSTER_DIR"
-done
-cluster_up=1
-eval "$out"
+harness_cluster_up
 # Unpaid orders expire after 6 s: the sale's unpaid orders expire while
 # flashsale settles (and their tickets go back), exercising the expiry job.
 out=$(ORDER_TTL_S=6 "$src/examples/services" start --bin "$bin" --dir "$CLUSTER_DIR")

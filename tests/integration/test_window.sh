@@ -30,51 +30,15 @@
 # txc-compensate) and TX_SOURCE_DIR; set by ctest.
 set -euo pipefail
 
-src=${TX_SOURCE_DIR:?TX_SOURCE_DIR not set}
-bin=${TX_BIN_DIR:?TX_BIN_DIR not set}
-export TX_BIN_DIR=$bin
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/test_window.XXXXXX")
-chmod 711 "$tmp"
-export CLUSTER_DIR=$tmp/cluster
-failures=0
-cluster_up=0
+TEST_NAME=test_window
+# shellcheck source=tests/integration/services_harness.sh
+. "${TX_SOURCE_DIR:?TX_SOURCE_DIR not set}/tests/integration/services_harness.sh"
 lock_pid=
+harness_cleanup_more() { [[ -z $lock_pid ]] || kill "$lock_pid" 2>/dev/null; }
 
-cleanup() {
-  local rc=$?
-  set +e
-  [[ -z $lock_pid ]] || kill "$lock_pid" 2>/dev/null
-  if [[ -n ${ORDER_PID:-} ]]; then "$src/examples/services" stop "$ORDER_PID" "${STOCK_PID:-}" "${EVENTS_PID:-}"; fi
-  [[ $cluster_up -eq 0 ]] || "$src/cluster/local/down" "$CLUSTER_DIR" >/dev/null
-  if [[ $rc -ne 0 || $failures -ne 0 ]]; then
-    echo "test_window: logs kept in $tmp" >&2
-    [[ $rc -ne 0 ]] || exit 1
-  else
-    rm -rf -- "$tmp"
-  fi
-  exit "$rc"
-}
-trap cleanup EXIT
-
-ok() { echo "ok - $*"; }
-fail() { echo "FAILED - $*" >&2; failures=$((failures + 1)); }
-check() { # description, condition command...
-  local what=$1
-  shift
-  if "$@"; then ok "$what"; else fail "$what"; fi
-}
-q() { # URL SQL: one value
-  psql -X -q -A -t -v ON_ERROR_STOP=1 -d "$1" -c "$2"
-}
 rcli() { redis-cli -u "$REDIS_URL" "$@"; }
 
-for attempt in 1 2 3; do
-  out=$("$src/cluster/local/up" --watch $$) && break
-  [[ $attempt -lt 3 ]] || { echo "test_window: the cluster did not start" >&2; exit 1; }
-  rm -rf -- "$CLUSTER_DIR"
-done
-cluster_up=1
-eval "$out"
+harness_cluster_up
 out=$("$src/examples/services" start --bin "$bin" --dir "$CLUSTER_DIR")
 eval "$out"
 ok "cluster and services started ($ORDER_URL, $STOCK_URL)"
