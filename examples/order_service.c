@@ -287,6 +287,8 @@ static int branch_insert_order(order_svc_t *s, PGconn *pg, const order_t *o, cha
   if (!svc_pg_exec(pg, "BEGIN", 0, NULL, PGRES_COMMAND_OK, NULL, err, errlen)) return RM_E_DB;
   rm_branch_t *b = NULL;
   int rc = rm_at_open(s->rm, o->xid, s->resource, pg, &b);
+  /* A failure rolls the transaction back: no savepoint per statement. */
+  if (rc == 0) rc = rm_at_statement_savepoints(b, false);
   if (rc == 0) rc = rm_at_insert(b, "trade_order", ncols, cols, vals);
   if (rc == 0) rc = rm_at_prepare(b, NULL);
   if (rc != 0) {

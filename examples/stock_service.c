@@ -529,6 +529,12 @@ static void handle_op(stock_svc_t *s, const svc_req_t *req, svc_resp_t *resp, st
     snprintf(err, sizeof(err), "%s", rm_strerror(rc));
     goto fail;
   }
+  /* Every failure below rolls the whole transaction back: no statement
+   * needs a savepoint of its own (two statements each saved). */
+  if (c.b && (rc = rm_at_statement_savepoints(c.b, false)) != 0) {
+    snprintf(err, sizeof(err), "%s", rm_at_errmsg(c.b));
+    goto fail;
+  }
   int64_t t_open = svc_now_us();
   if ((rc = op_statements(&c, s->mode, &op, xid)) != 0) {
     if (c.b && *rm_at_errmsg(c.b)) snprintf(err, sizeof(err), "%s: %s", rm_strerror(rc), rm_at_errmsg(c.b));

@@ -308,9 +308,10 @@ typedef struct rm_branch rm_branch_t;
  *
  * Statements: 'table' is "name" (found through the search path of 'pg')
  * or "schema.name", unquoted.  Each rm_at_insert/update/delete/update_delta
- * runs inside a savepoint of its own: when it fails, its changes are rolled
- * back and the caller's transaction is left exactly as before the call,
- * still usable (earlier statements of the branch stand).  Codes:
+ * runs inside a savepoint of its own (unless rm_at_statement_savepoints
+ * turned them off): when it fails, its changes are rolled back and the
+ * caller's transaction is left exactly as before the call, still usable
+ * (earlier statements of the branch stand).  Codes:
  * RM_E_INVALID (bad argument; unknown column; a value the column type
  * refuses; a primary key too long for a lock key; images of the branch over
  * 8 MiB or over 1000 statements), RM_E_NO_TABLE, RM_E_NO_PK,
@@ -325,6 +326,21 @@ typedef struct rm_branch rm_branch_t;
  */
 RM_API int rm_at_open(rm_client_t *c, const char *xid, const char *resource_id, PGconn *pg,
                       rm_branch_t **out);
+
+/*
+ * Whether each statement of 'b' runs inside a savepoint of its own (on, the
+ * default: a failed statement leaves the caller's transaction as before the
+ * call, still usable).  Off, for a caller that rolls its transaction back
+ * on any failure anyway (as a service handler does): no SAVEPOINT and
+ * RELEASE around each statement and around prepare's deferred updates (two
+ * statements each, 10 of the 24 of the demo's order), and prepare writes
+ * the undo row in the deferred updates' round trip.  A failure then fails
+ * the branch (RM_E_STATE for what follows) and may leave the transaction
+ * aborted (a refusing deferred guard always does, on purpose: the undo row
+ * is already in it): the caller must ROLLBACK and rm_at_close(b, false).
+ * Call it after rm_at_open, before the first statement; RM_E_STATE later.
+ */
+RM_API int rm_at_statement_savepoints(rm_branch_t *b, bool on);
 
 /* INSERT one row: 'cols'/'vals' are column names and text values (NULL
  * value = SQL NULL); the primary key must be among them or have a default. */

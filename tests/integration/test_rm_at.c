@@ -1061,6 +1061,113 @@ static void test_deferred_delta_guard(void **state) {
   PQfinish(s);
 }
 
+/* Open a branch without statement savepoints. */
+static rm_branch_t *open_unsaved(PGconn *pg, const char *xid, const char *resource) {
+  rm_branch_t *b = NULL;
+  if (!exec_ok(pg, "BEGIN") || rm_at_open(client, xid, resource, pg, &b) != 0) return NULL;
+  if (rm_at_statement_savepoints(b, false) != 0) {
+    rm_at_close(b, false);
+    return NULL;
+  }
+  return b;
+}
+
+/* Without statement savepoints (rm_at_statement_savepoints): the same
+ * commit and checked rollback of an insert, an image update and a
+ * deferred delta; a failed statement fails the branch and leaves the
+ * transaction aborted (no savepoint took it back: the proof none was
+ * set); a guard refusing at prepare leaves it aborted too, so that a
+ * COMMIT rolls back, and the global transaction rolls back to the
+ * values before; the switch only before the first statement. */
+static void test_without_savepoints(void **state) {
+  (void)state;
+  PGconn *s = pg_open(stock_url), *o = pg_open(orders_url);
+  assert_non_null(s);
+  assert_non_null(o);
+  long long f0 = frozen(s, 15);
+  char xid[RM_XID_MAX];
+  int st = 0;
+
+  /* committed */
+  assert_int_equal(rm_tm_begin(client, 30000, "unsaved_commit", xid), 0);
+  rm_branch_t *b = open_unsaved(s, xid, "stock");
+  assert_non_null(b);
+  ddelta_arg_t d2 = {15, 2};
+  assert_int_equal(body_delta_deferred(b, &d2), 0);
+  assert_int_equal(rm_at_statement_savepoints(b, true), RM_E_STATE); /* too late */
+  assert_int_equal(rm_at_prepare(b, NULL), 0);
+  assert_true(exec_ok(s, "COMMIT"));
+  assert_int_equal(rm_at_close(b, true), 0);
+  long long id = atomic_fetch_add(&next_order, 1);
+  b = open_unsaved(o, xid, "orders");
+  assert_non_null(b);
+  assert_int_equal(insert_order(b, id, 7, 1, 15, xid), 0);
+  assert_int_equal(rm_at_prepare(b, NULL), 0);
+  assert_true(exec_ok(o, "COMMIT"));
+  assert_int_equal(rm_at_close(b, true), 0);
+  assert_int_equal(rm_tm_commit(client, xid, &st), 0);
+  assert_int_equal(st, RM_GS_COMMITTED);
+  assert_int_equal(frozen(s, 15), f0 + 2);
+  assert_int_equal(order_exists(o, id), 1);
+
+  /* rolled back: insert, image update and deferred delta undone */
+  long long id2 = atomic_fetch_add(&next_order, 1);
+  assert_int_equal(rm_tm_begin(client, 30000, "unsaved_rollback", xid), 0);
+  b = open_unsaved(s, xid, "stock");
+  assert_non_null(b);
+  set_arg_t sa = {15, f0 + 10};
+  assert_int_equal(body_set_frozen(b, &sa), 0);
+  assert_int_equal(body_delta_deferred(b, &d2), 0);
+  assert_int_equal(rm_at_prepare(b, NULL), 0);
+  assert_int_equal(frozen(s, 15), f0 + 12);
+  assert_true(exec_ok(s, "COMMIT"));
+  assert_int_equal(rm_at_close(b, true), 0);
+  b = open_unsaved(o, xid, "orders");
+  assert_non_null(b);
+  assert_int_equal(insert_order(b, id2, 7, 1, 15, xid), 0);
+  assert_int_equal(rm_at_prepare(b, NULL), 0);
+  assert_true(exec_ok(o, "COMMIT"));
+  assert_int_equal(rm_at_close(b, true), 0);
+  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
+  assert_int_equal(st, RM_GS_ROLLBACKED);
+  assert_int_equal(frozen(s, 15), f0 + 2);
+  assert_int_equal(order_exists(o, id2), 0);
+
+  /* a failing statement: the branch fails, the transaction is aborted */
+  assert_int_equal(rm_tm_begin(client, 30000, "unsaved_fail", xid), 0);
+  b = open_unsaved(o, xid, "orders");
+  assert_non_null(b);
+  assert_int_equal(insert_order(b, id, 7, 1, 15, xid), RM_E_DB); /* duplicate key */
+  assert_int_equal(PQtransactionStatus(o), PQTRANS_INERROR);
+  assert_non_null(strstr(rm_at_errmsg(b), "roll the transaction back"));
+  assert_int_equal(insert_order(b, id2, 7, 1, 15, xid), RM_E_STATE);
+  assert_int_equal(rm_at_prepare(b, NULL), RM_E_STATE);
+  assert_true(exec_ok(o, "ROLLBACK"));
+  assert_int_equal(rm_at_close(b, false), 0);
+
+  /* a guard refusing at prepare: registered, aborted, rolled back clean */
+  b = open_unsaved(s, xid, "stock");
+  assert_non_null(b);
+  ddelta_arg_t ok1 = {15, 1}, too_many = {15, 1000000};
+  assert_int_equal(body_delta_deferred(b, &ok1), 0);
+  assert_int_equal(body_delta_deferred(b, &too_many), 0);
+  int64_t bid = 0;
+  assert_int_equal(rm_at_prepare(b, &bid), RM_E_GUARD);
+  assert_non_null(strstr(rm_at_errmsg(b), "guard"));
+  assert_int_equal(PQtransactionStatus(s), PQTRANS_INERROR);
+  PGresult *r = PQexec(s, "COMMIT"); /* what a careless caller would do */
+  assert_string_equal(PQcmdStatus(r), "ROLLBACK");
+  PQclear(r);
+  assert_int_equal(rm_at_close(b, false), 0);
+  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
+  assert_int_equal(st, RM_GS_ROLLBACKED);
+  assert_int_equal(frozen(s, 15), f0 + 2);
+  assert_int_equal(q_ll(s, "SELECT count(*) FROM undo_log WHERE xid = $1 AND log_status = 0", xid, NULL, NULL), 0);
+  assert_int_equal(rm_at_statement_savepoints(NULL, false), RM_E_INVALID);
+  PQfinish(s);
+  PQfinish(o);
+}
+
 /* 64 concurrent deferred freezes of one row, half committed and half
  * rolled back: exactly the committed total stays frozen. */
 static void test_deferred_delta_64_freezes(void **state) {
@@ -1202,6 +1309,7 @@ int main(void) {
     cmocka_unit_test(test_deferred_delta_commit_rollback),
     cmocka_unit_test(test_deferred_delta_guard),
     cmocka_unit_test(test_deferred_delta_64_freezes),
+    cmocka_unit_test(test_without_savepoints),
     cmocka_unit_test(test_resolve_leftovers),
     cmocka_unit_test(test_giveback_refused_in_phase_one),
     cmocka_unit_test(test_release_waits_for_commit),

@@ -110,6 +110,16 @@ int rm_at_open(rm_client_t *c, const char *xid, const char *resource_id, PGconn 
   return 0;
 }
 
+int rm_at_statement_savepoints(rm_branch_t *b, bool on) {
+  if (!b) return rm__fail(RM_E_INVALID, "could not set statement savepoints: the branch is NULL");
+  if (b->state != RM_BRANCH_OPEN || b->nitems + b->ndeferred > 0 || b->have_settings) {
+    rm__at_err(b, "statement savepoints are set before the branch's first statement");
+    return rm__fail(RM_E_STATE, "%s", b->errmsg);
+  }
+  b->no_savepoints = !on;
+  return 0;
+}
+
 static void branch_free(rm_branch_t *b) {
   for (size_t i = 0; i < b->ndeferred; i++) rm__at_deferred_clear(&b->deferred[i]);
   free(b->deferred);
@@ -272,25 +282,28 @@ static int prepare(rm_branch_t *b, int64_t *branch_id) {
 
   /* 2. The deferred delta updates (a delta needs no lock key, so the
    * registration did not wait for them): the hot rows they lock are held
-   * from here to the caller's COMMIT only. */
-  if (b->ndeferred > 0 && (rc = rm__at_run_deferred(b)) != 0) {
-    b->state = RM_BRANCH_FAILED;
-    free(undo);
-    free(ctx);
-    return rc;
-  }
-
-  /* 3. The undo row, in the caller's transaction and deliberately without
+   * from here to the caller's COMMIT only.
+   * 3. The undo row, in the caller's transaction and deliberately without
    * a savepoint: if it fails, the transaction is aborted and cannot commit.
-   * After deferred updates, their savepoint is released in the same round
-   * trip. */
+   * After deferred updates under a savepoint, the RELEASE goes in the same
+   * round trip; without statement savepoints the INSERT goes in the
+   * deferred updates' own round trip. */
   char bidbuf[32];
   snprintf(bidbuf, sizeof(bidbuf), "%lld", (long long)bid);
   const char *params[4] = {b->xid, bidbuf, ctx, undo};
   static const char insert_sql[] = "INSERT INTO undo_log (xid, branch_id, context, rollback_info, log_status)"
                                    " VALUES ($1, $2, $3, $4::jsonb, 0)";
   PGresult *res = NULL;
-  if (b->ndeferred > 0) {
+  if (b->ndeferred > 0 &&
+      (rc = rm__at_run_deferred(b, b->no_savepoints ? insert_sql : NULL, 4, params, &res)) != 0) {
+    b->state = RM_BRANCH_FAILED;
+    free(undo);
+    free(ctx);
+    return rc;
+  }
+  if (b->ndeferred > 0 && b->no_savepoints) {
+    /* res is the INSERT's (NULL: reported below) */
+  } else if (b->ndeferred > 0) {
     const char *const sqls[2] = {"RELEASE SAVEPOINT " RM_AT_SAVEPOINT, insert_sql};
     const int np[2] = {0, 4};
     const char *const *pp[2] = {NULL, params};

@@ -173,13 +173,16 @@ PGresult *rm__at_exec(rm_branch_t *b, const char *sql, int n, const char *const 
 
 int rm__at_pending_run(rm_branch_t *b, int n, const char *const *sqls, const int *np,
                        const char *const *const *pp, const Oid *const *tt, PGresult **out) {
-  bool want_settings = !b->have_settings;
-  int pre = want_settings ? 2 : 1, total = pre + n;
-  const char *S[5] = {"SAVEPOINT " RM_AT_SAVEPOINT, settings_sql};
+  bool want_sp = !b->no_savepoints, want_settings = !b->have_settings;
+  int isp = want_sp ? 0 : -1, iset = want_settings ? (want_sp ? 1 : 0) : -1;
+  int pre = (want_sp ? 1 : 0) + (want_settings ? 1 : 0), total = pre + n;
+  const char *S[5] = {NULL};
   int N[5] = {0};
   const char *const *P[5] = {NULL};
   const Oid *T[5] = {NULL};
   PGresult *R[5] = {NULL};
+  if (want_sp) S[isp] = "SAVEPOINT " RM_AT_SAVEPOINT;
+  if (want_settings) S[iset] = settings_sql;
   for (int i = 0; i < n; i++) {
     S[pre + i] = sqls[i];
     N[pre + i] = np ? np[i] : 0;
@@ -188,38 +191,43 @@ int rm__at_pending_run(rm_branch_t *b, int n, const char *const *sqls, const int
     out[i] = NULL;
   }
   b->sp_pending = false;
-  int rc = rm__at_pipe_run(b, total, S, N, P, T, R);
-  if (rc == 0 && PQresultStatus(R[0]) != PGRES_COMMAND_OK) {
-    rc = rm__at_stmt_error(b, "could not set a savepoint", R[0]);
-    R[0] = NULL;
+  int rc = total > 0 ? rm__at_pipe_run(b, total, S, N, P, T, R) : 0;
+  if (rc == 0 && want_sp && PQresultStatus(R[isp]) != PGRES_COMMAND_OK) {
+    rc = rm__at_stmt_error(b, "could not set a savepoint", R[isp]);
+    R[isp] = NULL;
   }
   /* Only a savepoint that was set is rolled back to or released later
    * (ROLLBACK TO an unknown savepoint would abort the transaction). */
-  b->sp_taken = R[0] != NULL && PQresultStatus(R[0]) == PGRES_COMMAND_OK;
-  if (rc == 0 && want_settings && b->sp_taken && b->res && b->res->pstmt && stale_statement(R[1])) {
-    /* The settings read was deallocated by the application: back to the
-     * savepoint, and the rest once more, prepared afresh. */
+  b->sp_taken = want_sp && R[isp] != NULL && PQresultStatus(R[isp]) == PGRES_COMMAND_OK;
+  if (rc == 0 && want_settings && b->res && b->res->pstmt && stale_statement(R[iset])) {
+    /* The settings read was deallocated by the application: prepare it
+     * afresh.  Inside a savepoint: back to it, and the rest once more.
+     * Without one the transaction is aborted: the branch fails (the next
+     * one prepares it again). */
     rm__pstmt_forget(b->res->pstmt, b->pg);
-    PGresult *rb = PQexec(b->pg, "ROLLBACK TO SAVEPOINT " RM_AT_SAVEPOINT);
-    if (PQresultStatus(rb) != PGRES_COMMAND_OK) {
-      rc = rm__at_stmt_error(b, "could not roll back to the savepoint", rb);
-    } else {
-      PQclear(rb);
-      for (int i = 1; i < total; i++) {
-        PQclear(R[i]);
-        R[i] = NULL;
+    if (b->sp_taken) {
+      PGresult *rb = PQexec(b->pg, "ROLLBACK TO SAVEPOINT " RM_AT_SAVEPOINT);
+      if (PQresultStatus(rb) != PGRES_COMMAND_OK) {
+        rc = rm__at_stmt_error(b, "could not roll back to the savepoint", rb);
+      } else {
+        PQclear(rb);
+        for (int i = 1; i < total; i++) {
+          PQclear(R[i]);
+          R[i] = NULL;
+        }
+        rc = rm__at_pipe_run(b, total - 1, S + 1, N + 1, P + 1, T + 1, R + 1);
       }
-      rc = rm__at_pipe_run(b, total - 1, S + 1, N + 1, P + 1, T + 1, R + 1);
     }
   }
   if (rc == 0 && want_settings) {
-    if (PQresultStatus(R[1]) != PGRES_TUPLES_OK || PQntuples(R[1]) != 1 || PQnfields(R[1]) != (int)NSETTINGS) {
-      rc = rm__at_stmt_error(b, "could not read the session settings", R[1]);
-      R[1] = NULL;
+    if (PQresultStatus(R[iset]) != PGRES_TUPLES_OK || PQntuples(R[iset]) != 1 ||
+        PQnfields(R[iset]) != (int)NSETTINGS) {
+      rc = rm__at_stmt_error(b, "could not read the session settings", R[iset]);
+      R[iset] = NULL;
     } else {
       for (size_t i = 0; i < NSETTINGS && rc == 0; i++) {
         free(b->settings[i]);
-        if (!(b->settings[i] = strdup(PQgetvalue(R[1], 0, (int)i)))) {
+        if (!(b->settings[i] = strdup(PQgetvalue(R[iset], 0, (int)i)))) {
           rm__at_err(b, "out of memory");
           rc = RM_E_NOMEM;
         }
@@ -252,7 +260,7 @@ static PGresult *run_stmt(rm_branch_t *b, const char *what, const char *sql, int
   const char *const *pp[2] = {params, NULL};
   const Oid *tt[2] = {types, NULL};
   PGresult *out[2] = {NULL, NULL};
-  int nq = release ? 2 : 1;
+  int nq = release && !b->no_savepoints ? 2 : 1;
   if (b->sp_pending) {
     int prc = rm__at_pending_run(b, nq, sqls, np, pp, tt, out);
     if (prc != 0) {
@@ -288,6 +296,8 @@ static PGresult *run_stmt(rm_branch_t *b, const char *what, const char *sql, int
       b->sp_released = true;
     }
   }
+  if (PQresultStatus(res) != want && !b->sp_taken && b->res && b->res->pstmt && stale_statement(res))
+    rm__pstmt_forget(b->res->pstmt, b->pg); /* no savepoint to retry in: the next branch prepares afresh */
   if (PQresultStatus(res) != want && b->sp_taken && b->res && b->res->pstmt && stale_statement(res)) {
     /* Prepared before an ALTER TABLE changed its result columns (SELECT *,
      * RETURNING *), or deallocated by the application: back to the
@@ -367,6 +377,18 @@ int rm__at_stmt_end(rm_branch_t *b, int rc) {
 
 static int stmt_end(rm_branch_t *b, int rc) {
   b->sp_pending = false;
+  if (b->no_savepoints) {
+    if (rc != 0) {
+      /* Nothing to roll back to: the statement may have changed rows, or
+       * aborted the transaction. */
+      size_t len = strlen(b->errmsg);
+      snprintf(b->errmsg + len, sizeof(b->errmsg) - len,
+               "; the branch runs without statement savepoints: roll the transaction back");
+      b->state = RM_BRANCH_FAILED;
+    }
+    b->sp_released = false;
+    return rc;
+  }
   if (!b->sp_taken) {
     if (rc != 0 && b->sp_released) {
       /* The statement's change is in the transaction with no undo item. */

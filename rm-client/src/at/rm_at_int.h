@@ -176,7 +176,8 @@ struct rm_branch {
   size_t undo_bytes;  /* compact JSON size so far */
   bool has_delta;
   bool has_commit_delta; /* rm_at_update_delta_on_commit: phase-two commit applies */
-  bool sp_pending;    /* the statement's SAVEPOINT goes with its first query */
+  bool no_savepoints; /* rm_at_statement_savepoints(b, false): a failure fails the branch */
+  bool sp_pending;    /* the statement's start (SAVEPOINT, settings read) goes with its first query */
   bool sp_taken;      /* the statement's SAVEPOINT was set (rm__at_stmt_end undoes or releases it) */
   bool sp_released;   /* ... and already released with the statement (rm__at_run_released) */
   rm_deferred_t *deferred; /* rm_at_update_delta_deferred, run by prepare */
@@ -233,8 +234,9 @@ PGresult *rm__at_run_released(rm_branch_t *b, const char *what, const char *sql,
                               const char *const *params, const Oid *types, ExecStatusType want, int *rc);
 /*
  * The statement's pending start (rm__at_stmt_begin), sent in one round
- * trip with the 'n' (at most 3) statements that follow it: SAVEPOINT, on
- * the first statement of a branch the image settings, then sqls[0..n-1].
+ * trip with the 'n' (at most 3) statements that follow it: SAVEPOINT
+ * (unless the branch runs without), on the first statement of a branch
+ * the image settings, then sqls[0..n-1].
  * 0 with out[i] their results, or an error (the start failed; out[] all
  * NULL).
  */
@@ -289,8 +291,16 @@ char *rm__at_context(const rm_branch_t *b);
  * rolled back (the transaction as it was before prepare, still usable):
  * RM_E_GUARD, RM_E_NOT_ONE_ROW (the row is gone), RM_E_DB, RM_E_INVALID.
  * On success the savepoint is left for the caller to release.
+ *
+ * Without statement savepoints (b->no_savepoints) there is no savepoint:
+ * 'tail' (the undo_log INSERT, 'ntail' text parameters) goes in the same
+ * round trip behind the UPDATEs, its result in *tail_res (NULL when it did
+ * not run); on any failure the transaction is left aborted on purpose (a
+ * refusing guard leaves earlier UPDATEs and the undo row in it), so that no
+ * COMMIT can make it durable.
  */
-int rm__at_run_deferred(rm_branch_t *b);
+int rm__at_run_deferred(rm_branch_t *b, const char *tail, int ntail, const char *const *tail_params,
+                        PGresult **tail_res);
 /* Free what 'd' holds and zero it. */
 void rm__at_deferred_clear(rm_deferred_t *d);
 

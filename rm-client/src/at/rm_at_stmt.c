@@ -594,21 +594,23 @@ static int row_must_exist(rm_branch_t *b, const rm_table_t *t, const char *esql,
   int rc = 0;
   *released = false;
   if (b->sp_pending) {
+    /* Without statement savepoints there is nothing to release. */
+    int nq = b->no_savepoints ? 1 : 2;
     const char *const sqls[2] = {esql, "RELEASE SAVEPOINT " RM_AT_SAVEPOINT};
     const int np[2] = {t->npk, 0};
     const char *const *pp[2] = {pk_vals, NULL};
-    PGresult *r2[2];
-    if ((rc = rm__at_pending_run(b, 2, sqls, np, pp, NULL, r2)) != 0) return rc;
+    PGresult *r2[2] = {NULL, NULL};
+    if ((rc = rm__at_pending_run(b, nq, sqls, np, pp, NULL, r2)) != 0) return rc;
     if (PQresultStatus(r2[0]) != PGRES_TUPLES_OK) {
       rc = rm__at_stmt_error(b, "could not read the row", r2[0]);
       r2[0] = NULL;
-    } else if (PQresultStatus(r2[1]) != PGRES_COMMAND_OK) {
+    } else if (nq == 2 && PQresultStatus(r2[1]) != PGRES_COMMAND_OK) {
       rc = rm__at_stmt_error(b, "could not release the savepoint", r2[1]);
       r2[1] = NULL;
     } else {
       res = r2[0];
       r2[0] = NULL;
-      *released = true;
+      *released = nq == 2;
     }
     PQclear(r2[0]);
     PQclear(r2[1]);
@@ -724,8 +726,20 @@ out:
 
 /* ---------------------------------------- prepare: the deferred updates */
 
-int rm__at_run_deferred(rm_branch_t *b) {
+/* Leave the caller's transaction aborted (only after a refusal without a
+ * savepoint, where rows it must not commit were changed): a COMMIT then
+ * rolls back. */
+static void abort_transaction(rm_branch_t *b) {
+  PQclear(PQexec(b->pg, "DO $rm$BEGIN RAISE EXCEPTION 'rm_at: a deferred delta update was refused: "
+                        "this transaction must roll back'; END$rm$"));
+}
+
+int rm__at_run_deferred(rm_branch_t *b, const char *tail, int ntail, const char *const *tail_params,
+                        PGresult **tail_res) {
+  bool sp = !b->no_savepoints;
+  int first = sp ? 1 : 0; /* the first UPDATE's index */
   size_t n = b->ndeferred + 1;
+  if (tail_res) *tail_res = NULL;
   const char **sqls = calloc(n, sizeof(char *));
   int *np = calloc(n, sizeof(int));
   const char *const **pp = calloc(n, sizeof(char **));
@@ -735,32 +749,38 @@ int rm__at_run_deferred(rm_branch_t *b) {
    * primary key has at most INDEX_MAX_KEYS = 32 columns). */
   static const Oid int8_first[1 + 32] = {INT8OID};
   int rc = sqls && np && pp && tt && res ? 0 : RM_E_NOMEM;
-  if (!rc) sqls[0] = "SAVEPOINT " RM_AT_SAVEPOINT;
+  if (!rc && sp) sqls[0] = "SAVEPOINT " RM_AT_SAVEPOINT;
   for (size_t i = 0; !rc && i < b->ndeferred; i++) {
     rm_deferred_t *d = &b->deferred[i];
-    sqls[1 + i] = d->update_sql;
-    np[1 + i] = 1 + d->npk;
-    pp[1 + i] = (const char *const *)d->params;
-    tt[1 + i] = d->npk <= 32 ? int8_first : NULL;
+    sqls[first + i] = d->update_sql;
+    np[first + i] = 1 + d->npk;
+    pp[first + i] = (const char *const *)d->params;
+    tt[first + i] = d->npk <= 32 ? int8_first : NULL;
   }
+  if (!rc && !sp && tail) {
+    sqls[n - 1] = tail;
+    np[n - 1] = ntail;
+    pp[n - 1] = tail_params;
+  }
+  int nrun = sp ? (int)n : (int)b->ndeferred + (tail ? 1 : 0);
   if (rc) {
     rm__at_err(b, "out of memory");
     goto done;
   }
-  if ((rc = rm__at_pipe_run(b, (int)n, sqls, np, pp, tt, res)) != 0) goto done;
-  if (PQresultStatus(res[0]) != PGRES_COMMAND_OK) {
+  if ((rc = rm__at_pipe_run(b, nrun, sqls, np, pp, tt, res)) != 0) goto done;
+  if (sp && PQresultStatus(res[0]) != PGRES_COMMAND_OK) {
     rc = rm__at_stmt_error(b, "could not set a savepoint", res[0]);
     res[0] = NULL;
     goto done;
   }
   for (size_t i = 0; i < b->ndeferred; i++) {
-    PGresult *r = res[1 + i];
+    PGresult *r = res[first + i];
     rm_deferred_t *d = &b->deferred[i];
     if (PQresultStatus(r) != PGRES_TUPLES_OK) {
       char what[200];
       snprintf(what, sizeof(what), "could not run the delta update of %s", d->what);
       rc = rm__at_stmt_error(b, what, r);
-      res[1 + i] = NULL;
+      res[first + i] = NULL;
       break;
     }
     if (PQntuples(r) != 1) {
@@ -769,9 +789,10 @@ int rm__at_run_deferred(rm_branch_t *b) {
         rc = RM_E_NOT_ONE_ROW;
         break;
       }
-      /* Refused, or the row is gone: tell which, after the rollback. */
-      PGresult *rb = PQexec(b->pg, "ROLLBACK TO SAVEPOINT " RM_AT_SAVEPOINT);
-      PQclear(rb);
+      /* Refused, or the row is gone: tell which, after the rollback (with
+       * no savepoint, in the transaction as it is: the read sees the same
+       * row). */
+      if (sp) PQclear(PQexec(b->pg, "ROLLBACK TO SAVEPOINT " RM_AT_SAVEPOINT));
       PGresult *e = PQexecParams(b->pg, d->exists_sql, d->npk, NULL, (const char *const *)d->params + 1, NULL,
                                  NULL, 0);
       if (PQresultStatus(e) != PGRES_TUPLES_OK) {
@@ -789,11 +810,16 @@ int rm__at_run_deferred(rm_branch_t *b) {
       break;
     }
   }
+  if (rc == 0 && !sp && tail) {
+    *tail_res = res[n - 1];
+    res[n - 1] = NULL;
+  }
 done:
-  if (rc != 0 && res && res[0] && PQresultStatus(res[0]) == PGRES_COMMAND_OK) {
+  if (rc != 0 && sp && res && res[0] && PQresultStatus(res[0]) == PGRES_COMMAND_OK) {
     /* Undo the deferred updates: the transaction as before prepare. */
     rm__at_sp_rollback(b);
   }
+  if (rc != 0 && !sp && PQtransactionStatus(b->pg) == PQTRANS_INTRANS) abort_transaction(b);
   for (size_t i = 0; res && i < n; i++) PQclear(res[i]);
   free(res);
   free(tt);
