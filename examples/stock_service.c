@@ -251,9 +251,15 @@ static int local_exec(stmt_ctx_t *c, const char *sql, int n, const char *const *
   return 0;
 }
 
-/* INSERT one row of 'table' (a constant of this file). */
-static int row_insert(stmt_ctx_t *c, const char *table, int n, const char *const *cols, const char *const *vals) {
-  if (c->b) return rm_at_insert(c->b, table, n, cols, vals);
+/* INSERT one row of 'table' (a constant of this file).  'locked': under
+ * a global lock on its key until the global transaction ends (a freeze
+ * row, which a global /confirm or /release may change: it must wait for
+ * the freeze's own transaction); an append-only row (stock_log) needs
+ * none (rm_at_insert_unlocked). */
+static int row_insert(stmt_ctx_t *c, const char *table, bool locked, int n, const char *const *cols,
+                      const char *const *vals) {
+  if (c->b && locked) return rm_at_insert(c->b, table, n, cols, vals);
+  if (c->b) return rm_at_insert_unlocked(c->b, table, n, cols, vals);
   char sql[512];
   int off = snprintf(sql, sizeof(sql), "INSERT INTO %s (", table);
   for (int i = 0; i < n; i++) off += snprintf(sql + off, sizeof(sql) - (size_t)off, "%s%s", i ? ", " : "", cols[i]);
@@ -393,7 +399,7 @@ static int op_statements(stmt_ctx_t *c, freeze_mode_t mode, const stock_op_t *op
     static const char *const fcols[] = {"order_id", "activity_id", "ticket_type", "bucket_id", "user_id", "qty",
                                         "deadline"};
     const char *fvals[] = {so, sa, st, sb, su, sq, dl};
-    rc = row_insert(c, "stock_freeze", 7, fcols, fvals);
+    rc = row_insert(c, "stock_freeze", true, 7, fcols, fvals);
     break;
   }
   case OP_CONFIRM: {
@@ -412,7 +418,7 @@ static int op_statements(stmt_ctx_t *c, freeze_mode_t mode, const stock_op_t *op
   if (rc != 0) return rc;
   static const char *const cols[] = {"activity_id", "ticket_type", "bucket_id", "order_id", "op", "qty", "xid"};
   const char *vals[] = {sa, st, sb, so, op_names[op->kind], sq, xid};
-  rc = row_insert(c, "stock_log", 7, cols, vals);
+  rc = row_insert(c, "stock_log", false, 7, cols, vals);
   if (rc != 0 || bucket_first) return rc;
   return op_bucket(c, mode, op);
 }

@@ -346,6 +346,21 @@ RM_API int rm_at_statement_savepoints(rm_branch_t *b, bool on);
  * value = SQL NULL); the primary key must be among them or have a default. */
 RM_API int rm_at_insert(rm_branch_t *b, const char *table, int ncols, const char *const *cols,
                         const char *const *vals);
+/*
+ * rm_at_insert without the global lock on the new row's key: the branch
+ * registers no lock key for it, so the coordinator writes and later
+ * deletes no lock row (three store rows and their index entries per
+ * insert).  For a row that no other global transaction writes before this
+ * one ends: an append-only log row, or a row that afterwards only local
+ * transactions change (they never wait for global locks anyway, as the
+ * demo's orders and freezes after "only the order needs a global
+ * transaction").  The undo is the same: a rollback deletes the row if it
+ * is as inserted, and refuses (RM_E_DIRTY_WRITE, the global ends
+ * RollbackFailed for an operator) if someone changed it meanwhile, where
+ * with the lock another global transaction would have waited instead.
+ */
+RM_API int rm_at_insert_unlocked(rm_branch_t *b, const char *table, int ncols, const char *const *cols,
+                                 const char *const *vals);
 /* UPDATE one row identified by its primary key values (in key order). */
 RM_API int rm_at_update(rm_branch_t *b, const char *table, const char *const *pk_vals, int nset,
                         const char *const *set_cols, const char *const *set_vals);

@@ -1168,6 +1168,42 @@ static void test_without_savepoints(void **state) {
   PQfinish(o);
 }
 
+/* rm_at_insert_unlocked: the branch registers no lock key for the row
+ * (the coordinator's lock table has none for the global, where
+ * rm_at_insert's row has one), and the rollback deletes it as before. */
+static void test_insert_unlocked(void **state) {
+  (void)state;
+  PGconn *o = pg_open(orders_url), *tc = pg_open(tc_url);
+  assert_non_null(o);
+  assert_non_null(tc);
+  char xid[RM_XID_MAX];
+  int st = 0;
+  long long locked = atomic_fetch_add(&next_order, 1), unlocked = atomic_fetch_add(&next_order, 1);
+  assert_int_equal(rm_tm_begin(client, 30000, "insert_unlocked", xid), 0);
+  assert_true(exec_ok(o, "BEGIN"));
+  rm_branch_t *b = NULL;
+  assert_int_equal(rm_at_open(client, xid, "orders", o, &b), 0);
+  assert_int_equal(insert_order(b, locked, 8, 1, 0, xid), 0);
+  char sid[32], su[16] = "8", sq[16] = "1", sb[16] = "0";
+  snprintf(sid, sizeof(sid), "%lld", unlocked);
+  const char *vals[] = {sid, ACTIVITY, TICKET, su, sq, sb, xid};
+  assert_int_equal(rm_at_insert_unlocked(b, "trade_order", 7, order_cols, vals), 0);
+  assert_int_equal(rm_at_prepare(b, NULL), 0);
+  assert_true(exec_ok(o, "COMMIT"));
+  assert_int_equal(rm_at_close(b, true), 0);
+  char want[64];
+  snprintf(want, sizeof(want), "%%trade_order^^^%lld", locked);
+  assert_int_equal(q_ll(tc, "SELECT count(*) FROM lock_table WHERE xid = $1", xid, NULL, NULL), 1);
+  assert_int_equal(q_ll(tc, "SELECT count(*) FROM lock_table WHERE xid = $1 AND row_key LIKE $2", xid, want, NULL), 1);
+  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
+  assert_int_equal(st, RM_GS_ROLLBACKED);
+  assert_int_equal(order_exists(o, locked), 0);
+  assert_int_equal(order_exists(o, unlocked), 0);
+  assert_int_equal(rm_at_insert_unlocked(NULL, "trade_order", 7, order_cols, vals), RM_E_INVALID);
+  PQfinish(o);
+  PQfinish(tc);
+}
+
 /* 64 concurrent deferred freezes of one row, half committed and half
  * rolled back: exactly the committed total stays frozen. */
 static void test_deferred_delta_64_freezes(void **state) {
@@ -1310,6 +1346,7 @@ int main(void) {
     cmocka_unit_test(test_deferred_delta_guard),
     cmocka_unit_test(test_deferred_delta_64_freezes),
     cmocka_unit_test(test_without_savepoints),
+    cmocka_unit_test(test_insert_unlocked),
     cmocka_unit_test(test_resolve_leftovers),
     cmocka_unit_test(test_giveback_refused_in_phase_one),
     cmocka_unit_test(test_release_waits_for_commit),

@@ -206,8 +206,8 @@ static bool insert_may_fail_late(const rm_branch_t *b, const rm_table_t *t, int 
          b->undo_bytes + in + 64 * 1024 > RM_AT_MAX_UNDO_BYTES;
 }
 
-int rm_at_insert(rm_branch_t *b, const char *table, int ncols, const char *const *cols,
-                 const char *const *vals) {
+static int insert_row(rm_branch_t *b, const char *table, int ncols, const char *const *cols,
+                      const char *const *vals, bool lock) {
   if (!b) return RM_E_INVALID;
   int rc = stmt_start(b, table && ncols >= 0 && ncols <= 1600 && (ncols == 0 || (cols && vals)),
                       "table, columns or values", ncols, cols);
@@ -259,9 +259,19 @@ int rm_at_insert(rm_branch_t *b, const char *table, int ncols, const char *const
     rc = RM_E_INVALID;
     goto out;
   }
-  rc = rm__at_record(b, t, &it, true);
+  rc = rm__at_record(b, t, &it, lock);
 out:
   return stmt_finish(b, rc, &it, res, &sql);
+}
+
+int rm_at_insert(rm_branch_t *b, const char *table, int ncols, const char *const *cols,
+                 const char *const *vals) {
+  return insert_row(b, table, ncols, cols, vals, true);
+}
+
+int rm_at_insert_unlocked(rm_branch_t *b, const char *table, int ncols, const char *const *cols,
+                          const char *const *vals) {
+  return insert_row(b, table, ncols, cols, vals, false);
 }
 
 /*
