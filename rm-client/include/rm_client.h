@@ -321,8 +321,8 @@ typedef struct rm_branch rm_branch_t;
  * database error: rm_at_errmsg has PostgreSQL's message).  The images are
  * text as the session prints it: do not change TimeZone, DateStyle,
  * IntervalStyle, extra_float_digits, bytea_output or lc_monetary during a
- * branch (the rollback re-applies the values they had at its first
- * statement).
+ * branch (the undo row records the values they have at rm_at_prepare,
+ * and the rollback re-applies them).
  */
 RM_API int rm_at_open(rm_client_t *c, const char *xid, const char *resource_id, PGconn *pg,
                       rm_branch_t **out);

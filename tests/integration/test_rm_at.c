@@ -1191,6 +1191,15 @@ static void test_insert_unlocked(void **state) {
   assert_int_equal(rm_at_prepare(b, NULL), 0);
   assert_true(exec_ok(o, "COMMIT"));
   assert_int_equal(rm_at_close(b, true), 0);
+  /* the undo row's INSERT wrote the session settings into its context */
+  assert_int_equal(q_ll(o,
+                        "SELECT count(*) FROM undo_log WHERE xid = $1 AND context = 'serializer=json;version=1"
+                        ";TimeZone=' || current_setting('TimeZone') || ';DateStyle=' || current_setting('DateStyle')"
+                        " || ';IntervalStyle=' || current_setting('IntervalStyle') || ';extra_float_digits='"
+                        " || current_setting('extra_float_digits') || ';bytea_output=' ||"
+                        " current_setting('bytea_output') || ';lc_monetary=' || current_setting('lc_monetary')",
+                        xid, NULL, NULL),
+                   1);
   char want[64];
   snprintf(want, sizeof(want), "%%trade_order^^^%lld", locked);
   assert_int_equal(q_ll(tc, "SELECT count(*) FROM lock_table WHERE xid = $1", xid, NULL, NULL), 1);

@@ -112,7 +112,7 @@ int rm_at_open(rm_client_t *c, const char *xid, const char *resource_id, PGconn 
 
 int rm_at_statement_savepoints(rm_branch_t *b, bool on) {
   if (!b) return rm__fail(RM_E_INVALID, "could not set statement savepoints: the branch is NULL");
-  if (b->state != RM_BRANCH_OPEN || b->nitems + b->ndeferred > 0 || b->have_settings) {
+  if (b->state != RM_BRANCH_OPEN || b->nitems + b->ndeferred > 0) {
     rm__at_err(b, "statement savepoints are set before the branch's first statement");
     return rm__fail(RM_E_STATE, "%s", b->errmsg);
   }
@@ -125,7 +125,6 @@ static void branch_free(rm_branch_t *b) {
   free(b->deferred);
   json_decref(b->undo);
   txp_buf_free(&b->lock_keys);
-  for (size_t i = 0; i < RM_AT_NSETTINGS; i++) free(b->settings[i]);
   free(b);
 }
 
@@ -292,7 +291,7 @@ static int prepare(rm_branch_t *b, int64_t *branch_id) {
   snprintf(bidbuf, sizeof(bidbuf), "%lld", (long long)bid);
   const char *params[4] = {b->xid, bidbuf, ctx, undo};
   static const char insert_sql[] = "INSERT INTO undo_log (xid, branch_id, context, rollback_info, log_status)"
-                                   " VALUES ($1, $2, $3, $4::jsonb, 0)";
+                                   " VALUES ($1, $2, $3 || " RM_AT_CONTEXT_SETTINGS ", $4::jsonb, 0)";
   PGresult *res = NULL;
   if (b->ndeferred > 0 &&
       (rc = rm__at_run_deferred(b, b->no_savepoints ? insert_sql : NULL, 4, params, &res)) != 0) {

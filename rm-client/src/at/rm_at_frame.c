@@ -1,8 +1,9 @@
 /*
  * rm_at_frame.c - the frame every statement of an AT branch runs in on the
  * caller's connection (rm_at_stmt.c has the statements): its savepoint,
- * the libpq pipelines, the session settings the images depend on, the
- * table metadata it uses, and the undo item and lock key it records.
+ * the libpq pipelines, the table metadata it uses, and the undo item and
+ * lock key it records.  (The session settings the images depend on are
+ * written by the undo row's INSERT: RM_AT_CONTEXT_SETTINGS.)
  *
  * NOTES
  *   A statement is rm__at_stmt_begin, rm__at_stmt_table, one or more
@@ -31,19 +32,6 @@
 #include "rm_at_int.h"
 #include "rm_pstmt.h"
 
-/* The session settings an image's text depends on; recorded in the undo
- * context and re-applied by the rollback. */
-static const char *const image_settings[] = {"TimeZone",           "DateStyle",    "IntervalStyle",
-                                             "extra_float_digits", "bytea_output", "lc_monetary"};
-#define NSETTINGS (sizeof(image_settings) / sizeof(image_settings[0]))
-_Static_assert(NSETTINGS == RM_AT_NSETTINGS, "rm_branch_t keeps one value per image setting");
-
-/* Reads them, in the same order. */
-#define SETTINGS_SQL                                                                          \
-  "SELECT pg_catalog.current_setting('TimeZone'), pg_catalog.current_setting('DateStyle'),"   \
-  " pg_catalog.current_setting('IntervalStyle'), pg_catalog.current_setting('extra_float_digits')," \
-  " pg_catalog.current_setting('bytea_output'), pg_catalog.current_setting('lc_monetary')"
-
 int rm__at_stmt_error(rm_branch_t *b, const char *what, PGresult *res) {
   rm__pg_error(b->errmsg, sizeof(b->errmsg), what, b->pg, res);
   const char *st = rm__sqlstate(res);
@@ -52,12 +40,13 @@ int rm__at_stmt_error(rm_branch_t *b, const char *what, PGresult *res) {
   return rc;
 }
 
-static const char settings_sql[] = SETTINGS_SQL;
-
 /* Whether a query is worth a named statement: the ones with parameters
- * (the statements on a table) and the settings read (once per branch);
- * not SAVEPOINT, RELEASE and the like. */
-static bool worth_naming(const char *sql, int nparams) { return nparams > 0 || sql == settings_sql; }
+ * (the statements on a table, the undo row); not SAVEPOINT, RELEASE and
+ * the like. */
+static bool worth_naming(const char *sql, int nparams) {
+  (void)sql;
+  return nparams > 0;
+}
 
 /* A named statement the server could not run as prepared: "cached plan
  * must not change result type" (0A000; the message is localised, the code
@@ -173,16 +162,13 @@ PGresult *rm__at_exec(rm_branch_t *b, const char *sql, int n, const char *const 
 
 int rm__at_pending_run(rm_branch_t *b, int n, const char *const *sqls, const int *np,
                        const char *const *const *pp, const Oid *const *tt, PGresult **out) {
-  bool want_sp = !b->no_savepoints, want_settings = !b->have_settings;
-  int isp = want_sp ? 0 : -1, iset = want_settings ? (want_sp ? 1 : 0) : -1;
-  int pre = (want_sp ? 1 : 0) + (want_settings ? 1 : 0), total = pre + n;
-  const char *S[5] = {NULL};
-  int N[5] = {0};
-  const char *const *P[5] = {NULL};
-  const Oid *T[5] = {NULL};
-  PGresult *R[5] = {NULL};
-  if (want_sp) S[isp] = "SAVEPOINT " RM_AT_SAVEPOINT;
-  if (want_settings) S[iset] = settings_sql;
+  bool want_sp = !b->no_savepoints;
+  int pre = want_sp ? 1 : 0, total = pre + n;
+  const char *S[4] = {"SAVEPOINT " RM_AT_SAVEPOINT};
+  int N[4] = {0};
+  const char *const *P[4] = {NULL};
+  const Oid *T[4] = {NULL};
+  PGresult *R[4] = {NULL};
   for (int i = 0; i < n; i++) {
     S[pre + i] = sqls[i];
     N[pre + i] = np ? np[i] : 0;
@@ -192,49 +178,13 @@ int rm__at_pending_run(rm_branch_t *b, int n, const char *const *sqls, const int
   }
   b->sp_pending = false;
   int rc = total > 0 ? rm__at_pipe_run(b, total, S, N, P, T, R) : 0;
-  if (rc == 0 && want_sp && PQresultStatus(R[isp]) != PGRES_COMMAND_OK) {
-    rc = rm__at_stmt_error(b, "could not set a savepoint", R[isp]);
-    R[isp] = NULL;
+  if (rc == 0 && want_sp && PQresultStatus(R[0]) != PGRES_COMMAND_OK) {
+    rc = rm__at_stmt_error(b, "could not set a savepoint", R[0]);
+    R[0] = NULL;
   }
   /* Only a savepoint that was set is rolled back to or released later
    * (ROLLBACK TO an unknown savepoint would abort the transaction). */
-  b->sp_taken = want_sp && R[isp] != NULL && PQresultStatus(R[isp]) == PGRES_COMMAND_OK;
-  if (rc == 0 && want_settings && b->res && b->res->pstmt && stale_statement(R[iset])) {
-    /* The settings read was deallocated by the application: prepare it
-     * afresh.  Inside a savepoint: back to it, and the rest once more.
-     * Without one the transaction is aborted: the branch fails (the next
-     * one prepares it again). */
-    rm__pstmt_forget(b->res->pstmt, b->pg);
-    if (b->sp_taken) {
-      PGresult *rb = PQexec(b->pg, "ROLLBACK TO SAVEPOINT " RM_AT_SAVEPOINT);
-      if (PQresultStatus(rb) != PGRES_COMMAND_OK) {
-        rc = rm__at_stmt_error(b, "could not roll back to the savepoint", rb);
-      } else {
-        PQclear(rb);
-        for (int i = 1; i < total; i++) {
-          PQclear(R[i]);
-          R[i] = NULL;
-        }
-        rc = rm__at_pipe_run(b, total - 1, S + 1, N + 1, P + 1, T + 1, R + 1);
-      }
-    }
-  }
-  if (rc == 0 && want_settings) {
-    if (PQresultStatus(R[iset]) != PGRES_TUPLES_OK || PQntuples(R[iset]) != 1 ||
-        PQnfields(R[iset]) != (int)NSETTINGS) {
-      rc = rm__at_stmt_error(b, "could not read the session settings", R[iset]);
-      R[iset] = NULL;
-    } else {
-      for (size_t i = 0; i < NSETTINGS && rc == 0; i++) {
-        free(b->settings[i]);
-        if (!(b->settings[i] = strdup(PQgetvalue(R[iset], 0, (int)i)))) {
-          rm__at_err(b, "out of memory");
-          rc = RM_E_NOMEM;
-        }
-      }
-      if (rc == 0) b->have_settings = true;
-    }
-  }
+  b->sp_taken = want_sp && R[0] != NULL && PQresultStatus(R[0]) == PGRES_COMMAND_OK;
   for (int i = 0; rc == 0 && i < n; i++) {
     out[i] = R[pre + i];
     R[pre + i] = NULL;
@@ -511,6 +461,5 @@ out:
 }
 
 char *rm__at_context(const rm_branch_t *b) {
-  return rm_ctx_format(b->has_delta || b->ndeferred > 0, b->has_commit_delta, (int)NSETTINGS, image_settings,
-                       (const char *const *)b->settings);
+  return rm_ctx_format(b->has_delta || b->ndeferred > 0, b->has_commit_delta, 0, NULL, NULL);
 }

@@ -144,9 +144,6 @@ struct rm_at_state {
 
 /* The savepoint of each statement, and of prepare's deferred updates. */
 #define RM_AT_SAVEPOINT "rm_at_stmt"
-/* How many session settings an image's text depends on (rm_at_frame.c
- * names them). */
-#define RM_AT_NSETTINGS 6
 
 typedef enum { RM_BRANCH_OPEN = 0, RM_BRANCH_PREPARED, RM_BRANCH_FAILED } rm_branch_state_t;
 
@@ -177,14 +174,12 @@ struct rm_branch {
   bool has_delta;
   bool has_commit_delta; /* rm_at_update_delta_on_commit: phase-two commit applies */
   bool no_savepoints; /* rm_at_statement_savepoints(b, false): a failure fails the branch */
-  bool sp_pending;    /* the statement's start (SAVEPOINT, settings read) goes with its first query */
+  bool sp_pending;    /* the statement's SAVEPOINT goes with its first query */
   bool sp_taken;      /* the statement's SAVEPOINT was set (rm__at_stmt_end undoes or releases it) */
   bool sp_released;   /* ... and already released with the statement (rm__at_run_released) */
   rm_deferred_t *deferred; /* rm_at_update_delta_deferred, run by prepare */
   size_t ndeferred, capdeferred;
   txp_buf_t lock_keys;
-  bool have_settings;
-  char *settings[RM_AT_NSETTINGS];
   char errmsg[1024];
 };
 
@@ -278,10 +273,29 @@ int rm__at_item_encode(rm_branch_t *b, const rm_table_t *t, const rm_item_t *it,
  * the savepoint).
  */
 int rm__at_record(rm_branch_t *b, const rm_table_t *t, rm_item_t *it, bool lock);
-/* The undo log's context of the branch (malloc'd, NULL on allocation
- * failure): delta or not, and the image settings (read with the first
- * statement). */
+/* The first part of the undo log's context of the branch (malloc'd, NULL
+ * on allocation failure): version, delta or not; the undo row's INSERT
+ * appends the image settings (RM_AT_CONTEXT_SETTINGS). */
 char *rm__at_context(const rm_branch_t *b);
+/*
+ * The session settings an image's text depends on, as the rest of the
+ * undo context, written by the undo row's INSERT itself ("$3 || " this):
+ * no read of their own per branch.  They are those of the moment of
+ * prepare; the images were printed under the same ones (rm_at_open's
+ * contract: none of them changes during a branch), and the rollback
+ * re-applies them.  Each value escaped as rm_ctx_format escapes it ('%',
+ * ';' and '=' as %XX; rm_ctx_parse takes a control character as it is,
+ * and these settings hold none).
+ */
+#define RM_AT_CTX_VALUE(name)                                                                                 \
+  "pg_catalog.replace(pg_catalog.replace(pg_catalog.replace(pg_catalog.current_setting('" name "'), '%', " \
+  "'%25'), ';', '%3B'), '=', '%3D')"
+#define RM_AT_CONTEXT_SETTINGS                                                                            \
+  "';TimeZone=' || " RM_AT_CTX_VALUE("TimeZone") " || ';DateStyle=' || " RM_AT_CTX_VALUE("DateStyle")   \
+  " || ';IntervalStyle=' || " RM_AT_CTX_VALUE("IntervalStyle")                                           \
+  " || ';extra_float_digits=' || " RM_AT_CTX_VALUE("extra_float_digits")                                 \
+  " || ';bytea_output=' || " RM_AT_CTX_VALUE("bytea_output")                                             \
+  " || ';lc_monetary=' || " RM_AT_CTX_VALUE("lc_monetary")
 
 /* --- rm_at_stmt.c --- */
 
