@@ -294,16 +294,17 @@ static int branch_insert_order(order_svc_t *s, PGconn *pg, const order_t *o, cha
    * so the lock would guard against nobody and cost the coordinator a
    * lock row; the checked rollback still refuses a changed row. */
   if (rc == 0) rc = rm_at_insert_unlocked(b, "trade_order", ncols, cols, vals);
-  if (rc == 0) rc = rm_at_prepare(b, NULL);
+  /* prepare and COMMIT: the undo row and the COMMIT in one round trip */
+  bool committed = false;
+  if (rc == 0) rc = rm_at_prepare_commit(b, NULL, &committed);
   if (rc != 0) {
     snprintf(err, errlen, "order branch: %s: %s", rm_strerror(rc), b ? rm_at_errmsg(b) : "");
     local_abort(pg);
-    if (b) rm_at_close(b, false);
+    if (b) rm_at_close(b, committed);
     return rc;
   }
-  bool ok = local_commit(pg, err, errlen);
-  rm_at_close(b, ok);
-  return ok ? 0 : RM_E_DB;
+  rm_at_close(b, committed);
+  return 0;
 }
 
 /* Branch 2: the stock-service call with 'body' (taken).  Returns the HTTP

@@ -547,15 +547,22 @@ static void handle_op(stock_svc_t *s, const svc_req_t *req, svc_resp_t *resp, st
     goto fail;
   }
   int64_t t_stmts = svc_now_us();
-  if (c.b && (rc = rm_at_prepare(c.b, &bid)) != 0) {
-    snprintf(err, sizeof(err), "%s: %s", rm_strerror(rc), rm_at_errmsg(c.b));
-    goto fail;
+  bool committed = false;
+  if (c.b) {
+    /* prepare and COMMIT in one round trip: the bucket row's lock, taken
+     * by the deferred UPDATE, is held for that round trip only */
+    if ((rc = rm_at_prepare_commit(c.b, &bid, &committed)) != 0) {
+      snprintf(err, sizeof(err), "%s: %s", rm_strerror(rc), rm_at_errmsg(c.b));
+      goto fail;
+    }
   }
   int64_t t_prep = svc_now_us();
-  PGresult *r = PQexec(pg, "COMMIT");
-  bool committed = PQresultStatus(r) == PGRES_COMMAND_OK && strcmp(PQcmdStatus(r), "COMMIT") == 0;
-  if (!committed) snprintf(err, sizeof(err), "local commit failed: %s", PQresultErrorMessage(r));
-  PQclear(r);
+  if (!c.b) {
+    PGresult *r = PQexec(pg, "COMMIT");
+    committed = PQresultStatus(r) == PGRES_COMMAND_OK && strcmp(PQcmdStatus(r), "COMMIT") == 0;
+    if (!committed) snprintf(err, sizeof(err), "local commit failed: %s", PQresultErrorMessage(r));
+    PQclear(r);
+  }
   if (c.b) rm_at_close(c.b, committed);
   svc_pg_put(s->pool, pg);
   if (!committed) {

@@ -470,6 +470,20 @@ RM_API int rm_at_update_delta_on_commit(rm_branch_t *b, const char *table, const
  * up to more than zero (rm_at_update_delta_on_commit).
  */
 RM_API int rm_at_prepare(rm_branch_t *b, int64_t *branch_id);
+/*
+ * rm_at_prepare and the caller's COMMIT together: on a branch without
+ * statement savepoints (rm_at_statement_savepoints) with at most one
+ * deferred delta, the undo row, that delta's UPDATE (one statement: a
+ * refusing guard fails it) and the COMMIT go in one round trip after the
+ * registration, so a hot row is locked for that one round trip only
+ * (rm_at_prepare then COMMIT: two); otherwise it runs rm_at_prepare, then
+ * COMMIT.  On return the caller's transaction has ended either way:
+ * '*committed' says whether it committed (after any failure it is rolled
+ * back).  Then rm_at_close(b, *committed), as after a COMMIT.  Codes:
+ * rm_at_prepare's (RM_E_GUARD, RM_E_NOT_ONE_ROW for the deferred delta
+ * as there), and RM_E_DB when the COMMIT failed.
+ */
+RM_API int rm_at_prepare_commit(rm_branch_t *b, int64_t *branch_id, bool *committed);
 /* After the caller's COMMIT (committed=true) or ROLLBACK: report a failed
  * local commit to the TC, and free the branch.  Always frees 'b'.
  * RM_E_STATE if statements were committed without rm_at_prepare (they are

@@ -1168,6 +1168,103 @@ static void test_without_savepoints(void **state) {
   PQfinish(o);
 }
 
+/* rm_at_prepare_commit: the fused form (no savepoints, one deferred
+ * delta or none) commits the branch with its undo row in one round trip,
+ * and a refusal of the deferred guard, or its row gone, rolls the whole
+ * transaction back (the branch's other rows with it); with savepoints it
+ * is prepare, then COMMIT. */
+static void test_prepare_commit(void **state) {
+  (void)state;
+  PGconn *s = pg_open(stock_url), *o = pg_open(orders_url), *o2 = pg_open(orders_url);
+  assert_non_null(s);
+  assert_non_null(o);
+  assert_non_null(o2);
+  long long f0 = frozen(s, 11);
+  char xid[RM_XID_MAX];
+  int st = 0;
+  bool committed = false;
+  int64_t bid = 0;
+
+  /* fused, one deferred delta: committed, undo row written */
+  assert_int_equal(rm_tm_begin(client, 30000, "prepare_commit", xid), 0);
+  rm_branch_t *b = open_unsaved(s, xid, "stock");
+  assert_non_null(b);
+  ddelta_arg_t d2 = {11, 2};
+  assert_int_equal(body_delta_deferred(b, &d2), 0);
+  assert_int_equal(rm_at_prepare_commit(b, &bid, &committed), 0);
+  assert_true(committed);
+  assert_true(bid > 0);
+  assert_int_equal(PQtransactionStatus(s), PQTRANS_IDLE);
+  assert_int_equal(rm_at_close(b, committed), 0);
+  assert_int_equal(frozen(s, 11), f0 + 2);
+  assert_int_equal(q_ll(s, "SELECT count(*) FROM undo_log WHERE xid = $1 AND context LIKE '%delta=1;TimeZone=%'",
+                        xid, NULL, NULL),
+                   1);
+  /* fused, no deferred delta (an insert): committed */
+  long long id = atomic_fetch_add(&next_order, 1);
+  b = open_unsaved(o, xid, "orders");
+  assert_non_null(b);
+  assert_int_equal(insert_order(b, id, 9, 1, 11, xid), 0);
+  assert_int_equal(rm_at_prepare_commit(b, NULL, &committed), 0);
+  assert_true(committed);
+  assert_int_equal(rm_at_close(b, true), 0);
+  assert_int_equal(rm_tm_rollback(client, xid, &st), 0); /* and both undo */
+  assert_int_equal(st, RM_GS_ROLLBACKED);
+  assert_int_equal(frozen(s, 11), f0);
+  assert_int_equal(order_exists(o, id), 0);
+
+  /* fused refusal: an insert and a refused deferred delta, all rolled back */
+  assert_int_equal(rm_tm_begin(client, 30000, "prepare_commit_refused", xid), 0);
+  b = open_unsaved(s, xid, "stock");
+  assert_non_null(b);
+  const char *fcols[] = {"order_id", "activity_id", "ticket_type", "bucket_id", "user_id", "qty", "deadline"};
+  char so[32];
+  snprintf(so, sizeof(so), "%lld", atomic_fetch_add(&next_order, 1));
+  const char *fvals[] = {so, ACTIVITY, TICKET, "11", "9", "1", "2099-01-01 00:00:00+00"};
+  assert_int_equal(rm_at_insert(b, "stock_freeze", 7, fcols, fvals), 0);
+  ddelta_arg_t too_many = {11, 1000000};
+  assert_int_equal(body_delta_deferred(b, &too_many), 0);
+  assert_int_equal(rm_at_prepare_commit(b, NULL, &committed), RM_E_GUARD);
+  assert_false(committed);
+  assert_non_null(strstr(rm_at_errmsg(b), "refused"));
+  assert_int_equal(PQtransactionStatus(s), PQTRANS_IDLE);
+  assert_int_equal(q_ll(s, "SELECT count(*) FROM stock_freeze WHERE order_id = $1", so, NULL, NULL), 0);
+  assert_int_equal(q_ll(s, "SELECT count(*) FROM undo_log WHERE xid = $1", xid, NULL, NULL), 0);
+  assert_int_equal(rm_at_close(b, false), 0);
+
+  /* fused, the deferred delta's row deleted meanwhile: RM_E_NOT_ONE_ROW */
+  assert_true(exec_ok(o2, "INSERT INTO kv (k, v, n) VALUES ('pc_gone', 'x', 1) ON CONFLICT (k) DO UPDATE SET n = 1"));
+  b = open_unsaved(o, xid, "orders");
+  assert_non_null(b);
+  const char *kpk[1] = {"pc_gone"};
+  assert_int_equal(rm_at_update_delta_deferred(b, "kv", kpk, "n", 1, NULL), 0);
+  assert_true(exec_ok(o2, "DELETE FROM kv WHERE k = 'pc_gone'"));
+  assert_int_equal(rm_at_prepare_commit(b, NULL, &committed), RM_E_NOT_ONE_ROW);
+  assert_false(committed);
+  assert_int_equal(PQtransactionStatus(o), PQTRANS_IDLE);
+  assert_int_equal(rm_at_close(b, false), 0);
+  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
+  assert_int_equal(st, RM_GS_ROLLBACKED);
+  assert_int_equal(frozen(s, 11), f0);
+
+  /* with savepoints: prepare, then COMMIT */
+  assert_int_equal(rm_tm_begin(client, 30000, "prepare_commit_saved", xid), 0);
+  assert_true(exec_ok(s, "BEGIN"));
+  assert_int_equal(rm_at_open(client, xid, "stock", s, &b), 0);
+  assert_int_equal(body_delta_deferred(b, &d2), 0);
+  assert_int_equal(rm_at_prepare_commit(b, NULL, &committed), 0);
+  assert_true(committed);
+  assert_int_equal(PQtransactionStatus(s), PQTRANS_IDLE);
+  assert_int_equal(rm_at_close(b, true), 0);
+  assert_int_equal(rm_tm_commit(client, xid, &st), 0);
+  assert_int_equal(st, RM_GS_COMMITTED);
+  assert_int_equal(frozen(s, 11), f0 + 2);
+  assert_int_equal(rm_at_prepare_commit(NULL, NULL, &committed), RM_E_INVALID);
+  PQfinish(s);
+  PQfinish(o);
+  PQfinish(o2);
+}
+
 /* rm_at_insert_unlocked: the branch registers no lock key for the row
  * (the coordinator's lock table has none for the global, where
  * rm_at_insert's row has one), and the rollback deletes it as before. */
@@ -1356,6 +1453,7 @@ int main(void) {
     cmocka_unit_test(test_deferred_delta_64_freezes),
     cmocka_unit_test(test_without_savepoints),
     cmocka_unit_test(test_insert_unlocked),
+    cmocka_unit_test(test_prepare_commit),
     cmocka_unit_test(test_resolve_leftovers),
     cmocka_unit_test(test_giveback_refused_in_phase_one),
     cmocka_unit_test(test_release_waits_for_commit),

@@ -216,16 +216,138 @@ static int check_commit_deltas(rm_branch_t *b) {
   return 0;
 }
 
-static int prepare(rm_branch_t *b, int64_t *branch_id);
+static int prepare(rm_branch_t *b, int64_t *branch_id, bool *fused_commit);
 
 int rm_at_prepare(rm_branch_t *b, int64_t *branch_id) {
   if (!b) return rm__fail(RM_E_INVALID, "could not prepare a branch: the branch is NULL");
-  int rc = prepare(b, branch_id);
+  int rc = prepare(b, branch_id, NULL);
   if (rc != 0) rm__errmsg_set("%s", b->errmsg[0] ? b->errmsg : rm_strerror(rc));
   return rc;
 }
 
-static int prepare(rm_branch_t *b, int64_t *branch_id) {
+/* End the caller's transaction after a failure (a no-op when it already
+ * ended). */
+static void caller_rollback(rm_branch_t *b) {
+  if (PQtransactionStatus(b->pg) != PQTRANS_IDLE) PQclear(PQexec(b->pg, "ROLLBACK"));
+}
+
+int rm_at_prepare_commit(rm_branch_t *b, int64_t *branch_id, bool *committed) {
+  if (committed) *committed = false;
+  if (!b || !committed) return rm__fail(RM_E_INVALID, "could not prepare and commit a branch: the branch or committed is NULL");
+  bool fused = false;
+  int rc = prepare(b, branch_id, &fused);
+  if (rc == 0 && fused) {
+    *committed = true;
+    return 0;
+  }
+  if (rc == 0) { /* not fused: prepared, the COMMIT goes alone */
+    PGresult *r = PQexec(b->pg, "COMMIT");
+    *committed = PQresultStatus(r) == PGRES_COMMAND_OK && strcmp(PQcmdStatus(r), "COMMIT") == 0;
+    if (!*committed) {
+      rm__pg_error(b->errmsg, sizeof(b->errmsg), "the local commit failed", b->pg, r);
+      rc = RM_E_DB;
+    }
+    PQclear(r);
+  }
+  if (!*committed) caller_rollback(b);
+  if (rc != 0) rm__errmsg_set("%s", b->errmsg[0] ? b->errmsg : rm_strerror(rc));
+  return rc;
+}
+
+/* The fused form of steps 2 and 3 of prepare and the caller's COMMIT, in
+ * one round trip (rm_at_prepare_commit; only without statement
+ * savepoints, with at most one deferred delta): the undo row's INSERT
+ * (with the deferred UPDATE as a data-modifying CTE whose refusal leaves
+ * rollback_info NULL, which undo_log's CHECK refuses, so the refusal
+ * aborts the transaction before the COMMIT), then COMMIT.  0 committed;
+ * else the code, the transaction rolled back. */
+static int fused_commit(rm_branch_t *b, const char *const *insert_params) {
+  static const char insert_sql[] = "INSERT INTO undo_log (xid, branch_id, context, rollback_info, log_status)"
+                                   " VALUES ($1, $2, $3 || " RM_AT_CONTEXT_SETTINGS ", $4::jsonb, 0)";
+  rm_deferred_t *d = b->ndeferred == 1 ? &b->deferred[0] : NULL;
+  txp_buf_t sql;
+  txp_buf_init(&sql, 0);
+  const char *params[4 + 1 + 32];
+  Oid types[4 + 1 + 32] = {0};
+  int np = 4, rc = 0;
+  if (d) {
+    char tail[512];
+    int k = d->npk + 2; /* the UPDATE's parameters are $1 (delta) and $2.. (the key) */
+    snprintf(tail, sizeof(tail),
+             ") INSERT INTO undo_log (xid, branch_id, context, rollback_info, log_status) SELECT $%d, $%d, $%d || ", k,
+             k + 1, k + 2);
+    rc = txp_buf_append_str(&sql, "WITH rm_deferred AS (");
+    if (!rc) rc = txp_buf_append_str(&sql, d->update_sql);
+    if (!rc) rc = txp_buf_append_str(&sql, tail);
+    if (!rc) rc = txp_buf_append_str(&sql, RM_AT_CONTEXT_SETTINGS);
+    snprintf(tail, sizeof(tail), ", CASE WHEN EXISTS (SELECT 1 FROM rm_deferred) THEN $%d::jsonb END, 0", k + 3);
+    if (!rc) rc = txp_buf_append_str(&sql, tail);
+    if (rc) {
+      txp_buf_free(&sql);
+      rm__at_err(b, "out of memory");
+      caller_rollback(b);
+      return RM_E_NOMEM;
+    }
+    np = 1 + d->npk + 4;
+    for (int i = 0; i <= d->npk; i++) params[i] = d->params[i];
+    for (int i = 0; i < 4; i++) params[1 + d->npk + i] = insert_params[i];
+    types[0] = INT8OID;
+  } else {
+    for (int i = 0; i < 4; i++) params[i] = insert_params[i];
+  }
+  const char *const sqls[2] = {d ? sql.data : insert_sql, "COMMIT"};
+  const int nps[2] = {np, 0};
+  const char *const *pp[2] = {params, NULL};
+  const Oid *tt[2] = {d ? types : NULL, NULL};
+  PGresult *r[2] = {NULL, NULL};
+  rc = rm__at_pipe_run(b, 2, sqls, nps, pp, tt, r);
+  txp_buf_free(&sql);
+  if (rc == 0 && PQresultStatus(r[0]) == PGRES_COMMAND_OK && PQresultStatus(r[1]) == PGRES_COMMAND_OK &&
+      strcmp(PQcmdStatus(r[1]), "COMMIT") == 0) {
+    PQclear(r[0]);
+    PQclear(r[1]);
+    return 0;
+  }
+  if (rc == 0 && PQresultStatus(r[0]) != PGRES_COMMAND_OK) {
+    const char *st = rm__sqlstate(r[0]);
+    const char *cons = PQresultErrorField(r[0], PG_DIAG_CONSTRAINT_NAME);
+    if (d && strcmp(st, "23514") == 0 && cons && strcmp(cons, "undo_log_rollback_info_check") == 0) {
+      caller_rollback(b);
+      /* Refused, or the row is gone: tell which (a plain read, after). */
+      PGresult *e = PQexecParams(b->pg, d->exists_sql, d->npk, NULL, (const char *const *)d->params + 1, NULL,
+                                 NULL, 0);
+      if (PQresultStatus(e) != PGRES_TUPLES_OK) {
+        rc = rm__at_stmt_error(b, "could not read the row", e);
+      } else {
+        if (PQntuples(e) == 0) {
+          rm__at_err(b, "the row of the deferred delta update of %s is gone", d->what);
+          rc = RM_E_NOT_ONE_ROW;
+        } else {
+          rm__at_err(b, "the guard of the deferred delta update of %s refused %lld", d->what, d->delta);
+          rc = RM_E_GUARD;
+        }
+        PQclear(e);
+      }
+    } else if (strcmp(st, "23505") == 0) {
+      rm__at_err(b, "branch %lld of \"%s\" was already rolled back (its guard row is in undo_log): "
+                 "the local transaction must roll back", (long long)b->branch_id, b->xid);
+      rc = RM_E_GLOBAL_NOT_ACTIVE;
+    } else {
+      rm__pg_error(b->errmsg, sizeof(b->errmsg), d ? "could not run the delta update and write the undo log"
+                                                   : "could not write the undo log", b->pg, r[0]);
+      rc = st[0] == '2' && st[1] == '2' ? RM_E_INVALID : RM_E_DB;
+    }
+  } else if (rc == 0) {
+    rm__pg_error(b->errmsg, sizeof(b->errmsg), "the local commit failed", b->pg, r[1]);
+    rc = RM_E_DB;
+  }
+  PQclear(r[0]);
+  PQclear(r[1]);
+  caller_rollback(b);
+  return rc;
+}
+
+static int prepare(rm_branch_t *b, int64_t *branch_id, bool *fused_commit_done) {
   if (b->state != RM_BRANCH_OPEN) {
     rm__at_err(b, "branch is already %s", b->state == RM_BRANCH_PREPARED ? "prepared" : "failed");
     return RM_E_STATE;
@@ -290,6 +412,20 @@ static int prepare(rm_branch_t *b, int64_t *branch_id) {
   char bidbuf[32];
   snprintf(bidbuf, sizeof(bidbuf), "%lld", (long long)bid);
   const char *params[4] = {b->xid, bidbuf, ctx, undo};
+  if (fused_commit_done && b->no_savepoints && b->ndeferred <= 1 && (b->ndeferred == 0 || b->deferred[0].npk <= 32)) {
+    rc = fused_commit(b, params);
+    free(undo);
+    free(ctx);
+    if (rc != 0) {
+      b->state = RM_BRANCH_FAILED;
+      return rc;
+    }
+    *fused_commit_done = true;
+    b->state = RM_BRANCH_PREPARED;
+    if (b->has_commit_delta) rm__at_inline_add(b->res, b->xid, bid);
+    if (branch_id) *branch_id = bid;
+    return 0;
+  }
   static const char insert_sql[] = "INSERT INTO undo_log (xid, branch_id, context, rollback_info, log_status)"
                                    " VALUES ($1, $2, $3 || " RM_AT_CONTEXT_SETTINGS ", $4::jsonb, 0)";
   PGresult *res = NULL;

@@ -142,6 +142,9 @@ struct rm_at_state {
 
 /* --- the branch (rm_at.c, rm_at_stmt.c, rm_at_frame.c) --- */
 
+/* pg_type.h's oid of int8 (the server headers are not a dependency). */
+#define INT8OID 20
+
 /* The savepoint of each statement, and of prepare's deferred updates. */
 #define RM_AT_SAVEPOINT "rm_at_stmt"
 

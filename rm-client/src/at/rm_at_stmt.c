@@ -52,8 +52,6 @@
 #include "rm_at_int.h"
 #include "txp_lockkey.h"
 
-#define INT8OID 20
-
 /* ------------------------------------------------------------- helpers */
 
 /* Check 'pk_vals' (t->npk of them, none NULL). */
