@@ -527,6 +527,93 @@ static void test_dirty_write(void **state) {
   PQfinish(o);
 }
 
+/* Insert one trade_order row 'sid' in a branch of 'xid' on 'pg' and commit it. */
+static int64_t branch_insert_order_row(PGconn *pg, const char *xid, const char *sid) {
+  assert_true(exec_ok(pg, "BEGIN"));
+  rm_branch_t *b = NULL;
+  assert_int_equal(rm_at_open(client, xid, "orders", pg, &b), 0);
+  const char *cols[6] = {"order_id", "activity_id", "ticket_type", "user_id", "qty", "bucket_id"};
+  const char *vals[6] = {sid, "1", "1", "6", "1", "3"};
+  assert_int_equal(rm_at_insert(b, "trade_order", 6, cols, vals), 0);
+  int64_t bid = 0;
+  assert_int_equal(rm_at_prepare(b, &bid), 0);
+  assert_true(exec_ok(pg, "COMMIT"));
+  rm_at_close(b, true);
+  return bid;
+}
+
+/* An insert's undo keeps the row's digest, not its image: a row changed
+ * since is dirty (nothing deleted, the message shows the row as it is);
+ * repaired to what the branch inserted, the re-driven rollback deletes
+ * it.  And a row a later branch of the same global changed is restored by
+ * that branch's undo first, so the digest matches again. */
+static void test_insert_digest(void **state) {
+  (void)state;
+  PGconn *o = pg_open(orders_url), *o2 = pg_open(orders_url);
+  assert_non_null(o);
+  assert_non_null(o2);
+  long long id = atomic_fetch_add(&next_order, 1);
+  char sid[32], xid[RM_XID_MAX];
+  snprintf(sid, sizeof(sid), "%lld", id);
+  assert_int_equal(rm_tm_begin(client, 30000, "insert_digest", xid), 0);
+  int64_t bid = branch_insert_order_row(o, xid, sid);
+  assert_int_equal(q_ll(o, "SELECT count(*) FROM undo_log WHERE xid = $1 AND rollback_info->0 ? 'digest'"
+                           " AND NOT rollback_info->0 ? 'after'", xid, NULL, NULL), 1);
+  char *was = q_str(o, "SELECT status FROM trade_order WHERE order_id = $1", sid, NULL);
+  assert_non_null(was);
+  assert_true(exec_ok(o, "BEGIN"));
+  {
+    const char *p[1] = {sid};
+    PGresult *r = PQexecParams(o, "UPDATE trade_order SET status = 'CANCELLED' WHERE order_id = $1", 1, NULL, p,
+                               NULL, NULL, 0);
+    assert_int_equal(PQresultStatus(r), PGRES_COMMAND_OK);
+    PQclear(r);
+  }
+  assert_true(exec_ok(o, "COMMIT"));
+  int st = 0;
+  assert_int_equal(rm_tm_rollback(client, xid, &st), RM_E_ROLLBACK_FAILED);
+  assert_int_equal(q_ll(o, "SELECT count(*) FROM trade_order WHERE order_id = $1", sid, NULL, NULL), 1);
+  rm_phase2_req_t req = {.commit = false, .xid = xid, .branch_id = bid, .resource_id = "orders",
+                         .branch_type = TXP_BT_AT};
+  int code = 0;
+  char msg[1024];
+  assert_int_equal(rm__at_phase2(client, &req, &code, msg, sizeof(msg)), TXP_BS_PHASE2_ROLLBACK_FAILED_UNRETRYABLE);
+  assert_int_equal(code, RM_E_DIRTY_WRITE);
+  assert_non_null(strstr(msg, "changed since the branch inserted it"));
+  assert_non_null(strstr(msg, "\"CANCELLED\""));
+  /* The operator's repair: the row as the branch left it; then re-driven. */
+  {
+    const char *p[2] = {was, sid};
+    PGresult *r = PQexecParams(o, "UPDATE trade_order SET status = $1 WHERE order_id = $2", 2, NULL, p, NULL, NULL,
+                               0);
+    assert_int_equal(PQresultStatus(r), PGRES_COMMAND_OK);
+    PQclear(r);
+  }
+  free(was);
+  assert_int_equal(rm__at_phase2(client, &req, &code, msg, sizeof(msg)), TXP_BS_PHASE2_ROLLBACKED);
+  assert_int_equal(q_ll(o, "SELECT count(*) FROM trade_order WHERE order_id = $1", sid, NULL, NULL), 0);
+
+  /* Two branches of one global on the same row: insert, then update. */
+  id = atomic_fetch_add(&next_order, 1);
+  snprintf(sid, sizeof(sid), "%lld", id);
+  assert_int_equal(rm_tm_begin(client, 30000, "insert_digest", xid), 0);
+  branch_insert_order_row(o, xid, sid);
+  assert_true(exec_ok(o2, "BEGIN"));
+  rm_branch_t *b = NULL;
+  assert_int_equal(rm_at_open(client, xid, "orders", o2, &b), 0);
+  const char *pk[1] = {sid}, *cols[1] = {"status"}, *vals[1] = {"PAID"};
+  assert_int_equal(rm_at_update(b, "trade_order", pk, 1, cols, vals), 0);
+  assert_int_equal(rm_at_prepare(b, NULL), 0);
+  assert_true(exec_ok(o2, "COMMIT"));
+  rm_at_close(b, true);
+  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
+  assert_int_equal(st, RM_GS_ROLLBACKED);
+  assert_int_equal(q_ll(o, "SELECT count(*) FROM trade_order WHERE order_id = $1", sid, NULL, NULL), 0);
+  assert_int_equal(undo_rows(o, xid, 0), 0);
+  PQfinish(o);
+  PQfinish(o2);
+}
+
 /* The branch registers, then the process "pauses": the TM rolls back
  * before the local transaction writes its undo row and commits.  The
  * rollback leaves the guard; the late local commit fails; nothing changes. */
@@ -1438,6 +1525,7 @@ int main(void) {
     cmocka_unit_test(test_rollback_two_dbs),
     cmocka_unit_test(test_rollback_all_ops),
     cmocka_unit_test(test_dirty_write),
+    cmocka_unit_test(test_insert_digest),
     cmocka_unit_test(test_never_committed),
     cmocka_unit_test(test_rollback_before_local_commit),
     cmocka_unit_test(test_duplicate_phase2),

@@ -121,10 +121,15 @@ void test_bad_input(void **state) {
   memset(hv, 'v', huge);
   hv[huge] = '\0';
   const char *hvv[2] = {"huge", hv};
-  assert_int_equal(rm_at_insert(b, "kv", 2, kvc, hvv), RM_E_INVALID);
+  /* An insert's undo keeps the key and the row's digest, not the row: a
+   * 9 MB value goes in.  An update keeps both images: 18 MB, over the
+   * branch's undo limit, refused and undone. */
+  assert_int_equal(rm_at_insert(b, "kv", 2, kvc, hvv), 0);
+  const char *hpk[1] = {"huge"}, *vcol[1] = {"v"}, *hval[1] = {hv};
+  assert_int_equal(rm_at_update(b, "kv", hpk, 1, vcol, hval), RM_E_INVALID);
   assert_non_null(strstr(rm_at_errmsg(b), "exceed"));
   free(hv);
-  assert_int_equal(q_ll(o, "SELECT count(*) FROM kv WHERE k = 'huge'", NULL, NULL, NULL), 0);
+  assert_int_equal(q_ll(o, "SELECT count(*) FROM kv WHERE k = 'huge' AND length(v) = 9437184", NULL, NULL, NULL), 1);
   /* Deltas: not a counter column, and the guard. */
   assert_int_equal(rm_at_update_delta(b, "trade_order", pk, "status", 1, NULL), RM_E_NOT_SUPPORTED);
   assert_int_equal(rm_at_update_delta(b, "trade_order", pk, "qty", LLONG_MIN, NULL), RM_E_INVALID);
@@ -202,27 +207,29 @@ void test_schema_change(void **state) {
   assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
   assert_int_equal(st, RM_GS_ROLLBACKED);
   assert_int_equal(q_ll(o, "SELECT count(*) FROM other.kv WHERE k = 'sc' AND extra IS NULL", NULL, NULL, NULL), 1);
+  assert_int_equal(q_ll(o, "SELECT count(*) FROM kv WHERE k = 'huge'", NULL, NULL, NULL), 0); /* by its digest */
   PQfinish(o);
 }
 
 /* An insert whose RELEASE went with it (its input looked small) and whose
- * undo item then cannot be built (a default makes the row too big): the
- * branch fails and says to roll back; nothing else is half done. */
+ * undo item then cannot be built (a default makes the key too long for a
+ * lock key): the branch fails and says to roll back; nothing else is half
+ * done. */
 void test_insert_fails_late(void **state) {
   (void)state;
   PGconn *o = pg_open(orders_url);
   assert_non_null(o);
-  assert_true(exec_ok(o, "CREATE TABLE IF NOT EXISTS bigdefault (k text PRIMARY KEY,"
-                         " v text DEFAULT repeat('x', 9 * 1024 * 1024))"));
+  assert_true(exec_ok(o, "CREATE TABLE IF NOT EXISTS bigdefault (k text PRIMARY KEY DEFAULT repeat('k', 2500),"
+                         " v text)"));
   char xid[RM_XID_MAX];
   assert_int_equal(rm_tm_begin(client, 30000, "fails_late", xid), 0);
   assert_true(exec_ok(o, "BEGIN"));
   rm_branch_t *b = NULL;
   assert_int_equal(rm_at_open(client, xid, "orders", o, &b), 0);
-  const char *c[1] = {"k"}, *v[1] = {"late"};
+  const char *c[1] = {"v"}, *v[1] = {"late"}, *kc[1] = {"k"};
   assert_int_equal(rm_at_insert(b, "bigdefault", 1, c, v), RM_E_INVALID);
   assert_non_null(strstr(rm_at_errmsg(b), "roll it back"));
-  assert_int_equal(rm_at_insert(b, "other.kv", 1, c, v), RM_E_STATE); /* the branch is failed */
+  assert_int_equal(rm_at_insert(b, "other.kv", 1, kc, v), RM_E_STATE); /* the branch is failed */
   assert_int_equal(rm_at_prepare(b, NULL), RM_E_STATE);
   assert_true(exec_ok(o, "ROLLBACK"));
   rm_at_close(b, false);

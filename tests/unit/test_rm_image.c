@@ -213,6 +213,49 @@ static void test_undo_decode_jsonb_order(void **state) {
   rm_undo_free(out, n);
 }
 
+#define DIGEST_16 "0123456789abcdef"
+#define DIGEST_129 DIGEST_16 DIGEST_16 DIGEST_16 DIGEST_16 DIGEST_16 DIGEST_16 DIGEST_16 DIGEST_16 "x"
+
+/* An insert as the library writes it: key and digest, no image; encoded
+ * and decoded back. */
+static void test_undo_insert_digest(void **state) {
+  (void)state;
+  rm_item_t it = {.op = RM_OP_INSERT, .schema = strdup("public"), .table = strdup("t"), .pk = rm_row_new(1),
+                  .digest = strdup("q1w2e3r4t5y6u7i8o9p0a1s2d3f4g5h6j7k8l9z0x1c=")};
+  assert_int_equal(rm_row_set(it.pk, 0, "id", "42"), 0);
+  char *text = rm_undo_encode(&it, 1);
+  assert_non_null(text);
+  assert_non_null(strstr(text, "\"digest\":\"q1w2"));
+  assert_null(strstr(text, "\"after\""));
+  rm_item_t *out = NULL;
+  size_t n = 0;
+  char err[256];
+  assert_int_equal(rm_undo_decode(text, &out, &n, err, sizeof(err)), 0);
+  assert_int_equal(n, 1);
+  assert_int_equal(out[0].op, RM_OP_INSERT);
+  assert_string_equal(out[0].digest, it.digest);
+  assert_null(out[0].after);
+  /* The message of a dirty one shows the row as it is now. */
+  rm_row_t *cur = rm_row_new(2);
+  assert_int_equal(rm_row_set(cur, 0, "id", "42"), 0);
+  assert_int_equal(rm_row_set(cur, 1, "v", "changed"), 0);
+  char msg[512];
+  rm_dirty_message(msg, sizeof(msg), &out[0], "after", NULL, cur, NULL, 0);
+  assert_non_null(strstr(msg, "changed since the branch inserted it"));
+  assert_non_null(strstr(msg, "v \"changed\""));
+  rm_row_free(cur);
+  rm_undo_free(out, n);
+  free(text);
+  rm_item_clear(&it);
+  /* Earlier versions' inserts, with their after image, still decode. */
+  const char *old = "[{\"op\":\"insert\",\"schema\":\"s\",\"table\":\"t\",\"pk\":{\"id\":\"1\"},"
+                    "\"after\":{\"id\":\"1\"}}]";
+  assert_int_equal(rm_undo_decode(old, &out, &n, err, sizeof(err)), 0);
+  assert_non_null(out[0].after);
+  assert_null(out[0].digest);
+  rm_undo_free(out, n);
+}
+
 static void test_undo_decode_errors(void **state) {
   (void)state;
   static const char *const bad[] = {
@@ -231,6 +274,9 @@ static void test_undo_decode_errors(void **state) {
     "[{\"op\":\"insert\",\"schema\":\"s\",\"table\":\"t\",\"pk\":{\"id\":null},\"after\":{}}]",
     "[{\"op\":\"insert\",\"schema\":\"s\",\"table\":\"t\",\"pk\":{\"id\":1},\"after\":{}}]",
     "[{\"op\":\"insert\",\"schema\":\"s\",\"table\":\"t\",\"pk\":{\"id\":\"1\"}}]",
+    "[{\"op\":\"insert\",\"schema\":\"s\",\"table\":\"t\",\"pk\":{\"id\":\"1\"},\"digest\":\"\"}]",
+    "[{\"op\":\"insert\",\"schema\":\"s\",\"table\":\"t\",\"pk\":{\"id\":\"1\"},\"digest\":7}]",
+    "[{\"op\":\"insert\",\"schema\":\"s\",\"table\":\"t\",\"pk\":{\"id\":\"1\"},\"digest\":\"" DIGEST_129 "\"}]",
     "[{\"op\":\"update\",\"schema\":\"s\",\"table\":\"t\",\"pk\":{\"id\":\"1\"},\"after\":{}}]",
     "[{\"op\":\"delete\",\"schema\":\"s\",\"table\":\"t\",\"pk\":{\"id\":\"1\"},\"before\":[]}]",
     "[{\"op\":\"update\",\"schema\":\"s\",\"table\":\"t\",\"pk\":{\"id\":\"1\"},\"before\":{\"x\":2},"
@@ -259,8 +305,10 @@ static void test_undo_decode_errors(void **state) {
   rm_item_t *out;
   size_t n;
   char err[256];
-  rm_undo_decode(bad[20], &out, &n, err, sizeof(err));
+  rm_undo_decode(bad[23], &out, &n, err, sizeof(err));
   assert_non_null(strstr(err, "\"col\""));
+  rm_undo_decode(bad[17], &out, &n, err, sizeof(err));
+  assert_non_null(strstr(err, "\"digest\" is longer"));
 }
 
 static void test_item_to_json_refuses(void **state) {
@@ -522,6 +570,7 @@ int main(void) {
     cmocka_unit_test(test_row_diff),
     cmocka_unit_test(test_undo_roundtrip),
     cmocka_unit_test(test_undo_decode_jsonb_order),
+    cmocka_unit_test(test_undo_insert_digest),
     cmocka_unit_test(test_undo_decode_errors),
     cmocka_unit_test(test_item_to_json_refuses),
     cmocka_unit_test(test_lockkey_pk),

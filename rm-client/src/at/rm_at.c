@@ -314,20 +314,7 @@ static int fused_commit(rm_branch_t *b, const char *const *insert_params) {
     if (d && strcmp(st, "23514") == 0 && cons && strcmp(cons, "undo_log_rollback_info_check") == 0) {
       caller_rollback(b);
       /* Refused, or the row is gone: tell which (a plain read, after). */
-      PGresult *e = PQexecParams(b->pg, d->exists_sql, d->npk, NULL, (const char *const *)d->params + 1, NULL,
-                                 NULL, 0);
-      if (PQresultStatus(e) != PGRES_TUPLES_OK) {
-        rc = rm__at_stmt_error(b, "could not read the row", e);
-      } else {
-        if (PQntuples(e) == 0) {
-          rm__at_err(b, "the row of the deferred delta update of %s is gone", d->what);
-          rc = RM_E_NOT_ONE_ROW;
-        } else {
-          rm__at_err(b, "the guard of the deferred delta update of %s refused %lld", d->what, d->delta);
-          rc = RM_E_GUARD;
-        }
-        PQclear(e);
-      }
+      rc = rm__at_deferred_refused(b, d);
     } else if (strcmp(st, "23505") == 0) {
       rm__at_err(b, "branch %lld of \"%s\" was already rolled back (its guard row is in undo_log): "
                  "the local transaction must roll back", (long long)b->branch_id, b->xid);

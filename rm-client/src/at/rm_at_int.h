@@ -163,6 +163,12 @@ typedef struct rm_deferred {
   long long delta;
 } rm_deferred_t;
 
+/* After the deferred update 'd' changed no row, in the transaction as it
+ * is (nothing of it failed): whether its guard refused (RM_E_GUARD) or
+ * its row is gone (RM_E_NOT_ONE_ROW), with the branch's message; or the
+ * read's own error. */
+int rm__at_deferred_refused(rm_branch_t *b, const rm_deferred_t *d);
+
 struct rm_branch {
   rm_client_t *c;
   rm_at_resource_t *res;
@@ -192,6 +198,8 @@ struct rm_branch {
 void rm__at_err(rm_branch_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Row 'row' of 'res' as an image (all columns).  NULL on allocation failure. */
 rm_row_t *rm__row_from_result(const PGresult *res, int row);
+/* The same of the fields from 'first' on (the ones before are not the row's). */
+rm_row_t *rm__row_from_fields(const PGresult *res, int row, int first);
 
 /* --- rm_at.c --- */
 
@@ -276,6 +284,17 @@ int rm__at_item_encode(rm_branch_t *b, const rm_table_t *t, const rm_item_t *it,
  * the savepoint).
  */
 int rm__at_record(rm_branch_t *b, const rm_table_t *t, rm_item_t *it, bool lock);
+/*
+ * The digest an insert's undo item keeps instead of its after image, of
+ * the row 'alias' (a whole-row reference): the SHA-256 of its text form,
+ * base64.  The insert takes it from RETURNING, the rollback from the row
+ * as it is; the text form follows the settings of the undo context, which
+ * the rollback re-applies, as for images.
+ */
+#define RM_AT_ROW_DIGEST(alias) \
+  "pg_catalog.encode(pg_catalog.sha256(pg_catalog.textsend((" alias ".*)::text)), 'base64')"
+/* The alias of the row in the statements that take its digest. */
+#define RM_AT_ROW_ALIAS "rm_at_digest_row"
 /* The first part of the undo log's context of the branch (malloc'd, NULL
  * on allocation failure): version, delta or not; the undo row's INSERT
  * appends the image settings (RM_AT_CONTEXT_SETTINGS). */

@@ -15,13 +15,15 @@ void rm__at_err(rm_branch_t *b, const char *fmt, ...) {
   rm__errmsg_set("%s", b->errmsg); /* rm_errmsg() too: the one last-error pattern */
 }
 
-rm_row_t *rm__row_from_result(const PGresult *res, int row) {
-  int n = PQnfields(res);
-  rm_row_t *r = rm_row_new(n);
+rm_row_t *rm__row_from_result(const PGresult *res, int row) { return rm__row_from_fields(res, row, 0); }
+
+rm_row_t *rm__row_from_fields(const PGresult *res, int row, int first) {
+  int n = PQnfields(res) - first;
+  rm_row_t *r = rm_row_new(n > 0 ? n : 0);
   if (!r) return NULL;
   for (int i = 0; i < n; i++) {
-    const char *v = PQgetisnull(res, row, i) ? NULL : PQgetvalue(res, row, i);
-    if (rm_row_set(r, i, PQfname(res, i), v) != 0) {
+    const char *v = PQgetisnull(res, row, first + i) ? NULL : PQgetvalue(res, row, first + i);
+    if (rm_row_set(r, i, PQfname(res, first + i), v) != 0) {
       rm_row_free(r);
       return NULL;
     }

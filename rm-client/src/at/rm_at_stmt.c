@@ -8,7 +8,7 @@
  *   What each statement runs, inside its savepoint (the first one of a
  *   branch also reads the session settings that shape the text of the
  *   images: TimeZone, DateStyle, ...):
- *     insert: INSERT ... RETURNING *                 (after image)
+ *     insert: INSERT ... RETURNING digest, pk        (the row's digest)
  *     update: SELECT * ... FOR UPDATE                (before image)
  *             UPDATE ... RETURNING *                 (after image)
  *     delete: SELECT * ... FOR UPDATE                (before image)
@@ -188,17 +188,18 @@ static int stmt_finish(rm_branch_t *b, int rc, rm_item_t *it, PGresult *res, txp
 }
 
 /* Whether recording an insert's row could fail after the statement ran,
- * for what its input shows: a long key (lock key limits) or big values
- * (the branch's undo limit), with room to spare for escaping and for the
- * columns it does not set.  Such an insert keeps its savepoint until its
- * undo item is recorded (rm__at_run_released, NOTES of rm_at_frame.c). */
+ * for what its input shows: a long key (lock key limits, and the undo,
+ * which keeps the key and the row's digest), with room to spare for
+ * escaping and for the columns it does not set.  Such an insert keeps its
+ * savepoint until its undo item is recorded (rm__at_run_released, NOTES of rm_at_frame.c). */
 static bool insert_may_fail_late(const rm_branch_t *b, const rm_table_t *t, int ncols, const char *const *cols,
                                  const char *const *vals) {
   size_t in = 0, key = strlen(b->res->id) + strlen(t->lockname) + 16;
   for (int i = 0; i < ncols; i++) {
+    if (!is_pk_col(t, rm__col_index(t, cols[i]))) continue; /* the undo keeps the key and a digest */
     size_t n = vals[i] ? strlen(vals[i]) : 0;
     in += 2 * n + 64;
-    if (is_pk_col(t, rm__col_index(t, cols[i]))) key += 2 * n + 1;
+    key += 2 * n + 1;
   }
   return key > TXP_MAX_ROW_KEY_LEN / 2 || b->lock_keys.len + key > TXP_MAX_LOCK_KEYS_LEN / 2 ||
          b->undo_bytes + in + 64 * 1024 > RM_AT_MAX_UNDO_BYTES;
@@ -218,6 +219,7 @@ static int insert_row(rm_branch_t *b, const char *table, int ncols, const char *
   if ((rc = rm__at_stmt_table(b, table, ncols, cols, &t)) != 0) goto out;
   rc = txp_buf_append_str(&sql, "INSERT INTO ");
   if (!rc) rc = txp_buf_append_str(&sql, t->qname);
+  if (!rc) rc = txp_buf_append_str(&sql, " AS " RM_AT_ROW_ALIAS);
   if (ncols == 0) {
     if (!rc) rc = txp_buf_append_str(&sql, " DEFAULT VALUES");
   } else {
@@ -232,7 +234,12 @@ static int insert_row(rm_branch_t *b, const char *table, int ncols, const char *
     }
     if (!rc) rc = txp_buf_append_str(&sql, ")");
   }
-  if (!rc) rc = txp_buf_append_str(&sql, " RETURNING *");
+  /* The undo keeps the key and the row's digest, not the row. */
+  if (!rc) rc = txp_buf_append_str(&sql, " RETURNING " RM_AT_ROW_DIGEST(RM_AT_ROW_ALIAS));
+  for (int k = 0; !rc && k < t->npk; k++) {
+    rc = txp_buf_append_str(&sql, ", " RM_AT_ROW_ALIAS ".");
+    if (!rc) rc = txp_buf_append_str(&sql, t->cols[t->pk[k]].qname);
+  }
   if (rc) {
     rc = oom(b);
     goto out;
@@ -248,11 +255,16 @@ static int insert_row(rm_branch_t *b, const char *table, int ncols, const char *
     rc = RM_E_NOT_ONE_ROW;
     goto out;
   }
-  if (item_init(&it, RM_OP_INSERT, t) != 0 || !(it.after = rm__row_from_result(res, 0))) {
+  rm_row_t *key = NULL;
+  if (item_init(&it, RM_OP_INSERT, t) != 0 || !(key = rm__row_from_fields(res, 0, 1)) ||
+      (!PQgetisnull(res, 0, 0) && !(it.digest = strdup(PQgetvalue(res, 0, 0))))) {
+    rm_row_free(key);
     rc = oom(b);
     goto out;
   }
-  if (!(it.pk = pk_from_row(t, it.after))) {
+  it.pk = pk_from_row(t, key);
+  rm_row_free(key);
+  if (!it.pk || !it.digest) {
     rm__at_err(b, "the inserted row of \"%s\" has no primary key value", t->name);
     rc = RM_E_INVALID;
     goto out;
@@ -734,6 +746,20 @@ out:
 
 /* ---------------------------------------- prepare: the deferred updates */
 
+int rm__at_deferred_refused(rm_branch_t *b, const rm_deferred_t *d) {
+  PGresult *e = PQexecParams(b->pg, d->exists_sql, d->npk, NULL, (const char *const *)d->params + 1, NULL, NULL, 0);
+  if (PQresultStatus(e) != PGRES_TUPLES_OK) return rm__at_stmt_error(b, "could not read the row", e);
+  int rc = RM_E_GUARD;
+  if (PQntuples(e) == 0) {
+    rm__at_err(b, "the row of the deferred delta update of %s is gone", d->what);
+    rc = RM_E_NOT_ONE_ROW;
+  } else {
+    rm__at_err(b, "the guard of the deferred delta update of %s refused %lld", d->what, d->delta);
+  }
+  PQclear(e);
+  return rc;
+}
+
 /* Leave the caller's transaction aborted (only after a refusal without a
  * savepoint, where rows it must not commit were changed): a COMMIT then
  * rolls back. */
@@ -801,20 +827,7 @@ int rm__at_run_deferred(rm_branch_t *b, const char *tail, int ntail, const char 
        * no savepoint, in the transaction as it is: the read sees the same
        * row). */
       if (sp) PQclear(PQexec(b->pg, "ROLLBACK TO SAVEPOINT " RM_AT_SAVEPOINT));
-      PGresult *e = PQexecParams(b->pg, d->exists_sql, d->npk, NULL, (const char *const *)d->params + 1, NULL,
-                                 NULL, 0);
-      if (PQresultStatus(e) != PGRES_TUPLES_OK) {
-        rc = rm__at_stmt_error(b, "could not read the row", e);
-      } else {
-        if (PQntuples(e) == 0) {
-          rm__at_err(b, "the row of the deferred delta update of %s is gone", d->what);
-          rc = RM_E_NOT_ONE_ROW;
-        } else {
-          rm__at_err(b, "the guard of the deferred delta update of %s refused %lld", d->what, d->delta);
-          rc = RM_E_GUARD;
-        }
-        PQclear(e);
-      }
+      rc = rm__at_deferred_refused(b, d);
       break;
     }
   }

@@ -116,6 +116,7 @@ void rm_item_clear(rm_item_t *it) {
   rm_row_free(it->pk);
   rm_row_free(it->before);
   rm_row_free(it->after);
+  free(it->digest);
   free(it->col);
   memset(it, 0, sizeof(*it));
 }
@@ -149,6 +150,7 @@ json_t *rm_item_to_json(const rm_item_t *it) {
             put(o, "table", json_string(it->table)) && put(o, "pk", row_to_json(it->pk));
   if (ok && it->before) ok = put(o, "before", row_to_json(it->before));
   if (ok && it->after) ok = put(o, "after", row_to_json(it->after));
+  if (ok && it->digest) ok = put(o, "digest", json_string(it->digest));
   if (ok && is_delta(it->op))
     ok = it->col && put(o, "col", json_string(it->col)) &&
          put(o, "delta", json_integer((json_int_t)it->delta));
@@ -225,10 +227,19 @@ int rm_item_from_json(const json_t *j, rm_item_t *it, char *err, size_t errlen) 
   if (!(it->table = dup_str_field(j, "table", err, errlen))) goto fail;
   if (!(it->pk = row_from_json(json_object_get(j, "pk"), true, "pk", err, errlen))) goto fail;
   bool want_before = it->op == RM_OP_UPDATE || it->op == RM_OP_DELETE;
-  bool want_after = it->op == RM_OP_UPDATE || it->op == RM_OP_INSERT;
   const json_t *b = json_object_get(j, "before"), *a = json_object_get(j, "after");
+  /* An insert has its digest or (earlier versions) its after image. */
+  bool want_digest = it->op == RM_OP_INSERT && !a;
+  bool want_after = it->op == RM_OP_UPDATE || (it->op == RM_OP_INSERT && !want_digest);
   if (want_before && !(it->before = row_from_json(b, false, "before", err, errlen))) goto fail;
   if (want_after && !(it->after = row_from_json(a, false, "after", err, errlen))) goto fail;
+  if (want_digest) {
+    if (!(it->digest = dup_str_field(j, "digest", err, errlen))) goto fail;
+    if (strlen(it->digest) > RM_ROW_DIGEST_MAX) {
+      snprintf(err, errlen, "\"digest\" is longer than %d bytes", RM_ROW_DIGEST_MAX);
+      goto fail;
+    }
+  }
   if (is_delta(it->op)) {
     if (!(it->col = dup_str_field(j, "col", err, errlen))) goto fail;
     const json_t *d = json_object_get(j, "delta");
@@ -404,6 +415,12 @@ void rm_dirty_message(char *out, size_t cap, const rm_item_t *it, const char *ex
   app(out, cap, &w, ")");
   if (!cur) {
     app(out, cap, &w, ": the row was deleted since the branch (undo of %s)", rm_op_name(it->op));
+  } else if (!expect && it->digest) {
+    app(out, cap, &w, ": the row changed since the branch inserted it (its digest differs); now");
+    for (int i = 0; i < cur->n; i++) {
+      app(out, cap, &w, "%s %s ", i ? "," : "", cur->names[i]);
+      app_val(out, cap, &w, cur->vals[i]);
+    }
   } else if (!expect) {
     app(out, cap, &w, ": a row exists that the branch did not leave (undo of %s)", rm_op_name(it->op));
   } else {

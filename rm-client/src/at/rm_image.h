@@ -15,11 +15,23 @@
  *   The undo of a branch (undo_log.rollback_info) is a JSON array of items
  *   in the order the statements ran; rollback replays it backwards:
  *
+ *     {"op":"insert","schema":s,"table":t,"pk":{col:val,...},"digest":d}
  *     {"op":"insert","schema":s,"table":t,"pk":{col:val,...},"after":{...}}
  *     {"op":"update","schema":s,"table":t,"pk":{...},"before":{...},"after":{...}}
  *     {"op":"delete","schema":s,"table":t,"pk":{...},"before":{...}}
  *     {"op":"delta", "schema":s,"table":t,"pk":{...},"col":c,"delta":n}
  *     {"op":"commit_delta","schema":s,"table":t,"pk":{...},"col":c,"delta":n}
+ *
+ *   An insert's "digest" (RM_AT_ROW_DIGEST: the SHA-256 of the row's text
+ *   form, base64) stands for its whole after image: the rollback deletes
+ *   the row only if it still has that digest.  It is what the library
+ *   writes (a few dozen bytes instead of the row, in the undo row and its
+ *   WAL); an "after" image, as earlier versions wrote it, still rolls back
+ *   as before.  What a digest cannot tell is which columns changed, so a
+ *   dirty insert's message shows the row as it is now; and a column added
+ *   to the table after the insert makes its rollback dirty (an image would
+ *   have ignored the new column): the operator repairs as for any dirty
+ *   undo.
  *
  *   A "delta" item was applied in phase one (col + n, n >= 0) and is undone
  *   by col - n; a "commit_delta" item was not applied yet: phase-two commit
@@ -81,6 +93,9 @@ int rm_row_diff(const rm_row_t *image, const rm_row_t *cur, int *diff, int cap);
 /* RM_OP_COMMIT_DELTA is not an undo: a delta recorded in phase one and
  * applied only by phase-two commit (rm_at_update_delta_on_commit);
  * rollback skips it, since nothing was applied. */
+/* The longest digest an undo item may carry (a SHA-256 in base64 is 44). */
+#define RM_ROW_DIGEST_MAX 128
+
 typedef enum rm_op { RM_OP_INSERT = 1, RM_OP_UPDATE, RM_OP_DELETE, RM_OP_DELTA, RM_OP_COMMIT_DELTA } rm_op_t;
 
 const char *rm_op_name(rm_op_t op);
@@ -92,7 +107,8 @@ typedef struct rm_item {
   char *table;      /* table name (unquoted) */
   rm_row_t *pk;     /* primary key columns and values (key order) */
   rm_row_t *before; /* update, delete */
-  rm_row_t *after;  /* insert, update */
+  rm_row_t *after;  /* update; insert (earlier versions: now 'digest') */
+  char *digest;     /* insert: the row's digest (RM_AT_ROW_DIGEST) */
   char *col;        /* delta, commit_delta */
   long long delta;  /* delta, commit_delta */
 } rm_item_t;

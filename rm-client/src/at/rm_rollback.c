@@ -55,13 +55,17 @@ static int undo_delta(rm_undo_ctx_t *u, const rm_table_t *t, const rm_item_t *it
   return RM_UNDO_OK;
 }
 
-/* SELECT * ... FOR UPDATE: the current row, or *cur = NULL if absent. */
-static int lock_current(rm_undo_ctx_t *u, const rm_table_t *t, const rm_item_t *it, rm_row_t **cur) {
+/* SELECT digest, * ... FOR UPDATE: the current row and its digest (RM_AT_ROW_DIGEST),
+ * or *cur = NULL if absent. */
+static int lock_current(rm_undo_ctx_t *u, const rm_table_t *t, const rm_item_t *it, rm_row_t **cur,
+                        char **digest) {
   *cur = NULL;
+  *digest = NULL;
   txp_buf_t sql;
   txp_buf_init(&sql, 0);
-  int rc = txp_buf_append_str(&sql, "SELECT * FROM ");
+  int rc = txp_buf_append_str(&sql, "SELECT " RM_AT_ROW_DIGEST(RM_AT_ROW_ALIAS) ", " RM_AT_ROW_ALIAS ".* FROM ");
   if (!rc) rc = txp_buf_append_str(&sql, t->qname);
+  if (!rc) rc = txp_buf_append_str(&sql, " AS " RM_AT_ROW_ALIAS);
   if (!rc) rc = rm__undo_where_pk(u->pg, &sql, it->pk, 1);
   if (!rc) rc = txp_buf_append_str(&sql, " FOR UPDATE");
   if (rc) {
@@ -79,8 +83,10 @@ static int lock_current(rm_undo_ctx_t *u, const rm_table_t *t, const rm_item_t *
     snprintf(u->err, u->errlen, "the key of \"%s\".\"%s\" matches %d rows", it->schema, it->table, n);
     return RM_UNDO_FATAL;
   }
-  if (n == 1 && !(*cur = rm__row_from_result(res, 0))) {
+  if (n == 1 && (!(*cur = rm__row_from_fields(res, 0, 1)) || !(*digest = strdup(PQgetvalue(res, 0, 0))))) {
     PQclear(res);
+    rm_row_free(*cur);
+    *cur = NULL;
     snprintf(u->err, u->errlen, "out of memory");
     return RM_UNDO_DB;
   }
@@ -216,11 +222,13 @@ static int undo_item(rm_undo_ctx_t *u, const rm_item_t *it) {
   if (it->op == RM_OP_DELTA) return undo_delta(u, t, it);
 
   rm_row_t *cur = NULL;
-  if ((rc = lock_current(u, t, it, &cur)) != RM_UNDO_OK) return rc;
+  char *digest = NULL;
+  if ((rc = lock_current(u, t, it, &cur, &digest)) != RM_UNDO_OK) return rc;
   switch (it->op) {
   case RM_OP_INSERT:
     if (!cur) rc = RM_UNDO_OK; /* already gone */
-    else if (rm_row_diff(it->after, cur, NULL, 0) == 0) rc = undo_insert_delete_row(u, t, it);
+    else if (it->digest ? strcmp(it->digest, digest) == 0 : rm_row_diff(it->after, cur, NULL, 0) == 0)
+      rc = undo_insert_delete_row(u, t, it);
     else rc = dirty(u, it, "after", it->after, cur);
     break;
   case RM_OP_UPDATE:
@@ -239,6 +247,7 @@ static int undo_item(rm_undo_ctx_t *u, const rm_item_t *it) {
     rc = RM_UNDO_FATAL;
   }
   rm_row_free(cur);
+  free(digest);
   return rc;
 }
 
