@@ -314,7 +314,8 @@ typedef struct rm_branch rm_branch_t;
  * (earlier statements of the branch stand).  Codes:
  * RM_E_INVALID (bad argument; unknown column; a value the column type
  * refuses; a primary key too long for a lock key; images of the branch over
- * 8 MiB or over 1000 statements), RM_E_NO_TABLE, RM_E_NO_PK,
+ * 8 MiB or over 1000 statements: an insert's undo keeps its key and the
+ * row's digest, not the row), RM_E_NO_TABLE, RM_E_NO_PK,
  * RM_E_NOT_ONE_ROW (no row has that key), RM_E_NOT_SUPPORTED (updating a
  * key column, a delta on a non-numeric column), RM_E_GUARD, RM_E_STATE
  * (after prepare, or the transaction already failed), RM_E_DB (any other
