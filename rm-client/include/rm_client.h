@@ -384,6 +384,55 @@ RM_API int rm_at_update_add(rm_branch_t *b, const char *table, const char *const
                             const char *amount, const char *guard);
 /* DELETE one row identified by its primary key values. */
 RM_API int rm_at_delete(rm_branch_t *b, const char *table, const char *const *pk_vals);
+
+typedef struct pg_result PGresult; /* libpq's */
+
+/*
+ * Plain SQL in an AT branch, as the service would write it anyway: the
+ * statement is parsed with PostgreSQL's own grammar (libpg_query, once per
+ * text and resource), classified, and run with its images, as Seata's
+ * data-source proxy does.  Parameters are $1..$nparams in text form
+ * ('param_types' may be NULL, or hold 0 for "inferred", as in
+ * PQexecParams).  Runs inside a savepoint like the other statements: on
+ * failure nothing of it is left and the caller's transaction is usable.
+ * '*rows' (may be NULL): the rows inserted, updated, deleted or read.
+ * '*result' (may be NULL): for a statement with RETURNING, or a SELECT,
+ * its rows as libpq gives them (PQclear it); NULL otherwise.
+ *
+ *   INSERT INTO t [AS a] [(cols)] VALUES (...)[, (...)] [RETURNING ...]
+ *     One or many rows.  Each row's key and digest go to the undo (as
+ *     rm_at_insert's); its lock key is taken.
+ *       rm_at_sql(b, "INSERT INTO orders (id, user_id, qty) VALUES ($1, $2, $3)", 3, NULL, vals, &n, NULL)
+ *   UPDATE t [AS a] SET ... WHERE <any condition> [RETURNING ...]
+ *     The before image is SELECT * FROM t WHERE <the condition> FOR
+ *     UPDATE with the same parameters; the lock keys are its rows' keys;
+ *     the after image is what the UPDATE returns.  Many rows are fine; a
+ *     key column may not be set.
+ *       rm_at_sql(b, "UPDATE stock SET qty = qty - $1 WHERE sku = $2 AND qty >= $1", 2, NULL, vals, &n, NULL)
+ *   DELETE FROM t [AS a] WHERE <any condition> [RETURNING ...]
+ *     The before image as for UPDATE.
+ *       rm_at_sql(b, "DELETE FROM cart WHERE user_id = $1", 1, NULL, vals, &n, NULL)
+ *   SELECT without FOR UPDATE
+ *     Runs as it is (a read takes no global lock).
+ *       rm_at_sql(b, "SELECT qty FROM stock WHERE sku = $1", 1, NULL, vals, &n, &res)
+ *
+ * Refused with RM_E_NOT_SUPPORTED and a message saying what was found and
+ * why, before anything runs: several statements; WITH that writes;
+ * INSERT ... SELECT, ON CONFLICT; UPDATE ... FROM, DELETE ... USING; an
+ * UPDATE or DELETE without WHERE (write WHERE true if every row is
+ * meant); WHERE CURRENT OF; SET col[i] or col.field; SELECT ... FOR
+ * UPDATE (not yet: use rm_at_update or rm_at_update_add, whose before
+ * image locks the row); DDL, COPY, MERGE, CALL and every other statement.
+ * A syntax error is RM_E_INVALID with PostgreSQL's message and position.
+ * When the statement changed other rows than its before image held (a
+ * row that came to match the condition, committed by another transaction
+ * between the two), it is undone: RM_E_NOT_ONE_ROW; run it again.  Other
+ * codes as rm_at_update's.  A statement that changes a row to a value
+ * computed from others (qty = qty - 1) goes through images: a hot counter
+ * keeps using rm_at_update_delta, whose undo takes no global lock.
+ */
+RM_API int rm_at_sql(rm_branch_t *b, const char *sql, int nparams, const unsigned int *param_types,
+                     const char *const *param_values, int64_t *rows, PGresult **result);
 /*
  * Hot-row counter: UPDATE table SET col = col + delta WHERE pk AND (guard).
  * 'guard' is an SQL condition on the row's own columns with $1 standing for

@@ -67,6 +67,11 @@ int body_delta(rm_branch_t *b, void *arg);
 
 /* test_rm_at_stmt.c */
 void test_bad_input(void **state);
+void test_sql_commit_rollback(void **state);
+void test_sql_returning_and_nothing(void **state);
+void test_sql_refused(void **state);
+void test_sql_dirty_write(void **state);
+void test_sql_global_lock(void **state);
 void test_schema_change(void **state);
 void test_prepared_statements(void **state);
 void test_insert_fails_late(void **state);

@@ -1554,6 +1554,11 @@ int main(void) {
     cmocka_unit_test(test_rollback_pending),
     cmocka_unit_test(test_errmsg),
     cmocka_unit_test(test_commit_failed),
+    cmocka_unit_test(test_sql_commit_rollback),
+    cmocka_unit_test(test_sql_returning_and_nothing),
+    cmocka_unit_test(test_sql_refused),
+    cmocka_unit_test(test_sql_dirty_write),
+    cmocka_unit_test(test_sql_global_lock),
   };
   /* RM_TEST_FILTER=test_dirty* runs only the matching tests. */
   if (getenv("RM_TEST_FILTER")) cmocka_set_test_filter(getenv("RM_TEST_FILTER"));

@@ -261,11 +261,44 @@ static void test_many_params(void **state) {
   rm_sql_stmt_clear(&s);
 }
 
+/* The cache: one entry per text, refusals not kept, bounded. */
+static void test_cache(void **state) {
+  (void)state;
+  rm_sql_cache_t *c = rm_sql_cache_new(1);
+  assert_non_null(c);
+  const rm_sql_stmt_t *a = NULL, *b = NULL;
+  rm_sql_stmt_t own;
+  char err[256];
+  assert_int_equal(rm_sql_cache_get(c, "DELETE FROM t WHERE id = $1", &a, &own, err, sizeof(err)), 0);
+  assert_ptr_not_equal(a, &own); /* kept */
+  rm_sql_stmt_clear(&own);
+  assert_int_equal(rm_sql_cache_get(c, "DELETE FROM t WHERE id = $1", &b, &own, err, sizeof(err)), 0);
+  assert_ptr_equal(a, b);
+  assert_int_equal(b->kind, RM_SQL_DELETE);
+  rm_sql_stmt_clear(&own);
+  /* full: classified into 'own' */
+  assert_int_equal(rm_sql_cache_get(c, "UPDATE t SET x = 1 WHERE y = 2", &b, &own, err, sizeof(err)), 0);
+  assert_ptr_equal(b, &own);
+  assert_int_equal(b->kind, RM_SQL_UPDATE);
+  rm_sql_stmt_clear(&own);
+  assert_int_equal(rm_sql_cache_get(c, "UPDATE t SET x = 1", &b, &own, err, sizeof(err)), RM_E_NOT_SUPPORTED);
+  assert_null(b);
+  assert_non_null(strstr(err, "without WHERE"));
+  rm_sql_stmt_clear(&own);
+  assert_int_equal(rm_sql_cache_get(NULL, "select 1", &b, &own, err, sizeof(err)), 0); /* no cache */
+  assert_ptr_equal(b, &own);
+  rm_sql_stmt_clear(&own);
+  assert_int_equal(rm_sql_cache_get(c, NULL, &b, &own, err, sizeof(err)), RM_E_INVALID);
+  rm_sql_cache_free(c);
+  rm_sql_cache_free(NULL);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_accepted),      cmocka_unit_test(test_returning_and_only),
     cmocka_unit_test(test_refused),       cmocka_unit_test(test_bad_arguments),
     cmocka_unit_test(test_many_params),   cmocka_unit_test(test_rebuilt),
+    cmocka_unit_test(test_cache),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

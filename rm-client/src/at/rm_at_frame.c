@@ -397,9 +397,19 @@ int rm__at_stmt_table(rm_branch_t *b, const char *table, int n, const char *cons
   char schema[RM_AT_MAX_NAME + 1], name[RM_AT_MAX_NAME + 1];
   int rc = split_table(b, table, schema, name);
   if (rc != 0) return rc;
-  if ((*t = rm__table_cached(b->res, schema[0] ? schema : NULL, name)) == NULL) {
+  return rm__at_stmt_table_in(b, schema[0] ? schema : NULL, name, n, cols, t);
+}
+
+int rm__at_stmt_table_in(rm_branch_t *b, const char *schema, const char *name, int n, const char *const *cols,
+                         const rm_table_t **t) {
+  int rc = 0;
+  if (!name || !name[0] || strlen(name) > RM_AT_MAX_NAME || (schema && strlen(schema) > RM_AT_MAX_NAME)) {
+    rm__at_err(b, "invalid table name \"%.80s\"", name ? name : "(null)");
+    return RM_E_INVALID;
+  }
+  if ((*t = rm__table_cached(b->res, schema, name)) == NULL) {
     if ((rc = sp_ensure(b)) != 0) return rc; /* the catalog query runs inside the savepoint */
-    rc = rm__table_get(b->res, b->pg, schema[0] ? schema : NULL, name, t, b->errmsg, sizeof(b->errmsg));
+    rc = rm__table_get(b->res, b->pg, schema, name, t, b->errmsg, sizeof(b->errmsg));
     if (rc != 0) return rc;
   }
   return stmt_cols(b, t, n, cols);
@@ -457,6 +467,26 @@ out:
   if (rc == RM_E_NOMEM) rm__at_err(b, "out of memory");
   json_decref(j);
   rm_item_clear(it);
+  return rc;
+}
+
+int rm__at_record_all(rm_branch_t *b, const rm_table_t *t, rm_item_t *its, size_t n, bool lock) {
+  size_t old_len = b->lock_keys.len, old_items = b->nitems, old_bytes = b->undo_bytes;
+  size_t old_array = json_array_size(b->undo);
+  bool old_delta = b->has_delta, old_commit_delta = b->has_commit_delta;
+  int rc = 0;
+  size_t i = 0;
+  for (; i < n && rc == 0; i++) rc = rm__at_record(b, t, &its[i], lock);
+  for (; i < n; i++) rm_item_clear(&its[i]);
+  if (rc != 0) { /* undo the ones recorded: none of the statement's rows stays */
+    while (json_array_size(b->undo) > old_array) json_array_remove(b->undo, json_array_size(b->undo) - 1);
+    b->lock_keys.len = old_len;
+    if (b->lock_keys.data) b->lock_keys.data[old_len] = '\0';
+    b->nitems = old_items;
+    b->undo_bytes = old_bytes;
+    b->has_delta = old_delta;
+    b->has_commit_delta = old_commit_delta;
+  }
   return rc;
 }
 

@@ -40,6 +40,7 @@
 #include "rm_internal.h"
 #include "rm_pg.h"
 #include "rm_pstmt.h"
+#include "rm_sql.h"
 
 /* Limits of one branch (bad input beyond them is RM_E_INVALID). */
 #define RM_AT_MAX_ITEMS 1000                  /* statements per branch */
@@ -109,6 +110,7 @@ struct rm_at_resource {
   rm_table_t *tables;
 
   rm_pstmt_cache_t *pstmt; /* NULL: queries go unnamed (rm_config_t.unnamed_statements) */
+  rm_sql_cache_t *sql;     /* rm_at_sql's statements, classified once (NULL: each time) */
 
   pthread_mutex_t pool_mu;
   pthread_cond_t pool_cv;
@@ -200,6 +202,8 @@ void rm__at_err(rm_branch_t *b, const char *fmt, ...) __attribute__((format(prin
 rm_row_t *rm__row_from_result(const PGresult *res, int row);
 /* The same of the fields from 'first' on (the ones before are not the row's). */
 rm_row_t *rm__row_from_fields(const PGresult *res, int row, int first);
+/* The same of the 'n' fields from 'first' on. */
+rm_row_t *rm__row_from_range(const PGresult *res, int row, int first, int n);
 
 /* --- rm_at.c --- */
 
@@ -225,6 +229,10 @@ int rm__at_stmt_end(rm_branch_t *b, int rc);
  * reloads the metadata once, inside the savepoint too. */
 int rm__at_stmt_table(rm_branch_t *b, const char *table, int n, const char *const *cols,
                       const rm_table_t **t);
+/* The same by its parts ('schema' NULL: through the search path), as a
+ * parsed statement names it: a name may hold a dot. */
+int rm__at_stmt_table_in(rm_branch_t *b, const char *schema, const char *name, int n, const char *const *cols,
+                         const rm_table_t **t);
 /* Run 'sql' with text parameters; returns the result on 'want', else NULL
  * with *rc and the message set.  A pending start (rm__at_stmt_begin) goes
  * in the same round trip, ahead of the statement. */
@@ -284,6 +292,9 @@ int rm__at_item_encode(rm_branch_t *b, const rm_table_t *t, const rm_item_t *it,
  * the savepoint).
  */
 int rm__at_record(rm_branch_t *b, const rm_table_t *t, rm_item_t *it, bool lock);
+/* The same for the 'n' items of one statement (all consumed): all of them
+ * recorded, or none. */
+int rm__at_record_all(rm_branch_t *b, const rm_table_t *t, rm_item_t *its, size_t n, bool lock);
 /*
  * The digest an insert's undo item keeps instead of its after image, of
  * the row 'alias' (a whole-row reference): the SHA-256 of its text form,
@@ -291,8 +302,9 @@ int rm__at_record(rm_branch_t *b, const rm_table_t *t, rm_item_t *it, bool lock)
  * as it is; the text form follows the settings of the undo context, which
  * the rollback re-applies, as for images.
  */
-#define RM_AT_ROW_DIGEST(alias) \
-  "pg_catalog.encode(pg_catalog.sha256(pg_catalog.textsend((" alias ".*)::text)), 'base64')"
+#define RM_AT_ROW_DIGEST_HEAD "pg_catalog.encode(pg_catalog.sha256(pg_catalog.textsend(("
+#define RM_AT_ROW_DIGEST_TAIL ".*)::text)), 'base64')"
+#define RM_AT_ROW_DIGEST(alias) RM_AT_ROW_DIGEST_HEAD alias RM_AT_ROW_DIGEST_TAIL
 /* The alias of the row in the statements that take its digest. */
 #define RM_AT_ROW_ALIAS "rm_at_digest_row"
 /* The first part of the undo log's context of the branch (malloc'd, NULL
@@ -320,6 +332,19 @@ char *rm__at_context(const rm_branch_t *b);
   " || ';lc_monetary=' || " RM_AT_CTX_VALUE("lc_monetary")
 
 /* --- rm_at_stmt.c --- */
+/* Helpers of the statements (rm_at_stmt.c, rm_at_sql.c). */
+/* The key of 'row' (by the table's key columns): NULL if a key column is
+ * missing or NULL, or on allocation failure. */
+rm_row_t *rm__at_pk_from_row(const rm_table_t *t, const rm_row_t *row);
+/* Whether the lock key of the row 'pk_vals' would be accepted (before the
+ * statement runs): 0, or RM_E_INVALID with the message set. */
+int rm__at_check_lock_key(rm_branch_t *b, const rm_table_t *t, const char *const *pk_vals);
+/* An empty undo item of 'op' on 't': 0 or RM_E_NOMEM. */
+int rm__at_item_init(rm_item_t *it, rm_op_t op, const rm_table_t *t);
+/* Out of memory: RM_E_NOMEM, with the message set. */
+int rm__at_oom(rm_branch_t *b);
+/* Whether column 'ci' of 't' is part of its primary key. */
+bool rm__at_is_pk_col(const rm_table_t *t, int ci);
 
 /*
  * Prepare, after the registration: run the deferred delta UPDATEs under

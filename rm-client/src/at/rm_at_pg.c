@@ -18,7 +18,10 @@ void rm__at_err(rm_branch_t *b, const char *fmt, ...) {
 rm_row_t *rm__row_from_result(const PGresult *res, int row) { return rm__row_from_fields(res, row, 0); }
 
 rm_row_t *rm__row_from_fields(const PGresult *res, int row, int first) {
-  int n = PQnfields(res) - first;
+  return rm__row_from_range(res, row, first, PQnfields(res) - first);
+}
+
+rm_row_t *rm__row_from_range(const PGresult *res, int row, int first, int n) {
   rm_row_t *r = rm_row_new(n > 0 ? n : 0);
   if (!r) return NULL;
   for (int i = 0; i < n; i++) {

@@ -94,7 +94,7 @@ static int pk_stmt_sql(txp_buf_t *sql, const char *head, const rm_table_t *t, co
 
 /* The pk of 'row' (by the table's key columns); NULL if a column is
  * missing or on allocation failure. */
-static rm_row_t *pk_from_row(const rm_table_t *t, const rm_row_t *row) {
+rm_row_t *rm__at_pk_from_row(const rm_table_t *t, const rm_row_t *row) {
   rm_row_t *pk = rm_row_new(t->npk);
   if (!pk) return NULL;
   for (int k = 0; k < t->npk; k++) {
@@ -122,7 +122,7 @@ static rm_row_t *pk_from_vals(const rm_table_t *t, const char *const *vals) {
 
 /* Check that the lock key of 'pk' would be accepted, before running the
  * statement (for update/delete, whose key is known up front). */
-static int check_lock_key(rm_branch_t *b, const rm_table_t *t, const char *const *pk_vals) {
+int rm__at_check_lock_key(rm_branch_t *b, const rm_table_t *t, const char *const *pk_vals) {
   txp_buf_t tmp;
   txp_buf_init(&tmp, TXP_MAX_LOCK_KEYS_LEN);
   int rc = rm_lockkeys_add(&tmp, b->res->id, t->lockname, pk_vals, t->npk);
@@ -133,7 +133,7 @@ static int check_lock_key(rm_branch_t *b, const rm_table_t *t, const char *const
   return rc;
 }
 
-static int item_init(rm_item_t *it, rm_op_t op, const rm_table_t *t) {
+int rm__at_item_init(rm_item_t *it, rm_op_t op, const rm_table_t *t) {
   memset(it, 0, sizeof(*it));
   it->op = op;
   it->schema = strdup(t->schema);
@@ -142,7 +142,7 @@ static int item_init(rm_item_t *it, rm_op_t op, const rm_table_t *t) {
 }
 
 /* Out of memory: the code, with the message set. */
-static int oom(rm_branch_t *b) {
+int rm__at_oom(rm_branch_t *b) {
   rm__at_err(b, "out of memory");
   return RM_E_NOMEM;
 }
@@ -155,7 +155,7 @@ static int one_row(rm_branch_t *b, const rm_table_t *t, const PGresult *res) {
   return RM_E_NOT_ONE_ROW;
 }
 
-static bool is_pk_col(const rm_table_t *t, int ci) {
+bool rm__at_is_pk_col(const rm_table_t *t, int ci) {
   for (int k = 0; k < t->npk; k++)
     if (t->pk[k] == ci) return true;
   return false;
@@ -196,7 +196,7 @@ static bool insert_may_fail_late(const rm_branch_t *b, const rm_table_t *t, int 
                                  const char *const *vals) {
   size_t in = 0, key = strlen(b->res->id) + strlen(t->lockname) + 16;
   for (int i = 0; i < ncols; i++) {
-    if (!is_pk_col(t, rm__col_index(t, cols[i]))) continue; /* the undo keeps the key and a digest */
+    if (!rm__at_is_pk_col(t, rm__col_index(t, cols[i]))) continue; /* the undo keeps the key and a digest */
     size_t n = vals[i] ? strlen(vals[i]) : 0;
     in += 2 * n + 64;
     key += 2 * n + 1;
@@ -241,7 +241,7 @@ static int insert_row(rm_branch_t *b, const char *table, int ncols, const char *
     if (!rc) rc = txp_buf_append_str(&sql, t->cols[t->pk[k]].qname);
   }
   if (rc) {
-    rc = oom(b);
+    rc = rm__at_oom(b);
     goto out;
   }
   /* An insert either fails or makes its one row: released at once,
@@ -256,13 +256,13 @@ static int insert_row(rm_branch_t *b, const char *table, int ncols, const char *
     goto out;
   }
   rm_row_t *key = NULL;
-  if (item_init(&it, RM_OP_INSERT, t) != 0 || !(key = rm__row_from_fields(res, 0, 1)) ||
+  if (rm__at_item_init(&it, RM_OP_INSERT, t) != 0 || !(key = rm__row_from_fields(res, 0, 1)) ||
       (!PQgetisnull(res, 0, 0) && !(it.digest = strdup(PQgetvalue(res, 0, 0))))) {
     rm_row_free(key);
-    rc = oom(b);
+    rc = rm__at_oom(b);
     goto out;
   }
-  it.pk = pk_from_row(t, key);
+  it.pk = rm__at_pk_from_row(t, key);
   rm_row_free(key);
   if (!it.pk || !it.digest) {
     rm__at_err(b, "the inserted row of \"%s\" has no primary key value", t->name);
@@ -290,18 +290,18 @@ int rm_at_insert_unlocked(rm_branch_t *b, const char *table, int ncols, const ch
  */
 static int before_item(rm_branch_t *b, rm_op_t op, const rm_table_t *t, const char *const *pk_vals,
                        rm_item_t *it) {
-  if (item_init(it, op, t) != 0 || !(it->pk = pk_from_vals(t, pk_vals))) return oom(b);
+  if (rm__at_item_init(it, op, t) != 0 || !(it->pk = pk_from_vals(t, pk_vals))) return rm__at_oom(b);
   txp_buf_t sql;
   txp_buf_init(&sql, 0);
   if (pk_stmt_sql(&sql, "SELECT * FROM ", t, " FOR UPDATE") != 0) {
     txp_buf_free(&sql);
-    return oom(b);
+    return rm__at_oom(b);
   }
   int rc = 0;
   PGresult *res = rm__at_run(b, "could not lock the row", sql.data, t->npk, pk_vals, NULL, PGRES_TUPLES_OK, &rc);
   txp_buf_free(&sql);
   if (!res) return rc;
-  if ((rc = one_row(b, t, res)) == 0 && !(it->before = rm__row_from_result(res, 0))) rc = oom(b);
+  if ((rc = one_row(b, t, res)) == 0 && !(it->before = rm__row_from_result(res, 0))) rc = rm__at_oom(b);
   PQclear(res);
   return rc;
 }
@@ -319,11 +319,11 @@ int rm_at_update(rm_branch_t *b, const char *table, const char *const *pk_vals, 
   const char **params = NULL;
   rm_item_t it = {0};
   if ((rc = rm__at_stmt_table(b, table, nset, set_cols, &t)) != 0 || (rc = check_pk_vals(b, t, pk_vals)) != 0 ||
-      (rc = check_lock_key(b, t, pk_vals)) != 0)
+      (rc = rm__at_check_lock_key(b, t, pk_vals)) != 0)
     goto out;
   for (int i = 0; i < nset; i++) {
     int ci = rm__col_index(t, set_cols[i]);
-    if (is_pk_col(t, ci)) {
+    if (rm__at_is_pk_col(t, ci)) {
       rm__at_err(b, "column \"%s\" is part of the primary key of \"%s\": the AT layer cannot update it",
                  set_cols[i], t->name);
       rc = RM_E_NOT_SUPPORTED;
@@ -347,7 +347,7 @@ int rm_at_update(rm_branch_t *b, const char *table, const char *const *pk_vals, 
   if (!rc) rc = append_where_pk(&sql, t, nset + 1);
   if (!rc) rc = txp_buf_append_str(&sql, " RETURNING *");
   if (rc) {
-    rc = oom(b);
+    rc = rm__at_oom(b);
     goto out;
   }
   for (int k = 0; k < t->npk; k++) params[nset + k] = pk_vals[k];
@@ -359,7 +359,7 @@ int rm_at_update(rm_branch_t *b, const char *table, const char *const *pk_vals, 
     goto out;
   }
   if (!(it.after = rm__row_from_result(res, 0))) {
-    rc = oom(b);
+    rc = rm__at_oom(b);
     goto out;
   }
   rc = rm__at_record(b, t, &it, true);
@@ -378,11 +378,11 @@ int rm_at_delete(rm_branch_t *b, const char *table, const char *const *pk_vals) 
   PGresult *res = NULL;
   rm_item_t it = {0};
   if ((rc = rm__at_stmt_table(b, table, 0, NULL, &t)) != 0 || (rc = check_pk_vals(b, t, pk_vals)) != 0 ||
-      (rc = check_lock_key(b, t, pk_vals)) != 0)
+      (rc = rm__at_check_lock_key(b, t, pk_vals)) != 0)
     goto out;
   if ((rc = before_item(b, RM_OP_DELETE, t, pk_vals, &it)) != 0) goto out;
   if (pk_stmt_sql(&sql, "DELETE FROM ", t, NULL) != 0) {
-    rc = oom(b);
+    rc = rm__at_oom(b);
     goto out;
   }
   if (!(res = rm__at_run(b, "could not delete", sql.data, t->npk, pk_vals, NULL, PGRES_COMMAND_OK, &rc))) goto out;
@@ -414,7 +414,7 @@ static int delta_target(rm_branch_t *b, const char *table, const char *const *pk
   if (rc != 0) return rc;
   const rm_table_t *tt = *t;
   *ci = rm__col_index(tt, col);
-  if (is_pk_col(tt, *ci) || tt->cols[*ci].generated || !delta_type_ok(tt->cols[*ci].type)) {
+  if (rm__at_is_pk_col(tt, *ci) || tt->cols[*ci].generated || !delta_type_ok(tt->cols[*ci].type)) {
     rm__at_err(b, "column \"%s\" of \"%s\" cannot take a delta (it must be an integer or numeric column "
                "outside the primary key)", col, tt->name);
     return RM_E_NOT_SUPPORTED;
@@ -446,9 +446,9 @@ static int delta_sql(txp_buf_t *sql, const rm_table_t *t, int ci, const char *gu
 /* The undo item of a delta of column 'ci' (the same for both forms). */
 static int delta_item(rm_branch_t *b, const rm_table_t *t, const char *const *pk_vals, int ci, long long delta,
                       rm_item_t *it) {
-  if (item_init(it, RM_OP_DELTA, t) != 0 || !(it->pk = pk_from_vals(t, pk_vals)) ||
+  if (rm__at_item_init(it, RM_OP_DELTA, t) != 0 || !(it->pk = pk_from_vals(t, pk_vals)) ||
       !(it->col = strdup(t->cols[ci].name)))
-    return oom(b);
+    return rm__at_oom(b);
   it->delta = delta;
   return 0;
 }
@@ -490,7 +490,7 @@ int rm_at_update_delta(rm_branch_t *b, const char *table, const char *const *pk_
   params = calloc((size_t)(1 + t->npk), sizeof(char *));
   types = params ? calloc((size_t)(1 + t->npk), sizeof(Oid)) : NULL;
   if (!types || delta_sql(&sql, t, ci, guard, NULL) != 0) {
-    rc = oom(b);
+    rc = rm__at_oom(b);
     goto out;
   }
   params[0] = dbuf;
@@ -510,7 +510,7 @@ int rm_at_update_delta(rm_branch_t *b, const char *table, const char *const *pk_
     }
     txp_buf_reset(&sql);
     if (pk_stmt_sql(&sql, "SELECT 1 FROM ", t, NULL) != 0) {
-      rc = oom(b);
+      rc = rm__at_oom(b);
       goto out;
     }
     if (!(res = rm__at_run(b, "could not read the row", sql.data, t->npk, pk_vals, NULL, PGRES_TUPLES_OK, &rc)))
@@ -556,12 +556,12 @@ int rm_at_update_add(rm_branch_t *b, const char *table, const char *const *pk_va
   const char **params = NULL;
   rm_item_t it = {0};
   int ci = -1;
-  if ((rc = delta_target(b, table, pk_vals, col, &t, &ci)) != 0 || (rc = check_lock_key(b, t, pk_vals)) != 0)
+  if ((rc = delta_target(b, table, pk_vals, col, &t, &ci)) != 0 || (rc = rm__at_check_lock_key(b, t, pk_vals)) != 0)
     goto out;
   if ((rc = before_item(b, RM_OP_UPDATE, t, pk_vals, &it)) != 0) goto out;
   params = calloc((size_t)(1 + t->npk), sizeof(char *));
   if (!params || delta_sql(&sql, t, ci, guard, "*") != 0) {
-    rc = oom(b);
+    rc = rm__at_oom(b);
     goto out;
   }
   params[0] = amount;
@@ -583,7 +583,7 @@ int rm_at_update_add(rm_branch_t *b, const char *table, const char *const *pk_va
     goto out;
   }
   if (!(it.after = rm__row_from_result(res, 0))) {
-    rc = oom(b);
+    rc = rm__at_oom(b);
     goto out;
   }
   rc = rm__at_record(b, t, &it, true);
@@ -656,15 +656,15 @@ int rm_at_update_delta_on_commit(rm_branch_t *b, const char *table, const char *
   int ci = -1;
   if ((rc = delta_target(b, table, pk_vals, col, &t, &ci)) != 0) goto out;
   if (pk_stmt_sql(&esql, "SELECT 1 FROM ", t, NULL) != 0) {
-    rc = oom(b);
+    rc = rm__at_oom(b);
     goto out;
   }
   /* The row must exist now: a commit that finds it gone cannot apply the
    * delta and needs an operator (rm_undo.c). */
   if ((rc = row_must_exist(b, t, esql.data, pk_vals, &released)) != 0) goto out;
-  if (item_init(&it, RM_OP_COMMIT_DELTA, t) != 0 || !(it.pk = pk_from_vals(t, pk_vals)) ||
+  if (rm__at_item_init(&it, RM_OP_COMMIT_DELTA, t) != 0 || !(it.pk = pk_from_vals(t, pk_vals)) ||
       !(it.col = strdup(t->cols[ci].name))) {
-    rc = oom(b);
+    rc = rm__at_oom(b);
     goto out;
   }
   it.delta = delta;
@@ -694,7 +694,7 @@ int rm_at_update_delta_deferred(rm_branch_t *b, const char *table, const char *c
   int ci = -1;
   if ((rc = delta_target(b, table, pk_vals, col, &t, &ci)) != 0) goto out;
   if (delta_sql(&sql, t, ci, guard, NULL) != 0 || pk_stmt_sql(&esql, "SELECT 1 FROM ", t, NULL) != 0) {
-    rc = oom(b);
+    rc = rm__at_oom(b);
     goto out;
   }
   /* The row must exist now (a plain read: no row lock). */
@@ -726,7 +726,7 @@ int rm_at_update_delta_deferred(rm_branch_t *b, const char *table, const char *c
     }
   }
   if (!ok) {
-    rc = oom(b);
+    rc = rm__at_oom(b);
     goto out;
   }
   b->deferred[b->ndeferred++] = d;

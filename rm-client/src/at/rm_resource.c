@@ -87,6 +87,7 @@ static void resource_free(rm_at_resource_t *r) {
   pthread_mutex_destroy(&r->pool_mu);
   pthread_cond_destroy(&r->pool_cv);
   rm__pstmt_free(r->pstmt);
+  rm_sql_cache_free(r->sql);
   free(r->id);
   free(r->conninfo);
   free(r);
@@ -246,6 +247,7 @@ int rm_resource_add(rm_client_t *c, const char *resource_id, const char *conninf
     return rm__fail(RM_E_NOMEM, "could not add resource \"%s\": out of memory", resource_id);
   }
   r->st = s;
+  r->sql = rm_sql_cache_new(RM_SQL_CACHE_CAP); /* NULL is fine: statements are then parsed on each call */
   pthread_mutex_init(&r->meta_mu, NULL);
   pthread_mutex_init(&r->pool_mu, NULL);
   pthread_condattr_t ca;

@@ -9,6 +9,7 @@
 
 #include <pg_query.h>
 #include <pg_query/pg_query.pb-c.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -467,4 +468,99 @@ int rm_sql_classify(const char *sql, rm_sql_stmt_t *out, char *err, size_t errle
   }
   if (rc != 0) rm_sql_stmt_clear(out);
   return rc;
+}
+
+/* ---------------------------------------------------------------- cache */
+
+#define CACHE_BUCKETS 128
+
+typedef struct cache_entry {
+  struct cache_entry *next;
+  char *sql;
+  rm_sql_stmt_t stmt;
+} cache_entry_t;
+
+struct rm_sql_cache {
+  pthread_mutex_t mu;
+  size_t cap, n;
+  cache_entry_t *buckets[CACHE_BUCKETS];
+};
+
+rm_sql_cache_t *rm_sql_cache_new(size_t cap) {
+  rm_sql_cache_t *c = calloc(1, sizeof(*c));
+  if (!c) return NULL;
+  pthread_mutex_init(&c->mu, NULL);
+  c->cap = cap;
+  return c;
+}
+
+void rm_sql_cache_free(rm_sql_cache_t *c) {
+  if (!c) return;
+  for (size_t i = 0; i < CACHE_BUCKETS; i++) {
+    for (cache_entry_t *e = c->buckets[i], *next; e; e = next) {
+      next = e->next;
+      rm_sql_stmt_clear(&e->stmt);
+      free(e->sql);
+      free(e);
+    }
+  }
+  pthread_mutex_destroy(&c->mu);
+  free(c);
+}
+
+static size_t text_hash(const char *s) { /* FNV-1a */
+  size_t h = (size_t)1469598103934665603ULL;
+  for (; *s; s++) h = (h ^ (unsigned char)*s) * (size_t)1099511628211ULL;
+  return h;
+}
+
+static cache_entry_t *cache_find(rm_sql_cache_t *c, size_t bucket, const char *sql) {
+  for (cache_entry_t *e = c->buckets[bucket]; e; e = e->next)
+    if (strcmp(e->sql, sql) == 0) return e;
+  return NULL;
+}
+
+int rm_sql_cache_get(rm_sql_cache_t *c, const char *sql, const rm_sql_stmt_t **out, rm_sql_stmt_t *own,
+                     char *err, size_t errlen) {
+  memset(own, 0, sizeof(*own));
+  *out = NULL;
+  if (!sql) return fail(err, errlen, RM_E_INVALID, "no statement");
+  size_t bucket = text_hash(sql) % CACHE_BUCKETS;
+  if (c) {
+    pthread_mutex_lock(&c->mu);
+    cache_entry_t *e = cache_find(c, bucket, sql);
+    pthread_mutex_unlock(&c->mu);
+    if (e) {
+      *out = &e->stmt;
+      return 0;
+    }
+  }
+  int rc = rm_sql_classify(sql, own, err, errlen); /* outside the lock: parsing is the slow part */
+  if (rc != 0) return rc;
+  *out = own;
+  if (!c) return 0;
+  cache_entry_t *e = calloc(1, sizeof(*e));
+  if (!e || !(e->sql = strdup(sql))) {
+    free(e);
+    return 0; /* not cached, still classified */
+  }
+  pthread_mutex_lock(&c->mu);
+  cache_entry_t *had = cache_find(c, bucket, sql);
+  if (!had && c->n < c->cap) {
+    e->stmt = *own; /* the entry takes what 'own' held */
+    memset(own, 0, sizeof(*own));
+    e->next = c->buckets[bucket];
+    c->buckets[bucket] = e;
+    c->n++;
+    *out = &e->stmt;
+    e = NULL;
+  } else if (had) {
+    *out = &had->stmt; /* another thread was first: its entry, ours is dropped by the caller's clear */
+  }
+  pthread_mutex_unlock(&c->mu);
+  if (e) {
+    free(e->sql);
+    free(e);
+  }
+  return 0;
 }

@@ -83,4 +83,27 @@ const char *rm_sql_kind_name(rm_sql_kind_t kind);
 int rm_sql_classify(const char *sql, rm_sql_stmt_t *out, char *err, size_t errlen);
 void rm_sql_stmt_clear(rm_sql_stmt_t *s);
 
+/*
+ * A cache of classified statements by their text, so that a service's
+ * statement is parsed once (thread-safe; entries never change once in).
+ * Bounded: the first 'cap' distinct texts are kept, the later ones are
+ * classified on each call.
+ */
+typedef struct rm_sql_cache rm_sql_cache_t;
+
+#define RM_SQL_CACHE_CAP 256
+
+rm_sql_cache_t *rm_sql_cache_new(size_t cap);
+void rm_sql_cache_free(rm_sql_cache_t *c);
+
+/*
+ * 'sql' classified, as rm_sql_classify: 0 with *out the cached entry
+ * (valid until rm_sql_cache_free), or, when the cache is full or NULL,
+ * classified into 'own' with *out == own.  Either way call
+ * rm_sql_stmt_clear(own) after use ('own' is zeroed here).  Refusals are
+ * not cached.
+ */
+int rm_sql_cache_get(rm_sql_cache_t *c, const char *sql, const rm_sql_stmt_t **out, rm_sql_stmt_t *own,
+                     char *err, size_t errlen);
+
 #endif

@@ -1,0 +1,294 @@
+/*
+ * test_rm_at_sql.c - rm_at_sql, plain SQL in an AT branch, against the
+ * real databases and tcd of test_rm_at.c (its fixture): each statement
+ * kind committed and rolled back through the coordinator, multi-row
+ * updates and deletes, a composite key in another schema with quoted
+ * names, the caller's RETURNING, a WHERE that matches nothing, a dirty
+ * write found by the rollback, and refusals that change nothing.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <libpq-fe.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rm_at_fixture.h"
+#include "rm_client.h"
+
+/* A table with a quoted name and key, and one with a composite key in
+ * another schema; 'tag' keeps each test to its own rows. */
+static void sql_tables(PGconn *o) {
+  assert_true(exec_ok(o, "CREATE TABLE IF NOT EXISTS \"Plain Sql\" (\"K\" text PRIMARY KEY, n int NOT NULL,"
+                         " note text, tag text, at timestamptz DEFAULT now())"));
+  assert_true(exec_ok(o, "CREATE TABLE IF NOT EXISTS other.pair (a int, b text, v numeric(12,2), tag text,"
+                         " PRIMARY KEY (a, b))"));
+}
+
+/* The rows of a test, as text, for before/after comparison. */
+static char *rows_of(PGconn *o, const char *tag) {
+  const char *p[1] = {tag};
+  PGresult *r = PQexecParams(o,
+                             "SELECT coalesce(string_agg(t::text, ';' ORDER BY t::text), '') FROM ("
+                             " SELECT \"K\", n, note, tag, at FROM \"Plain Sql\" WHERE tag = $1"
+                             " UNION ALL SELECT a::text, v::int, b, tag, NULL FROM other.pair WHERE tag = $1) t",
+                             1, NULL, p, NULL, NULL, 0);
+  assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
+  char *s = strdup(PQgetvalue(r, 0, 0));
+  PQclear(r);
+  return s;
+}
+
+static rm_branch_t *open_branch(PGconn *o, const char *xid) {
+  assert_true(exec_ok(o, "BEGIN"));
+  rm_branch_t *b = NULL;
+  assert_int_equal(rm_at_open(client, xid, "orders", o, &b), 0);
+  return b;
+}
+
+static void commit_branch(PGconn *o, rm_branch_t *b) {
+  int64_t bid = 0;
+  bool committed = false;
+  int rc = rm_at_prepare_commit(b, &bid, &committed);
+  if (rc != 0) fail_msg("prepare: %s", rm_at_errmsg(b));
+  assert_true(committed);
+  assert_int_equal(rm_at_close(b, true), 0);
+  (void)o;
+}
+
+static int sql(rm_branch_t *b, const char *text, int n, const char *const *vals, int64_t *rows) {
+  int rc = rm_at_sql(b, text, n, NULL, vals, rows, NULL);
+  if (rc != 0 && getenv("RM_TEST_VERBOSE")) fprintf(stderr, "  rm_at_sql: %s\n", rm_at_errmsg(b));
+  return rc;
+}
+
+/* Insert (several rows), update (several rows), delete: committed, then a
+ * second global transaction does the same kinds and is rolled back to
+ * exactly the rows of the first. */
+void test_sql_commit_rollback(void **state) {
+  (void)state;
+  PGconn *o = pg_open(orders_url);
+  assert_non_null(o);
+  sql_tables(o);
+  const char *tag = "sql-cr";
+  char xid[RM_XID_MAX];
+
+  /* 1: inserts, committed. */
+  assert_int_equal(rm_tm_begin(client, 30000, "sql_commit", xid), 0);
+  rm_branch_t *b = open_branch(o, xid);
+  int64_t rows = -1;
+  const char *v1[] = {"cr-1", "10", "cr-2", "20", "cr-3", tag};
+  assert_int_equal(sql(b, "INSERT INTO \"Plain Sql\" (\"K\", n, tag) VALUES ($1, $2::int, $6), ($3, $4::int, $6),"
+                          " ($5, 30, $6)", 6, v1, &rows), 0);
+  assert_int_equal(rows, 3);
+  const char *v2[] = {"7", "x", tag};
+  assert_int_equal(sql(b, "INSERT INTO other.pair AS p VALUES ($1::int, $2, 1.50, $3), (8, 'y''s', 2.25, $3)", 3,
+                       v2, &rows), 0);
+  assert_int_equal(rows, 2);
+  commit_branch(o, b);
+  int st = 0;
+  assert_int_equal(rm_tm_commit(client, xid, &st), 0);
+  char *first = rows_of(o, tag);
+  assert_non_null(strstr(first, "cr-3"));
+
+  /* 2: multi-row update, a delete, an insert; then rolled back. */
+  assert_int_equal(rm_tm_begin(client, 30000, "sql_rollback", xid), 0);
+  b = open_branch(o, xid);
+  const char *v3[] = {"5", tag, "cr-1"};
+  assert_int_equal(sql(b, "UPDATE \"Plain Sql\" SET n = n + $1::int, note = 'changed' WHERE tag = $2 AND \"K\" <> $3",
+                       3, v3, &rows), 0);
+  assert_int_equal(rows, 2);
+  const char *v4[] = {tag};
+  assert_int_equal(sql(b, "DELETE FROM other.pair WHERE tag = $1 AND v > 2", 1, v4, &rows), 0);
+  assert_int_equal(rows, 1);
+  const char *v5[] = {"cr-9", tag};
+  assert_int_equal(sql(b, "INSERT INTO \"Plain Sql\" VALUES ($1, 99, NULL, $2)", 2, v5, &rows), 0);
+  assert_int_equal(rows, 1);
+  /* The undo has one item per row: 2 updates, 1 delete, 1 insert. */
+  assert_int_equal(json_array_size(b->undo), 4);
+  commit_branch(o, b);
+  char *during = rows_of(o, tag);
+  assert_string_not_equal(during, first);
+  assert_non_null(strstr(during, "changed"));
+  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
+  assert_int_equal(st, RM_GS_ROLLBACKED);
+  char *after = rows_of(o, tag);
+  assert_string_equal(after, first);
+  free(first);
+  free(during);
+  free(after);
+  PQfinish(o);
+}
+
+/* The caller's RETURNING comes back as its own columns; a WHERE that
+ * matches nothing changes nothing and records nothing; a read runs as is. */
+void test_sql_returning_and_nothing(void **state) {
+  (void)state;
+  PGconn *o = pg_open(orders_url);
+  assert_non_null(o);
+  sql_tables(o);
+  const char *tag = "sql-ret";
+  char xid[RM_XID_MAX];
+  assert_int_equal(rm_tm_begin(client, 30000, "sql_returning", xid), 0);
+  rm_branch_t *b = open_branch(o, xid);
+  PGresult *res = NULL;
+  int64_t rows = 0;
+  const char *v1[] = {"ret-1", tag};
+  assert_int_equal(rm_at_sql(b, "INSERT INTO \"Plain Sql\" AS r (\"K\", n, tag) VALUES ($1, 4, $2)"
+                                " RETURNING r.n * 10 AS tens, \"K\"", 2, NULL, v1, &rows, &res), 0);
+  assert_non_null(res);
+  assert_int_equal(PQnfields(res), 2);
+  assert_string_equal(PQfname(res, 0), "tens");
+  assert_string_equal(PQgetvalue(res, 0, 0), "40");
+  assert_string_equal(PQgetvalue(res, 0, 1), "ret-1");
+  PQclear(res);
+  const unsigned int types[] = {23, 25}; /* int4, text */
+  const char *v2[] = {"3", tag};
+  assert_int_equal(rm_at_sql(b, "UPDATE \"Plain Sql\" SET n = n - $1 WHERE tag = $2 RETURNING n, note", 2, types, v2,
+                             &rows, &res), 0);
+  assert_int_equal(rows, 1);
+  assert_int_equal(PQnfields(res), 2);
+  assert_string_equal(PQgetvalue(res, 0, 0), "1");
+  assert_true(PQgetisnull(res, 0, 1));
+  PQclear(res);
+  size_t items = json_array_size(b->undo);
+  const char *v3[] = {"no-such-tag"};
+  assert_int_equal(rm_at_sql(b, "DELETE FROM \"Plain Sql\" WHERE tag = $1 RETURNING *", 1, NULL, v3, &rows, &res), 0);
+  assert_int_equal(rows, 0);
+  assert_int_equal(PQntuples(res), 0);
+  PQclear(res);
+  assert_int_equal(json_array_size(b->undo), items);
+  assert_int_equal(rm_at_sql(b, "SELECT n FROM \"Plain Sql\" WHERE tag = $1", 1, NULL, (const char *[]){tag}, &rows,
+                             &res), 0);
+  assert_int_equal(rows, 1);
+  assert_string_equal(PQgetvalue(res, 0, 0), "1");
+  PQclear(res);
+  assert_int_equal(json_array_size(b->undo), items);
+  commit_branch(o, b);
+  int st = 0;
+  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
+  char *left = rows_of(o, tag);
+  assert_string_equal(left, "");
+  free(left);
+  PQfinish(o);
+}
+
+/* Refused statements say why, change nothing and leave the caller's
+ * transaction usable; so does a statement PostgreSQL itself rejects. */
+void test_sql_refused(void **state) {
+  (void)state;
+  PGconn *o = pg_open(orders_url);
+  assert_non_null(o);
+  sql_tables(o);
+  char xid[RM_XID_MAX];
+  assert_int_equal(rm_tm_begin(client, 30000, "sql_refused", xid), 0);
+  rm_branch_t *b = open_branch(o, xid);
+  struct {
+    const char *sql;
+    int rc;
+    const char *says;
+  } cases[] = {
+    {"UPDATE \"Plain Sql\" SET n = 1", RM_E_NOT_SUPPORTED, "without WHERE"},
+    {"UPDATE \"Plain Sql\" SET \"K\" = 'z' WHERE n = 1", RM_E_NOT_SUPPORTED, "primary key"},
+    {"INSERT INTO \"Plain Sql\" SELECT * FROM \"Plain Sql\"", RM_E_NOT_SUPPORTED, "only INSERT ... VALUES"},
+    {"DELETE FROM \"Plain Sql\" USING other.pair WHERE true", RM_E_NOT_SUPPORTED, "USING another table"},
+    {"SELECT * FROM \"Plain Sql\" WHERE n = 1 FOR UPDATE", RM_E_NOT_SUPPORTED, "not supported yet"},
+    {"DROP TABLE \"Plain Sql\"", RM_E_NOT_SUPPORTED, "not an INSERT"},
+    {"UPDATE nopk SET b = 'x' WHERE a = 1", RM_E_NO_PK, ""},
+    {"UPDATE no_such_table SET b = 'x' WHERE a = 1", RM_E_NO_TABLE, ""},
+    {"UPDATE \"Plain Sql\" SET no_such_col = 1 WHERE true", RM_E_INVALID, "no_such_col"},
+    {"INSERT INTO \"Plain Sql\" (\"K\", n) VALUES ('r', 'not a number')", RM_E_INVALID, ""},
+    {"UPDATE \"Plain Sql\" SET n = 1 WHERE", RM_E_INVALID, "syntax error"},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    int rc = rm_at_sql(b, cases[i].sql, 0, NULL, NULL, NULL, NULL);
+    if (rc != cases[i].rc) fail_msg("%s: rc %d not %d: %s", cases[i].sql, rc, cases[i].rc, rm_at_errmsg(b));
+    if (!strstr(rm_at_errmsg(b), cases[i].says))
+      fail_msg("%s: \"%s\" does not say \"%s\"", cases[i].sql, rm_at_errmsg(b), cases[i].says);
+    assert_true(tx_usable(o));
+  }
+  /* Too few parameters for the statement. */
+  assert_int_equal(rm_at_sql(b, "DELETE FROM \"Plain Sql\" WHERE \"K\" = $2", 1, NULL, (const char *[]){"a"}, NULL,
+                             NULL), RM_E_INVALID);
+  assert_int_equal(json_array_size(b->undo), 0);
+  assert_int_equal(b->lock_keys.len, 0);
+  assert_true(exec_ok(o, "ROLLBACK"));
+  assert_int_equal(rm_at_close(b, false), 0);
+  int st = 0;
+  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
+  PQfinish(o);
+}
+
+/* A row a plain-SQL UPDATE changed, changed again outside any global
+ * transaction: the rollback finds it dirty and overwrites nothing. */
+void test_sql_dirty_write(void **state) {
+  (void)state;
+  PGconn *o = pg_open(orders_url);
+  assert_non_null(o);
+  sql_tables(o);
+  assert_true(exec_ok(o, "INSERT INTO \"Plain Sql\" (\"K\", n, tag) VALUES ('dirty-1', 1, 'sql-dirty')"
+                         " ON CONFLICT (\"K\") DO UPDATE SET n = 1"));
+  char xid[RM_XID_MAX];
+  assert_int_equal(rm_tm_begin(client, 30000, "sql_dirty", xid), 0);
+  rm_branch_t *b = open_branch(o, xid);
+  assert_int_equal(sql(b, "UPDATE \"Plain Sql\" SET n = 2 WHERE \"K\" = 'dirty-1'", 0, NULL, NULL), 0);
+  commit_branch(o, b);
+  assert_true(exec_ok(o, "UPDATE \"Plain Sql\" SET n = 3 WHERE \"K\" = 'dirty-1'"));
+  int st = 0;
+  assert_int_equal(rm_tm_rollback(client, xid, &st), RM_E_ROLLBACK_FAILED);
+  assert_int_equal(st, RM_GS_ROLLBACK_FAILED);
+  assert_int_equal(q_ll(o, "SELECT n FROM \"Plain Sql\" WHERE \"K\" = 'dirty-1'", NULL, NULL, NULL), 3);
+  PQfinish(o);
+}
+
+typedef struct prepare_arg {
+  rm_branch_t *b;
+  int rc;
+} prepare_arg_t;
+
+static void *prepare_thread(void *arg) {
+  prepare_arg_t *p = arg;
+  int64_t bid = 0;
+  p->rc = rm_at_prepare(p->b, &bid);
+  return NULL;
+}
+
+/* Two global transactions updating the same row through plain SQL: the
+ * second one's prepare waits in the coordinator's lock queue while the
+ * first holds the row's global lock, and goes on when it commits. */
+void test_sql_global_lock(void **state) {
+  (void)state;
+  PGconn *o = pg_open(orders_url), *o2 = pg_open(orders_url);
+  assert_non_null(o);
+  assert_non_null(o2);
+  sql_tables(o);
+  assert_true(exec_ok(o, "INSERT INTO \"Plain Sql\" (\"K\", n, tag) VALUES ('lock-1', 1, 'sql-lock')"
+                         " ON CONFLICT (\"K\") DO UPDATE SET n = 1"));
+  char x1[RM_XID_MAX], x2[RM_XID_MAX];
+  assert_int_equal(rm_tm_begin(client, 30000, "sql_lock_1", x1), 0);
+  rm_branch_t *b = open_branch(o, x1);
+  assert_int_equal(sql(b, "UPDATE \"Plain Sql\" SET n = n + 1 WHERE \"K\" = 'lock-1'", 0, NULL, NULL), 0);
+  commit_branch(o, b);
+  assert_int_equal(rm_tm_begin(client, 30000, "sql_lock_2", x2), 0);
+  prepare_arg_t pa = {.b = open_branch(o2, x2), .rc = 1};
+  assert_int_equal(sql(pa.b, "UPDATE \"Plain Sql\" SET n = n + 10 WHERE \"K\" = 'lock-1'", 0, NULL, NULL), 0);
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, prepare_thread, &pa), 0);
+  sleep_ms(300);
+  int st = 0;
+  assert_int_equal(rm_tm_commit(client, x1, &st), 0); /* releases the lock x2 waits for */
+  pthread_join(th, NULL);
+  if (pa.rc != 0) fail_msg("the waiting prepare: %d %s", pa.rc, rm_at_errmsg(pa.b));
+  assert_true(exec_ok(o2, "COMMIT"));
+  assert_int_equal(rm_at_close(pa.b, true), 0);
+  assert_int_equal(rm_tm_commit(client, x2, &st), 0);
+  assert_int_equal(q_ll(o, "SELECT n FROM \"Plain Sql\" WHERE \"K\" = 'lock-1'", NULL, NULL, NULL), 12);
+  PQfinish(o);
+  PQfinish(o2);
+}
