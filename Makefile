@@ -30,7 +30,7 @@ build-san: deps
 build-fuzz: deps
 	@CC=clang $(CMAKE) -S . -B build/fuzz -DTX_FUZZ=ON -DTX_BUILD_TESTS=OFF \
 	  -DTX_FUZZ_SECONDS=$(FUZZ_SECONDS) >/dev/null
-	@$(CMAKE) --build build/fuzz -j$(JOBS) --target fuzz_decoder fuzz_event fuzz_bus fuzz_undo
+	@$(CMAKE) --build build/fuzz -j$(JOBS) --target fuzz_decoder fuzz_event fuzz_bus fuzz_undo fuzz_sql
 
 # The whole suite: unit tests under valgrind, everything under ASan/UBSan
 # (integration tests start their own PostgreSQL/Redis/tcd), a short fuzz run.

@@ -1,0 +1,1 @@
+UPDATE stock SET qty = qty - $2 WHERE id = $1

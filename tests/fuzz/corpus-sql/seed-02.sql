@@ -1,0 +1,1 @@
+update "Odd Name" AS o set "Col" = $1 where o."Key" = $2 and $3::int > 0

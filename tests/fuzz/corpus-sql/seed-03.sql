@@ -1,0 +1,1 @@
+DELETE FROM ONLY app.orders o WHERE o.id IN (SELECT x FROM y) RETURNING *

@@ -1,0 +1,1 @@
+INSERT INTO a.b (x, y) VALUES ($1, $2), ($3, $4) RETURNING id

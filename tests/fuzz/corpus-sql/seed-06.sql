@@ -1,0 +1,1 @@
+INSERT INTO "we""ird"."Tab le" ("a b") VALUES ($1::jsonb), (E'it''s'), ($2::numeric[])

@@ -1,0 +1,1 @@
+UPDATE t SET a = $1::timestamptz, b = $2::int[] WHERE id = ANY($3::bigint[]) AND tag = $4::text COLLATE "C"

@@ -1,0 +1,1 @@
+DELETE FROM t WHERE a = $1 OR b = $1 OR c = '$2'

@@ -1,0 +1,1 @@
+with a as (delete from t returning *) select * from a

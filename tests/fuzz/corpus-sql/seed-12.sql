@@ -1,0 +1,1 @@
+UPDATE t SET q = q - $2, (a, "B") = ($3, 4) WHERE id = $1

@@ -1,0 +1,1 @@
+UPDATE stock s SET qty = qty - $2, a = $3 WHERE id = $1 RETURNING s.qty AS left, *

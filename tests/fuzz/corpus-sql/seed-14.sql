@@ -1,0 +1,1 @@
+UPDATE t SET (a, b) = (SELECT 1, 2) WHERE id = $3
