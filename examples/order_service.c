@@ -293,7 +293,17 @@ static int branch_insert_order(order_svc_t *s, PGconn *pg, const order_t *o, cha
    * order after its own (pay, cancel and expiry are local transactions),
    * so the lock would guard against nobody and cost the coordinator a
    * lock row; the checked rollback still refuses a changed row. */
-  if (rc == 0) rc = rm_at_insert_unlocked(b, "trade_order", ncols, cols, vals);
+  if (rc == 0 && s->at_sql) {
+    /* The SQL the service would write anyway (TXC_AT_WRITES=sql). */
+    static const char *const insert_sql[2] = {
+      "INSERT INTO trade_order (order_id, activity_id, ticket_type, user_id, qty, bucket_id, xid, expire_at,"
+      " amount_cents) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+      "INSERT INTO trade_order (order_id, activity_id, ticket_type, user_id, qty, bucket_id, xid, expire_at,"
+      " amount_cents, idem_key) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"};
+    rc = rm_at_sql_unlocked(b, insert_sql[ncols == 10], ncols, NULL, vals, NULL, NULL);
+  } else if (rc == 0) {
+    rc = rm_at_insert_unlocked(b, "trade_order", ncols, cols, vals);
+  }
   /* prepare and COMMIT: the undo row and the COMMIT in one round trip */
   bool committed = false;
   if (rc == 0) rc = rm_at_prepare_commit(b, NULL, &committed);
@@ -1218,7 +1228,8 @@ static void usage(FILE *f) {
           "ORDER_EXPIRY_INTERVAL_MS, PF_COMMAND_TIMEOUT_MS, PF_CONNECT_TIMEOUT_MS, ORDER_LOG_LEVEL,\n"
           "OUTBOX_STREAM_MAXLEN, OUTBOX_RETENTION_S, ORDER_IDEMPOTENCY_TTL_S, ORDER_TICKET_PRICE_CENTS,\n"
           "ORDER_RECONCILE_AT, ORDER_RECONCILE_INTERVAL_S, ORDER_RECONCILE_SETTLE_S,\n"
-          "ORDER_TX_MODE (global|local: benchmarks only).\n");
+          "TXC_AT_WRITES (sql|calls: plain SQL or the structured AT calls), ORDER_TX_MODE (global|local:\n"
+          "benchmarks only).\n");
 }
 
 int main(int argc, char **argv) {
@@ -1239,6 +1250,7 @@ int main(int argc, char **argv) {
   s.idem_ttl_s = (unsigned)svc_env_int("ORDER_IDEMPOTENCY_TTL_S", 86400, 1, 86400LL * 365, &ok);
   s.expiry_interval_ms = svc_env_int("ORDER_EXPIRY_INTERVAL_MS", 1000, 0, 3600000, &ok);
   s.price_cents = svc_env_int("ORDER_TICKET_PRICE_CENTS", 9900, 0, 100000000, &ok);
+  s.at_sql = svc_at_writes_sql(&ok);
   const char *txmode = svc_env_str("ORDER_TX_MODE", "global");
   if (strcmp(txmode, "local") == 0) {
     s.local_mode = true;

@@ -108,6 +108,7 @@ typedef struct stock_svc {
   svc_pgpool_t *pool;
   const char *resource;
   int mode;        /* freeze_mode_t: STOCK_FREEZE_MODE */
+  bool at_sql;     /* TXC_AT_WRITES=sql: the branch writes plain SQL (rm_at_sql), else the structured calls */
   int64_t slow_us; /* STOCK_SLOW_MS: log the phases of slower operations */
   bool local_mode; /* STOCK_LOCAL_MODE: serve requests without an xid */
   svc_pf_t *pf;              /* Redis follows the events applied here */
@@ -251,6 +252,18 @@ static int local_exec(stmt_ctx_t *c, const char *sql, int n, const char *const *
   return 0;
 }
 
+/* Run 'sql' in the statement's branch as plain SQL (rm_at_sql; 'locked':
+ * under the global locks of the rows it writes), or as a local statement
+ * without a branch. */
+static int stmt_exec(stmt_ctx_t *c, const char *sql, int n, const char *const *params, bool locked, int *rows) {
+  if (!c->b) return local_exec(c, sql, n, params, rows);
+  int64_t done = 0;
+  int rc = locked ? rm_at_sql(c->b, sql, n, NULL, params, &done, NULL)
+                  : rm_at_sql_unlocked(c->b, sql, n, NULL, params, &done, NULL);
+  if (rows) *rows = (int)done;
+  return rc;
+}
+
 /* INSERT one row of 'table' (a constant of this file).  'locked': under
  * a global lock on its key until the global transaction ends (a freeze
  * row, which a global /confirm or /release may change: it must wait for
@@ -258,22 +271,23 @@ static int local_exec(stmt_ctx_t *c, const char *sql, int n, const char *const *
  * none (rm_at_insert_unlocked). */
 static int row_insert(stmt_ctx_t *c, const char *table, bool locked, int n, const char *const *cols,
                       const char *const *vals) {
-  if (c->b && locked) return rm_at_insert(c->b, table, n, cols, vals);
-  if (c->b) return rm_at_insert_unlocked(c->b, table, n, cols, vals);
+  if (c->b && !c->s->at_sql) {
+    return locked ? rm_at_insert(c->b, table, n, cols, vals) : rm_at_insert_unlocked(c->b, table, n, cols, vals);
+  }
   char sql[512];
   int off = snprintf(sql, sizeof(sql), "INSERT INTO %s (", table);
   for (int i = 0; i < n; i++) off += snprintf(sql + off, sizeof(sql) - (size_t)off, "%s%s", i ? ", " : "", cols[i]);
   off += snprintf(sql + off, sizeof(sql) - (size_t)off, ") VALUES (");
   for (int i = 0; i < n; i++) off += snprintf(sql + off, sizeof(sql) - (size_t)off, "%s$%d", i ? ", " : "", i + 1);
   snprintf(sql + off, sizeof(sql) - (size_t)off, ")");
-  return local_exec(c, sql, n, vals, NULL);
+  return stmt_exec(c, sql, n, vals, locked, NULL);
 }
 
 /* UPDATE the stock_freeze row of 'order_id' (locked by the caller). */
 static int freeze_row_update(stmt_ctx_t *c, const char *order_id, int n, const char *const *cols,
                              const char *const *vals) {
   const char *pk[1] = {order_id};
-  if (c->b) return rm_at_update(c->b, "stock_freeze", pk, n, cols, vals);
+  if (c->b && !c->s->at_sql) return rm_at_update(c->b, "stock_freeze", pk, n, cols, vals);
   char sql[512];
   const char *params[8];
   int off = snprintf(sql, sizeof(sql), "UPDATE stock_freeze SET ");
@@ -283,7 +297,13 @@ static int freeze_row_update(stmt_ctx_t *c, const char *order_id, int n, const c
   }
   snprintf(sql + off, sizeof(sql) - (size_t)off, " WHERE order_id = $%d", n + 1);
   params[n] = order_id;
-  return local_exec(c, sql, n + 1, params, NULL);
+  int rows = 0;
+  int rc = stmt_exec(c, sql, n + 1, params, true, &rows);
+  if (rc == 0 && rows != 1) {
+    snprintf(c->err, c->errlen, "no freeze row for order %s", order_id);
+    rc = RM_E_NOT_ONE_ROW;
+  }
+  return rc;
 }
 
 /* Move the bucket's counters: frozen_count += dfrozen, sold_count +=
@@ -296,18 +316,21 @@ static int bucket_change(stmt_ctx_t *c, freeze_mode_t mode, const stock_op_t *op
   snprintf(st, sizeof(st), "%lld", op->ticket_type);
   snprintf(sb, sizeof(sb), "%lld", op->bucket);
   const char *pk[3] = {sa, st, sb};
-  if (!c->b) {
+  /* Without a branch, or in AT mode as plain SQL: one guarded UPDATE (in
+   * a branch its before image is read under the row lock, and the global
+   * lock of the row is taken, as rm_at_update's). */
+  if (!c->b || (c->s->mode == MODE_AT && c->s->at_sql)) {
     char df[24], ds[24];
     snprintf(df, sizeof(df), "%lld", dfrozen);
     snprintf(ds, sizeof(ds), "%lld", dsold);
     const char *p[5] = {sa, st, sb, df, ds};
     int rows = 0;
-    int rc = local_exec(c,
-                        "UPDATE activity_ticket_bucket SET frozen_count = frozen_count + $4::int,"
-                        " sold_count = sold_count + $5::int"
-                        " WHERE activity_id = $1 AND ticket_type = $2 AND bucket_id = $3"
-                        " AND stock - frozen_count - sold_count >= $4::int + $5::int AND frozen_count + $4::int >= 0",
-                        5, p, &rows);
+    int rc = stmt_exec(c,
+                       "UPDATE activity_ticket_bucket SET frozen_count = frozen_count + $4::int,"
+                       " sold_count = sold_count + $5::int"
+                       " WHERE activity_id = $1 AND ticket_type = $2 AND bucket_id = $3"
+                       " AND stock - frozen_count - sold_count >= $4::int + $5::int AND frozen_count + $4::int >= 0",
+                       5, p, true, &rows);
     if (rc == 0 && rows != 1) {
       snprintf(c->err, c->errlen, "bucket %lld has not the tickets (or is not frozen)", op->bucket);
       rc = RM_E_GUARD;
@@ -785,6 +808,7 @@ int main(int argc, char **argv) {
   stock_svc_t s = {.resource = svc_env_str("STOCK_RESOURCE_ID", "stock"),
                    .local_mode = svc_env_int("STOCK_LOCAL_MODE", 0, 0, 1, &ok) == 1};
   s.slow_us = svc_env_int("STOCK_SLOW_MS", 1000, 0, 3600000, &ok) * 1000;
+  s.at_sql = svc_at_writes_sql(&ok);
   const char *mode = svc_env_str("STOCK_FREEZE_MODE", "deferred");
   if (strcmp(mode, "deferred") == 0) {
     s.mode = MODE_DEFERRED;

@@ -95,6 +95,15 @@ const char *svc_env_str(const char *name, const char *def) {
   return v && *v ? v : def;
 }
 
+bool svc_at_writes_sql(bool *ok) {
+  const char *v = svc_env_str("TXC_AT_WRITES", "sql");
+  if (strcmp(v, "sql") == 0) return true;
+  if (strcmp(v, "calls") == 0) return false;
+  svc_error("invalid value \"%s\" for TXC_AT_WRITES: expected sql or calls", v);
+  *ok = false;
+  return true;
+}
+
 long long svc_env_int(const char *name, long long def, long long min, long long max, bool *ok) {
   const char *v = getenv(name);
   if (!v || !*v) return def;

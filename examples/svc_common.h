@@ -79,6 +79,12 @@ bool svc_write_url_file(const char *path, const char *url);
  * empty.  A malformed or out-of-range value is logged and gives -1 in
  * '*ok' (set to false); callers refuse to start. */
 long long svc_env_int(const char *name, long long def, long long min, long long max, bool *ok);
+/* TXC_AT_WRITES: how the services' AT branches write, "sql" (the default:
+ * the SQL the service would write anyway, through rm_at_sql) or "calls"
+ * (the structured rm_at_insert / rm_at_update calls, kept for the
+ * benchmark's comparison).  True for sql; a bad value is logged and sets
+ * '*ok' false. */
+bool svc_at_writes_sql(bool *ok);
 /* Number of online CPUs (at least 1). */
 int svc_ncpu(void);
 

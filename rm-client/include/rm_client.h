@@ -433,6 +433,11 @@ typedef struct pg_result PGresult; /* libpq's */
  */
 RM_API int rm_at_sql(rm_branch_t *b, const char *sql, int nparams, const unsigned int *param_types,
                      const char *const *param_values, int64_t *rows, PGresult **result);
+/* rm_at_sql for an INSERT whose rows need no global lock, as
+ * rm_at_insert_unlocked (read its comment): RM_E_INVALID for any other
+ * statement. */
+RM_API int rm_at_sql_unlocked(rm_branch_t *b, const char *sql, int nparams, const unsigned int *param_types,
+                              const char *const *param_values, int64_t *rows, PGresult **result);
 /*
  * Hot-row counter: UPDATE table SET col = col + delta WHERE pk AND (guard).
  * 'guard' is an SQL condition on the row's own columns with $1 standing for

@@ -319,8 +319,8 @@ static int run_classified(sql_run_t *r) {
   return s->kind == RM_SQL_INSERT ? run_insert(r) : run_change(r);
 }
 
-int rm_at_sql(rm_branch_t *b, const char *sql, int nparams, const unsigned int *param_types,
-              const char *const *param_values, int64_t *rows, PGresult **result) {
+static int sql_run(rm_branch_t *b, const char *sql, int nparams, const unsigned int *param_types,
+                   const char *const *param_values, int64_t *rows, PGresult **result, bool lock) {
   if (rows) *rows = 0;
   if (result) *result = NULL;
   if (!b) return RM_E_INVALID;
@@ -341,6 +341,12 @@ int rm_at_sql(rm_branch_t *b, const char *sql, int nparams, const unsigned int *
     rm__at_err(b, "SELECT ... FOR UPDATE in a branch is not supported yet: lock the row through "
                "rm_at_update or rm_at_update_add, whose before image reads it under a global lock");
     return RM_E_NOT_SUPPORTED;
+  }
+  if (!lock && s->kind != RM_SQL_INSERT) {
+    rm__at_err(b, "only an INSERT may go without global locks, not this %s: use rm_at_sql",
+               rm_sql_kind_name(s->kind));
+    rm_sql_stmt_clear(&own);
+    return RM_E_INVALID;
   }
   if (nparams < s->nparams) {
     rm__at_err(b, "the statement uses $%d but %d parameters were given", s->nparams, nparams);
@@ -367,7 +373,7 @@ int rm_at_sql(rm_branch_t *b, const char *sql, int nparams, const unsigned int *
   }
   int64_t n = rc == 0 ? PQntuples(mine && !r.res ? mine : r.res) : 0;
   if (rc == 0 && r.t) {
-    rc = rm__at_record_all(b, r.t, r.items, r.nitems, true); /* consumes the items */
+    rc = rm__at_record_all(b, r.t, r.items, r.nitems, lock); /* consumes the items */
   } else {
     for (size_t i = 0; i < r.nitems; i++) rm_item_clear(&r.items[i]);
   }
@@ -381,4 +387,14 @@ int rm_at_sql(rm_branch_t *b, const char *sql, int nparams, const unsigned int *
   PQclear(r.res);
   rm_sql_stmt_clear(&own);
   return rm__at_stmt_end(b, rc);
+}
+
+int rm_at_sql(rm_branch_t *b, const char *sql, int nparams, const unsigned int *param_types,
+              const char *const *param_values, int64_t *rows, PGresult **result) {
+  return sql_run(b, sql, nparams, param_types, param_values, rows, result, true);
+}
+
+int rm_at_sql_unlocked(rm_branch_t *b, const char *sql, int nparams, const unsigned int *param_types,
+                       const char *const *param_values, int64_t *rows, PGresult **result) {
+  return sql_run(b, sql, nparams, param_types, param_values, rows, result, false);
 }
