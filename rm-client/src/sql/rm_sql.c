@@ -224,63 +224,37 @@ static int base_and_returning(const char *sql, const PgQuery__ParseResult *parse
   return rc;
 }
 
-/* SELECT * FROM <rel> WHERE <where> FOR UPDATE, deparsed (malloc'd). */
+/*
+ * SELECT * FROM <rel> WHERE <where> FOR UPDATE, deparsed (malloc'd): the
+ * tree of that statement as the parser gives it for a stand-in table,
+ * with the statement's own relation, condition (and, for a SELECT, its
+ * ORDER BY and LIMIT: it locks only the rows it returns) put in for the
+ * deparse, then taken out again before the tree is freed.
+ */
 static int image_query(const PgQuery__ParseResult *parsed, PgQuery__RangeVar *rel, PgQuery__Node *where,
                        const PgQuery__SelectStmt *order_limit, char **out, char *err, size_t errlen) {
-  PgQuery__AStar star = PG_QUERY__A__STAR__INIT;
-  PgQuery__Node star_node = PG_QUERY__NODE__INIT;
-  star_node.node_case = PG_QUERY__NODE__NODE_A_STAR;
-  star_node.a_star = &star;
-  PgQuery__Node *fields[1] = {&star_node};
-  PgQuery__ColumnRef ref = PG_QUERY__COLUMN_REF__INIT;
-  ref.n_fields = 1;
-  ref.fields = fields;
-  ref.location = -1;
-  PgQuery__Node ref_node = PG_QUERY__NODE__INIT;
-  ref_node.node_case = PG_QUERY__NODE__NODE_COLUMN_REF;
-  ref_node.column_ref = &ref;
-  PgQuery__ResTarget target = PG_QUERY__RES_TARGET__INIT;
-  target.val = &ref_node;
-  target.location = -1;
-  PgQuery__Node target_node = PG_QUERY__NODE__INIT;
-  target_node.node_case = PG_QUERY__NODE__NODE_RES_TARGET;
-  target_node.res_target = &target;
-  PgQuery__Node *targets[1] = {&target_node};
-
-  PgQuery__Node rel_node = PG_QUERY__NODE__INIT;
-  rel_node.node_case = PG_QUERY__NODE__NODE_RANGE_VAR;
-  rel_node.range_var = rel;
-  PgQuery__Node *from[1] = {&rel_node};
-
-  PgQuery__LockingClause lock = PG_QUERY__LOCKING_CLAUSE__INIT;
-  lock.strength = PG_QUERY__LOCK_CLAUSE_STRENGTH__LCS_FORUPDATE;
-  lock.wait_policy = PG_QUERY__LOCK_WAIT_POLICY__LockWaitBlock;
-  PgQuery__Node lock_node = PG_QUERY__NODE__INIT;
-  lock_node.node_case = PG_QUERY__NODE__NODE_LOCKING_CLAUSE;
-  lock_node.locking_clause = &lock;
-  PgQuery__Node *locks[1] = {&lock_node};
-
-  PgQuery__SelectStmt sel = PG_QUERY__SELECT_STMT__INIT;
-  sel.n_target_list = 1;
-  sel.target_list = targets;
-  sel.n_from_clause = 1;
-  sel.from_clause = from;
-  sel.where_clause = where;
-  sel.n_locking_clause = 1;
-  sel.locking_clause = locks;
-  sel.limit_option = PG_QUERY__LIMIT_OPTION__LIMIT_OPTION_DEFAULT;
-  sel.op = PG_QUERY__SET_OPERATION__SETOP_NONE;
-  if (order_limit) { /* SELECT ... ORDER BY ... LIMIT n FOR UPDATE locks only the rows it returns */
-    sel.n_sort_clause = order_limit->n_sort_clause;
-    sel.sort_clause = order_limit->sort_clause;
-    sel.limit_count = order_limit->limit_count;
-    sel.limit_offset = order_limit->limit_offset;
-    sel.limit_option = order_limit->limit_option;
+  PgQueryProtobufParseResult r = pg_query_parse_protobuf("SELECT * FROM t FOR UPDATE");
+  PgQuery__ParseResult *tpl =
+    r.error ? NULL : pg_query__parse_result__unpack(NULL, r.parse_tree.len, (const uint8_t *)r.parse_tree.data);
+  pg_query_free_protobuf_parse_result(r);
+  if (!tpl) return fail(err, errlen, RM_E_NOMEM, "out of memory");
+  PgQuery__SelectStmt *sel = tpl->stmts[0]->stmt->select_stmt;
+  PgQuery__RangeVar *was_rel = sel->from_clause[0]->range_var;
+  PgQuery__SelectStmt keep = *sel;
+  sel->from_clause[0]->range_var = rel;
+  sel->where_clause = where;
+  if (order_limit) {
+    sel->n_sort_clause = order_limit->n_sort_clause;
+    sel->sort_clause = order_limit->sort_clause;
+    sel->limit_count = order_limit->limit_count;
+    sel->limit_offset = order_limit->limit_offset;
+    sel->limit_option = order_limit->limit_option;
   }
-  PgQuery__Node sel_node = PG_QUERY__NODE__INIT;
-  sel_node.node_case = PG_QUERY__NODE__NODE_SELECT_STMT;
-  sel_node.select_stmt = &sel;
-  return deparse_one(parsed, &sel_node, out, err, errlen);
+  int rc = deparse_one(parsed, tpl->stmts[0]->stmt, out, err, errlen);
+  *sel = keep; /* the borrowed nodes belong to the statement's tree */
+  sel->from_clause[0]->range_var = was_rel;
+  pg_query__parse_result__free_unpacked(tpl, NULL);
+  return rc;
 }
 
 /* ------------------------------------------------------- classification */
