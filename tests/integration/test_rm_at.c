@@ -1559,6 +1559,7 @@ int main(void) {
     cmocka_unit_test(test_sql_refused),
     cmocka_unit_test(test_sql_dirty_write),
     cmocka_unit_test(test_sql_global_lock),
+    cmocka_unit_test(test_sql_newcomer_row),
   };
   /* RM_TEST_FILTER=test_dirty* runs only the matching tests. */
   if (getenv("RM_TEST_FILTER")) cmocka_set_test_filter(getenv("RM_TEST_FILTER"));

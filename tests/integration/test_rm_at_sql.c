@@ -247,6 +247,51 @@ void test_sql_dirty_write(void **state) {
   PQfinish(o);
 }
 
+/* Between the image and the UPDATE: another transaction commits a row
+ * that matches the condition. */
+static void insert_newcomer(rm_branch_t *b, void *arg) {
+  (void)b;
+  PGconn *other = arg;
+  exec_ok(other, "INSERT INTO \"Plain Sql\" (\"K\", n, tag) VALUES ('race-2', 1, 'sql-race')");
+}
+
+/* A row that came to match the condition between the before image and
+ * the statement: the UPDATE would change a row it has no image of, so it
+ * is undone as a whole (RM_E_NOT_ONE_ROW, the transaction usable, nothing
+ * recorded); run again, it takes both rows with their images. */
+void test_sql_newcomer_row(void **state) {
+  (void)state;
+  PGconn *o = pg_open(orders_url), *other = pg_open(orders_url);
+  assert_non_null(o);
+  assert_non_null(other);
+  sql_tables(o);
+  assert_true(exec_ok(o, "DELETE FROM \"Plain Sql\" WHERE tag = 'sql-race'"));
+  assert_true(exec_ok(o, "INSERT INTO \"Plain Sql\" (\"K\", n, tag) VALUES ('race-1', 1, 'sql-race')"));
+  char xid[RM_XID_MAX];
+  assert_int_equal(rm_tm_begin(client, 30000, "sql_race", xid), 0);
+  rm_branch_t *b = open_branch(o, xid);
+  rm__at_failpoint_arg = other;
+  rm__at_sql_after_image = insert_newcomer;
+  int64_t rows = -1;
+  int rc = rm_at_sql(b, "UPDATE \"Plain Sql\" SET n = 5 WHERE tag = 'sql-race'", 0, NULL, NULL, &rows, NULL);
+  rm__at_sql_after_image = NULL;
+  rm__at_failpoint_arg = NULL;
+  assert_int_equal(rc, RM_E_NOT_ONE_ROW);
+  assert_non_null(strstr(rm_at_errmsg(b), "came to match"));
+  assert_true(tx_usable(o));
+  assert_int_equal(json_array_size(b->undo), 0);
+  assert_int_equal(q_ll(o, "SELECT sum(n) FROM \"Plain Sql\" WHERE tag = 'sql-race'", NULL, NULL, NULL), 2);
+  assert_int_equal(sql(b, "UPDATE \"Plain Sql\" SET n = 5 WHERE tag = 'sql-race'", 0, NULL, &rows), 0);
+  assert_int_equal(rows, 2);
+  assert_int_equal(json_array_size(b->undo), 2);
+  commit_branch(o, b);
+  int st = 0;
+  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
+  assert_int_equal(q_ll(o, "SELECT sum(n) FROM \"Plain Sql\" WHERE tag = 'sql-race'", NULL, NULL, NULL), 2);
+  PQfinish(o);
+  PQfinish(other);
+}
+
 typedef struct prepare_arg {
   rm_branch_t *b;
   int rc;

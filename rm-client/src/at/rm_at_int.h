@@ -211,6 +211,9 @@ rm_row_t *rm__row_from_range(const PGresult *res, int row, int first, int n);
  * registered and before the undo row is written (a "paused process"). */
 extern void (*rm__at_failpoint_after_register)(rm_branch_t *b, int64_t branch_id, void *arg);
 extern void *rm__at_failpoint_arg;
+/* Failpoint for tests: if set, rm_at_sql calls it between an UPDATE's or
+ * DELETE's before image and the statement itself (rm_at_sql.c). */
+extern void (*rm__at_sql_after_image)(rm_branch_t *b, void *arg);
 
 /* --- rm_at_frame.c: the frame of a statement --- */
 

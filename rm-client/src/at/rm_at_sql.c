@@ -34,6 +34,8 @@
 #include "txp_lockkey.h"
 
 #define TEXTOID 25
+
+void (*rm__at_sql_after_image)(rm_branch_t *b, void *arg) = NULL;
 /* The column that separates the AT layer's RETURNING part from the caller's. */
 #define MARK "rm_at_returning"
 
@@ -273,6 +275,7 @@ static int run_change(sql_run_t *r) {
   if (rc == 0) rc = image_items(r, image, update ? RM_OP_UPDATE : RM_OP_DELETE);
   PQclear(image);
   if (rc) return rc;
+  if (rm__at_sql_after_image) rm__at_sql_after_image(b, rm__at_failpoint_arg);
 
   txp_buf_t tail;
   txp_buf_init(&tail, 0);
