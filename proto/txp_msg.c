@@ -81,9 +81,9 @@ static const type_desc_t types[TXP_MSG__MAX] = {
                                B(RESOURCE_ID) | B(MESSAGE)},
   [TXP_MSG_BRANCH_REPORT_RESULT] = {"BranchReportResult", B(CODE), RESULT_BASE},
   [TXP_MSG_GLOBAL_LOCK_QUERY] = {"GlobalLockQuery", B(RESOURCE_ID) | B(LOCK_KEYS),
-                                 B(RESOURCE_ID) | B(LOCK_KEYS) | B(XID)},
+                                 B(RESOURCE_ID) | B(LOCK_KEYS) | B(XID) | B(LOCK_WAIT_MS)},
   [TXP_MSG_GLOBAL_LOCK_QUERY_RESULT] = {"GlobalLockQueryResult", B(CODE),
-                                        RESULT_BASE | B(LOCKABLE) | B(LOCK_HOLDER)},
+                                        RESULT_BASE | B(LOCKABLE) | B(LOCK_HOLDER) | B(WAITED_MS)},
   [TXP_MSG_BRANCH_COMMIT] = {"BranchCommit", B(XID) | B(BRANCH_ID) | B(RESOURCE_ID),
                              B(XID) | B(BRANCH_ID) | B(RESOURCE_ID) | B(BRANCH_TYPE) |
                                B(APP_DATA)},

@@ -411,18 +411,99 @@ static int check_rowkey(const txp_lockkey_t *k, void *arg) {
   return txp_row_key((const char *)arg, k, row, sizeof(row)) < 0 ? TXP_EFIELD_TOO_LONG : 0;
 }
 
-static void on_lock_query_read(int status, const char *err, const char *holder, void *arg) {
-  read_call_t *rc = arg;
-  if (status != TC_READ_OK) {
-    tc_req_reply_code(rc->req, TXP_ESTORE, "could not query locks: store unavailable");
+/*
+ * A GlobalLockQuery: whether the rows are free of other transactions'
+ * global locks (a SELECT ... FOR UPDATE in a branch asks it).  With
+ * lock_wait_ms it waits, in the same pushed queue as a registration
+ * (tc_lockwait.h), until the holder releases them, then reads again.
+ */
+typedef struct lock_query {
+  tc_ctx_t *ctx;
+  tc_req_t *req;
+  tc_waiter_t waiter;
+  uint64_t started_ns, read_ns, deadline_ns;
+  char xid[TXP_MAX_XID_LEN + 1];
+} lock_query_t;
+
+static void lock_query_read(lock_query_t *q);
+
+static void lock_query_reply(lock_query_t *q, const char *holder) {
+  txp_msg_t res;
+  char msg[TXP_MAX_XID_LEN + 96]; /* the answer points at it until sent */
+  if (holder && q->waiter.first_queued_ns) {
+    snprintf(msg, sizeof(msg), "lock wait timed out: held by global transaction \"%s\"", holder);
+    q->ctx->stats.lock_wait_timeouts++;
+    txp_msg_init_result(&res, &q->req->msg, TXP_ELOCK_WAIT_TIMEOUT, msg);
   } else {
-    txp_msg_t res;
-    txp_msg_init_result(&res, &rc->req->msg, 0, NULL);
-    txp_msg_set_int(&res, TXP_F_LOCKABLE, holder == NULL);
-    if (holder) txp_msg_set_str(&res, TXP_F_LOCK_HOLDER, holder);
-    tc_req_reply(rc->req, &res);
+    txp_msg_init_result(&res, &q->req->msg, 0, NULL);
   }
-  free(rc);
+  txp_msg_set_int(&res, TXP_F_LOCKABLE, holder == NULL);
+  if (holder) txp_msg_set_str(&res, TXP_F_LOCK_HOLDER, holder);
+  if (q->waiter.first_queued_ns)
+    txp_msg_set_int(&res, TXP_F_WAITED_MS, (int64_t)((uv_hrtime() - q->waiter.first_queued_ns) / 1000000u));
+  tc_req_reply(q->req, &res);
+  free(q);
+}
+
+static void on_lock_query_wake(tc_waiter_t *w, int reason) {
+  lock_query_t *q = w->data;
+  if (reason == 0 || (reason == TXP_ELOCK_WAIT_TIMEOUT && q->deadline_ns > uv_hrtime())) {
+    lock_query_read(q); /* released, or a cluster re-check: read again */
+    return;
+  }
+  if (reason == TXP_ELOCK_WAIT_TIMEOUT) {
+    lock_query_reply(q, w->holder);
+    return;
+  }
+  tc_req_reply_code(q->req, reason, "lock query ended: coordinator shutting down");
+  free(q);
+}
+
+static void on_lock_query_read(int status, const char *err, const char *holder, void *arg) {
+  (void)err;
+  lock_query_t *q = arg;
+  if (status != TC_READ_OK) {
+    tc_req_reply_code(q->req, TXP_ESTORE, "could not query locks: store unavailable");
+    free(q);
+    return;
+  }
+  uint64_t now = uv_hrtime();
+  if (!holder || q->deadline_ns <= now) {
+    lock_query_reply(q, holder);
+    return;
+  }
+  tc_ctx_t *ctx = q->ctx;
+  q->waiter.cb = on_lock_query_wake;
+  q->waiter.data = q;
+  q->waiter.xid = q->xid[0] ? q->xid : NULL;
+  snprintf(q->waiter.holder, sizeof(q->waiter.holder), "%s", holder);
+  q->waiter.deadline_ns = q->deadline_ns;
+  /* As a registration's wait: with peers, re-read at least this often. */
+  uint64_t recheck_ns = (uint64_t)ctx->cfg->cluster_lock_recheck_ms * 1000000u;
+  if (ctx->peers && recheck_ns && now + recheck_ns < q->waiter.deadline_ns) q->waiter.deadline_ns = now + recheck_ns;
+  if (!q->waiter.first_queued_ns) {
+    q->waiter.first_queued_ns = now;
+    ctx->stats.lock_waits++;
+  }
+  q->waiter.met_ns = q->read_ns;
+  int rc = tc_lockwait_add(ctx->lockwait, &q->waiter);
+  if (rc == TXP_EAGAIN) {
+    lock_query_read(q); /* released meanwhile */
+  } else if (rc != 0) {
+    lock_query_reply(q, holder); /* no room to wait: the answer as it is */
+  }
+}
+
+static void lock_query_read(lock_query_t *q) {
+  q->read_ns = uv_hrtime();
+  const txp_msg_t *m = &q->req->msg;
+  int code = tc_read_lock_holder(q->ctx->store, m->resource_id, m->lock_keys, (size_t)q->ctx->cfg->max_lock_keys,
+                                 q->xid[0] ? q->xid : NULL, READ_DEADLINE_MS, on_lock_query_read, q);
+  if (code != 0) {
+    if (code == TC_READ_ENOMEM) tc_req_reply_code(q->req, TXP_ENOMEM, "out of memory");
+    else tc_req_reply_code(q->req, TXP_EBUSY, "coordinator store queue full: retry later");
+    free(q);
+  }
 }
 
 /* Validate lock keys: their number and each row key's length. */
@@ -445,12 +526,25 @@ static int check_lock_keys_or_reply(tc_ctx_t *ctx, tc_req_t *req) {
 
 static void handle_lock_query(tc_ctx_t *ctx, tc_req_t *req) {
   if (check_lock_keys_or_reply(ctx, req) < 0) return;
-  read_call_t *rc = read_call_new(ctx, req);
-  if (!rc) return;
-  int code = tc_read_lock_holder(ctx->store, req->msg.resource_id, req->msg.lock_keys,
-                                 (size_t)ctx->cfg->max_lock_keys, req->msg.xid, READ_DEADLINE_MS,
-                                 on_lock_query_read, rc);
-  if (code != 0) read_call_unsent(rc, code);
+  const txp_msg_t *m = &req->msg;
+  if (m->lock_wait_ms > (uint32_t)ctx->cfg->lock_wait_max_ms) {
+    char msg[96];
+    snprintf(msg, sizeof(msg), "lock_wait_ms %u is above the limit of %d", m->lock_wait_ms, ctx->cfg->lock_wait_max_ms);
+    ctx->stats.bad_requests++;
+    tc_req_reply_code(req, TXP_EBAD_REQUEST, msg);
+    return;
+  }
+  lock_query_t *q = calloc(1, sizeof(*q));
+  if (!q) {
+    tc_req_reply_code(req, TXP_ENOMEM, "out of memory");
+    return;
+  }
+  q->ctx = ctx;
+  q->req = req;
+  q->started_ns = uv_hrtime();
+  q->deadline_ns = m->lock_wait_ms ? q->started_ns + (uint64_t)m->lock_wait_ms * 1000000u : 0;
+  if (m->xid) snprintf(q->xid, sizeof(q->xid), "%s", m->xid);
+  lock_query_read(q);
 }
 
 /* --------------------------------------------------------- registration */

@@ -412,6 +412,16 @@ typedef struct pg_result PGresult; /* libpq's */
  *   DELETE FROM t [AS a] WHERE <any condition> [RETURNING ...]
  *     The before image as for UPDATE.
  *       rm_at_sql(b, "DELETE FROM cart WHERE user_id = $1", 1, NULL, vals, &n, NULL)
+ *   SELECT ... FROM t [AS a] [WHERE ...] [ORDER BY ... LIMIT n] FOR UPDATE
+ *     One table.  The rows it returns are read under their local row
+ *     locks and must be free of other global transactions' locks (Seata's
+ *     "read committed" across global transactions): when one holds a row,
+ *     the local locks are let go and the coordinator answers once the
+ *     holder has released it (its pushed lock queue, up to the client's
+ *     lock_wait_ms), then the rows are read again.  RM_E_LOCK_WAIT_TIMEOUT
+ *     (the holder named) when it does not; RM_E_LOCK_CONFLICT at once on a
+ *     branch without statement savepoints.  Takes no global lock itself.
+ *       rm_at_sql(b, "SELECT qty FROM stock WHERE sku = $1 FOR UPDATE", 1, NULL, vals, &n, &res)
  *   SELECT without FOR UPDATE
  *     Runs as it is (a read takes no global lock).
  *       rm_at_sql(b, "SELECT qty FROM stock WHERE sku = $1", 1, NULL, vals, &n, &res)
@@ -420,9 +430,9 @@ typedef struct pg_result PGresult; /* libpq's */
  * why, before anything runs: several statements; WITH that writes;
  * INSERT ... SELECT, ON CONFLICT; UPDATE ... FROM, DELETE ... USING; an
  * UPDATE or DELETE without WHERE (write WHERE true if every row is
- * meant); WHERE CURRENT OF; SET col[i] or col.field; SELECT ... FOR
- * UPDATE (not yet: use rm_at_update or rm_at_update_add, whose before
- * image locks the row); DDL, COPY, MERGE, CALL and every other statement.
+ * meant); WHERE CURRENT OF; SET col[i] or col.field; FOR UPDATE over a
+ * join or several tables, FOR SHARE, NOWAIT, SKIP LOCKED; DDL, COPY,
+ * MERGE, CALL and every other statement.
  * A syntax error is RM_E_INVALID with PostgreSQL's message and position.
  * When the statement changed other rows than its before image held (a
  * row that came to match the condition, committed by another transaction

@@ -1560,6 +1560,8 @@ int main(void) {
     cmocka_unit_test(test_sql_dirty_write),
     cmocka_unit_test(test_sql_global_lock),
     cmocka_unit_test(test_sql_newcomer_row),
+    cmocka_unit_test(test_sql_select_for_update),
+    cmocka_unit_test(test_sql_select_for_update_timeout),
   };
   /* RM_TEST_FILTER=test_dirty* runs only the matching tests. */
   if (getenv("RM_TEST_FILTER")) cmocka_set_test_filter(getenv("RM_TEST_FILTER"));

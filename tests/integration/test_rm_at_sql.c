@@ -198,7 +198,7 @@ void test_sql_refused(void **state) {
     {"UPDATE \"Plain Sql\" SET \"K\" = 'z' WHERE n = 1", RM_E_NOT_SUPPORTED, "primary key"},
     {"INSERT INTO \"Plain Sql\" SELECT * FROM \"Plain Sql\"", RM_E_NOT_SUPPORTED, "only INSERT ... VALUES"},
     {"DELETE FROM \"Plain Sql\" USING other.pair WHERE true", RM_E_NOT_SUPPORTED, "USING another table"},
-    {"SELECT * FROM \"Plain Sql\" WHERE n = 1 FOR UPDATE", RM_E_NOT_SUPPORTED, "not supported yet"},
+    {"SELECT * FROM \"Plain Sql\" p JOIN other.pair q ON true FOR UPDATE", RM_E_NOT_SUPPORTED, "one table only"},
     {"DROP TABLE \"Plain Sql\"", RM_E_NOT_SUPPORTED, "not an INSERT"},
     {"UPDATE nopk SET b = 'x' WHERE a = 1", RM_E_NO_PK, ""},
     {"UPDATE no_such_table SET b = 'x' WHERE a = 1", RM_E_NO_TABLE, ""},
@@ -334,6 +334,118 @@ void test_sql_global_lock(void **state) {
   assert_int_equal(rm_at_close(pa.b, true), 0);
   assert_int_equal(rm_tm_commit(client, x2, &st), 0);
   assert_int_equal(q_ll(o, "SELECT n FROM \"Plain Sql\" WHERE \"K\" = 'lock-1'", NULL, NULL, NULL), 12);
+  PQfinish(o);
+  PQfinish(o2);
+}
+
+/* ------------------------------------------------- SELECT ... FOR UPDATE */
+
+typedef struct select_arg {
+  PGconn *pg;
+  char xid[RM_XID_MAX];
+  int rc;
+  long long n;
+  double secs;
+  char err[512];
+} select_arg_t;
+
+/* In a branch of its own global transaction: SELECT n ... FOR UPDATE of
+ * 'lock-sfu', timed. */
+static void *select_thread(void *arg) {
+  select_arg_t *a = arg;
+  double t0 = now_s();
+  a->rc = -1;
+  if (!exec_ok(a->pg, "BEGIN")) return NULL;
+  rm_branch_t *b = NULL;
+  if ((a->rc = rm_at_open(client, a->xid, "orders", a->pg, &b)) != 0) return NULL;
+  PGresult *res = NULL;
+  int64_t rows = 0;
+  a->rc = rm_at_sql(b, "SELECT n FROM \"Plain Sql\" WHERE \"K\" = $1 FOR UPDATE", 1, NULL,
+                    (const char *[]){"lock-sfu"}, &rows, &res);
+  a->secs = now_s() - t0;
+  snprintf(a->err, sizeof(a->err), "%s", a->rc ? rm_at_errmsg(b) : "");
+  a->n = a->rc == 0 && rows == 1 ? atoll(PQgetvalue(res, 0, 0)) : -1;
+  PQclear(res);
+  a->rc = a->rc ? a->rc : tx_usable(a->pg) ? 0 : -2;
+  exec_ok(a->pg, "ROLLBACK");
+  rm_at_close(b, false);
+  return NULL;
+}
+
+/* x1 sets the row's n to 'value' in a committed branch: it holds the row's
+ * global lock until it ends. */
+static void hold_row(PGconn *o, char *x1, int value) {
+  assert_true(exec_ok(o, "INSERT INTO \"Plain Sql\" (\"K\", n, tag) VALUES ('lock-sfu', 1, 'sql-sfu')"
+                         " ON CONFLICT (\"K\") DO UPDATE SET n = 1"));
+  assert_int_equal(rm_tm_begin(client, 30000, "sql_sfu_holder", x1), 0);
+  rm_branch_t *b = open_branch(o, x1);
+  char v[16];
+  snprintf(v, sizeof(v), "%d", value);
+  assert_int_equal(sql(b, "UPDATE \"Plain Sql\" SET n = $1::int WHERE \"K\" = 'lock-sfu'", 1, (const char *[]){v}, NULL), 0);
+  commit_branch(o, b);
+}
+
+/* A SELECT ... FOR UPDATE of a row another global transaction holds waits
+ * in the coordinator's queue (its local row lock let go meanwhile) and
+ * gets the row when the holder commits: the committed value.  When the
+ * holder rolls back instead, its rollback is not blocked by the reader
+ * and the reader gets the row as it was. */
+void test_sql_select_for_update(void **state) {
+  (void)state;
+  PGconn *o = pg_open(orders_url), *o2 = pg_open(orders_url);
+  assert_non_null(o);
+  assert_non_null(o2);
+  sql_tables(o);
+  for (int round = 0; round < 2; round++) {
+    bool commit = round == 0;
+    char x1[RM_XID_MAX];
+    hold_row(o, x1, commit ? 50 : 60);
+    select_arg_t a = {.pg = o2};
+    assert_int_equal(rm_tm_begin(client, 30000, "sql_sfu_reader", a.xid), 0);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, select_thread, &a), 0);
+    sleep_ms(400);
+    int st = 0;
+    if (commit) assert_int_equal(rm_tm_commit(client, x1, &st), 0);
+    else assert_int_equal(rm_tm_rollback(client, x1, &st), 0);
+    pthread_join(th, NULL);
+    if (a.rc != 0) fail_msg("the waiting SELECT: %d %s", a.rc, a.err);
+    assert_int_equal(a.n, commit ? 50 : 1);
+    assert_true(a.secs >= 0.3);
+    assert_int_equal(rm_tm_rollback(client, a.xid, &st), 0);
+  }
+  PQfinish(o);
+  PQfinish(o2);
+}
+
+/* The holder does not end within the client's lock wait (2 s here): the
+ * SELECT gives up with RM_E_LOCK_WAIT_TIMEOUT naming the holder, the
+ * reader's transaction usable; a row of its own global transaction does
+ * not wait at all. */
+void test_sql_select_for_update_timeout(void **state) {
+  (void)state;
+  PGconn *o = pg_open(orders_url), *o2 = pg_open(orders_url);
+  assert_non_null(o);
+  assert_non_null(o2);
+  sql_tables(o);
+  char x1[RM_XID_MAX];
+  hold_row(o, x1, 70);
+  select_arg_t a = {.pg = o2};
+  assert_int_equal(rm_tm_begin(client, 30000, "sql_sfu_timeout", a.xid), 0);
+  select_thread(&a);
+  assert_int_equal(a.rc, RM_E_LOCK_WAIT_TIMEOUT);
+  assert_non_null(strstr(a.err, x1));
+  assert_true(a.secs >= 1.5);
+  int st = 0;
+  assert_int_equal(rm_tm_rollback(client, a.xid, &st), 0);
+  /* the holder's own transaction reads it at once */
+  select_arg_t own = {.pg = o2};
+  snprintf(own.xid, sizeof(own.xid), "%s", x1);
+  select_thread(&own);
+  if (own.rc != 0) fail_msg("own SELECT: %d %s", own.rc, own.err);
+  assert_int_equal(own.n, 70);
+  assert_true(own.secs < 1.5);
+  assert_int_equal(rm_tm_commit(client, x1, &st), 0);
   PQfinish(o);
   PQfinish(o2);
 }

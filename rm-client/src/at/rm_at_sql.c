@@ -134,6 +134,7 @@ typedef struct sql_run {
   int nparams;
   const Oid *types;
   const char *const *vals;
+  const char *sql;   /* the statement as the caller wrote it */
   const rm_table_t *t;
   PGresult *res;     /* the statement's own result */
   int user_first;    /* first field of the caller's RETURNING part, -1: none */
@@ -312,6 +313,82 @@ static int run_change(sql_run_t *r) {
 
 /* ---------------------------------------------------------------- entry */
 
+/* ----------------------------------------------------- select for update */
+
+/* The lock keys of the rows of 'image' into 'keys'. */
+static int image_keys(sql_run_t *r, const PGresult *image, txp_buf_t *keys) {
+  const rm_table_t *t = r->t;
+  for (int i = 0; i < PQntuples(image); i++) {
+    rm_row_t *row = rm__row_from_result(image, i);
+    rm_row_t *pk = row ? rm__at_pk_from_row(t, row) : NULL;
+    rm_row_free(row);
+    if (!pk) return rm__at_oom(r->b);
+    int rc = rm_lockkeys_add(keys, r->b->res->id, t->lockname, (const char *const *)pk->vals, pk->n);
+    rm_row_free(pk);
+    if (rc == RM_E_INVALID) {
+      rm__at_err(r->b, "SELECT ... FOR UPDATE of \"%s\": the rows' lock keys exceed %u bytes (or a key is too long): "
+                 "select fewer rows", t->name, (unsigned)TXP_MAX_LOCK_KEYS_LEN);
+    }
+    if (rc != 0) return rc;
+  }
+  return 0;
+}
+
+/*
+ * SELECT ... FOR UPDATE: the rows it returns read under their local row
+ * locks, and free of other global transactions' locks (Seata's way of
+ * reading committed data across global transactions).  When another
+ * global transaction holds one, the local locks are let go (its rollback
+ * may need them) and the coordinator is asked to answer once the holder
+ * released it (its pushed lock queue, up to the client's lock_wait_ms);
+ * then the rows are read again.  Without statement savepoints the local
+ * locks cannot be let go alone: a held row is a conflict at once.  The
+ * statement itself runs last, on rows that are now this transaction's.
+ */
+static int run_select_for_update(sql_run_t *r) {
+  rm_branch_t *b = r->b;
+  uint64_t deadline = rm__mono_ms() + rm__lock_wait_ms(b->c);
+  txp_buf_t keys;
+  txp_buf_init(&keys, TXP_MAX_LOCK_KEYS_LEN);
+  int rc = 0;
+  for (;;) {
+    PGresult *image = NULL;
+    txp_buf_reset(&keys);
+    rc = read_image(r, &image);
+    if (rc == 0) rc = image_keys(r, image, &keys);
+    PQclear(image);
+    if (rc != 0 || keys.len == 0) break;
+    bool lockable = false;
+    char holder[RM_XID_MAX] = "";
+    rc = rm__lock_query(b->c, b->xid, b->res->id, keys.data, 0, &lockable, holder, sizeof(holder), b->errmsg,
+                        sizeof(b->errmsg));
+    if (rc != 0 || lockable) break;
+    uint64_t now = rm__mono_ms();
+    if (b->no_savepoints || now >= deadline) {
+      rm__at_err(b, "SELECT ... FOR UPDATE of \"%s\": a row is held by global transaction \"%s\"%s", r->t->name,
+                 holder, b->no_savepoints ? " (a branch without statement savepoints cannot wait for it)" : "");
+      rc = b->no_savepoints ? RM_E_LOCK_CONFLICT : RM_E_LOCK_WAIT_TIMEOUT;
+      break;
+    }
+    PGresult *sp = PQexec(b->pg, "ROLLBACK TO SAVEPOINT " RM_AT_SAVEPOINT); /* the local locks go, the savepoint stays */
+    bool ok = PQresultStatus(sp) == PGRES_COMMAND_OK;
+    if (!ok) rc = rm__at_stmt_error(b, "could not let the rows go while waiting for their global lock", sp);
+    else PQclear(sp);
+    if (!ok) break;
+    rc = rm__lock_query(b->c, b->xid, b->res->id, keys.data, (unsigned)(deadline - now), &lockable, holder,
+                        sizeof(holder), b->errmsg, sizeof(b->errmsg));
+    if (rc == RM_E_LOCK_WAIT_TIMEOUT)
+      rm__at_err(b, "SELECT ... FOR UPDATE of \"%s\": timed out waiting for global transaction \"%s\" to release a row",
+                 r->t->name, holder);
+    if (rc != 0) break;
+  }
+  txp_buf_free(&keys);
+  if (rc != 0) return rc;
+  rc = 0;
+  r->res = rm__at_run(b, "could not select", r->sql, r->nparams, r->vals, r->types, PGRES_TUPLES_OK, &rc);
+  return r->res ? 0 : rc;
+}
+
 /* Run a classified change (insert, update, delete) with its images; the
  * items are left in r->items for the caller to record. */
 static int run_classified(sql_run_t *r) {
@@ -319,6 +396,7 @@ static int run_classified(sql_run_t *r) {
   const char *const *cols = (const char *const *)s->set_cols;
   int rc = rm__at_stmt_table_in(r->b, s->schema, s->table, s->nset, cols, &r->t);
   if (rc) return rc;
+  if (s->kind == RM_SQL_SELECT_FOR_UPDATE) return run_select_for_update(r);
   return s->kind == RM_SQL_INSERT ? run_insert(r) : run_change(r);
 }
 
@@ -339,12 +417,6 @@ static int sql_run(rm_branch_t *b, const char *sql, int nparams, const unsigned 
     rm__at_err(b, "%s", err);
     return rc;
   }
-  if (s->kind == RM_SQL_SELECT_FOR_UPDATE) {
-    rm_sql_stmt_clear(&own);
-    rm__at_err(b, "SELECT ... FOR UPDATE in a branch is not supported yet: lock the row through "
-               "rm_at_update or rm_at_update_add, whose before image reads it under a global lock");
-    return RM_E_NOT_SUPPORTED;
-  }
   if (!lock && s->kind != RM_SQL_INSERT) {
     rm__at_err(b, "only an INSERT may go without global locks, not this %s: use rm_at_sql",
                rm_sql_kind_name(s->kind));
@@ -360,7 +432,7 @@ static int sql_run(rm_branch_t *b, const char *sql, int nparams, const unsigned 
     rm_sql_stmt_clear(&own);
     return rc;
   }
-  sql_run_t r = {.b = b, .s = s, .nparams = nparams, .types = param_types, .vals = param_values,
+  sql_run_t r = {.b = b, .s = s, .nparams = nparams, .types = param_types, .vals = param_values, .sql = sql,
                  .user_first = -1};
   if (s->kind == RM_SQL_READ) {
     r.res = rm__at_run(b, "could not read", sql, nparams, param_values, param_types, PGRES_TUPLES_OK, &rc);
@@ -368,7 +440,7 @@ static int sql_run(rm_branch_t *b, const char *sql, int nparams, const unsigned 
     rc = run_classified(&r);
   }
   PGresult *mine = NULL;
-  if (rc == 0 && result && s->kind == RM_SQL_READ) {
+  if (rc == 0 && result && (s->kind == RM_SQL_READ || s->kind == RM_SQL_SELECT_FOR_UPDATE)) {
     mine = r.res;
     r.res = NULL;
   } else if (rc == 0 && result && r.user_first >= 0 && !(mine = caller_part(b->pg, r.res, r.user_first))) {

@@ -243,6 +243,14 @@ static void build_msg(const rm_client_t *c, const rm_call_t *k, txp_msg_t *m) {
     txp_msg_set_str(m, TXP_F_CLIENT_ID, c->client_id);
     break;
   }
+  case TXP_MSG_GLOBAL_LOCK_QUERY: {
+    uint32_t lw = lock_wait_now(c, k);
+    txp_msg_set_str(m, TXP_F_XID, k->xid);
+    txp_msg_set_str(m, TXP_F_RESOURCE_ID, k->resource_id);
+    txp_msg_set_str(m, TXP_F_LOCK_KEYS, k->lock_keys);
+    if (lw) txp_msg_set_int(m, TXP_F_LOCK_WAIT_MS, lw);
+    break;
+  }
   case TXP_MSG_BRANCH_REPORT:
     txp_msg_set_str(m, TXP_F_XID, k->xid);
     txp_msg_set_int(m, TXP_F_BRANCH_ID, k->branch_id);
@@ -417,6 +425,11 @@ static void on_answer(rm_client_t *c, rm_conn_t *conn, rm_call_t *k, const txp_m
   }
   k->errmsg_code = code;
   if (txp_msg_has(m, TXP_F_GLOBAL_STATUS)) k->status = (int)m->global_status;
+  if (k->type == TXP_MSG_GLOBAL_LOCK_QUERY) {
+    k->res_lockable = txp_msg_has(m, TXP_F_LOCKABLE) && m->lockable;
+    snprintf(k->res_xid, sizeof(k->res_xid), "%s", m->lock_holder ? m->lock_holder : "");
+    k->waited_ms = m->waited_ms;
+  }
   if (code == 0) {
     if (k->type == TXP_MSG_GLOBAL_BEGIN) {
       if (!m->xid || !m->xid[0]) {

@@ -78,6 +78,7 @@ struct rm_call {
   int status;
   int64_t res_branch_id;
   uint32_t waited_ms;
+  bool res_lockable;         /* GlobalLockQuery; its holder, if any, in res_xid */
   char res_xid[TXP_MAX_XID_LEN + 1];
   char errmsg[TXP_MAX_MESSAGE_LEN + 1];
   int errmsg_code; /* the code 'errmsg' came with */

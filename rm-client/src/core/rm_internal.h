@@ -32,6 +32,17 @@ void rm__log(rm_client_t *c, int level, const char *fmt, ...) __attribute__((for
  * to 'lock_wait_ms' for busy locks (pushed by the TC) plus the request
  * timeout.  On failure, 'errmsg' (cap 'errlen') gets the TC's message.
  */
+/*
+ * Whether the rows 'lock_keys' of 'resource_id' are free of other global
+ * transactions' locks than 'xid''s (GlobalLockQuery); with 'lock_wait_ms',
+ * the coordinator holds the answer until they are (its pushed lock
+ * queue).  0 with *lockable (false: the holder's xid in 'holder');
+ * RM_E_LOCK_WAIT_TIMEOUT when the wait ran out (the holder named); or the
+ * call's code, with 'errmsg'.  Blocks: never on the loop thread.
+ */
+int rm__lock_query(rm_client_t *c, const char *xid, const char *resource_id, const char *lock_keys,
+                   unsigned lock_wait_ms, bool *lockable, char *holder, size_t holderlen, char *errmsg,
+                   size_t errlen);
 int rm__branch_register(rm_client_t *c, const char *xid, const char *resource_id,
                         const char *lock_keys, const char *app_data, unsigned lock_wait_ms,
                         int64_t *branch_id, char *errmsg, size_t errlen);

@@ -247,6 +247,42 @@ int rm__branch_register(rm_client_t *c, const char *xid, const char *resource_id
   return rc;
 }
 
+int rm__lock_query(rm_client_t *c, const char *xid, const char *resource_id, const char *lock_keys,
+                   unsigned lock_wait_ms, bool *lockable, char *holder, size_t holderlen, char *errmsg,
+                   size_t errlen) {
+  if (errmsg && errlen) errmsg[0] = '\0';
+  if (holder && holderlen) holder[0] = '\0';
+  *lockable = false;
+  if (!c || rm__check_str(xid, TXP_MAX_XID_LEN, true) != 0 ||
+      rm__check_str(resource_id, TXP_MAX_RESOURCE_LEN, true) != 0 ||
+      rm__check_str(lock_keys, TXP_MAX_LOCK_KEYS_LEN, true) != 0) {
+    if (errmsg && errlen) snprintf(errmsg, errlen, "invalid argument to a global lock query");
+    return RM_E_INVALID;
+  }
+  uint64_t timeout = (uint64_t)c->cfg.request_timeout_ms + lock_wait_ms;
+  if (timeout > UINT_MAX) timeout = UINT_MAX;
+  /* A read: safe to send again. */
+  rm_call_t *k = rm__call_new(TXP_MSG_GLOBAL_LOCK_QUERY, true, (unsigned)timeout);
+  if (!k) return RM_E_NOMEM;
+  snprintf(k->xid, sizeof(k->xid), "%s", xid);
+  k->lock_wait_ms = lock_wait_ms;
+  k->resource_id = strdup(resource_id);
+  k->lock_keys = strdup(lock_keys);
+  if (!k->resource_id || !k->lock_keys) {
+    rm__call_destroy(k);
+    return RM_E_NOMEM;
+  }
+  bool completed;
+  int rc = run_blocking(c, k, &completed);
+  if (completed && (rc == 0 || rc == RM_E_LOCK_WAIT_TIMEOUT)) {
+    *lockable = rc == 0 && k->res_lockable;
+    if (holder && holderlen) snprintf(holder, holderlen, "%s", k->res_xid);
+  }
+  if (rc != 0 && errmsg && errlen) snprintf(errmsg, errlen, "%s", completed && k->errmsg[0] ? k->errmsg : rm_strerror(rc));
+  rm__call_unref(k);
+  return rc;
+}
+
 int rm__branch_report(rm_client_t *c, const char *xid, int64_t branch_id, int branch_status,
                       const char *message) {
   if (!c || rm__check_str(xid, TXP_MAX_XID_LEN, true) != 0 ||
