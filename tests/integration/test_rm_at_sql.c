@@ -21,6 +21,7 @@
 
 #include "rm_at_fixture.h"
 #include "rm_client.h"
+#include "rm_internal.h"
 
 /* A table with a quoted name and key, and one with a composite key in
  * another schema; 'tag' keeps each test to its own rows. */
@@ -445,6 +446,14 @@ void test_sql_select_for_update_timeout(void **state) {
   if (own.rc != 0) fail_msg("own SELECT: %d %s", own.rc, own.err);
   assert_int_equal(own.n, 70);
   assert_true(own.secs < 1.5);
+  /* The coordinator bounds the wait it is asked for (lock_wait_max_ms). */
+  bool lockable = true;
+  char holder[RM_XID_MAX], err[512];
+  assert_int_equal(rm__lock_query(client, a.xid, "orders", "\"Plain Sql\":lock-sfu", 3600u * 1000u, &lockable, holder,
+                                  sizeof(holder), err, sizeof(err)),
+                   RM_E_BAD_REQUEST);
+  assert_non_null(strstr(err, "above the limit"));
+  assert_false(lockable);
   assert_int_equal(rm_tm_commit(client, x1, &st), 0);
   PQfinish(o);
   PQfinish(o2);
