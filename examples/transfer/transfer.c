@@ -22,16 +22,21 @@ static const char *env(const char *name) {
   return v;
 }
 
-/* One branch in its own local transaction: BEGIN, open, one statement,
- * prepare (registers the branch, writes the undo row), COMMIT, close. */
+/* One branch in its own local transaction: BEGIN, open, one statement
+ * (the SQL you would write anyway: librmclient takes its images), prepare
+ * (registers the branch, writes the undo row), COMMIT, close. */
 static int branch(rm_client_t *c, const char *xid, const char *resource, PGconn *pg, bool debit) {
-  const char *pk[] = {"1"}, *cols[] = {"account_id", "amount", "memo"}, *vals[] = {"1", "-10.50", xid};
+  const char *acct[] = {"1"}, *row[] = {"1", "-10.50", xid};
   rm_branch_t *b;
+  int64_t rows = 0;
   PQclear(PQexec(pg, "BEGIN"));
   int rc = rm_at_open(c, xid, resource, pg, &b);
   if (rc != 0) return PQclear(PQexec(pg, "ROLLBACK")), rc;
-  rc = debit ? rm_at_update_add(b, "account", pk, "balance", "-10.50", "balance + $1 >= 0")
-             : rm_at_insert(b, "ledger", 3, cols, vals);
+  rc = debit ? rm_at_sql(b, "UPDATE account SET balance = balance - 10.50 WHERE id = $1 AND balance >= 10.50", 1,
+                         NULL, acct, &rows, NULL)
+             : rm_at_sql(b, "INSERT INTO ledger (account_id, amount, memo) VALUES ($1, $2, $3)", 3, NULL, row, &rows,
+                         NULL);
+  if (rc == 0 && rows != 1) rc = RM_E_GUARD; /* no such account, or not 10.50 on it */
   if (rc == 0) rc = rm_at_prepare(b, NULL);
   PGresult *r = PQexec(pg, rc == 0 ? "COMMIT" : "ROLLBACK");
   if (rc == 0 && PQresultStatus(r) != PGRES_COMMAND_OK) rc = RM_E_DB;
