@@ -8,7 +8,8 @@
  * but a read; nparams within bounds), its before-image query classifies
  * again as a SELECT ... FOR UPDATE of the same table using no parameter
  * beyond the statement's, and its statement without RETURNING classifies
- * again as the same kind on the same table.  Seeds: corpus-sql/, the
+ * again as the same kind on the same table; a delta (SET c = c + X) and
+ * the key conditions it reports are consistent with the statement.  Seeds: corpus-sql/, the
  * statements of tests/unit/test_rm_sql.c.
  */
 #include <stdbool.h>
@@ -60,6 +61,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     CHECK(again.kind == s.kind && same(again.table, s.table) && same(again.schema, s.schema));
     CHECK(!again.returning && again.nparams <= s.nparams);
     rm_sql_stmt_clear(&again);
+  }
+  if (s.delta_col) { /* SET c = c +/- X: X a parameter of the statement, or a number */
+    CHECK(s.kind == RM_SQL_UPDATE && s.nset == 1 && strcmp(s.set_cols[0], s.delta_col) == 0);
+    CHECK(s.delta_sign == 1 || s.delta_sign == -1);
+    CHECK((s.delta_param > 0) != (s.delta_value != NULL) && s.delta_param <= s.nparams);
+  }
+  for (int i = 0; i < s.neq; i++) {
+    CHECK(s.eqs[i].col && s.eqs[i].col[0]);
+    CHECK((s.eqs[i].param > 0) != (s.eqs[i].value != NULL) && s.eqs[i].param <= s.nparams);
   }
   if (s.kind == RM_SQL_UPDATE || s.kind == RM_SQL_DELETE || s.kind == RM_SQL_SELECT_FOR_UPDATE) {
     CHECK(s.image_sql != NULL);

@@ -261,6 +261,59 @@ static void test_many_params(void **state) {
   rm_sql_stmt_clear(&s);
 }
 
+/* SET c = c + X / c - X, and the WHERE's col = X conjuncts: what the AT
+ * layer needs to take a hot counter's change as a delta. */
+typedef struct delta_case {
+  const char *sql;
+  const char *col; /* NULL: not a delta */
+  int sign, param;
+  const char *value;
+  const char *eqs; /* "col=$n" or "col='v'", comma-separated */
+  bool more;
+} delta_case_t;
+
+static const delta_case_t delta_cases[] = {
+  {"UPDATE b SET frozen = frozen + $4::int WHERE a = $1 AND t = $2 AND k = $3 AND stock - frozen >= $4::int",
+   "frozen", 1, 4, NULL, "a=$1,t=$2,k=$3", true},
+  {"UPDATE b SET n = b.n + 5 WHERE id = 'x'", "n", 1, 0, "5", "id='x'", false},
+  {"UPDATE b SET n = n - $1 WHERE id = $2::bigint", "n", -1, 1, NULL, "id=$2", false},
+  {"UPDATE b SET n = n + 2.5 WHERE id = 7", "n", 1, 0, "2.5", "id='7'", false},
+  {"UPDATE b SET n = n + 1, m = 2 WHERE id = 1", NULL, 0, 0, NULL, "id='1'", false},
+  {"UPDATE b SET n = m + 1 WHERE id = 1", NULL, 0, 0, NULL, "id='1'", false},
+  {"UPDATE b SET n = n * 2 WHERE id = 1", NULL, 0, 0, NULL, "id='1'", false},
+  {"UPDATE b SET n = n + 'x' WHERE id = 1", NULL, 0, 0, NULL, "id='1'", false},
+  {"UPDATE b SET n = n + $1 WHERE id = $2 OR id = $3", "n", 1, 1, NULL, "", true},
+  {"DELETE FROM b WHERE id = $1 AND $2 = x AND y > 0", NULL, 0, 0, NULL, "id=$1", true},
+};
+
+static void test_delta_shape(void **state) {
+  (void)state;
+  for (size_t i = 0; i < sizeof(delta_cases) / sizeof(delta_cases[0]); i++) {
+    const delta_case_t *d = &delta_cases[i];
+    rm_sql_stmt_t s;
+    char err[256];
+    if (rm_sql_classify(d->sql, &s, err, sizeof(err)) != 0) fail_msg("%s: %s", d->sql, err);
+    if (d->col) {
+      if (!s.delta_col || strcmp(s.delta_col, d->col) != 0) fail_msg("%s: delta column %s", d->sql, s.delta_col);
+      assert_int_equal(s.delta_sign, d->sign);
+      assert_int_equal(s.delta_param, d->param);
+      if (d->value) assert_string_equal(s.delta_value, d->value);
+      else assert_null(s.delta_value);
+    } else if (s.delta_col) {
+      fail_msg("%s: taken as a delta of %s", d->sql, s.delta_col);
+    }
+    char eqs[256] = "";
+    for (int k = 0; k < s.neq; k++) {
+      size_t n = strlen(eqs);
+      if (s.eqs[k].param) snprintf(eqs + n, sizeof(eqs) - n, "%s%s=$%d", k ? "," : "", s.eqs[k].col, s.eqs[k].param);
+      else snprintf(eqs + n, sizeof(eqs) - n, "%s%s='%s'", k ? "," : "", s.eqs[k].col, s.eqs[k].value);
+    }
+    if (strcmp(eqs, d->eqs) != 0) fail_msg("%s: conditions \"%s\", not \"%s\"", d->sql, eqs, d->eqs);
+    assert_int_equal(s.where_more, d->more);
+    rm_sql_stmt_clear(&s);
+  }
+}
+
 /* The cache: one entry per text, refusals not kept, bounded. */
 static void test_cache(void **state) {
   (void)state;
@@ -298,7 +351,7 @@ int main(void) {
     cmocka_unit_test(test_accepted),      cmocka_unit_test(test_returning_and_only),
     cmocka_unit_test(test_refused),       cmocka_unit_test(test_bad_arguments),
     cmocka_unit_test(test_many_params),   cmocka_unit_test(test_rebuilt),
-    cmocka_unit_test(test_cache),
+    cmocka_unit_test(test_cache),         cmocka_unit_test(test_delta_shape),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -49,6 +49,13 @@ void rm_sql_stmt_clear(rm_sql_stmt_t *s) {
   free(s->returning_sql);
   for (int i = 0; i < s->nset; i++) free(s->set_cols[i]);
   free(s->set_cols);
+  free(s->delta_col);
+  free(s->delta_value);
+  for (int i = 0; i < s->neq; i++) {
+    free(s->eqs[i].col);
+    free(s->eqs[i].value);
+  }
+  free(s->eqs);
   memset(s, 0, sizeof(*s));
 }
 
@@ -321,6 +328,98 @@ static int take_set_cols(const PgQuery__UpdateStmt *u, rm_sql_stmt_t *s, char *e
   return 0;
 }
 
+/* ------------------------------------------- deltas and key conditions */
+
+/* The column a ColumnRef names (its last field; a qualifier is the
+ * statement's own table or alias, the only one in scope), or NULL. */
+static const char *column_of(const PgQuery__Node *n) {
+  if (!n || n->node_case != PG_QUERY__NODE__NODE_COLUMN_REF || n->column_ref->n_fields == 0) return NULL;
+  const PgQuery__Node *last = n->column_ref->fields[n->column_ref->n_fields - 1];
+  return last->node_case == PG_QUERY__NODE__NODE_STRING ? str_or_null(last->string->sval) : NULL;
+}
+
+/* The operator of a binary A_Expr ("+", "="), or NULL. */
+static const char *op_of(const PgQuery__Node *n) {
+  if (!n || n->node_case != PG_QUERY__NODE__NODE_A_EXPR) return NULL;
+  const PgQuery__AExpr *e = n->a_expr;
+  if (e->kind != PG_QUERY__A__EXPR__KIND__AEXPR_OP || e->n_name != 1 || !e->lexpr || !e->rexpr ||
+      e->name[0]->node_case != PG_QUERY__NODE__NODE_STRING)
+    return NULL;
+  return e->name[0]->string->sval;
+}
+
+/* A parameter ($n, maybe cast) in *param, or a literal in *value
+ * (malloc'd: a number or a string); false for anything else. */
+static bool operand_of(const PgQuery__Node *n, bool numbers_only, int *param, char **value) {
+  *param = 0;
+  *value = NULL;
+  if (n && n->node_case == PG_QUERY__NODE__NODE_TYPE_CAST) n = n->type_cast->arg;
+  if (!n) return false;
+  if (n->node_case == PG_QUERY__NODE__NODE_PARAM_REF) {
+    *param = n->param_ref->number;
+    return *param > 0;
+  }
+  if (n->node_case != PG_QUERY__NODE__NODE_A_CONST || n->a_const->isnull) return false;
+  const PgQuery__AConst *c = n->a_const;
+  char num[32];
+  const char *text = NULL;
+  if (c->val_case == PG_QUERY__A__CONST__VAL_IVAL) {
+    snprintf(num, sizeof(num), "%d", c->ival->ival);
+    text = num;
+  } else if (c->val_case == PG_QUERY__A__CONST__VAL_FVAL) {
+    text = c->fval->fval;
+  } else if (c->val_case == PG_QUERY__A__CONST__VAL_SVAL && !numbers_only) {
+    text = c->sval->sval;
+  }
+  return text && (*value = strdup(text)) != NULL;
+}
+
+/* SET c = c + X / c - X: the delta's column, sign and amount. */
+static int take_delta(const PgQuery__UpdateStmt *u, rm_sql_stmt_t *s, char *err, size_t errlen) {
+  if (u->n_target_list != 1 || u->target_list[0]->node_case != PG_QUERY__NODE__NODE_RES_TARGET) return 0;
+  const PgQuery__ResTarget *t = u->target_list[0]->res_target;
+  const char *op = op_of(t->val);
+  if (!op || (strcmp(op, "+") != 0 && strcmp(op, "-") != 0)) return 0;
+  const char *col = column_of(t->val->a_expr->lexpr);
+  if (!col || !t->name || strcmp(col, t->name) != 0) return 0;
+  int param = 0;
+  char *value = NULL;
+  if (!operand_of(t->val->a_expr->rexpr, true, &param, &value)) return 0;
+  if (!(s->delta_col = strdup(col))) {
+    free(value);
+    return fail(err, errlen, RM_E_NOMEM, "out of memory");
+  }
+  s->delta_sign = op[0] == '+' ? 1 : -1;
+  s->delta_param = param;
+  s->delta_value = value;
+  return 0;
+}
+
+/* The conjuncts of 'where' of the form col = X, and whether there are
+ * others. */
+static int take_eqs(const PgQuery__Node *where, rm_sql_stmt_t *s, char *err, size_t errlen) {
+  const PgQuery__Node *const *args = &where;
+  size_t n = 1;
+  if (where->node_case == PG_QUERY__NODE__NODE_BOOL_EXPR &&
+      where->bool_expr->boolop == PG_QUERY__BOOL_EXPR_TYPE__AND_EXPR) {
+    args = (const PgQuery__Node *const *)where->bool_expr->args;
+    n = where->bool_expr->n_args;
+  }
+  if (!(s->eqs = calloc(n, sizeof(*s->eqs)))) return fail(err, errlen, RM_E_NOMEM, "out of memory");
+  for (size_t i = 0; i < n; i++) {
+    const char *op = op_of(args[i]);
+    const char *col = op && strcmp(op, "=") == 0 ? column_of(args[i]->a_expr->lexpr) : NULL;
+    rm_sql_eq_t *e = &s->eqs[s->neq];
+    if (!col || !operand_of(args[i]->a_expr->rexpr, false, &e->param, &e->value)) {
+      s->where_more = true;
+      continue;
+    }
+    if (!(e->col = strdup(col))) return fail(err, errlen, RM_E_NOMEM, "out of memory");
+    s->neq++;
+  }
+  return 0;
+}
+
 /* An UPDATE or a DELETE: one table, a condition, the before image. */
 static int classify_change(const char *sql, PgQuery__Node *n, PgQuery__RangeVar *rel, PgQuery__Node *where,
                            size_t n_from, const char *verb, const char *from_word, size_t *n_returning,
@@ -343,7 +442,10 @@ static int classify_change(const char *sql, PgQuery__Node *n, PgQuery__RangeVar 
     return fail(err, errlen, RM_E_NOT_SUPPORTED, "%s ... WHERE CURRENT OF: a cursor's row has no condition to image",
                 verb);
   s->returning = *n_returning > 0;
-  if (s->kind == RM_SQL_UPDATE && (rc = take_set_cols(n->update_stmt, s, err, errlen)) != 0) return rc;
+  if (s->kind == RM_SQL_UPDATE && ((rc = take_set_cols(n->update_stmt, s, err, errlen)) != 0 ||
+                                   (rc = take_delta(n->update_stmt, s, err, errlen)) != 0))
+    return rc;
+  if ((rc = take_eqs(where, s, err, errlen)) != 0) return rc;
   if ((rc = image_query(parsed, rel, where, NULL, &s->image_sql, err, errlen)) != 0) return rc;
   return base_and_returning(sql, parsed, n, rel, n_returning, returning, s, err, errlen);
 }

@@ -53,6 +53,13 @@ typedef enum rm_sql_kind {
 /* The most parameters a statement may have ($1..$RM_SQL_MAX_PARAMS). */
 #define RM_SQL_MAX_PARAMS 1000
 
+/* A condition "col = $param" (or "col = value", param 0). */
+typedef struct rm_sql_eq {
+  char *col;
+  int param;
+  char *value;
+} rm_sql_eq_t;
+
 typedef struct rm_sql_stmt {
   rm_sql_kind_t kind;
   char *schema;     /* as written, NULL when unqualified */
@@ -69,6 +76,18 @@ typedef struct rm_sql_stmt {
   char *returning_sql; /* the statement's RETURNING list ("a, b AS x"), NULL when none */
   int nset;            /* update: the columns SET names */
   char **set_cols;
+  /* update of one column by an amount, SET c = c + X or c = c - X, X a
+   * parameter or a number (a delta the AT layer may undo by the opposite
+   * delta on a declared hot column): */
+  char *delta_col;     /* NULL when the SET is not of that form */
+  int delta_sign;      /* +1 or -1 */
+  int delta_param;     /* X is $delta_param, or 0: X is delta_value */
+  char *delta_value;
+  /* update, delete: the WHERE's top-level "col = X" conjuncts (X a
+   * parameter or a literal), and whether it has others (a guard) */
+  int neq;
+  rm_sql_eq_t *eqs;
+  bool where_more;
 } rm_sql_stmt_t;
 
 /* Name of a kind ("insert", ...). */
