@@ -267,12 +267,12 @@ static int fused_commit(rm_branch_t *b, const char *const *insert_params) {
   rm_deferred_t *d = b->ndeferred == 1 ? &b->deferred[0] : NULL;
   txp_buf_t sql;
   txp_buf_init(&sql, 0);
-  const char *params[4 + 1 + 32];
-  Oid types[4 + 1 + 32] = {0};
+  const char *params[4 + RM_AT_DEFERRED_MAX_PARAMS];
+  Oid types[4 + RM_AT_DEFERRED_MAX_PARAMS] = {0};
   int np = 4, rc = 0;
   if (d) {
     char tail[512];
-    int k = d->npk + 2; /* the UPDATE's parameters are $1 (delta) and $2.. (the key) */
+    int k = d->nparams + 1; /* the UPDATE's own parameters come first */
     snprintf(tail, sizeof(tail),
              ") INSERT INTO undo_log (xid, branch_id, context, rollback_info, log_status) SELECT $%d, $%d, $%d || ", k,
              k + 1, k + 2);
@@ -288,10 +288,12 @@ static int fused_commit(rm_branch_t *b, const char *const *insert_params) {
       caller_rollback(b);
       return RM_E_NOMEM;
     }
-    np = 1 + d->npk + 4;
-    for (int i = 0; i <= d->npk; i++) params[i] = d->params[i];
-    for (int i = 0; i < 4; i++) params[1 + d->npk + i] = insert_params[i];
-    types[0] = INT8OID;
+    np = d->nparams + 4;
+    for (int i = 0; i < d->nparams; i++) {
+      params[i] = d->params[i];
+      types[i] = d->types[i];
+    }
+    for (int i = 0; i < 4; i++) params[d->nparams + i] = insert_params[i];
   } else {
     for (int i = 0; i < 4; i++) params[i] = insert_params[i];
   }
@@ -399,7 +401,7 @@ static int prepare(rm_branch_t *b, int64_t *branch_id, bool *fused_commit_done) 
   char bidbuf[32];
   snprintf(bidbuf, sizeof(bidbuf), "%lld", (long long)bid);
   const char *params[4] = {b->xid, bidbuf, ctx, undo};
-  if (fused_commit_done && b->no_savepoints && b->ndeferred <= 1 && (b->ndeferred == 0 || b->deferred[0].npk <= 32)) {
+  if (fused_commit_done && b->no_savepoints && b->ndeferred <= 1 && (b->ndeferred == 0 || b->deferred[0].nparams <= RM_AT_DEFERRED_MAX_PARAMS)) {
     rc = fused_commit(b, params);
     free(undo);
     free(ctx);

@@ -156,10 +156,14 @@ typedef enum { RM_BRANCH_OPEN = 0, RM_BRANCH_PREPARED, RM_BRANCH_FAILED } rm_bra
  * the SELECT that tells a refusing guard from a vanished row), parameters
  * and undo item, run by rm_at_prepare after the branch is registered. */
 typedef struct rm_deferred {
-  char *update_sql; /* UPDATE ... SET c = c + $1 WHERE pk = $2.. AND (guard) RETURNING c */
+  char *update_sql; /* UPDATE ... SET c = c + $1 WHERE pk = $2.. AND (guard) RETURNING c,
+                     * or the caller's own statement (rm_at_sql) with RETURNING c */
   char *exists_sql; /* SELECT 1 FROM t WHERE pk = $1.. */
+  int nparams;      /* of update_sql: at most RM_AT_DEFERRED_MAX_PARAMS */
+  char **params;    /* its parameters (text) */
+  Oid *types;       /* their types (0: inferred) */
   int npk;
-  char **params;    /* delta, then the pk values */
+  char **pk_vals;   /* exists_sql's */
   json_t *item;     /* the undo item (a delta item, as rm_at_update_delta records) */
   char what[160];   /* "table"."col" for messages */
   long long delta;
@@ -170,6 +174,9 @@ typedef struct rm_deferred {
  * its row is gone (RM_E_NOT_ONE_ROW), with the branch's message; or the
  * read's own error. */
 int rm__at_deferred_refused(rm_branch_t *b, const rm_deferred_t *d);
+/* The most parameters a deferred UPDATE may have (its fused form with the
+ * undo row's INSERT has 4 more). */
+#define RM_AT_DEFERRED_MAX_PARAMS 64
 
 struct rm_branch {
   rm_client_t *c;
@@ -348,6 +355,24 @@ int rm__at_item_init(rm_item_t *it, rm_op_t op, const rm_table_t *t);
 int rm__at_oom(rm_branch_t *b);
 /* Whether column 'ci' of 't' is part of its primary key. */
 bool rm__at_is_pk_col(const rm_table_t *t, int ci);
+/* Column 'col' of 't' may take a delta (an integer or numeric column
+ * outside the key, not generated): 0 with its index in *ci, or
+ * RM_E_NOT_SUPPORTED / RM_E_INVALID with the message set. */
+int rm__at_delta_col(rm_branch_t *b, const rm_table_t *t, const char *col, int *ci);
+/*
+ * Inside a started statement, on the row 'pk_vals' of 't' (which must
+ * exist: read without a lock): record a delta of column 'ci' for the
+ * commit (rm_at_update_delta_on_commit), or defer 'update_sql' with its
+ * parameters to prepare as the delta's UPDATE (rm_at_update_delta_deferred;
+ * 'delta' >= 0, what its undo item takes back).  *released: the
+ * statement's savepoint went with the read (the caller then must not end
+ * the statement through rm__at_stmt_end, only clear sp_taken).
+ */
+int rm__at_commit_delta(rm_branch_t *b, const rm_table_t *t, int ci, const char *const *pk_vals, long long delta,
+                        bool *released);
+int rm__at_defer_delta(rm_branch_t *b, const rm_table_t *t, int ci, const char *const *pk_vals, long long delta,
+                       const char *update_sql, int nparams, const char *const *params, const Oid *types,
+                       bool *released);
 
 /*
  * Prepare, after the registration: run the deferred delta UPDATEs under

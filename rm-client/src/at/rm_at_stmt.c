@@ -406,20 +406,27 @@ static bool delta_type_ok(unsigned type) { return type == 20 || type == 21 || ty
  * values and the column 'col', which must be an integer or numeric column
  * outside the primary key (its index in *ci).
  */
+int rm__at_delta_col(rm_branch_t *b, const rm_table_t *t, const char *col, int *ci) {
+  *ci = rm__col_index(t, col);
+  if (*ci < 0) {
+    rm__at_err(b, "column \"%s\" of \"%s\" does not exist", col, t->name);
+    return RM_E_INVALID;
+  }
+  if (rm__at_is_pk_col(t, *ci) || t->cols[*ci].generated || !delta_type_ok(t->cols[*ci].type)) {
+    rm__at_err(b, "column \"%s\" of \"%s\" cannot take a delta (it must be an integer or numeric column "
+               "outside the primary key)", col, t->name);
+    return RM_E_NOT_SUPPORTED;
+  }
+  return 0;
+}
+
 static int delta_target(rm_branch_t *b, const char *table, const char *const *pk_vals, const char *col,
                         const rm_table_t **t, int *ci) {
   const char *const dcol[1] = {col};
   int rc = rm__at_stmt_table(b, table, 1, dcol, t);
   if (rc == 0) rc = check_pk_vals(b, *t, pk_vals);
   if (rc != 0) return rc;
-  const rm_table_t *tt = *t;
-  *ci = rm__col_index(tt, col);
-  if (rm__at_is_pk_col(tt, *ci) || tt->cols[*ci].generated || !delta_type_ok(tt->cols[*ci].type)) {
-    rm__at_err(b, "column \"%s\" of \"%s\" cannot take a delta (it must be an integer or numeric column "
-               "outside the primary key)", col, tt->name);
-    return RM_E_NOT_SUPPORTED;
-  }
-  return 0;
+  return rm__at_delta_col(b, *t, col, ci);
 }
 
 /* Append "UPDATE t SET c = c + $1 WHERE pk = $2 ... AND (guard) RETURNING
@@ -595,8 +602,11 @@ out:
 void rm__at_deferred_clear(rm_deferred_t *d) {
   free(d->update_sql);
   free(d->exists_sql);
-  for (int k = 0; d->params && k <= d->npk; k++) free(d->params[k]);
+  for (int k = 0; d->params && k < d->nparams; k++) free(d->params[k]);
   free(d->params);
+  free(d->types);
+  for (int k = 0; d->pk_vals && k < d->npk; k++) free(d->pk_vals[k]);
+  free(d->pk_vals);
   json_decref(d->item);
   memset(d, 0, sizeof(*d));
 }
@@ -643,25 +653,20 @@ static int row_must_exist(rm_branch_t *b, const rm_table_t *t, const char *esql,
   return rc;
 }
 
-int rm_at_update_delta_on_commit(rm_branch_t *b, const char *table, const char *const *pk_vals,
-                                 const char *col, long long delta) {
-  if (!b) return RM_E_INVALID;
-  int rc = delta_start(b, table, pk_vals, col, delta, true);
-  if (rc != 0) return rc;
-  const rm_table_t *t = NULL;
+int rm__at_commit_delta(rm_branch_t *b, const rm_table_t *t, int ci, const char *const *pk_vals, long long delta,
+                        bool *released) {
   txp_buf_t esql;
   txp_buf_init(&esql, 0);
   rm_item_t it = {0};
-  bool released = false;
-  int ci = -1;
-  if ((rc = delta_target(b, table, pk_vals, col, &t, &ci)) != 0) goto out;
+  int rc = 0;
+  *released = false;
   if (pk_stmt_sql(&esql, "SELECT 1 FROM ", t, NULL) != 0) {
     rc = rm__at_oom(b);
     goto out;
   }
   /* The row must exist now: a commit that finds it gone cannot apply the
    * delta and needs an operator (rm_undo.c). */
-  if ((rc = row_must_exist(b, t, esql.data, pk_vals, &released)) != 0) goto out;
+  if ((rc = row_must_exist(b, t, esql.data, pk_vals, released)) != 0) goto out;
   if (rm__at_item_init(&it, RM_OP_COMMIT_DELTA, t) != 0 || !(it.pk = pk_from_vals(t, pk_vals)) ||
       !(it.col = strdup(t->cols[ci].name))) {
     rc = rm__at_oom(b);
@@ -672,6 +677,18 @@ int rm_at_update_delta_on_commit(rm_branch_t *b, const char *table, const char *
 out:
   rm_item_clear(&it);
   txp_buf_free(&esql);
+  return rc;
+}
+
+int rm_at_update_delta_on_commit(rm_branch_t *b, const char *table, const char *const *pk_vals,
+                                 const char *col, long long delta) {
+  if (!b) return RM_E_INVALID;
+  int rc = delta_start(b, table, pk_vals, col, delta, true);
+  if (rc != 0) return rc;
+  const rm_table_t *t = NULL;
+  bool released = false;
+  int ci = -1;
+  if ((rc = delta_target(b, table, pk_vals, col, &t, &ci)) == 0) rc = rm__at_commit_delta(b, t, ci, pk_vals, delta, &released);
   if (released) { /* the savepoint is gone and the SELECT changed nothing */
     b->sp_taken = false;
     return rc;
@@ -679,42 +696,45 @@ out:
   return rm__at_stmt_end(b, rc);
 }
 
-int rm_at_update_delta_deferred(rm_branch_t *b, const char *table, const char *const *pk_vals,
-                                const char *col, long long delta, const char *guard) {
-  if (!b) return RM_E_INVALID;
-  int rc = delta_start(b, table, pk_vals, col, delta, false);
-  if (rc != 0) return rc;
-  const rm_table_t *t = NULL;
-  txp_buf_t sql, esql;
-  txp_buf_init(&sql, 0);
+int rm__at_defer_delta(rm_branch_t *b, const rm_table_t *t, int ci, const char *const *pk_vals, long long delta,
+                       const char *update_sql, int nparams, const char *const *params, const Oid *types,
+                       bool *released) {
+  txp_buf_t esql;
   txp_buf_init(&esql, 0);
   rm_item_t it = {0};
   rm_deferred_t d = {0};
-  bool released = false;
-  int ci = -1;
-  if ((rc = delta_target(b, table, pk_vals, col, &t, &ci)) != 0) goto out;
-  if (delta_sql(&sql, t, ci, guard, NULL) != 0 || pk_stmt_sql(&esql, "SELECT 1 FROM ", t, NULL) != 0) {
+  int rc = 0;
+  *released = false;
+  if (nparams < 0 || nparams > RM_AT_DEFERRED_MAX_PARAMS) {
+    rm__at_err(b, "a deferred delta update takes at most %d parameters", RM_AT_DEFERRED_MAX_PARAMS);
+    return RM_E_INVALID;
+  }
+  if (pk_stmt_sql(&esql, "SELECT 1 FROM ", t, NULL) != 0) {
     rc = rm__at_oom(b);
     goto out;
   }
   /* The row must exist now (a plain read: no row lock). */
-  if ((rc = row_must_exist(b, t, esql.data, pk_vals, &released)) != 0) goto out;
+  if ((rc = row_must_exist(b, t, esql.data, pk_vals, released)) != 0) goto out;
   /* The undo item, as rm_at_update_delta records it; it joins the undo
    * log when prepare has run the UPDATE (statement order = undo order). */
   size_t sz = 0;
-  if ((rc = delta_item(b, t, pk_vals, ci, delta, &it)) != 0 ||
-      (rc = rm__at_item_encode(b, t, &it, &d.item, &sz)) != 0)
+  if ((rc = delta_item(b, t, pk_vals, ci, delta, &it)) != 0 || (rc = rm__at_item_encode(b, t, &it, &d.item, &sz)) != 0)
     goto out;
-  char dbuf[32];
-  snprintf(dbuf, sizeof(dbuf), "%lld", delta);
-  d.npk = t->npk;
   d.delta = delta;
   snprintf(d.what, sizeof(d.what), "\"%.60s\".\"%.60s\"", t->name, t->cols[ci].name);
-  d.update_sql = strdup(sql.data);
+  d.update_sql = strdup(update_sql);
   d.exists_sql = strdup(esql.data);
-  d.params = calloc((size_t)(1 + t->npk), sizeof(char *));
-  bool ok = d.update_sql && d.exists_sql && d.params && (d.params[0] = strdup(dbuf)) != NULL;
-  for (int k = 0; ok && k < t->npk; k++) ok = (d.params[1 + k] = strdup(pk_vals[k])) != NULL;
+  d.params = calloc((size_t)nparams + 1, sizeof(char *));
+  d.types = calloc((size_t)nparams + 1, sizeof(Oid));
+  d.pk_vals = calloc((size_t)t->npk, sizeof(char *));
+  bool ok = d.update_sql && d.exists_sql && d.params && d.types && d.pk_vals;
+  for (int i = 0; ok && i < nparams; i++) {
+    d.types[i] = types ? types[i] : 0;
+    ok = !params[i] || (d.params[i] = strdup(params[i])) != NULL;
+  }
+  d.nparams = ok ? nparams : 0;
+  for (int k = 0; ok && k < t->npk; k++) ok = (d.pk_vals[k] = strdup(pk_vals[k])) != NULL;
+  d.npk = ok ? t->npk : 0;
   if (ok && b->ndeferred == b->capdeferred) {
     size_t cap = b->capdeferred ? b->capdeferred * 2 : 4;
     rm_deferred_t *nd = realloc(b->deferred, cap * sizeof(*nd));
@@ -726,6 +746,8 @@ int rm_at_update_delta_deferred(rm_branch_t *b, const char *table, const char *c
     }
   }
   if (!ok) {
+    d.nparams = nparams; /* free what was copied */
+    d.npk = t->npk;
     rc = rm__at_oom(b);
     goto out;
   }
@@ -735,8 +757,39 @@ int rm_at_update_delta_deferred(rm_branch_t *b, const char *table, const char *c
 out:
   rm__at_deferred_clear(&d);
   rm_item_clear(&it);
-  txp_buf_free(&sql);
   txp_buf_free(&esql);
+  return rc;
+}
+
+int rm_at_update_delta_deferred(rm_branch_t *b, const char *table, const char *const *pk_vals,
+                                const char *col, long long delta, const char *guard) {
+  if (!b) return RM_E_INVALID;
+  int rc = delta_start(b, table, pk_vals, col, delta, false);
+  if (rc != 0) return rc;
+  const rm_table_t *t = NULL;
+  txp_buf_t sql;
+  txp_buf_init(&sql, 0);
+  bool released = false;
+  int ci = -1;
+  const char **params = NULL;
+  Oid *types = NULL;
+  if ((rc = delta_target(b, table, pk_vals, col, &t, &ci)) != 0) goto out;
+  char dbuf[32];
+  snprintf(dbuf, sizeof(dbuf), "%lld", delta);
+  params = calloc((size_t)(1 + t->npk), sizeof(char *));
+  types = calloc((size_t)(1 + t->npk), sizeof(Oid));
+  if (!params || !types || delta_sql(&sql, t, ci, guard, NULL) != 0) {
+    rc = rm__at_oom(b);
+    goto out;
+  }
+  params[0] = dbuf;
+  types[0] = INT8OID; /* the delta; the key values untyped */
+  for (int k = 0; k < t->npk; k++) params[1 + k] = pk_vals[k];
+  rc = rm__at_defer_delta(b, t, ci, pk_vals, delta, sql.data, 1 + t->npk, params, types, &released);
+out:
+  free(params);
+  free(types);
+  txp_buf_free(&sql);
   if (released) { /* the savepoint is gone and the SELECT changed nothing */
     b->sp_taken = false;
     return rc;
@@ -747,7 +800,7 @@ out:
 /* ---------------------------------------- prepare: the deferred updates */
 
 int rm__at_deferred_refused(rm_branch_t *b, const rm_deferred_t *d) {
-  PGresult *e = PQexecParams(b->pg, d->exists_sql, d->npk, NULL, (const char *const *)d->params + 1, NULL, NULL, 0);
+  PGresult *e = PQexecParams(b->pg, d->exists_sql, d->npk, NULL, (const char *const *)d->pk_vals, NULL, NULL, 0);
   if (PQresultStatus(e) != PGRES_TUPLES_OK) return rm__at_stmt_error(b, "could not read the row", e);
   int rc = RM_E_GUARD;
   if (PQntuples(e) == 0) {
@@ -779,17 +832,14 @@ int rm__at_run_deferred(rm_branch_t *b, const char *tail, int ntail, const char 
   const char *const **pp = calloc(n, sizeof(char **));
   const Oid **tt = calloc(n, sizeof(Oid *));
   PGresult **res = calloc(n, sizeof(PGresult *));
-  /* Oids of the parameters: the delta is int8, the key values untyped (a
-   * primary key has at most INDEX_MAX_KEYS = 32 columns). */
-  static const Oid int8_first[1 + 32] = {INT8OID};
   int rc = sqls && np && pp && tt && res ? 0 : RM_E_NOMEM;
   if (!rc && sp) sqls[0] = "SAVEPOINT " RM_AT_SAVEPOINT;
   for (size_t i = 0; !rc && i < b->ndeferred; i++) {
     rm_deferred_t *d = &b->deferred[i];
     sqls[first + i] = d->update_sql;
-    np[first + i] = 1 + d->npk;
+    np[first + i] = d->nparams;
     pp[first + i] = (const char *const *)d->params;
-    tt[first + i] = d->npk <= 32 ? int8_first : NULL;
+    tt[first + i] = d->types;
   }
   if (!rc && !sp && tail) {
     sqls[n - 1] = tail;
