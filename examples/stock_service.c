@@ -345,6 +345,19 @@ static int bucket_change(stmt_ctx_t *c, freeze_mode_t mode, const stock_op_t *op
     if (rc == 0 && dsold) rc = rm_at_update_delta_on_commit(c->b, "activity_ticket_bucket", pk, "sold_count", dsold);
     return rc;
   }
+  if (mode == MODE_DEFERRED && c->s->at_sql && dfrozen > 0 && dsold == 0) {
+    /* A freeze as the SQL the service would write: frozen_count is a
+     * declared hot counter, so this is the same deferred delta, guard and
+     * all, run in rm_at_prepare. */
+    char df[24];
+    snprintf(df, sizeof(df), "%lld", dfrozen);
+    const char *p[4] = {sa, st, sb, df};
+    return stmt_exec(c,
+                     "UPDATE activity_ticket_bucket SET frozen_count = frozen_count + $4::int"
+                     " WHERE activity_id = $1 AND ticket_type = $2 AND bucket_id = $3"
+                     " AND stock - frozen_count - sold_count >= $4::int",
+                     4, p, true, NULL);
+  }
   if (mode == MODE_DELTA || mode == MODE_DEFERRED) {
     /* A freeze: taken now, under its guard (deferred: in rm_at_prepare,
      * after the registration). */
@@ -838,6 +851,10 @@ int main(int argc, char **argv) {
     goto out;
   }
   int rc = rm_resource_add(s.rm, s.resource, pg_url);
+  /* The bucket's frozen_count is a counter of tickets taken: its plain
+   * UPDATE by an amount is a delta (rm_at_hot_column), as the structured
+   * rm_at_update_delta_deferred. */
+  if (rc == 0 && s.at_sql) rc = rm_at_hot_column(s.rm, s.resource, "activity_ticket_bucket", "frozen_count");
   if (rc != 0) {
     svc_error("could not add resource \"%s\": %s", s.resource, rm_strerror(rc));
     exit_code = 69;

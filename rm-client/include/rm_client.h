@@ -449,6 +449,26 @@ RM_API int rm_at_sql(rm_branch_t *b, const char *sql, int nparams, const unsigne
 RM_API int rm_at_sql_unlocked(rm_branch_t *b, const char *sql, int nparams, const unsigned int *param_types,
                               const char *const *param_values, int64_t *rows, PGresult **result);
 /*
+ * Declare 'column' of 'table' ("name": in any schema, or "schema.name";
+ * unquoted) of resource 'resource_id' a hot counter of things taken
+ * (frozen, sold, used: capacity taken when it goes up).  rm_at_sql then
+ * takes an UPDATE that changes only that column by an amount and names the
+ * row by its whole key, without RETURNING,
+ *   UPDATE t SET c = c + X WHERE <each key column> = ... [AND <guard>]
+ * (X a parameter or an integer; c - X too) as a delta instead of images:
+ * no global lock on the row, and the undo is the opposite delta.  X >= 0
+ * takes: the UPDATE (the caller's own, guard and all) runs in
+ * rm_at_prepare, as rm_at_update_delta_deferred's does.  X < 0 gives back:
+ * recorded for the commit, as rm_at_update_delta_on_commit (the rule of
+ * the atomicity issue: a give-back is never undone by an opposite delta),
+ * and it may have no condition beyond the key (RM_E_INVALID).  '*rows' is
+ * then 1 (the change is applied later).  Every other statement on the
+ * column goes through images as before.  At most 64 per resource; call it
+ * after rm_resource_add.  0, RM_E_INVALID (unknown resource, a bad name,
+ * too many).
+ */
+RM_API int rm_at_hot_column(rm_client_t *c, const char *resource_id, const char *table, const char *column);
+/*
  * Hot-row counter: UPDATE table SET col = col + delta WHERE pk AND (guard).
  * 'guard' is an SQL condition on the row's own columns with $1 standing for
  * 'delta' (e.g. "stock - frozen_count - sold_count >= $1"), or NULL.  The

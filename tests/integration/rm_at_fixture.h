@@ -75,6 +75,7 @@ void test_sql_global_lock(void **state);
 void test_sql_newcomer_row(void **state);
 void test_sql_select_for_update(void **state);
 void test_sql_select_for_update_timeout(void **state);
+void test_sql_hot_counter(void **state);
 void test_schema_change(void **state);
 void test_prepared_statements(void **state);
 void test_insert_fails_late(void **state);

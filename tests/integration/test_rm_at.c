@@ -1562,6 +1562,7 @@ int main(void) {
     cmocka_unit_test(test_sql_newcomer_row),
     cmocka_unit_test(test_sql_select_for_update),
     cmocka_unit_test(test_sql_select_for_update_timeout),
+    cmocka_unit_test(test_sql_hot_counter),
   };
   /* RM_TEST_FILTER=test_dirty* runs only the matching tests. */
   if (getenv("RM_TEST_FILTER")) cmocka_set_test_filter(getenv("RM_TEST_FILTER"));

@@ -458,3 +458,111 @@ void test_sql_select_for_update_timeout(void **state) {
   PQfinish(o);
   PQfinish(o2);
 }
+
+/* ------------------------------------------------------- hot counters */
+
+#define HOT_TAKE                                                                                        \
+  "UPDATE activity_ticket_bucket SET frozen_count = frozen_count + $4::int WHERE activity_id = $1"     \
+  " AND ticket_type = $2 AND bucket_id = $3 AND stock - frozen_count - sold_count >= $4::int"
+#define HOT_GIVE                                                                                        \
+  "UPDATE activity_ticket_bucket SET frozen_count = frozen_count - $4::int WHERE activity_id = $1"     \
+  " AND ticket_type = $2 AND bucket_id = $3"
+
+static long long frozen14(PGconn *s) {
+  return q_ll(s, "SELECT frozen_count FROM activity_ticket_bucket WHERE activity_id = 1 AND ticket_type = 1"
+                 " AND bucket_id = 14", NULL, NULL, NULL);
+}
+
+/* A branch on the stock database running one statement with 'qty';
+ * prepared and committed locally when 'commit'. */
+static int hot_branch(PGconn *s, const char *xid, const char *stmt, const char *qty, bool commit, rm_branch_t **out) {
+  assert_true(exec_ok(s, "BEGIN"));
+  rm_branch_t *b = NULL;
+  assert_int_equal(rm_at_open(client, xid, "stock", s, &b), 0);
+  int64_t rows = 0;
+  const char *v[4] = {"1", "1", "14", qty};
+  int rc = rm_at_sql(b, stmt, 4, NULL, v, &rows, NULL);
+  if (rc == 0) assert_int_equal(rows, 1);
+  *out = b;
+  if (rc != 0 || !commit) return rc;
+  int64_t bid = 0;
+  rc = rm_at_prepare(b, &bid);
+  if (rc == 0) assert_true(exec_ok(s, "COMMIT"));
+  else exec_ok(s, "ROLLBACK");
+  rm_at_close(b, rc == 0);
+  return rc;
+}
+
+/* A declared hot counter (rm_at_hot_column): the plain UPDATE that takes
+ * is a deferred delta (no global lock, the caller's own statement and
+ * guard run in prepare; a rollback gives it back); one that gives back is
+ * applied by the commit, and refused with a guard; a statement that does
+ * not name the whole key goes through images. */
+void test_sql_hot_counter(void **state) {
+  (void)state;
+  assert_int_equal(rm_at_hot_column(client, "stock", "activity_ticket_bucket", "frozen_count"), 0);
+  assert_int_equal(rm_at_hot_column(client, "no-such-resource", "t", "c"), RM_E_INVALID);
+  assert_int_equal(rm_at_hot_column(client, "stock", ".t", "c"), RM_E_INVALID);
+  PGconn *s = pg_open(stock_url);
+  assert_non_null(s);
+  long long f0 = frozen14(s);
+  char xid[RM_XID_MAX];
+  int st = 0;
+
+  /* takes 3: nothing moves before prepare, no lock key; rolled back after */
+  assert_int_equal(rm_tm_begin(client, 30000, "sql_hot_take", xid), 0);
+  rm_branch_t *b = NULL;
+  assert_int_equal(hot_branch(s, xid, HOT_TAKE, "3", false, &b), 0);
+  assert_int_equal(b->ndeferred, 1);
+  assert_int_equal(b->lock_keys.len, 0);
+  assert_int_equal(frozen14(s), f0);
+  int64_t bid = 0;
+  bool committed = false;
+  assert_int_equal(rm_at_prepare_commit(b, &bid, &committed), 0);
+  assert_true(committed);
+  rm_at_close(b, true);
+  assert_int_equal(frozen14(s), f0 + 3);
+  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
+  assert_int_equal(frozen14(s), f0);
+
+  /* the guard (the caller's own condition) refuses in prepare */
+  assert_int_equal(rm_tm_begin(client, 30000, "sql_hot_guard", xid), 0);
+  assert_int_equal(hot_branch(s, xid, HOT_TAKE, "100000", true, &b), RM_E_GUARD);
+  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
+  assert_int_equal(frozen14(s), f0);
+
+  /* gives back 2 (after taking 5 in a committed global): at the commit */
+  assert_int_equal(rm_tm_begin(client, 30000, "sql_hot_take5", xid), 0);
+  assert_int_equal(hot_branch(s, xid, HOT_TAKE, "5", true, &b), 0);
+  assert_int_equal(rm_tm_commit(client, xid, &st), 0);
+  assert_int_equal(frozen14(s), f0 + 5);
+  assert_int_equal(rm_tm_begin(client, 30000, "sql_hot_give", xid), 0);
+  assert_int_equal(hot_branch(s, xid, HOT_GIVE, "2", false, &b), 0);
+  assert_int_equal(b->ndeferred, 0);
+  assert_int_equal(b->lock_keys.len, 0);
+  assert_int_equal(rm_at_prepare(b, &bid), 0);
+  assert_true(exec_ok(s, "COMMIT"));
+  rm_at_close(b, true);
+  assert_int_equal(frozen14(s), f0 + 5); /* not before the commit */
+  assert_int_equal(rm_tm_commit(client, xid, &st), 0);
+  assert_int_equal(WAIT_EQ(f0 + 3, 10, frozen14(s)), f0 + 3);
+
+  /* a give-back with a condition beyond the key is refused */
+  assert_int_equal(rm_tm_begin(client, 30000, "sql_hot_give_guard", xid), 0);
+  assert_int_equal(hot_branch(s, xid, HOT_GIVE " AND frozen_count >= $4::int", "1", false, &b), RM_E_INVALID);
+  assert_non_null(strstr(rm_at_errmsg(b), "gives capacity back"));
+  assert_true(tx_usable(s));
+  /* not the whole key: through images, under the row's global lock */
+  const char *v[3] = {"1", "14", "1"};
+  int64_t rows = 0;
+  assert_int_equal(rm_at_sql(b, "UPDATE activity_ticket_bucket SET frozen_count = frozen_count + $3::int"
+                                " WHERE activity_id = $1 AND bucket_id = $2", 3, NULL, v, &rows, NULL), 0);
+  assert_int_equal(rows, 1);
+  assert_true(b->lock_keys.len > 0);
+  assert_int_equal(b->ndeferred, 0);
+  assert_true(exec_ok(s, "ROLLBACK"));
+  rm_at_close(b, false);
+  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
+  assert_int_equal(frozen14(s), f0 + 3);
+  PQfinish(s);
+}

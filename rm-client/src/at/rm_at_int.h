@@ -47,6 +47,7 @@
 #define RM_AT_MAX_UNDO_BYTES (8u * 1024 * 1024) /* images per branch, roughly */
 #define RM_AT_MAX_NAME 63                     /* PostgreSQL's NAMEDATALEN - 1 */
 #define RM_AT_POOL_MAX 64                     /* phase-two connections per resource */
+#define RM_AT_MAX_HOT 64                      /* hot counter columns per resource */
 
 /* Knobs of the phase-two side; zero fields of rm__at_tune keep the value. */
 typedef struct rm_at_tuning {
@@ -111,6 +112,13 @@ struct rm_at_resource {
 
   rm_pstmt_cache_t *pstmt; /* NULL: queries go unnamed (rm_config_t.unnamed_statements) */
   rm_sql_cache_t *sql;     /* rm_at_sql's statements, classified once (NULL: each time) */
+  /* rm_at_hot_column's declarations, under meta_mu. */
+  struct rm_hot_col {
+    char schema[RM_AT_MAX_NAME + 1]; /* "" : any */
+    char table[RM_AT_MAX_NAME + 1];
+    char col[RM_AT_MAX_NAME + 1];
+  } hot[RM_AT_MAX_HOT];
+  int nhot;
 
   pthread_mutex_t pool_mu;
   pthread_cond_t pool_cv;
@@ -397,6 +405,8 @@ void rm__at_deferred_clear(rm_deferred_t *d);
 
 /* The client's state, created on first use.  NULL on allocation failure. */
 rm_at_state_t *rm__at_state_get(rm_client_t *c);
+/* Whether column 'col' of 't' was declared hot (rm_at_hot_column). */
+bool rm__at_hot(rm_at_resource_t *r, const rm_table_t *t, const char *col);
 /* The resource 'id' of 'c', or NULL. */
 rm_at_resource_t *rm__at_resource_find(rm_client_t *c, const char *id);
 /* Resource ids this client serves, comma-separated (for RegisterRM): the

@@ -26,6 +26,8 @@
  *   typed as text unless the caller typed them: PostgreSQL cannot infer
  *   the type of a parameter a query never mentions.
  */
+#include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -140,6 +142,8 @@ typedef struct sql_run {
   int user_first;    /* first field of the caller's RETURNING part, -1: none */
   rm_item_t *items;
   size_t nitems;
+  bool delta;        /* taken as a hot counter's delta (rm_at_hot_column) */
+  bool released;     /* ... whose read released the statement's savepoint */
 } sql_run_t;
 
 static int items_alloc(sql_run_t *r, size_t n) {
@@ -259,6 +263,69 @@ static int not_imaged(sql_run_t *r, const char *verb) {
   return RM_E_NOT_ONE_ROW;
 }
 
+/* The integer 'text' (all of it), or false. */
+static bool integer_of(const char *text, long long *out) {
+  if (!text || !*text) return false;
+  char *end = NULL;
+  errno = 0;
+  long long v = strtoll(text, &end, 10);
+  if (errno || *end || v == LLONG_MIN) return false;
+  *out = v;
+  return true;
+}
+
+/*
+ * An UPDATE of a declared hot counter by an amount, on one row named by its
+ * whole key (rm_at_hot_column): a delta, deferred to prepare when it takes
+ * (the caller's own statement runs there, its guard with it), recorded for
+ * the commit when it gives back.  *eligible false: not of that form after
+ * all (a key column not given, an amount that is no integer), the caller
+ * goes on with images.
+ */
+static int run_hot_delta(sql_run_t *r, bool *eligible) {
+  rm_branch_t *b = r->b;
+  const rm_sql_stmt_t *s = r->s;
+  const rm_table_t *t = r->t;
+  *eligible = false;
+  const char *pk[32];
+  if (t->npk > 32 || r->nparams > RM_AT_DEFERRED_MAX_PARAMS) return 0;
+  for (int k = 0; k < t->npk; k++) {
+    pk[k] = NULL;
+    for (int i = 0; i < s->neq && !pk[k]; i++) {
+      const rm_sql_eq_t *e = &s->eqs[i];
+      if (strcmp(e->col, t->cols[t->pk[k]].name) != 0) continue;
+      pk[k] = e->param ? (e->param <= r->nparams ? r->vals[e->param - 1] : NULL) : e->value;
+    }
+    if (!pk[k]) return 0;
+  }
+  long long amount = 0;
+  const char *x = s->delta_param ? (s->delta_param <= r->nparams ? r->vals[s->delta_param - 1] : NULL) : s->delta_value;
+  if (!integer_of(x, &amount)) return 0;
+  *eligible = true;
+  r->delta = true;
+  long long delta = s->delta_sign * amount;
+  int ci = -1;
+  int rc = rm__at_delta_col(b, t, s->delta_col, &ci);
+  if (rc) return rc;
+  if (delta < 0) {
+    if (s->where_more) {
+      rm__at_err(b, "\"%s\".\"%s\" %lld gives capacity back, which the commit applies (a give-back always fits): "
+                 "it takes no condition beyond the row's key", t->name, s->delta_col, delta);
+      return RM_E_INVALID;
+    }
+    return rm__at_commit_delta(b, t, ci, pk, delta, &r->released);
+  }
+  txp_buf_t text;
+  txp_buf_init(&text, 0);
+  rc = txp_buf_append_str(&text, s->base_sql);
+  if (!rc) rc = txp_buf_append_str(&text, " RETURNING ");
+  if (!rc) rc = txp_buf_append_str(&text, t->cols[ci].qname);
+  if (!rc) rc = rm__at_defer_delta(b, t, ci, pk, delta, text.data, r->nparams, r->vals, r->types, &r->released);
+  else rc = rm__at_oom(b);
+  txp_buf_free(&text);
+  return rc;
+}
+
 static int run_change(sql_run_t *r) {
   rm_branch_t *b = r->b;
   const rm_sql_stmt_t *s = r->s;
@@ -270,6 +337,11 @@ static int run_change(sql_run_t *r) {
                  s->set_cols[i], t->name);
       return RM_E_NOT_SUPPORTED;
     }
+  }
+  if (update && s->delta_col && !s->returning && rm__at_hot(b->res, t, s->delta_col)) {
+    bool eligible = false;
+    int hrc = run_hot_delta(r, &eligible);
+    if (eligible || hrc) return hrc;
   }
   PGresult *image = NULL;
   int rc = read_image(r, &image);
@@ -446,7 +518,7 @@ static int sql_run(rm_branch_t *b, const char *sql, int nparams, const unsigned 
   } else if (rc == 0 && result && r.user_first >= 0 && !(mine = caller_part(b->pg, r.res, r.user_first))) {
     rc = rm__at_oom(b);
   }
-  int64_t n = rc == 0 ? PQntuples(mine && !r.res ? mine : r.res) : 0;
+  int64_t n = rc != 0 ? 0 : r.delta ? 1 : PQntuples(mine && !r.res ? mine : r.res);
   if (rc == 0 && r.t) {
     rc = rm__at_record_all(b, r.t, r.items, r.nitems, lock); /* consumes the items */
   } else {
@@ -461,6 +533,10 @@ static int sql_run(rm_branch_t *b, const char *sql, int nparams, const unsigned 
   free(r.items);
   PQclear(r.res);
   rm_sql_stmt_clear(&own);
+  if (r.released) { /* the delta's read released the savepoint, and changed nothing */
+    b->sp_taken = false;
+    return rc;
+  }
   return rm__at_stmt_end(b, rc);
 }
 

@@ -410,3 +410,40 @@ int rm__at_sweep(rm_client_t *c, long long *removed) {
   return rc;
 }
 
+
+/* ------------------------------------------------------ hot counters */
+
+int rm_at_hot_column(rm_client_t *c, const char *resource_id, const char *table, const char *column) {
+  rm_at_resource_t *r = c && resource_id ? rm__at_resource_find(c, resource_id) : NULL;
+  if (!r) return rm__fail(RM_E_INVALID, "rm_at_hot_column: unknown resource \"%s\": add it first", resource_id ? resource_id : "(null)");
+  const char *dot = table ? strchr(table, '.') : NULL;
+  size_t sl = dot ? (size_t)(dot - table) : 0;
+  const char *name = dot ? dot + 1 : table;
+  if (!table || !column || (dot && (sl == 0 || sl > RM_AT_MAX_NAME)) || !name[0] || strlen(name) > RM_AT_MAX_NAME ||
+      !column[0] || strlen(column) > RM_AT_MAX_NAME)
+    return rm__fail(RM_E_INVALID, "rm_at_hot_column: invalid table or column name");
+  pthread_mutex_lock(&r->meta_mu);
+  int rc = 0;
+  if (r->nhot == RM_AT_MAX_HOT) {
+    rc = RM_E_INVALID;
+  } else {
+    struct rm_hot_col *h = &r->hot[r->nhot++];
+    snprintf(h->schema, sizeof(h->schema), "%.*s", (int)sl, dot ? table : "");
+    snprintf(h->table, sizeof(h->table), "%s", name);
+    snprintf(h->col, sizeof(h->col), "%s", column);
+  }
+  pthread_mutex_unlock(&r->meta_mu);
+  if (rc) return rm__fail(rc, "rm_at_hot_column: at most %d hot columns per resource", RM_AT_MAX_HOT);
+  return 0;
+}
+
+bool rm__at_hot(rm_at_resource_t *r, const rm_table_t *t, const char *col) {
+  bool hot = false;
+  pthread_mutex_lock(&r->meta_mu);
+  for (int i = 0; i < r->nhot && !hot; i++) {
+    const struct rm_hot_col *h = &r->hot[i];
+    hot = strcmp(h->col, col) == 0 && strcmp(h->table, t->name) == 0 && (!h->schema[0] || strcmp(h->schema, t->schema) == 0);
+  }
+  pthread_mutex_unlock(&r->meta_mu);
+  return hot;
+}
