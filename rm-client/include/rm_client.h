@@ -438,8 +438,9 @@ typedef struct pg_result PGresult; /* libpq's */
  * row that came to match the condition, committed by another transaction
  * between the two), it is undone: RM_E_NOT_ONE_ROW; run it again.  Other
  * codes as rm_at_update's.  A statement that changes a row to a value
- * computed from others (qty = qty - 1) goes through images: a hot counter
- * keeps using rm_at_update_delta, whose undo takes no global lock.
+ * computed from others (qty = qty - 1) goes through images, under the
+ * row's global lock, unless the column is a declared hot counter
+ * (rm_at_hot_column, below): then it is a delta, as rm_at_update_delta's.
  */
 RM_API int rm_at_sql(rm_branch_t *b, const char *sql, int nparams, const unsigned int *param_types,
                      const char *const *param_values, int64_t *rows, PGresult **result);

@@ -11,6 +11,11 @@
  *     update: <image: SELECT * ... WHERE <its condition> FOR UPDATE>
  *             <the UPDATE> RETURNING * [, NULL AS rm_at_returning, <...>]
  *     delete: <image>, then <the DELETE> RETURNING <key columns> [, ...]
+ *     select for update: <image> (local row locks), a GlobalLockQuery of
+ *             its rows' keys (waiting, with the local locks let go, while
+ *             another global transaction holds one), then the SELECT
+ *     hot counter (rm_at_hot_column): SELECT 1 by the key, and the UPDATE
+ *             itself deferred to prepare (or, giving back, to the commit)
  *     read:   the SELECT as it is
  *   The marker column splits what the AT layer asked for from what the
  *   caller did; the caller's result is a copy of its part only.
