@@ -430,9 +430,13 @@ typedef struct pg_result PGresult; /* libpq's */
  * why, before anything runs: several statements; WITH that writes;
  * INSERT ... SELECT, ON CONFLICT; UPDATE ... FROM, DELETE ... USING; an
  * UPDATE or DELETE without WHERE (write WHERE true if every row is
- * meant); WHERE CURRENT OF; SET col[i] or col.field; FOR UPDATE over a
- * join or several tables, FOR SHARE, NOWAIT, SKIP LOCKED; DDL, COPY,
- * MERGE, CALL and every other statement.
+ * meant); WHERE CURRENT OF; SET col[i] or col.field; a condition that
+ * calls a volatile builtin (random, nextval, clock_timestamp, ...: it would
+ * run twice, for the image and for the statement; a function of your own
+ * is not known to be volatile: the check that the statement changed the
+ * rows its image read is the net); FOR UPDATE over a join or several
+ * tables, FOR SHARE, NOWAIT, SKIP LOCKED; DDL, COPY, MERGE, CALL and every
+ * other statement.
  * A syntax error is RM_E_INVALID with PostgreSQL's message and position.
  * When the statement changed other rows than its before image held (a
  * row that came to match the condition, committed by another transaction

@@ -56,7 +56,10 @@ static const accepted_t accepted[] = {
     /* the same $n twice, and a '$1' inside a string that is no parameter */
     {"DELETE FROM t WHERE a = $1 OR b = $1 OR c = '$2'", RM_SQL_DELETE, NULL, "t", 0, 1,
      "SELECT * FROM t WHERE a = $1 OR b = $1 OR c = '$2' FOR UPDATE", "1"},
-    {"UPDATE s.t SET v = v + 1 WHERE true", RM_SQL_UPDATE, "s", "t", 0, 0, "SELECT * FROM s.t WHERE true FOR UPDATE",
+    /* a volatile function in SET runs once, with the statement: fine */
+  {"UPDATE t SET v = nextval('s') WHERE id = lower($1)", RM_SQL_UPDATE, NULL, "t", 0, 1,
+   "SELECT * FROM t WHERE id = lower($1) FOR UPDATE", "1"},
+  {"UPDATE s.t SET v = v + 1 WHERE true", RM_SQL_UPDATE, "s", "t", 0, 0, "SELECT * FROM s.t WHERE true FOR UPDATE",
      ""},
     {"select 1", RM_SQL_READ, NULL, NULL, 0, 0, NULL, ""},
     {"with a as (select 1) select * from a", RM_SQL_READ, NULL, NULL, 0, 0, NULL, ""},
@@ -109,6 +112,9 @@ static const refused_t refused[] = {
   {"UPDATE t SET q = q - $2, (a, \"B\") = ($3, 4) WHERE id = $1", RM_E_NOT_SUPPORTED, "cannot be rebuilt faithfully"},
   {"UPDATE t SET a[1] = 2 WHERE true", RM_E_NOT_SUPPORTED, "set the whole column"},
   {"UPDATE t SET c.f = 2 WHERE true", RM_E_NOT_SUPPORTED, "set the whole column"},
+  {"DELETE FROM t WHERE id = (SELECT max(id) FROM t WHERE random() < 0.5)", RM_E_NOT_SUPPORTED, "calls random()"},
+  {"UPDATE t SET x = 1 WHERE id = pg_catalog.nextval('s')", RM_E_NOT_SUPPORTED, "calls nextval()"},
+  {"SELECT * FROM t WHERE at < clock_timestamp() FOR UPDATE", RM_E_NOT_SUPPORTED, "calls clock_timestamp()"},
   {"", RM_E_INVALID, "no statement"},
   {"-- only a comment", RM_E_INVALID, "no statement"},
 };
@@ -314,6 +320,23 @@ static void test_delta_shape(void **state) {
   }
 }
 
+/* A condition nested deeper than the volatile-function check walks is
+ * refused, not walked without bound. */
+static void test_deep_condition(void **state) {
+  (void)state;
+  enum { TERMS = 3000 };
+  char *sql = malloc(64 + TERMS * 4);
+  assert_non_null(sql);
+  size_t n = (size_t)sprintf(sql, "DELETE FROM t WHERE 0");
+  for (int i = 0; i < TERMS; i++) n += (size_t)sprintf(sql + n, " + 1");
+  sprintf(sql + n, " > 0");
+  rm_sql_stmt_t s;
+  char err[256] = "";
+  assert_int_equal(rm_sql_classify(sql, &s, err, sizeof(err)), RM_E_NOT_SUPPORTED);
+  assert_non_null(strstr(err, "nested too deeply"));
+  free(sql);
+}
+
 /* The cache: one entry per text, refusals not kept, bounded. */
 static void test_cache(void **state) {
   (void)state;
@@ -352,6 +375,7 @@ int main(void) {
     cmocka_unit_test(test_refused),       cmocka_unit_test(test_bad_arguments),
     cmocka_unit_test(test_many_params),   cmocka_unit_test(test_rebuilt),
     cmocka_unit_test(test_cache),         cmocka_unit_test(test_delta_shape),
+    cmocka_unit_test(test_deep_condition),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

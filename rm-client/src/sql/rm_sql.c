@@ -420,6 +420,70 @@ static int take_eqs(const PgQuery__Node *where, rm_sql_stmt_t *s, char *err, siz
   return 0;
 }
 
+/* ------------------------------------------------ volatile conditions */
+
+/* Functions whose every call may give another result or act again: a
+ * condition runs twice (the before image, then the statement). */
+static const char *const volatile_funcs[] = {
+  "random", "random_normal", "nextval", "setval", "clock_timestamp", "statement_timestamp", "timeofday",
+  "gen_random_uuid", "uuid_generate_v1", "uuid_generate_v1mc", "uuid_generate_v4", "pg_sleep", "pg_sleep_for",
+  "pg_sleep_until", "set_config", "pg_advisory_lock", "pg_advisory_xact_lock", "pg_try_advisory_lock",
+  "pg_try_advisory_xact_lock", "pg_notify", "dblink", "dblink_exec", "lo_import", "lo_export", "lo_unlink",
+};
+
+#define WALK_MAX_DEPTH 2000
+
+typedef struct volatile_hit {
+  const char *name; /* the first volatile function met */
+  bool too_deep;
+} volatile_hit_t;
+
+/* Every message of the tree under 'm' (protobuf-c's own field tables:
+ * every node kind, present and future), looking for calls of the
+ * functions above. */
+static void find_volatile(const ProtobufCMessage *m, volatile_hit_t *hit, int depth) {
+  if (!m || hit->name || hit->too_deep) return;
+  if (depth > WALK_MAX_DEPTH) {
+    hit->too_deep = true;
+    return;
+  }
+  if (m->descriptor == &pg_query__func_call__descriptor) {
+    const PgQuery__FuncCall *f = (const PgQuery__FuncCall *)m;
+    const PgQuery__Node *last = f->n_funcname ? f->funcname[f->n_funcname - 1] : NULL;
+    const char *name = last && last->node_case == PG_QUERY__NODE__NODE_STRING ? last->string->sval : NULL;
+    for (size_t i = 0; name && i < sizeof(volatile_funcs) / sizeof(volatile_funcs[0]); i++)
+      if (strcmp(name, volatile_funcs[i]) == 0) hit->name = volatile_funcs[i];
+  }
+  const ProtobufCMessageDescriptor *d = m->descriptor;
+  const char *base = (const char *)m;
+  for (unsigned i = 0; i < d->n_fields; i++) {
+    const ProtobufCFieldDescriptor *f = &d->fields[i];
+    if (f->type != PROTOBUF_C_TYPE_MESSAGE) continue;
+    if ((f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF) && *(const uint32_t *)(base + f->quantifier_offset) != f->id) continue;
+    if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+      size_t n = *(const size_t *)(base + f->quantifier_offset);
+      ProtobufCMessage *const *items = *(ProtobufCMessage *const *const *)(base + f->offset);
+      for (size_t k = 0; k < n; k++) find_volatile(items[k], hit, depth + 1);
+    } else {
+      find_volatile(*(ProtobufCMessage *const *)(base + f->offset), hit, depth + 1);
+    }
+  }
+}
+
+/* Refuse a condition that calls a volatile function (it runs twice). */
+static int check_condition(const PgQuery__Node *where, const char *verb, char *err, size_t errlen) {
+  volatile_hit_t hit = {0};
+  find_volatile((const ProtobufCMessage *)where, &hit, 0);
+  if (hit.too_deep)
+    return fail(err, errlen, RM_E_NOT_SUPPORTED, "%s: the condition is nested too deeply to check", verb);
+  if (hit.name)
+    return fail(err, errlen, RM_E_NOT_SUPPORTED,
+                "%s with a condition that calls %s(): a volatile function runs once for the before image and "
+                "again for the statement, and may pick other rows or act twice; compute it first and pass it "
+                "as a parameter", verb, hit.name);
+  return 0;
+}
+
 /* An UPDATE or a DELETE: one table, a condition, the before image. */
 static int classify_change(const char *sql, PgQuery__Node *n, PgQuery__RangeVar *rel, PgQuery__Node *where,
                            size_t n_from, const char *verb, const char *from_word, size_t *n_returning,
@@ -441,6 +505,7 @@ static int classify_change(const char *sql, PgQuery__Node *n, PgQuery__RangeVar 
   if (current_of(where))
     return fail(err, errlen, RM_E_NOT_SUPPORTED, "%s ... WHERE CURRENT OF: a cursor's row has no condition to image",
                 verb);
+  if ((rc = check_condition(where, verb, err, errlen)) != 0) return rc;
   s->returning = *n_returning > 0;
   if (s->kind == RM_SQL_UPDATE && ((rc = take_set_cols(n->update_stmt, s, err, errlen)) != 0 ||
                                    (rc = take_delta(n->update_stmt, s, err, errlen)) != 0))
@@ -489,6 +554,7 @@ static int classify_select(const PgQuery__SelectStmt *st, const PgQuery__ParseRe
                 "row returned is a row of that table");
   if (st->into_clause) return fail(err, errlen, RM_E_NOT_SUPPORTED, "SELECT INTO creates a table");
   int rc = take_relation(s, st->from_clause[0]->range_var, err, errlen);
+  if (rc == 0 && st->where_clause) rc = check_condition(st->where_clause, "SELECT ... FOR UPDATE", err, errlen);
   if (rc) return rc;
   s->kind = RM_SQL_SELECT_FOR_UPDATE;
   /* The image is the rows it returns, keys and all: the same rows, every column. */

@@ -32,9 +32,11 @@
  *   whole table: say WHERE true if that is meant); SELECT ... FOR UPDATE
  *   over a join, a subquery or several tables, or FOR SHARE and the like
  *   (only FOR UPDATE takes the global lock check); everything else (DDL,
- *   COPY, MERGE, CALL, ...).  What only the database can tell (a table
- *   without a primary key, a volatile function in the condition) is
- *   checked when the statement runs.
+ *   COPY, MERGE, CALL, ...); a condition that calls a volatile builtin
+ *   (random(), nextval(), ...: it runs twice, for the image and for the
+ *   statement) or is nested too deeply to check.  What only the database
+ *   can tell (a table without a primary key; a volatile function of the
+ *   user's own) is checked when the statement runs.
  */
 #ifndef RM_SQL_H
 #define RM_SQL_H
