@@ -141,3 +141,54 @@ local function pf_release_rec(k, order, b, qty, user, tt)
   redis.call('HSET', k.orders, order, pf_rec('R', tt, b, qty, user))
   redis.call('ZREM', k.expiry, order)
 end
+
+-- Serve the waitlist of ticket type 'tt' (n buckets) in arrival order, each
+-- user through the same freeze as freeze.lua, using the order ids 'ids' in
+-- turn; 'limit' is the activity's per-user limit.  The reply of
+-- waitlist_fill.lua and stock_add.lua (a flat array, four entries per user
+-- handled: user id, order id, quantity, bucket; see waitlist_fill.lua).
+local function pf_waitlist_serve(k, tt, deadline, max_scan, max_out, ids, n, limit)
+  -- Available tickets per bucket, read once and kept up to date here.
+  local avail, best = {}, 0
+  for b = 0, n - 1 do
+    avail[b] = pf_avail(k.stock, b)
+    if avail[b] > best then best = avail[b] end
+  end
+
+  local out, next_id = {}, 1
+  local function leave(user)
+    redis.call('ZREM', k.wl, user)
+    redis.call('HDEL', k.wlq, user)
+  end
+  local users = redis.call('ZRANGE', k.wl, 0, max_scan - 1)
+  for _, user in ipairs(users) do
+    if #out >= 4 * max_out or next_id > #ids or best <= 0 then break end
+    local qty = pf_qty(redis.call('HGET', k.wlq, user) or '')
+    if not qty or not pf_id(user) then
+      leave(user)
+      out[#out + 1] = user; out[#out + 1] = '0'; out[#out + 1] = qty or 0; out[#out + 1] = -4
+    elseif pf_num(redis.call('HGET', k.bought, user)) + qty > limit then
+      leave(user)
+      out[#out + 1] = user; out[#out + 1] = '0'; out[#out + 1] = qty; out[#out + 1] = -2
+    elseif qty <= best then
+      local order = ids[next_id]
+      local start = pf_start(order, n)
+      for j = 0, n - 1 do
+        local b = (start + j) % n
+        if avail[b] >= qty then
+          next_id = next_id + 1
+          pf_commit_freeze(k, tt, b, user, order, qty, deadline)
+          leave(user)
+          avail[b] = avail[b] - qty
+          out[#out + 1] = user; out[#out + 1] = order; out[#out + 1] = qty; out[#out + 1] = b
+          break
+        end
+      end
+      best = 0
+      for b = 0, n - 1 do
+        if avail[b] > best then best = avail[b] end
+      end
+    end
+  end
+  return out
+end

@@ -738,6 +738,24 @@ RM_API int rm_prefilter_waitlist_fill(rm_prefilter_t *pf, int64_t activity_id, i
                                       const int64_t *order_ids, size_t n_ids, int64_t deadline_ms,
                                       rm_pf_fill_t *out, size_t cap, size_t *n_out);
 
+/*
+ * More tickets: the stock database already holds them ('bucket_stock[i]'
+ * is bucket i's stock there after the addition, i = 0 .. n_buckets-1,
+ * 1 .. 100000 buckets).  In one atomic script, Redis's stock of each
+ * bucket is raised to that value (never lowered: stock only grows, so a
+ * repeat or two additions applied out of order end where PostgreSQL is)
+ * and, while the sale is open, the waitlist is served from the new
+ * tickets first, exactly as rm_prefilter_waitlist_fill with
+ * 'order_ids[0..n_ids-1]' (0 .. 1000 new ids; 0: raise only).  0 with
+ * '*n_out' users handled in 'out' (none while the sale is not open);
+ * RM_PF_NOT_LOADED (nothing raised: loading the activity copies
+ * PostgreSQL's stock), RM_PF_BAD_ARGS, transport errors.
+ */
+RM_API int rm_prefilter_stock_add(rm_prefilter_t *pf, int64_t activity_id, int32_t ticket_type,
+                                  const int64_t *bucket_stock, size_t n_buckets, const int64_t *order_ids,
+                                  size_t n_ids, int64_t deadline_ms, rm_pf_fill_t *out, size_t cap,
+                                  size_t *n_out);
+
 /* ---- PostgreSQL, the truth (sql/stock/) ----
  * 'pg' is the caller's connection to the stock database, used by one
  * thread at a time; the rm_prefilter_pg_* calls run in its current
@@ -844,11 +862,12 @@ typedef struct rm_pf_stats {
   uint64_t noscript_reloads; /* NOSCRIPT answered: loaded again and retried */
   uint64_t stale_closed;     /* idle connections found closed by Redis */
   unsigned open_connections;
+  rm_pf_counts_t stock_add;  /* rm_prefilter_stock_add */
 } rm_pf_stats_t;
 RM_API void rm_prefilter_stats(rm_prefilter_t *pf, rm_pf_stats_t *out);
 
 /* The SHA1 of script 'name' ("freeze", "confirm", "release", "expire",
- * "waitlist_join", "waitlist_fill") as loaded, for EVALSHA by other tools
+ * "waitlist_join", "waitlist_fill", "stock_add") as loaded, for EVALSHA by other tools
  * (41 bytes with the NUL).  Connects if needed.  0, RM_E_INVALID (unknown
  * name), transport errors. */
 RM_API int rm_prefilter_script_sha(rm_prefilter_t *pf, const char *name, char *sha);

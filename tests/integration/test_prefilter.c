@@ -699,7 +699,8 @@ static void test_malformed(void **state) {
   }
   /* Other scripts, raw. */
   {
-    static const char *const names[] = {"confirm", "release", "expire", "waitlist_join", "waitlist_fill"};
+    static const char *const names[] = {"confirm", "release", "expire", "waitlist_join", "waitlist_fill",
+                                        "stock_add", "stock_add", "stock_add"};
     static const char *const calls[] = {
       "EVALSHA %s 3 {act_3001}:t1:stock {act_3001}:orders {act_3001}:t1:expiry 1 x42",
       "EVALSHA %s 4 {act_3001}:t1:stock {act_3001}:bought {act_3001}:orders {act_3001}:t1:expiry -1 42",
@@ -707,6 +708,12 @@ static void test_malformed(void **state) {
       "EVALSHA %s 5 {act_3001}:meta {act_3001}:bought {act_3001}:t1:wl {act_3001}:t1:wlq {act_3001}:t1:wlseq 9 2.5",
       "EVALSHA %s 7 {act_3001}:meta {act_3001}:t1:stock {act_3001}:bought {act_3001}:orders {act_3001}:t1:expiry "
       "{act_3001}:t1:wl {act_3001}:t1:wlq 1 99999999999 10 10 45 abc",
+      "EVALSHA %s 7 {act_3001}:meta {act_3001}:t1:stock {act_3001}:bought {act_3001}:orders {act_3001}:t1:expiry "
+      "{act_3001}:t1:wl {act_3001}:t1:wlq 1 99999999999 10 10 2 5 -3 46",
+      "EVALSHA %s 7 {act_3001}:meta {act_3001}:t1:stock {act_3001}:bought {act_3001}:orders {act_3001}:t1:expiry "
+      "{act_3001}:t1:wl {act_3001}:t1:wlq 1 99999999999 10 10 3 5 5",
+      "EVALSHA %s 7 {act_3001}:meta {act_3001}:t1:stock {act_3001}:bought {act_3001}:orders {act_3001}:t1:expiry "
+      "{act_3001}:t1:wl {act_3001}:t1:wlq 1 99999999999 10 10 2 5 5 42",
     };
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
       char s[41];
@@ -825,6 +832,90 @@ static void test_waitlist(void **state) {
 }
 
 /* -------------------------------------------------- NOSCRIPT, timeouts --- */
+
+/* More tickets (rm_prefilter_stock_add): Redis rises to PostgreSQL's stock
+ * and the waitlist is served from the new tickets first, in the same step;
+ * a repeat, or an older addition applied late, changes nothing. */
+static void test_stock_add(void **state) {
+  (void)state;
+  NEED_SERVERS();
+  const int64_t act = 4101;
+  rm_prefilter_t *pf = pf_new(4);
+  int b;
+  long pos = -1;
+  rm_pf_fill_t out[8];
+  size_t n = 9;
+  seed_pg(act, 1, 2, 1, 2, 2); /* 1 + 1 tickets */
+  assert_int_equal(rm_prefilter_seed(pf, pg, act), 0);
+  assert_int_equal(rm_prefilter_freeze(pf, act, 1, 1, 201, 1, &b), 0);
+  assert_int_equal(rm_prefilter_freeze(pf, act, 1, 2, 202, 1, &b), 0);
+  assert_int_equal(rm_prefilter_freeze(pf, act, 1, 3, 203, 1, &b), RM_PF_SOLD_OUT);
+  /* waiting: 10 wants 1, 11 wants 2, 12 wants 3 (over the limit of 2) */
+  assert_int_equal(rm_prefilter_waitlist_join(pf, act, 1, 10, 1, &pos), 0);
+  assert_int_equal(rm_prefilter_waitlist_join(pf, act, 1, 11, 2, &pos), 0);
+  assert_int_equal(rm_prefilter_waitlist_join(pf, act, 1, 13, 1, &pos), 0);
+
+  /* bad arguments: refused before any round trip */
+  int64_t stock[2] = {3, 2};
+  int64_t ids[3] = {9101, 9102, 9103};
+  int64_t bad_stock[2] = {2, -1};
+  assert_int_equal(rm_prefilter_stock_add(pf, act, 1, bad_stock, 2, ids, 3, 0, out, 8, &n), RM_PF_BAD_ARGS);
+  assert_int_equal(rm_prefilter_stock_add(pf, act, 1, stock, 0, ids, 3, 0, out, 8, &n), RM_PF_BAD_ARGS);
+  assert_int_equal(rm_prefilter_stock_add(pf, act, 1, stock, 2, NULL, 3, 0, out, 8, &n), RM_PF_BAD_ARGS);
+  assert_int_equal(rm_prefilter_stock_add(pf, 0, 1, stock, 2, ids, 3, 0, out, 8, &n), RM_PF_BAD_ARGS);
+  /* an activity Redis does not have: nothing raised */
+  assert_int_equal(rm_prefilter_stock_add(pf, 4199, 1, stock, 2, ids, 3, 0, out, 8, &n), RM_PF_NOT_LOADED);
+  assert_int_equal(bucket_sum(act, 1, "stock"), 2);
+
+  /* 2 + 1 more (PostgreSQL says 3 and 2): 10 gets 1, 11 gets 2, all of
+   * them go to the waitlist; 13 keeps its place, a new buyer finds none */
+  pg_ok("UPDATE activity_ticket_bucket SET stock = CASE bucket_id WHEN 0 THEN 3 ELSE 2 END "
+        "WHERE activity_id = %" PRId64, act);
+  assert_int_equal(rm_prefilter_stock_add(pf, act, 1, stock, 2, ids, 3, 0, out, 8, &n), 0);
+  assert_int_equal(n, 2);
+  assert_true(out[0].user_id == 10 && out[0].order_id == 9101 && out[0].qty == 1 && out[0].code == 0);
+  assert_true(out[1].user_id == 11 && out[1].order_id == 9102 && out[1].qty == 2 && out[1].code == 0);
+  assert_int_equal(bucket_sum(act, 1, "stock"), 5);
+  assert_int_equal(bucket_sum(act, 1, "frozen"), 5);
+  assert_int_equal(rm_prefilter_freeze(pf, act, 1, 4, 204, 1, &b), RM_PF_SOLD_OUT);
+  {
+    redisReply *r = rcmd("ZRANGE {act_4101}:t1:wl 0 -1");
+    assert_int_equal(r->elements, 1);
+    assert_string_equal(r->element[0]->str, "13");
+    freeReplyObject(r);
+  }
+  check_buckets(act, 1);
+
+  /* the same addition again, and an older one applied late: stock stays */
+  int64_t older[2] = {1, 2};
+  int64_t ids2[1] = {9111};
+  assert_int_equal(rm_prefilter_stock_add(pf, act, 1, stock, 2, NULL, 0, 0, out, 8, &n), 0);
+  assert_int_equal(n, 0);
+  assert_int_equal(rm_prefilter_stock_add(pf, act, 1, older, 2, ids2, 1, 0, out, 8, &n), 0);
+  assert_int_equal(n, 0);
+  assert_int_equal(bucket_sum(act, 1, "stock"), 5);
+  /* the used order ids are refused (a served order is new or nothing) */
+  assert_int_equal(rm_prefilter_stock_add(pf, act, 1, stock, 2, ids, 1, 0, out, 8, &n), RM_PF_BAD_ARGS);
+
+  /* a sale not open: raised all the same, nobody served */
+  freeReplyObject(rcmd("HSET {act_4101}:meta status 2"));
+  int64_t more[2] = {3, 3};
+  int64_t ids3[1] = {9121};
+  assert_int_equal(rm_prefilter_stock_add(pf, act, 1, more, 2, ids3, 1, 0, out, 8, &n), 0);
+  assert_int_equal(n, 0);
+  assert_int_equal(bucket_sum(act, 1, "stock"), 6);
+  {
+    redisReply *r = rcmd("ZCARD {act_4101}:t1:wl");
+    assert_int_equal(r->integer, 1);
+    freeReplyObject(r);
+  }
+  rm_pf_stats_t st;
+  rm_prefilter_stats(pf, &st);
+  assert_int_equal(st.stock_add.ok, 4);
+  assert_int_equal(st.stock_add.bad_args, 5);
+  assert_int_equal(st.stock_add.not_loaded, 1);
+  rm_prefilter_free(pf);
+}
 
 static void test_noscript(void **state) {
   (void)state;
@@ -1321,7 +1412,8 @@ int main(int argc, char **argv) {
     cmocka_unit_test(test_load_1_bucket),  cmocka_unit_test(test_load_5_buckets),
     cmocka_unit_test(test_load_16_buckets), cmocka_unit_test(test_race_redis),
     cmocka_unit_test(test_race_pg_first),  cmocka_unit_test(test_malformed),
-    cmocka_unit_test(test_waitlist),       cmocka_unit_test(test_noscript),
+    cmocka_unit_test(test_waitlist),       cmocka_unit_test(test_stock_add),
+    cmocka_unit_test(test_noscript),
     cmocka_unit_test(test_url_db_auth),
     cmocka_unit_test(test_no_hang),        cmocka_unit_test(test_expiry),
   };

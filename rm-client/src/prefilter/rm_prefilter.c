@@ -277,15 +277,53 @@ int rm_prefilter_waitlist_join(rm_prefilter_t *pf, int64_t activity_id, int32_t 
   return rm__pf_count(pf, RM_PF_OP_JOIN, rc);
 }
 
+/* waitlist_fill and stock_add: ARGV = ticket type, deadline, scan, cap,
+ * then 'extra' (stock_add's bucket count and stocks), then the order ids;
+ * the reply is the users handled. */
+static int fill_eval(rm_prefilter_t *pf, rm_pf_op_t op, int script, const rm_pf_keys_t *ks, int32_t ticket_type,
+                     const int64_t *extra, size_t n_extra, const int64_t *order_ids, size_t n_ids,
+                     int64_t deadline_ms, rm_pf_fill_t *out, size_t cap, size_t *n_out) {
+  const char *name = rm__pf_script_name(script);
+  char(*strs)[24] = NULL;
+  const char **args = NULL;
+  char err[200];
+  redisReply *r = NULL;
+  size_t nargs = 4 + n_extra + n_ids;
+  if (deadline_ms == 0) deadline_ms = rm__pf_unix_ms() + (int64_t)pf->opts.freeze_ttl_ms;
+  strs = malloc(nargs * sizeof(*strs));
+  args = malloc(nargs * sizeof(*args));
+  if (!strs || !args) {
+    free(strs);
+    free(args);
+    rm__pf_errf("out of memory");
+    return rm__pf_count(pf, op, RM_E_NOMEM);
+  }
+  rm__pf_i64_str(strs[0], ticket_type);
+  rm__pf_i64_str(strs[1], deadline_ms);
+  rm__pf_i64_str(strs[2], RM_PF_MAX_FILL_SCAN);
+  rm__pf_i64_str(strs[3], (int64_t)cap);
+  for (size_t i = 0; i < n_extra; i++) rm__pf_i64_str(strs[4 + i], extra[i]);
+  for (size_t i = 0; i < n_ids; i++) rm__pf_i64_str(strs[4 + n_extra + i], order_ids[i]);
+  for (size_t i = 0; i < nargs; i++) args[i] = strs[i];
+  const char *keys[] = {ks->k[RM_PF_K_META],   ks->k[RM_PF_K_STOCK], ks->k[RM_PF_K_BOUGHT],
+                        ks->k[RM_PF_K_ORDERS], ks->k[RM_PF_K_EXPIRY], ks->k[RM_PF_K_WL],
+                        ks->k[RM_PF_K_WLQ]};
+  int rc = rm__pf_eval(&pf->pool, script, 7, keys, (int)nargs, (const char *const *)args, &r);
+  free(args);
+  free(strs);
+  if (rc == 0) {
+    rc = rm__pf_parse_fill(r, out, cap, n_out, err, sizeof(err));
+    freeReplyObject(r);
+    if (rc == RM_PF_E_REDIS) rm__pf_errf("Redis refused script \"%s\": %s", name, err);
+    if (rc == RM_PF_E_REPLY) rm__pf_errf("unexpected reply to script \"%s\"", name);
+  }
+  return rm__pf_count(pf, op, rc);
+}
+
 int rm_prefilter_waitlist_fill(rm_prefilter_t *pf, int64_t activity_id, int32_t ticket_type,
                                const int64_t *order_ids, size_t n_ids, int64_t deadline_ms,
                                rm_pf_fill_t *out, size_t cap, size_t *n_out) {
   rm_pf_keys_t ks;
-  char (*strs)[24] = NULL;
-  const char **args = NULL;
-  char err[200];
-  redisReply *r = NULL;
-  int rc;
   if (n_out) *n_out = 0;
   if (!pf) return RM_E_INVALID;
   if (!n_out || !out || !order_ids || n_ids < 1 || n_ids > RM_PF_MAX_FILL_IDS || cap < 1 ||
@@ -295,36 +333,37 @@ int rm_prefilter_waitlist_fill(rm_prefilter_t *pf, int64_t activity_id, int32_t 
                                        "1 to 1000 order ids and room for 1 to 10000 results");
   for (size_t i = 0; i < n_ids; i++)
     if (!rm__pf_id_ok(order_ids[i])) return bad_args(pf, RM_PF_OP_FILL, "order ids must be >= 1");
-  if (deadline_ms == 0) deadline_ms = rm__pf_unix_ms() + (int64_t)pf->opts.freeze_ttl_ms;
+  return fill_eval(pf, RM_PF_OP_FILL, RM_PF_S_WAITLIST_FILL, &ks, ticket_type, NULL, 0, order_ids, n_ids,
+                   deadline_ms, out, cap, n_out);
+}
 
-  strs = malloc((n_ids + 4) * sizeof(*strs));
-  args = malloc((n_ids + 4) * sizeof(*args));
-  if (!strs || !args) {
-    free(strs);
-    free(args);
+int rm_prefilter_stock_add(rm_prefilter_t *pf, int64_t activity_id, int32_t ticket_type,
+                           const int64_t *bucket_stock, size_t n_buckets, const int64_t *order_ids,
+                           size_t n_ids, int64_t deadline_ms, rm_pf_fill_t *out, size_t cap, size_t *n_out) {
+  rm_pf_keys_t ks;
+  if (n_out) *n_out = 0;
+  if (!pf) return RM_E_INVALID;
+  if (!n_out || !out || !bucket_stock || n_buckets < 1 || n_buckets > RM_PF_MAX_BUCKETS ||
+      (n_ids && !order_ids) || n_ids > RM_PF_MAX_FILL_IDS || cap < 1 || cap > RM_PF_MAX_RESULTS ||
+      rm__pf_keys_build(&ks, activity_id, ticket_type) != 0 || (deadline_ms != 0 && !rm__pf_ms_ok(deadline_ms)))
+    return bad_args(pf, RM_PF_OP_ADD, "stock add needs an activity id >= 1, a ticket type >= 0, 1 to 100000 "
+                                      "buckets, 0 to 1000 order ids and room for 1 to 10000 results");
+  for (size_t i = 0; i < n_buckets; i++)
+    if (bucket_stock[i] < 0 || bucket_stock[i] > INT32_MAX)
+      return bad_args(pf, RM_PF_OP_ADD, "a bucket's stock must be 0 .. 2^31-1");
+  for (size_t i = 0; i < n_ids; i++)
+    if (!rm__pf_id_ok(order_ids[i])) return bad_args(pf, RM_PF_OP_ADD, "order ids must be >= 1");
+  int64_t *extra = malloc((n_buckets + 1) * sizeof(*extra));
+  if (!extra) {
     rm__pf_errf("out of memory");
-    return rm__pf_count(pf, RM_PF_OP_FILL, RM_E_NOMEM);
+    return rm__pf_count(pf, RM_PF_OP_ADD, RM_E_NOMEM);
   }
-  rm__pf_i64_str(strs[0], ticket_type);
-  rm__pf_i64_str(strs[1], deadline_ms);
-  rm__pf_i64_str(strs[2], RM_PF_MAX_FILL_SCAN);
-  rm__pf_i64_str(strs[3], (int64_t)cap);
-  for (size_t i = 0; i < n_ids; i++) rm__pf_i64_str(strs[4 + i], order_ids[i]);
-  for (size_t i = 0; i < n_ids + 4; i++) args[i] = strs[i];
-  const char *keys[] = {ks.k[RM_PF_K_META],   ks.k[RM_PF_K_STOCK], ks.k[RM_PF_K_BOUGHT],
-                        ks.k[RM_PF_K_ORDERS], ks.k[RM_PF_K_EXPIRY], ks.k[RM_PF_K_WL],
-                        ks.k[RM_PF_K_WLQ]};
-  rc = rm__pf_eval(&pf->pool, RM_PF_S_WAITLIST_FILL, 7, keys, (int)(n_ids + 4),
-                   (const char *const *)args, &r);
-  free(args);
-  free(strs);
-  if (rc == 0) {
-    rc = rm__pf_parse_fill(r, out, cap, n_out, err, sizeof(err));
-    freeReplyObject(r);
-    if (rc == RM_PF_E_REDIS) rm__pf_errf("Redis refused script \"waitlist_fill\": %s", err);
-    if (rc == RM_PF_E_REPLY) rm__pf_errf("unexpected reply to script \"waitlist_fill\"");
-  }
-  return rm__pf_count(pf, RM_PF_OP_FILL, rc);
+  extra[0] = (int64_t)n_buckets;
+  memcpy(extra + 1, bucket_stock, n_buckets * sizeof(*extra));
+  int rc = fill_eval(pf, RM_PF_OP_ADD, RM_PF_S_STOCK_ADD, &ks, ticket_type, extra, n_buckets + 1, order_ids, n_ids,
+                     deadline_ms, out, cap, n_out);
+  free(extra);
+  return rc;
 }
 
 /* ------------------------------------------------------ stats, shas --- */
@@ -355,6 +394,7 @@ void rm_prefilter_stats(rm_prefilter_t *pf, rm_pf_stats_t *out) {
   counts_get(pf, RM_PF_OP_RELEASE, &out->release);
   counts_get(pf, RM_PF_OP_JOIN, &out->waitlist_join);
   counts_get(pf, RM_PF_OP_FILL, &out->waitlist_fill);
+  counts_get(pf, RM_PF_OP_ADD, &out->stock_add);
   counts_get(pf, RM_PF_OP_EXPIRE, &out->expire);
   out->connects = atomic_load(&pf->pool.connects);
   out->connect_failures = atomic_load(&pf->pool.connect_failures);

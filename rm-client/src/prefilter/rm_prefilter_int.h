@@ -21,6 +21,7 @@ typedef enum {
   RM_PF_OP_JOIN,
   RM_PF_OP_FILL,
   RM_PF_OP_EXPIRE,
+  RM_PF_OP_ADD,
   RM_PF_OP__COUNT
 } rm_pf_op_t;
 

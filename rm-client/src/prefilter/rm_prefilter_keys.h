@@ -82,6 +82,7 @@ int rm__pf_keys_build(rm_pf_keys_t *ks, int64_t activity, int32_t tt);
 #define RM_PF_MAX_FILL_IDS 1000
 #define RM_PF_MAX_FILL_SCAN 1000
 #define RM_PF_MAX_RESULTS 10000
+#define RM_PF_MAX_BUCKETS 100000 /* stock_add.lua's bound, as the reconciliation's */
 static inline bool rm__pf_id_ok(int64_t id) { return id >= 1; }
 static inline bool rm__pf_qty_ok(int32_t q) { return q >= 1 && q <= RM_PF_MAX_QTY; }
 static inline bool rm__pf_tt_ok(int32_t tt) { return tt >= 0; }
@@ -97,6 +98,7 @@ typedef enum {
   RM_PF_S_EXPIRE,
   RM_PF_S_WAITLIST_JOIN,
   RM_PF_S_WAITLIST_FILL,
+  RM_PF_S_STOCK_ADD,
   RM_PF_S__COUNT
 } rm_pf_script_t;
 
