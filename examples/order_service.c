@@ -495,13 +495,10 @@ static void place_order_local(order_svc_t *s, order_t *o, int64_t deadline_ms, s
 
 /* GET /metrics: the client side (prefilter, mode, compensation, HTTP) in
  * Prometheus text format. */
-static void handle_metrics(order_svc_t *s, svc_resp_t *resp) {
-  svc_buf_t b = {0};
-  rm_pf_stats_t ps = {0};
-  if (s->pf) rm_prefilter_stats(svc_pf_handle(s->pf), &ps);
-  const rm_pf_counts_t *f = &ps.freeze;
-  svc_buf_printf(&b, "# HELP txc_client_prefilter_freeze_total Prefilter freezes by result.\n"
-           "# TYPE txc_client_prefilter_freeze_total counter\n");
+/* One family txc_client_prefilter_<op>_total{code} of a script's results. */
+static void pf_counts_metric(svc_buf_t *b, const char *op, const char *help, const rm_pf_counts_t *f) {
+  svc_buf_printf(b, "# HELP txc_client_prefilter_%s_total %s\n# TYPE txc_client_prefilter_%s_total counter\n", op,
+                 help, op);
   const struct {
     const char *code;
     uint64_t v;
@@ -513,7 +510,19 @@ static void handle_metrics(order_svc_t *s, svc_resp_t *resp) {
             {"not_loaded", f->not_loaded},
             {"errors", f->unknown_outcome + f->not_sent + f->error}};
   for (size_t i = 0; i < sizeof(fr) / sizeof(fr[0]); i++)
-    svc_buf_printf(&b, "txc_client_prefilter_freeze_total{code=\"%s\"} %llu\n", fr[i].code, (unsigned long long)fr[i].v);
+    svc_buf_printf(b, "txc_client_prefilter_%s_total{code=\"%s\"} %llu\n", op, fr[i].code,
+                   (unsigned long long)fr[i].v);
+}
+
+static void handle_metrics(order_svc_t *s, svc_resp_t *resp) {
+  svc_buf_t b = {0};
+  rm_pf_stats_t ps = {0};
+  if (s->pf) rm_prefilter_stats(svc_pf_handle(s->pf), &ps);
+  pf_counts_metric(&b, "freeze", "Prefilter freezes by result.", &ps.freeze);
+  pf_counts_metric(&b, "waitlist_join", "Prefilter waitlist joins by result.", &ps.waitlist_join);
+  pf_counts_metric(&b, "waitlist_fill", "Prefilter waitlist fills by result.", &ps.waitlist_fill);
+  pf_counts_metric(&b, "stock_add", "Prefilter stock additions (raise and serve the waitlist) by result.",
+                   &ps.stock_add);
   svc_buf_printf(&b, "# TYPE txc_client_prefilter_connect_failures_total counter\n"
            "txc_client_prefilter_connect_failures_total %llu\n",
        (unsigned long long)ps.connect_failures);
@@ -809,24 +818,53 @@ static void handle_create(order_svc_t *s, const svc_req_t *req, svc_resp_t *resp
     take_order(s, &o, t0, resp);
 }
 
+/* 'n' fresh order ids into 'ids': false (logged, with 'what') if the
+ * sequence cannot be read. */
+static bool take_ids(order_svc_t *s, long long *ids, int n, const char *what) {
+  char err[512];
+  for (int i = 0; i < n; i++) {
+    ids[i] = next_order_id(s, err, sizeof(err));
+    if (!ids[i]) {
+      svc_warn("could not %s: %s", what, err);
+      return false;
+    }
+  }
+  return true;
+}
+
+/* Place the orders of the waiting users 'served[0..n-1]' (frozen in Redis
+ * by a fill) as any purchase; a placement that fails gives the freeze
+ * back, as for any order.  Returns how many were placed. */
+static int place_served(order_svc_t *s, long long activity, long long ticket_type, const svc_pf_served_t *served,
+                        int n, int64_t expire_ms, int64_t deadline_ms) {
+  int placed = 0;
+  for (int i = 0; i < n; i++) {
+    order_t o = {.order_id = served[i].order_id, .activity = activity, .ticket_type = ticket_type,
+                 .user = served[i].user, .qty = served[i].qty, .bucket = served[i].bucket, .expire_ms = expire_ms};
+    snprintf(o.status, sizeof(o.status), "UNPAID");
+    svc_resp_t r = {0};
+    place_order(s, &o, deadline_ms, svc_now_us(), &r);
+    if (r.status == 201) placed++;
+    SVC_LOG(r.status == 201 ? SVC_LOG_INFO : SVC_LOG_WARN,
+            json_pack("{s:I,s:I,s:I,s:i}", "activity", (json_int_t)activity, "user", (json_int_t)o.user,
+                      "order_id", (json_int_t)o.order_id, "status", r.status),
+            r.status == 201 ? "waitlist: order placed" : "waitlist: could not place the order");
+    json_decref(r.body);
+  }
+  return placed;
+}
+
 /*
  * Stock came back in (activity, ticket type): freeze it in Redis for the
  * first users of the waitlist (rm_prefilter_waitlist_fill), then place
- * their orders as any other purchase; a placement that fails gives the
- * freeze back, as for any order.  The users learn of their orders from
+ * their orders as any other purchase.  The users learn of their orders from
  * GET /orders/{id} (no notification channel in the demo).
  */
 static int serve_waitlist(order_svc_t *s, long long activity, long long ticket_type) {
   enum { BATCH = 8 };
   long long ids[BATCH];
   char err[512];
-  for (int i = 0; i < BATCH; i++) {
-    ids[i] = next_order_id(s, err, sizeof(err));
-    if (!ids[i]) {
-      svc_warn("could not serve the waitlist: %s", err);
-      return -1;
-    }
-  }
+  if (!take_ids(s, ids, BATCH, "serve the waitlist")) return -1;
   int64_t expire_ms = wall_ms() + s->ttl_s * 1000;
   int64_t deadline_ms = expire_ms + s->freeze_grace_s * 1000;
   svc_pf_served_t served[BATCH];
@@ -837,18 +875,7 @@ static int serve_waitlist(order_svc_t *s, long long activity, long long ticket_t
             err);
     return -1;
   }
-  for (int i = 0; i < n; i++) {
-    order_t o = {.order_id = served[i].order_id, .activity = activity, .ticket_type = ticket_type,
-                 .user = served[i].user, .qty = served[i].qty, .bucket = served[i].bucket, .expire_ms = expire_ms};
-    snprintf(o.status, sizeof(o.status), "UNPAID");
-    svc_resp_t r = {0};
-    place_order(s, &o, deadline_ms, svc_now_us(), &r);
-    SVC_LOG(r.status == 201 ? SVC_LOG_INFO : SVC_LOG_WARN,
-            json_pack("{s:I,s:I,s:I,s:i}", "activity", (json_int_t)activity, "user", (json_int_t)o.user,
-                      "order_id", (json_int_t)o.order_id, "status", r.status),
-            r.status == 201 ? "waitlist: order placed" : "waitlist: could not place the order");
-    json_decref(r.body);
-  }
+  place_served(s, activity, ticket_type, served, n, expire_ms, deadline_ms);
   return n;
 }
 
@@ -1021,6 +1048,121 @@ static void handle_get(order_svc_t *s, long long id, const svc_req_t *req, svc_r
     svc_resp_error(resp, 503, "unavailable", err);
 }
 
+/*
+ * POST /activities/{id}/tickets {ticket_type, qty, key, operator?, at_ms?}
+ * (admin credentials, svc_admin_check): more tickets for a sale.
+ *   1. stock-service adds them in PostgreSQL, once per key (POST /tickets,
+ *      stock_add of sql/stock/007), and answers each bucket's stock;
+ *   2. the prefilter raises Redis to those stocks and serves the waitlist
+ *      from the new tickets first, in one script (rm_prefilter_stock_add):
+ *      no other buyer can take them in between;
+ *   3. the served users' orders are placed as any purchase; waiting users
+ *      beyond the first SVC_PF_FILL_MAX go to the background thread's
+ *      waitlist pass.
+ * A repeat with the same key adds nothing and does steps 2 and 3 again
+ * (the raise is idempotent), which also finishes an addition whose answer
+ * was lost after step 1.  A step 2 that failed leaves the new tickets in
+ * PostgreSQL only, unsold until the repeat or the prefilter's
+ * reconciliation copies them.  200 {result, activity, ticket_type, qty,
+ * buckets, waitlist_served, orders_placed, redis} | 400 | 401 | 403 | 404
+ * no_buckets | 409 key_reused | sale_ended | at_mode | 503.
+ */
+static void handle_tickets(order_svc_t *s, long long activity, const svc_req_t *req, svc_resp_t *resp) {
+  const char *who = svc_admin_check(s->admin, req, resp, "tickets");
+  if (!who) return;
+  json_error_t je;
+  json_t *in = json_loadb(req->body, req->body_len, JSON_REJECT_DUPLICATES, &je);
+  long long tt = 0, qty = 0;
+  const char *key = NULL, *op = NULL, *bad = NULL;
+  if (!json_is_object(in))
+    bad = in ? "the body must be a JSON object" : je.text;
+  else if (!svc_json_int(in, "ticket_type", 0, INT32_MAX, &tt))
+    bad = "ticket_type must be an integer >= 0";
+  else if (!svc_json_int(in, "qty", 1, 1000000, &qty))
+    bad = "qty must be an integer from 1 to 1000000";
+  else if (!(key = json_string_value(json_object_get(in, "key"))) || !svc_idem_key_ok(key))
+    bad = "key must be 1 to 64 of A-Za-z0-9._:- (the addition's name: a repeat adds nothing)";
+  else if (json_object_get(in, "operator") &&
+           (!(op = json_string_value(json_object_get(in, "operator"))) || !*op || strlen(op) > 64))
+    bad = "operator must be a string of 1 to 64 characters";
+  if (bad) {
+    json_decref(in);
+    svc_resp_error(resp, 400, "bad_request", bad);
+    return;
+  }
+  json_t *body = json_pack("{s:I,s:I,s:I,s:s}", "activity", (json_int_t)activity, "ticket_type", (json_int_t)tt,
+                           "qty", (json_int_t)qty, "key", key);
+  if (op) json_object_set_new(body, "operator", json_string(op));
+  char reason[64], err[512] = "";
+  svc_httpc_call_t *call = svc_httpc_start(s->stock, "/tickets", NULL, body, s->stock_timeout_ms, err, sizeof(err));
+  json_decref(body);
+  json_t *ans = NULL;
+  long status = 0;
+  if (!call || svc_httpc_finish(call, &status, &ans, err, sizeof(err)) != 0) status = 0;
+  if (status != 200) {
+    const char *e = json_string_value(json_object_get(ans, "error"));
+    const char *d = json_string_value(json_object_get(ans, "detail"));
+    snprintf(reason, sizeof(reason), "%s", e ? e : "unavailable");
+    if (status == 404 || status == 409 || status == 400)
+      svc_resp_error(resp, (int)status, reason, d);
+    else
+      svc_resp_error(resp, 503, "unavailable", d ? d : err);
+    SVC_LOG(SVC_LOG_WARN, json_pack("{s:I,s:s,s:I}", "activity", (json_int_t)activity, "key", key, "status",
+                                    (json_int_t)status),
+            "could not add tickets: %s", d ? d : err);
+    json_decref(ans);
+    json_decref(in);
+    return;
+  }
+  json_t *buckets = json_object_get(ans, "buckets");
+  size_t nb = json_array_size(buckets);
+  int64_t *stock = calloc(nb ? nb : 1, sizeof(*stock));
+  bool shape = stock && nb > 0;
+  for (size_t i = 0; shape && i < nb; i++) {
+    long long b = -1, v = -1;
+    json_t *e = json_array_get(buckets, i);
+    if (!svc_json_int(e, "bucket", 0, (long long)nb - 1, &b) || !svc_json_int(e, "stock", 0, INT32_MAX, &v))
+      shape = false;
+    else
+      stock[b] = v;
+  }
+  long long ids[SVC_PF_FILL_MAX];
+  svc_pf_served_t served[SVC_PF_FILL_MAX];
+  int64_t expire_ms = wall_ms() + s->ttl_s * 1000;
+  int64_t deadline_ms = expire_ms + s->freeze_grace_s * 1000;
+  int n = -1, placed = 0;
+  const char *redis = "raised";
+  if (!shape) {
+    snprintf(err, sizeof(err), "stock-service answered buckets that are not 0 .. n-1 with their stock");
+    redis = "failed";
+  } else if (!take_ids(s, ids, SVC_PF_FILL_MAX, "serve the waitlist")) {
+    snprintf(err, sizeof(err), "no order ids");
+    redis = "failed";
+  } else {
+    n = svc_pf_stock_add(s->pf, activity, tt, stock, nb, ids, SVC_PF_FILL_MAX, deadline_ms, served,
+                         SVC_PF_FILL_MAX, err, sizeof(err));
+    if (n == -2) redis = "not_loaded";
+    if (n == -1) redis = "failed";
+  }
+  free(stock);
+  if (n > 0) placed = place_served(s, activity, tt, served, n, expire_ms, deadline_ms);
+  /* more waiting users than one step serves: the background pass goes on */
+  if (n == SVC_PF_FILL_MAX) queue_waitlist(s, activity, tt);
+  const char *result = json_string_value(json_object_get(ans, "result"));
+  SVC_LOG(n == -1 ? SVC_LOG_WARN : SVC_LOG_INFO,
+          json_pack("{s:s,s:I,s:I,s:I,s:s,s:s,s:s,s:i,s:i}", "admin", "tickets", "activity", (json_int_t)activity,
+                    "ticket_type", (json_int_t)tt, "qty", (json_int_t)qty, "key", key, "who", who, "operator",
+                    op ? op : "", "waitlist_served", n > 0 ? n : 0, "orders_placed", placed),
+          n == -1 ? "tickets added in PostgreSQL; Redis not raised: %s (repeat the call with the same key)"
+                  : "tickets added%s", n == -1 ? err : "");
+  svc_resp_json(resp, 200,
+                json_pack("{s:s,s:I,s:I,s:I,s:O,s:i,s:i,s:s}", "result", result ? result : "added", "activity",
+                          (json_int_t)activity, "ticket_type", (json_int_t)tt, "qty", (json_int_t)qty, "buckets",
+                          buckets, "waitlist_served", n > 0 ? n : 0, "orders_placed", placed, "redis", redis));
+  json_decref(ans);
+  json_decref(in);
+}
+
 static void handle_waitlist(order_svc_t *s, long long activity, const svc_req_t *req, svc_resp_t *resp) {
   json_error_t je;
   json_t *in = json_loadb(req->body, req->body_len, JSON_REJECT_DUPLICATES, &je);
@@ -1090,6 +1232,11 @@ static void handler(const svc_req_t *req, svc_resp_t *resp, void *arg) {
   } else if (match_id(req->path, "/orders/", "/cancel", &id)) {
     if (post)
       finish_order(s, id, FIN_CANCEL, req, resp);
+    else
+      svc_resp_error(resp, 405, "method_not_allowed", NULL);
+  } else if (match_id(req->path, "/activities/", "/tickets", &id)) {
+    if (post)
+      handle_tickets(s, id, req, resp);
     else
       svc_resp_error(resp, 405, "method_not_allowed", NULL);
   } else if (match_id(req->path, "/activities/", "/waitlist", &id)) {

@@ -97,6 +97,7 @@
 #include "txc_isotime.h"
 #include "svc_consumer.h"
 #include "svc_http.h"
+#include "svc_idem.h"
 #include "svc_prefilter.h"
 #include "svc_redis.h"
 #include "stock_window.h"
@@ -721,6 +722,93 @@ static void handle_local_freeze(stock_svc_t *s, const svc_req_t *req, svc_resp_t
   svc_resp_error(resp, status, reason, err);
 }
 
+/*
+ * POST /tickets {activity, ticket_type, qty, key, operator?}: more tickets
+ * of a ticket type (order-service's POST /activities/{id}/tickets, signed
+ * with the services' key), in one local transaction, stock_add of
+ * sql/stock/007: spread over the buckets, once per key.  200 {result:
+ * "added" | "done_before", buckets: [{bucket, stock}]} (the stocks after
+ * it, for the prefilter's raise) | 409 {error: key_reused | sale_ended |
+ * at_mode} | 404 {error: no_buckets} | 400 | 503.  Not in AT image mode:
+ * a global rollback there puts a bucket's before image back, stock
+ * included, and would take the addition away (issue 17's rule: what was
+ * given cannot be taken back by an image).
+ */
+static void handle_tickets(stock_svc_t *s, const svc_req_t *req, svc_resp_t *resp) {
+  json_error_t je;
+  json_t *in = json_loadb(req->body, req->body_len, JSON_REJECT_DUPLICATES, &je);
+  long long activity = 0, tt = 0, qty = 0;
+  const char *key = NULL, *op = NULL, *bad = NULL;
+  if (!json_is_object(in))
+    bad = in ? "the body must be a JSON object" : je.text;
+  else if (!svc_json_int(in, "activity", 1, INT64_MAX, &activity))
+    bad = "activity must be a positive integer";
+  else if (!svc_json_int(in, "ticket_type", 0, INT32_MAX, &tt))
+    bad = "ticket_type must be an integer >= 0";
+  else if (!svc_json_int(in, "qty", 1, 1000000, &qty))
+    bad = "qty must be an integer from 1 to 1000000";
+  else if (!(key = json_string_value(json_object_get(in, "key"))) || !svc_idem_key_ok(key))
+    bad = "key must be 1 to 64 of A-Za-z0-9._:- (the addition's name: a repeat adds nothing)";
+  else if (json_object_get(in, "operator") &&
+           (!(op = json_string_value(json_object_get(in, "operator"))) || !*op || strlen(op) > 64))
+    bad = "operator must be a string of 1 to 64 characters";
+  if (bad) {
+    svc_resp_error(resp, 400, "bad_request", bad);
+    json_decref(in);
+    return;
+  }
+  if (s->mode == MODE_AT) {
+    json_decref(in);
+    svc_resp_error(resp, 409, "at_mode",
+                   "stock additions need STOCK_FREEZE_MODE deferred or delta: in image mode a rollback would put "
+                   "a bucket's old stock back");
+    return;
+  }
+  char sa[24], st[24], sq[24], err[512] = "";
+  snprintf(sa, sizeof(sa), "%lld", activity);
+  snprintf(st, sizeof(st), "%lld", tt);
+  snprintf(sq, sizeof(sq), "%lld", qty);
+  const char *p[5] = {sa, st, sq, key, op};
+  PGresult *r = NULL;
+  PGconn *pg = svc_pg_get(s->pool, 2000, err, sizeof(err));
+  bool ok = pg && svc_pg_exec(pg, "SELECT result, bucket_id, stock FROM stock_add($1, $2, $3, $4, $5)", 5, p,
+                              PGRES_TUPLES_OK, &r, err, sizeof(err));
+  if (pg) svc_pg_put(s->pool, pg);
+  if (!ok || PQntuples(r) < 1) {
+    if (r) PQclear(r);
+    SVC_LOG(SVC_LOG_WARN, json_pack("{s:I,s:s}", "activity", (json_int_t)activity, "key", key),
+            "could not add tickets: %s", ok ? "no answer from stock_add" : err);
+    json_decref(in);
+    svc_resp_error(resp, 503, "unavailable", err);
+    return;
+  }
+  int code = atoi(PQgetvalue(r, 0, 0));
+  if (code < 0) {
+    PQclear(r);
+    json_decref(in);
+    if (code == -3)
+      svc_resp_error(resp, 404, "no_buckets", "the activity has no buckets of this ticket type");
+    else
+      svc_resp_error(resp, 409, code == -2 ? "key_reused" : "sale_ended",
+                     code == -2 ? "this key named an addition of another ticket type or quantity"
+                                : "no such activity, or its sale has ended");
+    return;
+  }
+  json_t *buckets = json_array();
+  for (int i = 0; i < PQntuples(r); i++)
+    json_array_append_new(buckets, json_pack("{s:i,s:I}", "bucket", atoi(PQgetvalue(r, i, 1)), "stock",
+                                             (json_int_t)atoll(PQgetvalue(r, i, 2))));
+  PQclear(r);
+  SVC_LOG(code == 0 ? SVC_LOG_INFO : SVC_LOG_DEBUG,
+          json_pack("{s:I,s:I,s:I,s:s,s:s}", "activity", (json_int_t)activity, "ticket_type", (json_int_t)tt, "qty",
+                    (json_int_t)qty, "key", key, "operator", op ? op : ""),
+          code == 0 ? "tickets added" : "tickets added before under this key");
+  svc_resp_json(resp, 200, json_pack("{s:s,s:I,s:I,s:I,s:o}", "result", code == 0 ? "added" : "done_before",
+                                     "activity", (json_int_t)activity, "ticket_type", (json_int_t)tt, "qty",
+                                     (json_int_t)qty, "buckets", buckets));
+  json_decref(in);
+}
+
 /* GET /metrics: local-mode freezes (rm_client_local_stats) and HTTP answers by
  * status, in Prometheus text format. */
 static void handle_stock_metrics(stock_svc_t *s, svc_resp_t *resp) {
@@ -766,7 +854,7 @@ static void handler(const svc_req_t *req, svc_resp_t *resp, void *arg) {
   bool post = strcmp(req->method, "POST") == 0;
   if (svc_admin_handle(s->admin, req, resp)) return; /* /admin/...: the runtime mode switch */
   bool op = strcmp(req->path, "/freeze") == 0 || strcmp(req->path, "/confirm") == 0 ||
-            strcmp(req->path, "/release") == 0;
+            strcmp(req->path, "/release") == 0 || strcmp(req->path, "/tickets") == 0;
   if (post && op && s->auth && !svc_http_verify(s->auth, req)) {
     /* only order-service, with the services' key, may move stock: a
      * forged freeze (X-Txc-Local included) or confirm changes nothing */
@@ -784,13 +872,15 @@ static void handler(const svc_req_t *req, svc_resp_t *resp, void *arg) {
     handle_op(s, req, resp, OP_CONFIRM);
   else if (strcmp(req->path, "/release") == 0 && post)
     handle_op(s, req, resp, OP_RELEASE);
+  else if (strcmp(req->path, "/tickets") == 0 && post)
+    handle_tickets(s, req, resp);
   else if (strcmp(req->path, "/metrics") == 0 && strcmp(req->method, "GET") == 0)
     handle_stock_metrics(s, resp);
   else if (strcmp(req->path, "/healthz") == 0 && strcmp(req->method, "GET") == 0)
     svc_resp_json(resp, 200, json_pack("{s:b,s:i,s:s}", "ok", 1, "tc_nodes_up", rm_client_nodes_up(s->rm), "mode",
                                        rm_mode_name(rm_client_mode(s->rm))));
   else if (strcmp(req->path, "/freeze") == 0 || strcmp(req->path, "/confirm") == 0 ||
-           strcmp(req->path, "/release") == 0)
+           strcmp(req->path, "/release") == 0 || strcmp(req->path, "/tickets") == 0)
     svc_resp_error(resp, 405, "method_not_allowed", NULL);
   else
     svc_resp_error(resp, 404, "not_found", NULL);

@@ -96,17 +96,22 @@ static json_t *mode_json(const svc_admin_t *a, int previous) {
   return j;
 }
 
-static void refuse(svc_admin_t *a, svc_resp_t *resp, int status, const char *reason, const char *detail,
-                   const char *who) {
+static void refuse_what(svc_admin_t *a, svc_resp_t *resp, const char *what, int status, const char *reason,
+                        const char *detail, const char *who) {
   if (status == 400)
     a->refused_bad++;
   else if (status == 403)
     a->refused_disabled++;
   else
     a->refused_unauth++;
-  SVC_LOG(SVC_LOG_WARN, json_pack("{s:s,s:s,s:s}", "admin", "mode", "who", who ? who : "", "reason", reason),
+  SVC_LOG(SVC_LOG_WARN, json_pack("{s:s,s:s,s:s}", "admin", what, "who", who ? who : "", "reason", reason),
           "refused an admin call: %s", detail);
   svc_resp_error(resp, status, reason, detail);
+}
+
+static void refuse(svc_admin_t *a, svc_resp_t *resp, int status, const char *reason, const char *detail,
+                   const char *who) {
+  refuse_what(a, resp, "mode", status, reason, detail, who);
 }
 
 /* POST /admin/mode, authenticated as 'who'. */
@@ -170,6 +175,35 @@ static void set_mode(svc_admin_t *a, const svc_req_t *req, svc_resp_t *resp, con
           mode == RM_MODE_AUTO ? "transaction mode handed back to detection (auto)" : "transaction mode forced to %s",
           rm_mode_name(mode));
   svc_resp_json(resp, 200, ans);
+}
+
+const char *svc_admin_check(svc_admin_t *a, const svc_req_t *req, svc_resp_t *resp, const char *what) {
+  if (!a || (!a->token && !a->auth)) {
+    if (a)
+      refuse_what(a, resp, what, 403, "admin_disabled", "no admin credential is configured in this service", NULL);
+    else
+      svc_resp_error(resp, 403, "admin_disabled", NULL);
+    return NULL;
+  }
+  const char *who = authenticate(a, req);
+  if (!who) {
+    refuse_what(a, resp, what, 401, "unauthenticated",
+                "an admin call needs Authorization: Bearer <TXC_ADMIN_TOKEN_FILE's token> or the services' signature",
+                NULL);
+    return NULL;
+  }
+  if (strcmp(who, "service-key") == 0) {
+    json_t *o = json_loadb(req->body, req->body_len, 0, NULL);
+    json_t *at = json_object_get(o, "at_ms");
+    bool fresh = json_is_integer(at) && llabs((long long)(json_integer_value(at) - wall_ms())) <= SVC_ADMIN_MAX_SKEW_MS;
+    json_decref(o);
+    if (!fresh) {
+      refuse_what(a, resp, what, 401, "unauthenticated",
+                  "a signed admin call needs at_ms within 60 s of now (no replays)", who);
+      return NULL;
+    }
+  }
+  return who;
 }
 
 bool svc_admin_handle(svc_admin_t *a, const svc_req_t *req, svc_resp_t *resp) {

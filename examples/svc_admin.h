@@ -61,6 +61,12 @@ typedef struct svc_admin svc_admin_t;
 svc_admin_t *svc_admin_new(rm_client_t *rm, const svc_auth_t *auth);
 void svc_admin_free(svc_admin_t *a);
 
+/* Another admin call ('what', e.g. "tickets", for the log) on the same
+ * credentials: who sent 'req' ("admin-token" or "service-key"; a signed
+ * call's JSON body must carry at_ms within 60 s of now), or NULL with the
+ * 401 / 403 refusal in 'resp' (counted, logged). */
+const char *svc_admin_check(svc_admin_t *a, const svc_req_t *req, svc_resp_t *resp, const char *what);
+
 /* Whether 'req' is for /admin/...: then 'resp' is filled. */
 bool svc_admin_handle(svc_admin_t *a, const svc_req_t *req, svc_resp_t *resp);
 

@@ -112,21 +112,8 @@ pf_result_t svc_pf_waitlist(svc_pf_t *p, long long activity, long long ticket_ty
   return map(rc, err, errlen);
 }
 
-int svc_pf_waitlist_fill(svc_pf_t *p, long long activity, long long ticket_type, const long long *ids, size_t n,
-                         int64_t deadline_ms, svc_pf_served_t *out, size_t cap, char *err, size_t errlen) {
-  enum { MAXN = 64 };
-  int64_t oid[MAXN];
-  rm_pf_fill_t fill[MAXN];
-  if (n > MAXN) n = MAXN;
-  if (n == 0 || cap == 0) return 0;
-  for (size_t i = 0; i < n; i++) oid[i] = ids[i];
-  size_t nout = 0;
-  int rc = rm_prefilter_waitlist_fill(p->pf, activity, (int32_t)ticket_type, oid, n, deadline_ms, fill, MAXN, &nout);
-  if (rc == RM_PF_NOT_ON_SALE) return 0; /* nobody to serve any more */
-  if (rc != 0) {
-    map(rc, err, errlen);
-    return -1;
-  }
+/* The users served in 'fill[0..nout-1]' into 'out' (at most 'cap'). */
+static int served_from(const rm_pf_fill_t *fill, size_t nout, svc_pf_served_t *out, size_t cap) {
   int served = 0;
   for (size_t i = 0; i < nout && (size_t)served < cap; i++) {
     if (fill[i].code != 0 || fill[i].order_id <= 0 || fill[i].bucket < 0) continue;
@@ -134,4 +121,40 @@ int svc_pf_waitlist_fill(svc_pf_t *p, long long activity, long long ticket_type,
                                       .bucket = fill[i].bucket};
   }
   return served;
+}
+
+int svc_pf_waitlist_fill(svc_pf_t *p, long long activity, long long ticket_type, const long long *ids, size_t n,
+                         int64_t deadline_ms, svc_pf_served_t *out, size_t cap, char *err, size_t errlen) {
+  int64_t oid[SVC_PF_FILL_MAX];
+  rm_pf_fill_t fill[SVC_PF_FILL_MAX];
+  if (n > SVC_PF_FILL_MAX) n = SVC_PF_FILL_MAX;
+  if (n == 0 || cap == 0) return 0;
+  for (size_t i = 0; i < n; i++) oid[i] = ids[i];
+  size_t nout = 0;
+  int rc = rm_prefilter_waitlist_fill(p->pf, activity, (int32_t)ticket_type, oid, n, deadline_ms, fill,
+                                      SVC_PF_FILL_MAX, &nout);
+  if (rc == RM_PF_NOT_ON_SALE) return 0; /* nobody to serve any more */
+  if (rc != 0) {
+    map(rc, err, errlen);
+    return -1;
+  }
+  return served_from(fill, nout, out, cap);
+}
+
+int svc_pf_stock_add(svc_pf_t *p, long long activity, long long ticket_type, const int64_t *bucket_stock,
+                     size_t nbuckets, const long long *ids, size_t n, int64_t deadline_ms, svc_pf_served_t *out,
+                     size_t cap, char *err, size_t errlen) {
+  int64_t oid[SVC_PF_FILL_MAX];
+  rm_pf_fill_t fill[SVC_PF_FILL_MAX];
+  if (n > SVC_PF_FILL_MAX) n = SVC_PF_FILL_MAX;
+  if (n > cap) n = cap;
+  for (size_t i = 0; i < n; i++) oid[i] = ids[i];
+  size_t nout = 0;
+  int rc = rm_prefilter_stock_add(p->pf, activity, (int32_t)ticket_type, bucket_stock, nbuckets, oid, n, deadline_ms,
+                                  fill, SVC_PF_FILL_MAX, &nout);
+  if (rc != 0) {
+    map(rc, err, errlen);
+    return rc == RM_PF_NOT_LOADED ? -2 : -1;
+  }
+  return served_from(fill, nout, out, cap);
 }

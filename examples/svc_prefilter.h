@@ -75,4 +75,17 @@ typedef struct svc_pf_served {
 int svc_pf_waitlist_fill(svc_pf_t *pf, long long activity, long long ticket_type, const long long *ids, size_t n,
                          int64_t deadline_ms, svc_pf_served_t *out, size_t cap, char *err, size_t errlen);
 
+/* Most order ids one fill or stock addition uses. */
+#define SVC_PF_FILL_MAX 64
+
+/* More tickets, already in PostgreSQL ('bucket_stock[0..nbuckets-1]':
+ * each bucket's stock there now): Redis rises to it and serves the
+ * waitlist from the new tickets first, in one step (rm_prefilter_stock_add),
+ * with 'ids[0..n-1]' as svc_pf_waitlist_fill.  Returns the users served,
+ * -2 when Redis has not loaded the activity (nothing to raise: loading it
+ * copies PostgreSQL's stock), or -1 with 'err' set. */
+int svc_pf_stock_add(svc_pf_t *pf, long long activity, long long ticket_type, const int64_t *bucket_stock,
+                     size_t nbuckets, const long long *ids, size_t n, int64_t deadline_ms, svc_pf_served_t *out,
+                     size_t cap, char *err, size_t errlen);
+
 #endif /* SVC_PREFILTER_H */

@@ -1,0 +1,173 @@
+#!/usr/bin/env bash
+# test_tickets.sh - more tickets later (issue 24): an organiser adds stock
+# to a running sale on a real local cluster with the real services.
+#
+#   1. a sale of 2 tickets (2 buckets) sold out; three users on the
+#      waitlist (1, 2 and 1 tickets); a fourth buyer is refused sold_out;
+#   2. refused, nothing changes: no credential (401), a buyer's order
+#      token (401), a bad body (400), an unknown ticket type (404); the
+#      stock in PostgreSQL and Redis stays 2;
+#   3. 4 more tickets (POST /activities/{id}/tickets, key add-1): 200
+#      added, PostgreSQL's buckets 3 + 3 (2 each), Redis raised to the
+#      same; the three waiting users are served first (waitlist_served 3,
+#      orders_placed 3: their orders UNPAID with their freezes in
+#      stock_freeze), the waitlist is empty, a new buyer is refused
+#      sold_out (the new tickets went to the waitlist); the addition
+#      recorded with its operator;
+#   4. the same call again: done_before, nothing added; the key with
+#      another qty: 409 key_reused;
+#   5. Redis lost the raise (the stock fields set back by hand): the same
+#      call again raises it, and a buyer can buy a ticket added without a
+#      waitlist;
+#   6. an ended sale: 409 sale_ended; stock-service's own /tickets without
+#      order-service's signature: 401;
+#   7. the invariants (fs_check through flashsale --check-only is not
+#      needed here: PostgreSQL's counters against stock_freeze by hand).
+#
+# Needs TX_BIN_DIR (tcd, order-service, stock-service, txc-compensate) and
+# TX_SOURCE_DIR; set by ctest.
+set -euo pipefail
+
+TEST_NAME=test_tickets
+# shellcheck source=tests/integration/services_harness.sh
+. "${TX_SOURCE_DIR:?TX_SOURCE_DIR not set}/tests/integration/services_harness.sh"
+
+rcli() { redis-cli -u "$REDIS_URL" "$@"; }
+
+harness_cluster_up
+token=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
+(umask 077 && echo "$token" >"$tmp/admin.token")
+export TXC_ADMIN_TOKEN_FILE=$tmp/admin.token
+out=$("$src/examples/services" start --bin "$bin" --dir "$CLUSTER_DIR")
+eval "$out"
+ok "cluster and services started ($ORDER_URL, $STOCK_URL)"
+
+A=$(q "$STOCK_PG_URL" "SELECT coalesce(max(activity_id), 0) + 1 FROM activity")
+q "$STOCK_PG_URL" "INSERT INTO activity (activity_id, name, status, per_user_limit, starts_at, ends_at)
+    VALUES ($A, 'tickets test', 1, 2, now() - interval '1 second', now() + interval '1 hour');
+  INSERT INTO activity_ticket_bucket (activity_id, ticket_type, bucket_id, stock)
+    SELECT $A, 1, g, 1 FROM generate_series(0, 1) g" >/dev/null
+"$bin/txc-compensate" --reconcile --activity "$A" >/dev/null 2>&1
+
+# order USER: one ticket; "$code $reason" in $ans, the order id in $oid
+order() {
+  local r
+  r=$(curl -s -o - -w '\n%{http_code}' -XPOST "$ORDER_URL/orders" \
+    -d "{\"activity\":$A,\"ticket_type\":1,\"user\":$1,\"qty\":1}")
+  ans="$(tail -1 <<<"$r") $(head -1 <<<"$r" | python3 -c 'import json,sys
+try: print(json.load(sys.stdin).get("reason") or "")
+except Exception: print("")')"
+  oid=$(head -1 <<<"$r" | python3 -c 'import json,sys
+try: print(json.load(sys.stdin).get("order_id") or "")
+except Exception: print("")')
+  otoken=$(head -1 <<<"$r" | python3 -c 'import json,sys
+try: print(json.load(sys.stdin).get("order_token") or "")
+except Exception: print("")')
+}
+# tickets BODY [CURL ARGS...]: POST /activities/A/tickets; $code, $body
+tickets() {
+  local b=$1 r
+  shift
+  r=$(curl -s -o - -w '\n%{http_code}' -XPOST "$ORDER_URL/activities/$A/tickets" "$@" -d "$b")
+  code=$(tail -1 <<<"$r")
+  body=$(head -n -1 <<<"$r")
+}
+field() { python3 -c 'import json,sys; v=json.loads(sys.argv[1]).get(sys.argv[2]); print(v if v is not None else "")' "$body" "$1"; }
+bearer=(-H "Authorization: Bearer $token")
+pg_stock() { q "$STOCK_PG_URL" "SELECT string_agg(stock::text, ' ' ORDER BY bucket_id) FROM activity_ticket_bucket WHERE activity_id = $A AND ticket_type = 1"; }
+redis_stock() { echo "$(rcli HGET "{act_$A}:t1:stock" stock:0) $(rcli HGET "{act_$A}:t1:stock" stock:1)"; }
+wl_len() { rcli ZCARD "{act_$A}:t1:wl"; }
+join() { # USER QTY: the waitlist's answer status
+  curl -s -o /dev/null -w '%{http_code}' -XPOST "$ORDER_URL/activities/$A/waitlist" \
+    -d "{\"user\":$1,\"ticket_type\":1,\"qty\":$2}"
+}
+
+# --- 1. sold out, three waiting ---
+order 1
+order 2
+order 3
+check "two tickets sold, a third buyer refused: $ans" test "$ans" = "409 sold_out"
+check "waitlist: 11 wants 1, 12 wants 2, 13 wants 1 (202 each)" \
+  test "$(join 11 1) $(join 12 2) $(join 13 1)" = "202 202 202"
+check "  3 waiting" test "$(wl_len)" = 3
+
+# --- 2. refused, nothing changes ---
+tickets '{"ticket_type":1,"qty":4,"key":"add-1"}'
+check "no credential: 401" test "$code" = 401
+tickets '{"ticket_type":1,"qty":4,"key":"add-1"}' -H "Authorization: Bearer ${token}x"
+check "a wrong admin token: 401" test "$code" = 401
+tickets '{"ticket_type":1,"qty":0,"key":"add-1"}' "${bearer[@]}"
+check "qty 0: 400 ($body)" test "$code" = 400
+tickets '{"ticket_type":1,"qty":4,"key":"no spaces"}' "${bearer[@]}"
+check "a bad key: 400" test "$code" = 400
+tickets '{"ticket_type":1,"qty":4}' "${bearer[@]}"
+check "no key: 400" test "$code" = 400
+tickets '{"ticket_type":1,"qty":4,"key":"add-1","extra":' "${bearer[@]}"
+check "not JSON: 400" test "$code" = 400
+tickets '{"ticket_type":9,"qty":4,"key":"add-9"}' "${bearer[@]}"
+check "a ticket type without buckets: 404 no_buckets ($body)" test "$code $(field error)" = "404 no_buckets"
+check "  nothing changed: stock 1 1 in PostgreSQL and Redis, 3 waiting, no addition" \
+  test "$(pg_stock)|$(redis_stock)|$(wl_len)|$(q "$STOCK_PG_URL" "SELECT count(*) FROM stock_addition WHERE activity_id = $A")" = "1 1|1 1|3|0"
+
+# --- 3. four more ---
+tickets '{"ticket_type":1,"qty":4,"key":"add-1","operator":"alice"}' "${bearer[@]}"
+check "4 more: 200 added ($body)" test "$code $(field result)" = "200 added"
+check "  PostgreSQL 3 3, Redis raised to 3 3" test "$(pg_stock)|$(redis_stock)" = "3 3|3 3"
+check "  the waitlist served first: 3 served, 3 orders placed" \
+  test "$(field waitlist_served) $(field orders_placed) $(field redis)" = "3 3 raised"
+check "  the waitlist is empty" test "$(wl_len)" = 0
+check "  the waiting users' orders: UNPAID, 4 tickets" \
+  test "$(q "$ORDERS_PG_URL" "SELECT count(*) || ' ' || sum(qty) FROM trade_order WHERE activity_id = $A AND user_id IN (11, 12, 13) AND status = 'UNPAID'")" = "3 4"
+check "  and their freezes in stock_freeze" \
+  test "$(q "$STOCK_PG_URL" "SELECT count(*) FROM stock_freeze WHERE activity_id = $A AND user_id IN (11, 12, 13) AND state = 'FROZEN'")" = 3
+order 4
+check "  a new buyer finds none: $ans" test "$ans" = "409 sold_out"
+check "  the addition recorded with its operator" \
+  test "$(q "$STOCK_PG_URL" "SELECT qty || ' ' || added_by FROM stock_addition WHERE activity_id = $A AND add_key = 'add-1'")" = "4 alice"
+check "  the log line" grep -q '"msg":"tickets added".*"who":"admin-token"' "$CLUSTER_DIR/order-service.log"
+
+# --- 4. repeats ---
+tickets '{"ticket_type":1,"qty":4,"key":"add-1"}' "${bearer[@]}"
+check "the same call again: 200 done_before, stock still 3 3" test "$code $(field result) $(pg_stock)" = "200 done_before 3 3"
+tickets '{"ticket_type":1,"qty":5,"key":"add-1"}' "${bearer[@]}"
+check "the key with another qty: 409 key_reused" test "$code $(field error) $(pg_stock)" = "409 key_reused 3 3"
+
+# --- 5. Redis lost the raise; the repeat mends it ---
+tickets '{"ticket_type":1,"qty":2,"key":"add-2"}' "${bearer[@]}"
+check "2 more, nobody waiting: 200, PostgreSQL 4 4" test "$code $(pg_stock) $(field waitlist_served)" = "200 4 4 0"
+rcli HSET "{act_$A}:t1:stock" stock:0 3 stock:1 3 >/dev/null
+order 5
+check "  Redis without them: a buyer refused ($ans)" test "$ans" = "409 sold_out"
+tickets '{"ticket_type":1,"qty":2,"key":"add-2"}' "${bearer[@]}"
+check "  the same call again: done_before, Redis 4 4 again" test "$code $(field result) $(redis_stock)" = "200 done_before 4 4"
+order 5
+check "  the buyer gets one now: $ans" test "${ans%% *}" = 201
+
+# --- 6. refusals at the edges ---
+B=$((A + 1))
+q "$STOCK_PG_URL" "INSERT INTO activity (activity_id, name, status, per_user_limit, starts_at, ends_at)
+    VALUES ($B, 'ended', 2, 2, now() - interval '2 hours', now() - interval '1 hour');
+  INSERT INTO activity_ticket_bucket (activity_id, ticket_type, bucket_id, stock) VALUES ($B, 1, 0, 1)" >/dev/null
+r=$(curl -s -o - -w '\n%{http_code}' -XPOST "$ORDER_URL/activities/$B/tickets" "${bearer[@]}" \
+  -d '{"ticket_type":1,"qty":1,"key":"late"}')
+check "an ended sale: 409 sale_ended" test "$(tail -1 <<<"$r") $(head -1 <<<"$r" | python3 -c 'import json,sys; print(json.load(sys.stdin)["error"])')" = "409 sale_ended"
+check "  its stock unchanged" test "$(q "$STOCK_PG_URL" "SELECT stock FROM activity_ticket_bucket WHERE activity_id = $B")" = 1
+check "stock-service's /tickets without order-service's signature: 401" \
+  test "$(curl -s -o /dev/null -w '%{http_code}' -XPOST "$STOCK_URL/tickets" -d "{\"activity\":$A,\"ticket_type\":1,\"qty\":9,\"key\":\"forged\"}")" = 401
+check "  nothing added" test "$(pg_stock)" = "4 4"
+
+# --- 7. the counters agree ---
+check "PostgreSQL: frozen + sold = the live freezes, within the stock" \
+  test "$(q "$STOCK_PG_URL" "SELECT (SELECT sum(frozen_count + sold_count) FROM activity_ticket_bucket WHERE activity_id = $A) = (SELECT sum(qty) FROM stock_freeze WHERE activity_id = $A AND state IN ('FROZEN', 'CONFIRMED'))")" = t
+check "metrics: 4 stock additions reached Redis" \
+  test "$(curl -s "$ORDER_URL/metrics" | awk '$1 == "txc_client_prefilter_stock_add_total{code=\"ok\"}" {print $2}')" = 4
+
+"$src/examples/services" stop "$ORDER_PID" "$STOCK_PID" "${EVENTS_PID:-}"
+ORDER_PID=
+check "no sanitizer report" bash -c "! grep -l 'ERROR: AddressSanitizer\|runtime error:' $CLUSTER_DIR/*.log"
+
+if [[ $failures -ne 0 ]]; then
+  echo "test_tickets: $failures check(s) FAILED" >&2
+  exit 1
+fi
+echo "test_tickets: all checks passed"
