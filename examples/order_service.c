@@ -20,6 +20,11 @@
  *          (the stock follows through the order event a moment later)
  *     POST /activities/{id}/waitlist {user, ticket_type, qty}
  *          202 {position} | 409 {error: rejected, reason: over_limit} | 503
+ *     POST /activities/{id}/tickets {ticket_type, qty, key, operator?}
+ *          more tickets, admin credentials (handle_tickets): 200 {result:
+ *          added | done_before, buckets, waitlist_served, orders_placed,
+ *          redis} | 400 | 401 | 403 | 404 no_buckets | 409 key_reused |
+ *          sale_ended | at_mode | 503
  *     GET  /healthz                    200 {ok, tc_nodes_up, mode}
  *     POST /admin/mode {mode: local|global|auto}   the runtime switch of
  *          the fallback to local mode, authenticated (svc_admin.h)

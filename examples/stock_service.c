@@ -53,6 +53,9 @@
  *          {error: unknown_order}.  The row is locked (SELECT ... FOR
  *          UPDATE) in the local transaction before the change, so a
  *          confirm and a release of one order cannot both win.
+ *     POST /tickets {activity, ticket_type, qty, key, operator?}  more
+ *          tickets in one local transaction (stock_add, sql/stock/007),
+ *          once per key: handle_tickets
  *     GET  /healthz  200 {ok, tc_nodes_up, mode}
  *     POST /admin/mode {mode: local|global|auto}  this client's forced mode
  *          (svc_admin.h; stock-service follows each call's own mode)
