@@ -43,6 +43,9 @@ CREATE TABLE stock_addition (
 COMMENT ON TABLE stock_addition IS
   'Tickets added to an activity after seeding (stock_add), one row per addition: the record that '
   'makes a repeated addition (same key) add nothing, and what the daily reconciliation can count.';
+COMMENT ON COLUMN stock_addition.activity_id IS 'activity.activity_id.';
+COMMENT ON COLUMN stock_addition.ticket_type IS 'activity_ticket_bucket.ticket_type the tickets were added to.';
+COMMENT ON COLUMN stock_addition.created_at IS 'When the addition committed.';
 COMMENT ON COLUMN stock_addition.add_key IS 'The caller''s name for this addition (its idempotency key).';
 COMMENT ON COLUMN stock_addition.qty IS 'Tickets added, spread over the ticket type''s buckets.';
 COMMENT ON COLUMN stock_addition.added_by IS 'Who asked (the admin call''s operator), for the audit.';

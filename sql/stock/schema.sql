@@ -511,10 +511,22 @@ CREATE TABLE public.stock_addition (
 COMMENT ON TABLE public.stock_addition IS 'Tickets added to an activity after seeding (stock_add), one row per addition: the record that makes a repeated addition (same key) add nothing, and what the daily reconciliation can count.';
 
 --
+-- Name: COLUMN stock_addition.activity_id; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON COLUMN public.stock_addition.activity_id IS 'activity.activity_id.';
+
+--
 -- Name: COLUMN stock_addition.add_key; Type: COMMENT; Schema: public; Owner: -
 --
 
 COMMENT ON COLUMN public.stock_addition.add_key IS 'The caller''s name for this addition (its idempotency key).';
+
+--
+-- Name: COLUMN stock_addition.ticket_type; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON COLUMN public.stock_addition.ticket_type IS 'activity_ticket_bucket.ticket_type the tickets were added to.';
 
 --
 -- Name: COLUMN stock_addition.qty; Type: COMMENT; Schema: public; Owner: -
@@ -527,6 +539,12 @@ COMMENT ON COLUMN public.stock_addition.qty IS 'Tickets added, spread over the t
 --
 
 COMMENT ON COLUMN public.stock_addition.added_by IS 'Who asked (the admin call''s operator), for the audit.';
+
+--
+-- Name: COLUMN stock_addition.created_at; Type: COMMENT; Schema: public; Owner: -
+--
+
+COMMENT ON COLUMN public.stock_addition.created_at IS 'When the addition committed.';
 
 --
 -- Name: stock_compensation; Type: TABLE; Schema: public; Owner: -
