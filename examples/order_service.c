@@ -1077,24 +1077,15 @@ static void handle_tickets(order_svc_t *s, long long activity, const svc_req_t *
   if (!who) return;
   json_error_t je;
   json_t *in = json_loadb(req->body, req->body_len, JSON_REJECT_DUPLICATES, &je);
-  long long tt = 0, qty = 0;
-  const char *key = NULL, *op = NULL, *bad = NULL;
-  if (!json_is_object(in))
-    bad = in ? "the body must be a JSON object" : je.text;
-  else if (!svc_json_int(in, "ticket_type", 0, INT32_MAX, &tt))
-    bad = "ticket_type must be an integer >= 0";
-  else if (!svc_json_int(in, "qty", 1, 1000000, &qty))
-    bad = "qty must be an integer from 1 to 1000000";
-  else if (!(key = json_string_value(json_object_get(in, "key"))) || !svc_idem_key_ok(key))
-    bad = "key must be 1 to 64 of A-Za-z0-9._:- (the addition's name: a repeat adds nothing)";
-  else if (json_object_get(in, "operator") &&
-           (!(op = json_string_value(json_object_get(in, "operator"))) || !*op || strlen(op) > 64))
-    bad = "operator must be a string of 1 to 64 characters";
+  svc_tickets_t t;
+  const char *bad = in ? svc_tickets_parse(in, false, &t) : je.text;
   if (bad) {
     json_decref(in);
     svc_resp_error(resp, 400, "bad_request", bad);
     return;
   }
+  long long tt = t.ticket_type, qty = t.qty;
+  const char *key = t.key, *op = t.op;
   json_t *body = json_pack("{s:I,s:I,s:I,s:s}", "activity", (json_int_t)activity, "ticket_type", (json_int_t)tt,
                            "qty", (json_int_t)qty, "key", key);
   if (op) json_object_set_new(body, "operator", json_string(op));

@@ -740,26 +740,15 @@ static void handle_local_freeze(stock_svc_t *s, const svc_req_t *req, svc_resp_t
 static void handle_tickets(stock_svc_t *s, const svc_req_t *req, svc_resp_t *resp) {
   json_error_t je;
   json_t *in = json_loadb(req->body, req->body_len, JSON_REJECT_DUPLICATES, &je);
-  long long activity = 0, tt = 0, qty = 0;
-  const char *key = NULL, *op = NULL, *bad = NULL;
-  if (!json_is_object(in))
-    bad = in ? "the body must be a JSON object" : je.text;
-  else if (!svc_json_int(in, "activity", 1, INT64_MAX, &activity))
-    bad = "activity must be a positive integer";
-  else if (!svc_json_int(in, "ticket_type", 0, INT32_MAX, &tt))
-    bad = "ticket_type must be an integer >= 0";
-  else if (!svc_json_int(in, "qty", 1, 1000000, &qty))
-    bad = "qty must be an integer from 1 to 1000000";
-  else if (!(key = json_string_value(json_object_get(in, "key"))) || !svc_idem_key_ok(key))
-    bad = "key must be 1 to 64 of A-Za-z0-9._:- (the addition's name: a repeat adds nothing)";
-  else if (json_object_get(in, "operator") &&
-           (!(op = json_string_value(json_object_get(in, "operator"))) || !*op || strlen(op) > 64))
-    bad = "operator must be a string of 1 to 64 characters";
+  svc_tickets_t t;
+  const char *bad = in ? svc_tickets_parse(in, true, &t) : je.text;
   if (bad) {
     svc_resp_error(resp, 400, "bad_request", bad);
     json_decref(in);
     return;
   }
+  long long activity = t.activity, tt = t.ticket_type, qty = t.qty;
+  const char *key = t.key, *op = t.op;
   if (s->mode == MODE_AT) {
     json_decref(in);
     svc_resp_error(resp, 409, "at_mode",

@@ -12,6 +12,7 @@
 
 #include <sodium.h>
 
+#include "svc_idem.h"
 #include "txc_secret.h"
 
 #define TOKEN_MIN 16
@@ -262,4 +263,20 @@ void svc_admin_metrics(svc_admin_t *a, svc_buf_t *b, bool with_mode) {
                  (unsigned long long)a->changes[RM_MODE_AUTO], (unsigned long long)a->changes[RM_MODE_GLOBAL],
                  (unsigned long long)a->changes[RM_MODE_LOCAL], (unsigned long long)a->refused_unauth,
                  (unsigned long long)a->refused_bad, (unsigned long long)a->refused_disabled);
+}
+
+const char *svc_tickets_parse(const json_t *in, bool with_activity, svc_tickets_t *t) {
+  *t = (svc_tickets_t){0};
+  if (!json_is_object(in)) return "the body must be a JSON object";
+  if (with_activity && !svc_json_int(in, "activity", 1, INT64_MAX, &t->activity))
+    return "activity must be a positive integer";
+  if (!svc_json_int(in, "ticket_type", 0, INT32_MAX, &t->ticket_type)) return "ticket_type must be an integer >= 0";
+  if (!svc_json_int(in, "qty", 1, 1000000, &t->qty)) return "qty must be an integer from 1 to 1000000";
+  t->key = json_string_value(json_object_get(in, "key"));
+  if (!t->key || !svc_idem_key_ok(t->key))
+    return "key must be 1 to 64 of A-Za-z0-9._:- (the addition's name: a repeat adds nothing)";
+  json_t *op = json_object_get(in, "operator");
+  t->op = json_string_value(op);
+  if (op && (!t->op || !*t->op || strlen(t->op) > 64)) return "operator must be a string of 1 to 64 characters";
+  return NULL;
 }

@@ -67,6 +67,17 @@ void svc_admin_free(svc_admin_t *a);
  * 401 / 403 refusal in 'resp' (counted, logged). */
 const char *svc_admin_check(svc_admin_t *a, const svc_req_t *req, svc_resp_t *resp, const char *what);
 
+/* The body of a ticket addition (order-service's POST
+ * /activities/{id}/tickets, stock-service's POST /tickets). */
+typedef struct svc_tickets {
+  long long activity; /* only 'with_activity' */
+  long long ticket_type, qty;
+  const char *key, *op; /* borrowed from the JSON; op may be NULL */
+} svc_tickets_t;
+
+/* Read 'in' into 't': NULL, or what is wrong with it (for a 400). */
+const char *svc_tickets_parse(const json_t *in, bool with_activity, svc_tickets_t *t);
+
 /* Whether 'req' is for /admin/...: then 'resp' is filled. */
 bool svc_admin_handle(svc_admin_t *a, const svc_req_t *req, svc_resp_t *resp);
 

@@ -44,13 +44,8 @@ for b = 0, m - 1 do
   stocks[b] = pf_int(ARGV[6 + b], 0, 2147483647)
   if not stocks[b] then return -4 end
 end
-local ids, seen = {}, {}
-for i = 6 + m, #ARGV do
-  local id = pf_id(ARGV[i])
-  if not id or seen[id] or redis.call('HEXISTS', k.orders, id) == 1 then return -4 end
-  seen[id] = true
-  ids[#ids + 1] = id
-end
+local ids = pf_new_ids(k, 6 + m)
+if not ids then return -4 end
 
 local meta = redis.call('HMGET', k.meta, 'status', 'limit', 'starts', 'ends')
 if not meta[1] then return -5 end

@@ -142,6 +142,20 @@ local function pf_release_rec(k, order, b, qty, user, tt)
   redis.call('ZREM', k.expiry, order)
 end
 
+-- The order ids ARGV[from ..], canonical, for a fill: nil if one is not an
+-- id, repeats another, or already has a record in k.orders (a served order
+-- must be new).
+local function pf_new_ids(k, from)
+  local ids, seen = {}, {}
+  for i = from, #ARGV do
+    local id = pf_id(ARGV[i])
+    if not id or seen[id] or redis.call('HEXISTS', k.orders, id) == 1 then return nil end
+    seen[id] = true
+    ids[#ids + 1] = id
+  end
+  return ids
+end
+
 -- Serve the waitlist of ticket type 'tt' (n buckets) in arrival order, each
 -- user through the same freeze as freeze.lua, using the order ids 'ids' in
 -- turn; 'limit' is the activity's per-user limit.  The reply of

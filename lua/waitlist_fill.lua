@@ -37,13 +37,8 @@ local max_out = pf_int(ARGV[4], 1, 10000)
 if not tt or not deadline or not max_scan or not max_out then return -4 end
 local k = {meta = KEYS[1], stock = KEYS[2], bought = KEYS[3], orders = KEYS[4],
            expiry = KEYS[5], wl = KEYS[6], wlq = KEYS[7]}
-local ids, seen = {}, {}
-for i = 5, #ARGV do
-  local id = pf_id(ARGV[i])
-  if not id or seen[id] or redis.call('HEXISTS', k.orders, id) == 1 then return -4 end
-  seen[id] = true
-  ids[#ids + 1] = id
-end
+local ids = pf_new_ids(k, 5)
+if not ids then return -4 end
 
 local meta = redis.call('HMGET', k.meta, 'status', 'limit', 'starts', 'ends')
 if not meta[1] then return -5 end
