@@ -7,7 +7,9 @@
  *   Three consumer groups of the stream txc:order-events (svc_consumer.h),
  *   one thread each, all on the events database (sql/events/):
  *     points   credits qty * 100 points: one points_ledger row per order;
- *     notify   tells the member: one member_notice row per order; a user
+ *     notify   tells the member: one member_notice row per order and kind
+ *              (paid; and waitlist_ordered / waitlist_refused for the
+ *              events waitlist.ordered and waitlist.refused); a user
  *              whose account is on hold (a member_hold row) is refused
  *              with SVC_EV_RETRY "account on hold: <reason>": the event is
  *              retried with backoff and, after N deliveries, dead-lettered;
@@ -130,11 +132,20 @@ static svc_ev_result_t points_apply(PGconn *pg, const svc_event_t *ev, void *arg
   return SVC_EV_DONE;
 }
 
-/* Group "notify": one member_notice row, unless the member is on hold. */
+/* Group "notify": one member_notice row per order and kind, unless the
+ * member is on hold: "paid" for order.paid, "waitlist_ordered" /
+ * "waitlist_refused" for what became of a waiting user. */
 static svc_ev_result_t notify_apply(PGconn *pg, const svc_event_t *ev, void *arg, char *why, size_t whylen) {
   paid_t p;
   svc_ev_result_t res;
-  if (!paid_event(ev, arg, &p, &res, why, whylen)) return res;
+  const char *kind = "paid";
+  if (strncmp(ev->type, "waitlist.", 9) == 0) {
+    /* the same payload as an order's event; the checks of parse_paid */
+    if (!parse_paid(ev, &p, why, whylen)) return SVC_EV_DEAD;
+    kind = strcmp(ev->type, "waitlist.ordered") == 0 ? "waitlist_ordered" : "waitlist_refused";
+  } else if (!paid_event(ev, arg, &p, &res, why, whylen)) {
+    return res;
+  }
   char so[24], su[24], sa[24], se[24], text[256];
   snprintf(so, sizeof(so), "%lld", ev->order_id);
   snprintf(su, sizeof(su), "%lld", p.user);
@@ -152,13 +163,29 @@ static svc_ev_result_t notify_apply(PGconn *pg, const svc_event_t *ev, void *arg
     return SVC_EV_RETRY;
   }
   PQclear(r);
-  snprintf(text, sizeof(text), "Payment received for order %lld: %lld ticket%s of activity %lld.", ev->order_id,
-           p.qty, p.qty == 1 ? "" : "s", p.activity);
-  const char *pv[5] = {so, su, sa, text, se};
+  const char *s = p.qty == 1 ? "" : "s";
+  if (strcmp(kind, "paid") == 0) {
+    snprintf(text, sizeof(text), "Payment received for order %lld: %lld ticket%s of activity %lld.", ev->order_id,
+             p.qty, s, p.activity);
+  } else if (strcmp(kind, "waitlist_ordered") == 0) {
+    snprintf(text, sizeof(text),
+             "Your wait is over: order %lld holds %lld ticket%s of activity %lld for you; pay it before it expires.",
+             ev->order_id, p.qty, s, p.activity);
+  } else {
+    const char *reason = json_string_value(json_object_get(ev->payload, "reason"));
+    char rs[33];
+    /* the reason is a word from order-service; shown only if it is one */
+    size_t n = reason ? strspn(reason, "abcdefghijklmnopqrstuvwxyz_") : 0;
+    snprintf(rs, sizeof(rs), "%.*s", (int)(reason && n == strlen(reason) && n < sizeof(rs) ? n : 0),
+             reason ? reason : "");
+    snprintf(text, sizeof(text), "Your wait for %lld ticket%s of activity %lld ended without an order%s%s.", p.qty, s,
+             p.activity, rs[0] ? ": " : "", rs);
+  }
+  const char *pv[6] = {so, su, sa, kind, text, se};
   if (!svc_pg_exec(pg,
                    "INSERT INTO member_notice (order_id, user_id, activity_id, kind, text, event_id)"
-                   " VALUES ($1, $2, $3, 'paid', $4, $5)",
-                   5, pv, PGRES_COMMAND_OK, NULL, why, whylen))
+                   " VALUES ($1, $2, $3, $4, $5, $6)",
+                   6, pv, PGRES_COMMAND_OK, NULL, why, whylen))
     return SVC_EV_RETRY;
   return SVC_EV_DONE;
 }

@@ -321,7 +321,8 @@ static bool read_events(fs_check_t *c, const char *activity, settle_counts_t *s)
                    "SELECT count(*), count(*) FILTER (WHERE e.stream_seq IS NULL),"
                    " coalesce(array_agg(e.order_id) FILTER (WHERE e.event_type = 'order.paid'), '{}'),"
                    " coalesce(array_agg(e.order_id) FILTER (WHERE e.event_type <> 'order.paid'), '{}')"
-                   " FROM order_outbox e JOIN trade_order o ON o.order_id = e.order_id WHERE o.activity_id = $1",
+                   " FROM order_outbox e JOIN trade_order o ON o.order_id = e.order_id"
+                   " WHERE o.activity_id = $1 AND e.event_type LIKE 'order.%'",
                    1, pa, PGRES_TUPLES_OK, &r, err, sizeof(err)))
     return false;
   s->events = atoll(PQgetvalue(r, 0, 0));
@@ -367,7 +368,7 @@ static bool read_downstream(fs_check_t *c, const char *activity, settle_counts_t
     " e AS (SELECT p.order_id, p.qty,"
     "   (SELECT count(*) FROM points_ledger l WHERE l.order_id = p.order_id) AS pts,"
     "   (SELECT count(*) FROM points_ledger l WHERE l.order_id = p.order_id AND l.points = 100 * p.qty) AS pts_ok,"
-    "   (SELECT count(*) FROM member_notice n WHERE n.order_id = p.order_id) AS notes,"
+    "   (SELECT count(*) FROM member_notice n WHERE n.order_id = p.order_id AND n.kind = 'paid') AS notes,"
     "   (SELECT count(*) FROM issued_ticket t WHERE t.order_id = p.order_id) AS tix,"
     "   (SELECT count(*) FROM issued_ticket t WHERE t.order_id = p.order_id AND t.seq <= p.qty) AS tix_ok"
     "   FROM p)"
@@ -377,7 +378,8 @@ static bool read_downstream(fs_check_t *c, const char *activity, settle_counts_t
     "   WHERE d.biz_key = 'order.paid:' || e.order_id AND d.state = 'DEAD')),"
     "  coalesce(sum(tix), 0),"
     "  (SELECT count(*) FROM points_ledger WHERE activity_id = $3 AND order_id NOT IN (SELECT order_id FROM p))"
-    "  + (SELECT count(*) FROM member_notice WHERE activity_id = $3 AND order_id NOT IN (SELECT order_id FROM p))"
+    "  + (SELECT count(*) FROM member_notice WHERE activity_id = $3 AND kind = 'paid'"
+    "     AND order_id NOT IN (SELECT order_id FROM p))"
     "  + (SELECT count(*) FROM issued_ticket WHERE activity_id = $3 AND order_id NOT IN (SELECT order_id FROM p)),"
     "  (SELECT count(*) FROM dead_letter WHERE state IN ('DEAD', 'REDELIVER'))"
     " FROM e",

@@ -106,7 +106,8 @@
  *   waiting users (rm_prefilter_waitlist_fill, first come first served)
  *   once stock-service has put them back in Redis (it tries every 250 ms
  *   for 10 s), and places their orders like any purchase (steps 3 to 6);
- *   the users find them with GET /orders/{id}.
+ *   the users find them with GET /orders/{id}, and hear of them as the
+ *   events waitlist.ordered / waitlist.refused (waitlist_event).
  *
  *   Expiry: the same thread finds UNPAID orders past expire_at every
  *   ORDER_EXPIRY_INTERVAL_MS and expires them as above (checking the
@@ -837,13 +838,55 @@ static bool take_ids(order_svc_t *s, long long *ids, int n, const char *what) {
   return true;
 }
 
+/* Tell waiting user 'user' what became of their wait: the event 'type'
+ * ("waitlist.ordered" with the order placed, or "waitlist.refused" with
+ * 'reason') through the outbox, in a local transaction of its own; the
+ * notification consumer (event-consumers, group notify) writes the
+ * member's notice once.  The order itself is the record (GET
+ * /orders/{id}); a crash before this commit loses only the notice. */
+static void waitlist_event(order_svc_t *s, const char *type, long long order_id, long long activity,
+                           long long ticket_type, int bucket, long long user, long long qty, const char *reason) {
+  char err[512] = "";
+  json_t *payload = json_pack("{s:I,s:I,s:i,s:I,s:I}", "activity", (json_int_t)activity, "ticket_type",
+                              (json_int_t)ticket_type, "bucket", bucket < 0 ? 0 : bucket, "user", (json_int_t)user,
+                              "qty", (json_int_t)qty);
+  if (reason) json_object_set_new(payload, "reason", json_string(reason));
+  PGconn *pg = svc_pg_get(s->pool, 2000, err, sizeof(err));
+  bool ok = pg && svc_pg_exec(pg, "BEGIN", 0, NULL, PGRES_COMMAND_OK, NULL, err, sizeof(err));
+  if (ok) {
+    ok = svc_outbox_add(pg, type, order_id, payload, err, sizeof(err)); /* takes the payload */
+    payload = NULL;
+  }
+  json_decref(payload);
+  if (ok) ok = local_commit(pg, err, sizeof(err));
+  if (pg) {
+    if (!ok) local_abort(pg);
+    svc_pg_put(s->pool, pg);
+  }
+  if (ok)
+    svc_relay_kick(s->relay);
+  else
+    SVC_LOG(SVC_LOG_WARN, json_pack("{s:I,s:s}", "user", (json_int_t)user, "event", type),
+            "could not tell a waiting user: %s", err);
+}
+
 /* Place the orders of the waiting users 'served[0..n-1]' (frozen in Redis
  * by a fill) as any purchase; a placement that fails gives the freeze
- * back, as for any order.  Returns how many were placed. */
+ * back, as for any order.  Each user hears of it (waitlist_event), those
+ * the fill removed too.  Returns how many orders were placed. */
 static int place_served(order_svc_t *s, long long activity, long long ticket_type, const svc_pf_served_t *served,
                         int n, int64_t expire_ms, int64_t deadline_ms) {
   int placed = 0;
   for (int i = 0; i < n; i++) {
+    if (served[i].code != PF_OK) {
+      /* removed from the waitlist (the limit no longer fits): no order,
+       * so the notice is keyed by an order id of its own */
+      long long id;
+      if (served[i].user > 0 && served[i].qty > 0 && take_ids(s, &id, 1, "tell a removed waiting user"))
+        waitlist_event(s, "waitlist.refused", id, activity, ticket_type, -1, served[i].user, served[i].qty,
+                       svc_pf_reason(served[i].code));
+      continue;
+    }
     order_t o = {.order_id = served[i].order_id, .activity = activity, .ticket_type = ticket_type,
                  .user = served[i].user, .qty = served[i].qty, .bucket = served[i].bucket, .expire_ms = expire_ms};
     snprintf(o.status, sizeof(o.status), "UNPAID");
@@ -854,6 +897,9 @@ static int place_served(order_svc_t *s, long long activity, long long ticket_typ
             json_pack("{s:I,s:I,s:I,s:i}", "activity", (json_int_t)activity, "user", (json_int_t)o.user,
                       "order_id", (json_int_t)o.order_id, "status", r.status),
             r.status == 201 ? "waitlist: order placed" : "waitlist: could not place the order");
+    const char *why = r.status == 201 ? NULL : json_string_value(json_object_get(r.body, "reason"));
+    waitlist_event(s, r.status == 201 ? "waitlist.ordered" : "waitlist.refused", o.order_id, activity, ticket_type,
+                   (int)o.bucket, o.user, o.qty, r.status == 201 ? NULL : why ? why : "not_placed");
     json_decref(r.body);
   }
   return placed;
@@ -862,8 +908,8 @@ static int place_served(order_svc_t *s, long long activity, long long ticket_typ
 /*
  * Stock came back in (activity, ticket type): freeze it in Redis for the
  * first users of the waitlist (rm_prefilter_waitlist_fill), then place
- * their orders as any other purchase.  The users learn of their orders from
- * GET /orders/{id} (no notification channel in the demo).
+ * their orders as any other purchase (place_served: each user hears of it
+ * as an event).
  */
 static int serve_waitlist(order_svc_t *s, long long activity, long long ticket_type) {
   enum { BATCH = 8 };
@@ -1141,6 +1187,8 @@ static void handle_tickets(order_svc_t *s, long long activity, const svc_req_t *
     if (n == -1) redis = "failed";
   }
   free(stock);
+  int nserved = 0;
+  for (int i = 0; i < n; i++) nserved += served[i].code == PF_OK;
   if (n > 0) placed = place_served(s, activity, tt, served, n, expire_ms, deadline_ms);
   /* more waiting users than one step serves: the background pass goes on */
   if (n == SVC_PF_FILL_MAX) queue_waitlist(s, activity, tt);
@@ -1148,13 +1196,13 @@ static void handle_tickets(order_svc_t *s, long long activity, const svc_req_t *
   SVC_LOG(n == -1 ? SVC_LOG_WARN : SVC_LOG_INFO,
           json_pack("{s:s,s:I,s:I,s:I,s:s,s:s,s:s,s:i,s:i}", "admin", "tickets", "activity", (json_int_t)activity,
                     "ticket_type", (json_int_t)tt, "qty", (json_int_t)qty, "key", key, "who", who, "operator",
-                    op ? op : "", "waitlist_served", n > 0 ? n : 0, "orders_placed", placed),
+                    op ? op : "", "waitlist_served", nserved, "orders_placed", placed),
           n == -1 ? "tickets added in PostgreSQL; Redis not raised: %s (repeat the call with the same key)"
                   : "tickets added%s", n == -1 ? err : "");
   svc_resp_json(resp, 200,
                 json_pack("{s:s,s:I,s:I,s:I,s:O,s:i,s:i,s:s}", "result", result ? result : "added", "activity",
                           (json_int_t)activity, "ticket_type", (json_int_t)tt, "qty", (json_int_t)qty, "buckets",
-                          buckets, "waitlist_served", n > 0 ? n : 0, "orders_placed", placed, "redis", redis));
+                          buckets, "waitlist_served", nserved, "orders_placed", placed, "redis", redis));
   json_decref(ans);
   json_decref(in);
 }

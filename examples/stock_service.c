@@ -475,8 +475,13 @@ static int op_statements(stmt_ctx_t *c, freeze_mode_t mode, const stock_op_t *op
  * (nothing to do) or the other way (a contradiction: dead letter, for an
  * operator).  Redis follows after the commit.
  */
+static bool is_order_end(const svc_event_t *ev) {
+  return strncmp(ev->type, "order.", 6) == 0;
+}
+
 static svc_ev_result_t stock_event_apply(PGconn *pg, const svc_event_t *ev, void *arg, char *why, size_t whylen) {
   (void)arg;
+  if (!is_order_end(ev)) return SVC_EV_DONE; /* waitlist.*: notices for the buyer, nothing for the stock */
   bool confirm = strcmp(ev->type, "order.paid") == 0;
   char so[24];
   snprintf(so, sizeof(so), "%lld", ev->order_id);
@@ -507,6 +512,7 @@ static svc_ev_result_t stock_event_apply(PGconn *pg, const svc_event_t *ev, void
 /* After the commit (or for a repeat): Redis follows, idempotently. */
 static void stock_event_after(const svc_event_t *ev, void *arg) {
   stock_svc_t *s = arg;
+  if (!is_order_end(ev)) return;
   long long activity = 0, tt = 0;
   svc_json_int(ev->payload, "activity", 1, INT64_MAX, &activity);
   svc_json_int(ev->payload, "ticket_type", 0, INT32_MAX, &tt);

@@ -38,7 +38,8 @@
 #define SVC_ORDER_STREAM "txc:order-events"
 
 /* Write the event 'type' ("order.paid", "order.cancelled",
- * "order.expired") of 'order_id' with 'payload' (taken) in the open
+ * "order.expired"; "waitlist.ordered", "waitlist.refused":
+ * sql/orders/006) of 'order_id' with 'payload' (taken) in the open
  * transaction of 'pg'.  false with 'err' set. */
 bool svc_outbox_add(PGconn *pg, const char *type, long long order_id, json_t *payload, char *err, size_t errlen);
 

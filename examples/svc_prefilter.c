@@ -112,13 +112,16 @@ pf_result_t svc_pf_waitlist(svc_pf_t *p, long long activity, long long ticket_ty
   return map(rc, err, errlen);
 }
 
-/* The users served in 'fill[0..nout-1]' into 'out' (at most 'cap'). */
+/* The users handled in 'fill[0..nout-1]' into 'out' (at most 'cap'):
+ * served, or removed with their code. */
 static int served_from(const rm_pf_fill_t *fill, size_t nout, svc_pf_served_t *out, size_t cap) {
   int served = 0;
   for (size_t i = 0; i < nout && (size_t)served < cap; i++) {
-    if (fill[i].code != 0 || fill[i].order_id <= 0 || fill[i].bucket < 0) continue;
-    out[served++] = (svc_pf_served_t){.user = fill[i].user_id, .order_id = fill[i].order_id, .qty = fill[i].qty,
-                                      .bucket = fill[i].bucket};
+    bool ok = fill[i].code == 0 && fill[i].order_id > 0 && fill[i].bucket >= 0;
+    if (!ok && fill[i].code == 0) continue; /* not a shape the scripts answer */
+    out[served++] = (svc_pf_served_t){.user = fill[i].user_id, .order_id = ok ? fill[i].order_id : 0,
+                                      .qty = fill[i].qty, .bucket = ok ? fill[i].bucket : -1,
+                                      .code = ok ? PF_OK : map(fill[i].code, NULL, 0)};
   }
   return served;
 }

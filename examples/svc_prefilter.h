@@ -66,6 +66,7 @@ pf_result_t svc_pf_waitlist(svc_pf_t *pf, long long activity, long long ticket_t
 typedef struct svc_pf_served {
   long long user, order_id, qty;
   int bucket;
+  pf_result_t code; /* PF_OK served; else removed from the waitlist (PF_OVER_LIMIT, PF_BAD_ARGS), order_id 0 */
 } svc_pf_served_t;
 
 /* Stock came back: serve waiting users first come first served, with the

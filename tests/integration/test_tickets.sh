@@ -13,12 +13,15 @@
 #      orders_placed 3: their orders UNPAID with their freezes in
 #      stock_freeze), the waitlist is empty, a new buyer is refused
 #      sold_out (the new tickets went to the waitlist); the addition
-#      recorded with its operator;
+#      recorded with its operator; each of the three gets a
+#      waitlist_ordered notice (the outbox, event-consumers' group notify)
+#      and the stock consumer leaves their freezes alone;
 #   4. the same call again: done_before, nothing added; the key with
 #      another qty: 409 key_reused;
-#   5. Redis lost the raise (the stock fields set back by hand): the same
-#      call again raises it, and a buyer can buy a ticket added without a
-#      waitlist;
+#   5. a waiting user whose limit no longer fits is removed and hears
+#      why (waitlist_refused, over_limit); Redis lost the raise (the stock
+#      fields set back by hand): the same call again raises it, and a
+#      buyer can buy a ticket added without a waitlist;
 #   6. an ended sale: 409 sale_ended; stock-service's own /tickets without
 #      order-service's signature: 401;
 #   7. the invariants (fs_check through flashsale --check-only is not
@@ -126,15 +129,41 @@ check "  the addition recorded with its operator" \
   test "$(q "$STOCK_PG_URL" "SELECT qty || ' ' || added_by FROM stock_addition WHERE activity_id = $A AND add_key = 'add-1'")" = "4 alice"
 check "  the log line" grep -q '"msg":"tickets added".*"who":"admin-token"' "$CLUSTER_DIR/order-service.log"
 
+ev() { q "$EVENTS_PG_URL" "$1"; }
+# wait_for SECONDS CMD...: until CMD succeeds
+wait_for() {
+  local end=$((SECONDS + $1))
+  shift
+  until "$@"; do
+    [[ $SECONDS -le $end ]] || return 1
+    sleep 0.1
+  done
+}
+notices() { ev "SELECT count(*) FROM member_notice WHERE activity_id = $A AND kind = '$1'"; }
+check "  the three hear of it: a waitlist_ordered notice each (event-consumers, group notify)" \
+  wait_for 15 eval '[ "$(notices waitlist_ordered)" = 3 ]'
+check "  the notice names the order" \
+  test "$(ev "SELECT count(*) FROM member_notice WHERE activity_id = $A AND kind = 'waitlist_ordered' AND text LIKE 'Your wait is over: order %'")" = 3
+check "  the stock consumer took the three events" \
+  wait_for 15 eval '[ "$(q "$STOCK_PG_URL" "SELECT count(*) FROM consumed_event WHERE consumer_group = '"'"'stock'"'"' AND biz_key LIKE '"'"'waitlist.ordered:%'"'"'")" = 3 ]'
+check "  the stock consumer left their freezes FROZEN (a waitlist event is not an order's end)" \
+  test "$(q "$STOCK_PG_URL" "SELECT count(*) FROM stock_freeze WHERE activity_id = $A AND user_id IN (11, 12, 13) AND state = 'FROZEN'")" = 3
+
 # --- 4. repeats ---
 tickets '{"ticket_type":1,"qty":4,"key":"add-1"}' "${bearer[@]}"
 check "the same call again: 200 done_before, stock still 3 3" test "$code $(field result) $(pg_stock)" = "200 done_before 3 3"
 tickets '{"ticket_type":1,"qty":5,"key":"add-1"}' "${bearer[@]}"
 check "the key with another qty: 409 key_reused" test "$code $(field error) $(pg_stock)" = "409 key_reused 3 3"
 
-# --- 5. Redis lost the raise; the repeat mends it ---
+# --- 5. a waiting user over the limit; Redis lost the raise, the repeat mends it ---
+check "user 21 waits for 2" test "$(join 21 2)" = 202
+rcli HSET "{act_$A}:meta" limit 1 >/dev/null # the limit drops: 2 can never be served now
 tickets '{"ticket_type":1,"qty":2,"key":"add-2"}' "${bearer[@]}"
-check "2 more, nobody waiting: 200, PostgreSQL 4 4" test "$code $(pg_stock) $(field waitlist_served)" = "200 4 4 0"
+rcli HSET "{act_$A}:meta" limit 2 >/dev/null
+check "2 more: 200, PostgreSQL 4 4, nobody served" test "$code $(pg_stock) $(field waitlist_served)" = "200 4 4 0"
+check "  user 21 left the waitlist" test "$(wl_len)" = 0
+check "  and hears why: a waitlist_refused notice (over_limit)" \
+  wait_for 15 eval '[ "$(ev "SELECT count(*) FROM member_notice WHERE activity_id = $A AND user_id = 21 AND kind = '"'"'waitlist_refused'"'"' AND text LIKE '"'"'%over_limit.'"'"'")" = 1 ]'
 rcli HSET "{act_$A}:t1:stock" stock:0 3 stock:1 3 >/dev/null
 order 5
 check "  Redis without them: a buyer refused ($ans)" test "$ans" = "409 sold_out"

@@ -44,6 +44,29 @@ static void test_good_event(void **state) {
   json_decref(pl);
 }
 
+/* Every type the outbox writes is one a consumer reads, with its own key
+ * (one order can have a waitlist event and then its end). */
+static void test_every_type(void **state) {
+  (void)state;
+  static const char *const types[] = {"order.paid", "order.cancelled", "order.expired", "waitlist.ordered",
+                                      "waitlist.refused"};
+  for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+    svc_event_t ev = {0};
+    json_t *pl = NULL;
+    char biz[SVC_EVENT_BIZ_KEY_MAX], why[256] = "", want[64];
+    assert_true(parse_with(1, types[i], &ev, &pl, biz, why));
+    assert_string_equal(ev.type, types[i]);
+    snprintf(want, sizeof(want), "%s:900", types[i]);
+    assert_string_equal(ev.biz_key, want);
+    json_decref(pl);
+  }
+  svc_event_t ev = {0};
+  json_t *pl = NULL;
+  char biz[SVC_EVENT_BIZ_KEY_MAX], why[256] = "";
+  assert_false(parse_with(1, "waitlist.joined", &ev, &pl, biz, why));
+  assert_false(parse_with(1, "waitlist.", &ev, &pl, biz, why));
+}
+
 static void test_fields_in_any_order_unknown_ignored(void **state) {
   (void)state;
   const char *k[5] = {"payload", "extra", "order_id", "type", "event_id"};
@@ -173,7 +196,7 @@ static void test_service_key(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-    cmocka_unit_test(test_good_event),
+    cmocka_unit_test(test_good_event), cmocka_unit_test(test_every_type),
     cmocka_unit_test(test_fields_in_any_order_unknown_ignored),
     cmocka_unit_test(test_refusals),
     cmocka_unit_test(test_repeated_field_refused),
