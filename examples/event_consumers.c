@@ -139,10 +139,12 @@ static svc_ev_result_t notify_apply(PGconn *pg, const svc_event_t *ev, void *arg
   paid_t p;
   svc_ev_result_t res;
   const char *kind = "paid";
-  if (strncmp(ev->type, "waitlist.", 9) == 0) {
+  if (strncmp(ev->type, "waitlist.", 9) == 0 || strcmp(ev->type, "order.rejected") == 0) {
     /* the same payload as an order's event; the checks of parse_paid */
     if (!parse_paid(ev, &p, why, whylen)) return SVC_EV_DEAD;
-    kind = strcmp(ev->type, "waitlist.ordered") == 0 ? "waitlist_ordered" : "waitlist_refused";
+    kind = strcmp(ev->type, "order.rejected") == 0     ? "rejected"
+           : strcmp(ev->type, "waitlist.ordered") == 0 ? "waitlist_ordered"
+                                                       : "waitlist_refused";
   } else if (!paid_event(ev, arg, &p, &res, why, whylen)) {
     return res;
   }
@@ -170,6 +172,12 @@ static svc_ev_result_t notify_apply(PGconn *pg, const svc_event_t *ev, void *arg
   } else if (strcmp(kind, "waitlist_ordered") == 0) {
     snprintf(text, sizeof(text),
              "Your wait is over: order %lld holds %lld ticket%s of activity %lld for you; pay it before it expires.",
+             ev->order_id, p.qty, s, p.activity);
+  } else if (strcmp(kind, "rejected") == 0) {
+    /* the first seed's words: a stock error, the order not made, the money back */
+    snprintf(text, sizeof(text),
+             "Stock error: order %lld for %lld ticket%s of activity %lld could not be made; you have been refunded"
+             " in full. (库存异常，抢票未成功，已全额退款)",
              ev->order_id, p.qty, s, p.activity);
   } else {
     const char *reason = json_string_value(json_object_get(ev->payload, "reason"));

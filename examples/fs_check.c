@@ -322,7 +322,7 @@ static bool read_events(fs_check_t *c, const char *activity, settle_counts_t *s)
                    " coalesce(array_agg(e.order_id) FILTER (WHERE e.event_type = 'order.paid'), '{}'),"
                    " coalesce(array_agg(e.order_id) FILTER (WHERE e.event_type <> 'order.paid'), '{}')"
                    " FROM order_outbox e JOIN trade_order o ON o.order_id = e.order_id"
-                   " WHERE o.activity_id = $1 AND e.event_type LIKE 'order.%'",
+                   " WHERE o.activity_id = $1 AND e.event_type IN ('order.paid', 'order.cancelled', 'order.expired')",
                    1, pa, PGRES_TUPLES_OK, &r, err, sizeof(err)))
     return false;
   s->events = atoll(PQgetvalue(r, 0, 0));

@@ -237,7 +237,7 @@ void create_keyed(order_svc_t *s, order_t *o, int64_t t0, order_take_fn take, sv
   }
   if (st != SVC_IDEM_CLAIMED) return;
   e = json_string_value(json_object_get(resp->body, "error"));
-  if (resp->status == 201 || (resp->status == 409 && e && strcmp(e, "rejected") == 0)) {
+  if (resp->status == 201 || resp->status == 202 || (resp->status == 409 && e && strcmp(e, "rejected") == 0)) {
     char fp[sizeof(ans.req)];
     idem_fingerprint(o->activity, o->ticket_type, o->qty, fp, sizeof(fp));
     svc_idem_store(s->idem, o->user, o->idem_key, fp, resp->status, resp->body, s->idem_ttl_s);

@@ -169,6 +169,7 @@
 
 #include "order_service.h"
 #include "order_recon.h"
+#include "order_queue.h"
 #include "svc_admin.h"
 #include "svc_common.h"
 #include "txc_isotime.h"
@@ -603,6 +604,22 @@ static void handle_metrics(order_svc_t *s, svc_resp_t *resp) {
                  "# TYPE txc_outbox_oldest_unpublished_seconds gauge\ntxc_outbox_oldest_unpublished_seconds %.3f\n",
                  (unsigned long long)rs.published, (unsigned long long)rs.republished,
                  (unsigned long long)rs.errors, rs.unpublished, rs.oldest_unpublished_s);
+  if (s->queue) {
+    order_queue_stats_t qs;
+    order_queue_stats(s->queue, &qs);
+    svc_buf_printf(&b,
+                   "# HELP txc_order_queue_entries_total Queued orders handled by the queue's consumer, by result.\n"
+                   "# TYPE txc_order_queue_entries_total counter\n"
+                   "txc_order_queue_entries_total{result=\"done\"} %llu\n"
+                   "txc_order_queue_entries_total{result=\"later\"} %llu\n"
+                   "txc_order_queue_entries_total{result=\"claimed\"} %llu\n"
+                   "txc_order_queue_entries_total{result=\"malformed\"} %llu\n"
+                   "# HELP txc_order_queue_errors_total Redis failures of the queue's consumer.\n"
+                   "# TYPE txc_order_queue_errors_total counter\ntxc_order_queue_errors_total %llu\n"
+                   "# HELP txc_order_queue_streams Activities whose queue the consumer reads.\n"
+                   "# TYPE txc_order_queue_streams gauge\ntxc_order_queue_streams %u\n",
+                   qs.done, qs.later, qs.claimed, qs.bad, qs.errors, qs.streams);
+  }
   order_recon_metrics(s->recon, &b);
   svc_admin_metrics(s->admin, &b, false);
   if (b.p)
@@ -738,6 +755,86 @@ released:
   svc_resp_error(resp, 503, "unavailable", err);
 }
 
+/* Tell the buyer of a queued order that it was not made (the outbox's
+ * order.rejected; the notify group writes the notice). */
+static void queue_rejected(order_svc_t *s, const order_t *o, const char *reason) {
+  char err[512] = "";
+  json_t *payload = json_pack("{s:I,s:I,s:I,s:I,s:I,s:s}", "activity", (json_int_t)o->activity, "ticket_type",
+                              (json_int_t)o->ticket_type, "bucket", (json_int_t)o->bucket, "user",
+                              (json_int_t)o->user, "qty", (json_int_t)o->qty, "reason", reason);
+  PGconn *pg = svc_pg_get(s->pool, 2000, err, sizeof(err));
+  bool ok = pg && svc_pg_exec(pg, "BEGIN", 0, NULL, PGRES_COMMAND_OK, NULL, err, sizeof(err));
+  if (ok) {
+    ok = svc_outbox_add(pg, "order.rejected", o->order_id, payload, err, sizeof(err)); /* takes the payload */
+    payload = NULL;
+  }
+  json_decref(payload);
+  if (ok) ok = local_commit(pg, err, sizeof(err));
+  if (pg) {
+    if (!ok) local_abort(pg);
+    svc_pg_put(s->pool, pg);
+  }
+  if (ok)
+    svc_relay_kick(s->relay);
+  else
+    SVC_LOG(SVC_LOG_WARN, json_pack("{s:I}", "order_id", (json_int_t)o->order_id),
+            "could not tell the buyer that a queued order was not made: %s", err);
+}
+
+/*
+ * The queued mode's consumer (order_queue.h) hands over one order the
+ * freeze script queued: create it as the synchronous path would (steps 3
+ * to 6: the global transaction, whose stock branch is PostgreSQL's final
+ * check).  An order already in the database (an earlier attempt, whose
+ * acknowledgement was lost) is done.  A refusal (PostgreSQL had not the
+ * tickets: Redis had lost writes; or the order could not be placed) gave
+ * the Redis freeze and the user's count back (place_order): the buyer is
+ * told by an order.rejected event.  An unknown outcome keeps the freeze
+ * and the entry, for a retry that looks in the database first.
+ */
+static order_queue_result_t queue_place(const order_queue_entry_t *e, void *arg) {
+  order_svc_t *s = arg;
+  char err[512] = "";
+  order_t o = {.order_id = e->order_id, .activity = e->activity, .ticket_type = e->ticket_type, .user = e->user,
+               .qty = e->qty, .bucket = e->bucket, .expire_ms = e->deadline_ms - s->freeze_grace_s * 1000,
+               .idem_key = e->key[0] ? e->key : NULL};
+  snprintf(o.status, sizeof(o.status), "UNPAID");
+  order_t found_o;
+  bool found = false;
+  PGconn *pg = svc_pg_get(s->pool, 2000, err, sizeof(err));
+  /* (load_order is false for "not there" too: then 'err' stays empty) */
+  bool ok = pg && (load_order(pg, o.order_id, &found_o, &found, err, sizeof(err)) || !err[0]);
+  if (pg) svc_pg_put(s->pool, pg);
+  if (!ok) {
+    SVC_LOG(SVC_LOG_WARN, json_pack("{s:I}", "order_id", (json_int_t)o.order_id),
+            "queued order: could not look for it: %s (tried again)", err);
+    return ORDER_QUEUE_LATER;
+  }
+  if (found) return ORDER_QUEUE_DONE;
+  svc_resp_t r = {0};
+  if (s->local_mode) {
+    PGconn *lpg = svc_pg_get(s->pool, 5000, err, sizeof(err));
+    if (!lpg) return ORDER_QUEUE_LATER;
+    create_local(s, lpg, &o, e->deadline_ms, &r);
+  } else {
+    place_order(s, &o, e->deadline_ms, svc_now_us(), &r);
+  }
+  const char *why = json_string_value(json_object_get(r.body, "reason"));
+  const char *error = json_string_value(json_object_get(r.body, "error"));
+  order_queue_result_t res = ORDER_QUEUE_DONE;
+  if (r.status == 503 && error && strcmp(error, "unknown_outcome") == 0) {
+    res = ORDER_QUEUE_LATER; /* the freeze stays; the retry looks in the database first */
+  } else if (r.status != 201) {
+    SVC_LOG(SVC_LOG_INFO,
+            json_pack("{s:I,s:I,s:i,s:s}", "order_id", (json_int_t)o.order_id, "user", (json_int_t)o.user, "status",
+                      r.status, "reason", why ? why : error ? error : ""),
+            "queued order not made: the buyer is told");
+    queue_rejected(s, &o, why ? why : "not_placed");
+  }
+  json_decref(r.body);
+  return res;
+}
+
 /*
  * Steps 1 and 2 of a purchase for 'o' (a valid request), then the rest
  * (place_order, or create_local in ORDER_TX_MODE=local).  Fills 'resp'.
@@ -763,8 +860,10 @@ static void take_order(order_svc_t *s, order_t *o, int64_t t0, svc_resp_t *resp)
   int bucket = -1;
   o->expire_ms = wall_ms() + s->ttl_s * 1000;
   int64_t deadline_ms = o->expire_ms + s->freeze_grace_s * 1000;
-  pf_result_t pr = svc_pf_freeze(s->pf, o->activity, o->ticket_type, o->user, o->qty, o->order_id, deadline_ms,
-                                 &bucket, err, sizeof(err));
+  pf_result_t pr = s->queued ? svc_pf_freeze_queued(s->pf, o->activity, o->ticket_type, o->user, o->qty, o->order_id,
+                                                    deadline_ms, o->idem_key, &bucket, err, sizeof(err))
+                             : svc_pf_freeze(s->pf, o->activity, o->ticket_type, o->user, o->qty, o->order_id,
+                                             deadline_ms, &bucket, err, sizeof(err));
   if (pr != PF_OK) {
     if (pr == PF_ERROR) {
       if (svc_pf_last_freeze_code() == RM_PF_NOT_LOADED && s->comp)
@@ -779,6 +878,15 @@ static void take_order(order_svc_t *s, order_t *o, int64_t t0, svc_resp_t *resp)
   }
   o->bucket = bucket;
   snprintf(o->status, sizeof(o->status), "UNPAID");
+
+  if (s->queued) {
+    /* the freeze script queued the order: the consumer creates it
+     * (queue_place); the buyer has the answer now */
+    order_queue_note(s->queue, o->activity);
+    snprintf(o->status, sizeof(o->status), "QUEUED");
+    svc_resp_json(resp, 202, buyer_json(s, o));
+    return;
+  }
 
   if (s->local_mode) {
     PGconn *lpg = svc_pg_get(s->pool, 5000, err, sizeof(err));
@@ -1420,7 +1528,7 @@ static void usage(FILE *f) {
           "OUTBOX_STREAM_MAXLEN, OUTBOX_RETENTION_S, ORDER_IDEMPOTENCY_TTL_S, ORDER_TICKET_PRICE_CENTS,\n"
           "ORDER_RECONCILE_AT, ORDER_RECONCILE_INTERVAL_S, ORDER_RECONCILE_SETTLE_S,\n"
           "TXC_AT_WRITES (sql|calls: plain SQL or the structured AT calls), ORDER_TX_MODE (global|local:\n"
-          "benchmarks only).\n");
+          "benchmarks only), ORDER_MODE (sync|queued: the first seed's queued order path), ORDER_QUEUE_THREADS.\n");
 }
 
 int main(int argc, char **argv) {
@@ -1442,6 +1550,14 @@ int main(int argc, char **argv) {
   s.expiry_interval_ms = svc_env_int("ORDER_EXPIRY_INTERVAL_MS", 1000, 0, 3600000, &ok);
   s.price_cents = svc_env_int("ORDER_TICKET_PRICE_CENTS", 9900, 0, 100000000, &ok);
   s.at_sql = svc_at_writes_sql(&ok);
+  const char *order_mode = svc_env_str("ORDER_MODE", "sync");
+  if (strcmp(order_mode, "queued") == 0) {
+    s.queued = true;
+  } else if (strcmp(order_mode, "sync") != 0) {
+    svc_error("invalid value \"%s\" for ORDER_MODE: expected sync or queued", order_mode);
+    ok = false;
+  }
+  unsigned queue_threads = (unsigned)svc_env_int("ORDER_QUEUE_THREADS", 16, 1, 256, &ok);
   const char *txmode = svc_env_str("ORDER_TX_MODE", "global");
   if (strcmp(txmode, "local") == 0) {
     s.local_mode = true;
@@ -1542,6 +1658,11 @@ int main(int argc, char **argv) {
       goto out;
     }
   }
+  if (s.queued && !(s.queue = order_queue_start(redis_url, queue_threads, queue_place, &s, err, sizeof(err)))) {
+    svc_error("could not start the order queue's consumer: %s", err);
+    exit_code = 71;
+    goto out;
+  }
   svc_pgpool_prewarm(s.pool, pool_size);
   http = svc_http_start(listen, (unsigned)svc_ncpu(), (unsigned)threads, handler, &s, err, sizeof(err));
   if (!http) {
@@ -1560,8 +1681,9 @@ int main(int argc, char **argv) {
   char url[128];
   snprintf(url, sizeof(url), "http://127.0.0.1:%d", svc_http_port(http));
   SVC_LOG(SVC_LOG_INFO,
-          json_pack("{s:s,s:i,s:s,s:s,s:s}", "url", url, "threads", threads, "resource", s.resource, "stock_url",
-                    stock_url, "tx_mode", s.local_mode ? "local" : "global"),
+          json_pack("{s:s,s:i,s:s,s:s,s:s,s:s}", "url", url, "threads", threads, "resource", s.resource,
+                    "stock_url", stock_url, "tx_mode", s.local_mode ? "local" : "global", "order_mode",
+                    s.queued ? "queued" : "sync"),
           "order-service ready");
   if (url_file && !svc_write_url_file(url_file, url)) {
     svc_error("could not write the URL to \"%s\"", url_file);
@@ -1580,6 +1702,7 @@ out:
     pthread_mutex_unlock(&s.bg_mu);
     pthread_join(s.bg_thread, NULL);
   }
+  order_queue_stop(s.queue); /* after the HTTP server: nothing queues any more */
   order_recon_stop(s.recon);
   svc_relay_stop(s.relay);
   svc_idem_free(s.idem);

@@ -42,6 +42,8 @@ typedef struct order_svc {
   long long expiry_interval_ms;
   long long price_cents;     /* ORDER_TICKET_PRICE_CENTS: an order's amount is qty times this */
   bool local_mode; /* ORDER_TX_MODE=local: no coordinator (benchmark baseline) */
+  bool queued;     /* ORDER_MODE=queued: the buyer's answer once Redis froze (order_queue.h) */
+  struct order_queue *queue; /* the queued mode's consumer; NULL in sync mode */
   bool at_sql;     /* TXC_AT_WRITES: the branch's insert as plain SQL (rm_at_sql) or the structured call */
   int64_t slow_us;  /* ORDER_SLOW_MS: log the phases of slower orders */
 

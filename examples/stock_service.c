@@ -475,8 +475,11 @@ static int op_statements(stmt_ctx_t *c, freeze_mode_t mode, const stock_op_t *op
  * (nothing to do) or the other way (a contradiction: dead letter, for an
  * operator).  Redis follows after the commit.
  */
+/* paid, cancelled, expired: the events that end an order's freeze (not
+ * order.rejected, whose order never froze in PostgreSQL, nor waitlist.*) */
 static bool is_order_end(const svc_event_t *ev) {
-  return strncmp(ev->type, "order.", 6) == 0;
+  return strcmp(ev->type, "order.paid") == 0 || strcmp(ev->type, "order.cancelled") == 0 ||
+         strcmp(ev->type, "order.expired") == 0;
 }
 
 static svc_ev_result_t stock_event_apply(PGconn *pg, const svc_event_t *ev, void *arg, char *why, size_t whylen) {

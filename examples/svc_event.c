@@ -9,8 +9,8 @@
 
 #include "svc_parse.h"
 
-static const char *const known_types[] = {"order.paid", "order.cancelled", "order.expired", "waitlist.ordered",
-                                          "waitlist.refused"};
+static const char *const known_types[] = {"order.paid",       "order.cancelled",  "order.expired",
+                                          "order.rejected",   "waitlist.ordered", "waitlist.refused"};
 
 bool svc_event_parse(const char *const *fields, const char *const *values, size_t n, svc_event_t *ev,
                      json_t **payload, char biz[SVC_EVENT_BIZ_KEY_MAX], char *why, size_t whylen) {

@@ -27,7 +27,8 @@ typedef struct svc_event {
   long long event_id, order_id;
   const char *type;      /* "order.paid", "order.cancelled", "order.expired"; "waitlist.ordered" (an order
                           * placed for a waiting user), "waitlist.refused" (a waiting user removed, or
-                          * the order not placed: payload "reason") */
+                          * the order not placed: payload "reason"); "order.rejected" (a
+                          * queued order that was not made: payload "reason") */
   const json_t *payload; /* {activity, ticket_type, bucket, user, qty} */
   const char *biz_key;   /* "<type>:<order_id>" */
   int deliveries;        /* 1 on the first; a redelivered dead letter: 0 */

@@ -89,6 +89,19 @@ pf_result_t svc_pf_freeze(svc_pf_t *p, long long activity, long long ticket_type
   return r == PF_DONE_BEFORE ? PF_ERROR : r; /* an order id used twice: a bug, not a refusal */
 }
 
+pf_result_t svc_pf_freeze_queued(svc_pf_t *p, long long activity, long long ticket_type, long long user,
+                                 long long qty, long long order_id, int64_t deadline_ms, const char *idem_key,
+                                 int *bucket, char *err, size_t errlen) {
+  int rc = rm_prefilter_freeze_queued(p->pf, activity, (int32_t)ticket_type, user, order_id, (int32_t)qty,
+                                      deadline_ms, idem_key, bucket);
+  if (rc == RM_E_UNKNOWN_OUTCOME) /* the same freeze again: its bucket, and no second entry */
+    rc = rm_prefilter_freeze_queued(p->pf, activity, (int32_t)ticket_type, user, order_id, (int32_t)qty,
+                                    deadline_ms, idem_key, bucket);
+  last_freeze_code = rc;
+  pf_result_t r = map(rc, err, errlen);
+  return r == PF_DONE_BEFORE ? PF_ERROR : r;
+}
+
 pf_result_t svc_pf_confirm(svc_pf_t *p, long long activity, long long ticket_type, long long order_id, char *err,
                            size_t errlen) {
   int rc = rm_prefilter_confirm(p->pf, activity, (int32_t)ticket_type, order_id);

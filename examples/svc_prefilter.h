@@ -45,6 +45,11 @@ const char *svc_pf_reason(pf_result_t r);
  * (unix ms); on PF_OK '*bucket' is the bucket they were taken from. */
 pf_result_t svc_pf_freeze(svc_pf_t *pf, long long activity, long long ticket_type, long long user, long long qty,
                           long long order_id, int64_t deadline_ms, int *bucket, char *err, size_t errlen);
+/* The same for the queued order mode (rm_prefilter_freeze_queued): a new
+ * freeze also queues its order, with 'idem_key' (may be NULL). */
+pf_result_t svc_pf_freeze_queued(svc_pf_t *pf, long long activity, long long ticket_type, long long user,
+                                 long long qty, long long order_id, int64_t deadline_ms, const char *idem_key,
+                                 int *bucket, char *err, size_t errlen);
 /* The library code of the calling thread's last svc_pf_freeze (0 if it
  * froze), e.g. RM_PF_NOT_LOADED behind a PF_ERROR. */
 int svc_pf_last_freeze_code(void);

@@ -4,11 +4,19 @@
 -- KEYS[1] {act_A}:meta        KEYS[2] {act_A}:t<T>:stock
 -- KEYS[3] {act_A}:bought      KEYS[4] {act_A}:orders
 -- KEYS[5] {act_A}:t<T>:expiry
+-- KEYS[6] {act_A}:queue       (optional: the queued order mode) a stream;
+--         a new freeze adds the entry that carries its order to the
+--         consumer that creates it: fields order, user, tt, qty, bucket,
+--         deadline (and key, when ARGV[6] is given).  In the same script,
+--         so that a freeze exists exactly when its order is queued (a
+--         repeat adds nothing).
 -- ARGV[1] ticket type T (0 .. 2^31-1)
 -- ARGV[2] user id            ARGV[3] order id
 -- ARGV[4] quantity (1 .. 10000)
 -- ARGV[5] deadline of the freeze, unix milliseconds (the expiry sweep
 --         releases the order after it unless it was confirmed)
+-- ARGV[6] (only with KEYS[6], optional) the request's idempotency key,
+--         1 .. 64 of A-Za-z0-9._:-, carried in the queue entry
 --
 -- Returns the bucket frozen (>= 0), or
 --   -1 not on sale (meta status is not 1, or the Redis server's clock is
@@ -33,14 +41,17 @@
 
 --#include stock_lib.lua
 
-if #KEYS ~= 5 or #ARGV ~= 5 then return -4 end
+if not ((#KEYS == 5 and #ARGV == 5) or (#KEYS == 6 and (#ARGV == 5 or #ARGV == 6))) then return -4 end
+local idem = ARGV[6]
+if idem and (#idem > 64 or not string.match(idem, '^[%w%._:%-]+$')) then return -4 end
 local tt = pf_int(ARGV[1], 0, 2147483647)
 local user = pf_id(ARGV[2])
 local order = pf_id(ARGV[3])
 local qty = pf_qty(ARGV[4])
 local deadline = pf_int(ARGV[5], 0, 9007199254740991)
 if not tt or not user or not order or not qty or not deadline then return -4 end
-local k = {meta = KEYS[1], stock = KEYS[2], bought = KEYS[3], orders = KEYS[4], expiry = KEYS[5]}
+local k = {meta = KEYS[1], stock = KEYS[2], bought = KEYS[3], orders = KEYS[4], expiry = KEYS[5],
+           queue = KEYS[6]}
 
 local meta = redis.call('HMGET', k.meta, 'status', 'limit', 'starts', 'ends')
 if not meta[1] then return -5 end
@@ -59,6 +70,15 @@ for j = 0, n - 1 do
   local b = (start + j) % n
   if pf_avail(k.stock, b) >= qty then
     pf_commit_freeze(k, tt, b, user, order, qty, deadline)
+    if k.queue then
+      if idem then
+        redis.call('XADD', k.queue, '*', 'order', order, 'user', user, 'tt', tt, 'qty', qty, 'bucket', b,
+                   'deadline', deadline, 'key', idem)
+      else
+        redis.call('XADD', k.queue, '*', 'order', order, 'user', user, 'tt', tt, 'qty', qty, 'bucket', b,
+                   'deadline', deadline)
+      end
+    end
     return b
   end
 end

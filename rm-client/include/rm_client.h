@@ -695,6 +695,18 @@ RM_API int rm_prefilter_freeze(rm_prefilter_t *pf, int64_t activity_id, int32_t 
 RM_API int rm_prefilter_freeze_until(rm_prefilter_t *pf, int64_t activity_id, int32_t ticket_type,
                                      int64_t user_id, int64_t order_id, int32_t qty,
                                      int64_t deadline_ms, int *bucket);
+/* The queued order mode: the same freeze, and in the same script a new
+ * freeze adds an entry to the activity's stream (rm_prefilter_queue_key)
+ * with the fields order, user, tt, qty, bucket, deadline and, when
+ * 'idem_key' is not NULL (1 .. 64 of A-Za-z0-9._:-), key, for the
+ * consumer that creates the order (a repeat of a freeze adds nothing).
+ * Codes as rm_prefilter_freeze. */
+RM_API int rm_prefilter_freeze_queued(rm_prefilter_t *pf, int64_t activity_id, int32_t ticket_type,
+                                      int64_t user_id, int64_t order_id, int32_t qty, int64_t deadline_ms,
+                                      const char *idem_key, int *bucket);
+/* The name of that stream ("{act_<A>}:queue") into 'out' (64 bytes are
+ * enough).  0, or RM_E_INVALID (activity < 1, 'out' too small). */
+RM_API int rm_prefilter_queue_key(int64_t activity_id, char *out, size_t outlen);
 /* Payment: frozen -> sold, once.  0, RM_PF_ALREADY_CONFIRMED,
  * RM_PF_ALREADY_RELEASED (release won the race: refund), RM_PF_UNKNOWN_ORDER,
  * RM_PF_BAD_ARGS, transport errors. */

@@ -121,7 +121,7 @@ CREATE TABLE public.member_notice (
     text text NOT NULL,
     event_id bigint NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
-    CONSTRAINT member_notice_kind_check CHECK ((kind = ANY (ARRAY['paid'::text, 'waitlist_ordered'::text, 'waitlist_refused'::text])))
+    CONSTRAINT member_notice_kind_check CHECK ((kind = ANY (ARRAY['paid'::text, 'rejected'::text, 'waitlist_ordered'::text, 'waitlist_refused'::text])))
 );
 
 --
@@ -152,7 +152,7 @@ COMMENT ON COLUMN public.member_notice.activity_id IS 'The sale the order belong
 -- Name: COLUMN member_notice.kind; Type: COMMENT; Schema: public; Owner: -
 --
 
-COMMENT ON COLUMN public.member_notice.kind IS 'What happened: paid; waitlist_ordered (an order was placed for the waiting member); waitlist_refused (the wait ended without an order; the reason is in the text).';
+COMMENT ON COLUMN public.member_notice.kind IS 'What happened: paid; rejected (a queued order that was not made: order.rejected); waitlist_ordered (an order was placed for the waiting member); waitlist_refused (the wait ended without an order; the reason is in the text).';
 
 --
 -- Name: COLUMN member_notice.text; Type: COMMENT; Schema: public; Owner: -

@@ -1,5 +1,10 @@
--- 006_waitlist_events.sql - what became of a waiting user reaches them as
--- an event (orders database, version 6).
+-- 006_waitlist_events.sql - what became of a waiting user, or of a queued
+-- order, reaches them as an event (orders database, version 6).
+--
+-- In the queued order mode (ORDER_MODE=queued, examples/order_queue.h)
+-- the buyer is answered once Redis froze the tickets; when PostgreSQL then
+-- refuses them (Redis had lost writes) the order is not made, and the
+-- buyer hears of it as "order.rejected" (the payload's reason).
 --
 -- When stock comes back (a cancel, an expiry, more tickets) order-service
 -- serves the waitlist: each waiting user served gets an order, and hears
@@ -19,7 +24,7 @@
 ALTER TABLE order_outbox
   DROP CONSTRAINT order_outbox_type_check,
   ADD CONSTRAINT order_outbox_type_check
-    CHECK (event_type IN ('order.paid', 'order.cancelled', 'order.expired',
+    CHECK (event_type IN ('order.paid', 'order.cancelled', 'order.expired', 'order.rejected',
                           'waitlist.ordered', 'waitlist.refused')),
   DROP CONSTRAINT order_outbox_order_key,
   ADD CONSTRAINT order_outbox_order_type_key UNIQUE (order_id, event_type);
@@ -30,6 +35,7 @@ CREATE UNIQUE INDEX order_outbox_order_end_key ON order_outbox (order_id)
 
 COMMENT ON COLUMN order_outbox.event_type IS
   'order.paid, order.cancelled or order.expired (the order''s end, one per order); '
+  'order.rejected (a queued order that was not made); '
   'waitlist.ordered or waitlist.refused (what became of a waiting user).';
 COMMENT ON COLUMN order_outbox.order_id IS
   'The order whose state changed (trade_order.order_id); for waitlist.refused of a user '

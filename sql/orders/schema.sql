@@ -224,7 +224,7 @@ CREATE TABLE public.order_outbox (
     stream_seq bigint,
     published_at timestamp with time zone,
     CONSTRAINT order_outbox_published_check CHECK (((stream_seq IS NULL) = (published_at IS NULL))),
-    CONSTRAINT order_outbox_type_check CHECK ((event_type = ANY (ARRAY['order.paid'::text, 'order.cancelled'::text, 'order.expired'::text, 'waitlist.ordered'::text, 'waitlist.refused'::text])))
+    CONSTRAINT order_outbox_type_check CHECK ((event_type = ANY (ARRAY['order.paid'::text, 'order.cancelled'::text, 'order.expired'::text, 'order.rejected'::text, 'waitlist.ordered'::text, 'waitlist.refused'::text])))
 );
 
 --
@@ -243,7 +243,7 @@ COMMENT ON COLUMN public.order_outbox.event_id IS 'Identity of the event (taken 
 -- Name: COLUMN order_outbox.event_type; Type: COMMENT; Schema: public; Owner: -
 --
 
-COMMENT ON COLUMN public.order_outbox.event_type IS 'order.paid, order.cancelled or order.expired (the order''s end, one per order); waitlist.ordered or waitlist.refused (what became of a waiting user).';
+COMMENT ON COLUMN public.order_outbox.event_type IS 'order.paid, order.cancelled or order.expired (the order''s end, one per order); order.rejected (a queued order that was not made); waitlist.ordered or waitlist.refused (what became of a waiting user).';
 
 --
 -- Name: COLUMN order_outbox.order_id; Type: COMMENT; Schema: public; Owner: -

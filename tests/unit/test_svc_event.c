@@ -48,8 +48,8 @@ static void test_good_event(void **state) {
  * (one order can have a waitlist event and then its end). */
 static void test_every_type(void **state) {
   (void)state;
-  static const char *const types[] = {"order.paid", "order.cancelled", "order.expired", "waitlist.ordered",
-                                      "waitlist.refused"};
+  static const char *const types[] = {"order.paid",       "order.cancelled",  "order.expired",
+                                      "order.rejected",   "waitlist.ordered", "waitlist.refused"};
   for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
     svc_event_t ev = {0};
     json_t *pl = NULL;

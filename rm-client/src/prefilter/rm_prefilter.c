@@ -177,9 +177,10 @@ uint64_t rm_prefilter_master_changes(rm_prefilter_t *pf) {
 
 /* ------------------------------------------------------------ freeze --- */
 
-int rm_prefilter_freeze_until(rm_prefilter_t *pf, int64_t activity_id, int32_t ticket_type,
-                              int64_t user_id, int64_t order_id, int32_t qty, int64_t deadline_ms,
-                              int *bucket) {
+/* freeze.lua, with the queue stream as its sixth key when 'queued'. */
+static int freeze_eval(rm_prefilter_t *pf, int64_t activity_id, int32_t ticket_type, int64_t user_id,
+                       int64_t order_id, int32_t qty, int64_t deadline_ms, bool queued, const char *idem_key,
+                       int *bucket) {
   rm_pf_keys_t ks;
   char a_tt[16], a_user[24], a_order[24], a_qty[16], a_dl[24];
   int rc;
@@ -193,15 +194,41 @@ int rm_prefilter_freeze_until(rm_prefilter_t *pf, int64_t activity_id, int32_t t
   rm__pf_i64_str(a_order, order_id);
   rm__pf_i64_str(a_qty, qty);
   rm__pf_i64_str(a_dl, deadline_ms);
-  const char *keys[] = {ks.k[RM_PF_K_META], ks.k[RM_PF_K_STOCK], ks.k[RM_PF_K_BOUGHT],
-                        ks.k[RM_PF_K_ORDERS], ks.k[RM_PF_K_EXPIRY]};
-  const char *args[] = {a_tt, a_user, a_order, a_qty, a_dl};
-  rc = rm__pf_eval_code(pf, RM_PF_S_FREEZE, 5, keys, 5, args);
+  const char *keys[] = {ks.k[RM_PF_K_META],   ks.k[RM_PF_K_STOCK], ks.k[RM_PF_K_BOUGHT],
+                        ks.k[RM_PF_K_ORDERS], ks.k[RM_PF_K_EXPIRY], ks.k[RM_PF_K_QUEUE]};
+  const char *args[] = {a_tt, a_user, a_order, a_qty, a_dl, idem_key};
+  rc = rm__pf_eval_code(pf, RM_PF_S_FREEZE, queued ? 6 : 5, keys, queued && idem_key ? 6 : 5, args);
   if (rc >= 0) {
     if (bucket) *bucket = rc;
     rc = 0;
   }
   return rm__pf_count(pf, RM_PF_OP_FREEZE, rc);
+}
+
+int rm_prefilter_freeze_until(rm_prefilter_t *pf, int64_t activity_id, int32_t ticket_type,
+                              int64_t user_id, int64_t order_id, int32_t qty, int64_t deadline_ms,
+                              int *bucket) {
+  return freeze_eval(pf, activity_id, ticket_type, user_id, order_id, qty, deadline_ms, false, NULL, bucket);
+}
+
+int rm_prefilter_freeze_queued(rm_prefilter_t *pf, int64_t activity_id, int32_t ticket_type, int64_t user_id,
+                               int64_t order_id, int32_t qty, int64_t deadline_ms, const char *idem_key,
+                               int *bucket) {
+  if (idem_key) {
+    size_t n = strlen(idem_key);
+    bool ok = n >= 1 && n <= 64;
+    for (size_t i = 0; ok && i < n; i++)
+      ok = strchr("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:-", idem_key[i]) != NULL;
+    if (!ok) return bad_args(pf, RM_PF_OP_FREEZE, "an idempotency key is 1 to 64 of A-Za-z0-9._:-");
+  }
+  return freeze_eval(pf, activity_id, ticket_type, user_id, order_id, qty, deadline_ms, true, idem_key, bucket);
+}
+
+int rm_prefilter_queue_key(int64_t activity_id, char *out, size_t outlen) {
+  rm_pf_keys_t ks;
+  if (!out || rm__pf_keys_build(&ks, activity_id, 0) != 0) return RM_E_INVALID;
+  if ((size_t)snprintf(out, outlen, "%s", ks.k[RM_PF_K_QUEUE]) >= outlen) return RM_E_INVALID;
+  return 0;
 }
 
 int rm_prefilter_freeze(rm_prefilter_t *pf, int64_t activity_id, int32_t ticket_type,

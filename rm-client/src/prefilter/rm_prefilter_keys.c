@@ -150,7 +150,7 @@ int rm__pf_keys_build(rm_pf_keys_t *ks, int64_t activity, int32_t tt) {
   static const char *const suffix[RM_PF_K__COUNT] = {
     [RM_PF_K_META] = "meta",     [RM_PF_K_STOCK] = "stock", [RM_PF_K_BOUGHT] = "bought",
     [RM_PF_K_ORDERS] = "orders", [RM_PF_K_EXPIRY] = "expiry", [RM_PF_K_WL] = "wl",
-    [RM_PF_K_WLQ] = "wlq",       [RM_PF_K_WLSEQ] = "wlseq",
+    [RM_PF_K_WLQ] = "wlq",       [RM_PF_K_WLSEQ] = "wlseq", [RM_PF_K_QUEUE] = "queue",
   };
   char tag[40], tts[16];
   size_t tag_len, tt_len;
@@ -165,7 +165,7 @@ int rm__pf_keys_build(rm_pf_keys_t *ks, int64_t activity, int32_t tt) {
   tt_len = 1 + rm__pf_i64_str(tts + 1, tt);
   tts[tt_len++] = ':';
   for (int i = 0; i < RM_PF_K__COUNT; i++) {
-    bool per_tt = i != RM_PF_K_META && i != RM_PF_K_BOUGHT && i != RM_PF_K_ORDERS;
+    bool per_tt = i != RM_PF_K_META && i != RM_PF_K_BOUGHT && i != RM_PF_K_ORDERS && i != RM_PF_K_QUEUE;
     size_t sl = strlen(suffix[i]);
     /* Sized for the maxima: 26 + 12 + 6 + 1 < RM_PF_KEY_MAX. */
     p = put(ks->k[i], tag, tag_len);

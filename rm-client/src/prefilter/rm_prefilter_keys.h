@@ -66,6 +66,7 @@ typedef enum {
   RM_PF_K_WL,       /* {act_A}:t<T>:wl */
   RM_PF_K_WLQ,      /* {act_A}:t<T>:wlq */
   RM_PF_K_WLSEQ,    /* {act_A}:t<T>:wlseq */
+  RM_PF_K_QUEUE,    /* {act_A}:queue (the queued order mode's stream) */
   RM_PF_K__COUNT
 } rm_pf_key_kind_t;
 
