@@ -34,6 +34,14 @@
  *   One thread, one libcurl multi handle (keep-alive connections); the
  *   loop waits in curl_multi_poll.
  *
+ *   Against order-service in ORDER_MODE=queued, buy mode counts the 202
+ *   answers (the queue took the order) as the answers they are, and then
+ *   waits for the orders themselves: "created_p50_ms" / "created_p99_ms"
+ *   time each from its click to its trade_order row (created_at, the same
+ *   host's clock), "drain_s" how long after the measured period the last
+ *   one came, "created_per_s" the orders made over the period and the
+ *   drain.
+ *
  *   Environment: ORDER_URL, STOCK_PG_URL, ORDERS_PG_URL, TC_PG_URL,
  *   REDIS_URL (as for flashsale).  The last line printed is one JSON
  *   object: {"orders_per_s", "p50_ms", "p95_ms", "p99_ms", "ok", "errors",
@@ -63,6 +71,7 @@ typedef enum { MODE_BUY, MODE_CANCEL, MODE_EXPIRE } load_mode_t;
 typedef struct conn {
   CURL *e;
   int64_t start_us;
+  int64_t start_wall_ms;
   char body[160];
   char url[512];
   long long user;
@@ -90,7 +99,18 @@ typedef struct load {
   char first_error[256];
   long long *lat;
   size_t nlat, cap;
+  /* buy mode against ORDER_MODE=queued: the measured 202 answers' orders
+   * and when they were sent (unix ms), to time them until created */
+  long long *queued_ids;
+  int64_t *queued_sent_ms;
+  size_t nqueued, qcap;
 } load_t;
+
+static int64_t wall_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
 
 static size_t keep_body(char *p, size_t s, size_t n, void *ud) {
   conn_t *c = ud;
@@ -128,6 +148,7 @@ static void send_one(load_t *l, conn_t *c, long long cancel_id) {
   curl_easy_setopt(c->e, CURLOPT_POSTFIELDS, c->body);
   curl_easy_setopt(c->e, CURLOPT_HTTPHEADER, c->cancel_hdrs ? c->cancel_hdrs : l->hdrs);
   c->start_us = svc_now_us();
+  c->start_wall_ms = wall_ms();
   curl_multi_add_handle(l->multi, c->e);
 }
 
@@ -314,7 +335,24 @@ int main(int argc, char **argv) {
       bool measured = k->start_us >= l.measure_from && now <= l.measure_to &&
                       (l.mode != MODE_CANCEL || k->cancelling || status != 201);
       if (measured) {
-        if (status == (k->cancelling ? 200 : 201)) {
+        bool queued = l.mode == MODE_BUY && status == 202;
+        if (queued) {
+          long long id = answered_order(k);
+          if (id > 0) {
+            if (l.nqueued == l.qcap) {
+              l.qcap = l.qcap ? l.qcap * 2 : 4096;
+              l.queued_ids = realloc(l.queued_ids, l.qcap * sizeof(long long));
+              l.queued_sent_ms = realloc(l.queued_sent_ms, l.qcap * sizeof(int64_t));
+              if (!l.queued_ids || !l.queued_sent_ms) {
+                fprintf(stderr, "order-load: out of memory\n");
+                return 3;
+              }
+            }
+            l.queued_ids[l.nqueued] = id;
+            l.queued_sent_ms[l.nqueued++] = k->start_wall_ms;
+          }
+        }
+        if (status == (k->cancelling ? 200 : 201) || queued) {
           l.ok++;
           if (l.nlat == l.cap) {
             l.cap = l.cap ? l.cap * 2 : 4096;
@@ -374,6 +412,28 @@ int main(int argc, char **argv) {
     json_object_set_new(j, "expire_s", json_real(expire_s));
     json_object_set_new(j, "expiries_per_s", json_real(expire_s > 0 ? (double)l.bought / expire_s : 0));
   }
+  if (l.nqueued) {
+    /* the queued order mode: the answers were the queue's; the orders
+     * themselves came later, timed from the click to their row */
+    long long *clat = malloc(l.nqueued * sizeof(long long));
+    size_t made = 0;
+    int64_t last_ms = 0;
+    if (clat && fs_created_latency(env.orders_pg, l.queued_ids, l.queued_sent_ms, l.nqueued, 300, clat, &made,
+                                   &last_ms)) {
+      /* how long after the measured period the last order came */
+      int64_t end_wall_ms = wall_ms() - (svc_now_us() - l.measure_to) / 1000;
+      double drain_s = made ? (last_ms > end_wall_ms ? (double)(last_ms - end_wall_ms) / 1000.0 : 0) : -1;
+      json_object_set_new(j, "queued", json_integer((json_int_t)l.nqueued));
+      json_object_set_new(j, "created", json_integer((json_int_t)made));
+      json_object_set_new(j, "created_p50_ms", json_real(pct(clat, made, 50)));
+      json_object_set_new(j, "created_p99_ms", json_real(pct(clat, made, 99)));
+      json_object_set_new(j, "created_max_ms", json_real(made ? (double)clat[made - 1] / 1000.0 : 0));
+      json_object_set_new(j, "drain_s", json_real(drain_s));
+      json_object_set_new(j, "created_per_s",
+                          json_real(drain_s >= 0 ? (double)made / (l.duration_s + drain_s) : 0));
+    }
+    free(clat);
+  }
   if (l.first_error[0]) json_object_set_new(j, "first_error", json_string(l.first_error));
   json_t *budget = cpu_done ? budget_json(&cpu0, &cpu1, l.ok) : NULL;
   if (budget) {
@@ -394,6 +454,8 @@ int main(int argc, char **argv) {
   }
   free(l.conns);
   free(l.lat);
+  free(l.queued_ids);
+  free(l.queued_sent_ms);
   curl_slist_free_all(l.hdrs);
   curl_multi_cleanup(l.multi);
   curl_global_cleanup();

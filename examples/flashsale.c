@@ -96,6 +96,7 @@ typedef struct opts {
 typedef enum { REQ_ORDER, REQ_PAY, REQ_CANCEL } req_kind_t;
 
 #define MAX_RETRIES 2
+#define QUEUED_TRIES 100 /* pay/cancel of a queued order not made yet: 200 ms apart, 20 s in all */
 
 /* A scheduled request. */
 typedef struct job {
@@ -144,6 +145,11 @@ typedef struct run {
 
   /* results */
   long long sent, done, ok, ok_tickets, again_sent;
+  long long queued; /* of the ok: answered 202 (ORDER_MODE=queued) */
+  long long *queued_ids; /* their orders, and when each was clicked (unix ms) */
+  int64_t *queued_ms;
+  size_t nqueued, capqueued;
+  int64_t t0_wall_ms;
   long long rej_not_on_sale, rej_over_limit, rej_sold_out, rej_other;
   long long unavailable, unknown, transport, http_other;
   long long paid, pay_fail, cancelled, cancel_fail;
@@ -352,7 +358,7 @@ static void finish_dup(run_t *r, const xfer_t *x, CURLcode cc, long status) {
   char why[64] = "", key[80];
   long long id = 0;
   if (cc != CURLE_OK) return; /* no answer: neither same nor differing */
-  if (status == 201) {
+  if (status == 201 || status == 202) {
     json_t *o = json_loads(x->resp ? x->resp : "", 0, NULL);
     id = (long long)json_integer_value(json_object_get(o, "order_id"));
     json_decref(o);
@@ -361,7 +367,7 @@ static void finish_dup(run_t *r, const xfer_t *x, CURLcode cc, long status) {
   } else if (status == 409) {
     json_reason(x->resp, "reason", why, sizeof(why));
   }
-  bool same = status == j->want_status && (status != 201 || id == j->want_order) &&
+  bool same = status == j->want_status && ((status != 201 && status != 202) || id == j->want_order) &&
               (status != 409 || strcmp(why, j->want_reason) == 0);
   if (same)
     r->dup_same++;
@@ -397,8 +403,27 @@ static void finish_xfer(run_t *r, xfer_t *x, CURLcode cc) {
     push_ll(&r->lat_us, &r->nlat, &r->caplat, now - x->sched_us);
     if (cc != CURLE_OK) {
       r->transport++;
-    } else if (status == 201) {
+    } else if (status == 201 || status == 202) {
+      /* 202: the queued order mode (ORDER_MODE=queued), the order is made
+       * a moment later; pay and cancel wait for it (below) */
       r->ok++;
+      if (status == 202) r->queued++;
+      if (status == 202 && r->nqueued < (size_t)r->queued) {
+        json_t *qo = json_loads(x->resp ? x->resp : "", 0, NULL);
+        long long qid = (long long)json_integer_value(json_object_get(qo, "order_id"));
+        json_decref(qo);
+        int64_t clicked = r->t0_wall_ms + x->sched_us / 1000;
+        if (qid > 0 && push_ll(&r->queued_ids, &r->nqueued, &r->capqueued, qid)) {
+          size_t cap = r->capqueued;
+          int64_t *ms = realloc(r->queued_ms, cap * sizeof(int64_t));
+          if (ms) {
+            r->queued_ms = ms;
+            r->queued_ms[r->nqueued - 1] = clicked;
+          } else {
+            r->nqueued--;
+          }
+        }
+      }
       r->ok_tickets += j->qty;
       json_t *o = json_loads(x->resp ? x->resp : "", 0, NULL);
       long long id = (long long)json_integer_value(json_object_get(o, "order_id"));
@@ -447,6 +472,13 @@ static void finish_xfer(run_t *r, xfer_t *x, CURLcode cc) {
     } else {
       r->http_other++;
     }
+  } else if ((j->kind == REQ_PAY || j->kind == REQ_CANCEL) && cc == CURLE_OK && status == 404 && r->queued &&
+             j->tries < QUEUED_TRIES) {
+    /* a queued order not made yet: again in a moment */
+    job_t t = *j;
+    t.tries++;
+    t.at_us = now + 200000;
+    heap_push(&r->heap, t);
   } else if (j->kind == REQ_PAY) {
     if (cc == CURLE_OK && status == 200) {
       r->paid++;
@@ -496,6 +528,11 @@ static bool run_sale(run_t *r) {
     if (!heap_push(&r->heap, j)) return false;
   }
   r->t0_us = svc_now_us();
+  {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    r->t0_wall_ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+  }
   int64_t next_progress = 1000000;
   for (;;) {
     int64_t now = now_rel(r);
@@ -935,6 +972,20 @@ int main(int argc, char **argv) {
 
   double p50 = pct_ms(r.lat_us, r.nlat, 50), p95 = pct_ms(r.lat_us, r.nlat, 95), p99 = pct_ms(r.lat_us, r.nlat, 99);
   double pmax = r.nlat ? (double)r.lat_us[r.nlat - 1] / 1000.0 : 0;
+  /* the queued order mode: from the click to the order made (the check
+   * above waited for the queue to drain) */
+  size_t created = 0;
+  double created_p50 = -1, created_p99 = -1;
+  if (r.nqueued) {
+    long long *clat = malloc(r.nqueued * sizeof(long long));
+    int64_t last_ms = 0;
+    if (clat && fs_created_latency(env.orders_pg, r.queued_ids, r.queued_ms, r.nqueued, 30, clat, &created,
+                                   &last_ms)) {
+      created_p50 = pct_ms(clat, created, 50);
+      created_p99 = pct_ms(clat, created, 99);
+    }
+    free(clat);
+  }
   double tps = (double)r.done / dur_s;
   printf("\n== flash sale report: activity %lld ==\n", act.activity);
   printf("users %lld, tickets %lld in %lld buckets, limit %lld, window %.1fs\n", r.o.users, r.o.tickets,
@@ -951,6 +1002,10 @@ int main(int argc, char **argv) {
   printf("after the sale: paid %lld (failed %lld), cancelled %lld (failed %lld)\n", r.paid, r.pay_fail,
          r.cancelled, r.cancel_fail);
   printf("latency of POST /orders: p50 %.2f ms, p95 %.2f ms, p99 %.2f ms, max %.2f ms\n", p50, p95, p99, pmax);
+  if (r.nqueued)
+    printf("queued order mode: %lld answered 202, %zu made; from the click to the order made: p50 %.2f ms, "
+           "p99 %.2f ms\n",
+           r.queued, created, created_p50, created_p99);
   printf("stock (PostgreSQL): sold %lld, frozen %lld, available %lld of %lld\n", res.sold, res.frozen,
          res.available, res.stock);
   printf("global transactions: committed %lld, rolled back %lld, unfinished %lld", res.committed, res.rolled_back,
@@ -990,6 +1045,12 @@ int main(int argc, char **argv) {
       "rolled_back", (json_int_t)res.rolled_back, "unfinished", (json_int_t)res.unfinished, "tps", tps, "p50_ms",
       p50, "p95_ms", p95, "p99_ms", p99, "duration_s", dur_s, "invariants_ok", res.ok);
     json_object_set_new(j, "requests", json_integer(r.done));
+    if (r.nqueued) {
+      json_object_set_new(j, "queued", json_integer(r.queued));
+      json_object_set_new(j, "queued_made", json_integer((json_int_t)created));
+      json_object_set_new(j, "created_p50_ms", json_real(created_p50));
+      json_object_set_new(j, "created_p99_ms", json_real(created_p99));
+    }
     json_object_set_new(j, "accepted", json_integer(r.ok));
     json_object_set_new(j, "paid", json_integer(r.paid));
     json_object_set_new(j, "cancelled", json_integer(r.cancelled));
@@ -1031,6 +1092,8 @@ int main(int argc, char **argv) {
   fs_check_free(ck);
   free(r.lat_us);
   free(r.accepted);
+  free(r.queued_ids);
+  free(r.queued_ms);
   free(r.paid_ids);
   free(r.keyed);
   free(r.heap.v);

@@ -299,6 +299,7 @@ static void sleep_ms(int ms) {
 typedef struct settle_counts {
   long long unfinished, locks, undo_orders, undo_stock, overdue;
   long long comp_pending; /* local-mode orders the compensation job has not decided yet */
+  long long queued;       /* the queued order mode: entries of {act_A}:queue not handled yet */
   long long events, events_unpublished, events_unapplied, dead_letters;
   /* the downstream consumers (events database; all 0 without it) */
   long long ds_paid;    /* PAID orders of the activity */
@@ -422,6 +423,16 @@ static bool read_settle(fs_check_t *c, long long activity, settle_counts_t *s) {
                   1, p, &ok);
   s->undo_orders = q_ll(c->orders, "SELECT count(*) FROM undo_log WHERE log_status = 0", 0, NULL, &ok);
   s->undo_stock = q_ll(c->stock, "SELECT count(*) FROM undo_log WHERE log_status = 0", 0, NULL, &ok);
+  /* queued orders the consumer has not made yet (ORDER_MODE=queued) */
+  char key[64], err[256];
+  s->queued = 0;
+  if (ok && rm_prefilter_queue_key(activity, key, sizeof(key)) == 0 &&
+      svc_redis_ensure(&c->redis, c->env.redis_url, 5000, err, sizeof(err)) != 0) {
+    redisReply *x = svc_redis_cmd(c->redis, err, sizeof(err), "XLEN %s", key);
+    ok = x && x->type == REDIS_REPLY_INTEGER;
+    if (ok) s->queued = x->integer;
+    if (x) freeReplyObject(x);
+  }
   return ok && read_events(c, sa, s) && read_downstream(c, sa, s);
 }
 
@@ -589,7 +600,7 @@ void fs_check_run(fs_check_t *c, const fs_activity_t *a, const fs_client_view_t 
       continue;
     }
     bool q = sc.unfinished == 0 && sc.locks == 0 && sc.undo_orders == 0 && sc.undo_stock == 0 && sc.overdue == 0 &&
-             sc.comp_pending == 0 && sc.events_unpublished == 0 && sc.events_unapplied <= 0 &&
+             sc.comp_pending == 0 && sc.queued == 0 && sc.events_unpublished == 0 && sc.events_unapplied <= 0 &&
              sc.ds_waiting == 0;
     quiet = q ? quiet + 1 : 0;
     if (quiet >= 2 || svc_now_us() >= end) break;
@@ -914,4 +925,63 @@ json_t *fs_invariants_json(const fs_result_t *res) {
     json_object_set_new(o, v->name, json_pack("{s:o,s:s}", "ok", ok, "detail", v->detail));
   }
   return o;
+}
+
+static int cmp_ll(const void *a, const void *b) {
+  long long x = *(const long long *)a, y = *(const long long *)b;
+  return x < y ? -1 : x > y;
+}
+
+bool fs_created_latency(const char *orders_pg, const long long *ids, const int64_t *sent_ms, size_t n,
+                        double bound_s, long long *lat_us, size_t *made, int64_t *last_ms) {
+  *made = 0;
+  *last_ms = 0;
+  if (n == 0) return true;
+  PGconn *pg = PQconnectdb(orders_pg);
+  if (PQstatus(pg) != CONNECTION_OK) {
+    fprintf(stderr, "could not connect to the orders database: %s", PQerrorMessage(pg));
+    PQfinish(pg);
+    return false;
+  }
+  char *arr = malloc(n * 21 + 3), *p = arr;
+  if (!arr) {
+    PQfinish(pg);
+    return false;
+  }
+  *p++ = '{';
+  for (size_t i = 0; i < n; i++) p += sprintf(p, "%s%lld", i ? "," : "", ids[i]);
+  *p++ = '}';
+  *p = '\0';
+  const char *pv[1] = {arr};
+  int64_t t0 = svc_now_us();
+  bool ok = true;
+  for (;;) {
+    PGresult *r = PQexecParams(pg, "SELECT count(*) FROM trade_order WHERE order_id = ANY($1::bigint[])", 1, NULL,
+                               pv, NULL, NULL, 0);
+    ok = PQresultStatus(r) == PGRES_TUPLES_OK;
+    long long have = ok ? atoll(PQgetvalue(r, 0, 0)) : 0;
+    PQclear(r);
+    if (!ok || have >= (long long)n || (double)(svc_now_us() - t0) / 1e6 > bound_s) break;
+    sleep_ms(100);
+  }
+  PGresult *r = ok ? PQexecParams(pg,
+                                  "SELECT x.i, floor(extract(epoch FROM o.created_at) * 1000)::bigint"
+                                  " FROM unnest($1::bigint[]) WITH ORDINALITY AS x(id, i)"
+                                  " JOIN trade_order o ON o.order_id = x.id",
+                                  1, NULL, pv, NULL, NULL, 0)
+                   : NULL;
+  ok = r && PQresultStatus(r) == PGRES_TUPLES_OK;
+  if (!ok && r) fprintf(stderr, "could not read the queued orders: %s", PQerrorMessage(pg));
+  for (int i = 0; ok && i < PQntuples(r); i++) {
+    long long k = atoll(PQgetvalue(r, i, 0)) - 1;
+    int64_t created = atoll(PQgetvalue(r, i, 1));
+    if (k < 0 || (size_t)k >= n) continue;
+    lat_us[(*made)++] = (created - sent_ms[k]) * 1000;
+    if (created > *last_ms) *last_ms = created;
+  }
+  PQclear(r);
+  PQfinish(pg);
+  free(arr);
+  if (*made) qsort(lat_us, *made, sizeof(long long), cmp_ll);
+  return ok;
 }

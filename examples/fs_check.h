@@ -60,6 +60,16 @@ typedef struct fs_env {
  * is optional). */
 bool fs_env_load(fs_env_t *env);
 
+/* The queued order mode: the orders 'ids[0..n-1]', answered 202 at
+ * 'sent_ms[i]' (unix ms), are made a moment later.  Wait (at most
+ * 'bound_s') until all exist in the orders database 'orders_pg', then
+ * write each one's time from its click to its trade_order row (created_at,
+ * the same host's clock) in microseconds to 'lat_us' (room for n; sorted),
+ * their number to '*made' and the last row's created_at (unix ms) to
+ * '*last_ms'.  false (message on stderr) when the database failed. */
+bool fs_created_latency(const char *orders_pg, const long long *ids, const int64_t *sent_ms, size_t n,
+                        double bound_s, long long *lat_us, size_t *made, int64_t *last_ms);
+
 typedef struct fs_activity {
   long long activity; /* 0: choose the next free id */
   long long ticket_type, tickets, buckets, limit;

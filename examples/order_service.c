@@ -1557,7 +1557,7 @@ int main(int argc, char **argv) {
     svc_error("invalid value \"%s\" for ORDER_MODE: expected sync or queued", order_mode);
     ok = false;
   }
-  unsigned queue_threads = (unsigned)svc_env_int("ORDER_QUEUE_THREADS", 16, 1, 256, &ok);
+  unsigned queue_threads = (unsigned)svc_env_int("ORDER_QUEUE_THREADS", 32LL * svc_ncpu(), 1, 256, &ok);
   const char *txmode = svc_env_str("ORDER_TX_MODE", "global");
   if (strcmp(txmode, "local") == 0) {
     s.local_mode = true;
