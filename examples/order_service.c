@@ -29,6 +29,11 @@
  *     POST /admin/mode {mode: local|global|auto}   the runtime switch of
  *          the fallback to local mode, authenticated (svc_admin.h)
  *     GET  /metrics                    200 Prometheus text (txc_client_*)
+ *   ORDER_MODE=queued (order_queue.h, examples/README.md): POST /orders
+ *   answers 202 {status: QUEUED} once the Lua freeze queued the order in
+ *   {act_A}:queue; the consumer group makes it (queue_place) and tells
+ *   the buyer of a refusal (order.rejected).  ORDER_QUEUE_THREADS
+ *   consumers (default 32 per CPU).
  *   Fallback to local (TXC_TX_MODE=auto|global|local, default auto): with
  *   no coordinator, purchases run as local transactions with compensation
  *   records (place_order_local; examples/README.md); pay, cancel and
