@@ -112,7 +112,7 @@
  *   once stock-service has put them back in Redis (it tries every 250 ms
  *   for 10 s), and places their orders like any purchase (steps 3 to 6);
  *   the users find them with GET /orders/{id}, and hear of them as the
- *   events waitlist.ordered / waitlist.refused (waitlist_event).
+ *   events waitlist.ordered / waitlist.refused (buyer_event).
  *
  *   Expiry: the same thread finds UNPAID orders past expire_at every
  *   ORDER_EXPIRY_INTERVAL_MS and expires them as above (checking the
@@ -760,17 +760,23 @@ released:
   svc_resp_error(resp, 503, "unavailable", err);
 }
 
-/* Tell the buyer of a queued order that it was not made (the outbox's
- * order.rejected; the notify group writes the notice). */
-static void queue_rejected(order_svc_t *s, const order_t *o, const char *reason) {
+/* An event for the buyer alone (no order state changes with it): 'type'
+ * of 'order_id' with the order's payload and 'reason' (may be NULL),
+ * through the outbox in a local transaction of its own; the notify group
+ * writes the member's notice once.  A crash before the commit loses only
+ * the notice.  'what' names it in the warning when it cannot be written. */
+static void buyer_event(order_svc_t *s, const char *type, long long order_id, long long activity,
+                        long long ticket_type, long long bucket, long long user, long long qty, const char *reason,
+                        const char *what) {
   char err[512] = "";
-  json_t *payload = json_pack("{s:I,s:I,s:I,s:I,s:I,s:s}", "activity", (json_int_t)o->activity, "ticket_type",
-                              (json_int_t)o->ticket_type, "bucket", (json_int_t)o->bucket, "user",
-                              (json_int_t)o->user, "qty", (json_int_t)o->qty, "reason", reason);
+  json_t *payload = json_pack("{s:I,s:I,s:I,s:I,s:I}", "activity", (json_int_t)activity, "ticket_type",
+                              (json_int_t)ticket_type, "bucket", (json_int_t)(bucket < 0 ? 0 : bucket), "user",
+                              (json_int_t)user, "qty", (json_int_t)qty);
+  if (reason) json_object_set_new(payload, "reason", json_string(reason));
   PGconn *pg = svc_pg_get(s->pool, 2000, err, sizeof(err));
   bool ok = pg && svc_pg_exec(pg, "BEGIN", 0, NULL, PGRES_COMMAND_OK, NULL, err, sizeof(err));
   if (ok) {
-    ok = svc_outbox_add(pg, "order.rejected", o->order_id, payload, err, sizeof(err)); /* takes the payload */
+    ok = svc_outbox_add(pg, type, order_id, payload, err, sizeof(err)); /* takes the payload */
     payload = NULL;
   }
   json_decref(payload);
@@ -782,8 +788,9 @@ static void queue_rejected(order_svc_t *s, const order_t *o, const char *reason)
   if (ok)
     svc_relay_kick(s->relay);
   else
-    SVC_LOG(SVC_LOG_WARN, json_pack("{s:I}", "order_id", (json_int_t)o->order_id),
-            "could not tell the buyer that a queued order was not made: %s", err);
+    SVC_LOG(SVC_LOG_WARN, json_pack("{s:I,s:I,s:s}", "order_id", (json_int_t)order_id, "user", (json_int_t)user,
+                                    "event", type),
+            "could not tell %s: %s", what, err);
 }
 
 /*
@@ -834,7 +841,8 @@ static order_queue_result_t queue_place(const order_queue_entry_t *e, void *arg)
             json_pack("{s:I,s:I,s:i,s:s}", "order_id", (json_int_t)o.order_id, "user", (json_int_t)o.user, "status",
                       r.status, "reason", why ? why : error ? error : ""),
             "queued order not made: the buyer is told");
-    queue_rejected(s, &o, why ? why : "not_placed");
+    buyer_event(s, "order.rejected", o.order_id, o.activity, o.ticket_type, o.bucket, o.user, o.qty,
+                why ? why : "not_placed", "the buyer that a queued order was not made");
   }
   json_decref(r.body);
   return res;
@@ -951,41 +959,9 @@ static bool take_ids(order_svc_t *s, long long *ids, int n, const char *what) {
   return true;
 }
 
-/* Tell waiting user 'user' what became of their wait: the event 'type'
- * ("waitlist.ordered" with the order placed, or "waitlist.refused" with
- * 'reason') through the outbox, in a local transaction of its own; the
- * notification consumer (event-consumers, group notify) writes the
- * member's notice once.  The order itself is the record (GET
- * /orders/{id}); a crash before this commit loses only the notice. */
-static void waitlist_event(order_svc_t *s, const char *type, long long order_id, long long activity,
-                           long long ticket_type, int bucket, long long user, long long qty, const char *reason) {
-  char err[512] = "";
-  json_t *payload = json_pack("{s:I,s:I,s:i,s:I,s:I}", "activity", (json_int_t)activity, "ticket_type",
-                              (json_int_t)ticket_type, "bucket", bucket < 0 ? 0 : bucket, "user", (json_int_t)user,
-                              "qty", (json_int_t)qty);
-  if (reason) json_object_set_new(payload, "reason", json_string(reason));
-  PGconn *pg = svc_pg_get(s->pool, 2000, err, sizeof(err));
-  bool ok = pg && svc_pg_exec(pg, "BEGIN", 0, NULL, PGRES_COMMAND_OK, NULL, err, sizeof(err));
-  if (ok) {
-    ok = svc_outbox_add(pg, type, order_id, payload, err, sizeof(err)); /* takes the payload */
-    payload = NULL;
-  }
-  json_decref(payload);
-  if (ok) ok = local_commit(pg, err, sizeof(err));
-  if (pg) {
-    if (!ok) local_abort(pg);
-    svc_pg_put(s->pool, pg);
-  }
-  if (ok)
-    svc_relay_kick(s->relay);
-  else
-    SVC_LOG(SVC_LOG_WARN, json_pack("{s:I,s:s}", "user", (json_int_t)user, "event", type),
-            "could not tell a waiting user: %s", err);
-}
-
 /* Place the orders of the waiting users 'served[0..n-1]' (frozen in Redis
  * by a fill) as any purchase; a placement that fails gives the freeze
- * back, as for any order.  Each user hears of it (waitlist_event), those
+ * back, as for any order.  Each user hears of it (buyer_event), those
  * the fill removed too.  Returns how many orders were placed. */
 static int place_served(order_svc_t *s, long long activity, long long ticket_type, const svc_pf_served_t *served,
                         int n, int64_t expire_ms, int64_t deadline_ms) {
@@ -996,8 +972,8 @@ static int place_served(order_svc_t *s, long long activity, long long ticket_typ
        * so the notice is keyed by an order id of its own */
       long long id;
       if (served[i].user > 0 && served[i].qty > 0 && take_ids(s, &id, 1, "tell a removed waiting user"))
-        waitlist_event(s, "waitlist.refused", id, activity, ticket_type, -1, served[i].user, served[i].qty,
-                       svc_pf_reason(served[i].code));
+        buyer_event(s, "waitlist.refused", id, activity, ticket_type, -1, served[i].user, served[i].qty,
+                    svc_pf_reason(served[i].code), "a waiting user");
       continue;
     }
     order_t o = {.order_id = served[i].order_id, .activity = activity, .ticket_type = ticket_type,
@@ -1011,8 +987,8 @@ static int place_served(order_svc_t *s, long long activity, long long ticket_typ
                       "order_id", (json_int_t)o.order_id, "status", r.status),
             r.status == 201 ? "waitlist: order placed" : "waitlist: could not place the order");
     const char *why = r.status == 201 ? NULL : json_string_value(json_object_get(r.body, "reason"));
-    waitlist_event(s, r.status == 201 ? "waitlist.ordered" : "waitlist.refused", o.order_id, activity, ticket_type,
-                   (int)o.bucket, o.user, o.qty, r.status == 201 ? NULL : why ? why : "not_placed");
+    buyer_event(s, r.status == 201 ? "waitlist.ordered" : "waitlist.refused", o.order_id, activity, ticket_type,
+                o.bucket, o.user, o.qty, r.status == 201 ? NULL : why ? why : "not_placed", "a waiting user");
     json_decref(r.body);
   }
   return placed;

@@ -45,6 +45,16 @@ check() { # description, condition command...
   shift
   if "$@"; then ok "$what"; else fail "$what"; fi
 }
+# wait_for SECONDS CMD...: until CMD succeeds (false after SECONDS); to
+# re-read a value each time, CMD is e.g. eval '[ "$(q ...)" = 3 ]'
+wait_for() {
+  local end=$((SECONDS + $1))
+  shift
+  until "$@"; do
+    [[ $SECONDS -le $end ]] || return 1
+    sleep 0.1
+  done
+}
 q() { # URL SQL: one value
   psql -X -q -A -t -v ON_ERROR_STOP=1 -d "$1" -c "$2"
 }

@@ -55,15 +55,6 @@ order() {
   otoken=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1]).get("order_token") or "")' "$body" 2>/dev/null || true)
 }
 field() { python3 -c 'import json,sys; v=json.loads(sys.argv[1]).get(sys.argv[2]); print(v if v is not None else "")' "$body" "$1"; }
-# wait_for SECONDS CMD...: until CMD succeeds
-wait_for() {
-  local end=$((SECONDS + $1))
-  shift
-  until "$@"; do
-    [[ $SECONDS -le $end ]] || return 1
-    sleep 0.1
-  done
-}
 order_status() { q "$ORDERS_PG_URL" "SELECT coalesce((SELECT status FROM trade_order WHERE order_id = $1), 'none')"; }
 metric() { curl -s "$ORDER_URL/metrics" | awk -v m="$1" '$1 == m {print $2}'; }
 stream="{act_$A}:queue"

@@ -130,15 +130,6 @@ check "  the addition recorded with its operator" \
 check "  the log line" grep -q '"msg":"tickets added".*"who":"admin-token"' "$CLUSTER_DIR/order-service.log"
 
 ev() { q "$EVENTS_PG_URL" "$1"; }
-# wait_for SECONDS CMD...: until CMD succeeds
-wait_for() {
-  local end=$((SECONDS + $1))
-  shift
-  until "$@"; do
-    [[ $SECONDS -le $end ]] || return 1
-    sleep 0.1
-  done
-}
 notices() { ev "SELECT count(*) FROM member_notice WHERE activity_id = $A AND kind = '$1'"; }
 check "  the three hear of it: a waitlist_ordered notice each (event-consumers, group notify)" \
   wait_for 15 eval '[ "$(notices waitlist_ordered)" = 3 ]'
