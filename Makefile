@@ -8,7 +8,7 @@ FUZZ_SECONDS ?= 30
 CMAKE ?= cmake
 
 .PHONY: all deps build build-san build-fuzz test test-unit test-integration test-fuzz \
-        fuzz demo clean faults
+        fuzz demo clean faults install
 
 all: build
 
@@ -19,6 +19,14 @@ deps:
 build: deps
 	@$(CMAKE) -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTX_VALGRIND=ON >/dev/null
 	@$(CMAKE) --build build -j$(JOBS)
+
+# make install [PREFIX=/usr/local] [DESTDIR=DIR]: tcd (sbin), tcctl,
+# txc-compensate and txc-db-migrate (bin), librmclient with its header,
+# .pc and CMake files, the tc and rm schema sets (share/txc/sql), an
+# example tcd.ini (etc/txc) and the man pages, from build/.
+PREFIX ?= /usr/local
+install: build
+	@DESTDIR="$(DESTDIR)" $(CMAKE) --install build --prefix "$(PREFIX)"
 
 # build/san: everything again with AddressSanitizer and UBSan, and the
 # fault-injection points (the fault suite arms them).
