@@ -1,5 +1,16 @@
 /*
  * tc_main.c - tcd, the coordinator daemon: options, config, signals, loop.
+ *
+ * NOTES
+ *   Under systemd (Type=notify, packaging/tcd@.service) the node says
+ *   READY=1 once its store is connected and its listener bound (the
+ *   node's start callback), STOPPING=1 when it begins to stop, and, when
+ *   the unit has WatchdogSec, WATCHDOG=1 every half of that period from a
+ *   loop timer: the loop is what the watchdog watches, so a stuck loop is
+ *   restarted, while a store outage (the loop still runs, requests fail
+ *   and are retried) is not turned into a restart loop.  Without
+ *   NOTIFY_SOCKET each sd_notify is a no-op.  The datagrams go to a local
+ *   socket that systemd reads at once: no wait on the loop.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -8,6 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sysexits.h>
+
+#include <systemd/sd-daemon.h>
 
 #include "tc_config.h"
 #include "tc_log.h"
@@ -21,6 +34,9 @@ typedef struct {
   uv_loop_t *loop;
   tc_node_t *node;
   uv_signal_t sigterm, sigint, sighup;
+  uv_timer_t watchdog; /* WATCHDOG=1 for systemd, when the unit asks for it */
+  bool watchdog_on;
+  const tc_config_t *cfg;
   int exit_code;
   bool stopping;
 } daemon_t;
@@ -66,6 +82,12 @@ static void on_stopped(void *arg) {
 static void begin_stop(daemon_t *d) {
   if (d->stopping) return;
   d->stopping = true;
+  sd_notify(0, "STOPPING=1");
+  if (d->watchdog_on) {
+    uv_timer_stop(&d->watchdog);
+    uv_close((uv_handle_t *)&d->watchdog, NULL);
+    d->watchdog_on = false;
+  }
   if (d->node) tc_node_stop(d->node, on_stopped, d);
   else close_signals(d);
 }
@@ -105,12 +127,28 @@ static void on_sighup(uv_signal_t *h, int signum) {
   }
 }
 
+static void on_watchdog(uv_timer_t *t) {
+  (void)t;
+  sd_notify(0, "WATCHDOG=1");
+}
+
 static void on_ready(tc_node_t *node, int status, const char *err, void *arg) {
   daemon_t *d = arg;
   if (status != 0) {
     tc_log_error("could not start: %s", err ? err : "unknown error");
     d->exit_code = EX_UNAVAILABLE;
     begin_stop(d);
+    return;
+  }
+  if (d->stopping) return;
+  sd_notifyf(0, "READY=1\nSTATUS=node %d serving on %s", d->cfg->node_id, d->cfg->listen);
+  uint64_t usec = 0;
+  if (sd_watchdog_enabled(0, &usec) > 0 && usec >= 2000) {
+    uint64_t every_ms = usec / 2000; /* half the period, in ms */
+    uv_timer_init(d->loop, &d->watchdog);
+    uv_timer_start(&d->watchdog, on_watchdog, every_ms, every_ms);
+    d->watchdog_on = true;
+    on_watchdog(&d->watchdog);
   }
 }
 
@@ -200,7 +238,7 @@ int main(int argc, char **argv) {
   signal(SIGPIPE, SIG_IGN);
   txc_logfile_remember();
 
-  daemon_t d = {0};
+  daemon_t d = {.cfg = &cfg};
   d.loop = uv_default_loop();
   uv_signal_init(d.loop, &d.sigterm);
   uv_signal_init(d.loop, &d.sigint);

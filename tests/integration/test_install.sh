@@ -5,7 +5,8 @@
 #   1. DESTDIR=ROOT cmake --install BUILD --prefix /usr: the executables
 #      (tcd in sbin; tcctl, txc-compensate, txc-db-migrate in bin), the
 #      library with its header, .pc and CMake files, the tc and rm schema
-#      sets, the example configuration and the five man pages;
+#      sets, the five man pages, the systemd unit and tmpfiles entry, and
+#      the example configuration in /etc/txc (the prefix /usr: FHS);
 #   2. the installed tcd runs (--version) and reads its own example
 #      configuration back unchanged (--print-config of it is it); the
 #      installed txc-db-migrate finds the tc set beside itself and applies
@@ -44,23 +45,25 @@ missing=()
 for f in sbin/tcd bin/tcctl bin/txc-compensate bin/txc-db-migrate \
   include/rm_client.h "$libdir/pkgconfig/rmclient.pc" "$libdir/cmake/rmclient/rmclientConfig.cmake" \
   share/txc/sql/tc/001_store.sql share/txc/sql/tc/schema.sql share/txc/sql/rm/001_undo_log.sql \
-  etc/txc/tcd.ini.example \
+  lib/systemd/system/tcd@.service lib/tmpfiles.d/txc.conf \
   share/man/man8/tcd.8 share/man/man1/tcctl.1 share/man/man5/tcd.ini.5 share/man/man1/txc-compensate.1 \
   share/man/man3/librmclient.3; do
   [[ -e $u/$f ]] || missing+=("$f")
 done
 compgen -G "$u/$libdir/librmclient.so*" >/dev/null || missing+=("$libdir/librmclient.so")
+# the configuration's place for the prefix /usr is /etc (FHS), not /usr/etc
+[[ -f $root/etc/txc/tcd.ini.example ]] || missing+=("/etc/txc/tcd.ini.example")
 check "every file in its place under /usr${missing:+ (missing: ${missing[*]})}" test ${#missing[@]} -eq 0
 for f in sbin/tcd bin/tcctl bin/txc-compensate bin/txc-db-migrate; do
   [[ -x $u/$f ]] || bad "$f is not executable"
 done
-strays=$(cd "$root" && find . -type f | grep -v '^./usr/' || true)
-check "nothing outside the prefix${strays:+: $strays}" test -z "$strays"
+strays=$(cd "$root" && find . -type f | grep -v '^./usr/' | grep -v '^./etc/txc/' || true)
+check "nothing outside the prefix and /etc/txc${strays:+: $strays}" test -z "$strays"
 
 # ---- 2. the installed programs run ----
 check "installed tcd --version" bash -c "'$u/sbin/tcd' --version | grep -q ."
-"$u/sbin/tcd" -c "$u/etc/txc/tcd.ini.example" --print-config >"$tmp/again.ini" 2>"$tmp/again.err" || true
-check "tcd reads its example configuration back unchanged" cmp -s "$u/etc/txc/tcd.ini.example" "$tmp/again.ini"
+"$u/sbin/tcd" -c "$root/etc/txc/tcd.ini.example" --print-config >"$tmp/again.ini" 2>"$tmp/again.err" || true
+check "tcd reads its example configuration back unchanged" cmp -s "$root/etc/txc/tcd.ini.example" "$tmp/again.ini"
 check "installed tcctl --help" bash -c "'$u/bin/tcctl' --help | grep -q 'admin socket'"
 db=txc_install_$$
 psql -X -q -d "$TC_PG_URL" -c "CREATE DATABASE $db" >/dev/null

@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# test_systemd.sh - tcd under systemd's notify protocol, without systemd
+# (issue 27): a datagram socket stands in for systemd's NOTIFY_SOCKET.
+#
+#   1. tcd with NOTIFY_SOCKET and WATCHDOG_USEC=400000: READY=1 with its
+#      STATUS once it serves (the port answers by then), WATCHDOG=1 every
+#      ~200 ms, STOPPING=1 on SIGTERM, exit 0;
+#   2. a tcd whose store does not answer never says READY=1 (exit 69);
+#   3. the installed unit tcd@.service: `systemd-analyze verify` says
+#      nothing against it, and it runs tcd Type=notify with the watchdog
+#      and the hardening options; tmpfiles.d makes /run/txc for the
+#      admin sockets.
+#
+# Needs TX_BIN_DIR, TX_BUILD_DIR and TC_PG_URL (scripts/with-servers --pg).
+set -euo pipefail
+
+bin=${TX_BIN_DIR:?TX_BIN_DIR not set}
+build=${TX_BUILD_DIR:?TX_BUILD_DIR not set}
+: "${TC_PG_URL:?run me under scripts/with-servers --pg}"
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/test_systemd.XXXXXX")
+failures=0 pids=()
+cleanup() {
+  local rc=$?
+  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+  if [[ $rc -ne 0 || $failures -ne 0 ]]; then echo "test_systemd: logs kept in $tmp" >&2; else rm -rf -- "$tmp"; fi
+  exit "$rc"
+}
+trap cleanup EXIT
+ok() { echo "ok - $*"; }
+fail() { echo "FAILED - $*" >&2; failures=$((failures + 1)); }
+check() { local what=$1; shift; if "$@"; then ok "$what"; else fail "$what"; fi; }
+wait_for() { local n=$1 i; shift; for ((i = 0; i < n; i++)); do "$@" && return 0; sleep 0.1; done; "$@"; }
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# listen SOCKET OUT: systemd's side, every datagram a line "<unix ms> <text>"
+listen() {
+  python3 - "$1" "$2" <<'EOF' &
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+s.bind(sys.argv[1])
+with open(sys.argv[2], "a", buffering=1) as out:
+    while True:
+        d = s.recv(4096).decode(errors="replace").replace("\n", "|")
+        out.write("%d %s\n" % (time.time() * 1000, d))
+EOF
+  pids+=($!)
+  wait_for 50 test -S "$1"
+}
+count() { grep -c -- "$2" "$1" 2>/dev/null || true; }
+
+token=$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')
+port=$(free_port)
+cat >"$tmp/tcd.ini" <<INI
+[node]
+id = 1
+[server]
+listen = 127.0.0.1:$port
+token = $token
+[store]
+pg_url = $TC_PG_URL
+INI
+chmod 600 "$tmp/tcd.ini"
+
+# --- 1. ready, watchdog, stopping ---
+listen "$tmp/notify" "$tmp/got"
+NOTIFY_SOCKET=$tmp/notify WATCHDOG_USEC=400000 env -u TC_NODES "$bin/tcd" -c "$tmp/tcd.ini" 2>>"$tmp/tcd.log" &
+tcd=$!
+pids+=("$tcd")
+check "READY=1 with its status" wait_for 200 grep -q "READY=1|STATUS=node 1 serving on 127.0.0.1:$port" "$tmp/got"
+check "  the port answers once READY was said" bash -c "exec 3<>/dev/tcp/127.0.0.1/$port"
+sleep 1.2
+n=$(count "$tmp/got" WATCHDOG=1)
+check "WATCHDOG=1 every half period (400 ms): $n in about 1.2 s" test "$n" -ge 4 -a "$n" -le 12
+kill -TERM "$tcd"
+rc=0
+wait "$tcd" || rc=$?
+check "SIGTERM: exit 0" test "$rc" = 0
+check "  STOPPING=1 said" grep -q "STOPPING=1" "$tmp/got"
+check "  no WATCHDOG=1 after STOPPING=1" \
+  bash -c "awk '/STOPPING=1/ {s=1; next} s && /WATCHDOG=1/ {bad=1} END {exit bad}' '$tmp/got'"
+
+# --- 2. a store that does not answer: never ready ---
+listen "$tmp/notify2" "$tmp/got2"
+dead=$(free_port)
+rc=0
+NOTIFY_SOCKET=$tmp/notify2 env -u TC_NODES timeout 60 "$bin/tcd" -c "$tmp/tcd.ini" \
+  -s "store.pg_url=postgresql://127.0.0.1:$dead/tc?connect_timeout=2" 2>>"$tmp/tcd2.log" || rc=$?
+check "no store: tcd exits 69 ($rc)" test "$rc" = 69
+check "  without saying READY=1" test "$(count "$tmp/got2" READY=1)" = 0
+
+# --- 3. the unit ---
+root=$tmp/root
+DESTDIR=$root cmake --install "$build" --prefix /usr --component server >/dev/null
+unit=$root/usr/lib/systemd/system/tcd@.service
+check "the unit is installed" test -f "$unit"
+check "  it runs the installed tcd on /etc/txc/<instance>.ini" grep -qx 'ExecStart=/usr/sbin/tcd -c /etc/txc/%i.ini' "$unit"
+for want in Type=notify WatchdogSec=10s NoNewPrivileges=yes ProtectSystem=strict 'ExecReload=/bin/kill -HUP $MAINPID'; do
+  check "  $want" grep -qx -- "$want" "$unit"
+done
+if command -v systemd-analyze >/dev/null; then
+  # verify against this build's tcd (the unit's own path is the install's)
+  sed "s|^ExecStart=/usr/sbin/tcd|ExecStart=$bin/tcd|" "$unit" >"$tmp/tcd@.service"
+  out=$(systemd-analyze verify --man=no "$tmp/tcd@.service" 2>&1) || true
+  check "systemd-analyze verify says nothing${out:+: $out}" test -z "$out"
+else
+  fail "systemd-analyze is not installed (scripts/deps installs systemd)"
+fi
+check "tmpfiles.d: /run/txc for the admin sockets" \
+  grep -qx 'd /run/txc 0750 txc txc -' "$root/usr/lib/tmpfiles.d/txc.conf"
+
+if [[ $failures -ne 0 ]]; then
+  echo "test_systemd: $failures check(s) FAILED" >&2
+  exit 1
+fi
+echo "test_systemd: all checks passed"
