@@ -8,7 +8,7 @@ FUZZ_SECONDS ?= 30
 CMAKE ?= cmake
 
 .PHONY: all deps build build-san build-fuzz test test-unit test-integration test-fuzz \
-        fuzz demo clean faults install
+        fuzz demo clean faults install deb
 
 all: build
 
@@ -27,6 +27,15 @@ build: deps
 PREFIX ?= /usr/local
 install: build
 	@DESTDIR="$(DESTDIR)" $(CMAKE) --install build --prefix "$(PREFIX)"
+
+# make deb: Debian packages with CPack in build/deb/deb: txc-server,
+# librmclient0 and librmclient-dev (packaging/CMakeLists.txt); then
+# apt install ./build/deb/deb/*.deb on a Debian 12 machine.
+deb: deps
+	@$(CMAKE) -S . -B build/deb -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTX_BUILD_TESTS=OFF >/dev/null
+	@$(CMAKE) --build build/deb -j$(JOBS)
+	@cd build/deb && cpack -G DEB >cpack.log 2>&1 || { cat cpack.log; exit 1; }
+	@ls -1 "$$PWD"/build/deb/deb/*.deb
 
 # build/san: everything again with AddressSanitizer and UBSan, and the
 # fault-injection points (the fault suite arms them).
