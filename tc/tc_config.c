@@ -239,7 +239,7 @@ extern char **environ;
 
 /* Variables of the project's own scripts that look like settings but are
  * not (cluster/local/up exports them for clients). */
-static const char *const env_not_settings[] = {"TC_ADMIN_SOCKETS", NULL};
+static const char *const env_not_settings[] = {"TC_ADMIN_SOCKETS", "TC_METRICS_URLS", NULL};
 
 /* An environment variable TC_<SECTION>_<KEY> whose section is one of ours
  * but whose key is not: a typo (TC_SERVER_TOKN) that would otherwise be

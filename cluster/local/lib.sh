@@ -94,8 +94,23 @@ node_pid() { # N -> pid of node N if it runs
   echo "$pid"
 }
 
-# (listen is 127.0.0.1:PORT, or 0.0.0.0:PORT with TXC_EXTRA_LISTEN)
-node_port() { sed -n 's/^listen = [0-9.]*:\([0-9]*\)$/\1/p' "$DIR/node$1.ini"; }
+# ini_port N SECTION: the port of SECTION's "listen = HOST:PORT" in
+# DIR/nodeN.ini ([server]: 127.0.0.1:PORT, or 0.0.0.0:PORT with
+# TXC_EXTRA_LISTEN; [metrics]: 127.0.0.1:PORT).  Section-aware: both have a
+# "listen" key.
+ini_port() {
+  awk -v want="[$2]" '/^\[/ { sec = $0; next }
+    sec == want && $1 == "listen" && $2 == "=" { n = split($3, a, ":"); print a[n] }' "$DIR/node$1.ini"
+}
+node_port() { ini_port "$1" server; }
+metrics_port() { ini_port "$1" metrics; }
+# every port the nodes' configurations use (listen, bus, metrics)
+used_ports() {
+  local f
+  for f in "$DIR"/node*.ini; do
+    awk '/^\[/ { sec = $0; next } $1 == "listen" || $1 == "bus" { n = split($3, a, ":"); print a[n] }' "$f"
+  done
+}
 
 psql_tc() { # SQL -> one value
   psql -X -q -A -t -v ON_ERROR_STOP=1 -d "$TC_PG_URL" -c "$1" 2>/dev/null
@@ -125,7 +140,7 @@ start_node_retrying() {
     start_node "$n"
     wait_node_up "$n" 2>"$DIR/node$n.start-err" && { rm -f "$DIR/node$n.start-err"; return 0; }
     ((attempt < 5)) || break
-    mapfile -t used < <(sed -n 's/^listen = .*:\([0-9]*\)$/\1/p; s/^bus = .*:\([0-9]*\)$/\1/p' "$DIR"/node*.ini)
+    mapfile -t used < <(used_ports)
     if tail -n +"$((mark + 1))" "$DIR/node$n.log" | grep -q 'could not bind the bus'; then
       port=$(free_port "${used[@]}") || break
       echo "$prog: node $n: bus port taken, moving it to $port" >&2
@@ -136,7 +151,8 @@ start_node_retrying() {
     if tail -n +"$((mark + 1))" "$DIR/node$n.log" | grep -q 'could not listen on'; then
       port=$(free_port "${used[@]}") || break
       echo "$prog: node $n: listen port taken, moving it to $port" >&2
-      sed -i "s|^listen = \([0-9.]*\):[0-9]*$|listen = \1:$port|; s|^advertise = 127.0.0.1:[0-9]*$|advertise = 127.0.0.1:$port|" \
+      # [server]'s listen only ([metrics] has one too)
+      sed -i "/^\[server\]/,/^\[/ s|^listen = \([0-9.]*\):[0-9]*$|listen = \1:$port|; s|^advertise = 127.0.0.1:[0-9]*$|advertise = 127.0.0.1:$port|" \
         "$DIR/node$n.ini"
       echo "--- (listen moved to port $port)" >>"$DIR/node$n.log"
       continue
