@@ -430,6 +430,7 @@ static void on_nodes(int status, const char *err, const tc_read_node_t *rows, in
     const tc_read_node_t *r = &rows[i];
     json_t *o = json_object();
     json_object_set_new(o, "node_id", json_integer(r->node_id));
+    json_object_set_new(o, "state", str_or_null(r->state));
     json_object_set_new(o, "address", str_or_null(r->address));
     json_object_set_new(o, "admin_socket", str_or_null(r->admin_socket));
     json_object_set_new(o, "started_at", str_or_null(r->started_at));
@@ -456,7 +457,8 @@ static void on_nodes(int status, const char *err, const tc_read_node_t *rows, in
 }
 
 static void exec_show_nodes(exec_t *x) {
-  int rc = tc_read_nodes(x->ctx->store, READ_DEADLINE_MS, on_nodes, x);
+  int rc = tc_read_nodes(x->ctx->store, x->ctx->cfg->cluster_leader_lease_ms, x->ctx->cfg->leader_lock_key,
+                         READ_DEADLINE_MS, on_nodes, x);
   if (rc != 0) finish_unsent(x, rc);
 }
 

@@ -497,21 +497,29 @@ static void on_nodes(tc_pg_job_t *job, int status, void *arg) {
     o->has_pid = !PQgetisnull(r, i, 7);
     o->pid = col_i64(r, i, 7);
     o->version = col_s(r, i, 8);
+    o->state = col_s(r, i, 9);
   }
   rd->cb.nodes(status, err_of(job, status), rows, n, rd->arg);
   free(rows);
   free(rd);
 }
 
-int tc_read_nodes(tc_store_t *st, unsigned deadline_ms, tc_read_nodes_cb cb, void *arg) {
+int tc_read_nodes(tc_store_t *st, int stale_ms, int64_t leader_key, unsigned deadline_ms, tc_read_nodes_cb cb,
+                  void *arg) {
   rd_t *rd = rd_new(arg);
   if (!rd) return TC_READ_ENOMEM;
   rd->cb.nodes = cb;
+  char ss[16], sk[24];
+  snprintf(ss, sizeof(ss), "%d", stale_ms);
+  snprintf(sk, sizeof(sk), "%lld", (long long)leader_key);
+  const char *v[2] = {ss, sk};
+  /* the state as tc_nodes shows it (a live store session and a fresh
+   * heartbeat: up), and the leader by its lock, not by a flag */
   return run1(st, rd, on_nodes,
               "SELECT node_id, address, admin_socket, " TS("started_at") ", " TS("heartbeat_at")
-              ", extract(epoch FROM clock_timestamp() - heartbeat_at)::float8, is_leader, pid, version "
-              "FROM node_table ORDER BY node_id",
-              0, NULL, deadline_ms);
+              ", heartbeat_age_ms / 1000.0, is_leader, pid, version, state "
+              "FROM tc_cluster_nodes($1::int, $2::bigint) ORDER BY node_id",
+              2, v, deadline_ms);
 }
 
 /* Unfinished global transactions by status: rows (status, count). */

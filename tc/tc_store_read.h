@@ -136,6 +136,7 @@ typedef struct tc_read_node {
   bool has_pid;
   int64_t pid;
   const char *version;
+  const char *state; /* up, stalled, reconnecting, down (tc_cluster_nodes) */
 } tc_read_node_t;
 
 /* Unfinished global transactions of one status. */
@@ -225,7 +226,11 @@ int tc_read_locks(tc_store_t *st, const tc_read_locks_filter_t *f, unsigned dead
 /* node_table, by node_id. */
 typedef void (*tc_read_nodes_cb)(int status, const char *err, const tc_read_node_t *rows, int n, void *arg);
 
-int tc_read_nodes(tc_store_t *st, unsigned deadline_ms, tc_read_nodes_cb cb, void *arg);
+/* 'stale_ms' (cluster.leader_lease_ms): a node whose heartbeat is older is
+ * not up; 'leader_key' (recovery.leader_lock_key): whose lock makes the
+ * leader. */
+int tc_read_nodes(tc_store_t *st, int stale_ms, int64_t leader_key, unsigned deadline_ms, tc_read_nodes_cb cb,
+                  void *arg);
 
 /* Unfinished global transactions by status, by status (the admin "stats"
  * command; /metrics has them in tc_read_probe). */

@@ -60,7 +60,7 @@ static const cmd_desc_t commands[] = {
    "list global row locks and this node's wait queues",
    "Row keys are \"resource^^^table^^^pk\".  Without filters, every lock (up to\n"
    "--limit, default 1000) and every wait queue on this node."},
-  {"nodes", "", "list the cluster's nodes (node_table) and this node's leader flag", NULL},
+  {"nodes", "", "list the cluster's nodes with their state (up, stalled, reconnecting, down) and the leader", NULL},
   {"stats", "", "this node's counters, and the sessions by status", NULL},
   {"rollback", "XID", "force a rollback",
    "From Begin: decides rollback now (as a TM would).  From RollbackRetrying,\n"
@@ -635,10 +635,11 @@ static void print_locks(const json_t *a) {
 }
 
 static void print_nodes(const json_t *a) {
-  static const char *const titles[] = {"NODE", "ADDRESS", "LEADER", "HEARTBEAT", "PID", "VERSION", "ADMIN SOCKET"};
+  static const char *const titles[] = {"NODE", "STATE", "ADDRESS", "LEADER", "HEARTBEAT", "PID", "VERSION",
+                                       "ADMIN SOCKET"};
   const json_t *list = json_object_get(a, "nodes");
   table_t t;
-  table_init(&t, 7, titles, NULL);
+  table_init(&t, 8, titles, NULL);
   size_t i;
   const json_t *n;
   json_array_foreach(list, i, n) {
@@ -646,14 +647,15 @@ static void print_nodes(const json_t *a) {
     if (!row) break;
     field(n, "node_id", row[0], CELL);
     if (json_is_true(json_object_get(n, "self"))) strncat(row[0], " *", CELL - strlen(row[0]) - 1);
-    field(n, "address", row[1], CELL);
-    field(n, "is_leader", row[2], CELL);
+    field(n, "state", row[1], CELL);
+    field(n, "address", row[2], CELL);
+    field(n, "is_leader", row[3], CELL);
     char age[64];
     duration(json_number_value(json_object_get(n, "heartbeat_age_s")), age, sizeof(age));
-    snprintf(row[3], CELL, "%s ago", age);
-    field(n, "pid", row[4], CELL);
-    field(n, "version", row[5], CELL);
-    field(n, "admin_socket", row[6], CELL);
+    snprintf(row[4], CELL, "%s ago", age);
+    field(n, "pid", row[5], CELL);
+    field(n, "version", row[6], CELL);
+    field(n, "admin_socket", row[7], CELL);
   }
   if (json_array_size(list)) table_print(&t);
   else free(t.cells);

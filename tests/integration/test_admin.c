@@ -599,6 +599,7 @@ static void test_show(void **state) {
   if (o) { /* node_table is written by the membership, when it runs */
     assert_true(json_is_true(json_object_get(o, "self")));
     assert_string_equal(js(o, "address"), addr);
+    assert_string_equal(js(o, "state"), "up"); /* a live store session, a fresh heartbeat */
   }
   json_decref(a);
 

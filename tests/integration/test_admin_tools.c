@@ -422,6 +422,7 @@ static void test_tcctl(void **state) {
   assert_int_equal(tcctl("locks", "--prefix", "db_orders^^^t_ctl", NULL), 0);
   assert_int_equal(tcctl("nodes", NULL, NULL, NULL), 0);
   assert_non_null(strstr(g_run.out, "this node: 1"));
+  assert_non_null(strstr(g_run.out, "STATE")); /* the column, and this node's row */
   assert_int_equal(tcctl("stats", NULL, NULL, NULL), 0);
   assert_non_null(strstr(g_run.out, "globals:"));
   assert_non_null(strstr(g_run.out, "begun"));

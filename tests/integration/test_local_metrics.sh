@@ -21,7 +21,16 @@ for i in "${!urls[@]}"; do
     bash -c 'grep -q "^txc_" <<<"$1" && grep -q "^# HELP " <<<"$1"' _ "$page"
 done
 port2=${nodes[1]##*:}
+node_state() { # N: its STATE in `tcctl nodes`, as node 1 sees it
+  "$bin/tcctl" --socket "$CLUSTER_DIR/node1.sock" --json nodes |
+    python3 -c 'import json,sys; print(next((n["state"] for n in json.load(sys.stdin)["nodes"] if n["node_id"] == int(sys.argv[1])), ""))' "$1"
+}
+check "tcctl nodes: node 2 is up" test "$(node_state 2)" = up
+check "  the STATE column" bash -c "'$bin/tcctl' --socket '$CLUSTER_DIR/node1.sock' nodes | head -1 | grep -q '^NODE  STATE'"
 "$src/cluster/local/node" kill 2 "$CLUSTER_DIR" >/dev/null
+check "node 2 killed: no longer up at once (its store session is gone)" \
+  wait_for 5 eval '[ "$(node_state 2)" != up ]'
+check "  down once its heartbeat is older than the lease (5 s)" wait_for 15 eval '[ "$(node_state 2)" = down ]'
 "$src/cluster/local/node" start 2 "$CLUSTER_DIR" >/dev/null
 check "node 2 restarted by cluster/local/node, on its server port $port2" \
   bash -c "exec 3<>/dev/tcp/127.0.0.1/$port2"
