@@ -3,6 +3,7 @@
  * librmclient set-up shared by the example services (see svc_common.h).
  */
 #include "svc_common.h"
+#include "txc_procstat.h"
 #include "txc_failpoint.h"
 #include "txc_logfile.h"
 #include "txc_isotime.h"
@@ -471,4 +472,10 @@ bool svc_service_key(struct svc_auth **out) {
   svc_warn("TXC_SERVICE_KEY_FILE is not set: calls between the services and the order events are not "
            "authenticated (cluster/local/up writes a key; see examples/svc_auth.h)");
   return true;
+}
+
+void svc_process_metrics(svc_buf_t *b) {
+  txc_procstat_t ps;
+  char text[2048];
+  if (txc_procstat_read(&ps) == 0 && txc_procstat_format(&ps, text, sizeof(text)) > 0) svc_buf_printf(b, "%s", text);
 }

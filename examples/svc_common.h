@@ -170,6 +170,9 @@ typedef struct svc_buf {
   size_t len, cap;
 } svc_buf_t;
 void svc_buf_printf(svc_buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The standard process_* families of this process (txc_procstat.h), for
+ * a /metrics page. */
+void svc_process_metrics(svc_buf_t *b);
 
 /* ------------------------------------------------------------ JSON */
 

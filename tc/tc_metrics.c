@@ -35,6 +35,7 @@
 #include "tc_recovery.h"
 #include "tc_server.h"
 #include "txc_httpguard.h"
+#include "txc_procstat.h"
 
 #ifndef TC_SCHEMA_VERSIONS
 #define TC_SCHEMA_VERSIONS "1,2"
@@ -460,6 +461,9 @@ static enum MHD_Result on_http(void *cls, struct MHD_Connection *conn, const cha
     counter(&b, "txc_metrics_requests_cut_total",
             "Requests to this listener cut at the deadline (METRICS_REQUEST_DEADLINE_MS) before they had arrived.",
             txc_httpguard_cut(m->guard));
+    txc_procstat_t ps;
+    char pbuf[2048];
+    if (txc_procstat_read(&ps) == 0 && txc_procstat_format(&ps, pbuf, sizeof(pbuf)) > 0) sb_printf(&b, "%s", pbuf);
     if (b.failed) {
       free(b.p);
       ret = MHD_NO;

@@ -19,6 +19,9 @@ for i in "${!urls[@]}"; do
   page=$(curl -s --max-time 5 "${urls[$i]}" || true)
   check "node $((i + 1)): ${urls[$i]} serves the coordinator's metrics" \
     bash -c 'grep -q "^txc_" <<<"$1" && grep -q "^# HELP " <<<"$1"' _ "$page"
+  check "  and the process_* families (CPU, memory, file descriptors, start time)" \
+    bash -c 'for f in process_cpu_seconds_total process_resident_memory_bytes process_open_fds process_start_time_seconds; do
+      grep -q "^$f [0-9]" <<<"$1" || exit 1; done' _ "$page"
 done
 port2=${nodes[1]##*:}
 node_state() { # N: its STATE in `tcctl nodes`, as node 1 sees it

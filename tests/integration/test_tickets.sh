@@ -179,6 +179,10 @@ check "  nothing added" test "$(pg_stock)" = "4 4"
 # --- 7. the counters agree ---
 check "PostgreSQL: frozen + sold = the live freezes, within the stock" \
   test "$(q "$STOCK_PG_URL" "SELECT (SELECT sum(frozen_count + sold_count) FROM activity_ticket_bucket WHERE activity_id = $A) = (SELECT sum(qty) FROM stock_freeze WHERE activity_id = $A AND state IN ('FROZEN', 'CONFIRMED'))")" = t
+for u in "$ORDER_URL" "$STOCK_URL" ${EVENTS_URL:+"$EVENTS_URL"}; do
+  check "$u/metrics: the process_* families" \
+    bash -c "curl -s '$u/metrics' | grep -q '^process_resident_memory_bytes [0-9]' && curl -s '$u/metrics' | grep -q '^process_open_fds [0-9]'"
+done
 check "metrics: 4 stock additions reached Redis" \
   test "$(curl -s "$ORDER_URL/metrics" | awk '$1 == "txc_client_prefilter_stock_add_total{code=\"ok\"}" {print $2}')" = 4
 

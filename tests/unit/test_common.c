@@ -11,11 +11,14 @@
 #include <cmocka.h>
 
 #include <stdlib.h>
+#include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "txc_heap.h"
 #include "txc_idtable.h"
 #include "txc_isotime.h"
+#include "txc_procstat.h"
 #include "txc_pgmsg.h"
 
 #define N 500
@@ -145,11 +148,43 @@ static void test_pgmsg_len(void **state) {
   assert_int_equal(txc_pgmsg_len("\n\n"), 0);
 }
 
+/* process_* figures of this very process: plausible, and the text has
+ * every family with its HELP and TYPE. */
+static void test_procstat(void **state) {
+  (void)state;
+  txc_procstat_t p;
+  assert_int_equal(txc_procstat_read(&p), 0);
+  assert_true(p.resident_bytes > 1024 * 1024 / 4); /* a running test binary */
+  assert_true(p.virtual_bytes >= p.resident_bytes);
+  assert_true(p.open_fds >= 3);                     /* stdin, stdout, stderr */
+  assert_true(p.threads >= 1);
+  assert_true(p.cpu_seconds >= 0);
+  double now = (double)time(NULL);
+  assert_true(p.start_time_seconds > now - 3600 && p.start_time_seconds <= now + 1);
+  char out[2048];
+  int n = txc_procstat_format(&p, out, sizeof(out));
+  assert_true(n > 0);
+  static const char *const fams[] = {"process_cpu_seconds_total", "process_resident_memory_bytes",
+                                     "process_virtual_memory_bytes", "process_open_fds", "process_max_fds",
+                                     "process_start_time_seconds", "process_threads"};
+  for (size_t i = 0; i < sizeof(fams) / sizeof(fams[0]); i++) {
+    char want[128];
+    snprintf(want, sizeof(want), "# HELP %s ", fams[i]);
+    assert_non_null(strstr(out, want));
+    snprintf(want, sizeof(want), "# TYPE %s ", fams[i]);
+    assert_non_null(strstr(out, want));
+    snprintf(want, sizeof(want), "\n%s ", fams[i]);
+    assert_non_null(strstr(out, want));
+  }
+  assert_int_equal(txc_procstat_format(&p, out, 64), -1); /* too small: refused, not cut */
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_heap_against_model),
     cmocka_unit_test(test_idtable_against_model),
     cmocka_unit_test(test_iso_time),
+    cmocka_unit_test(test_procstat),
     cmocka_unit_test(test_pgmsg_len),
   };
   return cmocka_run_group_tests_name("common", tests, NULL, NULL);
