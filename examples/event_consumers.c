@@ -256,6 +256,7 @@ static void handle_metrics(ev_svc_t *s, svc_resp_t *resp) {
     if (c) svc_buf_printf(&b, "txc_client_http_responses_total{status=\"%d\"} %llu\n", code, c);
   }
   svc_consumer_metrics(s->cs, s->n, &b);
+  svc_http_metrics(&b);
   svc_process_metrics(&b);
   if (b.p)
     svc_resp_text(resp, 200, b.p);

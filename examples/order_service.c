@@ -627,6 +627,7 @@ static void handle_metrics(order_svc_t *s, svc_resp_t *resp) {
   }
   order_recon_metrics(s->recon, &b);
   svc_admin_metrics(s->admin, &b, false);
+  svc_http_metrics(&b);
   svc_process_metrics(&b);
   if (b.p)
     svc_resp_text(resp, 200, b.p);

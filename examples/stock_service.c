@@ -836,6 +836,7 @@ static void handle_stock_metrics(stock_svc_t *s, svc_resp_t *resp) {
   if (s->consumer) svc_consumer_metrics(&s->consumer, 1, &b);
   stock_window_metrics(s->window, &b);
   svc_admin_metrics(s->admin, &b, true);
+  svc_http_metrics(&b);
   svc_process_metrics(&b);
   if (b.p)
     svc_resp_text(resp, 200, b.p);

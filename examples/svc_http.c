@@ -17,6 +17,7 @@
 #include <netinet/in.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -57,6 +58,7 @@ typedef struct req_ctx {
   struct MHD_Connection *conn;
   char *method, *path;
   svc_resp_t resp;
+  int64_t queued_us;    /* when it had arrived whole (the latency's start) */
   struct req_ctx *next; /* work queue */
 } req_ctx_t;
 
@@ -144,6 +146,97 @@ unsigned long long svc_http_status_count(int status) {
   return status >= 100 && status < 600 ? status_counts[status] : 0;
 }
 
+/* ---- request durations (svc_http_metrics) ---- */
+
+static const double dur_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
+#define NDUR (sizeof(dur_bounds) / sizeof(dur_bounds[0]))
+
+typedef struct dur_series {
+  char method[8], route[64];
+  int status;
+  unsigned long long buckets[NDUR], count;
+  double sum;
+} dur_series_t;
+
+static pthread_mutex_t dur_mu = PTHREAD_MUTEX_INITIALIZER;
+static dur_series_t dur[SVC_HTTP_SERIES];
+static int ndur;
+
+void svc_http_route(const char *path, char *out, size_t cap) {
+  size_t o = 0;
+  const char *p = path ? path : "";
+  while (*p && o + 1 < cap) {
+    if (*p == '/') {
+      out[o++] = *p++;
+      const char *q = p;
+      while (*q >= '0' && *q <= '9') q++;
+      if (q > p && (*q == '/' || *q == '\0')) { /* a segment of digits */
+        if (o + 5 >= cap) break;
+        memcpy(out + o, "{id}", 4);
+        o += 4;
+        p = q;
+      }
+      continue;
+    }
+    char c = *p++;
+    /* label-safe: anything else than these is '_' */
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_' ||
+              c == '.';
+    out[o++] = ok ? c : '_';
+  }
+  if (*p) o = (size_t)snprintf(out, cap, "other");
+  out[o < cap ? o : cap - 1] = '\0';
+}
+
+static void record_duration(const char *method, const char *path, int status, double seconds) {
+  char route[64], m[8];
+  svc_http_route(path, route, sizeof(route));
+  snprintf(m, sizeof(m), "%s", method && strlen(method) < sizeof(m) ? method : "OTHER");
+  pthread_mutex_lock(&dur_mu);
+  int i = 0;
+  while (i < ndur && !(dur[i].status == status && strcmp(dur[i].route, route) == 0 && strcmp(dur[i].method, m) == 0))
+    i++;
+  if (i == ndur) {
+    if (ndur < SVC_HTTP_SERIES - 1) {
+      ndur++;
+    } else { /* full: the last series is "other" */
+      i = SVC_HTTP_SERIES - 1;
+      if (ndur < SVC_HTTP_SERIES) ndur = SVC_HTTP_SERIES;
+      snprintf(route, sizeof(route), "other");
+      snprintf(m, sizeof(m), "OTHER");
+      status = 0;
+    }
+    snprintf(dur[i].method, sizeof(dur[i].method), "%s", m);
+    snprintf(dur[i].route, sizeof(dur[i].route), "%s", route);
+    dur[i].status = status;
+  }
+  for (size_t k = 0; k < NDUR; k++)
+    if (seconds <= dur_bounds[k]) dur[i].buckets[k]++;
+  dur[i].count++;
+  dur[i].sum += seconds;
+  pthread_mutex_unlock(&dur_mu);
+}
+
+void svc_http_metrics(struct svc_buf *b) {
+  svc_buf_printf(b, "# HELP txc_http_request_duration_seconds Requests answered by this service, from their arrival "
+                    "to their answer, by method, route and status.\n"
+                    "# TYPE txc_http_request_duration_seconds histogram\n");
+  pthread_mutex_lock(&dur_mu);
+  for (int i = 0; i < ndur; i++) {
+    const dur_series_t *d = &dur[i];
+    char labels[128];
+    snprintf(labels, sizeof(labels), "method=\"%.7s\",route=\"%.63s\",status=\"%d\"", d->method, d->route,
+             d->status);
+    for (size_t k = 0; k < NDUR; k++)
+      svc_buf_printf(b, "txc_http_request_duration_seconds_bucket{%s,le=\"%g\"} %llu\n", labels, dur_bounds[k],
+                     d->buckets[k]);
+    svc_buf_printf(b, "txc_http_request_duration_seconds_bucket{%s,le=\"+Inf\"} %llu\n", labels, d->count);
+    svc_buf_printf(b, "txc_http_request_duration_seconds_sum{%s} %.6f\n", labels, d->sum);
+    svc_buf_printf(b, "txc_http_request_duration_seconds_count{%s} %llu\n", labels, d->count);
+  }
+  pthread_mutex_unlock(&dur_mu);
+}
+
 /* A text answer (svc_resp_text). */
 static enum MHD_Result send_text(struct MHD_Connection *conn, const svc_resp_t *resp) {
   int status = resp->status;
@@ -194,6 +287,7 @@ static void *worker_main(void *arg) {
                      .body_len = rc->len, .conn_ = rc->conn};
     h->fn(&req, &rc->resp, h->arg);
     if (rc->resp.status == 0 || !rc->resp.body) svc_resp_error(&rc->resp, 500, "internal", NULL);
+    record_duration(rc->method, rc->path, rc->resp.status, (double)(svc_now_us() - rc->queued_us) / 1e6);
     struct MHD_Connection *conn = rc->conn;
 
     /* The I/O thread reads the answer after the resume, which
@@ -260,6 +354,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     return send_json(conn, &rc->resp);
   }
   rc->state = REQ_QUEUED;
+  rc->queued_us = svc_now_us();
   MHD_suspend_connection(conn);
   if (h->tail)
     h->tail->next = rc;

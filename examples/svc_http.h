@@ -78,6 +78,19 @@ void svc_resp_header(svc_resp_t *resp, const char *name, const char *value);
  * (100..599; 0 otherwise), counted as they are queued. */
 unsigned long long svc_http_status_count(int status);
 
+/* The route of a request path for a metric label: every segment of digits
+ * becomes {id} ("/orders/42/pay" -> "/orders/{id}/pay"); a path longer
+ * than 'cap' - 1 is "other".  Pure. */
+void svc_http_route(const char *path, char *out, size_t cap);
+
+/* txc_http_request_duration_seconds, a histogram by method, route and
+ * status of every request this process's servers answered (from its
+ * arrival to its answer), at most SVC_HTTP_SERIES series (later ones
+ * count as route "other"), into 'b'. */
+#define SVC_HTTP_SERIES 128
+struct svc_buf;
+void svc_http_metrics(struct svc_buf *b);
+
 /* Listen on 'listen' ("host:port"; port 0 = any free port) with
  * 'io_threads' socket threads and 'workers' handler threads.  Returns NULL
  * with a message in 'err' on failure. */

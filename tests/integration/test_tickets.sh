@@ -183,6 +183,8 @@ for u in "$ORDER_URL" "$STOCK_URL" ${EVENTS_URL:+"$EVENTS_URL"}; do
   check "$u/metrics: the process_* families" \
     bash -c "curl -s '$u/metrics' | grep -q '^process_resident_memory_bytes [0-9]' && curl -s '$u/metrics' | grep -q '^process_open_fds [0-9]'"
 done
+check "metrics: the additions' request durations, by route and status" \
+  test "$(curl -s "$ORDER_URL/metrics" | awk '$1 == "txc_http_request_duration_seconds_count{method=\"POST\",route=\"/activities/{id}/tickets\",status=\"200\"}" {print $2}')" -ge 4
 check "metrics: 4 stock additions reached Redis" \
   test "$(curl -s "$ORDER_URL/metrics" | awk '$1 == "txc_client_prefilter_stock_add_total{code=\"ok\"}" {print $2}')" = 4
 
