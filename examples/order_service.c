@@ -535,7 +535,8 @@ static void handle_metrics(order_svc_t *s, svc_resp_t *resp) {
   pf_counts_metric(&b, "waitlist_fill", "Prefilter waitlist fills by result.", &ps.waitlist_fill);
   pf_counts_metric(&b, "stock_add", "Prefilter stock additions (raise and serve the waitlist) by result.",
                    &ps.stock_add);
-  svc_buf_printf(&b, "# TYPE txc_client_prefilter_connect_failures_total counter\n"
+  svc_buf_printf(&b, "# HELP txc_client_prefilter_connect_failures_total Redis connections of the prefilter that could not be opened.\n"
+       "# TYPE txc_client_prefilter_connect_failures_total counter\n"
            "txc_client_prefilter_connect_failures_total %llu\n",
        (unsigned long long)ps.connect_failures);
 
@@ -545,12 +546,16 @@ static void handle_metrics(order_svc_t *s, svc_resp_t *resp) {
        "# HELP txc_client_mode Current transaction mode (1 = the labelled mode).\n"
        "# TYPE txc_client_mode gauge\n"
        "txc_client_mode{mode=\"global\"} %d\ntxc_client_mode{mode=\"local\"} %d\n"
+       "# HELP txc_client_mode_forced The transaction mode forced by an operator: 0 auto (detection decides), 1 global, 2 local.\n"
        "# TYPE txc_client_mode_forced gauge\ntxc_client_mode_forced %d\n"
        "# HELP txc_client_mode_switches_total Switches of the transaction mode.\n"
        "# TYPE txc_client_mode_switches_total counter\n"
        "txc_client_mode_switches_total{to=\"local\"} %llu\ntxc_client_mode_switches_total{to=\"global\"} %llu\n"
+       "# HELP txc_client_degrade_probes_total Probes of the coordinators by the degrade detection.\n"
        "# TYPE txc_client_degrade_probes_total counter\ntxc_client_degrade_probes_total %llu\n"
+       "# HELP txc_client_degrade_probe_failures_total Probes of the coordinators that failed.\n"
        "# TYPE txc_client_degrade_probe_failures_total counter\ntxc_client_degrade_probe_failures_total %llu\n"
+       "# HELP txc_client_local_orders_total Orders taken in fallback-to-local mode.\n"
        "# TYPE txc_client_local_orders_total counter\ntxc_client_local_orders_total %llu\n",
        ds.mode == RM_MODE_GLOBAL, ds.mode == RM_MODE_LOCAL, ds.forced, (unsigned long long)ds.to_local,
        (unsigned long long)ds.to_global, (unsigned long long)ds.probes, (unsigned long long)ds.probe_failures,
@@ -569,7 +574,9 @@ static void handle_metrics(order_svc_t *s, svc_resp_t *resp) {
        "txc_client_compensation_orders_total{outcome=\"frozen\"} %llu\n"
        "txc_client_compensation_orders_total{outcome=\"cancelled\"} %llu\n"
        "txc_client_compensation_orders_total{outcome=\"failed\"} %llu\n"
+       "# HELP txc_client_reconciled_activities_total Activities the Redis/PostgreSQL reconciliation compared.\n"
        "# TYPE txc_client_reconciled_activities_total counter\ntxc_client_reconciled_activities_total %llu\n"
+       "# HELP txc_client_reconcile_fixes_total Redis values the reconciliation corrected to PostgreSQL's.\n"
        "# TYPE txc_client_reconcile_fixes_total counter\ntxc_client_reconcile_fixes_total %llu\n",
        (unsigned long long)cs.passes, (unsigned long long)cs.locked, (unsigned long long)cs.errors,
        (unsigned long long)cs.frozen, (unsigned long long)cs.cancelled, (unsigned long long)cs.failed,
@@ -602,7 +609,8 @@ static void handle_metrics(order_svc_t *s, svc_resp_t *resp) {
                  "# HELP txc_events_republished_total Order events published again after the stream lost them.\n"
                  "# TYPE txc_events_republished_total counter\n"
                  "txc_events_republished_total %llu\n"
-                 "# TYPE txc_events_relay_errors_total counter\ntxc_events_relay_errors_total %llu\n"
+                 "# HELP txc_events_relay_errors_total Passes of the outbox relay that failed (retried).\n"
+       "# TYPE txc_events_relay_errors_total counter\ntxc_events_relay_errors_total %llu\n"
                  "# HELP txc_outbox_unpublished Events in the outbox not published yet (outbox lag).\n"
                  "# TYPE txc_outbox_unpublished gauge\ntxc_outbox_unpublished %lld\n"
                  "# HELP txc_outbox_oldest_unpublished_seconds Age of the oldest unpublished event.\n"

@@ -239,7 +239,8 @@ void stock_window_metrics(stock_window_t *w, svc_buf_t *b) {
                  "# HELP txc_sale_window_redis_updates_total Meta hashes set to PostgreSQL's status and window.\n"
                  "# TYPE txc_sale_window_redis_updates_total counter\n"
                  "txc_sale_window_redis_updates_total %llu\n"
-                 "# TYPE txc_sale_window_redis_errors_total counter\n"
+                 "# HELP txc_sale_window_redis_errors_total Passes of the sale-window job whose Redis update failed (retried).\n"
+       "# TYPE txc_sale_window_redis_errors_total counter\n"
                  "txc_sale_window_redis_errors_total %llu\n",
                  p[PASS_OK], p[PASS_SKIPPED], p[PASS_FAILED], opened, closed, ru, re);
 }

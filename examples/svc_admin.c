@@ -246,7 +246,8 @@ void svc_admin_metrics(svc_admin_t *a, svc_buf_t *b, bool with_mode) {
                    "# HELP txc_client_mode Current transaction mode (1 = the labelled mode).\n"
                    "# TYPE txc_client_mode gauge\n"
                    "txc_client_mode{mode=\"global\"} %d\ntxc_client_mode{mode=\"local\"} %d\n"
-                   "# TYPE txc_client_mode_forced gauge\ntxc_client_mode_forced %d\n",
+                   "# HELP txc_client_mode_forced The transaction mode forced by an operator: 0 auto (detection decides), 1 global, 2 local.\n"
+       "# TYPE txc_client_mode_forced gauge\ntxc_client_mode_forced %d\n",
                    ds.mode == RM_MODE_GLOBAL, ds.mode == RM_MODE_LOCAL, ds.forced);
   }
   svc_buf_printf(b,
