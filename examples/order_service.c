@@ -507,38 +507,9 @@ static void place_order_local(order_svc_t *s, order_t *o, int64_t deadline_ms, s
 
 /* GET /metrics: the client side (prefilter, mode, compensation, HTTP) in
  * Prometheus text format. */
-/* One family txc_client_prefilter_<op>_total{code} of a script's results. */
-static void pf_counts_metric(svc_buf_t *b, const char *op, const char *help, const rm_pf_counts_t *f) {
-  svc_buf_printf(b, "# HELP txc_client_prefilter_%s_total %s\n# TYPE txc_client_prefilter_%s_total counter\n", op,
-                 help, op);
-  const struct {
-    const char *code;
-    uint64_t v;
-  } fr[] = {{"ok", f->ok},
-            {"not_on_sale", f->not_on_sale},
-            {"over_limit", f->over_limit},
-            {"sold_out", f->sold_out},
-            {"bad_args", f->bad_args},
-            {"not_loaded", f->not_loaded},
-            {"errors", f->unknown_outcome + f->not_sent + f->error}};
-  for (size_t i = 0; i < sizeof(fr) / sizeof(fr[0]); i++)
-    svc_buf_printf(b, "txc_client_prefilter_%s_total{code=\"%s\"} %llu\n", op, fr[i].code,
-                   (unsigned long long)fr[i].v);
-}
-
 static void handle_metrics(order_svc_t *s, svc_resp_t *resp) {
   svc_buf_t b = {0};
-  rm_pf_stats_t ps = {0};
-  if (s->pf) rm_prefilter_stats(svc_pf_handle(s->pf), &ps);
-  pf_counts_metric(&b, "freeze", "Prefilter freezes by result.", &ps.freeze);
-  pf_counts_metric(&b, "waitlist_join", "Prefilter waitlist joins by result.", &ps.waitlist_join);
-  pf_counts_metric(&b, "waitlist_fill", "Prefilter waitlist fills by result.", &ps.waitlist_fill);
-  pf_counts_metric(&b, "stock_add", "Prefilter stock additions (raise and serve the waitlist) by result.",
-                   &ps.stock_add);
-  svc_buf_printf(&b, "# HELP txc_client_prefilter_connect_failures_total Redis connections of the prefilter that could not be opened.\n"
-       "# TYPE txc_client_prefilter_connect_failures_total counter\n"
-           "txc_client_prefilter_connect_failures_total %llu\n",
-       (unsigned long long)ps.connect_failures);
+  svc_pf_metrics(s->pf, &b);
 
   rm_degrade_stats_t ds = {0};
   rm_client_degrade_stats(s->rm, &ds);

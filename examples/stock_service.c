@@ -89,6 +89,7 @@
  *   chosen by the kernel) override them.  SIGTERM/SIGINT: stop accepting,
  *   finish the requests in progress, close, exit 0.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,6 +122,9 @@ typedef struct stock_svc {
   stock_window_t *window;    /* the sale-window job (stock_window.h); NULL: off */
   svc_admin_t *admin;        /* POST /admin/mode (svc_admin.h) */
   _Atomic unsigned long long unauthenticated; /* calls refused: no valid signature */
+  const char *redis_url;     /* for the waitlists' lengths on /metrics */
+  pthread_mutex_t metrics_mu; /* metrics_redis: one scrape at a time */
+  redisContext *metrics_redis;
 } stock_svc_t;
 
 typedef enum { OP_FREEZE, OP_CONFIRM, OP_RELEASE } stock_opkind_t;
@@ -810,6 +814,58 @@ static void handle_tickets(stock_svc_t *s, const svc_req_t *req, svc_resp_t *res
   json_decref(in);
 }
 
+/*
+ * Per-activity gauges for /metrics, read when scraped (on an HTTP worker,
+ * never on a loop): txc_activity_tickets{activity, ticket_type, state =
+ * stock | frozen | sold | available} from PostgreSQL (the truth), and
+ * txc_activity_waitlist{activity, ticket_type} from Redis (ZCARD of the
+ * waitlist), for the activities not ended or ended in the last 10 minutes
+ * (at most 200 rows).  A store that does not answer leaves the families
+ * empty; the page still answers.
+ */
+static void activity_metrics(stock_svc_t *s, svc_buf_t *b) {
+  svc_buf_printf(b, "# HELP txc_activity_tickets Tickets of an activity's ticket type by state, in PostgreSQL.\n"
+                    "# TYPE txc_activity_tickets gauge\n");
+  char err[256];
+  PGresult *r = NULL;
+  PGconn *pg = svc_pg_get(s->pool, 1000, err, sizeof(err));
+  bool ok = pg && svc_pg_exec(pg,
+                              "SELECT b.activity_id, b.ticket_type, sum(b.stock), sum(b.frozen_count),"
+                              " sum(b.sold_count) FROM activity_ticket_bucket b"
+                              " JOIN activity a ON a.activity_id = b.activity_id"
+                              " WHERE a.status < 2 OR a.ends_at > now() - interval '10 minutes'"
+                              " GROUP BY 1, 2 ORDER BY 1, 2 LIMIT 200",
+                              0, NULL, PGRES_TUPLES_OK, &r, err, sizeof(err));
+  if (pg) svc_pg_put(s->pool, pg);
+  int n = ok ? PQntuples(r) : 0;
+  for (int i = 0; i < n; i++) {
+    const char *a = PQgetvalue(r, i, 0), *t = PQgetvalue(r, i, 1);
+    long long st = atoll(PQgetvalue(r, i, 2)), fr = atoll(PQgetvalue(r, i, 3)), so = atoll(PQgetvalue(r, i, 4));
+    const struct {
+      const char *state;
+      long long v;
+    } v[] = {{"stock", st}, {"frozen", fr}, {"sold", so}, {"available", st - fr - so}};
+    for (size_t k = 0; k < sizeof(v) / sizeof(v[0]); k++)
+      svc_buf_printf(b, "txc_activity_tickets{activity=\"%s\",ticket_type=\"%s\",state=\"%s\"} %lld\n", a, t,
+                     v[k].state, v[k].v);
+  }
+  svc_buf_printf(b, "# HELP txc_activity_waitlist Users waiting for tickets of an activity's ticket type (Redis).\n"
+                    "# TYPE txc_activity_waitlist gauge\n");
+  pthread_mutex_lock(&s->metrics_mu);
+  if (n && s->redis_url && svc_redis_ensure(&s->metrics_redis, s->redis_url, 1000, err, sizeof(err)) != 0) {
+    for (int i = 0; i < n; i++) {
+      const char *a = PQgetvalue(r, i, 0), *t = PQgetvalue(r, i, 1);
+      redisReply *z = svc_redis_cmd(s->metrics_redis, err, sizeof(err), "ZCARD {act_%s}:t%s:wl", a, t);
+      if (!z) break;
+      if (z->type == REDIS_REPLY_INTEGER)
+        svc_buf_printf(b, "txc_activity_waitlist{activity=\"%s\",ticket_type=\"%s\"} %lld\n", a, t, z->integer);
+      freeReplyObject(z);
+    }
+  }
+  pthread_mutex_unlock(&s->metrics_mu);
+  if (r) PQclear(r);
+}
+
 /* GET /metrics: local-mode freezes (rm_client_local_stats) and HTTP answers by
  * status, in Prometheus text format. */
 static void handle_stock_metrics(stock_svc_t *s, svc_resp_t *resp) {
@@ -835,6 +891,8 @@ static void handle_stock_metrics(stock_svc_t *s, svc_resp_t *resp) {
                  (unsigned long long)s->unauthenticated);
   if (s->consumer) svc_consumer_metrics(&s->consumer, 1, &b);
   stock_window_metrics(s->window, &b);
+  svc_pf_metrics(s->pf, &b);
+  activity_metrics(s, &b);
   svc_admin_metrics(s->admin, &b, true);
   svc_http_metrics(&b);
   svc_process_metrics(&b);
@@ -966,6 +1024,8 @@ int main(int argc, char **argv) {
     goto out;
   }
   const char *redis_url = svc_redis_env_url(); /* REDIS_SENTINELS + REDIS_MASTER_NAME, else REDIS_URL */
+  s.redis_url = redis_url;
+  pthread_mutex_init(&s.metrics_mu, NULL);
   if (redis_url) {
     /* the order events: payments confirm, cancellations and expiries
      * release, and Redis follows */
@@ -1014,6 +1074,7 @@ int main(int argc, char **argv) {
 
 out:
   svc_http_stop(http); /* waits for the requests in progress */
+  if (s.metrics_redis) redisFree(s.metrics_redis);
   svc_consumer_stop(s.consumer);
   stock_window_stop(s.window);
   svc_pf_free(s.pf);

@@ -38,6 +38,13 @@ void svc_pf_free(svc_pf_t *pf);
 /* The library's handle, for seeding and reconciliation. */
 rm_prefilter_t *svc_pf_handle(svc_pf_t *pf);
 
+/* The prefilter's results for /metrics: txc_client_prefilter_<script>_total
+ * {code} for every script (freeze, confirm, release, expire,
+ * waitlist_join, waitlist_fill, stock_add) and its connection failures;
+ * 'pf' may be NULL (all 0). */
+struct svc_buf;
+void svc_pf_metrics(svc_pf_t *pf, struct svc_buf *b);
+
 /* The reason word of a refusal ("not_on_sale", "over_limit", "sold_out"). */
 const char *svc_pf_reason(pf_result_t r);
 

@@ -185,6 +185,14 @@ for u in "$ORDER_URL" "$STOCK_URL" ${EVENTS_URL:+"$EVENTS_URL"}; do
 done
 check "metrics: the additions' request durations, by route and status" \
   test "$(curl -s "$ORDER_URL/metrics" | awk '$1 == "txc_http_request_duration_seconds_count{method=\"POST\",route=\"/activities/{id}/tickets\",status=\"200\"}" {print $2}')" -ge 4
+gauge() { curl -s "$STOCK_URL/metrics" | awk -v m="$1" '$1 == m {print $2}'; }
+g() { gauge "txc_activity_tickets{activity=\"$A\",ticket_type=\"1\",state=\"$1\"}"; }
+check "stock-service's per-activity gauges equal PostgreSQL and Redis (stock, frozen, sold, available, waitlist)" \
+  test "$(g stock) $(g frozen) $(g sold) $(g available) $(gauge "txc_activity_waitlist{activity=\"$A\",ticket_type=\"1\"}")" = \
+  "$(q "$STOCK_PG_URL" "SELECT sum(stock) || ' ' || sum(frozen_count) || ' ' || sum(sold_count) || ' ' || sum(stock - frozen_count - sold_count) FROM activity_ticket_bucket WHERE activity_id = $A AND ticket_type = 1") $(wl_len)"
+check "  the stock is the 8 tickets after the additions" test "$(g stock)" = 8
+check "stock-service: the prefilter's confirm and release results" \
+  bash -c "curl -s '$STOCK_URL/metrics' | grep -q '^txc_client_prefilter_confirm_total{code=\"ok\"}' && curl -s '$STOCK_URL/metrics' | grep -q '^txc_client_prefilter_release_total{code='"
 check "metrics: 4 stock additions reached Redis" \
   test "$(curl -s "$ORDER_URL/metrics" | awk '$1 == "txc_client_prefilter_stock_add_total{code=\"ok\"}" {print $2}')" = 4
 
