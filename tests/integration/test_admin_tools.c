@@ -119,7 +119,8 @@ static scrape_t scrape(void) {
     char *end;
     double v = strtod(p + 1, &end);
     if (end == p + 1 || *end) fail_msg("bad value: %s", line);
-    assert_true(strncmp(line, "txc_", 4) == 0);
+    /* ours, or the standard process_* families (txc_procstat.h) */
+    assert_true(strncmp(line, "txc_", 4) == 0 || strncmp(line, "process_", 8) == 0);
     /* the family: the name itself, or without _bucket/_sum/_count */
     char fam[128];
     snprintf(fam, sizeof(fam), "%.*s", (int)namelen, line);
