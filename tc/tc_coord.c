@@ -430,6 +430,12 @@ static void lock_query_read(lock_query_t *q);
 static void lock_query_reply(lock_query_t *q, const char *holder) {
   txp_msg_t res;
   char msg[TXP_MAX_XID_LEN + 96]; /* the answer points at it until sent */
+  if (q->waiter.first_queued_ns) {
+    tc_node_stats_t *st = &q->ctx->stats;
+    int k = holder ? 1 : 0; /* refused (timed out) or granted */
+    tc_hist_observe(st->lock_wait_bucket[k], &st->lock_wait_count[k], &st->lock_wait_seconds[k],
+                    (double)(uv_hrtime() - q->waiter.first_queued_ns) / 1e9);
+  }
   if (holder && q->waiter.first_queued_ns) {
     snprintf(msg, sizeof(msg), "lock wait timed out: held by global transaction \"%s\"", holder);
     q->ctx->stats.lock_wait_timeouts++;
@@ -575,9 +581,14 @@ static void reply_register(call_t *c, int code, const char *msg) {
   txp_msg_init_result(&res, &c->req->msg, code, msg);
   if (code == 0) txp_msg_set_int(&res, TXP_F_BRANCH_ID, c->op.out_id);
   if (c->waiter.first_queued_ns) {
-    uint64_t waited = (uv_hrtime() - c->waiter.first_queued_ns) / 1000000u;
+    uint64_t waited_ns = uv_hrtime() - c->waiter.first_queued_ns;
+    uint64_t waited = waited_ns / 1000000u;
     txp_msg_set_int(&res, TXP_F_WAITED_MS, (int64_t)waited);
     if (code == 0) c->ctx->stats.lock_wait_ms_total += waited;
+    tc_node_stats_t *st = &c->ctx->stats;
+    int k = code == 0 ? 0 : 1;
+    tc_hist_observe(st->lock_wait_bucket[k], &st->lock_wait_count[k], &st->lock_wait_seconds[k],
+                    (double)waited_ns / 1e9);
   }
   if (c->op.holder[0] && code != 0) txp_msg_set_str(&res, TXP_F_LOCK_HOLDER, c->op.holder);
   tc_req_reply(c->req, &res);

@@ -42,7 +42,24 @@ typedef struct tc_node_stats {
   uint64_t phase2_bucket[2][TC_PHASE2_BUCKETS];
   uint64_t phase2_count[2];
   double phase2_seconds[2];
+  /* Global lock waits (registrations and locking reads), [0] granted /
+   * [1] refused (timed out, or the request failed): the same buckets. */
+  uint64_t lock_wait_bucket[2][TC_PHASE2_BUCKETS];
+  uint64_t lock_wait_count[2];
+  double lock_wait_seconds[2];
 } tc_node_stats_t;
+
+/* Count 'sec' in a histogram of those buckets (bucket i: <= bound i, not
+ * cumulative; above the last: only in the count and sum). */
+static inline void tc_hist_observe(uint64_t bucket[TC_PHASE2_BUCKETS], uint64_t *count, double *sum, double sec) {
+  for (int i = 0; i < TC_PHASE2_BUCKETS; i++)
+    if (sec <= tc_phase2_bounds[i]) {
+      bucket[i]++;
+      break;
+    }
+  (*count)++;
+  *sum += sec;
+}
 
 /* What only the node can do, for its modules (tc_node.c and tc_peer.c
  * implement it). */

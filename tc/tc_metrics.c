@@ -275,6 +275,22 @@ static void format_metrics(const snap_t *s, uint64_t now, sbuf_t *b) {
   counter(b, "txc_phase2_forwarded_total", "Branch calls relayed through a peer node (cluster bus).",
           n->phase2_forwarded);
   gauge(b, "txc_phase2_active", "Phase-two drives in progress on this node.", (double)n->phase2_active);
+  head(b, "txc_lock_wait_duration_seconds", "histogram",
+       "Waits for a global lock (registrations and locking reads), by outcome: granted or refused.");
+  static const char *const lw_outcome[2] = {"granted", "refused"};
+  for (int k = 0; k < 2; k++) {
+    uint64_t cum = 0;
+    for (int i = 0; i < TC_PHASE2_BUCKETS; i++) {
+      cum += n->lock_wait_bucket[k][i];
+      sb_printf(b, "txc_lock_wait_duration_seconds_bucket{outcome=\"%s\",le=\"%g\"} %" PRIu64 "\n", lw_outcome[k],
+                tc_phase2_bounds[i], cum);
+    }
+    sb_printf(b, "txc_lock_wait_duration_seconds_bucket{outcome=\"%s\",le=\"+Inf\"} %" PRIu64 "\n", lw_outcome[k],
+              n->lock_wait_count[k]);
+    sb_printf(b, "txc_lock_wait_duration_seconds_sum{outcome=\"%s\"} %.9f\n", lw_outcome[k], n->lock_wait_seconds[k]);
+    sb_printf(b, "txc_lock_wait_duration_seconds_count{outcome=\"%s\"} %" PRIu64 "\n", lw_outcome[k],
+              n->lock_wait_count[k]);
+  }
   head(b, "txc_phase2_duration_seconds", "histogram", "Duration of one phase-two drive of a global transaction.");
   static const char *const decision[2] = {"commit", "rollback"};
   for (int k = 0; k < 2; k++) {

@@ -38,15 +38,7 @@ const double tc_phase2_bounds[TC_PHASE2_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 
 /* Count one drive of 'ns' nanoseconds in the histogram. */
 static void observe(tc_node_stats_t *s, bool commit, uint64_t ns) {
   int k = commit ? 0 : 1;
-  double sec = (double)ns / 1e9;
-  for (int i = 0; i < TC_PHASE2_BUCKETS; i++) {
-    if (sec <= tc_phase2_bounds[i]) {
-      s->phase2_bucket[k][i]++;
-      break;
-    }
-  }
-  s->phase2_count[k]++;
-  s->phase2_seconds[k] += sec;
+  tc_hist_observe(s->phase2_bucket[k], &s->phase2_count[k], &s->phase2_seconds[k], (double)ns / 1e9);
 }
 
 typedef struct drive drive_t;

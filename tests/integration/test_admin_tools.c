@@ -338,6 +338,10 @@ static void test_metrics(void **state) {
               metric(&a, "txc_phase2_duration_seconds_count{decision=\"rollback\"}") + 1);
   assert_true(metric(&b, "txc_phase2_duration_seconds_sum{decision=\"commit\"}") > 0);
   check_histogram(&b, "txc_phase2_duration_seconds", "decision", "commit");
+  /* test_lock_waiters' waiter was granted its lock once the holder ended */
+  assert_true(metric(&b, "txc_lock_wait_duration_seconds_count{outcome=\"granted\"}") >= 1);
+  check_histogram(&b, "txc_lock_wait_duration_seconds", "outcome", "granted");
+  check_histogram(&b, "txc_lock_wait_duration_seconds", "outcome", "refused");
   check_histogram(&b, "txc_phase2_duration_seconds", "decision", "rollback");
   static const char *const kinds[] = {"begin", "register", "decide", "phase2"};
   for (size_t k = 0; k < sizeof(kinds) / sizeof(kinds[0]); k++) check_histogram(&b, "txc_store_op_seconds", "kind", kinds[k]);
