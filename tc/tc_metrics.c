@@ -239,6 +239,24 @@ static bool ready(const snap_t *s, uint64_t now) {
          now - s->probed_ns < (uint64_t)TC_METRICS_STALE_MS * 2 * 1000000u;
 }
 
+/* A histogram of two series (label 'label' = values[0] / values[1]) over
+ * the buckets tc_phase2_bounds (tc_hist_observe's: not cumulative). */
+static void histogram2(sbuf_t *b, const char *name, const char *help, const char *label,
+                       const char *const values[2], const uint64_t bucket[2][TC_PHASE2_BUCKETS],
+                       const uint64_t count[2], const double sum[2]) {
+  head(b, name, "histogram", help);
+  for (int k = 0; k < 2; k++) {
+    uint64_t cum = 0;
+    for (int i = 0; i < TC_PHASE2_BUCKETS; i++) {
+      cum += bucket[k][i];
+      sb_printf(b, "%s_bucket{%s=\"%s\",le=\"%g\"} %" PRIu64 "\n", name, label, values[k], tc_phase2_bounds[i], cum);
+    }
+    sb_printf(b, "%s_bucket{%s=\"%s\",le=\"+Inf\"} %" PRIu64 "\n", name, label, values[k], count[k]);
+    sb_printf(b, "%s_sum{%s=\"%s\"} %.9f\n", name, label, values[k], sum[k]);
+    sb_printf(b, "%s_count{%s=\"%s\"} %" PRIu64 "\n", name, label, values[k], count[k]);
+  }
+}
+
 static void format_metrics(const snap_t *s, uint64_t now, sbuf_t *b) {
   const tc_node_stats_t *n = &s->st.counters;
   head(b, "txc_build_info", "gauge", "Build and node identity (always 1).");
@@ -275,37 +293,13 @@ static void format_metrics(const snap_t *s, uint64_t now, sbuf_t *b) {
   counter(b, "txc_phase2_forwarded_total", "Branch calls relayed through a peer node (cluster bus).",
           n->phase2_forwarded);
   gauge(b, "txc_phase2_active", "Phase-two drives in progress on this node.", (double)n->phase2_active);
-  head(b, "txc_lock_wait_duration_seconds", "histogram",
-       "Waits for a global lock (registrations and locking reads), by outcome: granted or refused.");
   static const char *const lw_outcome[2] = {"granted", "refused"};
-  for (int k = 0; k < 2; k++) {
-    uint64_t cum = 0;
-    for (int i = 0; i < TC_PHASE2_BUCKETS; i++) {
-      cum += n->lock_wait_bucket[k][i];
-      sb_printf(b, "txc_lock_wait_duration_seconds_bucket{outcome=\"%s\",le=\"%g\"} %" PRIu64 "\n", lw_outcome[k],
-                tc_phase2_bounds[i], cum);
-    }
-    sb_printf(b, "txc_lock_wait_duration_seconds_bucket{outcome=\"%s\",le=\"+Inf\"} %" PRIu64 "\n", lw_outcome[k],
-              n->lock_wait_count[k]);
-    sb_printf(b, "txc_lock_wait_duration_seconds_sum{outcome=\"%s\"} %.9f\n", lw_outcome[k], n->lock_wait_seconds[k]);
-    sb_printf(b, "txc_lock_wait_duration_seconds_count{outcome=\"%s\"} %" PRIu64 "\n", lw_outcome[k],
-              n->lock_wait_count[k]);
-  }
-  head(b, "txc_phase2_duration_seconds", "histogram", "Duration of one phase-two drive of a global transaction.");
+  histogram2(b, "txc_lock_wait_duration_seconds",
+             "Waits for a global lock (registrations and locking reads), by outcome: granted or refused.", "outcome",
+             lw_outcome, n->lock_wait_bucket, n->lock_wait_count, n->lock_wait_seconds);
   static const char *const decision[2] = {"commit", "rollback"};
-  for (int k = 0; k < 2; k++) {
-    uint64_t cum = 0;
-    for (int i = 0; i < TC_PHASE2_BUCKETS; i++) {
-      cum += n->phase2_bucket[k][i];
-      sb_printf(b, "txc_phase2_duration_seconds_bucket{decision=\"%s\",le=\"%g\"} %" PRIu64 "\n", decision[k],
-                tc_phase2_bounds[i], cum);
-    }
-    sb_printf(b, "txc_phase2_duration_seconds_bucket{decision=\"%s\",le=\"+Inf\"} %" PRIu64 "\n", decision[k],
-              n->phase2_count[k]);
-    sb_printf(b, "txc_phase2_duration_seconds_sum{decision=\"%s\"} %.9f\n", decision[k], n->phase2_seconds[k]);
-    sb_printf(b, "txc_phase2_duration_seconds_count{decision=\"%s\"} %" PRIu64 "\n", decision[k],
-              n->phase2_count[k]);
-  }
+  histogram2(b, "txc_phase2_duration_seconds", "Duration of one phase-two drive of a global transaction.",
+             "decision", decision, n->phase2_bucket, n->phase2_count, n->phase2_seconds);
 
   if (s->sessions_valid) {
     head(b, "txc_active_sessions", "gauge", "Unfinished global transactions in the store, by status.");

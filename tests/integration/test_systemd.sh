@@ -68,9 +68,11 @@ tcd=$!
 pids+=("$tcd")
 check "READY=1 with its status" wait_for 200 grep -q "READY=1|STATUS=node 1 serving on 127.0.0.1:$port" "$tmp/got"
 check "  the port answers once READY was said" bash -c "exec 3<>/dev/tcp/127.0.0.1/$port"
-sleep 1.2
-n=$(count "$tmp/got" WATCHDOG=1)
-check "WATCHDOG=1 every half period (400 ms): $n in about 1.2 s" test "$n" -ge 4 -a "$n" -le 12
+check "WATCHDOG=1 comes again and again" wait_for 100 bash -c "[ \$(grep -c WATCHDOG=1 '$tmp/got') -ge 4 ]"
+# every half period (200 ms of WATCHDOG_USEC=400000): the first four pings
+# span at least 3 x 150 ms (not a flood) and at most 3 x 400 ms plus slack
+span=$(grep WATCHDOG=1 "$tmp/got" | head -4 | awk 'NR == 1 {a = $1} {b = $1} END {print b - a}')
+check "  spaced at half the period: 4 pings over $span ms" test "$span" -ge 450 -a "$span" -le 2000
 kill -TERM "$tcd"
 rc=0
 wait "$tcd" || rc=$?
