@@ -53,8 +53,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   char biz[SVC_EVENT_BIZ_KEY_MAX], why[256] = "";
   if (svc_event_parse(k, v, pairs, &ev, &pl, biz, why, sizeof(why))) {
     CHECK(ev.event_id > 0 && ev.order_id > 0);
+    /* one of the types the outbox writes (svc_event.h) */
     CHECK(strcmp(ev.type, "order.paid") == 0 || strcmp(ev.type, "order.cancelled") == 0 ||
-          strcmp(ev.type, "order.expired") == 0);
+          strcmp(ev.type, "order.expired") == 0 || strcmp(ev.type, "order.rejected") == 0 ||
+          strcmp(ev.type, "waitlist.ordered") == 0 || strcmp(ev.type, "waitlist.refused") == 0);
     CHECK(json_is_object(pl) && ev.payload == pl);
     char want[SVC_EVENT_BIZ_KEY_MAX];
     snprintf(want, sizeof(want), "%s:%lld", ev.type, ev.order_id);
