@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 
 #define MAX_WORDS 16
 #define MAX_WORD 4096
@@ -122,6 +123,7 @@ static const char *const kind_names[TC_ADM__KINDS] = {
   [TC_ADM_SHOW_LOCKS] = "show locks",
   [TC_ADM_SHOW_NODES] = "show nodes",
   [TC_ADM_STATS] = "stats",
+  [TC_ADM_SHOW_HISTORY] = "show history",
   [TC_ADM_HELP] = "help",
   [TC_ADM_ROLLBACK] = "rollback",
   [TC_ADM_COMMIT] = "commit",
@@ -248,6 +250,113 @@ static int parse_show_globals(words_t *ws, int first, tc_adm_cmd_t *c, char *err
   return 0;
 }
 
+int tc_adm_parse_time(const char *v, tc_adm_time_t *out, char *err, size_t errlen) {
+  memset(out, 0, sizeof(*out));
+  size_t l = strlen(v);
+  if (l == 0 || l > 32 || !isdigit((unsigned char)v[0]))
+    return fail(err, errlen,
+                "invalid time \"%.64s\": expected how long ago (90s, 15m, 2h, 7d) or a UTC time "
+                "(2026-12-03T15:04:05Z)",
+                v);
+  /* How long ago: digits (a fraction allowed) and an optional unit. */
+  char *end;
+  errno = 0;
+  double d = strtod(v, &end);
+  size_t digits = strspn(v, "0123456789.");
+  if (!errno && end == v + digits && isfinite(d) && d >= 0 && (end[0] == '\0' || end[1] == '\0')) {
+    double unit = 0;
+    switch (end[0]) {
+    case '\0':
+    case 's': unit = 1; break;
+    case 'm': unit = 60; break;
+    case 'h': unit = 3600; break;
+    case 'd': unit = 86400; break;
+    default: break;
+    }
+    if (unit > 0) {
+      if (d * unit > TC_ADM_MAX_AGE_S) return fail(err, errlen, "time \"%.64s\" is more than ten years ago", v);
+      out->set = out->ago = true;
+      out->s = d * unit;
+      return 0;
+    }
+  }
+  /* A UTC date, then optionally hours:minutes[:seconds], then optionally Z. */
+  int y = 0, mo = 0, da = 0, h = 0, mi = 0, se = 0, n = 0;
+  const char *p = v;
+  if (sscanf(p, "%4d-%2d-%2d%n", &y, &mo, &da, &n) != 3 || n != 10) goto bad;
+  p += n;
+  if (*p == 'T' || *p == 't' || *p == ' ') {
+    p++;
+    n = 0;
+    if (sscanf(p, "%2d:%2d%n", &h, &mi, &n) != 2 || n != 5) goto bad;
+    p += n;
+    if (*p == ':') {
+      p++;
+      n = 0;
+      if (sscanf(p, "%2d%n", &se, &n) != 1 || n != 2) goto bad;
+      p += n;
+    }
+  }
+  if (*p == 'Z' || *p == 'z') p++;
+  if (*p || y < 1970 || y > 9999 || mo < 1 || mo > 12 || da < 1 || da > 31 || h > 23 || mi > 59 || se > 60)
+    goto bad;
+  struct tm tm = {.tm_year = y - 1900, .tm_mon = mo - 1, .tm_mday = da, .tm_hour = h, .tm_min = mi, .tm_sec = se};
+  time_t t = timegm(&tm);
+  if (t == (time_t)-1 || tm.tm_mday != da) goto bad; /* 2026-02-31 normalises to March */
+  out->set = true;
+  out->s = (double)t;
+  return 0;
+bad:
+  return fail(err, errlen,
+              "invalid time \"%.64s\": expected how long ago (90s, 15m, 2h, 7d) or a UTC time "
+              "(YYYY-MM-DD[THH:MM[:SS]][Z])",
+              v);
+}
+
+double tc_adm_time_unix(const tc_adm_time_t *t, double now) { return t->ago ? now - t->s : t->s; }
+
+static int parse_show_history(words_t *ws, int first, tc_adm_cmd_t *c, char *err, size_t errlen) {
+  bool seen_status = false, seen_limit = false;
+  for (int i = first; i < ws->n; i++) {
+    char *k, *v;
+    if (split_option(ws->w[i], &k, &v) != 0)
+      return fail(err, errlen,
+                  "unexpected argument \"%.64s\" for \"show history\": expected xid=, status=, name=, since=, "
+                  "until= or limit=",
+                  ws->w[i]);
+    if (strcasecmp(k, "xid") == 0) {
+      if (c->has_xid) return fail(err, errlen, "option \"xid\" given twice");
+      if (set_xid(c->xid, v, "xid", err, errlen) != 0) return -1;
+      c->has_xid = true;
+    } else if (strcasecmp(k, "status") == 0) {
+      if (seen_status) return fail(err, errlen, "option \"status\" given twice");
+      seen_status = true;
+      if (parse_statuses(v, c, err, errlen) != 0) return -1;
+    } else if (strcasecmp(k, "name") == 0) {
+      if (c->has_name) return fail(err, errlen, "option \"name\" given twice");
+      size_t l = strlen(v);
+      if (l == 0 || l > TXP_MAX_NAME_LEN)
+        return fail(err, errlen, "invalid value for \"name\": expected 1 to %d bytes", TXP_MAX_NAME_LEN);
+      memcpy(c->name, v, l + 1);
+      c->has_name = true;
+    } else if (strcasecmp(k, "since") == 0 || strcasecmp(k, "until") == 0) {
+      tc_adm_time_t *t = strcasecmp(k, "since") == 0 ? &c->since : &c->until;
+      if (t->set) return fail(err, errlen, "option \"%s\" given twice", k);
+      if (tc_adm_parse_time(v, t, err, errlen) != 0) return -1;
+    } else if (strcasecmp(k, "limit") == 0) {
+      if (seen_limit) return fail(err, errlen, "option \"limit\" given twice");
+      seen_limit = true;
+      if (parse_limit(v, &c->limit, err, errlen) != 0) return -1;
+    } else {
+      return fail(err, errlen,
+                  "unknown option \"%.64s\" for \"show history\": expected xid, status, name, since, until or "
+                  "limit",
+                  k);
+    }
+  }
+  return 0;
+}
+
 static int parse_show_locks(words_t *ws, int first, tc_adm_cmd_t *c, char *err, size_t errlen) {
   bool seen_limit = false;
   for (int i = first; i < ws->n; i++) {
@@ -317,7 +426,7 @@ int tc_adm_parse(const char *line, size_t len, tc_adm_cmd_t *c, char *err, size_
   const char *w0 = ws->w[0];
   if (strcasecmp(w0, "show") == 0) {
     if (ws->n < 2) {
-      rc = fail(err, errlen, "missing object: usage \"show globals|global XID|locks|nodes\"");
+      rc = fail(err, errlen, "missing object: usage \"show globals|global XID|locks|history|nodes\"");
       goto out;
     }
     const char *w1 = ws->w[1];
@@ -331,11 +440,14 @@ int tc_adm_parse(const char *line, size_t len, tc_adm_cmd_t *c, char *err, size_
       c->kind = TC_ADM_SHOW_LOCKS;
       c->limit = 1000;
       rc = parse_show_locks(ws, 2, c, err, errlen);
+    } else if (strcasecmp(w1, "history") == 0) {
+      c->kind = TC_ADM_SHOW_HISTORY;
+      rc = parse_show_history(ws, 2, c, err, errlen);
     } else if (strcasecmp(w1, "nodes") == 0) {
       c->kind = TC_ADM_SHOW_NODES;
       rc = no_more(ws, 2, "show nodes", err, errlen);
     } else {
-      rc = fail(err, errlen, "unknown object \"%.64s\" for \"show\": expected globals, global, locks or nodes", w1);
+      rc = fail(err, errlen, "unknown object \"%.64s\" for \"show\": expected globals, global, locks, history or nodes", w1);
     }
     goto out;
   }

@@ -13,13 +13,17 @@
  *     show globals [status=S[,S...]] [min_age=SECONDS] [name=N] [limit=N]
  *     show global XID
  *     show locks [xid=X] [key=K | prefix=P] [limit=N]
+ *     show history [xid=X] [status=S[,S...]] [name=N] [since=T] [until=T] [limit=N]
  *     show nodes
  *     stats
  *     rollback XID | commit XID | stop-retry XID | resume-retry XID
  *     redrive XID | delete XID
  *     failpoint list | failpoint arm SPEC   (test builds: common/txc_failpoint.h)
  *     help
- *   A status is a name ("RollbackRetrying", any case) or its number.
+ *   A status is a name ("RollbackRetrying", any case) or its number.  A
+ *   time T is either how long ago ("90", "90s", "15m", "2h", "7d") or a UTC
+ *   date and time ("2026-12-03", "2026-12-03T15:04", "2026-12-03T15:04:05Z";
+ *   a blank may stand for the T).
  *
  *   Repairs (tc_adm_plan_repair) follow proto/txp_status.h: a repair never
  *   moves a session across the commit/rollback families, every status
@@ -46,6 +50,7 @@ typedef enum tc_adm_kind {
   TC_ADM_SHOW_LOCKS,
   TC_ADM_SHOW_NODES,
   TC_ADM_STATS,
+  TC_ADM_SHOW_HISTORY,
   TC_ADM_HELP,
   /* repairs */
   TC_ADM_ROLLBACK,
@@ -65,6 +70,13 @@ typedef enum tc_adm_kind {
 #define TC_ADM_MAX_LIMIT 10000
 #define TC_ADM_MAX_AGE_S (10.0 * 365 * 86400)
 
+/* A point in time of "show history": 'ago' seconds before now, or Unix time. */
+typedef struct tc_adm_time {
+  bool set;
+  bool ago;
+  double s;
+} tc_adm_time_t;
+
 typedef struct tc_adm_cmd {
   tc_adm_kind_t kind;
   char xid[TXP_MAX_XID_LEN + 1];        /* show global, repairs; show locks xid= */
@@ -73,11 +85,12 @@ typedef struct tc_adm_cmd {
   int nstatuses;
   double min_age_s;                     /* show globals min_age= */
   bool has_min_age;
-  char name[TXP_MAX_NAME_LEN + 1];      /* show globals name= */
+  char name[TXP_MAX_NAME_LEN + 1];      /* show globals / history name= */
   bool has_name;
   char key[TXP_MAX_ROW_KEY_LEN + 1];    /* show locks key= or prefix= */
   bool has_key, has_prefix;
-  int limit;                            /* show globals / show locks */
+  int limit;                            /* show globals / locks / history */
+  tc_adm_time_t since, until;           /* show history: ended in [since, until] */
   char spec[TXC_FAILPOINT_MAX_SPEC + 1]; /* failpoint arm */
 } tc_adm_cmd_t;
 
@@ -98,6 +111,11 @@ bool tc_adm_is_repair(tc_adm_kind_t kind);
  * backslashes, '=' in a bare word, or empty).  Returns the length written
  * (excluding the NUL), or -1 if 'cap' is too small. */
 int tc_adm_quote(const char *word, char *out, size_t cap);
+
+/* Parse a time of "show history" (see the grammar).  0, or -1 with 'err'. */
+int tc_adm_parse_time(const char *v, tc_adm_time_t *out, char *err, size_t errlen);
+/* That time as Unix time, 'now' being the current Unix time. */
+double tc_adm_time_unix(const tc_adm_time_t *t, double now);
 
 /* ---- repairs ---- */
 

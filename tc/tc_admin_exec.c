@@ -12,6 +12,7 @@
  *                    "waiters":[W...]}          (H: finished, from history)
  *     show locks    {"locks":[L...],"count":n,"truncated":b,
  *                    "waiters":[{"holder":xid,"queue":[W...]}]}
+ *     show history  {"history":[F...],"count":n,"truncated":b}
  *     show nodes    {"self":{...},"nodes":[N...]}
  *     stats         {"node":{...},"globals":{...},"locks":{...},...,
  *                    "sessions":{"Begin":n,...}}
@@ -27,7 +28,10 @@
  *   "last_error","lock_keys","application_data","created","modified"},
  *   L = {"row_key","xid","branch_id","resource_id","table","pk","status"
  *   ("locked"|"rollbacking"),"since","holder_status","orphan"},
- *   W = {"xid","waiting_ms","timeout_in_ms"}.  Timestamps are ISO 8601 UTC.
+ *   W = {"xid","waiting_ms","timeout_in_ms"}, F = {"xid","transaction_id",
+ *   "status","status_code","name","application_id","begin_time",
+ *   "end_time","duration_s","branches","live":false}.  Timestamps are ISO
+ *   8601 UTC.
  *
  *   Repairs: read the stored state, plan with tc_adm_plan_repair (pure,
  *   checked against txp_global_transition_ok), then apply: a decision from
@@ -46,6 +50,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "tc_admin.h"
@@ -172,6 +177,59 @@ static void exec_show_globals(exec_t *x) {
     .limit = c->limit + 1, /* one more: truncated? */
   };
   int rc = tc_read_globals(x->ctx->store, &f, READ_DEADLINE_MS, on_globals, x);
+  if (rc != 0) finish_unsent(x, rc);
+}
+
+/* ------------------------------------------------------------- history */
+
+static void on_history(int status, const char *err, const tc_read_finished_t *rows, int n, void *arg) {
+  exec_t *x = arg;
+  if (status != TC_READ_OK) {
+    finish_store_error(x, status, err, "list finished global transactions");
+    return;
+  }
+  int limit = x->req->cmd.limit;
+  json_t *list = json_array();
+  for (int i = 0; i < n && i < limit; i++) {
+    const tc_read_finished_t *r = &rows[i];
+    json_t *o = json_object();
+    json_object_set_new(o, "xid", str_or_null(r->xid));
+    json_object_set_new(o, "transaction_id", json_integer(r->h.transaction_id));
+    json_object_set_new(o, "status", json_string(txp_global_status_name(r->h.status)));
+    json_object_set_new(o, "status_code", json_integer(r->h.status));
+    json_object_set_new(o, "name", str_or_null(r->h.name));
+    json_object_set_new(o, "application_id", str_or_null(r->h.application_id));
+    json_object_set_new(o, "begin_time", str_or_null(r->h.begin_time));
+    json_object_set_new(o, "end_time", str_or_null(r->h.end_time));
+    json_object_set_new(o, "duration_s", json_real(r->duration_s));
+    json_object_set_new(o, "branches", json_integer(r->branches));
+    json_object_set_new(o, "live", json_false());
+    json_array_append_new(list, o);
+  }
+  json_t *a = ok_answer();
+  json_object_set_new(a, "history", list);
+  json_object_set_new(a, "count", json_integer(n < limit ? n : limit));
+  json_object_set_new(a, "truncated", json_boolean(n > limit));
+  finish(x, a);
+}
+
+static void exec_show_history(exec_t *x) {
+  const tc_adm_cmd_t *c = &x->req->cmd;
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  double now = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+  tc_read_history_filter_t f = {
+    .xid = c->has_xid ? c->xid : NULL,
+    .statuses = c->statuses,
+    .nstatuses = c->nstatuses,
+    .name = c->has_name ? c->name : NULL,
+    .has_since = c->since.set,
+    .since_unix = tc_adm_time_unix(&c->since, now),
+    .has_until = c->until.set,
+    .until_unix = tc_adm_time_unix(&c->until, now),
+    .limit = c->limit + 1, /* one more: truncated? */
+  };
+  int rc = tc_read_history(x->ctx->store, &f, READ_DEADLINE_MS, on_history, x);
   if (rc != 0) finish_unsent(x, rc);
 }
 
@@ -570,6 +628,8 @@ static void exec_help(exec_t *x) {
      "unfinished global transactions, oldest first"},
     {"show global XID", "one global transaction: branches, locks, this node's lock waiters"},
     {"show locks [xid=X] [key=K|prefix=P] [limit=N]", "global row locks and this node's wait queues"},
+    {"show history [xid=X] [status=S[,S...]] [name=N] [since=T] [until=T] [limit=N]",
+     "finished global transactions, the latest first (T: 15m, 2h, 7d ago or 2026-12-03T15:04:05Z)"},
     {"show nodes", "cluster members (node_table) and this node's leader flag"},
     {"stats", "this node's counters and the sessions by status"},
     {"rollback XID", "force rollback: from Begin, or re-drive a retrying/failed/stopped rollback"},
@@ -918,6 +978,7 @@ void tc__admin_execute(tc_adm_req_t *req) {
   case TC_ADM_SHOW_GLOBALS: exec_show_globals(x); break;
   case TC_ADM_SHOW_GLOBAL: exec_show_global(x); break;
   case TC_ADM_SHOW_LOCKS: exec_show_locks(x); break;
+  case TC_ADM_SHOW_HISTORY: exec_show_history(x); break;
   case TC_ADM_SHOW_NODES: exec_show_nodes(x); break;
   case TC_ADM_STATS: exec_stats(x); break;
   case TC_ADM_HELP: exec_help(x); break;

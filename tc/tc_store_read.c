@@ -48,6 +48,7 @@ typedef struct rd {
     tc_read_holder_cb holder;
     tc_read_owner_cb owner;
     tc_read_globals_cb globals;
+    tc_read_history_cb history;
     tc_read_global_cb global;
     tc_read_locks_cb locks;
     tc_read_nodes_cb nodes;
@@ -326,6 +327,23 @@ static void lock_row(const PGresult *r, int row, tc_read_lock_t *l) {
   l->since = col_s(r, row, 7);
 }
 
+/* A status list as a PostgreSQL array literal ("{9,11}"), or NULL for none. */
+static const char *status_array(const int *statuses, int n, char *buf, size_t cap, bool *too_long) {
+  *too_long = false;
+  if (!statuses || n <= 0) return NULL;
+  size_t o = 0;
+  buf[o++] = '{';
+  for (int i = 0; i < n; i++) {
+    if (o >= cap - 16) {
+      *too_long = true;
+      return NULL;
+    }
+    o += (size_t)snprintf(buf + o, cap - o, "%s%d", i ? "," : "", statuses[i]);
+  }
+  snprintf(buf + o, cap - o, "}");
+  return buf;
+}
+
 static void on_globals(tc_pg_job_t *job, int status, void *arg) {
   rd_t *rd = arg;
   const PGresult *r;
@@ -340,17 +358,10 @@ static void on_globals(tc_pg_job_t *job, int status, void *arg) {
 int tc_read_globals(tc_store_t *st, const tc_read_globals_filter_t *f, unsigned deadline_ms, tc_read_globals_cb cb,
                     void *arg) {
   char statuses[64 * 8], age[32], limit[16];
-  const char *v[4] = {NULL, NULL, NULL, limit};
-  if (f->statuses && f->nstatuses > 0) {
-    size_t o = 0;
-    statuses[o++] = '{';
-    for (int i = 0; i < f->nstatuses; i++) {
-      if (o >= sizeof(statuses) - 16) return TC_READ_EINVAL;
-      o += (size_t)snprintf(statuses + o, sizeof(statuses) - o, "%s%d", i ? "," : "", f->statuses[i]);
-    }
-    snprintf(statuses + o, sizeof(statuses) - o, "}");
-    v[0] = statuses;
-  }
+  bool too_long;
+  const char *v[4] = {status_array(f->statuses, f->nstatuses, statuses, sizeof(statuses), &too_long), NULL, NULL,
+                      limit};
+  if (too_long) return TC_READ_EINVAL;
   if (f->has_min_age) {
     snprintf(age, sizeof(age), "%.3f", f->min_age_s);
     v[1] = age;
@@ -367,6 +378,61 @@ int tc_read_globals(tc_store_t *st, const tc_read_globals_filter_t *f, unsigned 
               "AND ($3::text IS NULL OR g.transaction_name = $3) "
               "ORDER BY g.begin_time, g.xid LIMIT $4::int",
               4, v, deadline_ms);
+}
+
+static void on_history(tc_pg_job_t *job, int status, void *arg) {
+  rd_t *rd = arg;
+  const PGresult *r;
+  int n;
+  tc_read_finished_t *rows = rows_of(job, &status, sizeof(*rows), &r, &n);
+  for (int i = 0; i < n; i++) {
+    tc_read_finished_t *f = &rows[i];
+    f->xid = col_s(r, i, 0);
+    f->h.transaction_id = col_i64(r, i, 1);
+    f->h.status = col_int(r, i, 2);
+    f->h.application_id = col_s(r, i, 3);
+    f->h.name = col_s(r, i, 4);
+    f->h.begin_time = col_s(r, i, 5);
+    f->h.end_time = col_s(r, i, 6);
+    f->duration_s = col_f(r, i, 7);
+    f->branches = col_i64(r, i, 8);
+  }
+  rd->cb.history(status, err_of(job, status), rows, n, rd->arg);
+  free(rows);
+  free(rd);
+}
+
+int tc_read_history(tc_store_t *st, const tc_read_history_filter_t *f, unsigned deadline_ms, tc_read_history_cb cb,
+                    void *arg) {
+  char statuses[64 * 8], since[32], until[32], limit[16];
+  bool too_long;
+  const char *v[6] = {f->xid, status_array(f->statuses, f->nstatuses, statuses, sizeof(statuses), &too_long), f->name,
+                      NULL, NULL, limit};
+  if (too_long) return TC_READ_EINVAL;
+  if (f->has_since) {
+    snprintf(since, sizeof(since), "%.3f", f->since_unix);
+    v[3] = since;
+  }
+  if (f->has_until) {
+    snprintf(until, sizeof(until), "%.3f", f->until_unix);
+    v[4] = until;
+  }
+  snprintf(limit, sizeof(limit), "%d", f->limit);
+  rd_t *rd = rd_new(arg);
+  if (!rd) return TC_READ_ENOMEM;
+  rd->cb.history = cb;
+  /* The time bounds use global_history_end_time_idx; an xid is its key. */
+  return run1(st, rd, on_history,
+              "SELECT h.xid, h.transaction_id, h.status, h.application_id, h.transaction_name, " TS("h.begin_time")
+              ", " TS("h.end_time") ", extract(epoch FROM h.end_time - h.begin_time)::float8, "
+              "jsonb_array_length(h.branches) FROM global_history h "
+              "WHERE ($1::text IS NULL OR h.xid = $1) "
+              "AND ($2::smallint[] IS NULL OR h.status = ANY ($2::smallint[])) "
+              "AND ($3::text IS NULL OR h.transaction_name = $3) "
+              "AND ($4::float8 IS NULL OR h.end_time >= to_timestamp($4::float8)) "
+              "AND ($5::float8 IS NULL OR h.end_time <= to_timestamp($5::float8)) "
+              "ORDER BY h.end_time DESC, h.xid LIMIT $6::int",
+              6, v, deadline_ms);
 }
 
 static void on_global(tc_pg_job_t *job, int status, void *arg) {

@@ -197,6 +197,27 @@ typedef void (*tc_read_globals_cb)(int status, const char *err, const tc_read_gl
 int tc_read_globals(tc_store_t *st, const tc_read_globals_filter_t *f, unsigned deadline_ms, tc_read_globals_cb cb,
                     void *arg);
 
+/* Finished global transactions (global_history), the latest first. */
+typedef struct tc_read_finished {
+  const char *xid;
+  tc_read_history_t h;  /* h.branches_json is NULL: lists do not carry the branches */
+  double duration_s;    /* end_time - begin_time */
+  int64_t branches;     /* how many it had */
+} tc_read_finished_t;
+typedef struct tc_read_history_filter {
+  const char *xid;     /* this xid; NULL: any */
+  const int *statuses; /* one of these final statuses; NULL or nstatuses 0: any */
+  int nstatuses;
+  const char *name;    /* this transaction name; NULL: any */
+  bool has_since, has_until;
+  double since_unix, until_unix; /* ended within [since, until], Unix time */
+  int limit;           /* rows at most */
+} tc_read_history_filter_t;
+typedef void (*tc_read_history_cb)(int status, const char *err, const tc_read_finished_t *rows, int n, void *arg);
+
+int tc_read_history(tc_store_t *st, const tc_read_history_filter_t *f, unsigned deadline_ms, tc_read_history_cb cb,
+                    void *arg);
+
 /* Everything the store has of one xid. */
 typedef struct tc_read_global_view {
   const tc_read_global_t *global;   /* NULL: not live */

@@ -60,8 +60,29 @@ static const cmd_desc_t commands[] = {
    "list global row locks and this node's wait queues",
    "Row keys are \"resource^^^table^^^pk\".  Without filters, every lock (up to\n"
    "--limit, default 1000) and every wait queue on this node."},
+  {"history", "[--xid XID] [--status S[,S...]] [--name NAME] [--since T] [--until T] [--limit N]",
+   "list finished global transactions, the latest first",
+   "Lists the transactions that finished (global_history, kept for\n"
+   "recovery.history_days), the latest first, with their final status, when\n"
+   "they ended, how long they took, their name and how many branches they had.\n"
+   "  --xid XID          only this one (tcctl show XID gives its branches)\n"
+   "  --status S[,S...]  only these final statuses (Committed, Rollbacked,\n"
+   "                     TimeoutRollbacked, RollbackFailed, ... or numbers)\n"
+   "  --name NAME        only this transaction name\n"
+   "  --since T          ended at T or later\n"
+   "  --until T          ended at T or earlier\n"
+   "  --limit N          at most N rows (default 100, at most 10000)\n"
+   "T is how long ago (90s, 15m, 2h, 7d; a bare number is seconds) or a UTC\n"
+   "time (2026-12-03, 2026-12-03T15:04, 2026-12-03T15:04:05Z)."},
   {"nodes", "", "list the cluster's nodes with their state (up, stalled, reconnecting, down) and the leader", NULL},
-  {"stats", "", "this node's counters, and the sessions by status", NULL},
+  {"stats", "[--all]", "this node's counters, and the sessions by status; --all: every node's, with totals",
+   "Without --all: the counters of the node behind the socket, and the store's\n"
+   "unfinished sessions by status.\n"
+   "  --all  asks this node for the cluster's nodes (tcctl nodes), then each\n"
+   "         node that is not down on the admin socket it registered, and\n"
+   "         prints one column per node and a TOTAL column (averages are not\n"
+   "         summed).  A node whose socket does not answer (on another host,\n"
+   "         or stalled) is named below the table, and the exit status is 1."},
   {"rollback", "XID", "force a rollback",
    "From Begin: decides rollback now (as a TM would).  From RollbackRetrying,\n"
    "RollbackFailed, TimeoutRollback* or StopRollbackRetry: drives the rollback\n"
@@ -99,7 +120,8 @@ static const char *prog = "tcctl";
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: tcctl [--socket PATH] [--json] [--timeout SECONDS] COMMAND [ARGS...]\n"
+          "usage: tcctl [--socket PATH] [--json] [--timeout SECONDS] [--watch SECONDS [--count N]]\n"
+          "             COMMAND [ARGS...]\n"
           "       tcctl COMMAND --help\n"
           "\n"
           "Inspect and repair a tcd transaction coordinator over its admin socket.\n"
@@ -118,6 +140,9 @@ static void usage(FILE *f) {
           "                        of $TC_ADMIN_SOCKETS)\n"
           "  -j, --json            print the answer as JSON, unchanged\n"
           "  -t, --timeout SECONDS wait this long for the answer (default 60)\n"
+          "  -w, --watch SECONDS   run a listing command again every SECONDS, clearing\n"
+          "                        the screen on a terminal (interrupt to stop)\n"
+          "  -n, --count N         with --watch: stop after N rounds\n"
           "  -h, --help            this text\n"
           "  -V, --version         print the version\n"
           "\n"
@@ -227,6 +252,7 @@ static int list_options(line_t *l, const char *cmd, int argc, char **argv, const
 static int build_line(const char *cmd, int argc, char **argv, line_t *l) {
   static const char *const globals_keys[] = {"status", "min_age", "name", "limit", NULL};
   static const char *const locks_keys[] = {"xid", "key", "prefix", "limit", NULL};
+  static const char *const history_keys[] = {"xid", "status", "name", "since", "until", "limit", NULL};
   if (strcmp(cmd, "globals") == 0) {
     put_raw(l, "show globals");
     return list_options(l, cmd, argc, argv, globals_keys);
@@ -235,8 +261,17 @@ static int build_line(const char *cmd, int argc, char **argv, line_t *l) {
     put_raw(l, "show locks");
     return list_options(l, cmd, argc, argv, locks_keys);
   }
+  if (strcmp(cmd, "history") == 0) {
+    put_raw(l, "show history");
+    return list_options(l, cmd, argc, argv, history_keys);
+  }
+  if (strcmp(cmd, "stats") == 0 && argc == 1 && strcmp(argv[0], "--all") == 0) {
+    put_raw(l, "stats"); /* to each node; main asks for the nodes first */
+    return 0;
+  }
   if (strcmp(cmd, "nodes") == 0 || strcmp(cmd, "stats") == 0) {
-    if (argc) return usage_error("\"%s\" takes no arguments, got \"%s\"", cmd, argv[0]);
+    if (argc) return usage_error("\"%s\" takes no arguments%s, got \"%s\"", cmd,
+                                 strcmp(cmd, "stats") == 0 ? " but --all" : "", argv[0]);
     put_raw(l, strcmp(cmd, "nodes") == 0 ? "show nodes" : "stats");
     return 0;
   }
@@ -283,21 +318,22 @@ static double now_ms(void) {
 }
 
 /* Send 'line' and read the answer line into '*out' (malloc'ed).  Returns
- * 0, or EXIT_CONNECT after printing why. */
-static int talk(const char *path, const char *line, double timeout_s, char **out) {
+ * 0, or EXIT_CONNECT with why in 'why'. */
+static int talk_quietly(const char *path, const char *line, double timeout_s, char **out, char *why, size_t whylen) {
   *out = NULL;
+  why[0] = '\0';
   struct sockaddr_un sa;
   memset(&sa, 0, sizeof(sa));
   sa.sun_family = AF_UNIX;
   if (strlen(path) >= sizeof(sa.sun_path)) {
-    fprintf(stderr, "%s: socket path \"%s\" is too long\n", prog, path);
+    snprintf(why, whylen, "socket path \"%s\" is too long", path);
     return EXIT_CONNECT;
   }
   memcpy(sa.sun_path, path, strlen(path) + 1);
   int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
     int e = errno;
-    fprintf(stderr, "%s: could not connect to admin socket \"%s\": %s%s\n", prog, path, strerror(e),
+    snprintf(why, whylen, "could not connect to admin socket \"%s\": %s%s", path, strerror(e),
             e == ENOENT         ? " (is tcd running with admin.socket set?)"
             : e == EACCES       ? " (the socket's mode does not let you in)"
             : e == ECONNREFUSED ? " (no tcd is listening on it)"
@@ -308,6 +344,7 @@ static int talk(const char *path, const char *line, double timeout_s, char **out
   size_t len = strlen(line), off = 0;
   char *req = malloc(len + 2);
   if (!req) {
+    snprintf(why, whylen, "out of memory");
     close(fd);
     return EXIT_CONNECT;
   }
@@ -341,7 +378,7 @@ static int talk(const char *path, const char *line, double timeout_s, char **out
     }
     double left = deadline - now_ms();
     if (left <= 0) {
-      fprintf(stderr, "%s: no answer from \"%s\" within %.0f s\n", prog, path, timeout_s);
+      snprintf(why, whylen, "no answer from \"%s\" within %.0f s", path, timeout_s);
       break;
     }
     struct pollfd p = {fd, POLLIN, 0};
@@ -350,7 +387,7 @@ static int talk(const char *path, const char *line, double timeout_s, char **out
     if (pr <= 0) continue;
     if (got + 4096 > cap) {
       if (cap >= MAX_ANSWER) {
-        fprintf(stderr, "%s: answer larger than %u bytes\n", prog, MAX_ANSWER);
+        snprintf(why, whylen, "answer larger than %u bytes", MAX_ANSWER);
         break;
       }
       char *nb = realloc(buf, cap * 2);
@@ -362,16 +399,24 @@ static int talk(const char *path, const char *line, double timeout_s, char **out
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       if (send_errno)
-        fprintf(stderr, "%s: could not send the request to \"%s\": %s\n", prog, path, strerror(send_errno));
+        snprintf(why, whylen, "could not send the request to \"%s\": %s", path, strerror(send_errno));
       else
-        fprintf(stderr, "%s: connection to \"%s\" closed before the answer%s%s\n", prog, path, n < 0 ? ": " : "",
-                n < 0 ? strerror(errno) : "");
+        snprintf(why, whylen, "connection to \"%s\" closed before the answer%s%s", path, n < 0 ? ": " : "",
+                 n < 0 ? strerror(errno) : "");
       break;
     }
     got += (size_t)n;
   }
   free(buf);
   close(fd);
+  return rc;
+}
+
+/* The same, saying why on stderr. */
+static int talk(const char *path, const char *line, double timeout_s, char **out) {
+  char why[512];
+  int rc = talk_quietly(path, line, timeout_s, out, why, sizeof(why));
+  if (rc != 0) fprintf(stderr, "%s: %s\n", prog, why);
   return rc;
 }
 
@@ -405,7 +450,7 @@ static void duration(double s, char *out, size_t cap) {
   else snprintf(out, cap, "%dd%02dh", (int)(s / 86400), ((int)s % 86400) / 3600);
 }
 
-#define MAX_COLS 10
+#define MAX_COLS 16
 #define CELL 512
 
 typedef struct {
@@ -715,6 +760,217 @@ static void print_failpoints(json_t *a) {
   }
 }
 
+static void print_history(const json_t *a) {
+  static const char *const titles[] = {"XID", "STATUS", "ENDED", "TOOK", "NAME", "BRANCHES"};
+  static const int maxw[] = {0, 0, 0, 0, 24, 0};
+  const json_t *list = json_object_get(a, "history");
+  table_t t;
+  table_init(&t, 6, titles, maxw);
+  size_t i;
+  const json_t *h;
+  json_array_foreach(list, i, h) {
+    char(*row)[CELL] = table_row(&t);
+    if (!row) break;
+    field(h, "xid", row[0], CELL);
+    field(h, "status", row[1], CELL);
+    field(h, "end_time", row[2], CELL);
+    double took = json_number_value(json_object_get(h, "duration_s"));
+    if (took < 1) snprintf(row[3], CELL, "%.0fms", took * 1000);
+    else duration(took, row[3], CELL);
+    field(h, "name", row[4], CELL);
+    field(h, "branches", row[5], CELL);
+  }
+  if (json_array_size(list)) table_print(&t);
+  else free(t.cells);
+  printf("%zu finished transaction%s%s\n", json_array_size(list), json_array_size(list) == 1 ? "" : "s",
+         json_is_true(json_object_get(a, "truncated")) ? " (more exist: raise --limit or narrow --since)" : "");
+}
+
+/* ---------------------------------------------------------- stats --all */
+
+/* Averages and ratios are not summed across nodes. */
+static bool summable(const char *key, const json_t *v) {
+  if (json_is_integer(v)) return true;
+  return json_is_real(v) && !strstr(key, "avg") && !strstr(key, "per_");
+}
+
+/* Add the counters of one node's stats answer 'from' into 'total'. */
+static void add_totals(json_t *total, const json_t *from, int depth) {
+  const char *k;
+  json_t *v;
+  json_object_foreach((json_t *)(uintptr_t)from, k, v) {
+    if (depth == 0 && (strcmp(k, "ok") == 0 || strcmp(k, "node") == 0 || strcmp(k, "sessions") == 0)) continue;
+    json_t *t = json_object_get(total, k);
+    if (json_is_object(v)) {
+      if (!t) {
+        t = json_object();
+        json_object_set_new(total, k, t);
+      }
+      if (json_is_object(t)) add_totals(t, v, depth + 1);
+    } else if (summable(k, v)) {
+      double sum = json_number_value(v) + (t ? json_number_value(t) : 0);
+      json_object_set_new(total, k, json_is_integer(v) && (!t || json_is_integer(t)) ? json_integer((json_int_t)sum)
+                                                                                      : json_real(sum));
+    }
+  }
+}
+
+/* The leaves of 'o' as dotted paths ("globals.begun") into 'paths'. */
+static void leaf_paths(const json_t *o, const char *prefix, json_t *paths, int depth) {
+  const char *k;
+  json_t *v;
+  json_object_foreach((json_t *)(uintptr_t)o, k, v) {
+    if (depth == 0 && (strcmp(k, "ok") == 0 || strcmp(k, "node") == 0 || strcmp(k, "sessions") == 0)) continue;
+    char path[256];
+    snprintf(path, sizeof(path), "%s%s%s", prefix, *prefix ? "." : "", k);
+    if (json_is_object(v)) leaf_paths(v, path, paths, depth + 1);
+    else json_array_append_new(paths, json_string(path));
+  }
+}
+
+static const json_t *at_path(const json_t *o, const char *path) {
+  char buf[256];
+  snprintf(buf, sizeof(buf), "%s", path);
+  char *save = NULL;
+  for (char *k = strtok_r(buf, ".", &save); k && o; k = strtok_r(NULL, ".", &save)) o = json_object_get(o, k);
+  return o;
+}
+
+static void print_stats_all(const json_t *a) {
+  const json_t *nodes = json_object_get(a, "nodes"), *total = json_object_get(a, "total");
+  const json_t *shown[MAX_COLS - 2];
+  const char *titles[MAX_COLS];
+  char heads[MAX_COLS][32];
+  int ncols = 0;
+  size_t i;
+  const json_t *n;
+  titles[ncols++] = "COUNTER";
+  json_t *paths = json_array();
+  json_array_foreach(nodes, i, n) {
+    const json_t *st = json_object_get(n, "stats");
+    if (!json_is_object(st) || ncols >= MAX_COLS - 1) continue;
+    if (!json_array_size(paths)) leaf_paths(st, "", paths, 0);
+    snprintf(heads[ncols], sizeof(heads[ncols]), "NODE %lld", (long long)json_integer_value(json_object_get(n, "node_id")));
+    shown[ncols - 1] = st;
+    titles[ncols] = heads[ncols];
+    ncols++;
+  }
+  int nshown = ncols - 1;
+  titles[ncols++] = "TOTAL";
+  if (nshown > 0) {
+    table_t t;
+    table_init(&t, ncols, titles, NULL);
+    const json_t *p;
+    json_array_foreach(paths, i, p) {
+      const char *path = json_string_value(p);
+      char(*row)[CELL] = table_row(&t);
+      if (!row) break;
+      snprintf(row[0], CELL, "%s", path);
+      for (int c = 0; c < nshown; c++) {
+        const json_t *v = at_path(shown[c], path);
+        json_t *wrap = json_pack("{s:O?}", "v", (json_t *)(uintptr_t)v);
+        field(wrap, "v", row[c + 1], CELL);
+        json_decref(wrap);
+      }
+      const json_t *tv = at_path(total, path);
+      json_t *wrap = json_pack("{s:O?}", "v", (json_t *)(uintptr_t)tv);
+      field(wrap, "v", row[ncols - 1], CELL);
+      json_decref(wrap);
+    }
+    table_print(&t);
+  }
+  json_decref(paths);
+  const json_t *sessions = json_object_get(a, "sessions");
+  if (json_is_object(sessions) && json_object_size(sessions)) {
+    printf("\nunfinished sessions in the store, by status:\n");
+    print_value_tree(sessions, 1);
+  } else if (json_is_object(sessions)) {
+    printf("\nno unfinished sessions in the store\n");
+  }
+  int answered = 0;
+  json_array_foreach(nodes, i, n) {
+    if (json_is_object(json_object_get(n, "stats"))) {
+      answered++;
+      continue;
+    }
+    printf("node %lld: %s\n", (long long)json_integer_value(json_object_get(n, "node_id")),
+           jstr(n, "error") ? jstr(n, "error") : "no answer");
+  }
+  printf("%d of %zu node%s answered\n", answered, json_array_size(nodes), json_array_size(nodes) == 1 ? "" : "s");
+}
+
+/* stats --all: the nodes from the node behind 'socket_path', then each
+ * one's stats over the admin socket it registered.  Answers like a
+ * command: EXIT_OK when every node that is not down answered. */
+static int stats_all(const char *socket_path, double timeout_s, bool as_json) {
+  char *answer = NULL;
+  int rc = talk(socket_path, "show nodes", timeout_s, &answer);
+  if (rc != 0) return rc;
+  json_t *na = json_loads(answer, 0, NULL);
+  free(answer);
+  if (!json_is_object(na) || !json_is_true(json_object_get(na, "ok"))) {
+    const char *e = json_is_object(na) ? jstr(na, "error") : NULL;
+    fprintf(stderr, "%s: could not list the nodes: %s\n", prog, e ? e : "not a JSON answer");
+    json_decref(na);
+    return EXIT_REFUSED;
+  }
+  json_t *out = json_pack("{s:b}", "ok", 1), *list = json_array(), *total = json_object();
+  json_t *sessions = NULL;
+  int unreachable = 0;
+  size_t i;
+  json_t *n;
+  json_array_foreach(json_object_get(na, "nodes"), i, n) {
+    json_t *e = json_pack("{s:O?, s:O?, s:O?}", "node_id", json_object_get(n, "node_id"), "state",
+                          json_object_get(n, "state"), "admin_socket", json_object_get(n, "admin_socket"));
+    const char *state = jstr(n, "state"), *sock = jstr(n, "admin_socket");
+    char why[512];
+    if (state && strcmp(state, "down") == 0) {
+      snprintf(why, sizeof(why), "down (not asked: its heartbeat is older than the lease)");
+    } else if (!sock || !*sock) {
+      snprintf(why, sizeof(why), "registered no admin socket");
+      unreachable++;
+    } else {
+      char *sa = NULL;
+      json_t *st = NULL;
+      if (talk_quietly(sock, "stats", timeout_s, &sa, why, sizeof(why)) == 0) {
+        st = json_loads(sa, 0, NULL);
+        if (!json_is_object(st) || !json_is_true(json_object_get(st, "ok"))) {
+          const char *msg = json_is_object(st) ? jstr(st, "error") : NULL;
+          snprintf(why, sizeof(why), "refused: %s", msg ? msg : "not a JSON answer");
+          json_decref(st);
+          st = NULL;
+        }
+      }
+      free(sa);
+      if (st) {
+        add_totals(total, st, 0);
+        if (!sessions && json_is_object(json_object_get(st, "sessions")))
+          sessions = json_incref(json_object_get(st, "sessions"));
+        json_object_set_new(e, "stats", st);
+        why[0] = '\0';
+      } else {
+        unreachable++;
+      }
+    }
+    if (why[0]) json_object_set_new(e, "error", json_string(why));
+    json_array_append_new(list, e);
+  }
+  json_decref(na);
+  json_object_set_new(out, "nodes", list);
+  json_object_set_new(out, "total", total);
+  json_object_set_new(out, "sessions", sessions ? sessions : json_null());
+  json_object_set_new(out, "unreachable", json_integer(unreachable));
+  if (as_json) {
+    char *text = json_dumps(out, JSON_COMPACT);
+    if (text) printf("%s\n", text);
+    free(text);
+  } else {
+    print_stats_all(out);
+  }
+  json_decref(out);
+  return unreachable ? EXIT_REFUSED : EXIT_OK;
+}
+
 static void print_help_answer(const json_t *a) {
   size_t i;
   const json_t *c;
@@ -724,26 +980,90 @@ static void print_help_answer(const json_t *a) {
 
 /* ---------------------------------------------------------------- main */
 
+/* Send the request and print its answer; the exit status. */
+static int run_once(const char *socket_path, const line_t *line, const tc_adm_cmd_t *parsed, double timeout_s,
+                    bool as_json) {
+  char *answer = NULL;
+  int rc = talk(socket_path, line->buf, timeout_s, &answer);
+  if (rc != 0) return rc;
+  json_error_t jerr;
+  json_t *a = json_loads(answer, 0, &jerr);
+  if (!json_is_object(a)) {
+    fprintf(stderr, "%s: the answer is not a JSON object (%s): %.200s\n", prog, jerr.text, answer);
+    json_decref(a);
+    free(answer);
+    return EXIT_CONNECT;
+  }
+  bool ok = json_is_true(json_object_get(a, "ok"));
+  const char *code = jstr(a, "code");
+  if (as_json) {
+    printf("%s\n", answer);
+  } else if (!ok) {
+    fprintf(stderr, "%s: %s\n", prog, jstr(a, "error") ? jstr(a, "error") : "command failed");
+  } else {
+    switch (parsed->kind) {
+    case TC_ADM_SHOW_GLOBALS: print_globals(a); break;
+    case TC_ADM_SHOW_GLOBAL: print_global(a); break;
+    case TC_ADM_SHOW_LOCKS: print_locks(a); break;
+    case TC_ADM_SHOW_HISTORY: print_history(a); break;
+    case TC_ADM_SHOW_NODES: print_nodes(a); break;
+    case TC_ADM_STATS: print_value_tree(a, 0); break;
+    case TC_ADM_HELP: print_help_answer(a); break;
+    case TC_ADM_FAILPOINT_LIST:
+    case TC_ADM_FAILPOINT_ARM: print_failpoints(a); break;
+    default: print_repair(a); break;
+    }
+  }
+  rc = ok ? EXIT_OK : code && strcmp(code, "denied") == 0 ? EXIT_CONNECT : EXIT_REFUSED;
+  json_decref(a);
+  free(answer);
+  return rc;
+}
+
+/* Sleep 's' seconds (a signal ends the process, as for watch(1)). */
+static void sleep_seconds(double s) {
+  struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+static int parse_seconds(const char *opt, const char *v, double max, double *out) {
+  char *end;
+  double d = strtod(v, &end);
+  if (*end || end == v || !(d > 0) || d > max)
+    return usage_error("invalid %s \"%s\": expected seconds, above 0 and at most %.0f", opt, v, max);
+  *out = d;
+  return 0;
+}
+
 int main(int argc, char **argv) {
   static const struct option opts[] = {
     {"socket", required_argument, NULL, 's'}, {"json", no_argument, NULL, 'j'},
-    {"timeout", required_argument, NULL, 't'}, {"help", no_argument, NULL, 'h'},
+    {"timeout", required_argument, NULL, 't'}, {"watch", required_argument, NULL, 'w'},
+    {"count", required_argument, NULL, 'n'},  {"help", no_argument, NULL, 'h'},
     {"version", no_argument, NULL, 'V'},      {NULL, 0, NULL, 0},
   };
   const char *socket_path = NULL;
   bool as_json = false;
-  double timeout_s = 60;
+  double timeout_s = 60, watch_s = 0;
+  long count = 0;
   int ch;
   /* '+': stop at the command, whose own arguments may look like options. */
-  while ((ch = getopt_long(argc, argv, "+s:jt:hV", opts, NULL)) != -1) {
+  while ((ch = getopt_long(argc, argv, "+s:jt:w:n:hV", opts, NULL)) != -1) {
     switch (ch) {
     case 's': socket_path = optarg; break;
     case 'j': as_json = true; break;
-    case 't': {
+    case 't':
+      if (parse_seconds("--timeout", optarg, 86400, &timeout_s) != 0) return EXIT_USAGE;
+      break;
+    case 'w':
+      if (parse_seconds("--watch", optarg, 86400, &watch_s) != 0) return EXIT_USAGE;
+      break;
+    case 'n': {
       char *end;
-      timeout_s = strtod(optarg, &end);
-      if (*end || end == optarg || !(timeout_s > 0) || timeout_s > 86400)
-        return usage_error("invalid --timeout \"%s\": expected seconds, above 0", optarg);
+      count = strtol(optarg, &end, 10);
+      if (*end || end == optarg || count < 1 || count > 1000000)
+        return usage_error("invalid --count \"%s\": expected a number of refreshes, 1 or more", optarg);
       break;
     }
     case 'h': usage(stdout); return EXIT_OK;
@@ -784,43 +1104,35 @@ int main(int argc, char **argv) {
   tc_adm_cmd_t parsed;
   char err[512];
   if (tc_adm_parse(line.buf, line.len, &parsed, err, sizeof(err)) != 0) return usage_error("%s", err);
+  bool all = parsed.kind == TC_ADM_STATS && cargc == 1;
+  if (count && !watch_s) return usage_error("--count goes with --watch");
+  /* Repeating a repair would repeat a change an operator meant once. */
+  if (watch_s && (tc_adm_is_repair(parsed.kind) || parsed.kind == TC_ADM_FAILPOINT_ARM ||
+                  parsed.kind == TC_ADM_FAILPOINT_LIST || parsed.kind == TC_ADM_HELP))
+    return usage_error("--watch repeats listing commands only (globals, show, locks, history, nodes, stats), not \"%s\"",
+                       cmd);
 
   char envbuf[256];
   if (!socket_path) socket_path = default_socket(envbuf, sizeof(envbuf));
   if (!socket_path)
     return usage_error("no admin socket: use --socket PATH or set TC_ADMIN_SOCKET (or TC_ADMIN_SOCKETS)");
-  char *answer = NULL;
-  rc = talk(socket_path, line.buf, timeout_s, &answer);
-  if (rc != 0) return rc;
-  json_error_t jerr;
-  json_t *a = json_loads(answer, 0, &jerr);
-  if (!json_is_object(a)) {
-    fprintf(stderr, "%s: the answer is not a JSON object (%s): %.200s\n", prog, jerr.text, answer);
-    json_decref(a);
-    free(answer);
-    return EXIT_CONNECT;
-  }
-  bool ok = json_is_true(json_object_get(a, "ok"));
-  const char *code = jstr(a, "code");
-  if (as_json) {
-    printf("%s\n", answer);
-  } else if (!ok) {
-    fprintf(stderr, "%s: %s\n", prog, jstr(a, "error") ? jstr(a, "error") : "command failed");
-  } else {
-    switch (parsed.kind) {
-    case TC_ADM_SHOW_GLOBALS: print_globals(a); break;
-    case TC_ADM_SHOW_GLOBAL: print_global(a); break;
-    case TC_ADM_SHOW_LOCKS: print_locks(a); break;
-    case TC_ADM_SHOW_NODES: print_nodes(a); break;
-    case TC_ADM_STATS: print_value_tree(a, 0); break;
-    case TC_ADM_HELP: print_help_answer(a); break;
-    case TC_ADM_FAILPOINT_LIST:
-    case TC_ADM_FAILPOINT_ARM: print_failpoints(a); break;
-    default: print_repair(a); break;
+  bool clear = watch_s && !as_json && isatty(STDOUT_FILENO);
+  for (long round = 1;; round++) {
+    if (watch_s && !as_json) {
+      char when[64];
+      time_t now = time(NULL);
+      struct tm tm;
+      strftime(when, sizeof(when), "%Y-%m-%d %H:%M:%S", localtime_r(&now, &tm));
+      if (clear) fputs("\033[H\033[2J", stdout);
+      printf("every %gs: tcctl", watch_s);
+      for (int i = optind; i < argc; i++) printf(" %s", argv[i]);
+      printf("   (%s, %s)\n\n", socket_path, when);
     }
+    rc = all ? stats_all(socket_path, timeout_s, as_json) : run_once(socket_path, &line, &parsed, timeout_s, as_json);
+    fflush(stdout);
+    if (!watch_s || (count && round >= count)) break;
+    if (!clear && !as_json) printf("\n");
+    sleep_seconds(watch_s);
   }
-  rc = ok ? EXIT_OK : code && strcmp(code, "denied") == 0 ? EXIT_CONNECT : EXIT_REFUSED;
-  json_decref(a);
-  free(answer);
   return rc;
 }

@@ -449,7 +449,7 @@ static void test_tcctl(void **state) {
   assert_int_equal(tcctl("globals", "--frob", "1", NULL), 2);
   assert_int_equal(tcctl("locks", "--key", "a", "--prefix=b"), 2);
   /* --help on every command, and the top-level one */
-  static const char *const cmds[] = {"globals", "show", "locks", "nodes", "stats", "rollback", "commit",
+  static const char *const cmds[] = {"globals", "show", "locks", "history", "nodes", "stats", "rollback", "commit",
                                      "stop-retry", "resume-retry", "redrive", "delete", "help"};
   for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++) {
     assert_int_equal(tcctl(cmds[i], "--help", NULL, NULL), 0);

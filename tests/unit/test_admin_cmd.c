@@ -78,6 +78,66 @@ static void test_show_globals(void **state) {
   assert_true(c.min_age_s == 0);
 }
 
+static void test_show_history(void **state) {
+  (void)state;
+  tc_adm_cmd_t c;
+  parse_ok("show history", &c);
+  assert_int_equal(c.kind, TC_ADM_SHOW_HISTORY);
+  assert_false(c.since.set);
+  assert_false(c.until.set);
+  assert_false(c.has_xid);
+  assert_int_equal(c.limit, TC_ADM_DEFAULT_LIMIT);
+  assert_false(tc_adm_is_repair(TC_ADM_SHOW_HISTORY));
+
+  parse_ok("SHOW HISTORY xid=a:1:2 status=Committed,Rollbacked name=buy since=15m until=90 limit=7", &c);
+  assert_true(c.has_xid);
+  assert_string_equal(c.xid, "a:1:2");
+  assert_int_equal(c.nstatuses, 2);
+  assert_int_equal(c.statuses[0], TXP_GS_COMMITTED);
+  assert_int_equal(c.statuses[1], TXP_GS_ROLLBACKED);
+  assert_string_equal(c.name, "buy");
+  assert_true(c.since.set && c.since.ago);
+  assert_true(c.since.s == 900.0);
+  assert_true(c.until.set && c.until.ago);
+  assert_true(c.until.s == 90.0);
+  assert_int_equal(c.limit, 7);
+  assert_true(tc_adm_time_unix(&c.since, 10000.0) == 9100.0);
+
+  /* Absolute UTC times: a date, minutes, seconds, Z, a blank for the T. */
+  tc_adm_time_t t;
+  char err[256];
+  assert_int_equal(tc_adm_parse_time("2026-12-03", &t, err, sizeof(err)), 0);
+  assert_false(t.ago);
+  assert_true(t.s == 1796256000.0);
+  assert_int_equal(tc_adm_parse_time("2026-12-03T15:04", &t, err, sizeof(err)), 0);
+  assert_true(t.s == 1796256000.0 + 15 * 3600 + 4 * 60);
+  assert_int_equal(tc_adm_parse_time("2026-12-03T15:04:05Z", &t, err, sizeof(err)), 0);
+  assert_true(t.s == 1796256000.0 + 15 * 3600 + 4 * 60 + 5);
+  assert_int_equal(tc_adm_parse_time("2026-12-03 15:04:05", &t, err, sizeof(err)), 0);
+  assert_true(tc_adm_time_unix(&t, 0) == 1796256000.0 + 15 * 3600 + 4 * 60 + 5);
+  assert_int_equal(tc_adm_parse_time("1.5h", &t, err, sizeof(err)), 0);
+  assert_true(t.ago && t.s == 5400.0);
+  assert_int_equal(tc_adm_parse_time("7d", &t, err, sizeof(err)), 0);
+  assert_true(t.s == 7 * 86400.0);
+
+  parse_bad("show history since=2026-02-31", "invalid time");
+  parse_bad("show history since=2026-13-01", "invalid time");
+  parse_bad("show history since=2026-12-03T25:00", "invalid time");
+  parse_bad("show history since=2026-12-03T15:04:05+01", "invalid time");
+  parse_bad("show history since=15w", "invalid time");
+  parse_bad("show history since=-5m", "invalid time");
+  parse_bad("show history since=0x10", "invalid time");
+  parse_bad("show history since=1e3", "invalid time");
+  parse_bad("show history since=", "invalid time");
+  parse_bad("show history since=99999d", "more than ten years");
+  parse_bad("show history since=1m since=2m", "given twice");
+  parse_bad("show history xid=a xid=b", "given twice");
+  parse_bad("show history later", "unexpected argument");
+  parse_bad("show history frob=1", "unknown option \"frob\"");
+  parse_bad("show history status=Nope", "unknown global status");
+  parse_bad("show history limit=0", "invalid value");
+}
+
 static void test_show_one_and_others(void **state) {
   (void)state;
   tc_adm_cmd_t c;
@@ -471,7 +531,8 @@ static void test_config_helpers(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-    cmocka_unit_test(test_show_globals),    cmocka_unit_test(test_show_one_and_others),
+    cmocka_unit_test(test_show_globals),    cmocka_unit_test(test_show_history),
+    cmocka_unit_test(test_show_one_and_others),
     cmocka_unit_test(test_repairs),         cmocka_unit_test(test_failpoint_commands),         cmocka_unit_test(test_malformed),
     cmocka_unit_test(test_quote_roundtrip), cmocka_unit_test(test_plan_table),
     cmocka_unit_test(test_plan_branch_guards), cmocka_unit_test(test_plan_invariants),
