@@ -28,6 +28,8 @@ const char *const txc_failpoint_names[] = {
   /* librmclient (AT) */
   "rm.at.after_register",       /* branch registered, local transaction open */
   "rm.at.after_local_commit",   /* local COMMIT done, not reported to the caller */
+  /* librmclient (TCC) */
+  "rm.tcc.after_register",      /* TCC branch registered, its fence row not yet written */
   /* the demo services (examples/) */
   "svc.order.fin.before_commit",  /* the purchase's branches committed locally, no GlobalCommit */
   "svc.order.fin.before_publish", /* pay/cancel/expire committed with its outbox event, not published */

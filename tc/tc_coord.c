@@ -242,10 +242,12 @@ static void after_phase2_reply(int global_status, void *arg) {
 }
 
 /* Whether a branch does real work in its phase-two commit
- * (TXP_APP_DATA_PHASE2_SYNC): then the TM is answered after it. */
+ * (TXP_APP_DATA_PHASE2_SYNC, or any branch not AT: a TCC confirm is the
+ * business change itself, as Seata commits all but AT-only globals
+ * synchronously): then the TM is answered after it. */
 static bool commit_waits(const tc_op_t *op) {
   for (int i = 0; i < op->nbranches; i++)
-    if (op->branches[i].phase2_sync) return true;
+    if (op->branches[i].phase2_sync || op->branches[i].branch_type != TXP_BT_AT) return true;
   return false;
 }
 

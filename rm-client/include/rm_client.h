@@ -93,6 +93,9 @@ enum {
   RM_E_NOT_ONE_ROW = -10303,    /* the statement would touch no row or several */
   RM_E_GUARD = -10304,          /* a delta update's guard refused (e.g. sold out) */
   RM_E_STATE = -10305,          /* call out of order for this branch */
+  RM_E_TCC_HANDLER = -10306,    /* a TCC confirm or cancel handler failed (see errmsg) */
+  RM_E_TCC_FENCE = -10307,      /* the TCC fence refused: the branch was finished the other way, or
+                                   cancelled before its try (anti-hanging) */
 };
 
 /* Global status values (Seata's numbers; proto/txp_status.h), every one
@@ -230,7 +233,10 @@ RM_API int rm_tm_begin(rm_client_t *c, unsigned timeout_ms, const char *name, ch
  * RM_E_GLOBAL_NOT_ACTIVE (a rollback was decided before: *status tells
  * which).  RM_E_COMMIT_FAILED: committed, but a branch's phase-two commit
  * failed for good (*status RM_GS_COMMIT_FAILED; only branches with
- * rm_at_update_delta_on_commit do work there): an operator's.
+ * rm_at_update_delta_on_commit and TCC confirms do work there): an
+ * operator's.  With such branches the call returns once they ran, or
+ * failed for now (*status Committed all the same: the decision stands,
+ * and the coordinator retries them; rm_tm_status shows CommitRetrying).
  */
 RM_API int rm_tm_commit(rm_client_t *c, const char *xid, int *status);
 /*
@@ -581,6 +587,88 @@ RM_API int rm_at_prepare_commit(rm_branch_t *b, int64_t *branch_id, bool *commit
 RM_API int rm_at_close(rm_branch_t *b, bool committed);
 /* The last database or TC error message of 'b' ("" if none). */
 RM_API const char *rm_at_errmsg(const rm_branch_t *b);
+
+/* ------------------------------------------------------ RM: TCC mode --- */
+
+/*
+ * A TCC branch: the caller's try reserves, the coordinator's phase two
+ * confirms (keeps) or cancels (gives back) through handlers this process
+ * registered, for a resource that is not a row AT can image (a Redis
+ * reservation, a payment hold, a call to another company) or where the
+ * team wants to write both halves itself.
+ *
+ * The fence (sql/rm/002_tcc_fence.sql: `txc-db-migrate 'CONNINFO' rm`) is a
+ * row per branch in the resource's own database, written in the same
+ * local transaction as the business change of the try, of the confirm and
+ * of the cancel: a confirm or a cancel runs at most once and a duplicate
+ * is answered from the row; a cancel that arrives before the try (an
+ * empty rollback) is recorded, so the late try is refused instead of
+ * hanging a reservation nobody releases.  One global transaction may mix
+ * AT and TCC branches; the coordinator drives TCC phase two with AT's
+ * retries, timeouts and tcctl repairs, and the TM's rm_tm_commit returns
+ * once the confirms ran.
+ */
+
+/* What a handler returns. */
+enum {
+  RM_TCC_OK = 0,     /* done: the fence records it in the same transaction */
+  RM_TCC_RETRY = 1,  /* not now (a store down, a timeout): the coordinator retries */
+  RM_TCC_FAILED = 2, /* never: the branch fails for good (CommitFailed / RollbackFailed, for an operator) */
+};
+
+typedef struct rm_tcc_call {
+  const char *xid;
+  int64_t branch_id;
+  const char *resource_id;
+  const char *args; /* what the try recorded (rm_tcc_try's 'args'); NULL if none */
+  PGconn *pg;       /* the library's connection to the resource's database, inside the fence's
+                       local transaction: write the business change here; never COMMIT or
+                       ROLLBACK it (the library does, with the fence row) */
+} rm_tcc_call_t;
+
+/* A confirm or a cancel, on a worker thread of the library.  'errmsg' (cap
+ * 'errlen') says why on failure.  A change outside 'pg' (Redis, another
+ * service) must be idempotent: when the fence's commit fails after it,
+ * the handler runs again. */
+typedef int (*rm_tcc_handler_fn)(const rm_tcc_call_t *call, void *arg, char *errmsg, size_t errlen);
+
+typedef struct rm_tcc_handlers {
+  rm_tcc_handler_fn confirm; /* required */
+  rm_tcc_handler_fn cancel;  /* required */
+  void *arg;                 /* passed to both; must outlive the client */
+} rm_tcc_handlers_t;
+
+/*
+ * Serve TCC branches of 'resource_id' (one PostgreSQL database, as for
+ * rm_resource_add, which this adds it with if needed; an AT resource may
+ * also serve TCC) with 'h'.  Checks that the database has the fence (the
+ * "rm" schema set at version 2 or later).  While this process runs it
+ * confirms and cancels every TCC branch of the resource, its own or
+ * others'.  0, or RM_E_INVALID (NULL, a missing handler, TCC handlers
+ * set already), RM_E_NO_TABLE (no tcc_fence table: rm_errmsg says what to
+ * run), the codes of rm_resource_add.
+ */
+RM_API int rm_tcc_resource_add(rm_client_t *c, const char *resource_id, const char *conninfo,
+                               const rm_tcc_handlers_t *h);
+
+/*
+ * The try of a TCC branch of 'xid' inside the caller's local transaction
+ * on 'pg' (the caller has run BEGIN, on a connection to the resource's
+ * database): registers the branch with the coordinator and inserts its
+ * fence row with 'args' (text the handlers get back, at most 64 KiB, may
+ * be NULL).  The caller then makes its reservation in the same
+ * transaction and COMMITs; if that fails, nothing was tried, and the
+ * cancel the coordinator sends finds no row: an empty rollback.  On any
+ * error the caller must ROLLBACK.  '*branch_id' (may be NULL) gets the
+ * branch id.  Codes: the coordinator's from the registration
+ * (RM_E_GLOBAL_NOT_ACTIVE when it is already being rolled back, ...),
+ * RM_E_TCC_FENCE when the fence says the branch was cancelled before its
+ * try (anti-hanging: the reservation must not be made), RM_E_INVALID (NULL,
+ * xid empty or over 128 bytes, a resource without TCC handlers, args too
+ * long), RM_E_STATE ('pg' not in a transaction block), RM_E_DB.
+ */
+RM_API int rm_tcc_try(rm_client_t *c, const char *xid, const char *resource_id, PGconn *pg, const char *args,
+                      int64_t *branch_id);
 
 /* ============================================================================
  * Redis prefilter (rm_prefilter_*): the stock gate in front of the global

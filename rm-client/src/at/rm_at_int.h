@@ -38,6 +38,7 @@
 
 #include "rm_image.h"
 #include "rm_internal.h"
+#include "txp_status.h"
 #include "rm_pg.h"
 #include "rm_pstmt.h"
 #include "rm_sql.h"
@@ -101,6 +102,24 @@ typedef struct rm_undo_key {
 typedef struct rm_at_resource rm_at_resource_t;
 typedef struct rm_at_state rm_at_state_t;
 
+/*
+ * A branch mode other than AT on a resource (tcc/ attaches TXP_BT_TCC's):
+ * the resources, their connection pools and the deleter's sweep live in
+ * this layer, the modes above it, reached through this table only (the
+ * arrow runs mode -> at).  'arg' is the mode's own state of the resource.
+ */
+typedef struct rm_at_mode {
+  /* Phase two of one branch of the mode, on a worker thread; as
+   * rm_rm_ops_t.phase2. */
+  int (*phase2)(rm_at_resource_t *r, void *arg, const rm_phase2_req_t *req, int *code, char *errmsg, size_t errlen);
+  /* The retention sweep of the mode's rows on 'pg' (idle, to be left
+   * idle), at most 'limit' rows finished 'retention_s' ago: rows removed,
+   * or a negative code.  May be NULL. */
+  long long (*sweep)(rm_at_resource_t *r, void *arg, PGconn *pg, unsigned retention_s, unsigned limit);
+  /* Free 'arg' with the resource.  May be NULL. */
+  void (*free_arg)(void *arg);
+} rm_at_mode_t;
+
 struct rm_at_resource {
   rm_at_resource_t *next;
   rm_at_state_t *st;
@@ -125,6 +144,11 @@ struct rm_at_resource {
   PGconn *idle[RM_AT_POOL_MAX];
   int nidle;
   int total;    /* connections open or being opened */
+
+  /* Other branch modes served on this resource (rm__at_resource_set_mode),
+   * by branch type; under meta_mu. */
+  const rm_at_mode_t *modes[TXP_BT__MAX];
+  void *mode_args[TXP_BT__MAX];
 
   /* Guarded by st->mu. */
   rm_undo_key_t *queue;
@@ -414,6 +438,16 @@ rm_at_resource_t *rm__at_resource_find(rm_client_t *c, const char *id);
 int rm__resource_ids(rm_client_t *c, char *out, size_t cap);
 /* Stop the deleter and free the state with its resources. */
 void rm__at_free(rm_at_state_t *s);
+/* Serve branch type 'type' (not AT) of resource 'r' with 'mode' and its
+ * 'arg' (freed with the resource by mode->free_arg, also when this fails).
+ * 0, or RM_E_INVALID when the type is AT, unknown, or served already. */
+int rm__at_resource_set_mode(rm_at_resource_t *r, int type, const rm_at_mode_t *mode, void *arg);
+/* The mode serving 'type' on 'r' with its arg, or NULL (in rm_undo.c). */
+const rm_at_mode_t *rm__at_resource_mode(rm_at_resource_t *r, int type, void **arg);
+/* For a mode: a connection of the resource's phase-two pool (idle; to be
+ * left idle) and its return ('bad': close it).  As rm__undo_pool_get. */
+int rm__at_conn_get(rm_at_resource_t *r, PGconn **out, char *err, size_t errlen);
+void rm__at_conn_put(rm_at_resource_t *r, PGconn *pg, bool bad);
 
 /* --- rm_at_meta.c --- */
 

@@ -81,6 +81,8 @@ rm_at_resource_t *rm__at_resource_find(rm_client_t *c, const char *id) {
 }
 
 static void resource_free(rm_at_resource_t *r) {
+  for (int t = 0; t < TXP_BT__MAX; t++)
+    if (r->modes[t] && r->modes[t]->free_arg) r->modes[t]->free_arg(r->mode_args[t]);
   rm__undo_resource_free(r);
   rm__tables_free(r);
   pthread_mutex_destroy(&r->meta_mu);
@@ -339,21 +341,51 @@ int rm__at_phase2(rm_client_t *c, const rm_phase2_req_t *req, int *code, char *e
     snprintf(errmsg, errlen, "invalid phase-two request (xid or resource missing or too long)");
     return fail;
   }
-  if (req->branch_type != TXP_BT_AT) {
-    *code = RM_E_NOT_SUPPORTED;
-    snprintf(errmsg, errlen, "branch type %s is not served by the AT resource manager",
-             txp_branch_type_name(req->branch_type));
-    return fail;
-  }
   rm_at_resource_t *r = rm__at_resource_find(c, req->resource_id);
   if (!r) {
     *code = RM_E_INVALID;
     snprintf(errmsg, errlen, "resource \"%s\" is not served by this client", req->resource_id);
     return retry;
   }
+  if (req->branch_type != TXP_BT_AT) {
+    void *arg = NULL;
+    const rm_at_mode_t *mode = rm__at_resource_mode(r, req->branch_type, &arg);
+    if (mode) return mode->phase2(r, arg, req, code, errmsg, errlen);
+    /* Retryable: a client of this process that serves the mode may be
+     * on its way (the coordinator asks every RM of the resource). */
+    *code = RM_E_NOT_SUPPORTED;
+    snprintf(errmsg, errlen, "branch type %s of resource \"%s\" is not served by this client",
+             txp_branch_type_name(req->branch_type), req->resource_id);
+    return retry;
+  }
 
   return commit ? rm__commit_phase2(r, req, code, errmsg, errlen) : rm__rollback_phase2(r, req, code, errmsg, errlen);
 }
+
+int rm__at_resource_set_mode(rm_at_resource_t *r, int type, const rm_at_mode_t *mode, void *arg) {
+  int rc = 0;
+  if (!r || !mode || !mode->phase2 || type <= TXP_BT_AT || type >= TXP_BT__MAX) {
+    rc = RM_E_INVALID;
+  } else {
+    pthread_mutex_lock(&r->meta_mu);
+    if (r->modes[type]) {
+      rc = RM_E_INVALID;
+    } else {
+      r->modes[type] = mode;
+      r->mode_args[type] = arg;
+    }
+    pthread_mutex_unlock(&r->meta_mu);
+  }
+  if (rc != 0 && mode && mode->free_arg) mode->free_arg(arg);
+  return rc;
+}
+
+
+int rm__at_conn_get(rm_at_resource_t *r, PGconn **out, char *err, size_t errlen) {
+  return rm__undo_pool_get(r, out, err, errlen);
+}
+
+void rm__at_conn_put(rm_at_resource_t *r, PGconn *pg, bool bad) { rm__undo_pool_put(r, pg, bad); }
 
 /* ----------------------------------------------- tuning, flush, sweep */
 

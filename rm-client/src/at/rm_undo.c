@@ -125,6 +125,17 @@ rm_at_resource_t **rm__undo_resources(rm_at_state_t *st, int *n) {
   return v;
 }
 
+/* Here, below rm_resource.c, because the sweep reads it too (rm_resource.c
+ * sets the modes and dispatches phase two through them). */
+const rm_at_mode_t *rm__at_resource_mode(rm_at_resource_t *r, int type, void **arg) {
+  if (!r || type <= TXP_BT_AT || type >= TXP_BT__MAX) return NULL;
+  pthread_mutex_lock(&r->meta_mu);
+  const rm_at_mode_t *m = r->modes[type];
+  if (arg) *arg = r->mode_args[type];
+  pthread_mutex_unlock(&r->meta_mu);
+  return m;
+}
+
 /* --------------------------------------------------------------- sweep */
 
 int rm__undo_sweep(rm_at_resource_t *r, long long *removed) {
@@ -190,7 +201,17 @@ int rm__undo_sweep(rm_at_resource_t *r, long long *removed) {
               PQgetvalue(res, 0, 0), r->id, t.retention_s, PQgetvalue(res, 0, 1));
     PQclear(res);
   }
+  long long mode_rows = 0;
+  for (int type = TXP_BT_AT + 1; rc == 0 && type < TXP_BT__MAX; type++) {
+    void *arg = NULL;
+    const rm_at_mode_t *m = rm__at_resource_mode(r, type, &arg);
+    if (!m || !m->sweep) continue;
+    long long n = m->sweep(r, arg, pg, t.retention_s, t.delete_batch ? t.delete_batch : 1000);
+    if (n < 0) rc = (int)n;
+    else mode_rows += n;
+  }
   rm__undo_pool_put(r, pg, rc != 0);
+  if (removed) *removed += mode_rows;
   if (normal > SWEEP_LOG_ROWS)
     rm__log(st->c, RM_LOG_WARN, "swept %lld undo rows of unfinished branches on \"%s\" in all", normal, r->id);
   if (guards)

@@ -234,7 +234,7 @@ static void build_msg(const rm_client_t *c, const rm_call_t *k, txp_msg_t *m) {
   case TXP_MSG_BRANCH_REGISTER: {
     uint32_t lw = lock_wait_now(c, k);
     txp_msg_set_str(m, TXP_F_XID, k->xid);
-    txp_msg_set_int(m, TXP_F_BRANCH_TYPE, TXP_BT_AT);
+    txp_msg_set_int(m, TXP_F_BRANCH_TYPE, (uint64_t)k->branch_type);
     txp_msg_set_str(m, TXP_F_RESOURCE_ID, k->resource_id);
     if (k->lock_keys && k->lock_keys[0]) txp_msg_set_str(m, TXP_F_LOCK_KEYS, k->lock_keys);
     if (k->app_data) txp_msg_set_str(m, TXP_F_APP_DATA, k->app_data);

@@ -56,6 +56,7 @@ struct rm_call {
   uint32_t lock_wait_ms;
   int64_t branch_id;
   int branch_status;
+  int branch_type; /* BranchRegister: TXP_BT_* */
   uint64_t deadline_ms;
   rm_tm_cb cb; /* async form; NULL for a blocking call */
   void *cb_arg;

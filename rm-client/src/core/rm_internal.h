@@ -46,6 +46,10 @@ int rm__lock_query(rm_client_t *c, const char *xid, const char *resource_id, con
 int rm__branch_register(rm_client_t *c, const char *xid, const char *resource_id,
                         const char *lock_keys, const char *app_data, unsigned lock_wait_ms,
                         int64_t *branch_id, char *errmsg, size_t errlen);
+/* The same for a branch of type 'branch_type' (TXP_BT_*; the above: AT). */
+int rm__branch_register_as(rm_client_t *c, int branch_type, const char *xid, const char *resource_id,
+                           const char *lock_keys, const char *app_data, unsigned lock_wait_ms,
+                           int64_t *branch_id, char *errmsg, size_t errlen);
 
 /* BranchReport (PhaseOneDone / PhaseOneFailed), blocking. */
 int rm__branch_report(rm_client_t *c, const char *xid, int64_t branch_id, int branch_status,

@@ -213,12 +213,19 @@ int rm_tm_status_async(rm_client_t *c, const char *xid, rm_tm_cb cb, void *arg) 
 int rm__branch_register(rm_client_t *c, const char *xid, const char *resource_id,
                         const char *lock_keys, const char *app_data, unsigned lock_wait_ms,
                         int64_t *branch_id, char *errmsg, size_t errlen) {
+  return rm__branch_register_as(c, TXP_BT_AT, xid, resource_id, lock_keys, app_data, lock_wait_ms, branch_id, errmsg,
+                                errlen);
+}
+
+int rm__branch_register_as(rm_client_t *c, int branch_type, const char *xid, const char *resource_id,
+                           const char *lock_keys, const char *app_data, unsigned lock_wait_ms,
+                           int64_t *branch_id, char *errmsg, size_t errlen) {
   if (errmsg && errlen) errmsg[0] = '\0';
   if (branch_id) *branch_id = 0;
   if (!c || rm__check_str(xid, TXP_MAX_XID_LEN, true) != 0 ||
       rm__check_str(resource_id, TXP_MAX_RESOURCE_LEN, true) != 0 ||
       rm__check_str(lock_keys, TXP_MAX_LOCK_KEYS_LEN, false) != 0 ||
-      rm__check_str(app_data, TXP_MAX_APP_DATA_LEN, false) != 0) {
+      rm__check_str(app_data, TXP_MAX_APP_DATA_LEN, false) != 0 || branch_type < 0 || branch_type >= TXP_BT__MAX) {
     if (errmsg && errlen) snprintf(errmsg, errlen, "invalid argument to branch registration");
     return RM_E_INVALID;
   }
@@ -228,6 +235,7 @@ int rm__branch_register(rm_client_t *c, const char *xid, const char *resource_id
   if (!k) return RM_E_NOMEM;
   snprintf(k->xid, sizeof(k->xid), "%s", xid);
   rm__idem_key(k->idem);
+  k->branch_type = branch_type;
   k->lock_wait_ms = lock_wait_ms;
   k->resource_id = strdup(resource_id);
   k->lock_keys = lock_keys ? strdup(lock_keys) : NULL;

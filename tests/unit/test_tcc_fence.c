@@ -1,0 +1,138 @@
+/*
+ * test_tcc_fence.c - the TCC fence's rules (rm-client/src/tcc/rm_tcc_fence.c):
+ * every row state against a confirm, a cancel and a try, and the names.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "rm_tcc_fence.h"
+
+static rm_fence_action_t decide(bool commit, int found, int *to, const char **why) {
+  *to = -1;
+  *why = "unset";
+  return rm_tcc_fence_phase2(commit, found, to, why);
+}
+
+static void test_tried_runs_the_handler_once(void **state) {
+  (void)state;
+  int to;
+  const char *why;
+  assert_int_equal(decide(true, RM_FENCE_TRIED, &to, &why), RM_FENCE_RUN);
+  assert_int_equal(to, RM_FENCE_CONFIRMED);
+  assert_null(why);
+  assert_int_equal(decide(false, RM_FENCE_TRIED, &to, &why), RM_FENCE_RUN);
+  assert_int_equal(to, RM_FENCE_CANCELLED);
+  assert_null(why);
+}
+
+static void test_duplicates_are_answered_from_the_row(void **state) {
+  (void)state;
+  int to;
+  const char *why;
+  /* A second confirm after a confirm, a second cancel after either kind of cancel: done, nothing written. */
+  assert_int_equal(decide(true, RM_FENCE_CONFIRMED, &to, &why), RM_FENCE_DONE);
+  assert_int_equal(to, RM_FENCE_NONE);
+  assert_null(why);
+  assert_int_equal(decide(false, RM_FENCE_CANCELLED, &to, &why), RM_FENCE_DONE);
+  assert_int_equal(decide(false, RM_FENCE_CANCELLED_EMPTY, &to, &why), RM_FENCE_DONE);
+  assert_int_equal(to, RM_FENCE_NONE);
+}
+
+static void test_empty_rollback_is_recorded(void **state) {
+  (void)state;
+  int to;
+  const char *why;
+  assert_int_equal(decide(false, RM_FENCE_NONE, &to, &why), RM_FENCE_RECORD);
+  assert_int_equal(to, RM_FENCE_CANCELLED_EMPTY);
+  assert_null(why);
+}
+
+static void test_confirm_without_try_retries(void **state) {
+  (void)state;
+  int to;
+  const char *why;
+  assert_int_equal(decide(true, RM_FENCE_NONE, &to, &why), RM_FENCE_RETRY);
+  assert_int_equal(to, RM_FENCE_NONE);
+  assert_non_null(why);
+  assert_non_null(strstr(why, "retried"));
+}
+
+static void test_contradictions_are_refused(void **state) {
+  (void)state;
+  int to;
+  const char *why;
+  assert_int_equal(decide(false, RM_FENCE_CONFIRMED, &to, &why), RM_FENCE_REFUSE);
+  assert_non_null(strstr(why, "confirmed"));
+  assert_int_equal(decide(true, RM_FENCE_CANCELLED, &to, &why), RM_FENCE_REFUSE);
+  assert_non_null(strstr(why, "cancelled"));
+  assert_int_equal(decide(true, RM_FENCE_CANCELLED_EMPTY, &to, &why), RM_FENCE_REFUSE);
+  assert_non_null(strstr(why, "before its try"));
+  /* A status a newer library may write. */
+  assert_int_equal(decide(true, 9, &to, &why), RM_FENCE_REFUSE);
+  assert_int_equal(decide(false, -3, &to, &why), RM_FENCE_REFUSE);
+  assert_int_equal(to, RM_FENCE_NONE);
+}
+
+static void test_try(void **state) {
+  (void)state;
+  const char *why = "unset";
+  assert_true(rm_tcc_fence_try_ok(RM_FENCE_NONE, &why));
+  assert_null(why);
+  /* Anti-hanging: the row of an empty rollback refuses the late try. */
+  assert_false(rm_tcc_fence_try_ok(RM_FENCE_CANCELLED_EMPTY, &why));
+  assert_non_null(strstr(why, "anti-hanging"));
+  int others[] = {RM_FENCE_TRIED, RM_FENCE_CONFIRMED, RM_FENCE_CANCELLED, 17};
+  for (size_t i = 0; i < sizeof(others) / sizeof(others[0]); i++) {
+    why = NULL;
+    assert_false(rm_tcc_fence_try_ok(others[i], &why));
+    assert_non_null(why);
+  }
+}
+
+/* Every state a row can be in is decided for both directions, and the
+ * only ones that run a handler start from TRIED. */
+static void test_only_tried_runs(void **state) {
+  (void)state;
+  for (int s = RM_FENCE_NONE; s <= RM_FENCE_CANCELLED_EMPTY; s++) {
+    for (int commit = 0; commit <= 1; commit++) {
+      int to;
+      const char *why;
+      rm_fence_action_t a = decide(commit, s, &to, &why);
+      assert_true(a == RM_FENCE_RUN || a == RM_FENCE_DONE || a == RM_FENCE_RECORD || a == RM_FENCE_RETRY ||
+                  a == RM_FENCE_REFUSE);
+      assert_int_equal(a == RM_FENCE_RUN, s == RM_FENCE_TRIED);
+      if (a == RM_FENCE_RETRY || a == RM_FENCE_REFUSE) assert_non_null(why);
+      if (a == RM_FENCE_RUN || a == RM_FENCE_RECORD) assert_true(to >= RM_FENCE_CONFIRMED);
+    }
+  }
+}
+
+static void test_names(void **state) {
+  (void)state;
+  assert_string_equal(rm_tcc_fence_status_name(RM_FENCE_NONE), "none");
+  assert_string_equal(rm_tcc_fence_status_name(RM_FENCE_TRIED), "tried");
+  assert_string_equal(rm_tcc_fence_status_name(RM_FENCE_CONFIRMED), "confirmed");
+  assert_string_equal(rm_tcc_fence_status_name(RM_FENCE_CANCELLED), "cancelled");
+  assert_string_equal(rm_tcc_fence_status_name(RM_FENCE_CANCELLED_EMPTY), "cancelled before any try");
+  assert_string_equal(rm_tcc_fence_status_name(99), "unknown");
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_tried_runs_the_handler_once),
+    cmocka_unit_test(test_duplicates_are_answered_from_the_row),
+    cmocka_unit_test(test_empty_rollback_is_recorded),
+    cmocka_unit_test(test_confirm_without_try_retries),
+    cmocka_unit_test(test_contradictions_are_refused),
+    cmocka_unit_test(test_try),
+    cmocka_unit_test(test_only_tried_runs),
+    cmocka_unit_test(test_names),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
