@@ -30,6 +30,9 @@ const char *const txc_failpoint_names[] = {
   "rm.at.after_local_commit",   /* local COMMIT done, not reported to the caller */
   /* librmclient (TCC) */
   "rm.tcc.after_register",      /* TCC branch registered, its fence row not yet written */
+  /* librmclient (XA) */
+  "rm.xa.after_register",       /* XA branch registered, its fence row not yet written */
+  "rm.xa.after_prepare",        /* PREPARE TRANSACTION done, not returned to the caller */
   /* the demo services (examples/) */
   "svc.order.fin.before_commit",  /* the purchase's branches committed locally, no GlobalCommit */
   "svc.order.fin.before_publish", /* pay/cancel/expire committed with its outbox event, not published */

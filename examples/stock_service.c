@@ -79,7 +79,9 @@
  *   of each phase, at info level), STOCK_LOG_LEVEL; for the benchmarks:
  *   STOCK_FREEZE_MODE (deferred, the default: delta mode with the UPDATE
  *   deferred to rm_at_prepare; delta: the UPDATE at once; at: plain AT row
- *   images and a global lock on the bucket row) and STOCK_LOCAL_MODE=1 (calls without
+ *   images and a global lock on the bucket row; tcc and xa: the freeze as a
+ *   TCC or an XA branch, stock_modes.h, the confirm and release as in
+ *   deferred) and STOCK_LOCAL_MODE=1 (calls without
  *   an xid run as plain local transactions: the "no coordinator" baseline;
  *   never in production, nothing would undo them); STOCK_WINDOW_INTERVAL_MS
  *   (1000; 0: off): the sale-window job (stock_window.h), which opens and
@@ -104,6 +106,7 @@
 #include "svc_idem.h"
 #include "svc_prefilter.h"
 #include "svc_redis.h"
+#include "stock_modes.h"
 #include "stock_window.h"
 
 #define FREEZE_GUARD "stock - frozen_count - sold_count >= $1"
@@ -236,8 +239,8 @@ static int lock_freeze_row(PGconn *pg, stock_op_t *op, const char **reason, char
  *          transaction, the "no coordinator" baseline of the benchmarks.
  * 'b' is NULL on the local path.
  */
-typedef enum { MODE_DEFERRED, MODE_DELTA, MODE_AT } freeze_mode_t;
-static const char *const mode_names[] = {"deferred", "delta", "at"};
+typedef enum { MODE_DEFERRED, MODE_DELTA, MODE_AT, MODE_TCC, MODE_XA } freeze_mode_t;
+static const char *const mode_names[] = {"deferred", "delta", "at", "tcc", "xa"};
 
 typedef struct stmt_ctx {
   stock_svc_t *s;
@@ -584,7 +587,14 @@ static void handle_op(stock_svc_t *s, const svc_req_t *req, svc_resp_t *resp, st
       return;
     }
   }
-  if (!local && (rc = rm_at_open(s->rm, xid, s->resource, pg, &c.b)) != 0) {
+  /* The freeze as a TCC or XA branch (stock_modes.h): begun here, its
+   * statements the local path's plain SQL, ended below. */
+  bool other_branch = !local && kind == OP_FREEZE && (s->mode == MODE_TCC || s->mode == MODE_XA);
+  stock_branch_kind_t bk = s->mode == MODE_XA ? STOCK_BRANCH_XA : STOCK_BRANCH_TCC;
+  if (other_branch &&
+      (rc = stock_modes_begin(s->rm, bk, xid, s->resource, pg, op.order_id, &bid, err, sizeof(err))) != 0)
+    goto fail;
+  if (!local && !other_branch && (rc = rm_at_open(s->rm, xid, s->resource, pg, &c.b)) != 0) {
     snprintf(err, sizeof(err), "%s", rm_strerror(rc));
     goto fail;
   }
@@ -595,7 +605,10 @@ static void handle_op(stock_svc_t *s, const svc_req_t *req, svc_resp_t *resp, st
     goto fail;
   }
   int64_t t_open = svc_now_us();
-  if ((rc = op_statements(&c, s->mode, &op, xid)) != 0) {
+  /* Confirm and release stay AT branches in the TCC and XA modes, as in
+   * the default one. */
+  freeze_mode_t at_mode = s->mode == MODE_TCC || s->mode == MODE_XA ? MODE_DEFERRED : (freeze_mode_t)s->mode;
+  if ((rc = op_statements(&c, at_mode, &op, xid)) != 0) {
     if (c.b && *rm_at_errmsg(c.b)) snprintf(err, sizeof(err), "%s: %s", rm_strerror(rc), rm_at_errmsg(c.b));
     goto fail;
   }
@@ -610,7 +623,9 @@ static void handle_op(stock_svc_t *s, const svc_req_t *req, svc_resp_t *resp, st
     }
   }
   int64_t t_prep = svc_now_us();
-  if (!c.b) {
+  if (other_branch) {
+    committed = stock_modes_end(s->rm, bk, xid, pg, bid, err, sizeof(err));
+  } else if (!c.b) {
     PGresult *r = PQexec(pg, "COMMIT");
     committed = PQresultStatus(r) == PGRES_COMMAND_OK && strcmp(PQcmdStatus(r), "COMMIT") == 0;
     if (!committed) snprintf(err, sizeof(err), "local commit failed: %s", PQresultErrorMessage(r));
@@ -659,6 +674,7 @@ fail:
   case RM_E_GLOBAL_NOT_ACTIVE:
   case RM_E_GLOBAL_NOT_FOUND:
   case RM_E_TIMED_OUT:
+  case RM_E_FENCE: /* rolled back before the try or the XA start */
     status = 409;
     reason = "global_not_active";
     break;
@@ -954,7 +970,7 @@ static void usage(FILE *f) {
           "\n"
           "The stock branch of the flash-sale demo (see examples/stock_service.c).\n"
           "Environment: STOCK_PG_URL, TC_NODES, TC_SECRETS_DIR or TC_SECRET_FILE (from cluster/local/up),\n"
-          "STOCK_LISTEN, STOCK_THREADS, STOCK_RESOURCE_ID, STOCK_FREEZE_MODE (deferred|delta|at),\n"
+          "STOCK_LISTEN, STOCK_THREADS, STOCK_RESOURCE_ID, STOCK_FREEZE_MODE (deferred|delta|at|tcc|xa),\n"
           "STOCK_LOCAL_MODE (1: serve calls without an xid, no coordinator), STOCK_LOG_LEVEL,\n"
           "REDIS_URL (the order events), STOCK_CONSUMER_GROUP, CONSUMER_MAX_DELIVERIES, CONSUMER_BACKOFF_MS,\n"
           "STOCK_WINDOW_INTERVAL_MS (the sale-window job, 1000; 0: off).\n");
@@ -980,8 +996,12 @@ int main(int argc, char **argv) {
     s.mode = MODE_DELTA;
   } else if (strcmp(mode, "at") == 0) {
     s.mode = MODE_AT;
+  } else if (strcmp(mode, "tcc") == 0) {
+    s.mode = MODE_TCC;
+  } else if (strcmp(mode, "xa") == 0) {
+    s.mode = MODE_XA;
   } else {
-    svc_error("invalid value \"%s\" for STOCK_FREEZE_MODE: expected deferred, delta or at", mode);
+    svc_error("invalid value \"%s\" for STOCK_FREEZE_MODE: expected deferred, delta, at, tcc or xa", mode);
     ok = false;
   }
   if (!pg_url) {
@@ -1006,8 +1026,11 @@ int main(int argc, char **argv) {
    * UPDATE by an amount is a delta (rm_at_hot_column), as the structured
    * rm_at_update_delta_deferred. */
   if (rc == 0 && s.at_sql) rc = rm_at_hot_column(s.rm, s.resource, "activity_ticket_bucket", "frozen_count");
+  /* The freeze's TCC handlers or XA mode (stock_modes.h). */
+  if (rc == 0 && (s.mode == MODE_TCC || s.mode == MODE_XA))
+    rc = stock_modes_serve(s.rm, s.mode == MODE_XA ? STOCK_BRANCH_XA : STOCK_BRANCH_TCC, s.resource, pg_url);
   if (rc != 0) {
-    svc_error("could not add resource \"%s\": %s", s.resource, rm_strerror(rc));
+    svc_error("could not add resource \"%s\": %s: %s", s.resource, rm_strerror(rc), rm_errmsg());
     exit_code = 69;
     goto out;
   }

@@ -685,8 +685,8 @@ static void handle_register(tc_ctx_t *ctx, tc_req_t *req) {
   const txp_msg_t *m = &req->msg;
   if (!require_xid_or_reply(ctx, req)) return;
   char msg[160];
-  if (m->branch_type != TXP_BT_AT && m->branch_type != TXP_BT_TCC) {
-    snprintf(msg, sizeof(msg), "branch type %s is not supported: use AT or TCC",
+  if (m->branch_type != TXP_BT_AT && m->branch_type != TXP_BT_TCC && m->branch_type != TXP_BT_XA) {
+    snprintf(msg, sizeof(msg), "branch type %s is not supported: use AT, TCC or XA",
              txp_branch_type_name((int)m->branch_type));
     ctx->stats.bad_requests++;
     tc_req_reply_code(req, TXP_EBAD_REQUEST, msg);

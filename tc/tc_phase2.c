@@ -200,7 +200,7 @@ static void on_branch_result(int status, const txp_msg_t *res, void *arg) {
   } else {
     snprintf(b->error, sizeof(b->error), "%s: %s", txp_errname((int)res->code),
              res->message ? res->message : txp_strerror((int)res->code));
-    /* The RM's own code may be any (a TCC handler's, RM_E_TCC_FENCE): the
+    /* The RM's own code may be any (a TCC handler's, RM_E_FENCE): the
      * branch status it sends with it says whether a retry can help. */
     bool unretryable = res->code == TXP_EDIRTY_WRITE || res->code == TXP_EBRANCH_UNRETRYABLE ||
                        (txp_msg_has(res, TXP_F_BRANCH_STATUS) && (int)res->branch_status == fail_status);

@@ -94,8 +94,8 @@ enum {
   RM_E_GUARD = -10304,          /* a delta update's guard refused (e.g. sold out) */
   RM_E_STATE = -10305,          /* call out of order for this branch */
   RM_E_TCC_HANDLER = -10306,    /* a TCC confirm or cancel handler failed (see errmsg) */
-  RM_E_TCC_FENCE = -10307,      /* the TCC fence refused: the branch was finished the other way, or
-                                   cancelled before its try (anti-hanging) */
+  RM_E_FENCE = -10307,          /* the fence of a TCC or XA branch refused: the branch was finished
+                                   the other way, or rolled back before its phase one (anti-hanging) */
 };
 
 /* Global status values (Seata's numbers; proto/txp_status.h), every one
@@ -597,7 +597,7 @@ RM_API const char *rm_at_errmsg(const rm_branch_t *b);
  * reservation, a payment hold, a call to another company) or where the
  * team wants to write both halves itself.
  *
- * The fence (sql/rm/002_tcc_fence.sql: `txc-db-migrate 'CONNINFO' rm`) is a
+ * The fence (sql/rm/002_branch_fence.sql: `txc-db-migrate 'CONNINFO' rm`) is a
  * row per branch in the resource's own database, written in the same
  * local transaction as the business change of the try, of the confirm and
  * of the cancel: a confirm or a cancel runs at most once and a duplicate
@@ -645,7 +645,7 @@ typedef struct rm_tcc_handlers {
  * "rm" schema set at version 2 or later).  While this process runs it
  * confirms and cancels every TCC branch of the resource, its own or
  * others'.  0, or RM_E_INVALID (NULL, a missing handler, TCC handlers
- * set already), RM_E_NO_TABLE (no tcc_fence table: rm_errmsg says what to
+ * set already), RM_E_NO_TABLE (no branch_fence table: rm_errmsg says what to
  * run), the codes of rm_resource_add.
  */
 RM_API int rm_tcc_resource_add(rm_client_t *c, const char *resource_id, const char *conninfo,
@@ -662,13 +662,56 @@ RM_API int rm_tcc_resource_add(rm_client_t *c, const char *resource_id, const ch
  * error the caller must ROLLBACK.  '*branch_id' (may be NULL) gets the
  * branch id.  Codes: the coordinator's from the registration
  * (RM_E_GLOBAL_NOT_ACTIVE when it is already being rolled back, ...),
- * RM_E_TCC_FENCE when the fence says the branch was cancelled before its
+ * RM_E_FENCE when the fence says the branch was cancelled before its
  * try (anti-hanging: the reservation must not be made), RM_E_INVALID (NULL,
  * xid empty or over 128 bytes, a resource without TCC handlers, args too
  * long), RM_E_STATE ('pg' not in a transaction block), RM_E_DB.
  */
 RM_API int rm_tcc_try(rm_client_t *c, const char *xid, const char *resource_id, PGconn *pg, const char *args,
                       int64_t *branch_id);
+
+/* ------------------------------------------------------- RM: XA mode --- */
+
+/*
+ * An XA branch: the branch's work is one local transaction of the
+ * resource's database that rm_xa_prepare ends with PREPARE TRANSACTION;
+ * the coordinator's phase two is COMMIT PREPARED or ROLLBACK PREPARED,
+ * run by any RM of the resource (the prepared transaction outlives the
+ * process that prepared it, and pg_prepared_xacts lists it as
+ * "txc:BRANCH_ID:XID").  No undo log, no before image, no global row lock:
+ * the database's own row locks are held from the branch's statements to
+ * phase two, so use it for rows that are not hot.  The server needs
+ * max_prepared_transactions > 0; the database needs the fence (the "rm"
+ * schema set at version 2), which tells a duplicate commit from a branch
+ * that never prepared and refuses a start after its global's rollback.
+ *
+ *   BEGIN; rm_xa_start(c, xid, "ledger", pg, &bid);
+ *   ... the branch's statements on pg ...
+ *   rm_xa_prepare(c, xid, pg, bid);      (instead of COMMIT; ROLLBACK on any failure before)
+ *   ... later: rm_tm_commit or rm_tm_rollback of xid, by the TM
+ */
+
+/* Serve XA branches of 'resource_id' (added with rm_resource_add if need
+ * be).  0 (also when it serves them already), RM_E_INVALID,
+ * RM_E_NO_TABLE (no branch_fence table: rm_errmsg says what to run),
+ * RM_E_NOT_SUPPORTED (max_prepared_transactions is 0), RM_E_DB, and the
+ * codes of rm_resource_add. */
+RM_API int rm_xa_resource_add(rm_client_t *c, const char *resource_id, const char *conninfo);
+
+/* Start an XA branch of 'xid' in the caller's transaction on 'pg' (after
+ * BEGIN): registers it and writes its fence row.  '*branch_id' gets its id.
+ * Codes as rm_tcc_try's: the registration's, RM_E_FENCE (rolled back
+ * before it started: do not go on), RM_E_INVALID, RM_E_STATE, RM_E_DB.  On
+ * any error the caller must ROLLBACK. */
+RM_API int rm_xa_start(rm_client_t *c, const char *xid, const char *resource_id, PGconn *pg, int64_t *branch_id);
+
+/* End the branch's transaction on 'pg' with PREPARE TRANSACTION: 0, the
+ * connection is then idle (outside a transaction) and free for other
+ * work.  RM_E_DB: nothing was prepared (the transaction had failed, or the
+ * PREPARE did; either way it was rolled back, and the coordinator's
+ * rollback of the branch is an empty one).  RM_E_INVALID, RM_E_STATE (not
+ * inside a transaction). */
+RM_API int rm_xa_prepare(rm_client_t *c, const char *xid, PGconn *pg, int64_t branch_id);
 
 /* ============================================================================
  * Redis prefilter (rm_prefilter_*): the stock gate in front of the global

@@ -93,7 +93,7 @@ const char *rm_strerror(int code) {
   case RM_E_GUARD: return "guard condition refused the update";
   case RM_E_STATE: return "call out of order for this branch";
   case RM_E_TCC_HANDLER: return "a TCC confirm or cancel handler failed";
-  case RM_E_TCC_FENCE: return "the TCC fence refused (finished the other way, or cancelled before its try)";
+  case RM_E_FENCE: return "the branch fence refused (finished the other way, or rolled back before its phase one)";
   case RM_LOCAL_E_MISMATCH: return "order id already recorded with other values";
   case RM_LOCAL_E_PAID: return "order is paid: not cancelled";
   case RM_LOCAL_E_DECIDED: return "order was finished before with the other outcome";

@@ -1,6 +1,7 @@
 /*
- * test_tcc_fence.c - the TCC fence's rules (rm-client/src/tcc/rm_tcc_fence.c):
- * every row state against a confirm, a cancel and a try, and the names.
+ * test_fence.c - the fence's rules (rm-client/src/fence/rm_fence_rules.c):
+ * every row state against a commit, a rollback and a phase one, and the
+ * names.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -11,12 +12,12 @@
 
 #include <cmocka.h>
 
-#include "rm_tcc_fence.h"
+#include "rm_fence.h"
 
 static rm_fence_action_t decide(bool commit, int found, int *to, const char **why) {
   *to = -1;
   *why = "unset";
-  return rm_tcc_fence_phase2(commit, found, to, why);
+  return rm_fence_phase2(commit, found, to, why);
 }
 
 static void test_tried_runs_the_handler_once(void **state) {
@@ -68,7 +69,7 @@ static void test_contradictions_are_refused(void **state) {
   int to;
   const char *why;
   assert_int_equal(decide(false, RM_FENCE_CONFIRMED, &to, &why), RM_FENCE_REFUSE);
-  assert_non_null(strstr(why, "confirmed"));
+  assert_non_null(strstr(why, "committed (confirmed)"));
   assert_int_equal(decide(true, RM_FENCE_CANCELLED, &to, &why), RM_FENCE_REFUSE);
   assert_non_null(strstr(why, "cancelled"));
   assert_int_equal(decide(true, RM_FENCE_CANCELLED_EMPTY, &to, &why), RM_FENCE_REFUSE);
@@ -82,15 +83,15 @@ static void test_contradictions_are_refused(void **state) {
 static void test_try(void **state) {
   (void)state;
   const char *why = "unset";
-  assert_true(rm_tcc_fence_try_ok(RM_FENCE_NONE, &why));
+  assert_true(rm_fence_first_ok(RM_FENCE_NONE, &why));
   assert_null(why);
   /* Anti-hanging: the row of an empty rollback refuses the late try. */
-  assert_false(rm_tcc_fence_try_ok(RM_FENCE_CANCELLED_EMPTY, &why));
+  assert_false(rm_fence_first_ok(RM_FENCE_CANCELLED_EMPTY, &why));
   assert_non_null(strstr(why, "anti-hanging"));
   int others[] = {RM_FENCE_TRIED, RM_FENCE_CONFIRMED, RM_FENCE_CANCELLED, 17};
   for (size_t i = 0; i < sizeof(others) / sizeof(others[0]); i++) {
     why = NULL;
-    assert_false(rm_tcc_fence_try_ok(others[i], &why));
+    assert_false(rm_fence_first_ok(others[i], &why));
     assert_non_null(why);
   }
 }
@@ -115,12 +116,12 @@ static void test_only_tried_runs(void **state) {
 
 static void test_names(void **state) {
   (void)state;
-  assert_string_equal(rm_tcc_fence_status_name(RM_FENCE_NONE), "none");
-  assert_string_equal(rm_tcc_fence_status_name(RM_FENCE_TRIED), "tried");
-  assert_string_equal(rm_tcc_fence_status_name(RM_FENCE_CONFIRMED), "confirmed");
-  assert_string_equal(rm_tcc_fence_status_name(RM_FENCE_CANCELLED), "cancelled");
-  assert_string_equal(rm_tcc_fence_status_name(RM_FENCE_CANCELLED_EMPTY), "cancelled before any try");
-  assert_string_equal(rm_tcc_fence_status_name(99), "unknown");
+  assert_string_equal(rm_fence_status_name(RM_FENCE_NONE), "none");
+  assert_string_equal(rm_fence_status_name(RM_FENCE_TRIED), "tried");
+  assert_string_equal(rm_fence_status_name(RM_FENCE_CONFIRMED), "confirmed");
+  assert_string_equal(rm_fence_status_name(RM_FENCE_CANCELLED), "cancelled");
+  assert_string_equal(rm_fence_status_name(RM_FENCE_CANCELLED_EMPTY), "cancelled before any try");
+  assert_string_equal(rm_fence_status_name(99), "unknown");
 }
 
 int main(void) {

@@ -1,0 +1,110 @@
+/*
+ * rm_fence.h - the fence of TCC and XA branches: its rules (pure, no I/O:
+ * rm_fence_rules.c, every case in tests/unit/test_fence.c) and the SQL on
+ * its rows (rm_fence_sql.c, the table sql/rm/002_branch_fence.sql).
+ * tcc/ and xa/ use it; it knows only libpq and the core's error helper.
+ *
+ * NOTES
+ *   A branch's fence row (xid, branch_id) is written in the local
+ *   transaction of the business change it guards, so what the row says
+ *   happened did happen ("tried" reads "tried or prepared" for XA,
+ *   "confirmed" "committed", "cancelled" "rolled back"):
+ *     phase one  no row -> insert TRIED; a row (a rollback came first) ->
+ *                refuse
+ *     commit     TRIED -> run it, CONFIRMED; CONFIRMED -> done (a
+ *                duplicate); no row -> retry (phase one has not committed:
+ *                it may be in flight); CANCELLED or CANCELLED_EMPTY ->
+ *                refuse
+ *     rollback   TRIED -> run it, CANCELLED; CANCELLED or CANCELLED_EMPTY
+ *                -> done; no row -> record CANCELLED_EMPTY (the empty
+ *                rollback; a late phase one now fails on the key);
+ *                CONFIRMED -> refuse
+ *   "Refuse" is a contradiction that no retry can mend (the branch was
+ *   both committed and rolled back, as far as the coordinator asks): the
+ *   branch fails for good and an operator looks (tcctl show XID).
+ */
+#ifndef RM_FENCE_H
+#define RM_FENCE_H
+
+#include <libpq-fe.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* branch_fence.status; NONE: no row. */
+typedef enum rm_fence_status {
+  RM_FENCE_NONE = 0,
+  RM_FENCE_TRIED = 1,
+  RM_FENCE_CONFIRMED = 2,
+  RM_FENCE_CANCELLED = 3,
+  RM_FENCE_CANCELLED_EMPTY = 4,
+} rm_fence_status_t;
+
+typedef enum rm_fence_action {
+  RM_FENCE_RUN,    /* run phase two, then set the row to 'to', in one local transaction */
+  RM_FENCE_DONE,   /* already done: answer success, change nothing, run nothing */
+  RM_FENCE_RECORD, /* insert the row as 'to' (the empty rollback), run nothing */
+  RM_FENCE_RETRY,  /* not now: answer a retryable failure */
+  RM_FENCE_REFUSE, /* a contradiction: answer an unretryable failure */
+} rm_fence_action_t;
+
+/* ---------------------------------------------------------- the rules */
+
+/* Phase two (commit, else rollback) of a branch whose row is 'found' (a
+ * status, or NONE).  '*to': the status to write for RUN and RECORD;
+ * '*why': for RETRY and REFUSE, a sentence for the operator. */
+rm_fence_action_t rm_fence_phase2(bool commit, int found, int *to, const char **why);
+
+/* A phase one that found the row 'found' when inserting its own (NONE: the
+ * insert went in): true to go on, false (with '*why') to refuse. */
+bool rm_fence_first_ok(int found, const char **why);
+
+/* "tried", "confirmed", ... ("none" for NONE, "unknown" otherwise). */
+const char *rm_fence_status_name(int status);
+
+/* ------------------------------------------------------- the SQL on rows */
+
+/* The maximum length of a TCC try's args. */
+#define RM_FENCE_ARGS_MAX 65536u
+
+/* Every call: 0 on success, or -1 with 'err' (cap 'errlen') set, and
+ * '*bad' set when the connection must not be reused (lost, or on a
+ * standby).  'sqlstate' (may be NULL; 6 bytes) gets the failure's. */
+typedef struct rm_fence_io {
+  PGconn *pg;
+  char *err;
+  size_t errlen;
+  bool bad;
+  char sqlstate[6];
+} rm_fence_io_t;
+
+/* Phase one, in the caller's transaction: insert the branch's row as TRIED
+ * with 'args' (may be NULL).  0 with '*found' NONE (inserted) or the
+ * status of the row that was there. */
+int rm_fence_insert(rm_fence_io_t *io, const char *xid, int64_t bid, const char *resource_id, int branch_type,
+                    const char *args, int *found);
+/* Read the row, locked (FOR UPDATE), inside a transaction: '*status'
+ * (NONE: no row) and, if 'args', its args (malloc'd; NULL if none). */
+int rm_fence_lock(rm_fence_io_t *io, const char *xid, int64_t bid, int *status, char **args);
+/* Read the row without a lock (outside a transaction too). */
+int rm_fence_read(rm_fence_io_t *io, const char *xid, int64_t bid, int *status);
+/* Insert the row of an empty rollback (CANCELLED_EMPTY): 0 with
+ * '*inserted' false when a row was there. */
+int rm_fence_record_empty(rm_fence_io_t *io, const char *xid, int64_t bid, const char *resource_id,
+                          int branch_type, bool *inserted);
+/* Set the row's status. */
+int rm_fence_set(rm_fence_io_t *io, const char *xid, int64_t bid, int status);
+/* Delete at most 'limit' finished rows of 'branch_type' last changed over
+ * 'retention_s' ago: the rows removed, or -1. */
+long long rm_fence_sweep(rm_fence_io_t *io, int branch_type, unsigned retention_s, unsigned limit);
+/* What a mode checks in a database before it serves a resource there. */
+typedef struct rm_fence_probe {
+  bool has_fence;       /* the branch_fence table is on the search path */
+  int max_prepared;     /* max_prepared_transactions (XA needs > 0) */
+  char db[64];          /* current_database() */
+} rm_fence_probe_t;
+/* Connect to 'conninfo' (a connect timeout of 10 s), read 'out', close.
+ * 0, or -1 with 'err' set. */
+int rm_fence_probe(const char *conninfo, rm_fence_probe_t *out, char *err, size_t errlen);
+
+#endif /* RM_FENCE_H */

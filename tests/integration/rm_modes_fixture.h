@@ -1,0 +1,109 @@
+/*
+ * rm_modes_fixture.h - what the TCC and XA tests share (test_rm_modes.c
+ * defines it; test_rm_tcc.c and test_rm_xa.c run in the same program).
+ */
+#ifndef RM_MODES_FIXTURE_H
+#define RM_MODES_FIXTURE_H
+
+#include <libpq-fe.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "rm_at_int.h"
+#include "rm_client.h"
+#include "rm_internal.h"
+#include "tcd_proc.h"
+
+#define TOKEN "rm-modes-test-token"
+#define RES "wallet"           /* the TCC resource of the main client, on the stock database */
+#define RES_ALONE "wallet_b"   /* one only the short-lived clients serve */
+#define XA_RES "ledger"        /* the XA resource of the main client, on the stock database */
+#define XA_ALONE "ledger_b"    /* one only the short-lived clients serve */
+
+extern const char *stock_url, *orders_url, *tc_url;
+extern tcd_proc_t tcd;
+extern rm_client_t *client;
+
+/* What the TCC handlers did, and what a test asks of them. */
+extern atomic_int confirms, cancels;
+extern atomic_int confirm_retries_left; /* confirm writes, then asks for a retry, this many times */
+extern atomic_int confirm_fail;         /* confirm fails for good */
+extern atomic_int confirm_breaks_txn;   /* confirm leaves a failed statement and says OK */
+extern const rm_tcc_handlers_t tcc_handlers;
+int on_confirm(const rm_tcc_call_t *call, void *arg, char *errmsg, size_t errlen);
+int on_cancel(const rm_tcc_call_t *call, void *arg, char *errmsg, size_t errlen);
+
+void sleep_ms(int ms);
+double now_s(void);
+PGconn *pg_open(const char *url);
+bool exec_ok(PGconn *pg, const char *sql);
+/* First value of a query with up to 2 parameters; LLONG_MIN: no row or
+ * NULL; LLONG_MIN + 1: error. */
+long long q_ll(PGconn *pg, const char *sql, const char *p1, const char *p2);
+/* The fence row's status (LLONG_MIN: none). */
+long long fence(PGconn *pg, const char *xid, int64_t bid);
+long long acct_col(PGconn *pg, const char *acct, const char *col);
+/* A new account with 'balance'; its id in 'out'. */
+void new_account(PGconn *pg, int balance, char *out, size_t cap);
+/* The global status of 'xid' from the TC, or the rm_tm_status code. */
+int global_status(const char *xid);
+/* The TCC try: BEGIN, rm_tcc_try, the freeze; COMMIT if 'commit'.  0 or
+ * the first failing code (the transaction then rolled back). */
+int try_freeze(rm_client_t *c, const char *res, PGconn *pg, const char *xid, const char *acct, int amount,
+               bool commit, int64_t *bid);
+/* A client serving the TCC resource 'tcc_res' and the XA resource
+ * 'xa_res' (either may be NULL) on the stock database, connected. */
+rm_client_t *new_client(const char *app, const char *tcc_res, const char *xa_res);
+/* An AT branch on orders: tcc_order row 'k' set to 'v' (created 'NEW'). */
+int at_set(const char *xid, const char *k, const char *v);
+/* tcc_order's value of 'k' (malloc'd; NULL if none). */
+char *order_v(const char *k);
+
+/* rm_tm_rollback on a thread. */
+typedef struct rb_arg {
+  const char *xid;
+  int rc, status;
+} rb_arg_t;
+void *rollback_thread(void *arg);
+
+/* rm__at_phase2 on a thread. */
+typedef struct p2_arg {
+  rm_phase2_req_t req;
+  int status, code;
+} p2_arg_t;
+void *phase2_thread(void *arg);
+
+/* Poll 'what' until it equals 'want' or 'secs' pass; returns the last value. */
+#define WAIT_EQ(want, secs, what)                                           \
+  ({                                                                        \
+    long long _v = (what);                                                  \
+    for (double _end = now_s() + (secs); _v != (want) && now_s() < _end;) { \
+      sleep_ms(20);                                                         \
+      _v = (what);                                                          \
+    }                                                                       \
+    _v;                                                                     \
+  })
+
+/* test_rm_tcc.c */
+void test_commit_and_rollback(void **state);
+void test_cancel_before_try(void **state);
+void test_cancel_meets_uncommitted_try(void **state);
+void test_duplicate_phase2(void **state);
+void test_handler_failures(void **state);
+void test_mixed_at_and_tcc(void **state);
+void test_rm_gone_between_try_and_confirm(void **state);
+void test_sweep(void **state);
+void test_bad_input(void **state);
+void test_tc_killed_after_decision(void **state);
+
+/* test_rm_xa.c */
+void test_xa_commit_and_rollback(void **state);
+void test_xa_rollback_before_start(void **state);
+void test_xa_rollback_meets_open_branch(void **state);
+void test_xa_duplicates(void **state);
+void test_xa_mixed_at_tcc_xa(void **state);
+void test_xa_bad_input(void **state);
+void test_xa_rm_gone_and_tc_killed(void **state);
+
+#endif

@@ -1,0 +1,352 @@
+/*
+ * test_rm_modes.c - TCC and XA branches (tcc/, xa/, fence/ of librmclient)
+ * against a real tcd and the real stock and orders databases of
+ * scripts/with-servers --pg: the fixture (one tcd, one client serving the
+ * TCC resource "wallet", the XA resource "ledger" and the AT resource
+ * "orders", all but orders on the stock database), its helpers and main;
+ * the tests are in test_rm_tcc.c and test_rm_xa.c (rm_modes_fixture.h).
+ *
+ * The business: an account with a balance.  TCC: the try freezes an
+ * amount (frozen + n, checked against the balance), the confirm spends it
+ * (balance - n, frozen - n), the cancel unfreezes it (frozen - n), each in
+ * the fence's local transaction on the connection it is given.  XA: the
+ * branch spends from the balance in its own transaction, then prepares.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <libpq-fe.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "rm_at_int.h"
+#include "rm_client.h"
+#include "rm_internal.h"
+#include "rm_modes_fixture.h"
+#include "rm_tcc.h"
+#include "tcd_proc.h"
+#include "txp_status.h"
+
+
+const char *stock_url, *orders_url, *tc_url;
+tcd_proc_t tcd;
+rm_client_t *client;
+static atomic_int next_acct = 1;
+
+/* What the handlers did, and what a test asks of them. */
+atomic_int confirms, cancels;
+atomic_int confirm_retries_left;
+atomic_int confirm_fail;
+atomic_int confirm_breaks_txn;
+
+/* ------------------------------------------------------------- helpers */
+
+void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void log_cb(int level, const char *msg, void *arg) {
+  (void)arg;
+  if (level <= RM_LOG_WARN || getenv("RM_TEST_VERBOSE")) fprintf(stderr, "  [rmclient %d] %s\n", level, msg);
+}
+
+PGconn *pg_open(const char *url) {
+  PGconn *pg = PQconnectdb(url);
+  if (PQstatus(pg) != CONNECTION_OK) {
+    fprintf(stderr, "connect %s: %s", url, PQerrorMessage(pg));
+    PQfinish(pg);
+    return NULL;
+  }
+  return pg;
+}
+
+bool exec_ok(PGconn *pg, const char *sql) {
+  PGresult *r = PQexec(pg, sql);
+  ExecStatusType st = PQresultStatus(r);
+  bool ok = st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK;
+  if (!ok) fprintf(stderr, "  sql failed: %s: %s", sql, PQresultErrorMessage(r));
+  PQclear(r);
+  return ok;
+}
+
+/* First value of a query with up to 2 parameters; LLONG_MIN: no row or
+ * NULL; LLONG_MIN + 1: error. */
+long long q_ll(PGconn *pg, const char *sql, const char *p1, const char *p2) {
+  const char *p[2] = {p1, p2};
+  PGresult *r = PQexecParams(pg, sql, p2 ? 2 : p1 ? 1 : 0, NULL, p, NULL, NULL, 0);
+  long long v = LLONG_MIN + 1;
+  if (PQresultStatus(r) == PGRES_TUPLES_OK)
+    v = PQntuples(r) && !PQgetisnull(r, 0, 0) ? atoll(PQgetvalue(r, 0, 0)) : LLONG_MIN;
+  else
+    fprintf(stderr, "  query failed: %s: %s", sql, PQresultErrorMessage(r));
+  PQclear(r);
+  return v;
+}
+
+long long fence(PGconn *pg, const char *xid, int64_t bid) {
+  char b[24];
+  snprintf(b, sizeof(b), "%lld", (long long)bid);
+  return q_ll(pg, "SELECT status FROM branch_fence WHERE xid = $1 AND branch_id = $2", xid, b);
+}
+
+long long acct_col(PGconn *pg, const char *acct, const char *col) {
+  char sql[128];
+  snprintf(sql, sizeof(sql), "SELECT %s FROM tcc_account WHERE id = $1", col);
+  return q_ll(pg, sql, acct, NULL);
+}
+
+/* A new account with 'balance'; its id in 'out'. */
+void new_account(PGconn *pg, int balance, char *out, size_t cap) {
+  snprintf(out, cap, "acct-%d", atomic_fetch_add(&next_acct, 1));
+  char b[16];
+  snprintf(b, sizeof(b), "%d", balance);
+  const char *p[2] = {out, b};
+  PGresult *r = PQexecParams(pg, "INSERT INTO tcc_account (id, balance) VALUES ($1, $2)", 2, NULL, p, NULL, NULL, 0);
+  assert_int_equal(PQresultStatus(r), PGRES_COMMAND_OK);
+  PQclear(r);
+}
+
+int global_status(const char *xid) {
+  int st = -1;
+  int rc = rm_tm_status(client, xid, &st);
+  return rc == 0 ? st : rc;
+}
+
+/* ------------------------------------------------------------ handlers */
+
+/* args: "ACCOUNT AMOUNT". */
+static int parse_args(const char *args, char *acct, int *amount) {
+  return args && sscanf(args, "%63s %d", acct, amount) == 2 ? 0 : -1;
+}
+
+static int apply(PGconn *pg, const char *sql, const char *acct, int amount, char *errmsg, size_t errlen) {
+  char a[16];
+  snprintf(a, sizeof(a), "%d", amount);
+  const char *p[2] = {acct, a};
+  PGresult *r = PQexecParams(pg, sql, 2, NULL, p, NULL, NULL, 0);
+  int rc = PQresultStatus(r) == PGRES_COMMAND_OK && strcmp(PQcmdTuples(r), "1") == 0 ? RM_TCC_OK : RM_TCC_RETRY;
+  if (rc != RM_TCC_OK) snprintf(errmsg, errlen, "%s", PQresultErrorMessage(r));
+  PQclear(r);
+  return rc;
+}
+
+int on_confirm(const rm_tcc_call_t *call, void *arg, char *errmsg, size_t errlen) {
+  (void)arg;
+  char acct[64];
+  int amount;
+  if (parse_args(call->args, acct, &amount) != 0) {
+    snprintf(errmsg, errlen, "bad args");
+    return RM_TCC_FAILED;
+  }
+  if (atomic_load(&confirm_fail)) {
+    snprintf(errmsg, errlen, "the card was declined");
+    return RM_TCC_FAILED;
+  }
+  int rc = apply(call->pg, "UPDATE tcc_account SET balance = balance - $2, frozen = frozen - $2 WHERE id = $1", acct,
+                 amount, errmsg, errlen);
+  if (rc != RM_TCC_OK) return rc;
+  if (atomic_load(&confirm_breaks_txn)) {
+    PGresult *r = PQexec(call->pg, "SELECT 1/0");
+    PQclear(r);
+    return RM_TCC_OK; /* a liar: the library must not record this */
+  }
+  int left = atomic_load(&confirm_retries_left);
+  if (left > 0 && atomic_compare_exchange_strong(&confirm_retries_left, &left, left - 1)) {
+    snprintf(errmsg, errlen, "the payment service is busy");
+    return RM_TCC_RETRY; /* after writing: the write must be rolled back with it */
+  }
+  atomic_fetch_add(&confirms, 1);
+  return RM_TCC_OK;
+}
+
+int on_cancel(const rm_tcc_call_t *call, void *arg, char *errmsg, size_t errlen) {
+  (void)arg;
+  char acct[64];
+  int amount;
+  if (parse_args(call->args, acct, &amount) != 0) {
+    snprintf(errmsg, errlen, "bad args");
+    return RM_TCC_FAILED;
+  }
+  int rc = apply(call->pg, "UPDATE tcc_account SET frozen = frozen - $2 WHERE id = $1", acct, amount, errmsg, errlen);
+  if (rc == RM_TCC_OK) atomic_fetch_add(&cancels, 1);
+  return rc;
+}
+
+const rm_tcc_handlers_t tcc_handlers = {.confirm = on_confirm, .cancel = on_cancel};
+
+/* The try: BEGIN, rm_tcc_try, the freeze; COMMIT if 'commit'.  0 or the
+ * first failing code (the transaction then rolled back). */
+int try_freeze(rm_client_t *c, const char *res, PGconn *pg, const char *xid, const char *acct, int amount,
+                      bool commit, int64_t *bid) {
+  char args[96], a[16];
+  snprintf(args, sizeof(args), "%s %d", acct, amount);
+  snprintf(a, sizeof(a), "%d", amount);
+  assert_true(exec_ok(pg, "BEGIN"));
+  int rc = rm_tcc_try(c, xid, res, pg, args, bid);
+  if (rc != 0) {
+    assert_true(exec_ok(pg, "ROLLBACK"));
+    return rc;
+  }
+  const char *p[2] = {acct, a};
+  PGresult *r = PQexecParams(pg, "UPDATE tcc_account SET frozen = frozen + $2 WHERE id = $1 AND balance - frozen >= $2",
+                             2, NULL, p, NULL, NULL, 0);
+  bool ok = PQresultStatus(r) == PGRES_COMMAND_OK && strcmp(PQcmdTuples(r), "1") == 0;
+  PQclear(r);
+  if (!ok) {
+    assert_true(exec_ok(pg, "ROLLBACK"));
+    return RM_E_GUARD;
+  }
+  if (commit) assert_true(exec_ok(pg, "COMMIT"));
+  return 0;
+}
+
+rm_client_t *new_client(const char *app, const char *tcc_res, const char *xa_res) {
+  char nodes[64];
+  snprintf(nodes, sizeof(nodes), "127.0.0.1:%d", tcd.port);
+  rm_config_t cfg = {.nodes = nodes, .token = TOKEN, .application_id = app, .request_timeout_ms = 15000,
+                     .log_cb = log_cb, .log_level = RM_LOG_DEBUG};
+  rm_client_t *c = NULL;
+  assert_int_equal(rm_client_new(&cfg, &c), 0);
+  rm_at_tuning_t t = {.lock_timeout_ms = 1000, .statement_timeout_ms = 5000};
+  assert_int_equal(rm__at_tune(c, &t), 0);
+  if (tcc_res) assert_int_equal(rm_tcc_resource_add(c, tcc_res, stock_url, &tcc_handlers), 0);
+  if (xa_res) assert_int_equal(rm_xa_resource_add(c, xa_res, stock_url), 0);
+  for (int i = 0; i < 500 && rm_client_nodes_up(c) < 1; i++) sleep_ms(20);
+  assert_int_equal(rm_client_nodes_up(c), 1);
+  sleep_ms(200); /* the RegisterRM with the resources reaches the node */
+  return c;
+}
+
+static int group_setup(void **state) {
+  (void)state;
+  stock_url = getenv("STOCK_PG_URL");
+  orders_url = getenv("ORDERS_PG_URL");
+  tc_url = getenv("TC_PG_URL");
+  if (!stock_url || !orders_url || !tc_url) {
+    fprintf(stderr, "STOCK_PG_URL/ORDERS_PG_URL/TC_PG_URL not set: run under scripts/with-servers --pg\n");
+    return -1;
+  }
+  PGconn *s = pg_open(stock_url), *o = pg_open(orders_url);
+  if (!s || !o) return -1;
+  bool ok = exec_ok(s, "CREATE TABLE IF NOT EXISTS tcc_account (id text PRIMARY KEY, balance int NOT NULL,"
+                       " frozen int NOT NULL DEFAULT 0, CHECK (frozen >= 0 AND frozen <= balance))") &&
+            exec_ok(o, "CREATE TABLE IF NOT EXISTS tcc_order (k text PRIMARY KEY, v text)");
+  PQfinish(s);
+  PQfinish(o);
+  if (!ok) return -1;
+  static const char *const tcd_env[] = {"TC_RECOVERY_INTERVAL_MS=100", "TC_RECOVERY_RETRY_MIN_MS=50",
+                                        "TC_RECOVERY_RETRY_MAX_MS=300", NULL};
+  const char *level = getenv("TC_LOG_LEVEL");
+  tcd_opts_t to = {.pg_url = tc_url, .token = TOKEN, .log_level = level ? level : "error", .env = tcd_env,
+                   .attempts = 5, .timeout_ms = 6000};
+  if (tcd_proc_start(&tcd, &to) != 0) {
+    fprintf(stderr, "could not start tcd: %s\n", tcd.err);
+    return -1;
+  }
+  char nodes[64];
+  snprintf(nodes, sizeof(nodes), "127.0.0.1:%d", tcd.port);
+  rm_config_t cfg = {.nodes = nodes, .token = TOKEN, .application_id = "test_rm_modes", .request_timeout_ms = 15000,
+                     .log_cb = log_cb, .log_level = RM_LOG_DEBUG};
+  if (rm_client_new(&cfg, &client) != 0) return -1;
+  rm_at_tuning_t t = {.lock_timeout_ms = 1000, .statement_timeout_ms = 5000};
+  if (rm__at_tune(client, &t) != 0) return -1;
+  if (rm_tcc_resource_add(client, RES, stock_url, &tcc_handlers) != 0 ||
+      rm_xa_resource_add(client, XA_RES, stock_url) != 0 || rm_resource_add(client, "orders", orders_url) != 0) {
+    fprintf(stderr, "resource_add: %s\n", rm_errmsg());
+    return -1;
+  }
+  for (int i = 0; i < 500 && rm_client_nodes_up(client) < 1; i++) sleep_ms(20);
+  if (rm_client_nodes_up(client) < 1) return -1;
+  sleep_ms(200);
+  return 0;
+}
+
+static int group_teardown(void **state) {
+  (void)state;
+  rm_client_free(client);
+  client = NULL;
+  tcd_proc_stop(&tcd, 5000);
+  return 0;
+}
+
+/* -------------------------------------------------- shared by the tests */
+
+void *rollback_thread(void *arg) {
+  rb_arg_t *a = arg;
+  a->rc = rm_tm_rollback(client, a->xid, &a->status);
+  return NULL;
+}
+
+void *phase2_thread(void *arg) {
+  p2_arg_t *a = arg;
+  char msg[512];
+  a->status = rm__at_phase2(client, &a->req, &a->code, msg, sizeof(msg));
+  return NULL;
+}
+
+int at_set(const char *xid, const char *k, const char *v) {
+  PGconn *o = pg_open(orders_url);
+  char sql[160];
+  snprintf(sql, sizeof(sql), "INSERT INTO tcc_order (k, v) VALUES ('%s', 'NEW') ON CONFLICT DO NOTHING", k);
+  if (!exec_ok(o, sql) || !exec_ok(o, "BEGIN")) return -1;
+  rm_branch_t *b = NULL;
+  int rc = rm_at_open(client, xid, "orders", o, &b);
+  const char *keys[1] = {k}, *cols[1] = {"v"}, *vals[1] = {v};
+  if (rc == 0) rc = rm_at_update(b, "tcc_order", keys, 1, cols, vals);
+  if (rc == 0) rc = rm_at_prepare(b, NULL);
+  if (rc == 0 && !exec_ok(o, "COMMIT")) rc = RM_E_DB;
+  if (rc != 0) exec_ok(o, "ROLLBACK");
+  if (b) rm_at_close(b, rc == 0);
+  PQfinish(o);
+  return rc;
+}
+
+char *order_v(const char *k) {
+  PGconn *o = pg_open(orders_url);
+  const char *p[1] = {k};
+  PGresult *r = PQexecParams(o, "SELECT v FROM tcc_order WHERE k = $1", 1, NULL, p, NULL, NULL, 0);
+  char *v = PQntuples(r) == 1 ? strdup(PQgetvalue(r, 0, 0)) : NULL;
+  PQclear(r);
+  PQfinish(o);
+  return v;
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_commit_and_rollback),
+    cmocka_unit_test(test_cancel_before_try),
+    cmocka_unit_test(test_cancel_meets_uncommitted_try),
+    cmocka_unit_test(test_duplicate_phase2),
+    cmocka_unit_test(test_handler_failures),
+    cmocka_unit_test(test_mixed_at_and_tcc),
+    cmocka_unit_test(test_rm_gone_between_try_and_confirm),
+    cmocka_unit_test(test_sweep),
+    cmocka_unit_test(test_bad_input),
+    cmocka_unit_test(test_xa_commit_and_rollback),
+    cmocka_unit_test(test_xa_rollback_before_start),
+    cmocka_unit_test(test_xa_rollback_meets_open_branch),
+    cmocka_unit_test(test_xa_duplicates),
+    cmocka_unit_test(test_xa_mixed_at_tcc_xa),
+    cmocka_unit_test(test_xa_bad_input),
+    cmocka_unit_test(test_xa_rm_gone_and_tc_killed),
+    cmocka_unit_test(test_tc_killed_after_decision),
+  };
+  return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
