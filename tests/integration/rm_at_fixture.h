@@ -13,6 +13,7 @@
 
 #include "rm_at_int.h"
 #include "rm_client.h"
+#include "rm_itest.h"
 #include "tcd_proc.h"
 
 #define TOKEN "rm-at-test-token"
@@ -25,12 +26,6 @@ extern tcd_proc_t tcd;
 extern rm_client_t *client;
 extern atomic_llong next_order;
 
-void sleep_ms(int ms);
-double now_s(void);
-void log_cb(int level, const char *msg, void *arg);
-PGconn *pg_open(const char *url);
-/* Run a statement that must succeed (any result kind). */
-bool exec_ok(PGconn *pg, const char *sql);
 /* First value of a query with up to 3 text parameters, as a long long;
  * LLONG_MIN if no row or NULL, LLONG_MIN + 1 on error. */
 long long q_ll(PGconn *pg, const char *sql, const char *p1, const char *p2, const char *p3);
@@ -53,17 +48,6 @@ typedef struct delta_arg {
   long long delta;
 } delta_arg_t;
 int body_delta(rm_branch_t *b, void *arg);
-
-/* Poll 'what' until it equals 'want' or 'secs' pass; returns the last value. */
-#define WAIT_EQ(want, secs, what)                                  \
-  ({                                                               \
-    long long _v = (what);                                         \
-    for (double _end = now_s() + (secs); _v != (want) && now_s() < _end;) { \
-      sleep_ms(20);                                                \
-      _v = (what);                                                 \
-    }                                                              \
-    _v;                                                            \
-  })
 
 /* test_rm_at_stmt.c */
 void test_bad_input(void **state);

@@ -13,6 +13,7 @@
 #include "rm_at_int.h"
 #include "rm_client.h"
 #include "rm_internal.h"
+#include "rm_itest.h"
 #include "tcd_proc.h"
 
 #define TOKEN "rm-modes-test-token"
@@ -34,10 +35,6 @@ extern const rm_tcc_handlers_t tcc_handlers;
 int on_confirm(const rm_tcc_call_t *call, void *arg, char *errmsg, size_t errlen);
 int on_cancel(const rm_tcc_call_t *call, void *arg, char *errmsg, size_t errlen);
 
-void sleep_ms(int ms);
-double now_s(void);
-PGconn *pg_open(const char *url);
-bool exec_ok(PGconn *pg, const char *sql);
 /* First value of a query with up to 2 parameters; LLONG_MIN: no row or
  * NULL; LLONG_MIN + 1: error. */
 long long q_ll(PGconn *pg, const char *sql, const char *p1, const char *p2);
@@ -73,17 +70,6 @@ typedef struct p2_arg {
   int status, code;
 } p2_arg_t;
 void *phase2_thread(void *arg);
-
-/* Poll 'what' until it equals 'want' or 'secs' pass; returns the last value. */
-#define WAIT_EQ(want, secs, what)                                           \
-  ({                                                                        \
-    long long _v = (what);                                                  \
-    for (double _end = now_s() + (secs); _v != (want) && now_s() < _end;) { \
-      sleep_ms(20);                                                         \
-      _v = (what);                                                          \
-    }                                                                       \
-    _v;                                                                     \
-  })
 
 /* test_rm_tcc.c */
 void test_commit_and_rollback(void **state);
