@@ -114,8 +114,9 @@ typedef struct rm_at_mode {
   int (*phase2)(rm_at_resource_t *r, void *arg, const rm_phase2_req_t *req, int *code, char *errmsg, size_t errlen);
   /* The retention sweep of the mode's rows on 'pg' (idle, to be left
    * idle), at most 'limit' rows finished 'retention_s' ago: rows removed,
-   * or a negative code.  May be NULL. */
-  long long (*sweep)(rm_at_resource_t *r, void *arg, PGconn *pg, unsigned retention_s, unsigned limit);
+   * or a negative code with 'err' set (the caller logs it).  May be NULL. */
+  long long (*sweep)(rm_at_resource_t *r, void *arg, PGconn *pg, unsigned retention_s, unsigned limit, char *err,
+                     size_t errlen);
   /* Free 'arg' with the resource.  May be NULL. */
   void (*free_arg)(void *arg);
 } rm_at_mode_t;

@@ -206,9 +206,14 @@ int rm__undo_sweep(rm_at_resource_t *r, long long *removed) {
     void *arg = NULL;
     const rm_at_mode_t *m = rm__at_resource_mode(r, type, &arg);
     if (!m || !m->sweep) continue;
-    long long n = m->sweep(r, arg, pg, t.retention_s, t.delete_batch ? t.delete_batch : 1000);
-    if (n < 0) rc = (int)n;
-    else mode_rows += n;
+    char merr[512] = "";
+    long long n = m->sweep(r, arg, pg, t.retention_s, t.delete_batch ? t.delete_batch : 1000, merr, sizeof(merr));
+    if (n < 0) {
+      rc = (int)n;
+      rm__log(st->c, RM_LOG_WARN, "%s on \"%s\"", merr, r->id);
+    } else {
+      mode_rows += n;
+    }
   }
   rm__undo_pool_put(r, pg, rc != 0);
   if (removed) *removed += mode_rows;

@@ -106,5 +106,19 @@ typedef struct rm_fence_probe {
 /* Connect to 'conninfo' (a connect timeout of 10 s), read 'out', close.
  * 0, or -1 with 'err' set. */
 int rm_fence_probe(const char *conninfo, rm_fence_probe_t *out, char *err, size_t errlen);
+/* Whether the database of 'conninfo' can serve 'mode' ("TCC", "XA")
+ * branches of resource 'id': the fence, and with 'need_prepared'
+ * max_prepared_transactions > 0.  Asked before the resource is added, so
+ * that a refused one leaves nothing behind.  0, or RM_E_DB, RM_E_NO_TABLE,
+ * RM_E_NOT_SUPPORTED with rm_errmsg saying what to do. */
+int rm_fence_require(const char *mode, const char *id, const char *conninfo, bool need_prepared);
+/* Phase one in the caller's transaction on 'pg' ('what': "TCC try",
+ * "XA start"): the branch's row inserted, or the row found there checked
+ * (rm_fence_first_ok).  0, or RM_E_DB / RM_E_FENCE with rm_errmsg set (the
+ * caller must roll back). */
+int rm_fence_first(PGconn *pg, const char *what, const char *xid, int64_t bid, const char *resource_id,
+                   int branch_type, const char *args);
+/* Run one command without parameters ("BEGIN", "COMMIT"): 0 or -1. */
+int rm_fence_command(rm_fence_io_t *io, const char *sql, const char *what);
 
 #endif /* RM_FENCE_H */

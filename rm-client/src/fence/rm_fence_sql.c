@@ -8,7 +8,9 @@
 #include <string.h>
 
 #include "rm_fence.h"
+#include "rm_client.h"
 #include "rm_pg.h"
+#include "rm_util.h"
 
 #define INT8OID 20
 #define INT2OID 21
@@ -159,4 +161,46 @@ int rm_fence_probe(const char *conninfo, rm_fence_probe_t *out, char *err, size_
   }
   PQfinish(pg);
   return rc;
+}
+
+int rm_fence_require(const char *mode, const char *id, const char *conninfo, bool need_prepared) {
+  char err[RM_ERRMSG_MAX];
+  rm_fence_probe_t p;
+  if (rm_fence_probe(conninfo, &p, err, sizeof(err)) != 0)
+    return rm__fail(RM_E_DB, "could not add %s resource \"%s\": %s", mode, id, err);
+  if (!p.has_fence)
+    return rm__fail(RM_E_NO_TABLE,
+                    "could not add %s resource \"%s\": database \"%s\" has no branch_fence table (on its "
+                    "search_path; version 2 of the \"rm\" schema set): run `txc-db-migrate 'CONNINFO' rm` "
+                    "(scripts/db-migrate in the source tree), with this resource's conninfo",
+                    mode, id, p.db);
+  if (need_prepared && p.max_prepared < 1)
+    return rm__fail(RM_E_NOT_SUPPORTED,
+                    "could not add %s resource \"%s\": the server of database \"%s\" has "
+                    "max_prepared_transactions = %d; set it to at least the number of branches open at once "
+                    "(for example 64, in postgresql.conf) and restart the server",
+                    mode, id, p.db, p.max_prepared);
+  return 0;
+}
+
+int rm_fence_command(rm_fence_io_t *io, const char *sql, const char *what) {
+  PGresult *res = run(io, what, sql, 0, NULL, NULL, PGRES_COMMAND_OK);
+  if (!res) return -1;
+  PQclear(res);
+  return 0;
+}
+
+int rm_fence_first(PGconn *pg, const char *what, const char *xid, int64_t bid, const char *resource_id,
+                   int branch_type, const char *args) {
+  char err[RM_ERRMSG_MAX];
+  rm_fence_io_t io = {.pg = pg, .err = err, .errlen = sizeof(err)};
+  int found;
+  if (rm_fence_insert(&io, xid, bid, resource_id, branch_type, args, &found) != 0)
+    return rm__fail(RM_E_DB, "%s of \"%s\" (branch %lld): %s (roll back the transaction)", what, xid,
+                    (long long)bid, err);
+  const char *why;
+  if (!rm_fence_first_ok(found, &why))
+    return rm__fail(RM_E_FENCE, "%s of \"%s\" (branch %lld): %s (roll back the transaction)", what, xid,
+                    (long long)bid, why);
+  return 0;
 }

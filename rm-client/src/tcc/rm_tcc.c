@@ -68,18 +68,6 @@ typedef struct tcc_resource {
 
 /* ----------------------------------------------------------- phase two */
 
-static int simple(rm_fence_io_t *io, const char *sql, const char *what) {
-  PGresult *res = PQexec(io->pg, sql);
-  if (PQresultStatus(res) == PGRES_COMMAND_OK) {
-    PQclear(res);
-    return 0;
-  }
-  rm__pg_error(io->err, io->errlen, what, io->pg, res);
-  if (PQstatus(io->pg) != CONNECTION_OK || rm__pg_read_only_error(res)) io->bad = true;
-  PQclear(res);
-  return -1;
-}
-
 /* Run the handler inside the transaction: 0, or the branch status of its
  * failure with *code set. */
 static int run_handler(rm_fence_io_t *io, rm_at_resource_t *r, const tcc_resource_t *tr,
@@ -111,7 +99,7 @@ static int fence_phase2(rm_fence_io_t *io, rm_at_resource_t *r, const tcc_resour
   int retry = req->commit ? TXP_BS_PHASE2_COMMIT_FAILED_RETRYABLE : TXP_BS_PHASE2_ROLLBACK_FAILED_RETRYABLE;
   int never = req->commit ? TXP_BS_PHASE2_COMMIT_FAILED_UNRETRYABLE : TXP_BS_PHASE2_ROLLBACK_FAILED_UNRETRYABLE;
   *code = RM_E_DB;
-  if (simple(io, "BEGIN", "could not begin the TCC phase-two transaction") != 0) return retry;
+  if (rm_fence_command(io, "BEGIN", "could not begin the TCC phase-two transaction") != 0) return retry;
   int found;
   char *args = NULL;
   if (rm_fence_lock(io, req->xid, req->branch_id, &found, &args) != 0) return retry;
@@ -153,7 +141,7 @@ static int fence_phase2(rm_fence_io_t *io, rm_at_resource_t *r, const tcc_resour
   }
   case RM_FENCE_RECORD: break; /* the row went in above */
   }
-  if (simple(io, "COMMIT", "could not commit the TCC phase-two transaction") != 0) goto out;
+  if (rm_fence_command(io, "COMMIT", "could not commit the TCC phase-two transaction") != 0) goto out;
   if (act == RM_FENCE_RECORD)
     rm__log(r->st->c, RM_LOG_INFO, "branch %lld of \"%s\" on \"%s\" cancelled before its try: recorded (a late "
             "try is refused)", (long long)req->branch_id, req->xid, r->id);
@@ -186,38 +174,18 @@ static int tcc_phase2(rm_at_resource_t *r, void *arg, const rm_phase2_req_t *req
 }
 
 /* The retention sweep: finished rows older than 'retention_s'. */
-static long long tcc_sweep(rm_at_resource_t *r, void *arg, PGconn *pg, unsigned retention_s, unsigned limit) {
+static long long tcc_sweep(rm_at_resource_t *r, void *arg, PGconn *pg, unsigned retention_s, unsigned limit,
+                           char *err, size_t errlen) {
+  (void)r;
   (void)arg;
-  char err[512];
-  rm_fence_io_t io = {.pg = pg, .err = err, .errlen = sizeof(err)};
+  rm_fence_io_t io = {.pg = pg, .err = err, .errlen = errlen};
   long long n = rm_fence_sweep(&io, TXP_BT_TCC, retention_s, limit);
-  if (n < 0) {
-    rm__log(r->st->c, RM_LOG_WARN, "%s on \"%s\"", err, r->id);
-    return RM_E_DB;
-  }
-  return n;
+  return n < 0 ? RM_E_DB : n;
 }
 
 static const rm_at_mode_t tcc_mode = {.phase2 = tcc_phase2, .sweep = tcc_sweep, .free_arg = free};
 
 /* -------------------------------------------------------- the public API */
-
-/* Whether the database of 'conninfo' has the fence table: 0, or a code
- * with rm_errmsg set.  Asked before the resource is added, so that a
- * refused TCC resource leaves nothing behind. */
-static int check_fence(const char *id, const char *conninfo) {
-  char err[RM_ERRMSG_MAX];
-  rm_fence_probe_t p;
-  if (rm_fence_probe(conninfo, &p, err, sizeof(err)) != 0)
-    return rm__fail(RM_E_DB, "could not add TCC resource \"%s\": %s", id, err);
-  if (!p.has_fence)
-    return rm__fail(RM_E_NO_TABLE,
-                    "could not add TCC resource \"%s\": database \"%s\" has no branch_fence table (on its "
-                    "search_path; version 2 of the \"rm\" schema set): run `txc-db-migrate 'CONNINFO' rm` "
-                    "(scripts/db-migrate in the source tree), with this resource's conninfo",
-                    id, p.db);
-  return 0;
-}
 
 int rm_tcc_resource_add(rm_client_t *c, const char *resource_id, const char *conninfo, const rm_tcc_handlers_t *h) {
   if (!c || !resource_id || !conninfo || !h || !h->confirm || !h->cancel)
@@ -226,7 +194,7 @@ int rm_tcc_resource_add(rm_client_t *c, const char *resource_id, const char *con
   rm_at_resource_t *r = rm__at_resource_find(c, resource_id);
   if (r && rm__at_resource_mode(r, TXP_BT_TCC, NULL))
     return rm__fail(RM_E_INVALID, "could not add TCC resource \"%s\": it has TCC handlers already", resource_id);
-  int rc = check_fence(resource_id, conninfo);
+  int rc = rm_fence_require("TCC", resource_id, conninfo, false);
   if (rc != 0) {
     rm__log(c, RM_LOG_ERROR, "%s", rm_errmsg());
     return rc;
@@ -266,15 +234,7 @@ int rm_tcc_try(rm_client_t *c, const char *xid, const char *resource_id, PGconn 
   if (rm__tcc_failpoint_after_register) rm__tcc_failpoint_after_register(xid, bid, rm__tcc_failpoint_arg);
   TXC_FAILPOINT("rm.tcc.after_register");
 
-  rm_fence_io_t io = {.pg = pg, .err = err, .errlen = sizeof(err)};
-  int found;
-  if (rm_fence_insert(&io, xid, bid, resource_id, TXP_BT_TCC, args, &found) != 0)
-    return rm__fail(RM_E_DB, "TCC try of \"%s\" (branch %lld): %s (roll back the transaction)", xid, (long long)bid,
-                    err);
-  const char *why;
-  if (!rm_fence_first_ok(found, &why))
-    return rm__fail(RM_E_FENCE, "TCC try of \"%s\" (branch %lld): %s (roll back the transaction)", xid,
-                    (long long)bid, why);
+  if ((rc = rm_fence_first(pg, "TCC try", xid, bid, resource_id, TXP_BT_TCC, args)) != 0) return rc;
   if (branch_id) *branch_id = bid;
   return 0;
 }

@@ -201,16 +201,13 @@ static int xa_phase2(rm_at_resource_t *r, void *arg, const rm_phase2_req_t *req,
   return status;
 }
 
-static long long xa_sweep(rm_at_resource_t *r, void *arg, PGconn *pg, unsigned retention_s, unsigned limit) {
+static long long xa_sweep(rm_at_resource_t *r, void *arg, PGconn *pg, unsigned retention_s, unsigned limit,
+                           char *err, size_t errlen) {
+  (void)r;
   (void)arg;
-  char err[512];
-  rm_fence_io_t io = {.pg = pg, .err = err, .errlen = sizeof(err)};
+  rm_fence_io_t io = {.pg = pg, .err = err, .errlen = errlen};
   long long n = rm_fence_sweep(&io, TXP_BT_XA, retention_s, limit);
-  if (n < 0) {
-    rm__log(r->st->c, RM_LOG_WARN, "%s on \"%s\"", err, r->id);
-    return RM_E_DB;
-  }
-  return n;
+  return n < 0 ? RM_E_DB : n;
 }
 
 /* The mode has no state of its own (its arg is NULL). */
@@ -223,23 +220,7 @@ int rm_xa_resource_add(rm_client_t *c, const char *resource_id, const char *conn
     return rm__fail(RM_E_INVALID, "could not add an XA resource: the client, the resource id or the conninfo is NULL");
   rm_at_resource_t *r = rm__at_resource_find(c, resource_id);
   if (r && rm__at_resource_mode(r, TXP_BT_XA, NULL)) return 0; /* the same again */
-  char err[RM_ERRMSG_MAX];
-  rm_fence_probe_t p;
-  int rc = 0;
-  if (rm_fence_probe(conninfo, &p, err, sizeof(err)) != 0)
-    rc = rm__fail(RM_E_DB, "could not add XA resource \"%s\": %s", resource_id, err);
-  else if (!p.has_fence)
-    rc = rm__fail(RM_E_NO_TABLE,
-                  "could not add XA resource \"%s\": database \"%s\" has no branch_fence table (on its search_path; "
-                  "version 2 of the \"rm\" schema set): run `txc-db-migrate 'CONNINFO' rm` (scripts/db-migrate in "
-                  "the source tree), with this resource's conninfo",
-                  resource_id, p.db);
-  else if (p.max_prepared < 1)
-    rc = rm__fail(RM_E_NOT_SUPPORTED,
-                  "could not add XA resource \"%s\": the server of database \"%s\" has max_prepared_transactions = "
-                  "%d; set it to at least the number of XA branches open at once (for example 64, in "
-                  "postgresql.conf) and restart the server",
-                  resource_id, p.db, p.max_prepared);
+  int rc = rm_fence_require("XA", resource_id, conninfo, true);
   if (rc != 0) {
     rm__log(c, RM_LOG_ERROR, "%s", rm_errmsg());
     return rc;
@@ -269,15 +250,7 @@ int rm_xa_start(rm_client_t *c, const char *xid, const char *resource_id, PGconn
   if (rc != 0) return rm__fail(rc, "XA start of \"%s\" on \"%s\": registration failed: %s", xid, resource_id, err);
   if (rm__xa_failpoint_after_register) rm__xa_failpoint_after_register(xid, bid, rm__xa_failpoint_arg);
   TXC_FAILPOINT("rm.xa.after_register");
-  rm_fence_io_t io = {.pg = pg, .err = err, .errlen = sizeof(err)};
-  int found;
-  if (rm_fence_insert(&io, xid, bid, resource_id, TXP_BT_XA, NULL, &found) != 0)
-    return rm__fail(RM_E_DB, "XA start of \"%s\" (branch %lld): %s (roll back the transaction)", xid,
-                    (long long)bid, err);
-  const char *why;
-  if (!rm_fence_first_ok(found, &why))
-    return rm__fail(RM_E_FENCE, "XA start of \"%s\" (branch %lld): %s (roll back the transaction)", xid,
-                    (long long)bid, why);
+  if ((rc = rm_fence_first(pg, "XA start", xid, bid, resource_id, TXP_BT_XA, NULL)) != 0) return rc;
   if (branch_id) *branch_id = bid;
   return 0;
 }
