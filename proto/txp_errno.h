@@ -60,7 +60,8 @@
   X(NOT_SUPPORTED,     -10204, false, "statement not supported by the AT layer")        \
   X(ROLLBACK_PENDING,  -10205, true,  "rollback decided, not finished: the coordinator retries") \
   X(ROLLBACK_FAILED,   -10206, false, "rollback decided, a branch could not be undone") \
-  X(COMMIT_FAILED,     -10207, false, "commit decided, a branch could not be committed")
+  X(COMMIT_FAILED,     -10207, false, "commit decided, a branch could not be committed") \
+  X(COMMIT_PENDING,    -10208, true,  "saga going on: a step is retried by the coordinator")
 
 typedef enum txp_errno {
   TXP_OK = 0,

@@ -227,8 +227,54 @@ static void handle_begin(tc_ctx_t *ctx, tc_req_t *req) {
  * AsyncCommitting transaction is committed as far as the TM is concerned. */
 static int tm_visible_status(int s) { return s == TXP_GS_ASYNC_COMMITTING ? TXP_GS_COMMITTED : s; }
 
+static bool has_saga_step(const tc_op_t *op) {
+  for (int i = 0; i < op->nbranches; i++)
+    if (op->branches[i].branch_type == TXP_BT_SAGA) return true;
+  return false;
+}
+
+/* A saga's commit is its steps' actions, not a decision that stands
+ * whatever they do: the TM hears where the saga is. */
+static void saga_reply(call_t *c, int global_status) {
+  int code = 0;
+  const char *msg = NULL;
+  switch (global_status) {
+  case TXP_GS_COMMITTED:
+  case TXP_GS_COMMIT_FAILED: break; /* a branch that is not a step failed: rm_tm_commit says so */
+  case TXP_GS_ROLLBACKED:
+  case TXP_GS_TIMEOUT_ROLLBACKED:
+    code = TXP_EGLOBAL_NOT_ACTIVE;
+    msg = "a saga step failed for good: the steps before it were compensated (tcctl show XID has its error)";
+    break;
+  case TXP_GS_ROLLBACK_FAILED:
+  case TXP_GS_TIMEOUT_ROLLBACK_FAILED:
+    code = TXP_EROLLBACK_FAILED;
+    msg = "a saga step failed for good and a compensation failed for good too: an operator's (tcctl show XID)";
+    break;
+  default:
+    if (txp_global_status_is_rollback(global_status)) {
+      code = TXP_EROLLBACK_PENDING;
+      msg = "a saga step failed for good: its compensations are not all done yet; the coordinator retries them";
+    } else {
+      code = TXP_ECOMMIT_PENDING;
+      msg = "the saga goes on: a step is not done yet and the coordinator retries it (rm_tm_status tells when "
+            "it ends)";
+    }
+  }
+  txp_msg_t res;
+  txp_msg_init_result(&res, &c->req->msg, code, msg);
+  txp_msg_set_str(&res, TXP_F_XID, c->xid);
+  txp_msg_set_int(&res, TXP_F_GLOBAL_STATUS, global_status);
+  tc_req_reply(c->req, &res);
+  call_free(c);
+}
+
 static void after_phase2_reply(int global_status, void *arg) {
   call_t *c = arg;
+  if (c->op.kind == TC_OP_DECIDE && c->op.action == TC_DECIDE_COMMIT && has_saga_step(&c->op)) {
+    saga_reply(c, global_status);
+    return;
+  }
   /* A commit whose phase two is still retried is committed for the TM (the
    * decision stands); CommitFailed is passed on (an operator's). */
   if (global_status == TXP_GS_COMMITTING || global_status == TXP_GS_COMMIT_RETRYING)
@@ -685,11 +731,17 @@ static void handle_register(tc_ctx_t *ctx, tc_req_t *req) {
   const txp_msg_t *m = &req->msg;
   if (!require_xid_or_reply(ctx, req)) return;
   char msg[160];
-  if (m->branch_type != TXP_BT_AT && m->branch_type != TXP_BT_TCC && m->branch_type != TXP_BT_XA) {
-    snprintf(msg, sizeof(msg), "branch type %s is not supported: use AT, TCC or XA",
-             txp_branch_type_name((int)m->branch_type));
+  if (m->branch_type >= TXP_BT__MAX) {
+    snprintf(msg, sizeof(msg), "branch type %u is not supported: use AT, TCC, SAGA or XA", m->branch_type);
     ctx->stats.bad_requests++;
     tc_req_reply_code(req, TXP_EBAD_REQUEST, msg);
+    return;
+  }
+  if (m->branch_type == TXP_BT_SAGA && m->lock_keys && m->lock_keys[0]) {
+    /* A step runs after the decision, in its own local transaction: there
+     * is nothing for a global lock to protect. */
+    ctx->stats.bad_requests++;
+    tc_req_reply_code(req, TXP_EBAD_REQUEST, "a saga step takes no lock keys");
     return;
   }
   if (!m->resource_id || !m->resource_id[0]) {

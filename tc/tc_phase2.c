@@ -19,6 +19,20 @@
  *
  *   The number of drives in progress is bounded; past the bound a session is
  *   left to the recovery job (it is durable, only later).
+ *
+ *   Sagas.  A global with SAGA steps commits one branch at a time, in
+ *   registration order: the steps first (each call carries the step's
+ *   args, read from the store just before it: they are not kept in the
+ *   rows), then its other branches; a retryable failure stops the drive
+ *   until the backoff is over, as a rollback does.  An action that fails
+ *   for good turns the global to Rollbacking in the store op that records
+ *   it (sql/tc/009_saga.sql, TC_RES_COMPENSATE), and this drive hands its
+ *   rows, with the outcomes it recorded, to a rollback drive: the
+ *   compensations, newest first, of every step, the one that failed
+ *   included (the RM's fence makes that one an empty compensation when
+ *   its action left nothing).  A step whose action ran (PhaseTwoCommitted)
+ *   is not finished for a rollback.  A TM waiting for the commit is
+ *   answered when that rollback ends.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,9 +42,11 @@
 #include "txc_failpoint.h"
 #include "tc_phase2.h"
 #include "tc_server.h"
+#include "tc_store_read.h"
 
 #define MAX_ACTIVE_DRIVES 20000
 #define BRANCH_CALL_TIMEOUT_MS 10000
+#define BRANCH_DATA_READ_MS 5000
 
 const double tc_phase2_bounds[TC_PHASE2_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                                                     0.25,  0.5,    1,     2.5,  5,     10,   30};
@@ -48,6 +64,7 @@ typedef struct branch_ctx {
   tc_branch_row_t row;
   tc_op_t op;
   int answer; /* commit: the branch status the RM answered */
+  char *args;  /* a saga step's (malloc'd), read before its call */
   char error[512];
 } branch_ctx_t;
 
@@ -61,6 +78,10 @@ struct drive {
   int calls_pending;      /* commit: RM answers still awaited */
   tc_op_t all_op;         /* commit: "every branch committed", one store op */
   bool stopped;
+  bool sequential;        /* commit one branch at a time (a saga) */
+  bool compensate;        /* a saga's action failed for good: roll back */
+  tc_branch_row_t *rows;  /* every row, outcomes applied (a saga's, for the rollback) */
+  int nrows;
   uint64_t started_ns;
   void (*done)(int, void *);
   void *done_arg;
@@ -72,11 +93,29 @@ static void drive_finish(drive_t *d) {
   tc_ctx_t *ctx = d->ctx;
   ctx->stats.phase2_active--;
   observe(&ctx->stats, d->commit, uv_hrtime() - d->started_ns);
-  if (d->done) d->done(d->global_status, d->done_arg);
-  for (int i = 0; i < d->n; i++) tc_op_clear(&d->branches[i].op);
+  if (d->compensate) {
+    /* The saga rolls back now, from the outcomes recorded so far; the TM
+     * (if one waits) hears that rollback's end. */
+    tc_log_ctx_t lc = {d->xid, 0, NULL};
+    TC_LOG(TC_LOG_INFO, &lc, "saga step failed for good: compensating");
+    tc__phase2_drive(ctx, d->xid, d->global_status, d->rows, d->nrows, d->done, d->done_arg);
+  } else if (d->done) {
+    d->done(d->global_status, d->done_arg);
+  }
+  for (int i = 0; i < d->n; i++) {
+    tc_op_clear(&d->branches[i].op);
+    free(d->branches[i].args);
+  }
   tc_op_clear(&d->all_op);
   free(d->branches);
+  free(d->rows);
   free(d);
+}
+
+/* Keep the drive's copy of the rows in step with a recorded outcome. */
+static void row_recorded(drive_t *d, int64_t branch_id, int status) {
+  for (int i = 0; i < d->nrows; i++)
+    if (d->rows[i].branch_id == branch_id) d->rows[i].status = status;
 }
 
 /* A stored outcome ('b' is NULL for the all-committed op): update the
@@ -92,7 +131,11 @@ static void handle_stored(drive_t *d, tc_op_t *op, branch_ctx_t *b, int units) {
     d->stopped = true;
   } else {
     if (op->global_status) d->global_status = op->global_status;
-    if (op->finished) {
+    if (b) row_recorded(d, b->row.branch_id, b->op.branch_status);
+    if (op->res == TC_RES_COMPENSATE) {
+      d->compensate = true;
+      d->stopped = true;
+    } else if (op->finished) {
       if (txp_global_status_is_rollback(op->global_status)) tc_ctx_release_locks(ctx, d->xid);
     } else if (op->res == TC_RES_FAILED) {
       if (txp_global_status_is_commit(op->global_status)) ctx->stats.commit_failed++;
@@ -104,12 +147,12 @@ static void handle_stored(drive_t *d, tc_op_t *op, branch_ctx_t *b, int units) {
              b ? b->error : "?");
       d->stopped = true;
     } else if (op->res == TC_RES_RETRY) {
-      d->stopped = d->stopped || !d->commit;
+      d->stopped = d->stopped || !d->commit || d->sequential;
     } else if (op->res == TC_RES_NOT_FOUND) {
       d->stopped = true; /* finished elsewhere (another node, or a duplicate) */
     }
   }
-  if (!d->commit && !d->stopped && d->next < d->n) {
+  if ((!d->commit || d->sequential) && !d->stopped && d->next < d->n) {
     branch_call(d, &d->branches[d->next++]);
     return;
   }
@@ -208,13 +251,44 @@ static void on_branch_result(int status, const txp_msg_t *res, void *arg) {
   }
   if (bs == retry_status) ctx->stats.phase2_retryable++;
   if (bs == fail_status) ctx->stats.phase2_unretryable++;
-  if (d->commit) commit_answer(d, b, bs);
+  if (d->commit && !d->sequential) commit_answer(d, b, bs);
   else store_outcome(d, b, bs);
+}
+
+static void call_rm(drive_t *d, branch_ctx_t *b);
+
+/* A saga step's args are in the store: read them, then call. */
+static void on_step_args(int status, const char *err, const char *data, void *arg) {
+  branch_ctx_t *b = arg;
+  drive_t *d = b->d;
+  if (status != 0) {
+    /* Retried like an RM that cannot be reached. */
+    snprintf(b->error, sizeof(b->error), "could not read the saga step's args from the store: %s",
+             err && err[0] ? err : "store unreachable");
+    store_outcome(d, b, d->commit ? TXP_BS_PHASE2_COMMIT_FAILED_RETRYABLE : TXP_BS_PHASE2_ROLLBACK_FAILED_RETRYABLE);
+    return;
+  }
+  if (data && !(b->args = strdup(data))) {
+    snprintf(b->error, sizeof(b->error), "out of memory");
+    store_outcome(d, b, d->commit ? TXP_BS_PHASE2_COMMIT_FAILED_RETRYABLE : TXP_BS_PHASE2_ROLLBACK_FAILED_RETRYABLE);
+    return;
+  }
+  call_rm(d, b);
 }
 
 static void branch_call(drive_t *d, branch_ctx_t *b) {
   tc_ctx_t *ctx = d->ctx;
   d->pending++;
+  if (b->row.branch_type == TXP_BT_SAGA && !b->args) {
+    int rc = tc_read_branch_data(ctx->store, d->xid, b->row.branch_id, BRANCH_DATA_READ_MS, on_step_args, b);
+    if (rc != 0) on_step_args(rc, "the store's reader queue is full", NULL, b);
+    return;
+  }
+  call_rm(d, b);
+}
+
+static void call_rm(drive_t *d, branch_ctx_t *b) {
+  tc_ctx_t *ctx = d->ctx;
   ctx->stats.phase2_calls++;
   txp_msg_t m;
   txp_msg_init(&m, d->commit ? TXP_MSG_BRANCH_COMMIT : TXP_MSG_BRANCH_ROLLBACK);
@@ -222,6 +296,7 @@ static void branch_call(drive_t *d, branch_ctx_t *b) {
   txp_msg_set_int(&m, TXP_F_BRANCH_ID, b->row.branch_id);
   txp_msg_set_str(&m, TXP_F_RESOURCE_ID, b->row.resource_id);
   txp_msg_set_int(&m, TXP_F_BRANCH_TYPE, b->row.branch_type);
+  if (b->args) txp_msg_set_str(&m, TXP_F_APP_DATA, b->args);
   tc_conn_t *conn = tc_server_find_branch_rm(ctx->server, b->row.resource_id, b->row.client_id,
                                              b->row.application_id, b->row.app_group);
   if (!conn) {
@@ -232,7 +307,7 @@ static void branch_call(drive_t *d, branch_ctx_t *b) {
     ctx->stats.phase2_no_rm++;
     snprintf(b->error, sizeof(b->error), "no resource manager connected for resource \"%s\"",
              b->row.resource_id);
-    if (d->commit) commit_answer(d, b, TXP_BS_PHASE2_COMMIT_FAILED_RETRYABLE);
+    if (d->commit && !d->sequential) commit_answer(d, b, TXP_BS_PHASE2_COMMIT_FAILED_RETRYABLE);
     else store_outcome(d, b, TXP_BS_PHASE2_ROLLBACK_FAILED_RETRYABLE);
     return;
   }
@@ -240,8 +315,11 @@ static void branch_call(drive_t *d, branch_ctx_t *b) {
   if (rc != 0) on_branch_result(rc, NULL, b);
 }
 
-static bool branch_finished(int s) {
-  return s == TXP_BS_PHASE2_COMMITTED || s == TXP_BS_PHASE2_ROLLBACKED;
+/* Whether phase two has nothing left to do on 'row': a saga step whose
+ * action ran still has its compensation to run in a rollback. */
+static bool branch_finished(bool commit, const tc_branch_row_t *row) {
+  if (row->status == TXP_BS_PHASE2_ROLLBACKED) return true;
+  return row->status == TXP_BS_PHASE2_COMMITTED && (commit || row->branch_type != TXP_BT_SAGA);
 }
 
 void tc__phase2_drive(tc_ctx_t *ctx, const char *xid, int global_status,
@@ -251,9 +329,13 @@ void tc__phase2_drive(tc_ctx_t *ctx, const char *xid, int global_status,
     if (done) done(global_status, arg);
     return; /* durable: recovery drives it when the lease expires */
   }
+  bool saga = false;
+  for (int i = 0; i < nrows; i++) saga = saga || rows[i].branch_type == TXP_BT_SAGA;
   drive_t *d = calloc(1, sizeof(*d));
   if (d && nrows > 0) d->branches = calloc((size_t)nrows, sizeof(branch_ctx_t));
-  if (!d || (nrows > 0 && !d->branches)) {
+  if (d && saga) d->rows = malloc((size_t)nrows * sizeof(tc_branch_row_t));
+  if (!d || (nrows > 0 && !d->branches) || (saga && !d->rows)) {
+    if (d) free(d->branches);
     free(d);
     if (done) done(global_status, arg);
     return;
@@ -265,19 +347,28 @@ void tc__phase2_drive(tc_ctx_t *ctx, const char *xid, int global_status,
   d->global_status = global_status;
   d->done = done;
   d->done_arg = arg;
+  d->sequential = commit && saga;
+  if (saga) {
+    memcpy(d->rows, rows, (size_t)nrows * sizeof(tc_branch_row_t));
+    d->nrows = nrows;
+  }
   /* Driving order: commit in any order (all at once), rollback newest
-   * first.  Branches already finished are skipped, except that one is kept
-   * when all are: recording it again lets the store finish the session. */
+   * first; a saga's commit: its steps in order, then the rest.  Branches
+   * already finished are skipped, except that one is kept when all are:
+   * recording it again lets the store finish the session. */
   int last_finished = -1;
-  for (int k = 0; k < nrows; k++) {
-    int i = commit ? k : nrows - 1 - k;
-    if (branch_finished(rows[i].status)) {
-      last_finished = i;
-      continue;
+  for (int pass = 0; pass < (d->sequential ? 2 : 1); pass++) {
+    for (int k = 0; k < nrows; k++) {
+      int i = commit ? k : nrows - 1 - k;
+      if (d->sequential && (rows[i].branch_type == TXP_BT_SAGA) != (pass == 0)) continue;
+      if (branch_finished(commit, &rows[i])) {
+        last_finished = i;
+        continue;
+      }
+      branch_ctx_t *b = &d->branches[d->n++];
+      b->d = d;
+      b->row = rows[i];
     }
-    branch_ctx_t *b = &d->branches[d->n++];
-    b->d = d;
-    b->row = rows[i];
   }
   ctx->stats.phase2_active++;
   if (d->n == 0) {
@@ -293,7 +384,7 @@ void tc__phase2_drive(tc_ctx_t *ctx, const char *xid, int global_status,
     d->next = d->n;
     return;
   }
-  if (commit) {
+  if (commit && !d->sequential) {
     /* Hold an extra count while starting the calls: a call that fails at
      * once must not finish (and free) the drive under this loop. */
     d->next = d->n;

@@ -263,6 +263,7 @@ static tc_res_t parse_res(const char *w) {
     {"failed", TC_RES_FAILED},
     {"retry", TC_RES_RETRY},
     {"not_owner", TC_RES_NOT_OWNER},
+    {"compensate", TC_RES_COMPENSATE},
   };
   for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++)
     if (strcmp(map[i].word, w) == 0) return map[i].res;

@@ -74,6 +74,8 @@ typedef enum tc_res {
   TC_RES_FAILED,
   TC_RES_RETRY,
   TC_RES_NOT_OWNER, /* the caller may not act on this xid or branch */
+  TC_RES_COMPENSATE, /* PHASE2: a saga step's action failed for good; the
+                        global is Rollbacking now (sql/tc/009_saga.sql) */
 } tc_res_t;
 
 typedef enum tc_decide_action { TC_DECIDE_COMMIT, TC_DECIDE_ROLLBACK, TC_DECIDE_TIMEOUT } tc_decide_action_t;

@@ -194,6 +194,27 @@ int tc_read_status(tc_store_t *st, const char *xid, const char *app_id, const ch
               3, v, deadline_ms);
 }
 
+static void on_branch_data(tc_pg_job_t *job, int status, void *arg) {
+  rd_t *rd = arg;
+  const PGresult *r = status == TC_PG_OK ? tc_pg_job_result(job, 0) : NULL;
+  const char *data = r && PQntuples(r) > 0 ? col_s(r, 0, 0) : NULL;
+  rd->cb.answer(status, err_of(job, status), data, rd->arg);
+  free(rd);
+}
+
+int tc_read_branch_data(tc_store_t *st, const char *xid, int64_t branch_id, unsigned deadline_ms,
+                        tc_read_answer_cb cb, void *arg) {
+  rd_t *rd = rd_new(arg);
+  if (!rd) return TC_READ_ENOMEM;
+  rd->cb.answer = cb;
+  char bid[24];
+  snprintf(bid, sizeof(bid), "%" PRId64, branch_id);
+  const char *v[] = {xid, bid};
+  return run1(st, rd, on_branch_data,
+              "SELECT application_data FROM branch_table WHERE xid = $1 AND branch_id = $2::bigint", 2, v,
+              deadline_ms);
+}
+
 /* Row keys of the lock keys of 'resource' as a PostgreSQL text[] literal. */
 typedef struct {
   txp_buf_t buf;

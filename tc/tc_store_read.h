@@ -158,6 +158,13 @@ typedef void (*tc_read_status_cb)(int status, const char *err, const tc_read_sta
 int tc_read_status(tc_store_t *st, const char *xid, const char *app_id, const char *group, unsigned deadline_ms,
                    tc_read_status_cb cb, void *arg);
 
+/* The application data a branch was registered with (a saga step's
+ * args, which phase two sends with each call): 'answer' is NULL when the
+ * branch is gone or has none. */
+typedef void (*tc_read_answer_cb)(int status, const char *err, const char *answer, void *arg);
+int tc_read_branch_data(tc_store_t *st, const char *xid, int64_t branch_id, unsigned deadline_ms,
+                        tc_read_answer_cb cb, void *arg);
+
 /* 'holder': an xid holding one of the keys, NULL when none does. */
 typedef void (*tc_read_holder_cb)(int status, const char *err, const char *holder, void *arg);
 
@@ -396,7 +403,6 @@ void tc_read_conn_close(tc_read_conn_t *c, void (*done)(void *arg), void *arg);
 /* The leader's lock: tc_leader_try (sql/tc/003_cluster.sql), which also
  * fences a stalled holder.  'answer': "leader", "fenced", "no-privilege"
  * or what else it said. */
-typedef void (*tc_read_answer_cb)(int status, const char *err, const char *answer, void *arg);
 int tc_read_leader_try(tc_read_conn_t *c, int64_t lock_key, int node_id, int lease_ms, unsigned deadline_ms,
                        tc_read_answer_cb cb, void *arg);
 

@@ -562,6 +562,54 @@ static void print_waiters(const json_t *q, const char *indent) {
   table_print(&t);
 }
 
+/* A saga step's state in words, from its branch status's name. */
+static const char *saga_state(const char *status) {
+  static const struct {
+    const char *status, *state;
+  } map[] = {
+    {"Registered", "waiting"},
+    {"PhaseTwoCommitted", "action done"},
+    {"PhaseTwoCommitFailedRetryable", "action retried"},
+    {"PhaseTwoCommitFailedUnretryable", "action failed"},
+    {"PhaseTwoRollbacked", "compensated"},
+    {"PhaseTwoRollbackFailedRetryable", "compensation retried"},
+    {"PhaseTwoRollbackFailedUnretryable", "compensation failed"},
+  };
+  for (size_t i = 0; status && i < sizeof(map) / sizeof(map[0]); i++)
+    if (strcmp(map[i].status, status) == 0) return map[i].state;
+  return status ? status : "?";
+}
+
+/* The saga steps among 'branches' (in branch id order: the order they
+ * run in), with their args. */
+static void print_saga_steps(const json_t *branches) {
+  size_t i, n = 0;
+  const json_t *b;
+  json_array_foreach(branches, i, b) {
+    const char *type = json_string_value(json_object_get(b, "branch_type"));
+    if (type && strcmp(type, "SAGA") == 0) n++;
+  }
+  if (n == 0) return;
+  printf("\n%zu saga step%s (actions in this order, compensations newest first)\n", n, n == 1 ? "" : "s");
+  static const char *const titles[] = {"STEP", "BRANCH", "RESOURCE", "STATE", "ARGS"};
+  static const int maxw[] = {0, 0, 0, 0, 60};
+  table_t t;
+  table_init(&t, 5, titles, maxw);
+  size_t step = 0;
+  json_array_foreach(branches, i, b) {
+    const char *type = json_string_value(json_object_get(b, "branch_type"));
+    if (!type || strcmp(type, "SAGA") != 0) continue;
+    char(*row)[CELL] = table_row(&t);
+    if (!row) break;
+    snprintf(row[0], CELL, "%zu", ++step);
+    field(b, "branch_id", row[1], CELL);
+    field(b, "resource_id", row[2], CELL);
+    snprintf(row[3], CELL, "%s", saga_state(json_string_value(json_object_get(b, "status"))));
+    field(b, "application_data", row[4], CELL);
+  }
+  table_print(&t);
+}
+
 static void print_global(const json_t *a) {
   const json_t *g = json_object_get(a, "global");
   char v[CELL], v2[CELL];
@@ -621,6 +669,7 @@ static void print_global(const json_t *a) {
       field(b, "last_error", row[6], CELL);
     }
     table_print(&t);
+    print_saga_steps(branches);
   }
   const json_t *locks = json_object_get(a, "locks");
   printf("\n%zu lock%s%s\n", json_array_size(locks), json_array_size(locks) == 1 ? "" : "s",

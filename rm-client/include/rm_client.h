@@ -87,6 +87,9 @@ enum {
   RM_E_COMMIT_FAILED = -10207,    /* rm_tm_commit: committed as a decision, but a branch's
                                      phase two failed for good (*status CommitFailed): an
                                      operator's (`tcctl show XID`) */
+  RM_E_COMMIT_PENDING = -10208,   /* rm_tm_commit of a saga: a step is not done yet and the
+                                     coordinator retries it (*status Committing or
+                                     CommitRetrying); rm_tm_status tells how it ends */
   RM_E_DB = -10300,             /* a database statement failed (see errmsg) */
   RM_E_NO_TABLE = -10301,       /* unknown table */
   RM_E_NO_PK = -10302,          /* table has no primary key */
@@ -669,6 +672,68 @@ RM_API int rm_tcc_resource_add(rm_client_t *c, const char *resource_id, const ch
  */
 RM_API int rm_tcc_try(rm_client_t *c, const char *xid, const char *resource_id, PGconn *pg, const char *args,
                       int64_t *branch_id);
+
+/* ----------------------------------------------------- RM: Saga mode --- */
+
+/*
+ * A saga: a global transaction of ordered steps, each an action and its
+ * compensation.  The TM begins the global and adds the steps in order
+ * (rm_saga_step: the resource and the step's args, which the coordinator
+ * stores); rm_tm_commit then lets the coordinator run the actions one at
+ * a time, in that order, each through an RM serving the step's resource
+ * (rm_saga_resource_add), with phase two's retries.  When an action fails
+ * for good (RM_TCC_FAILED, or the fence refuses it), the coordinator runs
+ * the compensations, newest first, of the steps before it and of the step
+ * itself.  Its state is in the coordinator's store: a coordinator that
+ * dies goes on where it was; `tcctl show XID` lists the steps.
+ *
+ * Each action and each compensation runs inside a local transaction of
+ * the resource's database with the fence row (as TCC's confirm and
+ * cancel): at most once, duplicates answered from the row; a compensation
+ * of a step whose action never committed is an empty compensation
+ * (recorded, its handler not run), and an action that comes after it is
+ * refused.  A handler's change outside the database must be idempotent.
+ *
+ * rm_tm_commit of a saga returns: 0 (*status Committed: every action
+ * ran); RM_E_GLOBAL_NOT_ACTIVE (*status Rollbacked: a step failed, the
+ * saga is compensated; rm_errmsg has why); RM_E_COMMIT_PENDING (a step is
+ * being retried); RM_E_ROLLBACK_PENDING (compensations being retried);
+ * RM_E_ROLLBACK_FAILED (a compensation failed for good: an operator's).
+ * rm_tm_rollback before the commit: every step is compensated (empty:
+ * no action ran).  A saga may hold TCC and XA branches too; an AT
+ * branch's global locks go at the commit decision, so its undo, should a
+ * later step fail, may find the row changed (checked: RollbackFailed for
+ * an operator, nothing overwritten): keep AT out of sagas.
+ */
+
+/* The handlers of a saga resource; rm_tcc_call_t.args is the step's args. */
+typedef struct rm_saga_handlers {
+  rm_tcc_handler_fn action;     /* required */
+  rm_tcc_handler_fn compensate; /* required */
+  void *arg;                    /* passed to both; must outlive the client */
+} rm_saga_handlers_t;
+
+/*
+ * Run the saga steps of 'resource_id' (one PostgreSQL database with the
+ * fence, as for rm_tcc_resource_add) with 'h', for every saga of the
+ * coordinator, while this process runs.  0, or RM_E_INVALID (NULL, a
+ * missing handler, saga handlers set already), RM_E_NO_TABLE (no
+ * branch_fence table), the codes of rm_resource_add.
+ */
+RM_API int rm_saga_resource_add(rm_client_t *c, const char *resource_id, const char *conninfo,
+                                const rm_saga_handlers_t *h);
+
+/*
+ * Add the next step of saga 'xid' (begun, not yet committed) on
+ * 'resource_id' with 'args' (text the handlers get, at most 64 KiB, may be
+ * NULL).  This process need not serve the resource.  '*branch_id' (may be
+ * NULL) gets the step's id.  Add the steps one after the other (each call
+ * returns before the next): their order is the order of the calls.
+ * Codes: the coordinator's (RM_E_GLOBAL_NOT_ACTIVE once the saga is
+ * committed or rolled back, RM_E_TIMED_OUT), RM_E_INVALID.
+ */
+RM_API int rm_saga_step(rm_client_t *c, const char *xid, const char *resource_id, const char *args,
+                        int64_t *branch_id);
 
 /* ------------------------------------------------------- RM: XA mode --- */
 

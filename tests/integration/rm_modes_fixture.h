@@ -1,5 +1,5 @@
 /*
- * rm_modes_fixture.h - what the TCC and XA tests share (test_rm_modes.c
+ * rm_modes_fixture.h - what the TCC, saga and XA tests share (test_rm_modes.c
  * defines it; test_rm_tcc.c and test_rm_xa.c run in the same program).
  */
 #ifndef RM_MODES_FIXTURE_H
@@ -21,6 +21,7 @@
 #define RES_ALONE "wallet_b"   /* one only the short-lived clients serve */
 #define XA_RES "ledger"        /* the XA resource of the main client, on the stock database */
 #define XA_ALONE "ledger_b"    /* one only the short-lived clients serve */
+#define SAGA_RES "trip"        /* the saga resource of the main client, on the stock database */
 
 extern const char *stock_url, *orders_url, *tc_url;
 extern tcd_proc_t tcd;
@@ -82,6 +83,15 @@ void test_rm_gone_between_try_and_confirm(void **state);
 void test_sweep(void **state);
 void test_bad_input(void **state);
 void test_tc_killed_after_decision(void **state);
+
+/* test_rm_saga.c */
+extern const rm_saga_handlers_t saga_handlers;
+void test_saga_forward(void **state);
+void test_saga_compensated(void **state);
+void test_saga_retried(void **state);
+void test_saga_rolled_back_before_commit(void **state);
+void test_saga_tc_killed_mid_step(void **state);
+void test_saga_bad_input(void **state);
 
 /* test_rm_xa.c */
 void test_xa_commit_and_rollback(void **state);

@@ -211,6 +211,8 @@ static int group_setup(void **state) {
   if (!s || !o) return -1;
   bool ok = exec_ok(s, "CREATE TABLE IF NOT EXISTS tcc_account (id text PRIMARY KEY, balance int NOT NULL,"
                        " frozen int NOT NULL DEFAULT 0, CHECK (frozen >= 0 AND frozen <= balance))") &&
+            exec_ok(s, "CREATE TABLE IF NOT EXISTS saga_log (seq bigserial PRIMARY KEY, xid text NOT NULL,"
+                       " step text NOT NULL, kind text NOT NULL)") &&
             exec_ok(o, "CREATE TABLE IF NOT EXISTS tcc_order (k text PRIMARY KEY, v text)");
   PQfinish(s);
   PQfinish(o);
@@ -232,7 +234,8 @@ static int group_setup(void **state) {
   rm_at_tuning_t t = {.lock_timeout_ms = 1000, .statement_timeout_ms = 5000};
   if (rm__at_tune(client, &t) != 0) return -1;
   if (rm_tcc_resource_add(client, RES, stock_url, &tcc_handlers) != 0 ||
-      rm_xa_resource_add(client, XA_RES, stock_url) != 0 || rm_resource_add(client, "orders", orders_url) != 0) {
+      rm_xa_resource_add(client, XA_RES, stock_url) != 0 || rm_resource_add(client, "orders", orders_url) != 0 ||
+      rm_saga_resource_add(client, SAGA_RES, stock_url, &saga_handlers) != 0) {
     fprintf(stderr, "resource_add: %s\n", rm_errmsg());
     return -1;
   }
@@ -310,6 +313,12 @@ int main(void) {
     cmocka_unit_test(test_xa_mixed_at_tcc_xa),
     cmocka_unit_test(test_xa_bad_input),
     cmocka_unit_test(test_xa_rm_gone_and_tc_killed),
+    cmocka_unit_test(test_saga_forward),
+    cmocka_unit_test(test_saga_compensated),
+    cmocka_unit_test(test_saga_retried),
+    cmocka_unit_test(test_saga_rolled_back_before_commit),
+    cmocka_unit_test(test_saga_bad_input),
+    cmocka_unit_test(test_saga_tc_killed_mid_step),
     cmocka_unit_test(test_tc_killed_after_decision),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -1,7 +1,7 @@
 /*
  * test_fence.c - the fence's rules (rm-client/src/fence/rm_fence_rules.c):
- * every row state against a commit, a rollback and a phase one, and the
- * names.
+ * every row state against a commit, a rollback and a phase one, the saga
+ * step's rules (action and compensation), and the names.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -114,6 +114,58 @@ static void test_only_tried_runs(void **state) {
   }
 }
 
+/* ------------------------------------------------------------ saga steps */
+
+static rm_fence_action_t saga(bool action, int found, int *to, const char **why) {
+  *to = -1;
+  *why = "unset";
+  return rm_fence_saga(action, found, to, why);
+}
+
+static void test_saga_action_runs_once(void **state) {
+  (void)state;
+  int to;
+  const char *why;
+  /* No row: the action runs and writes CONFIRMED; a second one is a duplicate. */
+  assert_int_equal(saga(true, RM_FENCE_NONE, &to, &why), RM_FENCE_RUN);
+  assert_int_equal(to, RM_FENCE_CONFIRMED);
+  assert_null(why);
+  assert_int_equal(saga(true, RM_FENCE_CONFIRMED, &to, &why), RM_FENCE_DONE);
+  assert_int_equal(to, RM_FENCE_NONE);
+}
+
+static void test_saga_compensation(void **state) {
+  (void)state;
+  int to;
+  const char *why;
+  /* After the action: the compensation runs, once. */
+  assert_int_equal(saga(false, RM_FENCE_CONFIRMED, &to, &why), RM_FENCE_RUN);
+  assert_int_equal(to, RM_FENCE_CANCELLED);
+  assert_int_equal(saga(false, RM_FENCE_CANCELLED, &to, &why), RM_FENCE_DONE);
+  /* No action committed (it failed, or never came): an empty compensation, recorded, no handler. */
+  assert_int_equal(saga(false, RM_FENCE_NONE, &to, &why), RM_FENCE_RECORD);
+  assert_int_equal(to, RM_FENCE_CANCELLED_EMPTY);
+  assert_int_equal(saga(false, RM_FENCE_CANCELLED_EMPTY, &to, &why), RM_FENCE_DONE);
+}
+
+static void test_saga_late_action_refused(void **state) {
+  (void)state;
+  int to;
+  const char *why;
+  assert_int_equal(saga(true, RM_FENCE_CANCELLED_EMPTY, &to, &why), RM_FENCE_REFUSE);
+  assert_non_null(strstr(why, "anti-hanging"));
+  assert_int_equal(saga(true, RM_FENCE_CANCELLED, &to, &why), RM_FENCE_REFUSE);
+  /* TRIED is never committed by a step; unknown statuses are refused both ways. */
+  for (int commit = 0; commit <= 1; commit++) {
+    assert_int_equal(saga(commit, RM_FENCE_TRIED, &to, &why), RM_FENCE_REFUSE);
+    assert_int_equal(saga(commit, 11, &to, &why), RM_FENCE_REFUSE);
+    assert_non_null(why);
+  }
+  /* A step never answers "retry" from its row: nothing is in flight that a retry waits for. */
+  for (int s = RM_FENCE_NONE; s <= RM_FENCE_CANCELLED_EMPTY; s++)
+    for (int commit = 0; commit <= 1; commit++) assert_int_not_equal(saga(commit, s, &to, &why), RM_FENCE_RETRY);
+}
+
 static void test_names(void **state) {
   (void)state;
   assert_string_equal(rm_fence_status_name(RM_FENCE_NONE), "none");
@@ -133,6 +185,9 @@ int main(void) {
     cmocka_unit_test(test_contradictions_are_refused),
     cmocka_unit_test(test_try),
     cmocka_unit_test(test_only_tried_runs),
+    cmocka_unit_test(test_saga_action_runs_once),
+    cmocka_unit_test(test_saga_compensation),
+    cmocka_unit_test(test_saga_late_action_refused),
     cmocka_unit_test(test_names),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

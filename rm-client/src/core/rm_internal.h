@@ -67,6 +67,7 @@ typedef struct rm_phase2_req {
   int64_t branch_id;
   const char *resource_id;
   int branch_type;
+  const char *args; /* the coordinator's application data (a saga step's args); NULL if none */
 } rm_phase2_req_t;
 
 /*

@@ -11,6 +11,7 @@
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "rm_core.h"
 
@@ -31,8 +32,14 @@ typedef struct p2_job {
   int code;
   char xid[TXP_MAX_XID_LEN + 1];
   char resource_id[TXP_MAX_RESOURCE_LEN + 1];
+  char *args; /* the request's application data (a saga step's args), owned */
   char errmsg[TXP_MAX_MESSAGE_LEN + 1];
 } p2_job_t;
+
+static void p2_free(p2_job_t *j) {
+  free(j->args);
+  free(j);
+}
 
 /* Send the *_RESULT of a phase-two request; a message the encoder refuses
  * (not UTF-8) is dropped rather than the answer. */
@@ -56,7 +63,7 @@ static void p2_answer(rm_conn_t *conn, uint16_t type, uint64_t request_id, const
 
 static void p2_work(uv_work_t *w) {
   p2_job_t *j = w->data;
-  rm_phase2_req_t req = {j->commit, j->xid, j->branch_id, j->resource_id, j->branch_type};
+  rm_phase2_req_t req = {j->commit, j->xid, j->branch_id, j->resource_id, j->branch_type, j->args};
   j->code = 0;
   j->errmsg[0] = '\0';
   void *rm = rm__rm_peek(j->c);
@@ -104,7 +111,7 @@ static void p2_after(uv_work_t *w, int status) {
     RM_LOG_C(c, RM_LOG_DEBUG, "dropping the answer to %s of branch %" PRId64 ": its connection is gone",
         txp_msg_type_name(j->type), j->branch_id);
   }
-  free(j);
+  p2_free(j);
 }
 
 /* BranchCommit/BranchRollback from a coordinator: run the AT layer's
@@ -118,7 +125,7 @@ static void start_phase2(rm_client_t *c, rm_conn_t *conn, const txp_msg_t *m) {
     return;
   }
   int branch_type = txp_msg_has(m, TXP_F_BRANCH_TYPE) ? (int)m->branch_type : TXP_BT_AT;
-  rm_phase2_req_t fast = {commit, m->xid, m->branch_id, m->resource_id, branch_type};
+  rm_phase2_req_t fast = {commit, m->xid, m->branch_id, m->resource_id, branch_type, NULL};
   void *rm = rm__rm_peek(c);
   if (rm && c->rm_ops->commit_queued(rm, &fast)) {
     /* Answered from here: a trip through the thread pool would cost two
@@ -143,12 +150,17 @@ static void start_phase2(rm_client_t *c, rm_conn_t *conn, const txp_msg_t *m) {
   j->branch_type = branch_type;
   snprintf(j->xid, sizeof(j->xid), "%s", m->xid ? m->xid : "");
   snprintf(j->resource_id, sizeof(j->resource_id), "%s", m->resource_id ? m->resource_id : "");
+  if (m->application_data && !(j->args = strdup(m->application_data))) {
+    p2_answer(conn, m->type, m->request_id, m->xid, m->branch_id, TXP_ENOMEM, retry, "out of memory");
+    free(j);
+    return;
+  }
   j->work.data = j;
   int rc = uv_queue_work(&c->loop, &j->work, p2_work, p2_after);
   if (rc != 0) {
     p2_answer(conn, m->type, m->request_id, m->xid, m->branch_id, TXP_EINTERNAL, retry,
               "could not queue phase two on this client");
-    free(j);
+    p2_free(j);
     return;
   }
   c->phase2_jobs++;

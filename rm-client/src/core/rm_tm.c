@@ -120,7 +120,8 @@ static int tm_refused(int rc, rm_client_t *c, const char *what, const char *xid,
 static int tm_failed(int rc, rm_call_t *k, bool completed, const char *what) {
   const char *why = completed && k->errmsg[0] ? k->errmsg : rm_strerror(rc);
   if (k->type == TXP_MSG_GLOBAL_BEGIN) return rm__fail(rc, "could not %s: %s", what, why);
-  if (rc == RM_E_ROLLBACK_PENDING || rc == RM_E_ROLLBACK_FAILED || rc == RM_E_COMMIT_FAILED)
+  if (rc == RM_E_ROLLBACK_PENDING || rc == RM_E_ROLLBACK_FAILED || rc == RM_E_COMMIT_FAILED ||
+      rc == RM_E_COMMIT_PENDING)
     return rm__fail(rc, "%s", why);
   if (completed && k->status)
     return rm__fail(rc, "could not %s \"%s\": %s (status %s)", what, k->xid, why,

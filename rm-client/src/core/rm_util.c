@@ -41,6 +41,7 @@ _Static_assert((int)RM_E_NOT_SUPPORTED == (int)TXP_ENOT_SUPPORTED, "RM_E_NOT_SUP
 _Static_assert((int)RM_E_ROLLBACK_PENDING == (int)TXP_EROLLBACK_PENDING, "RM_E_ROLLBACK_PENDING is TXP_EROLLBACK_PENDING");
 _Static_assert((int)RM_E_ROLLBACK_FAILED == (int)TXP_EROLLBACK_FAILED, "RM_E_ROLLBACK_FAILED is TXP_EROLLBACK_FAILED");
 _Static_assert((int)RM_E_COMMIT_FAILED == (int)TXP_ECOMMIT_FAILED, "RM_E_COMMIT_FAILED is TXP_ECOMMIT_FAILED");
+_Static_assert((int)RM_E_COMMIT_PENDING == (int)TXP_ECOMMIT_PENDING, "RM_E_COMMIT_PENDING is TXP_ECOMMIT_PENDING");
 /* Every global status, so that a caller can name each one the TC answers. */
 #define RM_GS_SAME(rm, txp) _Static_assert((int)(rm) == (int)(txp), #rm " is " #txp)
 RM_GS_SAME(RM_GS_UNKNOWN, TXP_GS_UNKNOWN);

@@ -1,8 +1,10 @@
 /*
- * rm_fence.h - the fence of TCC and XA branches: its rules (pure, no I/O:
- * rm_fence_rules.c, every case in tests/unit/test_fence.c) and the SQL on
- * its rows (rm_fence_sql.c, the table sql/rm/002_branch_fence.sql).
- * tcc/ and xa/ use it; it knows only libpq and the core's error helper.
+ * rm_fence.h - the fence of TCC, XA and saga branches: its rules (pure,
+ * no I/O: rm_fence_rules.c, every case in tests/unit/test_fence.c), the
+ * SQL on its rows (rm_fence_sql.c, the table sql/rm/002_branch_fence.sql)
+ * and one phase two behind it with a handler (rm_fence_run.c).  tcc/,
+ * saga/ and xa/ use it; it knows only libpq, the public header's handler
+ * types and the core's error helper.
  *
  * NOTES
  *   A branch's fence row (xid, branch_id) is written in the local
@@ -19,6 +21,15 @@
  *                -> done; no row -> record CANCELLED_EMPTY (the empty
  *                rollback; a late phase one now fails on the key);
  *                CONFIRMED -> refuse
+ *   A saga step has no phase one: its action is phase one and commit in
+ *   one local transaction (rm_fence_saga):
+ *     action     no row -> insert it, run it, CONFIRMED; CONFIRMED -> done;
+ *                CANCELLED or CANCELLED_EMPTY -> refuse (compensated first:
+ *                anti-hanging)
+ *     compensate CONFIRMED -> run it, CANCELLED; no row -> record
+ *                CANCELLED_EMPTY (the action never committed: an empty
+ *                compensation, and a late action now fails on the key);
+ *                CANCELLED or CANCELLED_EMPTY -> done
  *   "Refuse" is a contradiction that no retry can mend (the branch was
  *   both committed and rolled back, as far as the coordinator asks): the
  *   branch fails for good and an operator looks (tcctl show XID).
@@ -54,6 +65,10 @@ typedef enum rm_fence_action {
  * status, or NONE).  '*to': the status to write for RUN and RECORD;
  * '*why': for RETRY and REFUSE, a sentence for the operator. */
 rm_fence_action_t rm_fence_phase2(bool commit, int found, int *to, const char **why);
+
+/* The same for a saga step (commit: its action; rollback: its
+ * compensation).  RUN with 'found' NONE: insert the row, then run. */
+rm_fence_action_t rm_fence_saga(bool commit, int found, int *to, const char **why);
 
 /* A phase one that found the row 'found' when inserting its own (NONE: the
  * insert went in): true to go on, false (with '*why') to refuse. */
@@ -120,5 +135,35 @@ int rm_fence_first(PGconn *pg, const char *what, const char *xid, int64_t bid, c
                    int branch_type, const char *args);
 /* Run one command without parameters ("BEGIN", "COMMIT"): 0 or -1. */
 int rm_fence_command(rm_fence_io_t *io, const char *sql, const char *what);
+
+/* ------------------------------------------- phase two behind the fence */
+
+struct rm_tcc_call; /* rm_client.h */
+
+typedef rm_fence_action_t (*rm_fence_rules_fn)(bool commit, int found, int *to, const char **why);
+
+/* One phase two of a branch: what rm_fence_run needs to know. */
+typedef struct rm_fence_job {
+  bool commit;
+  const char *xid;
+  int64_t branch_id;
+  const char *resource_id;
+  int branch_type;
+  const char *mode;     /* "TCC", "saga": for messages */
+  const char *what;     /* "confirm", "compensation", ...: for messages */
+  const char *args;     /* given to the handler (and a new row); NULL: the row's */
+  rm_fence_rules_fn rules;
+  int (*handler)(const struct rm_tcc_call *call, void *arg, char *errmsg, size_t errlen);
+  void *handler_arg;
+} rm_fence_job_t;
+
+/* Phase two in one local transaction on 'io->pg' (idle): lock the row,
+ * let 'rules' decide, record or run the handler and set the row, commit;
+ * rolled back on any failure, so the connection is idle again (or
+ * 'io->bad').  The branch status to answer: PhaseTwoCommitted or
+ * PhaseTwoRollbacked on success, else a *Retryable or *Unretryable one
+ * with '*code' and 'io->err' set.  '*empty' (may be NULL): true when an
+ * empty rollback or compensation was recorded. */
+int rm_fence_run(rm_fence_io_t *io, const rm_fence_job_t *job, int *code, bool *empty);
 
 #endif /* RM_FENCE_H */

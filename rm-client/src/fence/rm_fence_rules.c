@@ -39,6 +39,29 @@ rm_fence_action_t rm_fence_phase2(bool commit, int found, int *to, const char **
   }
 }
 
+rm_fence_action_t rm_fence_saga(bool commit, int found, int *to, const char **why) {
+  *to = RM_FENCE_NONE;
+  *why = NULL;
+  switch (found) {
+  case RM_FENCE_NONE:
+    *to = commit ? RM_FENCE_CONFIRMED : RM_FENCE_CANCELLED_EMPTY;
+    return commit ? RM_FENCE_RUN : RM_FENCE_RECORD;
+  case RM_FENCE_CONFIRMED:
+    if (commit) return RM_FENCE_DONE;
+    *to = RM_FENCE_CANCELLED;
+    return RM_FENCE_RUN;
+  case RM_FENCE_CANCELLED:
+  case RM_FENCE_CANCELLED_EMPTY:
+    if (!commit) return RM_FENCE_DONE;
+    *why = "the saga step was compensated before its action ran: the action is refused (anti-hanging; "
+           "tcctl show XID)";
+    return RM_FENCE_REFUSE;
+  default:
+    *why = "the fence row of the saga step has a status a step never leaves behind (tried, or unknown)";
+    return RM_FENCE_REFUSE;
+  }
+}
+
 bool rm_fence_first_ok(int found, const char **why) {
   *why = NULL;
   switch (found) {

@@ -22,12 +22,11 @@
  *   would release.  If the two inserts race, the later one waits on the
  *   key for the first one's transaction and then sees its row.
  *
- *   Phase two.  One local transaction: lock the row (FOR UPDATE; a second
- *   delivery of the same confirm waits and then finds it confirmed), let
- *   rm_fence_phase2 decide, run the handler on the same connection,
- *   set the row, commit.  The handler's database change and the fence row
- *   commit together or not at all; a change outside the database must be
- *   idempotent, for when the commit fails after it.  A confirm that finds
+ *   Phase two.  One local transaction behind the fence (rm_fence_run:
+ *   lock the row, rm_fence_phase2 decides, the handler runs on the same
+ *   connection, the row is set, commit).  The handler's database change
+ *   and the fence row commit together or not at all; a change outside the
+ *   database must be idempotent, for when the commit fails after it.  A confirm that finds
  *   no row is retried: the try's local transaction may still be on its
  *   way (the TM committed right after rm_tcc_try returned, before the
  *   caller's COMMIT).
@@ -68,108 +67,27 @@ typedef struct tcc_resource {
 
 /* ----------------------------------------------------------- phase two */
 
-/* Run the handler inside the transaction: 0, or the branch status of its
- * failure with *code set. */
-static int run_handler(rm_fence_io_t *io, rm_at_resource_t *r, const tcc_resource_t *tr,
-                       const rm_phase2_req_t *req, const char *args, int retry, int never, int *code) {
-  rm_tcc_call_t call = {
-    .xid = req->xid, .branch_id = req->branch_id, .resource_id = r->id, .args = args, .pg = io->pg};
-  char herr[512] = "";
-  int hrc = (req->commit ? tr->h.confirm : tr->h.cancel)(&call, tr->h.arg, herr, sizeof(herr));
-  const char *what = req->commit ? "confirm" : "cancel";
-  *code = RM_E_TCC_HANDLER;
-  if (hrc == RM_TCC_OK) {
-    if (PQtransactionStatus(io->pg) == PQTRANS_INTRANS) return 0;
-    /* Its transaction was ended or broken: the fence row cannot be written
-     * with the change, so nothing is recorded and the handler runs again. */
-    snprintf(io->err, io->errlen,
-             "the TCC %s handler of \"%s\" returned OK but left its transaction %s (a handler must not COMMIT, "
-             "ROLLBACK or leave a failed statement): retried",
-             what, r->id, PQtransactionStatus(io->pg) == PQTRANS_INERROR ? "failed" : "ended");
-    return retry;
-  }
-  snprintf(io->err, io->errlen, "the TCC %s handler of \"%s\" %s: %s", what, r->id,
-           hrc == RM_TCC_FAILED ? "failed for good" : "asked for a retry", herr[0] ? herr : "(no message)");
-  return hrc == RM_TCC_FAILED ? never : retry;
-}
-
-static int fence_phase2(rm_fence_io_t *io, rm_at_resource_t *r, const tcc_resource_t *tr,
-                        const rm_phase2_req_t *req, int *code) {
-  int ok = req->commit ? TXP_BS_PHASE2_COMMITTED : TXP_BS_PHASE2_ROLLBACKED;
-  int retry = req->commit ? TXP_BS_PHASE2_COMMIT_FAILED_RETRYABLE : TXP_BS_PHASE2_ROLLBACK_FAILED_RETRYABLE;
-  int never = req->commit ? TXP_BS_PHASE2_COMMIT_FAILED_UNRETRYABLE : TXP_BS_PHASE2_ROLLBACK_FAILED_UNRETRYABLE;
-  *code = RM_E_DB;
-  if (rm_fence_command(io, "BEGIN", "could not begin the TCC phase-two transaction") != 0) return retry;
-  int found;
-  char *args = NULL;
-  if (rm_fence_lock(io, req->xid, req->branch_id, &found, &args) != 0) return retry;
-  int to, status = retry;
-  const char *why;
-  rm_fence_action_t act = rm_fence_phase2(req->commit, found, &to, &why);
-  if (act == RM_FENCE_RECORD) {
-    bool in;
-    if (rm_fence_record_empty(io, req->xid, req->branch_id, r->id, TXP_BT_TCC, &in) != 0) goto out;
-    if (!in) { /* the try committed after our read: decide again on its row */
-      free(args);
-      if (rm_fence_lock(io, req->xid, req->branch_id, &found, &args) != 0) goto out;
-      act = rm_fence_phase2(req->commit, found, &to, &why);
-      if (act == RM_FENCE_RECORD) { /* cannot be: a row was there */
-        snprintf(io->err, io->errlen, "the fence row of the branch appeared and vanished: retried");
-        goto out;
-      }
-    }
-  }
-  switch (act) {
-  case RM_FENCE_DONE:
-    status = ok; /* a duplicate: answered from the row; the ROLLBACK below changes nothing */
-    goto out;
-  case RM_FENCE_RETRY:
-  case RM_FENCE_REFUSE:
-    *code = act == RM_FENCE_RETRY ? RM_E_STATE : RM_E_FENCE;
-    snprintf(io->err, io->errlen, "%s", why);
-    status = act == RM_FENCE_RETRY ? retry : never;
-    goto out;
-  case RM_FENCE_RUN: {
-    int hs = run_handler(io, r, tr, req, args, retry, never, code);
-    if (hs != 0) {
-      status = hs;
-      goto out;
-    }
-    *code = RM_E_DB;
-    if (rm_fence_set(io, req->xid, req->branch_id, to) != 0) goto out;
-    break;
-  }
-  case RM_FENCE_RECORD: break; /* the row went in above */
-  }
-  if (rm_fence_command(io, "COMMIT", "could not commit the TCC phase-two transaction") != 0) goto out;
-  if (act == RM_FENCE_RECORD)
-    rm__log(r->st->c, RM_LOG_INFO, "branch %lld of \"%s\" on \"%s\" cancelled before its try: recorded (a late "
-            "try is refused)", (long long)req->branch_id, req->xid, r->id);
-  *code = 0;
-  status = ok;
-out:
-  free(args);
-  return status;
-}
-
 static int tcc_phase2(rm_at_resource_t *r, void *arg, const rm_phase2_req_t *req, int *code, char *errmsg,
                       size_t errlen) {
+  const tcc_resource_t *tr = arg;
   rm_fence_io_t io = {.err = errmsg, .errlen = errlen};
-  int retry = req->commit ? TXP_BS_PHASE2_COMMIT_FAILED_RETRYABLE : TXP_BS_PHASE2_ROLLBACK_FAILED_RETRYABLE;
   if (rm__at_conn_get(r, &io.pg, errmsg, errlen) != 0) {
     *code = RM_E_DB;
-    return retry;
+    return req->commit ? TXP_BS_PHASE2_COMMIT_FAILED_RETRYABLE : TXP_BS_PHASE2_ROLLBACK_FAILED_RETRYABLE;
   }
-  int status = fence_phase2(&io, r, arg, req, code);
-  if (PQtransactionStatus(io.pg) != PQTRANS_IDLE) {
-    PGresult *rb = PQexec(io.pg, "ROLLBACK");
-    if (PQresultStatus(rb) != PGRES_COMMAND_OK) io.bad = true;
-    PQclear(rb);
-  }
+  rm_fence_job_t job = {
+    .commit = req->commit, .xid = req->xid, .branch_id = req->branch_id, .resource_id = r->id,
+    .branch_type = TXP_BT_TCC, .mode = "TCC", .what = req->commit ? "confirm" : "cancel", .args = NULL,
+    .rules = rm_fence_phase2, .handler = req->commit ? tr->h.confirm : tr->h.cancel, .handler_arg = tr->h.arg};
+  bool empty;
+  int status = rm_fence_run(&io, &job, code, &empty);
   rm__at_conn_put(r, io.pg, io.bad);
+  if (empty)
+    rm__log(r->st->c, RM_LOG_INFO, "branch %lld of \"%s\" on \"%s\" cancelled before its try: recorded (a late "
+            "try is refused)", (long long)req->branch_id, req->xid, r->id);
   if (status == TXP_BS_PHASE2_COMMIT_FAILED_UNRETRYABLE || status == TXP_BS_PHASE2_ROLLBACK_FAILED_UNRETRYABLE)
-    rm__log(r->st->c, RM_LOG_ERROR, "TCC %s of branch %lld of \"%s\" on \"%s\" failed for good: %s",
-            req->commit ? "confirm" : "cancel", (long long)req->branch_id, req->xid, r->id, errmsg);
+    rm__log(r->st->c, RM_LOG_ERROR, "TCC %s of branch %lld of \"%s\" on \"%s\" failed for good: %s", job.what,
+            (long long)req->branch_id, req->xid, r->id, errmsg);
   return status;
 }
 

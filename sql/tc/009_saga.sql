@@ -1,0 +1,177 @@
+-- sql/tc/009_saga.sql - saga steps in phase two (coordinator database,
+-- version 9).
+--
+-- A saga is a global transaction whose branches are SAGA steps
+-- (branch_type 2): the coordinator runs their actions in registration
+-- order as its phase-two "commit", and when an action fails for good it
+-- runs the compensations of the steps, newest first, as a rollback
+-- (tc/tc_phase2.c NOTES).  Two rules of tc_phase2_batch change, for saga
+-- steps only; every other branch is stored as before:
+--
+--   * A saga step reported PhaseTwoCommitFailedUnretryable (7: its action
+--     failed for good) while its global is still going forward (the commit
+--     family: 2 Committing, 3 CommitRetrying, 8 AsyncCommitting) turns the
+--     global to Rollbacking (4) in the same transaction, with the step's
+--     error as last_error: the batch answers 'compensate', and the node
+--     that drives it starts the compensations at once (if it dies, the
+--     retry lease it holds expires and recovery rolls the global back).
+--     A saga never reaches CommitFailed because of an action: failing is
+--     what compensation is for.
+--   * A rollback of a global is finished only when its saga steps are
+--     compensated (8): a step whose action ran (5) still has its
+--     compensation to run.  (An AT, TCC or XA branch never holds 5 in a
+--     rollback: this changes nothing for them.)
+--
+-- Never edit this file after it has shipped: add sql/tc/010_*.sql instead.
+
+CREATE OR REPLACE FUNCTION tc_phase2_batch(p_xid text[], p_branch bigint[], p_status smallint[],
+                                p_error text[], p_app text[], p_client text[], p_group text[],
+                                p_retry_min_ms int, p_retry_max_ms int)
+RETURNS TABLE (item int, result text, global_status smallint, finished boolean)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+  v_present text[];  -- xids found (not yet finished) when the batch began
+  v_missing int[];   -- items naming a branch that does not exist
+  v_denied int[];    -- reports of a branch by another RM than the one that registered it
+  v_x text[];        -- per xid in phase two: family and outcome of this batch
+  v_fam text[];
+  v_unr boolean[];
+  v_ret boolean[];
+  v_err text[];
+  v_final text[];    -- xids finished by this batch, and their final status
+  v_final_status smallint[];
+  v_comp text[];     -- sagas this batch turned to compensation
+BEGIN
+  -- Fast path, the common case of a healthy commit: every item says "all
+  -- branches of this commit-family transaction committed".  Finish them
+  -- without touching the branch rows one by one.
+  IF p_branch <@ ARRAY[0::bigint] AND p_status <@ ARRAY[5::smallint] THEN
+    SELECT coalesce(array_agg(l.xid), '{}') INTO v_final
+      FROM (SELECT gt.xid, gt.status FROM global_table gt
+             WHERE gt.xid = ANY (p_xid) ORDER BY gt.xid FOR UPDATE) l
+     WHERE l.status IN (2, 3, 8);
+    IF cardinality(v_final) = (SELECT count(DISTINCT x) FROM unnest(p_xid) AS x) THEN
+      PERFORM tc__finish_many(v_final, array_fill(9::smallint, ARRAY[cardinality(v_final)]),
+                              5::smallint);
+      RETURN QUERY SELECT u.i::int, 'ok'::text, 9::smallint, true
+                     FROM unnest(p_xid) WITH ORDINALITY AS u(x, i) ORDER BY u.i;
+      RETURN;
+    END IF;
+  END IF;
+
+  PERFORM 1 FROM global_table gt WHERE gt.xid = ANY (p_xid) ORDER BY gt.xid FOR UPDATE;
+  SELECT coalesce(array_agg(gt.xid), '{}') INTO v_present
+    FROM global_table gt WHERE gt.xid = ANY (p_xid);
+
+  SELECT coalesce(array_agg(u.i::int), '{}') INTO v_missing
+    FROM unnest(p_xid, p_branch) WITH ORDINALITY AS u(x, b, i)
+   WHERE u.x = ANY (v_present) AND u.b <> 0
+     AND NOT EXISTS (SELECT 1 FROM branch_table b WHERE b.branch_id = u.b AND b.xid = u.x);
+
+  -- A branch report (p_app given) is taken only from the RM that registered
+  -- the branch: its application and client id.  (Branches registered before
+  -- version 8 have no application: then its group suffices.)
+  v_denied := '{}';
+  IF cardinality(array_remove(p_app, NULL)) > 0 THEN
+    SELECT coalesce(array_agg(u.i::int), '{}') INTO v_denied
+      FROM unnest(p_xid, p_branch, p_app, p_client, p_group) WITH ORDINALITY AS u(x, b, ap, cl, gr, i)
+      JOIN branch_table b ON b.branch_id = u.b AND b.xid = u.x
+      JOIN global_table g ON g.xid = u.x
+     WHERE u.ap IS NOT NULL
+       AND NOT CASE WHEN b.application_id IS NULL THEN g.app_group IS NOT DISTINCT FROM u.gr
+                    ELSE b.application_id = u.ap AND b.client_id IS NOT DISTINCT FROM u.cl END;
+    v_missing := v_missing || v_denied;
+  END IF;
+
+  -- A phase-one report (2, 3) is recorded only while the branch is still in
+  -- phase one: a late or repeated one never overwrites a phase-two outcome.
+  UPDATE branch_table b
+     SET status = u.s, last_error = u.e, gmt_modified = clock_timestamp()
+    FROM unnest(p_xid, p_branch, p_status, p_error) WITH ORDINALITY AS u(x, br, s, e, i)
+   WHERE b.xid = u.x AND (b.branch_id = u.br OR u.br = 0)
+     AND (u.s NOT IN (2, 3) OR b.status IN (1, 2, 3))
+     AND NOT (u.i = ANY (v_denied));
+
+  -- Saga: a step whose action failed for good, in a saga still going
+  -- forward, turns the global to its compensation (Rollbacking).
+  WITH failed AS (
+    SELECT DISTINCT ON (u.x) u.x, u.e
+      FROM unnest(p_xid, p_branch, p_status, p_error) WITH ORDINALITY AS u(x, br, s, e, i)
+      JOIN branch_table b ON b.xid = u.x AND b.branch_id = u.br AND b.branch_type = 2
+      JOIN global_table g ON g.xid = u.x
+     WHERE u.s = 7 AND g.status IN (2, 3, 8) AND NOT (u.i = ANY (v_missing))
+     ORDER BY u.x, u.i),
+  turned AS (
+    UPDATE global_table g
+       SET status = 4, last_error = f.e, retry_count = 0, gmt_modified = clock_timestamp()
+      FROM failed f
+     WHERE g.xid = f.x
+    RETURNING g.xid)
+  SELECT coalesce(array_agg(t.xid), '{}') INTO v_comp FROM turned t;
+
+  SELECT coalesce(array_agg(s.x), '{}'), coalesce(array_agg(s.fam), '{}'),
+         coalesce(array_agg(s.unr), '{}'), coalesce(array_agg(s.ret), '{}'),
+         coalesce(array_agg(s.err), '{}')
+    INTO v_x, v_fam, v_unr, v_ret, v_err
+    FROM (SELECT u.x,
+                 CASE WHEN g.status IN (2, 3, 8, 10) THEN 'commit'
+                      WHEN g.status IN (4, 5, 13) THEN 'rollback'
+                      WHEN g.status IN (6, 7, 14) THEN 'timeout' END AS fam,
+                 bool_or(u.s IN (7, 10)) AS unr, bool_or(u.s IN (6, 9)) AS ret,
+                 (array_agg(u.e ORDER BY (u.s IN (7, 10)) DESC, (u.s IN (6, 9)) DESC)
+                    FILTER (WHERE u.e IS NOT NULL))[1] AS err
+            FROM unnest(p_xid, p_status, p_error) WITH ORDINALITY AS u(x, s, e, i)
+            JOIN global_table g ON g.xid = u.x
+           WHERE NOT (u.i = ANY (v_missing)) AND NOT (u.x = ANY (v_comp))
+           GROUP BY u.x, g.status) s
+   WHERE s.fam IS NOT NULL;
+
+  -- Failures: unretryable -> *Failed (locks kept, for an operator);
+  -- retryable -> *Retrying with exponential backoff.
+  UPDATE global_table g
+     SET status = CASE WHEN p.unr THEN
+                    CASE p.fam WHEN 'commit' THEN 10 WHEN 'rollback' THEN 13 ELSE 14 END
+                  ELSE CASE p.fam WHEN 'commit' THEN 3 WHEN 'rollback' THEN 5 ELSE 7 END END,
+         last_error = p.err,
+         retry_count = g.retry_count + CASE WHEN p.unr THEN 0 ELSE 1 END,
+         next_retry_at = CASE WHEN p.unr THEN NULL ELSE
+                           clock_timestamp() + least(p_retry_max_ms::double precision,
+                             p_retry_min_ms * power(2::double precision, least(g.retry_count, 20)))
+                             * interval '1 millisecond' END,
+         gmt_modified = clock_timestamp()
+    FROM unnest(v_x, v_fam, v_unr, v_ret, v_err) AS p(x, fam, unr, ret, err)
+   WHERE g.xid = p.x AND (p.unr OR p.ret);
+
+  -- Done: no unfinished branch left -> final status, history, rows gone.
+  SELECT coalesce(array_agg(p.x), '{}'),
+         coalesce(array_agg(CASE p.fam WHEN 'commit' THEN 9 WHEN 'rollback' THEN 11
+                                       ELSE 12 END::smallint), '{}')
+    INTO v_final, v_final_status
+    FROM unnest(v_x, v_fam, v_unr, v_ret) AS p(x, fam, unr, ret)
+   WHERE NOT p.unr AND NOT p.ret
+     AND NOT EXISTS (SELECT 1 FROM branch_table b
+                      WHERE b.xid = p.x
+                        AND (b.status NOT IN (5, 8)
+                             OR (p.fam <> 'commit' AND b.branch_type = 2 AND b.status = 5)));
+  IF cardinality(v_final) > 0 THEN
+    PERFORM tc__finish_many(v_final, v_final_status);
+  END IF;
+
+  RETURN QUERY
+  SELECT u.i::int,
+         CASE WHEN NOT (u.x = ANY (v_present)) THEN 'not_found'
+              WHEN u.i = ANY (v_denied) THEN 'not_owner'
+              WHEN u.i = ANY (v_missing) THEN 'branch_not_found'
+              WHEN u.x = ANY (v_final) THEN 'ok'
+              WHEN u.x = ANY (v_comp) THEN 'compensate'
+              WHEN coalesce(v_unr[array_position(v_x, u.x)], false) THEN 'failed'
+              WHEN coalesce(v_ret[array_position(v_x, u.x)], false) THEN 'retry'
+              ELSE 'ok' END,
+         CASE WHEN u.x = ANY (v_final) THEN v_final_status[array_position(v_final, u.x)]
+              ELSE coalesce(g.status, 0::smallint) END,
+         u.x = ANY (v_final)
+    FROM unnest(p_xid) WITH ORDINALITY AS u(x, i)
+    LEFT JOIN global_table g ON g.xid = u.x
+   ORDER BY u.i;
+END $$;

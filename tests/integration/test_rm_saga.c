@@ -1,0 +1,281 @@
+/*
+ * test_rm_saga.c - saga steps against a real tcd and PostgreSQL (run in
+ * test_rm_modes): the actions in order, a failure compensated newest
+ * first with the failed step's compensation empty, an action retried,
+ * a rollback before the commit (every compensation empty) and the late
+ * action it refuses, duplicates answered from the fence, the coordinator
+ * killed in the middle of a step, and bad input.
+ *
+ * The handlers log what they did to saga_log in the resource's own
+ * database, inside the fence's transaction: a row there is an action or a
+ * compensation that committed.  A step's args are "TAG" or "TAG:fail"
+ * (the action fails for good), "TAG:retryN" (asks for a retry N times),
+ * "TAG:slow" (waits for the test to let it go).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <libpq-fe.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rm_fence.h"
+#include "rm_modes_fixture.h"
+#include "txp_status.h"
+
+static atomic_int retries_asked, slow_entered, slow_release;
+
+/* ------------------------------------------------------------ handlers */
+
+static int log_step(PGconn *pg, const rm_tcc_call_t *call, const char *kind, char *errmsg, size_t errlen) {
+  char tag[64] = "";
+  if (call->args) sscanf(call->args, "%63[^:]", tag);
+  const char *p[3] = {call->xid, tag, kind};
+  PGresult *r = PQexecParams(pg, "INSERT INTO saga_log (xid, step, kind) VALUES ($1, $2, $3)", 3, NULL, p, NULL,
+                             NULL, 0);
+  int rc = PQresultStatus(r) == PGRES_COMMAND_OK ? RM_TCC_OK : RM_TCC_RETRY;
+  if (rc != RM_TCC_OK) snprintf(errmsg, errlen, "%s", PQresultErrorMessage(r));
+  PQclear(r);
+  return rc;
+}
+
+static int on_action(const rm_tcc_call_t *call, void *arg, char *errmsg, size_t errlen) {
+  (void)arg;
+  int rc = log_step(call->pg, call, "action", errmsg, errlen);
+  if (rc != RM_TCC_OK) return rc;
+  const char *how = call->args ? strchr(call->args, ':') : NULL;
+  if (!how) return RM_TCC_OK;
+  if (strcmp(how, ":fail") == 0) {
+    snprintf(errmsg, errlen, "no seat left on that flight");
+    return RM_TCC_FAILED; /* after writing: the write goes with the transaction */
+  }
+  int n;
+  if (sscanf(how, ":retry%d", &n) == 1 && atomic_load(&retries_asked) < n) {
+    atomic_fetch_add(&retries_asked, 1);
+    snprintf(errmsg, errlen, "the airline is busy");
+    return RM_TCC_RETRY;
+  }
+  if (strcmp(how, ":slow") == 0) {
+    atomic_store(&slow_entered, 1);
+    for (int i = 0; i < 2000 && !atomic_load(&slow_release); i++) sleep_ms(10);
+  }
+  return RM_TCC_OK;
+}
+
+static int on_compensate(const rm_tcc_call_t *call, void *arg, char *errmsg, size_t errlen) {
+  (void)arg;
+  return log_step(call->pg, call, "compensation", errmsg, errlen);
+}
+
+const rm_saga_handlers_t saga_handlers = {.action = on_action, .compensate = on_compensate};
+
+/* ------------------------------------------------------------- helpers */
+
+/* What saga_log holds for 'xid', in order: "a+ b+ a-" (+ action, -
+ * compensation).  Static buffer. */
+static const char *journal(PGconn *pg, const char *xid) {
+  static char out[512];
+  out[0] = '\0';
+  const char *p[1] = {xid};
+  PGresult *r = PQexecParams(pg,
+                             "SELECT step || CASE kind WHEN 'action' THEN '+' ELSE '-' END FROM saga_log "
+                             "WHERE xid = $1 ORDER BY seq", 1, NULL, p, NULL, NULL, 0);
+  for (int i = 0; PQresultStatus(r) == PGRES_TUPLES_OK && i < PQntuples(r); i++) {
+    size_t o = strlen(out);
+    snprintf(out + o, sizeof(out) - o, "%s%s", i ? " " : "", PQgetvalue(r, i, 0));
+  }
+  PQclear(r);
+  return out;
+}
+
+/* Begin a saga and add one step per args. */
+static void saga(const char *name, const char *const *args, int n, char *xid, int64_t *bids) {
+  assert_int_equal(rm_tm_begin(client, 30000, name, xid), 0);
+  for (int i = 0; i < n; i++) assert_int_equal(rm_saga_step(client, xid, SAGA_RES, args[i], &bids[i]), 0);
+}
+
+static p2_arg_t step_call(bool action, const char *xid, int64_t bid, const char *args) {
+  p2_arg_t a = {.req = {.commit = action, .xid = xid, .branch_id = bid, .resource_id = SAGA_RES,
+                        .branch_type = TXP_BT_SAGA, .args = args}};
+  phase2_thread(&a);
+  return a;
+}
+
+/* --------------------------------------------------------------- tests */
+
+/* Three steps: the actions run once each, in order, before rm_tm_commit
+ * returns; the fence rows say confirmed. */
+void test_saga_forward(void **state) {
+  (void)state;
+  PGconn *s = pg_open(stock_url);
+  char xid[RM_XID_MAX];
+  int64_t b[3];
+  const char *args[] = {"flight", "hotel", "car"};
+  saga("saga_forward", args, 3, xid, b);
+  assert_string_equal(journal(s, xid), ""); /* nothing runs before the commit */
+  int st = 0;
+  assert_int_equal(rm_tm_commit(client, xid, &st), 0);
+  assert_int_equal(st, RM_GS_COMMITTED);
+  assert_string_equal(journal(s, xid), "flight+ hotel+ car+");
+  for (int i = 0; i < 3; i++) assert_int_equal(fence(s, xid, b[i]), 2);
+  assert_true(b[0] < b[1] && b[1] < b[2]);
+  /* A duplicate action (a delivery the coordinator repeats) is answered from the row. */
+  p2_arg_t dup = step_call(true, xid, b[1], "hotel");
+  assert_int_equal(dup.status, TXP_BS_PHASE2_COMMITTED);
+  assert_string_equal(journal(s, xid), "flight+ hotel+ car+");
+  assert_int_equal(WAIT_EQ(RM_GS_COMMITTED, 10, global_status(xid)), RM_GS_COMMITTED);
+  PQfinish(s);
+}
+
+/* The second of three actions fails for good: the first is compensated,
+ * the failed one and the one never run get empty compensations (no
+ * handler), and rm_tm_commit says the saga was compensated. */
+void test_saga_compensated(void **state) {
+  (void)state;
+  PGconn *s = pg_open(stock_url);
+  char xid[RM_XID_MAX];
+  int64_t b[3];
+  const char *args[] = {"flight", "hotel:fail", "car"};
+  saga("saga_compensated", args, 3, xid, b);
+  int st = 0;
+  int rc = rm_tm_commit(client, xid, &st);
+  assert_int_equal(rc, RM_E_GLOBAL_NOT_ACTIVE);
+  assert_int_equal(st, RM_GS_ROLLBACKED);
+  assert_non_null(strstr(rm_errmsg(), "compensated"));
+  /* hotel's own action row went with its failed transaction. */
+  assert_string_equal(journal(s, xid), "flight+ flight-");
+  assert_int_equal(fence(s, xid, b[0]), 3);
+  assert_int_equal(fence(s, xid, b[1]), 4);
+  assert_int_equal(fence(s, xid, b[2]), 4);
+  /* The late action of the step never run is refused by its row. */
+  p2_arg_t late = step_call(true, xid, b[2], "car");
+  assert_int_equal(late.status, TXP_BS_PHASE2_COMMIT_FAILED_UNRETRYABLE);
+  assert_int_equal(late.code, RM_E_FENCE);
+  /* A duplicate compensation is answered from the row. */
+  p2_arg_t dup = step_call(false, xid, b[0], "flight");
+  assert_int_equal(dup.status, TXP_BS_PHASE2_ROLLBACKED);
+  assert_string_equal(journal(s, xid), "flight+ flight-");
+  assert_int_equal(global_status(xid), RM_GS_ROLLBACKED);
+  PQfinish(s);
+}
+
+/* An action that asks for retries: rm_tm_commit says the saga goes on,
+ * the coordinator retries, the step runs once in the end and the next
+ * one after it. */
+void test_saga_retried(void **state) {
+  (void)state;
+  PGconn *s = pg_open(stock_url);
+  char xid[RM_XID_MAX];
+  int64_t b[2];
+  atomic_store(&retries_asked, 0);
+  const char *args[] = {"flight:retry2", "hotel"};
+  saga("saga_retried", args, 2, xid, b);
+  int st = 0;
+  int rc = rm_tm_commit(client, xid, &st);
+  assert_int_equal(rc, RM_E_COMMIT_PENDING);
+  assert_true(st == RM_GS_COMMIT_RETRYING || st == RM_GS_COMMITTING);
+  assert_int_equal(WAIT_EQ(RM_GS_COMMITTED, 20, global_status(xid)), RM_GS_COMMITTED);
+  assert_int_equal(atomic_load(&retries_asked), 2);
+  assert_string_equal(journal(s, xid), "flight+ hotel+");
+  PQfinish(s);
+}
+
+/* Rolled back before the commit: no action ran, every compensation is
+ * empty, and an action delivered late is refused. */
+void test_saga_rolled_back_before_commit(void **state) {
+  (void)state;
+  PGconn *s = pg_open(stock_url);
+  char xid[RM_XID_MAX];
+  int64_t b[2];
+  const char *args[] = {"flight", "hotel"};
+  saga("saga_rollback", args, 2, xid, b);
+  int st = 0;
+  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
+  assert_int_equal(st, RM_GS_ROLLBACKED);
+  assert_int_equal(fence(s, xid, b[0]), 4);
+  assert_int_equal(fence(s, xid, b[1]), 4);
+  p2_arg_t late = step_call(true, xid, b[0], "flight");
+  assert_int_equal(late.status, TXP_BS_PHASE2_COMMIT_FAILED_UNRETRYABLE);
+  assert_int_equal(late.code, RM_E_FENCE);
+  assert_string_equal(journal(s, xid), "");
+  /* No more steps once it is decided (finished: gone from the live table). */
+  int64_t bid;
+  int rc = rm_saga_step(client, xid, SAGA_RES, "car", &bid);
+  assert_true(rc == RM_E_GLOBAL_NOT_FOUND || rc == RM_E_GLOBAL_NOT_ACTIVE);
+  PQfinish(s);
+}
+
+typedef struct commit_arg {
+  const char *xid;
+  int rc, status;
+} commit_arg_t;
+
+static void *commit_thread(void *arg) {
+  commit_arg_t *a = arg;
+  a->rc = rm_tm_commit(client, a->xid, &a->status);
+  return NULL;
+}
+
+/* The coordinator is killed while the second action runs (it commits
+ * after, its answer lost): the restarted one goes on from the store, the
+ * second step answered from its fence row, and every action ran once. */
+void test_saga_tc_killed_mid_step(void **state) {
+  (void)state;
+  PGconn *s = pg_open(stock_url), *t = pg_open(tc_url);
+  char xid[RM_XID_MAX];
+  int64_t b[3];
+  atomic_store(&slow_entered, 0);
+  atomic_store(&slow_release, 0);
+  const char *args[] = {"flight", "hotel:slow", "car"};
+  saga("saga_tc_killed", args, 3, xid, b);
+  commit_arg_t ca = {.xid = xid};
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, commit_thread, &ca), 0);
+  assert_int_equal(WAIT_EQ(1, 10, atomic_load(&slow_entered)), 1);
+  /* The steps are in the store, in order, the first one done. */
+  char b0[24];
+  snprintf(b0, sizeof(b0), "%lld", (long long)b[0]);
+  assert_int_equal(q_ll(t, "SELECT status FROM branch_table WHERE xid = $1 AND branch_id = $2", xid, b0), 5);
+  assert_int_equal(q_ll(t, "SELECT count(*) FROM branch_table WHERE xid = $1 AND branch_type = 2", xid, NULL), 3);
+  tcd_proc_kill(&tcd);
+  atomic_store(&slow_release, 1);
+  assert_int_equal(WAIT_EQ(2, 10, fence(s, xid, b[1])), 2);
+  assert_int_equal(tcd_proc_restart(&tcd), 0);
+  pthread_join(th, NULL);
+  assert_int_equal(WAIT_EQ(RM_GS_COMMITTED, 30, global_status(xid)), RM_GS_COMMITTED);
+  assert_string_equal(journal(s, xid), "flight+ hotel+ car+");
+  PQfinish(t);
+  PQfinish(s);
+}
+
+void test_saga_bad_input(void **state) {
+  (void)state;
+  rm_saga_handlers_t half = {.action = on_action};
+  assert_int_equal(rm_saga_resource_add(NULL, SAGA_RES, stock_url, &saga_handlers), RM_E_INVALID);
+  assert_int_equal(rm_saga_resource_add(client, SAGA_RES, stock_url, &half), RM_E_INVALID);
+  assert_int_equal(rm_saga_resource_add(client, SAGA_RES, stock_url, &saga_handlers), RM_E_INVALID); /* twice */
+  assert_non_null(strstr(rm_errmsg(), "already"));
+  char xid[RM_XID_MAX];
+  assert_int_equal(rm_tm_begin(client, 30000, "saga_bad", xid), 0);
+  int64_t bid = 7;
+  assert_int_equal(rm_saga_step(client, NULL, SAGA_RES, "x", &bid), RM_E_INVALID);
+  assert_int_equal(bid, 0);
+  assert_int_equal(rm_saga_step(client, xid, "", "x", &bid), RM_E_INVALID);
+  assert_int_equal(rm_saga_step(client, xid, SAGA_RES, TXP_APP_DATA_PHASE2_SYNC, &bid), RM_E_INVALID);
+  char *big = malloc(RM_FENCE_ARGS_MAX + 2);
+  memset(big, 'a', RM_FENCE_ARGS_MAX + 1);
+  big[RM_FENCE_ARGS_MAX + 1] = '\0';
+  assert_int_equal(rm_saga_step(client, xid, SAGA_RES, big, &bid), RM_E_INVALID);
+  free(big);
+  assert_int_equal(rm_saga_step(client, "127.0.0.1:1:999999", SAGA_RES, "x", &bid), RM_E_GLOBAL_NOT_FOUND);
+  int st;
+  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
+}
