@@ -511,13 +511,14 @@ static void test_bad_input(void **state) {
     int rc = txc_branch_register(cl.rm, xid, "db_orders", bad_keys[i], 0, &nb, NULL);
     if (rc != TXP_EBAD_REQUEST) fail_msg("lock keys \"%s\": got %s, expected BAD_REQUEST", bad_keys[i], txp_errname(rc));
   }
-  /* unsupported branch type */
+  /* a saga step with lock keys (a step holds no global lock) */
   txp_msg_t req, res;
   msg_register(&req, xid, "db_orders", "t_bad:1", 0, NULL);
   txp_msg_set_int(&req, TXP_F_BRANCH_TYPE, TXP_BT_SAGA);
   assert_int_equal(txc_call(cl.rm, &req, &res, 10000), 0);
   assert_int_equal(res.code, TXP_EBAD_REQUEST);
   assert_non_null(res.message);
+  assert_non_null(strstr(res.message, "saga step"));
   txp_msg_clear(&res);
   /* empty resource; lock wait above the limit */
   msg_register(&req, xid, "", "t_bad:1", 0, NULL);
