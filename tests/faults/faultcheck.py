@@ -15,6 +15,8 @@ TC_ADMIN_SOCKETS (as cluster/local/up --with-services prints them).
        globals_terminal   every global Committed or RolledBack, or in a
                           manual-handling state listed by `tcctl globals`
        no_orphan_locks    no lock_table row of a finished or missing xid
+       no_orphan_prepared no prepared transaction of an XA branch ("txc:%")
+                          left once the coordinator settled
        no_finished_undo   no log_status=0 undo_log row (orders, stock) of a
                           finished or missing xid
        commits_durable    every committed global of the run is present in
@@ -151,6 +153,12 @@ class Checker:
                                  WHERE g.xid IS NULL OR g.status = ANY(%s)""", (list(TERMINAL),))
         inv['no_orphan_locks'] = (not orphans, '%d lock rows of finished or missing xids%s' % (
             len(orphans), (' e.g. %s' % orphans[0][0]) if orphans else ''))
+        # no_orphan_prepared: an XA branch (STOCK_FREEZE_MODE=xa) is a
+        # prepared transaction "txc:BRANCH:XID" until its phase two; once
+        # the coordinator settled, none may be left holding its row locks
+        prepared = q(self.stock, "SELECT gid, database FROM pg_prepared_xacts WHERE gid LIKE 'txc:%%'")
+        inv['no_orphan_prepared'] = (not prepared, '%d prepared XA branches left%s' % (
+            len(prepared), (' e.g. %s in %s' % prepared[0]) if prepared else ''))
         # no_finished_undo
         bad, committed = self.finished_undo()
         inv['no_finished_undo'] = (not bad, '%d pending undo rows of finished or missing xids%s%s' % (
