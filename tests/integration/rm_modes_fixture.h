@@ -22,6 +22,7 @@
 #define XA_RES "ledger"        /* the XA resource of the main client, on the stock database */
 #define XA_ALONE "ledger_b"    /* one only the short-lived clients serve */
 #define SAGA_RES "trip"        /* the saga resource of the main client, on the stock database */
+#define SAGA_ALONE "trip_b"    /* one only the short-lived clients serve */
 
 extern const char *stock_url, *orders_url, *tc_url;
 extern tcd_proc_t tcd;
@@ -53,6 +54,8 @@ int try_freeze(rm_client_t *c, const char *res, PGconn *pg, const char *xid, con
 /* A client serving the TCC resource 'tcc_res' and the XA resource
  * 'xa_res' (either may be NULL) on the stock database, connected. */
 rm_client_t *new_client(const char *app, const char *tcc_res, const char *xa_res);
+/* The same with the saga resource 'saga_res' too (may be NULL). */
+rm_client_t *new_client_saga(const char *app, const char *tcc_res, const char *xa_res, const char *saga_res);
 /* An AT branch on orders: tcc_order row 'k' set to 'v' (created 'NEW'). */
 int at_set(const char *xid, const char *k, const char *v);
 /* tcc_order's value of 'k' (malloc'd; NULL if none). */
@@ -92,6 +95,8 @@ void test_saga_retried(void **state);
 void test_saga_rolled_back_before_commit(void **state);
 void test_saga_tc_killed_mid_step(void **state);
 void test_saga_bad_input(void **state);
+void test_saga_rm_gone(void **state);
+void test_saga_with_tcc(void **state);
 
 /* test_rm_xa.c */
 void test_xa_commit_and_rollback(void **state);

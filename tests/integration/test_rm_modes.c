@@ -182,6 +182,10 @@ int try_freeze(rm_client_t *c, const char *res, PGconn *pg, const char *xid, con
 }
 
 rm_client_t *new_client(const char *app, const char *tcc_res, const char *xa_res) {
+  return new_client_saga(app, tcc_res, xa_res, NULL);
+}
+
+rm_client_t *new_client_saga(const char *app, const char *tcc_res, const char *xa_res, const char *saga_res) {
   char nodes[64];
   snprintf(nodes, sizeof(nodes), "127.0.0.1:%d", tcd.port);
   rm_config_t cfg = {.nodes = nodes, .token = TOKEN, .application_id = app, .request_timeout_ms = 15000,
@@ -192,6 +196,7 @@ rm_client_t *new_client(const char *app, const char *tcc_res, const char *xa_res
   assert_int_equal(rm__at_tune(c, &t), 0);
   if (tcc_res) assert_int_equal(rm_tcc_resource_add(c, tcc_res, stock_url, &tcc_handlers), 0);
   if (xa_res) assert_int_equal(rm_xa_resource_add(c, xa_res, stock_url), 0);
+  if (saga_res) assert_int_equal(rm_saga_resource_add(c, saga_res, stock_url, &saga_handlers), 0);
   for (int i = 0; i < 500 && rm_client_nodes_up(c) < 1; i++) sleep_ms(20);
   assert_int_equal(rm_client_nodes_up(c), 1);
   sleep_ms(200); /* the RegisterRM with the resources reaches the node */
@@ -318,6 +323,8 @@ int main(void) {
     cmocka_unit_test(test_saga_retried),
     cmocka_unit_test(test_saga_rolled_back_before_commit),
     cmocka_unit_test(test_saga_bad_input),
+    cmocka_unit_test(test_saga_rm_gone),
+    cmocka_unit_test(test_saga_with_tcc),
     cmocka_unit_test(test_saga_tc_killed_mid_step),
     cmocka_unit_test(test_tc_killed_after_decision),
   };

@@ -4,7 +4,9 @@
  * first with the failed step's compensation empty, an action retried,
  * a rollback before the commit (every compensation empty) and the late
  * action it refuses, duplicates answered from the fence, the coordinator
- * killed in the middle of a step, and bad input.
+ * killed in the middle of a step, the only RM of a step's resource gone
+ * until a new one comes, a saga with a TCC branch (confirmed after the
+ * steps, cancelled with the compensations), and bad input.
  *
  * The handlers log what they did to saga_log in the resource's own
  * database, inside the fence's transaction: a row there is an action or a
@@ -278,4 +280,63 @@ void test_saga_bad_input(void **state) {
   assert_int_equal(rm_saga_step(client, "127.0.0.1:1:999999", SAGA_RES, "x", &bid), RM_E_GLOBAL_NOT_FOUND);
   int st;
   assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
+}
+
+/* The only RM of the step's resource is gone at the commit: the saga
+ * waits (the coordinator retries), and goes on when an RM of that
+ * resource connects. */
+void test_saga_rm_gone(void **state) {
+  (void)state;
+  PGconn *s = pg_open(stock_url);
+  char xid[RM_XID_MAX];
+  int64_t b[2];
+  rm_client_t *c2 = new_client_saga("test_rm_modes_b", NULL, NULL, SAGA_ALONE);
+  assert_int_equal(rm_tm_begin(client, 30000, "saga_rm_gone", xid), 0);
+  assert_int_equal(rm_saga_step(client, xid, SAGA_RES, "flight", &b[0]), 0);
+  assert_int_equal(rm_saga_step(client, xid, SAGA_ALONE, "visa", &b[1]), 0);
+  rm_client_free(c2);
+  int st = 0;
+  assert_int_equal(rm_tm_commit(client, xid, &st), RM_E_COMMIT_PENDING);
+  sleep_ms(300);
+  assert_string_equal(journal(s, xid), "flight+"); /* the second step waits for its RM */
+  assert_int_not_equal(global_status(xid), RM_GS_COMMITTED);
+  rm_client_t *c3 = new_client_saga("test_rm_modes_b", NULL, NULL, SAGA_ALONE);
+  assert_int_equal(WAIT_EQ(RM_GS_COMMITTED, 20, global_status(xid)), RM_GS_COMMITTED);
+  assert_string_equal(journal(s, xid), "flight+ visa+");
+  assert_int_equal(fence(s, xid, b[1]), 2);
+  rm_client_free(c3);
+  PQfinish(s);
+}
+
+/* A TCC branch in a saga: confirmed after the steps when they all ran,
+ * cancelled with the compensations when one failed. */
+void test_saga_with_tcc(void **state) {
+  (void)state;
+  PGconn *s = pg_open(stock_url);
+  char acct[32], xid[RM_XID_MAX];
+  new_account(s, 100, acct, sizeof(acct));
+  int64_t tb = 0, sb = 0;
+  int st = 0;
+  assert_int_equal(rm_tm_begin(client, 30000, "saga_tcc_ok", xid), 0);
+  assert_int_equal(try_freeze(client, RES, s, xid, acct, 20, true, &tb), 0);
+  assert_int_equal(rm_saga_step(client, xid, SAGA_RES, "flight", &sb), 0);
+  assert_int_equal(rm_tm_commit(client, xid, &st), 0);
+  assert_int_equal(st, RM_GS_COMMITTED);
+  assert_int_equal(fence(s, xid, tb), 2);
+  assert_int_equal(acct_col(s, acct, "balance"), 80);
+  assert_string_equal(journal(s, xid), "flight+");
+
+  char xid2[RM_XID_MAX];
+  int64_t sb2[2];
+  assert_int_equal(rm_tm_begin(client, 30000, "saga_tcc_fail", xid2), 0);
+  assert_int_equal(try_freeze(client, RES, s, xid2, acct, 30, true, &tb), 0);
+  assert_int_equal(rm_saga_step(client, xid2, SAGA_RES, "flight", &sb2[0]), 0);
+  assert_int_equal(rm_saga_step(client, xid2, SAGA_RES, "hotel:fail", &sb2[1]), 0);
+  assert_int_equal(rm_tm_commit(client, xid2, &st), RM_E_GLOBAL_NOT_ACTIVE);
+  assert_int_equal(st, RM_GS_ROLLBACKED);
+  assert_int_equal(fence(s, xid2, tb), 3); /* cancelled, never confirmed */
+  assert_int_equal(acct_col(s, acct, "balance"), 80);
+  assert_int_equal(acct_col(s, acct, "frozen"), 0);
+  assert_string_equal(journal(s, xid2), "flight+ flight-");
+  PQfinish(s);
 }
