@@ -27,6 +27,7 @@
 extern const char *stock_url, *orders_url, *tc_url;
 extern tcd_proc_t tcd;
 extern rm_client_t *client;
+extern char admin_socket[108]; /* tcd's admin socket (TC_ADMIN_SOCKET) */
 
 /* What the TCC handlers did, and what a test asks of them. */
 extern atomic_int confirms, cancels;

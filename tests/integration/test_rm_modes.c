@@ -40,6 +40,7 @@
 const char *stock_url, *orders_url, *tc_url;
 tcd_proc_t tcd;
 rm_client_t *client;
+char admin_socket[108];
 static atomic_int next_acct = 1;
 
 /* What the handlers did, and what a test asks of them. */
@@ -222,8 +223,13 @@ static int group_setup(void **state) {
   PQfinish(s);
   PQfinish(o);
   if (!ok) return -1;
-  static const char *const tcd_env[] = {"TC_RECOVERY_INTERVAL_MS=100", "TC_RECOVERY_RETRY_MIN_MS=50",
-                                        "TC_RECOVERY_RETRY_MAX_MS=300", NULL};
+  /* An admin socket too: the saga tests read `tcctl show`. */
+  snprintf(admin_socket, sizeof(admin_socket), "/tmp/txc-rm-modes-%d.sock", (int)getpid());
+  static char admin_env[sizeof(admin_socket) + 32];
+  snprintf(admin_env, sizeof(admin_env), "TC_ADMIN_SOCKET=%s", admin_socket);
+  static const char *tcd_env[] = {"TC_RECOVERY_INTERVAL_MS=100", "TC_RECOVERY_RETRY_MIN_MS=50",
+                                  "TC_RECOVERY_RETRY_MAX_MS=300", NULL, NULL};
+  tcd_env[3] = admin_env;
   const char *level = getenv("TC_LOG_LEVEL");
   tcd_opts_t to = {.pg_url = tc_url, .token = TOKEN, .log_level = level ? level : "error", .env = tcd_env,
                    .attempts = 5, .timeout_ms = 6000};

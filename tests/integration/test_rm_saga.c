@@ -247,6 +247,22 @@ void test_saga_tc_killed_mid_step(void **state) {
   snprintf(b0, sizeof(b0), "%lld", (long long)b[0]);
   assert_int_equal(q_ll(t, "SELECT status FROM branch_table WHERE xid = $1 AND branch_id = $2", xid, b0), 5);
   assert_int_equal(q_ll(t, "SELECT count(*) FROM branch_table WHERE xid = $1 AND branch_type = 2", xid, NULL), 3);
+  /* ... and tcctl show lists them, in order, with where each one is. */
+  char cmd[512], out[8192];
+  snprintf(cmd, sizeof(cmd), "'%s/tcctl' --socket '%s' show '%s' 2>&1", getenv("TX_BIN_DIR") ? getenv("TX_BIN_DIR") : ".",
+           admin_socket, xid);
+  FILE *f = popen(cmd, "r");
+  assert_non_null(f);
+  size_t n = fread(out, 1, sizeof(out) - 1, f);
+  out[n] = '\0';
+  assert_int_equal(pclose(f), 0);
+  const char *steps = strstr(out, "3 saga steps");
+  if (!steps) fail_msg("tcctl show has no saga steps:\n%s", out);
+  const char *s1 = strstr(steps, "action done"), *s2 = strstr(steps, "waiting");
+  assert_non_null(s1);
+  assert_non_null(s2);
+  assert_true(s1 < s2);
+  assert_non_null(strstr(steps, "hotel:slow"));
   tcd_proc_kill(&tcd);
   atomic_store(&slow_release, 1);
   assert_int_equal(WAIT_EQ(2, 10, fence(s, xid, b[1])), 2);

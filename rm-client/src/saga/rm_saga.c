@@ -62,7 +62,7 @@ static int saga_phase2(rm_at_resource_t *r, void *arg, const rm_phase2_req_t *re
   if (status == TXP_BS_PHASE2_COMMIT_FAILED_UNRETRYABLE || status == TXP_BS_PHASE2_ROLLBACK_FAILED_UNRETRYABLE)
     rm__log(r->st->c, req->commit ? RM_LOG_WARN : RM_LOG_ERROR, "saga %s of step %lld of \"%s\" on \"%s\" failed "
             "for good: %s%s", job.what, (long long)req->branch_id, req->xid, r->id, errmsg,
-            req->commit ? " (the saga is compensated)" : "");
+            req->commit && *code != RM_E_FENCE ? " (the saga is compensated)" : "");
   return status;
 }
 
