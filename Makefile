@@ -8,7 +8,7 @@ FUZZ_SECONDS ?= 30
 CMAKE ?= cmake
 
 .PHONY: all deps build build-san build-fuzz test test-unit test-integration test-fuzz \
-        fuzz demo clean faults install deb
+        fuzz demo clean faults model install deb
 
 all: build
 
@@ -73,6 +73,11 @@ SEED ?= 1
 # It runs the sanitizer build: the one with the failpoints.
 faults: build-san
 	@TX_BIN_DIR=$(CURDIR)/build/san/bin tests/faults/run --duration $(DURATION) --seed $(SEED)
+
+# The protocol model, checked at its wide bounds (model/README.md); the
+# bounded check runs in make test.
+model: deps
+	@model/check --wide
 
 demo: build
 	@if [ -x cluster/local/demo ]; then \
