@@ -443,6 +443,11 @@ void rm__at_free(rm_at_state_t *s);
  * 'arg' (freed with the resource by mode->free_arg, also when this fails).
  * 0, or RM_E_INVALID when the type is AT, unknown, or served already. */
 int rm__at_resource_set_mode(rm_at_resource_t *r, int type, const rm_at_mode_t *mode, void *arg);
+/* For a mode's rm_*_resource_add: add resource 'id' (rm_resource_add)
+ * and serve 'type' on it with 'mode' and 'arg' (freed on any failure).
+ * 'what' ("TCC", "saga") names the mode in rm_errmsg. */
+int rm__at_resource_add_mode(rm_client_t *c, const char *what, const char *id, const char *conninfo, int type,
+                             const rm_at_mode_t *mode, void *arg);
 /* The mode serving 'type' on 'r' with its arg, or NULL (in rm_undo.c). */
 const rm_at_mode_t *rm__at_resource_mode(rm_at_resource_t *r, int type, void **arg);
 /* For a mode: a connection of the resource's phase-two pool (idle; to be

@@ -381,6 +381,20 @@ int rm__at_resource_set_mode(rm_at_resource_t *r, int type, const rm_at_mode_t *
 }
 
 
+int rm__at_resource_add_mode(rm_client_t *c, const char *what, const char *id, const char *conninfo, int type,
+                             const rm_at_mode_t *mode, void *arg) {
+  int rc = rm_resource_add(c, id, conninfo);
+  rm_at_resource_t *r = rc == 0 ? rm__at_resource_find(c, id) : NULL;
+  if (rc == 0 && !r) rc = rm__fail(RM_E_INVALID, "could not add %s resource \"%s\": not found after adding", what, id);
+  if (rc != 0) {
+    if (mode->free_arg) mode->free_arg(arg);
+    return rc;
+  }
+  if (rm__at_resource_set_mode(r, type, mode, arg) != 0) /* frees arg */
+    return rm__fail(RM_E_INVALID, "could not add %s resource \"%s\": it has %s handlers already", what, id, what);
+  return 0;
+}
+
 int rm__at_conn_get(rm_at_resource_t *r, PGconn **out, char *err, size_t errlen) {
   return rm__undo_pool_get(r, out, err, errlen);
 }

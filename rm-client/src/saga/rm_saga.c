@@ -93,15 +93,10 @@ int rm_saga_resource_add(rm_client_t *c, const char *resource_id, const char *co
     rm__log(c, RM_LOG_ERROR, "%s", rm_errmsg());
     return rc;
   }
-  if ((rc = rm_resource_add(c, resource_id, conninfo)) != 0) return rc;
-  if (!(r = rm__at_resource_find(c, resource_id)))
-    return rm__fail(RM_E_INVALID, "could not add saga resource \"%s\": not found after adding", resource_id);
   saga_resource_t *sr = malloc(sizeof(*sr));
   if (!sr) return rm__fail(RM_E_NOMEM, "could not add saga resource \"%s\": out of memory", resource_id);
   sr->h = *h;
-  if (rm__at_resource_set_mode(r, TXP_BT_SAGA, &saga_mode, sr) != 0) /* frees sr */
-    return rm__fail(RM_E_INVALID, "could not add saga resource \"%s\": it has saga handlers already", resource_id);
-  return 0;
+  return rm__at_resource_add_mode(c, "saga", resource_id, conninfo, TXP_BT_SAGA, &saga_mode, sr);
 }
 
 int rm_saga_step(rm_client_t *c, const char *xid, const char *resource_id, const char *args, int64_t *branch_id) {

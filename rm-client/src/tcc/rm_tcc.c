@@ -117,15 +117,10 @@ int rm_tcc_resource_add(rm_client_t *c, const char *resource_id, const char *con
     rm__log(c, RM_LOG_ERROR, "%s", rm_errmsg());
     return rc;
   }
-  if ((rc = rm_resource_add(c, resource_id, conninfo)) != 0) return rc;
-  if (!(r = rm__at_resource_find(c, resource_id)))
-    return rm__fail(RM_E_INVALID, "could not add TCC resource \"%s\": not found after adding", resource_id);
   tcc_resource_t *tr = malloc(sizeof(*tr));
   if (!tr) return rm__fail(RM_E_NOMEM, "could not add TCC resource \"%s\": out of memory", resource_id);
   tr->h = *h;
-  if (rm__at_resource_set_mode(r, TXP_BT_TCC, &tcc_mode, tr) != 0) /* frees tr */
-    return rm__fail(RM_E_INVALID, "could not add TCC resource \"%s\": it has TCC handlers already", resource_id);
-  return 0;
+  return rm__at_resource_add_mode(c, "TCC", resource_id, conninfo, TXP_BT_TCC, &tcc_mode, tr);
 }
 
 int rm_tcc_try(rm_client_t *c, const char *xid, const char *resource_id, PGconn *pg, const char *args,
