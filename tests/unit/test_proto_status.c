@@ -480,7 +480,7 @@ static void test_error_unknown_codes(void **state) {
     assert_false(txp_err_known(sys[i]));
   }
   static const int unk[] = {1, 42, -4096, -9999, -10000, -10015, -10099, -10120,
-                            -10199, -10208, INT32_MIN, INT32_MAX, 10001};
+                            -10199, -10209, INT32_MIN, INT32_MAX, 10001};
   for (size_t i = 0; i < NELEM(unk); i++) {
     assert_string_equal(txp_strerror(unk[i]), "unknown error");
     assert_string_equal(txp_errname(unk[i]), "UNKNOWN");
