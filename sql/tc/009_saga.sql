@@ -94,7 +94,11 @@ BEGIN
      AND NOT (u.i = ANY (v_denied));
 
   -- Saga: a step whose action failed for good, in a saga still going
-  -- forward, turns the global to its compensation (Rollbacking).
+  -- forward, turns the global to its compensation (Rollbacking).  Only
+  -- a batch that reports a commit failed for good (7) looks: the others
+  -- pay one array test.
+  v_comp := '{}';
+  IF 7::smallint = ANY (p_status) THEN
   WITH failed AS (
     SELECT DISTINCT ON (u.x) u.x, u.e
       FROM unnest(p_xid, p_branch, p_status, p_error) WITH ORDINALITY AS u(x, br, s, e, i)
@@ -109,6 +113,7 @@ BEGIN
      WHERE g.xid = f.x
     RETURNING g.xid)
   SELECT coalesce(array_agg(t.xid), '{}') INTO v_comp FROM turned t;
+  END IF;
 
   SELECT coalesce(array_agg(s.x), '{}'), coalesce(array_agg(s.fam), '{}'),
          coalesce(array_agg(s.unr), '{}'), coalesce(array_agg(s.ret), '{}'),
