@@ -27,6 +27,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "tc_admin_client.h"
 #include "tc_admin_cmd.h"
 
 
@@ -311,105 +312,10 @@ static const char *default_socket(char *buf, size_t cap) {
   return buf;
 }
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
 /* Send 'line' and read the answer line into '*out' (malloc'ed).  Returns
  * 0, or EXIT_CONNECT with why in 'why'. */
 static int talk_quietly(const char *path, const char *line, double timeout_s, char **out, char *why, size_t whylen) {
-  *out = NULL;
-  why[0] = '\0';
-  struct sockaddr_un sa;
-  memset(&sa, 0, sizeof(sa));
-  sa.sun_family = AF_UNIX;
-  if (strlen(path) >= sizeof(sa.sun_path)) {
-    snprintf(why, whylen, "socket path \"%s\" is too long", path);
-    return EXIT_CONNECT;
-  }
-  memcpy(sa.sun_path, path, strlen(path) + 1);
-  int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
-    int e = errno;
-    snprintf(why, whylen, "could not connect to admin socket \"%s\": %s%s", path, strerror(e),
-            e == ENOENT         ? " (is tcd running with admin.socket set?)"
-            : e == EACCES       ? " (the socket's mode does not let you in)"
-            : e == ECONNREFUSED ? " (no tcd is listening on it)"
-                                : "");
-    if (fd >= 0) close(fd);
-    return EXIT_CONNECT;
-  }
-  size_t len = strlen(line), off = 0;
-  char *req = malloc(len + 2);
-  if (!req) {
-    snprintf(why, whylen, "out of memory");
-    close(fd);
-    return EXIT_CONNECT;
-  }
-  memcpy(req, line, len);
-  req[len++] = '\n';
-  int send_errno = 0;
-  while (off < len) {
-    ssize_t n = send(fd, req + off, len - off, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      /* tcd may have answered and closed already (a refused peer): what
-       * it said is still there to read. */
-      send_errno = n < 0 ? errno : EPIPE;
-      break;
-    }
-    off += (size_t)n;
-  }
-  free(req);
-  size_t cap = 65536, got = 0;
-  char *buf = malloc(cap);
-  double deadline = now_ms() + timeout_s * 1000.0;
-  int rc = EXIT_CONNECT;
-  while (buf) {
-    char *nl = got ? memchr(buf, '\n', got) : NULL;
-    if (nl) {
-      *nl = '\0';
-      *out = buf;
-      buf = NULL;
-      rc = 0;
-      break;
-    }
-    double left = deadline - now_ms();
-    if (left <= 0) {
-      snprintf(why, whylen, "no answer from \"%s\" within %.0f s", path, timeout_s);
-      break;
-    }
-    struct pollfd p = {fd, POLLIN, 0};
-    int pr = poll(&p, 1, left > 60000 ? 60000 : (int)left + 1);
-    if (pr < 0 && errno == EINTR) continue;
-    if (pr <= 0) continue;
-    if (got + 4096 > cap) {
-      if (cap >= MAX_ANSWER) {
-        snprintf(why, whylen, "answer larger than %u bytes", MAX_ANSWER);
-        break;
-      }
-      char *nb = realloc(buf, cap * 2);
-      if (!nb) break;
-      buf = nb;
-      cap *= 2;
-    }
-    ssize_t n = recv(fd, buf + got, cap - got - 1, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      if (send_errno)
-        snprintf(why, whylen, "could not send the request to \"%s\": %s", path, strerror(send_errno));
-      else
-        snprintf(why, whylen, "connection to \"%s\" closed before the answer%s%s", path, n < 0 ? ": " : "",
-                 n < 0 ? strerror(errno) : "");
-      break;
-    }
-    got += (size_t)n;
-  }
-  free(buf);
-  close(fd);
-  return rc;
+  return tc_admin_talk(path, line, timeout_s, MAX_ANSWER, out, why, whylen) == 0 ? 0 : EXIT_CONNECT;
 }
 
 /* The same, saying why on stderr. */
