@@ -47,7 +47,7 @@ build-san: deps
 build-fuzz: deps
 	@CC=clang $(CMAKE) -S . -B build/fuzz -DTX_FUZZ=ON -DTX_BUILD_TESTS=OFF \
 	  -DTX_FUZZ_SECONDS=$(FUZZ_SECONDS) >/dev/null
-	@$(CMAKE) --build build/fuzz -j$(JOBS) --target fuzz_decoder fuzz_event fuzz_bus fuzz_undo fuzz_sql
+	@$(CMAKE) --build build/fuzz -j$(JOBS) --target fuzz_decoder fuzz_event fuzz_bus fuzz_undo fuzz_sql fuzz_prom
 
 # The whole suite: unit tests under valgrind, everything under ASan/UBSan
 # (integration tests start their own PostgreSQL/Redis/tcd), a short fuzz run.

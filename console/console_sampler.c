@@ -13,9 +13,10 @@
 #include <string.h>
 #include <time.h>
 
-#define MAX_BOUNDS 32
-#define ORDER_SERIES "txc_http_request_duration_seconds_"
-#define ORDER_ROUTE "route=\"/orders\"" /* the quote ends it: not /orders/{id}/pay */
+#include "console_prom.h"
+
+#define MAX_BOUNDS CONSOLE_PROM_BOUNDS
+#define ORDER_SERIES "txc_http_request_duration_seconds"
 
 typedef struct {
   int64_t id, stock, frozen, sold;
@@ -53,19 +54,6 @@ struct console_sampler {
   char last_error[256];
 };
 
-double console_histogram_quantile(const double *le, const double *cum, int n, double q) {
-  if (n <= 0 || cum[n - 1] <= 0) return -1;
-  double rank = q * cum[n - 1];
-  for (int k = 0; k < n; k++) {
-    if (cum[k] < rank) continue;
-    if (isinf(le[k])) return k > 0 ? le[k - 1] : 0; /* beyond the last bound: the bound is all we know */
-    double lo = k > 0 ? le[k - 1] : 0, below = k > 0 ? cum[k - 1] : 0;
-    double in = cum[k] - below;
-    return in > 0 ? lo + (le[k] - lo) * (rank - below) / in : le[k];
-  }
-  return le[n - 1];
-}
-
 static int64_t unix_now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
@@ -96,63 +84,6 @@ static size_t on_body(char *data, size_t size, size_t n, void *arg) {
   return add;
 }
 
-/* The label value 'name' of a sample line's labels into out; false if absent. */
-static bool label(const char *labels, const char *name, char *out, size_t cap) {
-  char pat[32];
-  snprintf(pat, sizeof(pat), "%s=\"", name);
-  const char *p = strstr(labels, pat);
-  if (!p) return false;
-  p += strlen(pat);
-  const char *e = strchr(p, '"');
-  if (!e || (size_t)(e - p) >= cap) return false;
-  memcpy(out, p, (size_t)(e - p));
-  out[e - p] = '\0';
-  return true;
-}
-
-/* Parse one service's text: the order route's buckets (summed over status
- * and method POST) and its counts. */
-static void parse_metrics(char *text, scrape_t *now) {
-  now->nb = 0;
-  now->total = now->accepted = 0;
-  for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
-    if (strncmp(line, ORDER_SERIES, strlen(ORDER_SERIES)) != 0) continue;
-    const char *kind = line + strlen(ORDER_SERIES);
-    /* the last '}': a label value may hold braces (route="/orders/{id}/pay") */
-    char *open = strchr(line, '{'), *close = open ? strrchr(open, '}') : NULL;
-    if (!open || !close) continue;
-    *close = '\0';
-    const char *labels = open + 1;
-    if (!strstr(labels, ORDER_ROUTE) || !strstr(labels, "method=\"POST\"")) continue;
-    double v = strtod(close + 1, NULL);
-    if (!isfinite(v) || v < 0) continue;
-    if (strncmp(kind, "bucket{", 7) == 0) {
-      char les[32];
-      if (!label(labels, "le", les, sizeof(les))) continue;
-      double le = strcmp(les, "+Inf") == 0 ? INFINITY : strtod(les, NULL);
-      int k = 0;
-      while (k < now->nb && now->le[k] != le) k++;
-      if (k == now->nb) {
-        if (now->nb == MAX_BOUNDS) continue;
-        /* keep the bounds ascending */
-        while (k > 0 && now->le[k - 1] > le) {
-          now->le[k] = now->le[k - 1];
-          now->cum[k] = now->cum[k - 1];
-          k--;
-        }
-        now->le[k] = le;
-        now->cum[k] = 0;
-        now->nb++;
-      }
-      now->cum[k] += v;
-    } else if (strncmp(kind, "count{", 6) == 0) {
-      char st[8];
-      now->total += v;
-      if (label(labels, "status", st, sizeof(st)) && st[0] == '2') now->accepted += v;
-    }
-  }
-}
-
 /* Read one service; on success its deltas since the last read are added
  * to d_le/d_cum (same bounds assumed: the services share svc_http.c). */
 static bool scrape_one(console_sampler_t *s, scrape_t *sc, double *d_cum, double *d_le, int *d_nb, double *d_total,
@@ -172,9 +103,12 @@ static bool scrape_one(console_sampler_t *s, scrape_t *sc, double *d_cum, double
     free(b.p);
     return false;
   }
-  scrape_t now = {.url = sc->url};
-  parse_metrics(b.p, &now);
+  console_prom_t got;
+  console_prom_parse(b.p, b.len, ORDER_SERIES, "POST", "/orders", &got);
   free(b.p);
+  scrape_t now = {.url = sc->url, .nb = got.nb, .total = got.total, .accepted = got.accepted};
+  memcpy(now.le, got.le, sizeof(now.le));
+  memcpy(now.cum, got.cum, sizeof(now.cum));
   if (sc->seen) {
     bool reset = now.total < sc->total;
     for (int k = 0; k < now.nb; k++) {

@@ -50,9 +50,4 @@ void console_sampler_stop(console_sampler_t *s);
  * a sample had nothing. */
 json_t *console_sampler_json(console_sampler_t *s, int64_t activity, int seconds);
 
-/* The q-quantile (0..1) of a histogram given as 'n' upper bounds 'le'
- * (ascending, the last may be INFINITY) and cumulative counts 'cum';
- * -1 when it counts nothing.  Exposed for the unit test. */
-double console_histogram_quantile(const double *le, const double *cum, int n, double q);
-
 #endif /* CONSOLE_SAMPLER_H */
