@@ -71,6 +71,8 @@
 #include <curl/curl.h>
 
 #include "fs_check.h"
+#include "fs_report.h"
+#include "fs_timeline.h"
 #include "svc_common.h"
 #include "svc_http.h"
 #include "svc_prefilter.h"
@@ -88,6 +90,7 @@ typedef struct opts {
   int settle_s;
   unsigned seed;
   const char *json_path;
+  const char *html_path; /* --html: the report as a page with charts (fs_report.h) */
   bool quiet;
   bool check_only;
   long long open_in_ms, close_after_ms; /* --open-in, --close-after: the sale window */
@@ -125,6 +128,7 @@ typedef struct xfer {
   CURL *e;
   job_t job;
   int64_t sched_us;
+  int64_t started_us; /* on the wire (relative to the sale start) */
   char *resp;
   size_t len, cap;
   char body[256];
@@ -165,6 +169,7 @@ typedef struct run {
   size_t nkeyed, capkeyed;
   int64_t first_us, last_us;
   int64_t last_progress_us;
+  fs_timeline_t *timeline; /* every finished request, for the report's charts (NULL: none) */
 } run_t;
 
 /* ----------------------------------------------------------------- rng */
@@ -286,6 +291,7 @@ static bool start_job(run_t *r, const job_t *j) {
   }
   x->job = *j;
   x->sched_us = j->tries ? j->first_us : j->at_us;
+  x->started_us = now_rel(r);
   x->len = 0;
   if (x->resp) x->resp[0] = '\0';
   curl_slist_free_all(x->hdrs);
@@ -383,6 +389,10 @@ static void finish_xfer(run_t *r, xfer_t *x, CURLcode cc) {
   long status = 0;
   if (cc == CURLE_OK) curl_easy_getinfo(x->e, CURLINFO_RESPONSE_CODE, &status);
   const job_t *j = &x->job;
+  /* the timeline's kind: the final answer of a purchase, a payment or a
+   * cancellation; a try that is retried and a --dup resend only count in
+   * flight */
+  fs_req_kind_t drawn = j->kind == REQ_PAY ? FS_REQ_PAY : j->kind == REQ_CANCEL ? FS_REQ_CANCEL : FS_REQ_OTHER;
   char why[64] = "";
   if (j->kind == REQ_ORDER && cc == CURLE_OK && status == 409) json_reason(x->resp, "error", why, sizeof(why));
   bool in_progress = strcmp(why, "in_progress") == 0;
@@ -399,6 +409,7 @@ static void finish_xfer(run_t *r, xfer_t *x, CURLcode cc) {
   } else if (j->kind == REQ_ORDER && j->dup) {
     finish_dup(r, x, cc, status);
   } else if (j->kind == REQ_ORDER) {
+    drawn = FS_REQ_PURCHASE;
     r->done++;
     push_ll(&r->lat_us, &r->nlat, &r->caplat, now - x->sched_us);
     if (cc != CURLE_OK) {
@@ -492,6 +503,8 @@ static void finish_xfer(run_t *r, xfer_t *x, CURLcode cc) {
     else
       r->cancel_fail++;
   }
+  fs_timeline_request(r->timeline, drawn, r->t0_us + x->sched_us, r->t0_us + x->started_us, r->t0_us + now,
+                      cc == CURLE_OK && status >= 200 && status < 300);
   curl_multi_remove_handle(r->multi, x->e);
   x->next_free = r->free_x;
   r->free_x = x;
@@ -721,7 +734,9 @@ static void usage(FILE *f) {
           "  --connections N  requests on the wire at once (default 64)\n"
           "  --settle S       seconds to wait for the coordinator to finish (default 30)\n"
           "  --seed N         random seed (default: from the clock)\n"
-          "  --json FILE      also write the report as JSON\n"
+          "  --json FILE      also write the report as JSON (with its \"timeline\")\n"
+          "  --html FILE      also write the report as one HTML page with SVG charts\n"
+          "                   (orders/s, p50/p99, requests in flight, stock per bucket)\n"
           "  --quiet          no progress lines\n"
           "  --check-only     no sale: check the invariants of --activity as it is\n"
           "  --open-in MS     the sale opens MS ms after seeding (stock-service's window job\n"
@@ -742,6 +757,7 @@ static bool parse_opts(int argc, char **argv, opts_t *o) {
     {"dup", required_argument, NULL, 'd'},     {"no-keys", no_argument, NULL, 'K'},
     {"connections", required_argument, NULL, 'n'}, {"settle", required_argument, NULL, 's'},
     {"seed", required_argument, NULL, 'S'},    {"json", required_argument, NULL, 'j'},
+    {"html", required_argument, NULL, 'H'},
     {"quiet", no_argument, NULL, 'q'},         {"help", no_argument, NULL, 'h'},
     {"check-only", no_argument, NULL, 'C'},
     {"open-in", required_argument, NULL, 'O'}, {"close-after", required_argument, NULL, 'E'},
@@ -776,6 +792,7 @@ static bool parse_opts(int argc, char **argv, opts_t *o) {
     case 's': ok = svc_parse_ll(optarg, 0, 3600, &v); o->settle_s = (int)v; break;
     case 'S': ok = svc_parse_ll(optarg, 0, UINT32_MAX, &v); o->seed = (unsigned)v; break;
     case 'j': o->json_path = optarg; break;
+    case 'H': o->html_path = optarg; break;
     case 'q': o->quiet = true; break;
     case 'C': o->check_only = true; break;
     case 'O': ok = svc_parse_ll(optarg, 0, 3600000, &o->open_in_ms); break;
@@ -954,8 +971,15 @@ int main(int argc, char **argv) {
            "%lld users within %.1fs (seed %u)\n",
            act.activity, act.tickets, act.buckets, act.limit, r.o.users, r.o.window_s, r.o.seed);
     fflush(stdout);
+    if (r.o.json_path || r.o.html_path) {
+      r.timeline = fs_timeline_new();
+      char why[256];
+      if (r.timeline && !fs_timeline_start_stock(r.timeline, env.stock_pg, act.activity, svc_now_us, why, sizeof(why)))
+        fprintf(stderr, "flashsale: the report will have no stock chart: %s\n", why);
+    }
     if (act.open_in_ms) window_open(&r, ck, &act, &win);
     ran = run_sale(&r);
+    fs_timeline_stop_stock(r.timeline);
     if (act.open_in_ms) window_close(&r, ck, &act, &win);
   }
   double dur_s = (double)(r.last_us - r.first_us) / 1e6;
@@ -1035,7 +1059,7 @@ int main(int argc, char **argv) {
   fs_print_invariants(&res, stdout);
   printf("invariants: %s\n", res.ok ? "all hold" : "FAILED");
 
-  if (r.o.json_path) {
+  if (r.o.json_path || r.o.html_path) {
     json_t *j = json_pack(
       "{s:I,s:I,s:I,s:I,s:I,s:I,s:{s:I,s:I,s:I,s:I},s:I,s:I,s:I,s:f,s:f,s:f,s:f,s:f,s:b}", "activity",
       (json_int_t)act.activity, "users", (json_int_t)r.o.users, "tickets", (json_int_t)r.o.tickets, "buckets",
@@ -1084,12 +1108,19 @@ int main(int argc, char **argv) {
                         json_pack("{s:o,s:o}", "published",
                                   ev.published >= 0 ? json_integer((json_int_t)ev.published) : json_null(), "groups",
                                   groups));
-    if (json_dump_file(j, r.o.json_path, JSON_INDENT(2) | JSON_SORT_KEYS) != 0)
+    if (r.timeline) json_object_set_new(j, "timeline", fs_timeline_json(r.timeline, 0));
+    if (r.o.json_path && json_dump_file(j, r.o.json_path, JSON_INDENT(2) | JSON_SORT_KEYS) != 0)
       fprintf(stderr, "flashsale: could not write %s\n", r.o.json_path);
+    if (r.o.html_path) {
+      FILE *hf = fopen(r.o.html_path, "w");
+      int wrote = hf ? fs_report_html(j, hf) : -1;
+      if ((hf && fclose(hf) != 0) || wrote != 0) fprintf(stderr, "flashsale: could not write %s\n", r.o.html_path);
+    }
     json_decref(j);
   }
 
   fs_check_free(ck);
+  fs_timeline_free(r.timeline);
   free(r.lat_us);
   free(r.accepted);
   free(r.queued_ids);

@@ -106,7 +106,7 @@ browse() { # PAGE OUT.html [SCREENSHOT.png]
 
 # A small sale in the background: the pages are loaded while it runs.
 "$bin/flashsale" --users 300 --window 6 --tickets 120 --buckets 4 --limit 2 --pay 50 --cancel 20 --again 20 \
-  --think-ms 1500 --settle 30 --quiet --json "$tmp/sale.json" >"$tmp/sale.out" 2>&1 &
+  --think-ms 1500 --settle 30 --quiet --json "$tmp/sale.json" --html "$tmp/sale-report.html" >"$tmp/sale.out" 2>&1 &
 SALE_PID=$!
 sleep 3
 browse /globals "$tmp/globals.html" "$artifacts/globals.png"
@@ -119,6 +119,26 @@ wait "$SALE_PID" || rc=$?
 SALE_PID=
 check "flashsale exits 0 (status $rc)" test "$rc" -eq 0
 act=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["activity"])' "$tmp/sale.json")
+
+# The report as a page (flashsale --html): every chart drawn, its accepted
+# orders per slot add up to the report's count, and a browser renders it
+# (report.png, checked with the console's screenshots below).
+if python3 - "$tmp/sale.json" "$tmp/sale-report.html" <<'EOF'; then ok "the HTML report draws the sale"; else fail "the HTML report"; fi
+import json, re, sys
+r = json.load(open(sys.argv[1]))
+tl = r["timeline"]
+drawn = sum(v for v in tl["accepted_per_s"] if v is not None) * tl["slot_ms"] / 1000
+assert round(drawn) == r["accepted"], (drawn, r["accepted"])
+pts = dict(re.findall(r'data-chart="([^"]+)" data-points="(\d+)"', open(sys.argv[2]).read()))
+want = {"orders per second", "latency of POST /orders", "requests in flight", "tickets", "available per bucket"}
+assert want <= set(pts) and all(int(pts[k]) > 0 for k in want), pts
+print(f"  report: {r['accepted']} accepted drawn over {len(tl['t_ms'])} slots of {tl['slot_ms']} ms; charts {pts}")
+EOF
+prof=$(mktemp -d "$tmp/chrome.XXXXXX")
+timeout 60 "$chromium" --headless --no-sandbox --disable-gpu --disable-dev-shm-usage --no-first-run \
+  --user-data-dir="$prof" --window-size=1280,1100 --screenshot="$artifacts/report.png" \
+  "file://$tmp/sale-report.html" >/dev/null 2>>"$tmp/chromium.log" || true
+cp "$tmp/sale-report.html" "$artifacts/report.html"
 
 # After the sale: every page, and the sale page's numbers against the databases.
 sleep 2 # at least two samples after the last order
@@ -271,7 +291,7 @@ def pixels(path):
             if sum(px) < 200: dark += 1
         prev = line
     return w, h, len(colours), dark
-for name in ("overview", "globals", "locks", "history", "sale"):
+for name in ("overview", "globals", "locks", "history", "sale", "report"):
     p = os.path.join(sys.argv[1], name + ".png")
     w, h, ncol, dark = pixels(p)
     print(f"  {name}.png {w}x{h}: {ncol} colours, {dark} dark samples")
