@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "console_prom.h"
+#include "txc_ticker.h"
 
 #define MAX_BOUNDS CONSOLE_PROM_BOUNDS
 #define ORDER_SERIES "txc_http_request_duration_seconds"
@@ -46,9 +47,8 @@ struct console_sampler {
   CURL *curl;
   pthread_t thread;
   bool started;
-  pthread_mutex_t mu; /* ring, stop, last_error */
-  pthread_cond_t wake;
-  bool stop;
+  pthread_mutex_t mu; /* ring, last_error */
+  txc_ticker_t tick;
   sample_t ring[CONSOLE_SAMPLES];
   int head, count; /* ring[head] is the next slot */
   char last_error[256];
@@ -214,22 +214,9 @@ static void take_sample(console_sampler_t *s) {
 
 static void *run(void *arg) {
   console_sampler_t *s = arg;
-  struct timespec next;
-  clock_gettime(CLOCK_MONOTONIC, &next);
-  pthread_mutex_lock(&s->mu);
-  while (!s->stop) {
-    pthread_mutex_unlock(&s->mu);
+  do {
     take_sample(s);
-    next.tv_nsec += (long)CONSOLE_SAMPLE_MS * 1000000L;
-    while (next.tv_nsec >= 1000000000L) {
-      next.tv_sec++;
-      next.tv_nsec -= 1000000000L;
-    }
-    pthread_mutex_lock(&s->mu);
-    while (!s->stop && pthread_cond_timedwait(&s->wake, &s->mu, &next) == 0) {
-    }
-  }
-  pthread_mutex_unlock(&s->mu);
+  } while (txc_ticker_wait(&s->tick));
   return NULL;
 }
 
@@ -241,11 +228,7 @@ console_sampler_t *console_sampler_start(console_db_t *stock, const char *metric
   }
   s->stock = stock;
   pthread_mutex_init(&s->mu, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&s->wake, &ca);
-  pthread_condattr_destroy(&ca);
+  txc_ticker_init(&s->tick, CONSOLE_SAMPLE_MS);
   const char *p = metrics_urls ? metrics_urls : "";
   while (*p) {
     const char *e = strchr(p, ',');
@@ -288,16 +271,13 @@ console_sampler_t *console_sampler_start(console_db_t *stock, const char *metric
 void console_sampler_stop(console_sampler_t *s) {
   if (!s) return;
   if (s->started) {
-    pthread_mutex_lock(&s->mu);
-    s->stop = true;
-    pthread_cond_signal(&s->wake);
-    pthread_mutex_unlock(&s->mu);
+    txc_ticker_stop(&s->tick);
     pthread_join(s->thread, NULL);
   }
   if (s->curl) curl_easy_cleanup(s->curl);
   for (int i = 0; i < s->nscrape; i++) free(s->scrape[i].url);
   pthread_mutex_destroy(&s->mu);
-  pthread_cond_destroy(&s->wake);
+  txc_ticker_destroy(&s->tick);
   free(s);
 }
 

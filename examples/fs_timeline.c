@@ -3,6 +3,8 @@
  */
 #include "fs_timeline.h"
 
+#include "txc_ticker.h"
+
 #include <libpq-fe.h>
 #include <math.h>
 #include <pthread.h>
@@ -33,9 +35,9 @@ struct fs_timeline {
   req_t *req;
   size_t nreq, capreq, dropped;
 
-  pthread_mutex_t mu; /* the stock samples, stop */
-  pthread_cond_t wake;
-  bool stop, started;
+  pthread_mutex_t mu; /* the stock samples */
+  txc_ticker_t tick;
+  bool started;
   pthread_t thread;
   PGconn *pg;
   long long activity;
@@ -48,11 +50,6 @@ fs_timeline_t *fs_timeline_new(void) {
   fs_timeline_t *t = calloc(1, sizeof(*t));
   if (!t) return NULL;
   pthread_mutex_init(&t->mu, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&t->wake, &ca);
-  pthread_condattr_destroy(&ca);
   return t;
 }
 
@@ -60,7 +57,6 @@ void fs_timeline_free(fs_timeline_t *t) {
   if (!t) return;
   fs_timeline_stop_stock(t);
   pthread_mutex_destroy(&t->mu);
-  pthread_cond_destroy(&t->wake);
   free(t->req);
   free(t->stock);
   free(t);
@@ -125,22 +121,9 @@ static void sample_stock(fs_timeline_t *t) {
 
 static void *stock_thread(void *arg) {
   fs_timeline_t *t = arg;
-  struct timespec next;
-  clock_gettime(CLOCK_MONOTONIC, &next);
-  pthread_mutex_lock(&t->mu);
-  while (!t->stop) {
-    pthread_mutex_unlock(&t->mu);
+  do {
     sample_stock(t);
-    next.tv_nsec += (long)FS_TIMELINE_STOCK_MS * 1000000L;
-    while (next.tv_nsec >= 1000000000L) {
-      next.tv_sec++;
-      next.tv_nsec -= 1000000000L;
-    }
-    pthread_mutex_lock(&t->mu);
-    while (!t->stop && pthread_cond_timedwait(&t->wake, &t->mu, &next) == 0) {
-    }
-  }
-  pthread_mutex_unlock(&t->mu);
+  } while (txc_ticker_wait(&t->tick));
   return NULL;
 }
 
@@ -163,9 +146,10 @@ bool fs_timeline_start_stock(fs_timeline_t *t, const char *conninfo, long long a
   }
   t->activity = activity;
   t->clock_us = clock_us;
-  t->stop = false;
+  txc_ticker_init(&t->tick, FS_TIMELINE_STOCK_MS);
   if (pthread_create(&t->thread, NULL, stock_thread, t) != 0) {
     snprintf(err, errlen, "cannot start the stock sampling thread");
+    txc_ticker_destroy(&t->tick);
     PQfinish(t->pg);
     t->pg = NULL;
     return false;
@@ -176,11 +160,9 @@ bool fs_timeline_start_stock(fs_timeline_t *t, const char *conninfo, long long a
 
 void fs_timeline_stop_stock(fs_timeline_t *t) {
   if (!t || !t->started) return;
-  pthread_mutex_lock(&t->mu);
-  t->stop = true;
-  pthread_cond_signal(&t->wake);
-  pthread_mutex_unlock(&t->mu);
+  txc_ticker_stop(&t->tick);
   pthread_join(t->thread, NULL);
+  txc_ticker_destroy(&t->tick);
   t->started = false;
   PQfinish(t->pg);
   t->pg = NULL;

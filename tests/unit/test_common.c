@@ -20,6 +20,9 @@
 #include "txc_isotime.h"
 #include "txc_procstat.h"
 #include "txc_pgmsg.h"
+#include "txc_ticker.h"
+
+#include <pthread.h>
 
 #define N 500
 
@@ -179,6 +182,42 @@ static void test_procstat(void **state) {
   assert_int_equal(txc_procstat_format(&p, out, 64), -1); /* too small: refused, not cut */
 }
 
+static long long mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void *stop_later(void *arg) {
+  struct timespec d = {0, 30 * 1000000L};
+  nanosleep(&d, NULL);
+  txc_ticker_stop(arg);
+  return NULL;
+}
+
+/* Ticks come a period apart, and a stop from another thread ends a wait at
+ * once (a 10 s period would otherwise hold the thread). */
+static void test_ticker(void **state) {
+  (void)state;
+  txc_ticker_t tk;
+  txc_ticker_init(&tk, 20);
+  long long t0 = mono_ms();
+  assert_true(txc_ticker_wait(&tk));
+  assert_true(txc_ticker_wait(&tk));
+  assert_true(mono_ms() - t0 >= 38);
+  txc_ticker_destroy(&tk);
+
+  txc_ticker_init(&tk, 10000);
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, stop_later, &tk), 0);
+  t0 = mono_ms();
+  assert_false(txc_ticker_wait(&tk));
+  assert_true(mono_ms() - t0 < 5000);
+  assert_false(txc_ticker_wait(&tk)); /* stopped stays stopped */
+  pthread_join(th, NULL);
+  txc_ticker_destroy(&tk);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_heap_against_model),
@@ -186,6 +225,7 @@ int main(void) {
     cmocka_unit_test(test_iso_time),
     cmocka_unit_test(test_procstat),
     cmocka_unit_test(test_pgmsg_len),
+    cmocka_unit_test(test_ticker),
   };
   return cmocka_run_group_tests_name("common", tests, NULL, NULL);
 }
