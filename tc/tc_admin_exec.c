@@ -840,7 +840,10 @@ static void on_decided(tc_op_t *op, void *arg) {
       return;
     }
     if (txp_global_status_final(op->global_status)) {
-      on_drive_done(op->global_status, x); /* no branches: finished already */
+      /* Finished already: no branches, or an AT commit without commit work
+       * (sql/tc/010), whose branches are only told. */
+      if (commit && op->nbranches > 0) tc__phase2_notify(ctx, x->xid, op->branches, op->nbranches);
+      on_drive_done(op->global_status, x);
       return;
     }
     tc__phase2_drive(ctx, x->xid, op->global_status, op->branches, op->nbranches, on_drive_done, x);

@@ -21,7 +21,9 @@
  *        commit releases the locks in the same transaction.  The decision is
  *        durable before any branch hears of it.
  *     4. Phase two (tc_phase2.c) tells each branch; each outcome is stored;
- *        the last one moves the transaction to history.
+ *        the last one moves the transaction to history.  An AT commit
+ *        without commit work skips it: the decision's transaction moved it
+ *        to history already (sql/tc/010), and its branches are only told.
  *   A crash after 3 leaves a session whose retry lease expires; the leader's
  *   recovery job adopts and finishes it (tc_recovery.c).
  */
@@ -325,7 +327,13 @@ static void on_decide_done(tc_op_t *op, void *arg) {
     if (txp_global_status_final(op->global_status)) {
       if (txp_global_status_is_commit(op->global_status)) ctx->stats.committed++;
       else ctx->stats.rolled_back++;
-      break; /* no branches: finished already */
+      /* Finished already: no branches, or AT branches whose commit is only
+       * their undo rows' deletion (sql/tc/010): those are told, not driven. */
+      if (op->nbranches > 0 && txp_global_status_is_commit(op->global_status)) {
+        TXC_FAILPOINT("tc.commit.after_decision");
+        tc__phase2_notify(ctx, c->xid, op->branches, op->nbranches);
+      }
+      break;
     }
     if (txp_global_status_is_commit(op->global_status)) TXC_FAILPOINT("tc.commit.after_decision");
     else TXC_FAILPOINT("tc.rollback.after_decision");

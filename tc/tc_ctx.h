@@ -37,6 +37,7 @@ typedef struct tc_node_stats {
   uint64_t not_owner; /* requests refused: another application's xid or branch */
   uint64_t phase2_forwarded; /* branch calls relayed through a peer (cluster bus) */
   int phase2_active; /* gauge */
+  int phase2_notices_active; /* gauge: relayed commit notices awaiting their answer */
   /* Phase-two drives, [0] commit / [1] rollback: a duration histogram
    * (bucket i counts drives <= tc_phase2_bounds[i], not cumulative). */
   uint64_t phase2_bucket[2][TC_PHASE2_BUCKETS];

@@ -20,6 +20,13 @@
  *   The number of drives in progress is bounded; past the bound a session is
  *   left to the recovery job (it is durable, only later).
  *
+ *   Commit notices.  An AT commit whose branches have no commit work is
+ *   finished by the store in its decision's transaction (sql/tc/010): its
+ *   branches are only told (tc__phase2_notify), in one-way frames that the
+ *   RMs do not answer (a relayed one is a call through the bus).  They
+ *   need no drive and no record: a lost notice leaves an undo row that its
+ *   RM's resolve pass deletes.
+ *
  *   Sagas.  A global with SAGA steps commits one branch at a time, in
  *   registration order: the steps first (each call carries the step's
  *   args, read from the store just before it: they are not kept in the
@@ -394,5 +401,61 @@ void tc__phase2_drive(tc_ctx_t *ctx, const char *xid, int global_status,
     if (--d->pending == 0) drive_finish(d);
   } else {
     branch_call(d, &d->branches[d->next++]);
+  }
+}
+
+/* ------------------------------------------------------------- notices */
+
+/* Relayed notices in flight at most (a branch whose RM is connected to
+ * another node only: the bus relays a call, whose answer comes back);
+ * past it a notice is dropped: the RM's resolve pass deletes the row. */
+#define MAX_RELAYED_NOTICES 10000
+
+typedef struct notice {
+  tc_ctx_t *ctx;
+  int64_t branch_id;
+  char xid[TXP_MAX_XID_LEN + 1];
+} notice_t;
+
+static void on_relayed_notice(int status, const txp_msg_t *res, void *arg) {
+  notice_t *n = arg;
+  tc_ctx_t *ctx = n->ctx;
+  ctx->stats.phase2_notices_active--;
+  if (status != 0 || res->code != 0) {
+    tc_log_ctx_t lc = {n->xid, n->branch_id, NULL};
+    TC_LOG(TC_LOG_DEBUG, &lc, "relayed commit notice failed (%s): the resource manager deletes the undo row "
+           "in its resolve pass", status != 0 ? txp_strerror(status) : txp_errname((int)res->code));
+  }
+  free(n);
+}
+
+void tc__phase2_notify(tc_ctx_t *ctx, const char *xid, const tc_branch_row_t *branches, int nbranches) {
+  for (int i = 0; i < nbranches && !ctx->stopping; i++) {
+    const tc_branch_row_t *row = &branches[i];
+    txp_msg_t m;
+    txp_msg_init(&m, TXP_MSG_BRANCH_COMMIT);
+    txp_msg_set_str(&m, TXP_F_XID, xid);
+    txp_msg_set_int(&m, TXP_F_BRANCH_ID, row->branch_id);
+    txp_msg_set_str(&m, TXP_F_RESOURCE_ID, row->resource_id);
+    txp_msg_set_int(&m, TXP_F_BRANCH_TYPE, row->branch_type);
+    ctx->stats.phase2_calls++;
+    tc_conn_t *conn = tc_server_find_branch_rm(ctx->server, row->resource_id, row->client_id, row->application_id,
+                                               row->app_group);
+    if (conn) {
+      /* One way: the RM answers nothing, and tcd reads nothing back. */
+      if (tc_conn_send_oneway(conn, &m) != 0) ctx->stats.phase2_retryable++;
+      continue;
+    }
+    notice_t *n = ctx->stats.phase2_notices_active < MAX_RELAYED_NOTICES ? malloc(sizeof(*n)) : NULL;
+    if (!n) continue;
+    n->ctx = ctx;
+    n->branch_id = row->branch_id;
+    snprintf(n->xid, sizeof(n->xid), "%s", xid);
+    ctx->stats.phase2_notices_active++;
+    if (ctx->ops->forward(ctx, &m, row->client_id, BRANCH_CALL_TIMEOUT_MS, on_relayed_notice, n) != 0) {
+      ctx->stats.phase2_no_rm++;
+      ctx->stats.phase2_notices_active--;
+      free(n);
+    }
   }
 }

@@ -18,4 +18,11 @@ extern const double tc_phase2_bounds[TC_PHASE2_BUCKETS];
 void tc__phase2_drive(tc_ctx_t *ctx, const char *xid, int global_status, const tc_branch_row_t *branches,
                       int nbranches, void (*done)(int global_status, void *arg), void *arg);
 
+/* Tell 'branches' of 'xid', an AT commit the store finished at its
+ * decision (sql/tc/010_commit_at_decision.sql), to delete their undo rows.
+ * Nothing waits for the answers and nothing records them: an RM that
+ * misses the call deletes the row in its resolve pass, from the history's
+ * Committed (rm-client/src/at/rm_undo.c NOTES). */
+void tc__phase2_notify(tc_ctx_t *ctx, const char *xid, const tc_branch_row_t *branches, int nbranches);
+
 #endif /* TC_PHASE2_H */

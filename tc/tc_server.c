@@ -1209,6 +1209,15 @@ tc_conn_t *tc_server_find_branch_rm(tc_server_t *s, const char *resource_id, con
   return same_app ? same_app : any;
 }
 
+int tc_conn_send_oneway(tc_conn_t *c, txp_msg_t *msg) {
+  if (!c || !msg || !txp_msg_type_is_request(msg->type)) return TXP_EINVALID_ARG;
+  tc_server_t *s = c->server;
+  if (c->state != CONN_OPEN) return (s && s->stopping) ? TXP_ESHUTDOWN : TXP_ECONN_LOST;
+  msg->request_id = ++s->next_request_id;
+  msg->flags = TXP_FLAG_ONEWAY;
+  return conn_send(c, msg);
+}
+
 int tc_conn_call(tc_conn_t *c, txp_msg_t *msg, unsigned timeout_ms, tc_call_cb cb, void *arg) {
   if (!c || !msg || !cb || !txp_msg_type_is_request(msg->type)) return TXP_EINVALID_ARG;
   tc_server_t *s = c->server;

@@ -128,6 +128,10 @@ void tc_server_set_creds(tc_server_t *s, const tc_creds_t *creds);
  * (closed connection, write queue full) in which case 'cb' is not called. */
 int tc_conn_call(tc_conn_t *c, txp_msg_t *msg, unsigned timeout_ms, tc_call_cb cb, void *arg);
 
+/* Send request 'msg' to 'c' marked TXP_FLAG_ONEWAY: no answer comes, and
+ * nothing waits for one.  Returns 0 once queued, or a negative code. */
+int tc_conn_send_oneway(tc_conn_t *c, txp_msg_t *msg);
+
 /* Counters for stats/metrics. */
 typedef struct tc_server_stats {
   uint64_t accepted, refused, closed, frames_in, frames_out, bad_frames, busy_replies;

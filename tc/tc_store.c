@@ -503,6 +503,12 @@ static int build_register(tc_store_t *st, batch_t *b, tc_pg_job_t *job) {
   "FROM branch_table WHERE xid = ANY($1::text[]) "                                    \
   "ORDER BY xid COLLATE \"C\", branch_id"
 
+/* The same rows, read by the decision batch after it locked the globals
+ * (sql/tc/010_commit_at_decision.sql). */
+#define SQL_DECIDE_LOCK                                                               \
+  "SELECT xid, branch_id, branch_type, status, resource_id, client_id, phase2_sync, " \
+  "application_id, app_group FROM tc_decide_lock($1::text[])"
+
 static int build_decide(tc_store_t *st, batch_t *b, tc_pg_job_t *job) {
   static const char *const action_words[] = {"commit", "rollback", "timeout"};
   arr_t a[4];
@@ -517,20 +523,20 @@ static int build_decide(tc_store_t *st, batch_t *b, tc_pg_job_t *job) {
   char lease[16];
   snprintf(lease, sizeof(lease), "%d", st->lease_ms);
   const char *extra[] = {lease};
-  /* keep a copy of the xid array for the branch query */
+  /* First the globals' lock and their branches (tc_decide_lock): a
+   * decision may delete them (an AT commit is finished at once, sql/tc/010),
+   * and tcd still tells each branch. */
   const char *xids = arr_end(&a[0]);
-  char *xids_copy = xids ? strdup(xids) : NULL;
-  int rc = add_stmt(job, "tc_decide",
-                    "SELECT item, result, status FROM tc_decide_batch($1::text[], $2::text[], "
-                    "$3::text[], $4::text[], $5::int)",
-                    a, 4, extra, 1);
-  if (rc == 0 && xids_copy) {
-    const char *v[] = {xids_copy};
-    rc = tc_pg_job_add_prepared(job, "tc_decide_branches", SQL_DECIDE_BRANCHES, 1, v);
-  } else if (!xids_copy) {
-    rc = -1;
+  int rc = -1;
+  if (xids) {
+    const char *v[] = {xids};
+    rc = tc_pg_job_add_prepared(job, "tc_decide_lock", SQL_DECIDE_LOCK, 1, v);
   }
-  free(xids_copy);
+  if (rc == 0)
+    rc = add_stmt(job, "tc_decide",
+                  "SELECT item, result, status FROM tc_decide_batch($1::text[], $2::text[], "
+                  "$3::text[], $4::text[], $5::int)",
+                  a, 4, extra, 1);
   for (int i = 0; i < 4; i++) arr_free(&a[i]);
   return rc;
 }
@@ -1031,8 +1037,8 @@ static int flush_one(tc_store_t *st, lane_t *lane) {
     rc = build_register(st, b, job);
   }
   if (b->count[TC_OP_DECIDE] && rc == 0) {
-    b->stmt_index[TC_OP_DECIDE] = stmt++;
     b->branches_stmt = stmt++;
+    b->stmt_index[TC_OP_DECIDE] = stmt++;
     rc = build_decide(st, b, job);
   }
   if (b->count[TC_OP_PHASE2] && rc == 0) {

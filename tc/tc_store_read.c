@@ -299,10 +299,19 @@ int tc_read_branch_owner(tc_store_t *st, const char *xid, int64_t branch_id, uns
   char branch[32];
   snprintf(branch, sizeof(branch), "%" PRId64, branch_id);
   const char *v[] = {xid, branch};
+  /* A live branch, or one of an AT commit finished at its decision
+   * (sql/tc/010): in the history, Committed, listed among its branches,
+   * of the global's group (a branch is registered by an application of
+   * it), by an application the history does not keep. */
   return run1(st, rd, on_owner,
               "SELECT g.status, coalesce(b.application_id, ''), coalesce(b.app_group, '')"
               " FROM global_table g JOIN branch_table b"
-              " ON b.xid = g.xid AND b.branch_id = $2::bigint WHERE g.xid = $1",
+              " ON b.xid = g.xid AND b.branch_id = $2::bigint WHERE g.xid = $1"
+              " UNION ALL"
+              " SELECT h.status, '', coalesce(h.app_group, '') FROM global_history h"
+              " WHERE h.xid = $1 AND h.status = 9"
+              " AND h.branches @> pg_catalog.jsonb_build_array(pg_catalog.jsonb_build_object('branch_id', $2::bigint))"
+              " LIMIT 1",
               2, v, deadline_ms);
 }
 

@@ -178,9 +178,11 @@ int tc_read_lock_holder(tc_store_t *st, const char *resource_id, const char *loc
  * as the store says: a phase-two call relayed by a peer is sent only for
  * a decision on record, and only to an RM of that group. */
 typedef struct tc_read_owner {
-  bool found; /* the transaction is live and has that branch */
+  bool found; /* the transaction is live and has that branch, or it is an
+                 AT commit finished at its decision that had it (sql/tc/010) */
   int global_status;
-  const char *application_id; /* "" for branches before sql/tc/008 */
+  const char *application_id; /* "" for branches before sql/tc/008, and
+                                 for those of a finished commit */
   const char *app_group;
 } tc_read_owner_t;
 typedef void (*tc_read_owner_cb)(int status, const char *err, const tc_read_owner_t *r, void *arg);

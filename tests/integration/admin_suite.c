@@ -103,23 +103,34 @@ void begin_ok(txc_t *tm, uint32_t timeout_ms, const char *name, char *xid) {
   if (rc != 0) fail_msg("GlobalBegin %s: %s", name, txp_errname(rc));
 }
 
-int64_t register_ok(txc_t *c, const char *xid, const char *resource, const char *keys) {
+static int64_t register_with(txc_t *c, const char *xid, const char *resource, const char *keys,
+                             const char *app_data) {
   int64_t branch = 0;
-  int rc = txc_branch_register(c, xid, resource, keys, 0, &branch, NULL);
+  int rc = txc_branch_register_data(c, xid, resource, keys, app_data, 0, &branch, NULL);
   if (rc != 0) fail_msg("BranchRegister %s %s: %s", xid, keys ? keys : "-", txp_errname(rc));
   return branch;
 }
 
-void send_rollback_nowait(txc_t *c, const char *xid) {
+int64_t register_ok(txc_t *c, const char *xid, const char *resource, const char *keys) {
+  return register_with(c, xid, resource, keys, NULL);
+}
+
+int64_t register_sync_ok(txc_t *c, const char *xid, const char *resource, const char *keys) {
+  return register_with(c, xid, resource, keys, TXP_APP_DATA_PHASE2_SYNC);
+}
+
+static void send_decision_nowait(txc_t *c, const char *xid, txp_msg_type_t type);
+
+void send_rollback_nowait(txc_t *c, const char *xid) { send_decision_nowait(c, xid, TXP_MSG_GLOBAL_ROLLBACK); }
+
+void send_commit_nowait(txc_t *c, const char *xid) { send_decision_nowait(c, xid, TXP_MSG_GLOBAL_COMMIT); }
+
+static void send_decision_nowait(txc_t *c, const char *xid, txp_msg_type_t type) {
   txp_msg_t m;
-  txp_msg_init(&m, TXP_MSG_GLOBAL_ROLLBACK);
+  txp_msg_init(&m, type);
   txp_msg_set_str(&m, TXP_F_XID, xid);
   m.request_id = 900001;
-  txp_buf_t out;
-  txp_buf_init(&out, 0);
-  assert_int_equal(txp_encode(&m, &out, 0), 0);
-  assert_int_equal(txc_send_raw(c, out.data, out.len), 0);
-  txp_buf_free(&out);
+  assert_int_equal(txc_send_msg(c, &m), 0);
 }
 
 /* --------------------------------------------------------- admin socket */

@@ -90,9 +90,15 @@ void cli_open(cli_t *cl, const char *name);
 void cli_close(cli_t *cl);
 void begin_ok(txc_t *tm, uint32_t timeout_ms, const char *name, char *xid);
 int64_t register_ok(txc_t *c, const char *xid, const char *resource, const char *keys);
+/* An AT branch with commit work (TXP_APP_DATA_PHASE2_SYNC): its commit is
+ * driven and recorded (CommitRetrying, CommitFailed, AsyncCommitting are
+ * states of such globals; one without commit work is finished at its
+ * decision). */
+int64_t register_sync_ok(txc_t *c, const char *xid, const char *resource, const char *keys);
 /* A GlobalRollback written raw: the answer (which waits for phase two) is
  * never read. */
 void send_rollback_nowait(txc_t *c, const char *xid);
+void send_commit_nowait(txc_t *c, const char *xid);
 
 /* --------------------------------------------------------- admin socket */
 

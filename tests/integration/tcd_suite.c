@@ -216,12 +216,21 @@ void begin_ok(txc_t *tm, uint32_t timeout_ms, const char *name, char *xid) {
   assert_true(xid[0] != '\0');
 }
 
-int64_t register_ok(txc_t *c, const char *xid, const char *resource, const char *keys) {
+static int64_t register_with(txc_t *c, const char *xid, const char *resource, const char *keys,
+                             const char *app_data) {
   int64_t branch = 0;
-  int rc = txc_branch_register(c, xid, resource, keys, 0, &branch, NULL);
+  int rc = txc_branch_register_data(c, xid, resource, keys, app_data, 0, &branch, NULL);
   if (rc != 0) fail_msg("BranchRegister %s %s on %s: %s (%d)", xid, keys, resource, txp_errname(rc), rc);
   assert_true(branch > 0);
   return branch;
+}
+
+int64_t register_ok(txc_t *c, const char *xid, const char *resource, const char *keys) {
+  return register_with(c, xid, resource, keys, NULL);
+}
+
+int64_t register_sync_ok(txc_t *c, const char *xid, const char *resource, const char *keys) {
+  return register_with(c, xid, resource, keys, TXP_APP_DATA_PHASE2_SYNC);
 }
 
 void msg_register(txp_msg_t *m, const char *xid, const char *resource, const char *keys, uint32_t lock_wait_ms,
@@ -258,12 +267,16 @@ void send_frames(txc_t *c, txp_msg_t *msgs, int n, uint64_t first_id) {
   assert_int_equal(rc, 0);
 }
 
-void send_rollback(txc_t *c, const char *xid, uint64_t id) {
+static void send_decision(txc_t *c, const char *xid, txp_msg_type_t type, uint64_t id) {
   txp_msg_t req;
-  txp_msg_init(&req, TXP_MSG_GLOBAL_ROLLBACK);
+  txp_msg_init(&req, type);
   txp_msg_set_str(&req, TXP_F_XID, xid);
   send_frames(c, &req, 1, id);
 }
+
+void send_rollback(txc_t *c, const char *xid, uint64_t id) { send_decision(c, xid, TXP_MSG_GLOBAL_ROLLBACK, id); }
+
+void send_commit(txc_t *c, const char *xid, uint64_t id) { send_decision(c, xid, TXP_MSG_GLOBAL_COMMIT, id); }
 
 void queue_waiter(txc_t *c, reader_t *rd, const char *xid, const char *keys, uint32_t wait_ms, uint64_t id) {
   txp_msg_t pair[2], res;

@@ -141,6 +141,10 @@ typedef struct cli {
 void cli_open(cli_t *cl, const char *name);
 void begin_ok(txc_t *tm, uint32_t timeout_ms, const char *name, char *xid);
 int64_t register_ok(txc_t *c, const char *xid, const char *resource, const char *keys);
+/* An AT branch with commit work (TXP_APP_DATA_PHASE2_SYNC): its commit is
+ * driven and recorded, and its TM answered after it (an AT commit without
+ * commit work is finished at its decision). */
+int64_t register_sync_ok(txc_t *c, const char *xid, const char *resource, const char *keys);
 
 void msg_register(txp_msg_t *m, const char *xid, const char *resource, const char *keys, uint32_t lock_wait_ms,
                   const char *idem);
@@ -151,6 +155,7 @@ void send_frames(txc_t *c, txp_msg_t *msgs, int n, uint64_t first_id);
 /* Write a GlobalRollback of 'xid' as request 'id' (its answer is left to
  * recv_answer). */
 void send_rollback(txc_t *c, const char *xid, uint64_t id);
+void send_commit(txc_t *c, const char *xid, uint64_t id);
 /* Write a registration of 'xid' on db_orders 'keys' that waits up to
  * 'wait_ms' for them (request 'id') and, in the same write, the same
  * registration without waiting (id + 1), which conflicts at once: requests

@@ -317,6 +317,7 @@ typedef struct states {
 static states_t S;
 static cli_t g_cl;
 static txc_t *g_silent_tm; /* its GlobalRollback waits for the silent RM */
+static txc_t *g_async_tm;  /* its GlobalCommit too */
 
 static void make_states(void) {
   cli_t *cl = &g_cl;
@@ -333,10 +334,11 @@ static void make_states(void) {
   rmsim_dirty(g_rm, S.dirty_b1);
   assert_int_equal(txc_rollback(cl->tm, S.dirty, &status), 0);
   assert_int_equal(status, TXP_GS_ROLLBACK_FAILED);
-  /* CommitRetrying */
+  /* CommitRetrying (branches with commit work: an AT commit without is
+   * finished at its decision) */
   begin_ok(cl->tm, 600000, "adm-cretry", S.cretry);
-  S.cretry_ok = register_ok(cl->rm, S.cretry, "db_orders", "t_adm:5");
-  S.cretry_nobody = register_ok(cl->rm, S.cretry, "db_nobody", "t_adm:6");
+  S.cretry_ok = register_sync_ok(cl->rm, S.cretry, "db_orders", "t_adm:5");
+  S.cretry_nobody = register_sync_ok(cl->rm, S.cretry, "db_nobody", "t_adm:6");
   assert_int_equal(txc_commit(cl->tm, S.cretry, &status), 0);
   expect_status(S.cretry, TXP_GS_COMMIT_RETRYING);
   /* RollbackRetrying */
@@ -350,7 +352,7 @@ static void make_states(void) {
   expect_status(S.tretry, TXP_GS_TIMEOUT_ROLLBACK_RETRYING);
   /* CommitFailed */
   begin_ok(cl->tm, 600000, "adm-cfailed", S.cfailed);
-  S.cfailed_b = register_ok(cl->rm, S.cfailed, "db_orders", "t_adm:13");
+  S.cfailed_b = register_sync_ok(cl->rm, S.cfailed, "db_orders", "t_adm:13");
   rmsim_dirty(g_rm, S.cfailed_b);
   assert_int_equal(txc_commit(cl->tm, S.cfailed, &status), 0);
   expect_status(S.cfailed, TXP_GS_COMMIT_FAILED);
@@ -377,14 +379,14 @@ static void make_states(void) {
   send_rollback_nowait(g_silent_tm, S.silent);
   expect_status(S.silent, TXP_GS_ROLLBACKING);
   adm_refused("rollback rollbacking", adm("rollback %s", S.silent), "refused", "already Rollbacking");
-  /* AsyncCommitting: the commit answer is held too.  The TM hears
-   * "committed" at once (AT phase two is clean-up). */
+  /* AsyncCommitting: the commit answer of a branch with commit work is
+   * held too (its TM waits for that phase two: sent without waiting). */
   begin_ok(cl->tm, 600000, "adm-async", S.async);
-  register_ok(cl->rm, S.async, "db_stock", "t_adm:15");
+  register_sync_ok(cl->rm, S.async, "db_stock", "t_adm:15");
   rmsim_modes(g_rm, true, true);
-  assert_int_equal(txc_commit(cl->tm, S.async, &status), 0);
-  assert_int_equal(status, TXP_GS_COMMITTED);
-  assert_int_equal(db_long(SQL_STATUS, S.async, NULL), TXP_GS_ASYNC_COMMITTING);
+  g_async_tm = client(false, "async-tm");
+  send_commit_nowait(g_async_tm, S.async);
+  expect_status(S.async, TXP_GS_ASYNC_COMMITTING);
   adm_refused("commit async", adm("commit %s", S.async), "refused", "already AsyncCommitting");
   adm_refused("rollback async", adm("rollback %s", S.async), "refused", "the decision was commit");
   /* stopped while its phase two is in flight */
@@ -775,13 +777,16 @@ static void test_repairs(void **state) {
   int commits = rmsim_count(g_rm, true);
   a = adm_ok("commit begin", adm("commit %s", S.begin));
   assert_string_equal(js(a, "from"), "Begin");
-  assert_string_equal(js(a, "to"), "AsyncCommitting");
+  /* AT branches without commit work: finished by the decision, told after */
+  assert_string_equal(js(a, "to"), "Committed");
   assert_string_equal(js(a, "status"), "Committed");
   assert_true(json_is_true(json_object_get(a, "finished")));
   json_decref(a);
   expect_history(S.begin, TXP_GS_COMMITTED);
+  double until3 = now_ms() + WAIT_MS;
+  while (rmsim_count(g_rm, true) < commits + 2 && now_ms() < until3) nap();
   assert_int_equal(rmsim_count(g_rm, true), commits + 2);
-  assert_true(tcd_proc_log_has(&g_tcd, "Begin -> AsyncCommitting (forced decision)"));
+  assert_true(tcd_proc_log_has(&g_tcd, "Begin -> Committed (forced decision)"));
   char x[TXP_MAX_XID_LEN + 1];
   begin_ok(g_cl.tm, 600000, "adm-force-rb", x);
   register_ok(g_cl.rm, x, "db_orders", "t_adm:20");
@@ -801,6 +806,8 @@ static void test_repairs(void **state) {
   expect_history(S.silent, TXP_GS_ROLLBACKED);
   txc_close(g_silent_tm);
   g_silent_tm = NULL;
+  txc_close(g_async_tm);
+  g_async_tm = NULL;
 
   /* ---- leftovers: orphan rows of an unknown xid and of a finished one */
   db_exec("INSERT INTO lock_table (row_key, xid, transaction_id, branch_id, resource_id, table_name, pk) "

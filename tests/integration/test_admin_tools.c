@@ -294,8 +294,10 @@ static void test_metrics(void **state) {
   cli_open(&cl, "metrics");
   char x1[TXP_MAX_XID_LEN + 1], x2[TXP_MAX_XID_LEN + 1], x3[TXP_MAX_XID_LEN + 1], x4[TXP_MAX_XID_LEN + 1];
   int status;
+  /* A branch with commit work: its commit is a phase-two drive (one
+   * without it is finished at its decision, its branches only told). */
   begin_ok(cl.tm, 60000, "m-commit", x1);
-  register_ok(cl.rm, x1, "db_orders", "t_m:1");
+  register_sync_ok(cl.rm, x1, "db_orders", "t_m:1");
   assert_int_equal(txc_commit(cl.tm, x1, &status), 0);
   begin_ok(cl.tm, 60000, "m-rollback", x2);
   register_ok(cl.rm, x2, "db_stock", "t_m:2");

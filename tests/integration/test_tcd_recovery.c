@@ -140,6 +140,46 @@ static void test_dirty_write(void **state) {
   assert_int_equal(status, TXP_GS_ROLLBACKED);
 }
 
+/* 7b. An AT commit whose branches have no commit work is finished by its
+ * decision (sql/tc/010): the TM's answer finds it in history, Committed,
+ * its branches PhaseTwoCommitted, nothing live; the branches are told, and
+ * nothing waits for or records their answers: a silent RM changes nothing,
+ * and a tcd killed right after has nothing to drive. */
+static void test_commit_finished_at_decision(void **state) {
+  (void)state;
+  cli_t cl;
+  cli_open(&cl, "t7b");
+  rm_set_modes(true, true, 0);
+  char x[TXP_MAX_XID_LEN + 1];
+  begin_ok(cl.tm, 60000, "t7b-commit", x);
+  int64_t b1 = register_ok(cl.rm, x, "db_orders", "t_fin:1");
+  int64_t b2 = register_ok(cl.rm, x, "db_stock", "t_fin:2");
+  int status = -1;
+  assert_int_equal(txc_commit(cl.tm, x, &status), 0);
+  assert_int_equal(status, TXP_GS_COMMITTED);
+  /* Finished when the TM heard it: no wait. */
+  assert_int_equal(db_long(SQL_LIVE_ROWS, x, NULL), 0);
+  assert_int_equal(db_long(SQL_LOCKS, x, NULL), 0);
+  assert_int_equal(db_long("SELECT status FROM global_history WHERE xid = $1", x, NULL), TXP_GS_COMMITTED);
+  assert_int_equal(history_branches(x, TXP_BS_PHASE2_COMMITTED), 2);
+  /* Told, though the RM does not answer. */
+  assert_true(rm_wait_events(x, TXP_MSG_BRANCH_COMMIT, 0, 2, WAIT_MS));
+  int64_t ids[4];
+  int n = rm_events(x, TXP_MSG_BRANCH_COMMIT, 0, ids, 4);
+  assert_true(n == 2 && has_id(ids, n, b1) && has_id(ids, n, b2));
+  /* A repeated commit is answered from the history, and tells no one. */
+  assert_int_equal(txc_commit(cl.tm, x, &status), 0);
+  assert_int_equal(status, TXP_GS_COMMITTED);
+  assert_int_equal(rm_events(x, TXP_MSG_BRANCH_COMMIT, 0, NULL, 0), 2);
+  /* The row keys are free at once. */
+  char y[TXP_MAX_XID_LEN + 1];
+  begin_ok(cl.tm, 60000, "t7b-next", y);
+  register_ok(cl.rm, y, "db_orders", "t_fin:1");
+  rm_set_modes(false, false, 0);
+  assert_int_equal(txc_commit(cl.tm, y, &status), 0);
+  assert_int_equal(status, TXP_GS_COMMITTED);
+}
+
 /* 8. tcd is killed mid-way; another one on the same store finishes its
  * work: a decided commit whose branches were not told, a decided rollback
  * whose first branch did not answer, and a Begin transaction that must
@@ -151,8 +191,8 @@ static void test_crash_recovery(void **state) {
   rm_set_modes(true, true, 0);
   char x1[TXP_MAX_XID_LEN + 1], x2[TXP_MAX_XID_LEN + 1], x4[TXP_MAX_XID_LEN + 1];
   begin_ok(cl.tm, 60000, "t8-committed", x1);
-  int64_t b1 = register_ok(cl.rm, x1, "db_orders", "t_crash:1");
-  int64_t b2 = register_ok(cl.rm, x1, "db_stock", "t_crash:2");
+  int64_t b1 = register_sync_ok(cl.rm, x1, "db_orders", "t_crash:1");
+  int64_t b2 = register_sync_ok(cl.rm, x1, "db_stock", "t_crash:2");
   begin_ok(cl.tm, 1500, "t8-begun", x2);
   int64_t b3 = register_ok(cl.rm, x2, "db_orders", "t_crash:3");
   begin_ok(cl.tm, 60000, "t8-rolling-back", x4);
@@ -161,8 +201,8 @@ static void test_crash_recovery(void **state) {
   txc_t *cr = client(false, "t8-rollbacker", NULL);
   send_rollback(cr, x4, 1);
   int status = -1;
-  assert_int_equal(txc_commit(cl.tm, x1, &status), 0);
-  assert_int_equal(status, TXP_GS_COMMITTED);
+  /* Branches with commit work: the TM would wait for their phase two. */
+  send_commit(cr, x1, 2);
   /* The RM heard of both commits but says nothing. */
   assert_true(rm_wait_events(x1, TXP_MSG_BRANCH_COMMIT, 0, 2, WAIT_MS));
   assert_int_equal(db_long(SQL_GLOBAL_STATUS, x1, NULL), TXP_GS_ASYNC_COMMITTING);
@@ -241,13 +281,11 @@ static void test_clean_stop(void **state) {
   register_ok(cl.rm, xr, "db_orders", "t_stop:2");
   register_ok(cl.rm, xr, "db_stock", "t_stop:3");
   begin_ok(cl.tm, 60000, "t9-commit", xc);
-  register_ok(cl.rm, xc, "db_orders", "t_stop:4");
-  register_ok(cl.rm, xc, "db_stock", "t_stop:5");
+  register_sync_ok(cl.rm, xc, "db_orders", "t_stop:4");
+  register_sync_ok(cl.rm, xc, "db_stock", "t_stop:5");
   txc_t *cr = client(false, "t9-rollbacker", NULL);
   send_rollback(cr, xr, 1);
-  int status = -1;
-  assert_int_equal(txc_commit(cl.tm, xc, &status), 0);
-  assert_int_equal(status, TXP_GS_COMMITTED);
+  send_commit(cr, xc, 2);
   assert_true(rm_wait_events(xr, TXP_MSG_BRANCH_ROLLBACK, 0, 1, WAIT_MS));
   assert_true(rm_wait_events(xc, TXP_MSG_BRANCH_COMMIT, 0, 2, WAIT_MS));
 
@@ -299,6 +337,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test_setup_teardown(test_timeout_rollback, suite_test_setup, suite_test_teardown),
     cmocka_unit_test_setup_teardown(test_dirty_write, suite_test_setup, suite_test_teardown),
+    cmocka_unit_test_setup_teardown(test_commit_finished_at_decision, suite_test_setup, suite_test_teardown),
     cmocka_unit_test_setup_teardown(test_crash_recovery, suite_test_setup, suite_test_teardown),
     cmocka_unit_test_setup_teardown(test_clean_stop, suite_test_setup, suite_test_teardown),
     cmocka_unit_test_setup_teardown(test_history_pruned, suite_test_setup, suite_test_teardown),

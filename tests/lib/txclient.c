@@ -126,6 +126,8 @@ static int send_msg(txc_t *c, const txp_msg_t *m) {
   return flush_out(c);
 }
 
+int txc_send_msg(txc_t *c, const txp_msg_t *m) { return send_msg(c, m); }
+
 /* Read what is available (waiting up to 'timeout_ms' for the first byte). */
 static int read_some(txc_t *c, int timeout_ms) {
   struct pollfd p = {c->fd, POLLIN, 0};
@@ -298,12 +300,19 @@ int txc_status(txc_t *c, const char *xid, int *status_out) {
 
 int txc_branch_register(txc_t *c, const char *xid, const char *resource, const char *lock_keys,
                         uint32_t lock_wait_ms, int64_t *branch_out, uint32_t *waited_ms) {
+  return txc_branch_register_data(c, xid, resource, lock_keys, NULL, lock_wait_ms, branch_out, waited_ms);
+}
+
+int txc_branch_register_data(txc_t *c, const char *xid, const char *resource, const char *lock_keys,
+                             const char *app_data, uint32_t lock_wait_ms, int64_t *branch_out,
+                             uint32_t *waited_ms) {
   txp_msg_t req, res;
   txp_msg_init(&req, TXP_MSG_BRANCH_REGISTER);
   txp_msg_set_str(&req, TXP_F_XID, xid);
   txp_msg_set_int(&req, TXP_F_BRANCH_TYPE, TXP_BT_AT);
   txp_msg_set_str(&req, TXP_F_RESOURCE_ID, resource);
   if (lock_keys) txp_msg_set_str(&req, TXP_F_LOCK_KEYS, lock_keys);
+  if (app_data) txp_msg_set_str(&req, TXP_F_APP_DATA, app_data);
   if (lock_wait_ms) txp_msg_set_int(&req, TXP_F_LOCK_WAIT_MS, lock_wait_ms);
   int rc = txc_call(c, &req, &res, 15000 + (int)lock_wait_ms);
   if (rc == 0) {

@@ -55,6 +55,9 @@ int txc_poll(txc_t *c, int timeout_ms, bool once);
 
 /* Write raw bytes (for garbage tests). */
 int txc_send_raw(txc_t *c, const void *buf, size_t len);
+/* Encode 'm' (its request_id as set) and send it without waiting for an
+ * answer (the answer, if any, is left unread): 0 or a TXP error. */
+int txc_send_msg(txc_t *c, const txp_msg_t *m);
 /* True if the peer closed the connection within 'timeout_ms'. */
 bool txc_wait_closed(txc_t *c, int timeout_ms);
 
@@ -66,6 +69,13 @@ int txc_rollback(txc_t *c, const char *xid, int *status_out);
 int txc_status(txc_t *c, const char *xid, int *status_out);
 int txc_branch_register(txc_t *c, const char *xid, const char *resource, const char *lock_keys,
                         uint32_t lock_wait_ms, int64_t *branch_out, uint32_t *waited_ms);
+/* The same with the branch's application data ('app_data' may be NULL),
+ * e.g. TXP_APP_DATA_PHASE2_SYNC: an AT branch whose commit does work, which
+ * the coordinator drives and records (an AT commit without it is finished
+ * at its decision). */
+int txc_branch_register_data(txc_t *c, const char *xid, const char *resource, const char *lock_keys,
+                             const char *app_data, uint32_t lock_wait_ms, int64_t *branch_out,
+                             uint32_t *waited_ms);
 
 /* Milliseconds since an arbitrary start (monotonic). */
 double txc_now_ms(void);

@@ -173,6 +173,7 @@ struct rm_at_state {
   bool stopping;
   bool kick;               /* a queue is full enough: flush now */
   int64_t next_sweep_ms;
+  int64_t resolve_soon_ms; /* a coordinator was lost: a resolve pass then (0: none) */
 };
 
 /* --- the branch (rm_at.c, rm_at_stmt.c, rm_at_frame.c) --- */
@@ -505,6 +506,9 @@ void rm__at_inline_remove(rm_at_resource_t *r, const char *xid, int64_t bid);
 
 /* Start the deleter thread of 's' (once).  0 or RM_E_NOMEM. */
 int rm__undo_start(rm_at_state_t *s);
+/* A coordinator connection was lost (rm_rm_ops_t.node_lost, loop thread):
+ * run a resolve pass of every resource RESOLVE_AFTER_LOSS_MS from now. */
+void rm__undo_resolve_soon(rm_at_state_t *s);
 /* Stop it, delete what is queued (best effort), close the pools. */
 void rm__undo_stop(rm_at_state_t *s);
 /* Free the pool and queue of 'r' (after rm__undo_stop). */

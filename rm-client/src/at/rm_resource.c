@@ -64,9 +64,10 @@ static bool ops_commit_queued(void *rm, const rm_phase2_req_t *req) {
 static int ops_resource_ids(void *rm, char *out, size_t cap) {
   return rm__resource_ids(((rm_at_state_t *)rm)->c, out, cap);
 }
+static void ops_node_lost(void *rm) { rm__undo_resolve_soon(rm); }
 static void ops_free(void *rm) { rm__at_free(rm); }
 
-static const rm_rm_ops_t at_ops = {ops_phase2, ops_commit_queued, ops_resource_ids, ops_free};
+static const rm_rm_ops_t at_ops = {ops_phase2, ops_commit_queued, ops_resource_ids, ops_node_lost, ops_free};
 
 rm_at_state_t *rm__at_state_get(rm_client_t *c) { return rm__rm_get(c, &at_ops, state_create); }
 

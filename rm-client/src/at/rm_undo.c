@@ -95,6 +95,12 @@
  *   deletes (SKIP LOCKED) the rows of commit-family globals; Begin and
  *   rollback-family rows stay for the TC to drive, GLOBAL_NOT_FOUND rows
  *   for the retention sweep.  No node up or no answer: nothing that pass.
+ *   An AT commit without commit work is finished by its decision and its
+ *   branches are only told (sql/tc/010): a notice lost with a coordinator
+ *   that died leaves rows here, so a lost connection brings a pass of
+ *   every resource RESOLVE_AFTER_LOSS_MS later, for rows older than
+ *   RESOLVE_AFTER_LOSS_AGE_MS (rows of globals still undecided stay, as
+ *   in every pass).
  *
  *   The sweep (every sweep_interval_s) deletes undo rows older than
  *   retention_s, guards and normal rows alike, and logs the normal ones: a
@@ -112,6 +118,11 @@
 #include "rm_undo_int.h"
 
 #define SWEEP_MAX_BATCHES 100
+/* After a lost coordinator connection: the pass, and the age of the rows
+ * it looks at (older than the decisions that the lost node had in
+ * flight; a TM that heard "unknown outcome" retries within that). */
+#define RESOLVE_AFTER_LOSS_MS 5000
+#define RESOLVE_AFTER_LOSS_AGE_MS 2000
 #define SWEEP_LOG_ROWS 10
 
 /* Snapshot of the resource list (append-only, never freed before the
@@ -481,9 +492,11 @@ typedef struct resolve_slot {
   resolve_cursor_t cur;
 } resolve_slot_t;
 
-/* Run the due resolve passes; 'slots' grows with the resource list. */
+/* Run the due resolve passes ('soon': a coordinator was lost, every
+ * resource's pass is due now, for younger rows); 'slots' grows with the
+ * resource list. */
 static void resolve_due(rm_at_state_t *st, rm_at_resource_t **v, int n, resolve_slot_t **slots, int *nslots,
-                        unsigned *last_interval, unsigned *last_grace) {
+                        unsigned *last_interval, unsigned *last_grace, bool soon) {
   rm_at_tuning_t t = rm__undo_tuning(st);
   int64_t interval_ms = (int64_t)(t.resolve_interval_s ? t.resolve_interval_s : 30) * 1000;
   int64_t grace_ms = (int64_t)(t.resolve_grace_s ? t.resolve_grace_s : 30) * 1000;
@@ -508,12 +521,14 @@ static void resolve_due(rm_at_state_t *st, rm_at_resource_t **v, int n, resolve_
   }
   for (int i = 0; i < n; i++) {
     resolve_slot_t *s = &(*slots)[i];
-    if (rm__undo_now_ms() < s->next_ms) continue;
+    bool after_loss = soon && s->first_done;
+    if (!after_loss && rm__undo_now_ms() < s->next_ms) continue;
     /* The start-up pass looks at every row written before the deleter
      * saw the resource (within flush_ms of rm_resource_add; rows of a
      * crashed predecessor), however young. */
     int64_t age = s->first_done ? grace_ms : rm__undo_now_ms() - s->added_ms;
     if (age > grace_ms) age = grace_ms;
+    if (after_loss && age > RESOLVE_AFTER_LOSS_AGE_MS) age = RESOLVE_AFTER_LOSS_AGE_MS;
     int rc = resolve_resource(v[i], &s->cur, age);
     if (rc == RM_E_NO_NODE && !s->first_done) {
       s->next_ms = rm__undo_now_ms() + 1000; /* retry the start-up pass soon */
@@ -522,6 +537,14 @@ static void resolve_due(rm_at_state_t *st, rm_at_resource_t **v, int n, resolve_
       s->next_ms = rm__undo_now_ms() + (s->first_done ? interval_ms : 1000);
     }
   }
+}
+
+void rm__undo_resolve_soon(rm_at_state_t *st) {
+  pthread_mutex_lock(&st->mu);
+  /* The first loss sets the time: a cluster losing its nodes one after
+   * the other does not push the pass back. */
+  if (st->resolve_soon_ms == 0) st->resolve_soon_ms = rm__undo_now_ms() + RESOLVE_AFTER_LOSS_MS;
+  pthread_mutex_unlock(&st->mu);
 }
 
 /* -------------------------------------------------------------- deleter */
@@ -539,6 +562,8 @@ static void *deleter_main(void *arg) {
     }
     if (st->stopping) break;
     st->kick = false;
+    bool soon = st->resolve_soon_ms != 0 && rm__undo_now_ms() >= st->resolve_soon_ms;
+    if (soon) st->resolve_soon_ms = 0;
     bool sweep = rm__undo_now_ms() >= st->next_sweep_ms;
     if (sweep) st->next_sweep_ms = rm__undo_now_ms() + (int64_t)st->tune.sweep_interval_s * 1000;
     pthread_mutex_unlock(&st->mu);
@@ -549,7 +574,7 @@ static void *deleter_main(void *arg) {
       rm__commit_flush(v[i]);
       if (sweep) rm__undo_sweep(v[i], NULL);
     }
-    if (v) resolve_due(st, v, n, &slots, &nslots, &last_interval, &last_grace);
+    if (v) resolve_due(st, v, n, &slots, &nslots, &last_interval, &last_grace, soon);
     free(v);
     pthread_mutex_lock(&st->mu);
   }

@@ -495,7 +495,11 @@ static void on_conn_ready(rm_conn_t *conn, void *arg) {
 static void on_conn_down(rm_conn_t *conn, bool was_ready, int reason, void *arg) {
   rm_client_t *c = arg;
   rm_node_t *n = &c->nodes[rm__conn_index(conn)];
-  if (was_ready) atomic_fetch_sub(&c->nodes_up, 1);
+  if (was_ready) {
+    atomic_fetch_sub(&c->nodes_up, 1);
+    void *rm = rm__rm_peek(c);
+    if (rm) c->rm_ops->node_lost(rm);
+  }
   rm_call_list_t q = n->sent;
   n->sent.head = n->sent.tail = NULL;
   rm_call_t *k;

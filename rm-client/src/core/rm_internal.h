@@ -89,6 +89,10 @@ typedef struct rm_rm_ops {
   /* Resource ids served, comma-separated (for RegisterRM), on the loop
    * thread: their length, or a negative code. */
   int (*resource_ids)(void *rm, char *out, size_t cap);
+  /* A registered coordinator connection was lost, on the loop thread,
+   * without blocking: what it would have told this RM may never come (an
+   * AT commit's notice, sql/tc/010), so the RM looks for leftovers soon. */
+  void (*node_lost)(void *rm);
   /* Free the state, once the loop thread is gone (rm_client_free). */
   void (*free)(void *rm);
 } rm_rm_ops_t;

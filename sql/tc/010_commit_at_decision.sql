@@ -1,0 +1,161 @@
+-- sql/tc/010_commit_at_decision.sql - an AT commit is finished by its
+-- decision (coordinator database, version 10).
+--
+-- The phase-two commit of an AT branch is clean-up only: the RM deletes
+-- the branch's undo row, and nothing it does can change the outcome.  Until
+-- now the store still kept such a global for its phase two: the decision
+-- updated its row (AsyncCommitting), and once every RM had acknowledged
+-- its BranchCommit, a second transaction recorded that, wrote the history
+-- row and deleted the global, its branches and locks.  Per order of the
+-- flash sale that was a fifth store transaction, a second version of the
+-- global row, and the two acknowledgements carried back through tcd.
+--
+-- Now a commit whose branches are all AT without commit work (no
+-- TXP_APP_DATA_PHASE2_SYNC: no give-back applied by the commit) is
+-- finished in the decision's own transaction: the history row is written
+-- (status Committed, each branch PhaseTwoCommitted) and the global, its
+-- branches and its locks are deleted, all in the batch that makes the
+-- decision durable.  tcd then tells the branches (tc/tc_phase2.c,
+-- tc__phase2_notify) without recording their answers: an RM that misses
+-- it (down, or tcd died after the decision) finds its leftover undo row
+-- in its resolve pass, asks the global's status, reads Committed from the
+-- history and deletes the row (rm-client/src/at/rm_undo.c NOTES), as it
+-- did for a lost delete.  Anything else (rollbacks, timeouts, TCC, XA,
+-- saga, AT branches with commit work) is decided and driven as before.
+--
+-- tc_decide_lock: the decision's first statement locks the globals (in
+-- xid order, as before) and reads their branches, which tcd needs to tell
+-- them: the read must come after the lock (its snapshot then includes a
+-- branch registered by a transaction the lock waited for) and before the
+-- decision deletes the rows.  tc_decide_batch's own lock is then taken
+-- again by the same transaction, at no cost.
+--
+-- Never edit this file after it has shipped: add sql/tc/011_*.sql instead.
+
+CREATE FUNCTION tc_decide_lock(p_xid text[])
+RETURNS TABLE (xid text, branch_id bigint, branch_type smallint, status smallint,
+               resource_id text, client_id text, phase2_sync boolean,
+               application_id text, app_group text)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+  PERFORM 1 FROM global_table gt WHERE gt.xid = ANY (p_xid) ORDER BY gt.xid FOR UPDATE;
+  -- COLLATE "C": tcd merges these rows with its ops sorted by strcmp().
+  RETURN QUERY
+  SELECT b.xid, b.branch_id, b.branch_type, b.status, b.resource_id, b.client_id,
+         b.application_data IS NOT DISTINCT FROM 'txc:phase2=sync',
+         b.application_id, b.app_group
+    FROM branch_table b
+   WHERE b.xid = ANY (p_xid)
+   ORDER BY b.xid COLLATE "C", b.branch_id;
+END $$;
+COMMENT ON FUNCTION tc_decide_lock(text[]) IS
+  'First statement of a decision batch: locks the globals, returns their branches '
+  '(sql/tc/010_commit_at_decision.sql).';
+
+-- As in 008, but a commit of AT branches without commit work finishes at
+-- once (status Committed, returned with has-branches true: tcd tells the
+-- branches; see above).
+CREATE OR REPLACE FUNCTION tc_decide_batch(p_xid text[], p_action text[], p_app text[], p_group text[],
+                                           p_lease_ms int)
+RETURNS TABLE (item int, result text, status smallint)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+  v_items int[];      -- the item that decided each xid
+  v_status smallint[];-- the status it set
+  v_branches boolean[];
+  v_timed_out boolean[];
+BEGIN
+  PERFORM 1 FROM global_table gt WHERE gt.xid = ANY (p_xid) ORDER BY gt.xid FOR UPDATE;
+
+  WITH firsts AS (
+    SELECT DISTINCT ON (u.x) u.x, u.a, u.i::int AS i
+      FROM unnest(p_xid, p_action, p_app, p_group) WITH ORDINALITY AS u(x, a, ap, gr, i)
+      JOIN global_table g ON g.xid = u.x
+     WHERE tc__may_decide(g.xid, g.application_id, g.app_group, u.ap, u.gr)
+     ORDER BY u.x, (u.a = 'timeout'), u.i),
+  plan0 AS (
+    SELECT f.x, f.i, (f.a = 'commit' AND g.deadline < clock_timestamp()) AS late,
+           CASE WHEN f.a = 'commit' AND g.deadline < clock_timestamp() THEN 'timeout'
+                ELSE f.a END AS act,
+           EXISTS (SELECT 1 FROM branch_table b WHERE b.xid = f.x) AS has_branches,
+           NOT EXISTS (SELECT 1 FROM branch_table b
+                        WHERE b.xid = f.x
+                          AND (b.branch_type <> 0
+                               OR b.application_data IS NOT DISTINCT FROM 'txc:phase2=sync')) AS at_only
+      FROM firsts f JOIN global_table g ON g.xid = f.x
+     WHERE g.status = 1 AND (f.a <> 'timeout' OR g.deadline < clock_timestamp())),
+  plan AS (
+    SELECT p.*, (p.act = 'commit' AND p.has_branches AND p.at_only) AS now FROM plan0 p),
+  upd AS (
+    UPDATE global_table g
+       SET status = CASE WHEN p.has_branches THEN
+                      CASE p.act WHEN 'commit' THEN 8 WHEN 'rollback' THEN 4 ELSE 6 END
+                    ELSE CASE p.act WHEN 'commit' THEN 9 WHEN 'rollback' THEN 11 ELSE 12 END END,
+           gmt_modified = clock_timestamp(),
+           next_retry_at = CASE WHEN p.has_branches
+                                THEN clock_timestamp() + p_lease_ms * interval '1 millisecond' END
+      FROM plan p
+     WHERE g.xid = p.x AND g.status = 1 AND NOT p.now
+    RETURNING p.i, g.status, p.has_branches, p.late),
+  decided AS (
+    SELECT upd.i, upd.status, upd.has_branches, upd.late FROM upd
+    UNION ALL
+    SELECT p.i, 9::smallint, true, false FROM plan p WHERE p.now)
+  SELECT coalesce(array_agg(d.i), '{}'), coalesce(array_agg(d.status), '{}'),
+         coalesce(array_agg(d.has_branches), '{}'), coalesce(array_agg(d.late), '{}')
+    INTO v_items, v_status, v_branches, v_timed_out
+    FROM decided d;
+
+  -- Commit releases the locks now; rollback marks them rollbacking.  (Each
+  -- statement only when it has work.)
+  IF 8 = ANY (v_status) THEN
+    DELETE FROM lock_table lt
+     WHERE lt.xid = ANY (SELECT p_xid[d.i] FROM unnest(v_items, v_status) AS d(i, s) WHERE d.s = 8);
+  END IF;
+  IF 4 = ANY (v_status) OR 6 = ANY (v_status) THEN
+    UPDATE lock_table lt SET status = 1
+     WHERE lt.xid = ANY (SELECT p_xid[d.i] FROM unnest(v_items, v_status) AS d(i, s) WHERE d.s IN (4, 6));
+  END IF;
+  -- Without branches there is nothing to drive: finished now.
+  IF false = ANY (v_branches) THEN
+    PERFORM tc__finish_many(array_agg(p_xid[d.i]), array_agg(d.s))
+       FROM unnest(v_items, v_status, v_branches) AS d(i, s, hb) WHERE NOT d.hb;
+  END IF;
+  -- AT commits without commit work: finished now too, their branches
+  -- recorded PhaseTwoCommitted (5) in the history (its locks go with it).
+  IF 9 = ANY (v_status) AND true = ANY (v_branches) THEN
+    PERFORM tc__finish_many(array_agg(p_xid[d.i]), array_agg(d.s), 5::smallint)
+       FROM unnest(v_items, v_status, v_branches) AS d(i, s, hb) WHERE d.hb AND d.s = 9;
+  END IF;
+
+  IF cardinality(v_items) = cardinality(p_xid) THEN
+    RETURN QUERY
+    SELECT d.i, CASE WHEN d.late THEN 'timed_out' ELSE 'ok' END, d.s
+      FROM unnest(v_items, v_status, v_timed_out) AS d(i, s, late) ORDER BY d.i;
+    RETURN;
+  END IF;
+  RETURN QUERY
+  SELECT u.i::int,
+         CASE WHEN u.i = ANY (v_items) THEN
+                CASE WHEN v_timed_out[array_position(v_items, u.i::int)] THEN 'timed_out' ELSE 'ok' END
+              WHEN g.xid IS NOT NULL AND NOT tc__may_decide(g.xid, g.application_id, g.app_group, u.ap, u.gr)
+                THEN 'not_owner'
+              WHEN g.xid IS NULL AND h.xid IS NOT NULL AND u.gr IS NOT NULL
+                   AND h.app_group IS DISTINCT FROM u.gr THEN 'not_owner'
+              WHEN g.status = 1 THEN 'not_expired'
+              WHEN g.xid IS NOT NULL THEN 'decided'
+              WHEN h.xid IS NOT NULL THEN 'finished'
+              ELSE 'not_found' END,
+         CASE WHEN u.i = ANY (v_items) THEN v_status[array_position(v_items, u.i::int)]
+              WHEN g.xid IS NOT NULL AND NOT tc__may_decide(g.xid, g.application_id, g.app_group, u.ap, u.gr)
+                THEN 0::smallint
+              WHEN g.xid IS NULL AND h.xid IS NOT NULL AND u.gr IS NOT NULL
+                   AND h.app_group IS DISTINCT FROM u.gr THEN 0::smallint
+              ELSE coalesce(g.status, h.status, 0::smallint) END
+    FROM unnest(p_xid, p_app, p_group) WITH ORDINALITY AS u(x, ap, gr, i)
+    LEFT JOIN global_table g ON g.xid = u.x
+    LEFT JOIN global_history h ON g.xid IS NULL AND h.xid = u.x
+   ORDER BY u.i;
+END $$;
