@@ -4,27 +4,34 @@
  * transaction.
  *
  * NOTES
- *   HTTP API (JSON):
+ *   HTTP API (JSON; examples/openapi/order-service.yaml describes each
+ *   route, `--routes` lists them from routes[] below; every error is an
+ *   RFC 9457 problem carrying its error word, svc_problem.h; a path no
+ *   route has is 404, a method its path lacks 405 with Allow):
  *     POST /orders {activity, ticket_type, user, qty}
  *          [Idempotency-Key: 1..64 bytes of A-Za-z0-9._:-]
- *          201 order | 409 {error: rejected, reason: not_on_sale |
- *          over_limit | sold_out} | 400 | 503 {error: unavailable};
+ *          201 order (Location: /orders/{id}) | 409 {error: rejected,
+ *          reason: not_on_sale | over_limit | sold_out} | 400 | 404
+ *          {error: unknown_activity} (unknown_activity_or_reply) | 503
+ *          {error: unavailable} (Retry-After: 1);
  *          with a key also: the key's earlier answer again (header
  *          Idempotent-Replayed: true) | 409 {error: in_progress}
  *          (Retry-After: 1) | 422 {error: idempotency_key_reused}
  *          (a 201's order has its order_token: buyer_ok)
  *     GET  /orders/{id}                200 order | 401 | 403 | 404
- *     POST /orders/{id}/pay            200 order (PAID) | 401 | 403 | 404 | 409 | 503
+ *     POST /orders/{id}/pay            200 order (PAID) | 401 | 403 | 404 | 409
+ *                                      {error: bad_state, order_status} | 503
  *     POST /orders/{id}/cancel         200 order (CANCELLED) | 401 | 403 | 404 | 409 | 503
  *          (GET, pay and cancel: Authorization: Bearer <order_token>)
  *          (the stock follows through the order event a moment later)
  *     POST /activities/{id}/waitlist {user, ticket_type, qty}
- *          202 {position} | 409 {error: rejected, reason: over_limit} | 503
+ *          202 {position} | 409 {error: rejected, reason: over_limit} |
+ *          404 {error: unknown_activity} | 503
  *     POST /activities/{id}/tickets {ticket_type, qty, key, operator?}
  *          more tickets, admin credentials (handle_tickets): 200 {result:
  *          added | done_before, buckets, waitlist_served, orders_placed,
- *          redis} | 400 | 401 | 403 | 404 no_buckets | 409 key_reused |
- *          sale_ended | at_mode | 503
+ *          redis} | 400 | 401 | 403 | 404 no_buckets | unknown_activity |
+ *          409 key_reused | sale_ended | at_mode | 503
  *     GET  /healthz                    200 {ok, tc_nodes_up, mode}
  *     POST /admin/mode {mode: local|global|auto}   the runtime switch of
  *          the fallback to local mode, authenticated (svc_admin.h)

@@ -3,8 +3,11 @@
  * branch of every purchase, on the stock database.
  *
  * NOTES
- *   HTTP API (JSON bodies; every call carries the global transaction id in
- *   the X-Txc-Xid header and runs as one AT branch of that transaction):
+ *   HTTP API (JSON bodies; examples/openapi/stock-service.yaml describes
+ *   each route, `--routes` lists them from routes[]; errors are RFC 9457
+ *   problems, svc_problem.h; every call that moves stock carries
+ *   order-service's signature and the global transaction id in the
+ *   X-Txc-Xid header, and runs as one AT branch of that transaction):
  *
  *     POST /freeze  {order_id, activity, ticket_type, bucket, qty, user,
  *                    deadline_ms}
@@ -56,6 +59,10 @@
  *     POST /tickets {activity, ticket_type, qty, key, operator?}  more
  *          tickets in one local transaction (stock_add, sql/stock/007),
  *          once per key: handle_tickets
+ *     GET  /activities/{id}  the activity as PostgreSQL has it (name,
+ *          status, window, stock by ticket type): handle_activity; 404
+ *          unknown_activity (what order-service asks when Redis has not
+ *          loaded an activity)
  *     GET  /healthz  200 {ok, tc_nodes_up, mode}
  *     POST /admin/mode {mode: local|global|auto}  this client's forced mode
  *          (svc_admin.h; stock-service follows each call's own mode)
