@@ -769,11 +769,9 @@ static bool activity_exists(stock_svc_t *s, long long activity, char *err, size_
   const char *p[1] = {sa};
   PGresult *r = NULL;
   err[0] = '\0';
-  PGconn *pg = svc_pg_get(s->pool, 2000, err, errlen);
-  bool ok = pg && svc_pg_exec(pg, "SELECT 1 FROM activity WHERE activity_id = $1", 1, p, PGRES_TUPLES_OK, &r, err,
-                              errlen);
-  if (pg) svc_pg_put(s->pool, pg);
-  bool found = ok && PQntuples(r) == 1;
+  bool found = svc_pg_query(s->pool, 2000, "SELECT 1 FROM activity WHERE activity_id = $1", 1, p, PGRES_TUPLES_OK,
+                            &r, err, errlen) &&
+               PQntuples(r) == 1;
   PQclear(r);
   return found;
 }
@@ -870,18 +868,13 @@ static void handle_activity(stock_svc_t *s, long long activity, svc_resp_t *resp
   snprintf(sa, sizeof(sa), "%lld", activity);
   const char *p[1] = {sa};
   PGresult *r = NULL;
-  PGconn *pg = svc_pg_get(s->pool, 2000, err, sizeof(err));
-  bool ok = pg && svc_pg_exec(pg,
-                              "SELECT a.name, a.status, a.per_user_limit,"
-                              " (extract(epoch FROM a.starts_at) * 1000)::bigint,"
-                              " (extract(epoch FROM a.ends_at) * 1000)::bigint,"
-                              " b.ticket_type, count(b.bucket_id), sum(b.stock), sum(b.frozen_count),"
-                              " sum(b.sold_count)"
-                              " FROM activity a LEFT JOIN activity_ticket_bucket b ON b.activity_id = a.activity_id"
-                              " WHERE a.activity_id = $1 GROUP BY 1, 2, 3, 4, 5, 6 ORDER BY 6 LIMIT 1000",
-                              1, p, PGRES_TUPLES_OK, &r, err, sizeof(err));
-  if (pg) svc_pg_put(s->pool, pg);
-  if (!ok) {
+  if (!svc_pg_query(s->pool, 2000,
+                    "SELECT a.name, a.status, a.per_user_limit, (extract(epoch FROM a.starts_at) * 1000)::bigint,"
+                    " (extract(epoch FROM a.ends_at) * 1000)::bigint, b.ticket_type, count(b.bucket_id),"
+                    " sum(b.stock), sum(b.frozen_count), sum(b.sold_count)"
+                    " FROM activity a LEFT JOIN activity_ticket_bucket b ON b.activity_id = a.activity_id"
+                    " WHERE a.activity_id = $1 GROUP BY 1, 2, 3, 4, 5, 6 ORDER BY 6 LIMIT 1000",
+                    1, p, PGRES_TUPLES_OK, &r, err, sizeof(err))) {
     svc_resp_error(resp, 503, "unavailable", err);
     return;
   }
@@ -928,15 +921,13 @@ static void activity_metrics(stock_svc_t *s, svc_buf_t *b) {
                     "# TYPE txc_activity_tickets gauge\n");
   char err[256];
   PGresult *r = NULL;
-  PGconn *pg = svc_pg_get(s->pool, 1000, err, sizeof(err));
-  bool ok = pg && svc_pg_exec(pg,
-                              "SELECT b.activity_id, b.ticket_type, sum(b.stock), sum(b.frozen_count),"
-                              " sum(b.sold_count) FROM activity_ticket_bucket b"
-                              " JOIN activity a ON a.activity_id = b.activity_id"
-                              " WHERE a.status < 2 OR a.ends_at > now() - interval '10 minutes'"
-                              " GROUP BY 1, 2 ORDER BY 1, 2 LIMIT 200",
-                              0, NULL, PGRES_TUPLES_OK, &r, err, sizeof(err));
-  if (pg) svc_pg_put(s->pool, pg);
+  bool ok = svc_pg_query(s->pool, 1000,
+                         "SELECT b.activity_id, b.ticket_type, sum(b.stock), sum(b.frozen_count),"
+                         " sum(b.sold_count) FROM activity_ticket_bucket b"
+                         " JOIN activity a ON a.activity_id = b.activity_id"
+                         " WHERE a.status < 2 OR a.ends_at > now() - interval '10 minutes'"
+                         " GROUP BY 1, 2 ORDER BY 1, 2 LIMIT 200",
+                         0, NULL, PGRES_TUPLES_OK, &r, err, sizeof(err));
   int n = ok ? PQntuples(r) : 0;
   for (int i = 0; i < n; i++) {
     const char *a = PQgetvalue(r, i, 0), *t = PQgetvalue(r, i, 1);

@@ -140,11 +140,6 @@ void svc_resp_not_allowed(svc_resp_t *resp, const char *allow) {
   svc_resp_header_copy(resp, "Allow", allow);
 }
 
-void svc_resp_created(svc_resp_t *resp, json_t *body, const char *location) {
-  svc_resp_json(resp, 201, body);
-  svc_resp_header_copy(resp, "Location", location);
-}
-
 void svc_resp_finish(svc_resp_t *resp) {
   if (resp->status == 0 || !resp->body) svc_resp_error(resp, 500, "internal", NULL);
   if (resp->status >= 400 && !resp->text) {

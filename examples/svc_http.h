@@ -84,9 +84,6 @@ void svc_resp_header(svc_resp_t *resp, const char *name, const char *value);
 void svc_resp_header_copy(svc_resp_t *resp, const char *name, const char *value);
 /* 405 method_not_allowed with "Allow: 'allow'" (copied). */
 void svc_resp_not_allowed(svc_resp_t *resp, const char *allow);
-/* 201 'body' (taken), with "Location: 'location'" (copied): where the
- * created resource is. */
-void svc_resp_created(svc_resp_t *resp, json_t *body, const char *location);
 /* The value of header 'name' set on 'resp' (case-insensitive), NULL if
  * none. */
 const char *svc_resp_get_header(const svc_resp_t *resp, const char *name);

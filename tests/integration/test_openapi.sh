@@ -43,14 +43,8 @@ ok "cluster and services started ($ORDER_URL, $STOCK_URL, ${EVENTS_URL:-no event
 # 100 for stock-service's own
 A=$(q "$STOCK_PG_URL" "SELECT coalesce(max(activity_id), 0) + 1 FROM activity")
 B=$((A + 1))
-seed() { # ACTIVITY TICKETS
-  q "$STOCK_PG_URL" "INSERT INTO activity (activity_id, name, status, per_user_limit, starts_at, ends_at)
-      VALUES ($1, 'openapi test', 1, 2, now() - interval '1 second', now() + interval '1 hour');
-    INSERT INTO activity_ticket_bucket (activity_id, ticket_type, bucket_id, stock) VALUES ($1, 1, 0, $2)" >/dev/null
-  "$bin/txc-compensate" --reconcile --activity "$1" >/dev/null 2>&1
-}
-seed "$A" 4
-seed "$B" 100
+harness_seed_activity "$A" 4 'openapi test'
+harness_seed_activity "$B" 100 'openapi test'
 ok "activities $A and $B on sale"
 
 rc=0

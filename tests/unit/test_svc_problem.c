@@ -2,7 +2,7 @@
  * test_svc_problem.c - the services' error answers as RFC 9457 problem
  * objects (svc_problem.h), and an answer as the server sends it
  * (svc_resp_finish: problems completed, Retry-After on a 503; Location
- * and Allow copied into the answer).
+ * and Allow copied into the answer, bounded).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -143,7 +143,8 @@ static void test_finish(void **state) {
   svc_resp_t c = {0};
   {
     char loc[32] = "/orders/42";
-    svc_resp_created(&c, json_pack("{s:I}", "order_id", (json_int_t)42), loc);
+    svc_resp_json(&c, 201, json_pack("{s:I}", "order_id", (json_int_t)42));
+    svc_resp_header_copy(&c, "Location", loc);
     memset(loc, 'x', sizeof(loc) - 1);
   }
   svc_resp_finish(&c);
