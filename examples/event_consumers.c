@@ -280,17 +280,20 @@ static void handle_healthz(ev_svc_t *s, svc_resp_t *resp) {
   svc_resp_json(resp, 200, json_pack("{s:b,s:o}", "ok", 1, "groups", groups));
 }
 
+/* The routes (svc_http.h), as examples/openapi/event-consumers.yaml
+ * describes them; `event-consumers --routes` prints them. */
+enum { OP_METRICS, OP_HEALTHZ };
+static const svc_route_t routes[] = {{"GET", "/metrics", OP_METRICS}, {"GET", "/healthz", OP_HEALTHZ}};
+
 static void handler(const svc_req_t *req, svc_resp_t *resp, void *arg) {
   ev_svc_t *s = arg;
-  bool get = strcmp(req->method, "GET") == 0;
-  if (strcmp(req->path, "/metrics") == 0 && get)
+  int op;
+  long long id;
+  if (!svc_route_or_reply(routes, sizeof(routes) / sizeof(routes[0]), req, resp, &op, &id)) return;
+  if (op == OP_METRICS)
     handle_metrics(s, resp);
-  else if (strcmp(req->path, "/healthz") == 0 && get)
-    handle_healthz(s, resp);
-  else if (strcmp(req->path, "/metrics") == 0 || strcmp(req->path, "/healthz") == 0)
-    svc_resp_error(resp, 405, "method_not_allowed", NULL);
   else
-    svc_resp_error(resp, 404, "not_found", NULL);
+    handle_healthz(s, resp);
 }
 
 /* EVENTS_GROUPS "points,tickets" into 'want' (indexes of group_defs).
@@ -320,17 +323,19 @@ static bool parse_groups(const char *spec, bool want[NGROUPS]) {
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: event-consumers [--listen HOST:PORT] [--url-file FILE]\n"
+          "usage: event-consumers [--listen HOST:PORT] [--url-file FILE] | --routes\n"
           "\n"
           "The downstream consumer groups of the order events: points, notify and tickets\n"
           "(see examples/event_consumers.c), on their own database.\n"
           "Environment: EVENTS_PG_URL, REDIS_URL (from cluster/local/up), EVENTS_LISTEN,\n"
           "EVENTS_GROUPS (default points,notify,tickets), EVENTS_LOG_LEVEL, CONSUMER_MAX_DELIVERIES\n"
           "(default 16), CONSUMER_BACKOFF_MS (default 1000,5000,10000,...), EVENTS_APPLY_DELAY_MS (tests).\n"
-          "Dead letters: build/bin/txc-events list | redeliver | stats.\n");
+          "Dead letters: build/bin/txc-events list | redeliver | stats.\n"
+          "--routes prints the routes it serves (METHOD PATH), as examples/openapi/event-consumers.yaml describes them.\n");
 }
 
 int main(int argc, char **argv) {
+  if (svc_routes_option(argc, argv, routes, sizeof(routes) / sizeof(routes[0]))) return 0;
   svc_log_init("event-consumers", "EVENTS_LOG_LEVEL");
   const char *listen = svc_env_str("EVENTS_LISTEN", "127.0.0.1:0");
   const char *url_file = NULL;

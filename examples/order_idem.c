@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "order_service.h"
+#include "svc_problem.h"
 
 /* ------------------------------------------------- idempotent submit */
 
@@ -93,7 +94,7 @@ static key_state_t key_lookup(order_svc_t *s, long long user, const char *key, s
   }
   if (reason[0]) {
     ans->status = 409;
-    ans->body = json_pack("{s:s,s:s}", "error", "rejected", "reason", reason);
+    ans->body = svc_problem_rejected(reason);
   } else {
     ans->status = 201;
     ans->body = buyer_json(s, &o);

@@ -4,27 +4,34 @@
  * transaction.
  *
  * NOTES
- *   HTTP API (JSON):
+ *   HTTP API (JSON; examples/openapi/order-service.yaml describes each
+ *   route, `--routes` lists them from routes[] below; every error is an
+ *   RFC 9457 problem carrying its error word, svc_problem.h; a path no
+ *   route has is 404, a method its path lacks 405 with Allow):
  *     POST /orders {activity, ticket_type, user, qty}
  *          [Idempotency-Key: 1..64 bytes of A-Za-z0-9._:-]
- *          201 order | 409 {error: rejected, reason: not_on_sale |
- *          over_limit | sold_out} | 400 | 503 {error: unavailable};
+ *          201 order (Location: /orders/{id}) | 409 {error: rejected,
+ *          reason: not_on_sale | over_limit | sold_out} | 400 | 404
+ *          {error: unknown_activity} (unknown_activity_or_reply) | 503
+ *          {error: unavailable} (Retry-After: 1);
  *          with a key also: the key's earlier answer again (header
  *          Idempotent-Replayed: true) | 409 {error: in_progress}
  *          (Retry-After: 1) | 422 {error: idempotency_key_reused}
  *          (a 201's order has its order_token: buyer_ok)
  *     GET  /orders/{id}                200 order | 401 | 403 | 404
- *     POST /orders/{id}/pay            200 order (PAID) | 401 | 403 | 404 | 409 | 503
+ *     POST /orders/{id}/pay            200 order (PAID) | 401 | 403 | 404 | 409
+ *                                      {error: bad_state, order_status} | 503
  *     POST /orders/{id}/cancel         200 order (CANCELLED) | 401 | 403 | 404 | 409 | 503
  *          (GET, pay and cancel: Authorization: Bearer <order_token>)
  *          (the stock follows through the order event a moment later)
  *     POST /activities/{id}/waitlist {user, ticket_type, qty}
- *          202 {position} | 409 {error: rejected, reason: over_limit} | 503
+ *          202 {position} | 409 {error: rejected, reason: over_limit} |
+ *          404 {error: unknown_activity} | 503
  *     POST /activities/{id}/tickets {ticket_type, qty, key, operator?}
  *          more tickets, admin credentials (handle_tickets): 200 {result:
  *          added | done_before, buckets, waitlist_served, orders_placed,
- *          redis} | 400 | 401 | 403 | 404 no_buckets | 409 key_reused |
- *          sale_ended | at_mode | 503
+ *          redis} | 400 | 401 | 403 | 404 no_buckets | unknown_activity |
+ *          409 key_reused | sale_ended | at_mode | 503
  *     GET  /healthz                    200 {ok, tc_nodes_up, mode}
  *     POST /admin/mode {mode: local|global|auto}   the runtime switch of
  *          the fallback to local mode, authenticated (svc_admin.h)
@@ -176,6 +183,7 @@
 #include "order_recon.h"
 #include "order_queue.h"
 #include "svc_admin.h"
+#include "svc_problem.h"
 #include "svc_common.h"
 #include "txc_isotime.h"
 #include "svc_http.h"
@@ -408,7 +416,7 @@ static void create_local(order_svc_t *s, PGconn *pg, order_t *o, int64_t deadlin
   svc_pg_put(s->pool, pg);
   svc_pf_release(s->pf, o->activity, o->ticket_type, o->order_id, perr, sizeof(perr));
   if (status == 409 && strcmp(reason, "sold_out") == 0) {
-    svc_resp_json(resp, 409, json_pack("{s:s,s:s}", "error", "rejected", "reason", "sold_out"));
+    svc_resp_json(resp, 409, svc_problem_rejected("sold_out"));
     return;
   }
   /* the insert failed: on the unique key of an order made with this key? */
@@ -484,7 +492,7 @@ static void place_order_local(order_svc_t *s, order_t *o, int64_t deadline_ms, s
     if (rc < 0)
       SVC_LOG(SVC_LOG_WARN, json_pack("{s:I}", "order_id", (json_int_t)o->order_id),
               "could not cancel a refused local order (the compensation job will): %s", perr);
-    svc_resp_json(resp, 409, json_pack("{s:s,s:s}", "error", "rejected", "reason", reason));
+    svc_resp_json(resp, 409, svc_problem_rejected(reason));
     return;
   }
   if (st == 0 || st >= 500) {
@@ -733,7 +741,7 @@ released:
     SVC_LOG(SVC_LOG_DEBUG, json_pack("{s:s,s:I,s:s}", "xid", o->xid, "bucket", (json_int_t)o->bucket, "reason",
                                      answer_reason),
             "PostgreSQL refused what the prefilter let through");
-    svc_resp_json(resp, 409, json_pack("{s:s,s:s}", "error", "rejected", "reason", answer_reason));
+    svc_resp_json(resp, 409, svc_problem_rejected(answer_reason));
     return;
   }
   SVC_LOG(SVC_LOG_WARN, json_pack("{s:s,s:I}", "xid", o->xid, "order_id", (json_int_t)o->order_id),
@@ -830,6 +838,32 @@ static order_queue_result_t queue_place(const order_queue_entry_t *e, void *arg)
 }
 
 /*
+ * After a prefilter call that failed: when Redis had not loaded
+ * 'activity' (svc_pf_last_code), ask stock-service, which owns the
+ * activities, whether there is one (GET /activities/{id}).  None: 'resp'
+ * is 404 unknown_activity and true is returned.  One (Redis lost it, or
+ * never had it): the reconciliation loads it, and false (the caller
+ * answers 503: a retry in a second finds it).  Stock-service away: false.
+ */
+static bool unknown_activity_or_reply(order_svc_t *s, long long activity, svc_resp_t *resp) {
+  if (svc_pf_last_code() != RM_PF_NOT_LOADED) return false;
+  char path[48], err[256];
+  snprintf(path, sizeof(path), "/activities/%lld", activity);
+  long status = 0;
+  json_t *ans = NULL;
+  int rc = svc_httpc_get(s->stock, path, s->stock_timeout_ms, &status, &ans, err, sizeof(err));
+  json_decref(ans);
+  if (rc == 0 && status == 404) {
+    char detail[64];
+    snprintf(detail, sizeof(detail), "there is no activity %lld", activity);
+    svc_resp_error(resp, 404, "unknown_activity", detail);
+    return true;
+  }
+  if (s->comp) rm_compensator_kick(s->comp, true); /* reconciliation loads the activity */
+  return false;
+}
+
+/*
  * Steps 1 and 2 of a purchase for 'o' (a valid request), then the rest
  * (place_order, or create_local in ORDER_TX_MODE=local).  Fills 'resp'.
  * 't0' is when the request started.
@@ -860,13 +894,12 @@ static void take_order(order_svc_t *s, order_t *o, int64_t t0, svc_resp_t *resp)
                                              deadline_ms, &bucket, err, sizeof(err));
   if (pr != PF_OK) {
     if (pr == PF_ERROR) {
-      if (svc_pf_last_freeze_code() == RM_PF_NOT_LOADED && s->comp)
-        rm_compensator_kick(s->comp, true); /* reconciliation loads the activity */
+      if (unknown_activity_or_reply(s, o->activity, resp)) return;
       SVC_LOG(SVC_LOG_WARN, json_pack("{s:I}", "order_id", (json_int_t)o->order_id),
               "could not run the prefilter: %s", err);
       svc_resp_error(resp, 503, "unavailable", err);
     } else {
-      svc_resp_json(resp, 409, json_pack("{s:s,s:s}", "error", "rejected", "reason", svc_pf_reason(pr)));
+      svc_resp_json(resp, 409, svc_problem_rejected(svc_pf_reason(pr)));
     }
     return;
   }
@@ -1087,7 +1120,12 @@ static int finish_order(order_svc_t *s, long long id, finish_kind_t kind, const 
   if (strcmp(o.status, "UNPAID") != 0 || (kind == FIN_EXPIRE && !overdue)) {
     local_abort(pg);
     svc_pg_put(s->pool, pg);
-    if (resp) svc_resp_json(resp, 409, json_pack("{s:s,s:s}", "error", "bad_state", "status", o.status));
+    if (resp) {
+      char detail[64];
+      snprintf(detail, sizeof(detail), "the order is %s, not UNPAID", o.status);
+      svc_resp_error(resp, 409, "bad_state", detail);
+      json_object_set_new(resp->body, "order_status", json_string(o.status));
+    }
     return 409;
   }
   if (comp_pending && kind != FIN_EXPIRE) {
@@ -1301,70 +1339,64 @@ static void handle_waitlist(order_svc_t *s, long long activity, const svc_req_t 
   if (pr == PF_OK)
     svc_resp_json(resp, 202, json_pack("{s:I,s:I,s:I}", "activity", (json_int_t)activity, "user",
                                        (json_int_t)user, "position", (json_int_t)pos));
-  else if (pr == PF_ERROR)
+  else if (pr == PF_ERROR && !unknown_activity_or_reply(s, activity, resp))
     svc_resp_error(resp, 503, "unavailable", err);
-  else
-    svc_resp_json(resp, 409, json_pack("{s:s,s:s}", "error", "rejected", "reason", svc_pf_reason(pr)));
+  else if (pr != PF_ERROR)
+    svc_resp_json(resp, 409, svc_problem_rejected(svc_pf_reason(pr)));
 }
 
-/* Match "/<prefix>/<id><suffix>" exactly; '*id' gets the positive id. */
-static bool match_id(const char *path, const char *prefix, const char *suffix, long long *id) {
-  size_t pl = strlen(prefix);
-  if (strncmp(path, prefix, pl) != 0) return false;
-  const char *p = path + pl;
-  char *end = NULL;
-  if (*p < '1' || *p > '9') return false;
-  errno = 0;
-  long long v = strtoll(p, &end, 10);
-  if (errno || v <= 0 || strcmp(end, suffix) != 0) return false;
-  *id = v;
-  return true;
+/* The routes of order-service (svc_http.h): examples/openapi/order-service.yaml
+ * describes each; `order-service --routes` prints them for its check. */
+enum { OP_CREATE, OP_GET, OP_PAY, OP_CANCEL, OP_TICKETS, OP_WAITLIST, OP_HEALTHZ, OP_METRICS, OP_ADMIN };
+static const svc_route_t routes[] = {
+  {"POST", "/orders", OP_CREATE},
+  {"GET", "/orders/{id}", OP_GET},
+  {"POST", "/orders/{id}/pay", OP_PAY},
+  {"POST", "/orders/{id}/cancel", OP_CANCEL},
+  {"POST", "/activities/{id}/tickets", OP_TICKETS},
+  {"POST", "/activities/{id}/waitlist", OP_WAITLIST},
+  {"GET", "/healthz", OP_HEALTHZ},
+  {"GET", "/metrics", OP_METRICS},
+  {"GET", "/admin/mode", OP_ADMIN},
+  {"POST", "/admin/mode", OP_ADMIN},
+};
+#define NROUTES (sizeof(routes) / sizeof(routes[0]))
+
+/* POST /orders: a 201 says where its order is (Location), whichever path
+ * made it (a purchase, a replay of its key). */
+static void handle_create_located(order_svc_t *s, const svc_req_t *req, svc_resp_t *resp) {
+  handle_create(s, req, resp);
+  json_int_t id = json_integer_value(json_object_get(resp->body, "order_id"));
+  if (resp->status == 201 && id > 0) {
+    char loc[40];
+    snprintf(loc, sizeof(loc), "/orders/%lld", (long long)id);
+    svc_resp_header_copy(resp, "Location", loc);
+  }
 }
 
 static void handler(const svc_req_t *req, svc_resp_t *resp, void *arg) {
   order_svc_t *s = arg;
-  bool post = strcmp(req->method, "POST") == 0, get = strcmp(req->method, "GET") == 0;
+  int op;
   long long id;
-  if (svc_admin_handle(s->admin, req, resp)) return; /* /admin/...: the runtime mode switch */
-  if (strcmp(req->path, "/orders") == 0) {
-    if (post)
-      handle_create(s, req, resp);
+  if (!svc_route_or_reply(routes, NROUTES, req, resp, &op, &id)) return;
+  switch (op) {
+  case OP_CREATE: handle_create_located(s, req, resp); break;
+  case OP_GET: handle_get(s, id, req, resp); break;
+  case OP_PAY:
+  case OP_CANCEL:
+    if (s->local_mode)
+      svc_resp_error(resp, 501, "not_implemented", "pay and cancel need the coordinator (ORDER_TX_MODE=global)");
     else
-      svc_resp_error(resp, 405, "method_not_allowed", NULL);
-  } else if (match_id(req->path, "/orders/", "", &id)) {
-    if (get)
-      handle_get(s, id, req, resp);
-    else
-      svc_resp_error(resp, 405, "method_not_allowed", NULL);
-  } else if (s->local_mode && post && strncmp(req->path, "/orders/", 8) == 0) {
-    svc_resp_error(resp, 501, "not_implemented", "pay and cancel need the coordinator (ORDER_TX_MODE=global)");
-  } else if (match_id(req->path, "/orders/", "/pay", &id)) {
-    if (post)
-      finish_order(s, id, FIN_PAY, req, resp);
-    else
-      svc_resp_error(resp, 405, "method_not_allowed", NULL);
-  } else if (match_id(req->path, "/orders/", "/cancel", &id)) {
-    if (post)
-      finish_order(s, id, FIN_CANCEL, req, resp);
-    else
-      svc_resp_error(resp, 405, "method_not_allowed", NULL);
-  } else if (match_id(req->path, "/activities/", "/tickets", &id)) {
-    if (post)
-      handle_tickets(s, id, req, resp);
-    else
-      svc_resp_error(resp, 405, "method_not_allowed", NULL);
-  } else if (match_id(req->path, "/activities/", "/waitlist", &id)) {
-    if (post)
-      handle_waitlist(s, id, req, resp);
-    else
-      svc_resp_error(resp, 405, "method_not_allowed", NULL);
-  } else if (strcmp(req->path, "/healthz") == 0 && get) {
+      finish_order(s, id, op == OP_PAY ? FIN_PAY : FIN_CANCEL, req, resp);
+    break;
+  case OP_TICKETS: handle_tickets(s, id, req, resp); break;
+  case OP_WAITLIST: handle_waitlist(s, id, req, resp); break;
+  case OP_HEALTHZ:
     svc_resp_json(resp, 200, json_pack("{s:b,s:i,s:s}", "ok", 1, "tc_nodes_up", rm_client_nodes_up(s->rm), "mode",
                                        rm_mode_name(rm_client_mode(s->rm))));
-  } else if (strcmp(req->path, "/metrics") == 0 && get) {
-    handle_metrics(s, resp);
-  } else {
-    svc_resp_error(resp, 404, "not_found", NULL);
+    break;
+  case OP_METRICS: handle_metrics(s, resp); break;
+  default: svc_admin_handle(s->admin, req, resp); break; /* the runtime mode switch */
   }
 }
 
@@ -1480,7 +1512,7 @@ static void start_compensator(order_svc_t *s, const char *orders_url) {
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: order-service [--listen HOST:PORT] [--url-file FILE]\n"
+          "usage: order-service [--listen HOST:PORT] [--url-file FILE] | --routes\n"
           "\n"
           "The order entry point and TM of the flash-sale demo (see examples/order_service.c).\n"
           "Environment: ORDERS_PG_URL, TC_NODES, TC_SECRETS_DIR or TC_SECRET_FILE, REDIS_URL, STOCK_URL (from\n"
@@ -1490,10 +1522,12 @@ static void usage(FILE *f) {
           "OUTBOX_STREAM_MAXLEN, OUTBOX_RETENTION_S, ORDER_IDEMPOTENCY_TTL_S, ORDER_TICKET_PRICE_CENTS,\n"
           "ORDER_RECONCILE_AT, ORDER_RECONCILE_INTERVAL_S, ORDER_RECONCILE_SETTLE_S,\n"
           "TXC_AT_WRITES (sql|calls: plain SQL or the structured AT calls), ORDER_TX_MODE (global|local:\n"
-          "benchmarks only), ORDER_MODE (sync|queued: the first seed's queued order path), ORDER_QUEUE_THREADS.\n");
+          "benchmarks only), ORDER_MODE (sync|queued: the first seed's queued order path), ORDER_QUEUE_THREADS.\n"
+          "--routes prints the routes it serves (METHOD PATH), as examples/openapi/order-service.yaml describes them.\n");
 }
 
 int main(int argc, char **argv) {
+  if (svc_routes_option(argc, argv, routes, NROUTES)) return 0;
   svc_log_init("order-service", "ORDER_LOG_LEVEL");
   const char *listen = svc_env_str("ORDER_LISTEN", "127.0.0.1:0");
   const char *url_file = NULL;

@@ -3,8 +3,11 @@
  * branch of every purchase, on the stock database.
  *
  * NOTES
- *   HTTP API (JSON bodies; every call carries the global transaction id in
- *   the X-Txc-Xid header and runs as one AT branch of that transaction):
+ *   HTTP API (JSON bodies; examples/openapi/stock-service.yaml describes
+ *   each route, `--routes` lists them from routes[]; errors are RFC 9457
+ *   problems, svc_problem.h; every call that moves stock carries
+ *   order-service's signature and the global transaction id in the
+ *   X-Txc-Xid header, and runs as one AT branch of that transaction):
  *
  *     POST /freeze  {order_id, activity, ticket_type, bucket, qty, user,
  *                    deadline_ms}
@@ -56,6 +59,10 @@
  *     POST /tickets {activity, ticket_type, qty, key, operator?}  more
  *          tickets in one local transaction (stock_add, sql/stock/007),
  *          once per key: handle_tickets
+ *     GET  /activities/{id}  the activity as PostgreSQL has it (name,
+ *          status, window, stock by ticket type): handle_activity; 404
+ *          unknown_activity (what order-service asks when Redis has not
+ *          loaded an activity)
  *     GET  /healthz  200 {ok, tc_nodes_up, mode}
  *     POST /admin/mode {mode: local|global|auto}  this client's forced mode
  *          (svc_admin.h; stock-service follows each call's own mode)
@@ -754,6 +761,21 @@ static void handle_local_freeze(stock_svc_t *s, const svc_req_t *req, svc_resp_t
   svc_resp_error(resp, status, reason, err);
 }
 
+/* Whether 'activity' is in the stock database; false with 'err' set when
+ * it could not be read. */
+static bool activity_exists(stock_svc_t *s, long long activity, char *err, size_t errlen) {
+  char sa[24];
+  snprintf(sa, sizeof(sa), "%lld", activity);
+  const char *p[1] = {sa};
+  PGresult *r = NULL;
+  err[0] = '\0';
+  bool found = svc_pg_query(s->pool, 2000, "SELECT 1 FROM activity WHERE activity_id = $1", 1, p, PGRES_TUPLES_OK,
+                            &r, err, errlen) &&
+               PQntuples(r) == 1;
+  PQclear(r);
+  return found;
+}
+
 /*
  * POST /tickets {activity, ticket_type, qty, key, operator?}: more tickets
  * of a ticket type (order-service's POST /activities/{id}/tickets, signed
@@ -761,7 +783,7 @@ static void handle_local_freeze(stock_svc_t *s, const svc_req_t *req, svc_resp_t
  * sql/stock/007: spread over the buckets, once per key.  200 {result:
  * "added" | "done_before", buckets: [{bucket, stock}]} (the stocks after
  * it, for the prefilter's raise) | 409 {error: key_reused | sale_ended |
- * at_mode} | 404 {error: no_buckets} | 400 | 503.  Not in AT image mode:
+ * at_mode} | 404 {error: no_buckets | unknown_activity} | 400 | 503.  Not in AT image mode:
  * a global rollback there puts a bucket's before image back, stock
  * included, and would take the addition away (issue 17's rule: what was
  * given cannot be taken back by an image).
@@ -807,7 +829,9 @@ static void handle_tickets(stock_svc_t *s, const svc_req_t *req, svc_resp_t *res
   if (code < 0) {
     PQclear(r);
     json_decref(in);
-    if (code == -3)
+    if (code == -4 && !activity_exists(s, activity, err, sizeof(err)) && !err[0])
+      svc_resp_error(resp, 404, "unknown_activity", "there is no such activity");
+    else if (code == -3)
       svc_resp_error(resp, 404, "no_buckets", "the activity has no buckets of this ticket type");
     else
       svc_resp_error(resp, 409, code == -2 ? "key_reused" : "sale_ended",
@@ -831,6 +855,59 @@ static void handle_tickets(stock_svc_t *s, const svc_req_t *req, svc_resp_t *res
 }
 
 /*
+ * GET /activities/{id}: the activity as PostgreSQL has it (the truth; what
+ * order-service asks when Redis has not loaded an activity, to tell an
+ * unknown one, 404, from one to load, 503): 200 {activity, name, status
+ * (not_started | on_sale | ended), per_user_limit, starts_at, ends_at,
+ * ticket_types: [{ticket_type, buckets, stock, frozen, sold, available}]}
+ * | 404 unknown_activity | 503.  Read only, one snapshot.
+ */
+static void handle_activity(stock_svc_t *s, long long activity, svc_resp_t *resp) {
+  static const char *const status_names[] = {"not_started", "on_sale", "ended"};
+  char sa[24], err[512] = "";
+  snprintf(sa, sizeof(sa), "%lld", activity);
+  const char *p[1] = {sa};
+  PGresult *r = NULL;
+  if (!svc_pg_query(s->pool, 2000,
+                    "SELECT a.name, a.status, a.per_user_limit, (extract(epoch FROM a.starts_at) * 1000)::bigint,"
+                    " (extract(epoch FROM a.ends_at) * 1000)::bigint, b.ticket_type, count(b.bucket_id),"
+                    " sum(b.stock), sum(b.frozen_count), sum(b.sold_count)"
+                    " FROM activity a LEFT JOIN activity_ticket_bucket b ON b.activity_id = a.activity_id"
+                    " WHERE a.activity_id = $1 GROUP BY 1, 2, 3, 4, 5, 6 ORDER BY 6 LIMIT 1000",
+                    1, p, PGRES_TUPLES_OK, &r, err, sizeof(err))) {
+    svc_resp_error(resp, 503, "unavailable", err);
+    return;
+  }
+  if (PQntuples(r) == 0) {
+    PQclear(r);
+    snprintf(err, sizeof(err), "there is no activity %lld", activity);
+    svc_resp_error(resp, 404, "unknown_activity", err);
+    return;
+  }
+  int st = atoi(PQgetvalue(r, 0, 1));
+  char starts[TXC_ISO_TIME_MAX], ends[TXC_ISO_TIME_MAX];
+  txc_iso_time(starts, atoll(PQgetvalue(r, 0, 3)));
+  txc_iso_time(ends, atoll(PQgetvalue(r, 0, 4)));
+  json_t *types = json_array();
+  for (int i = 0; i < PQntuples(r); i++) {
+    if (PQgetisnull(r, i, 5)) continue; /* no buckets at all */
+    long long stock = atoll(PQgetvalue(r, i, 7)), frozen = atoll(PQgetvalue(r, i, 8)),
+              sold = atoll(PQgetvalue(r, i, 9));
+    json_array_append_new(types, json_pack("{s:I,s:I,s:I,s:I,s:I,s:I}", "ticket_type",
+                                           (json_int_t)atoll(PQgetvalue(r, i, 5)), "buckets",
+                                           (json_int_t)atoll(PQgetvalue(r, i, 6)), "stock", (json_int_t)stock,
+                                           "frozen", (json_int_t)frozen, "sold", (json_int_t)sold, "available",
+                                           (json_int_t)(stock - frozen - sold)));
+  }
+  svc_resp_json(resp, 200,
+                json_pack("{s:I,s:s,s:s,s:I,s:s,s:s,s:o}", "activity", (json_int_t)activity, "name",
+                          PQgetvalue(r, 0, 0), "status", st >= 0 && st <= 2 ? status_names[st] : "ended",
+                          "per_user_limit", (json_int_t)atoll(PQgetvalue(r, 0, 2)), "starts_at", starts, "ends_at",
+                          ends, "ticket_types", types));
+  PQclear(r);
+}
+
+/*
  * Per-activity gauges for /metrics, read when scraped (on an HTTP worker,
  * never on a loop): txc_activity_tickets{activity, ticket_type, state =
  * stock | frozen | sold | available} from PostgreSQL (the truth), and
@@ -844,15 +921,13 @@ static void activity_metrics(stock_svc_t *s, svc_buf_t *b) {
                     "# TYPE txc_activity_tickets gauge\n");
   char err[256];
   PGresult *r = NULL;
-  PGconn *pg = svc_pg_get(s->pool, 1000, err, sizeof(err));
-  bool ok = pg && svc_pg_exec(pg,
-                              "SELECT b.activity_id, b.ticket_type, sum(b.stock), sum(b.frozen_count),"
-                              " sum(b.sold_count) FROM activity_ticket_bucket b"
-                              " JOIN activity a ON a.activity_id = b.activity_id"
-                              " WHERE a.status < 2 OR a.ends_at > now() - interval '10 minutes'"
-                              " GROUP BY 1, 2 ORDER BY 1, 2 LIMIT 200",
-                              0, NULL, PGRES_TUPLES_OK, &r, err, sizeof(err));
-  if (pg) svc_pg_put(s->pool, pg);
+  bool ok = svc_pg_query(s->pool, 1000,
+                         "SELECT b.activity_id, b.ticket_type, sum(b.stock), sum(b.frozen_count),"
+                         " sum(b.sold_count) FROM activity_ticket_bucket b"
+                         " JOIN activity a ON a.activity_id = b.activity_id"
+                         " WHERE a.status < 2 OR a.ends_at > now() - interval '10 minutes'"
+                         " GROUP BY 1, 2 ORDER BY 1, 2 LIMIT 200",
+                         0, NULL, PGRES_TUPLES_OK, &r, err, sizeof(err));
   int n = ok ? PQntuples(r) : 0;
   for (int i = 0; i < n; i++) {
     const char *a = PQgetvalue(r, i, 0), *t = PQgetvalue(r, i, 1);
@@ -926,13 +1001,30 @@ static bool is_local_freeze(const svc_req_t *req) {
   return l && strcmp(l, "1") == 0 && (!xid || !*xid);
 }
 
+/* The routes of stock-service (svc_http.h): examples/openapi/stock-service.yaml
+ * describes each; `stock-service --routes` prints them for its check.  The
+ * POST routes move stock: only order-service, with its signature. */
+enum { OP_FREEZE_R, OP_CONFIRM_R, OP_RELEASE_R, OP_TICKETS, OP_ACTIVITY, OP_HEALTHZ, OP_METRICS, OP_ADMIN };
+static const svc_route_t routes[] = {
+  {"POST", "/freeze", OP_FREEZE_R},
+  {"POST", "/confirm", OP_CONFIRM_R},
+  {"POST", "/release", OP_RELEASE_R},
+  {"POST", "/tickets", OP_TICKETS},
+  {"GET", "/activities/{id}", OP_ACTIVITY},
+  {"GET", "/healthz", OP_HEALTHZ},
+  {"GET", "/metrics", OP_METRICS},
+  {"GET", "/admin/mode", OP_ADMIN},
+  {"POST", "/admin/mode", OP_ADMIN},
+};
+#define NROUTES (sizeof(routes) / sizeof(routes[0]))
+
 static void handler(const svc_req_t *req, svc_resp_t *resp, void *arg) {
   stock_svc_t *s = arg;
-  bool post = strcmp(req->method, "POST") == 0;
-  if (svc_admin_handle(s->admin, req, resp)) return; /* /admin/...: the runtime mode switch */
-  bool op = strcmp(req->path, "/freeze") == 0 || strcmp(req->path, "/confirm") == 0 ||
-            strcmp(req->path, "/release") == 0 || strcmp(req->path, "/tickets") == 0;
-  if (post && op && s->auth && !svc_http_verify(s->auth, req)) {
+  int op;
+  long long id;
+  if (!svc_route_or_reply(routes, NROUTES, req, resp, &op, &id)) return;
+  bool moves_stock = op == OP_FREEZE_R || op == OP_CONFIRM_R || op == OP_RELEASE_R || op == OP_TICKETS;
+  if (moves_stock && s->auth && !svc_http_verify(s->auth, req)) {
     /* only order-service, with the services' key, may move stock: a
      * forged freeze (X-Txc-Local included) or confirm changes nothing */
     s->unauthenticated++;
@@ -941,42 +1033,41 @@ static void handler(const svc_req_t *req, svc_resp_t *resp, void *arg) {
                    "the call must carry order-service's " SVC_AUTH_HEADER " (the services' key)");
     return;
   }
-  if (strcmp(req->path, "/freeze") == 0 && post && is_local_freeze(req))
-    handle_local_freeze(s, req, resp);
-  else if (strcmp(req->path, "/freeze") == 0 && post)
-    handle_op(s, req, resp, OP_FREEZE);
-  else if (strcmp(req->path, "/confirm") == 0 && post)
-    handle_op(s, req, resp, OP_CONFIRM);
-  else if (strcmp(req->path, "/release") == 0 && post)
-    handle_op(s, req, resp, OP_RELEASE);
-  else if (strcmp(req->path, "/tickets") == 0 && post)
-    handle_tickets(s, req, resp);
-  else if (strcmp(req->path, "/metrics") == 0 && strcmp(req->method, "GET") == 0)
-    handle_stock_metrics(s, resp);
-  else if (strcmp(req->path, "/healthz") == 0 && strcmp(req->method, "GET") == 0)
+  switch (op) {
+  case OP_FREEZE_R:
+    if (is_local_freeze(req))
+      handle_local_freeze(s, req, resp);
+    else
+      handle_op(s, req, resp, OP_FREEZE);
+    break;
+  case OP_CONFIRM_R: handle_op(s, req, resp, OP_CONFIRM); break;
+  case OP_RELEASE_R: handle_op(s, req, resp, OP_RELEASE); break;
+  case OP_TICKETS: handle_tickets(s, req, resp); break;
+  case OP_ACTIVITY: handle_activity(s, id, resp); break;
+  case OP_METRICS: handle_stock_metrics(s, resp); break;
+  case OP_HEALTHZ:
     svc_resp_json(resp, 200, json_pack("{s:b,s:i,s:s}", "ok", 1, "tc_nodes_up", rm_client_nodes_up(s->rm), "mode",
                                        rm_mode_name(rm_client_mode(s->rm))));
-  else if (strcmp(req->path, "/freeze") == 0 || strcmp(req->path, "/confirm") == 0 ||
-           strcmp(req->path, "/release") == 0 || strcmp(req->path, "/tickets") == 0)
-    svc_resp_error(resp, 405, "method_not_allowed", NULL);
-  else
-    svc_resp_error(resp, 404, "not_found", NULL);
+    break;
+  default: svc_admin_handle(s->admin, req, resp); break; /* the runtime mode switch */
+  }
 }
-
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: stock-service [--listen HOST:PORT] [--url-file FILE]\n"
+          "usage: stock-service [--listen HOST:PORT] [--url-file FILE] | --routes\n"
           "\n"
           "The stock branch of the flash-sale demo (see examples/stock_service.c).\n"
           "Environment: STOCK_PG_URL, TC_NODES, TC_SECRETS_DIR or TC_SECRET_FILE (from cluster/local/up),\n"
           "STOCK_LISTEN, STOCK_THREADS, STOCK_RESOURCE_ID, STOCK_FREEZE_MODE (deferred|delta|at|tcc|xa),\n"
           "STOCK_LOCAL_MODE (1: serve calls without an xid, no coordinator), STOCK_LOG_LEVEL,\n"
           "REDIS_URL (the order events), STOCK_CONSUMER_GROUP, CONSUMER_MAX_DELIVERIES, CONSUMER_BACKOFF_MS,\n"
-          "STOCK_WINDOW_INTERVAL_MS (the sale-window job, 1000; 0: off).\n");
+          "STOCK_WINDOW_INTERVAL_MS (the sale-window job, 1000; 0: off).\n"
+          "--routes prints the routes it serves (METHOD PATH), as examples/openapi/stock-service.yaml describes them.\n");
 }
 
 int main(int argc, char **argv) {
+  if (svc_routes_option(argc, argv, routes, NROUTES)) return 0;
   svc_log_init("stock-service", "STOCK_LOG_LEVEL");
   const char *listen = svc_env_str("STOCK_LISTEN", "127.0.0.1:0");
   const char *url_file = NULL;

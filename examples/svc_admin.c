@@ -108,6 +108,7 @@ static void refuse_what(svc_admin_t *a, svc_resp_t *resp, const char *what, int 
   SVC_LOG(SVC_LOG_WARN, json_pack("{s:s,s:s,s:s}", "admin", what, "who", who ? who : "", "reason", reason),
           "refused an admin call: %s", detail);
   svc_resp_error(resp, status, reason, detail);
+  if (status == 401) svc_resp_header(resp, "WWW-Authenticate", "Bearer realm=\"admin\"");
 }
 
 static void refuse(svc_admin_t *a, svc_resp_t *resp, int status, const char *reason, const char *detail,

@@ -344,6 +344,16 @@ bool svc_pg_exec(PGconn *pg, const char *sql, int n, const char *const *params, 
   return true;
 }
 
+bool svc_pg_query(svc_pgpool_t *p, unsigned wait_ms, const char *sql, int n, const char *const *params,
+                  ExecStatusType want, PGresult **res, char *err, size_t errlen) {
+  if (res) *res = NULL;
+  PGconn *pg = svc_pg_get(p, wait_ms, err, errlen);
+  if (!pg) return false;
+  bool ok = svc_pg_exec(pg, sql, n, params, want, res, err, errlen);
+  svc_pg_put(p, pg);
+  return ok;
+}
+
 /* -------------------------------------------------------- librmclient */
 
 int svc_rm_client_new(const char *application_id, unsigned wait_ms, rm_client_t **out) {

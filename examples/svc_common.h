@@ -142,6 +142,11 @@ bool svc_pg_ensure(PGconn **pg, const char *conninfo, const char *what, char *er
 bool svc_pg_exec(PGconn *pg, const char *sql, int n, const char *const *params, ExecStatusType want,
                  PGresult **res, char *err, size_t errlen);
 
+/* One statement on a connection of pool 'p' (svc_pg_get with 'wait_ms',
+ * svc_pg_exec, svc_pg_put): for reads that need no transaction. */
+bool svc_pg_query(svc_pgpool_t *p, unsigned wait_ms, const char *sql, int n, const char *const *params,
+                  ExecStatusType want, PGresult **res, char *err, size_t errlen);
+
 /* -------------------------------------------------------- librmclient */
 
 /* Start a client for 'application_id' from TC_NODES and its secret

@@ -29,6 +29,7 @@
 #include <microhttpd.h>
 
 #include "svc_common.h"
+#include "svc_problem.h"
 #include "txc_httpguard.h"
 
 /* ------------------------------------------------------------- server */
@@ -97,20 +98,7 @@ void svc_resp_json(svc_resp_t *resp, int status, json_t *body) {
 }
 
 void svc_resp_error(svc_resp_t *resp, int status, const char *reason, const char *detail) {
-  json_t *o = json_pack("{s:s}", "error", reason);
-  /* Every 503 is "try again soon" (a store, Redis or the coordinator is
-   * away, e.g. the second or two of a Redis failover): say when. */
-  if (status == 503) {
-    bool has = false;
-    for (int i = 0; i < resp->nheaders; i++)
-      if (strcasecmp(resp->headers[i][0], "Retry-After") == 0) has = true;
-    if (!has) svc_resp_header(resp, "Retry-After", "1");
-  }
-  if (detail) {
-    json_t *d = json_string(detail);
-    if (d) json_object_set_new(o, "detail", d);
-  }
-  svc_resp_json(resp, status, o);
+  svc_resp_json(resp, status, svc_problem_new(status, reason, detail));
 }
 
 void svc_resp_text(svc_resp_t *resp, int status, const char *text) {
@@ -128,6 +116,108 @@ void svc_resp_header(svc_resp_t *resp, const char *name, const char *value) {
   resp->headers[resp->nheaders][0] = name;
   resp->headers[resp->nheaders][1] = value;
   resp->nheaders++;
+}
+
+void svc_resp_header_copy(svc_resp_t *resp, const char *name, const char *value) {
+  size_t n = strlen(value) + 1;
+  if (resp->hlen + n > sizeof(resp->hbuf)) return;
+  char *v = resp->hbuf + resp->hlen;
+  memcpy(v, value, n);
+  resp->hlen += n;
+  svc_resp_header(resp, name, v);
+}
+
+const char *svc_resp_get_header(const svc_resp_t *resp, const char *name) {
+  for (int i = 0; i < resp->nheaders; i++)
+    if (strcasecmp(resp->headers[i][0], name) == 0) return resp->headers[i][1];
+  return NULL;
+}
+
+void svc_resp_not_allowed(svc_resp_t *resp, const char *allow) {
+  char detail[128];
+  snprintf(detail, sizeof(detail), "this path answers only %s", allow);
+  svc_resp_error(resp, 405, "method_not_allowed", detail);
+  svc_resp_header_copy(resp, "Allow", allow);
+}
+
+void svc_resp_finish(svc_resp_t *resp) {
+  if (resp->status == 0 || !resp->body) svc_resp_error(resp, 500, "internal", NULL);
+  if (resp->status >= 400 && !resp->text) {
+    resp->body = svc_problem_complete(resp->body, resp->status);
+    if (!resp->body) resp->status = 500; /* out of memory: send_json's fallback */
+  }
+  /* Every 503 is "try again soon" (a store, Redis or the coordinator is
+   * away, e.g. the second or two of a Redis failover): say when. */
+  if (resp->status == 503 && !svc_resp_get_header(resp, "Retry-After")) svc_resp_header(resp, "Retry-After", "1");
+}
+
+/* ---- routes ---- */
+
+/* Whether 'path' matches template 'tmpl'; the first {id} in '*id'. */
+static bool route_match(const char *tmpl, const char *path, long long *id) {
+  *id = 0;
+  for (;;) {
+    if (strncmp(tmpl, "{id}", 4) == 0) {
+      if (*path < '1' || *path > '9') return false;
+      long long v = 0;
+      for (; *path >= '0' && *path <= '9'; path++) {
+        if (v > (INT64_MAX - (*path - '0')) / 10) return false;
+        v = v * 10 + (*path - '0');
+      }
+      if (*id == 0) *id = v;
+      tmpl += 4;
+      continue;
+    }
+    if (*tmpl != *path) return false;
+    if (!*tmpl) return true;
+    tmpl++;
+    path++;
+  }
+}
+
+int svc_route_find(const svc_route_t *routes, size_t n, const char *method, const char *path, long long *id,
+                   char *allow, size_t allowlen) {
+  size_t used = 0;
+  bool path_known = false;
+  if (allowlen) allow[0] = '\0';
+  for (size_t i = 0; i < n; i++) {
+    long long v;
+    if (!route_match(routes[i].path, path, &v)) continue;
+    if (strcmp(routes[i].method, method) == 0) {
+      *id = v;
+      return (int)i;
+    }
+    path_known = true;
+    int w = snprintf(allow + used, allowlen > used ? allowlen - used : 0, "%s%s", used ? ", " : "",
+                     routes[i].method);
+    if (w > 0 && used + (size_t)w < allowlen)
+      used += (size_t)w;
+    else if (allowlen)
+      allow[used] = '\0'; /* it did not fit: cut at the last whole method */
+  }
+  *id = 0;
+  return path_known ? SVC_ROUTE_NOT_ALLOWED : SVC_ROUTE_NOT_FOUND;
+}
+
+bool svc_route_or_reply(const svc_route_t *routes, size_t n, const svc_req_t *req, svc_resp_t *resp, int *op,
+                        long long *id) {
+  char allow[64];
+  int i = svc_route_find(routes, n, req->method, req->path, id, allow, sizeof(allow));
+  if (i >= 0) {
+    *op = routes[i].op;
+    return true;
+  }
+  if (i == SVC_ROUTE_NOT_ALLOWED)
+    svc_resp_not_allowed(resp, allow);
+  else
+    svc_resp_error(resp, 404, "not_found", "no such path on this service");
+  return false;
+}
+
+bool svc_routes_option(int argc, char **argv, const svc_route_t *routes, size_t n) {
+  if (argc != 2 || strcmp(argv[1], "--routes") != 0) return false;
+  for (size_t i = 0; i < n; i++) printf("%s %s\n", routes[i].method, routes[i].path);
+  return true;
 }
 
 static _Atomic unsigned long long status_counts[600];
@@ -252,12 +342,14 @@ static enum MHD_Result send_text(struct MHD_Connection *conn, const svc_resp_t *
   return queue(conn, resp, status, r);
 }
 
-static enum MHD_Result send_json(struct MHD_Connection *conn, const svc_resp_t *resp) {
+static enum MHD_Result send_json(struct MHD_Connection *conn, svc_resp_t *resp) {
+  svc_resp_finish(resp);
   int status = resp->status;
   char *s = resp->body ? json_dumps(resp->body, JSON_COMPACT) : NULL;
   if (!s) {
     status = 500;
-    s = strdup("{\"error\":\"internal\"}");
+    s = strdup("{\"type\":\"" SVC_PROBLEM_TYPE_PREFIX "internal\",\"title\":\"Internal error\",\"status\":500,"
+               "\"detail\":\"out of memory\",\"error\":\"internal\"}");
     if (!s) return MHD_NO;
   }
   size_t n = strlen(s);
@@ -266,7 +358,8 @@ static enum MHD_Result send_json(struct MHD_Connection *conn, const svc_resp_t *
     free(s);
     return MHD_NO;
   }
-  MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+  MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
+                          status >= 400 ? SVC_PROBLEM_MEDIA_TYPE : "application/json");
   return queue(conn, resp, status, r);
 }
 
@@ -286,7 +379,7 @@ static void *worker_main(void *arg) {
     svc_req_t req = {.method = rc->method, .path = rc->path, .body = rc->buf ? rc->buf : "",
                      .body_len = rc->len, .conn_ = rc->conn};
     h->fn(&req, &rc->resp, h->arg);
-    if (rc->resp.status == 0 || !rc->resp.body) svc_resp_error(&rc->resp, 500, "internal", NULL);
+    svc_resp_finish(&rc->resp);
     record_duration(rc->method, rc->path, rc->resp.status, (double)(svc_now_us() - rc->queued_us) / 1e6);
     struct MHD_Connection *conn = rc->conn;
 
@@ -651,7 +744,7 @@ svc_httpc_call_t *svc_httpc_start_hdr(svc_httpc_t *c, const char *path, const ch
     k->line.multi = curl_multi_init();
     k->line.easy = curl_easy_init();
   }
-  k->payload = json_dumps(body, JSON_COMPACT);
+  k->payload = body ? json_dumps(body, JSON_COMPACT) : strdup(""); /* no body: a GET */
   if (!k->line.multi || !k->line.easy || !k->payload) {
     line_free(&k->line);
     free(k->payload);
@@ -660,7 +753,7 @@ svc_httpc_call_t *svc_httpc_start_hdr(svc_httpc_t *c, const char *path, const ch
     return NULL;
   }
   snprintf(k->url, sizeof(k->url), "%s%s", c->base, path);
-  k->hdrs = curl_slist_append(NULL, "Content-Type: application/json");
+  k->hdrs = curl_slist_append(NULL, body ? "Content-Type: application/json" : "Accept: application/json");
   k->hdrs = curl_slist_append(k->hdrs, "Expect:");
   if (xid) {
     char hx[RM_XID_MAX + 32];
@@ -670,14 +763,17 @@ svc_httpc_call_t *svc_httpc_start_hdr(svc_httpc_t *c, const char *path, const ch
   if (header) k->hdrs = curl_slist_append(k->hdrs, header);
   if (c->auth) {
     char sig[SVC_AUTH_HEX_MAX], hs[SVC_AUTH_HEX_MAX + 32];
-    svc_http_sign(c->auth, "POST", path, xid, header, k->payload, strlen(k->payload), sig);
+    svc_http_sign(c->auth, body ? "POST" : "GET", path, xid, header, k->payload, strlen(k->payload), sig);
     snprintf(hs, sizeof(hs), "%s: %s", SVC_AUTH_HEADER, sig);
     k->hdrs = curl_slist_append(k->hdrs, hs);
   }
   CURL *e = k->line.easy;
   curl_easy_reset(e); /* keeps the live connection (in the multi), clears options */
   curl_easy_setopt(e, CURLOPT_URL, k->url);
-  curl_easy_setopt(e, CURLOPT_POSTFIELDS, k->payload);
+  if (body)
+    curl_easy_setopt(e, CURLOPT_POSTFIELDS, k->payload);
+  else
+    curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);
   curl_easy_setopt(e, CURLOPT_HTTPHEADER, k->hdrs);
   curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_write);
   curl_easy_setopt(e, CURLOPT_WRITEDATA, &k->buf);
@@ -722,6 +818,11 @@ int svc_httpc_finish(svc_httpc_call_t *k, long *status, json_t **answer, char *e
   if (!kept) line_free(&k->line); /* after a failure: drop the connection too */
   free(k);
   return rc;
+}
+
+int svc_httpc_get(svc_httpc_t *c, const char *path, unsigned timeout_ms, long *status, json_t **answer, char *err,
+                  size_t errlen) {
+  return svc_httpc_post(c, path, NULL, NULL, timeout_ms, status, answer, err, errlen); /* no body: GET */
 }
 
 int svc_httpc_post(svc_httpc_t *c, const char *path, const char *xid, const json_t *body, unsigned timeout_ms,

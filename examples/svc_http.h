@@ -44,7 +44,8 @@ typedef struct svc_req {
   void *conn_; /* private */
 } svc_req_t;
 
-#define SVC_RESP_MAX_HEADERS 4
+#define SVC_RESP_MAX_HEADERS 6
+#define SVC_RESP_HBUF 96
 
 typedef struct svc_resp {
   int status;
@@ -53,6 +54,9 @@ typedef struct svc_resp {
   /* Extra response headers (svc_resp_header), {name, value} each. */
   const char *headers[SVC_RESP_MAX_HEADERS][2];
   int nheaders;
+  /* Storage of the values svc_resp_header_copy copied. */
+  char hbuf[SVC_RESP_HBUF];
+  size_t hlen;
 } svc_resp_t;
 
 /* Called once per request on a pool thread; fills 'resp' (status 0 or a
@@ -62,8 +66,9 @@ typedef void (*svc_handler_fn)(const svc_req_t *req, svc_resp_t *resp, void *arg
 /* Value of request header 'name' (case-insensitive), NULL if absent. */
 const char *svc_req_header(const svc_req_t *req, const char *name);
 
-/* Set 'resp' to {"error": reason, "detail": detail} (detail may be NULL)
- * with 'status'.  Returns nothing: the handler returns after it. */
+/* Set 'resp' to the problem object (svc_problem_new) of 'status', error
+ * word 'reason' and 'detail' (NULL: the problem's title).  Returns
+ * nothing: the handler returns after it. */
 void svc_resp_error(svc_resp_t *resp, int status, const char *reason, const char *detail);
 void svc_resp_json(svc_resp_t *resp, int status, json_t *body);
 /* Answer 'text' (copied) as text/plain (Prometheus exposition format). */
@@ -73,6 +78,57 @@ void svc_resp_text(svc_resp_t *resp, int status, const char *text);
  * string literals.  A name already set gets the new value; beyond
  * SVC_RESP_MAX_HEADERS names the header is dropped. */
 void svc_resp_header(svc_resp_t *resp, const char *name, const char *value);
+/* The same with 'value' copied into the answer (at most SVC_RESP_HBUF
+ * bytes for all copied values: beyond, the header is dropped); 'name' is
+ * still kept. */
+void svc_resp_header_copy(svc_resp_t *resp, const char *name, const char *value);
+/* 405 method_not_allowed with "Allow: 'allow'" (copied). */
+void svc_resp_not_allowed(svc_resp_t *resp, const char *allow);
+/* The value of header 'name' set on 'resp' (case-insensitive), NULL if
+ * none. */
+const char *svc_resp_get_header(const svc_resp_t *resp, const char *name);
+/*
+ * The answer as it is sent, whatever the handler made of it (called by
+ * the server before it sends; pure): no status or no body is a 500; an
+ * error status (400 or more) has a problem body (svc_problem_complete:
+ * one built by hand, or stored before, gets the members it lacks); a 503
+ * says Retry-After (1 s, unless the handler said otherwise).
+ */
+void svc_resp_finish(svc_resp_t *resp);
+
+/* One route of a service: 'path' a template whose "{id}" segments stand
+ * for a positive decimal id ("/orders/{id}/pay"), 'method' one method;
+ * 'op' the service's handler number. */
+typedef struct svc_route {
+  const char *method, *path;
+  int op;
+} svc_route_t;
+
+#define SVC_ROUTE_NOT_FOUND -1
+#define SVC_ROUTE_NOT_ALLOWED -2
+
+/*
+ * The route of 'method' and 'path' in 'routes[0..n-1]': its index, with
+ * the id of its first "{id}" segment in '*id' (0 when it has none); or
+ * SVC_ROUTE_NOT_FOUND when no route has the path (an id of 0, of leading
+ * zeros or beyond 2^63 - 1 is no id); or SVC_ROUTE_NOT_ALLOWED when
+ * routes have the path but not the method, with their methods in 'allow'
+ * ("GET, POST", in the table's order).  Pure.
+ */
+int svc_route_find(const svc_route_t *routes, size_t n, const char *method, const char *path, long long *id,
+                   char *allow, size_t allowlen);
+
+/*
+ * Answer 'req' from 'routes': its route's op in '*op' and true; or false
+ * with the answer in 'resp' (404 not_found, or 405 with Allow).
+ */
+bool svc_route_or_reply(const svc_route_t *routes, size_t n, const svc_req_t *req, svc_resp_t *resp, int *op,
+                        long long *id);
+
+/* The services' --routes option: when it is the only argument, print the
+ * routes as "METHOD PATH" lines (the OpenAPI check compares them with its
+ * paths) and return true (the caller exits 0). */
+bool svc_routes_option(int argc, char **argv, const svc_route_t *routes, size_t n);
 
 /* Answers sent by every server of this process with HTTP 'status'
  * (100..599; 0 otherwise), counted as they are queued. */
@@ -121,12 +177,17 @@ void svc_httpc_free(svc_httpc_t *c);
 int svc_httpc_post(svc_httpc_t *c, const char *path, const char *xid, const json_t *body, unsigned timeout_ms,
                    long *status, json_t **answer, char *err, size_t errlen);
 
+/* GET base_url + 'path' within 'timeout_ms': svc_httpc_post's results. */
+int svc_httpc_get(svc_httpc_t *c, const char *path, unsigned timeout_ms, long *status, json_t **answer, char *err,
+                  size_t errlen);
+
 /* The same in two steps: start the call (the request is sent at once on a
  * live connection), do something else, then wait for its answer.  Every
  * started call must be finished (which frees it), from the same thread.
  * svc_httpc_start returns NULL (no call: 'err' says why) only when out of
  * memory; connection errors come from svc_httpc_finish. */
 typedef struct svc_httpc_call svc_httpc_call_t;
+/* ('body' NULL: a GET.) */
 svc_httpc_call_t *svc_httpc_start(svc_httpc_t *c, const char *path, const char *xid, const json_t *body,
                                   unsigned timeout_ms, char *err, size_t errlen);
 /* svc_httpc_start with one more request header 'header' ("Name: value",

@@ -72,9 +72,9 @@ static pf_result_t map(int rc, char *err, size_t errlen) {
   }
 }
 
-static _Thread_local int last_freeze_code;
+static _Thread_local int last_code;
 
-int svc_pf_last_freeze_code(void) { return last_freeze_code; }
+int svc_pf_last_code(void) { return last_code; }
 
 pf_result_t svc_pf_freeze(svc_pf_t *p, long long activity, long long ticket_type, long long user, long long qty,
                           long long order_id, int64_t deadline_ms, int *bucket, char *err, size_t errlen) {
@@ -84,7 +84,7 @@ pf_result_t svc_pf_freeze(svc_pf_t *p, long long activity, long long ticket_type
   if (rc == RM_E_UNKNOWN_OUTCOME)
     rc = rm_prefilter_freeze_until(p->pf, activity, (int32_t)ticket_type, user, order_id, (int32_t)qty,
                                    deadline_ms, bucket);
-  last_freeze_code = rc;
+  last_code = rc;
   pf_result_t r = map(rc, err, errlen);
   return r == PF_DONE_BEFORE ? PF_ERROR : r; /* an order id used twice: a bug, not a refusal */
 }
@@ -97,7 +97,7 @@ pf_result_t svc_pf_freeze_queued(svc_pf_t *p, long long activity, long long tick
   if (rc == RM_E_UNKNOWN_OUTCOME) /* the same freeze again: its bucket, and no second entry */
     rc = rm_prefilter_freeze_queued(p->pf, activity, (int32_t)ticket_type, user, order_id, (int32_t)qty,
                                     deadline_ms, idem_key, bucket);
-  last_freeze_code = rc;
+  last_code = rc;
   pf_result_t r = map(rc, err, errlen);
   return r == PF_DONE_BEFORE ? PF_ERROR : r;
 }
@@ -121,6 +121,7 @@ pf_result_t svc_pf_waitlist(svc_pf_t *p, long long activity, long long ticket_ty
   long pos = 0;
   int rc = rm_prefilter_waitlist_join(p->pf, activity, (int32_t)ticket_type, user, (int32_t)qty, &pos);
   if (rc == RM_PF_ALREADY_WAITING) rc = 0;
+  last_code = rc;
   *position = pos;
   return map(rc, err, errlen);
 }

@@ -57,9 +57,10 @@ pf_result_t svc_pf_freeze(svc_pf_t *pf, long long activity, long long ticket_typ
 pf_result_t svc_pf_freeze_queued(svc_pf_t *pf, long long activity, long long ticket_type, long long user,
                                  long long qty, long long order_id, int64_t deadline_ms, const char *idem_key,
                                  int *bucket, char *err, size_t errlen);
-/* The library code of the calling thread's last svc_pf_freeze (0 if it
- * froze), e.g. RM_PF_NOT_LOADED behind a PF_ERROR. */
-int svc_pf_last_freeze_code(void);
+/* The library code of the calling thread's last svc_pf_freeze,
+ * svc_pf_freeze_queued or svc_pf_waitlist (0 if it froze or joined),
+ * e.g. RM_PF_NOT_LOADED behind a PF_ERROR. */
+int svc_pf_last_code(void);
 /* Payment went through: frozen -> sold.  PF_DONE_BEFORE if already done. */
 pf_result_t svc_pf_confirm(svc_pf_t *pf, long long activity, long long ticket_type, long long order_id,
                            char *err, size_t errlen);

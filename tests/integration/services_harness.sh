@@ -3,7 +3,8 @@
 # share (test_demo, test_admin_mode, test_reconcile, test_window): a
 # temporary directory, a cleanup at exit that stops the services and the
 # cluster and keeps the logs of a failed run, the ok/fail/check helpers,
-# and the local cluster started with its exports.
+# the local cluster started with its exports, and a small activity on sale
+# (harness_seed_activity; test_queued, test_openapi).
 #
 # Source it after `set -euo pipefail` with TEST_NAME set.  It sets src,
 # bin (and exports TX_BIN_DIR), tmp, CLUSTER_DIR and failures.  A test
@@ -74,4 +75,14 @@ harness_cluster_up() {
   done
   cluster_up=1
   eval "$out"
+}
+
+# harness_seed_activity ID TICKETS NAME: activity ID on sale from now for an
+# hour (2 tickets a user), ticket type 1 in one bucket of TICKETS tickets,
+# loaded into Redis (txc-compensate --reconcile).
+harness_seed_activity() {
+  q "$STOCK_PG_URL" "INSERT INTO activity (activity_id, name, status, per_user_limit, starts_at, ends_at)
+      VALUES ($1, '$3', 1, 2, now() - interval '1 second', now() + interval '1 hour');
+    INSERT INTO activity_ticket_bucket (activity_id, ticket_type, bucket_id, stock) VALUES ($1, 1, 0, $2)" >/dev/null
+  "$bin/txc-compensate" --reconcile --activity "$1" >/dev/null 2>&1
 }
