@@ -216,14 +216,15 @@ proctype TM() {
   atomic { DRIVEN && LEFT(k) && req[k] == R_NONE && ans[k] == A_NONE -> \
            req[k] = (COMMIT_FAM -> R_COMMIT : R_ROLLBACK) }
 
-/* tc_phase2_batch: the outcome overwrites the branch's status (any
- * phase-two status); a retryable one puts the global in *Retrying, an
- * unretryable one in *Failed (for an operator); no branch left: final,
- * history, locks gone.  A global finished or failed ignores it. */
+/* tc_phase2_batch: the outcome sets the branch's status; a retryable
+ * one puts the global in *Retrying, an unretryable one in *Failed (for an
+ * operator); a failure over a branch finished is stale, not recorded
+ * (010_stale_outcomes.sql); no branch left: final, history, locks gone.
+ * A global finished or failed ignores it. */
 #define ANSWER(k) \
   atomic { ans[k] != A_NONE -> \
     if \
-    :: PHASE2 -> \
+    :: PHASE2 && !(ans[k] != A_OK && FINISHED(k)) -> \
        if \
        :: ans[k] == A_OK -> bs[k] = (COMMIT_FAM -> B_COMMITTED : B_ROLLBACKED) \
        :: ans[k] == A_RETRY -> \
