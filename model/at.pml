@@ -8,6 +8,15 @@
  * after a timeout rollback, a TM that dies before deciding.
  *
  * model/README.md maps each transition to the code that implements it.
+ * The coordinator is in the code's own statuses (txp_status.h): a lost
+ * request or answer is the call's timeout, a retryable outcome that puts
+ * the global in *Retrying until recovery drives it again.
+ *
+ * Safety only (pan -DSAFETY): this model has no cycle (every step spends
+ * a bounded fault or moves a branch on), so a run that never finishes
+ * ends where nothing can move, and AtTheEnd's "every global finished"
+ * is its liveness check; tcc.pml and saga.pml, whose retries only another
+ * process's step ends, get the search under weak fairness.
  *
  * Bugs to put back (each must make spin find a violation):
  *   -DBUG_NO_GUARD      a rollback that finds no undo row records nothing:
@@ -27,18 +36,31 @@
 #define TC_CRASHES 1
 #endif
 
-/* global status (txp_status.h numbers) */
+/* global status (txp_status.h) */
 #define G_NONE 0
 #define G_BEGIN 1
 #define G_COMMITTING 2
+#define G_COMMIT_RETRYING 3
 #define G_ROLLBACKING 4
+#define G_ROLLBACK_RETRYING 5
+#define G_TIMEOUT_ROLLBACKING 6
+#define G_TIMEOUT_ROLLBACK_RETRYING 7
+#define G_ASYNC_COMMITTING 8
 #define G_COMMITTED 9
+#define G_COMMIT_FAILED 10
 #define G_ROLLBACKED 11
-/* branch status */
+#define G_TIMEOUT_ROLLBACKED 12
+#define G_ROLLBACK_FAILED 13
+#define G_TIMEOUT_ROLLBACK_FAILED 14
+/* branch status (txp_status.h) */
 #define B_NONE 0
 #define B_REGISTERED 1
 #define B_COMMITTED 5
+#define B_COMMIT_RETRY 6
+#define B_COMMIT_FAILED 7
 #define B_ROLLBACKED 8
+#define B_ROLLBACK_RETRY 9
+#define B_ROLLBACK_FAILED 10
 /* undo_log row of a branch, in the RM's database */
 #define U_NONE 0
 #define U_PRESENT 1    /* the local commit wrote it with the before image */
@@ -50,7 +72,7 @@
 #define R_ROLLBACK 2
 #define A_NONE 0
 #define A_OK 1
-#define A_DIRTY 2
+#define A_RETRY 2      /* retryable: the call timed out (a loss) */
 
 #define NG 3   /* globals 1 and 2 (0 unused) */
 #define NB 2   /* branches per global */
@@ -78,7 +100,17 @@ byte crashes = TC_CRASHES;
 #define IX(g, b) ((g) * NB + (b))
 #define ROW(g, b) ((g) == 1 -> (b) : 0)
 #define NBR(g) ((g) == 1 -> 2 : 1)
-#define FINAL(g) (gs[g] == G_COMMITTED || gs[g] == G_ROLLBACKED)
+#define COMMIT_FAM(g) (gs[g] == G_COMMITTING || gs[g] == G_COMMIT_RETRYING || gs[g] == G_ASYNC_COMMITTING)
+#define ROLLBACK_FAM(g) (gs[g] == G_ROLLBACKING || gs[g] == G_ROLLBACK_RETRYING)
+#define TIMEOUT_FAM(g) (gs[g] == G_TIMEOUT_ROLLBACKING || gs[g] == G_TIMEOUT_ROLLBACK_RETRYING)
+/* phase two runs: the first drive, or recovery's claim (tc_claim_retries: 2..8) */
+#define DRIVEN(g) (COMMIT_FAM(g) || ROLLBACK_FAM(g) || TIMEOUT_FAM(g))
+#define FINAL(g) (gs[g] == G_COMMITTED || gs[g] == G_ROLLBACKED || gs[g] == G_TIMEOUT_ROLLBACKED)
+#define FAILED(g) (gs[g] == G_COMMIT_FAILED || gs[g] == G_ROLLBACK_FAILED || gs[g] == G_TIMEOUT_ROLLBACK_FAILED)
+#define FINISHED(k) (bs[k] == B_COMMITTED || bs[k] == B_ROLLBACKED)
+#define LEFT(k) (bs[k] != B_NONE && !FINISHED(k))
+#define NOTHING_LEFT(g) (!LEFT(IX(g, 0)) && (NBR(g) == 1 || !LEFT(IX(g, 1))))
+#define FINAL_OF(g) (COMMIT_FAM(g) -> G_COMMITTED : (ROLLBACK_FAM(g) -> G_ROLLBACKED : G_TIMEOUT_ROLLBACKED))
 
 #ifdef BUG_EARLY_UNLOCK
 #define EARLY_UNLOCK(g) release_locks(g)
@@ -90,6 +122,20 @@ byte crashes = TC_CRASHES;
 inline release_locks(g) {
   if :: lock_owner[0] == g -> lock_owner[0] = 0 :: else -> skip fi;
   if :: lock_owner[1] == g -> lock_owner[1] = 0 :: else -> skip fi
+}
+
+/* tc_decide_batch: from Begin only; a global without branches is
+ * finished at once; a commit deletes its locks, a rollback keeps them
+ * (marked rollbacking) until it finishes. */
+inline decide(g, to) {
+  if
+  :: bs[IX(g, 0)] == B_NONE && (NBR(g) == 1 || bs[IX(g, 1)] == B_NONE) ->
+     gs[g] = (to == G_ASYNC_COMMITTING -> G_COMMITTED : (to == G_ROLLBACKING -> G_ROLLBACKED : G_TIMEOUT_ROLLBACKED));
+     release_locks(g)
+  :: else ->
+     gs[g] = to;
+     if :: to == G_ASYNC_COMMITTING -> release_locks(g) :: else -> EARLY_UNLOCK(g) fi
+  fi
 }
 
 /* A branch: BranchRegister (locks in the store), then the local commit
@@ -132,9 +178,8 @@ died:
 proctype TM(byte g) {
   if
   :: atomic { (reported[IX(g, 0)] && (NBR(g) == 1 || reported[IX(g, 1)])) && gs[g] == G_BEGIN ->
-       /* tc_decide_batch: a commit releases the locks at the decision */
-       gs[g] = G_COMMITTING; release_locks(g) }
-  :: atomic { gs[g] == G_BEGIN -> gs[g] = G_ROLLBACKING; EARLY_UNLOCK(g) }
+       decide(g, G_ASYNC_COMMITTING) }
+  :: atomic { gs[g] == G_BEGIN -> decide(g, G_ROLLBACKING) }
   :: skip        /* dies before deciding */
   fi
 }
@@ -142,34 +187,38 @@ proctype TM(byte g) {
 /* The coordinator: the timeout job, and phase two driven from the store
  * (the first drive and recovery's re-drives are the same transitions:
  * nothing but the store is needed).  A crash loses what is in flight. */
-#define DECIDED(g) (gs[g] == G_COMMITTING || gs[g] == G_ROLLBACKING)
-#define NOTHING_LEFT(g) (bs[IX(g, 0)] != B_REGISTERED && (NBR(g) == 1 || bs[IX(g, 1)] != B_REGISTERED))
 
 /* tc_timeout job: a global still Begin past its deadline is rolled back */
-#define TIMEOUT(g) \
-  atomic { gs[g] == G_BEGIN -> gs[g] = G_ROLLBACKING; EARLY_UNLOCK(g) }
-/* phase two: send a branch its request (again, after a loss or a crash) */
+#define TIMEOUT(g) atomic { gs[g] == G_BEGIN -> decide(g, G_TIMEOUT_ROLLBACKING) }
+/* phase two: send a branch its request (again, after a retryable outcome
+ * or a crash) */
 #define SEND(g, b) \
-  atomic { DECIDED(g) && bs[IX(g, b)] == B_REGISTERED && req[IX(g, b)] == R_NONE && ans[IX(g, b)] == A_NONE -> \
-           req[IX(g, b)] = (gs[g] == G_COMMITTING -> R_COMMIT : R_ROLLBACK) }
-/* an answer: the branch recorded (tc_phase2_batch) and the global
- * finished when no branch is left; a rollback releases its locks then */
+  atomic { DRIVEN(g) && LEFT(IX(g, b)) && req[IX(g, b)] == R_NONE && ans[IX(g, b)] == A_NONE -> \
+           req[IX(g, b)] = (COMMIT_FAM(g) -> R_COMMIT : R_ROLLBACK) }
+/* an outcome (tc_phase2_batch): the branch's status set, a retryable
+ * one puts the global in *Retrying; a retryable one over a finished
+ * branch is stale, not recorded (011_stale_outcomes.sql); nothing left:
+ * final, history, locks gone (a rollback's released then) */
 #define ANSWER(g, b) \
   atomic { ans[IX(g, b)] != A_NONE -> \
-           if \
-           :: ans[IX(g, b)] == A_OK && bs[IX(g, b)] == B_REGISTERED && DECIDED(g) -> \
-              bs[IX(g, b)] = (gs[g] == G_COMMITTING -> B_COMMITTED : B_ROLLBACKED) \
-           :: else -> skip \
-           fi; \
-           ans[IX(g, b)] = A_NONE }
-/* a decided global with nothing left to drive is finished */
-#define FINISH(g) \
-  atomic { DECIDED(g) && NOTHING_LEFT(g) -> \
-           if \
-           :: gs[g] == G_COMMITTING -> gs[g] = G_COMMITTED \
-           :: else -> gs[g] = G_ROLLBACKED; release_locks(g) \
-           fi; \
-           assert(lock_owner[0] != g && lock_owner[1] != g) }
+    if \
+    :: DRIVEN(g) && !(ans[IX(g, b)] == A_RETRY && FINISHED(IX(g, b))) -> \
+       if \
+       :: ans[IX(g, b)] == A_OK -> \
+          bs[IX(g, b)] = (COMMIT_FAM(g) -> B_COMMITTED : B_ROLLBACKED); \
+          if \
+          :: NOTHING_LEFT(g) -> \
+             gs[g] = FINAL_OF(g); release_locks(g); \
+             assert(lock_owner[0] != g && lock_owner[1] != g) \
+          :: else -> skip \
+          fi \
+       :: else -> \
+          bs[IX(g, b)] = (COMMIT_FAM(g) -> B_COMMIT_RETRY : B_ROLLBACK_RETRY); \
+          gs[g] = (COMMIT_FAM(g) -> G_COMMIT_RETRYING : (ROLLBACK_FAM(g) -> G_ROLLBACK_RETRYING : G_TIMEOUT_ROLLBACK_RETRYING)) \
+       fi \
+    :: else -> skip \
+    fi; \
+    ans[IX(g, b)] = A_NONE }
 
 proctype TC() {
   byte i;
@@ -183,8 +232,6 @@ end:
   :: ANSWER(1, 0)
   :: ANSWER(1, 1)
   :: ANSWER(2, 0)
-  :: FINISH(1)
-  :: FINISH(2)
   /* crash and restart: requests and answers in flight are gone */
   :: atomic {
        crashes > 0 -> crashes--;
@@ -238,10 +285,11 @@ end:
   od
 }
 
-/* The faulty network: a request or an answer lost. */
+/* The faulty network: a request or an answer lost; the coordinator's
+ * call times out (tc_server.c), a retryable outcome. */
 #define LOSE(k) \
-  :: atomic { faults > 0 && req[k] != R_NONE -> req[k] = R_NONE; faults-- } \
-  :: atomic { faults > 0 && ans[k] != A_NONE -> ans[k] = A_NONE; faults-- }
+  :: atomic { faults > 0 && req[k] != R_NONE -> req[k] = R_NONE; ans[k] = A_RETRY; faults-- } \
+  :: atomic { faults > 0 && ans[k] == A_OK -> ans[k] = A_RETRY; faults-- }
 
 proctype Net() {
 end:
@@ -256,11 +304,12 @@ end:
  * no lock left. */
 active proctype AtTheEnd() {
   timeout ->
+  assert(!FAILED(1) && !FAILED(2));
   assert(FINAL(1) && FINAL(2));
   assert(gs[1] != G_COMMITTED || (applied[IX(1, 0)] && applied[IX(1, 1)]));
-  assert(gs[1] != G_ROLLBACKED || (!applied[IX(1, 0)] && !applied[IX(1, 1)]));
+  assert(gs[1] == G_COMMITTED || (!applied[IX(1, 0)] && !applied[IX(1, 1)]));
   assert(gs[2] != G_COMMITTED || applied[IX(2, 0)]);
-  assert(gs[2] != G_ROLLBACKED || !applied[IX(2, 0)]);
+  assert(gs[2] == G_COMMITTED || !applied[IX(2, 0)]);
   assert(lock_owner[0] == 0 && lock_owner[1] == 0)
 }
 

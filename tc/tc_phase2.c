@@ -40,6 +40,16 @@
  *   its action left nothing).  A step whose action ran (PhaseTwoCommitted)
  *   is not finished for a rollback.  A TM waiting for the commit is
  *   answered when that rollback ends.
+ *
+ *   Two drives of one global may run at once (recovery claims a global
+ *   whose lease ran out under a slow drive, or a paused node's).  Of one
+ *   direction they are harmless, but a saga turns: the drive that did not
+ *   hear the failure is then a commit drive of a global being compensated.
+ *   The store does not record its outcomes (sql/tc/011_stale_outcomes.sql)
+ *   and answers with the global's status; a drive that sees the global in
+ *   the other direction stops (model/saga.pml found both: a TCC branch
+ *   confirmed by the stale drive while the saga was compensated, and a
+ *   refused action that failed the rollback).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -144,6 +154,13 @@ static void handle_stored(drive_t *d, tc_op_t *op, branch_ctx_t *b, int units) {
       d->stopped = true;
     } else if (op->finished) {
       if (txp_global_status_is_rollback(op->global_status)) tc_ctx_release_locks(ctx, d->xid);
+    } else if (op->global_status && txp_global_status_is_commit(op->global_status) != d->commit) {
+      /* Another drive of this saga turned it to its compensations: this
+       * drive's direction is stale (its outcome was not recorded:
+       * sql/tc/011_stale_outcomes.sql); the compensating drive goes on. */
+      TC_LOG(TC_LOG_INFO, &lc, "the global transaction is %s now: this %s drive stops",
+             txp_global_status_name(op->global_status), d->commit ? "commit" : "rollback");
+      d->stopped = true;
     } else if (op->res == TC_RES_FAILED) {
       if (txp_global_status_is_commit(op->global_status)) ctx->stats.commit_failed++;
       else ctx->stats.rollback_failed++;

@@ -98,6 +98,7 @@ void test_saga_tc_killed_mid_step(void **state);
 void test_saga_bad_input(void **state);
 void test_saga_rm_gone(void **state);
 void test_saga_with_tcc(void **state);
+void test_saga_two_drives(void **state);
 
 /* test_rm_xa.c */
 void test_xa_commit_and_rollback(void **state);

@@ -332,6 +332,7 @@ int main(void) {
     cmocka_unit_test(test_saga_rm_gone),
     cmocka_unit_test(test_saga_with_tcc),
     cmocka_unit_test(test_saga_tc_killed_mid_step),
+    cmocka_unit_test(test_saga_two_drives),
     cmocka_unit_test(test_tc_killed_after_decision),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -6,13 +6,16 @@
  * action it refuses, duplicates answered from the fence, the coordinator
  * killed in the middle of a step, the only RM of a step's resource gone
  * until a new one comes, a saga with a TCC branch (confirmed after the
- * steps, cancelled with the compensations), and bad input.
+ * steps, cancelled with the compensations), two drives of one saga at once
+ * (the one whose direction went stale stops), and bad input.
  *
  * The handlers log what they did to saga_log in the resource's own
  * database, inside the fence's transaction: a row there is an action or a
  * compensation that committed.  A step's args are "TAG" or "TAG:fail"
  * (the action fails for good), "TAG:retryN" (asks for a retry N times),
- * "TAG:slow" (waits for the test to let it go).
+ * "TAG:slow" (waits for the test to let it go), "TAG:flaky" (the first
+ * delivery waits for the test, then fails for good; the second waits
+ * again, then goes through).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -33,7 +36,7 @@
 #include "rm_modes_fixture.h"
 #include "txp_status.h"
 
-static atomic_int retries_asked, slow_entered, slow_release;
+static atomic_int retries_asked, slow_entered, slow_release, flaky_calls, flaky_gate;
 
 /* ------------------------------------------------------------ handlers */
 
@@ -68,6 +71,14 @@ static int on_action(const rm_tcc_call_t *call, void *arg, char *errmsg, size_t 
   if (strcmp(how, ":slow") == 0) {
     atomic_store(&slow_entered, 1);
     for (int i = 0; i < 2000 && !atomic_load(&slow_release); i++) sleep_ms(10);
+  }
+  if (strcmp(how, ":flaky") == 0) {
+    int nth = atomic_fetch_add(&flaky_calls, 1) + 1;
+    for (int i = 0; i < 2000 && atomic_load(&flaky_gate) < nth; i++) sleep_ms(10);
+    if (nth == 1) {
+      snprintf(errmsg, errlen, "no room left (this time)");
+      return RM_TCC_FAILED;
+    }
   }
   return RM_TCC_OK;
 }
@@ -354,5 +365,70 @@ void test_saga_with_tcc(void **state) {
   assert_int_equal(acct_col(s, acct, "balance"), 80);
   assert_int_equal(acct_col(s, acct, "frozen"), 0);
   assert_string_equal(journal(s, xid2), "flight+ flight-");
+  PQfinish(s);
+}
+
+/* Where a finished (or failed) saga ended: its status once it is no
+ * longer in phase two, waiting up to 'secs'. */
+static int saga_end(const char *xid, int secs) {
+  int st = global_status(xid);
+  for (int i = 0; i < secs * 50; i++) {
+    if (st == RM_GS_COMMITTED || st == RM_GS_ROLLBACKED || st == RM_GS_COMMIT_FAILED || st == RM_GS_ROLLBACK_FAILED)
+      break;
+    sleep_ms(20);
+    st = global_status(xid);
+  }
+  return st;
+}
+
+/* Two drives of one saga at once (model/saga.pml found it): recovery
+ * claims the saga when its lease runs out under a slow step, and drives it
+ * a second time.  The first drive hears the second action fail for good
+ * and turns the saga to its compensations; the second drive's delivery of
+ * that action then goes through.  That drive is stale: its outcome is not
+ * recorded (sql/tc/011_stale_outcomes.sql) and it stops (tc_phase2.c
+ * handle_stored) instead of going on to confirm the TCC branch while the
+ * saga is compensated, which left it RollbackFailed with the TCC branch
+ * confirmed.  The saga is compensated in full, the TCC branch cancelled. */
+void test_saga_two_drives(void **state) {
+  (void)state;
+  PGconn *s = pg_open(stock_url), *t = pg_open(tc_url);
+  char acct[32], xid[RM_XID_MAX];
+  new_account(s, 100, acct, sizeof(acct));
+  atomic_store(&flaky_calls, 0);
+  atomic_store(&flaky_gate, 0);
+  int64_t tb = 0, sb[2];
+  assert_int_equal(rm_tm_begin(client, 30000, "saga_two_drives", xid), 0);
+  assert_int_equal(try_freeze(client, RES, s, xid, acct, 25, true, &tb), 0);
+  assert_int_equal(rm_saga_step(client, xid, SAGA_RES, "flight", &sb[0]), 0);
+  assert_int_equal(rm_saga_step(client, xid, SAGA_RES, "hotel:flaky", &sb[1]), 0);
+  commit_arg_t ca = {.xid = xid};
+  pthread_t th;
+  assert_int_equal(pthread_create(&th, NULL, commit_thread, &ca), 0);
+  /* The first drive runs hotel's action (waiting, its fence row inserted). */
+  assert_int_equal(WAIT_EQ(1, 10, atomic_load(&flaky_calls)), 1);
+  /* Its lease runs out: recovery drives the saga again, and that drive's
+   * delivery of hotel's action waits on the first one's fence row. */
+  assert_true(q_ll(t, "UPDATE global_table SET next_retry_at = clock_timestamp() WHERE xid = $1 RETURNING 1", xid,
+                   NULL) == 1);
+  assert_int_equal(WAIT_EQ(1, 10, q_ll(s, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                          "AND query LIKE 'INSERT INTO branch_fence%'", NULL, NULL)), 1);
+  /* The first delivery fails for good: the saga turns to its
+   * compensations; the second delivery runs the action (and waits). */
+  atomic_store(&flaky_gate, 1);
+  assert_int_equal(WAIT_EQ(2, 10, atomic_load(&flaky_calls)), 2);
+  assert_int_equal(WAIT_EQ(1, 10, q_ll(t, "SELECT (status IN (4, 5))::int FROM global_table WHERE xid = $1", xid,
+                                       NULL)), 1);
+  /* It goes through: hotel's action is in, its compensation comes. */
+  atomic_store(&flaky_gate, 2);
+  assert_int_equal(saga_end(xid, 30), RM_GS_ROLLBACKED);
+  pthread_join(th, NULL);
+  assert_int_equal(fence(s, xid, tb), 3); /* cancelled, never confirmed */
+  assert_int_equal(acct_col(s, acct, "balance"), 100);
+  assert_int_equal(acct_col(s, acct, "frozen"), 0);
+  assert_int_equal(fence(s, xid, sb[0]), 3);
+  assert_int_equal(fence(s, xid, sb[1]), 3);
+  assert_string_equal(journal(s, xid), "flight+ hotel+ hotel- flight-");
+  PQfinish(t);
   PQfinish(s);
 }

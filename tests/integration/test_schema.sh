@@ -300,6 +300,34 @@ expect_sqlstate "tc: branch_table (xid, idem_key) is unique" "$TC_PG_URL" 23505 
 expect_value "tc: tc_id_seq hands out distinct ids" "$TC_PG_URL" \
   "SELECT count(DISTINCT v) FROM (SELECT nextval('tc_id_seq') v FROM generate_series(1, 5000)) s" "5000"
 
+# Stale phase-two outcomes (sql/tc/011_stale_outcomes.sql, model/saga.pml):
+# a saga 'g' with steps 1 and 2 and a TCC branch 3 in status G, branches
+# at S1 S2 S3; one outcome ST of branch B recorded; the answer, then the
+# global's status and the branches' ("gone" once finished).
+phase2_after() { # G S1 S2 S3 B ST
+  echo "BEGIN;
+   INSERT INTO global_table (xid, transaction_id, status, timeout_ms, deadline, node_id, next_retry_at)
+   VALUES ('g:1', 1, $1, 1000, now(), 1, now() + interval '1 hour');
+   INSERT INTO branch_table (branch_id, xid, transaction_id, resource_id, branch_type, status)
+   VALUES (1, 'g:1', 1, 'trip', 2, $2), (2, 'g:1', 1, 'trip', 2, $3), (3, 'g:1', 1, 'wallet', 1, $4);
+   SELECT result || ' ' || global_status FROM tc_phase2_batch(ARRAY['g:1'], ARRAY[$5::bigint], ARRAY[$6::smallint],
+     ARRAY['e'], ARRAY[NULL::text], ARRAY[NULL::text], ARRAY[NULL::text], 50, 300);
+   SELECT coalesce((SELECT status || ' ' || (SELECT string_agg(b.status::text, ',' ORDER BY b.branch_id)
+                                              FROM branch_table b WHERE b.xid = 'g:1')
+                      FROM global_table WHERE xid = 'g:1'), 'gone');
+   ROLLBACK;"
+}
+expect_value "tc: a commit drive's refused action after the saga turned is not a failed rollback" "$TC_PG_URL" \
+  "$(phase2_after 4 5 8 8 2 7)" $'ok 4\n4 5,8,8'
+expect_value "tc: a stale 'failed for good' of a step that went in does not turn the saga" "$TC_PG_URL" \
+  "$(phase2_after 8 5 5 1 2 7)" $'ok 8\n8 5,5,1'
+expect_value "tc: a timed-out call of a branch that finished does not make the global retry" "$TC_PG_URL" \
+  "$(phase2_after 5 8 8 1 1 9)" $'ok 5\n5 8,8,1'
+expect_value "tc: the last outcome recorded again finishes the rollback" "$TC_PG_URL" \
+  "$(phase2_after 5 8 8 8 2 8)" $'ok 11\ngone'
+expect_value "tc: an action failed for good turns the saga to its compensations" "$TC_PG_URL" \
+  "$(phase2_after 8 5 1 1 2 7)" $'compensate 4\n4 5,7,1'
+
 # db-migrate itself, on a scratch database --------------------------------------
 
 admin_url=${TC_PG_URL%/*}/postgres
