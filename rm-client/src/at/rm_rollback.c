@@ -269,7 +269,7 @@ static int rollback_on(rm_undo_ctx_t *u, int *code) {
   PQclear(res);
   for (int attempt = 0; attempt < 3 && !row; attempt++) {
     row = rm__undo_exec(u, "could not read the undo log",
-             "SELECT id, log_status, context, rollback_info::text FROM undo_log"
+             "SELECT branch_id, log_status, context, rollback_info::text FROM undo_log"
              " WHERE xid = $1 AND branch_id = $2 FOR UPDATE",
              2, key, NULL, PGRES_TUPLES_OK);
     if (!row) goto out;
@@ -279,7 +279,7 @@ static int rollback_on(rm_undo_ctx_t *u, int *code) {
     /* 1. No undo row: fence the branch with the guard. */
     res = rm__undo_exec(u, "could not write the guard row",
              "INSERT INTO undo_log (xid, branch_id, context, rollback_info, log_status)"
-             " VALUES ($1, $2, 'guard', NULL, 1) ON CONFLICT (xid, branch_id) DO NOTHING RETURNING id",
+             " VALUES ($1, $2, 'guard', NULL, 1) ON CONFLICT (xid, branch_id) DO NOTHING RETURNING branch_id",
              2, key, NULL, PGRES_TUPLES_OK);
     if (!res) goto out;
     bool inserted = PQntuples(res) == 1;
@@ -322,9 +322,9 @@ static int rollback_on(rm_undo_ctx_t *u, int *code) {
   }
 
   /* 4. The undo row goes; commit. */
-  const char *id[1] = {PQgetvalue(row, 0, 0)};
-  if (!(res = rm__undo_exec(u, "could not delete the undo row", "DELETE FROM undo_log WHERE id = $1", 1, id, NULL,
-                 PGRES_COMMAND_OK)))
+  if (!(res = rm__undo_exec(u, "could not delete the undo row",
+                            "DELETE FROM undo_log WHERE xid = $1 AND branch_id = $2", 2, key, NULL,
+                            PGRES_COMMAND_OK)))
     goto out;
   PQclear(res);
   if (!(res = rm__undo_exec(u, "could not commit the rollback", "COMMIT", 0, NULL, NULL, PGRES_COMMAND_OK))) goto out;

@@ -166,8 +166,8 @@ int rm__undo_sweep(rm_at_resource_t *r, long long *removed) {
   for (int batch = 0; batch < SWEEP_MAX_BATCHES; batch++) {
     PGresult *res = PQexecParams(
       pg,
-      "WITH gone AS (DELETE FROM undo_log WHERE id IN ("
-      " SELECT id FROM undo_log"
+      "WITH gone AS (DELETE FROM undo_log WHERE (xid, branch_id) IN ("
+      " SELECT xid, branch_id FROM undo_log"
       " WHERE log_created < pg_catalog.clock_timestamp() - $1::int8 * interval '1 second'"
       " AND NOT " MARKED("undo_log") /* deleting one would drop its give-back */
       " ORDER BY log_created LIMIT $2::int8 FOR UPDATE SKIP LOCKED)"
@@ -313,8 +313,8 @@ static int resolve_delete(rm_at_resource_t *r, const char *const *xids, int n, c
   PGresult *res = PQexecParams(
     pg,
     "WITH x AS (SELECT pg_catalog.jsonb_array_elements_text($1::jsonb) AS xid),"
-    " gone AS (DELETE FROM undo_log WHERE id IN ("
-    " SELECT id FROM undo_log"
+    " gone AS (DELETE FROM undo_log WHERE (xid, branch_id) IN ("
+    " SELECT xid, branch_id FROM undo_log"
     " WHERE xid IN (SELECT xid FROM x) AND log_status = 0 AND NOT " MARKED("undo_log")
     " FOR UPDATE SKIP LOCKED)"
     " RETURNING xid, branch_id, log_created)"
