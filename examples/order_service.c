@@ -304,7 +304,9 @@ static int branch_insert_order(order_svc_t *s, PGconn *pg, const order_t *o, cha
   const char *vals[10] = {sid, sa, st, su, sq, sb, o->xid, exp, sm, o->idem_key};
   txc_iso_time(exp, o->expire_ms);
   int ncols = o->idem_key ? 10 : 9;
-  if (!svc_pg_exec(pg, "BEGIN", 0, NULL, PGRES_COMMAND_OK, NULL, err, errlen)) return RM_E_DB;
+  /* No BEGIN of our own: the branch begins the transaction with its
+   * first statement, in one round trip (rm_at_open on an idle
+   * connection). */
   rm_branch_t *b = NULL;
   int rc = rm_at_open(s->rm, o->xid, s->resource, pg, &b);
   /* A failure rolls the transaction back: no savepoint per statement. */

@@ -580,7 +580,13 @@ static void handle_op(stock_svc_t *s, const svc_req_t *req, svc_resp_t *resp, st
   stmt_ctx_t c = {.s = s, .pg = pg, .err = err, .errlen = sizeof(err)};
   int64_t bid = 0;
   int rc;
-  if (!svc_pg_exec(pg, "BEGIN", 0, NULL, PGRES_COMMAND_OK, NULL, err, sizeof(err))) {
+  /* The freeze of a delta-mode AT branch, whose statements all go through
+   * the library, begins its transaction with its first statement
+   * (rm_at_open on an idle connection: one round trip less); everything
+   * else begins here (AT mode reads the bucket FOR UPDATE itself first). */
+  bool other_branch = !local && kind == OP_FREEZE && (s->mode == MODE_TCC || s->mode == MODE_XA);
+  bool at_freeze = !local && kind == OP_FREEZE && (s->mode == MODE_DELTA || s->mode == MODE_DEFERRED);
+  if (!at_freeze && !svc_pg_exec(pg, "BEGIN", 0, NULL, PGRES_COMMAND_OK, NULL, err, sizeof(err))) {
     rc = RM_E_DB;
     goto fail;
   }
@@ -603,7 +609,6 @@ static void handle_op(stock_svc_t *s, const svc_req_t *req, svc_resp_t *resp, st
   }
   /* The freeze as a TCC or XA branch (stock_modes.h): begun here, its
    * statements the local path's plain SQL, ended below. */
-  bool other_branch = !local && kind == OP_FREEZE && (s->mode == MODE_TCC || s->mode == MODE_XA);
   stock_branch_kind_t bk = s->mode == MODE_XA ? STOCK_BRANCH_XA : STOCK_BRANCH_TCC;
   if (other_branch &&
       (rc = stock_modes_begin(s->rm, bk, xid, s->resource, pg, op.order_id, &bid, err, sizeof(err))) != 0)

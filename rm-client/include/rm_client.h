@@ -309,11 +309,15 @@ typedef struct rm_branch rm_branch_t;
 
 /*
  * Start an AT branch of global transaction 'xid' inside the caller's local
- * transaction on 'pg' (the caller has run BEGIN).  The branch records the
+ * transaction on 'pg'.  The caller has run BEGIN, or 'pg' is idle outside
+ * a transaction block: then the branch begins the transaction itself, in
+ * the same round trip as its first statement (one round trip less), and
+ * the caller ends it as usual (COMMIT or ROLLBACK, or
+ * rm_at_prepare_commit).  The branch records the
  * before/after images of each statement run through it.  A branch, like
  * its PGconn, is used by one thread at a time.  RM_E_INVALID (NULL, xid
- * empty or over 128 bytes, resource not added), RM_E_STATE ('pg' not idle
- * in a transaction block), RM_E_NOT_SUPPORTED (client_encoding not UTF8).
+ * empty or over 128 bytes, resource not added), RM_E_STATE ('pg' busy or
+ * in a failed transaction), RM_E_NOT_SUPPORTED (client_encoding not UTF8).
  *
  * Statements: 'table' is "name" (found through the search path of 'pg')
  * or "schema.name", unquoted.  Each rm_at_insert/update/delete/update_delta

@@ -63,6 +63,7 @@ void test_sql_hot_counter(void **state);
 void test_schema_change(void **state);
 void test_prepared_statements(void **state);
 void test_insert_fails_late(void **state);
+void test_open_idle(void **state);
 
 /* test_rm_at_adopt.c */
 void test_resource_needs_undo_log(void **state);

@@ -232,8 +232,11 @@ void test_errmsg(void **state) {
   char xid[RM_XID_MAX];
   rm_branch_t *b = NULL;
   assert_int_equal(rm_tm_begin(client, 30000, "errmsg", xid), 0);
+  assert_true(exec_ok(o, "BEGIN"));
+  PQclear(PQexec(o, "SELECT 1 / 0"));
   assert_int_equal(rm_at_open(client, xid, "orders", o, &b), RM_E_STATE);
-  assert_true(has(rm_errmsg(), "run BEGIN first"));
+  assert_true(has(rm_errmsg(), "not in a failed or busy transaction"));
+  assert_true(exec_ok(o, "ROLLBACK"));
   assert_int_equal(rm_at_open(client, "", "orders", o, &b), RM_E_INVALID);
   assert_true(has(rm_errmsg(), "xid is empty"));
   int st = 0;

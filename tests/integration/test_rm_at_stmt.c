@@ -52,8 +52,12 @@ void test_bad_input(void **state) {
   assert_int_equal(rm_at_open(client, longxid, "orders", o, &b), RM_E_INVALID);
   assert_int_equal(rm_at_open(client, xid, "nosuch", o, &b), RM_E_INVALID);
   assert_null(b);
-  /* Not in a transaction block. */
+  /* In a failed transaction. */
+  assert_true(exec_ok(o, "BEGIN"));
+  PQclear(PQexec(o, "SELECT 1 / 0"));
   assert_int_equal(rm_at_open(client, xid, "orders", o, &b), RM_E_STATE);
+  assert_null(b);
+  assert_true(exec_ok(o, "ROLLBACK"));
   assert_int_equal(rm_at_insert(NULL, "t", 0, NULL, NULL), RM_E_INVALID);
   assert_int_equal(rm_at_update(NULL, "t", NULL, 0, NULL, NULL), RM_E_INVALID);
   assert_int_equal(rm_at_delete(NULL, "t", NULL), RM_E_INVALID);
@@ -208,6 +212,58 @@ void test_schema_change(void **state) {
   assert_int_equal(st, RM_GS_ROLLBACKED);
   assert_int_equal(q_ll(o, "SELECT count(*) FROM other.kv WHERE k = 'sc' AND extra IS NULL", NULL, NULL, NULL), 1);
   assert_int_equal(q_ll(o, "SELECT count(*) FROM kv WHERE k = 'huge'", NULL, NULL, NULL), 0); /* by its digest */
+  PQfinish(o);
+}
+
+/* A branch opened on an idle connection begins the transaction itself
+ * with its first statement (in the same round trip): the caller's COMMIT,
+ * or rm_at_prepare_commit's, makes it durable; a rollback leaves nothing;
+ * a branch whose only statement is a deferred delta begins it in prepare's
+ * pipeline. */
+void test_open_idle(void **state) {
+  (void)state;
+  PGconn *o = pg_open(orders_url);
+  assert_non_null(o);
+  char xid[RM_XID_MAX];
+  int st = 0;
+  /* committed by rm_at_prepare_commit */
+  assert_int_equal(rm_tm_begin(client, 30000, "open_idle", xid), 0);
+  rm_branch_t *b = NULL;
+  assert_int_equal(PQtransactionStatus(o), PQTRANS_IDLE);
+  assert_int_equal(rm_at_open(client, xid, "orders", o, &b), 0);
+  assert_int_equal(PQtransactionStatus(o), PQTRANS_IDLE); /* nothing sent yet */
+  const char *c[2] = {"k", "v"}, *v1[2] = {"idle-1", "a"}, *v2[2] = {"idle-2", "b"};
+  assert_int_equal(rm_at_insert(b, "other.kv", 2, c, v1), 0);
+  assert_int_equal(PQtransactionStatus(o), PQTRANS_INTRANS);
+  assert_int_equal(rm_at_insert(b, "other.kv", 2, c, v2), 0);
+  bool committed = false;
+  assert_int_equal(rm_at_prepare_commit(b, NULL, &committed), 0);
+  assert_true(committed);
+  assert_int_equal(rm_at_close(b, true), 0);
+  assert_int_equal(rm_tm_commit(client, xid, &st), 0);
+  assert_int_equal(q_ll(o, "SELECT count(*) FROM other.kv WHERE k IN ('idle-1', 'idle-2')", NULL, NULL, NULL), 2);
+  /* rolled back by the caller before prepare: nothing stays */
+  assert_int_equal(rm_tm_begin(client, 30000, "open_idle_rb", xid), 0);
+  assert_int_equal(rm_at_open(client, xid, "orders", o, &b), 0);
+  const char *v3[2] = {"idle-3", "c"};
+  assert_int_equal(rm_at_insert(b, "other.kv", 2, c, v3), 0);
+  assert_true(exec_ok(o, "ROLLBACK"));
+  rm_at_close(b, false);
+  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
+  assert_int_equal(q_ll(o, "SELECT count(*) FROM other.kv WHERE k = 'idle-3'", NULL, NULL, NULL), 0);
+  /* a global rollback undoes a branch that began its own transaction */
+  assert_int_equal(rm_tm_begin(client, 30000, "open_idle_grb", xid), 0);
+  assert_int_equal(rm_at_open(client, xid, "orders", o, &b), 0);
+  const char *v4[2] = {"idle-4", "d"};
+  assert_int_equal(rm_at_insert(b, "other.kv", 2, c, v4), 0);
+  committed = false;
+  assert_int_equal(rm_at_prepare_commit(b, NULL, &committed), 0);
+  assert_true(committed);
+  assert_int_equal(rm_at_close(b, true), 0);
+  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
+  assert_int_equal(st, RM_GS_ROLLBACKED);
+  assert_int_equal(q_ll(o, "SELECT count(*) FROM other.kv WHERE k = 'idle-4'", NULL, NULL, NULL), 0);
+  assert_int_equal(PQtransactionStatus(o), PQTRANS_IDLE);
   PQfinish(o);
 }
 

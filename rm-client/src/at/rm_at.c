@@ -7,10 +7,12 @@
  *
  * NOTES
  *   Phase one of an AT branch, all inside the caller's local transaction
- *   on the caller's PGconn (the caller ran BEGIN):
+ *   on the caller's PGconn (the caller ran BEGIN, or left the connection
+ *   idle: then the branch's first round trip carries the BEGIN,
+ *   rm__at_pipe_run):
  *
- *     1. rm_at_open: check the connection is in a transaction block; no
- *        database call.
+ *     1. rm_at_open: check the connection is idle, in a transaction block
+ *        or not; no database call.
  *     2. rm_at_insert / _update / _delete / _update_delta /
  *        _update_delta_deferred / _update_delta_on_commit (rm_at_stmt.c:
  *        what each runs, which deltas may run in phase one, and the
@@ -85,10 +87,11 @@ int rm_at_open(rm_client_t *c, const char *xid, const char *resource_id, PGconn 
   if (PQstatus(pg) != CONNECTION_OK)
     return rm__fail(RM_E_STATE, "could not open a branch of \"%s\" on \"%s\": the connection is not open", xid,
                     resource_id);
-  if (PQtransactionStatus(pg) != PQTRANS_INTRANS)
+  PGTransactionStatusType ts = PQtransactionStatus(pg);
+  if (ts != PQTRANS_INTRANS && ts != PQTRANS_IDLE)
     return rm__fail(RM_E_STATE,
-                    "could not open a branch of \"%s\" on \"%s\": the connection must be idle inside a "
-                    "transaction block (run BEGIN first; not in a failed or busy transaction)", xid, resource_id);
+                    "could not open a branch of \"%s\" on \"%s\": the connection must be idle, inside a "
+                    "transaction block or not (not in a failed or busy transaction)", xid, resource_id);
   const char *enc = PQparameterStatus(pg, "client_encoding");
   if (!enc || strcmp(enc, "UTF8") != 0) {
     rm__fail(RM_E_NOT_SUPPORTED, "could not open a branch of \"%s\": client_encoding is \"%s\", not UTF8", xid,
@@ -104,6 +107,7 @@ int rm_at_open(rm_client_t *c, const char *xid, const char *resource_id, PGconn 
   b->c = c;
   b->res = r;
   b->pg = pg;
+  b->begin_pending = ts == PQTRANS_IDLE;
   snprintf(b->xid, sizeof(b->xid), "%s", xid);
   txp_buf_init(&b->lock_keys, TXP_MAX_LOCK_KEYS_LEN);
   *out = b;
@@ -345,7 +349,8 @@ static int prepare(rm_branch_t *b, int64_t *branch_id, bool *fused_commit_done) 
     rm__at_err(b, "branch has no statement to prepare");
     return RM_E_STATE;
   }
-  if (PQtransactionStatus(b->pg) != PQTRANS_INTRANS) {
+  PGTransactionStatusType ts = PQtransactionStatus(b->pg);
+  if (ts != PQTRANS_INTRANS && !(ts == PQTRANS_IDLE && b->begin_pending)) {
     rm__at_err(b, "the connection is not idle in a transaction block");
     return RM_E_STATE;
   }

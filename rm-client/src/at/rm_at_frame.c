@@ -81,6 +81,10 @@ int rm__at_pipe_run(rm_branch_t *b, int n, const char *const *sql, const int *np
     goto done;
   }
   bool ok = true;
+  /* The branch's own BEGIN (rm_at_open on an idle connection), in the
+   * same round trip as its first query. */
+  bool begin = b->begin_pending;
+  if (begin) ok = PQsendQueryParams(b->pg, "BEGIN", 0, NULL, NULL, NULL, NULL, 0) == 1;
   for (int i = 0; ok && i < n; i++) {
     int np = nparams ? nparams[i] : 0;
     const Oid *tp = types ? types[i] : NULL;
@@ -102,6 +106,13 @@ int rm__at_pipe_run(rm_branch_t *b, int n, const char *const *sql, const int *np
   if (!ok) rm__pg_error(b->errmsg, sizeof(b->errmsg), "could not send statements", b->pg, NULL);
   /* Read every result of what was sent, then the sync. */
   bool read_ok = true;
+  if (ok && begin) {
+    PGresult *r = PQgetResult(b->pg), *extra;
+    read_ok = r && PQresultStatus(r) == PGRES_COMMAND_OK;
+    if (r && !read_ok) rm__pg_error(b->errmsg, sizeof(b->errmsg), "could not begin the branch's transaction", b->pg, r);
+    PQclear(r);
+    while ((extra = PQgetResult(b->pg)) != NULL) PQclear(extra); /* the NULL that ends it */
+  }
   for (int k = 0; ok && read_ok && k < nsent; k++) {
     int i = sent[k].stmt;
     PGresult *r = PQgetResult(b->pg);
@@ -134,6 +145,7 @@ int rm__at_pipe_run(rm_branch_t *b, int n, const char *const *sql, const int *np
     PQclear(sync);
   }
   if (PQexitPipelineMode(b->pg) != 1) ok = false;
+  if (ok && read_ok && begin) b->begin_pending = false;
   if (!ok || !read_ok) {
     if (!b->errmsg[0] || PQstatus(b->pg) != CONNECTION_OK)
       rm__pg_error(b->errmsg, sizeof(b->errmsg), "could not read the results", b->pg, NULL);
@@ -292,7 +304,7 @@ int rm__at_stmt_begin(rm_branch_t *b) {
     return RM_E_INVALID;
   }
   PGTransactionStatusType ts = PQtransactionStatus(b->pg);
-  if (ts != PQTRANS_INTRANS) {
+  if (ts != PQTRANS_INTRANS && !(ts == PQTRANS_IDLE && b->begin_pending)) {
     rm__at_err(b, "the connection is %s, not idle in a transaction block",
                ts == PQTRANS_INERROR ? "in a failed transaction"
                : ts == PQTRANS_IDLE  ? "not in a transaction"

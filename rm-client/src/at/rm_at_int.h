@@ -229,6 +229,7 @@ struct rm_branch {
   bool sp_pending;    /* the statement's SAVEPOINT goes with its first query */
   bool sp_taken;      /* the statement's SAVEPOINT was set (rm__at_stmt_end undoes or releases it) */
   bool sp_released;   /* ... and already released with the statement (rm__at_run_released) */
+  bool begin_pending; /* opened on an idle connection: BEGIN goes with the first query (rm__at_pipe_run) */
   rm_deferred_t *deferred; /* rm_at_update_delta_deferred, run by prepare */
   size_t ndeferred, capdeferred;
   txp_buf_t lock_keys;
