@@ -7,16 +7,34 @@
  * dies after its local commit and before it reports, a late local commit
  * after a timeout rollback, a TM that dies before deciding.
  *
+ * The two ways an AT commit ends (sql/tc/010_commit_at_decision.sql):
+ *   - G1's branches are plain AT (no commit work): its commit is finished
+ *     by the decision's own store transaction (history Committed, each
+ *     branch PhaseTwoCommitted, the global, its branches and its locks
+ *     deleted); tcd then only tells each branch in a one-way BranchCommit
+ *     (tc__phase2_notify) that nothing records or retries: a notice may
+ *     be lost (the network, the RM down, tcd dying right after the
+ *     decision), and the RM's resolve pass (rm_undo.c "Leftovers") asks
+ *     the coordinator the global's status, reads Committed from the
+ *     history and deletes the row;
+ *   - G2's branch has commit work (a commit delta: registered with
+ *     TXP_APP_DATA_PHASE2_SYNC, its undo row marked): its commit is
+ *     decided AsyncCommitting and driven as before (BranchCommit calls,
+ *     outcomes recorded, *Retrying, recovery), the work applied with the
+ *     row's deletion, exactly once.
+ * Rollbacks and timeouts of both are driven.
+ *
  * model/README.md maps each transition to the code that implements it.
  * The coordinator is in the code's own statuses (txp_status.h): a lost
  * request or answer is the call's timeout, a retryable outcome that puts
  * the global in *Retrying until recovery drives it again.
  *
  * Safety only (pan -DSAFETY): this model has no cycle (every step spends
- * a bounded fault or moves a branch on), so a run that never finishes
- * ends where nothing can move, and AtTheEnd's "every global finished"
- * is its liveness check; tcc.pml and saga.pml, whose retries only another
- * process's step ends, get the search under weak fairness.
+ * a bounded fault or moves a branch or an undo row on), so a run that
+ * never finishes ends where nothing can move, and AtTheEnd's "every
+ * global finished, every undo row of it gone" is its liveness check;
+ * tcc.pml and saga.pml, whose retries only another process's step ends,
+ * get the search under weak fairness.
  *
  * Bugs to put back (each must make spin find a violation):
  *   -DBUG_NO_GUARD      a rollback that finds no undo row records nothing:
@@ -25,6 +43,22 @@
  *                       decision, before the undo ran: another global
  *                       writes the row, the undo meets a dirty write
  *   -DBUG_UNDO_TWICE    a duplicated rollback replays the undo again
+ *   -DBUG_RESOLVE_BEGIN the resolve pass deletes the undo rows of a
+ *                       global still Begin (not only the commit family):
+ *                       the global then rolls back over no undo row
+ *   -DBUG_RESOLVE_ROLLBACK the resolve pass deletes the undo rows of a
+ *                       global rolling back: its rollback finds none
+ *   -DBUG_NO_HISTORY_STATUS the status the resolve pass asks is read from
+ *                       the live globals only: a commit finished at its
+ *                       decision is "not found", and the row of a lost
+ *                       notice is never deleted
+ *   -DBUG_FINISH_KEEPS_LOCKS the finish at the decision deletes the global
+ *                       and its branches but not its locks
+ *   -DBUG_NOTICE_EARLY  tcd tells the branches as it sends the decision
+ *                       to the store, not once the store answered: the
+ *                       decision can be lost (tcd dies, the batch
+ *                       fails), the global times out and rolls back over
+ *                       undo rows a notice deleted
  *
  * Bounds: FAULTS message faults (loss or duplication) and TC_CRASHES
  * coordinator crashes per run.
@@ -73,6 +107,9 @@
 #define A_NONE 0
 #define A_OK 1
 #define A_RETRY 2      /* retryable: the call timed out (a loss) */
+/* one-way commit notices (tc__phase2_notify), in flight to the RM */
+#define N_NONE 0
+#define N_SENT 1
 
 #define NG 3   /* globals 1 and 2 (0 unused) */
 #define NB 2   /* branches per global */
@@ -86,6 +123,7 @@ byte lock_owner[NR];
 byte data[NR];           /* the value in a row: 0, or the global that wrote it */
 byte undo[NG * NB];
 byte before[NG * NB];
+byte work[NG * NB];      /* how often the branch's commit work (its commit deltas) was applied */
 /* ---- what happened, for the properties */
 bit applied[NG * NB];    /* the branch's change is in the row */
 byte undone[NG * NB];    /* how often its undo was replayed */
@@ -93,6 +131,7 @@ bit dirty;               /* a rollback met a row someone else changed */
 /* ---- volatile and in flight (lost by a TC crash; faulty network) */
 byte req[NG * NB];       /* a phase-two request on its way to the RM */
 byte ans[NG * NB];       /* its answer on its way back */
+bit note[NG * NB];       /* a one-way commit notice on its way to the RM */
 bit reported[NG * NB];   /* the TM heard the branch's outcome ok */
 byte faults = FAULTS;
 byte crashes = TC_CRASHES;
@@ -100,6 +139,9 @@ byte crashes = TC_CRASHES;
 #define IX(g, b) ((g) * NB + (b))
 #define ROW(g, b) ((g) == 1 -> (b) : 0)
 #define NBR(g) ((g) == 1 -> 2 : 1)
+/* the branch registered with commit work (TXP_APP_DATA_PHASE2_SYNC, its
+ * undo row marked): G2's */
+#define SYNC(k) ((k) == IX(2, 0))
 #define COMMIT_FAM(g) (gs[g] == G_COMMITTING || gs[g] == G_COMMIT_RETRYING || gs[g] == G_ASYNC_COMMITTING)
 #define ROLLBACK_FAM(g) (gs[g] == G_ROLLBACKING || gs[g] == G_ROLLBACK_RETRYING)
 #define TIMEOUT_FAM(g) (gs[g] == G_TIMEOUT_ROLLBACKING || gs[g] == G_TIMEOUT_ROLLBACK_RETRYING)
@@ -111,6 +153,22 @@ byte crashes = TC_CRASHES;
 #define LEFT(k) (bs[k] != B_NONE && !FINISHED(k))
 #define NOTHING_LEFT(g) (!LEFT(IX(g, 0)) && (NBR(g) == 1 || !LEFT(IX(g, 1))))
 #define FINAL_OF(g) (COMMIT_FAM(g) -> G_COMMITTED : (ROLLBACK_FAM(g) -> G_ROLLBACKED : G_TIMEOUT_ROLLBACKED))
+/* tc_decide_batch's at_only: no branch of another type (none here) nor
+ * with commit work */
+#define AT_ONLY(g) (!(bs[IX(g, 0)] != B_NONE && SYNC(IX(g, 0))) && \
+                    (NBR(g) == 1 || !(bs[IX(g, 1)] != B_NONE && SYNC(IX(g, 1)))))
+/* what the resolve pass deletes (rm_undo.c commit_family): the rows of a
+ * global the coordinator answers in the commit family, Committed read
+ * from the history (tc_read_status: global_table, then global_history) */
+#if defined(BUG_NO_HISTORY_STATUS)
+#define RESOLVES(g) COMMIT_FAM(g)
+#elif defined(BUG_RESOLVE_BEGIN)
+#define RESOLVES(g) (COMMIT_FAM(g) || gs[g] == G_COMMITTED || gs[g] == G_BEGIN)
+#elif defined(BUG_RESOLVE_ROLLBACK)
+#define RESOLVES(g) (COMMIT_FAM(g) || gs[g] == G_COMMITTED || ROLLBACK_FAM(g) || TIMEOUT_FAM(g))
+#else
+#define RESOLVES(g) (COMMIT_FAM(g) || gs[g] == G_COMMITTED)
+#endif
 
 #ifdef BUG_EARLY_UNLOCK
 #define EARLY_UNLOCK(g) release_locks(g)
@@ -125,16 +183,34 @@ inline release_locks(g) {
 }
 
 /* tc_decide_batch: from Begin only; a global without branches is
- * finished at once; a commit deletes its locks, a rollback keeps them
- * (marked rollbacking) until it finishes. */
+ * finished at once; a commit of AT branches without commit work is
+ * finished at once too (010): history Committed, its branches
+ * PhaseTwoCommitted, its locks gone, and tcd tells each branch once the
+ * store answered (tc__phase2_notify: one-way, volatile); another commit
+ * deletes its locks and is driven; a rollback keeps them (marked
+ * rollbacking) until it finishes. */
 inline decide(g, to) {
   if
   :: bs[IX(g, 0)] == B_NONE && (NBR(g) == 1 || bs[IX(g, 1)] == B_NONE) ->
      gs[g] = (to == G_ASYNC_COMMITTING -> G_COMMITTED : (to == G_ROLLBACKING -> G_ROLLBACKED : G_TIMEOUT_ROLLBACKED));
      release_locks(g)
   :: else ->
-     gs[g] = to;
-     if :: to == G_ASYNC_COMMITTING -> release_locks(g) :: else -> EARLY_UNLOCK(g) fi
+     if
+     :: to == G_ASYNC_COMMITTING && AT_ONLY(g) ->
+        gs[g] = G_COMMITTED;
+#ifndef BUG_FINISH_KEEPS_LOCKS
+        release_locks(g);
+#endif
+        assert(lock_owner[0] != g && lock_owner[1] != g);
+        if :: bs[IX(g, 0)] != B_NONE -> bs[IX(g, 0)] = B_COMMITTED; note[IX(g, 0)] = N_SENT :: else -> skip fi;
+        if
+        :: NBR(g) == 2 && bs[IX(g, 1)] != B_NONE -> bs[IX(g, 1)] = B_COMMITTED; note[IX(g, 1)] = N_SENT
+        :: else -> skip
+        fi
+     :: else ->
+        gs[g] = to;
+        if :: to == G_ASYNC_COMMITTING -> release_locks(g) :: else -> EARLY_UNLOCK(g) fi
+     fi
   fi
 }
 
@@ -177,8 +253,19 @@ died:
  * dies without a word (the timeout rolls back). */
 proctype TM(byte g) {
   if
+#ifdef BUG_NOTICE_EARLY
+  :: atomic { (reported[IX(g, 0)] && (NBR(g) == 1 || reported[IX(g, 1)])) && gs[g] == G_BEGIN && AT_ONLY(g) ->
+       note[IX(g, 0)] = N_SENT; if :: NBR(g) == 2 -> note[IX(g, 1)] = N_SENT :: else -> skip fi };
+     if
+     :: atomic { gs[g] == G_BEGIN -> decide(g, G_ASYNC_COMMITTING) }
+     :: skip   /* the decision lost: tcd died, the batch failed */
+     fi
+  :: atomic { (reported[IX(g, 0)] && (NBR(g) == 1 || reported[IX(g, 1)])) && gs[g] == G_BEGIN && !AT_ONLY(g) ->
+       decide(g, G_ASYNC_COMMITTING) }
+#else
   :: atomic { (reported[IX(g, 0)] && (NBR(g) == 1 || reported[IX(g, 1)])) && gs[g] == G_BEGIN ->
        decide(g, G_ASYNC_COMMITTING) }
+#endif
   :: atomic { gs[g] == G_BEGIN -> decide(g, G_ROLLBACKING) }
   :: skip        /* dies before deciding */
   fi
@@ -232,10 +319,11 @@ end:
   :: ANSWER(1, 0)
   :: ANSWER(1, 1)
   :: ANSWER(2, 0)
-  /* crash and restart: requests and answers in flight are gone */
+  /* crash and restart: requests, answers and notices in flight (or
+   * not sent yet: a crash right after a decision) are gone */
   :: atomic {
        crashes > 0 -> crashes--;
-       for (i : 0 .. NG * NB - 1) { req[i] = R_NONE; ans[i] = A_NONE }
+       for (i : 0 .. NG * NB - 1) { req[i] = R_NONE; ans[i] = A_NONE; note[i] = N_NONE }
      }
   od
 }
@@ -253,11 +341,23 @@ end:
 #define GUARD(k) undo[k] = U_GUARD   /* the anti-hanging guard row */
 #endif
 
+/* A branch's commit at the RM (rm_commit.c, rm_undo.c): delete its undo
+ * row (queued for the deleter: a lost queue is a lost notice); a marked
+ * row's commit deltas are applied with its deletion, in one local
+ * transaction (the deletion is the mark: once). */
+#define COMMIT_ROW(k) \
+  if \
+  :: undo[k] == U_PRESENT -> \
+     if :: SYNC(k) -> work[k]++; assert(work[k] <= 1) :: else -> skip fi; \
+     undo[k] = U_GONE \
+  :: else -> skip \
+  fi
+
 #define SERVE(g, b) \
   atomic { req[IX(g, b)] != R_NONE -> \
     if \
     :: req[IX(g, b)] == R_COMMIT -> \
-       if :: undo[IX(g, b)] == U_PRESENT -> undo[IX(g, b)] = U_GONE :: else -> skip fi; \
+       COMMIT_ROW(IX(g, b)); \
        ans[IX(g, b)] = A_OK \
     :: req[IX(g, b)] == R_ROLLBACK -> \
        if \
@@ -276,20 +376,51 @@ end:
     :: faults > 0 -> faults--     /* duplicated: delivered again later */ \
     fi }
 
+/* A commit notice (one way: nothing answers, nothing records it).  A
+ * relayed one is checked against the store first (tc_peer.c
+ * on_relay_checked: a live commit, or the history's Committed listing the
+ * branch): the notice of a decision on record only. */
+#define TELL(g, b) \
+  atomic { note[IX(g, b)] != N_NONE -> \
+    COMMIT_ROW(IX(g, b)); \
+    if \
+    :: note[IX(g, b)] = N_NONE \
+    :: faults > 0 -> faults--     /* duplicated */ \
+    fi }
+
+/* The resolve pass (rm_undo.c resolve_resource, every resolve_interval_s,
+ * at start-up, and rm__undo_resolve_soon after a lost coordinator
+ * connection): for an undo row (log_status 0: not a guard) it asks the
+ * global's status (rm_tm_status) and commits the rows of the commit
+ * family; Begin and rollback-family rows stay.  A pass that leaves a row
+ * changes nothing: only the passes that delete are drawn.  The answer
+ * and the delete are two steps in the code; a commit-family status never
+ * leaves the family, so one step here. */
+#define RESOLVE(g, b) \
+  atomic { undo[IX(g, b)] == U_PRESENT && RESOLVES(g) -> COMMIT_ROW(IX(g, b)) }
+
 proctype RM() {
 end:
   do
   :: SERVE(1, 0)
   :: SERVE(1, 1)
   :: SERVE(2, 0)
+  :: TELL(1, 0)
+  :: TELL(1, 1)
+  :: TELL(2, 0)
+  :: RESOLVE(1, 0)
+  :: RESOLVE(1, 1)
+  :: RESOLVE(2, 0)
   od
 }
 
-/* The faulty network: a request or an answer lost; the coordinator's
- * call times out (tc_server.c), a retryable outcome. */
+/* The faulty network: a request or an answer lost, the coordinator's
+ * call times out (tc_server.c), a retryable outcome; a notice lost (or its
+ * RM down, or its relay refused): nobody knows. */
 #define LOSE(k) \
   :: atomic { faults > 0 && req[k] != R_NONE -> req[k] = R_NONE; ans[k] = A_RETRY; faults-- } \
-  :: atomic { faults > 0 && ans[k] == A_OK -> ans[k] = A_RETRY; faults-- }
+  :: atomic { faults > 0 && ans[k] == A_OK -> ans[k] = A_RETRY; faults-- } \
+  :: atomic { faults > 0 && note[k] != N_NONE -> note[k] = N_NONE; faults-- }
 
 proctype Net() {
 end:
@@ -300,8 +431,10 @@ end:
   od
 }
 
-/* At the end (nothing can move): every global finished, atomically, and
- * no lock left. */
+/* At the end (nothing can move): every global finished, atomically, no
+ * lock left, no undo row left (a finished global's rows are all gone:
+ * deleted by its commit, a notice or the resolve pass, or replayed), the
+ * commit work in once if its global committed and never otherwise. */
 active proctype AtTheEnd() {
   timeout ->
   assert(!FAILED(1) && !FAILED(2));
@@ -310,7 +443,10 @@ active proctype AtTheEnd() {
   assert(gs[1] == G_COMMITTED || (!applied[IX(1, 0)] && !applied[IX(1, 1)]));
   assert(gs[2] != G_COMMITTED || applied[IX(2, 0)]);
   assert(gs[2] == G_COMMITTED || !applied[IX(2, 0)]);
-  assert(lock_owner[0] == 0 && lock_owner[1] == 0)
+  assert(lock_owner[0] == 0 && lock_owner[1] == 0);
+  assert(undo[IX(1, 0)] != U_PRESENT && undo[IX(1, 1)] != U_PRESENT && undo[IX(2, 0)] != U_PRESENT);
+  assert(gs[2] != G_COMMITTED || work[IX(2, 0)] == 1);
+  assert(gs[2] == G_COMMITTED || work[IX(2, 0)] == 0)
 }
 
 init {

@@ -4,7 +4,8 @@
  * try's freeze), the coordinator with its store in the code's own global
  * and branch statuses (txp_status.h), phase two with its retries, the
  * fence of the TCC branch (sql/rm/002_branch_fence.sql, rm_fence_phase2),
- * and the faults: message loss (the coordinator's call times out:
+ * the AT branch's undo row cleaned by its commit or by the RM's resolve
+ * pass, and the faults: message loss (the coordinator's call times out:
  * retryable), duplication and reordering, a TC crash, an RM that dies
  * (before the try, inside it, after its local commit), a try whose local
  * transaction is still open when the cancel comes, a TM that dies.
@@ -31,6 +32,10 @@
  *                          TimeoutRollbackRetrying (7): a timeout rollback
  *                          that met one retryable failure is never driven
  *                          again
+ *   -DBUG_FINISH_WITH_TCC  the decision's "AT only" test does not look at
+ *                          the branch type: the commit is finished at its
+ *                          decision as an AT-only one (sql/tc/010), the
+ *                          TCC branch only "told" and never confirmed
  *
  * Bounds: FAULTS message faults (loss or duplication), TC_CRASHES
  * coordinator crashes.
@@ -135,14 +140,31 @@ byte crashes = TC_CRASHES;
 #define FINISHED(k) (bs[k] == B_COMMITTED || bs[k] == B_ROLLBACKED)
 #define LEFT(k) (bs[k] != B_NONE && !FINISHED(k))
 
+/* tc_decide_batch's at_only (sql/tc/010): no registered branch of
+ * another type than AT (nor with commit work: none here) */
+#ifdef BUG_FINISH_WITH_TCC
+#define AT_ONLY true
+#else
+#define AT_ONLY (bs[TCC] == B_NONE)
+#endif
+
 /* tc_decide_batch: from Begin only; a global without branches is
- * finished at once; a commit deletes the locks, a rollback keeps them
- * (marked rollbacking) until it finishes. */
+ * finished at once, and so is a commit whose branches are all AT
+ * without commit work (010: history Committed, every branch recorded
+ * PhaseTwoCommitted, the locks gone; its AT branch only told, here left
+ * to the resolve pass: at.pml draws the notices).  Any other commit
+ * deletes the locks and is driven (AsyncCommitting: with a TCC branch
+ * always); a rollback keeps them (marked rollbacking) until it finishes. */
 inline decide(to) {
   if
   :: bs[AT] == B_NONE && bs[TCC] == B_NONE ->
      gs = (to == G_ASYNC_COMMITTING -> G_COMMITTED : (to == G_ROLLBACKING -> G_ROLLBACKED : G_TIMEOUT_ROLLBACKED));
      lock_owner = 0
+  :: to == G_ASYNC_COMMITTING && AT_ONLY && !(bs[AT] == B_NONE && bs[TCC] == B_NONE) ->
+     gs = G_COMMITTED;
+     lock_owner = 0;
+     if :: bs[AT] != B_NONE -> bs[AT] = B_COMMITTED :: else -> skip fi;
+     if :: bs[TCC] != B_NONE -> bs[TCC] = B_COMMITTED :: else -> skip fi
   :: else ->
      gs = to;
      if :: to == G_ASYNC_COMMITTING -> lock_owner = 0 :: else -> skip fi
@@ -342,6 +364,13 @@ inline serve_at(commit) {
   ans[AT] = A_OK
 }
 
+/* The AT resource's resolve pass (rm_undo.c resolve_resource): an undo
+ * row of a global the coordinator answers in the commit family (Committed
+ * from the history) is deleted; the others stay.  Only the passes that
+ * delete are drawn. */
+#define RESOLVE_AT \
+  atomic { undo == U_PRESENT && (COMMIT_FAM || gs == G_COMMITTED) -> undo = U_GONE }
+
 /* Any RM of the resource takes a request, and may keep a copy (a
  * duplicate, delivered again later). */
 #define SERVE(k, body) \
@@ -358,6 +387,7 @@ end:
   do
   :: SERVE(AT, serve_at)
   :: SERVE(TCC, serve_tcc)
+  :: RESOLVE_AT
   od
 }
 
@@ -375,7 +405,8 @@ end:
   od
 }
 
-/* At the end (nothing can move): finished, atomically, nothing held. */
+/* At the end (nothing can move): finished, atomically, nothing held, no
+ * undo row left. */
 active proctype AtTheEnd() {
   timeout ->
   assert(!FAILED);    /* no global left to an operator */
@@ -385,6 +416,7 @@ active proctype AtTheEnd() {
   /* rolled back: no AT change, no freeze left, nothing confirmed */
   assert(gs == G_COMMITTED || (!applied && !reserved && confirms == 0));
   assert(lock_owner == 0);
+  assert(undo != U_PRESENT);   /* the AT undo row: committed, or replayed */
   assert(!open)
 }
 
