@@ -460,7 +460,7 @@ void tc__phase2_notify(tc_ctx_t *ctx, const char *xid, const tc_branch_row_t *br
                                                row->app_group);
     if (conn) {
       /* One way: the RM answers nothing, and tcd reads nothing back. */
-      if (tc_conn_send_oneway(conn, &m) != 0) ctx->stats.phase2_retryable++;
+      (void)tc_conn_send_oneway(conn, &m); /* not sent: the RM's resolve pass */
       continue;
     }
     notice_t *n = ctx->stats.phase2_notices_active < MAX_RELAYED_NOTICES ? malloc(sizeof(*n)) : NULL;

@@ -438,6 +438,11 @@ static int resolve_resource(rm_at_resource_t *r, resolve_cursor_t *cur, int64_t 
     } else if (code == RM_E_GLOBAL_NOT_FOUND) {
       rs.asked++;
       rs.left_not_found++;
+    } else if (code == RM_E_NOT_OWNER) {
+      /* Another application's global (two groups sharing this database):
+       * not ours to settle; passed over, or every pass would stop here. */
+      rs.asked++;
+      rs.left_other++;
     } else {
       /* No node, a lost connection, a busy or failing store: no answer. */
       rm__log(st->c, RM_LOG_INFO,
@@ -492,6 +497,15 @@ typedef struct resolve_slot {
   resolve_cursor_t cur;
 } resolve_slot_t;
 
+/* Ask for the pass after a lost coordinator 'in_ms' from now.  The first
+ * request sets the time: a cluster losing its nodes one after the other
+ * does not push the pass back. */
+static void resolve_again_soon(rm_at_state_t *st, int64_t in_ms) {
+  pthread_mutex_lock(&st->mu);
+  if (st->resolve_soon_ms == 0) st->resolve_soon_ms = rm__undo_now_ms() + in_ms;
+  pthread_mutex_unlock(&st->mu);
+}
+
 /* Run the due resolve passes ('soon': a coordinator was lost, every
  * resource's pass is due now, for younger rows); 'slots' grows with the
  * resource list. */
@@ -530,7 +544,9 @@ static void resolve_due(rm_at_state_t *st, rm_at_resource_t **v, int n, resolve_
     if (age > grace_ms) age = grace_ms;
     if (after_loss && age > RESOLVE_AFTER_LOSS_AGE_MS) age = RESOLVE_AFTER_LOSS_AGE_MS;
     int rc = resolve_resource(v[i], &s->cur, age);
-    if (rc == RM_E_NO_NODE && !s->first_done) {
+    if (rc == RM_E_NO_NODE && after_loss) {
+      resolve_again_soon(st, 1000); /* no node answered yet: the same pass in a second */
+    } else if (rc == RM_E_NO_NODE && !s->first_done) {
       s->next_ms = rm__undo_now_ms() + 1000; /* retry the start-up pass soon */
     } else {
       s->first_done = s->first_done || rc == 0;
@@ -539,13 +555,7 @@ static void resolve_due(rm_at_state_t *st, rm_at_resource_t **v, int n, resolve_
   }
 }
 
-void rm__undo_resolve_soon(rm_at_state_t *st) {
-  pthread_mutex_lock(&st->mu);
-  /* The first loss sets the time: a cluster losing its nodes one after
-   * the other does not push the pass back. */
-  if (st->resolve_soon_ms == 0) st->resolve_soon_ms = rm__undo_now_ms() + RESOLVE_AFTER_LOSS_MS;
-  pthread_mutex_unlock(&st->mu);
-}
+void rm__undo_resolve_soon(rm_at_state_t *st) { resolve_again_soon(st, RESOLVE_AFTER_LOSS_MS); }
 
 /* -------------------------------------------------------------- deleter */
 

@@ -114,13 +114,20 @@ static void p2_after(uv_work_t *w, int status) {
   p2_free(j);
 }
 
+/* A refusal of 'm', unless it is one way (a commit notice, which nobody
+ * waits for: the coordinator's leftovers then go to the resolve pass). */
+static void p2_refuse(rm_conn_t *conn, const txp_msg_t *m, int code, int status, const char *msg) {
+  if (m->flags & TXP_FLAG_ONEWAY) return;
+  p2_answer(conn, m->type, m->request_id, m->xid, m->branch_id, code, status, msg);
+}
+
 /* BranchCommit/BranchRollback from a coordinator: run the AT layer's
  * phase two on the thread pool and answer from p2_after(). */
 static void start_phase2(rm_client_t *c, rm_conn_t *conn, const txp_msg_t *m) {
   bool commit = m->type == TXP_MSG_BRANCH_COMMIT;
   int retry = commit ? TXP_BS_PHASE2_COMMIT_FAILED_RETRYABLE : TXP_BS_PHASE2_ROLLBACK_FAILED_RETRYABLE;
   if (c->phase2_jobs >= RM_MAX_PHASE2) {
-    p2_answer(conn, m->type, m->request_id, m->xid, m->branch_id, TXP_EBUSY, retry,
+    p2_refuse(conn, m, TXP_EBUSY, retry,
               "too many phase-two requests in progress on this client: retry later");
     return;
   }
@@ -136,7 +143,7 @@ static void start_phase2(rm_client_t *c, rm_conn_t *conn, const txp_msg_t *m) {
   }
   p2_job_t *j = calloc(1, sizeof(*j));
   if (!j) {
-    p2_answer(conn, m->type, m->request_id, m->xid, m->branch_id, TXP_ENOMEM, retry, "out of memory");
+    p2_refuse(conn, m, TXP_ENOMEM, retry, "out of memory");
     return;
   }
   j->c = c;
@@ -151,14 +158,14 @@ static void start_phase2(rm_client_t *c, rm_conn_t *conn, const txp_msg_t *m) {
   snprintf(j->xid, sizeof(j->xid), "%s", m->xid ? m->xid : "");
   snprintf(j->resource_id, sizeof(j->resource_id), "%s", m->resource_id ? m->resource_id : "");
   if (m->application_data && !(j->args = strdup(m->application_data))) {
-    p2_answer(conn, m->type, m->request_id, m->xid, m->branch_id, TXP_ENOMEM, retry, "out of memory");
+    p2_refuse(conn, m, TXP_ENOMEM, retry, "out of memory");
     free(j);
     return;
   }
   j->work.data = j;
   int rc = uv_queue_work(&c->loop, &j->work, p2_work, p2_after);
   if (rc != 0) {
-    p2_answer(conn, m->type, m->request_id, m->xid, m->branch_id, TXP_EINTERNAL, retry,
+    p2_refuse(conn, m, TXP_EINTERNAL, retry,
               "could not queue phase two on this client");
     p2_free(j);
     return;
