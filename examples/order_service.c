@@ -86,14 +86,15 @@
  *     1. take an order id (from blocks of trade_order_id_seq);
  *     2. prefilter freeze in Redis: a refusal answers 409 here, with no
  *        coordinator round trip;
- *     3. rm_tm_begin -> xid;
+ *     3. rm_tm_begin_branch -> xid, and branch 1 registered in the same
+ *        round trip (GlobalBegin and BranchRegister in one call);
  *     4. branch 2 goes out first: POST stock-service /freeze with the xid
  *        in X-Txc-Xid (an AT delta branch on the bucket row plus the
  *        freeze's stock_freeze and stock_log rows, see stock_service.c);
- *     5. meanwhile branch 1, orders DB: BEGIN; AT insert into trade_order;
- *        rm_at_prepare (BranchRegister + undo_log); COMMIT; then wait for
- *        stock-service's answer (the purchase waits for the slower branch,
- *        not for both in turn);
+ *     5. meanwhile branch 1, orders DB: [BEGIN; AT insert into
+ *        trade_order] in one round trip, then [undo_log row; COMMIT] in
+ *        another; then wait for stock-service's answer (the purchase waits
+ *        for the slower branch, not for both in turn);
  *     6. rm_tm_commit -> 201.
  *   Any failure after 3 rolls the global transaction back (the TC undoes
  *   the branches that committed locally) and then gives the Redis freeze
@@ -287,8 +288,11 @@ static void local_abort(PGconn *pg) {
   if (PQtransactionStatus(pg) != PQTRANS_IDLE) PQclear(PQexec(pg, "ROLLBACK"));
 }
 
-/* Branch 1 of a purchase: insert 'o' as UNPAID. */
-static int branch_insert_order(order_svc_t *s, PGconn *pg, const order_t *o, char *err, size_t errlen) {
+/* Branch 1 of a purchase, 'bid' (registered with the global's begin:
+ * rm_tm_begin_branch), on 'pg': insert 'o' as UNPAID, prepare and
+ * commit. */
+static int branch_insert_order(order_svc_t *s, PGconn *pg, int64_t bid, const order_t *o, char *err,
+                               size_t errlen) {
   char sid[24], sa[24], st[24], su[24], sq[24], sb[24], sm[24], exp[64] = "";
   snprintf(sid, sizeof(sid), "%lld", o->order_id);
   snprintf(sm, sizeof(sm), "%lld", o->qty * s->price_cents);
@@ -305,10 +309,9 @@ static int branch_insert_order(order_svc_t *s, PGconn *pg, const order_t *o, cha
   txc_iso_time(exp, o->expire_ms);
   int ncols = o->idem_key ? 10 : 9;
   /* No BEGIN of our own: the branch begins the transaction with its
-   * first statement, in one round trip (rm_at_open on an idle
-   * connection). */
+   * first statement, in one round trip (on an idle connection). */
   rm_branch_t *b = NULL;
-  int rc = rm_at_open(s->rm, o->xid, s->resource, pg, &b);
+  int rc = rm_at_open_registered(s->rm, o->xid, s->resource, bid, pg, &b);
   /* A failure rolls the transaction back: no savepoint per statement. */
   if (rc == 0) rc = rm_at_statement_savepoints(b, false);
   /* No global lock on the new order: no global transaction writes an
@@ -637,9 +640,12 @@ static void place_order(order_svc_t *s, order_t *o, int64_t deadline_ms, int64_t
     place_order_local(s, o, deadline_ms, resp);
     return;
   }
-  /* 3. begin */
+  /* 3. begin, with the order branch registered in the same round trip
+   * (rm_tm_begin_branch: the branch takes no global lock, see
+   * branch_insert_order) */
   int64_t t_pf = svc_now_us();
-  int rc = rm_tm_begin(s->rm, s->gtx_timeout_ms, "order", o->xid);
+  int64_t bid = 0;
+  int rc = rm_tm_begin_branch(s->rm, s->gtx_timeout_ms, "order", s->resource, o->xid, &bid);
   int64_t t_begin = svc_now_us();
   if (rc == RM_E_NO_NODE || rc == RM_E_DEADLINE) {
     /* certainly no global transaction: take the order in local mode */
@@ -673,7 +679,7 @@ static void place_order(order_svc_t *s, order_t *o, int64_t deadline_ms, int64_t
                                            sizeof(serr));
   json_decref(body);
   PGconn *pg = svc_pg_get(s->pool, 5000, err, sizeof(err));
-  rc = pg ? branch_insert_order(s, pg, o, err, sizeof(err)) : RM_E_DB;
+  rc = pg ? branch_insert_order(s, pg, bid, o, err, sizeof(err)) : RM_E_DB;
   svc_pg_put(s->pool, pg);
   int64_t t_b1 = svc_now_us();
   long st = stock_answer(call, "/freeze", reason, sizeof(reason), serr, sizeof(serr));

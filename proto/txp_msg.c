@@ -46,6 +46,7 @@ typedef struct {
   const char *name;
   uint64_t required;
   uint64_t allowed; /* includes required */
+  uint64_t one_of;  /* at least one of these too (0: no such rule) */
 } type_desc_t;
 
 static const type_desc_t types[TXP_MSG__MAX] = {
@@ -71,11 +72,15 @@ static const type_desc_t types[TXP_MSG__MAX] = {
   [TXP_MSG_GLOBAL_STATUS_RESULT] = {"GlobalStatusResult", B(CODE), RESULT_BASE | B(GLOBAL_STATUS)},
   [TXP_MSG_GLOBAL_REPORT] = {"GlobalReport", B(XID) | B(GLOBAL_STATUS), B(XID) | B(GLOBAL_STATUS)},
   [TXP_MSG_GLOBAL_REPORT_RESULT] = {"GlobalReportResult", B(CODE), RESULT_BASE | B(GLOBAL_STATUS)},
-  [TXP_MSG_BRANCH_REGISTER] = {"BranchRegister", B(XID) | B(BRANCH_TYPE) | B(RESOURCE_ID),
+  /* The xid, or, to begin the global in the same call (its first branch),
+   * its timeout (and name) instead: the result then carries the xid. */
+  [TXP_MSG_BRANCH_REGISTER] = {"BranchRegister", B(BRANCH_TYPE) | B(RESOURCE_ID),
                                B(XID) | B(BRANCH_TYPE) | B(RESOURCE_ID) | B(LOCK_KEYS) |
-                                 B(APP_DATA) | B(LOCK_WAIT_MS) | B(IDEM_KEY) | B(CLIENT_ID)},
+                                 B(APP_DATA) | B(LOCK_WAIT_MS) | B(IDEM_KEY) | B(CLIENT_ID) |
+                                 B(TIMEOUT_MS) | B(NAME),
+                               B(XID) | B(TIMEOUT_MS)},
   [TXP_MSG_BRANCH_REGISTER_RESULT] = {"BranchRegisterResult", B(CODE),
-                                      RESULT_BASE | B(WAITED_MS) | B(LOCK_HOLDER)},
+                                      RESULT_BASE | B(WAITED_MS) | B(LOCK_HOLDER) | B(TIMEOUT_MS)},
   [TXP_MSG_BRANCH_REPORT] = {"BranchReport", B(XID) | B(BRANCH_ID) | B(BRANCH_STATUS),
                              B(XID) | B(BRANCH_ID) | B(BRANCH_STATUS) | B(APP_DATA) |
                                B(RESOURCE_ID) | B(MESSAGE)},
@@ -312,6 +317,7 @@ static int check_for_encode(const txp_msg_t *m) {
   if (m->flags & ~TXP_FLAGS_KNOWN) return TXP_EBAD_FLAGS;
   const type_desc_t *t = &types[m->type];
   if ((m->present & t->required) != t->required) return TXP_EFIELD_MISSING;
+  if (t->one_of && !(m->present & t->one_of)) return TXP_EFIELD_MISSING;
   if (m->present & ~t->allowed) return TXP_EFIELD_TYPE;
   for (int f = 1; f < TXP_F__MAX; f++) {
     if (!(m->present & TXP_FIELD_BIT(f)) || fields[f].kind != KIND_STR) continue;
@@ -530,7 +536,7 @@ static int decode_body(const char *body, size_t len, const txp_limits_t *lim, tx
     if (rc != 0) goto done;
     out->present |= TXP_FIELD_BIT(key);
   }
-  if ((out->present & t->required) != t->required) {
+  if ((out->present & t->required) != t->required || (t->one_of && !(out->present & t->one_of))) {
     rc = TXP_EFIELD_MISSING;
     goto done;
   }

@@ -16,7 +16,9 @@
  *     1. GlobalBegin: id from the node's block, row inserted (Begin).
  *     2. BranchRegister: branch row + lock rows in one transaction, only
  *        while Begin and before the deadline; a conflict may wait (pushed
- *        wake-up from tc_lockwait).
+ *        wake-up from tc_lockwait).  A BranchRegister without an xid
+ *        (with a timeout) does 1 and 2 at once, for a branch without
+ *        locks: handle_begin_register.
  *     3. GlobalCommit/Rollback: compare-and-set from Begin (tc_decide_batch);
  *        commit releases the locks in the same transaction.  The decision is
  *        durable before any branch hears of it.
@@ -183,37 +185,52 @@ static void on_begin_done(tc_op_t *op, void *arg) {
   call_free(c);
 }
 
+/* The timeout of a begin (the node's default when 0 or absent): false,
+ * with the request answered, when it is above the limit. */
+static bool begin_timeout_or_reply(tc_ctx_t *ctx, tc_req_t *req, uint32_t *timeout) {
+  const txp_msg_t *m = &req->msg;
+  *timeout = txp_msg_has(m, TXP_F_TIMEOUT_MS) && m->timeout_ms ? m->timeout_ms
+                                                               : (uint32_t)ctx->cfg->default_timeout_ms;
+  if (*timeout <= (uint32_t)ctx->cfg->max_timeout_ms) return true;
+  char msg[128];
+  snprintf(msg, sizeof(msg), "timeout_ms %u is above the limit of %d", *timeout, ctx->cfg->max_timeout_ms);
+  ctx->stats.bad_requests++;
+  tc_req_reply_code(req, TXP_EBAD_REQUEST, msg);
+  return false;
+}
+
+/* A new global's transaction id and xid (in c->xid): 0, or -1 with the
+ * call answered and freed. */
+static int new_global_or_reply(call_t *c, int64_t *txid) {
+  tc_ctx_t *ctx = c->ctx;
+  if (tc_store_next_id(ctx->store, txid) != 0) {
+    reply_code(c, TXP_ESTORE, "no transaction id available: coordinator store unreachable, retry");
+    return -1;
+  }
+  uint64_t nonce;
+  if (xid_nonce(&nonce) != 0) {
+    reply_code(c, TXP_EINTERNAL, "could not make an xid: no randomness from the kernel");
+    return -1;
+  }
+  if (txp_xid_make(c->xid, sizeof(c->xid), ctx->advertise, *txid, nonce) < 0) {
+    /* node.advertise is checked at start-up (tc_config.c): not reached. */
+    reply_code(c, TXP_EINTERNAL, "could not make an xid from node.advertise");
+    return -1;
+  }
+  return 0;
+}
+
 static void handle_begin(tc_ctx_t *ctx, tc_req_t *req) {
   const txp_msg_t *m = &req->msg;
-  uint32_t timeout = txp_msg_has(m, TXP_F_TIMEOUT_MS) && m->timeout_ms ? m->timeout_ms
-                                                                      : (uint32_t)ctx->cfg->default_timeout_ms;
-  if (timeout > (uint32_t)ctx->cfg->max_timeout_ms) {
-    char msg[128];
-    snprintf(msg, sizeof(msg), "timeout_ms %u is above the limit of %d", timeout, ctx->cfg->max_timeout_ms);
-    ctx->stats.bad_requests++;
-    tc_req_reply_code(req, TXP_EBAD_REQUEST, msg);
-    return;
-  }
+  uint32_t timeout;
+  if (!begin_timeout_or_reply(ctx, req, &timeout)) return;
   call_t *c = call_new(ctx, req, TC_OP_BEGIN, on_begin_done);
   if (!c) {
     tc_req_reply_code(req, TXP_ENOMEM, "out of memory");
     return;
   }
   int64_t txid;
-  if (tc_store_next_id(ctx->store, &txid) != 0) {
-    reply_code(c, TXP_ESTORE, "no transaction id available: coordinator store unreachable, retry");
-    return;
-  }
-  uint64_t nonce;
-  if (xid_nonce(&nonce) != 0) {
-    reply_code(c, TXP_EINTERNAL, "could not make an xid: no randomness from the kernel");
-    return;
-  }
-  if (txp_xid_make(c->xid, sizeof(c->xid), ctx->advertise, txid, nonce) < 0) {
-    /* node.advertise is checked at start-up (tc_config.c): not reached. */
-    reply_code(c, TXP_EINTERNAL, "could not make an xid from node.advertise");
-    return;
-  }
+  if (new_global_or_reply(c, &txid) != 0) return;
   c->op.xid = c->xid;
   c->op.id = txid;
   c->op.timeout_ms = timeout;
@@ -636,6 +653,11 @@ static void reply_register(call_t *c, int code, const char *msg) {
   txp_msg_t res;
   txp_msg_init_result(&res, &c->req->msg, code, msg);
   if (code == 0) txp_msg_set_int(&res, TXP_F_BRANCH_ID, c->op.out_id);
+  if (code == 0 && c->op.begin_txid) { /* it began its global too */
+    txp_msg_set_str(&res, TXP_F_XID, c->xid);
+    txp_msg_set_int(&res, TXP_F_TIMEOUT_MS, c->op.begin_timeout_ms);
+    txp_msg_set_int(&res, TXP_F_NODE_ID, c->ctx->cfg->node_id);
+  }
   if (c->waiter.first_queued_ns) {
     uint64_t waited_ns = uv_hrtime() - c->waiter.first_queued_ns;
     uint64_t waited = waited_ns / 1000000u;
@@ -663,6 +685,7 @@ static void on_register_done(tc_op_t *op, void *arg) {
   case TC_RES_OK:
     TXC_FAILPOINT("tc.register.after_store");
     ctx->stats.registered++;
+    if (op->begin_txid) ctx->stats.begun++;
     reply_register(c, 0, NULL);
     return;
   case TC_RES_NOT_FOUND:
@@ -735,8 +758,14 @@ static void on_register_done(tc_op_t *op, void *arg) {
   }
 }
 
+static void handle_begin_register(tc_ctx_t *ctx, tc_req_t *req);
+
 static void handle_register(tc_ctx_t *ctx, tc_req_t *req) {
   const txp_msg_t *m = &req->msg;
+  if (!xid_ok(m->xid) && txp_msg_has(m, TXP_F_TIMEOUT_MS)) {
+    handle_begin_register(ctx, req);
+    return;
+  }
   if (!require_xid_or_reply(ctx, req)) return;
   char msg[160];
   if (m->branch_type >= TXP_BT__MAX) {
@@ -783,6 +812,52 @@ static void handle_register(tc_ctx_t *ctx, tc_req_t *req) {
   call_identify(c, req->conn);
   c->op.idem_key = m->idem_key && m->idem_key[0] ? m->idem_key : NULL;
   if (m->lock_wait_ms) c->lock_deadline_ns = c->started_ns + (uint64_t)m->lock_wait_ms * 1000000u;
+  submit_or_reply(c);
+}
+
+/*
+ * A BranchRegister without an xid, with a timeout: begin a global
+ * transaction and register its first branch in one round trip and one
+ * store transaction (the TM's own branch: rm_at_begin_open).  The answer
+ * carries the xid and the branch id.  An AT branch without lock keys
+ * only: its op must never wait for a lock and run again (its begin would
+ * run twice).  No idempotency key for the begin: a client that resends it
+ * after a lost connection gets a new global, and the one it may have
+ * begun has a branch with no undo row, rolled back at its timeout.
+ */
+static void handle_begin_register(tc_ctx_t *ctx, tc_req_t *req) {
+  const txp_msg_t *m = &req->msg;
+  const char *bad = NULL;
+  if (m->branch_type != TXP_BT_AT) bad = "a branch registered with its global's begin must be an AT branch";
+  else if (m->lock_keys && m->lock_keys[0]) bad = "a branch registered with its global's begin takes no lock keys";
+  else if (!m->resource_id || !m->resource_id[0]) bad = "missing or empty resource_id";
+  if (bad) {
+    ctx->stats.bad_requests++;
+    tc_req_reply_code(req, TXP_EBAD_REQUEST, bad);
+    return;
+  }
+  uint32_t timeout;
+  if (!begin_timeout_or_reply(ctx, req, &timeout)) return;
+  call_t *c = call_new(ctx, req, TC_OP_REGISTER, on_register_done);
+  if (!c) {
+    tc_req_reply_code(req, TXP_ENOMEM, "out of memory");
+    return;
+  }
+  int64_t txid;
+  if (new_global_or_reply(c, &txid) != 0) return;
+  if (tc_store_next_id(ctx->store, &c->op.id) != 0) {
+    reply_code(c, TXP_ESTORE, "no branch id available: coordinator store unreachable, retry");
+    return;
+  }
+  c->op.xid = c->xid;
+  c->op.begin_txid = txid;
+  c->op.begin_timeout_ms = timeout;
+  c->op.begin_name = m->name;
+  c->op.resource_id = m->resource_id;
+  c->op.branch_type = TXP_BT_AT;
+  c->op.app_data = m->application_data;
+  call_identify(c, req->conn);
+  c->op.idem_key = m->idem_key && m->idem_key[0] ? m->idem_key : NULL;
   submit_or_reply(c);
 }
 

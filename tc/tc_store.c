@@ -436,6 +436,16 @@ static int add_stmt(tc_pg_job_t *job, const char *name, const char *sql, arr_t *
   return tc_pg_job_add_prepared(job, name, sql, narrs + nextra, vals);
 }
 
+/* Registrations of the batch that begin their global too (tc_op_t
+ * begin_txid): their begins are items of the batch's tc_begin_batch,
+ * after its own begins, so their globals exist when tc_register_batch
+ * runs, in the same transaction. */
+static int begin_parts(const batch_t *b) {
+  int n = 0;
+  for (int i = 0; i < b->count[TC_OP_REGISTER]; i++) n += b->by_kind[TC_OP_REGISTER][i]->begin_txid != 0;
+  return n;
+}
+
 static int build_begin(tc_store_t *st, batch_t *b, tc_pg_job_t *job) {
   arr_t a[7];
   for (int i = 0; i < 7; i++) arr_init(&a[i]);
@@ -448,6 +458,19 @@ static int build_begin(tc_store_t *st, batch_t *b, tc_pg_job_t *job) {
     arr_add(&a[4], op->app_id);
     arr_add(&a[5], op->group);
     arr_add(&a[6], op->idem_key);
+  }
+  /* (take_begin reads only the items of the batch's own begins; a
+   * registration's begin that failed fails the whole transaction.) */
+  for (int i = 0; i < b->count[TC_OP_REGISTER]; i++) {
+    tc_op_t *op = b->by_kind[TC_OP_REGISTER][i];
+    if (!op->begin_txid) continue;
+    arr_add(&a[0], op->xid);
+    arr_add_i64(&a[1], op->begin_txid);
+    arr_add_i64(&a[2], op->begin_timeout_ms);
+    arr_add(&a[3], op->begin_name);
+    arr_add(&a[4], op->app_id);
+    arr_add(&a[5], op->group);
+    arr_add(&a[6], NULL);
   }
   char node[16];
   snprintf(node, sizeof(node), "%d", st->node_id);
@@ -1028,7 +1051,7 @@ static int flush_one(tc_store_t *st, lane_t *lane) {
   tc_pg_job_t *job = tc_pg_job_new(TC_PG_JOB_TXN, on_batch_done, b);
   if (!job) goto fail_alloc;
   int stmt = 0, rc = 0;
-  if (b->count[TC_OP_BEGIN] && rc == 0) {
+  if ((b->count[TC_OP_BEGIN] || begin_parts(b)) && rc == 0) {
     b->stmt_index[TC_OP_BEGIN] = stmt++;
     rc = build_begin(st, b, job);
   }

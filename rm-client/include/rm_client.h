@@ -229,6 +229,19 @@ RM_API int rm_client_nodes_up(rm_client_t *c);
  * failure).  RM_E_NO_NODE or RM_E_DEADLINE: certainly no transaction. */
 RM_API int rm_tm_begin(rm_client_t *c, unsigned timeout_ms, const char *name, char *xid);
 /*
+ * rm_tm_begin, and the registration of the global's first branch, an AT
+ * branch of 'resource_id' that this client writes (rm_at_open_registered),
+ * in one call to the coordinator instead of two: for a TM that writes the
+ * first branch itself (order-service's order row).  *branch_id is set (0
+ * when the coordinator does not know the combined call: it then began the
+ * global alone, and the branch registers at its prepare as usual).  The
+ * codes of rm_tm_begin.  A global begun by an attempt whose answer was
+ * lost is not found again: it rolls back at its timeout, with nothing to
+ * undo.
+ */
+RM_API int rm_tm_begin_branch(rm_client_t *c, unsigned timeout_ms, const char *name, const char *resource_id,
+                              char *xid, int64_t *branch_id);
+/*
  * Commit.  0: the commit is decided and durable; *status is
  * RM_GS_COMMITTED (or, for a repeated call, Committing/CommitRetrying:
  * phase two, AT clean-up, still runs).  Not committed: RM_E_TIMED_OUT (the
@@ -340,6 +353,18 @@ typedef struct rm_branch rm_branch_t;
  */
 RM_API int rm_at_open(rm_client_t *c, const char *xid, const char *resource_id, PGconn *pg,
                       rm_branch_t **out);
+/*
+ * Open the branch 'branch_id' that rm_tm_begin_branch registered with the
+ * global 'xid', as rm_at_open does (the same codes).  The branch takes no
+ * global lock and no commit delta (rm_at_insert_unlocked,
+ * rm_at_sql_unlocked, rm_at_update_delta_deferred ...; rm_at_prepare
+ * refuses one that does, with RM_E_STATE): it was registered before its
+ * statements ran, and rm_at_prepare only writes its undo row.
+ * 'branch_id' 0 (rm_tm_begin_branch with an older coordinator): as
+ * rm_at_open, registered by rm_at_prepare.
+ */
+RM_API int rm_at_open_registered(rm_client_t *c, const char *xid, const char *resource_id, int64_t branch_id,
+                                 PGconn *pg, rm_branch_t **out);
 
 /*
  * Whether each statement of 'b' runs inside a savepoint of its own (on, the

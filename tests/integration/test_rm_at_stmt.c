@@ -267,6 +267,59 @@ void test_open_idle(void **state) {
   PQfinish(o);
 }
 
+/* rm_tm_begin_branch and rm_at_open_registered: the global begun and the
+ * branch registered in one
+ * call; its unlocked statements, prepared and committed, commit with the
+ * global; a rollback undoes them; a statement that needs a global lock is
+ * refused at prepare (nothing registered its key), and the global then
+ * rolls back with nothing written. */
+void test_begin_open(void **state) {
+  (void)state;
+  PGconn *o = pg_open(orders_url);
+  assert_non_null(o);
+  char xid[RM_XID_MAX];
+  int st = 0;
+  rm_branch_t *b = NULL;
+  const char *c[2] = {"k", "v"}, *v1[2] = {"bo-1", "a"}, *v2[2] = {"bo-2", "b"};
+  int64_t reg = 0;
+  assert_int_equal(rm_tm_begin_branch(client, 30000, "begin_open", "orders", xid, &reg), 0);
+  assert_true(xid[0] != '\0' && reg > 0);
+  assert_int_equal(rm_at_open_registered(client, xid, "orders", reg, o, &b), 0);
+  assert_int_equal(rm_at_insert_unlocked(b, "other.kv", 2, c, v1), 0);
+  bool committed = false;
+  int64_t bid = 0;
+  assert_int_equal(rm_at_prepare_commit(b, &bid, &committed), 0);
+  assert_true(committed && bid == reg);
+  assert_int_equal(rm_at_close(b, true), 0);
+  assert_int_equal(rm_tm_status(client, xid, &st), 0);
+  assert_int_equal(st, RM_GS_BEGIN);
+  assert_int_equal(rm_tm_commit(client, xid, &st), 0);
+  assert_int_equal(st, RM_GS_COMMITTED);
+  assert_int_equal(q_ll(o, "SELECT count(*) FROM other.kv WHERE k = 'bo-1'", NULL, NULL, NULL), 1);
+  /* rolled back by the TM: undone */
+  assert_int_equal(rm_tm_begin_branch(client, 30000, "begin_open_rb", "orders", xid, &reg), 0);
+  assert_int_equal(rm_at_open_registered(client, xid, "orders", reg, o, &b), 0);
+  assert_int_equal(rm_at_insert_unlocked(b, "other.kv", 2, c, v2), 0);
+  assert_int_equal(rm_at_prepare_commit(b, NULL, &committed), 0);
+  assert_int_equal(rm_at_close(b, true), 0);
+  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
+  assert_int_equal(st, RM_GS_ROLLBACKED);
+  assert_int_equal(q_ll(o, "SELECT count(*) FROM other.kv WHERE k = 'bo-2'", NULL, NULL, NULL), 0);
+  /* a locked statement: refused at prepare */
+  assert_int_equal(rm_tm_begin_branch(client, 30000, "begin_open_lock", "orders", xid, &reg), 0);
+  assert_int_equal(rm_at_open_registered(client, xid, "orders", reg, o, &b), 0);
+  const char *v3[2] = {"bo-3", "c"};
+  assert_int_equal(rm_at_insert(b, "other.kv", 2, c, v3), 0);
+  assert_int_equal(rm_at_prepare_commit(b, NULL, &committed), RM_E_STATE);
+  assert_false(committed);
+  assert_non_null(strstr(rm_at_errmsg(b), "rm_tm_begin_branch"));
+  rm_at_close(b, false);
+  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
+  assert_int_equal(q_ll(o, "SELECT count(*) FROM other.kv WHERE k = 'bo-3'", NULL, NULL, NULL), 0);
+  assert_int_equal(PQtransactionStatus(o), PQTRANS_IDLE);
+  PQfinish(o);
+}
+
 /* An insert whose RELEASE went with it (its input looked small) and whose
  * undo item then cannot be built (a default makes the key too long for a
  * lock key): the branch fails and says to roll back; nothing else is half

@@ -97,12 +97,67 @@ static void test_commit_two_branches(void **state) {
   assert_int_equal(history_branches(xid, TXP_BS_PHASE2_COMMITTED), 2);
   assert_int_equal(db_long(SQL_LIVE_ROWS, xid, NULL), 0);
   int64_t ids[8];
+  assert_true(rm_wait_events(xid, TXP_MSG_BRANCH_COMMIT, 0, 2, WAIT_MS)); /* told after the answer */
   assert_int_equal(rm_events(xid, TXP_MSG_BRANCH_COMMIT, 0, ids, 8), 2);
   assert_true(has_id(ids, 2, b1) && has_id(ids, 2, b2));
   assert_int_equal(rm_events(xid, TXP_MSG_BRANCH_ROLLBACK, 0, NULL, 0), 0);
   /* The TM sees the same answer from GlobalStatus now. */
   assert_int_equal(txc_status(cl.tm, xid, &status), 0);
   assert_int_equal(status, TXP_GS_COMMITTED);
+}
+
+/* 1b. A BranchRegister without an xid, with a timeout, begins the global
+ * and registers its first branch in one call: the answer has both; the
+ * global is its caller's, Begin, and goes on as any other.  Only an AT
+ * branch without lock keys. */
+static void begin_register_call(txc_t *c, const char *resource, int type, const char *keys, txp_msg_t *res) {
+  txp_msg_t req;
+  txp_msg_init(&req, TXP_MSG_BRANCH_REGISTER);
+  txp_msg_set_int(&req, TXP_F_BRANCH_TYPE, (uint64_t)type);
+  txp_msg_set_str(&req, TXP_F_RESOURCE_ID, resource);
+  txp_msg_set_int(&req, TXP_F_TIMEOUT_MS, 30000);
+  txp_msg_set_str(&req, TXP_F_NAME, "t1b-begin-register");
+  if (keys) txp_msg_set_str(&req, TXP_F_LOCK_KEYS, keys);
+  assert_int_equal(txc_call(c, &req, res, 10000), 0);
+}
+
+static void test_begin_register(void **state) {
+  (void)state;
+  cli_t cl;
+  cli_open(&cl, "t1b");
+  txp_msg_t res;
+  begin_register_call(cl.rm, "db_orders", TXP_BT_AT, NULL, &res);
+  assert_int_equal(res.code, 0);
+  assert_true(txp_msg_has(&res, TXP_F_XID) && res.xid && res.xid[0]);
+  assert_true(res.branch_id > 0 && res.timeout_ms == 30000);
+  char xid[TXP_MAX_XID_LEN + 1];
+  snprintf(xid, sizeof(xid), "%s", res.xid);
+  int64_t b1 = res.branch_id;
+  txp_msg_clear(&res);
+  assert_int_equal(db_long(SQL_GLOBAL_STATUS, xid, NULL), TXP_GS_BEGIN);
+  assert_int_equal(db_long(SQL_BRANCHES, xid, NULL), 1);
+  assert_int_equal(db_long(SQL_LOCKS, xid, NULL), 0);
+  assert_int_equal(db_long("SELECT count(*) FROM global_table WHERE xid = $1 AND transaction_name = "
+                           "'t1b-begin-register' AND application_id = 'test-app'", xid, NULL), 1);
+  /* a second branch the usual way, then the TM's commit */
+  int64_t b2 = register_ok(cl.rm, xid, "db_stock", "t_stock:1b");
+  int status = -1;
+  assert_int_equal(txc_commit(cl.tm, xid, &status), 0);
+  assert_int_equal(status, TXP_GS_COMMITTED);
+  assert_int_equal(history_branches(xid, TXP_BS_PHASE2_COMMITTED), 2);
+  assert_true(rm_wait_events(xid, TXP_MSG_BRANCH_COMMIT, 0, 2, WAIT_MS));
+  int64_t ids[4];
+  int n = rm_events(xid, TXP_MSG_BRANCH_COMMIT, 0, ids, 4);
+  assert_true(n == 2 && has_id(ids, n, b1) && has_id(ids, n, b2));
+  /* refused: lock keys, another branch type; nothing begun */
+  long globals = db_long("SELECT count(*) FROM global_table", NULL, NULL);
+  begin_register_call(cl.rm, "db_orders", TXP_BT_AT, "t_order:1b", &res);
+  assert_int_equal(res.code, TXP_EBAD_REQUEST);
+  txp_msg_clear(&res);
+  begin_register_call(cl.rm, "db_orders", TXP_BT_TCC, NULL, &res);
+  assert_int_equal(res.code, TXP_EBAD_REQUEST);
+  txp_msg_clear(&res);
+  assert_int_equal(db_long("SELECT count(*) FROM global_table", NULL, NULL), globals);
 }
 
 /* 2. Two branches, rollback: newest branch undone first. */
@@ -697,6 +752,7 @@ static int test_teardown(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test_setup_teardown(test_commit_two_branches, suite_test_setup, test_teardown),
+    cmocka_unit_test_setup_teardown(test_begin_register, suite_test_setup, test_teardown),
     cmocka_unit_test_setup_teardown(test_rollback_two_branches, suite_test_setup, test_teardown),
     cmocka_unit_test_setup_teardown(test_lock_conflict_fifo, suite_test_setup, test_teardown),
     cmocka_unit_test_setup_teardown(test_lock_release_race, suite_test_setup, test_teardown),

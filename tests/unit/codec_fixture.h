@@ -51,8 +51,10 @@ extern const size_t nfspec;
 typedef struct {
   int type;
   const char *name;
-  uint64_t req;
+  uint64_t req;     /* a minimal valid set */
   uint64_t allowed;
+  uint64_t one_of;  /* at least one of these is required (BranchRegister:
+                       its xid, or the timeout that begins the global) */
 } tspec_t;
 
 extern const tspec_t tspec[];

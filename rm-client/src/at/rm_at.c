@@ -114,6 +114,16 @@ int rm_at_open(rm_client_t *c, const char *xid, const char *resource_id, PGconn 
   return 0;
 }
 
+int rm_at_open_registered(rm_client_t *c, const char *xid, const char *resource_id, int64_t branch_id, PGconn *pg,
+                          rm_branch_t **out) {
+  int rc = rm_at_open(c, xid, resource_id, pg, out);
+  if (rc != 0 || branch_id <= 0) return rc; /* 0: registered by its prepare, as usual */
+  (*out)->registered = true;
+  (*out)->registered_at_begin = true;
+  (*out)->branch_id = branch_id;
+  return 0;
+}
+
 int rm_at_statement_savepoints(rm_branch_t *b, bool on) {
   if (!b) return rm__fail(RM_E_INVALID, "could not set statement savepoints: the branch is NULL");
   if (b->state != RM_BRANCH_OPEN || b->nitems + b->ndeferred > 0) {
@@ -375,20 +385,33 @@ static int prepare(rm_branch_t *b, int64_t *branch_id, bool *fused_commit_done) 
     return RM_E_NOMEM;
   }
 
-  /* 1. Register (the TC takes the global row locks, waiting if busy). */
-  int64_t bid = 0;
+  /* 1. Register (the TC takes the global row locks, waiting if busy),
+   * unless it was, with its global's begin (rm_tm_begin_branch: no
+   * locks). */
+  int64_t bid = b->branch_id;
   const char *keys = b->lock_keys.len ? b->lock_keys.data : NULL;
-  /* Commit deltas make the commit real work: the TM is to be answered
-   * after it (TXP_APP_DATA_PHASE2_SYNC). */
-  const char *app_data = b->has_commit_delta ? TXP_APP_DATA_PHASE2_SYNC : NULL;
-  rc = rm__branch_register(b->c, b->xid, b->res->id, keys, app_data, rm__lock_wait_ms(b->c), &bid,
-                               b->errmsg, sizeof(b->errmsg));
-  if (rc != 0) {
-    if (!b->errmsg[0]) rm__at_err(b, "could not register the branch: %s", rm_strerror(rc));
+  if (b->registered_at_begin && (keys || b->has_commit_delta)) {
+    rm__at_err(b, "a branch registered with its global's begin (rm_tm_begin_branch, rm_at_open_registered) "
+                  "takes no global lock and no commit delta: begin with rm_tm_begin and open it with rm_at_open; roll "
+                  "the local transaction back");
     b->state = RM_BRANCH_FAILED;
     free(undo);
     free(ctx);
-    return rc;
+    return RM_E_STATE;
+  }
+  /* Commit deltas make the commit real work: the TM is to be answered
+   * after it (TXP_APP_DATA_PHASE2_SYNC). */
+  const char *app_data = b->has_commit_delta ? TXP_APP_DATA_PHASE2_SYNC : NULL;
+  if (!b->registered_at_begin) {
+    rc = rm__branch_register(b->c, b->xid, b->res->id, keys, app_data, rm__lock_wait_ms(b->c), &bid, b->errmsg,
+                             sizeof(b->errmsg));
+    if (rc != 0) {
+      if (!b->errmsg[0]) rm__at_err(b, "could not register the branch: %s", rm_strerror(rc));
+      b->state = RM_BRANCH_FAILED;
+      free(undo);
+      free(ctx);
+      return rc;
+    }
   }
   b->registered = true;
   b->branch_id = bid;

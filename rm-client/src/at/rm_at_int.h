@@ -219,6 +219,7 @@ struct rm_branch {
   char xid[RM_XID_MAX];
   rm_branch_state_t state;
   bool registered;
+  bool registered_at_begin; /* rm_at_open_registered: registered with its global's begin, no locks */
   int64_t branch_id;
   json_t *undo;       /* array of items, in statement order */
   size_t nitems;

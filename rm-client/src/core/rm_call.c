@@ -233,7 +233,12 @@ static void build_msg(const rm_client_t *c, const rm_call_t *k, txp_msg_t *m) {
     break;
   case TXP_MSG_BRANCH_REGISTER: {
     uint32_t lw = lock_wait_now(c, k);
-    txp_msg_set_str(m, TXP_F_XID, k->xid);
+    if (k->xid[0]) {
+      txp_msg_set_str(m, TXP_F_XID, k->xid);
+    } else { /* no xid: the coordinator begins the global too */
+      txp_msg_set_int(m, TXP_F_TIMEOUT_MS, k->timeout_ms);
+      if (k->name) txp_msg_set_str(m, TXP_F_NAME, k->name);
+    }
     txp_msg_set_int(m, TXP_F_BRANCH_TYPE, (uint64_t)k->branch_type);
     txp_msg_set_str(m, TXP_F_RESOURCE_ID, k->resource_id);
     if (k->lock_keys && k->lock_keys[0]) txp_msg_set_str(m, TXP_F_LOCK_KEYS, k->lock_keys);
@@ -440,6 +445,16 @@ static void on_answer(rm_client_t *c, rm_conn_t *conn, rm_call_t *k, const txp_m
       snprintf(k->res_xid, sizeof(k->res_xid), "%s", m->xid);
       rm__conn_learn_xid(conn, m->xid);
     } else if (k->type == TXP_MSG_BRANCH_REGISTER) {
+      if (!k->xid[0]) { /* it began its global too (rm__begin_register) */
+        if (!m->xid || !m->xid[0]) {
+          RM_LOG_C(c, RM_LOG_WARN, "coordinator \"%s\" answered a begin and registration without an xid",
+                   rm__conn_addr(conn));
+          rm__call_complete(c, k, RM_E_UNKNOWN_OUTCOME);
+          return;
+        }
+        snprintf(k->res_xid, sizeof(k->res_xid), "%s", m->xid);
+        rm__conn_learn_xid(conn, m->xid);
+      }
       k->res_branch_id = m->branch_id;
       k->waited_ms = m->waited_ms;
       if (m->waited_ms)

@@ -51,6 +51,18 @@ int rm__branch_register_as(rm_client_t *c, int branch_type, const char *xid, con
                            const char *lock_keys, const char *app_data, unsigned lock_wait_ms,
                            int64_t *branch_id, char *errmsg, size_t errlen);
 
+/* GlobalBegin and the BranchRegister of its first branch, an AT branch
+ * without lock keys, in one call (a BranchRegister without an xid: one
+ * round trip, one store transaction at the coordinator): 'xid' (RM_XID_MAX
+ * bytes) and 'branch_id' are set on success.  RM_E_NOT_SUPPORTED when the
+ * coordinator does not know the combined call (an older tcd: begin and
+ * register apart then); the rest as rm_tm_begin and rm__branch_register.
+ * Not resent after a lost connection with an idempotency key for its
+ * begin: a global begun by a lost attempt times out with a branch that
+ * never wrote its undo row.  Blocks: never on the loop thread. */
+int rm__begin_register(rm_client_t *c, unsigned timeout_ms, const char *name, const char *resource_id,
+                       char *xid, int64_t *branch_id, char *errmsg, size_t errlen);
+
 /* BranchReport (PhaseOneDone / PhaseOneFailed), blocking. */
 int rm__branch_report(rm_client_t *c, const char *xid, int64_t branch_id, int branch_status,
                       const char *message);

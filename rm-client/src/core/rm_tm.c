@@ -209,6 +209,19 @@ int rm_tm_status_async(rm_client_t *c, const char *xid, rm_tm_cb cb, void *arg) 
   return xid_async(c, TXP_MSG_GLOBAL_STATUS, xid, cb, arg);
 }
 
+int rm_tm_begin_branch(rm_client_t *c, unsigned timeout_ms, const char *name, const char *resource_id, char *xid,
+                       int64_t *branch_id) {
+  const char *what = tm_what(TXP_MSG_GLOBAL_BEGIN);
+  if (!xid || !branch_id) return tm_refused(RM_E_INVALID, c, what, NULL, name);
+  *branch_id = 0;
+  char err[TXP_MAX_MESSAGE_LEN + 1];
+  int rc = rm__begin_register(c, timeout_ms, name, resource_id, xid, branch_id, err, sizeof(err));
+  if (rc == RM_E_NOT_SUPPORTED) return rm_tm_begin(c, timeout_ms, name, xid); /* registered at prepare */
+  if (rc != 0) return rm__fail(rc, "could not %s with a branch on \"%s\": %s", what, resource_id ? resource_id : "",
+                               err);
+  return 0;
+}
+
 /* ---------------------------------------------- internal: for the AT layer */
 
 int rm__branch_register(rm_client_t *c, const char *xid, const char *resource_id,
@@ -251,6 +264,44 @@ int rm__branch_register_as(rm_client_t *c, int branch_type, const char *xid, con
     if (branch_id) *branch_id = k->res_branch_id;
   } else if (errmsg && errlen) {
     snprintf(errmsg, errlen, "%s", completed && k->errmsg[0] ? k->errmsg : rm_strerror(rc));
+  }
+  rm__call_unref(k);
+  return rc;
+}
+
+int rm__begin_register(rm_client_t *c, unsigned timeout_ms, const char *name, const char *resource_id,
+                       char *xid, int64_t *branch_id, char *errmsg, size_t errlen) {
+  if (errmsg && errlen) errmsg[0] = '\0';
+  if (xid) xid[0] = '\0';
+  if (branch_id) *branch_id = 0;
+  if (!c || !xid || rm__check_str(resource_id, TXP_MAX_RESOURCE_LEN, true) != 0 ||
+      rm__check_str(name, TXP_MAX_NAME_LEN, false) != 0) {
+    if (errmsg && errlen) snprintf(errmsg, errlen, "invalid argument to a begin with its branch");
+    return RM_E_INVALID;
+  }
+  rm_call_t *k = rm__call_new(TXP_MSG_BRANCH_REGISTER, true, c->cfg.request_timeout_ms);
+  if (!k) return RM_E_NOMEM;
+  /* No idempotency key: a resend makes a new global (see rm_internal.h). */
+  k->branch_type = TXP_BT_AT;
+  k->timeout_ms = timeout_ms;
+  k->resource_id = strdup(resource_id);
+  if (name && !(k->name = strdup(name))) {
+    free(k->resource_id);
+    k->resource_id = NULL;
+  }
+  if (!k->resource_id) {
+    rm__call_destroy(k);
+    return RM_E_NOMEM;
+  }
+  bool completed;
+  int rc = run_blocking(c, k, &completed);
+  if (rc == 0 && completed) {
+    snprintf(xid, RM_XID_MAX, "%s", k->res_xid);
+    if (branch_id) *branch_id = k->res_branch_id;
+  } else {
+    /* An older coordinator: "missing or empty xid". */
+    if (completed && rc == RM_E_BAD_REQUEST && strstr(k->errmsg, "xid")) rc = RM_E_NOT_SUPPORTED;
+    if (errmsg && errlen) snprintf(errmsg, errlen, "%s", completed && k->errmsg[0] ? k->errmsg : rm_strerror(rc));
   }
   rm__call_unref(k);
   return rc;
