@@ -3,7 +3,7 @@
  */
 #include "fs_timeline.h"
 
-#include "txc_ticker.h"
+#include "txc_worker.h"
 
 #include <libpq-fe.h>
 #include <math.h>
@@ -36,9 +36,8 @@ struct fs_timeline {
   size_t nreq, capreq, dropped;
 
   pthread_mutex_t mu; /* the stock samples */
-  txc_ticker_t tick;
+  txc_worker_t job; /* a stock sample every FS_TIMELINE_STOCK_MS */
   bool started;
-  pthread_t thread;
   PGconn *pg;
   long long activity;
   int64_t (*clock_us)(void);
@@ -123,7 +122,7 @@ static void *stock_thread(void *arg) {
   fs_timeline_t *t = arg;
   do {
     sample_stock(t);
-  } while (txc_ticker_wait(&t->tick));
+  } while (txc_worker_beat(&t->job, FS_TIMELINE_STOCK_MS));
   return NULL;
 }
 
@@ -146,10 +145,8 @@ bool fs_timeline_start_stock(fs_timeline_t *t, const char *conninfo, long long a
   }
   t->activity = activity;
   t->clock_us = clock_us;
-  txc_ticker_init(&t->tick, FS_TIMELINE_STOCK_MS);
-  if (pthread_create(&t->thread, NULL, stock_thread, t) != 0) {
+  if (txc_worker_start(&t->job, stock_thread, t) != 0) {
     snprintf(err, errlen, "cannot start the stock sampling thread");
-    txc_ticker_destroy(&t->tick);
     PQfinish(t->pg);
     t->pg = NULL;
     return false;
@@ -160,15 +157,22 @@ bool fs_timeline_start_stock(fs_timeline_t *t, const char *conninfo, long long a
 
 void fs_timeline_stop_stock(fs_timeline_t *t) {
   if (!t || !t->started) return;
-  txc_ticker_stop(&t->tick);
-  pthread_join(t->thread, NULL);
-  txc_ticker_destroy(&t->tick);
+  txc_worker_stop(&t->job);
   t->started = false;
   PQfinish(t->pg);
   t->pg = NULL;
 }
 
 /* ----------------------------------------------------------------- JSON */
+
+static int nice_slot_ms(int64_t span_ms) {
+  static const int steps[] = {100, 200, 250, 500, 1000, 2000, 5000, 10000, 15000, 30000, 60000};
+  for (size_t i = 0; i < sizeof(steps) / sizeof(steps[0]); i++)
+    if (span_ms / steps[i] < FS_TIMELINE_MAX_SLOTS) return steps[i];
+  return (int)(span_ms / FS_TIMELINE_MAX_SLOTS + 1);
+}
+
+static json_t *num(double v) { return isnan(v) ? json_null() : json_real(round(v * 100) / 100); }
 
 static int cmp_i64(const void *a, const void *b) {
   int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
@@ -181,15 +185,6 @@ static double pct_ms(const int64_t *v, size_t n, double p) {
   if (k == 0) k = 1;
   return (double)v[k - 1] / 1000.0;
 }
-
-static int nice_slot_ms(int64_t span_ms) {
-  static const int steps[] = {100, 200, 250, 500, 1000, 2000, 5000, 10000, 15000, 30000, 60000};
-  for (size_t i = 0; i < sizeof(steps) / sizeof(steps[0]); i++)
-    if (span_ms / steps[i] < FS_TIMELINE_MAX_SLOTS) return steps[i];
-  return (int)(span_ms / FS_TIMELINE_MAX_SLOTS + 1);
-}
-
-static json_t *num(double v) { return isnan(v) ? json_null() : json_real(round(v * 100) / 100); }
 
 json_t *fs_timeline_json(fs_timeline_t *t, int slot_ms) {
   json_t *out = json_object();

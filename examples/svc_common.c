@@ -10,6 +10,7 @@
 #include "txc_pgconn.h"
 #include "txc_pgmsg.h"
 #include "txc_secret.h"
+#include "txc_worker.h"
 #include "svc_auth.h"
 
 #include <errno.h>
@@ -188,11 +189,7 @@ svc_pgpool_t *svc_pgpool_new(const char *conninfo, int max, const char *applicat
     return NULL;
   }
   pthread_mutex_init(&p->mu, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&p->cv, &ca);
-  pthread_condattr_destroy(&ca);
+  txc_cond_init_monotonic(&p->cv);
   snprintf(p->appname, sizeof(p->appname), "%s", application_name ? application_name : "svc");
   p->max = max;
   return p;

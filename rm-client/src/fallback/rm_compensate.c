@@ -86,6 +86,7 @@
 #include "rm_prefilter_int.h"
 #include "rm_prefilter_pg.h"
 #include "rm_prefilter_keys.h"
+#include "txc_worker.h"
 
 /* The orders database's advisory lock key of the job ("txc" + 1: distinct
  * from db-migrate's 7466001). */
@@ -535,13 +536,9 @@ int rm_compensator_start(const rm_compensator_options_t *o, rm_compensator_t **o
   k->run = o->run;
   k->fo_due = UINT64_MAX;
 
-  pthread_condattr_t ca;
   if (pthread_mutex_init(&k->mu, NULL) != 0) goto fail_memory;
-  if (pthread_condattr_init(&ca) != 0) goto fail_mutex;
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  if (pthread_cond_init(&k->wake, &ca) != 0) goto fail_attr;
-  if (pthread_cond_init(&k->done, &ca) != 0) goto fail_wake;
-  pthread_condattr_destroy(&ca);
+  if (txc_cond_init_monotonic(&k->wake) != 0) goto fail_mutex;
+  if (txc_cond_init_monotonic(&k->done) != 0) goto fail_wake;
 
   /* The application's asynchronous signals stay with its own threads. */
   sigset_t all, old;
@@ -560,8 +557,6 @@ fail_done:
   pthread_cond_destroy(&k->done);
 fail_wake:
   pthread_cond_destroy(&k->wake);
-fail_attr:
-  pthread_condattr_destroy(&ca);
 fail_mutex:
   pthread_mutex_destroy(&k->mu);
 fail_memory:

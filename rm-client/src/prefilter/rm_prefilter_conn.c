@@ -32,6 +32,7 @@
 
 #include "rm_prefilter_conn.h"
 #include "rm_prefilter_lua.h"
+#include "txc_worker.h"
 
 #define STALE_CHECK_IDLE_MS 20 /* check idle connections older than this */
 #define BACKOFF_MIN_MS 50
@@ -52,7 +53,6 @@ static struct timeval ms_tv(unsigned ms) {
 int rm__pf_pool_init(rm_pf_pool_t *p, const rm_pf_url_t *url, unsigned cmd_timeout_ms,
                      unsigned connect_timeout_ms, unsigned max_conns, unsigned backoff_max_ms,
                      rm_logger_t *log) {
-  pthread_condattr_t ca;
   memset(p, 0, sizeof(*p));
   p->url = *url;
   p->cmd_timeout_ms = cmd_timeout_ms;
@@ -80,13 +80,7 @@ int rm__pf_pool_init(rm_pf_pool_t *p, const rm_pf_url_t *url, unsigned cmd_timeo
     pthread_mutex_destroy(&p->mu);
     return RM_E_NOMEM;
   }
-  if (pthread_condattr_init(&ca) != 0) goto fail_mutex;
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  if (pthread_cond_init(&p->cv, &ca) != 0) {
-    pthread_condattr_destroy(&ca);
-    goto fail_mutex;
-  }
-  pthread_condattr_destroy(&ca);
+  if (txc_cond_init_monotonic(&p->cv) != 0) goto fail_mutex;
   atomic_init(&p->connects, 0);
   atomic_init(&p->connect_failures, 0);
   atomic_init(&p->noscript_reloads, 0);
