@@ -927,11 +927,6 @@ json_t *fs_invariants_json(const fs_result_t *res) {
   return o;
 }
 
-static int cmp_ll(const void *a, const void *b) {
-  long long x = *(const long long *)a, y = *(const long long *)b;
-  return x < y ? -1 : x > y;
-}
-
 bool fs_created_latency(const char *orders_pg, const long long *ids, const int64_t *sent_ms, size_t n,
                         double bound_s, long long *lat_us, size_t *made, int64_t *last_ms) {
   *made = 0;
@@ -982,6 +977,6 @@ bool fs_created_latency(const char *orders_pg, const long long *ids, const int64
   PQclear(r);
   PQfinish(pg);
   free(arr);
-  if (*made) qsort(lat_us, *made, sizeof(long long), cmp_ll);
+  svc_sort_ll(lat_us, *made);
   return ok;
 }

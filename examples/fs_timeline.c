@@ -3,6 +3,7 @@
  */
 #include "fs_timeline.h"
 
+#include "svc_common.h"
 #include "txc_worker.h"
 
 #include <libpq-fe.h>
@@ -174,18 +175,6 @@ static int nice_slot_ms(int64_t span_ms) {
 
 static json_t *num(double v) { return isnan(v) ? json_null() : json_real(round(v * 100) / 100); }
 
-static int cmp_i64(const void *a, const void *b) {
-  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-  return (x > y) - (x < y);
-}
-
-/* The p-th percentile (nearest rank) of sorted v[0..n-1], in ms. */
-static double pct_ms(const int64_t *v, size_t n, double p) {
-  size_t k = (size_t)ceil(p / 100.0 * (double)n);
-  if (k == 0) k = 1;
-  return (double)v[k - 1] / 1000.0;
-}
-
 json_t *fs_timeline_json(fs_timeline_t *t, int slot_ms) {
   json_t *out = json_object();
   if (!t || !out) return out;
@@ -212,7 +201,7 @@ json_t *fs_timeline_json(fs_timeline_t *t, int slot_ms) {
   long long *due = calloc(ns + 1, sizeof(long long)), *answered = calloc(ns + 1, sizeof(long long)),
             *accepted = calloc(ns + 1, sizeof(long long)), *flight = calloc(ns + 1, sizeof(long long));
   size_t *off = calloc(ns + 2, sizeof(size_t));
-  int64_t *lat = t->nreq ? malloc(t->nreq * sizeof(int64_t)) : NULL;
+  long long *lat = t->nreq ? malloc(t->nreq * sizeof(*lat)) : NULL; /* µs */
   if (!due || !answered || !accepted || !flight || !off || (t->nreq && !lat)) {
     json_decref(out);
     out = NULL;
@@ -254,9 +243,9 @@ json_t *fs_timeline_json(fs_timeline_t *t, int slot_ms) {
     json_array_append_new(per_s, num((double)due[k] * per_second));
     json_array_append_new(acc_s, num((double)accepted[k] * per_second));
     size_t n = off[k + 1] - off[k];
-    if (n) qsort(lat + off[k], n, sizeof(int64_t), cmp_i64);
-    json_array_append_new(p50, n ? num(pct_ms(lat + off[k], n, 50)) : json_null());
-    json_array_append_new(p99, n ? num(pct_ms(lat + off[k], n, 99)) : json_null());
+    svc_sort_ll(lat + off[k], n);
+    json_array_append_new(p50, n ? num(svc_pct_ms(lat + off[k], n, 50)) : json_null());
+    json_array_append_new(p99, n ? num(svc_pct_ms(lat + off[k], n, 99)) : json_null());
     in_air += flight[k];
     json_array_append_new(inflight, json_integer(in_air));
     int64_t end = t0 + (int64_t)(k + 1) * slot_us;

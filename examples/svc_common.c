@@ -15,6 +15,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -161,6 +162,23 @@ int64_t svc_now_us(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+static int cmp_ll(const void *a, const void *b) {
+  long long x = *(const long long *)a, y = *(const long long *)b;
+  return (x > y) - (x < y);
+}
+
+void svc_sort_ll(long long *v, size_t n) {
+  if (n) qsort(v, n, sizeof(*v), cmp_ll);
+}
+
+double svc_pct_ms(const long long *v, size_t n, double p) {
+  if (!n) return 0;
+  size_t i = (size_t)ceil(p / 100.0 * (double)n);
+  if (i < 1) i = 1;
+  if (i > n) i = n;
+  return (double)v[i - 1] / 1000.0;
 }
 
 /* ------------------------------------------------------ PostgreSQL pool */
