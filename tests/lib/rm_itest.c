@@ -1,6 +1,7 @@
 /* rm_itest.c - see rm_itest.h. */
 #include "rm_itest.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -9,7 +10,8 @@
 
 void sleep_ms(int ms) {
   struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  nanosleep(&ts, NULL);
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
 }
 
 double now_s(void) {
@@ -17,6 +19,8 @@ double now_s(void) {
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
+
+double now_ms(void) { return now_s() * 1e3; }
 
 void log_cb(int level, const char *msg, void *arg) {
   (void)arg;
@@ -30,7 +34,14 @@ PGconn *pg_open(const char *url) {
     PQfinish(pg);
     return NULL;
   }
+  PQclear(PQexec(pg, "SET client_min_messages = warning"));
   return pg;
+}
+
+int degrade_detected(rm_client_t *c) {
+  rm_degrade_stats_t st;
+  rm_client_degrade_stats(c, &st);
+  return st.detected;
 }
 
 bool exec_ok(PGconn *pg, const char *sql) {
