@@ -161,14 +161,5 @@ admin "$STOCK_URL" -XPOST "${bearer[@]}" -d '{"mode":"auto"}'
 check "  auto again: 200, not forced" test "$code $(metric "$STOCK_URL" txc_client_mode_forced)" = "200 0"
 
 # --- 6. stop ---
-"$src/examples/services" stop "$ORDER_PID" "$STOCK_PID" "${EVENTS_PID:-}"
-ORDER_PID=
-check "order-service stopped cleanly" grep -q '"msg":"order-service stopped"' "$CLUSTER_DIR/order-service.log"
-check "stock-service stopped cleanly" grep -q '"msg":"stock-service stopped"' "$CLUSTER_DIR/stock-service.log"
-check "no sanitizer report" bash -c "! grep -l 'ERROR: AddressSanitizer\|runtime error:' $CLUSTER_DIR/*.log"
-
-if [[ $failures -ne 0 ]]; then
-  echo "test_admin_mode: $failures check(s) FAILED" >&2
-  exit 1
-fi
-echo "test_admin_mode: all checks passed"
+stop_services order-service stock-service
+checks_done

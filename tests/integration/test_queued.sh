@@ -126,13 +126,5 @@ check "Redis: frozen + sold equals PostgreSQL's" \
   test "$(( $(rcli HGET "{act_$A}:t1:stock" frozen:0) + $(rcli HGET "{act_$A}:t1:stock" sold:0) ))" = \
   "$(q "$STOCK_PG_URL" "SELECT frozen_count + sold_count FROM activity_ticket_bucket WHERE activity_id = $A")"
 
-"$src/examples/services" stop "$ORDER_PID" "$STOCK_PID" "${EVENTS_PID:-}"
-ORDER_PID=
-check "order-service stopped cleanly" grep -q '"msg":"order-service stopped"' "$CLUSTER_DIR/order-service.log"
-check "no sanitizer report" bash -c "! grep -l 'ERROR: AddressSanitizer\|runtime error:' $CLUSTER_DIR/*.log"
-
-if [[ $failures -ne 0 ]]; then
-  echo "test_queued: $failures check(s) FAILED" >&2
-  exit 1
-fi
-echo "test_queued: all checks passed"
+stop_services order-service
+checks_done

@@ -196,12 +196,5 @@ check "stock-service: the prefilter's confirm and release results" \
 check "metrics: 4 stock additions reached Redis" \
   test "$(curl -s "$ORDER_URL/metrics" | awk '$1 == "txc_client_prefilter_stock_add_total{code=\"ok\"}" {print $2}')" = 4
 
-"$src/examples/services" stop "$ORDER_PID" "$STOCK_PID" "${EVENTS_PID:-}"
-ORDER_PID=
-check "no sanitizer report" bash -c "! grep -l 'ERROR: AddressSanitizer\|runtime error:' $CLUSTER_DIR/*.log"
-
-if [[ $failures -ne 0 ]]; then
-  echo "test_tickets: $failures check(s) FAILED" >&2
-  exit 1
-fi
-echo "test_tickets: all checks passed"
+stop_services
+checks_done
