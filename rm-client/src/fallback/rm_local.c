@@ -157,26 +157,32 @@ int rm_local_order_insert(rm_client_t *c, PGconn *orders_pg, const rm_local_orde
   }
 }
 
-int rm_local_order_finish(rm_client_t *c, PGconn *orders_pg, int64_t order_id) {
-  char s[24];
-  const char *vals[1] = {s};
+/* order_local_finish: the order DONE, its stock frozen, or cancelled
+ * ('vals': the order id, the outcome and, for a cancel, the job's and the
+ * user's reasons).  0 (now; counted in 'c'), 1 (so before), or why not:
+ * decided the other way before (RM_LOCAL_E_DECIDED), paid although its
+ * stock was refused (RM_LOCAL_E_PAID, a cancel), no such order
+ * (RM_PF_UNKNOWN_ORDER). */
+static int finish_order(rm_client_t *c, PGconn *pg, int64_t order_id, bool cancel, const char *const vals[4]) {
   int64_t code;
-  int rc = rm__pf_pg_usable(orders_pg, false);
-  if (rc != 0) return rc;
-  if (!rm__pf_id_ok(order_id)) {
-    rm__errmsg_set("invalid argument: order id must be >= 1");
-    return RM_E_INVALID;
-  }
-  rm__pf_i64_str(s, order_id);
-  rc = call_code(orders_pg, "finish the local-mode order",
-                 "SELECT order_local_finish($1::bigint, 'FROZEN', NULL, NULL)", 1, vals, &code);
+  int rc = call_code(pg, cancel ? "cancel the local-mode order" : "finish the local-mode order",
+                     "SELECT order_local_finish($1::bigint, $2::text, $3::text, $4::text)", 4, vals, &code);
   if (rc != 0) return rc;
   switch (code) {
-  case 0: COUNT(c, finished); return 0;
+  case 0:
+    if (cancel)
+      COUNT(c, cancelled);
+    else
+      COUNT(c, finished);
+    return 0;
   case 1: return 1;
   case -5:
-    rm__errmsg_set("local-mode order %" PRId64 " was cancelled before", order_id);
+    rm__errmsg_set("local-mode order %" PRId64 " was %s", order_id,
+                   cancel ? "finished before with its stock frozen" : "cancelled before");
     return RM_LOCAL_E_DECIDED;
+  case -6:
+    rm__errmsg_set("local-mode order %" PRId64 " is paid although its stock was refused: not cancelled", order_id);
+    return RM_LOCAL_E_PAID;
   case -8:
     rm__errmsg_set("no local-mode order %" PRId64 " in the orders database", order_id);
     return RM_PF_UNKNOWN_ORDER;
@@ -184,6 +190,19 @@ int rm_local_order_finish(rm_client_t *c, PGconn *orders_pg, int64_t order_id) {
     rm__errmsg_set("unexpected code %" PRId64 " from order_local_finish", code);
     return RM_E_DB;
   }
+}
+
+int rm_local_order_finish(rm_client_t *c, PGconn *orders_pg, int64_t order_id) {
+  char s[24];
+  int rc = rm__pf_pg_usable(orders_pg, false);
+  if (rc != 0) return rc;
+  if (!rm__pf_id_ok(order_id)) {
+    rm__errmsg_set("invalid argument: order id must be >= 1");
+    return RM_E_INVALID;
+  }
+  rm__pf_i64_str(s, order_id);
+  const char *vals[4] = {s, "FROZEN", NULL, NULL};
+  return finish_order(c, orders_pg, order_id, false, vals);
 }
 
 /* The words stored for a refusal: the job's reason and the user's. */
@@ -268,26 +287,7 @@ int rm_local_order_cancel(rm_client_t *c, PGconn *orders_pg, rm_prefilter_t *pf,
   vals[1] = "CANCELLED";
   vals[2] = reason;
   vals[3] = user;
-  int64_t code;
-  rc = call_code(orders_pg, "cancel the local-mode order",
-                 "SELECT order_local_finish($1::bigint, $2::text, $3::text, $4::text)", 4, vals, &code);
-  if (rc != 0) return rc;
-  switch (code) {
-  case 0: COUNT(c, cancelled); return 0;
-  case 1: return 1;
-  case -5:
-    rm__errmsg_set("local-mode order %" PRId64 " was finished before with its stock frozen", order_id);
-    return RM_LOCAL_E_DECIDED;
-  case -6:
-    rm__errmsg_set("local-mode order %" PRId64 " is paid although its stock was refused: not cancelled", order_id);
-    return RM_LOCAL_E_PAID;
-  case -8:
-    rm__errmsg_set("no local-mode order %" PRId64 " in the orders database", order_id);
-    return RM_PF_UNKNOWN_ORDER;
-  default:
-    rm__errmsg_set("unexpected code %" PRId64 " from order_local_finish", code);
-    return RM_E_DB;
-  }
+  return finish_order(c, orders_pg, order_id, true, vals);
 }
 
 /* -------------------------------------------------------------- stock --- */
