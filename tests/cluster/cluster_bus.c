@@ -49,31 +49,13 @@
 
 #include "tc_bus_auth.h"
 #include "tc_bus_msg.h"
+#include "scenario.h"
 #include "txclient.h"
 
 #define MAX_EVENTS 256
 
 static const char *token, *tc_url, *cluster_dir;
 static char node_addr[4][64]; /* [node id] host:port */
-static int failures;
-
-static void check(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void check(bool ok, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  printf("%s - ", ok ? "ok  " : "FAIL");
-  vprintf(fmt, ap);
-  printf("\n");
-  fflush(stdout);
-  va_end(ap);
-  if (!ok) failures++;
-}
-
-static void sleep_ms(int ms) {
-  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-  }
-}
 
 static long long q1(const char *sql) {
   PGconn *c = PQconnectdb(tc_url);
@@ -701,6 +683,6 @@ int main(void) {
   atomic_store(&rm.stop, 1);
   pthread_join(rm.th, NULL);
   txc_close(rm.c);
-  printf("cluster_bus: %s (%d failed checks)\n", failures ? "FAILED" : "passed", failures);
-  return failures ? 1 : 0;
+  printf("cluster_bus: %s (%d failed checks)\n", scenario_failures ? "FAILED" : "passed", scenario_failures);
+  return scenario_failures ? 1 : 0;
 }

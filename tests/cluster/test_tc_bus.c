@@ -30,6 +30,7 @@
 #include "tc_bus.h"
 #include "tc_bus_auth.h"
 #include "tc_bus_msg.h"
+#include "test_file.h"
 
 #define KEY_A "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
 #define KEY_B "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100"
@@ -261,14 +262,6 @@ static void test_replay_window(void **state) {
   free(r);
 }
 
-static void write_file(const char *path, const char *text, mode_t mode) {
-  FILE *f = fopen(path, "w");
-  assert_non_null(f);
-  fputs(text, f);
-  fclose(f);
-  assert_int_equal(chmod(path, mode), 0);
-}
-
 static void test_secret_file(void **state) {
   (void)state;
   char path[] = "/tmp/test_tc_bus_secret.XXXXXX";
@@ -277,10 +270,10 @@ static void test_secret_file(void **state) {
   close(fd);
   tc_bus_keys_t k;
   char err[512];
-  write_file(path, "# the cluster secret\n" KEY_A "\n", 0600);
+  assert_true(test_write_file(path, "# the cluster secret\n" KEY_A "\n", 0600));
   assert_int_equal(tc_bus_keys_load(path, &k, err, sizeof(err)), 0);
   assert_int_equal(k.n, 1);
-  write_file(path, KEY_B "\n\n" KEY_A "\n", 0600);
+  assert_true(test_write_file(path, KEY_B "\n\n" KEY_A "\n", 0600));
   assert_int_equal(tc_bus_keys_load(path, &k, err, sizeof(err)), 0);
   assert_int_equal(k.n, 2);
   tc_bus_keys_t want;
@@ -300,7 +293,7 @@ static void test_secret_file(void **state) {
     {KEY_A "\n" KEY_B "\n" KEY_A "\n", 0600, "more than 2 keys"},
   };
   for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-    write_file(path, bad[i].text, bad[i].mode);
+    assert_true(test_write_file(path, bad[i].text, bad[i].mode));
     err[0] = '\0';
     assert_int_equal(tc_bus_keys_load(path, &k, err, sizeof(err)), -1);
     assert_int_equal(k.n, 0);

@@ -294,6 +294,19 @@ static const frow_t *find_row(const frow_t *v, int n, int64_t id) {
   return bsearch(&key, v, (size_t)n, sizeof(*v), frow_cmp);
 }
 
+/* The orders of activity 'act' and their stock freezes (state, bucket,
+ * qty, user), each sorted by order id (find_row); free both. */
+static void load_orders_and_freezes(PGconn *opg, PGconn *spg, int64_t act, frow_t **orders, int *no, frow_t **freezes,
+                                    int *nf) {
+  char sql[256];
+  snprintf(sql, sizeof(sql), "SELECT order_id, status, bucket_id, qty, user_id FROM trade_order WHERE activity_id = %"
+           PRId64, act);
+  *orders = load_rows(opg, sql, no);
+  snprintf(sql, sizeof(sql), "SELECT order_id, state, bucket_id, qty, user_id FROM stock_freeze WHERE activity_id = %"
+           PRId64, act);
+  *freezes = load_rows(spg, sql, nf);
+}
+
 typedef struct final_counts {
   int unpaid, cancelled, local_orders, frozen_rows;
 } final_counts_t;
@@ -301,7 +314,6 @@ typedef struct final_counts {
 /* The invariants of NOTES for activity 'act' (after the job ran). */
 static final_counts_t check_final(PGconn *opg, PGconn *spg, rm_prefilter_t *pf, int64_t act, int nb) {
   final_counts_t fc = {0};
-  char sql[512];
   assert_int_equal(sql_ll(opg, "SELECT count(*) FROM order_compensation WHERE activity_id = %" PRId64
                                " AND state = 'PENDING'", act), 0);
   fc.local_orders = (int)sql_ll(opg, "SELECT count(*) FROM order_compensation WHERE activity_id = %" PRId64, act);
@@ -311,12 +323,8 @@ static final_counts_t check_final(PGconn *opg, PGconn *spg, rm_prefilter_t *pf, 
   assert_int_equal(sql_ll(opg, "SELECT count(*) FROM trade_order WHERE activity_id = %" PRId64
                                " AND status NOT IN ('UNPAID', 'CANCELLED')", act), 0);
   int no, nf;
-  snprintf(sql, sizeof(sql), "SELECT order_id, status, bucket_id, qty, user_id FROM trade_order WHERE activity_id = %"
-           PRId64, act);
-  frow_t *orders = load_rows(opg, sql, &no);
-  snprintf(sql, sizeof(sql), "SELECT order_id, state, bucket_id, qty, user_id FROM stock_freeze WHERE activity_id = %"
-           PRId64, act);
-  frow_t *freezes = load_rows(spg, sql, &nf);
+  frow_t *orders, *freezes;
+  load_orders_and_freezes(opg, spg, act, &orders, &no, &freezes, &nf);
   for (int i = 0; i < no; i++) {
     const frow_t *o = &orders[i];
     const frow_t *f = find_row(freezes, nf, o->order_id);
@@ -1023,14 +1031,9 @@ static long long pending_of(PGconn *opg, int64_t act) {
 static char **outcomes(PGconn *opg, PGconn *spg, int64_t act, int64_t base) {
   char **v = calloc(KILL_ORDERS, sizeof(*v));
   assert_non_null(v);
-  char sql[256];
   int no, nf;
-  snprintf(sql, sizeof(sql), "SELECT order_id, status, bucket_id, qty, user_id FROM trade_order WHERE activity_id = %"
-           PRId64, act);
-  frow_t *o = load_rows(opg, sql, &no);
-  snprintf(sql, sizeof(sql), "SELECT order_id, state, bucket_id, qty, user_id FROM stock_freeze WHERE activity_id = %"
-           PRId64, act);
-  frow_t *f = load_rows(spg, sql, &nf);
+  frow_t *o, *f;
+  load_orders_and_freezes(opg, spg, act, &o, &no, &f, &nf);
   for (int i = 0; i < KILL_ORDERS; i++) {
     const frow_t *a = find_row(o, no, base + i), *b = find_row(f, nf, base + i);
     char buf[64];

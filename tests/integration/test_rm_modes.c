@@ -96,9 +96,12 @@ int global_status(const char *xid) {
 
 /* ------------------------------------------------------------ handlers */
 
-/* args: "ACCOUNT AMOUNT". */
-static int parse_args(const char *args, char *acct, int *amount) {
-  return args && sscanf(args, "%63s %d", acct, amount) == 2 ? 0 : -1;
+/* The call's args, "ACCOUNT AMOUNT": RM_TCC_OK, or RM_TCC_FAILED ("bad
+ * args"). */
+static int parse_args(const rm_tcc_call_t *call, char *acct, int *amount, char *errmsg, size_t errlen) {
+  if (call->args && sscanf(call->args, "%63s %d", acct, amount) == 2) return RM_TCC_OK;
+  snprintf(errmsg, errlen, "bad args");
+  return RM_TCC_FAILED;
 }
 
 static int apply(PGconn *pg, const char *sql, const char *acct, int amount, char *errmsg, size_t errlen) {
@@ -116,10 +119,7 @@ int on_confirm(const rm_tcc_call_t *call, void *arg, char *errmsg, size_t errlen
   (void)arg;
   char acct[64];
   int amount;
-  if (parse_args(call->args, acct, &amount) != 0) {
-    snprintf(errmsg, errlen, "bad args");
-    return RM_TCC_FAILED;
-  }
+  if (parse_args(call, acct, &amount, errmsg, errlen) != RM_TCC_OK) return RM_TCC_FAILED;
   if (atomic_load(&confirm_fail)) {
     snprintf(errmsg, errlen, "the card was declined");
     return RM_TCC_FAILED;
@@ -145,10 +145,7 @@ int on_cancel(const rm_tcc_call_t *call, void *arg, char *errmsg, size_t errlen)
   (void)arg;
   char acct[64];
   int amount;
-  if (parse_args(call->args, acct, &amount) != 0) {
-    snprintf(errmsg, errlen, "bad args");
-    return RM_TCC_FAILED;
-  }
+  if (parse_args(call, acct, &amount, errmsg, errlen) != RM_TCC_OK) return RM_TCC_FAILED;
   int rc = apply(call->pg, "UPDATE tcc_account SET frozen = frozen - $2 WHERE id = $1", acct, amount, errmsg, errlen);
   if (rc == RM_TCC_OK) atomic_fetch_add(&cancels, 1);
   return rc;
