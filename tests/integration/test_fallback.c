@@ -658,10 +658,10 @@ static int teardown_tcds(void **state) {
   return 0;
 }
 
-static rm_client_t *client_new(bool resources) {
-  char nodes[128];
-  snprintf(nodes, sizeof(nodes), "127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d", tcds[0].port, tcds[1].port,
-           tcds[2].port);
+/* The tests' client configuration: the three nodes (written to 'nodes'),
+ * quick connects, timeouts and heartbeats, the log that counts switches. */
+static rm_config_t client_config(char *nodes, size_t cap) {
+  snprintf(nodes, cap, "127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d", tcds[0].port, tcds[1].port, tcds[2].port);
   rm_config_t cfg = {0};
   cfg.nodes = nodes;
   cfg.token = TOKEN;
@@ -671,6 +671,12 @@ static rm_client_t *client_new(bool resources) {
   cfg.heartbeat_ms = 500;
   cfg.log_cb = log_counting_switches;
   cfg.log_level = RM_LOG_INFO;
+  return cfg;
+}
+
+static rm_client_t *client_new(bool resources) {
+  char nodes[128];
+  rm_config_t cfg = client_config(nodes, sizeof(nodes));
   rm_client_t *c = NULL;
   assert_int_equal(rm_client_new(&cfg, &c), 0);
   if (resources) {
@@ -776,18 +782,10 @@ static void test_waiting_call_sent_once(void **state) {
   if (!tc_url || !getenv("TX_BIN_DIR")) skip();
   tcds_start();
   char nodes[128];
-  snprintf(nodes, sizeof(nodes), "127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d", tcds[0].port, tcds[1].port,
-           tcds[2].port);
-  rm_config_t cfg = {0};
-  cfg.nodes = nodes;
-  cfg.token = TOKEN;
-  cfg.application_id = "fallback-test";
+  rm_config_t cfg = client_config(nodes, sizeof(nodes));
   cfg.connect_timeout_ms = 1500; /* the cap of a wait for a node */
   cfg.request_timeout_ms = 10000;
   cfg.lock_wait_ms = 4000;       /* longer than the cap */
-  cfg.heartbeat_ms = 500;
-  cfg.log_cb = log_counting_switches;
-  cfg.log_level = RM_LOG_INFO;
   rm_client_t *c = NULL;
   assert_int_equal(rm_client_new(&cfg, &c), 0);
   assert_int_equal(rm_resource_add(c, "stock", stock_url), 0);
