@@ -114,8 +114,7 @@ static int rm_handler(txc_t *c, const txp_msg_t *req, txp_msg_t *res, void *arg)
     rm.n++;
   }
   pthread_mutex_unlock(&rm.mu);
-  txp_msg_set_int(res, TXP_F_BRANCH_STATUS, req->type == TXP_MSG_BRANCH_COMMIT ? TXP_BS_PHASE2_COMMITTED
-                                                                              : TXP_BS_PHASE2_ROLLBACKED);
+  txp_msg_set_int(res, TXP_F_BRANCH_STATUS, txc_phase2_done(req->type));
   return 0;
 }
 
@@ -391,12 +390,7 @@ static void put_be(uint8_t *p, uint64_t v, int n) {
  * as node 777. */
 static void forge(int s, int how, int asker, uint64_t id, const char *xid, int64_t branch) {
   txp_msg_t res;
-  txp_msg_init(&res, (txp_msg_type_t)(TXP_MSG_BRANCH_ROLLBACK + 1));
-  res.flags = TXP_FLAG_RESPONSE;
-  txp_msg_set_int(&res, TXP_F_CODE, 0);
-  txp_msg_set_str(&res, TXP_F_XID, xid);
-  txp_msg_set_int(&res, TXP_F_BRANCH_ID, branch);
-  txp_msg_set_int(&res, TXP_F_BRANCH_STATUS, TXP_BS_PHASE2_ROLLBACKED);
+  txc_branch_result(&res, TXP_MSG_BRANCH_ROLLBACK, xid, branch, TXP_BS_PHASE2_ROLLBACKED);
   txp_buf_t frame, out;
   txp_buf_init(&frame, 0);
   txp_buf_init(&out, 0);
@@ -601,8 +595,7 @@ static int silent_handler(txc_t *c, const txp_msg_t *req, txp_msg_t *res, void *
 static int answer_handler(txc_t *c, const txp_msg_t *req, txp_msg_t *res, void *arg) {
   int *got = arg;
   (*got)++;
-  txp_msg_set_int(res, TXP_F_BRANCH_STATUS, req->type == TXP_MSG_BRANCH_COMMIT ? TXP_BS_PHASE2_COMMITTED
-                                                                              : TXP_BS_PHASE2_ROLLBACKED);
+  txp_msg_set_int(res, TXP_F_BRANCH_STATUS, txc_phase2_done(req->type));
   return 0;
 }
 

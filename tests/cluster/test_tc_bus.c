@@ -31,6 +31,7 @@
 #include "tc_bus_auth.h"
 #include "tc_bus_msg.h"
 #include "test_file.h"
+#include "txclient.h"
 
 #define KEY_A "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
 #define KEY_B "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100"
@@ -672,12 +673,7 @@ static void put_be(uint8_t *p, uint64_t v, int n) {
 /* A BranchCommit result claiming the RM gave up (not what node 3 says). */
 static void forged_frame(txp_buf_t *frame, const char *xid, int64_t branch_id) {
   txp_msg_t res;
-  txp_msg_init(&res, (txp_msg_type_t)(TXP_MSG_BRANCH_COMMIT + 1));
-  res.flags = TXP_FLAG_RESPONSE;
-  txp_msg_set_int(&res, TXP_F_CODE, 0);
-  txp_msg_set_str(&res, TXP_F_XID, xid);
-  txp_msg_set_int(&res, TXP_F_BRANCH_ID, branch_id);
-  txp_msg_set_int(&res, TXP_F_BRANCH_STATUS, TXP_BS_PHASE2_COMMIT_FAILED_UNRETRYABLE);
+  txc_branch_result(&res, TXP_MSG_BRANCH_COMMIT, xid, branch_id, TXP_BS_PHASE2_COMMIT_FAILED_UNRETRYABLE);
   txp_buf_init(frame, 0);
   assert_int_equal(txp_encode(&res, frame, 0), 0);
 }
