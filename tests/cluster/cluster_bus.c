@@ -49,6 +49,7 @@
 
 #include "tc_bus_auth.h"
 #include "tc_bus_msg.h"
+#include "bus_txb1.h"
 #include "scenario.h"
 #include "txclient.h"
 
@@ -377,13 +378,6 @@ static struct {
   pthread_t th;
 } intr;
 
-static void put_be(uint8_t *p, uint64_t v, int n) {
-  for (int i = n - 1; i >= 0; i--) {
-    p[i] = (uint8_t)v;
-    v >>= 8;
-  }
-}
-
 /* Answer forward 'id' of node 'asker' about 'xid'/'branch': the RM rolled
  * back.  'how' 0: the old TXB1 format as node 777 (what bus.py did);
  * 1: sealed with a wrong key as node 'other'; 2: sealed with the secret
@@ -396,20 +390,7 @@ static void forge(int s, int how, int asker, uint64_t id, const char *xid, int64
   txp_buf_init(&out, 0);
   txp_encode(&res, &frame, 0);
   if (how == 0) {
-    size_t plen = 2 + 8 + 1 + 4 + frame.len;
-    uint8_t *m = calloc(1, 16 + plen);
-    memcpy(m, "TXB1", 4);
-    m[4] = TC_BUS_FORWARD_RESULT;
-    put_be(m + 6, 777, 2);
-    put_be(m + 8, 12345, 4);
-    put_be(m + 12, plen, 4);
-    put_be(m + 16, (uint64_t)asker, 2);
-    put_be(m + 18, id, 8);
-    m[26] = TC_BUS_ANSWERED;
-    put_be(m + 27, frame.len, 4);
-    memcpy(m + 31, frame.data, frame.len);
-    nn_send(s, m, 16 + plen, 0);
-    free(m);
+    bus_send_txb1(s, (uint16_t)asker, id, &frame);
   } else {
     tc_bus_keys_t wrong;
     tc_bus_keys_from_hex(&wrong, "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100", NULL);

@@ -30,6 +30,7 @@
 #include "tc_bus.h"
 #include "tc_bus_auth.h"
 #include "tc_bus_msg.h"
+#include "bus_txb1.h"
 #include "test_file.h"
 #include "txclient.h"
 
@@ -663,13 +664,6 @@ static void pump(world_t *w, int ms) {
   uv_run(&w->loop, UV_RUN_NOWAIT);
 }
 
-static void put_be(uint8_t *p, uint64_t v, int n) {
-  for (int i = n - 1; i >= 0; i--) {
-    p[i] = (uint8_t)v;
-    v >>= 8;
-  }
-}
-
 /* A BranchCommit result claiming the RM gave up (not what node 3 says). */
 static void forged_frame(txp_buf_t *frame, const char *xid, int64_t branch_id) {
   txp_msg_t res;
@@ -700,20 +694,7 @@ static void send_forged(int s, uint16_t from, const tc_bus_keys_t *k, uint64_t i
 static void send_old_format(int s, uint64_t id, const char *xid) {
   txp_buf_t frame;
   forged_frame(&frame, xid, 5);
-  size_t plen = 2 + 8 + 1 + 4 + frame.len;
-  uint8_t *m = calloc(1, 16 + plen);
-  memcpy(m, "TXB1", 4);
-  m[4] = TC_BUS_FORWARD_RESULT;
-  put_be(m + 6, 777, 2);
-  put_be(m + 8, 12345, 4);
-  put_be(m + 12, plen, 4);
-  put_be(m + 16, 1, 2);
-  put_be(m + 18, id, 8);
-  m[26] = TC_BUS_ANSWERED;
-  put_be(m + 27, frame.len, 4);
-  memcpy(m + 31, frame.data, frame.len);
-  assert_true(nn_send(s, m, 16 + plen, 0) == (int)(16 + plen));
-  free(m);
+  assert_true(bus_send_txb1(s, 1, id, &frame) > 0);
   txp_buf_free(&frame);
 }
 
