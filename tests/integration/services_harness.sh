@@ -55,6 +55,20 @@ stop_services() {
   for s in "$@"; do check "$s stopped cleanly" grep -q "\"msg\":\"$s stopped\"" "$CLUSTER_DIR/$s.log"; done
   check "no sanitizer report" no_sanitizer_report
 }
+# on_sale_activity NAME BUCKETS STOCK: a new activity on sale for an hour
+# (at most 2 tickets a user), BUCKETS buckets of STOCK tickets of type 1,
+# in PostgreSQL and (txc-compensate --reconcile) in Redis; its id on
+# stdout.
+on_sale_activity() {
+  local a
+  a=$(q "$STOCK_PG_URL" "SELECT coalesce(max(activity_id), 0) + 1 FROM activity")
+  q "$STOCK_PG_URL" "INSERT INTO activity (activity_id, name, status, per_user_limit, starts_at, ends_at)
+      VALUES ($a, '$1', 1, 2, now() - interval '1 second', now() + interval '1 hour');
+    INSERT INTO activity_ticket_bucket (activity_id, ticket_type, bucket_id, stock)
+      SELECT $a, 1, g, $3 FROM generate_series(0, $2 - 1) g" >/dev/null
+  "$bin/txc-compensate" --reconcile --activity "$a" >/dev/null 2>&1
+  echo "$a"
+}
 # sale_activity REPORT: the activity of a flashsale --json report.
 sale_activity() {
   python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["activity"])' "$1"

@@ -40,12 +40,7 @@ eval "$out"
 unset TXC_ADMIN_TOKEN_FILE # txc-mode below signs with the services' key
 ok "cluster and services started ($ORDER_URL, $STOCK_URL)"
 
-A=$(q "$STOCK_PG_URL" "SELECT coalesce(max(activity_id), 0) + 1 FROM activity")
-q "$STOCK_PG_URL" "INSERT INTO activity (activity_id, name, status, per_user_limit, starts_at, ends_at)
-    VALUES ($A, 'admin mode test', 1, 2, now() - interval '1 second', now() + interval '1 hour');
-  INSERT INTO activity_ticket_bucket (activity_id, ticket_type, bucket_id, stock)
-    SELECT $A, 1, g, 50 FROM generate_series(0, 1) g" >/dev/null
-"$bin/txc-compensate" --reconcile --activity "$A" >/dev/null 2>&1
+A=$(on_sale_activity 'admin mode test' 2 50)
 
 # admin URL [CURL ARGS...]: the answer's status in $code, its body in $body
 admin() {

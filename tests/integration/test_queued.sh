@@ -34,14 +34,7 @@ ok "cluster and services started, order-service in queued mode ($ORDER_URL)"
 check "  its ready line says queued" grep -q '"msg":"order-service ready".*"order_mode":"queued"' \
   "$CLUSTER_DIR/order-service.log"
 
-A=$(q "$STOCK_PG_URL" "SELECT coalesce(max(activity_id), 0) + 1 FROM activity")
-seed() { # ACT TICKETS
-  q "$STOCK_PG_URL" "INSERT INTO activity (activity_id, name, status, per_user_limit, starts_at, ends_at)
-      VALUES ($1, 'queued test', 1, 2, now() - interval '1 second', now() + interval '1 hour');
-    INSERT INTO activity_ticket_bucket (activity_id, ticket_type, bucket_id, stock) VALUES ($1, 1, 0, $2)" >/dev/null
-  "$bin/txc-compensate" --reconcile --activity "$1" >/dev/null 2>&1
-}
-seed "$A" 10
+A=$(on_sale_activity 'queued test' 1 10)
 
 # order USER [CURL ARGS]: POST /orders; $code, $body, $oid, $otoken
 order() {
@@ -95,8 +88,7 @@ check "  the Redis freeze given back (record R) and the user's count with it" \
 q "$STOCK_PG_URL" "UPDATE activity_ticket_bucket SET stock = 10 WHERE activity_id = $A" >/dev/null
 
 # --- 4. a consumer that died with an entry ---
-B=$((A + 1))
-seed "$B" 5
+B=$(on_sale_activity 'queued test' 1 5)
 ghost_order=$((9000000000000 + $$))
 deadline=$(( ($(date +%s) + 3600) * 1000 ))
 printf 'MULTI\nXGROUP CREATE {act_%s}:queue order-create 0 MKSTREAM\nXADD {act_%s}:queue * order %s user 4 tt 1 qty 1 bucket 0 deadline %s\nXREADGROUP GROUP order-create ghost COUNT 1 STREAMS {act_%s}:queue >\nEXEC\n' \

@@ -45,12 +45,7 @@ out=$("$src/examples/services" start --bin "$bin" --dir "$CLUSTER_DIR")
 eval "$out"
 ok "cluster and services started ($ORDER_URL, $STOCK_URL)"
 
-A=$(q "$STOCK_PG_URL" "SELECT coalesce(max(activity_id), 0) + 1 FROM activity")
-q "$STOCK_PG_URL" "INSERT INTO activity (activity_id, name, status, per_user_limit, starts_at, ends_at)
-    VALUES ($A, 'tickets test', 1, 2, now() - interval '1 second', now() + interval '1 hour');
-  INSERT INTO activity_ticket_bucket (activity_id, ticket_type, bucket_id, stock)
-    SELECT $A, 1, g, 1 FROM generate_series(0, 1) g" >/dev/null
-"$bin/txc-compensate" --reconcile --activity "$A" >/dev/null 2>&1
+A=$(on_sale_activity 'tickets test' 2 1)
 
 # order USER: one ticket; "$code $reason" in $ans, the order id in $oid
 order() {
