@@ -192,15 +192,24 @@ http POST /orders/999999999/pay
 check "pay an unknown order: 404 ($code)" test "$code" = 404
 
 # the rest of the stock, then sold out.  The cancel gives its ticket back a
-# moment later (the order event, stock-service's consumer): wait until
-# Redis has it, or an order of 2 could meet a bucket with 1 free now and 2
-# later, and the count below would depend on the timing.
+# moment later (the order event, stock-service's consumer), and so does the
+# seeding user's unpaid order when it expires (ORDER_TTL_S=6): wait until
+# Redis holds no frozen ticket of the activity, or an order of 2 could
+# meet a bucket with 1 free now and 2 later, and the count below would
+# depend on the timing.
 released=
 for _ in $(seq 100); do
   [[ $(redis-cli -u "$REDIS_URL" HGET "{act_$act}:orders" "$o2" | cut -c1) == R ]] && { released=1; break; }
   sleep 0.1
 done
 check "  the cancelled order's ticket is back in Redis" test -n "$released"
+frozen() { # the activity's frozen tickets in Redis, over both buckets
+  local b0 b1
+  b0=$(redis-cli -u "$REDIS_URL" HGET "{act_$act}:t1:stock" frozen:0)
+  b1=$(redis-cli -u "$REDIS_URL" HGET "{act_$act}:t1:stock" frozen:1)
+  echo $((${b0:-0} + ${b1:-0}))
+}
+check "  and the seeding order's, expired: nothing frozen" wait_for 20 eval '[ "$(frozen)" = 0 ]'
 last=
 for u in 7003 7004 7005 7006 7007 7008 7009 7010 7011; do
   http POST /orders '{"activity":'"$act"',"ticket_type":1,"user":'"$u"',"qty":2}'
