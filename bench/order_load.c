@@ -203,19 +203,6 @@ static double expire_all(const fs_env_t *env, long long activity, long long n, d
   return took;
 }
 
-static int cmp_ll(const void *a, const void *b) {
-  long long x = *(const long long *)a, y = *(const long long *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double pct(const long long *v, size_t n, double p) {
-  if (!n) return 0;
-  size_t i = (size_t)ceil(p / 100.0 * (double)n);
-  if (i < 1) i = 1;
-  if (i > n) i = n;
-  return (double)v[i - 1] / 1000.0;
-}
-
 
 static void usage(FILE *f) {
   fprintf(f, "usage: order-load [--connections N] [--duration S] [--warmup S] [--buckets N] [--tickets N]\n"
@@ -393,7 +380,7 @@ int main(int argc, char **argv) {
     }
     curl_multi_poll(l.multi, NULL, 0, 100, NULL);
   }
-  if (l.nlat) qsort(l.lat, l.nlat, sizeof(long long), cmp_ll);
+  svc_sort_ll(l.lat, l.nlat);
   double tps = (double)l.ok / l.duration_s;
   double expire_s = -1;
   if (l.mode == MODE_EXPIRE) {
@@ -403,7 +390,7 @@ int main(int argc, char **argv) {
   json_t *j = json_pack("{s:s,s:s,s:I,s:i,s:f,s:f,s:f,s:f,s:f,s:I,s:I,s:f}", "label", label, "mode",
                         mode_names[l.mode], "buckets", (json_int_t)buckets, "connections", l.connections,
                         "orders_per_s", l.mode == MODE_CANCEL ? (double)l.bought / l.duration_s : tps, "p50_ms",
-                        pct(l.lat, l.nlat, 50), "p95_ms", pct(l.lat, l.nlat, 95), "p99_ms", pct(l.lat, l.nlat, 99),
+                        svc_pct_ms(l.lat, l.nlat, 50), "p95_ms", svc_pct_ms(l.lat, l.nlat, 95), "p99_ms", svc_pct_ms(l.lat, l.nlat, 99),
                         "duration_s", l.duration_s, "ok", (json_int_t)l.ok, "errors", (json_int_t)l.errors,
                         "error_pct", l.ok + l.errors ? 100.0 * (double)l.errors / (double)(l.ok + l.errors) : 0.0);
   if (l.mode == MODE_CANCEL) json_object_set_new(j, "cancels_per_s", json_real(tps));
@@ -425,8 +412,8 @@ int main(int argc, char **argv) {
       double drain_s = made ? (last_ms > end_wall_ms ? (double)(last_ms - end_wall_ms) / 1000.0 : 0) : -1;
       json_object_set_new(j, "queued", json_integer((json_int_t)l.nqueued));
       json_object_set_new(j, "created", json_integer((json_int_t)made));
-      json_object_set_new(j, "created_p50_ms", json_real(pct(clat, made, 50)));
-      json_object_set_new(j, "created_p99_ms", json_real(pct(clat, made, 99)));
+      json_object_set_new(j, "created_p50_ms", json_real(svc_pct_ms(clat, made, 50)));
+      json_object_set_new(j, "created_p99_ms", json_real(svc_pct_ms(clat, made, 99)));
       json_object_set_new(j, "created_max_ms", json_real(made ? (double)clat[made - 1] / 1000.0 : 0));
       json_object_set_new(j, "drain_s", json_real(drain_s));
       json_object_set_new(j, "created_per_s",

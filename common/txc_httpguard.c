@@ -2,6 +2,7 @@
  * txc_httpguard.c - see txc_httpguard.h.
  */
 #include "txc_httpguard.h"
+#include "txc_worker.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -19,10 +20,7 @@ typedef struct slot {
 } slot_t;
 
 struct txc_httpguard {
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  pthread_t thread;
-  bool stopping;
+  txc_worker_t job; /* a pass over the slots every 250 ms; its mu guards the rest */
   unsigned capacity, deadline_ms;
   unsigned free_head; /* == capacity: none free */
   slot_t *slots;
@@ -37,16 +35,8 @@ static int64_t now_ms(void) {
 
 static void *guard_main(void *arg) {
   txc_httpguard_t *g = arg;
-  pthread_mutex_lock(&g->mu);
-  while (!g->stopping) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += 250 * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-      ts.tv_sec++;
-      ts.tv_nsec -= 1000000000L;
-    }
-    pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+  while (txc_worker_sleep(&g->job, 250)) {
+    pthread_mutex_lock(&g->job.mu);
     int64_t now = now_ms();
     for (unsigned i = 0; i < g->capacity; i++) {
       slot_t *s = &g->slots[i];
@@ -56,8 +46,8 @@ static void *guard_main(void *arg) {
       s->receiving = false;
       g->cut++;
     }
+    pthread_mutex_unlock(&g->job.mu);
   }
-  pthread_mutex_unlock(&g->mu);
   return NULL;
 }
 
@@ -73,11 +63,7 @@ txc_httpguard_t *txc_httpguard_new(unsigned capacity, unsigned deadline_ms) {
   g->deadline_ms = deadline_ms;
   for (unsigned i = 0; i < capacity; i++) g->slots[i].next_free = i + 1;
   g->free_head = 0;
-  pthread_mutex_init(&g->mu, NULL);
-  pthread_cond_init(&g->cv, NULL);
-  if (pthread_create(&g->thread, NULL, guard_main, g) != 0) {
-    pthread_cond_destroy(&g->cv);
-    pthread_mutex_destroy(&g->mu);
+  if (txc_worker_start(&g->job, guard_main, g) != 0) {
     free(g->slots);
     free(g);
     return NULL;
@@ -87,13 +73,7 @@ txc_httpguard_t *txc_httpguard_new(unsigned capacity, unsigned deadline_ms) {
 
 void txc_httpguard_free(txc_httpguard_t *g) {
   if (!g) return;
-  pthread_mutex_lock(&g->mu);
-  g->stopping = true;
-  pthread_cond_signal(&g->cv);
-  pthread_mutex_unlock(&g->mu);
-  pthread_join(g->thread, NULL);
-  pthread_cond_destroy(&g->cv);
-  pthread_mutex_destroy(&g->mu);
+  txc_worker_stop(&g->job);
   free(g->slots);
   free(g);
 }
@@ -101,7 +81,7 @@ void txc_httpguard_free(txc_httpguard_t *g) {
 void txc_httpguard_notify(void *cls, struct MHD_Connection *conn, void **socket_context,
                           enum MHD_ConnectionNotificationCode toe) {
   txc_httpguard_t *g = cls;
-  pthread_mutex_lock(&g->mu);
+  pthread_mutex_lock(&g->job.mu);
   if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (g->free_head == g->capacity || !ci) {
@@ -122,7 +102,7 @@ void txc_httpguard_notify(void *cls, struct MHD_Connection *conn, void **socket_
     g->free_head = (unsigned)(s - g->slots);
     *socket_context = NULL;
   }
-  pthread_mutex_unlock(&g->mu);
+  pthread_mutex_unlock(&g->job.mu);
 }
 
 static slot_t *slot_of(struct MHD_Connection *conn) {
@@ -133,18 +113,18 @@ static slot_t *slot_of(struct MHD_Connection *conn) {
 void txc_httpguard_received(txc_httpguard_t *g, struct MHD_Connection *conn) {
   slot_t *s = g ? slot_of(conn) : NULL;
   if (!s) return;
-  pthread_mutex_lock(&g->mu);
+  pthread_mutex_lock(&g->job.mu);
   s->receiving = false;
-  pthread_mutex_unlock(&g->mu);
+  pthread_mutex_unlock(&g->job.mu);
 }
 
 void txc_httpguard_completed(txc_httpguard_t *g, struct MHD_Connection *conn) {
   slot_t *s = g ? slot_of(conn) : NULL;
   if (!s) return;
-  pthread_mutex_lock(&g->mu);
+  pthread_mutex_lock(&g->job.mu);
   s->since_ms = now_ms();
   s->receiving = true;
-  pthread_mutex_unlock(&g->mu);
+  pthread_mutex_unlock(&g->job.mu);
 }
 
 uint64_t txc_httpguard_cut(const txc_httpguard_t *g) { return g ? g->cut : 0; }

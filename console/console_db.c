@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "txc_pgmsg.h"
+#include "txc_worker.h"
 
 struct console_db {
   char *what;
@@ -37,11 +38,7 @@ console_db_t *console_db_new(const char *what, const char *conninfo, int size) {
     return NULL;
   }
   pthread_mutex_init(&db->mu, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&db->freed, &ca);
-  pthread_condattr_destroy(&ca);
+  txc_cond_init_monotonic(&db->freed);
   return db;
 }
 

@@ -14,7 +14,7 @@
 #include <time.h>
 
 #include "console_prom.h"
-#include "txc_ticker.h"
+#include "txc_worker.h"
 
 #define MAX_BOUNDS CONSOLE_PROM_BOUNDS
 #define ORDER_SERIES "txc_http_request_duration_seconds"
@@ -45,10 +45,9 @@ struct console_sampler {
   scrape_t scrape[CONSOLE_METRICS_URLS];
   int nscrape;
   CURL *curl;
-  pthread_t thread;
+  txc_worker_t job; /* a sample every CONSOLE_SAMPLE_MS */
   bool started;
   pthread_mutex_t mu; /* ring, last_error */
-  txc_ticker_t tick;
   sample_t ring[CONSOLE_SAMPLES];
   int head, count; /* ring[head] is the next slot */
   char last_error[256];
@@ -216,7 +215,7 @@ static void *run(void *arg) {
   console_sampler_t *s = arg;
   do {
     take_sample(s);
-  } while (txc_ticker_wait(&s->tick));
+  } while (txc_worker_beat(&s->job, CONSOLE_SAMPLE_MS));
   return NULL;
 }
 
@@ -228,7 +227,6 @@ console_sampler_t *console_sampler_start(console_db_t *stock, const char *metric
   }
   s->stock = stock;
   pthread_mutex_init(&s->mu, NULL);
-  txc_ticker_init(&s->tick, CONSOLE_SAMPLE_MS);
   const char *p = metrics_urls ? metrics_urls : "";
   while (*p) {
     const char *e = strchr(p, ',');
@@ -259,7 +257,7 @@ console_sampler_t *console_sampler_start(console_db_t *stock, const char *metric
     curl_easy_setopt(s->curl, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(s->curl, CURLOPT_PROTOCOLS_STR, "http,https");
   }
-  if (pthread_create(&s->thread, NULL, run, s) != 0) {
+  if (txc_worker_start(&s->job, run, s) != 0) {
     snprintf(err, errlen, "cannot start the sampler thread");
     console_sampler_stop(s);
     return NULL;
@@ -270,14 +268,10 @@ console_sampler_t *console_sampler_start(console_db_t *stock, const char *metric
 
 void console_sampler_stop(console_sampler_t *s) {
   if (!s) return;
-  if (s->started) {
-    txc_ticker_stop(&s->tick);
-    pthread_join(s->thread, NULL);
-  }
+  if (s->started) txc_worker_stop(&s->job);
   if (s->curl) curl_easy_cleanup(s->curl);
   for (int i = 0; i < s->nscrape; i++) free(s->scrape[i].url);
   pthread_mutex_destroy(&s->mu);
-  txc_ticker_destroy(&s->tick);
   free(s);
 }
 

@@ -695,19 +695,6 @@ static void ev_diff(const ev_metrics_t *before, const ev_metrics_t *after, ev_me
 
 /* ------------------------------------------------------------- report */
 
-static int cmp_ll(const void *a, const void *b) {
-  long long x = *(const long long *)a, y = *(const long long *)b;
-  return x < y ? -1 : x > y;
-}
-
-static double pct_ms(const long long *v, size_t n, double p) {
-  if (!n) return 0;
-  size_t i = (size_t)ceil(p / 100.0 * (double)n);
-  if (i < 1) i = 1;
-  if (i > n) i = n;
-  return (double)v[i - 1] / 1000.0;
-}
-
 static void usage(FILE *f) {
   fprintf(f,
           "usage: flashsale [options]\n"
@@ -984,7 +971,7 @@ int main(int argc, char **argv) {
   }
   double dur_s = (double)(r.last_us - r.first_us) / 1e6;
   if (dur_s <= 0) dur_s = 1e-6;
-  if (r.nlat) qsort(r.lat_us, r.nlat, sizeof(long long), cmp_ll);
+  svc_sort_ll(r.lat_us, r.nlat);
 
   fs_result_t res = {0};
   fs_client_view_t view = {.accepted = r.accepted, .naccepted = r.nacc, .paid = r.paid_ids, .npaid = r.npaid,
@@ -994,7 +981,7 @@ int main(int argc, char **argv) {
   ev_diff(&ev_before, &ev_after, &ev);
   double globals_per_order = r.ok ? (double)res.committed / (double)r.ok : -1;
 
-  double p50 = pct_ms(r.lat_us, r.nlat, 50), p95 = pct_ms(r.lat_us, r.nlat, 95), p99 = pct_ms(r.lat_us, r.nlat, 99);
+  double p50 = svc_pct_ms(r.lat_us, r.nlat, 50), p95 = svc_pct_ms(r.lat_us, r.nlat, 95), p99 = svc_pct_ms(r.lat_us, r.nlat, 99);
   double pmax = r.nlat ? (double)r.lat_us[r.nlat - 1] / 1000.0 : 0;
   /* the queued order mode: from the click to the order made (the check
    * above waited for the queue to drain) */
@@ -1005,8 +992,8 @@ int main(int argc, char **argv) {
     int64_t last_ms = 0;
     if (clat && fs_created_latency(env.orders_pg, r.queued_ids, r.queued_ms, r.nqueued, 30, clat, &created,
                                    &last_ms)) {
-      created_p50 = pct_ms(clat, created, 50);
-      created_p99 = pct_ms(clat, created, 99);
+      created_p50 = svc_pct_ms(clat, created, 50);
+      created_p99 = svc_pct_ms(clat, created, 99);
     }
     free(clat);
   }

@@ -577,6 +577,26 @@ static void check_user_limit(fs_check_t *c, const char *activity, long long limi
 
 #define MAXB 10000
 
+/* A ledger's view of the buckets of (activity, ticket type) 'pa': 'sql'
+ * gives rows (bucket, frozen, sold) into frozen[] and sold[]; a bucket
+ * outside [0, nb) counts in '*bad'.  false when the query failed ('err'). */
+static bool frozen_and_sold(PGconn *pg, const char *sql, const char *const *pa, long long nb, long long *frozen,
+                            long long *sold, long long *bad, char *err, size_t errlen) {
+  PGresult *r = NULL;
+  if (!svc_pg_exec(pg, sql, 2, pa, PGRES_TUPLES_OK, &r, err, errlen)) return false;
+  for (int i = 0; i < PQntuples(r); i++) {
+    long long b = atoll(PQgetvalue(r, i, 0));
+    if (b < 0 || b >= nb) {
+      (*bad)++;
+      continue;
+    }
+    frozen[b] = atoll(PQgetvalue(r, i, 1));
+    sold[b] = atoll(PQgetvalue(r, i, 2));
+  }
+  PQclear(r);
+  return true;
+}
+
 void fs_check_run(fs_check_t *c, const fs_activity_t *a, const fs_client_view_t *view, int settle_s,
                   fs_result_t *res) {
   memset(res, 0, sizeof(*res));
@@ -699,45 +719,21 @@ void fs_check_run(fs_check_t *c, const fs_activity_t *a, const fs_client_view_t 
 
   /* Totals: seeded stock, ledger, orders */
   long long ledger_bad = 0, orders_bad = 0, cancelled_with_reason = 0;
-  if (svc_pg_exec(c->stock,
-                  "SELECT bucket_id,"
-                  " coalesce(sum(qty) FILTER (WHERE op = 'freeze'), 0)"
-                  " - coalesce(sum(qty) FILTER (WHERE op = 'confirm'), 0)"
-                  " - coalesce(sum(qty) FILTER (WHERE op = 'release'), 0),"
-                  " coalesce(sum(qty) FILTER (WHERE op = 'confirm'), 0)"
-                  " FROM stock_log WHERE activity_id = $1 AND ticket_type = $2 GROUP BY bucket_id",
-                  2, pa, PGRES_TUPLES_OK, &r, err, sizeof(err))) {
-    for (int i = 0; i < PQntuples(r); i++) {
-      long long b = atoll(PQgetvalue(r, i, 0));
-      if (b < 0 || b >= nb) {
-        ledger_bad++;
-        continue;
-      }
-      l_frozen[b] = atoll(PQgetvalue(r, i, 1));
-      l_sold[b] = atoll(PQgetvalue(r, i, 2));
-    }
-    PQclear(r);
-  } else {
+  if (!frozen_and_sold(c->stock,
+                       "SELECT bucket_id,"
+                       " coalesce(sum(qty) FILTER (WHERE op = 'freeze'), 0)"
+                       " - coalesce(sum(qty) FILTER (WHERE op = 'confirm'), 0)"
+                       " - coalesce(sum(qty) FILTER (WHERE op = 'release'), 0),"
+                       " coalesce(sum(qty) FILTER (WHERE op = 'confirm'), 0)"
+                       " FROM stock_log WHERE activity_id = $1 AND ticket_type = $2 GROUP BY bucket_id",
+                       pa, nb, l_frozen, l_sold, &ledger_bad, err, sizeof(err)))
     ok = false;
-  }
-  if (svc_pg_exec(c->stock,
-                  "SELECT bucket_id, coalesce(sum(qty) FILTER (WHERE state = 'FROZEN'), 0),"
-                  " coalesce(sum(qty) FILTER (WHERE state = 'CONFIRMED'), 0)"
-                  " FROM stock_freeze WHERE activity_id = $1 AND ticket_type = $2 GROUP BY bucket_id",
-                  2, pa, PGRES_TUPLES_OK, &r, err, sizeof(err))) {
-    for (int i = 0; i < PQntuples(r); i++) {
-      long long b = atoll(PQgetvalue(r, i, 0));
-      if (b < 0 || b >= nb) {
-        ledger_bad++;
-        continue;
-      }
-      f_frozen[b] = atoll(PQgetvalue(r, i, 1));
-      f_sold[b] = atoll(PQgetvalue(r, i, 2));
-    }
-    PQclear(r);
-  } else {
+  if (!frozen_and_sold(c->stock,
+                       "SELECT bucket_id, coalesce(sum(qty) FILTER (WHERE state = 'FROZEN'), 0),"
+                       " coalesce(sum(qty) FILTER (WHERE state = 'CONFIRMED'), 0)"
+                       " FROM stock_freeze WHERE activity_id = $1 AND ticket_type = $2 GROUP BY bucket_id",
+                       pa, nb, f_frozen, f_sold, &ledger_bad, err, sizeof(err)))
     ok = false;
-  }
   if (svc_pg_exec(c->orders,
                   "SELECT bucket_id, status, sum(qty), count(*), count(cancel_reason) FROM trade_order"
                   " WHERE activity_id = $1 AND ticket_type = $2 GROUP BY 1, 2",
@@ -927,11 +923,6 @@ json_t *fs_invariants_json(const fs_result_t *res) {
   return o;
 }
 
-static int cmp_ll(const void *a, const void *b) {
-  long long x = *(const long long *)a, y = *(const long long *)b;
-  return x < y ? -1 : x > y;
-}
-
 bool fs_created_latency(const char *orders_pg, const long long *ids, const int64_t *sent_ms, size_t n,
                         double bound_s, long long *lat_us, size_t *made, int64_t *last_ms) {
   *made = 0;
@@ -982,6 +973,6 @@ bool fs_created_latency(const char *orders_pg, const long long *ids, const int64
   PQclear(r);
   PQfinish(pg);
   free(arr);
-  if (*made) qsort(lat_us, *made, sizeof(long long), cmp_ll);
+  svc_sort_ll(lat_us, *made);
   return ok;
 }

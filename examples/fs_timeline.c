@@ -3,7 +3,8 @@
  */
 #include "fs_timeline.h"
 
-#include "txc_ticker.h"
+#include "svc_common.h"
+#include "txc_worker.h"
 
 #include <libpq-fe.h>
 #include <math.h>
@@ -36,9 +37,8 @@ struct fs_timeline {
   size_t nreq, capreq, dropped;
 
   pthread_mutex_t mu; /* the stock samples */
-  txc_ticker_t tick;
+  txc_worker_t job; /* a stock sample every FS_TIMELINE_STOCK_MS */
   bool started;
-  pthread_t thread;
   PGconn *pg;
   long long activity;
   int64_t (*clock_us)(void);
@@ -123,7 +123,7 @@ static void *stock_thread(void *arg) {
   fs_timeline_t *t = arg;
   do {
     sample_stock(t);
-  } while (txc_ticker_wait(&t->tick));
+  } while (txc_worker_beat(&t->job, FS_TIMELINE_STOCK_MS));
   return NULL;
 }
 
@@ -146,10 +146,8 @@ bool fs_timeline_start_stock(fs_timeline_t *t, const char *conninfo, long long a
   }
   t->activity = activity;
   t->clock_us = clock_us;
-  txc_ticker_init(&t->tick, FS_TIMELINE_STOCK_MS);
-  if (pthread_create(&t->thread, NULL, stock_thread, t) != 0) {
+  if (txc_worker_start(&t->job, stock_thread, t) != 0) {
     snprintf(err, errlen, "cannot start the stock sampling thread");
-    txc_ticker_destroy(&t->tick);
     PQfinish(t->pg);
     t->pg = NULL;
     return false;
@@ -160,27 +158,13 @@ bool fs_timeline_start_stock(fs_timeline_t *t, const char *conninfo, long long a
 
 void fs_timeline_stop_stock(fs_timeline_t *t) {
   if (!t || !t->started) return;
-  txc_ticker_stop(&t->tick);
-  pthread_join(t->thread, NULL);
-  txc_ticker_destroy(&t->tick);
+  txc_worker_stop(&t->job);
   t->started = false;
   PQfinish(t->pg);
   t->pg = NULL;
 }
 
 /* ----------------------------------------------------------------- JSON */
-
-static int cmp_i64(const void *a, const void *b) {
-  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-  return (x > y) - (x < y);
-}
-
-/* The p-th percentile (nearest rank) of sorted v[0..n-1], in ms. */
-static double pct_ms(const int64_t *v, size_t n, double p) {
-  size_t k = (size_t)ceil(p / 100.0 * (double)n);
-  if (k == 0) k = 1;
-  return (double)v[k - 1] / 1000.0;
-}
 
 static int nice_slot_ms(int64_t span_ms) {
   static const int steps[] = {100, 200, 250, 500, 1000, 2000, 5000, 10000, 15000, 30000, 60000};
@@ -217,7 +201,7 @@ json_t *fs_timeline_json(fs_timeline_t *t, int slot_ms) {
   long long *due = calloc(ns + 1, sizeof(long long)), *answered = calloc(ns + 1, sizeof(long long)),
             *accepted = calloc(ns + 1, sizeof(long long)), *flight = calloc(ns + 1, sizeof(long long));
   size_t *off = calloc(ns + 2, sizeof(size_t));
-  int64_t *lat = t->nreq ? malloc(t->nreq * sizeof(int64_t)) : NULL;
+  long long *lat = t->nreq ? malloc(t->nreq * sizeof(*lat)) : NULL; /* µs */
   if (!due || !answered || !accepted || !flight || !off || (t->nreq && !lat)) {
     json_decref(out);
     out = NULL;
@@ -259,9 +243,9 @@ json_t *fs_timeline_json(fs_timeline_t *t, int slot_ms) {
     json_array_append_new(per_s, num((double)due[k] * per_second));
     json_array_append_new(acc_s, num((double)accepted[k] * per_second));
     size_t n = off[k + 1] - off[k];
-    if (n) qsort(lat + off[k], n, sizeof(int64_t), cmp_i64);
-    json_array_append_new(p50, n ? num(pct_ms(lat + off[k], n, 50)) : json_null());
-    json_array_append_new(p99, n ? num(pct_ms(lat + off[k], n, 99)) : json_null());
+    svc_sort_ll(lat + off[k], n);
+    json_array_append_new(p50, n ? num(svc_pct_ms(lat + off[k], n, 50)) : json_null());
+    json_array_append_new(p99, n ? num(svc_pct_ms(lat + off[k], n, 99)) : json_null());
     in_air += flight[k];
     json_array_append_new(inflight, json_integer(in_air));
     int64_t end = t0 + (int64_t)(k + 1) * slot_us;

@@ -345,14 +345,7 @@ order_queue_t *order_queue_start(const char *redis_url, unsigned threads, order_
     snprintf(w->consumer, sizeof(w->consumer), "%s-%ld-%u", host, (long)getpid(), i);
     if (pthread_create(&w->thread, NULL, worker_main, w) != 0) {
       snprintf(err, errlen, "order queue: could not start a thread: %s", strerror(errno));
-      pthread_mutex_lock(&q->mu);
-      q->stopping = true;
-      pthread_mutex_unlock(&q->mu);
-      for (unsigned j = 0; j < i; j++) pthread_join(q->workers[j].thread, NULL);
-      pthread_mutex_destroy(&q->mu);
-      free(q->workers);
-      free(q->redis_url);
-      free(q);
+      order_queue_stop(q); /* the threads started so far */
       return NULL;
     }
     q->nworkers++;

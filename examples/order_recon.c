@@ -11,16 +11,14 @@
 #include <time.h>
 
 #include "reconcile.h"
+#include "txc_worker.h"
 
 struct order_recon {
   recon_opts_t o;
   int at_min;           /* daily: minutes after midnight UTC */
   long long interval_s; /* > 0: every this many seconds instead */
-  pthread_t thread;
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  bool stopping;
-  /* Under mu: the runs by result, and the last run's result. */
+  txc_worker_t job;
+  /* Under job.mu: the runs by result, and the last run's result. */
   unsigned long long runs[5]; /* by recon_status_t */
   bool have_last;
   long long last_run_id;
@@ -51,7 +49,7 @@ static void run_once(order_recon_t *r) {
   if (st == RECON_LOCKED) st = RECON_SKIPPED; /* another instance is running it */
   res.status = st;
   recon_log(&res);
-  pthread_mutex_lock(&r->mu);
+  pthread_mutex_lock(&r->job.mu);
   r->runs[st]++;
   if (st == RECON_OK || st == RECON_DIFFERENCES) {
     r->have_last = true;
@@ -61,32 +59,23 @@ static void run_once(order_recon_t *r) {
     for (size_t i = 0; i < recon_nkinds && i < sizeof(r->last_by_kind) / sizeof(r->last_by_kind[0]); i++)
       r->last_by_kind[i] = recon_count_kind(&res, recon_kinds[i].kind);
   }
-  pthread_mutex_unlock(&r->mu);
+  pthread_mutex_unlock(&r->job.mu);
   recon_result_free(&res);
 }
 
 static void *recon_main(void *arg) {
   order_recon_t *r = arg;
-  pthread_mutex_lock(&r->mu);
-  while (!r->stopping) {
+  for (;;) {
     /* Sleep until the next run, a minute at most at a time (the wall
      * clock may jump), or until stopped. */
     long long wait_s = r->interval_s > 0 ? r->interval_s : seconds_to_daily(r->at_min);
     int64_t due = svc_now_us() + wait_s * 1000000LL;
-    while (!r->stopping && svc_now_us() < due) {
-      int64_t left = due - svc_now_us();
-      struct timespec until;
-      svc_deadline_in(&until, left < 60000000LL ? left : 60000000LL);
-      pthread_cond_timedwait(&r->cv, &r->mu, &until);
+    for (int64_t left; (left = due - svc_now_us()) > 0;) {
+      if (!txc_worker_sleep(&r->job, ((left < 60000000LL ? left : 60000000LL) + 999) / 1000)) return NULL;
       if (r->interval_s <= 0 && left > 60000000LL) due = svc_now_us() + seconds_to_daily(r->at_min) * 1000000LL;
     }
-    if (r->stopping) break;
-    pthread_mutex_unlock(&r->mu);
     run_once(r);
-    pthread_mutex_lock(&r->mu);
   }
-  pthread_mutex_unlock(&r->mu);
-  return NULL;
 }
 
 order_recon_t *order_recon_start(const char *orders_url, bool *ok) {
@@ -114,16 +103,8 @@ order_recon_t *order_recon_start(const char *orders_url, bool *ok) {
                         .skip_within_s = interval > 0 ? (interval + 1) / 2 : 20 * 3600};
   r->at_min = off ? 0 : hh * 60 + mm;
   r->interval_s = interval;
-  pthread_mutex_init(&r->mu, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&r->cv, &ca);
-  pthread_condattr_destroy(&ca);
-  if (pthread_create(&r->thread, NULL, recon_main, r) != 0) {
+  if (txc_worker_start(&r->job, recon_main, r) != 0) {
     svc_warn("could not start the reconciliation thread");
-    pthread_mutex_destroy(&r->mu);
-    pthread_cond_destroy(&r->cv);
     free(r);
     return NULL;
   }
@@ -142,14 +123,14 @@ void order_recon_metrics(order_recon_t *r, svc_buf_t *b) {
   double when = 0;
   size_t total = 0, by_kind[16] = {0};
   if (r) {
-    pthread_mutex_lock(&r->mu);
+    pthread_mutex_lock(&r->job.mu);
     memcpy(runs, r->runs, sizeof(runs));
     have = r->have_last;
     id = r->last_run_id;
     when = r->last_unix;
     total = r->last_total;
     memcpy(by_kind, r->last_by_kind, sizeof(by_kind));
-    pthread_mutex_unlock(&r->mu);
+    pthread_mutex_unlock(&r->job.mu);
   }
   svc_buf_printf(b, "# HELP txc_reconcile_runs_total Scheduled reconciliation runs of this instance by result "
                     "(skipped: another instance ran it).\n"
@@ -175,12 +156,6 @@ void order_recon_metrics(order_recon_t *r, svc_buf_t *b) {
 
 void order_recon_stop(order_recon_t *r) {
   if (!r) return;
-  pthread_mutex_lock(&r->mu);
-  r->stopping = true;
-  pthread_cond_signal(&r->cv);
-  pthread_mutex_unlock(&r->mu);
-  pthread_join(r->thread, NULL);
-  pthread_mutex_destroy(&r->mu);
-  pthread_cond_destroy(&r->cv);
+  txc_worker_stop(&r->job);
   free(r);
 }

@@ -250,16 +250,24 @@ static bool check_payment(run_t *r) {
 
 /* --------------------------------------------------------------- stock */
 
-/* The orders with ids in 'ids' (array text) that are not PAID: kind
- * 'kind' with the row's description from 'desc' ("the stock freeze of",
- * ...). */
-static bool orders_not_paid(run_t *r, const char *ids, const char *kind, const char *fmt_what) {
-  const char *p[1] = {ids};
+/* The orders behind the rows another database wrote in the window:
+ * 'sql' reads their ids (as array text) and how many rows there are
+ * (into '*rows') from 'pg', with the window as $1 and $2.  Each of those
+ * orders that is not PAID is a difference of kind 'kind', described as
+ * 'fmt_what' ("the stock freeze is CONFIRMED for") the order. */
+static bool window_orders_paid(run_t *r, PGconn *pg, const char *what, const char *sql, long long *rows,
+                               const char *kind, const char *fmt_what) {
+  const char *w[2] = {r->res->since, r->res->until};
+  PGresult *wq = query(r->res, pg, what, sql, 2, w);
+  if (!wq) return false;
+  *rows = ll(wq, 0, 1);
+  const char *p[1] = {PQgetvalue(wq, 0, 0)};
   PGresult *q = query(r->res, r->orders, "read the orders",
                       "SELECT x.id, o.status FROM unnest($1::bigint[]) AS x(id)"
                       "  LEFT JOIN trade_order o ON o.order_id = x.id"
                       " WHERE o.status IS DISTINCT FROM 'PAID' ORDER BY x.id",
                       1, p);
+  PQclear(wq);
   if (!q) return false;
   bool ok = true;
   for (int i = 0; i < PQntuples(q) && ok; i++) {
@@ -270,6 +278,14 @@ static bool orders_not_paid(run_t *r, const char *ids, const char *kind, const c
   }
   PQclear(q);
   return ok;
+}
+
+/* The paid order 'id' among r->paid[off, off + n), or one whose activity,
+ * ticket type, bucket and qty are unknown (-1). */
+static paid_t paid_in(const run_t *r, size_t off, size_t n, long long id) {
+  for (size_t j = off; j < off + n; j++)
+    if (r->paid[j].order_id == id) return r->paid[j];
+  return (paid_t){.order_id = id, .activity = -1, .ticket_type = -1, .bucket = -1, .qty = -1};
 }
 
 static bool check_stock(run_t *r) {
@@ -293,36 +309,30 @@ static bool check_stock(run_t *r) {
     if (!q) return false;
     for (int i = 0; i < PQntuples(q) && ok; i++) {
       long long id = ll(q, i, 0);
-      const paid_t *pd = NULL;
-      for (size_t j = off; j < off + n; j++)
-        if (r->paid[j].order_id == id) pd = &r->paid[j];
-      long long qa = pd ? pd->activity : -1, qt = pd ? pd->ticket_type : -1, qb = pd ? pd->bucket : -1;
+      paid_t pd = paid_in(r, off, n, id);
       if (PQgetisnull(q, i, 1))
-        ok = add_diff(res, "paid_not_confirmed", id, qa, qt, qb, "CONFIRMED", "missing",
+        ok = add_diff(res, "paid_not_confirmed", id, pd.activity, pd.ticket_type, pd.bucket, "CONFIRMED", "missing",
                       "order %lld is PAID but the stock database has no freeze for it", id);
       else
-        ok = add_diff(res, "paid_not_confirmed", id, qa, qt, qb, "CONFIRMED", PQgetvalue(q, i, 1),
-                      "order %lld is PAID but its stock freeze is %s", id, PQgetvalue(q, i, 1));
+        ok = add_diff(res, "paid_not_confirmed", id, pd.activity, pd.ticket_type, pd.bucket, "CONFIRMED",
+                      PQgetvalue(q, i, 1), "order %lld is PAID but its stock freeze is %s", id, PQgetvalue(q, i, 1));
     }
     PQclear(q);
   }
   if (!ok) return false;
 
   /* The freezes confirmed in the window, against their orders. */
-  const char *w[2] = {res->since, res->until};
-  PGresult *q = query(res, r->stock, "read the confirmed freezes",
-                      "SELECT coalesce('{' || string_agg(order_id::text, ',' ORDER BY order_id) || '}', '{}'), count(*)"
-                      "  FROM stock_freeze WHERE state = 'CONFIRMED' AND finished_at >= $1 AND finished_at < $2",
-                      2, w);
-  if (!q) return false;
-  res->confirmed_freezes = ll(q, 0, 1);
-  ok = orders_not_paid(r, PQgetvalue(q, 0, 0), "confirmed_not_paid", "the stock freeze is CONFIRMED for");
-  PQclear(q);
-  if (!ok) return false;
+  if (!window_orders_paid(
+          r, r->stock, "read the confirmed freezes",
+          "SELECT coalesce('{' || string_agg(order_id::text, ',' ORDER BY order_id) || '}', '{}'), count(*)"
+          "  FROM stock_freeze WHERE state = 'CONFIRMED' AND finished_at >= $1 AND finished_at < $2",
+          &res->confirmed_freezes, "confirmed_not_paid", "the stock freeze is CONFIRMED for"))
+    return false;
 
   /* Per bucket of the activities sold in the window: the confirmed
    * tickets against sold_count. */
-  q = query(res, r->stock, "read the buckets",
+  const char *w[2] = {res->since, res->until};
+  PGresult *q = query(res, r->stock, "read the buckets",
             "WITH a AS (SELECT DISTINCT activity_id FROM stock_freeze"
             "            WHERE created_at < $2 AND (finished_at IS NULL OR finished_at >= $1)),"
             " c AS (SELECT f.activity_id, f.ticket_type, f.bucket_id, sum(f.qty) AS qty FROM stock_freeze f"
@@ -380,33 +390,25 @@ static bool check_points(run_t *r) {
     if (!q) return false;
     for (int i = 0; i < PQntuples(q) && ok; i++) {
       long long id = ll(q, i, 0);
-      const paid_t *pd = NULL;
-      for (size_t j = off; j < off + n; j++)
-        if (r->paid[j].order_id == id) pd = &r->paid[j];
-      long long qa = pd ? pd->activity : -1, qt = pd ? pd->ticket_type : -1, qb = pd ? pd->bucket : -1;
+      paid_t pd = paid_in(r, off, n, id);
       const char *want = PQgetvalue(q, i, 1);
       if (PQgetisnull(q, i, 2))
-        ok = add_diff(res, "paid_without_points", id, qa, qt, qb, want, "missing",
+        ok = add_diff(res, "paid_without_points", id, pd.activity, pd.ticket_type, pd.bucket, want, "missing",
                       "order %lld is PAID but the events database has no points for it", id);
       else
-        ok = add_diff(res, "points_mismatch", id, qa, qt, qb, want, PQgetvalue(q, i, 2),
+        ok = add_diff(res, "points_mismatch", id, pd.activity, pd.ticket_type, pd.bucket, want, PQgetvalue(q, i, 2),
                       "order %lld has %s points, %s expected (qty %lld times %d)", id, PQgetvalue(q, i, 2), want,
-                      pd ? pd->qty : -1, RECON_POINTS_PER_TICKET);
+                      pd.qty, RECON_POINTS_PER_TICKET);
     }
     PQclear(q);
   }
   if (!ok) return false;
 
-  const char *w[2] = {res->since, res->until};
-  PGresult *q = query(res, r->events, "read the points of the window",
-                      "SELECT coalesce('{' || string_agg(order_id::text, ',' ORDER BY order_id) || '}', '{}'), count(*)"
-                      "  FROM points_ledger WHERE created_at >= $1 AND created_at < $2",
-                      2, w);
-  if (!q) return false;
-  res->points_rows = ll(q, 0, 1);
-  ok = orders_not_paid(r, PQgetvalue(q, 0, 0), "points_not_paid", "the events database credits points for");
-  PQclear(q);
-  return ok;
+  return window_orders_paid(
+      r, r->events, "read the points of the window",
+      "SELECT coalesce('{' || string_agg(order_id::text, ',' ORDER BY order_id) || '}', '{}'), count(*)"
+      "  FROM points_ledger WHERE created_at >= $1 AND created_at < $2",
+      &res->points_rows, "points_not_paid", "the events database credits points for");
 }
 
 /* ------------------------------------------------------------ recording */

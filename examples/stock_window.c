@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "svc_redis.h"
+#include "txc_worker.h"
 
 /* Activities whose Redis copy each pass keeps in line: not ended, or
  * ended this recently. */
@@ -19,11 +20,8 @@
 struct stock_window {
   const char *pg_url, *redis_url; /* borrowed: the environment's */
   int64_t interval_ms;
-  pthread_t thread;
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  bool stopping;
-  /* Under mu: the counters of /metrics. */
+  txc_worker_t job;
+  /* Under job.mu: the counters of /metrics. */
   unsigned long long passes[3]; /* ok, skipped (another instance), failed */
   unsigned long long opened, closed, redis_updates, redis_errors;
   /* The job thread's own. */
@@ -57,12 +55,12 @@ static bool flip_statuses(stock_window_t *w, char *err, size_t errlen) {
             json_pack("{s:I,s:i,s:s,s:s,s:I}", "activity", (json_int_t)id, "status", open ? 1 : 2, "starts_at",
                       PQgetvalue(r, i, 2), "ends_at", PQgetvalue(r, i, 3), "late_ms", (json_int_t)late),
             "sale of activity %lld %s", id, open ? "opened" : "closed");
-    pthread_mutex_lock(&w->mu);
+    pthread_mutex_lock(&w->job.mu);
     if (open)
       w->opened++;
     else
       w->closed++;
-    pthread_mutex_unlock(&w->mu);
+    pthread_mutex_unlock(&w->job.mu);
   }
   PQclear(r);
   return true;
@@ -116,10 +114,10 @@ static bool sync_redis(stock_window_t *w) {
     }
   }
   PQclear(r);
-  pthread_mutex_lock(&w->mu);
+  pthread_mutex_lock(&w->job.mu);
   w->redis_updates += updates;
   if (!ok) w->redis_errors++;
-  pthread_mutex_unlock(&w->mu);
+  pthread_mutex_unlock(&w->job.mu);
   if (!ok && !w->redis_failing)
     svc_warn("sale window: could not update Redis: %s (tried again every pass)", err);
   else if (ok && w->redis_failing)
@@ -177,19 +175,13 @@ static int run_pass(stock_window_t *w, int64_t *wait_ms) {
 
 static void *window_main(void *arg) {
   stock_window_t *w = arg;
-  pthread_mutex_lock(&w->mu);
-  while (!w->stopping) {
-    pthread_mutex_unlock(&w->mu);
-    int64_t wait_ms;
+  int64_t wait_ms;
+  do {
     int rc = run_pass(w, &wait_ms);
-    pthread_mutex_lock(&w->mu);
+    pthread_mutex_lock(&w->job.mu);
     w->passes[rc]++;
-    if (w->stopping) break;
-    struct timespec until;
-    svc_deadline_in(&until, wait_ms * 1000);
-    pthread_cond_timedwait(&w->cv, &w->mu, &until);
-  }
-  pthread_mutex_unlock(&w->mu);
+    pthread_mutex_unlock(&w->job.mu);
+  } while (txc_worker_sleep(&w->job, wait_ms));
   return NULL;
 }
 
@@ -201,16 +193,8 @@ stock_window_t *stock_window_start(const char *pg_url, const char *redis_url, bo
   w->pg_url = pg_url;
   w->redis_url = redis_url;
   w->interval_ms = interval;
-  pthread_mutex_init(&w->mu, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&w->cv, &ca);
-  pthread_condattr_destroy(&ca);
-  if (pthread_create(&w->thread, NULL, window_main, w) != 0) {
+  if (txc_worker_start(&w->job, window_main, w) != 0) {
     svc_warn("could not start the sale-window thread");
-    pthread_mutex_destroy(&w->mu);
-    pthread_cond_destroy(&w->cv);
     free(w);
     return NULL;
   }
@@ -221,10 +205,10 @@ stock_window_t *stock_window_start(const char *pg_url, const char *redis_url, bo
 
 void stock_window_metrics(stock_window_t *w, svc_buf_t *b) {
   if (!w) return;
-  pthread_mutex_lock(&w->mu);
+  pthread_mutex_lock(&w->job.mu);
   unsigned long long p[3], opened = w->opened, closed = w->closed, ru = w->redis_updates, re = w->redis_errors;
   memcpy(p, w->passes, sizeof(p));
-  pthread_mutex_unlock(&w->mu);
+  pthread_mutex_unlock(&w->job.mu);
   svc_buf_printf(b,
                  "# HELP txc_sale_window_passes_total Passes of the sale-window job by result (skipped: another "
                  "instance's pass was running).\n"
@@ -247,13 +231,7 @@ void stock_window_metrics(stock_window_t *w, svc_buf_t *b) {
 
 void stock_window_stop(stock_window_t *w) {
   if (!w) return;
-  pthread_mutex_lock(&w->mu);
-  w->stopping = true;
-  pthread_cond_signal(&w->cv);
-  pthread_mutex_unlock(&w->mu);
-  pthread_join(w->thread, NULL);
-  pthread_mutex_destroy(&w->mu);
-  pthread_cond_destroy(&w->cv);
+  txc_worker_stop(&w->job);
   if (w->pg) PQfinish(w->pg);
   if (w->redis) redisFree(w->redis);
   free(w);

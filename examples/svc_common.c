@@ -10,10 +10,12 @@
 #include "txc_pgconn.h"
 #include "txc_pgmsg.h"
 #include "txc_secret.h"
+#include "txc_worker.h"
 #include "svc_auth.h"
 
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -162,6 +164,23 @@ int64_t svc_now_us(void) {
   return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
+static int cmp_ll(const void *a, const void *b) {
+  long long x = *(const long long *)a, y = *(const long long *)b;
+  return (x > y) - (x < y);
+}
+
+void svc_sort_ll(long long *v, size_t n) {
+  if (n) qsort(v, n, sizeof(*v), cmp_ll);
+}
+
+double svc_pct_ms(const long long *v, size_t n, double p) {
+  if (!n) return 0;
+  size_t i = (size_t)ceil(p / 100.0 * (double)n);
+  if (i < 1) i = 1;
+  if (i > n) i = n;
+  return (double)v[i - 1] / 1000.0;
+}
+
 /* ------------------------------------------------------ PostgreSQL pool */
 
 struct svc_pgpool {
@@ -188,11 +207,7 @@ svc_pgpool_t *svc_pgpool_new(const char *conninfo, int max, const char *applicat
     return NULL;
   }
   pthread_mutex_init(&p->mu, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&p->cv, &ca);
-  pthread_condattr_destroy(&ca);
+  txc_cond_init_monotonic(&p->cv);
   snprintf(p->appname, sizeof(p->appname), "%s", application_name ? application_name : "svc");
   p->max = max;
   return p;

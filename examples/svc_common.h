@@ -105,9 +105,12 @@ int64_t svc_now_us(void);
  * a condition variable made with that clock. */
 struct timespec;
 void svc_deadline_in(struct timespec *until, int64_t us);
-/* 'unix_ms' as an ISO 8601 UTC time with milliseconds
- * ("2026-12-01T21:30:00.123Z"): the one formatter of the examples, for log
- * lines and for the timestamps they write to PostgreSQL. */
+/* (ISO 8601 times: txc_isotime.h in common/.) */
+
+/* Latencies: sort 'v' ascending; the p-th percentile (nearest rank) of
+ * sorted microseconds v[0..n-1], in milliseconds (0 when n is 0). */
+void svc_sort_ll(long long *v, size_t n);
+double svc_pct_ms(const long long *v, size_t n, double p);
 
 /* ------------------------------------------------------ PostgreSQL pool */
 

@@ -29,6 +29,7 @@
 #include "svc_outbox.h"
 #include "svc_redis.h"
 #include "txc_failpoint.h"
+#include "txc_worker.h"
 
 #define MAX_BACKOFF 32
 #define READ_COUNT 64
@@ -47,10 +48,8 @@ struct svc_consumer {
   int64_t backoff_ms[MAX_BACKOFF];
   size_t nbackoff;
 
-  pthread_t thread;
-  pthread_mutex_t mu;
-  bool stopping;
-  svc_consumer_stats_t stats; /* under mu */
+  txc_worker_t job;
+  svc_consumer_stats_t stats; /* under job.mu */
 
   PGconn *pg;
   redisContext *redis;
@@ -60,17 +59,12 @@ struct svc_consumer {
 };
 
 static void count(svc_consumer_t *c, uint64_t *field) {
-  pthread_mutex_lock(&c->mu);
+  pthread_mutex_lock(&c->job.mu);
   (*field)++;
-  pthread_mutex_unlock(&c->mu);
+  pthread_mutex_unlock(&c->job.mu);
 }
 
-static bool stopping(svc_consumer_t *c) {
-  pthread_mutex_lock(&c->mu);
-  bool s = c->stopping;
-  pthread_mutex_unlock(&c->mu);
-  return s;
-}
+static bool stopping(svc_consumer_t *c) { return txc_worker_stopping(&c->job); }
 
 static void loop_failed(svc_consumer_t *c, const char *err) {
   count(c, &c->stats.errors);
@@ -461,10 +455,10 @@ static void read_info(svc_consumer_t *c) {
     }
   }
   if (x) freeReplyObject(x);
-  pthread_mutex_lock(&c->mu);
+  pthread_mutex_lock(&c->job.mu);
   c->stats.pending = pending;
   c->stats.lag = lag;
-  pthread_mutex_unlock(&c->mu);
+  pthread_mutex_unlock(&c->job.mu);
 }
 
 /* Now and then: forget consumers of the group that left (a process killed
@@ -495,8 +489,7 @@ static void forget_departed(svc_consumer_t *c) {
 static void *consumer_main(void *arg) {
   svc_consumer_t *c = arg;
   unsigned pause_ms = 0;
-  while (!stopping(c)) {
-    if (pause_ms) usleep(pause_ms * 1000);
+  while (txc_worker_sleep(&c->job, pause_ms)) {
     char err[512] = "";
     bool ok = connect_stores(c, err, sizeof(err));
     int64_t now = svc_now_us();
@@ -543,6 +536,17 @@ static bool backoff_from_env(svc_consumer_t *c) {
   return true;
 }
 
+static void consumer_free(svc_consumer_t *c) {
+  if (c->pg) PQfinish(c->pg);
+  if (c->redis) redisFree(c->redis);
+  free(c->redis_url);
+  free(c->pg_url);
+  free(c->stream);
+  free(c->group);
+  free(c->consumer);
+  free(c);
+}
+
 svc_consumer_t *svc_consumer_start(const svc_consumer_opts_t *o, char *err, size_t errlen) {
   if (!o->redis_url || !o->pg_url || !o->group || !o->apply) {
     snprintf(err, errlen, "a consumer needs Redis and database URLs, a group and an apply function");
@@ -581,17 +585,10 @@ svc_consumer_t *svc_consumer_start(const svc_consumer_opts_t *o, char *err, size
       ok = false;
     }
   }
-  pthread_mutex_init(&c->mu, NULL);
   if (!ok || !c->redis_url || !c->pg_url || !c->stream || !c->group || !c->consumer ||
-      pthread_create(&c->thread, NULL, consumer_main, c) != 0) {
+      txc_worker_start(&c->job, consumer_main, c) != 0) {
     snprintf(err, errlen, ok ? "could not start the consumer thread" : "invalid consumer settings");
-    pthread_mutex_destroy(&c->mu);
-    free(c->redis_url);
-    free(c->pg_url);
-    free(c->stream);
-    free(c->group);
-    free(c->consumer);
-    free(c);
+    consumer_free(c);
     return NULL;
   }
   return c;
@@ -599,27 +596,16 @@ svc_consumer_t *svc_consumer_start(const svc_consumer_opts_t *o, char *err, size
 
 void svc_consumer_stop(svc_consumer_t *c) {
   if (!c) return;
-  pthread_mutex_lock(&c->mu);
-  c->stopping = true;
-  pthread_mutex_unlock(&c->mu);
-  pthread_join(c->thread, NULL);
-  if (c->pg) PQfinish(c->pg);
-  if (c->redis) redisFree(c->redis);
-  pthread_mutex_destroy(&c->mu);
-  free(c->redis_url);
-  free(c->pg_url);
-  free(c->stream);
-  free(c->group);
-  free(c->consumer);
-  free(c);
+  txc_worker_stop(&c->job);
+  consumer_free(c);
 }
 
 void svc_consumer_stats(svc_consumer_t *c, svc_consumer_stats_t *out) {
   memset(out, 0, sizeof(*out));
   if (!c) return;
-  pthread_mutex_lock(&c->mu);
+  pthread_mutex_lock(&c->job.mu);
   *out = c->stats;
-  pthread_mutex_unlock(&c->mu);
+  pthread_mutex_unlock(&c->job.mu);
 }
 
 const char *svc_consumer_group(const svc_consumer_t *c) { return c->group; }

@@ -30,6 +30,7 @@
 #include "svc_event.h"
 #include "svc_redis.h"
 #include "txc_failpoint.h"
+#include "txc_worker.h"
 
 /* pg_try_advisory_xact_lock key of the relay (any constant of ours). */
 #define RELAY_LOCK_KEY "7466019"
@@ -58,11 +59,8 @@ struct svc_relay {
   long long maxlen, retention_s;
   const svc_auth_t *auth;
 
-  pthread_t thread;
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  bool stopping, kicked;
-  svc_relay_stats_t stats; /* under mu */
+  txc_worker_t job;
+  svc_relay_stats_t stats; /* under job.mu */
 
   /* the thread's own */
   PGconn *pg;
@@ -72,9 +70,9 @@ struct svc_relay {
 };
 
 static void relay_failed(svc_relay_t *r, const char *what, const char *err) {
-  pthread_mutex_lock(&r->mu);
+  pthread_mutex_lock(&r->job.mu);
   r->stats.errors++;
-  pthread_mutex_unlock(&r->mu);
+  pthread_mutex_unlock(&r->job.mu);
   if (!r->failing)
     SVC_LOG(SVC_LOG_WARN, json_pack("{s:s}", "stream", r->stream),
             "outbox relay: could not %s: %s (retrying; events stay in order_outbox until published)", what, err);
@@ -215,9 +213,9 @@ static int relay_pass(svc_relay_t *r, char *err, size_t errlen) {
       /* more to republish: the next pass goes on (positions must stay in
        * order, new events wait) */
       PQclear(PQexec(r->pg, "COMMIT"));
-      pthread_mutex_lock(&r->mu);
+      pthread_mutex_lock(&r->job.mu);
       r->stats.republished += (uint64_t)republished;
-      pthread_mutex_unlock(&r->mu);
+      pthread_mutex_unlock(&r->job.mu);
       return republished;
     }
   }
@@ -255,18 +253,18 @@ static int relay_pass(svc_relay_t *r, char *err, size_t errlen) {
                   "SELECT count(*), coalesce(extract(epoch FROM now() - min(created_at)), 0) FROM order_outbox"
                   " WHERE stream_seq IS NULL",
                   0, NULL, PGRES_TUPLES_OK, &res, err, errlen)) {
-    pthread_mutex_lock(&r->mu);
+    pthread_mutex_lock(&r->job.mu);
     r->stats.unpublished = atoll(PQgetvalue(res, 0, 0));
     r->stats.oldest_unpublished_s = atof(PQgetvalue(res, 0, 1));
-    pthread_mutex_unlock(&r->mu);
+    pthread_mutex_unlock(&r->job.mu);
     PQclear(res);
     res = NULL;
   }
-  pthread_mutex_lock(&r->mu);
+  pthread_mutex_lock(&r->job.mu);
   r->stats.published += (uint64_t)published;
   r->stats.republished += (uint64_t)republished;
   r->stats.passes++;
-  pthread_mutex_unlock(&r->mu);
+  pthread_mutex_unlock(&r->job.mu);
   if (published < n) return -1; /* Redis refused some: 'err' says why */
   return published + republished;
 
@@ -296,18 +294,8 @@ static void relay_cleanup(svc_relay_t *r) {
 static void *relay_main(void *arg) {
   svc_relay_t *r = arg;
   unsigned pause_ms = 0;
-  pthread_mutex_lock(&r->mu);
-  while (!r->stopping) {
-    if (!r->kicked) {
-      unsigned wait = pause_ms ? pause_ms : r->poll_ms;
-      struct timespec until;
-      svc_deadline_in(&until, (int64_t)wait * 1000);
-      pthread_cond_timedwait(&r->cv, &r->mu, &until);
-      if (r->stopping) break;
-    }
-    r->kicked = false;
-    pthread_mutex_unlock(&r->mu);
-
+  /* A first pass at once: what an earlier instance left. */
+  do {
     char err[512] = "";
     int n = relay_connect(r, err, sizeof(err)) ? relay_pass(r, err, sizeof(err)) : -1;
     if (n < 0) {
@@ -323,11 +311,18 @@ static void *relay_main(void *arg) {
         r->next_cleanup_us = now + 60 * 1000000LL;
       }
     }
-    pthread_mutex_lock(&r->mu);
-    if (n == BATCH) r->kicked = true; /* more waiting: go on at once */
-  }
-  pthread_mutex_unlock(&r->mu);
+    if (n == BATCH) txc_worker_kick(&r->job); /* more waiting: go on at once */
+  } while (txc_worker_sleep(&r->job, pause_ms ? pause_ms : r->poll_ms));
   return NULL;
+}
+
+static void relay_free(svc_relay_t *r) {
+  if (r->pg) PQfinish(r->pg);
+  if (r->redis) redisFree(r->redis);
+  free(r->pg_url);
+  free(r->redis_url);
+  free(r->stream);
+  free(r);
 }
 
 svc_relay_t *svc_relay_start(const svc_relay_opts_t *o, char *err, size_t errlen) {
@@ -345,55 +340,28 @@ svc_relay_t *svc_relay_start(const svc_relay_opts_t *o, char *err, size_t errlen
   r->retention_s = o->retention_s > 0 ? o->retention_s : 7 * 86400;
   r->auth = o->auth;
   r->next_cleanup_us = svc_now_us() + 60 * 1000000LL;
-  pthread_mutex_init(&r->mu, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&r->cv, &ca);
-  pthread_condattr_destroy(&ca);
-  r->kicked = true; /* a first pass at once: what an earlier instance left */
-  if (!r->pg_url || !r->redis_url || !r->stream || pthread_create(&r->thread, NULL, relay_main, r) != 0) {
+  if (!r->pg_url || !r->redis_url || !r->stream || txc_worker_start(&r->job, relay_main, r) != 0) {
     snprintf(err, errlen, "could not start the outbox relay thread");
-    pthread_mutex_destroy(&r->mu);
-    pthread_cond_destroy(&r->cv);
-    free(r->pg_url);
-    free(r->redis_url);
-    free(r->stream);
-    free(r);
+    relay_free(r);
     return NULL;
   }
   return r;
 }
 
 void svc_relay_kick(svc_relay_t *r) {
-  if (!r) return;
-  pthread_mutex_lock(&r->mu);
-  r->kicked = true;
-  pthread_cond_signal(&r->cv);
-  pthread_mutex_unlock(&r->mu);
+  if (r) txc_worker_kick(&r->job);
 }
 
 void svc_relay_stop(svc_relay_t *r) {
   if (!r) return;
-  pthread_mutex_lock(&r->mu);
-  r->stopping = true;
-  pthread_cond_signal(&r->cv);
-  pthread_mutex_unlock(&r->mu);
-  pthread_join(r->thread, NULL);
-  if (r->pg) PQfinish(r->pg);
-  if (r->redis) redisFree(r->redis);
-  pthread_mutex_destroy(&r->mu);
-  pthread_cond_destroy(&r->cv);
-  free(r->pg_url);
-  free(r->redis_url);
-  free(r->stream);
-  free(r);
+  txc_worker_stop(&r->job);
+  relay_free(r);
 }
 
 void svc_relay_stats(svc_relay_t *r, svc_relay_stats_t *out) {
   memset(out, 0, sizeof(*out));
   if (!r) return;
-  pthread_mutex_lock(&r->mu);
+  pthread_mutex_lock(&r->job.mu);
   *out = r->stats;
-  pthread_mutex_unlock(&r->mu);
+  pthread_mutex_unlock(&r->job.mu);
 }

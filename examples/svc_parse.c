@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <stdlib.h>
+#include <string.h>
 
 bool svc_parse_ll(const char *s, long long min, long long max, long long *out) {
   if (!s || !*s) return false;
@@ -23,4 +24,18 @@ bool svc_json_int(const json_t *o, const char *key, long long min, long long max
   if (x < min || x > max) return false;
   *out = x;
   return true;
+}
+
+const char *svc_opt_value(int argc, char **argv, int *i, const char *name, bool *missing) {
+  size_t n = strlen(name);
+  const char *a = argv[*i];
+  *missing = false;
+  if (strncmp(a, name, n) != 0) return NULL;
+  if (a[n] == '=') return a + n + 1;
+  if (a[n] != '\0') return NULL;
+  if (*i + 1 >= argc) {
+    *missing = true;
+    return NULL;
+  }
+  return argv[++*i];
 }

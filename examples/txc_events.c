@@ -36,6 +36,8 @@
 
 #include <libpq-fe.h>
 
+#include "svc_parse.h"
+
 #define PROG "txc-events"
 #define MAX_IDS 1000
 #define MAX_GROUP 128
@@ -72,23 +74,6 @@ static int usage_error(const char *fmt, ...) {
   fprintf(stderr, " (see " PROG " --help)\n");
   va_end(ap);
   return EXIT_USAGE;
-}
-
-/* "--name VALUE" or "--name=VALUE" at argv[*i]: the value (advancing *i),
- * NULL when argv[*i] is not this option.  '*missing' when it is, without a
- * value. */
-static const char *opt_value(int argc, char **argv, int *i, const char *name, bool *missing) {
-  size_t n = strlen(name);
-  const char *a = argv[*i];
-  *missing = false;
-  if (strncmp(a, name, n) != 0) return NULL;
-  if (a[n] == '=') return a + n + 1;
-  if (a[n] != '\0') return NULL;
-  if (*i + 1 >= argc) {
-    *missing = true;
-    return NULL;
-  }
-  return argv[++*i];
 }
 
 static bool parse_id(const char *s, long long *out) {
@@ -351,46 +336,36 @@ int main(int argc, char **argv) {
   const char *db = NULL, *cmd = NULL, *group = NULL, *state = NULL;
   static long long ids[MAX_IDS];
   size_t nids = 0;
-  bool all = false, missing = false;
+  bool all = false, missing = false, is_list = false, is_redeliver = false, is_stats = false;
   const char *v;
-  int i = 1;
-  /* Global options, then the command, then its options (--db is accepted
-   * there too). */
-  for (; i < argc && !cmd; i++) {
+  /* Global options, then the command, then its options (--help and --db
+   * are accepted anywhere). */
+  for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
       usage(stdout);
       return EXIT_OK;
-    } else if ((v = opt_value(argc, argv, &i, "--db", &missing)) || missing) {
+    } else if ((v = svc_opt_value(argc, argv, &i, "--db", &missing)) || missing) {
       if (missing) return usage_error("%s needs a value", "--db");
       db = v;
-    } else if (argv[i][0] == '-') {
+    } else if (!cmd && argv[i][0] == '-') {
       return usage_error("unknown option \"%s\"", argv[i]);
-    } else {
+    } else if (!cmd) {
       cmd = argv[i];
-    }
-  }
-  if (!cmd) return usage_error("%s", "no command: list, redeliver or stats");
-  bool is_list = strcmp(cmd, "list") == 0, is_redeliver = strcmp(cmd, "redeliver") == 0,
-       is_stats = strcmp(cmd, "stats") == 0;
-  if (!is_list && !is_redeliver && !is_stats)
-    return usage_error("unknown command \"%s\": expected list, redeliver or stats", cmd);
-  for (; i < argc; i++) {
-    if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
-      usage(stdout);
-      return EXIT_OK;
-    } else if ((v = opt_value(argc, argv, &i, "--db", &missing)) || missing) {
-      if (missing) return usage_error("%s needs a value", "--db");
-      db = v;
-    } else if (!is_stats && ((v = opt_value(argc, argv, &i, "--group", &missing)) || missing)) {
+      is_list = strcmp(cmd, "list") == 0;
+      is_redeliver = strcmp(cmd, "redeliver") == 0;
+      is_stats = strcmp(cmd, "stats") == 0;
+      if (!is_list && !is_redeliver && !is_stats)
+        return usage_error("unknown command \"%s\": expected list, redeliver or stats", cmd);
+    } else if (!is_stats && ((v = svc_opt_value(argc, argv, &i, "--group", &missing)) || missing)) {
       if (missing) return usage_error("%s needs a value", "--group");
       if (!valid_group(v)) return usage_error("invalid group \"%s\": 1 to 128 printable characters", v);
       group = v;
-    } else if (is_list && ((v = opt_value(argc, argv, &i, "--state", &missing)) || missing)) {
+    } else if (is_list && ((v = svc_opt_value(argc, argv, &i, "--state", &missing)) || missing)) {
       if (missing) return usage_error("%s needs a value", "--state");
       if (strcmp(v, "DEAD") != 0 && strcmp(v, "REDELIVER") != 0 && strcmp(v, "REDELIVERED") != 0)
         return usage_error("invalid state \"%s\": expected DEAD, REDELIVER or REDELIVERED", v);
       state = v;
-    } else if (is_redeliver && ((v = opt_value(argc, argv, &i, "--id", &missing)) || missing)) {
+    } else if (is_redeliver && ((v = svc_opt_value(argc, argv, &i, "--id", &missing)) || missing)) {
       if (missing) return usage_error("%s needs a value", "--id");
       if (!parse_id(v, &ids[nids])) return usage_error("invalid id \"%s\": expected a positive integer", v);
       if (++nids == MAX_IDS) return usage_error("more than %d ids: use --all, or several runs", MAX_IDS - 1);
@@ -401,6 +376,7 @@ int main(int argc, char **argv) {
       return EXIT_USAGE;
     }
   }
+  if (!cmd) return usage_error("%s", "no command: list, redeliver or stats");
   if (is_redeliver) {
     if (!group) return usage_error("%s", "redeliver needs --group");
     if (all == (nids > 0)) return usage_error("%s", "redeliver needs either --id N ... or --all");

@@ -59,22 +59,6 @@ static int usage_error(const char *msg, const char *arg) {
   return 2;
 }
 
-/* "--name VALUE" or "--name=VALUE" at argv[*i]; NULL when it is not this
- * option; '*missing' when it is but has no value. */
-static const char *opt_value(int argc, char **argv, int *i, const char *name, bool *missing) {
-  size_t n = strlen(name);
-  const char *a = argv[*i];
-  *missing = false;
-  if (strncmp(a, name, n) != 0) return NULL;
-  if (a[n] == '=') return a + n + 1;
-  if (a[n] != '\0') return NULL;
-  if (*i + 1 >= argc) {
-    *missing = true;
-    return NULL;
-  }
-  return argv[++*i];
-}
-
 static void print_text(const recon_result_t *r) {
   printf("reconciliation run %lld: window %s .. %s\n", r->run_id, r->since, r->until);
   printf("compared: %lld paid orders, %lld ledger entries, %lld confirmed freezes, %lld buckets, ", r->paid_orders,
@@ -113,21 +97,21 @@ int main(int argc, char **argv) {
       return 0;
     } else if (strcmp(a, "--json") == 0) {
       json = true;
-    } else if ((v = opt_value(argc, argv, &i, "--since", &missing)) || missing) {
+    } else if ((v = svc_opt_value(argc, argv, &i, "--since", &missing)) || missing) {
       if (missing || !*v) return usage_error("--since needs a timestamp", NULL);
       o.since = v;
-    } else if ((v = opt_value(argc, argv, &i, "--until", &missing)) || missing) {
+    } else if ((v = svc_opt_value(argc, argv, &i, "--until", &missing)) || missing) {
       if (missing || !*v) return usage_error("--until needs a timestamp", NULL);
       o.until = v;
-    } else if ((v = opt_value(argc, argv, &i, "--day", &missing)) || missing) {
+    } else if ((v = svc_opt_value(argc, argv, &i, "--day", &missing)) || missing) {
       if (missing || strlen(v) != 10 || v[4] != '-' || v[7] != '-')
         return usage_error("--day needs a date YYYY-MM-DD", v);
       o.day = v;
-    } else if ((v = opt_value(argc, argv, &i, "--settle", &missing)) || missing) {
+    } else if ((v = svc_opt_value(argc, argv, &i, "--settle", &missing)) || missing) {
       long long x;
       if (missing || !svc_parse_ll(v, 0, 86400LL * 30, &x)) return usage_error("invalid --settle", v);
       o.settle_s = x;
-    } else if ((v = opt_value(argc, argv, &i, "--lock-wait", &missing)) || missing) {
+    } else if ((v = svc_opt_value(argc, argv, &i, "--lock-wait", &missing)) || missing) {
       long long x;
       if (missing || !svc_parse_ll(v, 0, 3600, &x)) return usage_error("invalid --lock-wait", v);
       o.lock_wait_ms = (unsigned)x * 1000;

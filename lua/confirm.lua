@@ -20,19 +20,11 @@
 --#include stock_lib.lua
 
 if #KEYS ~= 3 or #ARGV ~= 2 then return -4 end
-local tt = pf_int(ARGV[1], 0, 2147483647)
-local order = pf_id(ARGV[2])
-if not tt or not order then return -4 end
 local k = {stock = KEYS[1], orders = KEYS[2], expiry = KEYS[3]}
-
-local rec = redis.call('HGET', k.orders, order)
-if not rec then return -8 end
-local s, t, b, q, u = pf_rec_parse(rec)
-if not s or t ~= tt then return -4 end
-if s == 'C' then return -6 end
-if s == 'R' then return -7 end
-redis.call('HINCRBY', k.stock, 'frozen:' .. b, -q)
-redis.call('HINCRBY', k.stock, 'sold:' .. b, q)
-redis.call('HSET', k.orders, order, pf_rec('C', t, b, q, u))
-redis.call('ZREM', k.expiry, order)
+local f, answer = pf_frozen_order(k.orders, ARGV[1], ARGV[2])
+if not f then return answer end
+redis.call('HINCRBY', k.stock, 'frozen:' .. f.b, -f.q)
+redis.call('HINCRBY', k.stock, 'sold:' .. f.b, f.q)
+redis.call('HSET', k.orders, f.order, pf_rec('C', f.tt, f.b, f.q, f.u))
+redis.call('ZREM', k.expiry, f.order)
 return 0

@@ -17,16 +17,8 @@
 --#include stock_lib.lua
 
 if #KEYS ~= 4 or #ARGV ~= 2 then return -4 end
-local tt = pf_int(ARGV[1], 0, 2147483647)
-local order = pf_id(ARGV[2])
-if not tt or not order then return -4 end
 local k = {stock = KEYS[1], bought = KEYS[2], orders = KEYS[3], expiry = KEYS[4]}
-
-local rec = redis.call('HGET', k.orders, order)
-if not rec then return -8 end
-local s, t, b, q, u = pf_rec_parse(rec)
-if not s or t ~= tt then return -4 end
-if s == 'C' then return -6 end
-if s == 'R' then return -7 end
-pf_release_rec(k, order, b, q, u, t)
+local f, answer = pf_frozen_order(k.orders, ARGV[1], ARGV[2])
+if not f then return answer end
+pf_release_rec(k, f.order, f.b, f.q, f.u, f.tt)
 return 0

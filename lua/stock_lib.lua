@@ -111,6 +111,25 @@ local function pf_replay(rec, tt, user, qty)
   return b
 end
 
+-- The frozen order of a confirm or a release: 'tt_arg' and 'order_arg'
+-- as passed (ARGV), the order's record in the hash 'orders'.  A table
+-- {order, tt, b, q, u} (canonical order id, ticket type, bucket, qty,
+-- user); or nil and the script's answer: -4 bad arguments or another
+-- ticket type's order, -8 no freeze of this order, -6 confirmed before,
+-- -7 released before.
+local function pf_frozen_order(orders, tt_arg, order_arg)
+  local tt = pf_int(tt_arg, 0, 2147483647)
+  local order = pf_id(order_arg)
+  if not tt or not order then return nil, -4 end
+  local rec = redis.call('HGET', orders, order)
+  if not rec then return nil, -8 end
+  local s, t, b, q, u = pf_rec_parse(rec)
+  if not s or t ~= tt then return nil, -4 end
+  if s == 'C' then return nil, -6 end
+  if s == 'R' then return nil, -7 end
+  return {order = order, tt = t, b = b, q = q, u = u}
+end
+
 -- Tickets still available in bucket 'i' of the stock hash 'kstock'.
 local function pf_avail(kstock, i)
   local v = redis.call('HMGET', kstock, 'stock:' .. i, 'frozen:' .. i, 'sold:' .. i)

@@ -550,6 +550,61 @@ static void add_forbid(tc_adm_plan_t *p, int s) {
   if (p->nforbid < TC_ADM_MAX_FORBID) p->forbid[p->nforbid++] = s;
 }
 
+/* The two forced decisions are mirror images: what each is called, the
+ * statuses that drive it already, where a Begin global goes, and the
+ * branch statuses that must not be found (a branch that went the other
+ * way). */
+typedef struct force_dir {
+  bool commit;
+  const char *verb, *verbing, *other; /* "roll back", "rolling back", "commit" */
+  int driving[2];
+  int begin_to;
+  int forbid[3], nforbid;
+} force_dir_t;
+
+static const force_dir_t force_rollback = {
+  .commit = false, .verb = "roll back", .verbing = "rolling back", .other = "commit",
+  .driving = {TXP_GS_ROLLBACKING, TXP_GS_TIMEOUT_ROLLBACKING}, .begin_to = TXP_GS_ROLLBACKING,
+  .forbid = {TXP_BS_PHASE2_COMMITTED}, .nforbid = 1};
+static const force_dir_t force_commit = {
+  .commit = true, .verb = "commit", .verbing = "committing", .other = "rollback",
+  .driving = {TXP_GS_COMMITTING, TXP_GS_ASYNC_COMMITTING}, .begin_to = TXP_GS_ASYNC_COMMITTING,
+  .forbid = {TXP_BS_PHASE2_ROLLBACKED, TXP_BS_PHASE2_ROLLBACK_FAILED_RETRYABLE,
+             TXP_BS_PHASE2_ROLLBACK_FAILED_UNRETRYABLE},
+  .nforbid = 3};
+
+/* Force the decision 'd' on a global of status 's': refused when the
+ * other decision was made (atomicity) or this one is driven already; a
+ * Begin global is decided now, a failed or stopped one of this decision
+ * driven again. */
+static int plan_force(const force_dir_t *d, const char *xid, int s, tc_adm_plan_t *p, char *err, size_t errlen) {
+  const char *sn = txp_global_status_name(s);
+  bool same = d->commit ? txp_global_status_is_commit(s) : txp_global_status_is_rollback(s);
+  bool other = d->commit ? txp_global_status_is_rollback(s) : txp_global_status_is_commit(s);
+  if (other)
+    return fail(err, errlen,
+                "could not %s global transaction \"%s\": it is %s, the decision was %s, and %s now would break "
+                "atomicity; use \"redrive\" to finish the %s",
+                d->verb, xid, sn, d->other, d->verbing, d->other);
+  if (s == d->driving[0] || s == d->driving[1])
+    return fail(err, errlen,
+                "global transaction \"%s\" is already %s: nothing to force; use \"redrive\" to re-send phase two now",
+                xid, sn);
+  if (s == TXP_GS_BEGIN) {
+    p->action = TC_ADM_ACT_DECIDE;
+    p->commit = d->commit;
+    p->to = d->begin_to;
+  } else if (same && redrive_target(s) > 0) {
+    p->action = TC_ADM_ACT_CAS_DRIVE;
+    p->to = redrive_target(s);
+    p->retry = TC_ADM_RETRY_LEASE;
+  } else {
+    return fail(err, errlen, "could not %s global transaction \"%s\": it is %s", d->verb, xid, sn);
+  }
+  for (int i = 0; i < d->nforbid; i++) add_forbid(p, d->forbid[i]);
+  return 0;
+}
+
 int tc_adm_plan_repair(tc_adm_kind_t kind, const char *xid, int s, const int *bs, int nb, tc_adm_plan_t *p,
                        char *err, size_t errlen) {
   memset(p, 0, sizeof(*p));
@@ -557,59 +612,13 @@ int tc_adm_plan_repair(tc_adm_kind_t kind, const char *xid, int s, const int *bs
   p->to = s;
   const char *sn = txp_global_status_name(s);
   bool commit_family = txp_global_status_is_commit(s);
-  bool rollback_family = txp_global_status_is_rollback(s);
   if (!txp_global_status_valid(s) || s == TXP_GS_FINISHED)
     return fail(err, errlen, "global transaction \"%s\" has status %d (%s): not a live session", xid, s, sn);
 
   switch (kind) {
   case TC_ADM_ROLLBACK:
-    if (commit_family)
-      return fail(err, errlen,
-                  "could not roll back global transaction \"%s\": it is %s, the decision was commit, and rolling "
-                  "back now would break atomicity; use \"redrive\" to finish the commit",
-                  xid, sn);
-    if (s == TXP_GS_ROLLBACKING || s == TXP_GS_TIMEOUT_ROLLBACKING)
-      return fail(err, errlen,
-                  "global transaction \"%s\" is already %s: nothing to force; use \"redrive\" to re-send phase two now",
-                  xid, sn);
-    if (s == TXP_GS_BEGIN) {
-      p->action = TC_ADM_ACT_DECIDE;
-      p->commit = false;
-      p->to = TXP_GS_ROLLBACKING;
-    } else if (rollback_family && redrive_target(s) > 0) {
-      p->action = TC_ADM_ACT_CAS_DRIVE;
-      p->to = redrive_target(s);
-      p->retry = TC_ADM_RETRY_LEASE;
-    } else {
-      return fail(err, errlen, "could not roll back global transaction \"%s\": it is %s", xid, sn);
-    }
-    add_forbid(p, TXP_BS_PHASE2_COMMITTED);
-    break;
-
   case TC_ADM_COMMIT:
-    if (rollback_family)
-      return fail(err, errlen,
-                  "could not commit global transaction \"%s\": it is %s, the decision was rollback, and committing "
-                  "now would break atomicity; use \"redrive\" to finish the rollback",
-                  xid, sn);
-    if (s == TXP_GS_COMMITTING || s == TXP_GS_ASYNC_COMMITTING)
-      return fail(err, errlen,
-                  "global transaction \"%s\" is already %s: nothing to force; use \"redrive\" to re-send phase two now",
-                  xid, sn);
-    if (s == TXP_GS_BEGIN) {
-      p->action = TC_ADM_ACT_DECIDE;
-      p->commit = true;
-      p->to = TXP_GS_ASYNC_COMMITTING;
-    } else if (commit_family && redrive_target(s) > 0) {
-      p->action = TC_ADM_ACT_CAS_DRIVE;
-      p->to = redrive_target(s);
-      p->retry = TC_ADM_RETRY_LEASE;
-    } else {
-      return fail(err, errlen, "could not commit global transaction \"%s\": it is %s", xid, sn);
-    }
-    add_forbid(p, TXP_BS_PHASE2_ROLLBACKED);
-    add_forbid(p, TXP_BS_PHASE2_ROLLBACK_FAILED_RETRYABLE);
-    add_forbid(p, TXP_BS_PHASE2_ROLLBACK_FAILED_UNRETRYABLE);
+    if (plan_force(kind == TC_ADM_COMMIT ? &force_commit : &force_rollback, xid, s, p, err, errlen) != 0) return -1;
     break;
 
   case TC_ADM_STOP_RETRY:

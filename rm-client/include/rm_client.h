@@ -130,12 +130,13 @@ RM_API const char *rm_strerror(int code);
 /* Name of a global status ("Committed", ...). */
 RM_API const char *rm_global_status_name(int status);
 /*
- * Details of the calling thread's last failed call of the client, resource,
- * TM or AT functions ("" if none yet): why the arguments were refused, the
- * coordinator's or PostgreSQL's message, what to run to fix it.  Like
- * rm_prefilter_errmsg: thread-local, valid until the thread's next failed
- * call, never cleared by a success (read it right after the failure).  An
- * AT branch's failures are also in rm_at_errmsg(b).
+ * Details of the calling thread's last failed call of the library ("" if
+ * none yet): why the arguments were refused, the coordinator's, Redis's or
+ * PostgreSQL's message, what to run to fix it.  rm_prefilter_errmsg and
+ * rm_local_errmsg read the same message.  Thread-local, like errno: valid
+ * until the thread's next failed call, never cleared by a success (read it
+ * right after the failure).  An AT branch's failures are also in
+ * rm_at_errmsg(b).
  */
 RM_API const char *rm_errmsg(void);
 
@@ -900,7 +901,8 @@ RM_API void rm_prefilter_free(rm_prefilter_t *pf);
 
 /* Describes any code (prefilter or core; falls back to rm_strerror). */
 RM_API const char *rm_prefilter_strerror(int code);
-/* Details of the calling thread's last failed prefilter call ("" if none). */
+/* Details of the calling thread's last failed call ("" if none): the same
+ * message as rm_errmsg(). */
 RM_API const char *rm_prefilter_errmsg(void);
 
 /*
@@ -1278,8 +1280,8 @@ RM_API int rm_local_order_finish(rm_client_t *c, PGconn *orders_pg, int64_t orde
  */
 RM_API int rm_local_order_cancel(rm_client_t *c, PGconn *orders_pg, rm_prefilter_t *pf, int64_t order_id,
                                  int refusal);
-/* Details of the calling thread's last failed rm_local_* or rm_compensate
- * call ("" if none). */
+/* Details of the calling thread's last failed call, rm_local_* or
+ * rm_compensate among them ("" if none): the same message as rm_errmsg(). */
 RM_API const char *rm_local_errmsg(void);
 
 /* Counters of the rm_local_* calls that succeeded with client 'c' named,

@@ -49,31 +49,14 @@
 
 #include "tc_bus_auth.h"
 #include "tc_bus_msg.h"
+#include "bus_txb1.h"
+#include "scenario.h"
 #include "txclient.h"
 
 #define MAX_EVENTS 256
 
 static const char *token, *tc_url, *cluster_dir;
 static char node_addr[4][64]; /* [node id] host:port */
-static int failures;
-
-static void check(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void check(bool ok, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  printf("%s - ", ok ? "ok  " : "FAIL");
-  vprintf(fmt, ap);
-  printf("\n");
-  fflush(stdout);
-  va_end(ap);
-  if (!ok) failures++;
-}
-
-static void sleep_ms(int ms) {
-  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-  }
-}
 
 static long long q1(const char *sql) {
   PGconn *c = PQconnectdb(tc_url);
@@ -132,8 +115,7 @@ static int rm_handler(txc_t *c, const txp_msg_t *req, txp_msg_t *res, void *arg)
     rm.n++;
   }
   pthread_mutex_unlock(&rm.mu);
-  txp_msg_set_int(res, TXP_F_BRANCH_STATUS, req->type == TXP_MSG_BRANCH_COMMIT ? TXP_BS_PHASE2_COMMITTED
-                                                                              : TXP_BS_PHASE2_ROLLBACKED);
+  txp_msg_set_int(res, TXP_F_BRANCH_STATUS, txc_phase2_done(req->type));
   return 0;
 }
 
@@ -396,44 +378,19 @@ static struct {
   pthread_t th;
 } intr;
 
-static void put_be(uint8_t *p, uint64_t v, int n) {
-  for (int i = n - 1; i >= 0; i--) {
-    p[i] = (uint8_t)v;
-    v >>= 8;
-  }
-}
-
 /* Answer forward 'id' of node 'asker' about 'xid'/'branch': the RM rolled
  * back.  'how' 0: the old TXB1 format as node 777 (what bus.py did);
  * 1: sealed with a wrong key as node 'other'; 2: sealed with the secret
  * as node 777. */
 static void forge(int s, int how, int asker, uint64_t id, const char *xid, int64_t branch) {
   txp_msg_t res;
-  txp_msg_init(&res, (txp_msg_type_t)(TXP_MSG_BRANCH_ROLLBACK + 1));
-  res.flags = TXP_FLAG_RESPONSE;
-  txp_msg_set_int(&res, TXP_F_CODE, 0);
-  txp_msg_set_str(&res, TXP_F_XID, xid);
-  txp_msg_set_int(&res, TXP_F_BRANCH_ID, branch);
-  txp_msg_set_int(&res, TXP_F_BRANCH_STATUS, TXP_BS_PHASE2_ROLLBACKED);
+  txc_branch_result(&res, TXP_MSG_BRANCH_ROLLBACK, xid, branch, TXP_BS_PHASE2_ROLLBACKED);
   txp_buf_t frame, out;
   txp_buf_init(&frame, 0);
   txp_buf_init(&out, 0);
   txp_encode(&res, &frame, 0);
   if (how == 0) {
-    size_t plen = 2 + 8 + 1 + 4 + frame.len;
-    uint8_t *m = calloc(1, 16 + plen);
-    memcpy(m, "TXB1", 4);
-    m[4] = TC_BUS_FORWARD_RESULT;
-    put_be(m + 6, 777, 2);
-    put_be(m + 8, 12345, 4);
-    put_be(m + 12, plen, 4);
-    put_be(m + 16, (uint64_t)asker, 2);
-    put_be(m + 18, id, 8);
-    m[26] = TC_BUS_ANSWERED;
-    put_be(m + 27, frame.len, 4);
-    memcpy(m + 31, frame.data, frame.len);
-    nn_send(s, m, 16 + plen, 0);
-    free(m);
+    bus_send_txb1(s, (uint16_t)asker, id, &frame);
   } else {
     tc_bus_keys_t wrong;
     tc_bus_keys_from_hex(&wrong, "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100", NULL);
@@ -619,8 +576,7 @@ static int silent_handler(txc_t *c, const txp_msg_t *req, txp_msg_t *res, void *
 static int answer_handler(txc_t *c, const txp_msg_t *req, txp_msg_t *res, void *arg) {
   int *got = arg;
   (*got)++;
-  txp_msg_set_int(res, TXP_F_BRANCH_STATUS, req->type == TXP_MSG_BRANCH_COMMIT ? TXP_BS_PHASE2_COMMITTED
-                                                                              : TXP_BS_PHASE2_ROLLBACKED);
+  txp_msg_set_int(res, TXP_F_BRANCH_STATUS, txc_phase2_done(req->type));
   return 0;
 }
 
@@ -718,6 +674,6 @@ int main(void) {
   atomic_store(&rm.stop, 1);
   pthread_join(rm.th, NULL);
   txc_close(rm.c);
-  printf("cluster_bus: %s (%d failed checks)\n", failures ? "FAILED" : "passed", failures);
-  return failures ? 1 : 0;
+  printf("cluster_bus: %s (%d failed checks)\n", scenario_failures ? "FAILED" : "passed", scenario_failures);
+  return scenario_failures ? 1 : 0;
 }

@@ -60,6 +60,7 @@
 
 #include "txc_secret.h"
 #include "rm_client.h"
+#include "scenario.h"
 
 #define SLOT_MS 250
 #define MAX_SLOTS 4096
@@ -99,7 +100,6 @@ static atomic_uint slots[MAX_SLOTS];
 /* Error codes of TM calls seen while a fault is active (for pgrestart). */
 static atomic_int fault_active;
 static atomic_uint bad_fault_codes, fault_errors;
-static int failures;
 
 static double now_ms(void) {
   struct timespec ts;
@@ -107,12 +107,6 @@ static double now_ms(void) {
   return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 static double rel_s(void) { return (now_ms() - t0_ms) / 1000.0; }
-
-static void sleep_ms(int ms) {
-  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-  }
-}
 
 static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void say(const char *fmt, ...) {
@@ -123,18 +117,6 @@ static void say(const char *fmt, ...) {
   printf("\n");
   fflush(stdout);
   va_end(ap);
-}
-
-static void check(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void check(bool ok, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  printf("%s - ", ok ? "ok  " : "FAIL");
-  vprintf(fmt, ap);
-  printf("\n");
-  fflush(stdout);
-  va_end(ap);
-  if (!ok) failures++;
 }
 
 static void log_cb(int level, const char *msg, void *arg) {
@@ -761,6 +743,6 @@ int main(int argc, char **argv) {
     free(ws[i].recs);
   }
   free(ws);
-  printf("cluster_load %s: %s (%d failed checks)\n", scenario, failures ? "FAILED" : "passed", failures);
-  return failures ? 1 : 0;
+  printf("cluster_load %s: %s (%d failed checks)\n", scenario, scenario_failures ? "FAILED" : "passed", scenario_failures);
+  return scenario_failures ? 1 : 0;
 }

@@ -30,6 +30,9 @@
 #include "tc_bus.h"
 #include "tc_bus_auth.h"
 #include "tc_bus_msg.h"
+#include "bus_txb1.h"
+#include "test_file.h"
+#include "txclient.h"
 
 #define KEY_A "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff"
 #define KEY_B "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100"
@@ -261,14 +264,6 @@ static void test_replay_window(void **state) {
   free(r);
 }
 
-static void write_file(const char *path, const char *text, mode_t mode) {
-  FILE *f = fopen(path, "w");
-  assert_non_null(f);
-  fputs(text, f);
-  fclose(f);
-  assert_int_equal(chmod(path, mode), 0);
-}
-
 static void test_secret_file(void **state) {
   (void)state;
   char path[] = "/tmp/test_tc_bus_secret.XXXXXX";
@@ -277,10 +272,10 @@ static void test_secret_file(void **state) {
   close(fd);
   tc_bus_keys_t k;
   char err[512];
-  write_file(path, "# the cluster secret\n" KEY_A "\n", 0600);
+  assert_true(test_write_file(path, "# the cluster secret\n" KEY_A "\n", 0600));
   assert_int_equal(tc_bus_keys_load(path, &k, err, sizeof(err)), 0);
   assert_int_equal(k.n, 1);
-  write_file(path, KEY_B "\n\n" KEY_A "\n", 0600);
+  assert_true(test_write_file(path, KEY_B "\n\n" KEY_A "\n", 0600));
   assert_int_equal(tc_bus_keys_load(path, &k, err, sizeof(err)), 0);
   assert_int_equal(k.n, 2);
   tc_bus_keys_t want;
@@ -300,7 +295,7 @@ static void test_secret_file(void **state) {
     {KEY_A "\n" KEY_B "\n" KEY_A "\n", 0600, "more than 2 keys"},
   };
   for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-    write_file(path, bad[i].text, bad[i].mode);
+    assert_true(test_write_file(path, bad[i].text, bad[i].mode));
     err[0] = '\0';
     assert_int_equal(tc_bus_keys_load(path, &k, err, sizeof(err)), -1);
     assert_int_equal(k.n, 0);
@@ -669,22 +664,10 @@ static void pump(world_t *w, int ms) {
   uv_run(&w->loop, UV_RUN_NOWAIT);
 }
 
-static void put_be(uint8_t *p, uint64_t v, int n) {
-  for (int i = n - 1; i >= 0; i--) {
-    p[i] = (uint8_t)v;
-    v >>= 8;
-  }
-}
-
 /* A BranchCommit result claiming the RM gave up (not what node 3 says). */
 static void forged_frame(txp_buf_t *frame, const char *xid, int64_t branch_id) {
   txp_msg_t res;
-  txp_msg_init(&res, (txp_msg_type_t)(TXP_MSG_BRANCH_COMMIT + 1));
-  res.flags = TXP_FLAG_RESPONSE;
-  txp_msg_set_int(&res, TXP_F_CODE, 0);
-  txp_msg_set_str(&res, TXP_F_XID, xid);
-  txp_msg_set_int(&res, TXP_F_BRANCH_ID, branch_id);
-  txp_msg_set_int(&res, TXP_F_BRANCH_STATUS, TXP_BS_PHASE2_COMMIT_FAILED_UNRETRYABLE);
+  txc_branch_result(&res, TXP_MSG_BRANCH_COMMIT, xid, branch_id, TXP_BS_PHASE2_COMMIT_FAILED_UNRETRYABLE);
   txp_buf_init(frame, 0);
   assert_int_equal(txp_encode(&res, frame, 0), 0);
 }
@@ -711,20 +694,7 @@ static void send_forged(int s, uint16_t from, const tc_bus_keys_t *k, uint64_t i
 static void send_old_format(int s, uint64_t id, const char *xid) {
   txp_buf_t frame;
   forged_frame(&frame, xid, 5);
-  size_t plen = 2 + 8 + 1 + 4 + frame.len;
-  uint8_t *m = calloc(1, 16 + plen);
-  memcpy(m, "TXB1", 4);
-  m[4] = TC_BUS_FORWARD_RESULT;
-  put_be(m + 6, 777, 2);
-  put_be(m + 8, 12345, 4);
-  put_be(m + 12, plen, 4);
-  put_be(m + 16, 1, 2);
-  put_be(m + 18, id, 8);
-  m[26] = TC_BUS_ANSWERED;
-  put_be(m + 27, frame.len, 4);
-  memcpy(m + 31, frame.data, frame.len);
-  assert_true(nn_send(s, m, 16 + plen, 0) == (int)(16 + plen));
-  free(m);
+  assert_true(bus_send_txb1(s, 1, id, &frame) > 0);
   txp_buf_free(&frame);
 }
 

@@ -26,18 +26,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz_check.h"
 #include "tc_bus_auth.h"
 #include "tc_bus_msg.h"
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define CHECK(cond)                                                                    \
-  do {                                                                                 \
-    if (!(cond)) {                                                                     \
-      fprintf(stderr, "fuzz_bus: %s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-      abort();                                                                         \
-    }                                                                                  \
-  } while (0)
 
 /* The key of the seed corpus (tests/fuzz/corpus-bus, gen_bus_corpus.py). */
 #define FUZZ_KEY "6275732d66757a7a2d6b65792d6e6f742d612d7265616c2d7365637265742121"

@@ -24,18 +24,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz_check.h"
 #include "txp_mpcheck.h"
 #include "txp_msg.h"
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define CHECK(cond)                                                                      \
-  do {                                                                                   \
-    if (!(cond)) {                                                                       \
-      fprintf(stderr, "fuzz_decoder: %s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-      abort();                                                                           \
-    }                                                                                    \
-  } while (0)
 
 enum { K_STR, K_I64, K_U32, K_BOOL };
 

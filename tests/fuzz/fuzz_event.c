@@ -15,24 +15,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz_check.h"
 #include "svc_event.h"
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define CHECK(cond)                                                                       \
-  do {                                                                                    \
-    if (!(cond)) {                                                                        \
-      fprintf(stderr, "fuzz_event: %s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-      abort();                                                                            \
-    }                                                                                     \
-  } while (0)
-
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  if (size > 4096) return 0;
-  char *buf = malloc(size + 1);
+  char *buf = fuzz_cstr(data, size, 4096);
   if (!buf) return 0;
-  memcpy(buf, data, size);
-  buf[size] = '\0';
   const char *parts[16];
   size_t n = 0;
   for (size_t i = 0, start = 0; i <= size && n < 16; i++) {

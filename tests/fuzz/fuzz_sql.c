@@ -19,27 +19,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz_check.h"
 #include "rm_client.h"
 #include "rm_sql.h"
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define CHECK(cond)                                                                     \
-  do {                                                                                  \
-    if (!(cond)) {                                                                      \
-      fprintf(stderr, "fuzz_sql: %s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-      abort();                                                                          \
-    }                                                                                   \
-  } while (0)
 
 static bool same(const char *a, const char *b) { return (!a && !b) || (a && b && strcmp(a, b) == 0); }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-  if (size > 4096) return 0;
-  char *sql = malloc(size + 1);
+  char *sql = fuzz_cstr(data, size, 4096);
   if (!sql) return 0;
-  memcpy(sql, data, size);
-  sql[size] = '\0';
   rm_sql_stmt_t s;
   char err[512] = "";
   int rc = rm_sql_classify(sql, &s, err, sizeof(err));

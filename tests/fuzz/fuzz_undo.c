@@ -19,17 +19,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fuzz_check.h"
 #include "rm_image.h"
-
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-#define CHECK(cond)                                                                      \
-  do {                                                                                   \
-    if (!(cond)) {                                                                       \
-      fprintf(stderr, "fuzz_undo: %s:%d: check failed: %s\n", __FILE__, __LINE__, #cond); \
-      abort();                                                                           \
-    }                                                                                    \
-  } while (0)
 
 static void check_item(const rm_item_t *it) {
   CHECK(it->op >= RM_OP_INSERT && it->op <= RM_OP_COMMIT_DELTA);

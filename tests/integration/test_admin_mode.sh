@@ -40,12 +40,7 @@ eval "$out"
 unset TXC_ADMIN_TOKEN_FILE # txc-mode below signs with the services' key
 ok "cluster and services started ($ORDER_URL, $STOCK_URL)"
 
-A=$(q "$STOCK_PG_URL" "SELECT coalesce(max(activity_id), 0) + 1 FROM activity")
-q "$STOCK_PG_URL" "INSERT INTO activity (activity_id, name, status, per_user_limit, starts_at, ends_at)
-    VALUES ($A, 'admin mode test', 1, 2, now() - interval '1 second', now() + interval '1 hour');
-  INSERT INTO activity_ticket_bucket (activity_id, ticket_type, bucket_id, stock)
-    SELECT $A, 1, g, 50 FROM generate_series(0, 1) g" >/dev/null
-"$bin/txc-compensate" --reconcile --activity "$A" >/dev/null 2>&1
+A=$(on_sale_activity 'admin mode test' 2 50)
 
 # admin URL [CURL ARGS...]: the answer's status in $code, its body in $body
 admin() {
@@ -161,14 +156,5 @@ admin "$STOCK_URL" -XPOST "${bearer[@]}" -d '{"mode":"auto"}'
 check "  auto again: 200, not forced" test "$code $(metric "$STOCK_URL" txc_client_mode_forced)" = "200 0"
 
 # --- 6. stop ---
-"$src/examples/services" stop "$ORDER_PID" "$STOCK_PID" "${EVENTS_PID:-}"
-ORDER_PID=
-check "order-service stopped cleanly" grep -q '"msg":"order-service stopped"' "$CLUSTER_DIR/order-service.log"
-check "stock-service stopped cleanly" grep -q '"msg":"stock-service stopped"' "$CLUSTER_DIR/stock-service.log"
-check "no sanitizer report" bash -c "! grep -l 'ERROR: AddressSanitizer\|runtime error:' $CLUSTER_DIR/*.log"
-
-if [[ $failures -ne 0 ]]; then
-  echo "test_admin_mode: $failures check(s) FAILED" >&2
-  exit 1
-fi
-echo "test_admin_mode: all checks passed"
+stop_services order-service stock-service
+checks_done

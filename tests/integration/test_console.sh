@@ -118,7 +118,7 @@ rc=0
 wait "$SALE_PID" || rc=$?
 SALE_PID=
 check "flashsale exits 0 (status $rc)" test "$rc" -eq 0
-act=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["activity"])' "$tmp/sale.json")
+act=$(sale_activity "$tmp/sale.json")
 
 # The report as a page (flashsale --html): every chart drawn, its accepted
 # orders per slot add up to the report's count, and a browser renders it

@@ -93,21 +93,16 @@ ok "cluster and services started ($TC_NODES; $ORDER_URL; $STOCK_URL; ${EVENTS_UR
 check "event-consumers started (EVENTS_PG_URL is set)" test -n "${EVENTS_URL:-}"
 
 # --- 1. a short flash sale ---
-rc=0
-"$bin/flashsale" --users 400 --window 2 --tickets 150 --buckets 4 --limit 2 --pay 40 --cancel 20 \
-  --again 30 --dup 20 --think-ms 300 --settle 30 --quiet --json "$tmp/sale.json" || rc=$?
-check "flashsale exits 0 (status $rc)" test "$rc" -eq 0
-if python3 - "$tmp/sale.json" <<'EOF'; then ok "sale report: invariants, sold, refusals"; else fail "sale report"; fi
+checked_sale sale "$tmp/sale.json" --users 400 --window 2 --tickets 150 --buckets 4 --limit 2 --pay 40 \
+  --cancel 20 --again 30 --dup 20 --think-ms 300 --settle 30
+if python3 - "$tmp/sale.json" <<'EOF'; then ok "sale report: every invariant, refusals, keys, events"; else fail "sale report"; fi
 import json, sys
 r = json.load(open(sys.argv[1]))
-print("  sold %(sold)d frozen %(frozen)d accepted %(accepted)d rejected %(rejected)s committed %(committed)d "
-      "rolled_back %(rolled_back)d unfinished %(unfinished)d p99 %(p99_ms).1f ms" % r)
-assert r["invariants_ok"] is True, r["invariants"]
+print("  p99 %(p99_ms).1f ms" % r)
 assert all(v["ok"] is True for v in r["invariants"].values()), r["invariants"]
 assert r["sold"] + r["frozen"] <= r["tickets"] == 150
-assert r["accepted"] > 0 and r["sold"] > 0
 assert r["rejected"]["sold_out"] > 0
-assert r["unfinished"] == 0 and r["committed"] >= r["accepted"]
+assert r["committed"] >= r["accepted"]
 assert r["invariants"]["one_order_per_key"]["ok"] is True, r["invariants"]
 d = r["duplicates"]
 print("  sent again with their key: %(sent)d, same answer %(same)d, differing %(differing)d;" % d,
@@ -125,9 +120,7 @@ if r["unknown_outcome"] == 0 and r["unavailable"] == 0:
 EOF
 
 # --- 2. the API, case by case, on an activity of its own ---
-"$bin/flashsale" --users 1 --window 0 --tickets 20 --buckets 2 --limit 3 --pay 0 --cancel 0 --again 0 \
-  --quiet --json "$tmp/seed.json" >/dev/null
-act=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["activity"])' "$tmp/seed.json")
+act=$(new_activity seed 20 2 3)
 ok "activity $act seeded"
 
 http POST /orders '{"activity":'"$act"',"ticket_type":1,"user":1'
@@ -199,15 +192,24 @@ http POST /orders/999999999/pay
 check "pay an unknown order: 404 ($code)" test "$code" = 404
 
 # the rest of the stock, then sold out.  The cancel gives its ticket back a
-# moment later (the order event, stock-service's consumer): wait until
-# Redis has it, or an order of 2 could meet a bucket with 1 free now and 2
-# later, and the count below would depend on the timing.
+# moment later (the order event, stock-service's consumer), and so does the
+# seeding user's unpaid order when it expires (ORDER_TTL_S=6): wait until
+# Redis holds no frozen ticket of the activity, or an order of 2 could
+# meet a bucket with 1 free now and 2 later, and the count below would
+# depend on the timing.
 released=
 for _ in $(seq 100); do
   [[ $(redis-cli -u "$REDIS_URL" HGET "{act_$act}:orders" "$o2" | cut -c1) == R ]] && { released=1; break; }
   sleep 0.1
 done
 check "  the cancelled order's ticket is back in Redis" test -n "$released"
+frozen() { # the activity's frozen tickets in Redis, over both buckets
+  local b0 b1
+  b0=$(redis-cli -u "$REDIS_URL" HGET "{act_$act}:t1:stock" frozen:0)
+  b1=$(redis-cli -u "$REDIS_URL" HGET "{act_$act}:t1:stock" frozen:1)
+  echo $((${b0:-0} + ${b1:-0}))
+}
+check "  and the seeding order's, expired: nothing frozen" wait_for 20 eval '[ "$(frozen)" = 0 ]'
 # Each order is paid once the next one is made: unpaid, it would expire
 # after ORDER_TTL_S=6 and give its tickets back before the sold-out check
 # on a slow machine (the sanitizer build in a busy make test).  The last
@@ -248,7 +250,7 @@ check "invariants of activity $act (status $rc)" test "$rc" -eq 0
 
 # The sale's unpaid orders expire (ORDER_TTL_S=6): wait for the first
 # expiries, then check the sale's activity again.
-sale_act=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["activity"])' "$tmp/sale.json")
+sale_act=$(sale_activity "$tmp/sale.json")
 expired=0
 for ((i = 0; i < 150; i++)); do
   expired=$(psql -X -q -A -t -d "$ORDERS_PG_URL" \
@@ -264,9 +266,7 @@ check "invariants of activity $sale_act after the expiries (status $rc)" test "$
 [[ $rc -eq 0 ]] || cat "$tmp/check2.out" >&2
 
 # --- 2a. idempotent submit: POST /orders with an Idempotency-Key ---
-"$bin/flashsale" --users 1 --window 0 --tickets 12 --buckets 2 --limit 2 --pay 0 --cancel 0 --again 0 \
-  --quiet --json "$tmp/idem_seed.json" >/dev/null
-ia=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["activity"])' "$tmp/idem_seed.json")
+ia=$(new_activity idem_seed 12 2 2)
 # kpost KEY USER QTY: POST /orders on activity $ia with that key; sets
 # $code, $body and $replayed (the Idempotent-Replayed header, "" if absent)
 kpost() {
@@ -397,9 +397,7 @@ check "invariants of activity $ia after the keyed orders (status $rc)" test "$rc
 # --- 2b. fallback to local: every coordinator node dies in the middle of a
 # sale; orders keep succeeding (local mode), the nodes come back, the
 # compensation job runs, every invariant holds, /metrics counted the switch.
-"$bin/flashsale" --users 1 --window 0 --tickets 80 --buckets 2 --limit 2 --pay 0 --cancel 0 --again 0 \
-  --quiet --json "$tmp/fb_seed.json" >/dev/null
-fb_act=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["activity"])' "$tmp/fb_seed.json")
+fb_act=$(new_activity fb_seed 80 2 2)
 metric_at() { curl -s "$1/metrics" | awk -v k="$2" '$1 == k {print $2}'; } # URL NAME
 metric() { metric_at "$ORDER_URL" "$1"; }
 healthz_mode() { curl -s "$ORDER_URL/healthz" | python3 -c 'import json,sys; print(json.load(sys.stdin).get("mode",""))'; }
@@ -557,9 +555,7 @@ start_consumers() {
 check "event-consumers stopped cleanly" grep -q '"msg":"event-consumers stopped"' "$CLUSTER_DIR/event-consumers.log"
 start_consumers CONSUMER_MAX_DELIVERIES=3 CONSUMER_BACKOFF_MS=200,400
 ok "event-consumers restarted: 3 deliveries, backoff 200, 400 ms ($EVENTS_URL)"
-"$bin/flashsale" --users 1 --window 0 --tickets 10 --buckets 1 --limit 2 --pay 0 --cancel 0 --again 0 \
-  --quiet --json "$tmp/poison_seed.json" >/dev/null
-p_act=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["activity"])' "$tmp/poison_seed.json")
+p_act=$(new_activity poison_seed 10 1 2)
 p_user=9001
 q_events "INSERT INTO member_hold (user_id, reason) VALUES ($p_user, 'chargeback under review')"
 http POST /orders '{"activity":'"$p_act"',"ticket_type":1,"user":'"$p_user"',"qty":2}'
@@ -674,19 +670,9 @@ check "invariants of activity $k_act after the kill (status $rc)" test "$rc" -eq
 check "consumers_once held there" inv_holds "$tmp/check5.json" consumers_once
 
 # --- 6. clean shutdown ---
-"$src/examples/services" stop "$ORDER_PID" "$STOCK_PID" "$EVENTS_PID"
-ORDER_PID=
-check "order-service stopped cleanly" grep -q '"msg":"order-service stopped"' "$CLUSTER_DIR/order-service.log"
-check "stock-service stopped cleanly" grep -q '"msg":"stock-service stopped"' "$CLUSTER_DIR/stock-service.log"
+stop_services order-service stock-service
 ev_ready=$(grep -c '"msg":"event-consumers ready"' "$CLUSTER_DIR/event-consumers.log" || true)
 ev_stopped=$(grep -c '"msg":"event-consumers stopped"' "$CLUSTER_DIR/event-consumers.log" || true)
 check "every event-consumers but the killed one stopped cleanly ($ev_stopped of $ev_ready)" \
   test "$ev_ready" -ge 4 -a "$ev_stopped" = "$((ev_ready - 1))"
-check "no sanitizer report in the service logs" \
-  bash -c "! grep -l 'Sanitizer' '$CLUSTER_DIR/order-service.log' '$CLUSTER_DIR/stock-service.log' '$CLUSTER_DIR/event-consumers.log'"
-
-if [[ $failures -ne 0 ]]; then
-  echo "test_demo: $failures check(s) failed" >&2
-  exit 1
-fi
-echo "test_demo: all checks passed"
+checks_done

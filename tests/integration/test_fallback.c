@@ -63,6 +63,7 @@
 #include <unistd.h>
 
 #include "rm_client.h"
+#include "rm_itest.h"
 #include "tcd_proc.h"
 
 #define TOKEN "fallback-test-token"
@@ -75,53 +76,22 @@ static const char *orders_url, *stock_url, *tc_url, *redis_url;
 
 /* ------------------------------------------------------------ helpers */
 
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
 static int64_t unix_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static void sleep_ms(int ms) {
-  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-  }
-}
-
 static bool verbose(void) { return getenv("RM_TEST_VERBOSE") != NULL; }
 
 static atomic_int log_switches; /* "switched from" lines seen */
 
-static void log_cb(int level, const char *msg, void *arg) {
+static void log_counting_switches(int level, const char *msg, void *arg) {
   (void)arg;
   if (strstr(msg, "switched from")) atomic_fetch_add(&log_switches, 1);
   if (level <= RM_LOG_ERROR || verbose()) fprintf(stderr, "  [rm %d] %s\n", level, msg);
 }
 
-static PGconn *pg_open(const char *url) {
-  PGconn *pg = PQconnectdb(url);
-  if (PQstatus(pg) != CONNECTION_OK) {
-    fprintf(stderr, "connect %s: %s", url, PQerrorMessage(pg));
-    PQfinish(pg);
-    return NULL;
-  }
-  PQclear(PQexec(pg, "SET client_min_messages = warning"));
-  return pg;
-}
-
-static bool exec_ok(PGconn *pg, const char *sql) {
-  PGresult *r = PQexec(pg, sql);
-  ExecStatusType st = PQresultStatus(r);
-  bool ok = st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK;
-  if (!ok) fprintf(stderr, "  sql failed: %s: %s", sql, PQresultErrorMessage(r));
-  PQclear(r);
-  return ok;
-}
 
 static void sql_ok(PGconn *pg, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void sql_ok(PGconn *pg, const char *fmt, ...) {
@@ -152,7 +122,7 @@ static long long sql_ll(PGconn *pg, const char *fmt, ...) {
 
 static rm_prefilter_t *pf_new(void) {
   rm_pf_options_t o = {0};
-  o.log_cb = log_cb;
+  o.log_cb = log_counting_switches;
   o.log_level = RM_LOG_WARN;
   o.command_timeout_ms = 500;
   o.reconnect_max_ms = 200;
@@ -324,6 +294,19 @@ static const frow_t *find_row(const frow_t *v, int n, int64_t id) {
   return bsearch(&key, v, (size_t)n, sizeof(*v), frow_cmp);
 }
 
+/* The orders of activity 'act' and their stock freezes (state, bucket,
+ * qty, user), each sorted by order id (find_row); free both. */
+static void load_orders_and_freezes(PGconn *opg, PGconn *spg, int64_t act, frow_t **orders, int *no, frow_t **freezes,
+                                    int *nf) {
+  char sql[256];
+  snprintf(sql, sizeof(sql), "SELECT order_id, status, bucket_id, qty, user_id FROM trade_order WHERE activity_id = %"
+           PRId64, act);
+  *orders = load_rows(opg, sql, no);
+  snprintf(sql, sizeof(sql), "SELECT order_id, state, bucket_id, qty, user_id FROM stock_freeze WHERE activity_id = %"
+           PRId64, act);
+  *freezes = load_rows(spg, sql, nf);
+}
+
 typedef struct final_counts {
   int unpaid, cancelled, local_orders, frozen_rows;
 } final_counts_t;
@@ -331,7 +314,6 @@ typedef struct final_counts {
 /* The invariants of NOTES for activity 'act' (after the job ran). */
 static final_counts_t check_final(PGconn *opg, PGconn *spg, rm_prefilter_t *pf, int64_t act, int nb) {
   final_counts_t fc = {0};
-  char sql[512];
   assert_int_equal(sql_ll(opg, "SELECT count(*) FROM order_compensation WHERE activity_id = %" PRId64
                                " AND state = 'PENDING'", act), 0);
   fc.local_orders = (int)sql_ll(opg, "SELECT count(*) FROM order_compensation WHERE activity_id = %" PRId64, act);
@@ -341,12 +323,8 @@ static final_counts_t check_final(PGconn *opg, PGconn *spg, rm_prefilter_t *pf, 
   assert_int_equal(sql_ll(opg, "SELECT count(*) FROM trade_order WHERE activity_id = %" PRId64
                                " AND status NOT IN ('UNPAID', 'CANCELLED')", act), 0);
   int no, nf;
-  snprintf(sql, sizeof(sql), "SELECT order_id, status, bucket_id, qty, user_id FROM trade_order WHERE activity_id = %"
-           PRId64, act);
-  frow_t *orders = load_rows(opg, sql, &no);
-  snprintf(sql, sizeof(sql), "SELECT order_id, state, bucket_id, qty, user_id FROM stock_freeze WHERE activity_id = %"
-           PRId64, act);
-  frow_t *freezes = load_rows(spg, sql, &nf);
+  frow_t *orders, *freezes;
+  load_orders_and_freezes(opg, spg, act, &orders, &no, &freezes, &nf);
   for (int i = 0; i < no; i++) {
     const frow_t *o = &orders[i];
     const frow_t *f = find_row(freezes, nf, o->order_id);
@@ -616,7 +594,7 @@ static rm_compensator_t *compensator_new(rm_prefilter_t *pf, unsigned interval_m
   ko.pf = pf;
   ko.interval_ms = interval_ms;
   ko.reconcile_interval_ms = 600000; /* only when asked (and the first pass) */
-  ko.run.log_cb = log_cb;
+  ko.run.log_cb = log_counting_switches;
   ko.run.log_level = RM_LOG_WARN;
   rm_compensator_t *k = NULL;
   assert_int_equal(rm_compensator_start(&ko, &k), 0);
@@ -680,10 +658,10 @@ static int teardown_tcds(void **state) {
   return 0;
 }
 
-static rm_client_t *client_new(bool resources) {
-  char nodes[128];
-  snprintf(nodes, sizeof(nodes), "127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d", tcds[0].port, tcds[1].port,
-           tcds[2].port);
+/* The tests' client configuration: the three nodes (written to 'nodes'),
+ * quick connects, timeouts and heartbeats, the log that counts switches. */
+static rm_config_t client_config(char *nodes, size_t cap) {
+  snprintf(nodes, cap, "127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d", tcds[0].port, tcds[1].port, tcds[2].port);
   rm_config_t cfg = {0};
   cfg.nodes = nodes;
   cfg.token = TOKEN;
@@ -691,8 +669,14 @@ static rm_client_t *client_new(bool resources) {
   cfg.connect_timeout_ms = 500;
   cfg.request_timeout_ms = 2000;
   cfg.heartbeat_ms = 500;
-  cfg.log_cb = log_cb;
+  cfg.log_cb = log_counting_switches;
   cfg.log_level = RM_LOG_INFO;
+  return cfg;
+}
+
+static rm_client_t *client_new(bool resources) {
+  char nodes[128];
+  rm_config_t cfg = client_config(nodes, sizeof(nodes));
   rm_client_t *c = NULL;
   assert_int_equal(rm_client_new(&cfg, &c), 0);
   if (resources) {
@@ -712,14 +696,6 @@ static void wait_mode(rm_client_t *c, int want, int timeout_ms) {
   }
 }
 
-static void wait_nodes_up(rm_client_t *c, int n, int timeout_ms) {
-  double end = now_ms() + timeout_ms;
-  while (rm_client_nodes_up(c) < n) {
-    if (now_ms() > end) fail_msg("%d node(s) up after %d ms, expected %d", rm_client_nodes_up(c), timeout_ms, n);
-    sleep_ms(10);
-  }
-}
-
 /* ---------------------------------------------------------- group: degrade */
 
 /* All three nodes die: local mode after 2 failed probes; they come back:
@@ -730,7 +706,7 @@ static void test_degrade_and_recover(void **state) {
   tcds_start();
   atomic_store(&log_switches, 0);
   rm_client_t *c = client_new(false);
-  wait_nodes_up(c, NTCD, 10000);
+  assert_int_equal(WAIT_EQ(NTCD, 10, rm_client_nodes_up(c)), NTCD);
   sleep_ms(500);
   assert_int_equal(rm_client_mode(c), RM_MODE_GLOBAL);
   rm_degrade_stats_t st;
@@ -806,22 +782,14 @@ static void test_waiting_call_sent_once(void **state) {
   if (!tc_url || !getenv("TX_BIN_DIR")) skip();
   tcds_start();
   char nodes[128];
-  snprintf(nodes, sizeof(nodes), "127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d", tcds[0].port, tcds[1].port,
-           tcds[2].port);
-  rm_config_t cfg = {0};
-  cfg.nodes = nodes;
-  cfg.token = TOKEN;
-  cfg.application_id = "fallback-test";
+  rm_config_t cfg = client_config(nodes, sizeof(nodes));
   cfg.connect_timeout_ms = 1500; /* the cap of a wait for a node */
   cfg.request_timeout_ms = 10000;
   cfg.lock_wait_ms = 4000;       /* longer than the cap */
-  cfg.heartbeat_ms = 500;
-  cfg.log_cb = log_cb;
-  cfg.log_level = RM_LOG_INFO;
   rm_client_t *c = NULL;
   assert_int_equal(rm_client_new(&cfg, &c), 0);
   assert_int_equal(rm_resource_add(c, "stock", stock_url), 0);
-  wait_nodes_up(c, NTCD, 10000);
+  assert_int_equal(WAIT_EQ(NTCD, 10, rm_client_nodes_up(c)), NTCD);
   PGconn *spg = pg_open(stock_url), *spg2 = pg_open(stock_url);
   assert_non_null(spg);
   assert_non_null(spg2);
@@ -892,7 +860,7 @@ static void test_forced_modes(void **state) {
   if (!tc_url || !getenv("TX_BIN_DIR")) skip();
   tcds_start();
   rm_client_t *c = client_new(false);
-  wait_nodes_up(c, NTCD, 10000);
+  assert_int_equal(WAIT_EQ(NTCD, 10, rm_client_nodes_up(c)), NTCD);
   assert_int_equal(rm_client_force_mode(c, RM_MODE_LOCAL), 0);
   assert_int_equal(rm_client_mode(c), RM_MODE_LOCAL);
   sleep_ms(600); /* detection goes on answering: still forced */
@@ -905,12 +873,7 @@ static void test_forced_modes(void **state) {
 
   assert_int_equal(rm_client_force_mode(c, rm_mode_parse("global")), 0);
   tcds_kill();
-  double end = now_ms() + 10000;
-  do {
-    sleep_ms(10);
-    rm_client_degrade_stats(c, &st);
-    assert_true(now_ms() < end);
-  } while (st.detected != RM_MODE_LOCAL);
+  assert_int_equal(WAIT_EQ(RM_MODE_LOCAL, 10, degrade_detected(c)), RM_MODE_LOCAL);
   assert_int_equal(rm_client_mode(c), RM_MODE_GLOBAL);
   assert_int_equal(rm_client_force_mode(c, RM_MODE_AUTO), 0);
   assert_int_equal(rm_client_mode(c), RM_MODE_LOCAL);
@@ -946,7 +909,7 @@ static void test_sale_through_outage(void **state) {
   tcds_start();
   atomic_store(&log_switches, 0);
   rm_client_t *c = client_new(true);
-  wait_nodes_up(c, NTCD, 10000);
+  assert_int_equal(WAIT_EQ(NTCD, 10, rm_client_nodes_up(c)), NTCD);
   wait_mode(c, RM_MODE_GLOBAL, 5000);
   rm_compensator_t *k = compensator_new(pf, 300);
 
@@ -1066,14 +1029,9 @@ static long long pending_of(PGconn *opg, int64_t act) {
 static char **outcomes(PGconn *opg, PGconn *spg, int64_t act, int64_t base) {
   char **v = calloc(KILL_ORDERS, sizeof(*v));
   assert_non_null(v);
-  char sql[256];
   int no, nf;
-  snprintf(sql, sizeof(sql), "SELECT order_id, status, bucket_id, qty, user_id FROM trade_order WHERE activity_id = %"
-           PRId64, act);
-  frow_t *o = load_rows(opg, sql, &no);
-  snprintf(sql, sizeof(sql), "SELECT order_id, state, bucket_id, qty, user_id FROM stock_freeze WHERE activity_id = %"
-           PRId64, act);
-  frow_t *f = load_rows(spg, sql, &nf);
+  frow_t *o, *f;
+  load_orders_and_freezes(opg, spg, act, &o, &no, &f, &nf);
   for (int i = 0; i < KILL_ORDERS; i++) {
     const frow_t *a = find_row(o, no, base + i), *b = find_row(f, nf, base + i);
     char buf[64];
@@ -1125,7 +1083,7 @@ static void test_kill_job_and_rerun(void **state) {
   double t0 = now_ms();
   rm_comp_report_t rep;
   rm_comp_options_t co = {0};
-  co.log_cb = log_cb;
+  co.log_cb = log_counting_switches;
   assert_int_equal(rm_compensate_run(orders_url, stock_url, pf, &co, &rep), 0);
   double run_ms = now_ms() - t0;
   assert_int_equal(pending_of(opg, act_a), 0);

@@ -34,23 +34,13 @@ wait_zero() {
 }
 
 sale() {
-  local mode=$1 type=$2 out rc=0
+  local mode=$1 type=$2 out
   out=$(STOCK_FREEZE_MODE=$mode "$src/examples/services" start --bin "$bin" --dir "$CLUSTER_DIR")
   eval "$out"
-  "$bin/flashsale" --users 150 --window 1 --tickets 60 --buckets 3 --limit 2 --pay 20 --cancel 10 \
-    --again 0 --think-ms 100 --settle 20 --quiet --json "$tmp/sale-$mode.json" || rc=$?
-  check "STOCK_FREEZE_MODE=$mode: flashsale exits 0 (status $rc)" test "$rc" -eq 0
-  if python3 - "$tmp/sale-$mode.json" <<'PY'; then ok "  $mode: invariants, sold"; else fail "  $mode: sale report"; fi
-import json, sys
-r = json.load(open(sys.argv[1]))
-print("  sold %(sold)d frozen %(frozen)d accepted %(accepted)d committed %(committed)d "
-      "rolled_back %(rolled_back)d unfinished %(unfinished)d" % r)
-assert r["invariants_ok"] is True, r["invariants"]
-assert r["accepted"] > 0 and r["sold"] > 0
-assert r["unfinished"] == 0
-PY
+  checked_sale "STOCK_FREEZE_MODE=$mode" "$tmp/sale-$mode.json" --users 150 --window 1 --tickets 60 --buckets 3 \
+    --limit 2 --pay 20 --cancel 10 --again 0 --think-ms 100 --settle 20
   local act freezes fences
-  act=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["activity"])' "$tmp/sale-$mode.json")
+  act=$(sale_activity "$tmp/sale-$mode.json")
   freezes=$(q "$STOCK_PG_URL" "SELECT count(*) FROM stock_freeze WHERE activity_id = $act")
   fences=$(q "$STOCK_PG_URL" "SELECT count(*) FROM branch_fence f JOIN stock_freeze s ON s.order_id::text = ANY
     (SELECT order_id::text FROM stock_log l WHERE l.xid = f.xid AND l.op = 'freeze')
@@ -65,9 +55,7 @@ PY
 
   # A purchase PostgreSQL refuses after Redis let it through.
   local orders code empty0
-  "$bin/flashsale" --users 1 --window 0 --tickets 4 --buckets 1 --limit 3 --pay 0 --cancel 0 --again 0 \
-    --quiet --json "$tmp/seed-$mode.json" >/dev/null
-  act=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["activity"])' "$tmp/seed-$mode.json")
+  act=$(new_activity "seed-$mode" 4 1 3)
   q "$STOCK_PG_URL" "UPDATE activity_ticket_bucket SET stock = frozen_count + sold_count WHERE activity_id = $act" >/dev/null
   orders=$(q "$ORDERS_PG_URL" "SELECT count(*) FROM trade_order WHERE activity_id = $act")
   empty0=$(q "$STOCK_PG_URL" "SELECT count(*) FROM branch_fence WHERE status = 4 AND branch_type = $type")
@@ -90,9 +78,7 @@ PY
     ORDER_PID=
     return 0
   fi
-  "$bin/flashsale" --users 1 --window 0 --tickets 4 --buckets 1 --limit 3 --pay 0 --cancel 0 --again 0 \
-    --quiet --json "$tmp/crash-$mode.json" >/dev/null
-  act=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["activity"])' "$tmp/crash-$mode.json")
+  act=$(new_activity "crash-$mode" 4 1 3)
   local frozen0 cancelled0
   frozen0=$(q "$STOCK_PG_URL" "SELECT sum(frozen_count) FROM activity_ticket_bucket WHERE activity_id = $act")
   cancelled0=$(q "$STOCK_PG_URL" "SELECT count(*) FROM branch_fence WHERE status = 3 AND branch_type = $type")
@@ -130,6 +116,5 @@ PY
 sale tcc 1
 sale xa 3
 
-check "no sanitizer report" bash -c "! grep -l 'ERROR: AddressSanitizer\|runtime error:' $CLUSTER_DIR/*.log"
-[[ $failures -eq 0 ]] || exit 1
-echo "test_freeze_modes: all checks passed"
+check "no sanitizer report" no_sanitizer_report
+checks_done

@@ -15,34 +15,13 @@
 # request's arrival cuts each within seconds, the probes answer meanwhile.
 set -euo pipefail
 
-bin=${TX_BIN_DIR:?TX_BIN_DIR not set}
-: "${TC_PG_URL:?run me under scripts/with-servers --pg}"
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/test_http_strangers.XXXXXX")
-tcd=
-cleanup() {
-  local rc=$?
-  [[ -z $tcd ]] || kill -KILL "$tcd" 2>/dev/null || true
-  if [[ $rc -ne 0 ]]; then echo "test_http_strangers: logs kept in $tmp" >&2; else rm -rf -- "$tmp"; fi
-  exit "$rc"
-}
-trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-port=$(free_port)
+TEST_NAME=test_http_strangers
+# shellcheck source=tests/integration/proc_harness.sh
+. "$(dirname "$0")/proc_harness.sh"
 mport=$(free_port)
-cat >"$tmp/tcd.ini" <<INI
-[node]
-id = 1
-[server]
-listen = 127.0.0.1:$port
-token = $(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')
-[store]
-pg_url = $TC_PG_URL
-[metrics]
-listen = 127.0.0.1:$mport
-INI
-chmod 600 "$tmp/tcd.ini"
+tcd_ini "$tmp/tcd.ini" "[metrics]" "listen = 127.0.0.1:$mport"
 "$bin/tcd" -c "$tmp/tcd.ini" 2>"$tmp/tcd.log" &
-tcd=$!
+pids+=($!)
 python3 - "$mport" <<'PY'
 import socket, sys, threading, time
 port = int(sys.argv[1])

@@ -77,8 +77,4 @@ check "  and its metrics answer again" wait_for 10 eval 'curl -sf --max-time 2 "
 check "  its configuration keeps two listen lines, server and metrics, apart" \
   test "$(grep -c '^listen = ' "$CLUSTER_DIR/node2.ini")" = 2
 
-if [[ $failures -ne 0 ]]; then
-  echo "$TEST_NAME: $failures check(s) FAILED" >&2
-  exit 1
-fi
-echo "$TEST_NAME: all checks passed"
+checks_done

@@ -41,10 +41,8 @@ ok "cluster and services started ($ORDER_URL, $STOCK_URL, ${EVENTS_URL:-no event
 
 # two activities on sale: 4 tickets (limit 2) for order-service's calls,
 # 100 for stock-service's own
-A=$(q "$STOCK_PG_URL" "SELECT coalesce(max(activity_id), 0) + 1 FROM activity")
-B=$((A + 1))
-harness_seed_activity "$A" 4 'openapi test'
-harness_seed_activity "$B" 100 'openapi test'
+A=$(on_sale_activity 'openapi test' 1 4)
+B=$(on_sale_activity 'openapi test' 1 100)
 ok "activities $A and $B on sale"
 
 rc=0

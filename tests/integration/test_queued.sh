@@ -34,8 +34,7 @@ ok "cluster and services started, order-service in queued mode ($ORDER_URL)"
 check "  its ready line says queued" grep -q '"msg":"order-service ready".*"order_mode":"queued"' \
   "$CLUSTER_DIR/order-service.log"
 
-A=$(q "$STOCK_PG_URL" "SELECT coalesce(max(activity_id), 0) + 1 FROM activity")
-harness_seed_activity "$A" 10 'queued test'
+A=$(on_sale_activity 'queued test' 1 10)
 
 # order USER [CURL ARGS]: POST /orders; $code, $body, $oid, $otoken
 order() {
@@ -89,8 +88,7 @@ check "  the Redis freeze given back (record R) and the user's count with it" \
 q "$STOCK_PG_URL" "UPDATE activity_ticket_bucket SET stock = 10 WHERE activity_id = $A" >/dev/null
 
 # --- 4. a consumer that died with an entry ---
-B=$((A + 1))
-harness_seed_activity "$B" 5 'queued test'
+B=$(on_sale_activity 'queued test' 1 5)
 ghost_order=$((9000000000000 + $$))
 deadline=$(( ($(date +%s) + 3600) * 1000 ))
 printf 'MULTI\nXGROUP CREATE {act_%s}:queue order-create 0 MKSTREAM\nXADD {act_%s}:queue * order %s user 4 tt 1 qty 1 bucket 0 deadline %s\nXREADGROUP GROUP order-create ghost COUNT 1 STREAMS {act_%s}:queue >\nEXEC\n' \
@@ -120,13 +118,5 @@ check "Redis: frozen + sold equals PostgreSQL's" \
   test "$(( $(rcli HGET "{act_$A}:t1:stock" frozen:0) + $(rcli HGET "{act_$A}:t1:stock" sold:0) ))" = \
   "$(q "$STOCK_PG_URL" "SELECT frozen_count + sold_count FROM activity_ticket_bucket WHERE activity_id = $A")"
 
-"$src/examples/services" stop "$ORDER_PID" "$STOCK_PID" "${EVENTS_PID:-}"
-ORDER_PID=
-check "order-service stopped cleanly" grep -q '"msg":"order-service stopped"' "$CLUSTER_DIR/order-service.log"
-check "no sanitizer report" bash -c "! grep -l 'ERROR: AddressSanitizer\|runtime error:' $CLUSTER_DIR/*.log"
-
-if [[ $failures -ne 0 ]]; then
-  echo "test_queued: $failures check(s) FAILED" >&2
-  exit 1
-fi
-echo "test_queued: all checks passed"
+stop_services order-service
+checks_done

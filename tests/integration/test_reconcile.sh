@@ -45,7 +45,7 @@ rc=0
 "$bin/flashsale" --users 80 --window 1 --tickets 60 --buckets 2 --limit 2 --pay 70 --cancel 10 \
   --again 0 --settle 30 --quiet --json "$tmp/sale.json" >"$tmp/sale.out" || rc=$?
 check "flashsale exits 0 (status $rc)" test "$rc" -eq 0
-act=$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["activity"])' "$tmp/sale.json")
+act=$(sale_activity "$tmp/sale.json")
 paid=$(q "$ORDERS_PG_URL" "SELECT count(*) FROM trade_order WHERE activity_id = $act AND status = 'PAID'")
 check "the sale has paid orders ($paid)" test "$paid" -gt 0
 check "every payment wrote its ledger entry with qty x 1250 cents" test "$(q "$ORDERS_PG_URL" \
@@ -267,14 +267,5 @@ rc=0; "$bin/txc-reconcile" --since 'not a time' >/dev/null 2>&1 || rc=$?
 check "--since 'not a time': exit 2 (status $rc)" test "$rc" -eq 2
 
 # --- 5. clean shutdown ---
-"$src/examples/services" stop "$ORDER_PID" "$STOCK_PID" "${EVENTS_PID:-}"
-ORDER_PID=
-check "order-service stopped cleanly" grep -q '"msg":"order-service stopped"' "$CLUSTER_DIR/order-service.log"
-check "no sanitizer report in the service logs" \
-  bash -c "! grep -l 'Sanitizer' '$CLUSTER_DIR/order-service.log' '$CLUSTER_DIR/stock-service.log'"
-
-if [[ $failures -ne 0 ]]; then
-  echo "test_reconcile: $failures check(s) failed" >&2
-  exit 1
-fi
-echo "test_reconcile: all checks passed"
+stop_services order-service
+checks_done

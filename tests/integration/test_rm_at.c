@@ -185,13 +185,7 @@ static int body_set_frozen(rm_branch_t *b, void *arg) {
 
 static int group_setup(void **state) {
   (void)state;
-  orders_url = getenv("ORDERS_PG_URL");
-  stock_url = getenv("STOCK_PG_URL");
-  tc_url = getenv("TC_PG_URL");
-  if (!orders_url || !stock_url || !tc_url) {
-    fprintf(stderr, "ORDERS_PG_URL/STOCK_PG_URL/TC_PG_URL not set: run under scripts/with-servers --pg\n");
-    return -1;
-  }
+  if (!itest_urls(&orders_url, &stock_url, &tc_url)) return -1;
   /* Seed: one activity, 16 buckets of 1000 tickets; test-only tables. */
   PGconn *s = pg_open(stock_url), *o = pg_open(orders_url);
   if (!s || !o) return -1;
@@ -212,42 +206,17 @@ static int group_setup(void **state) {
   PQfinish(o);
   if (!ok) return -1;
 
-  /* Quick retries so that retried phase two shows within a test. */
-  static const char *const tcd_env[] = {"TC_RECOVERY_INTERVAL_MS=100", "TC_RECOVERY_RETRY_MIN_MS=50",
-                                        "TC_RECOVERY_RETRY_MAX_MS=500", NULL};
-  const char *level = getenv("TC_LOG_LEVEL");
-  tcd_opts_t to = {.pg_url = tc_url, .token = TOKEN, .log_level = level ? level : "error", .env = tcd_env,
-                   .attempts = 5, .timeout_ms = 6000};
-  if (tcd_proc_start(&tcd, &to) != 0) {
-    fprintf(stderr, "could not start tcd: %s\n", tcd.err);
-    return -1;
-  }
-  char nodes[64];
-  snprintf(nodes, sizeof(nodes), "127.0.0.1:%d", tcd.port);
-  rm_config_t cfg = {.nodes = nodes, .token = TOKEN, .application_id = "test_rm_at",
-                     .request_timeout_ms = 15000, .lock_wait_ms = 2000, .log_cb = log_cb,
-                     .log_level = RM_LOG_DEBUG};
-  if (rm_client_new(&cfg, &client) != 0) return -1;
-  /* Short lock waits on the phase-two side, so a blocked rollback gives up
-   * (retryably) within a test. */
-  rm_at_tuning_t t = {.lock_timeout_ms = 1000, .statement_timeout_ms = 5000};
-  if (rm__at_tune(client, &t) != 0) return -1;
+  rm_config_t cfg = {.token = TOKEN, .application_id = "test_rm_at", .request_timeout_ms = 15000,
+                     .lock_wait_ms = 2000, .log_cb = log_cb, .log_level = RM_LOG_DEBUG};
+  if (itest_tcd_start(&tcd, tc_url, TOKEN, 500, NULL) != 0 || itest_client_new(&tcd, cfg, &client) != 0) return -1;
   if (rm_resource_add(client, "orders", orders_url) != 0 || rm_resource_add(client, "stock", stock_url) != 0)
     return -1;
-  for (int i = 0; i < 500 && rm_client_nodes_up(client) < 1; i++) sleep_ms(20);
-  if (rm_client_nodes_up(client) < 1) {
-    fprintf(stderr, "client never connected to tcd\n");
-    return -1;
-  }
-  sleep_ms(200); /* let the RM registration (resource list) reach the node */
-  return 0;
+  return itest_client_ready(client);
 }
 
 static int group_teardown(void **state) {
   (void)state;
-  rm_client_free(client);
-  client = NULL;
-  tcd_proc_stop(&tcd, 5000);
+  itest_group_stop(&client, &tcd);
   return 0;
 }
 

@@ -96,9 +96,12 @@ int global_status(const char *xid) {
 
 /* ------------------------------------------------------------ handlers */
 
-/* args: "ACCOUNT AMOUNT". */
-static int parse_args(const char *args, char *acct, int *amount) {
-  return args && sscanf(args, "%63s %d", acct, amount) == 2 ? 0 : -1;
+/* The call's args, "ACCOUNT AMOUNT": RM_TCC_OK, or RM_TCC_FAILED ("bad
+ * args"). */
+static int parse_args(const rm_tcc_call_t *call, char *acct, int *amount, char *errmsg, size_t errlen) {
+  if (call->args && sscanf(call->args, "%63s %d", acct, amount) == 2) return RM_TCC_OK;
+  snprintf(errmsg, errlen, "bad args");
+  return RM_TCC_FAILED;
 }
 
 static int apply(PGconn *pg, const char *sql, const char *acct, int amount, char *errmsg, size_t errlen) {
@@ -116,10 +119,7 @@ int on_confirm(const rm_tcc_call_t *call, void *arg, char *errmsg, size_t errlen
   (void)arg;
   char acct[64];
   int amount;
-  if (parse_args(call->args, acct, &amount) != 0) {
-    snprintf(errmsg, errlen, "bad args");
-    return RM_TCC_FAILED;
-  }
+  if (parse_args(call, acct, &amount, errmsg, errlen) != RM_TCC_OK) return RM_TCC_FAILED;
   if (atomic_load(&confirm_fail)) {
     snprintf(errmsg, errlen, "the card was declined");
     return RM_TCC_FAILED;
@@ -145,10 +145,7 @@ int on_cancel(const rm_tcc_call_t *call, void *arg, char *errmsg, size_t errlen)
   (void)arg;
   char acct[64];
   int amount;
-  if (parse_args(call->args, acct, &amount) != 0) {
-    snprintf(errmsg, errlen, "bad args");
-    return RM_TCC_FAILED;
-  }
+  if (parse_args(call, acct, &amount, errmsg, errlen) != RM_TCC_OK) return RM_TCC_FAILED;
   int rc = apply(call->pg, "UPDATE tcc_account SET frozen = frozen - $2 WHERE id = $1", acct, amount, errmsg, errlen);
   if (rc == RM_TCC_OK) atomic_fetch_add(&cancels, 1);
   return rc;
@@ -206,13 +203,7 @@ rm_client_t *new_client_saga(const char *app, const char *tcc_res, const char *x
 
 static int group_setup(void **state) {
   (void)state;
-  stock_url = getenv("STOCK_PG_URL");
-  orders_url = getenv("ORDERS_PG_URL");
-  tc_url = getenv("TC_PG_URL");
-  if (!stock_url || !orders_url || !tc_url) {
-    fprintf(stderr, "STOCK_PG_URL/ORDERS_PG_URL/TC_PG_URL not set: run under scripts/with-servers --pg\n");
-    return -1;
-  }
+  if (!itest_urls(&orders_url, &stock_url, &tc_url)) return -1;
   PGconn *s = pg_open(stock_url), *o = pg_open(orders_url);
   if (!s || !o) return -1;
   bool ok = exec_ok(s, "CREATE TABLE IF NOT EXISTS tcc_account (id text PRIMARY KEY, balance int NOT NULL,"
@@ -227,40 +218,22 @@ static int group_setup(void **state) {
   snprintf(admin_socket, sizeof(admin_socket), "/tmp/txc-rm-modes-%d.sock", (int)getpid());
   static char admin_env[sizeof(admin_socket) + 32];
   snprintf(admin_env, sizeof(admin_env), "TC_ADMIN_SOCKET=%s", admin_socket);
-  static const char *tcd_env[] = {"TC_RECOVERY_INTERVAL_MS=100", "TC_RECOVERY_RETRY_MIN_MS=50",
-                                  "TC_RECOVERY_RETRY_MAX_MS=300", NULL, NULL};
-  tcd_env[3] = admin_env;
-  const char *level = getenv("TC_LOG_LEVEL");
-  tcd_opts_t to = {.pg_url = tc_url, .token = TOKEN, .log_level = level ? level : "error", .env = tcd_env,
-                   .attempts = 5, .timeout_ms = 6000};
-  if (tcd_proc_start(&tcd, &to) != 0) {
-    fprintf(stderr, "could not start tcd: %s\n", tcd.err);
-    return -1;
-  }
-  char nodes[64];
-  snprintf(nodes, sizeof(nodes), "127.0.0.1:%d", tcd.port);
-  rm_config_t cfg = {.nodes = nodes, .token = TOKEN, .application_id = "test_rm_modes", .request_timeout_ms = 15000,
+  rm_config_t cfg = {.token = TOKEN, .application_id = "test_rm_modes", .request_timeout_ms = 15000,
                      .log_cb = log_cb, .log_level = RM_LOG_DEBUG};
-  if (rm_client_new(&cfg, &client) != 0) return -1;
-  rm_at_tuning_t t = {.lock_timeout_ms = 1000, .statement_timeout_ms = 5000};
-  if (rm__at_tune(client, &t) != 0) return -1;
+  if (itest_tcd_start(&tcd, tc_url, TOKEN, 300, admin_env) != 0 || itest_client_new(&tcd, cfg, &client) != 0)
+    return -1;
   if (rm_tcc_resource_add(client, RES, stock_url, &tcc_handlers) != 0 ||
       rm_xa_resource_add(client, XA_RES, stock_url) != 0 || rm_resource_add(client, "orders", orders_url) != 0 ||
       rm_saga_resource_add(client, SAGA_RES, stock_url, &saga_handlers) != 0) {
     fprintf(stderr, "resource_add: %s\n", rm_errmsg());
     return -1;
   }
-  for (int i = 0; i < 500 && rm_client_nodes_up(client) < 1; i++) sleep_ms(20);
-  if (rm_client_nodes_up(client) < 1) return -1;
-  sleep_ms(200);
-  return 0;
+  return itest_client_ready(client);
 }
 
 static int group_teardown(void **state) {
   (void)state;
-  rm_client_free(client);
-  client = NULL;
-  tcd_proc_stop(&tcd, 5000);
+  itest_group_stop(&client, &tcd);
   return 0;
 }
 

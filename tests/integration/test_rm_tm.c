@@ -54,6 +54,7 @@
 #include "rm_client.h"
 #include "rm_at_int.h"
 #include "rm_internal.h"
+#include "rm_itest.h"
 #include "tcd_proc.h"
 #include "txp_status.h"
 
@@ -62,18 +63,6 @@
 #define START_TIMEOUT_MS 30000
 
 /* ------------------------------------------------------------ helpers */
-
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-static void sleep_ms(int ms) {
-  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-  }
-}
 
 /* A port nobody listens on right now (the kernel's choice). */
 static int free_port(void) {
@@ -148,7 +137,7 @@ static void logcap_init(logcap_t *l) {
   pthread_mutex_init(&l->mu, NULL);
 }
 
-static void log_cb(int level, const char *msg, void *arg) {
+static void log_capture(int level, const char *msg, void *arg) {
   logcap_t *l = arg;
   pthread_mutex_lock(&l->mu);
   if (level >= 0 && level < 5) l->by_level[level]++;
@@ -187,7 +176,7 @@ static rm_client_t *client_new_choice(const char *nodes, const char *token, cons
   cfg.request_timeout_ms = request_timeout_ms;
   cfg.connect_timeout_ms = 2000;
   if (lc) {
-    cfg.log_cb = log_cb;
+    cfg.log_cb = log_capture;
     cfg.log_arg = lc;
     cfg.log_level = RM_LOG_DEBUG;
   }
@@ -200,15 +189,6 @@ static rm_client_t *client_new_choice(const char *nodes, const char *token, cons
 static rm_client_t *client_new(const char *nodes, const char *token, const char *app,
                                unsigned request_timeout_ms, logcap_t *lc) {
   return client_new_choice(nodes, token, app, request_timeout_ms, lc, RM_NODE_HOME);
-}
-
-static void wait_nodes_up(rm_client_t *c, int n, int timeout_ms) {
-  double deadline = now_ms() + timeout_ms;
-  while (rm_client_nodes_up(c) != n) {
-    if (now_ms() > deadline)
-      fail_msg("%d node(s) registered after %d ms, expected %d", rm_client_nodes_up(c), timeout_ms, n);
-    sleep_ms(10);
-  }
 }
 
 /* Poll the status of 'xid' until it is 'want'. */
@@ -655,7 +635,7 @@ static void test_two_nodes_one_dies(void **state) {
   snprintf(pa, sizeof(pa), "127.0.0.1:%d:", a->port);
   snprintf(pb, sizeof(pb), "127.0.0.1:%d:", b->port);
   rm_client_t *c = client_new_choice(nodes, TOKEN, app, 5000, &lc, RM_NODE_ROUND_ROBIN);
-  wait_nodes_up(c, 2, 10000);
+  assert_int_equal(WAIT_EQ(2, 10, rm_client_nodes_up(c)), 2);
 
   /* Begins go round-robin; each xid names its node. */
   for (int i = 0; i < 10; i++) {
@@ -732,7 +712,7 @@ static void test_home_node(void **state) {
   snprintf(pa, sizeof(pa), "127.0.0.1:%d:", a->port);
   snprintf(pb, sizeof(pb), "127.0.0.1:%d:", b->port);
   rm_client_t *c = client_new(nodes, TOKEN, "rm-tm-home", 5000, NULL);
-  wait_nodes_up(c, 2, 10000);
+  assert_int_equal(WAIT_EQ(2, 10, rm_client_nodes_up(c)), 2);
   assert_int_equal(rm_tm_begin(c, 60000, NULL, first), RM_OK);
   bool home_a = strncmp(first, pa, strlen(pa)) == 0;
   assert_true(home_a || strncmp(first, pb, strlen(pb)) == 0);
@@ -752,7 +732,7 @@ static void test_home_node(void **state) {
   }
   /* It returns: begins go home again. */
   assert_int_equal(tcd_proc_restart(h), 0);
-  wait_nodes_up(c, 2, 15000);
+  assert_int_equal(WAIT_EQ(2, 15, rm_client_nodes_up(c)), 2);
   assert_int_equal(rm_tm_begin(c, 0, NULL, x), RM_OK);
   if (strncmp(x, home, strlen(home)) != 0) fail_msg("begin went to %s after the home node returned", x);
   assert_int_equal(rm_tm_rollback(c, x, &st), RM_OK);
@@ -775,12 +755,12 @@ static void test_heartbeat_dead_then_resend(void **state) {
   cfg.request_timeout_ms = 15000;
   cfg.connect_timeout_ms = 1000;
   cfg.heartbeat_ms = 200;
-  cfg.log_cb = log_cb;
+  cfg.log_cb = log_capture;
   cfg.log_arg = &lc;
   cfg.log_level = RM_LOG_DEBUG;
   rm_client_t *c = NULL;
   assert_int_equal(rm_client_new(&cfg, &c), RM_OK);
-  wait_nodes_up(c, 1, 10000);
+  assert_int_equal(WAIT_EQ(1, 10, rm_client_nodes_up(c)), 1);
 
   tcd_signal(t, SIGSTOP);
   double t0 = now_ms();
@@ -788,7 +768,7 @@ static void test_heartbeat_dead_then_resend(void **state) {
   waiter_init(&w);
   assert_int_equal(rm_tm_begin_async(c, 0, "hb", on_tm, &w), RM_OK);
   /* Two silent heartbeat intervals: the connection is declared dead. */
-  wait_nodes_up(c, 0, 3000);
+  assert_int_equal(WAIT_EQ(0, 3, rm_client_nodes_up(c)), 0);
   double dead_after = now_ms() - t0;
   assert_true(dead_after >= 300 && dead_after < 1500);
   assert_true(log_has(&lc, RM_LOG_WARN, "no answer for"));
@@ -802,7 +782,7 @@ static void test_heartbeat_dead_then_resend(void **state) {
   waiter_wait(&w, 1, 15000);
   assert_int_equal(w.code, RM_OK);
   assert_true(log_has(&lc, RM_LOG_DEBUG, "resending GlobalBegin"));
-  wait_nodes_up(c, 1, 5000);
+  assert_int_equal(WAIT_EQ(1, 5, rm_client_nodes_up(c)), 1);
   int st;
   assert_int_equal(rm_tm_rollback(c, w.xid, &st), RM_OK);
   rm_client_free(c);
@@ -877,7 +857,7 @@ static void test_reconnect_after_restart(void **state) {
   tcd_proc_kill(t);
   /* Wait until the client noticed, then ask while the node is down: the
    * call waits for the node to come back, within its deadline. */
-  wait_nodes_up(c, 0, 5000);
+  assert_int_equal(WAIT_EQ(0, 5, rm_client_nodes_up(c)), 0);
   waiter_t w;
   waiter_init(&w);
   assert_int_equal(rm_tm_begin_async(c, 0, NULL, on_tm, &w), RM_OK);
@@ -927,7 +907,7 @@ static void test_free_with_calls_in_flight(void **state) {
   memset(&f, 0, sizeof(f));
   pthread_mutex_init(&f.mu, NULL);
   f.c = client_new(nodes, TOKEN, "rm-tm-free", 60000, NULL);
-  wait_nodes_up(f.c, 1, 10000);
+  assert_int_equal(WAIT_EQ(1, 10, rm_client_nodes_up(f.c)), 1);
   tcd_signal(t, SIGSTOP); /* everything sent from now on hangs */
 
   pthread_t th[FREE_THREADS];
@@ -1058,7 +1038,7 @@ static void test_phase_two_dispatch(void **state) {
   logcap_init(&lc);
   nodes_of(nodes, sizeof(nodes), t, NULL);
   rm_client_t *c = client_new(nodes, TOKEN, "rm-tm-phase2", 5000, &lc);
-  wait_nodes_up(c, 1, 10000);
+  assert_int_equal(WAIT_EQ(1, 10, rm_client_nodes_up(c)), 1);
   /* Becoming an RM re-registers on the live connection (RegisterRM). */
   assert_int_equal(rm_resource_add(c, "orders", orders), RM_OK);
   char ids[256];

@@ -17,52 +17,27 @@
 # Needs TX_BIN_DIR (tcd, stock-service) and TC_PG_URL, STOCK_PG_URL.
 set -euo pipefail
 
-bin=${TX_BIN_DIR:?TX_BIN_DIR not set}
-: "${TC_PG_URL:?run me under scripts/with-servers --pg}"
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/test_signals.XXXXXX")
-failures=0 pids=()
-cleanup() {
-  local rc=$?
-  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-  if [[ $rc -ne 0 || $failures -ne 0 ]]; then echo "test_signals: logs kept in $tmp" >&2; else rm -rf -- "$tmp"; fi
-  exit "$rc"
-}
-trap cleanup EXIT
-ok() { echo "ok - $*"; }
-fail() { echo "FAILED - $*" >&2; failures=$((failures + 1)); }
-check() { local what=$1; shift; if "$@"; then ok "$what"; else fail "$what"; fi; }
+TEST_NAME=test_signals
+# shellcheck source=tests/integration/proc_harness.sh
+. "$(dirname "$0")/proc_harness.sh"
 alive() { kill -0 "$1" 2>/dev/null; }
-# wait_for TENTHS CMD...
-wait_for() { local n=$1 i; shift; for ((i = 0; i < n; i++)); do "$@" && return 0; sleep 0.1; done; "$@"; }
 has() { grep -q -- "$2" "$1" 2>/dev/null; }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
-token=$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')
-port=$(free_port)
-cat >"$tmp/tcd.ini" <<INI
-[node]
-id = 1
-[server]
-listen = 127.0.0.1:$port
-token = $token
-[store]
-pg_url = $TC_PG_URL
-INI
-chmod 600 "$tmp/tcd.ini"
+tcd_ini "$tmp/tcd.ini"
 # the parent's TC_* (with-servers exports TC_PG_URL) must not disturb tcd
 env -u TC_NODES "$bin/tcd" -c "$tmp/tcd.ini" 2>>"$tmp/tcd.log" &
 tcd=$!
 pids+=("$tcd")
-check "tcd started and logs to its file" wait_for 200 has "$tmp/tcd.log" '"msg":"'
-wait_for 200 bash -c "exec 3<>/dev/tcp/127.0.0.1/$port" 2>/dev/null || true
+check "tcd started and logs to its file" wait_for 20 has "$tmp/tcd.log" '"msg":"'
+wait_for 20 bash -c "exec 3<>/dev/tcp/127.0.0.1/$port" 2>/dev/null || true
 
 # --- 1. tcd ---
 kill -HUP "$tcd"
-check "tcd: SIGHUP is logged" wait_for 50 has "$tmp/tcd.log" 'received SIGHUP: log file reopened'
+check "tcd: SIGHUP is logged" wait_for 5 has "$tmp/tcd.log" 'received SIGHUP: log file reopened'
 check "tcd: still running after SIGHUP" alive "$tcd"
 mv "$tmp/tcd.log" "$tmp/tcd.log.1"
 kill -HUP "$tcd"
-check "tcd: after the rename, SIGHUP opened a new log file" wait_for 50 has "$tmp/tcd.log" 'received SIGHUP: log file reopened'
+check "tcd: after the rename, SIGHUP opened a new log file" wait_for 5 has "$tmp/tcd.log" 'received SIGHUP: log file reopened'
 check "tcd: still running" alive "$tcd"
 lines_old=$(wc -l <"$tmp/tcd.log.1")
 kill -TERM "$tcd"
@@ -78,9 +53,9 @@ catpid=$!
 "$bin/tcd" -c "$tmp/tcd.ini" 2>"$fifo" &
 tcd=$!
 pids+=("$tcd")
-wait_for 200 has "$tmp/tcd-pipe.log" '"msg":"' || true
+wait_for 20 has "$tmp/tcd-pipe.log" '"msg":"' || true
 kill -HUP "$tcd"
-check "tcd on a pipe: SIGHUP logged, nothing to reopen" wait_for 50 has "$tmp/tcd-pipe.log" 'nothing to reopen; not stopping'
+check "tcd on a pipe: SIGHUP logged, nothing to reopen" wait_for 5 has "$tmp/tcd-pipe.log" 'nothing to reopen; not stopping'
 check "tcd on a pipe: still running" alive "$tcd"
 
 # --- 2. stock-service (tcd still running) ---
@@ -88,12 +63,12 @@ STOCK_PG_URL=${STOCK_PG_URL:?} TC_NODES=127.0.0.1:$port TC_TOKEN=$token \
   "$bin/stock-service" --url-file "$tmp/stock.url" 2>>"$tmp/stock.log" &
 svc=$!
 pids+=("$svc")
-check "stock-service serves" wait_for 300 test -s "$tmp/stock.url"
+check "stock-service serves" wait_for 30 test -s "$tmp/stock.url"
 kill -HUP "$svc"
-check "stock-service: SIGHUP is logged" wait_for 50 has "$tmp/stock.log" 'received SIGHUP: log file reopened'
+check "stock-service: SIGHUP is logged" wait_for 5 has "$tmp/stock.log" 'received SIGHUP: log file reopened'
 mv "$tmp/stock.log" "$tmp/stock.log.1"
 kill -HUP "$svc"
-check "stock-service: after the rename, a new log file" wait_for 50 has "$tmp/stock.log" 'received SIGHUP: log file reopened'
+check "stock-service: after the rename, a new log file" wait_for 5 has "$tmp/stock.log" 'received SIGHUP: log file reopened'
 check "stock-service: still running" alive "$svc"
 kill -TERM "$svc"
 wait "$svc" || true
@@ -120,5 +95,4 @@ check "  and named" has "$tmp/cfg.out" 'TC_SERVER_TOKN'
 check "--check-config: the clients' TC_NODES, TC_TOKEN, TC_ADMIN_SOCKETS are no settings: valid" \
   test "$(cfg_rc env TC_NODES=127.0.0.1:1 TC_TOKEN=x TC_ADMIN_SOCKETS=/tmp/a.sock "$bin/tcd" -c "$tmp/tcd.ini" --check-config)" = 0
 
-echo "test_signals: $failures failure(s)"
-[[ $failures -eq 0 ]]
+checks_done

@@ -14,23 +14,10 @@
 # Needs TX_BIN_DIR, TX_BUILD_DIR and TC_PG_URL (scripts/with-servers --pg).
 set -euo pipefail
 
-bin=${TX_BIN_DIR:?TX_BIN_DIR not set}
+TEST_NAME=test_systemd
+# shellcheck source=tests/integration/proc_harness.sh
+. "$(dirname "$0")/proc_harness.sh"
 build=${TX_BUILD_DIR:?TX_BUILD_DIR not set}
-: "${TC_PG_URL:?run me under scripts/with-servers --pg}"
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/test_systemd.XXXXXX")
-failures=0 pids=()
-cleanup() {
-  local rc=$?
-  for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
-  if [[ $rc -ne 0 || $failures -ne 0 ]]; then echo "test_systemd: logs kept in $tmp" >&2; else rm -rf -- "$tmp"; fi
-  exit "$rc"
-}
-trap cleanup EXIT
-ok() { echo "ok - $*"; }
-fail() { echo "FAILED - $*" >&2; failures=$((failures + 1)); }
-check() { local what=$1; shift; if "$@"; then ok "$what"; else fail "$what"; fi; }
-wait_for() { local n=$1 i; shift; for ((i = 0; i < n; i++)); do "$@" && return 0; sleep 0.1; done; "$@"; }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 # listen SOCKET OUT: systemd's side, every datagram a line "<unix ms> <text>"
 listen() {
@@ -44,31 +31,20 @@ with open(sys.argv[2], "a", buffering=1) as out:
         out.write("%d %s\n" % (time.time() * 1000, d))
 EOF
   pids+=($!)
-  wait_for 50 test -S "$1"
+  wait_for 5 test -S "$1"
 }
 count() { grep -c -- "$2" "$1" 2>/dev/null || true; }
 
-token=$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')
-port=$(free_port)
-cat >"$tmp/tcd.ini" <<INI
-[node]
-id = 1
-[server]
-listen = 127.0.0.1:$port
-token = $token
-[store]
-pg_url = $TC_PG_URL
-INI
-chmod 600 "$tmp/tcd.ini"
+tcd_ini "$tmp/tcd.ini"
 
 # --- 1. ready, watchdog, stopping ---
 listen "$tmp/notify" "$tmp/got"
 NOTIFY_SOCKET=$tmp/notify WATCHDOG_USEC=400000 env -u TC_NODES "$bin/tcd" -c "$tmp/tcd.ini" 2>>"$tmp/tcd.log" &
 tcd=$!
 pids+=("$tcd")
-check "READY=1 with its status" wait_for 200 grep -q "READY=1|STATUS=node 1 serving on 127.0.0.1:$port" "$tmp/got"
+check "READY=1 with its status" wait_for 20 grep -q "READY=1|STATUS=node 1 serving on 127.0.0.1:$port" "$tmp/got"
 check "  the port answers once READY was said" bash -c "exec 3<>/dev/tcp/127.0.0.1/$port"
-check "WATCHDOG=1 comes again and again" wait_for 100 bash -c "[ \$(grep -c WATCHDOG=1 '$tmp/got') -ge 4 ]"
+check "WATCHDOG=1 comes again and again" wait_for 10 bash -c "[ \$(grep -c WATCHDOG=1 '$tmp/got') -ge 4 ]"
 # every half period (200 ms of WATCHDOG_USEC=400000): the first four pings
 # span at least 3 x 150 ms (not a flood) and at most 3 x 400 ms plus slack
 span=$(grep WATCHDOG=1 "$tmp/got" | head -4 | awk 'NR == 1 {a = $1} {b = $1} END {print b - a}')
@@ -110,8 +86,4 @@ fi
 check "tmpfiles.d: /run/txc for the admin sockets" \
   grep -qx 'd /run/txc 0750 txc txc -' "$root/usr/lib/tmpfiles.d/txc.conf"
 
-if [[ $failures -ne 0 ]]; then
-  echo "test_systemd: $failures check(s) FAILED" >&2
-  exit 1
-fi
-echo "test_systemd: all checks passed"
+checks_done

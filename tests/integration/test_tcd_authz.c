@@ -33,6 +33,7 @@
 #include "db.h"
 #include "rmsim.h"
 #include "tcd_proc.h"
+#include "test_file.h"
 #include "txclient.h"
 #include "txp_errno.h"
 #include "txp_msg.h"
@@ -59,13 +60,7 @@ static txc_t *g_open[16];
 
 /* ------------------------------------------------------------- helpers */
 
-static void write_creds(const char *text, mode_t mode) {
-  FILE *f = fopen(g_creds, "w");
-  assert_non_null(f);
-  fputs(text, f);
-  fclose(f);
-  assert_int_equal(chmod(g_creds, mode), 0);
-}
+static void write_creds(const char *text, mode_t mode) { assert_true(test_write_file(g_creds, text, mode)); }
 
 static const char *const CREDS =
   "# application group secret\n"

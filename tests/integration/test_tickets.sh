@@ -45,12 +45,7 @@ out=$("$src/examples/services" start --bin "$bin" --dir "$CLUSTER_DIR")
 eval "$out"
 ok "cluster and services started ($ORDER_URL, $STOCK_URL)"
 
-A=$(q "$STOCK_PG_URL" "SELECT coalesce(max(activity_id), 0) + 1 FROM activity")
-q "$STOCK_PG_URL" "INSERT INTO activity (activity_id, name, status, per_user_limit, starts_at, ends_at)
-    VALUES ($A, 'tickets test', 1, 2, now() - interval '1 second', now() + interval '1 hour');
-  INSERT INTO activity_ticket_bucket (activity_id, ticket_type, bucket_id, stock)
-    SELECT $A, 1, g, 1 FROM generate_series(0, 1) g" >/dev/null
-"$bin/txc-compensate" --reconcile --activity "$A" >/dev/null 2>&1
+A=$(on_sale_activity 'tickets test' 2 1)
 
 # order USER: one ticket; "$code $reason" in $ans, the order id in $oid
 order() {
@@ -196,12 +191,5 @@ check "stock-service: the prefilter's confirm and release results" \
 check "metrics: 4 stock additions reached Redis" \
   test "$(curl -s "$ORDER_URL/metrics" | awk '$1 == "txc_client_prefilter_stock_add_total{code=\"ok\"}" {print $2}')" = 4
 
-"$src/examples/services" stop "$ORDER_PID" "$STOCK_PID" "${EVENTS_PID:-}"
-ORDER_PID=
-check "no sanitizer report" bash -c "! grep -l 'ERROR: AddressSanitizer\|runtime error:' $CLUSTER_DIR/*.log"
-
-if [[ $failures -ne 0 ]]; then
-  echo "test_tickets: $failures check(s) FAILED" >&2
-  exit 1
-fi
-echo "test_tickets: all checks passed"
+stop_services
+checks_done

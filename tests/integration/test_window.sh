@@ -171,13 +171,5 @@ assert r["accepted"] > 0 and r["invariants_ok"] is True, r
 EOF
 
 # --- 7. stop ---
-"$src/examples/services" stop "$ORDER_PID" "$STOCK_PID" "${EVENTS_PID:-}"
-ORDER_PID=
-check "stock-service stopped cleanly" grep -q '"msg":"stock-service stopped"' "$CLUSTER_DIR/stock-service.log"
-check "no sanitizer report" bash -c "! grep -l 'ERROR: AddressSanitizer\|runtime error:' $CLUSTER_DIR/*.log"
-
-if [[ $failures -ne 0 ]]; then
-  echo "test_window: $failures check(s) FAILED" >&2
-  exit 1
-fi
-echo "test_window: all checks passed"
+stop_services stock-service
+checks_done

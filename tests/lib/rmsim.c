@@ -101,8 +101,7 @@ static void fill_answer(const rmsim_t *r, int type, int64_t branch, txp_msg_t *r
     txp_msg_set_str(res, TXP_F_MESSAGE, "undo log unreadable");
     return;
   }
-  txp_msg_set_int(res, TXP_F_BRANCH_STATUS,
-                  type == TXP_MSG_BRANCH_COMMIT ? TXP_BS_PHASE2_COMMITTED : TXP_BS_PHASE2_ROLLBACKED);
+  txp_msg_set_int(res, TXP_F_BRANCH_STATUS, txc_phase2_done(type));
 }
 
 static int handler(txc_t *c, const txp_msg_t *req, txp_msg_t *res, void *arg) {

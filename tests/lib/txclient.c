@@ -2,6 +2,7 @@
  * txclient.c - see txclient.h.
  */
 #include "txclient.h"
+#include "txp_status.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -322,4 +323,17 @@ int txc_branch_register_data(txc_t *c, const char *xid, const char *resource, co
   }
   txp_msg_clear(&res);
   return rc;
+}
+
+void txc_branch_result(txp_msg_t *res, int req_type, const char *xid, int64_t branch_id, int status) {
+  txp_msg_init(res, (txp_msg_type_t)(req_type + 1));
+  res->flags = TXP_FLAG_RESPONSE;
+  txp_msg_set_int(res, TXP_F_CODE, 0);
+  txp_msg_set_str(res, TXP_F_XID, xid);
+  txp_msg_set_int(res, TXP_F_BRANCH_ID, branch_id);
+  txp_msg_set_int(res, TXP_F_BRANCH_STATUS, status);
+}
+
+int txc_phase2_done(int req_type) {
+  return req_type == TXP_MSG_BRANCH_COMMIT ? TXP_BS_PHASE2_COMMITTED : TXP_BS_PHASE2_ROLLBACKED;
 }

@@ -77,6 +77,15 @@ int txc_branch_register_data(txc_t *c, const char *xid, const char *resource, co
                              const char *app_data, uint32_t lock_wait_ms, int64_t *branch_out,
                              uint32_t *waited_ms);
 
+/* A resource manager's answer to the phase-two request of type
+ * 'req_type' (TXP_MSG_BRANCH_COMMIT or TXP_MSG_BRANCH_ROLLBACK) about
+ * 'xid' and 'branch_id': code 0 and the branch status 'status'; what a
+ * test sends as an RM, or forges as a peer. */
+void txc_branch_result(txp_msg_t *res, int req_type, const char *xid, int64_t branch_id, int status);
+/* The branch status of a phase two done as 'req_type' asks: Committed or
+ * Rollbacked. */
+int txc_phase2_done(int req_type);
+
 /* Milliseconds since an arbitrary start (monotonic). */
 double txc_now_ms(void);
 

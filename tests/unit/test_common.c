@@ -1,7 +1,8 @@
 /*
- * test_common.c - the shared containers of common/: the min-heap of
- * deadlines (txc_heap.h) and the table of requests by id (txc_idtable.h),
- * each against a plain array doing the same operations.
+ * test_common.c - common/: the min-heap of deadlines (txc_heap.h) and the
+ * table of requests by id (txc_idtable.h), each against a plain array
+ * doing the same operations; the ISO time, the process stats, the libpq
+ * message rule, and the background job's thread (txc_worker.h).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -20,9 +21,10 @@
 #include "txc_isotime.h"
 #include "txc_procstat.h"
 #include "txc_pgmsg.h"
-#include "txc_ticker.h"
+#include "txc_worker.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 
 #define N 500
 
@@ -188,34 +190,58 @@ static long long mono_ms(void) {
   return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static void *stop_later(void *arg) {
-  struct timespec d = {0, 30 * 1000000L};
-  nanosleep(&d, NULL);
-  txc_ticker_stop(arg);
+/* A job's thread as the tests see it: when it woke, how often. */
+typedef struct job {
+  txc_worker_t w;
+  long long period_ms; /* > 0: it beats; else it sleeps 10 s between passes */
+  long long woke[3];
+  _Atomic int passes;
+} job_t;
+
+static void *job_main(void *arg) {
+  job_t *j = arg;
+  if (j->period_ms > 0) {
+    while (txc_worker_beat(&j->w, j->period_ms))
+      if (j->passes < 3) j->woke[atomic_fetch_add(&j->passes, 1)] = mono_ms();
+  } else {
+    while (txc_worker_sleep(&j->w, 10000)) atomic_fetch_add(&j->passes, 1);
+  }
   return NULL;
 }
 
-/* Ticks come a period apart, and a stop from another thread ends a wait at
- * once (a 10 s period would otherwise hold the thread). */
-static void test_ticker(void **state) {
+/* Beats come on a schedule of a period from the start (a thread that
+ * starts late, under valgrind say, catches up at once, not shifting the
+ * ones after): the second no sooner than two periods after the start. */
+static void test_worker_beats(void **state) {
   (void)state;
-  txc_ticker_t tk;
-  txc_ticker_init(&tk, 20);
+  job_t j = {.period_ms = 20};
   long long t0 = mono_ms();
-  assert_true(txc_ticker_wait(&tk));
-  assert_true(txc_ticker_wait(&tk));
-  assert_true(mono_ms() - t0 >= 38);
-  txc_ticker_destroy(&tk);
+  assert_int_equal(txc_worker_start(&j.w, job_main, &j), 0);
+  while (atomic_load(&j.passes) < 3) {
+    struct timespec d = {0, 5 * 1000000L};
+    nanosleep(&d, NULL);
+  }
+  txc_worker_stop(&j.w);
+  assert_true(j.woke[1] - t0 >= 39);
+  assert_true(j.woke[0] <= j.woke[1] && j.woke[1] <= j.woke[2]);
+}
 
-  txc_ticker_init(&tk, 10000);
-  pthread_t th;
-  assert_int_equal(pthread_create(&th, NULL, stop_later, &tk), 0);
-  t0 = mono_ms();
-  assert_false(txc_ticker_wait(&tk));
+/* A kick ends a sleep at once, and so does a stop from another thread (a
+ * 10 s sleep would otherwise hold the thread). */
+static void test_worker_kick_and_stop(void **state) {
+  (void)state;
+  job_t j = {.period_ms = 0};
+  long long t0 = mono_ms();
+  assert_int_equal(txc_worker_start(&j.w, job_main, &j), 0);
+  txc_worker_kick(&j.w);
+  while (atomic_load(&j.passes) < 1) {
+    struct timespec d = {0, 5 * 1000000L};
+    nanosleep(&d, NULL);
+  }
+  assert_false(txc_worker_stopping(&j.w));
+  txc_worker_stop(&j.w);
+  assert_int_equal(atomic_load(&j.passes), 1);
   assert_true(mono_ms() - t0 < 5000);
-  assert_false(txc_ticker_wait(&tk)); /* stopped stays stopped */
-  pthread_join(th, NULL);
-  txc_ticker_destroy(&tk);
 }
 
 int main(void) {
@@ -225,7 +251,8 @@ int main(void) {
     cmocka_unit_test(test_iso_time),
     cmocka_unit_test(test_procstat),
     cmocka_unit_test(test_pgmsg_len),
-    cmocka_unit_test(test_ticker),
+    cmocka_unit_test(test_worker_beats),
+    cmocka_unit_test(test_worker_kick_and_stop),
   };
   return cmocka_run_group_tests_name("common", tests, NULL, NULL);
 }

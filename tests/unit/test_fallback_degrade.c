@@ -30,20 +30,9 @@
 #include <unistd.h>
 
 #include "rm_client.h"
+#include "rm_itest.h"
 
 /* ------------------------------------------------------------ helpers */
-
-static double now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-static void sleep_ms(int ms) {
-  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-  }
-}
 
 /* A loopback port nobody listens on (bound, then closed: refused). */
 static int dead_port(void) {
@@ -65,7 +54,7 @@ typedef struct logcap {
   char lines[64][256];
 } logcap_t;
 
-static void log_cb(int level, const char *msg, void *arg) {
+static void log_capture(int level, const char *msg, void *arg) {
   logcap_t *l = arg;
   pthread_mutex_lock(&l->mu);
   snprintf(l->lines[l->n % 64], sizeof(l->lines[0]), "%d %s", level, msg);
@@ -92,7 +81,7 @@ static rm_client_t *dead_client(logcap_t *lc) {
   cfg.application_id = "fallback-unit";
   cfg.connect_timeout_ms = 300;
   cfg.request_timeout_ms = 300;
-  cfg.log_cb = log_cb;
+  cfg.log_cb = log_capture;
   cfg.log_arg = lc;
   cfg.log_level = RM_LOG_DEBUG;
   rm_client_t *c = NULL;
@@ -261,13 +250,9 @@ static void test_forced_modes(void **state) {
   assert_int_equal(rm_client_force_mode(c, RM_MODE_GLOBAL), 0);
   rm_degrade_opts_t o = {3, 2, 30, 100};
   assert_int_equal(rm_client_degrade_enable(c, &o), 0);
+  assert_int_equal(WAIT_EQ(RM_MODE_LOCAL, 5, degrade_detected(c)), RM_MODE_LOCAL);
   rm_degrade_stats_t st;
-  double end = now_ms() + 5000;
-  do {
-    sleep_ms(10);
-    rm_client_degrade_stats(c, &st);
-    assert_true(now_ms() < end);
-  } while (st.detected != RM_MODE_LOCAL);
+  rm_client_degrade_stats(c, &st);
   assert_int_equal(rm_client_mode(c), RM_MODE_GLOBAL);
   assert_int_equal(st.forced, RM_MODE_GLOBAL);
   assert_int_equal(rm_client_force_mode(c, RM_MODE_AUTO), 0);
@@ -321,7 +306,7 @@ static void test_compensator_unreachable(void **state) {
   ko.orders_conninfo = ci;
   ko.stock_conninfo = ci;
   ko.interval_ms = 50;
-  ko.run.log_cb = log_cb;
+  ko.run.log_cb = log_capture;
   ko.run.log_arg = &lc;
   rm_compensator_t *k = NULL;
   assert_int_equal(rm_compensator_start(&ko, &k), 0);

@@ -16,16 +16,11 @@
 #include <unistd.h>
 
 #include "tc_creds.h"
+#include "test_file.h"
 
 static char g_path[256];
 
-static void write_file(const char *text, mode_t mode) {
-  FILE *f = fopen(g_path, "w");
-  assert_non_null(f);
-  fputs(text, f);
-  fclose(f);
-  assert_int_equal(chmod(g_path, mode), 0);
-}
+static void write_file(const char *text, mode_t mode) { assert_true(test_write_file(g_path, text, mode)); }
 
 static int setup(void **state) {
   (void)state;

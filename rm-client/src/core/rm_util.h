@@ -30,9 +30,10 @@ void rm__utf8_cut(char *s, size_t max);
 void rm__idem_key(char *out);
 
 /* rm_errmsg(): the calling thread's last failure, set by every public
- * call that fails (the library's one last-error pattern; the prefilter and
- * the local mode keep their own, rm_prefilter_errmsg and rm_local_errmsg).
- * Lowercase, no final period, PostgreSQL's style. */
+ * call that fails: the library's one last-error slot, which the prefilter
+ * and the local mode report to as well (rm_prefilter_errmsg and
+ * rm_local_errmsg read it).  Lowercase, no final period, PostgreSQL's
+ * style. */
 #define RM_ERRMSG_MAX 1024
 void rm__errmsg_set(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* rm__errmsg_set, then return 'code': "return rm__fail(RM_E_INVALID, ...)". */

@@ -86,6 +86,7 @@
 #include "rm_prefilter_int.h"
 #include "rm_prefilter_pg.h"
 #include "rm_prefilter_keys.h"
+#include "txc_worker.h"
 
 /* The orders database's advisory lock key of the job ("txc" + 1: distinct
  * from db-migrate's 7466001). */
@@ -129,7 +130,7 @@ static PGconn *connect_db(const char *conninfo, const char *which) {
   snprintf(what, sizeof(what), "could not connect to the %s database", which);
   if (pg) rm__pg_error(err, sizeof(err), what, pg, NULL);
   else snprintf(err, sizeof(err), "%s: out of memory", what);
-  rm__pf_errf("%s", err);
+  rm__errmsg_set("%s", err);
   PQfinish(pg);
   return NULL;
 }
@@ -206,7 +207,7 @@ static int compensate_rows(pass_t *p) {
       for (int j = 0; j < 7 && ok; j++) ok = cell(res, i, j, &v[j]) == 0;
       if (!ok) {
         PQclear(res);
-        rm__pf_errf("unexpected row in order_compensation");
+        rm__errmsg_set("unexpected row in order_compensation");
         return RM_E_DB;
       }
       if (p->o->max_rows && seen >= p->o->max_rows) {
@@ -227,8 +228,8 @@ static int compensate_rows(pass_t *p) {
       rm__pf_i64_str(last, ord.order_id);
       if (PQstatus(p->orders) != CONNECTION_OK || PQstatus(p->stock) != CONNECTION_OK) {
         PQclear(res);
-        rm__pf_errf("lost the connection to the %s database",
-                    PQstatus(p->orders) != CONNECTION_OK ? "orders" : "stock");
+        rm__errmsg_set("lost the connection to the %s database",
+                       PQstatus(p->orders) != CONNECTION_OK ? "orders" : "stock");
         return RM_E_DB;
       }
     }
@@ -313,7 +314,7 @@ int rm_compensate_run(const char *orders_conninfo, const char *stock_conninfo, r
   if (report) memset(report, 0, sizeof(*report));
   if (!orders_conninfo || !stock_conninfo || (o.reconcile && !pf) || o.log_level < 0 ||
       o.log_level > RM_LOG_DEBUG || o.activity_id < 0) {
-    rm__pf_errf("invalid argument to rm_compensate_run");
+    rm__errmsg_set("invalid argument to rm_compensate_run");
     return RM_E_INVALID;
   }
   pass_t p = {0};
@@ -321,7 +322,7 @@ int rm_compensate_run(const char *orders_conninfo, const char *stock_conninfo, r
   p.o = &o;
   p.rep = &rep;
   if (rm__logger_init(&p.log, o.log_cb, o.log_arg, o.log_level ? o.log_level : RM_LOG_WARN) != 0) {
-    rm__pf_errf("out of memory");
+    rm__errmsg_set("out of memory");
     return RM_E_NOMEM;
   }
 
@@ -335,7 +336,7 @@ int rm_compensate_run(const char *orders_conninfo, const char *stock_conninfo, r
   bool locked = PQntuples(res) == 1 && strcmp(PQgetvalue(res, 0, 0), "t") == 0;
   PQclear(res);
   if (!locked) {
-    rm__pf_errf("another compensation job holds the lock");
+    rm__errmsg_set("another compensation job holds the lock");
     COMP_LOG(&p.log, RM_LOG_DEBUG, "compensation: another job is running: pass skipped");
     rc = RM_COMP_E_LOCKED;
     goto fail_orders;
@@ -535,13 +536,9 @@ int rm_compensator_start(const rm_compensator_options_t *o, rm_compensator_t **o
   k->run = o->run;
   k->fo_due = UINT64_MAX;
 
-  pthread_condattr_t ca;
   if (pthread_mutex_init(&k->mu, NULL) != 0) goto fail_memory;
-  if (pthread_condattr_init(&ca) != 0) goto fail_mutex;
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  if (pthread_cond_init(&k->wake, &ca) != 0) goto fail_attr;
-  if (pthread_cond_init(&k->done, &ca) != 0) goto fail_wake;
-  pthread_condattr_destroy(&ca);
+  if (txc_cond_init_monotonic(&k->wake) != 0) goto fail_mutex;
+  if (txc_cond_init_monotonic(&k->done) != 0) goto fail_wake;
 
   /* The application's asynchronous signals stay with its own threads. */
   sigset_t all, old;
@@ -560,8 +557,6 @@ fail_done:
   pthread_cond_destroy(&k->done);
 fail_wake:
   pthread_cond_destroy(&k->wake);
-fail_attr:
-  pthread_condattr_destroy(&ca);
 fail_mutex:
   pthread_mutex_destroy(&k->mu);
 fail_memory:

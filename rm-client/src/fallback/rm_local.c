@@ -40,9 +40,10 @@
  *   names (rm_client_local_stats; atomics in the client, rm_internal.h),
  *   never in the process: two clients count apart, and the compensation
  *   job, which names none, has its own figures (rm_comp_report_t).  Error
- *   details go to the thread-local message shared with the prefilter
- *   (rm_local_errmsg, like errno: these calls block on the caller's thread
- *   and take no object of their own to keep it in; rm_prefilter_err.h).
+ *   details go to the library's one per-thread last-error slot
+ *   (rm_local_errmsg reads it, as rm_errmsg does; like errno: these calls
+ *   block on the caller's thread and take no object of their own to keep
+ *   it in).
  */
 #include <inttypes.h>
 #include <stdatomic.h>
@@ -76,7 +77,7 @@ static int call_code(PGconn *pg, const char *what, const char *sql, int n, const
   int rc = 0;
   const char *v = PQntuples(res) == 1 && PQnfields(res) == 1 && !PQgetisnull(res, 0, 0) ? PQgetvalue(res, 0, 0) : NULL;
   if (!v || rm__pf_parse_i64(v, strlen(v), code) != 0) {
-    rm__pf_errf("could not %s: unexpected answer from the database", what);
+    rm__errmsg_set("could not %s: unexpected answer from the database", what);
     rc = RM_E_DB;
   }
   PQclear(res);
@@ -118,7 +119,7 @@ int rm_local_order_insert(rm_client_t *c, PGconn *orders_pg, const rm_local_orde
   int rc = rm__pf_pg_usable(orders_pg, false);
   if (rc != 0) return rc;
   if (!order_ok(o)) {
-    rm__pf_errf("invalid argument: local order out of range (or a malformed idempotency key)");
+    rm__errmsg_set("invalid argument: local order out of range (or a malformed idempotency key)");
     return RM_E_INVALID;
   }
   rm__pf_i64_str(s[0], o->order_id);
@@ -144,45 +145,64 @@ int rm_local_order_insert(rm_client_t *c, PGconn *orders_pg, const rm_local_orde
   case 0: COUNT(c, orders); return 0;
   case 1: return 1;
   case -4:
-    rm__pf_errf("order %" PRId64 " exists with other values (or as an order of a global transaction)",
-                o->order_id);
+    rm__errmsg_set("order %" PRId64 " exists with other values (or as an order of a global transaction)",
+                   o->order_id);
     return RM_LOCAL_E_MISMATCH;
   case -9:
-    rm__pf_errf("another order of user %" PRId64 " holds idempotency key \"%s\"", o->user_id, o->idem_key);
+    rm__errmsg_set("another order of user %" PRId64 " holds idempotency key \"%s\"", o->user_id, o->idem_key);
     return RM_LOCAL_E_IDEM_KEY;
   default:
-    rm__pf_errf("unexpected code %" PRId64 " from order_local_insert", code);
+    rm__errmsg_set("unexpected code %" PRId64 " from order_local_insert", code);
+    return RM_E_DB;
+  }
+}
+
+/* order_local_finish: the order DONE, its stock frozen, or cancelled
+ * ('vals': the order id, the outcome and, for a cancel, the job's and the
+ * user's reasons).  0 (now; counted in 'c'), 1 (so before), or why not:
+ * decided the other way before (RM_LOCAL_E_DECIDED), paid although its
+ * stock was refused (RM_LOCAL_E_PAID, a cancel), no such order
+ * (RM_PF_UNKNOWN_ORDER). */
+static int finish_order(rm_client_t *c, PGconn *pg, int64_t order_id, bool cancel, const char *const vals[4]) {
+  int64_t code;
+  int rc = call_code(pg, cancel ? "cancel the local-mode order" : "finish the local-mode order",
+                     "SELECT order_local_finish($1::bigint, $2::text, $3::text, $4::text)", 4, vals, &code);
+  if (rc != 0) return rc;
+  switch (code) {
+  case 0:
+    if (cancel)
+      COUNT(c, cancelled);
+    else
+      COUNT(c, finished);
+    return 0;
+  case 1: return 1;
+  case -5:
+    rm__errmsg_set("local-mode order %" PRId64 " was %s", order_id,
+                   cancel ? "finished before with its stock frozen" : "cancelled before");
+    return RM_LOCAL_E_DECIDED;
+  case -6:
+    rm__errmsg_set("local-mode order %" PRId64 " is paid although its stock was refused: not cancelled", order_id);
+    return RM_LOCAL_E_PAID;
+  case -8:
+    rm__errmsg_set("no local-mode order %" PRId64 " in the orders database", order_id);
+    return RM_PF_UNKNOWN_ORDER;
+  default:
+    rm__errmsg_set("unexpected code %" PRId64 " from order_local_finish", code);
     return RM_E_DB;
   }
 }
 
 int rm_local_order_finish(rm_client_t *c, PGconn *orders_pg, int64_t order_id) {
   char s[24];
-  const char *vals[1] = {s};
-  int64_t code;
   int rc = rm__pf_pg_usable(orders_pg, false);
   if (rc != 0) return rc;
   if (!rm__pf_id_ok(order_id)) {
-    rm__pf_errf("invalid argument: order id must be >= 1");
+    rm__errmsg_set("invalid argument: order id must be >= 1");
     return RM_E_INVALID;
   }
   rm__pf_i64_str(s, order_id);
-  rc = call_code(orders_pg, "finish the local-mode order",
-                 "SELECT order_local_finish($1::bigint, 'FROZEN', NULL, NULL)", 1, vals, &code);
-  if (rc != 0) return rc;
-  switch (code) {
-  case 0: COUNT(c, finished); return 0;
-  case 1: return 1;
-  case -5:
-    rm__pf_errf("local-mode order %" PRId64 " was cancelled before", order_id);
-    return RM_LOCAL_E_DECIDED;
-  case -8:
-    rm__pf_errf("no local-mode order %" PRId64 " in the orders database", order_id);
-    return RM_PF_UNKNOWN_ORDER;
-  default:
-    rm__pf_errf("unexpected code %" PRId64 " from order_local_finish", code);
-    return RM_E_DB;
-  }
+  const char *vals[4] = {s, "FROZEN", NULL, NULL};
+  return finish_order(c, orders_pg, order_id, false, vals);
 }
 
 /* The words stored for a refusal: the job's reason and the user's. */
@@ -213,7 +233,7 @@ int rm_local_order_cancel(rm_client_t *c, PGconn *orders_pg, rm_prefilter_t *pf,
   int rc = rm__pf_pg_usable(orders_pg, true);
   if (rc != 0) return rc;
   if (!rm__pf_id_ok(order_id) || !rm__local_is_refusal(refusal)) {
-    rm__pf_errf("invalid argument: order id must be >= 1 and the refusal one of rm_local_stock_freeze's");
+    rm__errmsg_set("invalid argument: order id must be >= 1 and the refusal one of rm_local_stock_freeze's");
     return RM_E_INVALID;
   }
   rm__pf_i64_str(s, order_id);
@@ -227,7 +247,7 @@ int rm_local_order_cancel(rm_client_t *c, PGconn *orders_pg, rm_prefilter_t *pf,
   if (!res) return RM_E_DB;
   if (PQntuples(res) != 1) {
     PQclear(res);
-    rm__pf_errf("no local-mode order %" PRId64 " in the orders database", order_id);
+    rm__errmsg_set("no local-mode order %" PRId64 " in the orders database", order_id);
     return RM_PF_UNKNOWN_ORDER;
   }
   int64_t activity = 0, tt = 0;
@@ -237,12 +257,12 @@ int rm_local_order_cancel(rm_client_t *c, PGconn *orders_pg, rm_prefilter_t *pf,
   rc = rm__pf_parse_i64(a, strlen(a), &activity) != 0 || rm__pf_parse_i64(t, strlen(t), &tt) != 0 ? RM_E_DB : 0;
   PQclear(res);
   if (rc != 0) {
-    rm__pf_errf("unexpected order_compensation row for order %" PRId64, order_id);
+    rm__errmsg_set("unexpected order_compensation row for order %" PRId64, order_id);
     return rc;
   }
   if (done) {
     if (was_cancelled) return 1;
-    rm__pf_errf("local-mode order %" PRId64 " was finished before with its stock frozen", order_id);
+    rm__errmsg_set("local-mode order %" PRId64 " was finished before with its stock frozen", order_id);
     return RM_LOCAL_E_DECIDED;
   }
 
@@ -255,10 +275,10 @@ int rm_local_order_cancel(rm_client_t *c, PGconn *orders_pg, rm_prefilter_t *pf,
     if (rc != 0 && rc != RM_PF_ALREADY_RELEASED && rc != RM_PF_UNKNOWN_ORDER && rc != RM_PF_NOT_LOADED &&
         rc != RM_PF_ALREADY_CONFIRMED) {
       /* keep rm_prefilter_errmsg's details, prefixed */
-      char detail[RM_PF_ERR_MAX];
+      char detail[RM_ERRMSG_MAX];
       snprintf(detail, sizeof(detail), "%s", rm_prefilter_errmsg());
-      rm__pf_errf("could not release the Redis freeze of order %" PRId64 ": %s%s%s", order_id,
-                  rm_prefilter_strerror(rc), detail[0] ? ": " : "", detail);
+      rm__errmsg_set("could not release the Redis freeze of order %" PRId64 ": %s%s%s", order_id,
+                     rm_prefilter_strerror(rc), detail[0] ? ": " : "", detail);
       return rc;
     }
   }
@@ -267,26 +287,7 @@ int rm_local_order_cancel(rm_client_t *c, PGconn *orders_pg, rm_prefilter_t *pf,
   vals[1] = "CANCELLED";
   vals[2] = reason;
   vals[3] = user;
-  int64_t code;
-  rc = call_code(orders_pg, "cancel the local-mode order",
-                 "SELECT order_local_finish($1::bigint, $2::text, $3::text, $4::text)", 4, vals, &code);
-  if (rc != 0) return rc;
-  switch (code) {
-  case 0: COUNT(c, cancelled); return 0;
-  case 1: return 1;
-  case -5:
-    rm__pf_errf("local-mode order %" PRId64 " was finished before with its stock frozen", order_id);
-    return RM_LOCAL_E_DECIDED;
-  case -6:
-    rm__pf_errf("local-mode order %" PRId64 " is paid although its stock was refused: not cancelled", order_id);
-    return RM_LOCAL_E_PAID;
-  case -8:
-    rm__pf_errf("no local-mode order %" PRId64 " in the orders database", order_id);
-    return RM_PF_UNKNOWN_ORDER;
-  default:
-    rm__pf_errf("unexpected code %" PRId64 " from order_local_finish", code);
-    return RM_E_DB;
-  }
+  return finish_order(c, orders_pg, order_id, true, vals);
 }
 
 /* -------------------------------------------------------------- stock --- */
@@ -302,7 +303,7 @@ int rm__local_stock_freeze(rm_client_t *c, PGconn *pg, const rm_local_order_t *o
   int rc = rm__pf_pg_usable(pg, false);
   if (rc != 0) return rc;
   if (!order_ok(o)) {
-    rm__pf_errf("invalid argument: local order out of range");
+    rm__errmsg_set("invalid argument: local order out of range");
     return RM_E_INVALID;
   }
   int64_t deadline = o->deadline_ms ? o->deadline_ms : o->expire_ms ? o->expire_ms : unix_ms() + DEFAULT_TTL_MS;
@@ -325,20 +326,20 @@ int rm__local_stock_freeze(rm_client_t *c, PGconn *pg, const rm_local_order_t *o
   case 1: return 1;
   case -1: /* outside the sale window (sql/stock/006) */
     COUNT(c, refused);
-    rm__pf_errf("the stock database refused order %" PRId64 " (not on sale)", o->order_id);
+    rm__errmsg_set("the stock database refused order %" PRId64 " (not on sale)", o->order_id);
     return RM_PF_NOT_ON_SALE;
   case -2:
   case -3:
   case -4:
     COUNT(c, refused);
-    rm__pf_errf("the stock database refused order %" PRId64 " (%s)", o->order_id,
-                code == -2 ? "over the user limit" : code == -3 ? "sold out" : "no such bucket or other values");
+    rm__errmsg_set("the stock database refused order %" PRId64 " (%s)", o->order_id,
+                   code == -2 ? "over the user limit" : code == -3 ? "sold out" : "no such bucket or other values");
     return code == -2 ? RM_PF_OVER_LIMIT : code == -3 ? RM_PF_SOLD_OUT : RM_PF_BAD_ARGS;
   case -9:
-    rm__pf_errf("order %" PRId64 " was recorded in the stock database with other values", o->order_id);
+    rm__errmsg_set("order %" PRId64 " was recorded in the stock database with other values", o->order_id);
     return RM_LOCAL_E_MISMATCH;
   default:
-    rm__pf_errf("unexpected code %" PRId64 " from stock_local_freeze", code);
+    rm__errmsg_set("unexpected code %" PRId64 " from stock_local_freeze", code);
     return RM_E_DB;
   }
 }
@@ -349,7 +350,7 @@ int rm_local_stock_freeze(rm_client_t *c, PGconn *stock_pg, const rm_local_order
 
 /* ---------------------------------------------------------------- misc --- */
 
-const char *rm_local_errmsg(void) { return rm__pf_err(); }
+const char *rm_local_errmsg(void) { return rm_errmsg(); }
 
 void rm_client_degrade_stats(rm_client_t *c, rm_degrade_stats_t *out) {
   if (!out) return;

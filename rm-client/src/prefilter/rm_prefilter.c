@@ -80,20 +80,20 @@ int rm__pf_eval_code(rm_prefilter_t *pf, int script, int nkeys, const char *cons
   rc = rm__pf_reply_int(r, &v, err, sizeof(err));
   freeReplyObject(r);
   if (rc == RM_PF_E_REDIS) {
-    rm__pf_errf("Redis refused script \"%s\": %s", rm__pf_script_name(script), err);
+    rm__errmsg_set("Redis refused script \"%s\": %s", rm__pf_script_name(script), err);
     return rc;
   }
   if (rc != 0) {
-    rm__pf_errf("unexpected reply to script \"%s\"", rm__pf_script_name(script));
+    rm__errmsg_set("unexpected reply to script \"%s\"", rm__pf_script_name(script));
     return rc;
   }
   rc = rm__pf_code_from_lua(v);
-  if (rc == RM_PF_E_REPLY) rm__pf_errf("unexpected result %lld of script \"%s\"", v, rm__pf_script_name(script));
+  if (rc == RM_PF_E_REPLY) rm__errmsg_set("unexpected result %lld of script \"%s\"", v, rm__pf_script_name(script));
   return rc;
 }
 
 static int bad_args(rm_prefilter_t *pf, rm_pf_op_t op, const char *what) {
-  rm__pf_errf("invalid argument: %s", what);
+  rm__errmsg_set("invalid argument: %s", what);
   return rm__pf_count(pf, op, RM_PF_BAD_ARGS);
 }
 
@@ -105,15 +105,15 @@ int rm_prefilter_new(const char *redis_url, const rm_pf_options_t *opts, rm_pref
   int rc;
   if (out) *out = NULL;
   if (!out || rm__pf_url_parse(redis_url, &url) != 0) {
-    rm__pf_errf("invalid Redis URL \"%s\": expected redis://[:password@]host[:port][/db] or "
-                "redis+sentinel://[:password@]host[:port],.../master-name[/db]",
-                redis_url ? redis_url : "(null)");
+    rm__errmsg_set("invalid Redis URL \"%s\": expected redis://[:password@]host[:port][/db] or "
+                   "redis+sentinel://[:password@]host[:port],.../master-name[/db]",
+                   redis_url ? redis_url : "(null)");
     return RM_E_INVALID;
   }
   if (opts && (opts->log_level < 0 || opts->log_level > RM_LOG_DEBUG ||
                opts->max_connections > MAX_CONNECTIONS || opts->command_timeout_ms > 3600000u ||
                opts->connect_timeout_ms > 3600000u)) {
-    rm__pf_errf("invalid prefilter option");
+    rm__errmsg_set("invalid prefilter option");
     return RM_E_INVALID;
   }
   pf = calloc(1, sizeof(*pf));
@@ -169,7 +169,7 @@ const char *rm_prefilter_strerror(int code) {
   }
 }
 
-const char *rm_prefilter_errmsg(void) { return rm__pf_err(); }
+const char *rm_prefilter_errmsg(void) { return rm_errmsg(); }
 
 uint64_t rm_prefilter_master_changes(rm_prefilter_t *pf) {
   return pf ? (uint64_t)atomic_load_explicit(&pf->pool.master_changes, memory_order_relaxed) : 0;
@@ -260,7 +260,7 @@ static int finish(rm_prefilter_t *pf, rm_pf_op_t op, int64_t activity_id, int32_
     rc = rm__pf_eval_code(pf, RM_PF_S_RELEASE, 4, keys, 2, args);
   }
   if (rc > 0) {
-    rm__pf_errf("unexpected result %d", rc);
+    rm__errmsg_set("unexpected result %d", rc);
     rc = RM_PF_E_REPLY;
   }
   return rm__pf_count(pf, op, rc);
@@ -298,8 +298,8 @@ int rm_prefilter_waitlist_join(rm_prefilter_t *pf, int64_t activity_id, int32_t 
   if (rc == 0) {
     rc = rm__pf_parse_join(r, position, err, sizeof(err));
     freeReplyObject(r);
-    if (rc == RM_PF_E_REDIS) rm__pf_errf("Redis refused script \"waitlist_join\": %s", err);
-    if (rc == RM_PF_E_REPLY) rm__pf_errf("unexpected reply to script \"waitlist_join\"");
+    if (rc == RM_PF_E_REDIS) rm__errmsg_set("Redis refused script \"waitlist_join\": %s", err);
+    if (rc == RM_PF_E_REPLY) rm__errmsg_set("unexpected reply to script \"waitlist_join\"");
   }
   return rm__pf_count(pf, RM_PF_OP_JOIN, rc);
 }
@@ -322,7 +322,7 @@ static int fill_eval(rm_prefilter_t *pf, rm_pf_op_t op, int script, const rm_pf_
   if (!strs || !args) {
     free(strs);
     free(args);
-    rm__pf_errf("out of memory");
+    rm__errmsg_set("out of memory");
     return rm__pf_count(pf, op, RM_E_NOMEM);
   }
   rm__pf_i64_str(strs[0], ticket_type);
@@ -341,8 +341,8 @@ static int fill_eval(rm_prefilter_t *pf, rm_pf_op_t op, int script, const rm_pf_
   if (rc == 0) {
     rc = rm__pf_parse_fill(r, out, cap, n_out, err, sizeof(err));
     freeReplyObject(r);
-    if (rc == RM_PF_E_REDIS) rm__pf_errf("Redis refused script \"%s\": %s", name, err);
-    if (rc == RM_PF_E_REPLY) rm__pf_errf("unexpected reply to script \"%s\"", name);
+    if (rc == RM_PF_E_REDIS) rm__errmsg_set("Redis refused script \"%s\": %s", name, err);
+    if (rc == RM_PF_E_REPLY) rm__errmsg_set("unexpected reply to script \"%s\"", name);
   }
   return rm__pf_count(pf, op, rc);
 }
@@ -382,7 +382,7 @@ int rm_prefilter_stock_add(rm_prefilter_t *pf, int64_t activity_id, int32_t tick
     if (!rm__pf_id_ok(order_ids[i])) return bad_args(pf, RM_PF_OP_ADD, "order ids must be >= 1");
   int64_t *extra = malloc((n_buckets + 1) * sizeof(*extra));
   if (!extra) {
-    rm__pf_errf("out of memory");
+    rm__errmsg_set("out of memory");
     return rm__pf_count(pf, RM_PF_OP_ADD, RM_E_NOMEM);
   }
   extra[0] = (int64_t)n_buckets;

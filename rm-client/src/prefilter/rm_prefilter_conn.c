@@ -32,6 +32,7 @@
 
 #include "rm_prefilter_conn.h"
 #include "rm_prefilter_lua.h"
+#include "txc_worker.h"
 
 #define STALE_CHECK_IDLE_MS 20 /* check idle connections older than this */
 #define BACKOFF_MIN_MS 50
@@ -52,7 +53,6 @@ static struct timeval ms_tv(unsigned ms) {
 int rm__pf_pool_init(rm_pf_pool_t *p, const rm_pf_url_t *url, unsigned cmd_timeout_ms,
                      unsigned connect_timeout_ms, unsigned max_conns, unsigned backoff_max_ms,
                      rm_logger_t *log) {
-  pthread_condattr_t ca;
   memset(p, 0, sizeof(*p));
   p->url = *url;
   p->cmd_timeout_ms = cmd_timeout_ms;
@@ -71,7 +71,7 @@ int rm__pf_pool_init(rm_pf_pool_t *p, const rm_pf_url_t *url, unsigned cmd_timeo
       }
     }
     if (!p->script_text[i]) {
-      rm__pf_errf("script \"%s\" is missing from the library (lua/%s.lua)", name, name);
+      rm__errmsg_set("script \"%s\" is missing from the library (lua/%s.lua)", name, name);
       return RM_E_INVALID;
     }
   }
@@ -80,13 +80,7 @@ int rm__pf_pool_init(rm_pf_pool_t *p, const rm_pf_url_t *url, unsigned cmd_timeo
     pthread_mutex_destroy(&p->mu);
     return RM_E_NOMEM;
   }
-  if (pthread_condattr_init(&ca) != 0) goto fail_mutex;
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  if (pthread_cond_init(&p->cv, &ca) != 0) {
-    pthread_condattr_destroy(&ca);
-    goto fail_mutex;
-  }
-  pthread_condattr_destroy(&ca);
+  if (txc_cond_init_monotonic(&p->cv) != 0) goto fail_mutex;
   atomic_init(&p->connects, 0);
   atomic_init(&p->connect_failures, 0);
   atomic_init(&p->noscript_reloads, 0);
@@ -141,11 +135,11 @@ static int send_all(rm_pf_pool_t *p, rm_pf_conn_t *c, const char *buf, size_t le
     }
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
-      rm__pf_errf("could not send to Redis at \"%s:%d\": no progress within %u ms", c->host,
-                  c->port, p->cmd_timeout_ms);
+      rm__errmsg_set("could not send to Redis at \"%s:%d\": no progress within %u ms", c->host,
+                     c->port, p->cmd_timeout_ms);
     else
-      rm__pf_errf("could not send to Redis at \"%s:%d\": %s", c->host, c->port,
-                  n < 0 ? strerror(errno) : "connection closed");
+      rm__errmsg_set("could not send to Redis at \"%s:%d\": %s", c->host, c->port,
+                     n < 0 ? strerror(errno) : "connection closed");
     return done == 0 ? RM_E_CONN_LOST : RM_E_UNKNOWN_OUTCOME;
   }
   return 0;
@@ -158,8 +152,8 @@ static int read_reply(rm_pf_pool_t *p, rm_pf_conn_t *c, redisReply **out) {
     void *r = NULL;
     ssize_t n;
     if (redisReaderGetReply(c->ctx->reader, &r) != REDIS_OK) {
-      rm__pf_errf("protocol error from Redis at \"%s:%d\": %s", c->host, c->port,
-                  c->ctx->reader->errstr);
+      rm__errmsg_set("protocol error from Redis at \"%s:%d\": %s", c->host, c->port,
+                     c->ctx->reader->errstr);
       return RM_E_UNKNOWN_OUTCOME;
     }
     if (r) {
@@ -169,21 +163,21 @@ static int read_reply(rm_pf_pool_t *p, rm_pf_conn_t *c, redisReply **out) {
     n = recv(c->ctx->fd, buf, sizeof(buf), 0);
     if (n > 0) {
       if (redisReaderFeed(c->ctx->reader, buf, (size_t)n) != REDIS_OK) {
-        rm__pf_errf("could not buffer the reply of Redis at \"%s:%d\"", c->host, c->port);
+        rm__errmsg_set("could not buffer the reply of Redis at \"%s:%d\"", c->host, c->port);
         return RM_E_UNKNOWN_OUTCOME;
       }
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
     if (n == 0)
-      rm__pf_errf("Redis at \"%s:%d\" closed the connection before answering", c->host,
-                  c->port);
+      rm__errmsg_set("Redis at \"%s:%d\" closed the connection before answering", c->host,
+                     c->port);
     else if (errno == EAGAIN || errno == EWOULDBLOCK)
-      rm__pf_errf("Redis at \"%s:%d\" did not answer within %u ms", c->host, c->port,
-                  p->cmd_timeout_ms);
+      rm__errmsg_set("Redis at \"%s:%d\" did not answer within %u ms", c->host, c->port,
+                     p->cmd_timeout_ms);
     else
-      rm__pf_errf("could not read from Redis at \"%s:%d\": %s", c->host, c->port,
-                  strerror(errno));
+      rm__errmsg_set("could not read from Redis at \"%s:%d\": %s", c->host, c->port,
+                     strerror(errno));
     return RM_E_UNKNOWN_OUTCOME;
   }
 }
@@ -204,7 +198,7 @@ int rm__pf_conn_pipeline(rm_pf_pool_t *p, rm_pf_conn_t *c, size_t n, char *const
     size_t off = 0;
     joined = malloc(total ? total : 1);
     if (!joined) {
-      rm__pf_errf("out of memory");
+      rm__errmsg_set("out of memory");
       return RM_E_CONN_LOST;
     }
     for (size_t i = 0; i < n; i++) {
@@ -236,7 +230,7 @@ int rm__pf_conn_command(rm_pf_pool_t *p, rm_pf_conn_t *c, int argc, const char *
   int rc;
   *reply = NULL;
   if (len < 0) {
-    rm__pf_errf("out of memory");
+    rm__errmsg_set("out of memory");
     return RM_E_NOMEM;
   }
   size_t ulen = (size_t)len;
@@ -319,8 +313,8 @@ static int conn_prepare(rm_pf_pool_t *p, rm_pf_conn_t *c, int only, char *run_id
     char role[16];
     if (rm__redis_parse_identity(replies[role_at], replies[role_at + 1], run_id, role, sizeof(role)) != 0 &&
         p->url.nsentinels) {
-      rm__pf_errf("Redis at \"%s:%d\", named master \"%s\" by the sentinels, is not a master (ROLE: %s)",
-                  c->host, c->port, p->url.master_name, role);
+      rm__errmsg_set("Redis at \"%s:%d\", named master \"%s\" by the sentinels, is not a master (ROLE: %s)",
+                     c->host, c->port, p->url.master_name, role);
       rc = RM_E_REDIS_NO_MASTER;
     }
     if (rc != 0)
@@ -334,11 +328,11 @@ static int conn_prepare(rm_pf_pool_t *p, rm_pf_conn_t *c, int only, char *run_id
         if (kinds[i] >= 0) memcpy(c->sha[kinds[i]], r->str, RM_PF_SHA_LEN + 1);
         continue;
       }
-      rm__pf_errf("could not %s on Redis at \"%s:%d\": %.*s",
-                  kinds[i] == K_AUTH ? "authenticate" : kinds[i] == K_SELECT ? "select the database" : "load the scripts",
-                  c->host, c->port,
-                  r && (r->type == REDIS_REPLY_ERROR || r->type == REDIS_REPLY_STATUS) ? (int)r->len : 16,
-                  r && (r->type == REDIS_REPLY_ERROR || r->type == REDIS_REPLY_STATUS) ? r->str
+      rm__errmsg_set("could not %s on Redis at \"%s:%d\": %.*s",
+                     kinds[i] == K_AUTH ? "authenticate" : kinds[i] == K_SELECT ? "select the database" : "load the scripts",
+                     c->host, c->port,
+                     r && (r->type == REDIS_REPLY_ERROR || r->type == REDIS_REPLY_STATUS) ? (int)r->len : 16,
+                     r && (r->type == REDIS_REPLY_ERROR || r->type == REDIS_REPLY_STATUS) ? r->str
                                                                                       : "unexpected reply");
       rc = RM_PF_E_REDIS;
     }
@@ -349,7 +343,7 @@ static int conn_prepare(rm_pf_pool_t *p, rm_pf_conn_t *c, int only, char *run_id
 
 nomem:
   for (size_t i = 0; i < n; i++) redisFreeCommand(cmds[i]);
-  rm__pf_errf("out of memory");
+  rm__errmsg_set("out of memory");
   return RM_E_NOMEM;
 }
 
@@ -450,31 +444,31 @@ static int conn_open_once(rm_pf_pool_t *p, rm_pf_conn_t **out) {
   if (rc != 0) return rc;
   redisContext *ctx = redisConnectWithTimeout(t.host, t.port, ms_tv(p->connect_timeout_ms));
   if (!ctx) {
-    rm__pf_errf("out of memory");
+    rm__errmsg_set("out of memory");
     return RM_E_NOMEM;
   }
   if (ctx->err) {
-    rm__pf_errf("could not connect to Redis at \"%s:%d\": %s", t.host, t.port, ctx->errstr);
+    rm__errmsg_set("could not connect to Redis at \"%s:%d\": %s", t.host, t.port, ctx->errstr);
     redisFree(ctx);
     goto lost;
   }
   if (rm__pf_self_connected(ctx->fd)) {
-    rm__pf_errf("could not connect to Redis at \"%s:%d\": the socket connected to itself "
-                "(nothing listens there, and the kernel chose that port as the local one)",
-                t.host, t.port);
+    rm__errmsg_set("could not connect to Redis at \"%s:%d\": the socket connected to itself "
+                   "(nothing listens there, and the kernel chose that port as the local one)",
+                   t.host, t.port);
     redisFree(ctx);
     goto lost;
   }
   if (redisSetTimeout(ctx, ms_tv(p->cmd_timeout_ms)) != REDIS_OK) {
-    rm__pf_errf("could not set the timeouts of a connection to Redis at \"%s:%d\": %s",
-                t.host, t.port, ctx->errstr);
+    rm__errmsg_set("could not set the timeouts of a connection to Redis at \"%s:%d\": %s",
+                   t.host, t.port, ctx->errstr);
     redisFree(ctx);
     goto lost;
   }
   c = calloc(1, sizeof(*c));
   if (!c) {
     redisFree(ctx);
-    rm__pf_errf("out of memory");
+    rm__errmsg_set("out of memory");
     return RM_E_NOMEM;
   }
   c->ctx = ctx;
@@ -533,11 +527,11 @@ int rm__pf_conn_get(rm_pf_pool_t *p, rm_pf_conn_t **out) {
         unsigned wait = (unsigned)(p->retry_at_ms - now);
         pthread_mutex_unlock(&p->mu);
         if (p->url.nsentinels) {
-          rm__pf_errf("no Redis master \"%s\" reachable: next attempt in %u ms", p->url.master_name, wait);
+          rm__errmsg_set("no Redis master \"%s\" reachable: next attempt in %u ms", p->url.master_name, wait);
           return RM_E_REDIS_NO_MASTER;
         }
-        rm__pf_errf("Redis at \"%s:%d\" is unreachable: next connection attempt in %u ms",
-                    p->url.host, p->url.port, wait);
+        rm__errmsg_set("Redis at \"%s:%d\" is unreachable: next connection attempt in %u ms",
+                       p->url.host, p->url.port, wait);
         return RM_E_CONN_LOST;
       }
       p->open++;
@@ -553,7 +547,7 @@ int rm__pf_conn_get(rm_pf_pool_t *p, rm_pf_conn_t **out) {
         pthread_cond_signal(&p->cv);
         pthread_mutex_unlock(&p->mu);
         atomic_fetch_add_explicit(&p->connect_failures, 1, memory_order_relaxed);
-        RM_LOGGER(p->log, RM_LOG_WARN, "%s (retrying in %u ms)", rm__pf_err(), delay);
+        RM_LOGGER(p->log, RM_LOG_WARN, "%s (retrying in %u ms)", rm_errmsg(), delay);
         return rc;
       }
       if (p->failures) RM_LOGGER(p->log, RM_LOG_INFO, "connected to Redis at \"%s:%d\" again",
@@ -568,8 +562,8 @@ int rm__pf_conn_get(rm_pf_pool_t *p, rm_pf_conn_t **out) {
       struct timespec ts = {(time_t)(deadline / 1000), (long)(deadline % 1000) * 1000000L};
       if (now >= deadline || pthread_cond_timedwait(&p->cv, &p->mu, &ts) == ETIMEDOUT) {
         pthread_mutex_unlock(&p->mu);
-        rm__pf_errf("no Redis connection free within %u ms (%u in use)", p->cmd_timeout_ms,
-                    p->max_conns);
+        rm__errmsg_set("no Redis connection free within %u ms (%u in use)", p->cmd_timeout_ms,
+                       p->max_conns);
         return RM_E_DEADLINE;
       }
       now = rm__mono_ms();
@@ -631,7 +625,7 @@ int rm__pf_eval(rm_pf_pool_t *p, int script, int nkeys, const char *const *keys,
     lens = malloc((size_t)argc * sizeof(*lens));
     if (!argv || !lens) {
       rc = RM_E_NOMEM;
-      rm__pf_errf("out of memory");
+      rm__errmsg_set("out of memory");
       goto out;
     }
   }

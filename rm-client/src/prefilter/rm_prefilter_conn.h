@@ -59,7 +59,7 @@
 #include "rm_log.h"
 #include "rm_util.h"
 #include "rm_prefilter_keys.h"
-#include "rm_prefilter_err.h"
+#include "rm_prefilter_sock.h"
 #include "rm_redis_sentinel.h"
 
 #define RM_PF_SHA_LEN 40

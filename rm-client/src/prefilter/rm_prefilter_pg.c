@@ -57,7 +57,7 @@
 int rm__pf_pg_usable(PGconn *pg, bool need_idle) {
   int code;
   const char *why = rm__pg_unusable(pg, need_idle, &code);
-  if (why) rm__pf_errf("%s", why);
+  if (why) rm__errmsg_set("%s", why);
   return code;
 }
 
@@ -68,7 +68,7 @@ PGresult *rm__pf_pg_exec(PGconn *pg, const char *what, const char *sql, int n, c
   char what_[160], err[1024];
   snprintf(what_, sizeof(what_), "could not %s", what);
   rm__pg_error(err, sizeof(err), what_, pg, res);
-  rm__pf_errf("%s", err);
+  rm__errmsg_set("%s", err);
   PQclear(res);
   return NULL;
 }
@@ -81,7 +81,7 @@ static PGresult *pg_exec(PGconn *pg, const char *sql, int n, const char *const *
 static int cell_i64(const PGresult *res, int row, int col, int64_t *v) {
   const char *s = PQgetvalue(res, row, col);
   if (PQgetisnull(res, row, col) || rm__pf_parse_i64(s, strlen(s), v) != 0) {
-    rm__pf_errf("unexpected value \"%s\" from the stock database", s);
+    rm__errmsg_set("unexpected value \"%s\" from the stock database", s);
     return -1;
   }
   return 0;
@@ -100,7 +100,7 @@ static int pg_call_code(PGconn *pg, const char *sql, int n, const char *const *v
 static int code_from_sql(int64_t v) {
   if (v == 0 || v == 1) return (int)v;
   if (v >= -8 && v < 0) return rm__pf_code_from_lua(v);
-  rm__pf_errf("unexpected code %" PRId64 " from the stock database", v);
+  rm__errmsg_set("unexpected code %" PRId64 " from the stock database", v);
   return RM_E_DB;
 }
 
@@ -116,7 +116,7 @@ int rm_prefilter_pg_freeze(PGconn *pg, int64_t activity_id, int32_t ticket_type,
   if (!rm__pf_id_ok(activity_id) || !rm__pf_tt_ok(ticket_type) || bucket < 0 ||
       !rm__pf_id_ok(user_id) || !rm__pf_id_ok(order_id) || !rm__pf_qty_ok(qty) ||
       !rm__pf_ms_ok(deadline_ms)) {
-    rm__pf_errf("invalid argument: freeze record out of range");
+    rm__errmsg_set("invalid argument: freeze record out of range");
     return RM_PF_BAD_ARGS;
   }
   rm__pf_i64_str(s[0], order_id);
@@ -141,7 +141,7 @@ static int pg_finish(PGconn *pg, int64_t order_id, const char *reason) {
   int rc = rm__pf_pg_usable(pg, false);
   if (rc != 0) return rc;
   if (!rm__pf_id_ok(order_id)) {
-    rm__pf_errf("invalid argument: order id must be >= 1");
+    rm__errmsg_set("invalid argument: order id must be >= 1");
     return RM_PF_BAD_ARGS;
   }
   rm__pf_i64_str(s, order_id);
@@ -149,7 +149,7 @@ static int pg_finish(PGconn *pg, int64_t order_id, const char *reason) {
   if (rc != 0) return rc;
   rc = code_from_sql(code);
   if (rc == 1) { /* not a code finish returns */
-    rm__pf_errf("unexpected code 1 from stock_freeze_finish");
+    rm__errmsg_set("unexpected code 1 from stock_freeze_finish");
     rc = RM_E_DB;
   }
   return rc;
@@ -381,7 +381,7 @@ static tt_state_t *tt_find(target_t *t, int32_t tt) {
 #define OOM_IF(cond)                                                                               \
   do {                                                                                             \
     if (cond) {                                                                                    \
-      rm__pf_errf("out of memory");                                                                \
+      rm__errmsg_set("out of memory");                                                                \
       return RM_E_NOMEM;                                                                           \
     }                                                                                              \
   } while (0)
@@ -419,7 +419,7 @@ static int target_load(PGconn *pg, int64_t activity_id, target_t *t) {
   PQclear(r);
   if (rc != 0) return rc;
   if (PQntuples(t->res[0]) != 1) {
-    rm__pf_errf("activity %" PRId64 " is not in the stock database", activity_id);
+    rm__errmsg_set("activity %" PRId64 " is not in the stock database", activity_id);
     return RM_PF_NO_ACTIVITY;
   }
   if (rm__pf_keys_build(&t->akeys, activity_id, 0) != 0) return RM_PF_BAD_ARGS;
@@ -488,14 +488,14 @@ static int target_load(PGconn *pg, int64_t activity_id, target_t *t) {
       rec.user = user;
       if (tt < 0 || tt > INT32_MAX || bucket < 0 || bucket > INT32_MAX ||
           rm__pf_rec_format(buf, sizeof(buf), &rec) < 0) {
-        rm__pf_errf("stock_freeze row of order %" PRId64 " is out of range", order);
+        rm__errmsg_set("stock_freeze row of order %" PRId64 " is out of range", order);
         return RM_E_DB;
       }
       OOM_IF(kv_add(&t->orders, PQgetvalue(o, row, 0), arena_printf(&t->arena, "%s", buf)) != 0);
       if (rec.state == 'F') {
         tt_state_t *s = tt_find(t, rec.tt);
         if (!s) {
-          rm__pf_errf("stock_freeze row of order %" PRId64 " has no bucket", order);
+          rm__errmsg_set("stock_freeze row of order %" PRId64 " has no bucket", order);
           return RM_E_DB;
         }
         OOM_IF(kv_add(&s->expiry_target, PQgetvalue(o, row, 0), PQgetvalue(o, row, 6)) != 0);
@@ -594,7 +594,7 @@ static int reconcile_round(rm_prefilter_t *pf, rm_pf_conn_t *c, PGconn *pg, int6
   }
   *nreads = 1;
   if (!is_watch_ok(reads[0])) {
-    rm__pf_errf("unexpected reply to WATCH");
+    rm__errmsg_set("unexpected reply to WATCH");
     rc = RM_PF_E_REPLY;
     *broken = true;
     goto out;
@@ -699,10 +699,10 @@ static int reconcile_round(rm_prefilter_t *pf, rm_pf_conn_t *c, PGconn *pg, int6
       if (ex->type == REDIS_REPLY_NIL) {
         rc = 1; /* WATCH fired */
       } else if (ex->type != REDIS_REPLY_ARRAY || ex->elements != chg->n) {
-        rm__pf_errf("unexpected reply to EXEC");
+        rm__errmsg_set("unexpected reply to EXEC");
         for (size_t i = 0; i < n; i++)
           if (wr[i]->type == REDIS_REPLY_ERROR) {
-            rm__pf_errf("Redis refused a reconciliation write: %s", wr[i]->str);
+            rm__errmsg_set("Redis refused a reconciliation write: %s", wr[i]->str);
             break;
           }
         rc = RM_PF_E_REDIS;
@@ -734,12 +734,12 @@ unwatch: {
     goto out;
   }
 bad_reply:
-  rm__pf_errf("unexpected reply while reading the activity from Redis");
+  rm__errmsg_set("unexpected reply while reading the activity from Redis");
   rc = RM_PF_E_REPLY;
   *broken = true;
   goto out;
 oom:
-  rm__pf_errf("out of memory");
+  rm__errmsg_set("out of memory");
   rc = RM_E_NOMEM;
   *broken = true;
 out:
@@ -762,7 +762,7 @@ int rm_prefilter_reconcile(rm_prefilter_t *pf, PGconn *pg, int64_t activity_id, 
   if (report) memset(report, 0, sizeof(*report));
   if (!pf) return RM_E_INVALID;
   if (!rm__pf_id_ok(activity_id)) {
-    rm__pf_errf("invalid argument: activity id must be >= 1");
+    rm__errmsg_set("invalid argument: activity id must be >= 1");
     return RM_PF_BAD_ARGS;
   }
   rc = rm__pf_pg_usable(pg, true);
@@ -780,7 +780,7 @@ int rm_prefilter_reconcile(rm_prefilter_t *pf, PGconn *pg, int64_t activity_id, 
     free(reads);
     reads = calloc(4 + 2 * t.ntt, sizeof(*reads)); /* each round reads t's keys, t as reloaded */
     if (!reads) {
-      rm__pf_errf("out of memory");
+      rm__errmsg_set("out of memory");
       rc = RM_E_NOMEM;
       goto out;
     }
@@ -808,8 +808,8 @@ int rm_prefilter_reconcile(rm_prefilter_t *pf, PGconn *pg, int64_t activity_id, 
     }
     if (rc != 1) break;
     if (attempt == RECONCILE_TRIES) {
-      rm__pf_errf("activity %" PRId64 " changed in Redis during each of %d reconciliation rounds",
-                  activity_id, RECONCILE_TRIES);
+      rm__errmsg_set("activity %" PRId64 " changed in Redis during each of %d reconciliation rounds",
+                     activity_id, RECONCILE_TRIES);
       rc = RM_PF_E_CONFLICT;
       break;
     }
@@ -853,7 +853,7 @@ static int redis_cmd(rm_prefilter_t *pf, int argc, const char **argv, redisReply
   rc = rm__pf_conn_command(&pf->pool, c, argc, argv, NULL, reply);
   rm__pf_conn_put(&pf->pool, c, rc != 0);
   if (rc == 0 && (*reply)->type == REDIS_REPLY_ERROR) {
-    rm__pf_errf("Redis refused %s: %s", argv[0], (*reply)->str);
+    rm__errmsg_set("Redis refused %s: %s", argv[0], (*reply)->str);
     freeReplyObject(*reply);
     *reply = NULL;
     return RM_PF_E_REDIS;
@@ -877,15 +877,15 @@ static int expire_redis_only(rm_prefilter_t *pf, const rm_pf_keys_t *ks, int32_t
   const char *args[] = {a_tt, a_now, a_max};
   x = malloc(max * sizeof(*x));
   if (!x) {
-    rm__pf_errf("out of memory");
+    rm__errmsg_set("out of memory");
     return RM_E_NOMEM;
   }
   rc = rm__pf_eval(&pf->pool, RM_PF_S_EXPIRE, 4, keys, 3, args, &r);
   if (rc == 0) {
     rc = rm__pf_parse_expired(r, x, max, &n, err, sizeof(err));
     freeReplyObject(r);
-    if (rc == RM_PF_E_REDIS) rm__pf_errf("Redis refused script \"expire\": %s", err);
-    if (rc == RM_PF_E_REPLY) rm__pf_errf("unexpected reply to script \"expire\"");
+    if (rc == RM_PF_E_REDIS) rm__errmsg_set("Redis refused script \"expire\": %s", err);
+    if (rc == RM_PF_E_REPLY) rm__errmsg_set("unexpected reply to script \"expire\"");
   }
   for (size_t i = 0; rc == 0 && i < n; i++) {
     (*released)++;
@@ -958,7 +958,7 @@ static int expire_redis_due(rm_prefilter_t *pf, PGconn *pg, const rm_pf_keys_t *
   }
   if (rc != 0) return rc;
   if (due->type != REDIS_REPLY_ARRAY) {
-    rm__pf_errf("unexpected reply to ZRANGEBYSCORE");
+    rm__errmsg_set("unexpected reply to ZRANGEBYSCORE");
     rc = RM_PF_E_REPLY;
     goto out;
   }
@@ -969,7 +969,7 @@ static int expire_redis_due(rm_prefilter_t *pf, PGconn *pg, const rm_pf_keys_t *
   arr = malloc(due->elements * 21 + 3);
   if (!argv || !arr) {
     rc = RM_E_NOMEM;
-    rm__pf_errf("out of memory");
+    rm__errmsg_set("out of memory");
     goto out;
   }
   argv[0] = "HMGET";
@@ -983,7 +983,7 @@ static int expire_redis_due(rm_prefilter_t *pf, PGconn *pg, const rm_pf_keys_t *
       if (e->type != REDIS_REPLY_STRING || rm__pf_parse_i64(e->str, e->len, &id) != 0 || id < 1 ||
           e->len > 19) {
         rc = RM_PF_E_REPLY;
-        rm__pf_errf("unexpected member in the expiry zset");
+        rm__errmsg_set("unexpected member in the expiry zset");
         goto out;
       }
       argv[2 + i] = e->str;
@@ -997,7 +997,7 @@ static int expire_redis_due(rm_prefilter_t *pf, PGconn *pg, const rm_pf_keys_t *
   rc = redis_cmd(pf, (int)due->elements + 2, argv, &recs);
   if (rc != 0) goto out;
   if (recs->type != REDIS_REPLY_ARRAY || recs->elements != due->elements) {
-    rm__pf_errf("unexpected reply to HMGET");
+    rm__errmsg_set("unexpected reply to HMGET");
     rc = RM_PF_E_REPLY;
     goto out;
   }
@@ -1083,8 +1083,8 @@ int rm_prefilter_expire(rm_prefilter_t *pf, PGconn *pg, int64_t activity_id, int
   if (!pf) return RM_E_INVALID;
   if (rm__pf_keys_build(&ks, activity_id, ticket_type) != 0 || max < 1 || max > EXPIRE_MAX ||
       (now_ms != 0 && !rm__pf_ms_ok(now_ms))) {
-    rm__pf_errf("invalid argument: expire needs an activity id >= 1, a ticket type >= 0 and a "
-                "maximum of 1 to 10000");
+    rm__errmsg_set("invalid argument: expire needs an activity id >= 1, a ticket type >= 0 and a "
+                   "maximum of 1 to 10000");
     return rm__pf_count(pf, RM_PF_OP_EXPIRE, RM_PF_BAD_ARGS);
   }
   if (now_ms == 0) now_ms = rm__pf_unix_ms();

@@ -14,7 +14,8 @@
 #include <sys/time.h>
 
 #include "rm_client.h"
-#include "rm_prefilter_err.h"
+#include "rm_prefilter_sock.h"
+#include "rm_util.h"
 #include "rm_redis_sentinel.h"
 
 #define DEFAULT_TIMEOUT_MS 500u
@@ -43,7 +44,7 @@ static redisContext *open_ctx(const char *host, int port, unsigned connect_ms, u
 
 int rm__sentinel_ask(const rm_pf_url_t *u, unsigned connect_ms, unsigned cmd_ms, unsigned *next,
                      rm_pf_hostport_t *out) {
-  char what[RM_PF_ERR_MAX] = "";
+  char what[RM_ERRMSG_MAX] = "";
   size_t off = 0;
   unsigned start = *next < u->nsentinels ? *next : 0;
   for (unsigned k = 0; k < u->nsentinels; k++) {
@@ -84,7 +85,7 @@ int rm__sentinel_ask(const rm_pf_url_t *u, unsigned connect_ms, unsigned cmd_ms,
       if (n > 0) off += (size_t)n;
     }
   }
-  rm__pf_errf("no Redis master \"%s\" from the sentinels (%s)", u->master_name, what);
+  rm__errmsg_set("no Redis master \"%s\" from the sentinels (%s)", u->master_name, what);
   return RM_E_REDIS_NO_MASTER;
 }
 
@@ -146,9 +147,9 @@ int rm_redis_resolve(const char *url, unsigned timeout_ms, rm_redis_addr_t *out)
   char why[128] = "", role[16];
   int rc;
   if (!out || rm__pf_url_parse(url, &u) != 0) {
-    rm__pf_errf("invalid Redis URL \"%s\": expected redis://[:password@]host[:port][/db] or "
-                "redis+sentinel://[:password@]host[:port],.../master-name[/db]",
-                url ? url : "(null)");
+    rm__errmsg_set("invalid Redis URL \"%s\": expected redis://[:password@]host[:port][/db] or "
+                   "redis+sentinel://[:password@]host[:port],.../master-name[/db]",
+                   url ? url : "(null)");
     return RM_E_INVALID;
   }
   memset(out, 0, sizeof(*out));
@@ -164,8 +165,8 @@ int rm_redis_resolve(const char *url, unsigned timeout_ms, rm_redis_addr_t *out)
   if (rc != 0) return rc;
   redisContext *c = open_ctx(m.host, m.port, timeout_ms, timeout_ms, why, sizeof(why));
   if (!c) {
-    rm__pf_errf("could not connect to Redis master \"%s\" at \"%s:%d\" (as the sentinels say): %s", u.master_name,
-                m.host, m.port, why);
+    rm__errmsg_set("could not connect to Redis master \"%s\" at \"%s:%d\" (as the sentinels say): %s", u.master_name,
+                   m.host, m.port, why);
     return RM_E_REDIS_NO_MASTER;
   }
   redisReply *ra = NULL, *ri = NULL;
@@ -177,8 +178,8 @@ int rm_redis_resolve(const char *url, unsigned timeout_ms, rm_redis_addr_t *out)
   if (ra) ri = redisCommand(c, "INFO server");
   rc = rm__redis_parse_identity(ra, ri, out->run_id, role, sizeof(role));
   if (rc != 0) {
-    rm__pf_errf("Redis at \"%s:%d\", named master \"%s\" by the sentinels, is not a master (ROLE: %s%s%s)", m.host,
-                m.port, u.master_name, ra ? role : "no answer", ra ? "" : ": ", ra ? "" : c->errstr);
+    rm__errmsg_set("Redis at \"%s:%d\", named master \"%s\" by the sentinels, is not a master (ROLE: %s%s%s)", m.host,
+                   m.port, u.master_name, ra ? role : "no answer", ra ? "" : ": ", ra ? "" : c->errstr);
     rc = RM_E_REDIS_NO_MASTER;
   } else {
     snprintf(out->host, sizeof(out->host), "%s", m.host);

@@ -1,24 +1,11 @@
 /*
- * rm_prefilter_err.c - see rm_prefilter_err.h.
+ * rm_prefilter_sock.c - see rm_prefilter_sock.h.
  */
-#include "rm_prefilter_err.h"
+#include "rm_prefilter_sock.h"
 
 #include <netinet/in.h>
-#include <stdarg.h>
-#include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
-
-static _Thread_local char tls_err[RM_PF_ERR_MAX];
-
-void rm__pf_errf(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(tls_err, sizeof(tls_err), fmt, ap);
-  va_end(ap);
-}
-
-const char *rm__pf_err(void) { return tls_err; }
 
 bool rm__pf_self_connected(int fd) {
   struct sockaddr_storage local, peer;

@@ -1,0 +1,38 @@
+# shellcheck shell=bash
+# check.sh - what every shell test here reports and waits with: ok, fail
+# and check (counting failures in $failures), checks_done, wait_for and
+# free_port.
+# Sourced by services_harness.sh and proc_harness.sh.
+
+failures=0
+ok() { echo "ok - $*"; }
+fail() {
+  echo "FAILED - $*" >&2
+  failures=$((failures + 1))
+}
+check() { # description, condition command...
+  local what=$1
+  shift
+  if "$@"; then ok "$what"; else fail "$what"; fi
+}
+# wait_for SECONDS CMD...: until CMD succeeds (false after SECONDS); to
+# re-read a value each time, CMD is e.g. eval '[ "$(q ...)" = 3 ]'
+wait_for() {
+  local end=$((SECONDS + $1))
+  shift
+  until "$@"; do
+    [[ $SECONDS -le $end ]] || return 1
+    sleep 0.1
+  done
+}
+# checks_done: the test's last words: all passed, or how many checks
+# failed (and exit 1).
+checks_done() {
+  if [[ $failures -ne 0 ]]; then
+    echo "$TEST_NAME: $failures check(s) FAILED" >&2
+    exit 1
+  fi
+  echo "$TEST_NAME: all checks passed"
+}
+# free_port: a loopback port nobody listens on right now.
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
