@@ -46,7 +46,6 @@ typedef struct {
   const char *name;
   uint64_t required;
   uint64_t allowed; /* includes required */
-  uint64_t one_of;  /* at least one of these too (0: no such rule) */
 } type_desc_t;
 
 static const type_desc_t types[TXP_MSG__MAX] = {
@@ -77,8 +76,7 @@ static const type_desc_t types[TXP_MSG__MAX] = {
   [TXP_MSG_BRANCH_REGISTER] = {"BranchRegister", B(BRANCH_TYPE) | B(RESOURCE_ID),
                                B(XID) | B(BRANCH_TYPE) | B(RESOURCE_ID) | B(LOCK_KEYS) |
                                  B(APP_DATA) | B(LOCK_WAIT_MS) | B(IDEM_KEY) | B(CLIENT_ID) |
-                                 B(TIMEOUT_MS) | B(NAME),
-                               B(XID) | B(TIMEOUT_MS)},
+                                 B(TIMEOUT_MS) | B(NAME)},
   [TXP_MSG_BRANCH_REGISTER_RESULT] = {"BranchRegisterResult", B(CODE),
                                       RESULT_BASE | B(WAITED_MS) | B(LOCK_HOLDER) | B(TIMEOUT_MS)},
   [TXP_MSG_BRANCH_REPORT] = {"BranchReport", B(XID) | B(BRANCH_ID) | B(BRANCH_STATUS),
@@ -102,6 +100,9 @@ static const type_desc_t types[TXP_MSG__MAX] = {
                                B(RESOURCE_ID) | B(SAVE_DAYS) | B(BRANCH_TYPE)},
   [TXP_MSG_UNDO_LOG_DELETE_RESULT] = {"UndoLogDeleteResult", B(CODE), RESULT_BASE},
 };
+
+/* Of these, at least one too (0: no such rule). */
+static uint64_t one_of(int type) { return type == TXP_MSG_BRANCH_REGISTER ? B(XID) | B(TIMEOUT_MS) : 0; }
 
 #undef B
 
@@ -317,7 +318,8 @@ static int check_for_encode(const txp_msg_t *m) {
   if (m->flags & ~TXP_FLAGS_KNOWN) return TXP_EBAD_FLAGS;
   const type_desc_t *t = &types[m->type];
   if ((m->present & t->required) != t->required) return TXP_EFIELD_MISSING;
-  if (t->one_of && !(m->present & t->one_of)) return TXP_EFIELD_MISSING;
+  uint64_t any = one_of(m->type);
+  if (any && !(m->present & any)) return TXP_EFIELD_MISSING;
   if (m->present & ~t->allowed) return TXP_EFIELD_TYPE;
   for (int f = 1; f < TXP_F__MAX; f++) {
     if (!(m->present & TXP_FIELD_BIT(f)) || fields[f].kind != KIND_STR) continue;
@@ -536,7 +538,8 @@ static int decode_body(const char *body, size_t len, const txp_limits_t *lim, tx
     if (rc != 0) goto done;
     out->present |= TXP_FIELD_BIT(key);
   }
-  if ((out->present & t->required) != t->required || (t->one_of && !(out->present & t->one_of))) {
+  uint64_t any = one_of(out->type);
+  if ((out->present & t->required) != t->required || (any && !(out->present & any))) {
     rc = TXP_EFIELD_MISSING;
     goto done;
   }
