@@ -623,6 +623,13 @@ static void handle_op(stock_svc_t *s, const svc_req_t *req, svc_resp_t *resp, st
     snprintf(err, sizeof(err), "%s", rm_at_errmsg(c.b));
     goto fail;
   }
+  /* A delta-mode freeze takes no global lock (the bucket's delta needs
+   * none, the new rows are written by no other global transaction): the
+   * registration travels while the statements run. */
+  if (c.b && at_freeze && (rc = rm_at_register_early(c.b)) != 0) {
+    snprintf(err, sizeof(err), "%s", rm_at_errmsg(c.b));
+    goto fail;
+  }
   int64_t t_open = svc_now_us();
   /* Confirm and release stay AT branches in the TCC and XA modes, as in
    * the default one. */

@@ -368,6 +368,18 @@ RM_API int rm_at_open_registered(rm_client_t *c, const char *xid, const char *re
                                  PGconn *pg, rm_branch_t **out);
 
 /*
+ * Register 'b' now, right after rm_at_open and before its statements,
+ * without waiting: the call to the coordinator goes on while the
+ * statements run, and rm_at_prepare waits for its answer (one round trip
+ * off the branch's time).  As for rm_at_open_registered's branches, the
+ * statements then take no global lock and no commit delta (rm_at_prepare
+ * refuses them, RM_E_STATE).  0, or RM_E_STATE (not right after
+ * rm_at_open) or the call's code; a registration that failed is reported
+ * by rm_at_prepare.
+ */
+RM_API int rm_at_register_early(rm_branch_t *b);
+
+/*
  * Whether each statement of 'b' runs inside a savepoint of its own (on, the
  * default: a failed statement leaves the caller's transaction as before the
  * call, still usable).  Off, for a caller that rolls its transaction back

@@ -65,6 +65,7 @@ void test_prepared_statements(void **state);
 void test_insert_fails_late(void **state);
 void test_open_idle(void **state);
 void test_begin_open(void **state);
+void test_register_early(void **state);
 
 /* test_rm_at_adopt.c */
 void test_resource_needs_undo_log(void **state);

@@ -1469,6 +1469,7 @@ int main(void) {
     cmocka_unit_test(test_insert_fails_late),
     cmocka_unit_test(test_open_idle),
     cmocka_unit_test(test_begin_open),
+    cmocka_unit_test(test_register_early),
     cmocka_unit_test(test_cleanup),
     cmocka_unit_test(test_deferred_delta_commit_rollback),
     cmocka_unit_test(test_deferred_delta_guard),

@@ -320,6 +320,75 @@ void test_begin_open(void **state) {
   PQfinish(o);
 }
 
+/* rm_at_register_early: the registration travels while the statements
+ * run; prepare waits for it.  Committed and rolled back with the global;
+ * a locked statement refused at prepare; a branch the caller rolls back
+ * before prepare is reported failed (the global's rollback then finds
+ * nothing); too late after a statement. */
+void test_register_early(void **state) {
+  (void)state;
+  PGconn *o = pg_open(orders_url);
+  assert_non_null(o);
+  char xid[RM_XID_MAX];
+  int st = 0;
+  rm_branch_t *b = NULL;
+  const char *c[2] = {"k", "v"}, *v1[2] = {"re-1", "a"}, *v2[2] = {"re-2", "b"}, *v3[2] = {"re-3", "c"};
+  /* committed */
+  assert_int_equal(rm_tm_begin(client, 30000, "early", xid), 0);
+  assert_int_equal(rm_at_open(client, xid, "orders", o, &b), 0);
+  assert_int_equal(rm_at_register_early(b), 0);
+  assert_int_equal(rm_at_register_early(b), RM_E_STATE); /* once */
+  assert_int_equal(rm_at_insert_unlocked(b, "other.kv", 2, c, v1), 0);
+  bool committed = false;
+  int64_t bid = 0;
+  assert_int_equal(rm_at_prepare_commit(b, &bid, &committed), 0);
+  assert_true(committed && bid > 0);
+  assert_int_equal(rm_at_close(b, true), 0);
+  assert_int_equal(rm_tm_commit(client, xid, &st), 0);
+  assert_int_equal(st, RM_GS_COMMITTED);
+  assert_int_equal(q_ll(o, "SELECT count(*) FROM other.kv WHERE k = 're-1'", NULL, NULL, NULL), 1);
+  /* rolled back by the TM: undone */
+  assert_int_equal(rm_tm_begin(client, 30000, "early_rb", xid), 0);
+  assert_int_equal(rm_at_open(client, xid, "orders", o, &b), 0);
+  assert_int_equal(rm_at_register_early(b), 0);
+  assert_int_equal(rm_at_insert_unlocked(b, "other.kv", 2, c, v2), 0);
+  assert_int_equal(rm_at_prepare_commit(b, NULL, &committed), 0);
+  assert_int_equal(rm_at_close(b, true), 0);
+  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
+  assert_int_equal(st, RM_GS_ROLLBACKED);
+  assert_int_equal(q_ll(o, "SELECT count(*) FROM other.kv WHERE k = 're-2'", NULL, NULL, NULL), 0);
+  /* a locked statement: refused at prepare; the caller's rollback */
+  assert_int_equal(rm_tm_begin(client, 30000, "early_lock", xid), 0);
+  assert_int_equal(rm_at_open(client, xid, "orders", o, &b), 0);
+  assert_int_equal(rm_at_register_early(b), 0);
+  assert_int_equal(rm_at_insert(b, "other.kv", 2, c, v3), 0);
+  assert_int_equal(rm_at_prepare_commit(b, NULL, &committed), RM_E_STATE);
+  assert_false(committed);
+  rm_at_close(b, false);
+  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
+  assert_int_equal(st, RM_GS_ROLLBACKED);
+  assert_int_equal(q_ll(o, "SELECT count(*) FROM other.kv WHERE k = 're-3'", NULL, NULL, NULL), 0);
+  /* rolled back by the caller before prepare, the registration still in
+   * flight: closed cleanly */
+  assert_int_equal(rm_tm_begin(client, 30000, "early_close", xid), 0);
+  assert_int_equal(rm_at_open(client, xid, "orders", o, &b), 0);
+  assert_int_equal(rm_at_register_early(b), 0);
+  rm_at_close(b, false);
+  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
+  assert_int_equal(st, RM_GS_ROLLBACKED);
+  /* too late: after a statement */
+  assert_int_equal(rm_tm_begin(client, 30000, "early_late", xid), 0);
+  assert_int_equal(rm_at_open(client, xid, "orders", o, &b), 0);
+  const char *v4[2] = {"re-4", "d"};
+  assert_int_equal(rm_at_insert_unlocked(b, "other.kv", 2, c, v4), 0);
+  assert_int_equal(rm_at_register_early(b), RM_E_STATE);
+  assert_true(exec_ok(o, "ROLLBACK"));
+  rm_at_close(b, false);
+  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
+  assert_int_equal(PQtransactionStatus(o), PQTRANS_IDLE);
+  PQfinish(o);
+}
+
 /* An insert whose RELEASE went with it (its input looked small) and whose
  * undo item then cannot be built (a default makes the key too long for a
  * lock key): the branch fails and says to roll back; nothing else is half

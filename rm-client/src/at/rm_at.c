@@ -119,7 +119,7 @@ int rm_at_open_registered(rm_client_t *c, const char *xid, const char *resource_
   int rc = rm_at_open(c, xid, resource_id, pg, out);
   if (rc != 0 || branch_id <= 0) return rc; /* 0: registered by its prepare, as usual */
   (*out)->registered = true;
-  (*out)->registered_at_begin = true;
+  (*out)->registered_first = true;
   (*out)->branch_id = branch_id;
   return 0;
 }
@@ -142,8 +142,40 @@ static void branch_free(rm_branch_t *b) {
   free(b);
 }
 
+/* The early registration's answer (rm_at_register_early), once: 0 with
+ * b->branch_id set, or the code (b->errmsg set). */
+static int registration_wait(rm_branch_t *b) {
+  if (!b->pending_reg) return 0;
+  int64_t bid = 0;
+  int rc = rm__branch_register_wait(b->c, b->pending_reg, &bid, b->errmsg, sizeof(b->errmsg));
+  b->pending_reg = NULL;
+  if (rc != 0) return rc;
+  b->registered = true;
+  b->branch_id = bid;
+  return 0;
+}
+
+int rm_at_register_early(rm_branch_t *b) {
+  if (!b) return rm__fail(RM_E_INVALID, "could not register a branch early: the branch is NULL");
+  if (b->state != RM_BRANCH_OPEN || b->registered_first || b->nitems + b->ndeferred > 0) {
+    rm__at_err(b, "a branch is registered early only right after rm_at_open, before its statements");
+    return rm__fail(RM_E_STATE, "%s", b->errmsg);
+  }
+  int rc = rm__branch_register_start(b->c, b->xid, b->res->id, &b->pending_reg);
+  if (rc != 0) {
+    rm__at_err(b, "could not register the branch: %s", rm_strerror(rc));
+    return rm__fail(rc, "%s", b->errmsg);
+  }
+  b->registered_first = true;
+  return 0;
+}
+
 int rm_at_close(rm_branch_t *b, bool committed) {
   if (!b) return RM_E_INVALID;
+  /* An early registration still in flight ends here (registered or not:
+   * a registered branch that did not commit is reported below). */
+  if (b->pending_reg && registration_wait(b) != 0)
+    rm__log(b->c, RM_LOG_DEBUG, "early registration of a branch of \"%s\" failed: %s", b->xid, b->errmsg);
   if (committed) TXC_FAILPOINT("rm.at.after_local_commit");
   /* Not committed: no commit of it will come to apply anything. */
   if (!committed && b->state == RM_BRANCH_PREPARED && b->has_commit_delta)
@@ -390,10 +422,11 @@ static int prepare(rm_branch_t *b, int64_t *branch_id, bool *fused_commit_done) 
    * locks). */
   int64_t bid = b->branch_id;
   const char *keys = b->lock_keys.len ? b->lock_keys.data : NULL;
-  if (b->registered_at_begin && (keys || b->has_commit_delta)) {
-    rm__at_err(b, "a branch registered with its global's begin (rm_tm_begin_branch, rm_at_open_registered) "
-                  "takes no global lock and no commit delta: begin with rm_tm_begin and open it with rm_at_open; roll "
-                  "the local transaction back");
+  if (b->registered_first && (keys || b->has_commit_delta)) {
+    (void)registration_wait(b); /* registered: rm_at_close reports it failed */
+    rm__at_err(b, "a branch registered before its statements (rm_tm_begin_branch and rm_at_open_registered, "
+                  "or rm_at_register_early) takes no global lock and no commit delta: open it with rm_at_open and "
+                  "let rm_at_prepare register it; roll the local transaction back");
     b->state = RM_BRANCH_FAILED;
     free(undo);
     free(ctx);
@@ -402,7 +435,17 @@ static int prepare(rm_branch_t *b, int64_t *branch_id, bool *fused_commit_done) 
   /* Commit deltas make the commit real work: the TM is to be answered
    * after it (TXP_APP_DATA_PHASE2_SYNC). */
   const char *app_data = b->has_commit_delta ? TXP_APP_DATA_PHASE2_SYNC : NULL;
-  if (!b->registered_at_begin) {
+  if (b->pending_reg) { /* rm_at_register_early: its answer */
+    rc = registration_wait(b);
+    bid = b->branch_id;
+    if (rc != 0) {
+      if (!b->errmsg[0]) rm__at_err(b, "could not register the branch: %s", rm_strerror(rc));
+      b->state = RM_BRANCH_FAILED;
+      free(undo);
+      free(ctx);
+      return rc;
+    }
+  } else if (!b->registered_first) {
     rc = rm__branch_register(b->c, b->xid, b->res->id, keys, app_data, rm__lock_wait_ms(b->c), &bid, b->errmsg,
                              sizeof(b->errmsg));
     if (rc != 0) {

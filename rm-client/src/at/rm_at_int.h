@@ -219,7 +219,9 @@ struct rm_branch {
   char xid[RM_XID_MAX];
   rm_branch_state_t state;
   bool registered;
-  bool registered_at_begin; /* rm_at_open_registered: registered with its global's begin, no locks */
+  bool registered_first; /* registered before its statements (rm_at_open_registered,
+                            rm_at_register_early): no locks, no commit delta */
+  rm_pending_t *pending_reg; /* rm_at_register_early's registration, not waited for yet */
   int64_t branch_id;
   json_t *undo;       /* array of items, in statement order */
   size_t nitems;

@@ -63,6 +63,16 @@ int rm__branch_register_as(rm_client_t *c, int branch_type, const char *xid, con
 int rm__begin_register(rm_client_t *c, unsigned timeout_ms, const char *name, const char *resource_id,
                        char *xid, int64_t *branch_id, char *errmsg, size_t errlen);
 
+/* A BranchRegister of an AT branch without lock keys, started now and
+ * waited for later (rm_at_register_early: the branch's statements run
+ * meanwhile).  _start returns at once: 0 with the pending call in *out,
+ * or the code (nothing was sent).  _wait blocks until its end (0 with the
+ * branch id, or the code and 'errmsg') and frees it: every started
+ * registration is waited for exactly once.  Never on the loop thread. */
+typedef struct rm_call rm_pending_t;
+int rm__branch_register_start(rm_client_t *c, const char *xid, const char *resource_id, rm_pending_t **out);
+int rm__branch_register_wait(rm_client_t *c, rm_pending_t *k, int64_t *branch_id, char *errmsg, size_t errlen);
+
 /* BranchReport (PhaseOneDone / PhaseOneFailed), blocking. */
 int rm__branch_report(rm_client_t *c, const char *xid, int64_t branch_id, int branch_status,
                       const char *message);

@@ -22,8 +22,9 @@
  * when '*completed' (the loop completed the call: otherwise it was refused
  * before submission, or given up on, and the loop may still write them).
  */
-static int run_blocking(rm_client_t *c, rm_call_t *k, bool *completed) {
-  *completed = false;
+/* The two halves of a blocking call: start it (0, or the code: then it
+ * never ran), and wait for its end. */
+static int start_blocking(rm_client_t *c, rm_call_t *k) {
   if (rm__on_loop_thread(c)) {
     RM_LOG_C(c, RM_LOG_ERROR, "blocking call %s made from a library callback: refused",
         txp_msg_type_name(k->type));
@@ -41,10 +42,12 @@ static int run_blocking(rm_client_t *c, rm_call_t *k, bool *completed) {
   }
   atomic_store(&k->refs, 2);
   int rc = rm__submit(c, k);
-  if (rc != 0) {
-    atomic_store(&k->refs, 1);
-    return rc;
-  }
+  if (rc != 0) atomic_store(&k->refs, 1);
+  return rc;
+}
+
+static int wait_blocking(rm_client_t *c, rm_call_t *k, bool *completed) {
+  *completed = false;
   uv_mutex_lock(&k->mu);
   while (!k->done) {
     /* The loop completes every call by its deadline; the grace period only
@@ -54,7 +57,7 @@ static int run_blocking(rm_client_t *c, rm_call_t *k, bool *completed) {
     uv_cond_timedwait(&k->cv, &k->mu, (limit - now) * 1000000u);
   }
   bool done = k->done;
-  rc = k->code;
+  int rc = k->code;
   uv_mutex_unlock(&k->mu);
   *completed = done;
   if (!done) {
@@ -64,6 +67,12 @@ static int run_blocking(rm_client_t *c, rm_call_t *k, bool *completed) {
     return RM_E_UNKNOWN_OUTCOME;
   }
   return rc;
+}
+
+static int run_blocking(rm_client_t *c, rm_call_t *k, bool *completed) {
+  *completed = false;
+  int rc = start_blocking(c, k);
+  return rc != 0 ? rc : wait_blocking(c, k, completed);
 }
 
 /* Start an async call: 0 (callback runs once) or an error (it never runs). */
@@ -303,6 +312,39 @@ int rm__begin_register(rm_client_t *c, unsigned timeout_ms, const char *name, co
     if (completed && rc == RM_E_BAD_REQUEST && strstr(k->errmsg, "xid")) rc = RM_E_NOT_SUPPORTED;
     if (errmsg && errlen) snprintf(errmsg, errlen, "%s", completed && k->errmsg[0] ? k->errmsg : rm_strerror(rc));
   }
+  rm__call_unref(k);
+  return rc;
+}
+
+int rm__branch_register_start(rm_client_t *c, const char *xid, const char *resource_id, rm_pending_t **out) {
+  *out = NULL;
+  if (!c || rm__check_str(xid, TXP_MAX_XID_LEN, true) != 0 || rm__check_str(resource_id, TXP_MAX_RESOURCE_LEN, true) != 0)
+    return RM_E_INVALID;
+  rm_call_t *k = rm__call_new(TXP_MSG_BRANCH_REGISTER, true, c->cfg.request_timeout_ms);
+  if (!k) return RM_E_NOMEM;
+  snprintf(k->xid, sizeof(k->xid), "%s", xid);
+  rm__idem_key(k->idem);
+  k->branch_type = TXP_BT_AT;
+  if (!(k->resource_id = strdup(resource_id))) {
+    rm__call_destroy(k);
+    return RM_E_NOMEM;
+  }
+  int rc = start_blocking(c, k);
+  if (rc != 0) {
+    rm__call_unref(k);
+    return rc;
+  }
+  *out = k;
+  return 0;
+}
+
+int rm__branch_register_wait(rm_client_t *c, rm_pending_t *k, int64_t *branch_id, char *errmsg, size_t errlen) {
+  if (errmsg && errlen) errmsg[0] = '\0';
+  *branch_id = 0;
+  bool completed;
+  int rc = wait_blocking(c, k, &completed);
+  if (rc == 0 && completed) *branch_id = k->res_branch_id;
+  else if (errmsg && errlen) snprintf(errmsg, errlen, "%s", completed && k->errmsg[0] ? k->errmsg : rm_strerror(rc));
   rm__call_unref(k);
   return rc;
 }
