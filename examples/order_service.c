@@ -566,12 +566,6 @@ static void handle_metrics(order_svc_t *s, svc_resp_t *resp) {
        (unsigned long long)cs.frozen, (unsigned long long)cs.cancelled, (unsigned long long)cs.failed,
        (unsigned long long)cs.reconciled, (unsigned long long)cs.fixed);
 
-  svc_buf_printf(&b, "# HELP txc_client_http_responses_total HTTP answers of this service by status.\n"
-           "# TYPE txc_client_http_responses_total counter\n");
-  for (int code = 100; code < 600; code++) {
-    unsigned long long n = svc_http_status_count(code);
-    if (n) svc_buf_printf(&b, "txc_client_http_responses_total{status=\"%d\"} %llu\n", code, n);
-  }
   svc_buf_printf(&b,
                  "# HELP txc_client_idempotent_replays_total POST /orders answered with the answer its Idempotency-Key "
                  "already had, by where it was found.\n"
@@ -619,13 +613,7 @@ static void handle_metrics(order_svc_t *s, svc_resp_t *resp) {
   }
   order_recon_metrics(s->recon, &b);
   svc_admin_metrics(s->admin, &b, false);
-  svc_http_metrics(&b);
-  svc_process_metrics(&b);
-  if (b.p)
-    svc_resp_text(resp, 200, b.p);
-  else
-    svc_resp_error(resp, 500, "internal", "out of memory");
-  free(b.p);
+  svc_resp_metrics(resp, &b);
 }
 
 /*
@@ -1535,11 +1523,8 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
-  if (svc_routes_option(argc, argv, routes, NROUTES)) return 0;
-  svc_log_init("order-service", "ORDER_LOG_LEVEL");
-  const char *listen = svc_env_str("ORDER_LISTEN", "127.0.0.1:0");
-  const char *url_file = NULL;
-  int early = svc_parse_args(argc, argv, &listen, &url_file, usage);
+  svc_main_t m;
+  int early = svc_main_start(&m, "order-service", "ORDER", argc, argv, routes, NROUTES, usage);
   if (early >= 0) return early;
   bool ok = true;
   order_svc_t s = {.resource = svc_env_str("ORDER_RESOURCE_ID", "orders")};
@@ -1668,7 +1653,7 @@ int main(int argc, char **argv) {
     goto out;
   }
   svc_pgpool_prewarm(s.pool, pool_size);
-  http = svc_http_start(listen, (unsigned)svc_ncpu(), (unsigned)threads, handler, &s, err, sizeof(err));
+  http = svc_http_start(m.listen, (unsigned)svc_ncpu(), (unsigned)threads, handler, &s, err, sizeof(err));
   if (!http) {
     svc_error("%s", err);
     exit_code = 69;
@@ -1682,20 +1667,10 @@ int main(int argc, char **argv) {
     }
     s.bg_started = true;
   }
-  char url[128];
-  snprintf(url, sizeof(url), "http://127.0.0.1:%d", svc_http_port(http));
-  SVC_LOG(SVC_LOG_INFO,
-          json_pack("{s:s,s:i,s:s,s:s,s:s,s:s}", "url", url, "threads", threads, "resource", s.resource,
-                    "stock_url", stock_url, "tx_mode", s.local_mode ? "local" : "global", "order_mode",
-                    s.queued ? "queued" : "sync"),
-          "order-service ready");
-  if (url_file && !svc_write_url_file(url_file, url)) {
-    svc_error("could not write the URL to \"%s\"", url_file);
-    exit_code = 73;
-    goto out;
-  }
-  int sig = svc_wait_signal();
-  svc_info("order-service stopping (signal %d)", sig);
+  exit_code = svc_main_serve(&m, http,
+                             json_pack("{s:i,s:s,s:s,s:s,s:s}", "threads", threads, "resource", s.resource,
+                                       "stock_url", stock_url, "tx_mode", s.local_mode ? "local" : "global",
+                                       "order_mode", s.queued ? "queued" : "sync"));
 
 out:
   svc_http_stop(http);

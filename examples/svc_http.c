@@ -106,6 +106,17 @@ void svc_resp_text(svc_resp_t *resp, int status, const char *text) {
   resp->text = resp->body != NULL;
 }
 
+void svc_resp_metrics(svc_resp_t *resp, svc_buf_t *b) {
+  svc_http_metrics(b);
+  svc_process_metrics(b);
+  if (b->p)
+    svc_resp_text(resp, 200, b->p);
+  else
+    svc_resp_error(resp, 500, "internal", "out of memory");
+  free(b->p);
+  b->p = NULL;
+}
+
 void svc_resp_header(svc_resp_t *resp, const char *name, const char *value) {
   for (int i = 0; i < resp->nheaders; i++)
     if (strcasecmp(resp->headers[i][0], name) == 0) {
@@ -232,10 +243,6 @@ static enum MHD_Result queue(struct MHD_Connection *conn, const svc_resp_t *resp
   return ret;
 }
 
-unsigned long long svc_http_status_count(int status) {
-  return status >= 100 && status < 600 ? status_counts[status] : 0;
-}
-
 /* ---- request durations (svc_http_metrics) ---- */
 
 static const double dur_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
@@ -308,6 +315,12 @@ static void record_duration(const char *method, const char *path, int status, do
 }
 
 void svc_http_metrics(struct svc_buf *b) {
+  svc_buf_printf(b, "# HELP txc_client_http_responses_total HTTP answers of this service by status.\n"
+                    "# TYPE txc_client_http_responses_total counter\n");
+  for (int code = 100; code < 600; code++) {
+    unsigned long long n = status_counts[code];
+    if (n) svc_buf_printf(b, "txc_client_http_responses_total{status=\"%d\"} %llu\n", code, n);
+  }
   svc_buf_printf(b, "# HELP txc_http_request_duration_seconds Requests answered by this service, from their arrival "
                     "to their answer, by method, route and status.\n"
                     "# TYPE txc_http_request_duration_seconds histogram\n");
@@ -598,6 +611,40 @@ void svc_http_stop(svc_http_t *h) {
   pthread_cond_destroy(&h->cv);
   pthread_cond_destroy(&h->idle_cv);
   free(h);
+}
+
+/* ------------------------------------------------- a service's main() */
+
+int svc_main_start(svc_main_t *m, const char *name, const char *prefix, int argc, char **argv,
+                   const svc_route_t *routes, size_t nroutes, void (*usage)(FILE *f)) {
+  if (svc_routes_option(argc, argv, routes, nroutes)) return 0;
+  char var[64];
+  snprintf(var, sizeof(var), "%s_LOG_LEVEL", prefix);
+  svc_log_init(name, var);
+  snprintf(var, sizeof(var), "%s_LISTEN", prefix);
+  m->name = name;
+  m->listen = svc_env_str(var, "127.0.0.1:0");
+  m->url_file = NULL;
+  return svc_parse_args(argc, argv, &m->listen, &m->url_file, usage);
+}
+
+int svc_main_serve(const svc_main_t *m, const svc_http_t *http, json_t *fields) {
+  char url[128];
+  snprintf(url, sizeof(url), "http://127.0.0.1:%d", svc_http_port(http));
+  json_t *line = json_pack("{s:s}", "url", url);
+  if (line && fields) json_object_update(line, fields);
+  json_decref(fields);
+  if (SVC_LOG_INFO <= svc_log_level)
+    svc_log_write(SVC_LOG_INFO, line, "%s ready", m->name); /* takes 'line' */
+  else
+    json_decref(line);
+  if (m->url_file && !svc_write_url_file(m->url_file, url)) {
+    svc_error("could not write the URL to \"%s\"", m->url_file);
+    return 73;
+  }
+  int sig = svc_wait_signal();
+  svc_info("%s stopping (signal %d)", m->name, sig);
+  return 0;
 }
 
 /* ------------------------------------------------------------- client */
