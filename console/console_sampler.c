@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "console_prom.h"
+#include "txc_buf.h"
 #include "txc_worker.h"
 
 #define MAX_BOUNDS CONSOLE_PROM_BOUNDS
@@ -61,35 +62,13 @@ static int64_t unix_now_ms(void) {
 
 /* ------------------------------------------------------------ /metrics */
 
-typedef struct {
-  char *p;
-  size_t len;
-  bool too_big;
-} body_t;
-
-static size_t on_body(char *data, size_t size, size_t n, void *arg) {
-  body_t *b = arg;
-  size_t add = size * n;
-  if (b->len + add + 1 > CONSOLE_METRICS_MAX) {
-    b->too_big = true;
-    return 0; /* curl stops with CURLE_WRITE_ERROR */
-  }
-  char *p = realloc(b->p, b->len + add + 1);
-  if (!p) return 0;
-  memcpy(p + b->len, data, add);
-  b->p = p;
-  b->len += add;
-  b->p[b->len] = '\0';
-  return add;
-}
-
 /* Read one service; on success its deltas since the last read are added
  * to d_le/d_cum (same bounds assumed: the services share svc_http.c). */
 static bool scrape_one(console_sampler_t *s, scrape_t *sc, double *d_cum, double *d_le, int *d_nb, double *d_total,
                        double *d_accepted) {
-  body_t b = {0};
+  txc_buf_t b = {.max = CONSOLE_METRICS_MAX};
   curl_easy_setopt(s->curl, CURLOPT_URL, sc->url);
-  curl_easy_setopt(s->curl, CURLOPT_WRITEFUNCTION, on_body);
+  curl_easy_setopt(s->curl, CURLOPT_WRITEFUNCTION, txc_buf_curl_write);
   curl_easy_setopt(s->curl, CURLOPT_WRITEDATA, &b);
   CURLcode rc = curl_easy_perform(s->curl);
   long code = 0;
@@ -97,7 +76,7 @@ static bool scrape_one(console_sampler_t *s, scrape_t *sc, double *d_cum, double
   if (rc != CURLE_OK || code != 200 || !b.p) {
     pthread_mutex_lock(&s->mu);
     snprintf(s->last_error, sizeof(s->last_error), "%s: %s", sc->url,
-             b.too_big ? "answer too large" : rc != CURLE_OK ? curl_easy_strerror(rc) : "not 200");
+             b.over ? "answer too large" : rc != CURLE_OK ? curl_easy_strerror(rc) : "not 200");
     pthread_mutex_unlock(&s->mu);
     free(b.p);
     return false;

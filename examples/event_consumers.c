@@ -248,7 +248,7 @@ typedef struct ev_svc {
 /* ---------------------------------------------------------- handlers */
 
 static void handle_metrics(ev_svc_t *s, svc_resp_t *resp) {
-  svc_buf_t b = {0};
+  txc_buf_t b = {0};
   svc_consumer_metrics(s->cs, s->n, &b);
   svc_resp_metrics(resp, &b);
 }

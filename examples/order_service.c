@@ -521,12 +521,12 @@ static void place_order_local(order_svc_t *s, order_t *o, int64_t deadline_ms, s
 /* GET /metrics: the client side (prefilter, mode, compensation, HTTP) in
  * Prometheus text format. */
 static void handle_metrics(order_svc_t *s, svc_resp_t *resp) {
-  svc_buf_t b = {0};
+  txc_buf_t b = {0};
   svc_pf_metrics(s->pf, &b);
 
   rm_degrade_stats_t ds = {0};
   rm_client_degrade_stats(s->rm, &ds);
-  svc_buf_printf(&b,
+  txc_buf_printf(&b,
        "# HELP txc_client_mode Current transaction mode (1 = the labelled mode).\n"
        "# TYPE txc_client_mode gauge\n"
        "txc_client_mode{mode=\"global\"} %d\ntxc_client_mode{mode=\"local\"} %d\n"
@@ -547,7 +547,7 @@ static void handle_metrics(order_svc_t *s, svc_resp_t *resp) {
 
   rm_compensator_stats_t cs = {0};
   if (s->comp) rm_compensator_stats(s->comp, &cs);
-  svc_buf_printf(&b,
+  txc_buf_printf(&b,
        "# HELP txc_client_compensation_passes_total Compensation passes by result.\n"
        "# TYPE txc_client_compensation_passes_total counter\n"
        "txc_client_compensation_passes_total{result=\"ran\"} %llu\n"
@@ -566,7 +566,7 @@ static void handle_metrics(order_svc_t *s, svc_resp_t *resp) {
        (unsigned long long)cs.frozen, (unsigned long long)cs.cancelled, (unsigned long long)cs.failed,
        (unsigned long long)cs.reconciled, (unsigned long long)cs.fixed);
 
-  svc_buf_printf(&b,
+  txc_buf_printf(&b,
                  "# HELP txc_client_idempotent_replays_total POST /orders answered with the answer its Idempotency-Key "
                  "already had, by where it was found.\n"
                  "# TYPE txc_client_idempotent_replays_total counter\n"
@@ -580,7 +580,7 @@ static void handle_metrics(order_svc_t *s, svc_resp_t *resp) {
                  (unsigned long long)s->idem_in_progress);
   svc_relay_stats_t rs;
   svc_relay_stats(s->relay, &rs);
-  svc_buf_printf(&b,
+  txc_buf_printf(&b,
                  "# HELP txc_events_published_total Order events the outbox relay published.\n"
                  "# TYPE txc_events_published_total counter\n"
                  "txc_events_published_total %llu\n"
@@ -598,7 +598,7 @@ static void handle_metrics(order_svc_t *s, svc_resp_t *resp) {
   if (s->queue) {
     order_queue_stats_t qs;
     order_queue_stats(s->queue, &qs);
-    svc_buf_printf(&b,
+    txc_buf_printf(&b,
                    "# HELP txc_order_queue_entries_total Queued orders handled by the queue's consumer, by result.\n"
                    "# TYPE txc_order_queue_entries_total counter\n"
                    "txc_order_queue_entries_total{result=\"done\"} %llu\n"

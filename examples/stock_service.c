@@ -928,8 +928,8 @@ static void handle_activity(stock_svc_t *s, long long activity, svc_resp_t *resp
  * (at most 200 rows).  A store that does not answer leaves the families
  * empty; the page still answers.
  */
-static void activity_metrics(stock_svc_t *s, svc_buf_t *b) {
-  svc_buf_printf(b, "# HELP txc_activity_tickets Tickets of an activity's ticket type by state, in PostgreSQL.\n"
+static void activity_metrics(stock_svc_t *s, txc_buf_t *b) {
+  txc_buf_printf(b, "# HELP txc_activity_tickets Tickets of an activity's ticket type by state, in PostgreSQL.\n"
                     "# TYPE txc_activity_tickets gauge\n");
   char err[256];
   PGresult *r = NULL;
@@ -949,10 +949,10 @@ static void activity_metrics(stock_svc_t *s, svc_buf_t *b) {
       long long v;
     } v[] = {{"stock", st}, {"frozen", fr}, {"sold", so}, {"available", st - fr - so}};
     for (size_t k = 0; k < sizeof(v) / sizeof(v[0]); k++)
-      svc_buf_printf(b, "txc_activity_tickets{activity=\"%s\",ticket_type=\"%s\",state=\"%s\"} %lld\n", a, t,
+      txc_buf_printf(b, "txc_activity_tickets{activity=\"%s\",ticket_type=\"%s\",state=\"%s\"} %lld\n", a, t,
                      v[k].state, v[k].v);
   }
-  svc_buf_printf(b, "# HELP txc_activity_waitlist Users waiting for tickets of an activity's ticket type (Redis).\n"
+  txc_buf_printf(b, "# HELP txc_activity_waitlist Users waiting for tickets of an activity's ticket type (Redis).\n"
                     "# TYPE txc_activity_waitlist gauge\n");
   pthread_mutex_lock(&s->metrics_mu);
   if (n && s->redis_url && svc_redis_ensure(&s->metrics_redis, s->redis_url, 1000, err, sizeof(err)) != 0) {
@@ -961,7 +961,7 @@ static void activity_metrics(stock_svc_t *s, svc_buf_t *b) {
       redisReply *z = svc_redis_cmd(s->metrics_redis, err, sizeof(err), "ZCARD {act_%s}:t%s:wl", a, t);
       if (!z) break;
       if (z->type == REDIS_REPLY_INTEGER)
-        svc_buf_printf(b, "txc_activity_waitlist{activity=\"%s\",ticket_type=\"%s\"} %lld\n", a, t, z->integer);
+        txc_buf_printf(b, "txc_activity_waitlist{activity=\"%s\",ticket_type=\"%s\"} %lld\n", a, t, z->integer);
       freeReplyObject(z);
     }
   }
@@ -972,16 +972,16 @@ static void activity_metrics(stock_svc_t *s, svc_buf_t *b) {
 /* GET /metrics: local-mode freezes (rm_client_local_stats) and HTTP answers by
  * status, in Prometheus text format. */
 static void handle_stock_metrics(stock_svc_t *s, svc_resp_t *resp) {
-  svc_buf_t b = {0};
+  txc_buf_t b = {0};
   rm_local_stats_t ls = {0};
   rm_client_local_stats(s->rm, &ls);
-  svc_buf_printf(&b,
+  txc_buf_printf(&b,
                  "# HELP txc_client_local_freezes_total Local-mode stock freezes decided here.\n"
                  "# TYPE txc_client_local_freezes_total counter\n"
                  "txc_client_local_freezes_total{result=\"frozen\"} %llu\n"
                  "txc_client_local_freezes_total{result=\"refused\"} %llu\n",
                  (unsigned long long)ls.frozen, (unsigned long long)ls.refused);
-  svc_buf_printf(&b,
+  txc_buf_printf(&b,
                  "# HELP txc_client_unauthenticated_calls_total Calls refused: no valid order-service signature.\n"
                  "# TYPE txc_client_unauthenticated_calls_total counter\n"
                  "txc_client_unauthenticated_calls_total %llu\n",

@@ -238,12 +238,12 @@ bool svc_admin_handle(svc_admin_t *a, const svc_req_t *req, svc_resp_t *resp) {
   return true;
 }
 
-void svc_admin_metrics(svc_admin_t *a, svc_buf_t *b, bool with_mode) {
+void svc_admin_metrics(svc_admin_t *a, txc_buf_t *b, bool with_mode) {
   if (!a) return;
   if (with_mode) {
     rm_degrade_stats_t ds = {0};
     rm_client_degrade_stats(a->rm, &ds);
-    svc_buf_printf(b,
+    txc_buf_printf(b,
                    "# HELP txc_client_mode Current transaction mode (1 = the labelled mode).\n"
                    "# TYPE txc_client_mode gauge\n"
                    "txc_client_mode{mode=\"global\"} %d\ntxc_client_mode{mode=\"local\"} %d\n"
@@ -251,7 +251,7 @@ void svc_admin_metrics(svc_admin_t *a, svc_buf_t *b, bool with_mode) {
        "# TYPE txc_client_mode_forced gauge\ntxc_client_mode_forced %d\n",
                    ds.mode == RM_MODE_GLOBAL, ds.mode == RM_MODE_LOCAL, ds.forced);
   }
-  svc_buf_printf(b,
+  txc_buf_printf(b,
                  "# HELP txc_admin_mode_changes_total Transaction modes set through POST /admin/mode.\n"
                  "# TYPE txc_admin_mode_changes_total counter\n"
                  "txc_admin_mode_changes_total{mode=\"auto\"} %llu\n"

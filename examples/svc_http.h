@@ -77,8 +77,8 @@ void svc_resp_text(svc_resp_t *resp, int status, const char *text);
 /* Answer GET /metrics: the service's own families in 'b', then this
  * process's HTTP (svc_http_metrics) and process_* (svc_process_metrics)
  * ones; 500 when the page ran out of memory.  Frees b->p. */
-struct svc_buf;
-void svc_resp_metrics(svc_resp_t *resp, struct svc_buf *b);
+struct txc_buf;
+void svc_resp_metrics(svc_resp_t *resp, struct txc_buf *b);
 /* Send header 'name: value' with the answer, whatever its status and body
  * (they may be set before or after).  Both strings are kept, not copied:
  * string literals.  A name already set gets the new value; beyond
@@ -148,8 +148,8 @@ void svc_http_route(const char *path, char *out, size_t cap);
  * its answer), at most SVC_HTTP_SERIES series (later ones count as route
  * "other"). */
 #define SVC_HTTP_SERIES 128
-struct svc_buf;
-void svc_http_metrics(struct svc_buf *b);
+struct txc_buf;
+void svc_http_metrics(struct txc_buf *b);
 
 /* Listen on 'listen' ("host:port"; port 0 = any free port) with
  * 'io_threads' socket threads and 'workers' handler threads.  Returns NULL
