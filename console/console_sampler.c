@@ -15,6 +15,7 @@
 
 #include "console_prom.h"
 #include "txc_buf.h"
+#include "txc_isotime.h"
 #include "txc_worker.h"
 
 #define MAX_BOUNDS CONSOLE_PROM_BOUNDS
@@ -53,12 +54,6 @@ struct console_sampler {
   int head, count; /* ring[head] is the next slot */
   char last_error[256];
 };
-
-static int64_t unix_now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* ------------------------------------------------------------ /metrics */
 
@@ -159,7 +154,7 @@ static void sample_stock(console_sampler_t *s, sample_t *out) {
 /* -------------------------------------------------------------- thread */
 
 static void take_sample(console_sampler_t *s) {
-  sample_t smp = {.unix_ms = unix_now_ms(), .p50_ms = -1, .p99_ms = -1};
+  sample_t smp = {.unix_ms = txc_unix_ms(), .p50_ms = -1, .p99_ms = -1};
   pthread_mutex_lock(&s->mu);
   s->last_error[0] = '\0'; /* what this sample meets, if anything */
   pthread_mutex_unlock(&s->mu);

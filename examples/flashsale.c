@@ -525,11 +525,7 @@ static bool run_sale(run_t *r) {
     if (!heap_push(&r->heap, j)) return false;
   }
   r->t0_us = svc_now_us();
-  {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    r->t0_wall_ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-  }
+  r->t0_wall_ms = txc_unix_ms();
   int64_t next_progress = 1000000;
   for (;;) {
     int64_t now = now_rel(r);
@@ -806,14 +802,8 @@ typedef struct window_view {
   char before[24], after[24];              /* the probes' answers */
 } window_view_t;
 
-static int64_t wall_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static void sleep_until_ms(int64_t at) {
-  int64_t d = at - wall_ms();
+  int64_t d = at - txc_unix_ms();
   if (d <= 0) return;
   struct timespec ts = {.tv_sec = d / 1000, .tv_nsec = (d % 1000) * 1000000};
   nanosleep(&ts, NULL);
@@ -857,7 +847,7 @@ static long long wait_status(fs_check_t *ck, const fs_activity_t *a, int want, i
   char err[256];
   for (;;) {
     int pg = -1, rs = -1;
-    int64_t now = wall_ms();
+    int64_t now = txc_unix_ms();
     if (fs_sale_status(ck, a, &pg, &rs, err, sizeof(err)) && pg == want && rs == want) return now;
     if (now > until_ms) return 0;
     struct timespec ts = {.tv_sec = 0, .tv_nsec = 2000000};

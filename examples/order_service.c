@@ -368,12 +368,6 @@ static long call_stock(order_svc_t *s, const char *path, const char *xid, json_t
   return stock_answer(call, path, reason, reasonlen, err, errlen);
 }
 
-static int64_t wall_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* ---------------------------------------------------------- handlers */
 
 
@@ -882,7 +876,7 @@ static void take_order(order_svc_t *s, order_t *o, int64_t t0, svc_resp_t *resp)
    * databases) normally comes first and the prefilter's sweep is only a
    * backstop. */
   int bucket = -1;
-  o->expire_ms = wall_ms() + s->ttl_s * 1000;
+  o->expire_ms = txc_unix_ms() + s->ttl_s * 1000;
   int64_t deadline_ms = o->expire_ms + s->freeze_grace_s * 1000;
   pf_result_t pr = s->queued ? svc_pf_freeze_queued(s->pf, o->activity, o->ticket_type, o->user, o->qty, o->order_id,
                                                     deadline_ms, o->idem_key, &bucket, err, sizeof(err))
@@ -1015,7 +1009,7 @@ static int serve_waitlist(order_svc_t *s, long long activity, long long ticket_t
   long long ids[BATCH];
   char err[512];
   if (!take_ids(s, ids, BATCH, "serve the waitlist")) return -1;
-  int64_t expire_ms = wall_ms() + s->ttl_s * 1000;
+  int64_t expire_ms = txc_unix_ms() + s->ttl_s * 1000;
   int64_t deadline_ms = expire_ms + s->freeze_grace_s * 1000;
   svc_pf_served_t served[BATCH];
   int n = svc_pf_waitlist_fill(s->pf, activity, ticket_type, ids, BATCH, deadline_ms, served, BATCH, err,
@@ -1274,7 +1268,7 @@ static void handle_tickets(order_svc_t *s, long long activity, const svc_req_t *
   }
   long long ids[SVC_PF_FILL_MAX];
   svc_pf_served_t served[SVC_PF_FILL_MAX];
-  int64_t expire_ms = wall_ms() + s->ttl_s * 1000;
+  int64_t expire_ms = txc_unix_ms() + s->ttl_s * 1000;
   int64_t deadline_ms = expire_ms + s->freeze_grace_s * 1000;
   int n = -1, placed = 0;
   const char *redis = "raised";

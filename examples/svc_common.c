@@ -50,10 +50,8 @@ void svc_log_write(int level, json_t *fields, const char *fmt, ...) {
   vsnprintf(msg, sizeof(msg), fmt, ap);
   va_end(ap);
 
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
   char when[TXC_ISO_TIME_MAX];
-  txc_iso_time(when, (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000L);
+  txc_iso_time(when, txc_unix_ms());
 
   if (level < 0) level = 0;
   if (level > 3) level = 3;

@@ -24,6 +24,7 @@
 #include "svc_auth.h"
 #include "svc_http.h"
 #include "txc_buf.h"
+#include "txc_isotime.h"
 #include "txc_secret.h"
 
 static void usage(FILE *f) {
@@ -40,9 +41,7 @@ static bool call(const char *url, const char *mode, const char *op, const char *
   bool status_only = strcmp(mode, "status") == 0;
   char *body = NULL;
   if (!status_only) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    json_t *j = json_pack("{s:s,s:I}", "mode", mode, "at_ms", (json_int_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
+    json_t *j = json_pack("{s:s,s:I}", "mode", mode, "at_ms", (json_int_t)txc_unix_ms());
     if (op) json_object_set_new(j, "operator", json_string(op));
     body = json_dumps(j, JSON_COMPACT);
     json_decref(j);
