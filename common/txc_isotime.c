@@ -19,3 +19,9 @@ void txc_iso_time(char out[TXC_ISO_TIME_MAX], int64_t unix_ms) {
   memcpy(out, tmp, n);
   out[n] = '\0';
 }
+
+int64_t txc_unix_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}

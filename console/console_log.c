@@ -17,9 +17,7 @@ void console_log(const char *level, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof(msg), fmt, ap);
   va_end(ap);
-  struct timespec now;
-  clock_gettime(CLOCK_REALTIME, &now);
-  txc_iso_time(ts, (int64_t)now.tv_sec * 1000 + now.tv_nsec / 1000000);
+  txc_iso_time(ts, txc_unix_ms());
   json_t *o = json_pack("{s:s, s:s, s:s, s:s}", "ts", ts, "level", level, "component", "console", "msg", msg);
   char *line = o ? json_dumps(o, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
   if (line) fprintf(stderr, "%s\n", line);

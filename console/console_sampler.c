@@ -14,6 +14,8 @@
 #include <time.h>
 
 #include "console_prom.h"
+#include "txc_buf.h"
+#include "txc_isotime.h"
 #include "txc_worker.h"
 
 #define MAX_BOUNDS CONSOLE_PROM_BOUNDS
@@ -53,43 +55,15 @@ struct console_sampler {
   char last_error[256];
 };
 
-static int64_t unix_now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* ------------------------------------------------------------ /metrics */
-
-typedef struct {
-  char *p;
-  size_t len;
-  bool too_big;
-} body_t;
-
-static size_t on_body(char *data, size_t size, size_t n, void *arg) {
-  body_t *b = arg;
-  size_t add = size * n;
-  if (b->len + add + 1 > CONSOLE_METRICS_MAX) {
-    b->too_big = true;
-    return 0; /* curl stops with CURLE_WRITE_ERROR */
-  }
-  char *p = realloc(b->p, b->len + add + 1);
-  if (!p) return 0;
-  memcpy(p + b->len, data, add);
-  b->p = p;
-  b->len += add;
-  b->p[b->len] = '\0';
-  return add;
-}
 
 /* Read one service; on success its deltas since the last read are added
  * to d_le/d_cum (same bounds assumed: the services share svc_http.c). */
 static bool scrape_one(console_sampler_t *s, scrape_t *sc, double *d_cum, double *d_le, int *d_nb, double *d_total,
                        double *d_accepted) {
-  body_t b = {0};
+  txc_buf_t b = {.max = CONSOLE_METRICS_MAX};
   curl_easy_setopt(s->curl, CURLOPT_URL, sc->url);
-  curl_easy_setopt(s->curl, CURLOPT_WRITEFUNCTION, on_body);
+  curl_easy_setopt(s->curl, CURLOPT_WRITEFUNCTION, txc_buf_curl_write);
   curl_easy_setopt(s->curl, CURLOPT_WRITEDATA, &b);
   CURLcode rc = curl_easy_perform(s->curl);
   long code = 0;
@@ -97,7 +71,7 @@ static bool scrape_one(console_sampler_t *s, scrape_t *sc, double *d_cum, double
   if (rc != CURLE_OK || code != 200 || !b.p) {
     pthread_mutex_lock(&s->mu);
     snprintf(s->last_error, sizeof(s->last_error), "%s: %s", sc->url,
-             b.too_big ? "answer too large" : rc != CURLE_OK ? curl_easy_strerror(rc) : "not 200");
+             b.over ? "answer too large" : rc != CURLE_OK ? curl_easy_strerror(rc) : "not 200");
     pthread_mutex_unlock(&s->mu);
     free(b.p);
     return false;
@@ -180,7 +154,7 @@ static void sample_stock(console_sampler_t *s, sample_t *out) {
 /* -------------------------------------------------------------- thread */
 
 static void take_sample(console_sampler_t *s) {
-  sample_t smp = {.unix_ms = unix_now_ms(), .p50_ms = -1, .p99_ms = -1};
+  sample_t smp = {.unix_ms = txc_unix_ms(), .p50_ms = -1, .p99_ms = -1};
   pthread_mutex_lock(&s->mu);
   s->last_error[0] = '\0'; /* what this sample meets, if anything */
   pthread_mutex_unlock(&s->mu);

@@ -248,21 +248,9 @@ typedef struct ev_svc {
 /* ---------------------------------------------------------- handlers */
 
 static void handle_metrics(ev_svc_t *s, svc_resp_t *resp) {
-  svc_buf_t b = {0};
-  svc_buf_printf(&b, "# HELP txc_client_http_responses_total HTTP answers of this service by status.\n"
-                     "# TYPE txc_client_http_responses_total counter\n");
-  for (int code = 100; code < 600; code++) {
-    unsigned long long c = svc_http_status_count(code);
-    if (c) svc_buf_printf(&b, "txc_client_http_responses_total{status=\"%d\"} %llu\n", code, c);
-  }
+  txc_buf_t b = {0};
   svc_consumer_metrics(s->cs, s->n, &b);
-  svc_http_metrics(&b);
-  svc_process_metrics(&b);
-  if (b.p)
-    svc_resp_text(resp, 200, b.p);
-  else
-    svc_resp_error(resp, 500, "internal", "out of memory");
-  free(b.p);
+  svc_resp_metrics(resp, &b);
 }
 
 static void handle_healthz(ev_svc_t *s, svc_resp_t *resp) {
@@ -335,11 +323,9 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
-  if (svc_routes_option(argc, argv, routes, sizeof(routes) / sizeof(routes[0]))) return 0;
-  svc_log_init("event-consumers", "EVENTS_LOG_LEVEL");
-  const char *listen = svc_env_str("EVENTS_LISTEN", "127.0.0.1:0");
-  const char *url_file = NULL;
-  int early = svc_parse_args(argc, argv, &listen, &url_file, usage);
+  svc_main_t m;
+  int early = svc_main_start(&m, "event-consumers", "EVENTS", argc, argv, routes,
+                             sizeof(routes) / sizeof(routes[0]), usage);
   if (early >= 0) return early;
   bool ok = true;
   ev_ctx_t ctx = {.delay_ms = (int)svc_env_int("EVENTS_APPLY_DELAY_MS", 0, 0, 10000, &ok)};
@@ -381,26 +367,17 @@ int main(int argc, char **argv) {
     }
     s.n++;
   }
-  http = svc_http_start(listen, 1, 2, handler, &s, err, sizeof(err));
+  http = svc_http_start(m.listen, 1, 2, handler, &s, err, sizeof(err));
   if (!http) {
     svc_error("%s", err);
     exit_code = 69;
     goto out;
   }
-  char url[128], names[64] = "";
-  snprintf(url, sizeof(url), "http://127.0.0.1:%d", svc_http_port(http));
+  char names[64] = "";
   for (size_t i = 0; i < s.n; i++)
     snprintf(names + strlen(names), sizeof(names) - strlen(names), "%s%s", i ? "," : "",
              svc_consumer_group(s.cs[i]));
-  SVC_LOG(SVC_LOG_INFO, json_pack("{s:s,s:s,s:i}", "url", url, "groups", names, "apply_delay_ms", ctx.delay_ms),
-          "event-consumers ready");
-  if (url_file && !svc_write_url_file(url_file, url)) {
-    svc_error("could not write the URL to \"%s\"", url_file);
-    exit_code = 73;
-    goto out;
-  }
-  int sig = svc_wait_signal();
-  svc_info("event-consumers stopping (signal %d)", sig);
+  exit_code = svc_main_serve(&m, http, json_pack("{s:s,s:i}", "groups", names, "apply_delay_ms", ctx.delay_ms));
 
 out:
   svc_http_stop(http);

@@ -124,13 +124,15 @@ typedef struct heap {
   size_t n, cap;
 } heap_t;
 
+/* An answer longer than this stops its transfer (an error). */
+#define XFER_MAX_ANSWER (1u << 20)
+
 typedef struct xfer {
   CURL *e;
   job_t job;
   int64_t sched_us;
   int64_t started_us; /* on the wire (relative to the sale start) */
-  char *resp;
-  size_t len, cap;
+  txc_buf_t resp; /* the answer (at most XFER_MAX_ANSWER bytes) */
   char body[256];
   struct curl_slist *hdrs; /* the run's headers and this request's Idempotency-Key */
   struct xfer *next_free;
@@ -256,24 +258,6 @@ static void job_key(const run_t *r, const job_t *j, char *out, size_t len) {
 
 /* ----------------------------------------------------------- transfers */
 
-static size_t on_write(char *ptr, size_t size, size_t nmemb, void *ud) {
-  xfer_t *x = ud;
-  size_t n = size * nmemb;
-  if (x->len + n + 1 > x->cap) {
-    size_t cap = x->cap ? x->cap * 2 : 512;
-    while (cap < x->len + n + 1) cap *= 2;
-    if (cap > (1 << 20)) return 0;
-    char *np = realloc(x->resp, cap);
-    if (!np) return 0;
-    x->resp = np;
-    x->cap = cap;
-  }
-  memcpy(x->resp + x->len, ptr, n);
-  x->len += n;
-  x->resp[x->len] = '\0';
-  return n;
-}
-
 static int64_t now_rel(run_t *r) { return svc_now_us() - r->t0_us; }
 
 static bool start_job(run_t *r, const job_t *j) {
@@ -283,6 +267,7 @@ static bool start_job(run_t *r, const job_t *j) {
   } else {
     x = calloc(1, sizeof(*x));
     if (!x) return false;
+    x->resp.max = XFER_MAX_ANSWER;
     x->e = curl_easy_init();
     if (!x->e) {
       free(x);
@@ -292,8 +277,7 @@ static bool start_job(run_t *r, const job_t *j) {
   x->job = *j;
   x->sched_us = j->tries ? j->first_us : j->at_us;
   x->started_us = now_rel(r);
-  x->len = 0;
-  if (x->resp) x->resp[0] = '\0';
+  txc_buf_clear(&x->resp);
   curl_slist_free_all(x->hdrs);
   x->hdrs = NULL;
   char url[512];
@@ -320,8 +304,8 @@ static bool start_job(run_t *r, const job_t *j) {
   curl_easy_setopt(x->e, CURLOPT_URL, url);
   curl_easy_setopt(x->e, CURLOPT_POSTFIELDS, x->body);
   curl_easy_setopt(x->e, CURLOPT_HTTPHEADER, x->hdrs ? x->hdrs : r->hdrs);
-  curl_easy_setopt(x->e, CURLOPT_WRITEFUNCTION, on_write);
-  curl_easy_setopt(x->e, CURLOPT_WRITEDATA, x);
+  curl_easy_setopt(x->e, CURLOPT_WRITEFUNCTION, txc_buf_curl_write);
+  curl_easy_setopt(x->e, CURLOPT_WRITEDATA, &x->resp);
   curl_easy_setopt(x->e, CURLOPT_PRIVATE, x);
   curl_easy_setopt(x->e, CURLOPT_TIMEOUT_MS, 60000L);
   curl_easy_setopt(x->e, CURLOPT_NOSIGNAL, 1L);
@@ -365,13 +349,13 @@ static void finish_dup(run_t *r, const xfer_t *x, CURLcode cc, long status) {
   long long id = 0;
   if (cc != CURLE_OK) return; /* no answer: neither same nor differing */
   if (status == 201 || status == 202) {
-    json_t *o = json_loads(x->resp ? x->resp : "", 0, NULL);
+    json_t *o = json_loads(x->resp.p ? x->resp.p : "", 0, NULL);
     id = (long long)json_integer_value(json_object_get(o, "order_id"));
     json_decref(o);
     job_key(r, j, key, sizeof(key));
     if (id > 0 && !r->o.no_keys) push_keyed(r, key, j->user + 1, id);
   } else if (status == 409) {
-    json_reason(x->resp, "reason", why, sizeof(why));
+    json_reason(x->resp.p, "reason", why, sizeof(why));
   }
   bool same = status == j->want_status && ((status != 201 && status != 202) || id == j->want_order) &&
               (status != 409 || strcmp(why, j->want_reason) == 0);
@@ -394,7 +378,7 @@ static void finish_xfer(run_t *r, xfer_t *x, CURLcode cc) {
    * flight */
   fs_req_kind_t drawn = j->kind == REQ_PAY ? FS_REQ_PAY : j->kind == REQ_CANCEL ? FS_REQ_CANCEL : FS_REQ_OTHER;
   char why[64] = "";
-  if (j->kind == REQ_ORDER && cc == CURLE_OK && status == 409) json_reason(x->resp, "error", why, sizeof(why));
+  if (j->kind == REQ_ORDER && cc == CURLE_OK && status == 409) json_reason(x->resp.p, "error", why, sizeof(why));
   bool in_progress = strcmp(why, "in_progress") == 0;
   if (j->kind == REQ_ORDER && !r->o.no_keys && (cc != CURLE_OK || status == 503 || in_progress) &&
       j->tries < MAX_RETRIES) {
@@ -420,7 +404,7 @@ static void finish_xfer(run_t *r, xfer_t *x, CURLcode cc) {
       r->ok++;
       if (status == 202) r->queued++;
       if (status == 202 && r->nqueued < (size_t)r->queued) {
-        json_t *qo = json_loads(x->resp ? x->resp : "", 0, NULL);
+        json_t *qo = json_loads(x->resp.p ? x->resp.p : "", 0, NULL);
         long long qid = (long long)json_integer_value(json_object_get(qo, "order_id"));
         json_decref(qo);
         int64_t clicked = r->t0_wall_ms + x->sched_us / 1000;
@@ -436,7 +420,7 @@ static void finish_xfer(run_t *r, xfer_t *x, CURLcode cc) {
         }
       }
       r->ok_tickets += j->qty;
-      json_t *o = json_loads(x->resp ? x->resp : "", 0, NULL);
+      json_t *o = json_loads(x->resp.p ? x->resp.p : "", 0, NULL);
       long long id = (long long)json_integer_value(json_object_get(o, "order_id"));
       const char *tok = json_string_value(json_object_get(o, "order_token"));
       char token[sizeof(j->token)] = "";
@@ -464,7 +448,7 @@ static void finish_xfer(run_t *r, xfer_t *x, CURLcode cc) {
         }
       }
     } else if (status == 409) {
-      json_reason(x->resp, "reason", why, sizeof(why));
+      json_reason(x->resp.p, "reason", why, sizeof(why));
       if (!in_progress) maybe_dup(r, j, now, status, 0, why);
       if (strcmp(why, "not_on_sale") == 0)
         r->rej_not_on_sale++;
@@ -475,7 +459,7 @@ static void finish_xfer(run_t *r, xfer_t *x, CURLcode cc) {
       else
         r->rej_other++;
     } else if (status == 503) {
-      json_reason(x->resp, "error", why, sizeof(why));
+      json_reason(x->resp.p, "error", why, sizeof(why));
       if (strcmp(why, "unknown_outcome") == 0)
         r->unknown++;
       else
@@ -541,11 +525,7 @@ static bool run_sale(run_t *r) {
     if (!heap_push(&r->heap, j)) return false;
   }
   r->t0_us = svc_now_us();
-  {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    r->t0_wall_ms = (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-  }
+  r->t0_wall_ms = txc_unix_ms();
   int64_t next_progress = 1000000;
   for (;;) {
     int64_t now = now_rel(r);
@@ -822,14 +802,8 @@ typedef struct window_view {
   char before[24], after[24];              /* the probes' answers */
 } window_view_t;
 
-static int64_t wall_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static void sleep_until_ms(int64_t at) {
-  int64_t d = at - wall_ms();
+  int64_t d = at - txc_unix_ms();
   if (d <= 0) return;
   struct timespec ts = {.tv_sec = d / 1000, .tv_nsec = (d % 1000) * 1000000};
   nanosleep(&ts, NULL);
@@ -840,7 +814,7 @@ static void sleep_until_ms(int64_t at) {
 static void probe_order(const run_t *r, long long user, char *out, size_t len) {
   CURL *e = curl_easy_init();
   char url[512], body[160];
-  xfer_t x = {0};
+  xfer_t x = {.resp.max = XFER_MAX_ANSWER};
   snprintf(url, sizeof(url), "%s/orders", r->order_url);
   snprintf(body, sizeof(body), "{\"activity\":%lld,\"ticket_type\":%d,\"user\":%lld,\"qty\":1}", r->o.activity,
            TICKET_TYPE, user);
@@ -851,18 +825,18 @@ static void probe_order(const run_t *r, long long user, char *out, size_t len) {
     curl_easy_setopt(e, CURLOPT_URL, url);
     curl_easy_setopt(e, CURLOPT_POSTFIELDS, body);
     curl_easy_setopt(e, CURLOPT_HTTPHEADER, h);
-    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_write);
-    curl_easy_setopt(e, CURLOPT_WRITEDATA, &x);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, txc_buf_curl_write);
+    curl_easy_setopt(e, CURLOPT_WRITEDATA, &x.resp);
     curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, 10000L);
     curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
     if (curl_easy_perform(e) == CURLE_OK && curl_easy_getinfo(e, CURLINFO_RESPONSE_CODE, &status) == CURLE_OK) {
       if (status == 409)
-        json_reason(x.resp, "reason", out, len);
+        json_reason(x.resp.p, "reason", out, len);
       else
         snprintf(out, len, "HTTP %ld", status);
     }
   }
-  free(x.resp);
+  free(x.resp.p);
   curl_slist_free_all(h);
   if (e) curl_easy_cleanup(e);
 }
@@ -873,7 +847,7 @@ static long long wait_status(fs_check_t *ck, const fs_activity_t *a, int want, i
   char err[256];
   for (;;) {
     int pg = -1, rs = -1;
-    int64_t now = wall_ms();
+    int64_t now = txc_unix_ms();
     if (fs_sale_status(ck, a, &pg, &rs, err, sizeof(err)) && pg == want && rs == want) return now;
     if (now > until_ms) return 0;
     struct timespec ts = {.tv_sec = 0, .tv_nsec = 2000000};
@@ -1120,7 +1094,7 @@ int main(int argc, char **argv) {
     r.free_x = x->next_free;
     curl_easy_cleanup(x->e);
     curl_slist_free_all(x->hdrs);
-    free(x->resp);
+    free(x->resp.p);
     free(x);
   }
   curl_slist_free_all(r.hdrs);

@@ -115,7 +115,7 @@ order_recon_t *order_recon_start(const char *orders_url, bool *ok) {
   return r;
 }
 
-void order_recon_metrics(order_recon_t *r, svc_buf_t *b) {
+void order_recon_metrics(order_recon_t *r, txc_buf_t *b) {
   static const char *const results[5] = {"ok", "differences", "failed", "locked", "skipped"};
   unsigned long long runs[5] = {0};
   bool have = false;
@@ -132,21 +132,21 @@ void order_recon_metrics(order_recon_t *r, svc_buf_t *b) {
     memcpy(by_kind, r->last_by_kind, sizeof(by_kind));
     pthread_mutex_unlock(&r->job.mu);
   }
-  svc_buf_printf(b, "# HELP txc_reconcile_runs_total Scheduled reconciliation runs of this instance by result "
+  txc_buf_printf(b, "# HELP txc_reconcile_runs_total Scheduled reconciliation runs of this instance by result "
                     "(skipped: another instance ran it).\n"
                     "# TYPE txc_reconcile_runs_total counter\n");
   for (int i = 0; i < 5; i++) {
     if (i == RECON_LOCKED) continue; /* counted as skipped */
-    svc_buf_printf(b, "txc_reconcile_runs_total{result=\"%s\"} %llu\n", results[i], runs[i]);
+    txc_buf_printf(b, "txc_reconcile_runs_total{result=\"%s\"} %llu\n", results[i], runs[i]);
   }
   if (!have) return;
-  svc_buf_printf(b, "# HELP txc_reconcile_differences Differences the last reconciliation run of this instance "
+  txc_buf_printf(b, "# HELP txc_reconcile_differences Differences the last reconciliation run of this instance "
                     "found, by kind.\n"
                     "# TYPE txc_reconcile_differences gauge\n");
   for (size_t i = 0; i < recon_nkinds && i < 16; i++)
-    svc_buf_printf(b, "txc_reconcile_differences{check=\"%s\",kind=\"%s\"} %zu\n", recon_kinds[i].check,
+    txc_buf_printf(b, "txc_reconcile_differences{check=\"%s\",kind=\"%s\"} %zu\n", recon_kinds[i].check,
                    recon_kinds[i].kind, by_kind[i]);
-  svc_buf_printf(b,
+  txc_buf_printf(b,
                  "# TYPE txc_reconcile_last_differences gauge\ntxc_reconcile_last_differences %zu\n"
                  "# TYPE txc_reconcile_last_run_id gauge\ntxc_reconcile_last_run_id %lld\n"
                  "# TYPE txc_reconcile_last_run_timestamp_seconds gauge\n"

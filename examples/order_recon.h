@@ -25,7 +25,7 @@ order_recon_t *order_recon_start(const char *orders_url, bool *ok);
 /* txc_reconcile_* lines (runs by result; the last run's differences by
  * kind, its time and id) for GET /metrics; 'r' may be NULL (the runs, all
  * zero). */
-void order_recon_metrics(order_recon_t *r, svc_buf_t *b);
+void order_recon_metrics(order_recon_t *r, txc_buf_t *b);
 /* Stop the thread (waits for a run in progress) and free; NULL: nothing. */
 void order_recon_stop(order_recon_t *r);
 

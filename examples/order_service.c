@@ -368,12 +368,6 @@ static long call_stock(order_svc_t *s, const char *path, const char *xid, json_t
   return stock_answer(call, path, reason, reasonlen, err, errlen);
 }
 
-static int64_t wall_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 /* ---------------------------------------------------------- handlers */
 
 
@@ -521,12 +515,12 @@ static void place_order_local(order_svc_t *s, order_t *o, int64_t deadline_ms, s
 /* GET /metrics: the client side (prefilter, mode, compensation, HTTP) in
  * Prometheus text format. */
 static void handle_metrics(order_svc_t *s, svc_resp_t *resp) {
-  svc_buf_t b = {0};
+  txc_buf_t b = {0};
   svc_pf_metrics(s->pf, &b);
 
   rm_degrade_stats_t ds = {0};
   rm_client_degrade_stats(s->rm, &ds);
-  svc_buf_printf(&b,
+  txc_buf_printf(&b,
        "# HELP txc_client_mode Current transaction mode (1 = the labelled mode).\n"
        "# TYPE txc_client_mode gauge\n"
        "txc_client_mode{mode=\"global\"} %d\ntxc_client_mode{mode=\"local\"} %d\n"
@@ -547,7 +541,7 @@ static void handle_metrics(order_svc_t *s, svc_resp_t *resp) {
 
   rm_compensator_stats_t cs = {0};
   if (s->comp) rm_compensator_stats(s->comp, &cs);
-  svc_buf_printf(&b,
+  txc_buf_printf(&b,
        "# HELP txc_client_compensation_passes_total Compensation passes by result.\n"
        "# TYPE txc_client_compensation_passes_total counter\n"
        "txc_client_compensation_passes_total{result=\"ran\"} %llu\n"
@@ -566,13 +560,7 @@ static void handle_metrics(order_svc_t *s, svc_resp_t *resp) {
        (unsigned long long)cs.frozen, (unsigned long long)cs.cancelled, (unsigned long long)cs.failed,
        (unsigned long long)cs.reconciled, (unsigned long long)cs.fixed);
 
-  svc_buf_printf(&b, "# HELP txc_client_http_responses_total HTTP answers of this service by status.\n"
-           "# TYPE txc_client_http_responses_total counter\n");
-  for (int code = 100; code < 600; code++) {
-    unsigned long long n = svc_http_status_count(code);
-    if (n) svc_buf_printf(&b, "txc_client_http_responses_total{status=\"%d\"} %llu\n", code, n);
-  }
-  svc_buf_printf(&b,
+  txc_buf_printf(&b,
                  "# HELP txc_client_idempotent_replays_total POST /orders answered with the answer its Idempotency-Key "
                  "already had, by where it was found.\n"
                  "# TYPE txc_client_idempotent_replays_total counter\n"
@@ -586,7 +574,7 @@ static void handle_metrics(order_svc_t *s, svc_resp_t *resp) {
                  (unsigned long long)s->idem_in_progress);
   svc_relay_stats_t rs;
   svc_relay_stats(s->relay, &rs);
-  svc_buf_printf(&b,
+  txc_buf_printf(&b,
                  "# HELP txc_events_published_total Order events the outbox relay published.\n"
                  "# TYPE txc_events_published_total counter\n"
                  "txc_events_published_total %llu\n"
@@ -604,7 +592,7 @@ static void handle_metrics(order_svc_t *s, svc_resp_t *resp) {
   if (s->queue) {
     order_queue_stats_t qs;
     order_queue_stats(s->queue, &qs);
-    svc_buf_printf(&b,
+    txc_buf_printf(&b,
                    "# HELP txc_order_queue_entries_total Queued orders handled by the queue's consumer, by result.\n"
                    "# TYPE txc_order_queue_entries_total counter\n"
                    "txc_order_queue_entries_total{result=\"done\"} %llu\n"
@@ -619,13 +607,7 @@ static void handle_metrics(order_svc_t *s, svc_resp_t *resp) {
   }
   order_recon_metrics(s->recon, &b);
   svc_admin_metrics(s->admin, &b, false);
-  svc_http_metrics(&b);
-  svc_process_metrics(&b);
-  if (b.p)
-    svc_resp_text(resp, 200, b.p);
-  else
-    svc_resp_error(resp, 500, "internal", "out of memory");
-  free(b.p);
+  svc_resp_metrics(resp, &b);
 }
 
 /*
@@ -894,7 +876,7 @@ static void take_order(order_svc_t *s, order_t *o, int64_t t0, svc_resp_t *resp)
    * databases) normally comes first and the prefilter's sweep is only a
    * backstop. */
   int bucket = -1;
-  o->expire_ms = wall_ms() + s->ttl_s * 1000;
+  o->expire_ms = txc_unix_ms() + s->ttl_s * 1000;
   int64_t deadline_ms = o->expire_ms + s->freeze_grace_s * 1000;
   pf_result_t pr = s->queued ? svc_pf_freeze_queued(s->pf, o->activity, o->ticket_type, o->user, o->qty, o->order_id,
                                                     deadline_ms, o->idem_key, &bucket, err, sizeof(err))
@@ -1027,7 +1009,7 @@ static int serve_waitlist(order_svc_t *s, long long activity, long long ticket_t
   long long ids[BATCH];
   char err[512];
   if (!take_ids(s, ids, BATCH, "serve the waitlist")) return -1;
-  int64_t expire_ms = wall_ms() + s->ttl_s * 1000;
+  int64_t expire_ms = txc_unix_ms() + s->ttl_s * 1000;
   int64_t deadline_ms = expire_ms + s->freeze_grace_s * 1000;
   svc_pf_served_t served[BATCH];
   int n = svc_pf_waitlist_fill(s->pf, activity, ticket_type, ids, BATCH, deadline_ms, served, BATCH, err,
@@ -1286,7 +1268,7 @@ static void handle_tickets(order_svc_t *s, long long activity, const svc_req_t *
   }
   long long ids[SVC_PF_FILL_MAX];
   svc_pf_served_t served[SVC_PF_FILL_MAX];
-  int64_t expire_ms = wall_ms() + s->ttl_s * 1000;
+  int64_t expire_ms = txc_unix_ms() + s->ttl_s * 1000;
   int64_t deadline_ms = expire_ms + s->freeze_grace_s * 1000;
   int n = -1, placed = 0;
   const char *redis = "raised";
@@ -1535,11 +1517,8 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
-  if (svc_routes_option(argc, argv, routes, NROUTES)) return 0;
-  svc_log_init("order-service", "ORDER_LOG_LEVEL");
-  const char *listen = svc_env_str("ORDER_LISTEN", "127.0.0.1:0");
-  const char *url_file = NULL;
-  int early = svc_parse_args(argc, argv, &listen, &url_file, usage);
+  svc_main_t m;
+  int early = svc_main_start(&m, "order-service", "ORDER", argc, argv, routes, NROUTES, usage);
   if (early >= 0) return early;
   bool ok = true;
   order_svc_t s = {.resource = svc_env_str("ORDER_RESOURCE_ID", "orders")};
@@ -1668,7 +1647,7 @@ int main(int argc, char **argv) {
     goto out;
   }
   svc_pgpool_prewarm(s.pool, pool_size);
-  http = svc_http_start(listen, (unsigned)svc_ncpu(), (unsigned)threads, handler, &s, err, sizeof(err));
+  http = svc_http_start(m.listen, (unsigned)svc_ncpu(), (unsigned)threads, handler, &s, err, sizeof(err));
   if (!http) {
     svc_error("%s", err);
     exit_code = 69;
@@ -1682,20 +1661,10 @@ int main(int argc, char **argv) {
     }
     s.bg_started = true;
   }
-  char url[128];
-  snprintf(url, sizeof(url), "http://127.0.0.1:%d", svc_http_port(http));
-  SVC_LOG(SVC_LOG_INFO,
-          json_pack("{s:s,s:i,s:s,s:s,s:s,s:s}", "url", url, "threads", threads, "resource", s.resource,
-                    "stock_url", stock_url, "tx_mode", s.local_mode ? "local" : "global", "order_mode",
-                    s.queued ? "queued" : "sync"),
-          "order-service ready");
-  if (url_file && !svc_write_url_file(url_file, url)) {
-    svc_error("could not write the URL to \"%s\"", url_file);
-    exit_code = 73;
-    goto out;
-  }
-  int sig = svc_wait_signal();
-  svc_info("order-service stopping (signal %d)", sig);
+  exit_code = svc_main_serve(&m, http,
+                             json_pack("{s:i,s:s,s:s,s:s,s:s}", "threads", threads, "resource", s.resource,
+                                       "stock_url", stock_url, "tx_mode", s.local_mode ? "local" : "global",
+                                       "order_mode", s.queued ? "queued" : "sync"));
 
 out:
   svc_http_stop(http);

@@ -935,8 +935,8 @@ static void handle_activity(stock_svc_t *s, long long activity, svc_resp_t *resp
  * (at most 200 rows).  A store that does not answer leaves the families
  * empty; the page still answers.
  */
-static void activity_metrics(stock_svc_t *s, svc_buf_t *b) {
-  svc_buf_printf(b, "# HELP txc_activity_tickets Tickets of an activity's ticket type by state, in PostgreSQL.\n"
+static void activity_metrics(stock_svc_t *s, txc_buf_t *b) {
+  txc_buf_printf(b, "# HELP txc_activity_tickets Tickets of an activity's ticket type by state, in PostgreSQL.\n"
                     "# TYPE txc_activity_tickets gauge\n");
   char err[256];
   PGresult *r = NULL;
@@ -956,10 +956,10 @@ static void activity_metrics(stock_svc_t *s, svc_buf_t *b) {
       long long v;
     } v[] = {{"stock", st}, {"frozen", fr}, {"sold", so}, {"available", st - fr - so}};
     for (size_t k = 0; k < sizeof(v) / sizeof(v[0]); k++)
-      svc_buf_printf(b, "txc_activity_tickets{activity=\"%s\",ticket_type=\"%s\",state=\"%s\"} %lld\n", a, t,
+      txc_buf_printf(b, "txc_activity_tickets{activity=\"%s\",ticket_type=\"%s\",state=\"%s\"} %lld\n", a, t,
                      v[k].state, v[k].v);
   }
-  svc_buf_printf(b, "# HELP txc_activity_waitlist Users waiting for tickets of an activity's ticket type (Redis).\n"
+  txc_buf_printf(b, "# HELP txc_activity_waitlist Users waiting for tickets of an activity's ticket type (Redis).\n"
                     "# TYPE txc_activity_waitlist gauge\n");
   pthread_mutex_lock(&s->metrics_mu);
   if (n && s->redis_url && svc_redis_ensure(&s->metrics_redis, s->redis_url, 1000, err, sizeof(err)) != 0) {
@@ -968,7 +968,7 @@ static void activity_metrics(stock_svc_t *s, svc_buf_t *b) {
       redisReply *z = svc_redis_cmd(s->metrics_redis, err, sizeof(err), "ZCARD {act_%s}:t%s:wl", a, t);
       if (!z) break;
       if (z->type == REDIS_REPLY_INTEGER)
-        svc_buf_printf(b, "txc_activity_waitlist{activity=\"%s\",ticket_type=\"%s\"} %lld\n", a, t, z->integer);
+        txc_buf_printf(b, "txc_activity_waitlist{activity=\"%s\",ticket_type=\"%s\"} %lld\n", a, t, z->integer);
       freeReplyObject(z);
     }
   }
@@ -979,22 +979,16 @@ static void activity_metrics(stock_svc_t *s, svc_buf_t *b) {
 /* GET /metrics: local-mode freezes (rm_client_local_stats) and HTTP answers by
  * status, in Prometheus text format. */
 static void handle_stock_metrics(stock_svc_t *s, svc_resp_t *resp) {
-  svc_buf_t b = {0};
+  txc_buf_t b = {0};
   rm_local_stats_t ls = {0};
   rm_client_local_stats(s->rm, &ls);
-  svc_buf_printf(&b,
+  txc_buf_printf(&b,
                  "# HELP txc_client_local_freezes_total Local-mode stock freezes decided here.\n"
                  "# TYPE txc_client_local_freezes_total counter\n"
                  "txc_client_local_freezes_total{result=\"frozen\"} %llu\n"
-                 "txc_client_local_freezes_total{result=\"refused\"} %llu\n"
-                 "# HELP txc_client_http_responses_total HTTP answers of this service by status.\n"
-                 "# TYPE txc_client_http_responses_total counter\n",
+                 "txc_client_local_freezes_total{result=\"refused\"} %llu\n",
                  (unsigned long long)ls.frozen, (unsigned long long)ls.refused);
-  for (int code = 100; code < 600; code++) {
-    unsigned long long c = svc_http_status_count(code);
-    if (c) svc_buf_printf(&b, "txc_client_http_responses_total{status=\"%d\"} %llu\n", code, c);
-  }
-  svc_buf_printf(&b,
+  txc_buf_printf(&b,
                  "# HELP txc_client_unauthenticated_calls_total Calls refused: no valid order-service signature.\n"
                  "# TYPE txc_client_unauthenticated_calls_total counter\n"
                  "txc_client_unauthenticated_calls_total %llu\n",
@@ -1004,13 +998,7 @@ static void handle_stock_metrics(stock_svc_t *s, svc_resp_t *resp) {
   svc_pf_metrics(s->pf, &b);
   activity_metrics(s, &b);
   svc_admin_metrics(s->admin, &b, true);
-  svc_http_metrics(&b);
-  svc_process_metrics(&b);
-  if (b.p)
-    svc_resp_text(resp, 200, b.p);
-  else
-    svc_resp_error(resp, 500, "internal", "out of memory");
-  free(b.p);
+  svc_resp_metrics(resp, &b);
 }
 
 /* A local-mode order's freeze: X-Txc-Local: 1 and no xid. */
@@ -1086,11 +1074,8 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
-  if (svc_routes_option(argc, argv, routes, NROUTES)) return 0;
-  svc_log_init("stock-service", "STOCK_LOG_LEVEL");
-  const char *listen = svc_env_str("STOCK_LISTEN", "127.0.0.1:0");
-  const char *url_file = NULL;
-  int early = svc_parse_args(argc, argv, &listen, &url_file, usage);
+  svc_main_t m;
+  int early = svc_main_start(&m, "stock-service", "STOCK", argc, argv, routes, NROUTES, usage);
   if (early >= 0) return early;
   bool ok = true;
   int threads = (int)svc_env_int("STOCK_THREADS", 8LL * svc_ncpu(), 1, 1024, &ok);
@@ -1185,25 +1170,15 @@ int main(int argc, char **argv) {
     }
   }
   svc_pgpool_prewarm(s.pool, threads);
-  http = svc_http_start(listen, (unsigned)svc_ncpu(), (unsigned)threads, handler, &s, err, sizeof(err));
+  http = svc_http_start(m.listen, (unsigned)svc_ncpu(), (unsigned)threads, handler, &s, err, sizeof(err));
   if (!http) {
     svc_error("%s", err);
     exit_code = 69;
     goto out;
   }
-  char url[128];
-  snprintf(url, sizeof(url), "http://127.0.0.1:%d", svc_http_port(http));
-  SVC_LOG(SVC_LOG_INFO,
-          json_pack("{s:s,s:i,s:s,s:s,s:b}", "url", url, "threads", threads, "resource", s.resource, "freeze_mode",
-                    mode_names[s.mode], "local_mode", s.local_mode),
-          "stock-service ready");
-  if (url_file && !svc_write_url_file(url_file, url)) {
-    svc_error("could not write the URL to \"%s\"", url_file);
-    exit_code = 73;
-    goto out;
-  }
-  int sig = svc_wait_signal();
-  svc_info("stock-service stopping (signal %d)", sig);
+  exit_code = svc_main_serve(&m, http,
+                             json_pack("{s:i,s:s,s:s,s:b}", "threads", threads, "resource", s.resource,
+                                       "freeze_mode", mode_names[s.mode], "local_mode", s.local_mode));
 
 out:
   svc_http_stop(http); /* waits for the requests in progress */

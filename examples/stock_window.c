@@ -203,13 +203,13 @@ stock_window_t *stock_window_start(const char *pg_url, const char *redis_url, bo
   return w;
 }
 
-void stock_window_metrics(stock_window_t *w, svc_buf_t *b) {
+void stock_window_metrics(stock_window_t *w, txc_buf_t *b) {
   if (!w) return;
   pthread_mutex_lock(&w->job.mu);
   unsigned long long p[3], opened = w->opened, closed = w->closed, ru = w->redis_updates, re = w->redis_errors;
   memcpy(p, w->passes, sizeof(p));
   pthread_mutex_unlock(&w->job.mu);
-  svc_buf_printf(b,
+  txc_buf_printf(b,
                  "# HELP txc_sale_window_passes_total Passes of the sale-window job by result (skipped: another "
                  "instance's pass was running).\n"
                  "# TYPE txc_sale_window_passes_total counter\n"

@@ -54,7 +54,7 @@ typedef struct stock_window stock_window_t;
  * on failure (logged). */
 stock_window_t *stock_window_start(const char *pg_url, const char *redis_url, bool *ok);
 /* Its counters for /metrics (nothing when 'w' is NULL). */
-void stock_window_metrics(stock_window_t *w, svc_buf_t *b);
+void stock_window_metrics(stock_window_t *w, txc_buf_t *b);
 /* Stop and free; stock_window_stop(NULL) does nothing. */
 void stock_window_stop(stock_window_t *w);
 

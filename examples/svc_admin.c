@@ -13,6 +13,7 @@
 #include <sodium.h>
 
 #include "svc_idem.h"
+#include "txc_isotime.h"
 #include "txc_secret.h"
 
 #define TOKEN_MIN 16
@@ -65,12 +66,6 @@ void svc_admin_free(svc_admin_t *a) {
   if (!a) return;
   if (a->token) sodium_free(a->token);
   free(a);
-}
-
-static int64_t wall_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 /* Who sent 'req': "admin-token", "service-key" (the signature; the body's
@@ -144,7 +139,7 @@ static void set_mode(svc_admin_t *a, const svc_req_t *req, svc_resp_t *resp, con
     } else if (at && !json_is_integer(at)) {
       bad = "at_ms must be an integer (unix milliseconds)";
     } else if (strcmp(who, "service-key") == 0 &&
-               (!at || llabs((long long)(json_integer_value(at) - wall_ms())) > SVC_ADMIN_MAX_SKEW_MS)) {
+               (!at || llabs((long long)(json_integer_value(at) - txc_unix_ms())) > SVC_ADMIN_MAX_SKEW_MS)) {
       json_decref(o);
       refuse(a, resp, 401, "unauthenticated", "a signed admin call needs at_ms within 60 s of now (no replays)",
              who);
@@ -197,7 +192,7 @@ const char *svc_admin_check(svc_admin_t *a, const svc_req_t *req, svc_resp_t *re
   if (strcmp(who, "service-key") == 0) {
     json_t *o = json_loadb(req->body, req->body_len, 0, NULL);
     json_t *at = json_object_get(o, "at_ms");
-    bool fresh = json_is_integer(at) && llabs((long long)(json_integer_value(at) - wall_ms())) <= SVC_ADMIN_MAX_SKEW_MS;
+    bool fresh = json_is_integer(at) && llabs((long long)(json_integer_value(at) - txc_unix_ms())) <= SVC_ADMIN_MAX_SKEW_MS;
     json_decref(o);
     if (!fresh) {
       refuse_what(a, resp, what, 401, "unauthenticated",
@@ -238,12 +233,12 @@ bool svc_admin_handle(svc_admin_t *a, const svc_req_t *req, svc_resp_t *resp) {
   return true;
 }
 
-void svc_admin_metrics(svc_admin_t *a, svc_buf_t *b, bool with_mode) {
+void svc_admin_metrics(svc_admin_t *a, txc_buf_t *b, bool with_mode) {
   if (!a) return;
   if (with_mode) {
     rm_degrade_stats_t ds = {0};
     rm_client_degrade_stats(a->rm, &ds);
-    svc_buf_printf(b,
+    txc_buf_printf(b,
                    "# HELP txc_client_mode Current transaction mode (1 = the labelled mode).\n"
                    "# TYPE txc_client_mode gauge\n"
                    "txc_client_mode{mode=\"global\"} %d\ntxc_client_mode{mode=\"local\"} %d\n"
@@ -251,7 +246,7 @@ void svc_admin_metrics(svc_admin_t *a, svc_buf_t *b, bool with_mode) {
        "# TYPE txc_client_mode_forced gauge\ntxc_client_mode_forced %d\n",
                    ds.mode == RM_MODE_GLOBAL, ds.mode == RM_MODE_LOCAL, ds.forced);
   }
-  svc_buf_printf(b,
+  txc_buf_printf(b,
                  "# HELP txc_admin_mode_changes_total Transaction modes set through POST /admin/mode.\n"
                  "# TYPE txc_admin_mode_changes_total counter\n"
                  "txc_admin_mode_changes_total{mode=\"auto\"} %llu\n"

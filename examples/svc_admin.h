@@ -83,6 +83,6 @@ bool svc_admin_handle(svc_admin_t *a, const svc_req_t *req, svc_resp_t *resp);
 
 /* txc_admin_* counters, and txc_client_mode / txc_client_mode_forced when
  * 'with_mode' (stock-service, whose page has them not otherwise). */
-void svc_admin_metrics(svc_admin_t *a, svc_buf_t *b, bool with_mode);
+void svc_admin_metrics(svc_admin_t *a, txc_buf_t *b, bool with_mode);
 
 #endif /* SVC_ADMIN_H */

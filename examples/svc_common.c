@@ -50,10 +50,8 @@ void svc_log_write(int level, json_t *fields, const char *fmt, ...) {
   vsnprintf(msg, sizeof(msg), fmt, ap);
   va_end(ap);
 
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
   char when[TXC_ISO_TIME_MAX];
-  txc_iso_time(when, (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000L);
+  txc_iso_time(when, txc_unix_ms());
 
   if (level < 0) level = 0;
   if (level > 3) level = 3;
@@ -466,26 +464,6 @@ int svc_parse_args(int argc, char **argv, const char **listen, const char **url_
   return -1;
 }
 
-void svc_buf_printf(svc_buf_t *b, const char *fmt, ...) {
-  for (;;) {
-    va_list ap;
-    va_start(ap, fmt);
-    int n = b->p ? vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap) : -1;
-    va_end(ap);
-    if (n >= 0 && b->len + (size_t)n < b->cap) {
-      b->len += (size_t)n;
-      return;
-    }
-    size_t cap = b->cap ? b->cap * 2 : 8192;
-    while (n >= 0 && cap <= b->len + (size_t)n) cap *= 2;
-    char *np = realloc(b->p, cap);
-    if (!np) return;
-    b->p = np;
-    b->cap = cap;
-    b->p[b->len] = '\0';
-  }
-}
-
 bool svc_service_key(struct svc_auth **out) {
   char err[512];
   *out = svc_auth_from_env(err, sizeof(err));
@@ -499,8 +477,8 @@ bool svc_service_key(struct svc_auth **out) {
   return true;
 }
 
-void svc_process_metrics(svc_buf_t *b) {
+void svc_process_metrics(txc_buf_t *b) {
   txc_procstat_t ps;
   char text[2048];
-  if (txc_procstat_read(&ps) == 0 && txc_procstat_format(&ps, text, sizeof(text)) > 0) svc_buf_printf(b, "%s", text);
+  if (txc_procstat_read(&ps) == 0 && txc_procstat_format(&ps, text, sizeof(text)) > 0) txc_buf_printf(b, "%s", text);
 }

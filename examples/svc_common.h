@@ -32,6 +32,7 @@
 
 #include "rm_client.h"
 #include "svc_parse.h"
+#include "txc_buf.h"
 
 /* ------------------------------------------------------------- logging */
 
@@ -169,18 +170,11 @@ int svc_rm_client_new(const char *application_id, unsigned wait_ms, rm_client_t 
 struct svc_auth;
 bool svc_service_key(struct svc_auth **out);
 
-/* ------------------------------------------------------------ text */
+/* ------------------------------------------------------------ metrics */
 
-/* A growing text buffer (the services' /metrics pages).  Starts zeroed;
- * free 'p' when done.  Out of memory: the text stops growing. */
-typedef struct svc_buf {
-  char *p;
-  size_t len, cap;
-} svc_buf_t;
-void svc_buf_printf(svc_buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* The standard process_* families of this process (txc_procstat.h), for
- * a /metrics page. */
-void svc_process_metrics(svc_buf_t *b);
+/* The standard process_* families of this process (txc_procstat.h), for a
+ * /metrics page (a txc_buf_t text, common/txc_buf.h). */
+void svc_process_metrics(txc_buf_t *b);
 
 /* ------------------------------------------------------------ JSON */
 

@@ -610,7 +610,7 @@ void svc_consumer_stats(svc_consumer_t *c, svc_consumer_stats_t *out) {
 
 const char *svc_consumer_group(const svc_consumer_t *c) { return c->group; }
 
-void svc_consumer_metrics(svc_consumer_t *const *cs, size_t n, svc_buf_t *b) {
+void svc_consumer_metrics(svc_consumer_t *const *cs, size_t n, txc_buf_t *b) {
   static const struct {
     const char *name, *help;
     size_t off;
@@ -626,18 +626,18 @@ void svc_consumer_metrics(svc_consumer_t *const *cs, size_t n, svc_buf_t *b) {
   if (n > 16) n = 16;
   for (size_t i = 0; i < n; i++) svc_consumer_stats(cs[i], &st[i]);
   for (size_t k = 0; k < sizeof(counters) / sizeof(counters[0]); k++) {
-    svc_buf_printf(b, "# HELP txc_events_%s_total %s\n# TYPE txc_events_%s_total counter\n", counters[k].name,
+    txc_buf_printf(b, "# HELP txc_events_%s_total %s\n# TYPE txc_events_%s_total counter\n", counters[k].name,
                    counters[k].help, counters[k].name);
     for (size_t i = 0; i < n; i++)
-      svc_buf_printf(b, "txc_events_%s_total{group=\"%s\"} %llu\n", counters[k].name, svc_consumer_group(cs[i]),
+      txc_buf_printf(b, "txc_events_%s_total{group=\"%s\"} %llu\n", counters[k].name, svc_consumer_group(cs[i]),
                      (unsigned long long)*(const uint64_t *)((const char *)&st[i] + counters[k].off));
   }
-  svc_buf_printf(b, "# HELP txc_events_consumer_lag Entries of the stream not yet delivered to the group.\n"
+  txc_buf_printf(b, "# HELP txc_events_consumer_lag Entries of the stream not yet delivered to the group.\n"
                     "# TYPE txc_events_consumer_lag gauge\n");
   for (size_t i = 0; i < n; i++)
-    svc_buf_printf(b, "txc_events_consumer_lag{group=\"%s\"} %lld\n", svc_consumer_group(cs[i]), st[i].lag);
-  svc_buf_printf(b, "# HELP txc_events_consumer_pending Entries delivered to the group and not acknowledged.\n"
+    txc_buf_printf(b, "txc_events_consumer_lag{group=\"%s\"} %lld\n", svc_consumer_group(cs[i]), st[i].lag);
+  txc_buf_printf(b, "# HELP txc_events_consumer_pending Entries delivered to the group and not acknowledged.\n"
                     "# TYPE txc_events_consumer_pending gauge\n");
   for (size_t i = 0; i < n; i++)
-    svc_buf_printf(b, "txc_events_consumer_pending{group=\"%s\"} %lld\n", svc_consumer_group(cs[i]), st[i].pending);
+    txc_buf_printf(b, "txc_events_consumer_pending{group=\"%s\"} %lld\n", svc_consumer_group(cs[i]), st[i].pending);
 }

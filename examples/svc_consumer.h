@@ -96,6 +96,6 @@ const char *svc_consumer_group(const svc_consumer_t *c);
 
 /* Append the Prometheus text of the consumers 'cs[0..n-1]' (labelled
  * group="...") to 'b'. */
-void svc_consumer_metrics(svc_consumer_t *const *cs, size_t n, svc_buf_t *b);
+void svc_consumer_metrics(svc_consumer_t *const *cs, size_t n, txc_buf_t *b);
 
 #endif /* SVC_CONSUMER_H */

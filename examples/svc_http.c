@@ -52,9 +52,7 @@
 typedef enum { REQ_READING, REQ_QUEUED, REQ_ANSWERED } req_state_t;
 
 typedef struct req_ctx {
-  char *buf;
-  size_t len, cap;
-  bool too_big;
+  txc_buf_t body; /* at most SVC_HTTP_MAX_BODY bytes; body.over: it was longer */
   req_state_t state;
   struct MHD_Connection *conn;
   char *method, *path;
@@ -104,6 +102,17 @@ void svc_resp_error(svc_resp_t *resp, int status, const char *reason, const char
 void svc_resp_text(svc_resp_t *resp, int status, const char *text) {
   svc_resp_json(resp, status, json_string(text ? text : ""));
   resp->text = resp->body != NULL;
+}
+
+void svc_resp_metrics(svc_resp_t *resp, txc_buf_t *b) {
+  svc_http_metrics(b);
+  svc_process_metrics(b);
+  if (b->p)
+    svc_resp_text(resp, 200, b->p);
+  else
+    svc_resp_error(resp, 500, "internal", "out of memory");
+  free(b->p);
+  b->p = NULL;
 }
 
 void svc_resp_header(svc_resp_t *resp, const char *name, const char *value) {
@@ -232,10 +241,6 @@ static enum MHD_Result queue(struct MHD_Connection *conn, const svc_resp_t *resp
   return ret;
 }
 
-unsigned long long svc_http_status_count(int status) {
-  return status >= 100 && status < 600 ? status_counts[status] : 0;
-}
-
 /* ---- request durations (svc_http_metrics) ---- */
 
 static const double dur_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
@@ -307,8 +312,14 @@ static void record_duration(const char *method, const char *path, int status, do
   pthread_mutex_unlock(&dur_mu);
 }
 
-void svc_http_metrics(struct svc_buf *b) {
-  svc_buf_printf(b, "# HELP txc_http_request_duration_seconds Requests answered by this service, from their arrival "
+void svc_http_metrics(struct txc_buf *b) {
+  txc_buf_printf(b, "# HELP txc_client_http_responses_total HTTP answers of this service by status.\n"
+                    "# TYPE txc_client_http_responses_total counter\n");
+  for (int code = 100; code < 600; code++) {
+    unsigned long long n = status_counts[code];
+    if (n) txc_buf_printf(b, "txc_client_http_responses_total{status=\"%d\"} %llu\n", code, n);
+  }
+  txc_buf_printf(b, "# HELP txc_http_request_duration_seconds Requests answered by this service, from their arrival "
                     "to their answer, by method, route and status.\n"
                     "# TYPE txc_http_request_duration_seconds histogram\n");
   pthread_mutex_lock(&dur_mu);
@@ -318,11 +329,11 @@ void svc_http_metrics(struct svc_buf *b) {
     snprintf(labels, sizeof(labels), "method=\"%.7s\",route=\"%.63s\",status=\"%d\"", d->method, d->route,
              d->status);
     for (size_t k = 0; k < NDUR; k++)
-      svc_buf_printf(b, "txc_http_request_duration_seconds_bucket{%s,le=\"%g\"} %llu\n", labels, dur_bounds[k],
+      txc_buf_printf(b, "txc_http_request_duration_seconds_bucket{%s,le=\"%g\"} %llu\n", labels, dur_bounds[k],
                      d->buckets[k]);
-    svc_buf_printf(b, "txc_http_request_duration_seconds_bucket{%s,le=\"+Inf\"} %llu\n", labels, d->count);
-    svc_buf_printf(b, "txc_http_request_duration_seconds_sum{%s} %.6f\n", labels, d->sum);
-    svc_buf_printf(b, "txc_http_request_duration_seconds_count{%s} %llu\n", labels, d->count);
+    txc_buf_printf(b, "txc_http_request_duration_seconds_bucket{%s,le=\"+Inf\"} %llu\n", labels, d->count);
+    txc_buf_printf(b, "txc_http_request_duration_seconds_sum{%s} %.6f\n", labels, d->sum);
+    txc_buf_printf(b, "txc_http_request_duration_seconds_count{%s} %llu\n", labels, d->count);
   }
   pthread_mutex_unlock(&dur_mu);
 }
@@ -376,8 +387,8 @@ static void *worker_main(void *arg) {
     h->running++;
     pthread_mutex_unlock(&h->mu);
 
-    svc_req_t req = {.method = rc->method, .path = rc->path, .body = rc->buf ? rc->buf : "",
-                     .body_len = rc->len, .conn_ = rc->conn};
+    svc_req_t req = {.method = rc->method, .path = rc->path, .body = rc->body.p ? rc->body.p : "",
+                     .body_len = rc->body.len, .conn_ = rc->conn};
     h->fn(&req, &rc->resp, h->arg);
     svc_resp_finish(&rc->resp);
     record_duration(rc->method, rc->path, rc->resp.status, (double)(svc_now_us() - rc->queued_us) / 1e6);
@@ -405,6 +416,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
   if (!rc) {
     rc = calloc(1, sizeof(*rc));
     if (!rc) return MHD_NO;
+    rc->body.max = SVC_HTTP_MAX_BODY;
     *con_cls = rc;
     return MHD_YES;
   }
@@ -413,26 +425,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
   if (*upload_data_size > 0) {
     size_t n = *upload_data_size;
     *upload_data_size = 0;
-    if (rc->too_big || rc->len + n > SVC_HTTP_MAX_BODY) {
-      rc->too_big = true;
-      return MHD_YES;
-    }
-    if (rc->len + n + 1 > rc->cap) {
-      size_t cap = rc->cap ? rc->cap : 512;
-      while (cap < rc->len + n + 1) cap *= 2;
-      char *nb = realloc(rc->buf, cap);
-      if (!nb) return MHD_NO;
-      rc->buf = nb;
-      rc->cap = cap;
-    }
-    memcpy(rc->buf + rc->len, upload_data, n);
-    rc->len += n;
-    rc->buf[rc->len] = '\0';
-    return MHD_YES;
+    if (rc->body.over) return MHD_YES; /* too long: the rest is read and dropped (413) */
+    return txc_buf_add(&rc->body, upload_data, n) || rc->body.over ? MHD_YES : MHD_NO;
   }
   if (rc->state != REQ_READING) return MHD_YES; /* queued: not resumed yet */
   txc_httpguard_received(h->guard, conn);
-  if (rc->too_big) {
+  if (rc->body.over) {
     svc_resp_error(&rc->resp, 413, "body_too_large", "request bodies are limited to 16384 bytes");
     return send_json(conn, &rc->resp);
   }
@@ -469,7 +467,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     json_decref(rc->resp.body);
     free(rc->method);
     free(rc->path);
-    free(rc->buf);
+    free(rc->body.p);
     free(rc);
   }
   *con_cls = NULL;
@@ -600,6 +598,40 @@ void svc_http_stop(svc_http_t *h) {
   free(h);
 }
 
+/* ------------------------------------------------- a service's main() */
+
+int svc_main_start(svc_main_t *m, const char *name, const char *prefix, int argc, char **argv,
+                   const svc_route_t *routes, size_t nroutes, void (*usage)(FILE *f)) {
+  if (svc_routes_option(argc, argv, routes, nroutes)) return 0;
+  char var[64];
+  snprintf(var, sizeof(var), "%s_LOG_LEVEL", prefix);
+  svc_log_init(name, var);
+  snprintf(var, sizeof(var), "%s_LISTEN", prefix);
+  m->name = name;
+  m->listen = svc_env_str(var, "127.0.0.1:0");
+  m->url_file = NULL;
+  return svc_parse_args(argc, argv, &m->listen, &m->url_file, usage);
+}
+
+int svc_main_serve(const svc_main_t *m, const svc_http_t *http, json_t *fields) {
+  char url[128];
+  snprintf(url, sizeof(url), "http://127.0.0.1:%d", svc_http_port(http));
+  json_t *line = json_pack("{s:s}", "url", url);
+  if (line && fields) json_object_update(line, fields);
+  json_decref(fields);
+  if (SVC_LOG_INFO <= svc_log_level)
+    svc_log_write(SVC_LOG_INFO, line, "%s ready", m->name); /* takes 'line' */
+  else
+    json_decref(line);
+  if (m->url_file && !svc_write_url_file(m->url_file, url)) {
+    svc_error("could not write the URL to \"%s\"", m->url_file);
+    return 73;
+  }
+  int sig = svc_wait_signal();
+  svc_info("%s stopping (signal %d)", m->name, sig);
+  return 0;
+}
+
 /* ------------------------------------------------------------- client */
 
 /*
@@ -625,17 +657,12 @@ struct svc_httpc {
   line_t idle[HTTPC_MAX_IDLE];
 };
 
-typedef struct growbuf {
-  char *p;
-  size_t len, cap;
-} growbuf_t;
-
 struct svc_httpc_call {
   svc_httpc_t *c;
   line_t line;
   struct curl_slist *hdrs;
   char *payload;
-  growbuf_t buf;
+  txc_buf_t buf; /* the answer: at most 1 MiB, plenty for these answers */
   char url[1024];
   bool done;
   CURLcode result;
@@ -671,24 +698,6 @@ void svc_httpc_free(svc_httpc_t *c) {
   pthread_mutex_destroy(&c->mu);
   free(c->base);
   free(c);
-}
-
-static size_t on_write(char *ptr, size_t size, size_t nmemb, void *ud) {
-  growbuf_t *b = ud;
-  size_t n = size * nmemb;
-  if (b->len + n > 1 << 20) return 0; /* 1 MiB is plenty for these answers */
-  if (b->len + n + 1 > b->cap) {
-    size_t cap = b->cap ? b->cap * 2 : 1024;
-    while (cap < b->len + n + 1) cap *= 2;
-    char *np = realloc(b->p, cap);
-    if (!np) return 0;
-    b->p = np;
-    b->cap = cap;
-  }
-  memcpy(b->p + b->len, ptr, n);
-  b->len += n;
-  b->p[b->len] = '\0';
-  return n;
 }
 
 /* Run the transfer without waiting; notes when it is over. */
@@ -737,6 +746,7 @@ svc_httpc_call_t *svc_httpc_start_hdr(svc_httpc_t *c, const char *path, const ch
     return NULL;
   }
   k->c = c;
+  k->buf.max = 1u << 20;
   pthread_mutex_lock(&c->mu);
   if (c->nidle > 0) k->line = c->idle[--c->nidle];
   pthread_mutex_unlock(&c->mu);
@@ -775,7 +785,7 @@ svc_httpc_call_t *svc_httpc_start_hdr(svc_httpc_t *c, const char *path, const ch
   else
     curl_easy_setopt(e, CURLOPT_HTTPGET, 1L);
   curl_easy_setopt(e, CURLOPT_HTTPHEADER, k->hdrs);
-  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_write);
+  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, txc_buf_curl_write);
   curl_easy_setopt(e, CURLOPT_WRITEDATA, &k->buf);
   curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
   curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT_MS, (long)(timeout_ms < 2000 ? timeout_ms : 2000));
@@ -836,33 +846,15 @@ int svc_httpc_post(svc_httpc_t *c, const char *path, const char *xid, const json
 
 /* ------------------------------------------------------------ GET text */
 
-typedef struct text_buf {
-  char *p;
-  size_t len;
-} text_buf_t;
-
-static size_t on_text(char *ptr, size_t size, size_t nmemb, void *ud) {
-  text_buf_t *b = ud;
-  size_t n = size * nmemb;
-  if (b->len + n > (4u << 20)) return 0;
-  char *np = realloc(b->p, b->len + n + 1);
-  if (!np) return 0;
-  memcpy(np + b->len, ptr, n);
-  b->p = np;
-  b->len += n;
-  b->p[b->len] = '\0';
-  return n;
-}
-
 char *svc_http_get_text(const char *url, unsigned timeout_ms, char *err, size_t errlen) {
   CURL *e = curl_easy_init();
   if (!e) {
     snprintf(err, errlen, "out of memory");
     return NULL;
   }
-  text_buf_t b = {0};
+  txc_buf_t b = {.max = 4u << 20};
   curl_easy_setopt(e, CURLOPT_URL, url);
-  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_text);
+  curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, txc_buf_curl_write);
   curl_easy_setopt(e, CURLOPT_WRITEDATA, &b);
   curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
   curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);

@@ -22,6 +22,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdio.h>
 
 #include <jansson.h>
 
@@ -73,6 +74,11 @@ void svc_resp_error(svc_resp_t *resp, int status, const char *reason, const char
 void svc_resp_json(svc_resp_t *resp, int status, json_t *body);
 /* Answer 'text' (copied) as text/plain (Prometheus exposition format). */
 void svc_resp_text(svc_resp_t *resp, int status, const char *text);
+/* Answer GET /metrics: the service's own families in 'b', then this
+ * process's HTTP (svc_http_metrics) and process_* (svc_process_metrics)
+ * ones; 500 when the page ran out of memory.  Frees b->p. */
+struct txc_buf;
+void svc_resp_metrics(svc_resp_t *resp, struct txc_buf *b);
 /* Send header 'name: value' with the answer, whatever its status and body
  * (they may be set before or after).  Both strings are kept, not copied:
  * string literals.  A name already set gets the new value; beyond
@@ -130,22 +136,20 @@ bool svc_route_or_reply(const svc_route_t *routes, size_t n, const svc_req_t *re
  * paths) and return true (the caller exits 0). */
 bool svc_routes_option(int argc, char **argv, const svc_route_t *routes, size_t n);
 
-/* Answers sent by every server of this process with HTTP 'status'
- * (100..599; 0 otherwise), counted as they are queued. */
-unsigned long long svc_http_status_count(int status);
-
 /* The route of a request path for a metric label: every segment of digits
  * becomes {id} ("/orders/42/pay" -> "/orders/{id}/pay"); a path longer
  * than 'cap' - 1 is "other".  Pure. */
 void svc_http_route(const char *path, char *out, size_t cap);
 
-/* txc_http_request_duration_seconds, a histogram by method, route and
- * status of every request this process's servers answered (from its
- * arrival to its answer), at most SVC_HTTP_SERIES series (later ones
- * count as route "other"), into 'b'. */
+/* The HTTP families of this process's servers into 'b':
+ * txc_client_http_responses_total, the answers by status (counted as they
+ * are queued), and txc_http_request_duration_seconds, a histogram by
+ * method, route and status of every request answered (from its arrival to
+ * its answer), at most SVC_HTTP_SERIES series (later ones count as route
+ * "other"). */
 #define SVC_HTTP_SERIES 128
-struct svc_buf;
-void svc_http_metrics(struct svc_buf *b);
+struct txc_buf;
+void svc_http_metrics(struct txc_buf *b);
 
 /* Listen on 'listen' ("host:port"; port 0 = any free port) with
  * 'io_threads' socket threads and 'workers' handler threads.  Returns NULL
@@ -157,6 +161,28 @@ int svc_http_port(const svc_http_t *h);
 /* Stop accepting, answer 503 to new requests on open connections, wait
  * for the requests queued or in progress, free.  NULL: no-op. */
 void svc_http_stop(svc_http_t *h);
+
+/* ------------------------------------------------- a service's main() */
+
+/* What the opening of a service's main() found. */
+typedef struct svc_main {
+  const char *name;     /* "order-service": the log's name, its messages */
+  const char *listen;   /* --listen, else <PREFIX>_LISTEN, else 127.0.0.1:0 */
+  const char *url_file; /* --url-file, or NULL */
+} svc_main_t;
+
+/* The opening of the main() of service 'name': with --routes alone,
+ * print 'routes' (svc_routes_option) and return 0; else log as 'name' at
+ * the level of <PREFIX>_LOG_LEVEL ('prefix': "ORDER") and read the command
+ * line (svc_parse_args with 'usage') into 'm'.  -1 to go on, or the exit
+ * status to return at once. */
+int svc_main_start(svc_main_t *m, const char *name, const char *prefix, int argc, char **argv,
+                   const svc_route_t *routes, size_t nroutes, void (*usage)(FILE *f));
+/* The service is up on 'http': log "<name> ready" with its URL and
+ * 'fields' (a JSON object, taken; may be NULL), write the URL to the
+ * --url-file, and wait for SIGTERM or SIGINT (svc_wait_signal).  0 once
+ * the signal came; 73 at once when the URL file could not be written. */
+int svc_main_serve(const svc_main_t *m, const svc_http_t *http, json_t *fields);
 
 /* ------------------------------------------------------------- client */
 

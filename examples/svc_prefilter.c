@@ -177,8 +177,8 @@ int svc_pf_stock_add(svc_pf_t *p, long long activity, long long ticket_type, con
 }
 
 /* One family txc_client_prefilter_<op>_total{code} of a script's results. */
-static void counts_metric(svc_buf_t *b, const char *op, const char *help, const rm_pf_counts_t *f) {
-  svc_buf_printf(b, "# HELP txc_client_prefilter_%s_total %s\n# TYPE txc_client_prefilter_%s_total counter\n", op,
+static void counts_metric(txc_buf_t *b, const char *op, const char *help, const rm_pf_counts_t *f) {
+  txc_buf_printf(b, "# HELP txc_client_prefilter_%s_total %s\n# TYPE txc_client_prefilter_%s_total counter\n", op,
                  help, op);
   const struct {
     const char *code;
@@ -195,11 +195,11 @@ static void counts_metric(svc_buf_t *b, const char *op, const char *help, const 
             {"already_waiting", f->already_waiting},
             {"errors", f->unknown_outcome + f->not_sent + f->error}};
   for (size_t i = 0; i < sizeof(fr) / sizeof(fr[0]); i++)
-    svc_buf_printf(b, "txc_client_prefilter_%s_total{code=\"%s\"} %llu\n", op, fr[i].code,
+    txc_buf_printf(b, "txc_client_prefilter_%s_total{code=\"%s\"} %llu\n", op, fr[i].code,
                    (unsigned long long)fr[i].v);
 }
 
-void svc_pf_metrics(svc_pf_t *p, struct svc_buf *b) {
+void svc_pf_metrics(svc_pf_t *p, struct txc_buf *b) {
   rm_pf_stats_t ps = {0};
   if (p) rm_prefilter_stats(p->pf, &ps);
   counts_metric(b, "freeze", "Prefilter freezes by result.", &ps.freeze);
@@ -209,7 +209,7 @@ void svc_pf_metrics(svc_pf_t *p, struct svc_buf *b) {
   counts_metric(b, "waitlist_join", "Prefilter waitlist joins by result.", &ps.waitlist_join);
   counts_metric(b, "waitlist_fill", "Prefilter waitlist fills by result.", &ps.waitlist_fill);
   counts_metric(b, "stock_add", "Prefilter stock additions (raise and serve the waitlist) by result.", &ps.stock_add);
-  svc_buf_printf(b,
+  txc_buf_printf(b,
                  "# HELP txc_client_prefilter_connect_failures_total Redis connections of the prefilter that could "
                  "not be opened.\n# TYPE txc_client_prefilter_connect_failures_total counter\n"
                  "txc_client_prefilter_connect_failures_total %llu\n",

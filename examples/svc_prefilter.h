@@ -42,8 +42,8 @@ rm_prefilter_t *svc_pf_handle(svc_pf_t *pf);
  * {code} for every script (freeze, confirm, release, expire,
  * waitlist_join, waitlist_fill, stock_add) and its connection failures;
  * 'pf' may be NULL (all 0). */
-struct svc_buf;
-void svc_pf_metrics(svc_pf_t *pf, struct svc_buf *b);
+struct txc_buf;
+void svc_pf_metrics(svc_pf_t *pf, struct txc_buf *b);
 
 /* The reason word of a refusal ("not_on_sale", "over_limit", "sold_out"). */
 const char *svc_pf_reason(pf_result_t r);

@@ -23,25 +23,9 @@
 
 #include "svc_auth.h"
 #include "svc_http.h"
+#include "txc_buf.h"
+#include "txc_isotime.h"
 #include "txc_secret.h"
-
-typedef struct buf {
-  char *p;
-  size_t n;
-} buf_t;
-
-static size_t on_write(char *ptr, size_t size, size_t nmemb, void *ud) {
-  buf_t *b = ud;
-  size_t n = size * nmemb;
-  if (b->n + n > 65536) return 0;
-  char *np = realloc(b->p, b->n + n + 1);
-  if (!np) return 0;
-  memcpy(np + b->n, ptr, n);
-  b->p = np;
-  b->n += n;
-  b->p[b->n] = '\0';
-  return n;
-}
 
 static void usage(FILE *f) {
   fprintf(f, "usage: txc-mode local|global|auto|status [--url URL]... [--operator NAME]\n"
@@ -57,9 +41,7 @@ static bool call(const char *url, const char *mode, const char *op, const char *
   bool status_only = strcmp(mode, "status") == 0;
   char *body = NULL;
   if (!status_only) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    json_t *j = json_pack("{s:s,s:I}", "mode", mode, "at_ms", (json_int_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
+    json_t *j = json_pack("{s:s,s:I}", "mode", mode, "at_ms", (json_int_t)txc_unix_ms());
     if (op) json_object_set_new(j, "operator", json_string(op));
     body = json_dumps(j, JSON_COMPACT);
     json_decref(j);
@@ -77,14 +59,14 @@ static bool call(const char *url, const char *mode, const char *op, const char *
   }
   hdrs = curl_slist_append(hdrs, h);
   CURL *e = curl_easy_init();
-  buf_t b = {0};
+  txc_buf_t b = {.max = 65536};
   long code = 0;
   CURLcode cc = CURLE_FAILED_INIT;
   if (e) {
     curl_easy_setopt(e, CURLOPT_URL, full);
     curl_easy_setopt(e, CURLOPT_HTTPHEADER, hdrs);
     if (body) curl_easy_setopt(e, CURLOPT_POSTFIELDS, body);
-    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, on_write);
+    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, txc_buf_curl_write);
     curl_easy_setopt(e, CURLOPT_WRITEDATA, &b);
     curl_easy_setopt(e, CURLOPT_TIMEOUT_MS, 10000L);
     cc = curl_easy_perform(e);

@@ -2,7 +2,8 @@
  * test_common.c - common/: the min-heap of deadlines (txc_heap.h) and the
  * table of requests by id (txc_idtable.h), each against a plain array
  * doing the same operations; the ISO time, the process stats, the libpq
- * message rule, and the background job's thread (txc_worker.h).
+ * message rule, the growing text buffer (txc_buf.h), and the background
+ * job's thread (txc_worker.h).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -16,6 +17,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "txc_buf.h"
 #include "txc_heap.h"
 #include "txc_idtable.h"
 #include "txc_isotime.h"
@@ -153,6 +155,29 @@ static void test_pgmsg_len(void **state) {
   assert_int_equal(txc_pgmsg_len("\n\n"), 0);
 }
 
+/* The text grows past its first block whole, stays NUL-terminated, stops
+ * at 'max' (over set, nothing appended) and is emptied by clear. */
+static void test_buf(void **state) {
+  (void)state;
+  txc_buf_t b = {0};
+  for (int i = 0; i < 1000; i++) txc_buf_printf(&b, "line %04d\n", i);
+  assert_int_equal(b.len, 10000);
+  assert_int_equal(strlen(b.p), 10000);
+  assert_memory_equal(b.p + 9990, "line 0999\n", 10);
+  txc_buf_clear(&b);
+  assert_int_equal(b.len, 0);
+  assert_string_equal(b.p, "");
+  b.max = 8;
+  assert_true(txc_buf_add(&b, "12345", 5));
+  assert_false(txc_buf_add(&b, "6789", 4));
+  assert_true(b.over);
+  assert_string_equal(b.p, "12345");
+  assert_int_equal(txc_buf_curl_write("678", 1, 3, &b), 3);
+  assert_int_equal(txc_buf_curl_write("9", 1, 1, &b), 0);
+  assert_string_equal(b.p, "12345678");
+  free(b.p);
+}
+
 /* process_* figures of this very process: plausible, and the text has
  * every family with its HELP and TYPE. */
 static void test_procstat(void **state) {
@@ -251,6 +276,7 @@ int main(void) {
     cmocka_unit_test(test_iso_time),
     cmocka_unit_test(test_procstat),
     cmocka_unit_test(test_pgmsg_len),
+    cmocka_unit_test(test_buf),
     cmocka_unit_test(test_worker_beats),
     cmocka_unit_test(test_worker_kick_and_stop),
   };

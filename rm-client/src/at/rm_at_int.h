@@ -112,11 +112,12 @@ typedef struct rm_at_mode {
   /* Phase two of one branch of the mode, on a worker thread; as
    * rm_rm_ops_t.phase2. */
   int (*phase2)(rm_at_resource_t *r, void *arg, const rm_phase2_req_t *req, int *code, char *errmsg, size_t errlen);
-  /* The retention sweep of the mode's rows on 'pg' (idle, to be left
-   * idle), at most 'limit' rows finished 'retention_s' ago: rows removed,
-   * or a negative code with 'err' set (the caller logs it).  May be NULL. */
-  long long (*sweep)(rm_at_resource_t *r, void *arg, PGconn *pg, unsigned retention_s, unsigned limit, char *err,
-                     size_t errlen);
+  /* The retention sweep of the rows of branch type 'type' (the mode's) on
+   * 'pg' (idle, to be left idle), at most 'limit' rows finished
+   * 'retention_s' ago: rows removed, or a negative code with 'err' set
+   * (the caller logs it).  May be NULL.  (The fenced modes' is
+   * rm_fence_sweep.) */
+  long long (*sweep)(PGconn *pg, int type, unsigned retention_s, unsigned limit, char *err, size_t errlen);
   /* Free 'arg' with the resource.  May be NULL. */
   void (*free_arg)(void *arg);
 } rm_at_mode_t;

@@ -138,9 +138,9 @@ int rm__commit_flush(rm_at_resource_t *r) {
 static int apply_row_deltas(rm_undo_ctx_t *u, const rm_item_t *items, size_t n, size_t first) {
   const rm_item_t *it = &items[first];
   const rm_table_t *t = NULL;
-  int rc = rm__table_get(u->r, u->pg, it->schema, it->table, &t, u->err, u->errlen);
+  int rc = rm__table_get(u->r, u->io.pg, it->schema, it->table, &t, u->io.err, u->io.errlen);
   if (rc == RM_E_DB || rc == RM_E_NOMEM) {
-    if (PQstatus(u->pg) != CONNECTION_OK) u->bad = true;
+    if (PQstatus(u->io.pg) != CONNECTION_OK) u->io.bad = true;
     return RM_UNDO_DB;
   }
   if (rc != 0) return RM_UNDO_FATAL; /* table gone, or no longer has a key */
@@ -153,7 +153,7 @@ static int apply_row_deltas(rm_undo_ctx_t *u, const rm_item_t *items, size_t n, 
   txp_buf_init(&sql, 0);
   int ncols = 0, out = RM_UNDO_OK;
   if (!cols || !sums || !txt || !params || !types) {
-    snprintf(u->err, u->errlen, "out of memory");
+    snprintf(u->io.err, u->io.errlen, "out of memory");
     out = RM_UNDO_DB;
     goto done;
   }
@@ -162,7 +162,7 @@ static int apply_row_deltas(rm_undo_ctx_t *u, const rm_item_t *items, size_t n, 
     if (e->op != RM_OP_COMMIT_DELTA || !rm__undo_same_row(it, e)) continue;
     int ci = rm__undo_col_of(t, e->col);
     if (ci < 0) {
-      snprintf(u->err, u->errlen, "column \"%s\" of \"%s\".\"%s\" no longer exists: cannot apply a commit delta",
+      snprintf(u->io.err, u->io.errlen, "column \"%s\" of \"%s\".\"%s\" no longer exists: cannot apply a commit delta",
                e->col, e->schema, e->table);
       out = RM_UNDO_FATAL;
       goto done;
@@ -171,7 +171,7 @@ static int apply_row_deltas(rm_undo_ctx_t *u, const rm_item_t *items, size_t n, 
     while (j < ncols && cols[j] != ci) j++;
     if (j == ncols) cols[ncols++] = ci;
     if (__builtin_add_overflow(sums[j], e->delta, &sums[j])) {
-      snprintf(u->err, u->errlen, "the commit deltas of \"%s\".\"%s\" overflow", e->table, e->col);
+      snprintf(u->io.err, u->io.errlen, "the commit deltas of \"%s\".\"%s\" overflow", e->table, e->col);
       out = RM_UNDO_FATAL;
       goto done;
     }
@@ -190,21 +190,22 @@ static int apply_row_deltas(rm_undo_ctx_t *u, const rm_item_t *items, size_t n, 
     params[j] = txt[j];
     types[j] = INT8OID;
   }
-  if (!rc) rc = rm__undo_where_pk(u->pg, &sql, it->pk, ncols + 1);
+  if (!rc) rc = rm__undo_where_pk(u->io.pg, &sql, it->pk, ncols + 1);
   if (!rc) rc = txp_buf_append_str(&sql, " RETURNING 1");
   for (int k = 0; k < it->pk->n; k++) params[ncols + k] = it->pk->vals[k];
   if (rc) {
-    snprintf(u->err, u->errlen, "out of memory");
+    snprintf(u->io.err, u->io.errlen, "out of memory");
     out = RM_UNDO_DB;
     goto done;
   }
-  PGresult *res = rm__undo_exec(u, "could not apply a commit delta", sql.data, ncols + it->pk->n, params, types, PGRES_TUPLES_OK);
+  PGresult *res = rm__pg_io_exec(&u->io, "could not apply a commit delta",
+                                 sql.data, ncols + it->pk->n, params, types, PGRES_TUPLES_OK);
   if (!res) {
     out = RM_UNDO_DB;
     goto done;
   }
   if (PQntuples(res) != 1) {
-    snprintf(u->err, u->errlen,
+    snprintf(u->io.err, u->io.errlen,
              "the row of \"%s\".\"%s\" that a commit delta of the branch changes is gone: the give-back cannot be "
              "applied; restore the row or account for it by hand, then re-drive the global transaction",
              it->schema, it->table);
@@ -223,7 +224,7 @@ done:
 
 /*
  * The commit of a branch whose undo row carries commit deltas, in ONE
- * local transaction on 'u->pg' (NOTES): lock the row, apply its
+ * local transaction on 'u->io.pg' (NOTES): lock the row, apply its
  * commit_delta items, delete it, commit.  No row (or a guard): applied
  * before, or nothing to apply.  Returns a branch status, sets *code.
  */
@@ -239,14 +240,14 @@ static int commit_apply_on(rm_undo_ctx_t *u, int *code) {
   int status = TXP_BS_PHASE2_COMMIT_FAILED_RETRYABLE;
   *code = RM_E_DB;
 
-  if (!(res = rm__undo_exec(u, "could not begin the commit", "BEGIN", 0, NULL, NULL, PGRES_COMMAND_OK))) goto out;
+  if (!(res = rm__pg_io_exec(&u->io, "could not begin the commit", "BEGIN", 0, NULL, NULL, PGRES_COMMAND_OK))) goto out;
   PQclear(res);
   /* The row goes first (locked, and gone for everyone once we commit): if
    * a delta cannot be applied, the ROLLBACK brings it back. */
-  if (!(row = rm__undo_exec(u, "could not take the undo row",
-                            "DELETE FROM undo_log WHERE xid = $1 AND branch_id = $2 AND log_status = 0"
-                            " RETURNING id, log_status, context, rollback_info::text",
-                            2, key, NULL, PGRES_TUPLES_OK)))
+  if (!(row = rm__pg_io_exec(&u->io, "could not take the undo row",
+                             "DELETE FROM undo_log WHERE xid = $1 AND branch_id = $2 AND log_status = 0"
+                             " RETURNING id, log_status, context, rollback_info::text",
+                             2, key, NULL, PGRES_TUPLES_OK)))
     goto out;
   if (PQntuples(row) != 1) {
     *code = 0; /* committed before, or a guard row: nothing to apply */
@@ -271,7 +272,7 @@ static int commit_apply_on(rm_undo_ctx_t *u, int *code) {
       goto out;
     }
   }
-  if (!(res = rm__undo_exec(u, "could not commit", "COMMIT", 0, NULL, NULL, PGRES_COMMAND_OK))) goto out;
+  if (!(res = rm__pg_io_exec(&u->io, "could not commit", "COMMIT", 0, NULL, NULL, PGRES_COMMAND_OK))) goto out;
   PQclear(res);
   *code = 0;
   status = TXP_BS_PHASE2_COMMITTED;
@@ -293,9 +294,9 @@ int rm__commit_marked(rm_at_resource_t *r, PGconn *pg, const char *xid, int64_t 
                          char *err, size_t errlen) {
   rm_phase2_req_t req = {.commit = true, .xid = xid, .branch_id = bid, .resource_id = r->id,
                          .branch_type = TXP_BT_AT};
-  rm_undo_ctx_t u = {.r = r, .pg = pg, .req = &req, .err = err, .errlen = errlen};
+  rm_undo_ctx_t u = {.r = r, .req = &req, .io = {.pg = pg, .err = err, .errlen = errlen}};
   int status = commit_apply_on(&u, code);
-  *bad = *bad || u.bad;
+  *bad = *bad || u.io.bad;
   if (status == TXP_BS_PHASE2_COMMIT_FAILED_UNRETRYABLE)
     rm__log(r->st->c, RM_LOG_ERROR, "commit of branch %lld of \"%s\" on \"%s\" failed for good: %s",
             (long long)bid, xid, r->id, err);
@@ -381,14 +382,14 @@ int rm__commit_phase2(rm_at_resource_t *r, const rm_phase2_req_t *req, int *code
   pthread_mutex_unlock(&r->st->mu);
   if (remembered) {
     /* Commit deltas: apply them now and answer with the outcome. */
-    rm_undo_ctx_t u = {.r = r, .req = req, .err = errmsg, .errlen = errlen};
-    if (rm__undo_pool_get(r, &u.pg, errmsg, errlen) != 0) {
+    rm_undo_ctx_t u = {.r = r, .req = req, .io = {.err = errmsg, .errlen = errlen}};
+    if (rm__undo_pool_get(r, &u.io.pg, errmsg, errlen) != 0) {
       rm__at_inline_add(r, req->xid, req->branch_id); /* the TC retries the commit */
       *code = RM_E_DB;
       return retry;
     }
     int status = commit_apply_on(&u, code);
-    rm__undo_pool_put(r, u.pg, u.bad);
+    rm__undo_pool_put(r, u.io.pg, u.io.bad);
     if (status == TXP_BS_PHASE2_COMMIT_FAILED_RETRYABLE) rm__at_inline_add(r, req->xid, req->branch_id);
     if (status == TXP_BS_PHASE2_COMMIT_FAILED_UNRETRYABLE)
       rm__log(c, RM_LOG_ERROR, "commit of branch %lld of \"%s\" on \"%s\" failed for good: %s",

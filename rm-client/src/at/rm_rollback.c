@@ -12,7 +12,7 @@
 static int undo_delta(rm_undo_ctx_t *u, const rm_table_t *t, const rm_item_t *it) {
   int ci = rm__undo_col_of(t, it->col);
   if (ci < 0) {
-    snprintf(u->err, u->errlen, "column \"%s\" of \"%s\".\"%s\" no longer exists: cannot undo a delta",
+    snprintf(u->io.err, u->io.errlen, "column \"%s\" of \"%s\".\"%s\" no longer exists: cannot undo a delta",
              it->col, it->schema, it->table);
     return RM_UNDO_FATAL;
   }
@@ -25,7 +25,7 @@ static int undo_delta(rm_undo_ctx_t *u, const rm_table_t *t, const rm_item_t *it
   if (!rc) rc = txp_buf_append_str(&sql, " = ");
   if (!rc) rc = txp_buf_append_str(&sql, t->cols[ci].qname);
   if (!rc) rc = txp_buf_append_str(&sql, " - $1");
-  if (!rc) rc = rm__undo_where_pk(u->pg, &sql, it->pk, 2);
+  if (!rc) rc = rm__undo_where_pk(u->io.pg, &sql, it->pk, 2);
   if (!rc) rc = txp_buf_append_str(&sql, " RETURNING 1");
   const char **params = calloc((size_t)it->pk->n + 1, sizeof(char *));
   Oid *types = calloc((size_t)it->pk->n + 1, sizeof(Oid));
@@ -33,7 +33,7 @@ static int undo_delta(rm_undo_ctx_t *u, const rm_table_t *t, const rm_item_t *it
     txp_buf_free(&sql);
     free(params);
     free(types);
-    snprintf(u->err, u->errlen, "out of memory");
+    snprintf(u->io.err, u->io.errlen, "out of memory");
     return RM_UNDO_DB;
   }
   char d[32];
@@ -41,7 +41,8 @@ static int undo_delta(rm_undo_ctx_t *u, const rm_table_t *t, const rm_item_t *it
   params[0] = d;
   types[0] = INT8OID;
   for (int k = 0; k < it->pk->n; k++) params[k + 1] = it->pk->vals[k];
-  PGresult *res = rm__undo_exec(u, "could not undo a delta", sql.data, it->pk->n + 1, params, types, PGRES_TUPLES_OK);
+  PGresult *res = rm__pg_io_exec(&u->io, "could not undo a delta",
+                                 sql.data, it->pk->n + 1, params, types, PGRES_TUPLES_OK);
   txp_buf_free(&sql);
   free(params);
   free(types);
@@ -49,7 +50,7 @@ static int undo_delta(rm_undo_ctx_t *u, const rm_table_t *t, const rm_item_t *it
   int n = PQntuples(res);
   PQclear(res);
   if (n == 0) {
-    rm_dirty_message(u->err, u->errlen, it, "after", NULL, NULL, NULL, 0);
+    rm_dirty_message(u->io.err, u->io.errlen, it, "after", NULL, NULL, NULL, 0);
     return RM_UNDO_DIRTY;
   }
   return RM_UNDO_OK;
@@ -66,28 +67,28 @@ static int lock_current(rm_undo_ctx_t *u, const rm_table_t *t, const rm_item_t *
   int rc = txp_buf_append_str(&sql, "SELECT " RM_AT_ROW_DIGEST(RM_AT_ROW_ALIAS) ", " RM_AT_ROW_ALIAS ".* FROM ");
   if (!rc) rc = txp_buf_append_str(&sql, t->qname);
   if (!rc) rc = txp_buf_append_str(&sql, " AS " RM_AT_ROW_ALIAS);
-  if (!rc) rc = rm__undo_where_pk(u->pg, &sql, it->pk, 1);
+  if (!rc) rc = rm__undo_where_pk(u->io.pg, &sql, it->pk, 1);
   if (!rc) rc = txp_buf_append_str(&sql, " FOR UPDATE");
   if (rc) {
     txp_buf_free(&sql);
-    snprintf(u->err, u->errlen, "out of memory");
+    snprintf(u->io.err, u->io.errlen, "out of memory");
     return RM_UNDO_DB;
   }
-  PGresult *res = rm__undo_exec(u, "could not lock the row to undo", sql.data, it->pk->n,
-                     (const char *const *)it->pk->vals, NULL, PGRES_TUPLES_OK);
+  PGresult *res = rm__pg_io_exec(&u->io, "could not lock the row to undo", sql.data, it->pk->n,
+                                 (const char *const *)it->pk->vals, NULL, PGRES_TUPLES_OK);
   txp_buf_free(&sql);
   if (!res) return RM_UNDO_DB;
   int n = PQntuples(res);
   if (n > 1) {
     PQclear(res);
-    snprintf(u->err, u->errlen, "the key of \"%s\".\"%s\" matches %d rows", it->schema, it->table, n);
+    snprintf(u->io.err, u->io.errlen, "the key of \"%s\".\"%s\" matches %d rows", it->schema, it->table, n);
     return RM_UNDO_FATAL;
   }
   if (n == 1 && (!(*cur = rm__row_from_fields(res, 0, 1)) || !(*digest = strdup(PQgetvalue(res, 0, 0))))) {
     PQclear(res);
     rm_row_free(*cur);
     *cur = NULL;
-    snprintf(u->err, u->errlen, "out of memory");
+    snprintf(u->io.err, u->io.errlen, "out of memory");
     return RM_UNDO_DB;
   }
   PQclear(res);
@@ -96,13 +97,13 @@ static int lock_current(rm_undo_ctx_t *u, const rm_table_t *t, const rm_item_t *
 
 /* Run a write built in 'sql' with 'params'; expects one row touched. */
 static int undo_write(rm_undo_ctx_t *u, const char *what, txp_buf_t *sql, int n, const char *const *params) {
-  PGresult *res = rm__undo_exec(u, what, sql->data, n, params, NULL, PGRES_COMMAND_OK);
+  PGresult *res = rm__pg_io_exec(&u->io, what, sql->data, n, params, NULL, PGRES_COMMAND_OK);
   if (!res) return RM_UNDO_DB;
   char tuples[32];
   snprintf(tuples, sizeof(tuples), "%s", PQcmdTuples(res));
   PQclear(res);
   if (strcmp(tuples, "1") != 0) {
-    snprintf(u->err, u->errlen, "%s: the statement touched %s rows, not one", what, tuples);
+    snprintf(u->io.err, u->io.errlen, "%s: the statement touched %s rows, not one", what, tuples);
     return RM_UNDO_DB;
   }
   return RM_UNDO_OK;
@@ -132,12 +133,12 @@ static int restore_update(rm_undo_ctx_t *u, const rm_table_t *t, const rm_item_t
     free(params);
     return RM_UNDO_OK;
   }
-  if (!rc) rc = rm__undo_where_pk(u->pg, &sql, it->pk, n + 1);
+  if (!rc) rc = rm__undo_where_pk(u->io.pg, &sql, it->pk, n + 1);
   for (int k = 0; !rc && k < it->pk->n; k++) params[n + k] = it->pk->vals[k];
   if (rc) {
     txp_buf_free(&sql);
     free(params);
-    snprintf(u->err, u->errlen, "out of memory");
+    snprintf(u->io.err, u->io.errlen, "out of memory");
     return RM_UNDO_DB;
   }
   rc = undo_write(u, "could not restore the before image", &sql, n + it->pk->n, params);
@@ -174,7 +175,7 @@ static int restore_delete(rm_undo_ctx_t *u, const rm_table_t *t, const rm_item_t
     if (!rc) rc = txp_buf_append_str(&sql, ")");
   }
   if (rc) {
-    snprintf(u->err, u->errlen, "out of memory");
+    snprintf(u->io.err, u->io.errlen, "out of memory");
     rc = RM_UNDO_DB;
   } else {
     rc = undo_write(u, "could not re-insert the deleted row", &sql, n, params);
@@ -190,10 +191,10 @@ static int undo_insert_delete_row(rm_undo_ctx_t *u, const rm_table_t *t, const r
   txp_buf_init(&sql, 0);
   int rc = txp_buf_append_str(&sql, "DELETE FROM ");
   if (!rc) rc = txp_buf_append_str(&sql, t->qname);
-  if (!rc) rc = rm__undo_where_pk(u->pg, &sql, it->pk, 1);
+  if (!rc) rc = rm__undo_where_pk(u->io.pg, &sql, it->pk, 1);
   if (rc) {
     txp_buf_free(&sql);
-    snprintf(u->err, u->errlen, "out of memory");
+    snprintf(u->io.err, u->io.errlen, "out of memory");
     return RM_UNDO_DB;
   }
   rc = undo_write(u, "could not delete the inserted row", &sql, it->pk->n, (const char *const *)it->pk->vals);
@@ -206,16 +207,16 @@ static int dirty(rm_undo_ctx_t *u, const rm_item_t *it, const char *expect_name,
                  const rm_row_t *cur) {
   int diff[64];
   int nd = expect && cur ? rm_row_diff(expect, cur, diff, 64) : 0;
-  rm_dirty_message(u->err, u->errlen, it, expect_name, expect, cur, diff, nd < 64 ? nd : 64);
+  rm_dirty_message(u->io.err, u->io.errlen, it, expect_name, expect, cur, diff, nd < 64 ? nd : 64);
   return RM_UNDO_DIRTY;
 }
 
 static int undo_item(rm_undo_ctx_t *u, const rm_item_t *it) {
   if (it->op == RM_OP_COMMIT_DELTA) return RM_UNDO_OK; /* never applied: nothing to undo */
   const rm_table_t *t = NULL;
-  int rc = rm__table_get(u->r, u->pg, it->schema, it->table, &t, u->err, u->errlen);
+  int rc = rm__table_get(u->r, u->io.pg, it->schema, it->table, &t, u->io.err, u->io.errlen);
   if (rc == RM_E_DB || rc == RM_E_NOMEM) {
-    if (PQstatus(u->pg) != CONNECTION_OK) u->bad = true;
+    if (PQstatus(u->io.pg) != CONNECTION_OK) u->io.bad = true;
     return RM_UNDO_DB;
   }
   if (rc != 0) return RM_UNDO_FATAL; /* table gone, or no longer has a key */
@@ -243,7 +244,7 @@ static int undo_item(rm_undo_ctx_t *u, const rm_item_t *it) {
     else rc = dirty(u, it, "before", it->before, cur);
     break;
   default:
-    snprintf(u->err, u->errlen, "unknown undo op");
+    snprintf(u->io.err, u->io.errlen, "unknown undo op");
     rc = RM_UNDO_FATAL;
   }
   rm_row_free(cur);
@@ -251,7 +252,7 @@ static int undo_item(rm_undo_ctx_t *u, const rm_item_t *it) {
   return rc;
 }
 
-/* The whole rollback on 'u->pg'; returns a branch status, sets *code. */
+/* The whole rollback on 'u->io.pg'; returns a branch status, sets *code. */
 static int rollback_on(rm_undo_ctx_t *u, int *code) {
   const rm_phase2_req_t *req = u->req;
   rm_client_t *c = u->r->st->c;
@@ -265,27 +266,31 @@ static int rollback_on(rm_undo_ctx_t *u, int *code) {
   int status = TXP_BS_PHASE2_ROLLBACK_FAILED_RETRYABLE;
   *code = RM_E_DB;
 
-  if (!(res = rm__undo_exec(u, "could not begin the rollback", "BEGIN", 0, NULL, NULL, PGRES_COMMAND_OK))) goto out;
+  if (!(res = rm__pg_io_exec(&u->io, "could not begin the rollback",
+                             "BEGIN", 0, NULL, NULL, PGRES_COMMAND_OK)))
+    goto out;
   PQclear(res);
   for (int attempt = 0; attempt < 3 && !row; attempt++) {
-    row = rm__undo_exec(u, "could not read the undo log",
-             "SELECT branch_id, log_status, context, rollback_info::text FROM undo_log"
-             " WHERE xid = $1 AND branch_id = $2 FOR UPDATE",
-             2, key, NULL, PGRES_TUPLES_OK);
+    row = rm__pg_io_exec(&u->io, "could not read the undo log",
+                         "SELECT branch_id, log_status, context, rollback_info::text FROM undo_log"
+                         " WHERE xid = $1 AND branch_id = $2 FOR UPDATE",
+                         2, key, NULL, PGRES_TUPLES_OK);
     if (!row) goto out;
     if (PQntuples(row) == 1) break;
     PQclear(row);
     row = NULL;
     /* 1. No undo row: fence the branch with the guard. */
-    res = rm__undo_exec(u, "could not write the guard row",
-             "INSERT INTO undo_log (xid, branch_id, context, rollback_info, log_status)"
-             " VALUES ($1, $2, 'guard', NULL, 1) ON CONFLICT (xid, branch_id) DO NOTHING RETURNING branch_id",
-             2, key, NULL, PGRES_TUPLES_OK);
+    res = rm__pg_io_exec(&u->io, "could not write the guard row",
+                         "INSERT INTO undo_log (xid, branch_id, context, rollback_info, log_status)"
+                         " VALUES ($1, $2, 'guard', NULL, 1) ON CONFLICT (xid, branch_id) DO NOTHING RETURNING branch_id",
+                         2, key, NULL, PGRES_TUPLES_OK);
     if (!res) goto out;
     bool inserted = PQntuples(res) == 1;
     PQclear(res);
     if (inserted) {
-      if (!(res = rm__undo_exec(u, "could not commit the guard row", "COMMIT", 0, NULL, NULL, PGRES_COMMAND_OK))) goto out;
+      if (!(res = rm__pg_io_exec(&u->io, "could not commit the guard row",
+                                 "COMMIT", 0, NULL, NULL, PGRES_COMMAND_OK)))
+        goto out;
       PQclear(res);
       rm__log(c, RM_LOG_INFO,
               "rollback of branch %s of \"%s\" on \"%s\": no undo row (never committed locally); "
@@ -297,7 +302,8 @@ static int rollback_on(rm_undo_ctx_t *u, int *code) {
     /* Conflict: the branch's local commit landed meanwhile; read again. */
   }
   if (!row) {
-    snprintf(u->err, u->errlen, "the undo row of branch %s of \"%s\" keeps appearing and vanishing", bid, req->xid);
+    snprintf(u->io.err, u->io.errlen, "the undo row of branch %s of \"%s\" keeps appearing and vanishing", bid,
+             req->xid);
     goto out;
   }
   if (strcmp(PQgetvalue(row, 0, 1), "0") != 0) {
@@ -322,12 +328,14 @@ static int rollback_on(rm_undo_ctx_t *u, int *code) {
   }
 
   /* 4. The undo row goes; commit. */
-  if (!(res = rm__undo_exec(u, "could not delete the undo row",
-                            "DELETE FROM undo_log WHERE xid = $1 AND branch_id = $2", 2, key, NULL,
-                            PGRES_COMMAND_OK)))
+  if (!(res = rm__pg_io_exec(&u->io, "could not delete the undo row",
+                             "DELETE FROM undo_log WHERE xid = $1 AND branch_id = $2", 2, key, NULL,
+                             PGRES_COMMAND_OK)))
     goto out;
   PQclear(res);
-  if (!(res = rm__undo_exec(u, "could not commit the rollback", "COMMIT", 0, NULL, NULL, PGRES_COMMAND_OK))) goto out;
+  if (!(res = rm__pg_io_exec(&u->io, "could not commit the rollback",
+                             "COMMIT", 0, NULL, NULL, PGRES_COMMAND_OK)))
+    goto out;
   PQclear(res);
   *code = 0;
   status = TXP_BS_PHASE2_ROLLBACKED;
@@ -348,14 +356,14 @@ int rm__rollback_phase2(rm_at_resource_t *r, const rm_phase2_req_t *req, int *co
   rm_client_t *c = r->st->c;
   int retry = TXP_BS_PHASE2_ROLLBACK_FAILED_RETRYABLE;
   rm__at_inline_remove(r, req->xid, req->branch_id); /* no commit will come */
-  rm_undo_ctx_t u = {.r = r, .req = req, .err = errmsg, .errlen = errlen};
-  int rc = rm__undo_pool_get(r, &u.pg, errmsg, errlen);
+  rm_undo_ctx_t u = {.r = r, .req = req, .io = {.err = errmsg, .errlen = errlen}};
+  int rc = rm__undo_pool_get(r, &u.io.pg, errmsg, errlen);
   if (rc != 0) {
     *code = RM_E_DB;
     return retry;
   }
   int status = rollback_on(&u, code);
-  rm__undo_pool_put(r, u.pg, u.bad);
+  rm__undo_pool_put(r, u.io.pg, u.io.bad);
   /* Retryable failures are logged by the core with its answer; one that
    * needs an operator (a dirty write) is an error in its own right. */
   if (status == TXP_BS_PHASE2_ROLLBACK_FAILED_UNRETRYABLE)

@@ -214,11 +214,10 @@ int rm__undo_sweep(rm_at_resource_t *r, long long *removed) {
   }
   long long mode_rows = 0;
   for (int type = TXP_BT_AT + 1; rc == 0 && type < TXP_BT__MAX; type++) {
-    void *arg = NULL;
-    const rm_at_mode_t *m = rm__at_resource_mode(r, type, &arg);
+    const rm_at_mode_t *m = rm__at_resource_mode(r, type, NULL);
     if (!m || !m->sweep) continue;
     char merr[512] = "";
-    long long n = m->sweep(r, arg, pg, t.retention_s, t.delete_batch ? t.delete_batch : 1000, merr, sizeof(merr));
+    long long n = m->sweep(pg, type, t.retention_s, t.delete_batch ? t.delete_batch : 1000, merr, sizeof(merr));
     if (n < 0) {
       rc = (int)n;
       rm__log(st->c, RM_LOG_WARN, "%s on \"%s\"", merr, r->id);

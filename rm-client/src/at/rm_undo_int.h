@@ -47,21 +47,13 @@ void rm__undo_pool_close(rm_at_resource_t *r);
 /* One phase-two local transaction. */
 typedef struct undo_ctx {
   rm_at_resource_t *r;
-  PGconn *pg;
   const rm_phase2_req_t *req;
-  char *err;
-  size_t errlen;
-  bool bad;         /* the connection must not go back to the pool */
-  char sqlstate[6]; /* of the last statement rm__undo_exec saw fail ("" if none) */
+  rm_pg_io_t io; /* its connection and failures; io.bad: not back to the pool */
 } rm_undo_ctx_t;
 
 /* Outcome of one item. */
 enum { RM_UNDO_OK = 0, RM_UNDO_DIRTY = 1, RM_UNDO_DB = 2, RM_UNDO_FATAL = 3 };
 
-/* Run a statement; NULL (message in u->err, SQLSTATE in u->sqlstate)
- * unless it returns 'want'. */
-PGresult *rm__undo_exec(rm_undo_ctx_t *u, const char *what, const char *sql, int n, const char *const *params,
-                        const Oid *types, ExecStatusType want);
 /* End the local transaction of a commit or rollback: ROLLBACK whatever
  * was not committed (nothing half-done stays); u->bad when the
  * connection cannot go back to its pool. */

@@ -135,35 +135,22 @@ void rm__undo_pool_close(rm_at_resource_t *r) {
 
 /* ------------------------------------- the local transaction of phase two */
 
-/* ROLLBACK what was not committed; u->bad if the connection is lost. */
+/* ROLLBACK what was not committed; u->io.bad if the connection is lost. */
 void rm__undo_end(rm_undo_ctx_t *u) {
-  if (PQtransactionStatus(u->pg) != PQTRANS_IDLE) {
-    PGresult *rb = PQexec(u->pg, "ROLLBACK");
-    if (PQresultStatus(rb) != PGRES_COMMAND_OK) u->bad = true;
+  if (PQtransactionStatus(u->io.pg) != PQTRANS_IDLE) {
+    PGresult *rb = PQexec(u->io.pg, "ROLLBACK");
+    if (PQresultStatus(rb) != PGRES_COMMAND_OK) u->io.bad = true;
     PQclear(rb);
   }
-  if (PQstatus(u->pg) != CONNECTION_OK) u->bad = true;
+  if (PQstatus(u->io.pg) != CONNECTION_OK) u->io.bad = true;
 }
 
-/* Run a statement; NULL (message in u->err, SQLSTATE in u->sqlstate)
+/* Run a statement; NULL (message in u->io.err, SQLSTATE in u->io.sqlstate)
  * unless it returns 'want'. */
-PGresult *rm__undo_exec(rm_undo_ctx_t *u, const char *what, const char *sql, int n, const char *const *params,
-                    const Oid *types, ExecStatusType want) {
-  PGresult *res = PQexecParams(u->pg, sql, n, types, params, NULL, NULL, 0);
-  if (PQresultStatus(res) == want) return res;
-  rm__pg_error(u->err, u->errlen, what, u->pg, res);
-  snprintf(u->sqlstate, sizeof(u->sqlstate), "%s", rm__sqlstate(res));
-  /* A lost connection, or one on a standby (the next one goes to the
-   * primary: the conninfo's target_session_attrs). */
-  if (PQstatus(u->pg) != CONNECTION_OK || rm__pg_read_only_error(res)) u->bad = true;
-  PQclear(res);
-  return NULL;
-}
-
 /* Whether the last failure was an integrity constraint refusing the
  * statement (SQLSTATE class 23): data, not the database, so a retry
  * cannot help. */
-bool rm__undo_refused(const rm_undo_ctx_t *u) { return strncmp(u->sqlstate, "23", 2) == 0; }
+bool rm__undo_refused(const rm_undo_ctx_t *u) { return strncmp(u->io.sqlstate, "23", 2) == 0; }
 
 /* Append " WHERE "k1" = $first AND ..." for the columns of 'pk'. */
 int rm__undo_where_pk(PGconn *pg, txp_buf_t *sql, const rm_row_t *pk, int first) {
@@ -206,11 +193,11 @@ int rm__undo_apply_settings(rm_undo_ctx_t *u, const rm_ctx_t *ctx, bool relaxed)
                                                  : "pg_catalog.set_config('synchronous_commit', 'off', true)");
   if (rc) {
     txp_buf_free(&sql);
-    snprintf(u->err, u->errlen, "out of memory");
+    snprintf(u->io.err, u->io.errlen, "out of memory");
     return RM_UNDO_DB;
   }
-  PGresult *res = rm__undo_exec(u, "could not apply the session settings of the undo log", sql.data, 2 * ctx->nsettings,
-                     params, NULL, PGRES_TUPLES_OK);
+  PGresult *res = rm__pg_io_exec(&u->io, "could not apply the session settings of the undo log", sql.data,
+                                 2 * ctx->nsettings, params, NULL, PGRES_TUPLES_OK);
   txp_buf_free(&sql);
   if (!res) return RM_UNDO_DB;
   PQclear(res);
@@ -232,10 +219,10 @@ int rm__undo_item_failure(rm_undo_ctx_t *u, int rc, bool commit, int *code) {
     return fail;
   }
   if (rc == RM_UNDO_DB && rm__undo_refused(u)) {
-    size_t l = strlen(u->err);
-    snprintf(u->err + l, u->errlen - l,
+    size_t l = strlen(u->io.err);
+    snprintf(u->io.err + l, u->io.errlen - l,
              " (SQLSTATE %s: the row was changed outside the global transaction; repair it, then re-drive the "
-             "global transaction with tcctl)", u->sqlstate);
+             "global transaction with tcctl)", u->io.sqlstate);
     rc = RM_UNDO_FATAL;
   }
   if (rc == RM_UNDO_FATAL) {
@@ -256,7 +243,7 @@ int rm__undo_parse_row(rm_undo_ctx_t *u, const PGresult *row, const char *bid, r
       rm_undo_decode(PQgetisnull(row, 0, 3) ? NULL : PQgetvalue(row, 0, 3), items, nitems, why, sizeof(why)) == 0)
     return 0;
   if (!ctx->version) snprintf(why, sizeof(why), "unknown context \"%.100s\"", PQgetvalue(row, 0, 2));
-  snprintf(u->err, u->errlen, "undo row of branch %s of \"%s\" cannot be read: %s", bid, u->req->xid, why);
+  snprintf(u->io.err, u->io.errlen, "undo row of branch %s of \"%s\" cannot be read: %s", bid, u->req->xid, why);
   return -1;
 }
 

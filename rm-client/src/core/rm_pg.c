@@ -51,3 +51,17 @@ bool rm__pg_idle_usable(PGconn *pg) {
 }
 
 bool rm__pg_read_only_error(const PGresult *res) { return strcmp(rm__sqlstate(res), "25006") == 0; }
+
+PGresult *rm__pg_io_exec(rm_pg_io_t *io, const char *what, const char *sql, int n, const char *const *params,
+                         const Oid *types, ExecStatusType want) {
+  io->sqlstate[0] = '\0';
+  PGresult *res = PQexecParams(io->pg, sql, n, types, params, NULL, NULL, 0);
+  if (PQresultStatus(res) == want) return res;
+  rm__pg_error(io->err, io->errlen, what, io->pg, res);
+  snprintf(io->sqlstate, sizeof(io->sqlstate), "%s", rm__sqlstate(res));
+  /* A lost connection, or one on a standby (the next one goes to the
+   * primary: the conninfo's target_session_attrs). */
+  if (PQstatus(io->pg) != CONNECTION_OK || rm__pg_read_only_error(res)) io->bad = true;
+  PQclear(res);
+  return NULL;
+}

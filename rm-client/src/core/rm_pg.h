@@ -34,4 +34,24 @@ bool rm__pg_idle_usable(PGconn *pg);
  * a standby): the connection should be closed rather than reused. */
 bool rm__pg_read_only_error(const PGresult *res);
 
+/* A connection of a statement sequence and where its failures go: every
+ * rm__pg_io_exec that fails formats its message into 'err' (cap
+ * 'errlen'), its SQLSTATE into 'sqlstate' (6 bytes; "" if none), and sets
+ * 'bad' when the connection must not be reused (lost, or on a read-only
+ * server).  The fence's statements and the AT layer's phase two run
+ * through it. */
+typedef struct rm_pg_io {
+  PGconn *pg;
+  char *err;
+  size_t errlen;
+  bool bad;
+  char sqlstate[6];
+} rm_pg_io_t;
+
+/* Run 'sql' with 'n' text 'params' (their 'types' may be NULL) on io->pg:
+ * the result, or NULL unless it gave 'want' (the failure in 'io', its
+ * message "what: ..."). */
+PGresult *rm__pg_io_exec(rm_pg_io_t *io, const char *what, const char *sql, int n, const char *const *params,
+                         const Oid *types, ExecStatusType want);
+
 #endif /* RM_PG_H */

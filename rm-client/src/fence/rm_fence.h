@@ -42,6 +42,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "rm_pg.h"
+
 /* branch_fence.status; NONE: no row. */
 typedef enum rm_fence_status {
   RM_FENCE_NONE = 0,
@@ -82,36 +84,32 @@ const char *rm_fence_status_name(int status);
 /* The maximum length of a TCC try's args. */
 #define RM_FENCE_ARGS_MAX 65536u
 
-/* Every call: 0 on success, or -1 with 'err' (cap 'errlen') set, and
- * '*bad' set when the connection must not be reused (lost, or on a
- * standby).  'sqlstate' (may be NULL; 6 bytes) gets the failure's. */
-typedef struct rm_fence_io {
-  PGconn *pg;
-  char *err;
-  size_t errlen;
-  bool bad;
-  char sqlstate[6];
-} rm_fence_io_t;
+/* Every call runs on 'io' (rm_pg.h): 0 on success, or -1 with the
+ * failure in 'io' (its message, its SQLSTATE; 'bad' when the connection
+ * must not be reused). */
 
 /* Phase one, in the caller's transaction: insert the branch's row as TRIED
  * with 'args' (may be NULL).  0 with '*found' NONE (inserted) or the
  * status of the row that was there. */
-int rm_fence_insert(rm_fence_io_t *io, const char *xid, int64_t bid, const char *resource_id, int branch_type,
+int rm_fence_insert(rm_pg_io_t *io, const char *xid, int64_t bid, const char *resource_id, int branch_type,
                     const char *args, int *found);
 /* Read the row, locked (FOR UPDATE), inside a transaction: '*status'
  * (NONE: no row) and, if 'args', its args (malloc'd; NULL if none). */
-int rm_fence_lock(rm_fence_io_t *io, const char *xid, int64_t bid, int *status, char **args);
+int rm_fence_lock(rm_pg_io_t *io, const char *xid, int64_t bid, int *status, char **args);
 /* Read the row without a lock (outside a transaction too). */
-int rm_fence_read(rm_fence_io_t *io, const char *xid, int64_t bid, int *status);
+int rm_fence_read(rm_pg_io_t *io, const char *xid, int64_t bid, int *status);
 /* Insert the row of an empty rollback (CANCELLED_EMPTY): 0 with
  * '*inserted' false when a row was there. */
-int rm_fence_record_empty(rm_fence_io_t *io, const char *xid, int64_t bid, const char *resource_id,
+int rm_fence_record_empty(rm_pg_io_t *io, const char *xid, int64_t bid, const char *resource_id,
                           int branch_type, bool *inserted);
 /* Set the row's status. */
-int rm_fence_set(rm_fence_io_t *io, const char *xid, int64_t bid, int status);
-/* Delete at most 'limit' finished rows of 'branch_type' last changed over
- * 'retention_s' ago: the rows removed, or -1. */
-long long rm_fence_sweep(rm_fence_io_t *io, int branch_type, unsigned retention_s, unsigned limit);
+int rm_fence_set(rm_pg_io_t *io, const char *xid, int64_t bid, int status);
+/* Delete at most 'limit' (0: 1000) finished rows of 'branch_type' last
+ * changed over 'retention_s' ago, on 'pg': the rows removed, or RM_E_DB
+ * with 'err' set.  The sweep of the modes behind the fence
+ * (rm_at_mode_t.sweep). */
+long long rm_fence_sweep(PGconn *pg, int branch_type, unsigned retention_s, unsigned limit, char *err,
+                         size_t errlen);
 /* What a mode checks in a database before it serves a resource there. */
 typedef struct rm_fence_probe {
   bool has_fence;       /* the branch_fence table is on the search path */
@@ -134,7 +132,7 @@ int rm_fence_require(const char *mode, const char *id, const char *conninfo, boo
 int rm_fence_first(PGconn *pg, const char *what, const char *xid, int64_t bid, const char *resource_id,
                    int branch_type, const char *args);
 /* Run one command without parameters ("BEGIN", "COMMIT"): 0 or -1. */
-int rm_fence_command(rm_fence_io_t *io, const char *sql, const char *what);
+int rm_fence_command(rm_pg_io_t *io, const char *sql, const char *what);
 
 /* ------------------------------------------- phase two behind the fence */
 
@@ -164,6 +162,6 @@ typedef struct rm_fence_job {
  * PhaseTwoRollbacked on success, else a *Retryable or *Unretryable one
  * with '*code' and 'io->err' set.  '*empty' (may be NULL): true when an
  * empty rollback or compensation was recorded. */
-int rm_fence_run(rm_fence_io_t *io, const rm_fence_job_t *job, int *code, bool *empty);
+int rm_fence_run(rm_pg_io_t *io, const rm_fence_job_t *job, int *code, bool *empty);
 
 #endif /* RM_FENCE_H */

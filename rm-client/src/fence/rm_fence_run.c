@@ -26,7 +26,7 @@
 
 /* Run the handler inside the transaction: 0, or the branch status of its
  * failure with *code set. */
-static int run_handler(rm_fence_io_t *io, const rm_fence_job_t *job, const char *args, int retry, int never,
+static int run_handler(rm_pg_io_t *io, const rm_fence_job_t *job, const char *args, int retry, int never,
                        int *code) {
   rm_tcc_call_t call = {.xid = job->xid, .branch_id = job->branch_id, .resource_id = job->resource_id,
                         .args = args, .pg = io->pg};
@@ -52,7 +52,7 @@ static int run_handler(rm_fence_io_t *io, const rm_fence_job_t *job, const char 
 /* Decide on the row and, where the row is missing, put it there first
  * (RECORD: the empty rollback; RUN: a saga action's), deciding again when
  * another transaction's row turns out to be there. */
-static int decide(rm_fence_io_t *io, const rm_fence_job_t *job, int *found, char **row_args,
+static int decide(rm_pg_io_t *io, const rm_fence_job_t *job, int *found, char **row_args,
                   rm_fence_action_t *act, int *to, const char **why) {
   if (rm_fence_lock(io, job->xid, job->branch_id, found, row_args) != 0) return -1;
   *act = job->rules(job->commit, *found, to, why);
@@ -79,7 +79,7 @@ static int decide(rm_fence_io_t *io, const rm_fence_job_t *job, int *found, char
   return 0;
 }
 
-static int fenced(rm_fence_io_t *io, const rm_fence_job_t *job, int *code, bool *empty) {
+static int fenced(rm_pg_io_t *io, const rm_fence_job_t *job, int *code, bool *empty) {
   int ok = job->commit ? TXP_BS_PHASE2_COMMITTED : TXP_BS_PHASE2_ROLLBACKED;
   int retry = job->commit ? TXP_BS_PHASE2_COMMIT_FAILED_RETRYABLE : TXP_BS_PHASE2_ROLLBACK_FAILED_RETRYABLE;
   int never = job->commit ? TXP_BS_PHASE2_COMMIT_FAILED_UNRETRYABLE : TXP_BS_PHASE2_ROLLBACK_FAILED_UNRETRYABLE;
@@ -125,7 +125,7 @@ out:
   return status;
 }
 
-int rm_fence_run(rm_fence_io_t *io, const rm_fence_job_t *job, int *code, bool *empty) {
+int rm_fence_run(rm_pg_io_t *io, const rm_fence_job_t *job, int *code, bool *empty) {
   if (empty) *empty = false;
   int status = fenced(io, job, code, empty);
   if (PQtransactionStatus(io->pg) != PQTRANS_IDLE) {

@@ -15,21 +15,9 @@
 #define INT8OID 20
 #define INT2OID 21
 
-static PGresult *run(rm_fence_io_t *io, const char *what, const char *sql, int n, const char *const *params,
-                     const Oid *types, ExecStatusType want) {
-  io->sqlstate[0] = '\0';
-  PGresult *res = PQexecParams(io->pg, sql, n, types, params, NULL, NULL, 0);
-  if (PQresultStatus(res) == want) return res;
-  rm__pg_error(io->err, io->errlen, what, io->pg, res);
-  snprintf(io->sqlstate, sizeof(io->sqlstate), "%s", rm__sqlstate(res));
-  if (PQstatus(io->pg) != CONNECTION_OK || rm__pg_read_only_error(res)) io->bad = true;
-  PQclear(res);
-  return NULL;
-}
-
 static void num(char *buf, size_t cap, long long v) { snprintf(buf, cap, "%lld", v); }
 
-int rm_fence_insert(rm_fence_io_t *io, const char *xid, int64_t bid, const char *resource_id, int branch_type,
+int rm_fence_insert(rm_pg_io_t *io, const char *xid, int64_t bid, const char *resource_id, int branch_type,
                     const char *args, int *found) {
   static const Oid types[] = {0, INT8OID, 0, INT2OID, 0};
   char b[24], t[24];
@@ -37,10 +25,10 @@ int rm_fence_insert(rm_fence_io_t *io, const char *xid, int64_t bid, const char 
   num(t, sizeof(t), branch_type);
   const char *p[] = {xid, b, resource_id, t, args};
   *found = RM_FENCE_NONE;
-  PGresult *res = run(io, "could not write the fence row",
-                      "INSERT INTO branch_fence (xid, branch_id, resource_id, branch_type, status, args) "
-                      "VALUES ($1, $2, $3, $4, 1, $5) ON CONFLICT DO NOTHING",
-                      5, p, types, PGRES_COMMAND_OK);
+  PGresult *res = rm__pg_io_exec(io, "could not write the fence row",
+                                 "INSERT INTO branch_fence (xid, branch_id, resource_id, branch_type, status, args) "
+                                 "VALUES ($1, $2, $3, $4, 1, $5) ON CONFLICT DO NOTHING",
+                                 5, p, types, PGRES_COMMAND_OK);
   if (!res) return -1;
   bool inserted = atoi(PQcmdTuples(res)) == 1;
   PQclear(res);
@@ -53,14 +41,14 @@ int rm_fence_insert(rm_fence_io_t *io, const char *xid, int64_t bid, const char 
   return 0;
 }
 
-static int read_row(rm_fence_io_t *io, const char *sql, const char *xid, int64_t bid, int *status, char **args) {
+static int read_row(rm_pg_io_t *io, const char *sql, const char *xid, int64_t bid, int *status, char **args) {
   static const Oid types[] = {0, INT8OID};
   char b[24];
   num(b, sizeof(b), bid);
   const char *p[] = {xid, b};
   *status = RM_FENCE_NONE;
   if (args) *args = NULL;
-  PGresult *res = run(io, "could not read the fence row", sql, 2, p, types, PGRES_TUPLES_OK);
+  PGresult *res = rm__pg_io_exec(io, "could not read the fence row", sql, 2, p, types, PGRES_TUPLES_OK);
   if (!res) return -1;
   int rc = 0;
   if (PQntuples(res) == 1) {
@@ -74,16 +62,16 @@ static int read_row(rm_fence_io_t *io, const char *sql, const char *xid, int64_t
   return rc;
 }
 
-int rm_fence_lock(rm_fence_io_t *io, const char *xid, int64_t bid, int *status, char **args) {
+int rm_fence_lock(rm_pg_io_t *io, const char *xid, int64_t bid, int *status, char **args) {
   return read_row(io, "SELECT status, args FROM branch_fence WHERE xid = $1 AND branch_id = $2 FOR UPDATE", xid, bid,
                   status, args);
 }
 
-int rm_fence_read(rm_fence_io_t *io, const char *xid, int64_t bid, int *status) {
+int rm_fence_read(rm_pg_io_t *io, const char *xid, int64_t bid, int *status) {
   return read_row(io, "SELECT status FROM branch_fence WHERE xid = $1 AND branch_id = $2", xid, bid, status, NULL);
 }
 
-int rm_fence_record_empty(rm_fence_io_t *io, const char *xid, int64_t bid, const char *resource_id,
+int rm_fence_record_empty(rm_pg_io_t *io, const char *xid, int64_t bid, const char *resource_id,
                           int branch_type, bool *inserted) {
   static const Oid types[] = {0, INT8OID, 0, INT2OID};
   char b[24], t[24];
@@ -91,43 +79,45 @@ int rm_fence_record_empty(rm_fence_io_t *io, const char *xid, int64_t bid, const
   num(t, sizeof(t), branch_type);
   const char *p[] = {xid, b, resource_id, t};
   *inserted = false;
-  PGresult *res = run(io, "could not record the empty rollback in the fence",
-                      "INSERT INTO branch_fence (xid, branch_id, resource_id, branch_type, status) "
-                      "VALUES ($1, $2, $3, $4, 4) ON CONFLICT DO NOTHING",
-                      4, p, types, PGRES_COMMAND_OK);
+  PGresult *res = rm__pg_io_exec(io, "could not record the empty rollback in the fence",
+                                 "INSERT INTO branch_fence (xid, branch_id, resource_id, branch_type, status) "
+                                 "VALUES ($1, $2, $3, $4, 4) ON CONFLICT DO NOTHING",
+                                 4, p, types, PGRES_COMMAND_OK);
   if (!res) return -1;
   *inserted = atoi(PQcmdTuples(res)) == 1;
   PQclear(res);
   return 0;
 }
 
-int rm_fence_set(rm_fence_io_t *io, const char *xid, int64_t bid, int status) {
+int rm_fence_set(rm_pg_io_t *io, const char *xid, int64_t bid, int status) {
   static const Oid types[] = {0, INT8OID, INT2OID};
   char b[24], s[24];
   num(b, sizeof(b), bid);
   num(s, sizeof(s), status);
   const char *p[] = {xid, b, s};
-  PGresult *res = run(io, "could not update the fence row",
-                      "UPDATE branch_fence SET status = $3, modified = clock_timestamp() "
-                      "WHERE xid = $1 AND branch_id = $2",
-                      3, p, types, PGRES_COMMAND_OK);
+  PGresult *res = rm__pg_io_exec(io, "could not update the fence row",
+                                 "UPDATE branch_fence SET status = $3, modified = clock_timestamp() "
+                                 "WHERE xid = $1 AND branch_id = $2",
+                                 3, p, types, PGRES_COMMAND_OK);
   if (!res) return -1;
   PQclear(res);
   return 0;
 }
 
-long long rm_fence_sweep(rm_fence_io_t *io, int branch_type, unsigned retention_s, unsigned limit) {
+long long rm_fence_sweep(PGconn *pg, int branch_type, unsigned retention_s, unsigned limit, char *err,
+                         size_t errlen) {
+  rm_pg_io_t io = {.pg = pg, .err = err, .errlen = errlen};
   char t[24], ret[24], lim[24];
   num(t, sizeof(t), branch_type);
   num(ret, sizeof(ret), retention_s);
   num(lim, sizeof(lim), limit ? limit : 1000);
   const char *p[] = {t, ret, lim};
-  PGresult *res = run(io, "could not sweep the fence",
-                      "DELETE FROM branch_fence WHERE ctid = ANY (ARRAY(SELECT ctid FROM branch_fence "
-                      "WHERE status <> 1 AND branch_type = $1::smallint "
-                      "AND modified < clock_timestamp() - make_interval(secs => $2::int) LIMIT $3::int))",
-                      3, p, NULL, PGRES_COMMAND_OK);
-  if (!res) return -1;
+  PGresult *res = rm__pg_io_exec(&io, "could not sweep the fence",
+                                 "DELETE FROM branch_fence WHERE ctid = ANY (ARRAY(SELECT ctid FROM branch_fence "
+                                 "WHERE status <> 1 AND branch_type = $1::smallint "
+                                 "AND modified < clock_timestamp() - make_interval(secs => $2::int) LIMIT $3::int))",
+                                 3, p, NULL, PGRES_COMMAND_OK);
+  if (!res) return RM_E_DB;
   long long n = atoll(PQcmdTuples(res));
   PQclear(res);
   return n;
@@ -146,11 +136,11 @@ int rm_fence_probe(const char *conninfo, rm_fence_probe_t *out, char *err, size_
   if (PQstatus(pg) != CONNECTION_OK) {
     rm__pg_error(err, errlen, "could not connect to its database", pg, NULL);
   } else {
-    rm_fence_io_t io = {.pg = pg, .err = err, .errlen = errlen};
-    PGresult *res = run(&io, "could not look for the branch_fence table",
-                        "SELECT to_regclass('branch_fence') IS NOT NULL, current_database(), "
-                        "current_setting('max_prepared_transactions')::int",
-                        0, NULL, NULL, PGRES_TUPLES_OK);
+    rm_pg_io_t io = {.pg = pg, .err = err, .errlen = errlen};
+    PGresult *res = rm__pg_io_exec(&io, "could not look for the branch_fence table",
+                                   "SELECT to_regclass('branch_fence') IS NOT NULL, current_database(), "
+                                   "current_setting('max_prepared_transactions')::int",
+                                   0, NULL, NULL, PGRES_TUPLES_OK);
     if (res) {
       out->has_fence = PQgetvalue(res, 0, 0)[0] == 't';
       snprintf(out->db, sizeof(out->db), "%s", PQgetvalue(res, 0, 1));
@@ -183,8 +173,8 @@ int rm_fence_require(const char *mode, const char *id, const char *conninfo, boo
   return 0;
 }
 
-int rm_fence_command(rm_fence_io_t *io, const char *sql, const char *what) {
-  PGresult *res = run(io, what, sql, 0, NULL, NULL, PGRES_COMMAND_OK);
+int rm_fence_command(rm_pg_io_t *io, const char *sql, const char *what) {
+  PGresult *res = rm__pg_io_exec(io, what, sql, 0, NULL, NULL, PGRES_COMMAND_OK);
   if (!res) return -1;
   PQclear(res);
   return 0;
@@ -193,7 +183,7 @@ int rm_fence_command(rm_fence_io_t *io, const char *sql, const char *what) {
 int rm_fence_first(PGconn *pg, const char *what, const char *xid, int64_t bid, const char *resource_id,
                    int branch_type, const char *args) {
   char err[RM_ERRMSG_MAX];
-  rm_fence_io_t io = {.pg = pg, .err = err, .errlen = sizeof(err)};
+  rm_pg_io_t io = {.pg = pg, .err = err, .errlen = sizeof(err)};
   int found;
   if (rm_fence_insert(&io, xid, bid, resource_id, branch_type, args, &found) != 0)
     return rm__fail(RM_E_DB, "%s of \"%s\" (branch %lld): %s (roll back the transaction)", what, xid,

@@ -70,7 +70,7 @@ typedef struct tcc_resource {
 static int tcc_phase2(rm_at_resource_t *r, void *arg, const rm_phase2_req_t *req, int *code, char *errmsg,
                       size_t errlen) {
   const tcc_resource_t *tr = arg;
-  rm_fence_io_t io = {.err = errmsg, .errlen = errlen};
+  rm_pg_io_t io = {.err = errmsg, .errlen = errlen};
   if (rm__at_conn_get(r, &io.pg, errmsg, errlen) != 0) {
     *code = RM_E_DB;
     return req->commit ? TXP_BS_PHASE2_COMMIT_FAILED_RETRYABLE : TXP_BS_PHASE2_ROLLBACK_FAILED_RETRYABLE;
@@ -91,17 +91,7 @@ static int tcc_phase2(rm_at_resource_t *r, void *arg, const rm_phase2_req_t *req
   return status;
 }
 
-/* The retention sweep: finished rows older than 'retention_s'. */
-static long long tcc_sweep(rm_at_resource_t *r, void *arg, PGconn *pg, unsigned retention_s, unsigned limit,
-                           char *err, size_t errlen) {
-  (void)r;
-  (void)arg;
-  rm_fence_io_t io = {.pg = pg, .err = err, .errlen = errlen};
-  long long n = rm_fence_sweep(&io, TXP_BT_TCC, retention_s, limit);
-  return n < 0 ? RM_E_DB : n;
-}
-
-static const rm_at_mode_t tcc_mode = {.phase2 = tcc_phase2, .sweep = tcc_sweep, .free_arg = free};
+static const rm_at_mode_t tcc_mode = {.phase2 = tcc_phase2, .sweep = rm_fence_sweep, .free_arg = free};
 
 /* -------------------------------------------------------- the public API */
 

@@ -85,7 +85,7 @@ static char *finish_sql(PGconn *pg, bool commit, const char *xid, int64_t bid) {
 
 /* Run COMMIT/ROLLBACK PREPARED: 0, 1 when no such prepared transaction
  * exists, -1 on another failure (message in io). */
-static int finish_prepared(rm_fence_io_t *io, bool commit, const char *xid, int64_t bid) {
+static int finish_prepared(rm_pg_io_t *io, bool commit, const char *xid, int64_t bid) {
   char *sql = finish_sql(io->pg, commit, xid, bid);
   if (!sql) {
     snprintf(io->err, io->errlen, "out of memory (or a broken connection) quoting the prepared transaction id");
@@ -110,7 +110,7 @@ static int finish_prepared(rm_fence_io_t *io, bool commit, const char *xid, int6
   return rc;
 }
 
-static int xa_commit(rm_fence_io_t *io, rm_at_resource_t *r, const rm_phase2_req_t *req, int *code) {
+static int xa_commit(rm_pg_io_t *io, rm_at_resource_t *r, const rm_phase2_req_t *req, int *code) {
   int retry = TXP_BS_PHASE2_COMMIT_FAILED_RETRYABLE;
   *code = RM_E_DB;
   int f = finish_prepared(io, true, req->xid, req->branch_id);
@@ -142,7 +142,7 @@ static int xa_commit(rm_fence_io_t *io, rm_at_resource_t *r, const rm_phase2_req
   }
 }
 
-static int xa_rollback(rm_fence_io_t *io, rm_at_resource_t *r, const rm_phase2_req_t *req, int *code) {
+static int xa_rollback(rm_pg_io_t *io, rm_at_resource_t *r, const rm_phase2_req_t *req, int *code) {
   int retry = TXP_BS_PHASE2_ROLLBACK_FAILED_RETRYABLE;
   *code = RM_E_DB;
   int f = finish_prepared(io, false, req->xid, req->branch_id);
@@ -187,7 +187,7 @@ static int xa_rollback(rm_fence_io_t *io, rm_at_resource_t *r, const rm_phase2_r
 static int xa_phase2(rm_at_resource_t *r, void *arg, const rm_phase2_req_t *req, int *code, char *errmsg,
                      size_t errlen) {
   (void)arg;
-  rm_fence_io_t io = {.err = errmsg, .errlen = errlen};
+  rm_pg_io_t io = {.err = errmsg, .errlen = errlen};
   int retry = req->commit ? TXP_BS_PHASE2_COMMIT_FAILED_RETRYABLE : TXP_BS_PHASE2_ROLLBACK_FAILED_RETRYABLE;
   if (rm__at_conn_get(r, &io.pg, errmsg, errlen) != 0) {
     *code = RM_E_DB;
@@ -201,17 +201,8 @@ static int xa_phase2(rm_at_resource_t *r, void *arg, const rm_phase2_req_t *req,
   return status;
 }
 
-static long long xa_sweep(rm_at_resource_t *r, void *arg, PGconn *pg, unsigned retention_s, unsigned limit,
-                           char *err, size_t errlen) {
-  (void)r;
-  (void)arg;
-  rm_fence_io_t io = {.pg = pg, .err = err, .errlen = errlen};
-  long long n = rm_fence_sweep(&io, TXP_BT_XA, retention_s, limit);
-  return n < 0 ? RM_E_DB : n;
-}
-
 /* The mode has no state of its own (its arg is NULL). */
-static const rm_at_mode_t xa_mode = {.phase2 = xa_phase2, .sweep = xa_sweep, .free_arg = NULL};
+static const rm_at_mode_t xa_mode = {.phase2 = xa_phase2, .sweep = rm_fence_sweep, .free_arg = NULL};
 
 /* -------------------------------------------------------- the public API */
 
