@@ -267,119 +267,102 @@ void test_open_idle(void **state) {
   PQfinish(o);
 }
 
-/* rm_tm_begin_branch and rm_at_open_registered: the global begun and the
- * branch registered in one
- * call; its unlocked statements, prepared and committed, commit with the
- * global; a rollback undoes them; a statement that needs a global lock is
- * refused at prepare (nothing registered its key), and the global then
- * rolls back with nothing written. */
-void test_begin_open(void **state) {
-  (void)state;
-  PGconn *o = pg_open(orders_url);
-  assert_non_null(o);
-  char xid[RM_XID_MAX];
-  int st = 0;
-  rm_branch_t *b = NULL;
-  const char *c[2] = {"k", "v"}, *v1[2] = {"bo-1", "a"}, *v2[2] = {"bo-2", "b"};
+/* How a test of a branch registered before its statements opens it:
+ * begun with it (rm_tm_begin_branch, rm_at_open_registered) or registered
+ * early (rm_tm_begin, rm_at_open, rm_at_register_early).  0 or the code. */
+typedef int (*first_open_fn)(const char *name, PGconn *o, char *xid, rm_branch_t **b);
+
+static int open_begun_with(const char *name, PGconn *o, char *xid, rm_branch_t **b) {
   int64_t reg = 0;
-  assert_int_equal(rm_tm_begin_branch(client, 30000, "begin_open", "orders", xid, &reg), 0);
-  assert_true(xid[0] != '\0' && reg > 0);
-  assert_int_equal(rm_at_open_registered(client, xid, "orders", reg, o, &b), 0);
-  assert_int_equal(rm_at_insert_unlocked(b, "other.kv", 2, c, v1), 0);
-  bool committed = false;
-  int64_t bid = 0;
-  assert_int_equal(rm_at_prepare_commit(b, &bid, &committed), 0);
-  assert_true(committed && bid == reg);
-  assert_int_equal(rm_at_close(b, true), 0);
-  assert_int_equal(rm_tm_status(client, xid, &st), 0);
-  assert_int_equal(st, RM_GS_BEGIN);
-  assert_int_equal(rm_tm_commit(client, xid, &st), 0);
-  assert_int_equal(st, RM_GS_COMMITTED);
-  assert_int_equal(q_ll(o, "SELECT count(*) FROM other.kv WHERE k = 'bo-1'", NULL, NULL, NULL), 1);
-  /* rolled back by the TM: undone */
-  assert_int_equal(rm_tm_begin_branch(client, 30000, "begin_open_rb", "orders", xid, &reg), 0);
-  assert_int_equal(rm_at_open_registered(client, xid, "orders", reg, o, &b), 0);
-  assert_int_equal(rm_at_insert_unlocked(b, "other.kv", 2, c, v2), 0);
-  assert_int_equal(rm_at_prepare_commit(b, NULL, &committed), 0);
-  assert_int_equal(rm_at_close(b, true), 0);
-  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
-  assert_int_equal(st, RM_GS_ROLLBACKED);
-  assert_int_equal(q_ll(o, "SELECT count(*) FROM other.kv WHERE k = 'bo-2'", NULL, NULL, NULL), 0);
-  /* a locked statement: refused at prepare */
-  assert_int_equal(rm_tm_begin_branch(client, 30000, "begin_open_lock", "orders", xid, &reg), 0);
-  assert_int_equal(rm_at_open_registered(client, xid, "orders", reg, o, &b), 0);
-  const char *v3[2] = {"bo-3", "c"};
-  assert_int_equal(rm_at_insert(b, "other.kv", 2, c, v3), 0);
-  assert_int_equal(rm_at_prepare_commit(b, NULL, &committed), RM_E_STATE);
-  assert_false(committed);
-  assert_non_null(strstr(rm_at_errmsg(b), "rm_tm_begin_branch"));
-  rm_at_close(b, false);
-  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
-  assert_int_equal(q_ll(o, "SELECT count(*) FROM other.kv WHERE k = 'bo-3'", NULL, NULL, NULL), 0);
-  assert_int_equal(PQtransactionStatus(o), PQTRANS_IDLE);
-  PQfinish(o);
+  int rc = rm_tm_begin_branch(client, 30000, name, "orders", xid, &reg);
+  if (rc == 0) assert_true(xid[0] != '\0' && reg > 0);
+  return rc != 0 ? rc : rm_at_open_registered(client, xid, "orders", reg, o, b);
 }
 
-/* rm_at_register_early: the registration travels while the statements
- * run; prepare waits for it.  Committed and rolled back with the global;
- * a locked statement refused at prepare; a branch the caller rolls back
- * before prepare is reported failed (the global's rollback then finds
- * nothing); too late after a statement. */
-void test_register_early(void **state) {
-  (void)state;
-  PGconn *o = pg_open(orders_url);
-  assert_non_null(o);
+static int open_early(const char *name, PGconn *o, char *xid, rm_branch_t **b) {
+  int rc = rm_tm_begin(client, 30000, name, xid);
+  if (rc == 0) rc = rm_at_open(client, xid, "orders", o, b);
+  return rc != 0 ? rc : rm_at_register_early(*b);
+}
+
+/* One global of such a branch that inserts (k, 'v') into other.kv, the
+ * branch prepared and committed locally, the global committed or rolled
+ * back: the rows of k afterwards. */
+static long long first_round(first_open_fn open, PGconn *o, const char *k, bool commit) {
   char xid[RM_XID_MAX];
-  int st = 0;
   rm_branch_t *b = NULL;
-  const char *c[2] = {"k", "v"}, *v1[2] = {"re-1", "a"}, *v2[2] = {"re-2", "b"}, *v3[2] = {"re-3", "c"};
-  /* committed */
-  assert_int_equal(rm_tm_begin(client, 30000, "early", xid), 0);
-  assert_int_equal(rm_at_open(client, xid, "orders", o, &b), 0);
-  assert_int_equal(rm_at_register_early(b), 0);
-  assert_int_equal(rm_at_register_early(b), RM_E_STATE); /* once */
-  assert_int_equal(rm_at_insert_unlocked(b, "other.kv", 2, c, v1), 0);
+  assert_int_equal(open(k, o, xid, &b), 0);
+  const char *c[2] = {"k", "v"}, *v[2] = {k, "v"};
+  assert_int_equal(rm_at_insert_unlocked(b, "other.kv", 2, c, v), 0);
   bool committed = false;
   int64_t bid = 0;
   assert_int_equal(rm_at_prepare_commit(b, &bid, &committed), 0);
   assert_true(committed && bid > 0);
   assert_int_equal(rm_at_close(b, true), 0);
-  assert_int_equal(rm_tm_commit(client, xid, &st), 0);
-  assert_int_equal(st, RM_GS_COMMITTED);
-  assert_int_equal(q_ll(o, "SELECT count(*) FROM other.kv WHERE k = 're-1'", NULL, NULL, NULL), 1);
-  /* rolled back by the TM: undone */
-  assert_int_equal(rm_tm_begin(client, 30000, "early_rb", xid), 0);
-  assert_int_equal(rm_at_open(client, xid, "orders", o, &b), 0);
-  assert_int_equal(rm_at_register_early(b), 0);
-  assert_int_equal(rm_at_insert_unlocked(b, "other.kv", 2, c, v2), 0);
-  assert_int_equal(rm_at_prepare_commit(b, NULL, &committed), 0);
-  assert_int_equal(rm_at_close(b, true), 0);
-  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
-  assert_int_equal(st, RM_GS_ROLLBACKED);
-  assert_int_equal(q_ll(o, "SELECT count(*) FROM other.kv WHERE k = 're-2'", NULL, NULL, NULL), 0);
-  /* a locked statement: refused at prepare; the caller's rollback */
-  assert_int_equal(rm_tm_begin(client, 30000, "early_lock", xid), 0);
-  assert_int_equal(rm_at_open(client, xid, "orders", o, &b), 0);
-  assert_int_equal(rm_at_register_early(b), 0);
-  assert_int_equal(rm_at_insert(b, "other.kv", 2, c, v3), 0);
+  int st = 0;
+  assert_int_equal(rm_tm_status(client, xid, &st), 0);
+  assert_int_equal(st, RM_GS_BEGIN);
+  assert_int_equal(commit ? rm_tm_commit(client, xid, &st) : rm_tm_rollback(client, xid, &st), 0);
+  assert_int_equal(st, commit ? RM_GS_COMMITTED : RM_GS_ROLLBACKED);
+  return q_ll(o, "SELECT count(*) FROM other.kv WHERE k = $1", k, NULL, NULL);
+}
+
+/* ... and one whose statement takes a global lock: refused at prepare,
+ * rolled back; nothing stays. */
+static void first_locked(first_open_fn open, PGconn *o, const char *k) {
+  char xid[RM_XID_MAX];
+  rm_branch_t *b = NULL;
+  assert_int_equal(open(k, o, xid, &b), 0);
+  const char *c[2] = {"k", "v"}, *v[2] = {k, "v"};
+  assert_int_equal(rm_at_insert(b, "other.kv", 2, c, v), 0);
+  bool committed = false;
   assert_int_equal(rm_at_prepare_commit(b, NULL, &committed), RM_E_STATE);
   assert_false(committed);
+  assert_non_null(strstr(rm_at_errmsg(b), "registered before its statements"));
   rm_at_close(b, false);
+  int st = 0;
   assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
   assert_int_equal(st, RM_GS_ROLLBACKED);
-  assert_int_equal(q_ll(o, "SELECT count(*) FROM other.kv WHERE k = 're-3'", NULL, NULL, NULL), 0);
-  /* rolled back by the caller before prepare, the registration still in
-   * flight: closed cleanly */
-  assert_int_equal(rm_tm_begin(client, 30000, "early_close", xid), 0);
-  assert_int_equal(rm_at_open(client, xid, "orders", o, &b), 0);
-  assert_int_equal(rm_at_register_early(b), 0);
+  assert_int_equal(q_ll(o, "SELECT count(*) FROM other.kv WHERE k = $1", k, NULL, NULL), 0);
+}
+
+/* rm_tm_begin_branch and rm_at_open_registered: the global begun and the
+ * branch registered in one call; committed and rolled back with the
+ * global; a locked statement refused at prepare. */
+void test_begin_open(void **state) {
+  (void)state;
+  PGconn *o = pg_open(orders_url);
+  assert_non_null(o);
+  assert_int_equal(first_round(open_begun_with, o, "bo-1", true), 1);
+  assert_int_equal(first_round(open_begun_with, o, "bo-2", false), 0);
+  first_locked(open_begun_with, o, "bo-3");
+  assert_int_equal(PQtransactionStatus(o), PQTRANS_IDLE);
+  PQfinish(o);
+}
+
+/* rm_at_register_early: the registration travels while the statements
+ * run; prepare waits for it.  As above, and: only once, only before the
+ * statements; a branch closed with its registration in flight. */
+void test_register_early(void **state) {
+  (void)state;
+  PGconn *o = pg_open(orders_url);
+  assert_non_null(o);
+  assert_int_equal(first_round(open_early, o, "re-1", true), 1);
+  assert_int_equal(first_round(open_early, o, "re-2", false), 0);
+  first_locked(open_early, o, "re-3");
+  char xid[RM_XID_MAX];
+  int st = 0;
+  rm_branch_t *b = NULL;
+  /* once; closed in flight, before any statement */
+  assert_int_equal(open_early("re-close", o, xid, &b), 0);
+  assert_int_equal(rm_at_register_early(b), RM_E_STATE);
   rm_at_close(b, false);
   assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
   assert_int_equal(st, RM_GS_ROLLBACKED);
   /* too late: after a statement */
   assert_int_equal(rm_tm_begin(client, 30000, "early_late", xid), 0);
   assert_int_equal(rm_at_open(client, xid, "orders", o, &b), 0);
-  const char *v4[2] = {"re-4", "d"};
+  const char *c[2] = {"k", "v"}, *v4[2] = {"re-4", "d"};
   assert_int_equal(rm_at_insert_unlocked(b, "other.kv", 2, c, v4), 0);
   assert_int_equal(rm_at_register_early(b), RM_E_STATE);
   assert_true(exec_ok(o, "ROLLBACK"));

@@ -438,23 +438,16 @@ static int prepare(rm_branch_t *b, int64_t *branch_id, bool *fused_commit_done) 
   if (b->pending_reg) { /* rm_at_register_early: its answer */
     rc = registration_wait(b);
     bid = b->branch_id;
-    if (rc != 0) {
-      if (!b->errmsg[0]) rm__at_err(b, "could not register the branch: %s", rm_strerror(rc));
-      b->state = RM_BRANCH_FAILED;
-      free(undo);
-      free(ctx);
-      return rc;
-    }
   } else if (!b->registered_first) {
     rc = rm__branch_register(b->c, b->xid, b->res->id, keys, app_data, rm__lock_wait_ms(b->c), &bid, b->errmsg,
                              sizeof(b->errmsg));
-    if (rc != 0) {
-      if (!b->errmsg[0]) rm__at_err(b, "could not register the branch: %s", rm_strerror(rc));
-      b->state = RM_BRANCH_FAILED;
-      free(undo);
-      free(ctx);
-      return rc;
-    }
+  }
+  if (rc != 0) {
+    if (!b->errmsg[0]) rm__at_err(b, "could not register the branch: %s", rm_strerror(rc));
+    b->state = RM_BRANCH_FAILED;
+    free(undo);
+    free(ctx);
+    return rc;
   }
   b->registered = true;
   b->branch_id = bid;
