@@ -446,31 +446,31 @@ static int begin_parts(const batch_t *b) {
   return n;
 }
 
+/* One item of tc_begin_batch's arrays. */
+static void begin_item(arr_t *a, const char *xid, int64_t txid, uint32_t timeout_ms, const char *name,
+                       const char *app_id, const char *group, const char *idem_key) {
+  arr_add(&a[0], xid);
+  arr_add_i64(&a[1], txid);
+  arr_add_i64(&a[2], timeout_ms);
+  arr_add(&a[3], name);
+  arr_add(&a[4], app_id);
+  arr_add(&a[5], group);
+  arr_add(&a[6], idem_key);
+}
+
 static int build_begin(tc_store_t *st, batch_t *b, tc_pg_job_t *job) {
   arr_t a[7];
   for (int i = 0; i < 7; i++) arr_init(&a[i]);
   for (int i = 0; i < b->count[TC_OP_BEGIN]; i++) {
     tc_op_t *op = b->by_kind[TC_OP_BEGIN][i];
-    arr_add(&a[0], op->xid);
-    arr_add_i64(&a[1], op->id);
-    arr_add_i64(&a[2], op->timeout_ms);
-    arr_add(&a[3], op->name);
-    arr_add(&a[4], op->app_id);
-    arr_add(&a[5], op->group);
-    arr_add(&a[6], op->idem_key);
+    begin_item(a, op->xid, op->id, op->timeout_ms, op->name, op->app_id, op->group, op->idem_key);
   }
   /* (take_begin reads only the items of the batch's own begins; a
    * registration's begin that failed fails the whole transaction.) */
   for (int i = 0; i < b->count[TC_OP_REGISTER]; i++) {
     tc_op_t *op = b->by_kind[TC_OP_REGISTER][i];
-    if (!op->begin_txid) continue;
-    arr_add(&a[0], op->xid);
-    arr_add_i64(&a[1], op->begin_txid);
-    arr_add_i64(&a[2], op->begin_timeout_ms);
-    arr_add(&a[3], op->begin_name);
-    arr_add(&a[4], op->app_id);
-    arr_add(&a[5], op->group);
-    arr_add(&a[6], NULL);
+    if (op->begin_txid)
+      begin_item(a, op->xid, op->begin_txid, op->begin_timeout_ms, op->begin_name, op->app_id, op->group, NULL);
   }
   char node[16];
   snprintf(node, sizeof(node), "%d", st->node_id);

@@ -79,12 +79,14 @@ BEGIN
     SELECT f.x, f.i, (f.a = 'commit' AND g.deadline < clock_timestamp()) AS late,
            CASE WHEN f.a = 'commit' AND g.deadline < clock_timestamp() THEN 'timeout'
                 ELSE f.a END AS act,
-           EXISTS (SELECT 1 FROM branch_table b WHERE b.xid = f.x) AS has_branches,
-           NOT EXISTS (SELECT 1 FROM branch_table b
-                        WHERE b.xid = f.x
-                          AND (b.branch_type <> 0
-                               OR b.application_data IS NOT DISTINCT FROM 'txc:phase2=sync')) AS at_only
+           br.n > 0 AS has_branches, coalesce(br.at_only, true) AS at_only
       FROM firsts f JOIN global_table g ON g.xid = f.x
+      -- one look at the branches for both answers
+      CROSS JOIN LATERAL (
+        SELECT count(*) AS n,
+               bool_and(b.branch_type = 0
+                        AND b.application_data IS DISTINCT FROM 'txc:phase2=sync') AS at_only
+          FROM branch_table b WHERE b.xid = f.x) br
      WHERE g.status = 1 AND (f.a <> 'timeout' OR g.deadline < clock_timestamp())),
   plan AS (
     SELECT p.*, (p.act = 'commit' AND p.has_branches AND p.at_only) AS now FROM plan0 p),

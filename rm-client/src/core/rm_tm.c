@@ -240,11 +240,12 @@ int rm__branch_register(rm_client_t *c, const char *xid, const char *resource_id
                                 errlen);
 }
 
-int rm__branch_register_as(rm_client_t *c, int branch_type, const char *xid, const char *resource_id,
-                           const char *lock_keys, const char *app_data, unsigned lock_wait_ms,
-                           int64_t *branch_id, char *errmsg, size_t errlen) {
-  if (errmsg && errlen) errmsg[0] = '\0';
-  if (branch_id) *branch_id = 0;
+/* A BranchRegister started (0 with the pending call in *out) or refused
+ * before it was sent (the code; 'errmsg' says why). */
+static int register_start(rm_client_t *c, int branch_type, const char *xid, const char *resource_id,
+                          const char *lock_keys, const char *app_data, unsigned lock_wait_ms, rm_call_t **out,
+                          char *errmsg, size_t errlen) {
+  *out = NULL;
   if (!c || rm__check_str(xid, TXP_MAX_XID_LEN, true) != 0 ||
       rm__check_str(resource_id, TXP_MAX_RESOURCE_LEN, true) != 0 ||
       rm__check_str(lock_keys, TXP_MAX_LOCK_KEYS_LEN, false) != 0 ||
@@ -267,14 +268,27 @@ int rm__branch_register_as(rm_client_t *c, int branch_type, const char *xid, con
     rm__call_destroy(k);
     return RM_E_NOMEM;
   }
-  bool completed;
-  int rc = run_blocking(c, k, &completed);
-  if (rc == 0 && completed) {
-    if (branch_id) *branch_id = k->res_branch_id;
-  } else if (errmsg && errlen) {
-    snprintf(errmsg, errlen, "%s", completed && k->errmsg[0] ? k->errmsg : rm_strerror(rc));
+  int rc = start_blocking(c, k);
+  if (rc != 0) {
+    rm__call_unref(k);
+    if (errmsg && errlen) snprintf(errmsg, errlen, "%s", rm_strerror(rc));
+    return rc;
   }
-  rm__call_unref(k);
+  *out = k;
+  return 0;
+}
+
+int rm__branch_register_as(rm_client_t *c, int branch_type, const char *xid, const char *resource_id,
+                           const char *lock_keys, const char *app_data, unsigned lock_wait_ms,
+                           int64_t *branch_id, char *errmsg, size_t errlen) {
+  if (errmsg && errlen) errmsg[0] = '\0';
+  if (branch_id) *branch_id = 0;
+  rm_call_t *k;
+  int rc = register_start(c, branch_type, xid, resource_id, lock_keys, app_data, lock_wait_ms, &k, errmsg, errlen);
+  if (rc != 0) return rc;
+  int64_t bid = 0;
+  rc = rm__branch_register_wait(c, k, &bid, errmsg, errlen);
+  if (branch_id) *branch_id = bid;
   return rc;
 }
 
@@ -317,25 +331,7 @@ int rm__begin_register(rm_client_t *c, unsigned timeout_ms, const char *name, co
 }
 
 int rm__branch_register_start(rm_client_t *c, const char *xid, const char *resource_id, rm_pending_t **out) {
-  *out = NULL;
-  if (!c || rm__check_str(xid, TXP_MAX_XID_LEN, true) != 0 || rm__check_str(resource_id, TXP_MAX_RESOURCE_LEN, true) != 0)
-    return RM_E_INVALID;
-  rm_call_t *k = rm__call_new(TXP_MSG_BRANCH_REGISTER, true, c->cfg.request_timeout_ms);
-  if (!k) return RM_E_NOMEM;
-  snprintf(k->xid, sizeof(k->xid), "%s", xid);
-  rm__idem_key(k->idem);
-  k->branch_type = TXP_BT_AT;
-  if (!(k->resource_id = strdup(resource_id))) {
-    rm__call_destroy(k);
-    return RM_E_NOMEM;
-  }
-  int rc = start_blocking(c, k);
-  if (rc != 0) {
-    rm__call_unref(k);
-    return rc;
-  }
-  *out = k;
-  return 0;
+  return register_start(c, TXP_BT_AT, xid, resource_id, NULL, NULL, 0, out, NULL, 0);
 }
 
 int rm__branch_register_wait(rm_client_t *c, rm_pending_t *k, int64_t *branch_id, char *errmsg, size_t errlen) {
