@@ -163,15 +163,39 @@ static void test_undo_roundtrip(void **state) {
   (void)state;
   rm_item_t items[5] = {mkitem(RM_OP_INSERT), mkitem(RM_OP_UPDATE), mkitem(RM_OP_DELETE), mkitem(RM_OP_DELTA),
                         mkitem(RM_OP_COMMIT_DELTA)};
+  /* The in-memory schema of another item, written last in the compact form. */
+  free(items[2].schema);
+  items[2].schema = strdup("sales");
   char *text = rm_undo_encode(items, 5);
   assert_non_null(text);
-  /* The documented shape. */
-  assert_non_null(strstr(text, "\"op\":\"insert\""));
-  assert_non_null(strstr(text, "\"op\":\"delta\""));
-  assert_non_null(strstr(text, "\"op\":\"commit_delta\""));
-  assert_non_null(strstr(text, "\"delta\":-2"));
+  /* The documented shape: compact items, "public" left out. */
+  assert_non_null(strstr(text, "[[\"i\",\"trade_order\",{\"order_id\":\"1001\"},{"));
+  assert_non_null(strstr(text, "[\"u\",\"trade_order\",{\"order_id\":\"1001\"},{"));
+  assert_non_null(strstr(text, "},\"sales\"],[\"d\",\"trade_order\",{\"order_id\":\"1001\"},\"frozen_count\",-9223372036854775807]"));
+  assert_non_null(strstr(text, "[\"c\",\"trade_order\",{\"order_id\":\"1001\"},\"frozen_count\",-2]]"));
   assert_non_null(strstr(text, "\"note\":null"));
-  assert_non_null(strstr(text, "\"delta\":-9223372036854775807"));
+  assert_null(strstr(text, "public"));
+  assert_null(strstr(text, "\"op\""));
+
+  /* The object form, as the library builds the undo in memory, encodes
+   * to the same text. */
+  json_t *objects = json_array();
+  for (int i = 0; i < 5; i++) assert_int_equal(json_array_append_new(objects, rm_item_to_json(&items[i])), 0);
+  char *again = rm_undo_encode_json(objects);
+  assert_non_null(again);
+  assert_string_equal(again, text);
+  free(again);
+  /* ... and decodes to the same items. */
+  char *object_text = json_dumps(objects, JSON_COMPACT);
+  json_decref(objects);
+  rm_item_t *from_objects = NULL;
+  size_t nobj = 0;
+  char oerr[256];
+  assert_int_equal(rm_undo_decode(object_text, &from_objects, &nobj, oerr, sizeof(oerr)), 0);
+  assert_int_equal(nobj, 5);
+  for (size_t i = 0; i < 5; i++) assert_items_equal(&items[i], &from_objects[i]);
+  rm_undo_free(from_objects, nobj);
+  free(object_text);
 
   rm_item_t *out = NULL;
   size_t n = 0;
@@ -225,16 +249,30 @@ static void test_undo_insert_digest(void **state) {
   assert_int_equal(rm_row_set(it.pk, 0, "id", "42"), 0);
   char *text = rm_undo_encode(&it, 1);
   assert_non_null(text);
-  assert_non_null(strstr(text, "\"digest\":\"q1w2"));
-  assert_null(strstr(text, "\"after\""));
+  /* The compact form keeps the digest's first RM_ROW_DIGEST_KEPT characters. */
+  assert_string_equal(text, "[[\"i\",\"t\",{\"id\":\"42\"},\"q1w2e3r4t5y6u7i8o9p0a1\"]]");
   rm_item_t *out = NULL;
   size_t n = 0;
   char err[256];
   assert_int_equal(rm_undo_decode(text, &out, &n, err, sizeof(err)), 0);
   assert_int_equal(n, 1);
   assert_int_equal(out[0].op, RM_OP_INSERT);
-  assert_string_equal(out[0].digest, it.digest);
+  assert_string_equal(out[0].schema, "public");
+  assert_string_equal(out[0].digest, "q1w2e3r4t5y6u7i8o9p0a1");
   assert_null(out[0].after);
+  /* The rollback compares that head with the row's whole digest now. */
+  assert_true(rm_digest_matches(out[0].digest, it.digest));
+  assert_true(rm_digest_matches(it.digest, it.digest)); /* a whole one, as earlier versions kept it */
+  assert_false(rm_digest_matches(out[0].digest, "q1w2e3r4t5y6u7i8o9p0aXs2d3f4g5h6j7k8l9z0x1c="));
+  assert_false(rm_digest_matches(out[0].digest, "q1w2e3r4t5y6u7i8o9p0a"));
+  assert_false(rm_digest_matches("q1w2e3r4t5", it.digest)); /* too short a head proves nothing */
+  assert_false(rm_digest_matches(NULL, it.digest));
+  /* A digest too short to keep is refused, not cut to nothing. */
+  rm_item_t short_digest = {.op = RM_OP_INSERT, .schema = strdup("public"), .table = strdup("t"), .pk = rm_row_new(1),
+                            .digest = strdup("q1w2e3r4t5")};
+  assert_int_equal(rm_row_set(short_digest.pk, 0, "id", "42"), 0);
+  assert_null(rm_item_to_compact(&short_digest));
+  rm_item_clear(&short_digest);
   /* The message of a dirty one shows the row as it is now. */
   rm_row_t *cur = rm_row_new(2);
   assert_int_equal(rm_row_set(cur, 0, "id", "42"), 0);
@@ -290,6 +328,25 @@ static void test_undo_decode_errors(void **state) {
     /* a good item followed by a bad one: nothing is returned */
     "[{\"op\":\"delta\",\"schema\":\"s\",\"table\":\"t\",\"pk\":{\"id\":\"1\"},\"col\":\"c\",\"delta\":1},"
     "{\"op\":\"delta\"}]",
+    /* a digest too short to tell anything (26) */
+    "[{\"op\":\"insert\",\"schema\":\"s\",\"table\":\"t\",\"pk\":{\"id\":\"1\"},\"digest\":\"0123456789\"}]",
+    /* the compact form (27-) */
+    "[[]]",
+    "[[\"q\",\"t\",{\"id\":\"1\"},\"0123456789012345678901\"]]",
+    "[[\"i\",\"t\",{\"id\":\"1\"}]]",
+    "[[\"i\",\"t\",{\"id\":\"1\"},\"0123456789\"]]",
+    "[[\"i\",\"\",{\"id\":\"1\"},\"0123456789012345678901\"]]",
+    "[[\"i\",\"t\",{},\"0123456789012345678901\"]]",
+    "[[\"i\",\"t\",{\"id\":\"1\"},\"0123456789012345678901\",\"\"]]",
+    "[[\"i\",\"t\",{\"id\":\"1\"},\"0123456789012345678901\",\"s\",\"extra\"]]",
+    "[[\"i\",\"t\",{\"id\":\"1\"},7]]",
+    "[[\"u\",\"t\",{\"id\":\"1\"},{}]]",
+    "[[\"u\",\"t\",{\"id\":\"1\"},{},[]]]",
+    "[[\"x\",\"t\",{\"id\":\"1\"},\"row\"]]",
+    "[[\"d\",\"t\",{\"id\":\"1\"},\"c\",1.5]]",
+    "[[\"d\",\"t\",{\"id\":\"1\"},\"\",1]]",
+    "[[\"c\",\"t\",{\"id\":\"1\"},\"c\"]]",
+    "[[\"d\",\"t\",{\"id\":\"1\"},\"c\",1],7]",
   };
   for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
     rm_item_t *out = (rm_item_t *)(uintptr_t)1;
@@ -308,7 +365,13 @@ static void test_undo_decode_errors(void **state) {
   rm_undo_decode(bad[23], &out, &n, err, sizeof(err));
   assert_non_null(strstr(err, "\"col\""));
   rm_undo_decode(bad[17], &out, &n, err, sizeof(err));
-  assert_non_null(strstr(err, "\"digest\" is longer"));
+  assert_non_null(strstr(err, "digest is 129 bytes long"));
+  rm_undo_decode(bad[26], &out, &n, err, sizeof(err));
+  assert_non_null(strstr(err, "digest is 10 bytes long"));
+  rm_undo_decode(bad[29], &out, &n, err, sizeof(err));
+  assert_non_null(strstr(err, "has 3 elements, not 4 or 5"));
+  rm_undo_decode(bad[30], &out, &n, err, sizeof(err));
+  assert_non_null(strstr(err, "digest is 10 bytes long"));
 }
 
 static void test_item_to_json_refuses(void **state) {
@@ -497,39 +560,59 @@ static void test_ctx_roundtrip(void **state) {
   const char *values[4] = {"Europe/Paris", "ISO, MDY", "a;b=c%d\n", NULL};
   char *s = rm_ctx_format(true, false, 4, names, values);
   assert_non_null(s);
-  assert_string_equal(s, "serializer=json;version=1;delta=1;TimeZone=Europe/Paris;DateStyle=ISO, MDY;"
+  assert_string_equal(s, "serializer=json;version=3;delta=1;TimeZone=Europe/Paris;DateStyle=ISO, MDY;"
                          "weird=a%3Bb%3Dc%25d%0A");
   rm_ctx_t ctx;
   assert_int_equal(rm_ctx_parse(s, &ctx), 0);
   assert_true(ctx.delta);
-  assert_int_equal(ctx.version, 1);
-  assert_int_equal(ctx.nsettings, 3);
+  assert_int_equal(ctx.version, 3);
+  /* The three written, then the standard ones left out put back. */
+  assert_int_equal(ctx.nsettings, 7);
   assert_string_equal(ctx.names[0], "TimeZone");
+  assert_string_equal(ctx.values[0], "Europe/Paris");
   assert_string_equal(ctx.values[1], "ISO, MDY");
   assert_string_equal(ctx.values[2], "a;b=c%d\n");
+  assert_string_equal(ctx.names[3], "IntervalStyle");
+  assert_string_equal(ctx.values[3], RM_CTX_STD_INTERVALSTYLE);
+  assert_string_equal(ctx.names[6], "lc_monetary");
+  assert_string_equal(ctx.values[6], RM_CTX_STD_LC_MONETARY);
   rm_ctx_clear(&ctx);
   free(s);
 
   s = rm_ctx_format(false, false, 0, NULL, NULL);
-  assert_string_equal(s, "serializer=json;version=1");
+  assert_string_equal(s, "serializer=json;version=3");
   assert_int_equal(rm_ctx_parse(s, &ctx), 0);
   assert_false(ctx.delta);
   assert_false(ctx.commit);
-  assert_int_equal(ctx.nsettings, 0);
+  assert_int_equal(ctx.nsettings, 6);
+  assert_string_equal(ctx.names[0], "TimeZone");
+  assert_string_equal(ctx.values[0], RM_CTX_STD_TIMEZONE);
+  assert_string_equal(ctx.names[1], "DateStyle");
+  assert_string_equal(ctx.values[1], RM_CTX_STD_DATESTYLE);
   rm_ctx_clear(&ctx);
   free(s);
 
-  /* Commit deltas: version 2 and the mark the SQL of rm_undo.c looks for. */
+  /* Commit deltas: the mark the SQL of rm_undo.c looks for. */
   const char *tz[1] = {"TimeZone"}, *tzv[1] = {"commit=1;"};
   s = rm_ctx_format(true, true, 1, tz, tzv);
-  assert_string_equal(s, "serializer=json;version=2;delta=1;commit=1;TimeZone=commit%3D1%3B");
+  assert_string_equal(s, "serializer=json;version=3;delta=1;commit=1;TimeZone=commit%3D1%3B");
   assert_int_equal(rm_ctx_parse(s, &ctx), 0);
   assert_true(ctx.commit);
-  assert_int_equal(ctx.version, 2);
-  assert_int_equal(ctx.nsettings, 1);
+  assert_int_equal(ctx.version, 3);
+  assert_int_equal(ctx.nsettings, 6);
   assert_string_equal(ctx.values[0], "commit=1;");
   rm_ctx_clear(&ctx);
   free(s);
+
+  /* Earlier versions read as they were written: nothing put back. */
+  assert_int_equal(rm_ctx_parse("serializer=json;version=1;delta=1;TimeZone=UTC", &ctx), 0);
+  assert_int_equal(ctx.version, 1);
+  assert_int_equal(ctx.nsettings, 1);
+  rm_ctx_clear(&ctx);
+  assert_int_equal(rm_ctx_parse("serializer=json;version=2;commit=1", &ctx), 0);
+  assert_true(ctx.commit);
+  assert_int_equal(ctx.nsettings, 0);
+  rm_ctx_clear(&ctx);
 }
 
 static void test_ctx_errors(void **state) {
@@ -541,7 +624,7 @@ static void test_ctx_errors(void **state) {
     "serializer=jackson;version=1",
     "serializer=json",
     "serializer=json;version=2",
-    "serializer=json;version=3;commit=1",
+    "serializer=json;version=4",
     "serializer=json;version=1;commit=1",
     "serializer=json;version=2;commit=0",
     "serializer=json;version=1;=x",
@@ -550,6 +633,8 @@ static void test_ctx_errors(void **state) {
     "serializer=json;version=1;TimeZone=%zz",
     "serializer=json;version=1;TimeZone=%00",
     "serializer=json;version=1;a=1;b=1;c=1;d=1;e=1;f=1;g=1;h=1;i=1",
+    /* version 3: three of one's own and the six standard ones put back */
+    "serializer=json;version=3;a=1;b=1;c=1",
   };
   for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
     rm_ctx_t ctx;

@@ -407,7 +407,7 @@ static int prepare(rm_branch_t *b, int64_t *branch_id, bool *fused_commit_done) 
       return RM_E_NOMEM;
     }
   }
-  char *undo = json_dumps(b->undo, JSON_COMPACT);
+  char *undo = rm_undo_encode_json(b->undo); /* the compact form: rm_image.h */
   char *ctx = rm__at_context(b);
   if (!undo || !ctx) {
     free(undo);

@@ -373,12 +373,17 @@ char *rm__at_context(const rm_branch_t *b);
 #define RM_AT_CTX_VALUE(name)                                                                                 \
   "pg_catalog.replace(pg_catalog.replace(pg_catalog.replace(pg_catalog.current_setting('" name "'), '%', " \
   "'%25'), ';', '%3B'), '=', '%3D')"
-#define RM_AT_CONTEXT_SETTINGS                                                                            \
-  "';TimeZone=' || " RM_AT_CTX_VALUE("TimeZone") " || ';DateStyle=' || " RM_AT_CTX_VALUE("DateStyle")   \
-  " || ';IntervalStyle=' || " RM_AT_CTX_VALUE("IntervalStyle")                                           \
-  " || ';extra_float_digits=' || " RM_AT_CTX_VALUE("extra_float_digits")                                 \
-  " || ';bytea_output=' || " RM_AT_CTX_VALUE("bytea_output")                                             \
-  " || ';lc_monetary=' || " RM_AT_CTX_VALUE("lc_monetary")
+/* ";name=value", or nothing when the setting has its standard value
+ * (rm_image.h, RM_CTX_STANDARD_SETTINGS: the parse puts it back). */
+#define RM_AT_CTX_SETTING(name, standard)                                                                  \
+  "CASE WHEN pg_catalog.current_setting('" name "') = '" standard "' THEN '' ELSE ';" name "=' || "   \
+  RM_AT_CTX_VALUE(name) " END"
+#define RM_AT_CONTEXT_SETTINGS                                                                             \
+  RM_AT_CTX_SETTING("TimeZone", RM_CTX_STD_TIMEZONE) " || " RM_AT_CTX_SETTING("DateStyle", RM_CTX_STD_DATESTYLE) \
+  " || " RM_AT_CTX_SETTING("IntervalStyle", RM_CTX_STD_INTERVALSTYLE)                                      \
+  " || " RM_AT_CTX_SETTING("extra_float_digits", RM_CTX_STD_EXTRA_FLOAT_DIGITS)                            \
+  " || " RM_AT_CTX_SETTING("bytea_output", RM_CTX_STD_BYTEA_OUTPUT)                                        \
+  " || " RM_AT_CTX_SETTING("lc_monetary", RM_CTX_STD_LC_MONETARY)
 
 /* --- rm_at_stmt.c --- */
 /* Helpers of the statements (rm_at_stmt.c, rm_at_sql.c). */

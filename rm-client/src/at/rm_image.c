@@ -14,6 +14,7 @@
 
 #define UNDO_VERSION 1        /* images and phase-one deltas only */
 #define UNDO_VERSION_COMMIT 2 /* ... and commit_delta items */
+#define UNDO_VERSION_COMPACT 3 /* compact items, standard settings left out; "commit=1" as needed */
 
 /* ------------------------------------------------------------------ rows */
 
@@ -161,6 +162,49 @@ json_t *rm_item_to_json(const rm_item_t *it) {
   return o;
 }
 
+/* The compact item's op codes (rm_image.h NOTES), indexed by rm_op_t. */
+static const char *const op_codes[] = {NULL, "i", "u", "x", "d", "c"};
+
+/* Elements of a compact item of 'op' before its optional schema. */
+static size_t compact_len(rm_op_t op) { return op == RM_OP_UPDATE || is_delta(op) ? 5 : 4; }
+
+/* Append 'v' to 'a', consuming it; false on failure. */
+static bool push(json_t *a, json_t *v) { return v && json_array_append_new(a, v) == 0; }
+
+json_t *rm_item_to_compact(const rm_item_t *it) {
+  if (!it || it->op < RM_OP_INSERT || it->op > RM_OP_COMMIT_DELTA || !it->table || !it->pk) return NULL;
+  json_t *a = json_array();
+  if (!a) return NULL;
+  bool ok = push(a, json_string(op_codes[it->op])) && push(a, json_string(it->table)) && push(a, row_to_json(it->pk));
+  switch (it->op) {
+  case RM_OP_INSERT: /* the kept head of the digest, or (earlier versions) the after image */
+    if (it->digest && strlen(it->digest) < RM_ROW_DIGEST_KEPT) ok = false;
+    else if (ok) ok = it->digest ? push(a, json_stringn(it->digest, RM_ROW_DIGEST_KEPT))
+                                 : it->after && push(a, row_to_json(it->after));
+    break;
+  case RM_OP_UPDATE:
+    ok = ok && it->before && it->after && push(a, row_to_json(it->before)) && push(a, row_to_json(it->after));
+    break;
+  case RM_OP_DELETE:
+    ok = ok && it->before && push(a, row_to_json(it->before));
+    break;
+  default: /* RM_OP_DELTA, RM_OP_COMMIT_DELTA */
+    ok = ok && it->col && push(a, json_string(it->col)) && push(a, json_integer((json_int_t)it->delta));
+  }
+  if (ok && it->schema && strcmp(it->schema, "public") != 0) ok = push(a, json_string(it->schema));
+  if (!ok) {
+    json_decref(a);
+    return NULL;
+  }
+  return a;
+}
+
+bool rm_digest_matches(const char *kept, const char *current) {
+  if (!kept || !current) return false;
+  size_t n = strlen(kept);
+  return n >= RM_ROW_DIGEST_KEPT && strlen(current) >= n && memcmp(kept, current, n) == 0;
+}
+
 /* Parse an image object; 'allow_empty' for pk (never) vs images. */
 static rm_row_t *row_from_json(const json_t *o, bool pk, const char *what, char *err, size_t errlen) {
   if (!json_is_object(o)) {
@@ -210,10 +254,82 @@ static char *dup_str_field(const json_t *o, const char *key, char *err, size_t e
   return s;
 }
 
+/* A digest as an undo item may carry it: 0, or -1 with the reason. */
+static int check_digest(const char *d, char *err, size_t errlen) {
+  size_t n = strlen(d);
+  if (n >= RM_ROW_DIGEST_KEPT && n <= RM_ROW_DIGEST_MAX) return 0;
+  snprintf(err, errlen, "the digest is %zu bytes long, not %d to %d", n, RM_ROW_DIGEST_KEPT, RM_ROW_DIGEST_MAX);
+  return -1;
+}
+
+/* The string element 'i' of 'a' (non-empty), copied; NULL with the reason. */
+static char *dup_str_elem(const json_t *a, size_t i, const char *what, char *err, size_t errlen) {
+  const json_t *v = json_array_get(a, i);
+  if (!json_is_string(v) || json_string_length(v) == 0) {
+    snprintf(err, errlen, "the %s of the undo item is missing or not a non-empty string", what);
+    return NULL;
+  }
+  char *s = strdup(json_string_value(v));
+  if (!s) snprintf(err, errlen, "out of memory");
+  return s;
+}
+
+/* The compact form: [op, table, pk, ...the op's own..., schema if not "public"]. */
+static int item_from_compact(const json_t *j, rm_item_t *it, char *err, size_t errlen) {
+  const char *code = json_string_value(json_array_get(j, 0));
+  for (int k = RM_OP_INSERT; code && k <= RM_OP_COMMIT_DELTA; k++)
+    if (strcmp(code, op_codes[k]) == 0) it->op = (rm_op_t)k;
+  if (!it->op) {
+    snprintf(err, errlen, "unknown undo op \"%s\"", code ? code : "(none)");
+    return RM_E_INVALID;
+  }
+  size_t n = json_array_size(j), want = compact_len(it->op);
+  if (n != want && n != want + 1) {
+    snprintf(err, errlen, "a compact %s item has %zu elements, not %zu or %zu", op_names[it->op], n, want, want + 1);
+    return RM_E_INVALID;
+  }
+  it->schema = n > want ? dup_str_elem(j, want, "schema", err, errlen) : strdup("public");
+  if (!it->schema) {
+    if (n == want) snprintf(err, errlen, "out of memory");
+    goto fail;
+  }
+  if (!(it->table = dup_str_elem(j, 1, "table", err, errlen))) goto fail;
+  if (!(it->pk = row_from_json(json_array_get(j, 2), true, "pk", err, errlen))) goto fail;
+  const json_t *third = json_array_get(j, 3);
+  switch (it->op) {
+  case RM_OP_INSERT:
+    if (json_is_string(third)) {
+      if (!(it->digest = dup_str_elem(j, 3, "digest", err, errlen)) || check_digest(it->digest, err, errlen)) goto fail;
+    } else if (!(it->after = row_from_json(third, false, "after", err, errlen))) {
+      goto fail;
+    }
+    break;
+  case RM_OP_UPDATE:
+    if (!(it->before = row_from_json(third, false, "before", err, errlen))) goto fail;
+    if (!(it->after = row_from_json(json_array_get(j, 4), false, "after", err, errlen))) goto fail;
+    break;
+  case RM_OP_DELETE:
+    if (!(it->before = row_from_json(third, false, "before", err, errlen))) goto fail;
+    break;
+  default:
+    if (!(it->col = dup_str_elem(j, 3, "column", err, errlen))) goto fail;
+    if (!json_is_integer(json_array_get(j, 4))) {
+      snprintf(err, errlen, "the delta of the undo item is missing or not an integer");
+      goto fail;
+    }
+    it->delta = (long long)json_integer_value(json_array_get(j, 4));
+  }
+  return 0;
+fail:
+  rm_item_clear(it);
+  return RM_E_INVALID;
+}
+
 int rm_item_from_json(const json_t *j, rm_item_t *it, char *err, size_t errlen) {
   memset(it, 0, sizeof(*it));
+  if (json_is_array(j)) return item_from_compact(j, it, err, errlen);
   if (!json_is_object(j)) {
-    snprintf(err, errlen, "undo item is not an object");
+    snprintf(err, errlen, "undo item is neither an object nor an array");
     return RM_E_INVALID;
   }
   const char *op = json_string_value(json_object_get(j, "op"));
@@ -234,11 +350,7 @@ int rm_item_from_json(const json_t *j, rm_item_t *it, char *err, size_t errlen) 
   if (want_before && !(it->before = row_from_json(b, false, "before", err, errlen))) goto fail;
   if (want_after && !(it->after = row_from_json(a, false, "after", err, errlen))) goto fail;
   if (want_digest) {
-    if (!(it->digest = dup_str_field(j, "digest", err, errlen))) goto fail;
-    if (strlen(it->digest) > RM_ROW_DIGEST_MAX) {
-      snprintf(err, errlen, "\"digest\" is longer than %d bytes", RM_ROW_DIGEST_MAX);
-      goto fail;
-    }
+    if (!(it->digest = dup_str_field(j, "digest", err, errlen)) || check_digest(it->digest, err, errlen)) goto fail;
   }
   if (is_delta(it->op)) {
     if (!(it->col = dup_str_field(j, "col", err, errlen))) goto fail;
@@ -259,7 +371,7 @@ char *rm_undo_encode(const rm_item_t *items, size_t n) {
   json_t *arr = json_array();
   if (!arr) return NULL;
   for (size_t i = 0; i < n; i++) {
-    json_t *o = rm_item_to_json(&items[i]);
+    json_t *o = rm_item_to_compact(&items[i]);
     if (!o || json_array_append_new(arr, o) != 0) {
       json_decref(arr);
       return NULL;
@@ -267,6 +379,18 @@ char *rm_undo_encode(const rm_item_t *items, size_t n) {
   }
   char *s = json_dumps(arr, JSON_COMPACT);
   json_decref(arr);
+  return s;
+}
+
+char *rm_undo_encode_json(const json_t *items) {
+  size_t n = json_array_size(items);
+  rm_item_t *its = calloc(n ? n : 1, sizeof(*its));
+  if (!its) return NULL;
+  char why[8];
+  size_t done = 0;
+  while (done < n && rm_item_from_json(json_array_get(items, done), &its[done], why, sizeof(why)) == 0) done++;
+  char *s = done == n ? rm_undo_encode(its, n) : NULL;
+  rm_undo_free(its, done);
   return s;
 }
 
@@ -462,7 +586,7 @@ static int ctx_append_escaped(txp_buf_t *b, const char *s) {
 char *rm_ctx_format(bool delta, bool commit, int n, const char *const *names, const char *const *values) {
   txp_buf_t b;
   txp_buf_init(&b, 0);
-  int rc = txp_buf_append_str(&b, commit ? "serializer=json;version=2" : "serializer=json;version=1");
+  int rc = txp_buf_append_str(&b, "serializer=json;version=3");
   if (!rc && delta) rc = txp_buf_append_str(&b, ";delta=1");
   if (!rc && commit) rc = txp_buf_append_str(&b, ";commit=1");
   for (int i = 0; !rc && i < n; i++) {
@@ -519,6 +643,23 @@ void rm_ctx_clear(rm_ctx_t *ctx) {
   memset(ctx, 0, sizeof(*ctx));
 }
 
+/* Version 3 leaves out a setting at its standard value (rm_image.h):
+ * put those back, so that the rollback sets every one as before. */
+static int add_standard_settings(rm_ctx_t *ctx) {
+  static const char *const std[][2] = {RM_CTX_STANDARD_SETTINGS};
+  for (size_t i = 0; i < sizeof(std) / sizeof(std[0]); i++) {
+    bool have = false;
+    for (int k = 0; k < ctx->nsettings && !have; k++) have = strcmp(ctx->names[k], std[i][0]) == 0;
+    if (have) continue;
+    if (ctx->nsettings == RM_CTX_MAX_SETTINGS) return -1;
+    ctx->names[ctx->nsettings] = strdup(std[i][0]);
+    ctx->values[ctx->nsettings] = strdup(std[i][1]);
+    ctx->nsettings++;
+    if (!ctx->names[ctx->nsettings - 1] || !ctx->values[ctx->nsettings - 1]) return -1;
+  }
+  return 0;
+}
+
 int rm_ctx_parse(const char *s, rm_ctx_t *ctx) {
   memset(ctx, 0, sizeof(*ctx));
   if (!s) return RM_E_INVALID;
@@ -562,8 +703,10 @@ int rm_ctx_parse(const char *s, rm_ctx_t *ctx) {
     if (!end) break;
     p = end + 1;
   }
-  if (!json || (ctx->version != UNDO_VERSION && ctx->version != UNDO_VERSION_COMMIT)) goto bad;
-  if (ctx->commit != (ctx->version == UNDO_VERSION_COMMIT)) goto bad; /* version 2 is exactly "commit=1" */
+  if (!json || ctx->version < UNDO_VERSION || ctx->version > UNDO_VERSION_COMPACT) goto bad;
+  /* Version 2 is exactly "commit=1"; version 3 says it when it is so. */
+  if (ctx->version < UNDO_VERSION_COMPACT && ctx->commit != (ctx->version == UNDO_VERSION_COMMIT)) goto bad;
+  if (ctx->version == UNDO_VERSION_COMPACT && add_standard_settings(ctx) != 0) goto bad;
   return 0;
 bad:
   rm_ctx_clear(ctx);

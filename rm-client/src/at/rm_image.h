@@ -13,7 +13,20 @@
  *   equally.
  *
  *   The undo of a branch (undo_log.rollback_info) is a JSON array of items
- *   in the order the statements ran; rollback replays it backwards:
+ *   in the order the statements ran; rollback replays it backwards.  The
+ *   library writes each item in its compact form (context version 3): an
+ *   array, the op's one-letter code, the table, the key, what the op needs,
+ *   and the schema last only when it is not "public":
+ *
+ *     ["i", t, {pk}, digest]          ["i", t, {pk}, {after}]
+ *     ["u", t, {pk}, {before}, {after}]
+ *     ["x", t, {pk}, {before}]        (delete)
+ *     ["d", t, {pk}, col, n]          ["c", t, {pk}, col, n] (commit_delta)
+ *
+ *   About half the bytes of the object form (no key names, no "public"),
+ *   which every undo row pays twice in WAL (its insert, then its pages'
+ *   deletes and vacuum).  The object form, which earlier versions wrote and
+ *   the library still builds in memory, reads as well:
  *
  *     {"op":"insert","schema":s,"table":t,"pk":{col:val,...},"digest":d}
  *     {"op":"insert","schema":s,"table":t,"pk":{col:val,...},"after":{...}}
@@ -24,7 +37,10 @@
  *
  *   An insert's "digest" (RM_AT_ROW_DIGEST: the SHA-256 of the row's text
  *   form, base64) stands for its whole after image: the rollback deletes
- *   the row only if it still has that digest.  It is what the library
+ *   the row only if it still has that digest.  The compact form keeps its
+ *   first RM_ROW_DIGEST_KEPT characters (132 bits: enough to tell a row
+ *   that changed, which is all it is for; the rows are the RM's own, not
+ *   an adversary's choice), and the rollback compares that head.  It is what the library
  *   writes (a few dozen bytes instead of the row, in the undo row and its
  *   WAL); an "after" image, as earlier versions wrote it, still rolls back
  *   as before.  What a digest cannot tell is which columns changed, so a
@@ -95,6 +111,8 @@ int rm_row_diff(const rm_row_t *image, const rm_row_t *cur, int *diff, int cap);
  * rollback skips it, since nothing was applied. */
 /* The longest digest an undo item may carry (a SHA-256 in base64 is 44). */
 #define RM_ROW_DIGEST_MAX 128
+/* What the compact form keeps of a digest, and the shortest one read. */
+#define RM_ROW_DIGEST_KEPT 22
 
 typedef enum rm_op { RM_OP_INSERT = 1, RM_OP_UPDATE, RM_OP_DELETE, RM_OP_DELTA, RM_OP_COMMIT_DELTA } rm_op_t;
 
@@ -119,16 +137,27 @@ void rm_item_clear(rm_item_t *it);
 /* The JSON form of one item (a new reference), NULL on allocation failure
  * or if a string is not valid UTF-8. */
 json_t *rm_item_to_json(const rm_item_t *it);
+/* The compact form of one item (a new reference; NOTES), NULL as above or
+ * when the item lacks what its op needs. */
+json_t *rm_item_to_compact(const rm_item_t *it);
 /*
- * Parse one item from 'j' into 'it' (zeroed first; cleared again on
- * error).  Strict: unknown op, missing or mistyped fields, an empty pk, a
- * missing image for the op are RM_E_INVALID with a reason in 'err'.
+ * Parse one item, in either form, from 'j' into 'it' (zeroed first;
+ * cleared again on error).  Strict: unknown op, missing or mistyped
+ * fields, an empty pk, a missing image for the op, a digest shorter than
+ * RM_ROW_DIGEST_KEPT are RM_E_INVALID with a reason in 'err'.
  */
 int rm_item_from_json(const json_t *j, rm_item_t *it, char *err, size_t errlen);
 
-/* Encode 'n' items as the rollback_info text (malloc'd, compact JSON).
+/* Encode 'n' items as the rollback_info text (malloc'd, compact items).
  * NULL on allocation failure or invalid UTF-8. */
 char *rm_undo_encode(const rm_item_t *items, size_t n);
+/* The same from a JSON array of items in either form (the branch's undo
+ * as the library builds it); NULL also when an item is not valid. */
+char *rm_undo_encode_json(const json_t *items);
+/* Whether the digest an undo item kept ('kept', a head of at least
+ * RM_ROW_DIGEST_KEPT characters, or a whole one) is the head of the row's
+ * digest now ('current'). */
+bool rm_digest_matches(const char *kept, const char *current);
 /*
  * Decode rollback_info text into a new array of items (*out, *n); free
  * with rm_undo_free.  RM_E_INVALID (reason in 'err') if the text is not a
@@ -169,7 +198,10 @@ void rm_dirty_message(char *out, size_t cap, const rm_item_t *it, const char *ex
 /*
  * undo_log.context: "serializer=json;version=V[;delta=1][;commit=1][;NAME=VALUE...]"
  * where the NAME=VALUE pairs are the session settings the images were
- * taken under (TimeZone, DateStyle, ...).  Values are %XX-escaped for
+ * taken under (TimeZone, DateStyle, ...).  Version 3 (the library writes
+ * it; items in either form) leaves out a setting at its standard value
+ * (RM_CTX_STANDARD_SETTINGS: a hundred bytes less in most rows) and
+ * rm_ctx_parse puts it back; "commit=1" may go with it.  Values are %XX-escaped for
  * ';', '=', '%' and control bytes, so ";commit=1;" can be searched for in
  * SQL.  "commit=1" marks a row whose phase-two commit must apply its
  * commit_delta items before the row may go; such a row is written with
@@ -177,6 +209,19 @@ void rm_dirty_message(char *out, size_t cap, const rm_item_t *it, const char *ex
  * roll back ("cannot be read": an operator's) instead of misreading it.
  */
 #define RM_CTX_MAX_SETTINGS 8
+/* The settings an image's text depends on, at the values a version 3
+ * context leaves out (name, value; the undo row's INSERT compares with
+ * them: RM_AT_CONTEXT_SETTINGS). */
+#define RM_CTX_STD_TIMEZONE "UTC"
+#define RM_CTX_STD_DATESTYLE "ISO, MDY"
+#define RM_CTX_STD_INTERVALSTYLE "postgres"
+#define RM_CTX_STD_EXTRA_FLOAT_DIGITS "1"
+#define RM_CTX_STD_BYTEA_OUTPUT "hex"
+#define RM_CTX_STD_LC_MONETARY "C"
+#define RM_CTX_STANDARD_SETTINGS                                                                     \
+  {"TimeZone", RM_CTX_STD_TIMEZONE}, {"DateStyle", RM_CTX_STD_DATESTYLE},                           \
+      {"IntervalStyle", RM_CTX_STD_INTERVALSTYLE}, {"extra_float_digits", RM_CTX_STD_EXTRA_FLOAT_DIGITS}, \
+      {"bytea_output", RM_CTX_STD_BYTEA_OUTPUT}, {"lc_monetary", RM_CTX_STD_LC_MONETARY}
 
 typedef struct rm_ctx {
   bool delta;
@@ -187,14 +232,15 @@ typedef struct rm_ctx {
   char *values[RM_CTX_MAX_SETTINGS];
 } rm_ctx_t;
 
-/* Format the context (malloc'd); 'names'/'values' has 'n' settings (values
- * NULL are skipped).  'commit': the undo holds commit_delta items (version
- * 2).  NULL on allocation failure. */
+/* Format the context (malloc'd, version 3); 'names'/'values' has 'n'
+ * settings (values NULL are skipped).  'commit': the undo holds
+ * commit_delta items.  NULL on allocation failure. */
 char *rm_ctx_format(bool delta, bool commit, int n, const char *const *names, const char *const *values);
 /* Parse; RM_E_INVALID for an unknown serializer or version, a malformed
- * pair, "commit=1" without version 2 or version 2 without it, or more than
+ * pair, "commit=1" with version 1 or version 2 without it, or more than
  * RM_CTX_MAX_SETTINGS settings (every key other than serializer, version,
- * delta and commit is a setting).  Free with rm_ctx_clear. */
+ * delta and commit is a setting; for version 3, counting the standard
+ * ones put back).  Free with rm_ctx_clear. */
 int rm_ctx_parse(const char *s, rm_ctx_t *ctx);
 void rm_ctx_clear(rm_ctx_t *ctx);
 

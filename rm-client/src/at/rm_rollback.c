@@ -228,7 +228,7 @@ static int undo_item(rm_undo_ctx_t *u, const rm_item_t *it) {
   switch (it->op) {
   case RM_OP_INSERT:
     if (!cur) rc = RM_UNDO_OK; /* already gone */
-    else if (it->digest ? strcmp(it->digest, digest) == 0 : rm_row_diff(it->after, cur, NULL, 0) == 0)
+    else if (it->digest ? rm_digest_matches(it->digest, digest) : rm_row_diff(it->after, cur, NULL, 0) == 0)
       rc = undo_insert_delete_row(u, t, it);
     else rc = dirty(u, it, "after", it->after, cur);
     break;
