@@ -178,7 +178,21 @@ typedef struct rm_config {
                                   connection; for connections behind a proxy that
                                   cannot keep them (PgBouncer pool_mode=transaction)
                                   or an application that runs DEALLOCATE ALL */
+  int undo_format;             /* how AT branches write their undo rows:
+                                  rm_undo_format_t, 0 = RM_UNDO_COMPACT */
 } rm_config_t;
+
+/* rm_config_t.undo_format.
+ *   RM_UNDO_COMPACT  (version 3) about half the bytes of an undo row, and
+ *                    of its WAL: what a library of this version writes.
+ *                    Libraries of before it cannot read such a row: they
+ *                    answer its rollback "cannot be read", for an operator.
+ *   RM_UNDO_OBJECTS  the form of earlier versions (1, and 2 with commit
+ *                    deltas), which they read: for a rolling upgrade, set
+ *                    it while any older instance still serves one of the
+ *                    client's resources, and drop it once none does.
+ *  Either form is read by this version, whatever the setting. */
+typedef enum { RM_UNDO_COMPACT = 0, RM_UNDO_OBJECTS = 1 } rm_undo_format_t;
 
 /* rm_config_t.node_choice.  Calls about an xid always go to the node that
  * created it (while it is up).  Calls without one:
@@ -588,8 +602,8 @@ RM_API int rm_at_update_delta_deferred(rm_branch_t *b, const char *table, const 
  * constraint refusing it (a write outside the coordinator), the branch
  * ends PhaseTwoCommitFailedUnretryable and the global CommitFailed, for an
  * operator.  Every resource manager serving the resource must be of this
- * version or later (the undo row is written as version 2, which older
- * ones refuse to roll back rather than misread).
+ * version or later (such an undo row is version 2 or 3, which older ones
+ * refuse to roll back rather than misread; rm_config_t.undo_format).
  */
 RM_API int rm_at_update_delta_on_commit(rm_branch_t *b, const char *table, const char *const *pk_vals,
                                         const char *col, long long delta);

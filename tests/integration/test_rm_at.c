@@ -474,6 +474,60 @@ static int64_t branch_insert_order_row(PGconn *pg, const char *xid, const char *
   return bid;
 }
 
+/* rm_config_t.undo_format = RM_UNDO_OBJECTS, for a rolling upgrade: the
+ * undo row as earlier versions wrote and read it (objects, the whole
+ * digest, every setting in a version 1 context), an invalid format
+ * refused, and such a row rolled back (by either client: both read both
+ * forms). */
+static void test_undo_objects(void **state) {
+  (void)state;
+  rm_config_t bad = {.token = TOKEN, .application_id = "test_rm_at", .undo_format = 2};
+  rm_client_t *none = NULL;
+  assert_int_equal(itest_client_new(&tcd, bad, &none), -1);
+  assert_non_null(strstr(rm_errmsg(), "undo_format 2"));
+
+  rm_config_t cfg = {.token = TOKEN, .application_id = "test_rm_at", .request_timeout_ms = 15000,
+                     .lock_wait_ms = 2000, .log_cb = log_cb, .log_level = RM_LOG_DEBUG,
+                     .undo_format = RM_UNDO_OBJECTS};
+  rm_client_t *older = NULL;
+  assert_int_equal(itest_client_new(&tcd, cfg, &older), 0);
+  assert_int_equal(rm_resource_add(older, "orders", orders_url), 0);
+  assert_int_equal(itest_client_ready(older), 0);
+  PGconn *o = pg_open(orders_url);
+  assert_non_null(o);
+  long long id = atomic_fetch_add(&next_order, 1);
+  char sid[32], xid[RM_XID_MAX];
+  snprintf(sid, sizeof(sid), "%lld", id);
+  assert_true(exec_ok(o, "INSERT INTO other.kv VALUES ('objects', 'orig') ON CONFLICT (k) DO UPDATE SET v = 'orig'"));
+  assert_int_equal(rm_tm_begin(older, 30000, "undo_objects", xid), 0);
+  assert_true(exec_ok(o, "BEGIN"));
+  rm_branch_t *b = NULL;
+  assert_int_equal(rm_at_open(older, xid, "orders", o, &b), 0);
+  const char *cols[6] = {"order_id", "activity_id", "ticket_type", "user_id", "qty", "bucket_id"};
+  const char *vals[6] = {sid, "1", "1", "6", "1", "3"};
+  assert_int_equal(rm_at_insert(b, "trade_order", 6, cols, vals), 0);
+  const char *k[1] = {"objects"}, *c[1] = {"v"}, *v[1] = {"changed"};
+  assert_int_equal(rm_at_update(b, "other.kv", k, 1, c, v), 0);
+  assert_int_equal(rm_at_prepare(b, NULL), 0);
+  assert_true(exec_ok(o, "COMMIT"));
+  assert_int_equal(rm_at_close(b, true), 0);
+  assert_int_equal(q_ll(o, "SELECT count(*) FROM undo_log WHERE xid = $1"
+                           " AND context LIKE 'serializer=json;version=1;TimeZone=%;lc_monetary=%'"
+                           " AND rollback_info->0->>'op' = 'insert' AND length(rollback_info->0->>'digest') = 44"
+                           " AND rollback_info->1->>'op' = 'update' AND rollback_info->1->>'schema' = 'other'",
+                        xid, NULL, NULL), 1);
+  int st = 0;
+  assert_int_equal(rm_tm_rollback(older, xid, &st), 0);
+  assert_int_equal(st, RM_GS_ROLLBACKED);
+  assert_int_equal(q_ll(o, "SELECT count(*) FROM trade_order WHERE order_id = $1", sid, NULL, NULL), 0);
+  char *kv = q_str(o, "SELECT v FROM other.kv WHERE k = 'objects'", NULL, NULL);
+  assert_non_null(kv);
+  assert_string_equal(kv, "orig");
+  free(kv);
+  PQfinish(o);
+  rm_client_free(older);
+}
+
 /* An insert's undo keeps the row's digest, not its image: a row changed
  * since is dirty (nothing deleted, the message shows the row as it is);
  * repaired to what the branch inserted, the re-driven rollback deletes
@@ -1462,6 +1516,7 @@ int main(void) {
     cmocka_unit_test(test_rollback_all_ops),
     cmocka_unit_test(test_dirty_write),
     cmocka_unit_test(test_insert_digest),
+    cmocka_unit_test(test_undo_objects),
     cmocka_unit_test(test_never_committed),
     cmocka_unit_test(test_rollback_before_local_commit),
     cmocka_unit_test(test_duplicate_phase2),

@@ -181,9 +181,15 @@ static void test_undo_roundtrip(void **state) {
    * to the same text. */
   json_t *objects = json_array();
   for (int i = 0; i < 5; i++) assert_int_equal(json_array_append_new(objects, rm_item_to_json(&items[i])), 0);
-  char *again = rm_undo_encode_json(objects);
+  char *again = rm_undo_encode_json(objects, true);
   assert_non_null(again);
   assert_string_equal(again, text);
+  free(again);
+  /* RM_UNDO_OBJECTS: the object form, which earlier versions read. */
+  again = rm_undo_encode_json(objects, false);
+  assert_non_null(again);
+  assert_non_null(strstr(again, "[{\"op\":\"insert\",\"schema\":\"public\",\"table\":\"trade_order\""));
+  assert_non_null(strstr(again, "\"op\":\"commit_delta\""));
   free(again);
   /* ... and decodes to the same items. */
   char *object_text = json_dumps(objects, JSON_COMPACT);
@@ -558,7 +564,7 @@ static void test_ctx_roundtrip(void **state) {
   (void)state;
   const char *names[4] = {"TimeZone", "DateStyle", "weird", "skipped"};
   const char *values[4] = {"Europe/Paris", "ISO, MDY", "a;b=c%d\n", NULL};
-  char *s = rm_ctx_format(true, false, 4, names, values);
+  char *s = rm_ctx_format(true, false, true, 4, names, values);
   assert_non_null(s);
   assert_string_equal(s, "serializer=json;version=3;delta=1;TimeZone=Europe/Paris;DateStyle=ISO, MDY;"
                          "weird=a%3Bb%3Dc%25d%0A");
@@ -579,7 +585,7 @@ static void test_ctx_roundtrip(void **state) {
   rm_ctx_clear(&ctx);
   free(s);
 
-  s = rm_ctx_format(false, false, 0, NULL, NULL);
+  s = rm_ctx_format(false, false, true, 0, NULL, NULL);
   assert_string_equal(s, "serializer=json;version=3");
   assert_int_equal(rm_ctx_parse(s, &ctx), 0);
   assert_false(ctx.delta);
@@ -594,7 +600,7 @@ static void test_ctx_roundtrip(void **state) {
 
   /* Commit deltas: the mark the SQL of rm_undo.c looks for. */
   const char *tz[1] = {"TimeZone"}, *tzv[1] = {"commit=1;"};
-  s = rm_ctx_format(true, true, 1, tz, tzv);
+  s = rm_ctx_format(true, true, true, 1, tz, tzv);
   assert_string_equal(s, "serializer=json;version=3;delta=1;commit=1;TimeZone=commit%3D1%3B");
   assert_int_equal(rm_ctx_parse(s, &ctx), 0);
   assert_true(ctx.commit);
@@ -602,6 +608,14 @@ static void test_ctx_roundtrip(void **state) {
   assert_int_equal(ctx.nsettings, 6);
   assert_string_equal(ctx.values[0], "commit=1;");
   rm_ctx_clear(&ctx);
+  free(s);
+
+  /* RM_UNDO_OBJECTS: the versions of before, every setting written. */
+  s = rm_ctx_format(true, false, false, 1, tz, tzv);
+  assert_string_equal(s, "serializer=json;version=1;delta=1;TimeZone=commit%3D1%3B");
+  free(s);
+  s = rm_ctx_format(false, true, false, 0, NULL, NULL);
+  assert_string_equal(s, "serializer=json;version=2;commit=1");
   free(s);
 
   /* Earlier versions read as they were written: nothing put back. */

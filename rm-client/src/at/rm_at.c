@@ -300,6 +300,16 @@ int rm_at_prepare_commit(rm_branch_t *b, int64_t *branch_id, bool *committed) {
   return rc;
 }
 
+/* The undo row's INSERT ($1 xid, $2 branch, $3 the context's head, $4
+ * the items), in the form rm_config_t.undo_format asks for. */
+static const char *undo_insert_sql(const rm_branch_t *b) {
+  static const char compact[] = "INSERT INTO undo_log (xid, branch_id, context, rollback_info, log_status)"
+                                " VALUES ($1, $2, $3 || " RM_AT_CONTEXT_SETTINGS ", $4::jsonb, 0)";
+  static const char objects[] = "INSERT INTO undo_log (xid, branch_id, context, rollback_info, log_status)"
+                                " VALUES ($1, $2, $3 || " RM_AT_CONTEXT_SETTINGS_ALL ", $4::jsonb, 0)";
+  return rm__undo_compact(b->c) ? compact : objects;
+}
+
 /* The fused form of steps 2 and 3 of prepare and the caller's COMMIT, in
  * one round trip (rm_at_prepare_commit; only without statement
  * savepoints, with at most one deferred delta): the undo row's INSERT
@@ -308,8 +318,7 @@ int rm_at_prepare_commit(rm_branch_t *b, int64_t *branch_id, bool *committed) {
  * aborts the transaction before the COMMIT), then COMMIT.  0 committed;
  * else the code, the transaction rolled back. */
 static int fused_commit(rm_branch_t *b, const char *const *insert_params) {
-  static const char insert_sql[] = "INSERT INTO undo_log (xid, branch_id, context, rollback_info, log_status)"
-                                   " VALUES ($1, $2, $3 || " RM_AT_CONTEXT_SETTINGS ", $4::jsonb, 0)";
+  const char *insert_sql = undo_insert_sql(b);
   rm_deferred_t *d = b->ndeferred == 1 ? &b->deferred[0] : NULL;
   txp_buf_t sql;
   txp_buf_init(&sql, 0);
@@ -325,7 +334,7 @@ static int fused_commit(rm_branch_t *b, const char *const *insert_params) {
     rc = txp_buf_append_str(&sql, "WITH rm_deferred AS (");
     if (!rc) rc = txp_buf_append_str(&sql, d->update_sql);
     if (!rc) rc = txp_buf_append_str(&sql, tail);
-    if (!rc) rc = txp_buf_append_str(&sql, RM_AT_CONTEXT_SETTINGS);
+    if (!rc) rc = txp_buf_append_str(&sql, rm__undo_compact(b->c) ? RM_AT_CONTEXT_SETTINGS : RM_AT_CONTEXT_SETTINGS_ALL);
     snprintf(tail, sizeof(tail), ", CASE WHEN EXISTS (SELECT 1 FROM rm_deferred) THEN $%d::jsonb END, 0", k + 3);
     if (!rc) rc = txp_buf_append_str(&sql, tail);
     if (rc) {
@@ -407,7 +416,7 @@ static int prepare(rm_branch_t *b, int64_t *branch_id, bool *fused_commit_done) 
       return RM_E_NOMEM;
     }
   }
-  char *undo = rm_undo_encode_json(b->undo); /* the compact form: rm_image.h */
+  char *undo = rm_undo_encode_json(b->undo, rm__undo_compact(b->c)); /* rm_image.h NOTES */
   char *ctx = rm__at_context(b);
   if (!undo || !ctx) {
     free(undo);
@@ -479,8 +488,7 @@ static int prepare(rm_branch_t *b, int64_t *branch_id, bool *fused_commit_done) 
     if (branch_id) *branch_id = bid;
     return 0;
   }
-  static const char insert_sql[] = "INSERT INTO undo_log (xid, branch_id, context, rollback_info, log_status)"
-                                   " VALUES ($1, $2, $3 || " RM_AT_CONTEXT_SETTINGS ", $4::jsonb, 0)";
+  const char *insert_sql = undo_insert_sql(b);
   PGresult *res = NULL;
   if (b->ndeferred > 0 &&
       (rc = rm__at_run_deferred(b, b->no_savepoints ? insert_sql : NULL, 4, params, &res)) != 0) {

@@ -503,5 +503,5 @@ int rm__at_record_all(rm_branch_t *b, const rm_table_t *t, rm_item_t *its, size_
 }
 
 char *rm__at_context(const rm_branch_t *b) {
-  return rm_ctx_format(b->has_delta || b->ndeferred > 0, b->has_commit_delta, 0, NULL, NULL);
+  return rm_ctx_format(b->has_delta || b->ndeferred > 0, b->has_commit_delta, rm__undo_compact(b->c), 0, NULL, NULL);
 }

@@ -373,17 +373,23 @@ char *rm__at_context(const rm_branch_t *b);
 #define RM_AT_CTX_VALUE(name)                                                                                 \
   "pg_catalog.replace(pg_catalog.replace(pg_catalog.replace(pg_catalog.current_setting('" name "'), '%', " \
   "'%25'), ';', '%3B'), '=', '%3D')"
-/* ";name=value", or nothing when the setting has its standard value
- * (rm_image.h, RM_CTX_STANDARD_SETTINGS: the parse puts it back). */
+/* ";name=value", or (compact, version 3) nothing when the setting has
+ * its standard value (rm_image.h, RM_CTX_STANDARD_SETTINGS: the parse
+ * puts it back); RM_AT_CONTEXT_SETTINGS_ALL writes every one, as the
+ * versions before 3 did and read (RM_UNDO_OBJECTS). */
+#define RM_AT_CTX_ALWAYS(name) "';" name "=' || " RM_AT_CTX_VALUE(name)
 #define RM_AT_CTX_SETTING(name, standard)                                                                  \
-  "CASE WHEN pg_catalog.current_setting('" name "') = '" standard "' THEN '' ELSE ';" name "=' || "   \
-  RM_AT_CTX_VALUE(name) " END"
+  "CASE WHEN pg_catalog.current_setting('" name "') = '" standard "' THEN '' ELSE " RM_AT_CTX_ALWAYS(name) " END"
 #define RM_AT_CONTEXT_SETTINGS                                                                             \
   RM_AT_CTX_SETTING("TimeZone", RM_CTX_STD_TIMEZONE) " || " RM_AT_CTX_SETTING("DateStyle", RM_CTX_STD_DATESTYLE) \
   " || " RM_AT_CTX_SETTING("IntervalStyle", RM_CTX_STD_INTERVALSTYLE)                                      \
   " || " RM_AT_CTX_SETTING("extra_float_digits", RM_CTX_STD_EXTRA_FLOAT_DIGITS)                            \
   " || " RM_AT_CTX_SETTING("bytea_output", RM_CTX_STD_BYTEA_OUTPUT)                                        \
   " || " RM_AT_CTX_SETTING("lc_monetary", RM_CTX_STD_LC_MONETARY)
+#define RM_AT_CONTEXT_SETTINGS_ALL                                                                         \
+  RM_AT_CTX_ALWAYS("TimeZone") " || " RM_AT_CTX_ALWAYS("DateStyle") " || " RM_AT_CTX_ALWAYS("IntervalStyle") \
+  " || " RM_AT_CTX_ALWAYS("extra_float_digits") " || " RM_AT_CTX_ALWAYS("bytea_output")                    \
+  " || " RM_AT_CTX_ALWAYS("lc_monetary")
 
 /* --- rm_at_stmt.c --- */
 /* Helpers of the statements (rm_at_stmt.c, rm_at_sql.c). */

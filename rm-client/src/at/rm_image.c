@@ -367,11 +367,12 @@ fail:
   return RM_E_INVALID;
 }
 
-char *rm_undo_encode(const rm_item_t *items, size_t n) {
+/* The rollback_info text of 'n' items, each made by 'form'. */
+static char *encode_items(const rm_item_t *items, size_t n, json_t *(*form)(const rm_item_t *)) {
   json_t *arr = json_array();
   if (!arr) return NULL;
   for (size_t i = 0; i < n; i++) {
-    json_t *o = rm_item_to_compact(&items[i]);
+    json_t *o = form(&items[i]);
     if (!o || json_array_append_new(arr, o) != 0) {
       json_decref(arr);
       return NULL;
@@ -382,14 +383,19 @@ char *rm_undo_encode(const rm_item_t *items, size_t n) {
   return s;
 }
 
-char *rm_undo_encode_json(const json_t *items) {
+char *rm_undo_encode(const rm_item_t *items, size_t n) { return encode_items(items, n, rm_item_to_compact); }
+
+/* The object form of earlier versions (RM_UNDO_OBJECTS). */
+static char *encode_objects(const rm_item_t *items, size_t n) { return encode_items(items, n, rm_item_to_json); }
+
+char *rm_undo_encode_json(const json_t *items, bool compact) {
   size_t n = json_array_size(items);
   rm_item_t *its = calloc(n ? n : 1, sizeof(*its));
   if (!its) return NULL;
   char why[8];
   size_t done = 0;
   while (done < n && rm_item_from_json(json_array_get(items, done), &its[done], why, sizeof(why)) == 0) done++;
-  char *s = done == n ? rm_undo_encode(its, n) : NULL;
+  char *s = done < n ? NULL : compact ? rm_undo_encode(its, n) : encode_objects(its, n);
   rm_undo_free(its, done);
   return s;
 }
@@ -583,10 +589,13 @@ static int ctx_append_escaped(txp_buf_t *b, const char *s) {
   return 0;
 }
 
-char *rm_ctx_format(bool delta, bool commit, int n, const char *const *names, const char *const *values) {
+char *rm_ctx_format(bool delta, bool commit, bool compact, int n, const char *const *names,
+                    const char *const *values) {
   txp_buf_t b;
   txp_buf_init(&b, 0);
-  int rc = txp_buf_append_str(&b, "serializer=json;version=3");
+  int rc = txp_buf_append_str(&b, compact  ? "serializer=json;version=3"
+                                  : commit ? "serializer=json;version=2"
+                                           : "serializer=json;version=1");
   if (!rc && delta) rc = txp_buf_append_str(&b, ";delta=1");
   if (!rc && commit) rc = txp_buf_append_str(&b, ";commit=1");
   for (int i = 0; !rc && i < n; i++) {

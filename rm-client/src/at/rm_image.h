@@ -152,8 +152,9 @@ int rm_item_from_json(const json_t *j, rm_item_t *it, char *err, size_t errlen);
  * NULL on allocation failure or invalid UTF-8. */
 char *rm_undo_encode(const rm_item_t *items, size_t n);
 /* The same from a JSON array of items in either form (the branch's undo
- * as the library builds it); NULL also when an item is not valid. */
-char *rm_undo_encode_json(const json_t *items);
+ * as the library builds it), in the compact form or ('compact' false) as
+ * objects; NULL also when an item is not valid. */
+char *rm_undo_encode_json(const json_t *items, bool compact);
 /* Whether the digest an undo item kept ('kept', a head of at least
  * RM_ROW_DIGEST_KEPT characters, or a whole one) is the head of the row's
  * digest now ('current'). */
@@ -204,9 +205,11 @@ void rm_dirty_message(char *out, size_t cap, const rm_item_t *it, const char *ex
  * rm_ctx_parse puts it back; "commit=1" may go with it.  Values are %XX-escaped for
  * ';', '=', '%' and control bytes, so ";commit=1;" can be searched for in
  * SQL.  "commit=1" marks a row whose phase-two commit must apply its
- * commit_delta items before the row may go; such a row is written with
- * version 2, which a library that does not know commit deltas refuses to
- * roll back ("cannot be read": an operator's) instead of misreading it.
+ * commit_delta items before the row may go.  A library reads the versions
+ * it knows and refuses the others ("cannot be read": an operator's)
+ * rather than misread them: version 2 (commit deltas) is unknown to those
+ * of before commit deltas, version 3 to those of before it, which is why
+ * RM_UNDO_OBJECTS still writes 1 and 2 (rm_client.h).
  */
 #define RM_CTX_MAX_SETTINGS 8
 /* The settings an image's text depends on, at the values a version 3
@@ -232,10 +235,12 @@ typedef struct rm_ctx {
   char *values[RM_CTX_MAX_SETTINGS];
 } rm_ctx_t;
 
-/* Format the context (malloc'd, version 3); 'names'/'values' has 'n'
- * settings (values NULL are skipped).  'commit': the undo holds
- * commit_delta items.  NULL on allocation failure. */
-char *rm_ctx_format(bool delta, bool commit, int n, const char *const *names, const char *const *values);
+/* Format the context (malloc'd); 'names'/'values' has 'n' settings
+ * (values NULL are skipped).  'commit': the undo holds commit_delta items.
+ * 'compact': version 3, else as earlier versions wrote it (1, or 2 with
+ * 'commit': RM_UNDO_OBJECTS).  NULL on allocation failure. */
+char *rm_ctx_format(bool delta, bool commit, bool compact, int n, const char *const *names,
+                    const char *const *values);
 /* Parse; RM_E_INVALID for an unknown serializer or version, a malformed
  * pair, "commit=1" with version 1 or version 2 without it, or more than
  * RM_CTX_MAX_SETTINGS settings (every key other than serializer, version,

@@ -207,6 +207,10 @@ int rm_client_new(const rm_config_t *cfg, rm_client_t **out) {
     return rm__fail(RM_E_INVALID, "could not create the client: node_choice %d is not an rm_node_choice_t",
                     cfg->node_choice);
 
+  if (cfg->undo_format != RM_UNDO_COMPACT && cfg->undo_format != RM_UNDO_OBJECTS)
+    return rm__fail(RM_E_INVALID, "could not create the client: undo_format %d is not an rm_undo_format_t",
+                    cfg->undo_format);
+
   rm_client_t *c = calloc(1, sizeof(*c));
   if (!c) return rm__fail(RM_E_NOMEM, "could not create the client: out of memory");
   c->cfg = *cfg;
@@ -359,6 +363,7 @@ int rm_client_nodes_up(rm_client_t *c) { return c ? atomic_load(&c->nodes_up) : 
 unsigned rm__lock_wait_ms(const rm_client_t *c) { return c ? c->cfg.lock_wait_ms : RM_DEFAULT_LOCK_WAIT_MS; }
 
 bool rm__unnamed_statements(const rm_client_t *c) { return c && c->cfg.unnamed_statements; }
+bool rm__undo_compact(const rm_client_t *c) { return !c || c->cfg.undo_format == RM_UNDO_COMPACT; }
 
 void rm__resources_changed(rm_client_t *c) {
   if (!c) return;

@@ -81,6 +81,8 @@ int rm__branch_report(rm_client_t *c, const char *xid, int64_t branch_id, int br
 unsigned rm__lock_wait_ms(const rm_client_t *c);
 /* rm_config_t.unnamed_statements. */
 bool rm__unnamed_statements(const rm_client_t *c);
+/* rm_config_t.undo_format: whether AT branches write the compact form. */
+bool rm__undo_compact(const rm_client_t *c);
 
 /* One BranchCommit/BranchRollback that a TC sent (rm_rm_ops_t.phase2). */
 typedef struct rm_phase2_req {
