@@ -29,6 +29,7 @@
 #include "tc_admin.h"
 #include "tc_lockwait.h"
 #include "tc_log.h"
+#include "tc_parts.h"
 #include "tc_phase2.h"
 #include "tc_stats.h"
 #include "tc_store_read.h"
@@ -65,9 +66,7 @@ struct tc_metrics {
   uint64_t last_probe_ns;
   bool probing;
   bool closing;
-  int close_parts;
-  void (*done)(void *);
-  void *done_arg;
+  tc_parts_t close; /* the tick and a probe in flight */
   snap_t loop_snap; /* loop thread's working copy (probe results live here) */
   pthread_mutex_t mu;
   snap_t snap; /* under 'mu' */
@@ -113,13 +112,11 @@ static bool versions_present(const char *expected, const char *found, char *miss
   return ok;
 }
 
-static void close_part(tc_metrics_t *m);
-
 static void on_probe(int status, const char *err, const tc_read_probe_t *p, void *arg) {
   tc_metrics_t *m = arg;
   m->probing = false;
   if (m->closing) {
-    close_part(m);
+    tc_parts_closed(&m->close);
     return;
   }
   snap_t *s = &m->loop_snap;
@@ -600,26 +597,24 @@ int tc_metrics_start(tc_ctx_t *ctx, tc_metrics_t **out, char *err, size_t errlen
 
 int tc_metrics_port(const tc_metrics_t *m) { return m ? m->port : -1; }
 
-static void close_part(tc_metrics_t *m) {
-  if (--m->close_parts > 0) return;
-  void (*done)(void *) = m->done;
-  void *arg = m->done_arg;
+static void metrics_free(void *arg) {
+  tc_metrics_t *m = arg;
   pthread_mutex_destroy(&m->mu);
   free(m);
-  if (done) done(arg);
 }
 
-static void on_tick_closed(uv_handle_t *h) { close_part(h->data); }
+static void on_tick_closed(uv_handle_t *h) {
+  tc_metrics_t *m = h->data;
+  tc_parts_closed(&m->close);
+}
 
 void tc_metrics_close(tc_metrics_t *m, void (*done)(void *), void *arg) {
   m->closing = true;
-  m->done = done;
-  m->done_arg = arg;
   /* Joins the HTTP thread: no handler runs after this. */
   MHD_stop_daemon(m->mhd);
   m->mhd = NULL;
   txc_httpguard_free(m->guard);
   m->guard = NULL;
-  m->close_parts = 1 + (m->probing ? 1 : 0);
+  tc_parts_start(&m->close, 1 + (m->probing ? 1 : 0), metrics_free, m, done, arg);
   uv_close((uv_handle_t *)&m->tick, on_tick_closed);
 }
