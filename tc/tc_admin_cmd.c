@@ -407,14 +407,6 @@ static int one_xid(words_t *ws, int first, tc_adm_cmd_t *c, char *err, size_t er
   return 0;
 }
 
-static const struct {
-  const char *word;
-  tc_adm_kind_t kind;
-} repair_words[] = {
-  {"rollback", TC_ADM_ROLLBACK},       {"commit", TC_ADM_COMMIT},   {"stop-retry", TC_ADM_STOP_RETRY},
-  {"resume-retry", TC_ADM_RESUME_RETRY}, {"redrive", TC_ADM_REDRIVE}, {"delete", TC_ADM_DELETE},
-};
-
 int tc_adm_parse(const char *line, size_t len, tc_adm_cmd_t *c, char *err, size_t errlen) {
   memset(c, 0, sizeof(*c));
   c->limit = TC_ADM_DEFAULT_LIMIT;
@@ -478,9 +470,10 @@ int tc_adm_parse(const char *line, size_t len, tc_adm_cmd_t *c, char *err, size_
     rc = no_more(ws, 1, "help", err, errlen);
     goto out;
   }
-  for (size_t i = 0; i < sizeof(repair_words) / sizeof(repair_words[0]); i++) {
-    if (strcasecmp(w0, repair_words[i].word) == 0) {
-      c->kind = repair_words[i].kind;
+  /* A repair's word is its kind's name: "rollback XID", ... "delete XID". */
+  for (int k = TC_ADM_ROLLBACK; k <= TC_ADM_DELETE; k++) {
+    if (strcasecmp(w0, kind_names[k]) == 0) {
+      c->kind = (tc_adm_kind_t)k;
       rc = one_xid(ws, 1, c, err, errlen);
       goto out;
     }
