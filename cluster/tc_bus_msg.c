@@ -61,10 +61,23 @@ static const uint8_t *rd_bytes(rd_t *r, size_t n) {
   return p;
 }
 
-static void rd_init(rd_t *r, const tc_bus_hdr_t *h) {
-  r->p = h->payload;
-  r->end = h->payload + h->payload_len;
-  r->bad = false;
+/* A reader of the payload of 'h', bad from the start unless 'h' is a
+ * message of 'kind'. */
+static rd_t rd_payload(const tc_bus_hdr_t *h, int kind) {
+  if (h->kind != kind) return (rd_t){.bad = true};
+  return (rd_t){h->payload, h->payload + h->payload_len, false};
+}
+
+/* The target node and the forward id that open a forward and its result. */
+static void rd_forward_head(rd_t *r, uint16_t *target, uint64_t *id) {
+  *target = rd_u16(r);
+  *id = rd_u64(r);
+}
+
+/* The length-prefixed frame that ends a forward and its result. */
+static const uint8_t *rd_frame(rd_t *r, uint32_t *len) {
+  *len = rd_u32(r);
+  return rd_bytes(r, *len);
 }
 
 /* A payload parses only if it is consumed exactly. */
@@ -93,54 +106,43 @@ int tc_bus_parse_header(const void *buf, size_t len, tc_bus_hdr_t *out) {
 }
 
 int tc_bus_parse_hello(const tc_bus_hdr_t *h, char *addr, size_t addrlen) {
-  if (h->kind != TC_BUS_HELLO || addrlen < TC_BUS_MAX_ADDR + 1) return TXP_EMALFORMED;
-  rd_t r;
-  rd_init(&r, h);
+  rd_t r = rd_payload(h, TC_BUS_HELLO);
+  if (r.bad || addrlen < TC_BUS_MAX_ADDR + 1) return TXP_EMALFORMED;
   rd_str(&r, rd_u8(&r), addr, TC_BUS_MAX_ADDR);
   return rd_done(&r);
 }
 
 int tc_bus_parse_forward(const tc_bus_hdr_t *h, tc_bus_forward_msg_t *out) {
   memset(out, 0, sizeof(*out));
-  if (h->kind != TC_BUS_FORWARD) return TXP_EMALFORMED;
-  rd_t r;
-  rd_init(&r, h);
-  out->target = rd_u16(&r);
-  out->id = rd_u64(&r);
+  rd_t r = rd_payload(h, TC_BUS_FORWARD);
+  rd_forward_head(&r, &out->target, &out->id);
   out->timeout_ms = rd_u32(&r);
   rd_str(&r, rd_u8(&r), out->client_id, TXP_MAX_NAME_LEN);
-  out->frame_len = rd_u32(&r);
-  out->frame = rd_bytes(&r, out->frame_len);
+  out->frame = rd_frame(&r, &out->frame_len);
   if (rd_done(&r) != 0 || out->frame_len == 0) return TXP_EMALFORMED;
   return 0;
 }
 
 int tc_bus_parse_result(const tc_bus_hdr_t *h, tc_bus_result_msg_t *out) {
   memset(out, 0, sizeof(*out));
-  if (h->kind != TC_BUS_FORWARD_RESULT) return TXP_EMALFORMED;
-  rd_t r;
-  rd_init(&r, h);
-  out->target = rd_u16(&r);
-  out->id = rd_u64(&r);
+  rd_t r = rd_payload(h, TC_BUS_FORWARD_RESULT);
+  rd_forward_head(&r, &out->target, &out->id);
   out->outcome = rd_u8(&r);
   uint8_t xl = rd_u8(&r);
   if (xl == 0) r.bad = true;
   rd_str(&r, xl, out->xid, TXP_MAX_XID_LEN);
   out->branch_id = (int64_t)rd_u64(&r);
-  out->frame_len = rd_u32(&r);
-  out->frame = rd_bytes(&r, out->frame_len);
+  out->frame = rd_frame(&r, &out->frame_len);
   if (rd_done(&r) != 0 || out->outcome > TC_BUS_FAILED) return TXP_EMALFORMED;
   if ((out->outcome == TC_BUS_ANSWERED) != (out->frame_len > 0)) return TXP_EMALFORMED;
   return 0;
 }
 
 int tc_bus_each_released(const tc_bus_hdr_t *h, void (*fn)(const char *xid, void *arg), void *arg) {
-  if (h->kind != TC_BUS_RELEASED) return TXP_EMALFORMED;
   char xid[TXP_MAX_XID_LEN + 1];
-  rd_t r;
   /* First pass: validate everything, so that nothing is applied from a
    * message that turns out to be malformed. */
-  rd_init(&r, h);
+  rd_t r = rd_payload(h, TC_BUS_RELEASED);
   uint16_t n = rd_u16(&r);
   for (uint16_t i = 0; i < n && !r.bad; i++) {
     uint8_t len = rd_u8(&r);
@@ -148,7 +150,7 @@ int tc_bus_each_released(const tc_bus_hdr_t *h, void (*fn)(const char *xid, void
     rd_str(&r, len, xid, TXP_MAX_XID_LEN);
   }
   if (rd_done(&r) != 0) return TXP_EMALFORMED;
-  rd_init(&r, h);
+  r = rd_payload(h, TC_BUS_RELEASED);
   n = rd_u16(&r);
   for (uint16_t i = 0; i < n; i++) {
     rd_str(&r, rd_u8(&r), xid, TXP_MAX_XID_LEN);

@@ -215,41 +215,6 @@ static int split_option(char *w, char **key, char **val) {
   return 0;
 }
 
-static int parse_show_globals(words_t *ws, int first, tc_adm_cmd_t *c, char *err, size_t errlen) {
-  bool seen_status = false, seen_limit = false;
-  for (int i = first; i < ws->n; i++) {
-    char *k, *v;
-    if (split_option(ws->w[i], &k, &v) != 0)
-      return fail(err, errlen,
-                  "unexpected argument \"%.64s\" for \"show globals\": expected status=, min_age=, name= or limit=",
-                  ws->w[i]);
-    if (strcasecmp(k, "status") == 0) {
-      if (seen_status) return fail(err, errlen, "option \"status\" given twice");
-      seen_status = true;
-      if (parse_statuses(v, c, err, errlen) != 0) return -1;
-    } else if (strcasecmp(k, "min_age") == 0) {
-      if (c->has_min_age) return fail(err, errlen, "option \"min_age\" given twice");
-      if (parse_age(v, &c->min_age_s, err, errlen) != 0) return -1;
-      c->has_min_age = true;
-    } else if (strcasecmp(k, "name") == 0) {
-      if (c->has_name) return fail(err, errlen, "option \"name\" given twice");
-      size_t l = strlen(v);
-      if (l == 0 || l > TXP_MAX_NAME_LEN)
-        return fail(err, errlen, "invalid value for \"name\": expected 1 to %d bytes", TXP_MAX_NAME_LEN);
-      memcpy(c->name, v, l + 1);
-      c->has_name = true;
-    } else if (strcasecmp(k, "limit") == 0) {
-      if (seen_limit) return fail(err, errlen, "option \"limit\" given twice");
-      seen_limit = true;
-      if (parse_limit(v, &c->limit, err, errlen) != 0) return -1;
-    } else {
-      return fail(err, errlen,
-                  "unknown option \"%.64s\" for \"show globals\": expected status, min_age, name or limit", k);
-    }
-  }
-  return 0;
-}
-
 int tc_adm_parse_time(const char *v, tc_adm_time_t *out, char *err, size_t errlen) {
   memset(out, 0, sizeof(*out));
   size_t l = strlen(v);
@@ -315,78 +280,125 @@ bad:
 
 double tc_adm_time_unix(const tc_adm_time_t *t, double now) { return t->ago ? now - t->s : t->s; }
 
-static int parse_show_history(words_t *ws, int first, tc_adm_cmd_t *c, char *err, size_t errlen) {
-  bool seen_status = false, seen_limit = false;
-  for (int i = first; i < ws->n; i++) {
-    char *k, *v;
-    if (split_option(ws->w[i], &k, &v) != 0)
-      return fail(err, errlen,
-                  "unexpected argument \"%.64s\" for \"show history\": expected xid=, status=, name=, since=, "
-                  "until= or limit=",
-                  ws->w[i]);
-    if (strcasecmp(k, "xid") == 0) {
-      if (c->has_xid) return fail(err, errlen, "option \"xid\" given twice");
-      if (set_xid(c->xid, v, "xid", err, errlen) != 0) return -1;
-      c->has_xid = true;
-    } else if (strcasecmp(k, "status") == 0) {
-      if (seen_status) return fail(err, errlen, "option \"status\" given twice");
-      seen_status = true;
-      if (parse_statuses(v, c, err, errlen) != 0) return -1;
-    } else if (strcasecmp(k, "name") == 0) {
-      if (c->has_name) return fail(err, errlen, "option \"name\" given twice");
-      size_t l = strlen(v);
-      if (l == 0 || l > TXP_MAX_NAME_LEN)
-        return fail(err, errlen, "invalid value for \"name\": expected 1 to %d bytes", TXP_MAX_NAME_LEN);
-      memcpy(c->name, v, l + 1);
-      c->has_name = true;
-    } else if (strcasecmp(k, "since") == 0 || strcasecmp(k, "until") == 0) {
-      tc_adm_time_t *t = strcasecmp(k, "since") == 0 ? &c->since : &c->until;
-      if (t->set) return fail(err, errlen, "option \"%s\" given twice", k);
-      if (tc_adm_parse_time(v, t, err, errlen) != 0) return -1;
-    } else if (strcasecmp(k, "limit") == 0) {
-      if (seen_limit) return fail(err, errlen, "option \"limit\" given twice");
-      seen_limit = true;
-      if (parse_limit(v, &c->limit, err, errlen) != 0) return -1;
-    } else {
-      return fail(err, errlen,
-                  "unknown option \"%.64s\" for \"show history\": expected xid, status, name, since, until or "
-                  "limit",
-                  k);
-    }
-  }
+/*
+ * The options of the show commands ("key=value" words).  Each is parsed
+ * into the command the same way whichever command takes it; 'again' says
+ * the same option came before in this command.
+ */
+typedef int (*option_fn)(const char *k, char *v, bool again, tc_adm_cmd_t *c, char *err, size_t errlen);
+
+static int given_twice(const char *name, char *err, size_t errlen) {
+  return fail(err, errlen, "option \"%s\" given twice", name);
+}
+
+static int opt_xid(const char *k, char *v, bool again, tc_adm_cmd_t *c, char *err, size_t errlen) {
+  if (again) return given_twice("xid", err, errlen);
+  if (set_xid(c->xid, v, "xid", err, errlen) != 0) return -1;
+  c->has_xid = true;
   return 0;
 }
 
-static int parse_show_locks(words_t *ws, int first, tc_adm_cmd_t *c, char *err, size_t errlen) {
-  bool seen_limit = false;
+static int opt_status(const char *k, char *v, bool again, tc_adm_cmd_t *c, char *err, size_t errlen) {
+  if (again) return given_twice("status", err, errlen);
+  return parse_statuses(v, c, err, errlen);
+}
+
+static int opt_min_age(const char *k, char *v, bool again, tc_adm_cmd_t *c, char *err, size_t errlen) {
+  if (again) return given_twice("min_age", err, errlen);
+  if (parse_age(v, &c->min_age_s, err, errlen) != 0) return -1;
+  c->has_min_age = true;
+  return 0;
+}
+
+static int opt_name(const char *k, char *v, bool again, tc_adm_cmd_t *c, char *err, size_t errlen) {
+  if (again) return given_twice("name", err, errlen);
+  size_t l = strlen(v);
+  if (l == 0 || l > TXP_MAX_NAME_LEN)
+    return fail(err, errlen, "invalid value for \"name\": expected 1 to %d bytes", TXP_MAX_NAME_LEN);
+  memcpy(c->name, v, l + 1);
+  c->has_name = true;
+  return 0;
+}
+
+/* since= and until= */
+static int opt_time(const char *k, char *v, bool again, tc_adm_cmd_t *c, char *err, size_t errlen) {
+  if (again) return given_twice(k, err, errlen);
+  return tc_adm_parse_time(v, strcasecmp(k, "since") == 0 ? &c->since : &c->until, err, errlen);
+}
+
+/* key= and prefix=: one of them, once. */
+static int opt_key(const char *k, char *v, bool again, tc_adm_cmd_t *c, char *err, size_t errlen) {
+  bool prefix = strcasecmp(k, "prefix") == 0;
+  if (c->has_key || c->has_prefix) return fail(err, errlen, "give one of \"key\" and \"prefix\", once");
+  size_t l = strlen(v);
+  if (l == 0 || l > TXP_MAX_ROW_KEY_LEN)
+    return fail(err, errlen, "invalid value for \"%s\": expected 1 to %d bytes", prefix ? "prefix" : "key",
+                TXP_MAX_ROW_KEY_LEN);
+  memcpy(c->key, v, l + 1);
+  if (prefix) c->has_prefix = true;
+  else c->has_key = true;
+  return 0;
+}
+
+static int opt_limit(const char *k, char *v, bool again, tc_adm_cmd_t *c, char *err, size_t errlen) {
+  if (again) return given_twice("limit", err, errlen);
+  return parse_limit(v, &c->limit, err, errlen);
+}
+
+typedef struct {
+  const char *name;
+  option_fn parse;
+} option_t;
+
+#define MAX_OPTIONS 6
+
+/* A show command's name and its options, in the order its errors list them. */
+typedef struct {
+  const char *cmd;
+  option_t opt[MAX_OPTIONS];
+  int n;
+} options_t;
+
+static const options_t show_globals_options = {
+  "show globals", {{"status", opt_status}, {"min_age", opt_min_age}, {"name", opt_name}, {"limit", opt_limit}}, 4};
+static const options_t show_history_options = {"show history",
+                                               {{"xid", opt_xid},
+                                                {"status", opt_status},
+                                                {"name", opt_name},
+                                                {"since", opt_time},
+                                                {"until", opt_time},
+                                                {"limit", opt_limit}},
+                                               6};
+static const options_t show_locks_options = {
+  "show locks", {{"xid", opt_xid}, {"key", opt_key}, {"prefix", opt_key}, {"limit", opt_limit}}, 4};
+
+/* The option names as an error lists them, each followed by 'suffix':
+ * "a=, b= or c=". */
+static const char *option_list(const options_t *o, const char *suffix, char *buf, size_t cap) {
+  size_t n = 0;
+  buf[0] = '\0';
+  for (int i = 0; i < o->n && n < cap; i++)
+    n += (size_t)snprintf(buf + n, cap - n, "%s%s%s", i == 0 ? "" : i == o->n - 1 ? " or " : ", ", o->opt[i].name,
+                          suffix);
+  return buf;
+}
+
+/* The options from word 'first' on, for the show command 'o'. */
+static int parse_options(words_t *ws, int first, const options_t *o, tc_adm_cmd_t *c, char *err, size_t errlen) {
+  bool seen[MAX_OPTIONS] = {false};
+  char list[128];
   for (int i = first; i < ws->n; i++) {
     char *k, *v;
     if (split_option(ws->w[i], &k, &v) != 0)
-      return fail(err, errlen,
-                  "unexpected argument \"%.64s\" for \"show locks\": expected xid=, key=, prefix= or limit=",
-                  ws->w[i]);
-    if (strcasecmp(k, "xid") == 0) {
-      if (c->has_xid) return fail(err, errlen, "option \"xid\" given twice");
-      if (set_xid(c->xid, v, "xid", err, errlen) != 0) return -1;
-      c->has_xid = true;
-    } else if (strcasecmp(k, "key") == 0 || strcasecmp(k, "prefix") == 0) {
-      bool prefix = strcasecmp(k, "prefix") == 0;
-      if (c->has_key || c->has_prefix)
-        return fail(err, errlen, "give one of \"key\" and \"prefix\", once");
-      size_t l = strlen(v);
-      if (l == 0 || l > TXP_MAX_ROW_KEY_LEN)
-        return fail(err, errlen, "invalid value for \"%s\": expected 1 to %d bytes", prefix ? "prefix" : "key",
-                    TXP_MAX_ROW_KEY_LEN);
-      memcpy(c->key, v, l + 1);
-      if (prefix) c->has_prefix = true;
-      else c->has_key = true;
-    } else if (strcasecmp(k, "limit") == 0) {
-      if (seen_limit) return fail(err, errlen, "option \"limit\" given twice");
-      seen_limit = true;
-      if (parse_limit(v, &c->limit, err, errlen) != 0) return -1;
-    } else {
-      return fail(err, errlen, "unknown option \"%.64s\" for \"show locks\": expected xid, key, prefix or limit", k);
-    }
+      return fail(err, errlen, "unexpected argument \"%.64s\" for \"%s\": expected %s", ws->w[i], o->cmd,
+                  option_list(o, "=", list, sizeof(list)));
+    int j = 0;
+    while (j < o->n && strcasecmp(k, o->opt[j].name) != 0) j++;
+    if (j == o->n)
+      return fail(err, errlen, "unknown option \"%.64s\" for \"%s\": expected %s", k, o->cmd,
+                  option_list(o, "", list, sizeof(list)));
+    if (o->opt[j].parse(k, v, seen[j], c, err, errlen) != 0) return -1;
+    seen[j] = true;
   }
   return 0;
 }
@@ -407,14 +419,6 @@ static int one_xid(words_t *ws, int first, tc_adm_cmd_t *c, char *err, size_t er
   return 0;
 }
 
-static const struct {
-  const char *word;
-  tc_adm_kind_t kind;
-} repair_words[] = {
-  {"rollback", TC_ADM_ROLLBACK},       {"commit", TC_ADM_COMMIT},   {"stop-retry", TC_ADM_STOP_RETRY},
-  {"resume-retry", TC_ADM_RESUME_RETRY}, {"redrive", TC_ADM_REDRIVE}, {"delete", TC_ADM_DELETE},
-};
-
 int tc_adm_parse(const char *line, size_t len, tc_adm_cmd_t *c, char *err, size_t errlen) {
   memset(c, 0, sizeof(*c));
   c->limit = TC_ADM_DEFAULT_LIMIT;
@@ -432,17 +436,17 @@ int tc_adm_parse(const char *line, size_t len, tc_adm_cmd_t *c, char *err, size_
     const char *w1 = ws->w[1];
     if (strcasecmp(w1, "globals") == 0) {
       c->kind = TC_ADM_SHOW_GLOBALS;
-      rc = parse_show_globals(ws, 2, c, err, errlen);
+      rc = parse_options(ws, 2, &show_globals_options, c, err, errlen);
     } else if (strcasecmp(w1, "global") == 0) {
       c->kind = TC_ADM_SHOW_GLOBAL;
       rc = one_xid(ws, 2, c, err, errlen);
     } else if (strcasecmp(w1, "locks") == 0) {
       c->kind = TC_ADM_SHOW_LOCKS;
       c->limit = 1000;
-      rc = parse_show_locks(ws, 2, c, err, errlen);
+      rc = parse_options(ws, 2, &show_locks_options, c, err, errlen);
     } else if (strcasecmp(w1, "history") == 0) {
       c->kind = TC_ADM_SHOW_HISTORY;
-      rc = parse_show_history(ws, 2, c, err, errlen);
+      rc = parse_options(ws, 2, &show_history_options, c, err, errlen);
     } else if (strcasecmp(w1, "nodes") == 0) {
       c->kind = TC_ADM_SHOW_NODES;
       rc = no_more(ws, 2, "show nodes", err, errlen);
@@ -478,9 +482,10 @@ int tc_adm_parse(const char *line, size_t len, tc_adm_cmd_t *c, char *err, size_
     rc = no_more(ws, 1, "help", err, errlen);
     goto out;
   }
-  for (size_t i = 0; i < sizeof(repair_words) / sizeof(repair_words[0]); i++) {
-    if (strcasecmp(w0, repair_words[i].word) == 0) {
-      c->kind = repair_words[i].kind;
+  /* A repair's word is its kind's name: "rollback XID", ... "delete XID". */
+  for (int k = TC_ADM_ROLLBACK; k <= TC_ADM_DELETE; k++) {
+    if (strcasecmp(w0, kind_names[k]) == 0) {
+      c->kind = (tc_adm_kind_t)k;
       rc = one_xid(ws, 1, c, err, errlen);
       goto out;
     }

@@ -81,9 +81,17 @@ static void call_identify(call_t *c, const tc_conn_t *conn) {
 }
 
 
-static call_t *call_new(tc_ctx_t *ctx, tc_req_t *req, tc_op_kind_t kind, void (*cb)(tc_op_t *, void *)) {
+/* The call of 'req', its op about the request's xid (kept in c->xid, ""
+ * without one: a begin makes it); NULL, with the request answered, when
+ * out of memory. */
+static call_t *call_new_or_reply(tc_ctx_t *ctx, tc_req_t *req, tc_op_kind_t kind, void (*cb)(tc_op_t *, void *)) {
   call_t *c = calloc(1, sizeof(*c));
-  if (!c) return NULL;
+  if (!c) {
+    tc_req_reply_code(req, TXP_ENOMEM, "out of memory");
+    return NULL;
+  }
+  if (req->msg.xid) snprintf(c->xid, sizeof(c->xid), "%s", req->msg.xid);
+  c->op.xid = c->xid;
   c->ctx = ctx;
   c->req = req;
   c->started_ns = uv_hrtime();
@@ -220,18 +228,23 @@ static int new_global_or_reply(call_t *c, int64_t *txid) {
   return 0;
 }
 
+/* The call of a request that begins a global (a Begin, or a
+ * BranchRegister that begins one): its timeout and the new global's
+ * transaction id and xid (in c->xid).  NULL, with the request answered,
+ * when the timeout is above the limit or there is no memory, id or xid. */
+static call_t *begin_call_or_reply(tc_ctx_t *ctx, tc_req_t *req, tc_op_kind_t kind, void (*cb)(tc_op_t *, void *),
+                                   uint32_t *timeout, int64_t *txid) {
+  if (!begin_timeout_or_reply(ctx, req, timeout)) return NULL;
+  call_t *c = call_new_or_reply(ctx, req, kind, cb);
+  return c && new_global_or_reply(c, txid) == 0 ? c : NULL;
+}
+
 static void handle_begin(tc_ctx_t *ctx, tc_req_t *req) {
   const txp_msg_t *m = &req->msg;
   uint32_t timeout;
-  if (!begin_timeout_or_reply(ctx, req, &timeout)) return;
-  call_t *c = call_new(ctx, req, TC_OP_BEGIN, on_begin_done);
-  if (!c) {
-    tc_req_reply_code(req, TXP_ENOMEM, "out of memory");
-    return;
-  }
   int64_t txid;
-  if (new_global_or_reply(c, &txid) != 0) return;
-  c->op.xid = c->xid;
+  call_t *c = begin_call_or_reply(ctx, req, TC_OP_BEGIN, on_begin_done, &timeout, &txid);
+  if (!c) return;
   c->op.id = txid;
   c->op.timeout_ms = timeout;
   c->op.name = m->name;
@@ -398,13 +411,8 @@ static void on_decide_done(tc_op_t *op, void *arg) {
 
 static void handle_decide(tc_ctx_t *ctx, tc_req_t *req, tc_decide_action_t action) {
   if (!require_xid_or_reply(ctx, req)) return;
-  call_t *c = call_new(ctx, req, TC_OP_DECIDE, on_decide_done);
-  if (!c) {
-    tc_req_reply_code(req, TXP_ENOMEM, "out of memory");
-    return;
-  }
-  snprintf(c->xid, sizeof(c->xid), "%s", req->msg.xid);
-  c->op.xid = c->xid;
+  call_t *c = call_new_or_reply(ctx, req, TC_OP_DECIDE, on_decide_done);
+  if (!c) return;
   c->op.action = action;
   call_identify(c, req->conn);
   if (action == TC_DECIDE_COMMIT) TXC_FAILPOINT("tc.commit.before_decision");
@@ -794,17 +802,12 @@ static void handle_register(tc_ctx_t *ctx, tc_req_t *req) {
     tc_req_reply_code(req, TXP_EBAD_REQUEST, msg);
     return;
   }
-  call_t *c = call_new(ctx, req, TC_OP_REGISTER, on_register_done);
-  if (!c) {
-    tc_req_reply_code(req, TXP_ENOMEM, "out of memory");
-    return;
-  }
+  call_t *c = call_new_or_reply(ctx, req, TC_OP_REGISTER, on_register_done);
+  if (!c) return;
   if (tc_store_next_id(ctx->store, &c->op.id) != 0) {
     reply_code(c, TXP_ESTORE, "no branch id available: coordinator store unreachable, retry");
     return;
   }
-  snprintf(c->xid, sizeof(c->xid), "%s", m->xid);
-  c->op.xid = c->xid;
   c->op.resource_id = m->resource_id;
   c->op.branch_type = (int)m->branch_type;
   c->op.lock_keys = m->lock_keys && m->lock_keys[0] ? m->lock_keys : NULL;
@@ -837,19 +840,13 @@ static void handle_begin_register(tc_ctx_t *ctx, tc_req_t *req) {
     return;
   }
   uint32_t timeout;
-  if (!begin_timeout_or_reply(ctx, req, &timeout)) return;
-  call_t *c = call_new(ctx, req, TC_OP_REGISTER, on_register_done);
-  if (!c) {
-    tc_req_reply_code(req, TXP_ENOMEM, "out of memory");
-    return;
-  }
   int64_t txid;
-  if (new_global_or_reply(c, &txid) != 0) return;
+  call_t *c = begin_call_or_reply(ctx, req, TC_OP_REGISTER, on_register_done, &timeout, &txid);
+  if (!c) return;
   if (tc_store_next_id(ctx->store, &c->op.id) != 0) {
     reply_code(c, TXP_ESTORE, "no branch id available: coordinator store unreachable, retry");
     return;
   }
-  c->op.xid = c->xid;
   c->op.begin_txid = txid;
   c->op.begin_timeout_ms = timeout;
   c->op.begin_name = m->name;
@@ -892,13 +889,8 @@ static void handle_branch_report(tc_ctx_t *ctx, tc_req_t *req) {
     tc_req_reply_code(req, TXP_EBAD_REQUEST, "branch report needs the id of one branch");
     return;
   }
-  call_t *c = call_new(ctx, req, TC_OP_PHASE2, on_branch_report_done);
-  if (!c) {
-    tc_req_reply_code(req, TXP_ENOMEM, "out of memory");
-    return;
-  }
-  snprintf(c->xid, sizeof(c->xid), "%s", m->xid);
-  c->op.xid = c->xid;
+  call_t *c = call_new_or_reply(ctx, req, TC_OP_PHASE2, on_branch_report_done);
+  if (!c) return;
   c->op.id = m->branch_id;
   c->op.branch_status = (int)m->branch_status;
   c->op.error = m->message;

@@ -29,6 +29,7 @@
 #include "tc_admin.h"
 #include "tc_lockwait.h"
 #include "tc_log.h"
+#include "tc_parts.h"
 #include "tc_phase2.h"
 #include "tc_stats.h"
 #include "tc_store_read.h"
@@ -65,9 +66,7 @@ struct tc_metrics {
   uint64_t last_probe_ns;
   bool probing;
   bool closing;
-  int close_parts;
-  void (*done)(void *);
-  void *done_arg;
+  tc_parts_t close; /* the tick and a probe in flight */
   snap_t loop_snap; /* loop thread's working copy (probe results live here) */
   pthread_mutex_t mu;
   snap_t snap; /* under 'mu' */
@@ -113,13 +112,11 @@ static bool versions_present(const char *expected, const char *found, char *miss
   return ok;
 }
 
-static void close_part(tc_metrics_t *m);
-
 static void on_probe(int status, const char *err, const tc_read_probe_t *p, void *arg) {
   tc_metrics_t *m = arg;
   m->probing = false;
   if (m->closing) {
-    close_part(m);
+    tc_parts_closed(&m->close);
     return;
   }
   snap_t *s = &m->loop_snap;
@@ -225,6 +222,13 @@ static void gauge(sbuf_t *b, const char *name, const char *help, double v) {
   sb_printf(b, "%s %.17g\n", name, v);
 }
 
+/* A counter with one series per value of 'label': values[i] counted v[i]. */
+static void counter_by(sbuf_t *b, const char *name, const char *help, const char *label, int n,
+                       const char *const *values, const uint64_t *v) {
+  head(b, name, "counter", help);
+  for (int i = 0; i < n; i++) sb_printf(b, "%s{%s=\"%s\"} %" PRIu64 "\n", name, label, values[i], v[i]);
+}
+
 /* Statuses a live session can have (the gauge lists each, 0 included). */
 static const int live_statuses[] = {
   TXP_GS_BEGIN,           TXP_GS_COMMITTING,          TXP_GS_COMMIT_RETRYING,
@@ -286,10 +290,9 @@ static void format_metrics(const snap_t *s, uint64_t now, sbuf_t *b) {
   gauge(b, "txc_lock_waiters", "Registrations waiting for a lock on this node now.", (double)s->st.lock_waiters);
 
   counter(b, "txc_phase2_calls_total", "BranchCommit/BranchRollback calls to resource managers.", n->phase2_calls);
-  head(b, "txc_phase2_failures_total", "counter", "Phase-two branch calls that failed, by kind.");
-  sb_printf(b, "txc_phase2_failures_total{kind=\"retryable\"} %" PRIu64 "\n", n->phase2_retryable);
-  sb_printf(b, "txc_phase2_failures_total{kind=\"unretryable\"} %" PRIu64 "\n", n->phase2_unretryable);
-  sb_printf(b, "txc_phase2_failures_total{kind=\"no_rm\"} %" PRIu64 "\n", n->phase2_no_rm);
+  counter_by(b, "txc_phase2_failures_total", "Phase-two branch calls that failed, by kind.", "kind", 3,
+             (const char *const[]){"retryable", "unretryable", "no_rm"},
+             (const uint64_t[]){n->phase2_retryable, n->phase2_unretryable, n->phase2_no_rm});
   counter(b, "txc_phase2_forwarded_total", "Branch calls relayed through a peer node (cluster bus).",
           n->phase2_forwarded);
   gauge(b, "txc_phase2_active", "Phase-two drives in progress on this node.", (double)n->phase2_active);
@@ -312,10 +315,8 @@ static void format_metrics(const snap_t *s, uint64_t now, sbuf_t *b) {
 
   const tc_store_stats_t *st = &s->st.store;
   counter(b, "txc_store_batches_total", "Group-commit batches run.", st->batches);
-  head(b, "txc_store_ops_total", "counter", "Store operations, by kind.");
   static const char *const kinds[TC_OP__KINDS] = {"begin", "register", "decide", "phase2"};
-  for (int i = 0; i < TC_OP__KINDS; i++)
-    sb_printf(b, "txc_store_ops_total{kind=\"%s\"} %" PRIu64 "\n", kinds[i], st->ops_by_kind[i]);
+  counter_by(b, "txc_store_ops_total", "Store operations, by kind.", "kind", TC_OP__KINDS, kinds, st->ops_by_kind);
   head(b, "txc_store_op_seconds", "histogram",
        "Time from an operation's submission to its result (queue wait plus its batch), by kind.");
   for (int i = 0; i < TC_OP__KINDS; i++) {
@@ -344,12 +345,11 @@ static void format_metrics(const snap_t *s, uint64_t now, sbuf_t *b) {
   counter(b, "txc_store_unknown_batches_total",
           "Batches whose connection broke in flight (outcome unknown, read back from the store).",
           st->unknown_batches);
-  head(b, "txc_store_unknown_ops_total", "counter",
-       "Operations of such batches, by what reading the store found: applied (answered as their batch "
-       "would have), redone (not applied: run again), failed (no reading in time, or broken too often).");
-  sb_printf(b, "txc_store_unknown_ops_total{resolution=\"applied\"} %" PRIu64 "\n", st->unknown_applied);
-  sb_printf(b, "txc_store_unknown_ops_total{resolution=\"redone\"} %" PRIu64 "\n", st->unknown_redone);
-  sb_printf(b, "txc_store_unknown_ops_total{resolution=\"failed\"} %" PRIu64 "\n", st->unknown_failed);
+  counter_by(b, "txc_store_unknown_ops_total",
+             "Operations of such batches, by what reading the store found: applied (answered as their batch "
+             "would have), redone (not applied: run again), failed (no reading in time, or broken too often).",
+             "resolution", 3, (const char *const[]){"applied", "redone", "failed"},
+             (const uint64_t[]){st->unknown_applied, st->unknown_redone, st->unknown_failed});
   gauge(b, "txc_store_connections_ready", "PostgreSQL connections ready (writers and readers).",
         (double)s->st.store_ready_conns);
 
@@ -364,9 +364,8 @@ static void format_metrics(const snap_t *s, uint64_t now, sbuf_t *b) {
     counter(b, "txc_connections_refused_per_address_total",
             "Client connections refused because their address held its share (server.max_connections_per_address).",
             sv->refused_per_address);
-    head(b, "txc_frames_total", "counter", "Protocol frames, by direction.");
-    sb_printf(b, "txc_frames_total{direction=\"in\"} %" PRIu64 "\n", sv->frames_in);
-    sb_printf(b, "txc_frames_total{direction=\"out\"} %" PRIu64 "\n", sv->frames_out);
+    counter_by(b, "txc_frames_total", "Protocol frames, by direction.", "direction", 2,
+               (const char *const[]){"in", "out"}, (const uint64_t[]){sv->frames_in, sv->frames_out});
     counter(b, "txc_bad_frames_total", "Frames that could not be decoded (bad magic, size, body).", sv->bad_frames);
     counter(b, "txc_busy_replies_total", "Requests answered BUSY (too many in flight).", sv->busy_replies);
     counter(b, "txc_auth_failures_total", "Registrations refused: unknown application, wrong secret or wrong token.", sv->auth_failures);
@@ -380,19 +379,18 @@ static void format_metrics(const snap_t *s, uint64_t now, sbuf_t *b) {
   if (s->st.has_bus) {
     const tc_bus_stats_t *bs = &s->st.bus;
     gauge(b, "txc_bus_peers_up", "Peer nodes heard on the cluster bus within 3 heartbeats.", (double)bs->peers_up);
-    head(b, "txc_bus_messages_total", "counter", "Cluster bus messages, by direction.");
-    sb_printf(b, "txc_bus_messages_total{direction=\"out\"} %" PRIu64 "\n", bs->sent);
-    sb_printf(b, "txc_bus_messages_total{direction=\"in\"} %" PRIu64 "\n", bs->received);
+    counter_by(b, "txc_bus_messages_total", "Cluster bus messages, by direction.", "direction", 2,
+               (const char *const[]){"out", "in"}, (const uint64_t[]){bs->sent, bs->received});
     counter(b, "txc_bus_send_dropped_total", "Cluster bus messages not sent (full pipe, or could not seal).",
             bs->send_dropped);
-    head(b, "txc_bus_rejected_total", "counter",
-         "Cluster bus messages dropped, by reason (malformed, bad_mac, not_member, replayed, stale, unexpected).");
-    for (int i = 0; i < TC_BUS_REJECT_N; i++)
-      sb_printf(b, "txc_bus_rejected_total{reason=\"%s\"} %" PRIu64 "\n", tc_bus_reject_name(i), bs->rejected[i]);
-    head(b, "txc_bus_forwards_total", "counter", "Phase-two calls this node relayed through peers, by outcome.");
-    sb_printf(b, "txc_bus_forwards_total{outcome=\"answered\"} %" PRIu64 "\n", bs->forwards_answered);
-    sb_printf(b, "txc_bus_forwards_total{outcome=\"no_rm\"} %" PRIu64 "\n", bs->forwards_no_rm);
-    sb_printf(b, "txc_bus_forwards_total{outcome=\"timed_out\"} %" PRIu64 "\n", bs->forwards_timed_out);
+    const char *reasons[TC_BUS_REJECT_N];
+    for (int i = 0; i < TC_BUS_REJECT_N; i++) reasons[i] = tc_bus_reject_name(i);
+    counter_by(b, "txc_bus_rejected_total",
+               "Cluster bus messages dropped, by reason (malformed, bad_mac, not_member, replayed, stale, unexpected).",
+               "reason", TC_BUS_REJECT_N, reasons, bs->rejected);
+    counter_by(b, "txc_bus_forwards_total", "Phase-two calls this node relayed through peers, by outcome.", "outcome",
+               3, (const char *const[]){"answered", "no_rm", "timed_out"},
+               (const uint64_t[]){bs->forwards_answered, bs->forwards_no_rm, bs->forwards_timed_out});
     counter(b, "txc_bus_forwards_served_total", "Phase-two calls relayed for peers to a local RM.",
             bs->forwards_served);
   }
@@ -600,26 +598,24 @@ int tc_metrics_start(tc_ctx_t *ctx, tc_metrics_t **out, char *err, size_t errlen
 
 int tc_metrics_port(const tc_metrics_t *m) { return m ? m->port : -1; }
 
-static void close_part(tc_metrics_t *m) {
-  if (--m->close_parts > 0) return;
-  void (*done)(void *) = m->done;
-  void *arg = m->done_arg;
+static void metrics_free(void *arg) {
+  tc_metrics_t *m = arg;
   pthread_mutex_destroy(&m->mu);
   free(m);
-  if (done) done(arg);
 }
 
-static void on_tick_closed(uv_handle_t *h) { close_part(h->data); }
+static void on_tick_closed(uv_handle_t *h) {
+  tc_metrics_t *m = h->data;
+  tc_parts_closed(&m->close);
+}
 
 void tc_metrics_close(tc_metrics_t *m, void (*done)(void *), void *arg) {
   m->closing = true;
-  m->done = done;
-  m->done_arg = arg;
   /* Joins the HTTP thread: no handler runs after this. */
   MHD_stop_daemon(m->mhd);
   m->mhd = NULL;
   txc_httpguard_free(m->guard);
   m->guard = NULL;
-  m->close_parts = 1 + (m->probing ? 1 : 0);
+  tc_parts_start(&m->close, 1 + (m->probing ? 1 : 0), metrics_free, m, done, arg);
   uv_close((uv_handle_t *)&m->tick, on_tick_closed);
 }

@@ -17,6 +17,7 @@
 #include "tc_lockwait.h"
 #include "tc_log.h"
 #include "tc_metrics.h"
+#include "tc_parts.h"
 #include "tc_peer.h"
 #include "tc_recovery.h"
 #include "tc_server.h"
@@ -37,9 +38,7 @@ struct tc_node {
 
   void (*on_ready)(tc_node_t *node, int status, const char *err, void *arg);
   void *ready_arg;
-  void (*stop_done)(void *arg);
-  void *stop_arg;
-  int stop_parts;
+  tc_parts_t stop; /* the parts tc_node_stop waits for, and its caller */
 };
 
 static tc_node_t *node_of(const tc_ctx_t *ctx) { return (tc_node_t *)(uintptr_t)ctx; }
@@ -201,61 +200,45 @@ tc_node_t *tc_node_start(uv_loop_t *loop, const tc_config_t *cfg,
 
 int tc_node_port(const tc_node_t *node) { return node->ctx.server ? tc_server_port(node->ctx.server) : -1; }
 
-static void stop_part(void *arg) {
+static void node_free(void *arg) {
   tc_node_t *node = arg;
-  if (--node->stop_parts > 0) return;
-  void (*done)(void *) = node->stop_done;
-  void *darg = node->stop_arg;
   tc_creds_free(node->creds);
   free(node);
-  if (done) done(darg);
 }
 
-static void on_stats_timer_closed(uv_handle_t *h) { stop_part(h->data); }
+static void on_stats_timer_closed(uv_handle_t *h) {
+  tc_node_t *node = h->data;
+  tc_parts_closed(&node->stop);
+}
 
+/* Closes what the node owns; this call is a part itself, open until all
+ * the others are started. */
 static void after_server_stopped(void *arg) {
   tc_node_t *node = arg;
+  tc_parts_t *stop = &node->stop;
   /* No new requests can arrive now: release the rest. */
-  node->stop_parts = 1;
   if (node->stats_timer_on) {
     node->stats_timer_on = false;
-    node->stop_parts++;
+    tc_parts_add(stop);
     uv_close((uv_handle_t *)&node->stats_timer, on_stats_timer_closed);
   }
-  if (node->metrics) {
-    node->stop_parts++;
-    tc_metrics_close(node->metrics, stop_part, node);
-  }
-  if (node->ctx.admin) {
-    node->stop_parts++;
-    tc_admin_close(node->ctx.admin, stop_part, node);
-  }
-  if (node->ctx.recovery) {
-    node->stop_parts++;
-    tc_recovery_close(node->ctx.recovery, stop_part, node);
-  }
-  if (node->ctx.lockwait) {
-    node->stop_parts++;
-    tc_lockwait_close(node->ctx.lockwait, stop_part, node);
-  }
-  if (node->ctx.store) {
-    node->stop_parts++;
-    tc_store_close(node->ctx.store, stop_part, node);
-  }
+  if (node->metrics) tc_metrics_close(node->metrics, tc_parts_closed, tc_parts_add(stop));
+  if (node->ctx.admin) tc_admin_close(node->ctx.admin, tc_parts_closed, tc_parts_add(stop));
+  if (node->ctx.recovery) tc_recovery_close(node->ctx.recovery, tc_parts_closed, tc_parts_add(stop));
+  if (node->ctx.lockwait) tc_lockwait_close(node->ctx.lockwait, tc_parts_closed, tc_parts_add(stop));
+  if (node->ctx.store) tc_store_close(node->ctx.store, tc_parts_closed, tc_parts_add(stop));
   if (node->peer) {
     tc_peer_t *p = node->peer;
     node->peer = NULL; /* the ops find no peer from now on */
-    node->stop_parts++;
-    tc_peer_close(p, stop_part, node);
+    tc_peer_close(p, tc_parts_closed, tc_parts_add(stop));
   }
-  stop_part(node);
+  tc_parts_closed(stop);
 }
 
 void tc_node_stop(tc_node_t *node, void (*done)(void *), void *arg) {
   node->ctx.stopping = true;
 
-  node->stop_done = done;
-  node->stop_arg = arg;
+  tc_parts_start(&node->stop, 1, node_free, node, done, arg);
   if (node->ctx.server) tc_server_stop(node->ctx.server, after_server_stopped, node);
   else after_server_stopped(node);
 }

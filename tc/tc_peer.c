@@ -17,6 +17,7 @@
 #include "tc_cluster.h"
 #include "tc_lockwait.h"
 #include "tc_log.h"
+#include "tc_parts.h"
 #include "tc_recovery.h"
 #include "tc_server.h"
 #include "tc_store_read.h"
@@ -318,19 +319,13 @@ void tc_peer_released(tc_peer_t *p, const char *xid) {
 
 typedef struct peer_close {
   tc_peer_t *p;
-  int parts;
-  void (*done)(void *arg);
-  void *arg;
+  tc_parts_t parts;
 } peer_close_t;
 
-static void peer_part_closed(void *arg) {
+static void peer_close_free(void *arg) {
   peer_close_t *pc = arg;
-  if (--pc->parts > 0) return;
-  void (*done)(void *) = pc->done;
-  void *darg = pc->arg;
   free(pc->p);
   free(pc);
-  if (done) done(darg);
 }
 
 void tc_peer_close(tc_peer_t *p, void (*done)(void *arg), void *arg) {
@@ -343,9 +338,7 @@ void tc_peer_close(tc_peer_t *p, void (*done)(void *arg), void *arg) {
     return;
   }
   pc->p = p;
-  pc->done = done;
-  pc->arg = arg;
-  pc->parts = 1;
+  tc_parts_start(&pc->parts, 1, peer_close_free, pc, done, arg); /* 1: this call, until all are started */
   /* The bus and the membership are forgotten before they are closed:
    * callbacks that still run during the shutdown (a release, the member
    * session going down) must not reach them. */
@@ -353,19 +346,14 @@ void tc_peer_close(tc_peer_t *p, void (*done)(void *arg), void *arg) {
     tc_bus_t *bus = p->bus;
     p->bus = NULL;
     p->ctx->bus = NULL;
-    pc->parts++;
-    tc_bus_close(bus, peer_part_closed, pc);
+    tc_bus_close(bus, tc_parts_closed, tc_parts_add(&pc->parts));
   }
   if (p->cluster) {
     tc_cluster_t *cl = p->cluster;
     p->cluster = NULL;
-    pc->parts++;
-    tc_cluster_close(cl, peer_part_closed, pc);
+    tc_cluster_close(cl, tc_parts_closed, tc_parts_add(&pc->parts));
   }
-  if (p->member_conn) {
-    /* Closing the session gives the node id back at once. */
-    pc->parts++;
-    tc_read_conn_close(p->member_conn, peer_part_closed, pc);
-  }
-  peer_part_closed(pc);
+  /* Closing the session gives the node id back at once. */
+  if (p->member_conn) tc_read_conn_close(p->member_conn, tc_parts_closed, tc_parts_add(&pc->parts));
+  tc_parts_closed(&pc->parts);
 }

@@ -641,31 +641,52 @@ static void conn_ready(tc_pg_conn_t *c)
     pool->on_state(pool, c->index, true, NULL, pool->state_arg);
 }
 
+/*
+ * The next result libpq has ready, for the drain loops below: false when
+ * the caller must return (libpq needs more input, or the connection went
+ * bad and conn_fail ran); true with '*res' (NULL: the end of one
+ * statement's results).
+ */
+static bool conn_next_result(tc_pg_conn_t *c, PGresult **res)
+{
+  if (PQstatus(c->pg) == CONNECTION_BAD) {
+    conn_fail(c, PQerrorMessage(c->pg));
+    return false;
+  }
+  if (PQisBusy(c->pg))
+    return false;
+  *res = PQgetResult(c->pg);
+  return true;
+}
+
+/* True, with 'res' cleared and the connection failed with 'why', when
+ * 'res' starts a COPY: a pool never asks for one and cannot serve it. */
+static bool conn_refused_copy(tc_pg_conn_t *c, PGresult *res, const char *why)
+{
+  ExecStatusType st = PQresultStatus(res);
+
+  if (st != PGRES_COPY_IN && st != PGRES_COPY_OUT && st != PGRES_COPY_BOTH)
+    return false;
+  PQclear(res);
+  conn_fail(c, why);
+  return true;
+}
+
 /* Step 4: drain init_sql's results (simple protocol: one per statement,
  * then NULL). */
 static void conn_drain_init(tc_pg_conn_t *c)
 {
-  PGconn *pg = c->pg;
-
   for (;;) {
     PGresult *res;
     ExecStatusType st;
 
-    if (PQstatus(pg) == CONNECTION_BAD) {
-      conn_fail(c, PQerrorMessage(pg));
+    if (!conn_next_result(c, &res))
       return;
-    }
-    if (PQisBusy(pg))
-      return;
-    res = PQgetResult(pg);
     if (res == NULL)
       break;
     st = PQresultStatus(res);
-    if (st == PGRES_COPY_IN || st == PGRES_COPY_OUT || st == PGRES_COPY_BOTH) {
-      PQclear(res);
-      conn_fail(c, "could not run init_sql: COPY is not supported");
+    if (conn_refused_copy(c, res, "could not run init_sql: COPY is not supported"))
       return;
-    }
     if ((st == PGRES_FATAL_ERROR || st == PGRES_BAD_RESPONSE) && !c->init_failed) {
       const char *msg = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
       char tmp[TC_PG_ERR_LEN - 32]; /* leaves room for the prefix */
@@ -1196,20 +1217,14 @@ static void conn_sync_done(tc_pg_conn_t *c)
  */
 static void conn_drain_pipeline(tc_pg_conn_t *c)
 {
-  PGconn *pg = c->pg;
   int nulls = 0;
 
   for (;;) {
     PGresult *res;
     ExecStatusType st;
 
-    if (PQstatus(pg) == CONNECTION_BAD) {
-      conn_fail(c, PQerrorMessage(pg));
+    if (!conn_next_result(c, &res))
       return;
-    }
-    if (PQisBusy(pg))
-      return;
-    res = PQgetResult(pg);
     if (res == NULL) {
       /* One NULL ends each statement's results.  Two in a row would mean
        * libpq has nothing queued before our Sync: that must not happen,
@@ -1229,11 +1244,8 @@ static void conn_drain_pipeline(tc_pg_conn_t *c)
       conn_sync_done(c);
       return;
     }
-    if (st == PGRES_COPY_IN || st == PGRES_COPY_OUT || st == PGRES_COPY_BOTH) {
-      PQclear(res);
-      conn_fail(c, "COPY is not supported in a job");
+    if (conn_refused_copy(c, res, "COPY is not supported in a job"))
       return;
-    }
     if (c->job != NULL)
       job_take_result(c->job, res);
     else

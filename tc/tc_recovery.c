@@ -44,6 +44,7 @@
 #include <string.h>
 
 #include "tc_log.h"
+#include "tc_parts.h"
 #include "tc_ctx.h"
 #include "tc_phase2.h"
 #include "tc_store_read.h"
@@ -67,9 +68,7 @@ struct tc_recovery {
   uint64_t last_history_ns;
   int reads; /* store reads in flight: close waits for them */
   bool closing;
-  int close_parts;
-  void (*done)(void *);
-  void *done_arg;
+  tc_parts_t close; /* the tick, the leader session and the reads in flight */
   tc_recovery_stats_t stats;
 };
 
@@ -273,31 +272,23 @@ bool tc_recovery_is_leader(const tc_recovery_t *rec) { return rec->leader; }
 
 void tc_recovery_get_stats(const tc_recovery_t *rec, tc_recovery_stats_t *out) { *out = rec->stats; }
 
-static void close_part(void *arg) {
-  tc_recovery_t *rec = arg;
-  if (--rec->close_parts > 0) return;
-  void (*done)(void *) = rec->done;
-  void *darg = rec->done_arg;
-  free(rec);
-  if (done) done(darg);
+static void on_tick_closed(uv_handle_t *h) {
+  tc_recovery_t *rec = h->data;
+  tc_parts_closed(&rec->close);
 }
-
-static void on_tick_closed(uv_handle_t *h) { close_part(h->data); }
 
 /* Account for a finished read; true when the object is closing (and the
  * caller must not touch it any more: it may be freed by this call). */
 static bool read_done(tc_recovery_t *rec) {
   rec->reads--;
   if (!rec->closing) return false;
-  close_part(rec);
+  tc_parts_closed(&rec->close);
   return true;
 }
 
 void tc_recovery_close(tc_recovery_t *rec, void (*done)(void *), void *arg) {
   rec->closing = true;
-  rec->done = done;
-  rec->done_arg = arg;
-  rec->close_parts = 2 + rec->reads;
+  tc_parts_start(&rec->close, 2 + rec->reads, free, rec, done, arg);
   uv_close((uv_handle_t *)&rec->tick, on_tick_closed);
-  tc_read_conn_close(rec->leader_conn, close_part, rec);
+  tc_read_conn_close(rec->leader_conn, tc_parts_closed, &rec->close);
 }

@@ -103,6 +103,7 @@
 #include <string.h>
 
 #include "tc_log.h"
+#include "tc_parts.h"
 #include "tc_pg.h"
 #include "txc_failpoint.h"
 #include "txp_lockkey.h"
@@ -170,9 +171,7 @@ struct tc_store {
   bool ready_fired;
 
   bool closing;
-  int closing_parts;
-  void (*close_done)(void *);
-  void *close_arg;
+  tc_parts_t close; /* the handles and pools tc_store_close waits for */
 
   tc_store_stats_t stats;
   uint64_t lost_logged_ms; /* the last "connection lost" line (loop time), 0: none yet */
@@ -194,7 +193,6 @@ typedef struct batch {
 } batch_t;
 
 static void schedule_flush(tc_store_t *st);
-static void close_part_done(void *arg);
 
 /* ------------------------------------------------------------ text arrays */
 
@@ -1286,14 +1284,15 @@ tc_store_t *tc_store_new(uv_loop_t *loop, const tc_config_t *cfg,
     st->closing = true;
     tc_pg_pool_t *pools[] = {st->lane[LANE_DURABLE].pool, st->lane[LANE_RELAXED].pool,
                              st->lane[LANE_CLEANUP].pool, st->rpool};
+    tc_parts_start(&st->close, 0, free, st, NULL, NULL);
     for (int i = 0; i < 4; i++)
-      if (pools[i]) st->closing_parts++;
-    if (st->closing_parts == 0) {
+      if (pools[i]) tc_parts_add(&st->close);
+    if (st->close.open == 0) {
       free(st);
       return NULL;
     }
     for (int i = 0; i < 4; i++) /* the last one closed frees 'st' */
-      if (pools[i]) tc_pg_pool_close(pools[i], close_part_done, st);
+      if (pools[i]) tc_pg_pool_close(pools[i], tc_parts_closed, &st->close);
     return NULL;
   }
   uv_idle_init(loop, &st->flush_idle);
@@ -1307,21 +1306,13 @@ tc_store_t *tc_store_new(uv_loop_t *loop, const tc_config_t *cfg,
   return st;
 }
 
-static void close_part_done(void *arg) {
-  tc_store_t *st = arg;
-  if (--st->closing_parts > 0) return;
-  void (*done)(void *) = st->close_done;
-  void *darg = st->close_arg;
-  free(st);
-  if (done) done(darg);
+static void on_handle_closed(uv_handle_t *h) {
+  tc_store_t *st = h->data;
+  tc_parts_closed(&st->close);
 }
-
-static void on_handle_closed(uv_handle_t *h) { close_part_done(h->data); }
 
 void tc_store_close(tc_store_t *st, void (*done)(void *), void *arg) {
   st->closing = true;
-  st->close_done = done;
-  st->close_arg = arg;
   /* Queued ops never reached PostgreSQL: fail them now. */
   lazy_release(st);
   for (int i = 0; i < LANES; i++) {
@@ -1336,15 +1327,13 @@ void tc_store_close(tc_store_t *st, void (*done)(void *), void *arg) {
     }
     l->tail = NULL;
   }
-  st->closing_parts = 4; /* three handles and the read pool */
-  for (int i = 0; i < LANES; i++)
-    if (st->lane[i].pool) st->closing_parts++;
+  tc_parts_start(&st->close, 4, free, st, done, arg); /* three handles and the read pool; the lanes' pools below */
   uv_close((uv_handle_t *)&st->flush_idle, on_handle_closed);
   uv_close((uv_handle_t *)&st->lazy_timer, on_handle_closed);
   uv_close((uv_handle_t *)&st->ready_timer, on_handle_closed);
   for (int i = 0; i < LANES; i++)
-    if (st->lane[i].pool) tc_pg_pool_close(st->lane[i].pool, close_part_done, st);
-  tc_pg_pool_close(st->rpool, close_part_done, st);
+    if (st->lane[i].pool) tc_pg_pool_close(st->lane[i].pool, tc_parts_closed, tc_parts_add(&st->close));
+  tc_pg_pool_close(st->rpool, tc_parts_closed, &st->close);
 }
 
 int tc_store_read(tc_store_t *st, tc_pg_job_t *job, unsigned deadline_ms) {

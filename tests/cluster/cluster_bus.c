@@ -119,20 +119,25 @@ static int rm_handler(txc_t *c, const txp_msg_t *req, txp_msg_t *res, void *arg)
   return 0;
 }
 
-static void *rm_main(void *arg) {
-  while (!atomic_load(&rm.stop)) {
-    if (txc_poll(rm.c, 50, false) < 0) break;
-    /* Keep the connection alive (the node drops idle peers). */
-    static double last;
+/* An RM's thread: serve 'c' until '*stop', with a heartbeat a second to
+ * keep the connection alive (the node drops idle peers). */
+static void serve_until_stopped(txc_t *c, atomic_int *stop) {
+  double last = 0;
+  while (!atomic_load(stop)) {
+    if (txc_poll(c, 50, false) < 0) break;
     if (txc_now_ms() - last > 1000) {
       txp_msg_t hb, res;
       txp_msg_init(&hb, TXP_MSG_HEARTBEAT);
       txp_msg_init(&res, TXP_MSG_NONE);
-      txc_call(rm.c, &hb, &res, 2000);
+      txc_call(c, &hb, &res, 2000);
       txp_msg_clear(&res);
       last = txc_now_ms();
     }
   }
+}
+
+static void *rm_main(void *arg) {
+  serve_until_stopped(rm.c, &rm.stop);
   return NULL;
 }
 
@@ -354,18 +359,7 @@ static int slow_handler(txc_t *c, const txp_msg_t *req, txp_msg_t *res, void *ar
 }
 
 static void *slow_main(void *arg) {
-  double last = 0;
-  while (!atomic_load(&slow.stop)) {
-    if (txc_poll(slow.c, 50, false) < 0) break;
-    if (txc_now_ms() - last > 1000) {
-      txp_msg_t hb, res;
-      txp_msg_init(&hb, TXP_MSG_HEARTBEAT);
-      txp_msg_init(&res, TXP_MSG_NONE);
-      txc_call(slow.c, &hb, &res, 2000);
-      txp_msg_clear(&res);
-      last = txc_now_ms();
-    }
-  }
+  serve_until_stopped(slow.c, &slow.stop);
   return NULL;
 }
 

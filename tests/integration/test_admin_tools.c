@@ -177,6 +177,15 @@ typedef struct waiter_arg {
   uint32_t waited;
 } waiter_arg_t;
 
+/* The clients 'cl' (named 'client') and a global of theirs in Begin (for
+ * ten minutes: the test ends it) whose branch in db_orders holds the lock
+ * on 'key'. */
+static void open_holding(cli_t *cl, const char *client, const char *name, char *xid, const char *key) {
+  cli_open(cl, client);
+  begin_ok(cl->tm, 600000, name, xid);
+  register_ok(cl->rm, xid, "db_orders", key);
+}
+
 static void *waiter_main(void *p) {
   waiter_arg_t *w = p;
   txc_t *rm = client(true, "waiter-rm");
@@ -189,10 +198,8 @@ static void *waiter_main(void *p) {
 static void test_lock_waiters(void **state) {
   (void)state;
   cli_t cl;
-  cli_open(&cl, "waits");
   char holder[TXP_MAX_XID_LEN + 1];
-  begin_ok(cl.tm, 600000, "adm-holder", holder);
-  register_ok(cl.rm, holder, "db_orders", "t_wait:1");
+  open_holding(&cl, "waits", "adm-holder", holder, "t_wait:1");
   waiter_arg_t w = {.rc = 1};
   begin_ok(cl.tm, 600000, "adm-waiter", w.xid);
   scrape_t before = scrape();
@@ -404,10 +411,8 @@ static void test_metrics(void **state) {
 static void test_tcctl(void **state) {
   (void)state;
   cli_t cl;
-  cli_open(&cl, "tcctl");
   char x[TXP_MAX_XID_LEN + 1];
-  begin_ok(cl.tm, 600000, "ctl-begin", x);
-  register_ok(cl.rm, x, "db_orders", "t_ctl:1");
+  open_holding(&cl, "tcctl", "ctl-begin", x, "t_ctl:1");
 
   assert_int_equal(tcctl("globals", "--status", "Begin", NULL), 0);
   assert_non_null(strstr(g_run.out, "XID"));

@@ -324,6 +324,20 @@ static size_t raw_frame(unsigned char *out, unsigned major, unsigned type, unsig
   return TXP_HEADER_SIZE + blen;
 }
 
+/* Send one raw frame (raw_frame's header fields and body) and check the
+ * answer's type, request id and code; returns the answer. */
+static const txp_msg_t *raw_call(client_t *cl, unsigned major, unsigned type, unsigned flags, uint64_t id,
+                                 const unsigned char *body, uint32_t blen, unsigned want_type, int want_code) {
+  unsigned char frame[64];
+  assert_true(blen <= sizeof(frame) - TXP_HEADER_SIZE);
+  client_write_raw(cl, frame, raw_frame(frame, major, type, flags, id, body, blen));
+  const txp_msg_t *res = client_next(cl);
+  assert_int_equal(res->type, want_type);
+  assert_int_equal(res->request_id, id);
+  assert_int_equal(res->code, want_code);
+  return res;
+}
+
 /* ---------------------------------------------------- the application */
 
 typedef struct {
@@ -586,6 +600,23 @@ static bool one_connection_left(void *p) {
   return stats().connections == 1;
 }
 
+/* Two registered TMs fill a limit of two connections: a third is closed
+ * at once, unanswered, and counted refused; the two are still served.
+ * Returns the first. */
+static client_t *fill_two_and_refuse_third(void) {
+  client_t *a = client_tm("tm-a");
+  client_t *b = client_tm("tm-b");
+  client_t *c = client_connect();
+  assert_true(run_until(client_gone, c, WAIT_MS));
+  assert_int_equal(c->nmsgs, 0);
+  tc_server_stats_t st = stats();
+  assert_int_equal(st.refused, 1);
+  assert_int_equal(st.connections, 2);
+  assert_served(a);
+  assert_served(b);
+  return a;
+}
+
 /* Finding 3: one address may hold at most max_connections_per_address
  * live connections; the next is refused (closed at once), the others go
  * on, and one that leaves makes room again. */
@@ -593,15 +624,8 @@ static void test_max_connections_per_address(void **state) {
   (void)state;
   opts.max_connections_per_address = 2;
   start_server();
-  client_t *a = client_tm("tm-a");
-  client_t *b = client_tm("tm-b");
-  client_t *c = client_connect();
-  assert_true(run_until(client_gone, c, WAIT_MS));
-  assert_int_equal(stats().refused, 1);
+  client_t *a = fill_two_and_refuse_third();
   assert_int_equal(stats().refused_per_address, 1);
-  assert_int_equal(stats().connections, 2);
-  assert_served(a);
-  assert_served(b);
   client_close(a);
   assert_true(run_until(one_connection_left, NULL, WAIT_MS));
   client_t *d = client_tm("tm-d"); /* room again */
@@ -612,14 +636,9 @@ static void test_bad_version(void **state) {
   (void)state;
   start_server();
   client_t *cl = client_connect();
-  unsigned char frame[64];
   const unsigned char body[] = {0x80}; /* empty map */
-  size_t n = raw_frame(frame, 7, TXP_MSG_REGISTER_TM, 0, 4242, body, sizeof(body));
-  client_write_raw(cl, frame, n);
-  const txp_msg_t *res = client_next(cl);
-  assert_int_equal(res->type, TXP_MSG_ERROR);
-  assert_int_equal(res->request_id, 4242);
-  assert_int_equal(res->code, TXP_EBAD_VERSION);
+  const txp_msg_t *res =
+    raw_call(cl, 7, TXP_MSG_REGISTER_TM, 0, 4242, body, sizeof(body), TXP_MSG_ERROR, TXP_EBAD_VERSION);
   assert_string_equal(res->server_version, "txc/0.1");
   assert_string_equal(res->message, "unsupported protocol version 7.0: this server speaks 1.x");
   assert_true(run_until(client_gone, cl, WAIT_MS));
@@ -655,41 +674,23 @@ static void test_body_errors_keep_connection(void **state) {
   (void)state;
   start_server();
   client_t *cl = client_tm("tm-1");
-  unsigned char frame[64];
 
   /* GlobalBegin whose "name" (field 6) is an integer. */
   const unsigned char wrong_type[] = {0x81, 0x06, 0x2a};
-  size_t n = raw_frame(frame, 1, TXP_MSG_GLOBAL_BEGIN, 0, 77, wrong_type, sizeof(wrong_type));
-  client_write_raw(cl, frame, n);
-  const txp_msg_t *res = client_next(cl);
-  assert_int_equal(res->type, TXP_MSG_GLOBAL_BEGIN_RESULT);
-  assert_int_equal(res->request_id, 77);
-  assert_int_equal(res->code, TXP_EFIELD_TYPE);
+  const txp_msg_t *res = raw_call(cl, 1, TXP_MSG_GLOBAL_BEGIN, 0, 77, wrong_type, sizeof(wrong_type),
+                                  TXP_MSG_GLOBAL_BEGIN_RESULT, TXP_EFIELD_TYPE);
   assert_non_null(res->message);
 
   /* An unknown message type: answered with an Error frame. */
   const unsigned char empty[] = {0x80};
-  n = raw_frame(frame, 1, 99, 0, 78, empty, sizeof(empty));
-  client_write_raw(cl, frame, n);
-  res = client_next(cl);
-  assert_int_equal(res->type, TXP_MSG_ERROR);
-  assert_int_equal(res->request_id, 78);
-  assert_int_equal(res->code, TXP_EUNKNOWN_TYPE);
+  raw_call(cl, 1, 99, 0, 78, empty, sizeof(empty), TXP_MSG_ERROR, TXP_EUNKNOWN_TYPE);
 
   /* Unknown flag bits on a known request type. */
-  n = raw_frame(frame, 1, TXP_MSG_GLOBAL_BEGIN, 0x80, 79, empty, sizeof(empty));
-  client_write_raw(cl, frame, n);
-  res = client_next(cl);
-  assert_int_equal(res->type, TXP_MSG_GLOBAL_BEGIN_RESULT);
-  assert_int_equal(res->request_id, 79);
-  assert_int_equal(res->code, TXP_EBAD_FLAGS);
+  raw_call(cl, 1, TXP_MSG_GLOBAL_BEGIN, 0x80, 79, empty, sizeof(empty), TXP_MSG_GLOBAL_BEGIN_RESULT, TXP_EBAD_FLAGS);
 
   /* Missing required field (GlobalCommit without xid). */
-  n = raw_frame(frame, 1, TXP_MSG_GLOBAL_COMMIT, 0, 80, empty, sizeof(empty));
-  client_write_raw(cl, frame, n);
-  res = client_next(cl);
-  assert_int_equal(res->type, TXP_MSG_GLOBAL_COMMIT_RESULT);
-  assert_int_equal(res->code, TXP_EFIELD_MISSING);
+  raw_call(cl, 1, TXP_MSG_GLOBAL_COMMIT, 0, 80, empty, sizeof(empty), TXP_MSG_GLOBAL_COMMIT_RESULT,
+           TXP_EFIELD_MISSING);
 
   assert_served(cl);
   assert_false(cl->eof);
@@ -780,16 +781,7 @@ static void test_max_connections(void **state) {
   (void)state;
   opts.max_connections = 2;
   start_server();
-  client_t *a = client_tm("tm-a");
-  client_t *b = client_tm("tm-b");
-  client_t *c = client_connect();
-  assert_true(run_until(client_gone, c, WAIT_MS));
-  assert_int_equal(c->nmsgs, 0);
-  tc_server_stats_t st = stats();
-  assert_int_equal(st.refused, 1);
-  assert_int_equal(st.connections, 2);
-  assert_served(a);
-  assert_served(b);
+  client_t *a = fill_two_and_refuse_third();
 
   /* A slot frees when a connection goes. */
   client_close(a);

@@ -209,21 +209,28 @@ static void test_roundtrip_every_type(void **state) {
   txp_buf_free(&b2);
 }
 
-static void test_golden_bytes(void **state) {
-  (void)state;
+/* 'm' encodes to exactly 'skip' bytes (the header, unchecked when not 0)
+ * and then the 'n' bytes of 'want'. */
+static void assert_encodes_to(const txp_msg_t *m, size_t skip, const unsigned char *want, size_t n) {
   txp_buf_t b;
   txp_buf_init(&b, 0);
+  assert_int_equal(txp_encode(m, &b, 0), 0);
+  assert_int_equal(b.len, skip + n);
+  assert_memory_equal((const unsigned char *)b.data + skip, want, n);
+  txp_buf_free(&b);
+}
+
+static void test_golden_bytes(void **state) {
+  (void)state;
   txp_msg_t m;
   txp_msg_init(&m, TXP_MSG_GLOBAL_COMMIT);
   m.request_id = UINT64_C(0x0102030405060708);
   m.flags = TXP_FLAG_ONEWAY;
   txp_msg_set_str(&m, TXP_F_XID, "ab");
-  assert_int_equal(txp_encode(&m, &b, 0), 0);
   static const unsigned char want1[] = {0xDA, 0xDA, 0x01, 0x00, 0x00, 0x16, 0x00, 0x02, 0x01,
                                         0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x00, 0x00,
                                         0x00, 0x05, 0x81, 0x03, 0xA2, 0x61, 0x62};
-  assert_int_equal(b.len, sizeof(want1));
-  assert_memory_equal(b.data, want1, sizeof(want1));
+  assert_encodes_to(&m, 0, want1, sizeof(want1));
 
   /* A result built with txp_msg_init_result: type + 1, RESPONSE, code. */
   txp_msg_t res;
@@ -234,24 +241,17 @@ static void test_golden_bytes(void **state) {
   assert_int_equal(res.flags, TXP_FLAG_RESPONSE);
   assert_int_equal(res.request_id, 1);
   assert_int_equal(res.present, TXP_FIELD_BIT(TXP_F_CODE));
-  txp_buf_reset(&b);
-  assert_int_equal(txp_encode(&res, &b, 0), 0);
   static const unsigned char want2[] = {0xDA, 0xDA, 0x01, 0x00, 0x00, 0x1D, 0x00, 0x01, 0x00,
                                         0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00,
                                         0x00, 0x05, 0x81, 0x01, 0xD1, 0xD8, 0x87};
-  assert_int_equal(b.len, sizeof(want2));
-  assert_memory_equal(b.data, want2, sizeof(want2));
+  assert_encodes_to(&res, 0, want2, sizeof(want2));
 
   /* bool false is carried, not dropped */
   txp_msg_init(&m, TXP_MSG_GLOBAL_LOCK_QUERY_RESULT);
   txp_msg_set_int(&m, TXP_F_CODE, 0);
   txp_msg_set_int(&m, TXP_F_LOCKABLE, 0);
-  txp_buf_reset(&b);
-  assert_int_equal(txp_encode(&m, &b, 0), 0);
   static const unsigned char body3[] = {0x82, 0x01, 0x00, 0x15, 0xC2};
-  assert_int_equal(b.len, TXP_HEADER_SIZE + sizeof(body3));
-  assert_memory_equal(b.data + TXP_HEADER_SIZE, body3, sizeof(body3));
-  txp_buf_free(&b);
+  assert_encodes_to(&m, TXP_HEADER_SIZE, body3, sizeof(body3));
 }
 
 static void test_msg_helpers(void **state) {
@@ -341,9 +341,11 @@ typedef struct {
   bytes_t bytes;
 } stream_t;
 
-/* Every type twice (all fields / required only), encoded back to back. */
-static void stream_build(stream_t *s) {
-  memset(s, 0, sizeof(*s));
+/* Every type twice (all fields / required only), encoded back to back;
+ * on the heap (STREAM_MAX messages), freed by stream_free. */
+static stream_t *stream_new(void) {
+  stream_t *s = calloc(1, sizeof(*s));
+  assert_non_null(s);
   txp_buf_t b;
   txp_buf_init(&b, 0);
   for (size_t i = 0; i < ntspec; i++)
@@ -357,6 +359,12 @@ static void stream_build(stream_t *s) {
     }
   bytes_add(&s->bytes, b.data, b.len);
   txp_buf_free(&b);
+  return s;
+}
+
+static void stream_free(stream_t *s) {
+  bytes_free(&s->bytes);
+  free(s);
 }
 
 /*
@@ -412,19 +420,14 @@ static void stream_check(const stream_t *s, uint64_t seed) {
 
 static void test_stream_byte_at_a_time(void **state) {
   (void)state;
-  stream_t *s = malloc(sizeof(*s));
-  assert_non_null(s);
-  stream_build(s);
+  stream_t *s = stream_new();
   stream_check(s, 0);
-  bytes_free(&s->bytes);
-  free(s);
+  stream_free(s);
 }
 
 static void test_stream_random_chunks(void **state) {
   (void)state;
-  stream_t *s = malloc(sizeof(*s));
-  assert_non_null(s);
-  stream_build(s);
+  stream_t *s = stream_new();
   for (uint64_t seed = 1; seed <= 200; seed++) stream_check(s, seed * UINT64_C(0x9E3779B97F4A7C15));
   /* whole stream in one feed */
   txp_decoder_t *d = txp_decoder_new(NULL);
@@ -437,8 +440,7 @@ static void test_stream_random_chunks(void **state) {
     txp_msg_clear(&m);
   }
   txp_decoder_free(d);
-  bytes_free(&s->bytes);
-  free(s);
+  stream_free(s);
 }
 
 static void test_decode_frame_whole_only(void **state) {

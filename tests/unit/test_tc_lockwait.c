@@ -56,6 +56,21 @@ static void init_item(item_t *it, int id, const char *holder, uint64_t queued, u
 
 static void closed(void *arg) { *(int *)arg = 1; }
 
+/* Run 'loop' to its end: the close callback ran ('*done') and nothing is
+ * left open on the loop. */
+static void run_closed(uv_loop_t *loop, const int *done) {
+  uv_run(loop, UV_RUN_DEFAULT);
+  assert_int_equal(*done, 1);
+  assert_int_equal(uv_loop_close(loop), 0);
+}
+
+/* Close 'lw' with nobody waiting, and check it closes cleanly. */
+static void close_idle(uv_loop_t *loop, tc_lockwait_t *lw) {
+  int done = 0;
+  tc_lockwait_close(lw, closed, &done);
+  run_closed(loop, &done);
+}
+
 static void test_fifo_release_and_requeue(void **state) {
   (void)state;
   uv_loop_t loop;
@@ -85,11 +100,7 @@ static void test_fifo_release_and_requeue(void **state) {
   tc_lockwait_cancel(lw, &other.w);
   assert_int_equal(tc_lockwait_count(lw), 0);
   assert_int_equal(tc_lockwait_release(lw, "Y"), 0);
-  int done = 0;
-  tc_lockwait_close(lw, closed, &done);
-  uv_run(&loop, UV_RUN_DEFAULT);
-  assert_int_equal(done, 1);
-  assert_int_equal(uv_loop_close(&loop), 0);
+  close_idle(&loop, lw);
 }
 
 static void test_deadline_and_bound(void **state) {
@@ -111,11 +122,7 @@ static void test_deadline_and_bound(void **state) {
   assert_int_equal(log.reasons[0], TXP_ELOCK_WAIT_TIMEOUT);
   assert_int_equal(log.reasons[1], TXP_ELOCK_WAIT_TIMEOUT);
   assert_int_equal(tc_lockwait_count(lw), 0);
-  int done = 0;
-  tc_lockwait_close(lw, closed, &done);
-  uv_run(&loop, UV_RUN_DEFAULT);
-  assert_int_equal(done, 1);
-  assert_int_equal(uv_loop_close(&loop), 0);
+  close_idle(&loop, lw);
 }
 
 static void test_close_wakes_with_shutdown(void **state) {
@@ -131,9 +138,7 @@ static void test_close_wakes_with_shutdown(void **state) {
   tc_lockwait_close(lw, closed, &done);
   assert_int_equal(log.n, 1);
   assert_int_equal(log.reasons[0], TXP_ESHUTDOWN);
-  uv_run(&loop, UV_RUN_DEFAULT);
-  assert_int_equal(done, 1);
-  assert_int_equal(uv_loop_close(&loop), 0);
+  run_closed(&loop, &done);
 }
 
 int main(void) {
