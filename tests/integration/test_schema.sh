@@ -328,6 +328,34 @@ expect_value "tc: the last outcome recorded again finishes the rollback" "$TC_PG
 expect_value "tc: an action failed for good turns the saga to its compensations" "$TC_PG_URL" \
   "$(phase2_after 8 5 1 1 2 7)" $'compensate 4\n4 5,7,1'
 
+# Begins and finishes without ON CONFLICT where none can come
+# (sql/tc/013_plain_inserts.sql).  A begin batch: two without a key, one
+# with a key, one repeating that key (answered the first xid).
+expect_value "tc: a begin batch inserts keyless and keyed begins, a repeated key gets the first xid" "$TC_PG_URL" \
+  "BEGIN;
+   SELECT string_agg(item || ' ' || xid || ' ' || result, ',' ORDER BY item)
+     FROM tc_begin_batch(ARRAY['b:1', 'b:2', 'b:3', 'b:4'], ARRAY[1, 2, 3, 4]::bigint[], ARRAY[1000, 1000, 1000, 1000],
+                         ARRAY['n', 'n', 'n', 'n'], ARRAY['app', 'app', 'app', 'app'], ARRAY['grp', 'grp', 'grp', 'grp'],
+                         ARRAY[NULL, NULL, 'k1', 'k1'], 1);
+   SELECT count(*) || ' ' || count(idem_key) FROM global_table WHERE xid LIKE 'b:%';
+   ROLLBACK;" $'1 b:1 ok,2 b:2 ok,3 b:3 ok,4 b:3 ok\n3 1'
+# A finish writes the history row once, from the global it deletes, with
+# the branches it deletes; an xid listed twice keeps its first status; a
+# finish of a global already finished writes nothing and fails nothing.
+expect_value "tc: a finish writes one history row with its branches; a second finish writes none" "$TC_PG_URL" \
+  "BEGIN;
+   INSERT INTO global_table (xid, transaction_id, status, timeout_ms, deadline, node_id, application_id)
+   VALUES ('f:1', 1, 2, 1000, now(), 1, 'app');
+   INSERT INTO branch_table (branch_id, xid, transaction_id, resource_id, status)
+   VALUES (11, 'f:1', 1, 'orders', 1), (12, 'f:1', 1, 'stock', 1);
+   SELECT tc__finish_many(ARRAY['f:1', 'f:1'], ARRAY[9, 11]::smallint[], 5::smallint);
+   SELECT tc__finish_many(ARRAY['f:1'], ARRAY[11]::smallint[]);
+   SELECT count(*) || ' ' || min(status) || ' ' || min(application_id) || ' '
+          || min(branches::text) FROM global_history WHERE xid = 'f:1';
+   SELECT (SELECT count(*) FROM global_table WHERE xid = 'f:1') + (SELECT count(*) FROM branch_table WHERE xid = 'f:1');
+   ROLLBACK;" \
+  $'\n\n1 9 app [{"status": 5, "branch_id": 11, "branch_type": 0, "resource_id": "orders"}, {"status": 5, "branch_id": 12, "branch_type": 0, "resource_id": "stock"}]\n0'
+
 # db-migrate itself, on a scratch database --------------------------------------
 
 admin_url=${TC_PG_URL%/*}/postgres
