@@ -491,13 +491,13 @@ static bool phase_one_delta_ok(rm_branch_t *b, const char *table, const char *co
  * delta (not 'on_commit') the rule of the NOTES. */
 static int delta_start(rm_branch_t *b, const char *table, const char *const *pk_vals, const char *col,
                        long long delta, bool on_commit) {
+  if (!b) return RM_E_INVALID;
   if (!on_commit && !phase_one_delta_ok(b, table, col, delta)) return RM_E_INVALID;
   return stmt_start(b, table && pk_vals && col && delta != LLONG_MIN, "table, key values, column or delta", 0, NULL);
 }
 
 int rm_at_update_delta(rm_branch_t *b, const char *table, const char *const *pk_vals,
                        const char *col, long long delta, const char *guard) {
-  if (!b) return RM_E_INVALID;
   int rc = delta_start(b, table, pk_vals, col, delta, false);
   if (rc != 0) return rc;
   const rm_table_t *t = NULL;
@@ -679,7 +679,6 @@ out:
 
 int rm_at_update_delta_on_commit(rm_branch_t *b, const char *table, const char *const *pk_vals,
                                  const char *col, long long delta) {
-  if (!b) return RM_E_INVALID;
   int rc = delta_start(b, table, pk_vals, col, delta, true);
   if (rc != 0) return rc;
   const rm_table_t *t = NULL;
@@ -760,7 +759,6 @@ out:
 
 int rm_at_update_delta_deferred(rm_branch_t *b, const char *table, const char *const *pk_vals,
                                 const char *col, long long delta, const char *guard) {
-  if (!b) return RM_E_INVALID;
   int rc = delta_start(b, table, pk_vals, col, delta, false);
   if (rc != 0) return rc;
   const rm_table_t *t = NULL;

@@ -13,6 +13,7 @@
 #include "rm_util.h"
 #include "txc_failpoint.h"
 #include "txp_msg.h"
+#include "txp_status.h"
 
 int rm__fence_resource_add(rm_client_t *c, const rm_fence_handled_mode_t *mode, const char *resource_id,
                            const char *conninfo, const void *h, size_t size, bool complete) {
@@ -60,4 +61,21 @@ int rm__fence_branch_open(rm_client_t *c, const rm_fence_opening_t *o, const cha
   if ((rc = rm_fence_first(pg, o->what, xid, bid, resource_id, o->type, args)) != 0) return rc;
   if (branch_id) *branch_id = bid;
   return 0;
+}
+
+int rm__fence_phase2(rm_at_resource_t *r, const rm_phase2_req_t *req, rm_fence_job_t *job, int *code, bool *empty,
+                     char *errmsg, size_t errlen) {
+  *empty = false;
+  rm_pg_io_t io = {.err = errmsg, .errlen = errlen};
+  if (rm__at_conn_get(r, &io.pg, errmsg, errlen) != 0) {
+    *code = RM_E_DB;
+    return req->commit ? TXP_BS_PHASE2_COMMIT_FAILED_RETRYABLE : TXP_BS_PHASE2_ROLLBACK_FAILED_RETRYABLE;
+  }
+  job->commit = req->commit;
+  job->xid = req->xid;
+  job->branch_id = req->branch_id;
+  job->resource_id = r->id;
+  int status = rm_fence_run(&io, job, code, empty);
+  rm__at_conn_put(r, io.pg, io.bad);
+  return status;
 }

@@ -1,7 +1,8 @@
 /*
  * rm_fence_branch.h - where the fenced modes (TCC, saga, XA) meet at/'s
  * resources: adding a resource served by a fenced mode with handlers, and
- * opening a branch in the caller's transaction (TCC's try, XA's start).
+ * opening a branch in the caller's transaction (TCC's try, XA's start),
+ * and running phase two on the resource's pool (TCC, saga).
  * The modes differ there only in names and messages, so each passes those
  * and the steps are written once.  Unlike the rest of fence/, this stands
  * on at/ (rm_at_int.h) and on the core's registration.
@@ -15,6 +16,7 @@
 #include <stdint.h>
 
 #include "rm_at_int.h"
+#include "rm_fence.h"
 
 /* A fenced mode with handlers (TCC, saga), for rm__fence_resource_add. */
 typedef struct rm_fence_handled_mode {
@@ -55,5 +57,15 @@ typedef struct rm_fence_opening {
  */
 int rm__fence_branch_open(rm_client_t *c, const rm_fence_opening_t *o, const char *xid, const char *resource_id,
                           PGconn *pg, const char *args, int64_t *branch_id);
+
+/*
+ * Phase two 'req' of a fenced branch of resource 'r': 'job' (the mode's
+ * part: type, words, rules, handler; the branch and the decision are
+ * filled in from 'req' here) run by rm_fence_run on a connection of the
+ * resource's phase-two pool.  The branch status, *code and 'errmsg' as
+ * rm_fence_run's; *empty: an empty rollback or compensation was recorded.
+ */
+int rm__fence_phase2(rm_at_resource_t *r, const rm_phase2_req_t *req, rm_fence_job_t *job, int *code, bool *empty,
+                     char *errmsg, size_t errlen);
 
 #endif /* RM_FENCE_BRANCH_H */

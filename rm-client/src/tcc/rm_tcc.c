@@ -65,18 +65,11 @@ void *rm__tcc_failpoint_arg = NULL;
 static int tcc_phase2(rm_at_resource_t *r, void *arg, const rm_phase2_req_t *req, int *code, char *errmsg,
                       size_t errlen) {
   const rm_tcc_handlers_t *h = arg; /* the mode's state of one resource: a copy of the handlers */
-  rm_pg_io_t io = {.err = errmsg, .errlen = errlen};
-  if (rm__at_conn_get(r, &io.pg, errmsg, errlen) != 0) {
-    *code = RM_E_DB;
-    return req->commit ? TXP_BS_PHASE2_COMMIT_FAILED_RETRYABLE : TXP_BS_PHASE2_ROLLBACK_FAILED_RETRYABLE;
-  }
   rm_fence_job_t job = {
-    .commit = req->commit, .xid = req->xid, .branch_id = req->branch_id, .resource_id = r->id,
     .branch_type = TXP_BT_TCC, .mode = "TCC", .what = req->commit ? "confirm" : "cancel", .args = NULL,
     .rules = rm_fence_phase2, .handler = req->commit ? h->confirm : h->cancel, .handler_arg = h->arg};
   bool empty;
-  int status = rm_fence_run(&io, &job, code, &empty);
-  rm__at_conn_put(r, io.pg, io.bad);
+  int status = rm__fence_phase2(r, req, &job, code, &empty, errmsg, errlen);
   if (empty)
     rm__log(r->st->c, RM_LOG_INFO, "branch %lld of \"%s\" on \"%s\" cancelled before its try: recorded (a late "
             "try is refused)", (long long)req->branch_id, req->xid, r->id);
