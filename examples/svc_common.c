@@ -97,14 +97,17 @@ const char *svc_env_str(const char *name, const char *def) {
   return v && *v ? v : def;
 }
 
-bool svc_at_writes_sql(bool *ok) {
-  const char *v = svc_env_str("TXC_AT_WRITES", "sql");
-  if (strcmp(v, "sql") == 0) return true;
-  if (strcmp(v, "calls") == 0) return false;
-  svc_error("invalid value \"%s\" for TXC_AT_WRITES: expected sql or calls", v);
-  *ok = false;
-  return true;
+bool svc_env_either(const char *name, const char *usual, const char *other, bool *ok) {
+  const char *v = svc_env_str(name, usual);
+  if (strcmp(v, other) == 0) return true;
+  if (strcmp(v, usual) != 0) {
+    svc_error("invalid value \"%s\" for %s: expected %s or %s", v, name, usual, other);
+    *ok = false;
+  }
+  return false;
 }
+
+bool svc_at_writes_sql(bool *ok) { return !svc_env_either("TXC_AT_WRITES", "sql", "calls", ok); }
 
 long long svc_env_int(const char *name, long long def, long long min, long long max, bool *ok) {
   const char *v = getenv(name);
@@ -125,12 +128,18 @@ int svc_ncpu(void) {
 
 /* ----------------------------------------------------------- signals */
 
+/* The signals svc_wait_signal waits for: stop (TERM, INT) and reopen the
+ * log (HUP). */
+static void waited_signals(sigset_t *set) {
+  sigemptyset(set);
+  sigaddset(set, SIGTERM);
+  sigaddset(set, SIGINT);
+  sigaddset(set, SIGHUP);
+}
+
 void svc_block_signals(void) {
   sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGHUP);
+  waited_signals(&set);
   sigaddset(&set, SIGPIPE);
   pthread_sigmask(SIG_BLOCK, &set, NULL);
   txc_logfile_remember();
@@ -138,10 +147,7 @@ void svc_block_signals(void) {
 
 int svc_wait_signal(void) {
   sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGHUP);
+  waited_signals(&set);
   for (;;) {
     int sig = 0;
     if (sigwait(&set, &sig) != 0) continue;

@@ -63,9 +63,8 @@ int rm__fence_branch_open(rm_client_t *c, const rm_fence_opening_t *o, const cha
   return 0;
 }
 
-int rm__fence_phase2(rm_at_resource_t *r, const rm_phase2_req_t *req, rm_fence_job_t *job, int *code, bool *empty,
-                     char *errmsg, size_t errlen) {
-  *empty = false;
+int rm__fence_phase2(rm_at_resource_t *r, const rm_fence_handled_mode_t *mode, const rm_phase2_req_t *req,
+                     rm_fence_job_t *job, int *code, char *errmsg, size_t errlen) {
   rm_pg_io_t io = {.err = errmsg, .errlen = errlen};
   if (rm__at_conn_get(r, &io.pg, errmsg, errlen) != 0) {
     *code = RM_E_DB;
@@ -75,7 +74,13 @@ int rm__fence_phase2(rm_at_resource_t *r, const rm_phase2_req_t *req, rm_fence_j
   job->xid = req->xid;
   job->branch_id = req->branch_id;
   job->resource_id = r->id;
-  int status = rm_fence_run(&io, job, code, empty);
+  job->branch_type = mode->type;
+  job->mode = mode->name;
+  bool empty;
+  int status = rm_fence_run(&io, job, code, &empty);
   rm__at_conn_put(r, io.pg, io.bad);
+  if (empty)
+    rm__log(r->st->c, RM_LOG_INFO, "%s %lld of \"%s\" on \"%s\" %s", mode->branch_word, (long long)req->branch_id,
+            req->xid, r->id, mode->empty_note);
   return status;
 }

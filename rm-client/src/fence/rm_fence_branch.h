@@ -24,6 +24,10 @@ typedef struct rm_fence_handled_mode {
   const char *name;          /* "TCC", "saga": the messages' word for the mode */
   const char *handler_names; /* "confirm and cancel": the two a caller must set */
   const rm_at_mode_t *ops;   /* its arg is a copy of the handlers, freed with free() */
+  /* How phase two logs an empty rollback or compensation: "<branch_word>
+   * <id> of <xid> on <resource> <empty_note>". */
+  const char *branch_word; /* "branch", "saga step" */
+  const char *empty_note;  /* "cancelled before its try: recorded (...)" */
 } rm_fence_handled_mode_t;
 
 /*
@@ -59,13 +63,13 @@ int rm__fence_branch_open(rm_client_t *c, const rm_fence_opening_t *o, const cha
                           PGconn *pg, const char *args, int64_t *branch_id);
 
 /*
- * Phase two 'req' of a fenced branch of resource 'r': 'job' (the mode's
- * part: type, words, rules, handler; the branch and the decision are
- * filled in from 'req' here) run by rm_fence_run on a connection of the
- * resource's phase-two pool.  The branch status, *code and 'errmsg' as
- * rm_fence_run's; *empty: an empty rollback or compensation was recorded.
+ * Phase two 'req' of a branch of 'mode' on resource 'r': 'job' (the
+ * mode's part: words, rules, handler; the branch, its type and the
+ * decision are filled in here) run by rm_fence_run on a connection of the
+ * resource's phase-two pool; an empty rollback or compensation recorded
+ * is logged.  The branch status, *code and 'errmsg' as rm_fence_run's.
  */
-int rm__fence_phase2(rm_at_resource_t *r, const rm_phase2_req_t *req, rm_fence_job_t *job, int *code, bool *empty,
-                     char *errmsg, size_t errlen);
+int rm__fence_phase2(rm_at_resource_t *r, const rm_fence_handled_mode_t *mode, const rm_phase2_req_t *req,
+                     rm_fence_job_t *job, int *code, char *errmsg, size_t errlen);
 
 #endif /* RM_FENCE_BRANCH_H */

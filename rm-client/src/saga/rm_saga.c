@@ -37,17 +37,23 @@
 #include "txp_status.h"
 
 static int saga_phase2(rm_at_resource_t *r, void *arg, const rm_phase2_req_t *req, int *code, char *errmsg,
+                       size_t errlen);
+
+static const rm_at_mode_t saga_mode = {.phase2 = saga_phase2, .sweep = rm_fence_sweep, .free_arg = free};
+
+static const rm_fence_handled_mode_t saga_handled = {
+  .type = TXP_BT_SAGA, .name = "saga", .handler_names = "action and compensate", .ops = &saga_mode,
+  .branch_word = "saga step",
+  .empty_note = "compensated before its action committed: recorded, nothing to undo (a late action is refused)"};
+
+static int saga_phase2(rm_at_resource_t *r, void *arg, const rm_phase2_req_t *req, int *code, char *errmsg,
                        size_t errlen) {
   const rm_saga_handlers_t *h = arg; /* the mode's state of one resource: a copy of the handlers */
-  rm_fence_job_t job = {
-    .branch_type = TXP_BT_SAGA, .mode = "saga", .what = req->commit ? "action" : "compensation",
-    .args = req->args, .rules = rm_fence_saga, .handler = req->commit ? h->action : h->compensate,
-    .handler_arg = h->arg};
-  bool empty;
-  int status = rm__fence_phase2(r, req, &job, code, &empty, errmsg, errlen);
-  if (empty)
-    rm__log(r->st->c, RM_LOG_INFO, "saga step %lld of \"%s\" on \"%s\" compensated before its action committed: "
-            "recorded, nothing to undo (a late action is refused)", (long long)req->branch_id, req->xid, r->id);
+  rm_fence_job_t job = {.what = req->commit ? "action" : "compensation", .args = req->args, .rules = rm_fence_saga,
+                        .handler = req->commit ? h->action : h->compensate, .handler_arg = h->arg};
+  int status = rm__fence_phase2(r, &saga_handled, req, &job, code, errmsg, errlen);
+  /* A failed action is compensated: a warning; a failed compensation
+   * needs an operator. */
   if (status == TXP_BS_PHASE2_COMMIT_FAILED_UNRETRYABLE || status == TXP_BS_PHASE2_ROLLBACK_FAILED_UNRETRYABLE)
     rm__log(r->st->c, req->commit ? RM_LOG_WARN : RM_LOG_ERROR, "saga %s of step %lld of \"%s\" on \"%s\" failed "
             "for good: %s%s", job.what, (long long)req->branch_id, req->xid, r->id, errmsg,
@@ -55,12 +61,7 @@ static int saga_phase2(rm_at_resource_t *r, void *arg, const rm_phase2_req_t *re
   return status;
 }
 
-static const rm_at_mode_t saga_mode = {.phase2 = saga_phase2, .sweep = rm_fence_sweep, .free_arg = free};
-
 /* -------------------------------------------------------- the public API */
-
-static const rm_fence_handled_mode_t saga_handled = {
-  .type = TXP_BT_SAGA, .name = "saga", .handler_names = "action and compensate", .ops = &saga_mode};
 
 int rm_saga_resource_add(rm_client_t *c, const char *resource_id, const char *conninfo,
                          const rm_saga_handlers_t *h) {

@@ -63,28 +63,27 @@ void *rm__tcc_failpoint_arg = NULL;
 /* ----------------------------------------------------------- phase two */
 
 static int tcc_phase2(rm_at_resource_t *r, void *arg, const rm_phase2_req_t *req, int *code, char *errmsg,
+                      size_t errlen);
+
+static const rm_at_mode_t tcc_mode = {.phase2 = tcc_phase2, .sweep = rm_fence_sweep, .free_arg = free};
+
+static const rm_fence_handled_mode_t tcc_handled = {
+  .type = TXP_BT_TCC, .name = "TCC", .handler_names = "confirm and cancel", .ops = &tcc_mode,
+  .branch_word = "branch", .empty_note = "cancelled before its try: recorded (a late try is refused)"};
+
+static int tcc_phase2(rm_at_resource_t *r, void *arg, const rm_phase2_req_t *req, int *code, char *errmsg,
                       size_t errlen) {
   const rm_tcc_handlers_t *h = arg; /* the mode's state of one resource: a copy of the handlers */
-  rm_fence_job_t job = {
-    .branch_type = TXP_BT_TCC, .mode = "TCC", .what = req->commit ? "confirm" : "cancel", .args = NULL,
-    .rules = rm_fence_phase2, .handler = req->commit ? h->confirm : h->cancel, .handler_arg = h->arg};
-  bool empty;
-  int status = rm__fence_phase2(r, req, &job, code, &empty, errmsg, errlen);
-  if (empty)
-    rm__log(r->st->c, RM_LOG_INFO, "branch %lld of \"%s\" on \"%s\" cancelled before its try: recorded (a late "
-            "try is refused)", (long long)req->branch_id, req->xid, r->id);
+  rm_fence_job_t job = {.what = req->commit ? "confirm" : "cancel", .args = NULL, .rules = rm_fence_phase2,
+                        .handler = req->commit ? h->confirm : h->cancel, .handler_arg = h->arg};
+  int status = rm__fence_phase2(r, &tcc_handled, req, &job, code, errmsg, errlen);
   if (status == TXP_BS_PHASE2_COMMIT_FAILED_UNRETRYABLE || status == TXP_BS_PHASE2_ROLLBACK_FAILED_UNRETRYABLE)
     rm__log(r->st->c, RM_LOG_ERROR, "TCC %s of branch %lld of \"%s\" on \"%s\" failed for good: %s", job.what,
             (long long)req->branch_id, req->xid, r->id, errmsg);
   return status;
 }
 
-static const rm_at_mode_t tcc_mode = {.phase2 = tcc_phase2, .sweep = rm_fence_sweep, .free_arg = free};
-
 /* -------------------------------------------------------- the public API */
-
-static const rm_fence_handled_mode_t tcc_handled = {
-  .type = TXP_BT_TCC, .name = "TCC", .handler_names = "confirm and cancel", .ops = &tcc_mode};
 
 int rm_tcc_resource_add(rm_client_t *c, const char *resource_id, const char *conninfo, const rm_tcc_handlers_t *h) {
   return rm__fence_resource_add(c, &tcc_handled, resource_id, conninfo, h, sizeof(*h), h && h->confirm && h->cancel);
