@@ -22,6 +22,11 @@ static void add_ms(struct timespec *ts, int64_t ms) {
   }
 }
 
+void txc_deadline_in_ms(struct timespec *until, int64_t ms) {
+  clock_gettime(CLOCK_MONOTONIC, until);
+  add_ms(until, ms);
+}
+
 int txc_worker_start(txc_worker_t *w, void *(*main)(void *), void *arg) {
   int rc = pthread_mutex_init(&w->mu, NULL);
   if (rc != 0) return rc;

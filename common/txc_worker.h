@@ -34,6 +34,9 @@ typedef struct txc_worker {
 /* A condition variable whose timed waits take CLOCK_MONOTONIC deadlines:
  * 0, or the error number of pthread_cond_init. */
 int txc_cond_init_monotonic(pthread_cond_t *cv);
+/* The CLOCK_MONOTONIC deadline 'ms' milliseconds from now, for such a
+ * wait. */
+void txc_deadline_in_ms(struct timespec *until, int64_t ms);
 
 /* Start the thread: main(arg).  0, or the error number of pthread_create
  * (the worker is then destroyed: nothing to stop). */

@@ -3,59 +3,43 @@
  */
 #include "console_db.h"
 
-#include <errno.h>
 #include <libpq-fe.h>
-#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "txc_pgmsg.h"
+#include "txc_pgpool.h"
 #include "txc_worker.h"
 
 struct console_db {
   char *what;
   char *conninfo;
-  int size;
-  pthread_mutex_t mu;
-  pthread_cond_t freed;
-  int open;      /* connections that exist, idle or borrowed */
-  int nidle;
-  PGconn **idle; /* 'size' slots */
+  txc_pgpool_t pool; /* at most pool.cap connections */
 };
 
-console_db_t *console_db_new(const char *what, const char *conninfo, int size) {
-  console_db_t *db = calloc(1, sizeof(*db));
-  if (!db) return NULL;
-  db->what = strdup(what);
-  db->conninfo = strdup(conninfo);
-  db->size = size > 0 ? size : 1;
-  db->idle = calloc((size_t)db->size, sizeof(*db->idle));
-  if (!db->what || !db->conninfo || !db->idle) {
-    console_db_free(db);
-    return NULL;
-  }
-  pthread_mutex_init(&db->mu, NULL);
-  txc_cond_init_monotonic(&db->freed);
-  return db;
-}
-
+/* Before console_db_new, which frees what it half made with it. */
 void console_db_free(console_db_t *db) {
   if (!db) return;
-  if (db->idle) {
-    for (int i = 0; i < db->nidle; i++) PQfinish(db->idle[i]);
-    pthread_mutex_destroy(&db->mu);
-    pthread_cond_destroy(&db->freed);
-  }
-  free(db->idle);
+  txc_pgpool_destroy(&db->pool);
   free(db->what);
   free(db->conninfo);
   free(db);
 }
 
-static PGconn *connect_one(console_db_t *db, char *err, size_t errlen) {
+console_db_t *console_db_new(const char *what, const char *conninfo, int size) {
+  console_db_t *db = calloc(1, sizeof(*db));
+  if (db && (!(db->what = strdup(what)) || !(db->conninfo = strdup(conninfo)) ||
+             txc_pgpool_init(&db->pool, size) != 0)) {
+    console_db_free(db);
+    db = NULL;
+  }
+  return db;
+}
+
+static PGconn *connect_one(void *arg, char *err, size_t errlen) {
+  const console_db_t *db = arg;
   char timeout[16], options[96];
   snprintf(timeout, sizeof(timeout), "%d", CONSOLE_DB_CONNECT_S);
   snprintf(options, sizeof(options), "-c default_transaction_read_only=on -c statement_timeout=%d",
@@ -73,55 +57,20 @@ static PGconn *connect_one(console_db_t *db, char *err, size_t errlen) {
   return c;
 }
 
+/* Idle connections are lent as they are: a dead one fails its query, and
+ * give_back closes it. */
+static const txc_pgpool_ops_t pool_ops = {.open = connect_one, .lendable = NULL};
+
 /* An idle connection, a new one, or NULL after CONSOLE_DB_WAIT_MS. */
 static PGconn *borrow(console_db_t *db, char *err, size_t errlen) {
-  struct timespec until;
-  clock_gettime(CLOCK_MONOTONIC, &until);
-  until.tv_sec += CONSOLE_DB_WAIT_MS / 1000;
-  until.tv_nsec += (long)(CONSOLE_DB_WAIT_MS % 1000) * 1000000L;
-  if (until.tv_nsec >= 1000000000L) {
-    until.tv_sec++;
-    until.tv_nsec -= 1000000000L;
-  }
-  pthread_mutex_lock(&db->mu);
-  for (;;) {
-    if (db->nidle > 0) {
-      PGconn *c = db->idle[--db->nidle];
-      pthread_mutex_unlock(&db->mu);
-      return c;
-    }
-    if (db->open < db->size) {
-      db->open++;
-      pthread_mutex_unlock(&db->mu);
-      PGconn *c = connect_one(db, err, errlen);
-      if (!c) {
-        pthread_mutex_lock(&db->mu);
-        db->open--;
-        pthread_cond_signal(&db->freed);
-        pthread_mutex_unlock(&db->mu);
-      }
-      return c;
-    }
-    if (pthread_cond_timedwait(&db->freed, &db->mu, &until) == ETIMEDOUT) {
-      pthread_mutex_unlock(&db->mu);
-      snprintf(err, errlen, "%s: all %d connections busy for %d ms", db->what, db->size, CONSOLE_DB_WAIT_MS);
-      return NULL;
-    }
-  }
+  PGconn *c;
+  int size = db->pool.cap;
+  if (txc_pgpool_get(&db->pool, size, CONSOLE_DB_WAIT_MS, &pool_ops, db, &c, err, errlen) == TXC_PGPOOL_BUSY)
+    snprintf(err, errlen, "%s: all %d connections busy for %d ms", db->what, size, CONSOLE_DB_WAIT_MS);
+  return c;
 }
 
-static void give_back(console_db_t *db, PGconn *c) {
-  bool ok = PQstatus(c) == CONNECTION_OK && PQtransactionStatus(c) == PQTRANS_IDLE;
-  pthread_mutex_lock(&db->mu);
-  if (ok) {
-    db->idle[db->nidle++] = c;
-  } else {
-    db->open--;
-  }
-  pthread_cond_signal(&db->freed);
-  pthread_mutex_unlock(&db->mu);
-  if (!ok) PQfinish(c);
-}
+static void give_back(console_db_t *db, PGconn *c) { txc_pgpool_put(&db->pool, c, true); }
 
 int console_db_value(console_db_t *db, const char *sql, int nparams, const char *const *params, char **out, char *err,
                      size_t errlen) {

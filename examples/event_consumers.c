@@ -112,24 +112,40 @@ static bool paid_event(const svc_event_t *ev, const ev_ctx_t *x, paid_t *p, svc_
   return true;
 }
 
+/* The numbers every group writes, as text parameters: the event's order,
+ * its user and activity, and the event's id (the row's source). */
+typedef struct paid_text {
+  char order[24], user[24], activity[24], event[24];
+} paid_text_t;
+
+static void paid_text(paid_text_t *t, const svc_event_t *ev, const paid_t *p) {
+  snprintf(t->order, sizeof(t->order), "%lld", ev->order_id);
+  snprintf(t->user, sizeof(t->user), "%lld", p->user);
+  snprintf(t->activity, sizeof(t->activity), "%lld", p->activity);
+  snprintf(t->event, sizeof(t->event), "%lld", ev->event_id);
+}
+
+/* Insert a group's row with 'sql' and its 'n' parameters: done, or
+ * retried (the database failed; 'why' says how). */
+static svc_ev_result_t insert_row(PGconn *pg, const char *sql, int n, const char *const *params, char *why,
+                                  size_t whylen) {
+  return svc_pg_exec(pg, sql, n, params, PGRES_COMMAND_OK, NULL, why, whylen) ? SVC_EV_DONE : SVC_EV_RETRY;
+}
+
 /* Group "points": one points_ledger row, qty * POINTS_PER_TICKET. */
 static svc_ev_result_t points_apply(PGconn *pg, const svc_event_t *ev, void *arg, char *why, size_t whylen) {
   paid_t p;
   svc_ev_result_t res;
   if (!paid_event(ev, arg, &p, &res, why, whylen)) return res;
-  char so[24], su[24], sa[24], sp[24], se[24];
-  snprintf(so, sizeof(so), "%lld", ev->order_id);
-  snprintf(su, sizeof(su), "%lld", p.user);
-  snprintf(sa, sizeof(sa), "%lld", p.activity);
+  paid_text_t t;
+  paid_text(&t, ev, &p);
+  char sp[24];
   snprintf(sp, sizeof(sp), "%lld", p.qty * POINTS_PER_TICKET);
-  snprintf(se, sizeof(se), "%lld", ev->event_id);
-  const char *pv[5] = {so, su, sa, sp, se};
-  if (!svc_pg_exec(pg,
-                   "INSERT INTO points_ledger (order_id, user_id, activity_id, points, event_id)"
-                   " VALUES ($1, $2, $3, $4, $5)",
-                   5, pv, PGRES_COMMAND_OK, NULL, why, whylen))
-    return SVC_EV_RETRY;
-  return SVC_EV_DONE;
+  const char *pv[5] = {t.order, t.user, t.activity, sp, t.event};
+  return insert_row(pg,
+                    "INSERT INTO points_ledger (order_id, user_id, activity_id, points, event_id)"
+                    " VALUES ($1, $2, $3, $4, $5)",
+                    5, pv, why, whylen);
 }
 
 /* Group "notify": one member_notice row per order and kind, unless the
@@ -148,12 +164,10 @@ static svc_ev_result_t notify_apply(PGconn *pg, const svc_event_t *ev, void *arg
   } else if (!paid_event(ev, arg, &p, &res, why, whylen)) {
     return res;
   }
-  char so[24], su[24], sa[24], se[24], text[256];
-  snprintf(so, sizeof(so), "%lld", ev->order_id);
-  snprintf(su, sizeof(su), "%lld", p.user);
-  snprintf(sa, sizeof(sa), "%lld", p.activity);
-  snprintf(se, sizeof(se), "%lld", ev->event_id);
-  const char *ph[1] = {su};
+  paid_text_t t;
+  paid_text(&t, ev, &p);
+  char text[256];
+  const char *ph[1] = {t.user};
   PGresult *r = NULL;
   if (!svc_pg_exec(pg, "SELECT reason FROM member_hold WHERE user_id = $1", 1, ph, PGRES_TUPLES_OK, &r, why, whylen))
     return SVC_EV_RETRY;
@@ -189,13 +203,11 @@ static svc_ev_result_t notify_apply(PGconn *pg, const svc_event_t *ev, void *arg
     snprintf(text, sizeof(text), "Your wait for %lld ticket%s of activity %lld ended without an order%s%s.", p.qty, s,
              p.activity, rs[0] ? ": " : "", rs);
   }
-  const char *pv[6] = {so, su, sa, kind, text, se};
-  if (!svc_pg_exec(pg,
-                   "INSERT INTO member_notice (order_id, user_id, activity_id, kind, text, event_id)"
-                   " VALUES ($1, $2, $3, $4, $5, $6)",
-                   6, pv, PGRES_COMMAND_OK, NULL, why, whylen))
-    return SVC_EV_RETRY;
-  return SVC_EV_DONE;
+  const char *pv[6] = {t.order, t.user, t.activity, kind, text, t.event};
+  return insert_row(pg,
+                    "INSERT INTO member_notice (order_id, user_id, activity_id, kind, text, event_id)"
+                    " VALUES ($1, $2, $3, $4, $5, $6)",
+                    6, pv, why, whylen);
 }
 
 /* Group "tickets": qty issued_ticket rows, seq 1..qty.  The code depends
@@ -205,14 +217,12 @@ static svc_ev_result_t tickets_apply(PGconn *pg, const svc_event_t *ev, void *ar
   paid_t p;
   svc_ev_result_t res;
   if (!paid_event(ev, arg, &p, &res, why, whylen)) return res;
-  char so[24], su[24], sa[24], st[24], sq[24], se[24];
-  snprintf(so, sizeof(so), "%lld", ev->order_id);
-  snprintf(su, sizeof(su), "%lld", p.user);
-  snprintf(sa, sizeof(sa), "%lld", p.activity);
+  paid_text_t t;
+  paid_text(&t, ev, &p);
+  char st[24], sq[24];
   snprintf(st, sizeof(st), "%lld", p.ticket_type);
   snprintf(sq, sizeof(sq), "%lld", p.qty);
-  snprintf(se, sizeof(se), "%lld", ev->event_id);
-  const char *pv[6] = {so, su, sa, st, sq, se};
+  const char *pv[6] = {t.order, t.user, t.activity, st, sq, t.event};
   PGresult *r = NULL;
   if (!svc_pg_exec(pg,
                    "INSERT INTO issued_ticket (order_id, seq, ticket_code, user_id, activity_id, ticket_type, event_id)"

@@ -189,14 +189,21 @@ static double rnd01(run_t *r) { return (double)rnd(r) / 4294967296.0; }
 
 /* ---------------------------------------------------------------- heap */
 
+/* 'v' (holding 'n' elements of 'size' bytes, room for '*cap') with room
+ * for one more: itself, or grown to twice the room (1024 at first).
+ * NULL: out of memory, 'v' and '*cap' unchanged. */
+static void *with_room(void *v, size_t n, size_t *cap, size_t size) {
+  if (n < *cap) return v;
+  size_t c = *cap ? *cap * 2 : 1024;
+  void *nv = realloc(v, c * size);
+  if (nv) *cap = c;
+  return nv;
+}
+
 static bool heap_push(heap_t *h, job_t j) {
-  if (h->n == h->cap) {
-    size_t cap = h->cap ? h->cap * 2 : 1024;
-    job_t *nv = realloc(h->v, cap * sizeof(*nv));
-    if (!nv) return false;
-    h->v = nv;
-    h->cap = cap;
-  }
+  job_t *v = with_room(h->v, h->n, &h->cap, sizeof(*v));
+  if (!v) return false;
+  h->v = v;
   size_t i = h->n++;
   while (i > 0) {
     size_t p = (i - 1) / 2;
@@ -225,25 +232,17 @@ static job_t heap_pop(heap_t *h) {
 }
 
 static bool push_ll(long long **v, size_t *n, size_t *cap, long long x) {
-  if (*n == *cap) {
-    size_t c = *cap ? *cap * 2 : 1024;
-    long long *nv = realloc(*v, c * sizeof(**v));
-    if (!nv) return false;
-    *v = nv;
-    *cap = c;
-  }
+  long long *nv = with_room(*v, *n, cap, sizeof(*nv));
+  if (!nv) return false;
+  *v = nv;
   (*v)[(*n)++] = x;
   return true;
 }
 
 static bool push_keyed(run_t *r, const char *key, long long user, long long order_id) {
-  if (r->nkeyed == r->capkeyed) {
-    size_t c = r->capkeyed ? r->capkeyed * 2 : 1024;
-    fs_keyed_t *nv = realloc(r->keyed, c * sizeof(*nv));
-    if (!nv) return false;
-    r->keyed = nv;
-    r->capkeyed = c;
-  }
+  fs_keyed_t *v = with_room(r->keyed, r->nkeyed, &r->capkeyed, sizeof(*v));
+  if (!v) return false;
+  r->keyed = v;
   fs_keyed_t *k = &r->keyed[r->nkeyed++];
   snprintf(k->key, sizeof(k->key), "%s", key);
   k->user = user;

@@ -1533,21 +1533,9 @@ int main(int argc, char **argv) {
   s.expiry_interval_ms = svc_env_int("ORDER_EXPIRY_INTERVAL_MS", 1000, 0, 3600000, &ok);
   s.price_cents = svc_env_int("ORDER_TICKET_PRICE_CENTS", 9900, 0, 100000000, &ok);
   s.at_sql = svc_at_writes_sql(&ok);
-  const char *order_mode = svc_env_str("ORDER_MODE", "sync");
-  if (strcmp(order_mode, "queued") == 0) {
-    s.queued = true;
-  } else if (strcmp(order_mode, "sync") != 0) {
-    svc_error("invalid value \"%s\" for ORDER_MODE: expected sync or queued", order_mode);
-    ok = false;
-  }
+  s.queued = svc_env_either("ORDER_MODE", "sync", "queued", &ok);
   unsigned queue_threads = (unsigned)svc_env_int("ORDER_QUEUE_THREADS", 32LL * svc_ncpu(), 1, 256, &ok);
-  const char *txmode = svc_env_str("ORDER_TX_MODE", "global");
-  if (strcmp(txmode, "local") == 0) {
-    s.local_mode = true;
-  } else if (strcmp(txmode, "global") != 0) {
-    svc_error("invalid value \"%s\" for ORDER_TX_MODE: expected global or local", txmode);
-    ok = false;
-  }
+  s.local_mode = svc_env_either("ORDER_TX_MODE", "global", "local", &ok);
   int forced_mode = rm_mode_parse(getenv(RM_MODE_ENV));
   if (forced_mode < 0) {
     svc_error("invalid value \"%s\" for " RM_MODE_ENV ": expected auto, global or local", getenv(RM_MODE_ENV));

@@ -9,6 +9,7 @@
 #include "txc_isotime.h"
 #include "txc_pgconn.h"
 #include "txc_pgmsg.h"
+#include "txc_pgpool.h"
 #include "txc_secret.h"
 #include "txc_worker.h"
 #include "svc_auth.h"
@@ -96,14 +97,17 @@ const char *svc_env_str(const char *name, const char *def) {
   return v && *v ? v : def;
 }
 
-bool svc_at_writes_sql(bool *ok) {
-  const char *v = svc_env_str("TXC_AT_WRITES", "sql");
-  if (strcmp(v, "sql") == 0) return true;
-  if (strcmp(v, "calls") == 0) return false;
-  svc_error("invalid value \"%s\" for TXC_AT_WRITES: expected sql or calls", v);
-  *ok = false;
-  return true;
+bool svc_env_either(const char *name, const char *usual, const char *other, bool *ok) {
+  const char *v = svc_env_str(name, usual);
+  if (strcmp(v, other) == 0) return true;
+  if (strcmp(v, usual) != 0) {
+    svc_error("invalid value \"%s\" for %s: expected %s or %s", v, name, usual, other);
+    *ok = false;
+  }
+  return false;
 }
+
+bool svc_at_writes_sql(bool *ok) { return !svc_env_either("TXC_AT_WRITES", "sql", "calls", ok); }
 
 long long svc_env_int(const char *name, long long def, long long min, long long max, bool *ok) {
   const char *v = getenv(name);
@@ -124,12 +128,18 @@ int svc_ncpu(void) {
 
 /* ----------------------------------------------------------- signals */
 
+/* The signals svc_wait_signal waits for: stop (TERM, INT) and reopen the
+ * log (HUP). */
+static void waited_signals(sigset_t *set) {
+  sigemptyset(set);
+  sigaddset(set, SIGTERM);
+  sigaddset(set, SIGINT);
+  sigaddset(set, SIGHUP);
+}
+
 void svc_block_signals(void) {
   sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGHUP);
+  waited_signals(&set);
   sigaddset(&set, SIGPIPE);
   pthread_sigmask(SIG_BLOCK, &set, NULL);
   txc_logfile_remember();
@@ -137,10 +147,7 @@ void svc_block_signals(void) {
 
 int svc_wait_signal(void) {
   sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGHUP);
+  waited_signals(&set);
   for (;;) {
     int sig = 0;
     if (sigwait(&set, &sig) != 0) continue;
@@ -182,46 +189,32 @@ double svc_pct_ms(const long long *v, size_t n, double p) {
 /* ------------------------------------------------------ PostgreSQL pool */
 
 struct svc_pgpool {
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
+  txc_pgpool_t pool; /* at most pool.cap connections, opened on demand */
   char *conninfo;
   char appname[64];
-  int max;      /* connections allowed */
-  int open;     /* connections in existence (idle + lent) */
-  int nidle;
-  PGconn **idle;
 };
 
-svc_pgpool_t *svc_pgpool_new(const char *conninfo, int max, const char *application_name) {
-  if (!conninfo || max <= 0) return NULL;
-  svc_pgpool_t *p = calloc(1, sizeof(*p));
-  if (!p) return NULL;
-  p->conninfo = strdup(conninfo);
-  p->idle = calloc((size_t)max, sizeof(PGconn *));
-  if (!p->conninfo || !p->idle) {
-    free(p->conninfo);
-    free(p->idle);
-    free(p);
-    return NULL;
-  }
-  pthread_mutex_init(&p->mu, NULL);
-  txc_cond_init_monotonic(&p->cv);
-  snprintf(p->appname, sizeof(p->appname), "%s", application_name ? application_name : "svc");
-  p->max = max;
-  return p;
-}
-
+/* Before svc_pgpool_new, which frees what it half made with it. */
 void svc_pgpool_free(svc_pgpool_t *p) {
   if (!p) return;
-  for (int i = 0; i < p->nidle; i++) PQfinish(p->idle[i]);
-  pthread_mutex_destroy(&p->mu);
-  pthread_cond_destroy(&p->cv);
-  free(p->idle);
+  txc_pgpool_destroy(&p->pool);
   free(p->conninfo);
   free(p);
 }
 
-static PGconn *pg_connect(svc_pgpool_t *p, char *err, size_t errlen) {
+svc_pgpool_t *svc_pgpool_new(const char *conninfo, int max, const char *application_name) {
+  if (!conninfo || max <= 0) return NULL;
+  svc_pgpool_t *p = calloc(1, sizeof(*p));
+  if (p && (!(p->conninfo = strdup(conninfo)) || txc_pgpool_init(&p->pool, max) != 0)) {
+    svc_pgpool_free(p);
+    p = NULL;
+  }
+  if (p) snprintf(p->appname, sizeof(p->appname), "%s", application_name ? application_name : "svc");
+  return p;
+}
+
+static PGconn *pg_connect(void *arg, char *err, size_t errlen) {
+  const svc_pgpool_t *p = arg;
   const char *keys[] = {"dbname", "application_name", NULL};
   const char *vals[] = {p->conninfo, p->appname, NULL};
   PGconn *pg = PQconnectdbParams(keys, vals, 1);
@@ -234,6 +227,19 @@ static PGconn *pg_connect(svc_pgpool_t *p, char *err, size_t errlen) {
   return pg;
 }
 
+/* An idle connection is lent only if txc_pgconn_usable() (common/txc_pgconn.h).
+ * One that died while idle (a server restart, the primary's failover) or
+ * is on a standby is replaced: PQreset connects again with the same
+ * conninfo, so a multi-host one with target_session_attrs=read-write
+ * lands on the (new) primary. */
+static bool pg_lendable(PGconn *pg) {
+  if (txc_pgconn_usable(pg)) return true;
+  PQreset(pg);
+  return txc_pgconn_usable(pg);
+}
+
+static const txc_pgpool_ops_t pg_pool_ops = {.open = pg_connect, .lendable = pg_lendable};
+
 void svc_deadline_in(struct timespec *until, int64_t us) {
   clock_gettime(CLOCK_MONOTONIC, until);
   if (us < 0) us = 0;
@@ -244,8 +250,6 @@ void svc_deadline_in(struct timespec *until, int64_t us) {
     until->tv_nsec -= 1000000000L;
   }
 }
-
-/* An idle connection is lent only if txc_pgconn_usable() (common/txc_pgconn.h). */
 
 bool svc_pg_ensure(PGconn **pg, const char *conninfo, const char *what, char *err, size_t errlen) {
   /* Between transactions the check reads what the server sent (a dead
@@ -263,42 +267,11 @@ bool svc_pg_ensure(PGconn **pg, const char *conninfo, const char *what, char *er
 }
 
 PGconn *svc_pg_get(svc_pgpool_t *p, unsigned wait_ms, char *err, size_t errlen) {
-  struct timespec until;
-  svc_deadline_in(&until, (int64_t)wait_ms * 1000);
-  pthread_mutex_lock(&p->mu);
-  for (;;) {
-    if (p->nidle > 0) {
-      PGconn *pg = p->idle[--p->nidle];
-      pthread_mutex_unlock(&p->mu);
-      if (txc_pgconn_usable(pg)) return pg;
-      /* Died while idle (a server restart, the primary's failover) or on a
-       * standby: replace it.  PQreset connects again with the same
-       * conninfo, so a multi-host one with target_session_attrs=read-write
-       * lands on the (new) primary. */
-      PQreset(pg);
-      if (txc_pgconn_usable(pg)) return pg;
-      PQfinish(pg);
-      pthread_mutex_lock(&p->mu);
-      p->open--;
-      continue;
-    }
-    if (p->open < p->max) {
-      p->open++;
-      pthread_mutex_unlock(&p->mu);
-      PGconn *pg = pg_connect(p, err, errlen);
-      if (pg) return pg;
-      pthread_mutex_lock(&p->mu);
-      p->open--;
-      pthread_cond_signal(&p->cv);
-      pthread_mutex_unlock(&p->mu);
-      return NULL;
-    }
-    if (pthread_cond_timedwait(&p->cv, &p->mu, &until) == ETIMEDOUT) {
-      pthread_mutex_unlock(&p->mu);
-      snprintf(err, errlen, "could not get a PostgreSQL connection: all %d in use", p->max);
-      return NULL;
-    }
-  }
+  PGconn *pg;
+  int max = p->pool.cap;
+  if (txc_pgpool_get(&p->pool, max, wait_ms, &pg_pool_ops, p, &pg, err, errlen) == TXC_PGPOOL_BUSY)
+    snprintf(err, errlen, "could not get a PostgreSQL connection: all %d in use", max);
+  return pg;
 }
 
 int svc_pgpool_prewarm(svc_pgpool_t *p, int n) {
@@ -319,24 +292,13 @@ int svc_pgpool_prewarm(svc_pgpool_t *p, int n) {
 }
 
 void svc_pg_put(svc_pgpool_t *p, PGconn *pg) {
-  if (!pg) return;
   /* A connection that failed in the middle of a transaction (its server
    * died: CONNECTION_BAD; or left in a failed or open block) is closed,
-   * never lent again; so is one found to be on a read-only server. */
-  bool keep = PQstatus(pg) == CONNECTION_OK && PQtransactionStatus(pg) == PQTRANS_IDLE;
-  if (keep) {
-    const char *hs = PQparameterStatus(pg, "in_hot_standby");
-    const char *ro = PQparameterStatus(pg, "default_transaction_read_only");
-    keep = !(hs && strcmp(hs, "on") == 0) && !(ro && strcmp(ro, "on") == 0);
-  }
-  if (!keep) PQfinish(pg);
-  pthread_mutex_lock(&p->mu);
-  if (keep)
-    p->idle[p->nidle++] = pg;
-  else
-    p->open--;
-  pthread_cond_signal(&p->cv);
-  pthread_mutex_unlock(&p->mu);
+   * never lent again (txc_pgpool_put); so is one found to be on a
+   * read-only server. */
+  const char *hs = pg ? PQparameterStatus(pg, "in_hot_standby") : NULL;
+  const char *ro = pg ? PQparameterStatus(pg, "default_transaction_read_only") : NULL;
+  txc_pgpool_put(&p->pool, pg, !(hs && strcmp(hs, "on") == 0) && !(ro && strcmp(ro, "on") == 0));
 }
 
 bool svc_pg_exec(PGconn *pg, const char *sql, int n, const char *const *params, ExecStatusType want,

@@ -80,6 +80,10 @@ bool svc_write_url_file(const char *path, const char *url);
  * empty.  A malformed or out-of-range value is logged and gives -1 in
  * '*ok' (set to false); callers refuse to start. */
 long long svc_env_int(const char *name, long long def, long long min, long long max, bool *ok);
+/* Which of two words 'name' says: true for 'other'; false for 'usual'
+ * (also when unset or empty), and for anything else, which is logged
+ * ("invalid value ... expected USUAL or OTHER") and sets '*ok' false. */
+bool svc_env_either(const char *name, const char *usual, const char *other, bool *ok);
 /* TXC_AT_WRITES: how the services' AT branches write, "sql" (the default:
  * the SQL the service would write anyway, through rm_at_sql) or "calls"
  * (the structured rm_at_insert / rm_at_update calls, kept for the

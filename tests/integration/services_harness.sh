@@ -117,3 +117,16 @@ harness_cluster_up() {
   eval "$out"
 }
 
+# harness_services_up_with_admin_token: the cluster, a fresh admin token
+# in $token (in $tmp/admin.token, mode 600, which the exported
+# TXC_ADMIN_TOKEN_FILE names) and the services started with it, their
+# export lines evaluated.
+harness_services_up_with_admin_token() {
+  local out
+  harness_cluster_up
+  token=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
+  (umask 077 && echo "$token" >"$tmp/admin.token")
+  export TXC_ADMIN_TOKEN_FILE=$tmp/admin.token
+  out=$("$src/examples/services" start --bin "$bin" --dir "$CLUSTER_DIR")
+  eval "$out"
+}

@@ -31,12 +31,7 @@ TEST_NAME=test_admin_mode
 . "${TX_SOURCE_DIR:?TX_SOURCE_DIR not set}/tests/integration/services_harness.sh"
 
 
-harness_cluster_up
-token=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
-(umask 077 && echo "$token" >"$tmp/admin.token")
-export TXC_ADMIN_TOKEN_FILE=$tmp/admin.token
-out=$("$src/examples/services" start --bin "$bin" --dir "$CLUSTER_DIR")
-eval "$out"
+harness_services_up_with_admin_token
 unset TXC_ADMIN_TOKEN_FILE # txc-mode below signs with the services' key
 ok "cluster and services started ($ORDER_URL, $STOCK_URL)"
 

@@ -84,6 +84,27 @@ remember_token() {
 }
 jfield() { python3 -c 'import json,sys; d=json.loads(sys.argv[1]); print(d.get(sys.argv[2], ""))' "$1" "$2"; }
 
+# finished_once ORDER VERB STATUS OTHER: POST /orders/ORDER/VERB (pay,
+# cancel) answers 200 with STATUS; VERB again, and then OTHER, 409.
+finished_once() {
+  http POST "/orders/$1/$2"
+  check "$2: 200 $3 ($code $body)" test "$code" = 200 -a "$(jfield "$body" status)" = "$3"
+  http POST "/orders/$1/$2"
+  check "$2 again: 409 ($code)" test "$code" = 409
+  http POST "/orders/$1/$4"
+  check "$4 a ${3,,} order: 409 ($code)" test "$code" = 409
+}
+
+# invariants_hold ACT NAME [WHEN]: flashsale --check-only on activity ACT
+# (its report in $tmp/NAME.json) exits 0, "invariants of activity ACT
+# WHEN"; else its output is shown.
+invariants_hold() {
+  local rc=0
+  "$bin/flashsale" --check-only --activity "$1" --settle 30 --quiet --json "$tmp/$2.json" >"$tmp/$2.out" || rc=$?
+  check "invariants of activity $1${3:+ $3} (status $rc)" test "$rc" -eq 0
+  [[ $rc -eq 0 ]] || cat "$tmp/$2.out" >&2
+}
+
 harness_cluster_up
 # Unpaid orders expire after 6 s: the sale's unpaid orders expire while
 # flashsale settles (and their tickets go back), exercising the expiry job.
@@ -166,12 +187,7 @@ rc=0
 "$bin/txc-compensate" --reconcile --activity "$act" >"$tmp/limit_reconcile.out" 2>&1 || rc=$?
 check "  the reconciliation puts Redis right again (status $rc; user 7001: $(redis-cli -u "$REDIS_URL" HGET "{act_$act}:bought" 7001) tickets)" \
   test "$rc" -eq 0 -a "$(redis-cli -u "$REDIS_URL" HGET "{act_$act}:bought" 7001)" = 2
-http POST "/orders/$o1/pay"
-check "pay: 200 PAID ($code $body)" test "$code" = 200 -a "$(jfield "$body" status)" = PAID
-http POST "/orders/$o1/pay"
-check "pay again: 409 ($code)" test "$code" = 409
-http POST "/orders/$o1/cancel"
-check "cancel a paid order: 409 ($code)" test "$code" = 409
+finished_once "$o1" pay PAID cancel
 
 http POST /orders '{"activity":'"$act"',"ticket_type":1,"user":7002,"qty":1}'
 check "second order: 201 ($code)" test "$code" = 201
@@ -180,12 +196,7 @@ as_token=${order_tokens[$o1]} http POST "/orders/$o2/cancel"
 check "a foreign cancel (user 7001's token on user 7002's order): 403 ($code $body)" test "$code" = 403
 check "  and the order is still UNPAID" \
   test "$(psql -X -q -A -t -d "$ORDERS_PG_URL" -c "SELECT status FROM trade_order WHERE order_id = $o2")" = UNPAID
-http POST "/orders/$o2/cancel"
-check "cancel: 200 CANCELLED ($code $body)" test "$code" = 200 -a "$(jfield "$body" status)" = CANCELLED
-http POST "/orders/$o2/cancel"
-check "cancel again: 409 ($code)" test "$code" = 409
-http POST "/orders/$o2/pay"
-check "pay a cancelled order: 409 ($code)" test "$code" = 409
+finished_once "$o2" cancel CANCELLED pay
 http GET /orders/999999999
 check "unknown order: 404 ($code)" test "$code" = 404
 http POST /orders/999999999/pay
@@ -243,10 +254,7 @@ for ((i = 0; i < 100; i++)); do
 done
 check "the waiting user got an order" test "$served" = 1
 
-rc=0
-"$bin/flashsale" --check-only --activity "$act" --settle 30 --quiet --json "$tmp/check.json" >"$tmp/check.out" || rc=$?
-check "invariants of activity $act (status $rc)" test "$rc" -eq 0
-[[ $rc -eq 0 ]] || cat "$tmp/check.out" >&2
+invariants_hold "$act" check
 
 # The sale's unpaid orders expire (ORDER_TTL_S=6): wait for the first
 # expiries, then check the sale's activity again.
@@ -259,11 +267,7 @@ for ((i = 0; i < 150; i++)); do
   sleep 0.1
 done
 check "unpaid orders of the sale expired ($expired)" test "$expired" -gt 0
-rc=0
-"$bin/flashsale" --check-only --activity "$sale_act" --settle 30 --quiet --json "$tmp/check2.json" \
-  >"$tmp/check2.out" || rc=$?
-check "invariants of activity $sale_act after the expiries (status $rc)" test "$rc" -eq 0
-[[ $rc -eq 0 ]] || cat "$tmp/check2.out" >&2
+invariants_hold "$sale_act" check2 "after the expiries"
 
 # --- 2a. idempotent submit: POST /orders with an Idempotency-Key ---
 ia=$(new_activity idem_seed 12 2 2)
@@ -388,11 +392,7 @@ check "after the restart, same key: the same 201 ($code $replayed)" \
   test "$code" = 201 -a "$(jfield "$body" order_id)" = "$ka_id" -a "$replayed" = true -a "$(orders_of 7101)" = 1
 kpost idem-b 7101 3
 check "after the restart, the refusal again: the same 409 ($code)" test "$code" = 409 -a "$body" = "$kb_body"
-rc=0
-"$bin/flashsale" --check-only --activity "$ia" --settle 30 --quiet --json "$tmp/check_idem.json" \
-  >"$tmp/check_idem.out" || rc=$?
-check "invariants of activity $ia after the keyed orders (status $rc)" test "$rc" -eq 0
-[[ $rc -eq 0 ]] || cat "$tmp/check_idem.out" >&2
+invariants_hold "$ia" check_idem "after the keyed orders"
 
 # --- 2b. fallback to local: every coordinator node dies in the middle of a
 # sale; orders keep succeeding (local mode), the nodes come back, the
@@ -480,11 +480,7 @@ check "txc-compensate --reconcile (status $rc)" test "$rc" -eq 0
 fb_pending=$(psql -X -q -A -t -d "$ORDERS_PG_URL" \
   -c "SELECT count(*) FROM order_compensation WHERE activity_id = $fb_act AND state = 'PENDING'")
 check "no local order left pending ($fb_pending)" test "$fb_pending" = 0
-rc=0
-"$bin/flashsale" --check-only --activity "$fb_act" --settle 30 --quiet --json "$tmp/check3.json" \
-  >"$tmp/check3.out" || rc=$?
-check "invariants of activity $fb_act after the outage (status $rc)" test "$rc" -eq 0
-[[ $rc -eq 0 ]] || cat "$tmp/check3.out" >&2
+invariants_hold "$fb_act" check3 "after the outage"
 fb_comp=$(metric 'txc_client_compensation_passes_total{result="ran"}')
 check "/metrics: compensation passes counted (${fb_comp:-missing})" test -n "$fb_comp"
 
@@ -623,11 +619,7 @@ check "txc-events stats: notify has no dead letter left, one redelivered" \
   grep -qE '^notify +[0-9]+ +0 +0 +1$' "$tmp/stats.out"
 "$bin/txc-events" --db "$STOCK_PG_URL" stats >"$tmp/stats_stock.out" 2>&1 || true
 check "txc-events stats on the stock database: the stock group" grep -qE '^stock +[1-9][0-9]* +0 +0 +0$' "$tmp/stats_stock.out"
-rc=0
-"$bin/flashsale" --check-only --activity "$p_act" --settle 30 --quiet --json "$tmp/check4.json" \
-  >"$tmp/check4.out" || rc=$?
-check "invariants of activity $p_act after the redelivery (status $rc)" test "$rc" -eq 0
-[[ $rc -eq 0 ]] || cat "$tmp/check4.out" >&2
+invariants_hold "$p_act" check4 "after the redelivery"
 check "consumers_once held there" inv_holds "$tmp/check4.json" consumers_once
 
 # --- 5. kill -9 of event-consumers in the middle of a sale ---
@@ -662,11 +654,7 @@ check "the sale across the kill: flashsale exits 0 (status $rc)" test "$rc" -eq 
 k_paid=$(psql -X -q -A -t -d "$ORDERS_PG_URL" -c "SELECT count(*) FROM trade_order WHERE activity_id = $k_act AND status = 'PAID'")
 check "the kill came before the consumers were done ($k_at of $k_paid paid orders credited)" test "$k_at" -lt "$k_paid"
 check "each paid order credited once after the restart ($(credited) rows, $k_paid paid)" test "$(credited)" = "$k_paid"
-rc=0
-"$bin/flashsale" --check-only --activity "$k_act" --settle 30 --quiet --json "$tmp/check5.json" \
-  >"$tmp/check5.out" || rc=$?
-check "invariants of activity $k_act after the kill (status $rc)" test "$rc" -eq 0
-[[ $rc -eq 0 ]] || cat "$tmp/check5.out" >&2
+invariants_hold "$k_act" check5 "after the kill"
 check "consumers_once held there" inv_holds "$tmp/check5.json" consumers_once
 
 # --- 6. clean shutdown ---

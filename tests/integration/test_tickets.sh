@@ -37,12 +37,7 @@ TEST_NAME=test_tickets
 
 rcli() { redis-cli -u "$REDIS_URL" "$@"; }
 
-harness_cluster_up
-token=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
-(umask 077 && echo "$token" >"$tmp/admin.token")
-export TXC_ADMIN_TOKEN_FILE=$tmp/admin.token
-out=$("$src/examples/services" start --bin "$bin" --dir "$CLUSTER_DIR")
-eval "$out"
+harness_services_up_with_admin_token
 ok "cluster and services started ($ORDER_URL, $STOCK_URL)"
 
 A=$(on_sale_activity 'tickets test' 2 1)

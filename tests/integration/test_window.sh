@@ -73,6 +73,17 @@ seed() {
   "$bin/txc-compensate" --reconcile --activity "$1" >/dev/null 2>&1
 }
 
+# window_turns WHAT STATUS AT_MS AT VERB: the sale-window job moves
+# activity $A to STATUS in PostgreSQL and Redis (WHAT), within 1.5 s of
+# AT_MS (the activity's AT), and logs that the sale was VERB.
+window_turns() {
+  local now_ms
+  check "$1" wait_both "$A" "$2" 7
+  now_ms=$(($(date +%s%N) / 1000000))
+  check "  $5 on time (found $((now_ms - $3)) ms after $4)" test $((now_ms - $3)) -lt 1500
+  check "  the log line" grep -q "\"msg\":\"sale of activity $A $5\"" "$CLUSTER_DIR/stock-service.log"
+}
+
 # --- 1. not started ---
 A=$(q "$STOCK_PG_URL" "SELECT coalesce(max(activity_id), 0) + 1 FROM activity")
 seed "$A" 0 4 4
@@ -85,19 +96,13 @@ check "before starts_at: 409 not_on_sale ($ans)" test "$ans" = "409 not_on_sale"
 check "before starts_at: PostgreSQL and Redis say 0" test "$(pg_status "$A") $(redis_status "$A")" = "0 0"
 
 # --- 2. open ---
-check "at starts_at the job opens the sale: 1 in both within 1 s of it" wait_both "$A" 1 7
-now_ms=$(($(date +%s%N) / 1000000))
-check "  opened on time (found $((now_ms - starts_ms)) ms after starts_at)" test $((now_ms - starts_ms)) -lt 1500
-check "  the log line" grep -q "\"msg\":\"sale of activity $A opened\"" "$CLUSTER_DIR/stock-service.log"
+window_turns "at starts_at the job opens the sale: 1 in both within 1 s of it" 1 "$starts_ms" starts_at opened
 order 102
 check "on sale: an order is accepted ($ans)" test "$ans" = "201 "
 check "  its freeze is in PostgreSQL" test "$(q "$STOCK_PG_URL" "SELECT count(*) FROM stock_freeze WHERE activity_id = $A")" = 1
 
 # --- 3. ended ---
-check "at ends_at the job closes the sale: 2 in both" wait_both "$A" 2 7
-now_ms=$(($(date +%s%N) / 1000000))
-check "  closed on time (found $((now_ms - ends_ms)) ms after ends_at)" test $((now_ms - ends_ms)) -lt 1500
-check "  the log line" grep -q "\"msg\":\"sale of activity $A closed\"" "$CLUSTER_DIR/stock-service.log"
+window_turns "at ends_at the job closes the sale: 2 in both" 2 "$ends_ms" ends_at closed
 order 103
 check "after ends_at: 409 not_on_sale ($ans)" test "$ans" = "409 not_on_sale"
 

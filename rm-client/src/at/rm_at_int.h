@@ -42,6 +42,7 @@
 #include "rm_pg.h"
 #include "rm_pstmt.h"
 #include "rm_sql.h"
+#include "txc_pgpool.h"
 
 /* Limits of one branch (bad input beyond them is RM_E_INVALID). */
 #define RM_AT_MAX_ITEMS 1000                  /* statements per branch */
@@ -141,11 +142,7 @@ struct rm_at_resource {
   } hot[RM_AT_MAX_HOT];
   int nhot;
 
-  pthread_mutex_t pool_mu;
-  pthread_cond_t pool_cv;
-  PGconn *idle[RM_AT_POOL_MAX];
-  int nidle;
-  int total;    /* connections open or being opened */
+  txc_pgpool_t pool; /* phase two's own connections (at most RM_AT_POOL_MAX idle) */
 
   /* Other branch modes served on this resource (rm__at_resource_set_mode),
    * by branch type; under meta_mu. */

@@ -306,6 +306,34 @@ static int before_item(rm_branch_t *b, rm_op_t op, const rm_table_t *t, const ch
   return rc;
 }
 
+/*
+ * Run 'sql', an UPDATE ... RETURNING * of the one row whose before image
+ * 'it' holds (locked by before_item), and record the item with the after
+ * image it returns; the result is left in *res for stmt_finish.  No row
+ * back means the update's guard refused: 'guard_col' and 'amount' name
+ * the change in the message (NULL: an update without a guard, where that
+ * is the plain "touched 0 rows").
+ */
+static int update_locked_row(rm_branch_t *b, const rm_table_t *t, rm_item_t *it, const char *sql, int nparams,
+                             const char *const *params, const char *guard_col, const char *amount, PGresult **res) {
+  int rc = 0;
+  if (!(*res = rm__at_run(b, "could not update", sql, nparams, params, NULL, PGRES_TUPLES_OK, &rc))) return rc;
+  int n = PQntuples(*res);
+  if (n == 0 && guard_col) {
+    int vi = rm_row_find(it->before, guard_col);
+    const char *was = vi >= 0 && it->before->vals[vi] ? it->before->vals[vi] : "NULL";
+    rm__at_err(b, "the guard of the update of \"%s\".\"%s\" by %s refused (\"%s\" is %s)", t->name, guard_col,
+               amount, guard_col, was);
+    return RM_E_GUARD;
+  }
+  if (n != 1) {
+    rm__at_err(b, "update of \"%s\" touched %d rows, not one", t->name, n);
+    return RM_E_NOT_ONE_ROW;
+  }
+  if (!(it->after = rm__row_from_result(*res, 0))) return rm__at_oom(b);
+  return rm__at_record(b, t, it, true);
+}
+
 int rm_at_update(rm_branch_t *b, const char *table, const char *const *pk_vals, int nset,
                  const char *const *set_cols, const char *const *set_vals) {
   if (!b) return RM_E_INVALID;
@@ -351,18 +379,7 @@ int rm_at_update(rm_branch_t *b, const char *table, const char *const *pk_vals, 
     goto out;
   }
   for (int k = 0; k < t->npk; k++) params[nset + k] = pk_vals[k];
-  if (!(res = rm__at_run(b, "could not update", sql.data, nset + t->npk, params, NULL, PGRES_TUPLES_OK, &rc)))
-    goto out;
-  if (PQntuples(res) != 1) {
-    rm__at_err(b, "update of \"%s\" touched %d rows, not one", t->name, PQntuples(res));
-    rc = RM_E_NOT_ONE_ROW;
-    goto out;
-  }
-  if (!(it.after = rm__row_from_result(res, 0))) {
-    rc = rm__at_oom(b);
-    goto out;
-  }
-  rc = rm__at_record(b, t, &it, true);
+  rc = update_locked_row(b, t, &it, sql.data, nset + t->npk, params, NULL, NULL, &res);
 out:
   free(params);
   return stmt_finish(b, rc, &it, res, &sql);
@@ -474,13 +491,13 @@ static bool phase_one_delta_ok(rm_branch_t *b, const char *table, const char *co
  * delta (not 'on_commit') the rule of the NOTES. */
 static int delta_start(rm_branch_t *b, const char *table, const char *const *pk_vals, const char *col,
                        long long delta, bool on_commit) {
+  if (!b) return RM_E_INVALID;
   if (!on_commit && !phase_one_delta_ok(b, table, col, delta)) return RM_E_INVALID;
   return stmt_start(b, table && pk_vals && col && delta != LLONG_MIN, "table, key values, column or delta", 0, NULL);
 }
 
 int rm_at_update_delta(rm_branch_t *b, const char *table, const char *const *pk_vals,
                        const char *col, long long delta, const char *guard) {
-  if (!b) return RM_E_INVALID;
   int rc = delta_start(b, table, pk_vals, col, delta, false);
   if (rc != 0) return rc;
   const rm_table_t *t = NULL;
@@ -573,27 +590,7 @@ int rm_at_update_add(rm_branch_t *b, const char *table, const char *const *pk_va
   }
   params[0] = amount;
   for (int k = 0; k < t->npk; k++) params[1 + k] = pk_vals[k];
-  if (!(res = rm__at_run(b, "could not update", sql.data, 1 + t->npk, params, NULL, PGRES_TUPLES_OK, &rc)))
-    goto out;
-  if (PQntuples(res) != 1) {
-    /* The row exists and is locked (before_item): the guard refused. */
-    if (PQntuples(res) == 0) {
-      int vi = rm_row_find(it.before, col);
-      const char *was = vi >= 0 && it.before->vals[vi] ? it.before->vals[vi] : "NULL";
-      rm__at_err(b, "the guard of the update of \"%s\".\"%s\" by %s refused (\"%s\" is %s)", t->name, col, amount,
-                 col, was);
-      rc = RM_E_GUARD;
-    } else {
-      rm__at_err(b, "update of \"%s\" touched %d rows, not one", t->name, PQntuples(res));
-      rc = RM_E_NOT_ONE_ROW;
-    }
-    goto out;
-  }
-  if (!(it.after = rm__row_from_result(res, 0))) {
-    rc = rm__at_oom(b);
-    goto out;
-  }
-  rc = rm__at_record(b, t, &it, true);
+  rc = update_locked_row(b, t, &it, sql.data, 1 + t->npk, params, col, amount, &res);
 out:
   free(params);
   return stmt_finish(b, rc, &it, res, &sql);
@@ -682,7 +679,6 @@ out:
 
 int rm_at_update_delta_on_commit(rm_branch_t *b, const char *table, const char *const *pk_vals,
                                  const char *col, long long delta) {
-  if (!b) return RM_E_INVALID;
   int rc = delta_start(b, table, pk_vals, col, delta, true);
   if (rc != 0) return rc;
   const rm_table_t *t = NULL;
@@ -763,7 +759,6 @@ out:
 
 int rm_at_update_delta_deferred(rm_branch_t *b, const char *table, const char *const *pk_vals,
                                 const char *col, long long delta, const char *guard) {
-  if (!b) return RM_E_INVALID;
   int rc = delta_start(b, table, pk_vals, col, delta, false);
   if (rc != 0) return rc;
   const rm_table_t *t = NULL;

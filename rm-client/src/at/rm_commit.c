@@ -138,12 +138,8 @@ int rm__commit_flush(rm_at_resource_t *r) {
 static int apply_row_deltas(rm_undo_ctx_t *u, const rm_item_t *items, size_t n, size_t first) {
   const rm_item_t *it = &items[first];
   const rm_table_t *t = NULL;
-  int rc = rm__table_get(u->r, u->io.pg, it->schema, it->table, &t, u->io.err, u->io.errlen);
-  if (rc == RM_E_DB || rc == RM_E_NOMEM) {
-    if (PQstatus(u->io.pg) != CONNECTION_OK) u->io.bad = true;
-    return RM_UNDO_DB;
-  }
-  if (rc != 0) return RM_UNDO_FATAL; /* table gone, or no longer has a key */
+  int rc = rm__undo_item_table(u, it, &t);
+  if (rc != RM_UNDO_OK) return rc;
   int *cols = calloc(n, sizeof(int));
   long long *sums = calloc(n, sizeof(long long));
   char (*txt)[32] = calloc(n, 32);
@@ -230,61 +226,39 @@ done:
  */
 static int commit_apply_on(rm_undo_ctx_t *u, int *code) {
   const rm_phase2_req_t *req = u->req;
-  char bid[32];
-  snprintf(bid, sizeof(bid), "%lld", (long long)req->branch_id);
-  const char *key[2] = {req->xid, bid};
-  PGresult *row = NULL, *res = NULL;
-  rm_item_t *items = NULL;
-  size_t nitems = 0;
-  rm_ctx_t ctx = {0};
-  int status = TXP_BS_PHASE2_COMMIT_FAILED_RETRYABLE;
-  *code = RM_E_DB;
-
-  if (!(res = rm__pg_io_exec(&u->io, "could not begin the commit", "BEGIN", 0, NULL, NULL, PGRES_COMMAND_OK))) goto out;
-  PQclear(res);
+  rm_undo_txn_t t;
+  if (!rm__undo_txn_begin(u, &t, true, code)) goto out;
   /* The row goes first (locked, and gone for everyone once we commit): if
    * a delta cannot be applied, the ROLLBACK brings it back. */
-  if (!(row = rm__pg_io_exec(&u->io, "could not take the undo row",
-                             "DELETE FROM undo_log WHERE xid = $1 AND branch_id = $2 AND log_status = 0"
-                             " RETURNING id, log_status, context, rollback_info::text",
-                             2, key, NULL, PGRES_TUPLES_OK)))
+  if (!(t.row = rm__pg_io_exec(&u->io, "could not take the undo row",
+                               "DELETE FROM undo_log WHERE xid = $1 AND branch_id = $2 AND log_status = 0"
+                               " RETURNING id, log_status, context, rollback_info::text",
+                               2, t.key, NULL, PGRES_TUPLES_OK)))
     goto out;
-  if (PQntuples(row) != 1) {
+  if (PQntuples(t.row) != 1) {
     *code = 0; /* committed before, or a guard row: nothing to apply */
-    status = TXP_BS_PHASE2_COMMITTED;
+    t.status = TXP_BS_PHASE2_COMMITTED;
     goto out;
   }
-  if (rm__undo_parse_row(u, row, bid, &ctx, &items, &nitems) != 0) {
-    *code = TXP_EBRANCH_UNRETRYABLE;
-    status = TXP_BS_PHASE2_COMMIT_FAILED_UNRETRYABLE;
-    goto out;
-  }
-  if (rm__undo_apply_settings(u, &ctx, true) != RM_UNDO_OK) goto out;
-  for (size_t i = 0; i < nitems; i++) {
-    if (items[i].op != RM_OP_COMMIT_DELTA) continue;
+  if (!rm__undo_txn_load(u, &t, code)) goto out;
+  for (size_t i = 0; i < t.nitems; i++) {
+    if (t.items[i].op != RM_OP_COMMIT_DELTA) continue;
     bool first = true;
     for (size_t k = 0; k < i && first; k++)
-      first = !(items[k].op == RM_OP_COMMIT_DELTA && rm__undo_same_row(&items[i], &items[k]));
+      first = !(t.items[k].op == RM_OP_COMMIT_DELTA && rm__undo_same_row(&t.items[i], &t.items[k]));
     if (!first) continue;
-    int rc = apply_row_deltas(u, items, nitems, i);
+    int rc = apply_row_deltas(u, t.items, t.nitems, i);
     if (rc != RM_UNDO_OK) {
-      status = rm__undo_item_failure(u, rc, true, code);
+      t.status = rm__undo_item_failure(u, rc, true, code);
       goto out;
     }
   }
-  if (!(res = rm__pg_io_exec(&u->io, "could not commit", "COMMIT", 0, NULL, NULL, PGRES_COMMAND_OK))) goto out;
-  PQclear(res);
-  *code = 0;
-  status = TXP_BS_PHASE2_COMMITTED;
-  rm__log(u->r->st->c, RM_LOG_DEBUG, "committed branch %s of \"%s\" on \"%s\" with its commit deltas", bid,
+  if (!rm__undo_txn_commit(u, &t, "could not commit", code)) goto out;
+  rm__log(u->r->st->c, RM_LOG_DEBUG, "committed branch %s of \"%s\" on \"%s\" with its commit deltas", t.bid,
           req->xid, u->r->id);
 
 out:
-  rm__undo_end(u);
-  PQclear(row);
-  rm_undo_free(items, nitems);
-  rm_ctx_clear(&ctx);
-  return status;
+  return rm__undo_txn_end(u, &t);
 }
 
 /* commit_apply_on for (xid, bid) on 'pg' (idle), with its outcome logged:

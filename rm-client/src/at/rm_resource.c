@@ -87,8 +87,7 @@ static void resource_free(rm_at_resource_t *r) {
   rm__undo_resource_free(r);
   rm__tables_free(r);
   pthread_mutex_destroy(&r->meta_mu);
-  pthread_mutex_destroy(&r->pool_mu);
-  pthread_cond_destroy(&r->pool_cv);
+  txc_pgpool_destroy(&r->pool);
   rm__pstmt_free(r->pstmt);
   rm_sql_cache_free(r->sql);
   free(r->id);
@@ -240,9 +239,10 @@ int rm_resource_add(rm_client_t *c, const char *resource_id, const char *conninf
   }
 
   rm_at_resource_t *r = calloc(1, sizeof(*r));
-  if (!r || !(r->id = strdup(resource_id)) || !(r->conninfo = strdup(conninfo)) ||
-      (!rm__unnamed_statements(c) && !(r->pstmt = rm__pstmt_new()))) {
+  if (!r || txc_pgpool_init(&r->pool, RM_AT_POOL_MAX) != 0 || !(r->id = strdup(resource_id)) ||
+      !(r->conninfo = strdup(conninfo)) || (!rm__unnamed_statements(c) && !(r->pstmt = rm__pstmt_new()))) {
     if (r) {
+      txc_pgpool_destroy(&r->pool);
       free(r->id);
       free(r->conninfo);
     }
@@ -252,12 +252,6 @@ int rm_resource_add(rm_client_t *c, const char *resource_id, const char *conninf
   r->st = s;
   r->sql = rm_sql_cache_new(RM_SQL_CACHE_CAP); /* NULL is fine: statements are then parsed on each call */
   pthread_mutex_init(&r->meta_mu, NULL);
-  pthread_mutex_init(&r->pool_mu, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&r->pool_cv, &ca);
-  pthread_condattr_destroy(&ca);
 
   int rc = 0;
   size_t ids_len = 0;

@@ -214,12 +214,8 @@ static int dirty(rm_undo_ctx_t *u, const rm_item_t *it, const char *expect_name,
 static int undo_item(rm_undo_ctx_t *u, const rm_item_t *it) {
   if (it->op == RM_OP_COMMIT_DELTA) return RM_UNDO_OK; /* never applied: nothing to undo */
   const rm_table_t *t = NULL;
-  int rc = rm__table_get(u->r, u->io.pg, it->schema, it->table, &t, u->io.err, u->io.errlen);
-  if (rc == RM_E_DB || rc == RM_E_NOMEM) {
-    if (PQstatus(u->io.pg) != CONNECTION_OK) u->io.bad = true;
-    return RM_UNDO_DB;
-  }
-  if (rc != 0) return RM_UNDO_FATAL; /* table gone, or no longer has a key */
+  int rc = rm__undo_item_table(u, it, &t);
+  if (rc != RM_UNDO_OK) return rc;
   if (it->op == RM_OP_DELTA) return undo_delta(u, t, it);
 
   rm_row_t *cur = NULL;
@@ -256,99 +252,69 @@ static int undo_item(rm_undo_ctx_t *u, const rm_item_t *it) {
 static int rollback_on(rm_undo_ctx_t *u, int *code) {
   const rm_phase2_req_t *req = u->req;
   rm_client_t *c = u->r->st->c;
-  char bid[32];
-  snprintf(bid, sizeof(bid), "%lld", (long long)req->branch_id);
-  const char *key[2] = {req->xid, bid};
-  PGresult *row = NULL, *res = NULL;
-  rm_item_t *items = NULL;
-  size_t nitems = 0;
-  rm_ctx_t ctx = {0};
-  int status = TXP_BS_PHASE2_ROLLBACK_FAILED_RETRYABLE;
-  *code = RM_E_DB;
-
-  if (!(res = rm__pg_io_exec(&u->io, "could not begin the rollback",
-                             "BEGIN", 0, NULL, NULL, PGRES_COMMAND_OK)))
-    goto out;
-  PQclear(res);
-  for (int attempt = 0; attempt < 3 && !row; attempt++) {
-    row = rm__pg_io_exec(&u->io, "could not read the undo log",
-                         "SELECT branch_id, log_status, context, rollback_info::text FROM undo_log"
-                         " WHERE xid = $1 AND branch_id = $2 FOR UPDATE",
-                         2, key, NULL, PGRES_TUPLES_OK);
-    if (!row) goto out;
-    if (PQntuples(row) == 1) break;
-    PQclear(row);
-    row = NULL;
+  rm_undo_txn_t t;
+  if (!rm__undo_txn_begin(u, &t, false, code)) goto out;
+  for (int attempt = 0; attempt < 3 && !t.row; attempt++) {
+    t.row = rm__pg_io_exec(&u->io, "could not read the undo log",
+                           "SELECT branch_id, log_status, context, rollback_info::text FROM undo_log"
+                           " WHERE xid = $1 AND branch_id = $2 FOR UPDATE",
+                           2, t.key, NULL, PGRES_TUPLES_OK);
+    if (!t.row) goto out;
+    if (PQntuples(t.row) == 1) break;
+    PQclear(t.row);
+    t.row = NULL;
     /* 1. No undo row: fence the branch with the guard. */
-    res = rm__pg_io_exec(&u->io, "could not write the guard row",
-                         "INSERT INTO undo_log (xid, branch_id, context, rollback_info, log_status)"
-                         " VALUES ($1, $2, 'guard', NULL, 1) ON CONFLICT (xid, branch_id) DO NOTHING RETURNING branch_id",
-                         2, key, NULL, PGRES_TUPLES_OK);
+    PGresult *res = rm__pg_io_exec(&u->io, "could not write the guard row",
+                                   "INSERT INTO undo_log (xid, branch_id, context, rollback_info, log_status)"
+                                   " VALUES ($1, $2, 'guard', NULL, 1) ON CONFLICT (xid, branch_id) DO NOTHING"
+                                   " RETURNING branch_id",
+                                   2, t.key, NULL, PGRES_TUPLES_OK);
     if (!res) goto out;
     bool inserted = PQntuples(res) == 1;
     PQclear(res);
     if (inserted) {
-      if (!(res = rm__pg_io_exec(&u->io, "could not commit the guard row",
-                                 "COMMIT", 0, NULL, NULL, PGRES_COMMAND_OK)))
-        goto out;
-      PQclear(res);
+      if (!rm__undo_txn_commit(u, &t, "could not commit the guard row", code)) goto out;
       rm__log(c, RM_LOG_INFO,
               "rollback of branch %s of \"%s\" on \"%s\": no undo row (never committed locally); "
               "guard written",
-              bid, req->xid, u->r->id);
-      *code = 0;
-      return TXP_BS_PHASE2_ROLLBACKED;
+              t.bid, req->xid, u->r->id);
+      return TXP_BS_PHASE2_ROLLBACKED; /* committed: nothing to end */
     }
     /* Conflict: the branch's local commit landed meanwhile; read again. */
   }
-  if (!row) {
-    snprintf(u->io.err, u->io.errlen, "the undo row of branch %s of \"%s\" keeps appearing and vanishing", bid,
+  if (!t.row) {
+    snprintf(u->io.err, u->io.errlen, "the undo row of branch %s of \"%s\" keeps appearing and vanishing", t.bid,
              req->xid);
     goto out;
   }
-  if (strcmp(PQgetvalue(row, 0, 1), "0") != 0) {
+  if (strcmp(PQgetvalue(t.row, 0, 1), "0") != 0) {
     /* A guard (this branch was already rolled back, or fenced): done. */
     *code = 0;
-    status = TXP_BS_PHASE2_ROLLBACKED;
+    t.status = TXP_BS_PHASE2_ROLLBACKED;
     goto out;
   }
 
   /* 2. Settings, then 3. the items backwards. */
-  if (rm__undo_parse_row(u, row, bid, &ctx, &items, &nitems) != 0) {
-    *code = TXP_EBRANCH_UNRETRYABLE;
-    status = TXP_BS_PHASE2_ROLLBACK_FAILED_UNRETRYABLE;
-    goto out;
-  }
-  if (rm__undo_apply_settings(u, &ctx, false) != RM_UNDO_OK) goto out;
-  for (size_t i = nitems; i-- > 0;) {
-    int rc = undo_item(u, &items[i]);
+  if (!rm__undo_txn_load(u, &t, code)) goto out;
+  for (size_t i = t.nitems; i-- > 0;) {
+    int rc = undo_item(u, &t.items[i]);
     if (rc == RM_UNDO_OK) continue;
-    status = rm__undo_item_failure(u, rc, false, code);
+    t.status = rm__undo_item_failure(u, rc, false, code);
     goto out;
   }
 
   /* 4. The undo row goes; commit. */
-  if (!(res = rm__pg_io_exec(&u->io, "could not delete the undo row",
-                             "DELETE FROM undo_log WHERE xid = $1 AND branch_id = $2", 2, key, NULL,
-                             PGRES_COMMAND_OK)))
-    goto out;
+  PGresult *res = rm__pg_io_exec(&u->io, "could not delete the undo row",
+                                 "DELETE FROM undo_log WHERE xid = $1 AND branch_id = $2", 2, t.key, NULL,
+                                 PGRES_COMMAND_OK);
+  if (!res) goto out;
   PQclear(res);
-  if (!(res = rm__pg_io_exec(&u->io, "could not commit the rollback",
-                             "COMMIT", 0, NULL, NULL, PGRES_COMMAND_OK)))
-    goto out;
-  PQclear(res);
-  *code = 0;
-  status = TXP_BS_PHASE2_ROLLBACKED;
-  rm__log(c, RM_LOG_DEBUG, "rolled back branch %s of \"%s\" on \"%s\" (%zu item(s))", bid, req->xid,
-          u->r->id, nitems);
+  if (!rm__undo_txn_commit(u, &t, "could not commit the rollback", code)) goto out;
+  rm__log(c, RM_LOG_DEBUG, "rolled back branch %s of \"%s\" on \"%s\" (%zu item(s))", t.bid, req->xid,
+          u->r->id, t.nitems);
 
 out:
-  /* Anything not committed above is rolled back: nothing half-done stays. */
-  rm__undo_end(u);
-  PQclear(row);
-  rm_undo_free(items, nitems);
-  rm_ctx_clear(&ctx);
-  return status;
+  return rm__undo_txn_end(u, &t);
 }
 
 

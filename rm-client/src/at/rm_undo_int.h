@@ -58,6 +58,38 @@ enum { RM_UNDO_OK = 0, RM_UNDO_DIRTY = 1, RM_UNDO_DB = 2, RM_UNDO_FATAL = 3 };
  * was not committed (nothing half-done stays); u->bad when the
  * connection cannot go back to its pool. */
 void rm__undo_end(rm_undo_ctx_t *u);
+/* The local transaction of a commit ('commit') or a rollback on an undo
+ * row, as both run it: BEGIN; the row (the caller's statement); its items
+ * read and its session settings applied; the caller's work on the items;
+ * COMMIT; and at the end, whatever happened, rm__undo_end and everything
+ * freed.  'status' is what the phase returns: a retryable failure until
+ * a step decides otherwise. */
+typedef struct rm_undo_txn {
+  bool commit;
+  char bid[32];
+  const char *key[2]; /* the undo row's key: $1 xid, $2 branch id */
+  PGresult *row;      /* the undo row, read or taken by the caller */
+  rm_ctx_t ctx;       /* its recorded session settings */
+  rm_item_t *items;
+  size_t nitems;
+  int status;
+} rm_undo_txn_t;
+
+/* Set 't' up for u->req (*code RM_E_DB until done) and BEGIN: false if
+ * BEGIN failed. */
+bool rm__undo_txn_begin(rm_undo_ctx_t *u, rm_undo_txn_t *t, bool commit, int *code);
+/* Read t->row's items and apply its settings: false if not (a row that
+ * cannot be read fails for good, *code TXP_EBRANCH_UNRETRYABLE). */
+bool rm__undo_txn_load(rm_undo_ctx_t *u, rm_undo_txn_t *t, int *code);
+/* COMMIT ('what' says which in the message): false if not; else the
+ * phase is done (*code 0). */
+bool rm__undo_txn_commit(rm_undo_ctx_t *u, rm_undo_txn_t *t, const char *what, int *code);
+/* rm__undo_end, then free what 't' holds: the phase's status. */
+int rm__undo_txn_end(rm_undo_ctx_t *u, rm_undo_txn_t *t);
+/* The table of item 'it' (*t): RM_UNDO_OK; RM_UNDO_DB when the database
+ * failed (u->io.bad if the connection is lost); RM_UNDO_FATAL when the
+ * table is gone or no longer has a key. */
+int rm__undo_item_table(rm_undo_ctx_t *u, const rm_item_t *it, const rm_table_t **t);
 /* Whether the last failure was an integrity constraint refusing the
  * statement (SQLSTATE class 23): data, not the database, so a retry
  * cannot help. */

@@ -5,7 +5,6 @@
  * with their failure kept, key clauses, the recorded session settings, the
  * reading of an undo row and the classification of a failure.
  */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,75 +62,38 @@ static PGconn *conn_open(rm_at_resource_t *r, const rm_at_tuning_t *t, char *err
   return pg;
 }
 
+/* rm__undo_pool_get's way of opening a connection (txc_pgpool_ops_t). */
+typedef struct pool_open_arg {
+  rm_at_resource_t *r;
+  const rm_at_tuning_t *t;
+} pool_open_arg_t;
+
+static PGconn *pool_open(void *arg, char *err, size_t errlen) {
+  const pool_open_arg_t *a = arg;
+  return conn_open(a->r, a->t, err, errlen);
+}
+
+/* An idle connection broken while idle (its server died, a failover), or
+ * on a read-only server, is closed and a new one opened. */
+static const txc_pgpool_ops_t pool_ops = {.open = pool_open, .lendable = rm__pg_idle_usable};
+
 /* A connection of 'r''s pool, opened if none is idle and the pool is not
  * full; otherwise waits up to statement_timeout_ms.  0 or RM_E_DB. */
 int rm__undo_pool_get(rm_at_resource_t *r, PGconn **out, char *err, size_t errlen) {
   rm_at_tuning_t t = rm__undo_tuning(r->st);
   int max = t.pool_size < 1 ? 1 : t.pool_size > RM_AT_POOL_MAX ? RM_AT_POOL_MAX : (int)t.pool_size;
-  struct timespec deadline = rm__undo_abs_ms(rm__undo_now_ms() + t.statement_timeout_ms);
-  pthread_mutex_lock(&r->pool_mu);
-  for (;;) {
-    if (r->nidle > 0) {
-      PGconn *pg = r->idle[--r->nidle];
-      pthread_mutex_unlock(&r->pool_mu);
-      if (rm__pg_idle_usable(pg)) {
-        *out = pg;
-        return 0;
-      }
-      PQfinish(pg); /* broken while idle (its server died, a failover), or read-only: open a new one */
-      pthread_mutex_lock(&r->pool_mu);
-      r->total--;
-      continue;
-    }
-    if (r->total < max) {
-      r->total++;
-      pthread_mutex_unlock(&r->pool_mu);
-      PGconn *pg = conn_open(r, &t, err, errlen);
-      if (pg) {
-        *out = pg;
-        return 0;
-      }
-      pthread_mutex_lock(&r->pool_mu);
-      r->total--;
-      pthread_cond_signal(&r->pool_cv);
-      pthread_mutex_unlock(&r->pool_mu);
-      return RM_E_DB;
-    }
-    if (pthread_cond_timedwait(&r->pool_cv, &r->pool_mu, &deadline) == ETIMEDOUT) {
-      pthread_mutex_unlock(&r->pool_mu);
-      snprintf(err, errlen, "no free connection to resource \"%s\" (all %d busy)", r->id, max);
-      return RM_E_DB;
-    }
-  }
+  pool_open_arg_t arg = {.r = r, .t = &t};
+  int got = txc_pgpool_get(&r->pool, max, t.statement_timeout_ms, &pool_ops, &arg, out, err, errlen);
+  if (got == TXC_PGPOOL_BUSY)
+    snprintf(err, errlen, "no free connection to resource \"%s\" (all %d busy)", r->id, max);
+  return got == TXC_PGPOOL_OK ? 0 : RM_E_DB;
 }
 
 /* Return 'pg' to the pool; 'bad' (or a broken or unfinished session)
  * closes it instead. */
-void rm__undo_pool_put(rm_at_resource_t *r, PGconn *pg, bool bad) {
-  if (!pg) return;
-  if (!bad && (PQstatus(pg) != CONNECTION_OK || PQtransactionStatus(pg) != PQTRANS_IDLE)) bad = true;
-  pthread_mutex_lock(&r->pool_mu);
-  if (!bad && r->nidle < RM_AT_POOL_MAX) {
-    r->idle[r->nidle++] = pg;
-    pg = NULL;
-  } else {
-    r->total--;
-  }
-  pthread_cond_signal(&r->pool_cv);
-  pthread_mutex_unlock(&r->pool_mu);
-  if (pg) PQfinish(pg);
-}
+void rm__undo_pool_put(rm_at_resource_t *r, PGconn *pg, bool bad) { txc_pgpool_put(&r->pool, pg, !bad); }
 
-void rm__undo_pool_close(rm_at_resource_t *r) {
-  pthread_mutex_lock(&r->pool_mu);
-  int n = r->nidle;
-  PGconn *idle[RM_AT_POOL_MAX];
-  memcpy(idle, r->idle, sizeof(PGconn *) * (size_t)n);
-  r->nidle = 0;
-  r->total -= n;
-  pthread_mutex_unlock(&r->pool_mu);
-  for (int i = 0; i < n; i++) PQfinish(idle[i]);
-}
+void rm__undo_pool_close(rm_at_resource_t *r) { txc_pgpool_close_idle(&r->pool); }
 
 /* ------------------------------------- the local transaction of phase two */
 
@@ -245,6 +207,61 @@ int rm__undo_parse_row(rm_undo_ctx_t *u, const PGresult *row, const char *bid, r
   if (!ctx->version) snprintf(why, sizeof(why), "unknown context \"%.100s\"", PQgetvalue(row, 0, 2));
   snprintf(u->io.err, u->io.errlen, "undo row of branch %s of \"%s\" cannot be read: %s", bid, u->req->xid, why);
   return -1;
+}
+
+int rm__undo_item_table(rm_undo_ctx_t *u, const rm_item_t *it, const rm_table_t **t) {
+  int rc = rm__table_get(u->r, u->io.pg, it->schema, it->table, t, u->io.err, u->io.errlen);
+  if (rc == RM_E_DB || rc == RM_E_NOMEM) {
+    if (PQstatus(u->io.pg) != CONNECTION_OK) u->io.bad = true;
+    return RM_UNDO_DB;
+  }
+  return rc != 0 ? RM_UNDO_FATAL : RM_UNDO_OK;
+}
+
+/* ------------------------- the local transaction of a commit or rollback */
+
+bool rm__undo_txn_begin(rm_undo_ctx_t *u, rm_undo_txn_t *t, bool commit, int *code) {
+  *t = (rm_undo_txn_t){.commit = commit,
+                       .status = commit ? TXP_BS_PHASE2_COMMIT_FAILED_RETRYABLE
+                                        : TXP_BS_PHASE2_ROLLBACK_FAILED_RETRYABLE};
+  snprintf(t->bid, sizeof(t->bid), "%lld", (long long)u->req->branch_id);
+  t->key[0] = u->req->xid;
+  t->key[1] = t->bid;
+  *code = RM_E_DB;
+  PGresult *res = rm__pg_io_exec(&u->io, commit ? "could not begin the commit" : "could not begin the rollback",
+                                 "BEGIN", 0, NULL, NULL, PGRES_COMMAND_OK);
+  PQclear(res);
+  return res != NULL;
+}
+
+bool rm__undo_txn_load(rm_undo_ctx_t *u, rm_undo_txn_t *t, int *code) {
+  if (rm__undo_parse_row(u, t->row, t->bid, &t->ctx, &t->items, &t->nitems) != 0) {
+    *code = TXP_EBRANCH_UNRETRYABLE;
+    t->status = t->commit ? TXP_BS_PHASE2_COMMIT_FAILED_UNRETRYABLE : TXP_BS_PHASE2_ROLLBACK_FAILED_UNRETRYABLE;
+    return false;
+  }
+  return rm__undo_apply_settings(u, &t->ctx, t->commit) == RM_UNDO_OK;
+}
+
+bool rm__undo_txn_commit(rm_undo_ctx_t *u, rm_undo_txn_t *t, const char *what, int *code) {
+  PGresult *res = rm__pg_io_exec(&u->io, what, "COMMIT", 0, NULL, NULL, PGRES_COMMAND_OK);
+  if (!res) return false;
+  PQclear(res);
+  *code = 0;
+  t->status = t->commit ? TXP_BS_PHASE2_COMMITTED : TXP_BS_PHASE2_ROLLBACKED;
+  return true;
+}
+
+int rm__undo_txn_end(rm_undo_ctx_t *u, rm_undo_txn_t *t) {
+  /* Anything not committed is rolled back: nothing half-done stays. */
+  rm__undo_end(u);
+  PQclear(t->row);
+  t->row = NULL;
+  rm_undo_free(t->items, t->nitems);
+  t->items = NULL;
+  t->nitems = 0;
+  rm_ctx_clear(&t->ctx);
+  return t->status;
 }
 
 bool rm__undo_same_row(const rm_item_t *a, const rm_item_t *b) {

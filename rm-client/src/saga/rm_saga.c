@@ -30,35 +30,30 @@
 #include "rm_at_int.h"
 #include "rm_client.h"
 #include "rm_fence.h"
+#include "rm_fence_branch.h"
 #include "rm_internal.h"
 #include "rm_util.h"
 #include "txp_msg.h"
 #include "txp_status.h"
 
-/* The mode's state of one resource: a copy of the handlers. */
-typedef struct saga_resource {
-  rm_saga_handlers_t h;
-} saga_resource_t;
+static int saga_phase2(rm_at_resource_t *r, void *arg, const rm_phase2_req_t *req, int *code, char *errmsg,
+                       size_t errlen);
+
+static const rm_at_mode_t saga_mode = {.phase2 = saga_phase2, .sweep = rm_fence_sweep, .free_arg = free};
+
+static const rm_fence_handled_mode_t saga_handled = {
+  .type = TXP_BT_SAGA, .name = "saga", .handler_names = "action and compensate", .ops = &saga_mode,
+  .branch_word = "saga step",
+  .empty_note = "compensated before its action committed: recorded, nothing to undo (a late action is refused)"};
 
 static int saga_phase2(rm_at_resource_t *r, void *arg, const rm_phase2_req_t *req, int *code, char *errmsg,
                        size_t errlen) {
-  const saga_resource_t *sr = arg;
-  rm_pg_io_t io = {.err = errmsg, .errlen = errlen};
-  if (rm__at_conn_get(r, &io.pg, errmsg, errlen) != 0) {
-    *code = RM_E_DB;
-    return req->commit ? TXP_BS_PHASE2_COMMIT_FAILED_RETRYABLE : TXP_BS_PHASE2_ROLLBACK_FAILED_RETRYABLE;
-  }
-  rm_fence_job_t job = {
-    .commit = req->commit, .xid = req->xid, .branch_id = req->branch_id, .resource_id = r->id,
-    .branch_type = TXP_BT_SAGA, .mode = "saga", .what = req->commit ? "action" : "compensation",
-    .args = req->args, .rules = rm_fence_saga, .handler = req->commit ? sr->h.action : sr->h.compensate,
-    .handler_arg = sr->h.arg};
-  bool empty;
-  int status = rm_fence_run(&io, &job, code, &empty);
-  rm__at_conn_put(r, io.pg, io.bad);
-  if (empty)
-    rm__log(r->st->c, RM_LOG_INFO, "saga step %lld of \"%s\" on \"%s\" compensated before its action committed: "
-            "recorded, nothing to undo (a late action is refused)", (long long)req->branch_id, req->xid, r->id);
+  const rm_saga_handlers_t *h = arg; /* the mode's state of one resource: a copy of the handlers */
+  rm_fence_job_t job = {.what = req->commit ? "action" : "compensation", .args = req->args, .rules = rm_fence_saga,
+                        .handler = req->commit ? h->action : h->compensate, .handler_arg = h->arg};
+  int status = rm__fence_phase2(r, &saga_handled, req, &job, code, errmsg, errlen);
+  /* A failed action is compensated: a warning; a failed compensation
+   * needs an operator. */
   if (status == TXP_BS_PHASE2_COMMIT_FAILED_UNRETRYABLE || status == TXP_BS_PHASE2_ROLLBACK_FAILED_UNRETRYABLE)
     rm__log(r->st->c, req->commit ? RM_LOG_WARN : RM_LOG_ERROR, "saga %s of step %lld of \"%s\" on \"%s\" failed "
             "for good: %s%s", job.what, (long long)req->branch_id, req->xid, r->id, errmsg,
@@ -66,27 +61,12 @@ static int saga_phase2(rm_at_resource_t *r, void *arg, const rm_phase2_req_t *re
   return status;
 }
 
-static const rm_at_mode_t saga_mode = {.phase2 = saga_phase2, .sweep = rm_fence_sweep, .free_arg = free};
-
 /* -------------------------------------------------------- the public API */
 
 int rm_saga_resource_add(rm_client_t *c, const char *resource_id, const char *conninfo,
                          const rm_saga_handlers_t *h) {
-  if (!c || !resource_id || !conninfo || !h || !h->action || !h->compensate)
-    return rm__fail(RM_E_INVALID, "could not add a saga resource: the client, the resource id, the conninfo, "
-                                  "the handlers or one of action and compensate is NULL");
-  rm_at_resource_t *r = rm__at_resource_find(c, resource_id);
-  if (r && rm__at_resource_mode(r, TXP_BT_SAGA, NULL))
-    return rm__fail(RM_E_INVALID, "could not add saga resource \"%s\": it has saga handlers already", resource_id);
-  int rc = rm_fence_require("saga", resource_id, conninfo, false);
-  if (rc != 0) {
-    rm__log(c, RM_LOG_ERROR, "%s", rm_errmsg());
-    return rc;
-  }
-  saga_resource_t *sr = malloc(sizeof(*sr));
-  if (!sr) return rm__fail(RM_E_NOMEM, "could not add saga resource \"%s\": out of memory", resource_id);
-  sr->h = *h;
-  return rm__at_resource_add_mode(c, "saga", resource_id, conninfo, TXP_BT_SAGA, &saga_mode, sr);
+  return rm__fence_resource_add(c, &saga_handled, resource_id, conninfo, h, sizeof(*h),
+                                h && h->action && h->compensate);
 }
 
 int rm_saga_step(rm_client_t *c, const char *xid, const char *resource_id, const char *args, int64_t *branch_id) {

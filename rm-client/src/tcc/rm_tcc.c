@@ -49,95 +49,52 @@
 #include "rm_at_int.h"
 #include "rm_client.h"
 #include "rm_fence.h"
+#include "rm_fence_branch.h"
 #include "rm_internal.h"
 #include "rm_pg.h"
 #include "rm_tcc.h"
 #include "rm_util.h"
-#include "txc_failpoint.h"
 #include "txp_msg.h"
 #include "txp_status.h"
 
 void (*rm__tcc_failpoint_after_register)(const char *xid, int64_t branch_id, void *arg) = NULL;
 void *rm__tcc_failpoint_arg = NULL;
 
-/* The mode's state of one resource: a copy of the handlers. */
-typedef struct tcc_resource {
-  rm_tcc_handlers_t h;
-} tcc_resource_t;
-
 /* ----------------------------------------------------------- phase two */
 
 static int tcc_phase2(rm_at_resource_t *r, void *arg, const rm_phase2_req_t *req, int *code, char *errmsg,
+                      size_t errlen);
+
+static const rm_at_mode_t tcc_mode = {.phase2 = tcc_phase2, .sweep = rm_fence_sweep, .free_arg = free};
+
+static const rm_fence_handled_mode_t tcc_handled = {
+  .type = TXP_BT_TCC, .name = "TCC", .handler_names = "confirm and cancel", .ops = &tcc_mode,
+  .branch_word = "branch", .empty_note = "cancelled before its try: recorded (a late try is refused)"};
+
+static int tcc_phase2(rm_at_resource_t *r, void *arg, const rm_phase2_req_t *req, int *code, char *errmsg,
                       size_t errlen) {
-  const tcc_resource_t *tr = arg;
-  rm_pg_io_t io = {.err = errmsg, .errlen = errlen};
-  if (rm__at_conn_get(r, &io.pg, errmsg, errlen) != 0) {
-    *code = RM_E_DB;
-    return req->commit ? TXP_BS_PHASE2_COMMIT_FAILED_RETRYABLE : TXP_BS_PHASE2_ROLLBACK_FAILED_RETRYABLE;
-  }
-  rm_fence_job_t job = {
-    .commit = req->commit, .xid = req->xid, .branch_id = req->branch_id, .resource_id = r->id,
-    .branch_type = TXP_BT_TCC, .mode = "TCC", .what = req->commit ? "confirm" : "cancel", .args = NULL,
-    .rules = rm_fence_phase2, .handler = req->commit ? tr->h.confirm : tr->h.cancel, .handler_arg = tr->h.arg};
-  bool empty;
-  int status = rm_fence_run(&io, &job, code, &empty);
-  rm__at_conn_put(r, io.pg, io.bad);
-  if (empty)
-    rm__log(r->st->c, RM_LOG_INFO, "branch %lld of \"%s\" on \"%s\" cancelled before its try: recorded (a late "
-            "try is refused)", (long long)req->branch_id, req->xid, r->id);
+  const rm_tcc_handlers_t *h = arg; /* the mode's state of one resource: a copy of the handlers */
+  rm_fence_job_t job = {.what = req->commit ? "confirm" : "cancel", .args = NULL, .rules = rm_fence_phase2,
+                        .handler = req->commit ? h->confirm : h->cancel, .handler_arg = h->arg};
+  int status = rm__fence_phase2(r, &tcc_handled, req, &job, code, errmsg, errlen);
   if (status == TXP_BS_PHASE2_COMMIT_FAILED_UNRETRYABLE || status == TXP_BS_PHASE2_ROLLBACK_FAILED_UNRETRYABLE)
     rm__log(r->st->c, RM_LOG_ERROR, "TCC %s of branch %lld of \"%s\" on \"%s\" failed for good: %s", job.what,
             (long long)req->branch_id, req->xid, r->id, errmsg);
   return status;
 }
 
-static const rm_at_mode_t tcc_mode = {.phase2 = tcc_phase2, .sweep = rm_fence_sweep, .free_arg = free};
-
 /* -------------------------------------------------------- the public API */
 
 int rm_tcc_resource_add(rm_client_t *c, const char *resource_id, const char *conninfo, const rm_tcc_handlers_t *h) {
-  if (!c || !resource_id || !conninfo || !h || !h->confirm || !h->cancel)
-    return rm__fail(RM_E_INVALID, "could not add a TCC resource: the client, the resource id, the conninfo, the "
-                                  "handlers or one of confirm and cancel is NULL");
-  rm_at_resource_t *r = rm__at_resource_find(c, resource_id);
-  if (r && rm__at_resource_mode(r, TXP_BT_TCC, NULL))
-    return rm__fail(RM_E_INVALID, "could not add TCC resource \"%s\": it has TCC handlers already", resource_id);
-  int rc = rm_fence_require("TCC", resource_id, conninfo, false);
-  if (rc != 0) {
-    rm__log(c, RM_LOG_ERROR, "%s", rm_errmsg());
-    return rc;
-  }
-  tcc_resource_t *tr = malloc(sizeof(*tr));
-  if (!tr) return rm__fail(RM_E_NOMEM, "could not add TCC resource \"%s\": out of memory", resource_id);
-  tr->h = *h;
-  return rm__at_resource_add_mode(c, "TCC", resource_id, conninfo, TXP_BT_TCC, &tcc_mode, tr);
+  return rm__fence_resource_add(c, &tcc_handled, resource_id, conninfo, h, sizeof(*h), h && h->confirm && h->cancel);
 }
 
 int rm_tcc_try(rm_client_t *c, const char *xid, const char *resource_id, PGconn *pg, const char *args,
                int64_t *branch_id) {
-  if (branch_id) *branch_id = 0;
-  if (!c || !xid || !xid[0] || strlen(xid) > TXP_MAX_XID_LEN || !resource_id || !pg)
-    return rm__fail(RM_E_INVALID, "TCC try: the client, the xid (1 to %d bytes), the resource id or the "
-                                  "connection is missing or invalid", TXP_MAX_XID_LEN);
-  if (args && strlen(args) > RM_FENCE_ARGS_MAX)
-    return rm__fail(RM_E_INVALID, "TCC try of \"%s\": args of %zu bytes (at most %u)", xid, strlen(args),
-                    RM_FENCE_ARGS_MAX);
-  rm_at_resource_t *r = rm__at_resource_find(c, resource_id);
-  if (!r || !rm__at_resource_mode(r, TXP_BT_TCC, NULL))
-    return rm__fail(RM_E_INVALID, "TCC try of \"%s\": resource \"%s\" has no TCC handlers in this client "
-                                  "(rm_tcc_resource_add)", xid, resource_id);
-  if (PQtransactionStatus(pg) != PQTRANS_INTRANS)
-    return rm__fail(RM_E_STATE, "TCC try of \"%s\": the connection is not inside a transaction block (BEGIN "
-                                "first; a failed statement must be rolled back)", xid);
-
-  char err[RM_ERRMSG_MAX];
-  int64_t bid = 0;
-  int rc = rm__branch_register_as(c, TXP_BT_TCC, xid, resource_id, NULL, NULL, 0, &bid, err, sizeof(err));
-  if (rc != 0) return rm__fail(rc, "TCC try of \"%s\" on \"%s\": registration failed: %s", xid, resource_id, err);
-  if (rm__tcc_failpoint_after_register) rm__tcc_failpoint_after_register(xid, bid, rm__tcc_failpoint_arg);
-  TXC_FAILPOINT("rm.tcc.after_register");
-
-  if ((rc = rm_fence_first(pg, "TCC try", xid, bid, resource_id, TXP_BT_TCC, args)) != 0) return rc;
-  if (branch_id) *branch_id = bid;
-  return 0;
+  /* Built per call: a test sets the hook just before it tries. */
+  const rm_fence_opening_t try = {
+    .type = TXP_BT_TCC, .what = "TCC try", .not_served = "has no TCC handlers in this client (rm_tcc_resource_add)",
+    .failpoint = "rm.tcc.after_register", .after_register = rm__tcc_failpoint_after_register,
+    .after_register_arg = rm__tcc_failpoint_arg};
+  return rm__fence_branch_open(c, &try, xid, resource_id, pg, args, branch_id);
 }

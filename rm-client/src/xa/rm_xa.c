@@ -49,6 +49,7 @@
 #include "rm_at_int.h"
 #include "rm_client.h"
 #include "rm_fence.h"
+#include "rm_fence_branch.h"
 #include "rm_internal.h"
 #include "rm_pg.h"
 #include "rm_util.h"
@@ -224,26 +225,13 @@ int rm_xa_resource_add(rm_client_t *c, const char *resource_id, const char *conn
 }
 
 int rm_xa_start(rm_client_t *c, const char *xid, const char *resource_id, PGconn *pg, int64_t *branch_id) {
-  if (branch_id) *branch_id = 0;
-  if (!c || !xid || !xid[0] || strlen(xid) > TXP_MAX_XID_LEN || !resource_id || !pg)
-    return rm__fail(RM_E_INVALID, "XA start: the client, the xid (1 to %d bytes), the resource id or the "
-                                  "connection is missing or invalid", TXP_MAX_XID_LEN);
-  rm_at_resource_t *r = rm__at_resource_find(c, resource_id);
-  if (!r || !rm__at_resource_mode(r, TXP_BT_XA, NULL))
-    return rm__fail(RM_E_INVALID, "XA start of \"%s\": resource \"%s\" is not an XA resource of this client "
-                                  "(rm_xa_resource_add)", xid, resource_id);
-  if (PQtransactionStatus(pg) != PQTRANS_INTRANS)
-    return rm__fail(RM_E_STATE, "XA start of \"%s\": the connection is not inside a transaction block (BEGIN "
-                                "first; a failed statement must be rolled back)", xid);
-  char err[RM_ERRMSG_MAX];
-  int64_t bid = 0;
-  int rc = rm__branch_register_as(c, TXP_BT_XA, xid, resource_id, NULL, NULL, 0, &bid, err, sizeof(err));
-  if (rc != 0) return rm__fail(rc, "XA start of \"%s\" on \"%s\": registration failed: %s", xid, resource_id, err);
-  if (rm__xa_failpoint_after_register) rm__xa_failpoint_after_register(xid, bid, rm__xa_failpoint_arg);
-  TXC_FAILPOINT("rm.xa.after_register");
-  if ((rc = rm_fence_first(pg, "XA start", xid, bid, resource_id, TXP_BT_XA, NULL)) != 0) return rc;
-  if (branch_id) *branch_id = bid;
-  return 0;
+  /* Built per call: a test sets the hook just before it starts. */
+  const rm_fence_opening_t start = {
+    .type = TXP_BT_XA, .what = "XA start",
+    .not_served = "is not an XA resource of this client (rm_xa_resource_add)",
+    .failpoint = "rm.xa.after_register", .after_register = rm__xa_failpoint_after_register,
+    .after_register_arg = rm__xa_failpoint_arg};
+  return rm__fence_branch_open(c, &start, xid, resource_id, pg, NULL, branch_id);
 }
 
 int rm_xa_prepare(rm_client_t *c, const char *xid, PGconn *pg, int64_t branch_id) {
