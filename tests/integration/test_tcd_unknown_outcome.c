@@ -80,95 +80,120 @@ static long count_globals(const char *xid) {
          db_long("SELECT count(*) FROM global_history WHERE xid = $1", xid, NULL);
 }
 
+/* A transaction begun on a tcd restarted with 'failpoint' armed: client
+ * 'who', global 'name', and the row keys its two branches (db_orders,
+ * db_stock) lock, named after 'who'. */
+typedef struct {
+  cli_t cl;
+  char xid[TXP_MAX_XID_LEN + 1];
+  char order_key[64], stock_key[64];
+  int64_t order_branch, stock_branch;
+} armed_txn_t;
+
+static void begin_armed(armed_txn_t *t, const char *failpoint, const char *who, const char *name) {
+  restart_armed(failpoint);
+  cli_open(&t->cl, who);
+  begin_ok(t->cl.tm, 30000, name, t->xid);
+  snprintf(t->order_key, sizeof(t->order_key), "t_order:%s", who);
+  snprintf(t->stock_key, sizeof(t->stock_key), "t_stock:%s", who);
+}
+
+/* Register the db_orders branch, then the db_stock one, over the RM
+ * thread ('sync') or the plain RM client. */
+static void register_both(armed_txn_t *t, bool sync) {
+  int64_t (*reg)(txc_t *, const char *, const char *, const char *) = sync ? register_sync_ok : register_ok;
+  t->order_branch = reg(t->cl.rm, t->xid, "db_orders", t->order_key);
+  t->stock_branch = reg(t->cl.rm, t->xid, "db_stock", t->stock_key);
+}
+
+/* The TM's commit ('commit') or rollback of 'xid' succeeds with the final
+ * status it asks for. */
+static void decide_ok(cli_t *cl, const char *xid, bool commit) {
+  int status = -1;
+  int rc = commit ? txc_commit(cl->tm, xid, &status) : txc_rollback(cl->tm, xid, &status);
+  if (rc != 0) fail_msg("%s %s: %s (%d)", commit ? "GlobalCommit" : "GlobalRollback", xid, txp_errname(rc), rc);
+  assert_int_equal(status, commit ? TXP_GS_COMMITTED : TXP_GS_ROLLBACKED);
+}
+
+/* The branches of 'xid' told of its decision (messages 'type'), up to 8
+ * of them into 'ids', newest first: both 'b1' and 'b2' are among them. */
+static int told_both(const char *xid, int type, int64_t b1, int64_t b2, int64_t ids[8]) {
+  int n = rm_events(xid, type, 0, ids, 8);
+  assert_true(has_id(ids, n, b1) && has_id(ids, n, b2));
+  return n;
+}
+
 /* Commit with two branches served by the RM thread, and check it all ended
  * committed, each branch told once at least ('told': an AT commit without
  * commit work, finished at its decision, has its branches told only when
  * tcd heard the decision's answer; otherwise their RMs delete the undo
  * rows in their resolve pass). */
-static void commit_and_check_told(cli_t *cl, const char *xid, int64_t b1, int64_t b2, bool told) {
-  int status = -1;
-  int rc = txc_commit(cl->tm, xid, &status);
-  if (rc != 0) fail_msg("GlobalCommit %s: %s (%d)", xid, txp_errname(rc), rc);
-  assert_int_equal(status, TXP_GS_COMMITTED);
+static void commit_and_check_told(armed_txn_t *t, bool told) {
+  const char *xid = t->xid;
+  int64_t b1 = t->order_branch, b2 = t->stock_branch;
+  decide_ok(&t->cl, xid, true);
   expect_history(xid, TXP_GS_COMMITTED, WAIT_MS);
   assert_int_equal(history_branches(xid, TXP_BS_PHASE2_COMMITTED), 2);
   assert_int_equal(db_long(SQL_LIVE_ROWS, xid, NULL), 0);
   int64_t ids[8];
   if (told) {
     assert_true(rm_wait_events(xid, TXP_MSG_BRANCH_COMMIT, 0, 2, WAIT_MS));
-    int n = rm_events(xid, TXP_MSG_BRANCH_COMMIT, 0, ids, 8);
-    assert_true(has_id(ids, n, b1) && has_id(ids, n, b2));
+    told_both(xid, TXP_MSG_BRANCH_COMMIT, b1, b2, ids);
   }
   assert_int_equal(rm_events(xid, TXP_MSG_BRANCH_ROLLBACK, 0, NULL, 0), 0);
 }
 
-static void commit_and_check(cli_t *cl, const char *xid, int64_t b1, int64_t b2) {
-  commit_and_check_told(cl, xid, b1, b2, true);
-}
+static void commit_and_check(armed_txn_t *t) { commit_and_check_told(t, true); }
 
 /* A begin lost in flight ('failpoint'): the TM gets an xid that is live,
  * once, and the transaction runs to its commit. */
 static void begin_lost(const char *failpoint, const char *who) {
-  restart_armed(failpoint);
-  cli_t cl;
-  cli_open(&cl, who);
-  char xid[TXP_MAX_XID_LEN + 1], keys[2][64];
-  begin_ok(cl.tm, 30000, who, xid);
+  armed_txn_t t;
+  begin_armed(&t, failpoint, who, who);
   expect_fault_resolved(failpoint);
-  assert_int_equal(count_globals(xid), 1);
-  assert_int_equal(db_long(SQL_GLOBAL_STATUS, xid, NULL), TXP_GS_BEGIN);
-  snprintf(keys[0], sizeof(keys[0]), "t_order:%s", who);
-  snprintf(keys[1], sizeof(keys[1]), "t_stock:%s", who);
-  int64_t b1 = register_ok(cl.rm, xid, "db_orders", keys[0]);
-  int64_t b2 = register_ok(cl.rm, xid, "db_stock", keys[1]);
-  commit_and_check(&cl, xid, b1, b2);
+  assert_int_equal(count_globals(t.xid), 1);
+  assert_int_equal(db_long(SQL_GLOBAL_STATUS, t.xid, NULL), TXP_GS_BEGIN);
+  register_both(&t, false);
+  commit_and_check(&t);
 }
 
 /* A registration lost in flight ('failpoint'): the RM gets the branch id
  * that is recorded, and there is one branch holding its one lock. */
 static void register_lost(const char *failpoint, const char *who) {
-  restart_armed(failpoint);
-  cli_t cl;
-  cli_open(&cl, who);
-  char xid[TXP_MAX_XID_LEN + 1], keys[2][64], row_key[96], holder[TXP_MAX_XID_LEN + 1];
-  begin_ok(cl.tm, 30000, who, xid);
-  snprintf(keys[0], sizeof(keys[0]), "t_order:%s", who);
-  snprintf(keys[1], sizeof(keys[1]), "t_stock:%s", who);
-  int64_t b1 = register_ok(cl.rm, xid, "db_orders", keys[0]);
+  armed_txn_t t;
+  begin_armed(&t, failpoint, who, who);
+  t.order_branch = register_ok(t.cl.rm, t.xid, "db_orders", t.order_key);
   expect_fault_resolved(failpoint);
-  assert_int_equal(db_long(SQL_BRANCHES, xid, NULL), 1);
-  assert_int_equal(branch_status(b1), TXP_BS_REGISTERED);
-  assert_int_equal(db_long(SQL_LOCKS, xid, NULL), 1);
+  assert_int_equal(db_long(SQL_BRANCHES, t.xid, NULL), 1);
+  assert_int_equal(branch_status(t.order_branch), TXP_BS_REGISTERED);
+  assert_int_equal(db_long(SQL_LOCKS, t.xid, NULL), 1);
+  char row_key[96], holder[TXP_MAX_XID_LEN + 1];
   snprintf(row_key, sizeof(row_key), "db_orders^^^t_order^^^%s", who);
   db_text(SQL_KEY_HOLDER, row_key, holder, sizeof(holder));
-  assert_string_equal(holder, xid);
-  int64_t b2 = register_ok(cl.rm, xid, "db_stock", keys[1]);
-  commit_and_check(&cl, xid, b1, b2);
+  assert_string_equal(holder, t.xid);
+  t.stock_branch = register_ok(t.cl.rm, t.xid, "db_stock", t.stock_key);
+  commit_and_check(&t);
 }
+
+/* A test that loses one op in flight: 'lost' (begin_lost, register_lost,
+ * rollback_lost) with tcd armed at 'failpoint', as client 'who'. */
+#define LOSS_TEST(name, lost, failpoint, who) \
+  static void name(void **state) {            \
+    (void)state;                              \
+    lost(failpoint, who);                     \
+  }
 
 /* Committed, its answer lost: the TM gets that xid, once. */
-static void test_begin_reply_lost(void **state) {
-  (void)state;
-  begin_lost("tc.store.begin.reply_lost", "u1");
-}
+LOSS_TEST(test_begin_reply_lost, begin_lost, "tc.store.begin.reply_lost", "u1")
 
 /* Never committed: the begin runs again. */
-static void test_begin_aborted(void **state) {
-  (void)state;
-  begin_lost("tc.store.begin.aborted", "u2");
-}
+LOSS_TEST(test_begin_aborted, begin_lost, "tc.store.begin.aborted", "u2")
 
 /* Committed with its lock, its answer lost. */
-static void test_register_reply_lost(void **state) {
-  (void)state;
-  register_lost("tc.store.register.reply_lost", "u3");
-}
+LOSS_TEST(test_register_reply_lost, register_lost, "tc.store.register.reply_lost", "u3")
 
 /* Never committed: the registration runs again and takes its lock. */
-static void test_register_aborted(void **state) {
-  (void)state;
-  register_lost("tc.store.register.aborted", "u4");
-}
+LOSS_TEST(test_register_aborted, register_lost, "tc.store.register.aborted", "u4")
 
 /* A commit decision recorded, its answer lost: the TM hears "committed"
  * (not an error it would have to guess about).  Branches with commit work
@@ -177,22 +202,15 @@ static void test_register_aborted(void **state) {
  * undo rows of a notice never sent). */
 static void test_commit_reply_lost(void **state) {
   (void)state;
-  restart_armed("tc.store.decide.reply_lost");
-  cli_t cl;
-  cli_open(&cl, "u5");
-  char xid[TXP_MAX_XID_LEN + 1];
-  begin_ok(cl.tm, 30000, "u5-commit-reply-lost", xid);
-  int64_t b1 = register_sync_ok(cl.rm, xid, "db_orders", "t_order:u5");
-  int64_t b2 = register_sync_ok(cl.rm, xid, "db_stock", "t_stock:u5");
-  commit_and_check(&cl, xid, b1, b2);
+  armed_txn_t t;
+  begin_armed(&t, "tc.store.decide.reply_lost", "u5", "u5-commit-reply-lost");
+  register_both(&t, true);
+  commit_and_check(&t);
   expect_fault_resolved("tc.store.decide.reply_lost");
 
-  restart_armed("tc.store.decide.reply_lost");
-  cli_open(&cl, "u5b");
-  begin_ok(cl.tm, 30000, "u5-at-commit-reply-lost", xid);
-  b1 = register_ok(cl.rm, xid, "db_orders", "t_order:u5b");
-  b2 = register_ok(cl.rm, xid, "db_stock", "t_stock:u5b");
-  commit_and_check_told(&cl, xid, b1, b2, false);
+  begin_armed(&t, "tc.store.decide.reply_lost", "u5b", "u5-at-commit-reply-lost");
+  register_both(&t, false);
+  commit_and_check_told(&t, false);
   expect_fault_resolved("tc.store.decide.reply_lost");
 }
 
@@ -201,38 +219,21 @@ static void test_commit_reply_lost(void **state) {
  * without the fault (answered as a fresh decision when it had committed,
  * run again when it had not). */
 static void rollback_lost(const char *failpoint, const char *who) {
-  restart_armed(failpoint);
-  cli_t cl;
-  cli_open(&cl, who);
-  char xid[TXP_MAX_XID_LEN + 1], keys[2][64];
-  begin_ok(cl.tm, 30000, who, xid);
-  snprintf(keys[0], sizeof(keys[0]), "t_order:%s", who);
-  snprintf(keys[1], sizeof(keys[1]), "t_stock:%s", who);
-  int64_t b1 = register_ok(cl.rm, xid, "db_orders", keys[0]);
-  int64_t b2 = register_ok(cl.rm, xid, "db_stock", keys[1]);
-  int status = -1;
-  int rc = txc_rollback(cl.tm, xid, &status);
-  if (rc != 0) fail_msg("GlobalRollback %s: %s (%d)", xid, txp_errname(rc), rc);
-  assert_int_equal(status, TXP_GS_ROLLBACKED);
+  armed_txn_t t;
+  begin_armed(&t, failpoint, who, who);
+  register_both(&t, false);
+  decide_ok(&t.cl, t.xid, false);
   expect_fault_resolved(failpoint);
   int64_t ids[8];
-  int n = rm_events(xid, TXP_MSG_BRANCH_ROLLBACK, 0, ids, 8);
-  assert_true(n >= 2);
-  assert_true(has_id(ids, n, b1) && has_id(ids, n, b2));
-  assert_int_equal(ids[0], b2); /* newest first */
-  expect_history(xid, TXP_GS_ROLLBACKED, WAIT_MS);
-  assert_int_equal(db_long(SQL_LIVE_ROWS, xid, NULL), 0);
+  assert_true(told_both(t.xid, TXP_MSG_BRANCH_ROLLBACK, t.order_branch, t.stock_branch, ids) >= 2);
+  assert_int_equal(ids[0], t.stock_branch); /* newest first */
+  expect_history(t.xid, TXP_GS_ROLLBACKED, WAIT_MS);
+  assert_int_equal(db_long(SQL_LIVE_ROWS, t.xid, NULL), 0);
 }
 
-static void test_rollback_aborted(void **state) {
-  (void)state;
-  rollback_lost("tc.store.decide.aborted", "u6");
-}
+LOSS_TEST(test_rollback_aborted, rollback_lost, "tc.store.decide.aborted", "u6")
 
-static void test_rollback_reply_lost(void **state) {
-  (void)state;
-  rollback_lost("tc.store.decide.reply_lost", "u7");
-}
+LOSS_TEST(test_rollback_reply_lost, rollback_lost, "tc.store.decide.reply_lost", "u7")
 
 /* The last tcd (armed or not) must stop cleanly: the suite's teardown. */
 static int group_teardown(void **state) {

@@ -168,12 +168,19 @@ static void test_saga_late_action_refused(void **state) {
 
 static void test_names(void **state) {
   (void)state;
-  assert_string_equal(rm_fence_status_name(RM_FENCE_NONE), "none");
-  assert_string_equal(rm_fence_status_name(RM_FENCE_TRIED), "tried");
-  assert_string_equal(rm_fence_status_name(RM_FENCE_CONFIRMED), "confirmed");
-  assert_string_equal(rm_fence_status_name(RM_FENCE_CANCELLED), "cancelled");
-  assert_string_equal(rm_fence_status_name(RM_FENCE_CANCELLED_EMPTY), "cancelled before any try");
-  assert_string_equal(rm_fence_status_name(99), "unknown");
+  static const struct {
+    int status;
+    const char *name;
+  } names[] = {
+    {RM_FENCE_NONE, "none"},
+    {RM_FENCE_TRIED, "tried"},
+    {RM_FENCE_CONFIRMED, "confirmed"},
+    {RM_FENCE_CANCELLED, "cancelled"},
+    {RM_FENCE_CANCELLED_EMPTY, "cancelled before any try"},
+    {99, "unknown"},
+  };
+  for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+    assert_string_equal(rm_fence_status_name(names[i].status), names[i].name);
 }
 
 int main(void) {
