@@ -13,6 +13,7 @@
 #include "rm_at_int.h"
 #include "rm_client.h"
 #include "rm_internal.h"
+#include "itest_pg.h"
 #include "rm_itest.h"
 #include "tcd_proc.h"
 
@@ -46,12 +47,26 @@ long long fence(PGconn *pg, const char *xid, int64_t bid);
 long long acct_col(PGconn *pg, const char *acct, const char *col);
 /* A new account with 'balance'; its id in 'out'. */
 void new_account(PGconn *pg, int balance, char *out, size_t cap);
+/* The account's balance and frozen amount are these (a failure names the
+ * caller's line). */
+#define expect_account(pg, acct, balance, frozen) expect_account_at(pg, acct, balance, frozen, __FILE__, __LINE__)
+void expect_account_at(PGconn *pg, const char *acct, long long balance, long long frozen, const char *file, int line);
+/* rm_tm_begin on the group's client, which must succeed: its xid in 'xid'
+ * (RM_XID_MAX). */
+void begin_global(const char *name, char *xid);
+/* rm_tm_commit and rm_tm_rollback on the group's client, which must
+ * succeed: the global status they answer. */
+int commit_ok(const char *xid);
+int rollback_ok(const char *xid);
 /* The global status of 'xid' from the TC, or the rm_tm_status code. */
 int global_status(const char *xid);
 /* The TCC try: BEGIN, rm_tcc_try, the freeze; COMMIT if 'commit'.  0 or
  * the first failing code (the transaction then rolled back). */
 int try_freeze(rm_client_t *c, const char *res, PGconn *pg, const char *xid, const char *acct, int amount,
                bool commit, int64_t *bid);
+/* A global begun ('name') with a committed try of the main client
+ * freezing 'amount' of 'acct', both of which must succeed: the branch. */
+int64_t begin_and_freeze(PGconn *pg, const char *name, const char *acct, int amount, char *xid);
 /* A client serving the TCC resource 'tcc_res' and the XA resource
  * 'xa_res' (either may be NULL) on the stock database, connected. */
 rm_client_t *new_client(const char *app, const char *tcc_res, const char *xa_res);
@@ -59,8 +74,8 @@ rm_client_t *new_client(const char *app, const char *tcc_res, const char *xa_res
 rm_client_t *new_client_saga(const char *app, const char *tcc_res, const char *xa_res, const char *saga_res);
 /* An AT branch on orders: tcc_order row 'k' set to 'v' (created 'NEW'). */
 int at_set(const char *xid, const char *k, const char *v);
-/* tcc_order's value of 'k' (malloc'd; NULL if none). */
-char *order_v(const char *k);
+/* tcc_order's value of 'k' is 'want' (the row exists). */
+void expect_order(const char *k, const char *want);
 
 /* rm_tm_rollback on a thread. */
 typedef struct rb_arg {
@@ -68,6 +83,9 @@ typedef struct rb_arg {
   int rc, status;
 } rb_arg_t;
 void *rollback_thread(void *arg);
+/* The same at a failpoint of the library (rm__tcc_failpoint_after_register,
+ * its XA twin; 'arg' an rb_arg_t): the global rolled back right there. */
+void rollback_at_failpoint(const char *xid, int64_t bid, void *arg);
 
 /* rm__at_phase2 on a thread. */
 typedef struct p2_arg {
