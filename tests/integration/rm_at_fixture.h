@@ -13,6 +13,7 @@
 
 #include "rm_at_int.h"
 #include "rm_client.h"
+#include "itest_pg.h"
 #include "rm_itest.h"
 #include "tcd_proc.h"
 

@@ -47,6 +47,10 @@ long long fence(PGconn *pg, const char *xid, int64_t bid);
 long long acct_col(PGconn *pg, const char *acct, const char *col);
 /* A new account with 'balance'; its id in 'out'. */
 void new_account(PGconn *pg, int balance, char *out, size_t cap);
+/* The stock database for the running case (itest_pg) with a new account
+ * of 'balance' there: its id in 'acct' (ACCT_MAX). */
+#define ACCT_MAX 32
+PGconn *open_with_account(int balance, char *acct);
 /* The account's balance and frozen amount are these (a failure names the
  * caller's line). */
 #define expect_account(pg, acct, balance, frozen) expect_account_at(pg, acct, balance, frozen, __FILE__, __LINE__)
@@ -83,9 +87,18 @@ typedef struct rb_arg {
   int rc, status;
 } rb_arg_t;
 void *rollback_thread(void *arg);
-/* The same at a failpoint of the library (rm__tcc_failpoint_after_register,
- * its XA twin; 'arg' an rb_arg_t): the global rolled back right there. */
-void rollback_at_failpoint(const char *xid, int64_t bid, void *arg);
+
+/* A branch of a mode run by the test (try_freeze, the XA tests' xa_spend):
+ * 'finish' commits or prepares it. */
+typedef int (*branch_fn)(rm_client_t *c, const char *res, PGconn *pg, const char *xid, const char *acct, int amount,
+                         bool finish, int64_t *bid);
+/* The library's hook after a branch's registration (rm__tcc_..., rm__xa_...). */
+typedef void (*after_register_fn)(const char *xid, int64_t bid, void *arg);
+/* 'branch' of the main client with the global rolled back between its
+ * registration and its fence row, through the mode's hook ('hook', its
+ * argument 'hook_arg'); the rollback must go through.  The branch's code. */
+int branch_with_rollback_at_registration(after_register_fn *hook, void **hook_arg, branch_fn branch, const char *res,
+                                         PGconn *pg, const char *xid, const char *acct, int amount, int64_t *bid);
 
 /* rm__at_phase2 on a thread. */
 typedef struct p2_arg {

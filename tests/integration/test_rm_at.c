@@ -238,9 +238,7 @@ static order_arg_t order_two_dbs(PGconn *o, PGconn *s, const char *name, int buc
 /* Order insert + bucket update in two databases, committed. */
 static void test_commit_two_dbs(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url), *s = pg_open(stock_url);
-  assert_non_null(o);
-  assert_non_null(s);
+  PGconn *o = itest_pg(orders_url), *s = itest_pg(stock_url);
   long long f0 = frozen(s, 0);
   char xid[RM_XID_MAX];
   int64_t b1 = 0, b2 = 0;
@@ -263,16 +261,12 @@ static void test_commit_two_dbs(void **state) {
   assert_int_equal(run_branch(s, xid2, "stock", body_set_frozen, &sb, &b2), 0);
   assert_int_equal(rm_tm_commit(client, xid2, &st), 0);
   assert_int_equal(frozen(s, 0), f0);
-  PQfinish(o);
-  PQfinish(s);
 }
 
 /* The same, rolled back: both databases restored, undo rows gone. */
 static void test_rollback_two_dbs(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url), *s = pg_open(stock_url);
-  assert_non_null(o);
-  assert_non_null(s);
+  PGconn *o = itest_pg(orders_url), *s = itest_pg(stock_url);
   long long f1 = frozen(s, 1);
   char xid[RM_XID_MAX];
   int64_t b1 = 0, b2 = 0;
@@ -287,8 +281,6 @@ static void test_rollback_two_dbs(void **state) {
   assert_int_equal(frozen(s, 1), f1);
   assert_int_equal(undo_rows(o, xid, 0) + undo_rows(o, xid, 1), 0);
   assert_int_equal(undo_rows(s, xid, 0) + undo_rows(s, xid, 1), 0);
-  PQfinish(o);
-  PQfinish(s);
 }
 
 static char *dump(PGconn *pg, const char *sql) {
@@ -312,9 +304,7 @@ static char *dump(PGconn *pg, const char *sql) {
 
 static void test_rollback_all_ops(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url), *s = pg_open(stock_url);
-  assert_non_null(o);
-  assert_non_null(s);
+  PGconn *o = itest_pg(orders_url), *s = itest_pg(stock_url);
   assert_true(exec_ok(o, "INSERT INTO kv (k, v, n) VALUES ('all-ops-1', 'one', 1), ('all-ops-2', 'two', 2)"
                          " ON CONFLICT DO NOTHING"));
   assert_true(exec_ok(o, "INSERT INTO other.kv VALUES ('x', 'orig') ON CONFLICT DO NOTHING"));
@@ -382,16 +372,13 @@ static void test_rollback_all_ops(void **state) {
   free(kv1);
   free(okv0);
   free(okv1);
-  PQfinish(o);
-  PQfinish(s);
 }
 
 /* A concurrent non-AT write changes the row after the branch: the rollback
  * detects it, overwrites nothing, and the global ends RollbackFailed. */
 static void test_dirty_write(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url);
-  assert_non_null(o);
+  PGconn *o = itest_pg(orders_url);
   long long id = atomic_fetch_add(&next_order, 1);
   char sid[32];
   snprintf(sid, sizeof(sid), "%lld", id);
@@ -456,7 +443,6 @@ static void test_dirty_write(void **state) {
   assert_non_null(strstr(msg, sid));
   assert_non_null(strstr(msg, "status after \"PAID\", now \"CANCELLED\""));
   assert_int_equal(undo_rows(o, xid, 0), 1);
-  PQfinish(o);
 }
 
 /* Insert one trade_order row 'sid' in a branch of 'xid' on 'pg' and commit it. */
@@ -481,9 +467,7 @@ static int64_t branch_insert_order_row(PGconn *pg, const char *xid, const char *
  * that branch's undo first, so the digest matches again. */
 static void test_insert_digest(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url), *o2 = pg_open(orders_url);
-  assert_non_null(o);
-  assert_non_null(o2);
+  PGconn *o = itest_pg(orders_url), *o2 = itest_pg(orders_url);
   long long id = atomic_fetch_add(&next_order, 1);
   char sid[32], xid[RM_XID_MAX];
   snprintf(sid, sizeof(sid), "%lld", id);
@@ -542,8 +526,6 @@ static void test_insert_digest(void **state) {
   assert_int_equal(st, RM_GS_ROLLBACKED);
   assert_int_equal(q_ll(o, "SELECT count(*) FROM trade_order WHERE order_id = $1", sid, NULL, NULL), 0);
   assert_int_equal(undo_rows(o, xid, 0), 0);
-  PQfinish(o);
-  PQfinish(o2);
 }
 
 /* The branch registers, then the process "pauses": the TM rolls back
@@ -566,9 +548,7 @@ static void pause_rollback(rm_branch_t *b, int64_t bid, void *arg) {
 
 static void test_never_committed(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url), *w = pg_open(stock_url);
-  assert_non_null(s);
-  assert_non_null(w);
+  PGconn *s = itest_pg(stock_url), *w = itest_pg(stock_url);
   long long f4 = frozen(w, 4);
   char xid[RM_XID_MAX];
   assert_int_equal(rm_tm_begin(client, 30000, "never_committed", xid), 0);
@@ -599,8 +579,6 @@ static void test_never_committed(void **state) {
   assert_int_equal(undo_rows(w, xid, 0), 0);
   assert_int_equal(undo_rows(w, xid, 1), 1);
   assert_int_equal(global_status(xid), RM_GS_ROLLBACKED);
-  PQfinish(s);
-  PQfinish(w);
 }
 
 /* Paused later: the undo row is written but not committed when the TM
@@ -666,8 +644,7 @@ static void *phase2_thread(void *arg) {
 
 static void test_duplicate_phase2(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url);
-  assert_non_null(s);
+  PGconn *s = itest_pg(stock_url);
   long long f6 = frozen(s, 6);
 
   /* A committed delta branch, left undecided at the TC: two concurrent
@@ -740,7 +717,6 @@ static void test_duplicate_phase2(void **state) {
   bad = ghost;
   bad.xid = "";
   assert_int_equal(rm__at_phase2(client, &bad, &code, msg, sizeof(msg)), TXP_BS_PHASE2_COMMIT_FAILED_UNRETRYABLE);
-  PQfinish(s);
 }
 
 /* Many threads share the one client: each runs whole global transactions
@@ -791,9 +767,7 @@ out:
 
 static void test_many_threads(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url), *s = pg_open(stock_url);
-  assert_non_null(o);
-  assert_non_null(s);
+  PGconn *o = itest_pg(orders_url), *s = itest_pg(stock_url);
   long long f7 = frozen(s, 7);
   pthread_t th[MT_THREADS];
   mt_arg_t a[MT_THREADS];
@@ -815,8 +789,6 @@ static void test_many_threads(void **state) {
                                           " (SELECT xid FROM trade_order WHERE bucket_id = 7)",
                                        NULL, NULL, NULL)),
                    0);
-  PQfinish(o);
-  PQfinish(s);
 }
 
 /* 64 concurrent freezes of one bucket row as delta branches (no global row
@@ -891,8 +863,7 @@ static void test_delta_64_freezes(void **state) {
  * sweep removes rows past the retention age (and only those). */
 static void test_cleanup(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url);
-  assert_non_null(s);
+  PGconn *s = itest_pg(stock_url);
   char xid[RM_XID_MAX];
   assert_int_equal(rm_tm_begin(client, 30000, "cleanup", xid), 0);
   delta_arg_t d = {10, 1};
@@ -914,7 +885,6 @@ static void test_cleanup(void **state) {
   assert_int_equal(q_ll(s, "SELECT count(*) FROM undo_log WHERE xid = 'old:1:1'", NULL, NULL, NULL), 0);
   assert_int_equal(q_ll(s, "SELECT count(*) FROM undo_log WHERE xid = 'new:1:1'", NULL, NULL, NULL), 1);
   assert_true(exec_ok(s, "DELETE FROM undo_log WHERE xid = 'new:1:1'"));
-  PQfinish(s);
 }
 
 /* ------------------------------------------- deferred delta updates */
@@ -952,8 +922,7 @@ static bool row_free(int bucket) {
  * order prepare ran them). */
 static void test_deferred_delta_commit_rollback(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url);
-  assert_non_null(s);
+  PGconn *s = itest_pg(stock_url);
   long long f0 = frozen(s, 12);
   char xid[RM_XID_MAX];
   int st = 0;
@@ -999,7 +968,6 @@ static void test_deferred_delta_commit_rollback(void **state) {
   assert_int_equal(st, RM_GS_ROLLBACKED);
   assert_int_equal(frozen(s, 12), f0 + 2);
   assert_int_equal(undo_rows(s, xid, 0), 0);
-  PQfinish(s);
 }
 
 /* A guard that refuses at prepare: RM_E_GUARD, the branch registered, the
@@ -1009,8 +977,7 @@ static void test_deferred_delta_commit_rollback(void **state) {
  * refuses at once, each leaving the transaction usable. */
 static void test_deferred_delta_guard(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url);
-  assert_non_null(s);
+  PGconn *s = itest_pg(stock_url);
   long long f0 = frozen(s, 13);
   char xid[RM_XID_MAX];
   int st = 0;
@@ -1077,7 +1044,6 @@ static void test_deferred_delta_guard(void **state) {
   assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
   assert_int_equal(st, RM_GS_ROLLBACKED);
   assert_int_equal(frozen(s, 13), f0);
-  PQfinish(s);
 }
 
 /* Open a branch without statement savepoints. */
@@ -1100,9 +1066,7 @@ static rm_branch_t *open_unsaved(PGconn *pg, const char *xid, const char *resour
  * values before; the switch only before the first statement. */
 static void test_without_savepoints(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url), *o = pg_open(orders_url);
-  assert_non_null(s);
-  assert_non_null(o);
+  PGconn *s = itest_pg(stock_url), *o = itest_pg(orders_url);
   long long f0 = frozen(s, 15);
   char xid[RM_XID_MAX];
   int st = 0;
@@ -1183,8 +1147,6 @@ static void test_without_savepoints(void **state) {
   assert_int_equal(frozen(s, 15), f0 + 2);
   assert_int_equal(q_ll(s, "SELECT count(*) FROM undo_log WHERE xid = $1 AND log_status = 0", xid, NULL, NULL), 0);
   assert_int_equal(rm_at_statement_savepoints(NULL, false), RM_E_INVALID);
-  PQfinish(s);
-  PQfinish(o);
 }
 
 /* rm_at_prepare_commit: the fused form (no savepoints, one deferred
@@ -1194,10 +1156,7 @@ static void test_without_savepoints(void **state) {
  * is prepare, then COMMIT. */
 static void test_prepare_commit(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url), *o = pg_open(orders_url), *o2 = pg_open(orders_url);
-  assert_non_null(s);
-  assert_non_null(o);
-  assert_non_null(o2);
+  PGconn *s = itest_pg(stock_url), *o = itest_pg(orders_url), *o2 = itest_pg(orders_url);
   long long f0 = frozen(s, 11);
   char xid[RM_XID_MAX];
   int st = 0;
@@ -1279,9 +1238,6 @@ static void test_prepare_commit(void **state) {
   assert_int_equal(st, RM_GS_COMMITTED);
   assert_int_equal(frozen(s, 11), f0 + 2);
   assert_int_equal(rm_at_prepare_commit(NULL, NULL, &committed), RM_E_INVALID);
-  PQfinish(s);
-  PQfinish(o);
-  PQfinish(o2);
 }
 
 /* rm_at_insert_unlocked: the branch registers no lock key for the row
@@ -1289,9 +1245,7 @@ static void test_prepare_commit(void **state) {
  * rm_at_insert's row has one), and the rollback deletes it as before. */
 static void test_insert_unlocked(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url), *tc = pg_open(tc_url);
-  assert_non_null(o);
-  assert_non_null(tc);
+  PGconn *o = itest_pg(orders_url), *tc = itest_pg(tc_url);
   char xid[RM_XID_MAX];
   int st = 0;
   long long locked = atomic_fetch_add(&next_order, 1), unlocked = atomic_fetch_add(&next_order, 1);
@@ -1325,8 +1279,6 @@ static void test_insert_unlocked(void **state) {
   assert_int_equal(order_exists(o, locked), 0);
   assert_int_equal(order_exists(o, unlocked), 0);
   assert_int_equal(rm_at_insert_unlocked(NULL, "trade_order", 7, order_cols, vals), RM_E_INVALID);
-  PQfinish(o);
-  PQfinish(tc);
 }
 
 /* 64 concurrent deferred freezes of one row, half committed and half
@@ -1379,8 +1331,7 @@ static int64_t committed_order(PGconn *o, char *xid) {
  * of a committed one still within the grace age. */
 static void test_resolve_leftovers(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url);
-  assert_non_null(o);
+  PGconn *o = itest_pg(orders_url);
   char xc[RM_XID_MAX], xy[RM_XID_MAX], xb[RM_XID_MAX], xr[RM_XID_MAX];
   const char *xn = "resolve-not-found:1:1";
   int64_t bc = committed_order(o, xc), by = committed_order(o, xy);
@@ -1448,56 +1399,55 @@ static void test_resolve_leftovers(void **state) {
   PQclear(r);
   t = (rm_at_tuning_t){.resolve_interval_s = 30, .resolve_grace_s = 30};
   assert_int_equal(rm__at_tune(client, &t), 0);
-  PQfinish(o);
 }
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-    cmocka_unit_test(test_commit_two_dbs),
-    cmocka_unit_test(test_rollback_two_dbs),
-    cmocka_unit_test(test_rollback_all_ops),
-    cmocka_unit_test(test_dirty_write),
-    cmocka_unit_test(test_insert_digest),
-    cmocka_unit_test(test_never_committed),
-    cmocka_unit_test(test_rollback_before_local_commit),
-    cmocka_unit_test(test_duplicate_phase2),
-    cmocka_unit_test(test_many_threads),
-    cmocka_unit_test(test_delta_64_freezes),
-    cmocka_unit_test(test_bad_input),
-    cmocka_unit_test(test_schema_change),
-    cmocka_unit_test(test_prepared_statements),
-    cmocka_unit_test(test_insert_fails_late),
-    cmocka_unit_test(test_open_idle),
-    cmocka_unit_test(test_begin_open),
-    cmocka_unit_test(test_register_early),
-    cmocka_unit_test(test_cleanup),
-    cmocka_unit_test(test_deferred_delta_commit_rollback),
-    cmocka_unit_test(test_deferred_delta_guard),
-    cmocka_unit_test(test_deferred_delta_64_freezes),
-    cmocka_unit_test(test_without_savepoints),
-    cmocka_unit_test(test_insert_unlocked),
-    cmocka_unit_test(test_prepare_commit),
-    cmocka_unit_test(test_resolve_leftovers),
-    cmocka_unit_test(test_giveback_refused_in_phase_one),
-    cmocka_unit_test(test_release_waits_for_commit),
-    cmocka_unit_test(test_release_rolled_back_after_tm_death),
-    cmocka_unit_test(test_move_on_commit_by_the_deleter),
-    cmocka_unit_test(test_commit_delta_leftover),
-    cmocka_unit_test(test_undo_refused_by_constraint),
-    cmocka_unit_test(test_resource_needs_undo_log),
-    cmocka_unit_test(test_update_add),
-    cmocka_unit_test(test_rollback_pending),
-    cmocka_unit_test(test_errmsg),
-    cmocka_unit_test(test_commit_failed),
-    cmocka_unit_test(test_sql_commit_rollback),
-    cmocka_unit_test(test_sql_returning_and_nothing),
-    cmocka_unit_test(test_sql_refused),
-    cmocka_unit_test(test_sql_dirty_write),
-    cmocka_unit_test(test_sql_global_lock),
-    cmocka_unit_test(test_sql_newcomer_row),
-    cmocka_unit_test(test_sql_select_for_update),
-    cmocka_unit_test(test_sql_select_for_update_timeout),
-    cmocka_unit_test(test_sql_hot_counter),
+    ITEST_CASE(test_commit_two_dbs),
+    ITEST_CASE(test_rollback_two_dbs),
+    ITEST_CASE(test_rollback_all_ops),
+    ITEST_CASE(test_dirty_write),
+    ITEST_CASE(test_insert_digest),
+    ITEST_CASE(test_never_committed),
+    ITEST_CASE(test_rollback_before_local_commit),
+    ITEST_CASE(test_duplicate_phase2),
+    ITEST_CASE(test_many_threads),
+    ITEST_CASE(test_delta_64_freezes),
+    ITEST_CASE(test_bad_input),
+    ITEST_CASE(test_schema_change),
+    ITEST_CASE(test_prepared_statements),
+    ITEST_CASE(test_insert_fails_late),
+    ITEST_CASE(test_open_idle),
+    ITEST_CASE(test_begin_open),
+    ITEST_CASE(test_register_early),
+    ITEST_CASE(test_cleanup),
+    ITEST_CASE(test_deferred_delta_commit_rollback),
+    ITEST_CASE(test_deferred_delta_guard),
+    ITEST_CASE(test_deferred_delta_64_freezes),
+    ITEST_CASE(test_without_savepoints),
+    ITEST_CASE(test_insert_unlocked),
+    ITEST_CASE(test_prepare_commit),
+    ITEST_CASE(test_resolve_leftovers),
+    ITEST_CASE(test_giveback_refused_in_phase_one),
+    ITEST_CASE(test_release_waits_for_commit),
+    ITEST_CASE(test_release_rolled_back_after_tm_death),
+    ITEST_CASE(test_move_on_commit_by_the_deleter),
+    ITEST_CASE(test_commit_delta_leftover),
+    ITEST_CASE(test_undo_refused_by_constraint),
+    ITEST_CASE(test_resource_needs_undo_log),
+    ITEST_CASE(test_update_add),
+    ITEST_CASE(test_rollback_pending),
+    ITEST_CASE(test_errmsg),
+    ITEST_CASE(test_commit_failed),
+    ITEST_CASE(test_sql_commit_rollback),
+    ITEST_CASE(test_sql_returning_and_nothing),
+    ITEST_CASE(test_sql_refused),
+    ITEST_CASE(test_sql_dirty_write),
+    ITEST_CASE(test_sql_global_lock),
+    ITEST_CASE(test_sql_newcomer_row),
+    ITEST_CASE(test_sql_select_for_update),
+    ITEST_CASE(test_sql_select_for_update_timeout),
+    ITEST_CASE(test_sql_hot_counter),
   };
   /* RM_TEST_FILTER=test_dirty* runs only the matching tests. */
   if (getenv("RM_TEST_FILTER")) cmocka_set_test_filter(getenv("RM_TEST_FILTER"));

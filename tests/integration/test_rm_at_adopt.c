@@ -73,8 +73,7 @@ static void assert_balance(PGconn *o, const char *schema, const char *want) {
  * an unreachable database fails at once too. */
 void test_resource_needs_undo_log(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url);
-  assert_non_null(o);
+  PGconn *o = itest_pg(orders_url);
   assert_true(exec_ok(o, "DROP SCHEMA IF EXISTS rmt_empty CASCADE; CREATE SCHEMA rmt_empty"));
   char url[1024];
   url_with_path(url, sizeof(url), "rmt_empty");
@@ -113,7 +112,6 @@ void test_resource_needs_undo_log(void **state) {
   url_with_path(url, sizeof(url), "rmt_hand");
   assert_int_equal(rm_resource_add(client, "hand_undo", url), 0);
   assert_true(exec_ok(o, "DROP SCHEMA rmt_empty CASCADE; DROP SCHEMA rmt_old CASCADE"));
-  PQfinish(o);
 }
 
 /* The branch that debits 'amount' from acct 1 in 'schema' (resource 'res'). */
@@ -140,8 +138,7 @@ static int debit_branch(PGconn *o, const char *xid, const char *res, const char 
  * transaction as they were, and says the value it saw. */
 void test_update_add(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url);
-  assert_non_null(o);
+  PGconn *o = itest_pg(orders_url);
   make_rm_schema(o, "rmt_add");
   char url[1024];
   url_with_path(url, sizeof(url), "rmt_add");
@@ -185,7 +182,6 @@ void test_update_add(void **state) {
   assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
   assert_balance(o, "rmt_add", "89.50");
   assert_true(exec_ok(o, "RESET search_path"));
-  PQfinish(o);
 }
 
 /* A rollback whose undo cannot run (the database's undo_log went away
@@ -194,8 +190,7 @@ void test_update_add(void **state) {
  * back the coordinator's retry finishes it and the row is restored. */
 void test_rollback_pending(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url);
-  assert_non_null(o);
+  PGconn *o = itest_pg(orders_url);
   make_rm_schema(o, "rmt_gone");
   char url[1024];
   url_with_path(url, sizeof(url), "rmt_gone");
@@ -220,15 +215,13 @@ void test_rollback_pending(void **state) {
   assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
   assert_int_equal(st, RM_GS_ROLLBACKED);
   assert_true(exec_ok(o, "RESET search_path"));
-  PQfinish(o);
 }
 
 /* Calls that fail before a branch exists leave their reason in
  * rm_errmsg(); TM calls leave the coordinator's. */
 void test_errmsg(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url);
-  assert_non_null(o);
+  PGconn *o = itest_pg(orders_url);
   char xid[RM_XID_MAX];
   rm_branch_t *b = NULL;
   assert_int_equal(rm_tm_begin(client, 30000, "errmsg", xid), 0);
@@ -257,7 +250,6 @@ void test_errmsg(void **state) {
   cfg.token = NULL;
   assert_int_equal(rm_client_new(&cfg, &c), RM_E_INVALID);
   assert_true(has(rm_errmsg(), "token"));
-  PQfinish(o);
 }
 
 /* A commit whose phase two fails for good (a give-back refused by a
@@ -265,8 +257,7 @@ void test_errmsg(void **state) {
  * CommitFailed, not 0. */
 void test_commit_failed(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url);
-  assert_non_null(o);
+  PGconn *o = itest_pg(orders_url);
   assert_true(exec_ok(o, "DROP SCHEMA IF EXISTS rmt_cf CASCADE; CREATE SCHEMA rmt_cf;"
                          " CREATE TABLE rmt_cf.undo_log (LIKE public.undo_log INCLUDING ALL);"
                          " CREATE TABLE rmt_cf.cnt (id int PRIMARY KEY, frozen int NOT NULL CHECK (frozen >= 0));"
@@ -294,5 +285,4 @@ void test_commit_failed(void **state) {
   assert_true(has(rm_errmsg(), xid));
   assert_int_equal(q_ll(o, "SELECT frozen FROM rmt_cf.cnt WHERE id = 1", NULL, NULL, NULL), 1);
   assert_true(exec_ok(o, "RESET search_path"));
-  PQfinish(o);
 }

@@ -112,8 +112,7 @@ static void freeze_committed(PGconn *s, move_arg_t m) {
  * registration. */
 void test_giveback_refused_in_phase_one(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url);
-  assert_non_null(s);
+  PGconn *s = itest_pg(stock_url);
   small_bucket(s, 20, 2, 0);
   char xid[RM_XID_MAX];
   assert_int_equal(rm_tm_begin(client, 30000, "giveback_refused", xid), 0);
@@ -147,7 +146,6 @@ void test_giveback_refused_in_phase_one(void **state) {
   PQfinish(t);
   int st = 0;
   assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
-  PQfinish(s);
 }
 
 /* A release keeps the tickets taken until its global commits: a buyer in
@@ -155,8 +153,7 @@ void test_giveback_refused_in_phase_one(void **state) {
  * back and can be bought. */
 void test_release_waits_for_commit(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url);
-  assert_non_null(s);
+  PGconn *s = itest_pg(stock_url);
   small_bucket(s, 21, SMALL_STOCK, 0); /* sold out: all four frozen */
   char rel[RM_XID_MAX], buy[RM_XID_MAX];
   assert_int_equal(rm_tm_begin(client, 30000, "giveback_release", rel), 0);
@@ -183,7 +180,6 @@ void test_release_waits_for_commit(void **state) {
 
   freeze_committed(s, (move_arg_t){.bucket = 21, .freeze = 2, .deferred = true});
   assert_int_equal(bucket_col(s, 21, "frozen_count"), SMALL_STOCK);
-  PQfinish(s);
 }
 
 /*
@@ -197,9 +193,7 @@ void test_release_waits_for_commit(void **state) {
  */
 void test_release_rolled_back_after_tm_death(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url), *o = pg_open(orders_url);
-  assert_non_null(s);
-  assert_non_null(o);
+  PGconn *s = itest_pg(stock_url), *o = itest_pg(orders_url);
   small_bucket(s, 22, SMALL_STOCK, 0);
   assert_true(exec_ok(o, "INSERT INTO kv (k, v, n) VALUES ('giveback-order', 'UNPAID', 1)"
                          " ON CONFLICT (k) DO UPDATE SET v = 'UNPAID'"));
@@ -242,8 +236,6 @@ void test_release_rolled_back_after_tm_death(void **state) {
   }
   assert_string_equal(now, "UNPAID");
   free(now);
-  PQfinish(s);
-  PQfinish(o);
 }
 
 /* A confirm is a move (frozen -2, sold +2) on a full bucket: applied in
@@ -253,8 +245,7 @@ void test_release_rolled_back_after_tm_death(void **state) {
  * delete the row. */
 void test_move_on_commit_by_the_deleter(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url);
-  assert_non_null(s);
+  PGconn *s = itest_pg(stock_url);
   small_bucket(s, 23, SMALL_STOCK, 0);
   char xid[RM_XID_MAX];
   assert_int_equal(rm_tm_begin(client, 30000, "giveback_confirm", xid), 0);
@@ -277,7 +268,6 @@ void test_move_on_commit_by_the_deleter(void **state) {
   assert_int_equal(rm__at_flush(client), 0);
   assert_int_equal(bucket_col(s, 23, "frozen_count"), SMALL_STOCK - 2);
   assert_int_equal(bucket_col(s, 23, "sold_count"), 2);
-  PQfinish(s);
 }
 
 /* An undo row with commit deltas whose phase two never came (the service
@@ -285,8 +275,7 @@ void test_move_on_commit_by_the_deleter(void **state) {
  * the sweep never deletes such a row. */
 void test_commit_delta_leftover(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url);
-  assert_non_null(s);
+  PGconn *s = itest_pg(stock_url);
   small_bucket(s, 24, SMALL_STOCK, 0);
   char xid[RM_XID_MAX];
   assert_int_equal(rm_tm_begin(client, 30000, "giveback_leftover", xid), 0);
@@ -322,7 +311,6 @@ void test_commit_delta_leftover(void **state) {
   t = (rm_at_tuning_t){.resolve_interval_s = 30};
   assert_int_equal(rm__at_tune(client, &t), 0);
   assert_true(exec_ok(s, "DROP TABLE kept"));
-  PQfinish(s);
 }
 
 /* An undo that a constraint refuses (a write outside the coordinator took
@@ -331,8 +319,7 @@ void test_commit_delta_leftover(void **state) {
  * row kept for the operator, the message saying what to do. */
 void test_undo_refused_by_constraint(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url);
-  assert_non_null(s);
+  PGconn *s = itest_pg(stock_url);
   small_bucket(s, 25, 0, 0);
   char xid[RM_XID_MAX];
   assert_int_equal(rm_tm_begin(client, 30000, "giveback_refused_undo", xid), 0);
@@ -356,9 +343,6 @@ void test_undo_refused_by_constraint(void **state) {
   assert_non_null(strstr(msg, "activity_ticket_bucket_count_check"));
   assert_non_null(strstr(msg, "SQLSTATE 23514"));
   assert_non_null(strstr(msg, "tcctl"));
-  PGconn *t = pg_open(tc_url);
-  assert_non_null(t);
+  PGconn *t = itest_pg(tc_url);
   assert_int_equal(q_ll(t, "SELECT status FROM global_table WHERE xid = $1", xid, NULL, NULL), RM_GS_ROLLBACK_FAILED);
-  PQfinish(t);
-  PQfinish(s);
 }

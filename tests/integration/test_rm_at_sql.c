@@ -74,8 +74,7 @@ static int sql(rm_branch_t *b, const char *text, int n, const char *const *vals,
  * exactly the rows of the first. */
 void test_sql_commit_rollback(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url);
-  assert_non_null(o);
+  PGconn *o = itest_pg(orders_url);
   sql_tables(o);
   const char *tag = "sql-cr";
   char xid[RM_XID_MAX];
@@ -124,15 +123,13 @@ void test_sql_commit_rollback(void **state) {
   free(first);
   free(during);
   free(after);
-  PQfinish(o);
 }
 
 /* The caller's RETURNING comes back as its own columns; a WHERE that
  * matches nothing changes nothing and records nothing; a read runs as is. */
 void test_sql_returning_and_nothing(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url);
-  assert_non_null(o);
+  PGconn *o = itest_pg(orders_url);
   sql_tables(o);
   const char *tag = "sql-ret";
   char xid[RM_XID_MAX];
@@ -177,15 +174,13 @@ void test_sql_returning_and_nothing(void **state) {
   char *left = rows_of(o, tag);
   assert_string_equal(left, "");
   free(left);
-  PQfinish(o);
 }
 
 /* Refused statements say why, change nothing and leave the caller's
  * transaction usable; so does a statement PostgreSQL itself rejects. */
 void test_sql_refused(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url);
-  assert_non_null(o);
+  PGconn *o = itest_pg(orders_url);
   sql_tables(o);
   char xid[RM_XID_MAX];
   assert_int_equal(rm_tm_begin(client, 30000, "sql_refused", xid), 0);
@@ -223,15 +218,13 @@ void test_sql_refused(void **state) {
   assert_int_equal(rm_at_close(b, false), 0);
   int st = 0;
   assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
-  PQfinish(o);
 }
 
 /* A row a plain-SQL UPDATE changed, changed again outside any global
  * transaction: the rollback finds it dirty and overwrites nothing. */
 void test_sql_dirty_write(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url);
-  assert_non_null(o);
+  PGconn *o = itest_pg(orders_url);
   sql_tables(o);
   assert_true(exec_ok(o, "INSERT INTO \"Plain Sql\" (\"K\", n, tag) VALUES ('dirty-1', 1, 'sql-dirty')"
                          " ON CONFLICT (\"K\") DO UPDATE SET n = 1"));
@@ -245,7 +238,6 @@ void test_sql_dirty_write(void **state) {
   assert_int_equal(rm_tm_rollback(client, xid, &st), RM_E_ROLLBACK_FAILED);
   assert_int_equal(st, RM_GS_ROLLBACK_FAILED);
   assert_int_equal(q_ll(o, "SELECT n FROM \"Plain Sql\" WHERE \"K\" = 'dirty-1'", NULL, NULL, NULL), 3);
-  PQfinish(o);
 }
 
 /* Between the image and the UPDATE: another transaction commits a row
@@ -262,9 +254,7 @@ static void insert_newcomer(rm_branch_t *b, void *arg) {
  * recorded); run again, it takes both rows with their images. */
 void test_sql_newcomer_row(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url), *other = pg_open(orders_url);
-  assert_non_null(o);
-  assert_non_null(other);
+  PGconn *o = itest_pg(orders_url), *other = itest_pg(orders_url);
   sql_tables(o);
   assert_true(exec_ok(o, "DELETE FROM \"Plain Sql\" WHERE tag = 'sql-race'"));
   assert_true(exec_ok(o, "INSERT INTO \"Plain Sql\" (\"K\", n, tag) VALUES ('race-1', 1, 'sql-race')"));
@@ -289,8 +279,6 @@ void test_sql_newcomer_row(void **state) {
   int st = 0;
   assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
   assert_int_equal(q_ll(o, "SELECT sum(n) FROM \"Plain Sql\" WHERE tag = 'sql-race'", NULL, NULL, NULL), 2);
-  PQfinish(o);
-  PQfinish(other);
 }
 
 typedef struct prepare_arg {
@@ -310,9 +298,7 @@ static void *prepare_thread(void *arg) {
  * first holds the row's global lock, and goes on when it commits. */
 void test_sql_global_lock(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url), *o2 = pg_open(orders_url);
-  assert_non_null(o);
-  assert_non_null(o2);
+  PGconn *o = itest_pg(orders_url), *o2 = itest_pg(orders_url);
   sql_tables(o);
   assert_true(exec_ok(o, "INSERT INTO \"Plain Sql\" (\"K\", n, tag) VALUES ('lock-1', 1, 'sql-lock')"
                          " ON CONFLICT (\"K\") DO UPDATE SET n = 1"));
@@ -335,8 +321,6 @@ void test_sql_global_lock(void **state) {
   assert_int_equal(rm_at_close(pa.b, true), 0);
   assert_int_equal(rm_tm_commit(client, x2, &st), 0);
   assert_int_equal(q_ll(o, "SELECT n FROM \"Plain Sql\" WHERE \"K\" = 'lock-1'", NULL, NULL, NULL), 12);
-  PQfinish(o);
-  PQfinish(o2);
 }
 
 /* ------------------------------------------------- SELECT ... FOR UPDATE */
@@ -393,9 +377,7 @@ static void hold_row(PGconn *o, char *x1, int value) {
  * and the reader gets the row as it was. */
 void test_sql_select_for_update(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url), *o2 = pg_open(orders_url);
-  assert_non_null(o);
-  assert_non_null(o2);
+  PGconn *o = itest_pg(orders_url), *o2 = itest_pg(orders_url);
   sql_tables(o);
   for (int round = 0; round < 2; round++) {
     bool commit = round == 0;
@@ -415,8 +397,6 @@ void test_sql_select_for_update(void **state) {
     assert_true(a.secs >= 0.3);
     assert_int_equal(rm_tm_rollback(client, a.xid, &st), 0);
   }
-  PQfinish(o);
-  PQfinish(o2);
 }
 
 /* The holder does not end within the client's lock wait (2 s here): the
@@ -425,9 +405,7 @@ void test_sql_select_for_update(void **state) {
  * not wait at all. */
 void test_sql_select_for_update_timeout(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url), *o2 = pg_open(orders_url);
-  assert_non_null(o);
-  assert_non_null(o2);
+  PGconn *o = itest_pg(orders_url), *o2 = itest_pg(orders_url);
   sql_tables(o);
   char x1[RM_XID_MAX];
   hold_row(o, x1, 70);
@@ -455,8 +433,6 @@ void test_sql_select_for_update_timeout(void **state) {
   assert_non_null(strstr(err, "above the limit"));
   assert_false(lockable);
   assert_int_equal(rm_tm_commit(client, x1, &st), 0);
-  PQfinish(o);
-  PQfinish(o2);
 }
 
 /* ------------------------------------------------------- hot counters */
@@ -503,8 +479,7 @@ void test_sql_hot_counter(void **state) {
   assert_int_equal(rm_at_hot_column(client, "stock", "activity_ticket_bucket", "frozen_count"), 0);
   assert_int_equal(rm_at_hot_column(client, "no-such-resource", "t", "c"), RM_E_INVALID);
   assert_int_equal(rm_at_hot_column(client, "stock", ".t", "c"), RM_E_INVALID);
-  PGconn *s = pg_open(stock_url);
-  assert_non_null(s);
+  PGconn *s = itest_pg(stock_url);
   long long f0 = frozen14(s);
   char xid[RM_XID_MAX];
   int st = 0;
@@ -564,5 +539,4 @@ void test_sql_hot_counter(void **state) {
   rm_at_close(b, false);
   assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
   assert_int_equal(frozen14(s), f0 + 3);
-  PQfinish(s);
 }

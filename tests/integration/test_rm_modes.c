@@ -88,6 +88,12 @@ void new_account(PGconn *pg, int balance, char *out, size_t cap) {
   PQclear(r);
 }
 
+PGconn *open_with_account(int balance, char *acct) {
+  PGconn *pg = itest_pg(stock_url);
+  new_account(pg, balance, acct, ACCT_MAX);
+  return pg;
+}
+
 void expect_account_at(PGconn *pg, const char *acct, long long balance, long long frozen, const char *file, int line) {
   _assert_int_equal(cast_to_largest_integral_type(acct_col(pg, acct, "balance")),
                     cast_to_largest_integral_type(balance), file, line);
@@ -269,10 +275,22 @@ void *rollback_thread(void *arg) {
   return NULL;
 }
 
-void rollback_at_failpoint(const char *xid, int64_t bid, void *arg) {
+static void rollback_at_failpoint(const char *xid, int64_t bid, void *arg) {
   (void)bid;
   rb_arg_t *a = arg;
   a->rc = rm_tm_rollback(client, xid, &a->status);
+}
+
+int branch_with_rollback_at_registration(after_register_fn *hook, void **hook_arg, branch_fn branch, const char *res,
+                                         PGconn *pg, const char *xid, const char *acct, int amount, int64_t *bid) {
+  rb_arg_t rollback = {xid, -1, -1};
+  *hook_arg = &rollback;
+  *hook = rollback_at_failpoint;
+  int rc = branch(client, res, pg, xid, acct, amount, true, bid);
+  *hook = NULL;
+  assert_int_equal(rollback.rc, 0);
+  assert_int_equal(rollback.status, RM_GS_ROLLBACKED);
+  return rc;
 }
 
 void *phase2_thread(void *arg) {

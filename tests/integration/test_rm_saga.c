@@ -327,9 +327,8 @@ void test_saga_rm_gone(void **state) {
  * cancelled with the compensations when one failed. */
 void test_saga_with_tcc(void **state) {
   (void)state;
-  PGconn *s = itest_pg(stock_url);
-  char acct[32], xid[RM_XID_MAX];
-  new_account(s, 100, acct, sizeof(acct));
+  char acct[ACCT_MAX], xid[RM_XID_MAX];
+  PGconn *s = open_with_account(100, acct);
   int64_t sb = 0;
   int64_t tb = begin_and_freeze(s, "saga_tcc_ok", acct, 20, xid);
   assert_int_equal(rm_saga_step(client, xid, SAGA_RES, "flight", &sb), 0);
@@ -375,9 +374,8 @@ static int saga_end(const char *xid, int secs) {
  * confirmed.  The saga is compensated in full, the TCC branch cancelled. */
 void test_saga_two_drives(void **state) {
   (void)state;
-  PGconn *s = itest_pg(stock_url), *t = itest_pg(tc_url);
-  char acct[32], xid[RM_XID_MAX];
-  new_account(s, 100, acct, sizeof(acct));
+  char acct[ACCT_MAX], xid[RM_XID_MAX];
+  PGconn *s = open_with_account(100, acct), *t = itest_pg(tc_url);
   atomic_store(&flaky_calls, 0);
   atomic_store(&flaky_gate, 0);
   int64_t sb[2];

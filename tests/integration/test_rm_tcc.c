@@ -28,9 +28,8 @@
  * for TCC phase two); rollback: the cancel gives the freeze back. */
 void test_commit_and_rollback(void **state) {
   (void)state;
-  PGconn *s = itest_pg(stock_url);
-  char acct[32], xid[RM_XID_MAX];
-  new_account(s, 100, acct, sizeof(acct));
+  char acct[ACCT_MAX], xid[RM_XID_MAX];
+  PGconn *s = open_with_account(100, acct);
   int c0 = atomic_load(&confirms), k0 = atomic_load(&cancels);
 
   int64_t bid = begin_and_freeze(s, "tcc_commit", acct, 30, xid);
@@ -69,19 +68,13 @@ void test_commit_and_rollback(void **state) {
  * recorded as an empty rollback, and the try is then refused. */
 void test_cancel_before_try(void **state) {
   (void)state;
-  PGconn *s = itest_pg(stock_url);
-  char acct[32], xid[RM_XID_MAX];
-  new_account(s, 10, acct, sizeof(acct));
+  char acct[ACCT_MAX], xid[RM_XID_MAX];
+  PGconn *s = open_with_account(10, acct);
   int k0 = atomic_load(&cancels);
   begin_global("tcc_cancel_first", xid);
-  rb_arg_t p = {xid, -1, -1};
-  rm__tcc_failpoint_arg = &p;
-  rm__tcc_failpoint_after_register = rollback_at_failpoint;
   int64_t bid = 0;
-  int rc = try_freeze(client, RES, s, xid, acct, 5, true, &bid);
-  rm__tcc_failpoint_after_register = NULL;
-  assert_int_equal(p.rc, 0);
-  assert_int_equal(p.status, RM_GS_ROLLBACKED);
+  int rc = branch_with_rollback_at_registration(&rm__tcc_failpoint_after_register, &rm__tcc_failpoint_arg, try_freeze,
+                                                RES, s, xid, acct, 5, &bid);
   assert_int_equal(rc, RM_E_FENCE); /* anti-hanging */
   assert_non_null(strstr(rm_errmsg(), "before its try"));
   assert_int_equal(bid, 0);
@@ -98,9 +91,8 @@ void test_cancel_before_try(void **state) {
  * the key, then cancels the committed try. */
 void test_cancel_meets_uncommitted_try(void **state) {
   (void)state;
-  PGconn *s = itest_pg(stock_url), *w = itest_pg(stock_url);
-  char acct[32], xid[RM_XID_MAX];
-  new_account(s, 10, acct, sizeof(acct));
+  char acct[ACCT_MAX], xid[RM_XID_MAX];
+  PGconn *s = open_with_account(10, acct), *w = itest_pg(stock_url);
   int k0 = atomic_load(&cancels);
   begin_global("tcc_cancel_waits", xid);
   int64_t bid = 0;
@@ -122,9 +114,8 @@ void test_cancel_meets_uncommitted_try(void **state) {
 /* Phase two delivered twice, concurrently, late, and against the grain. */
 void test_duplicate_phase2(void **state) {
   (void)state;
-  PGconn *s = itest_pg(stock_url);
-  char acct[32], xid[RM_XID_MAX];
-  new_account(s, 100, acct, sizeof(acct));
+  char acct[ACCT_MAX], xid[RM_XID_MAX];
+  PGconn *s = open_with_account(100, acct);
   int c0 = atomic_load(&confirms), k0 = atomic_load(&cancels);
   /* Tried, left undecided at the TC: two concurrent confirms straight to
    * the RM confirm once. */
@@ -187,9 +178,8 @@ void test_duplicate_phase2(void **state) {
  * fails for good (CommitFailed for an operator). */
 void test_handler_failures(void **state) {
   (void)state;
-  PGconn *s = itest_pg(stock_url);
-  char acct[32], xid[RM_XID_MAX];
-  new_account(s, 100, acct, sizeof(acct));
+  char acct[ACCT_MAX], xid[RM_XID_MAX];
+  PGconn *s = open_with_account(100, acct);
   int c0 = atomic_load(&confirms);
 
   atomic_store(&confirm_retries_left, 2);
@@ -227,9 +217,8 @@ void test_handler_failures(void **state) {
 /* AT and TCC branches in one global: both commit, or both roll back. */
 void test_mixed_at_and_tcc(void **state) {
   (void)state;
-  PGconn *s = itest_pg(stock_url);
-  char acct[32], xid[RM_XID_MAX];
-  new_account(s, 100, acct, sizeof(acct));
+  char acct[ACCT_MAX], xid[RM_XID_MAX];
+  PGconn *s = open_with_account(100, acct);
   for (int commit = 1; commit >= 0; commit--) {
     char k[64];
     snprintf(k, sizeof(k), "order-%s-%d", acct, commit);
@@ -253,9 +242,8 @@ void test_mixed_at_and_tcc(void **state) {
  * as a decision and retried; the next RM of the resource confirms it. */
 void test_rm_gone_between_try_and_confirm(void **state) {
   (void)state;
-  PGconn *s = itest_pg(stock_url);
-  char acct[32], xid[RM_XID_MAX];
-  new_account(s, 100, acct, sizeof(acct));
+  char acct[ACCT_MAX], xid[RM_XID_MAX];
+  PGconn *s = open_with_account(100, acct);
   int c0 = atomic_load(&confirms);
   rm_client_t *c2 = new_client("test_rm_modes_b", RES_ALONE, NULL);
   begin_global("tcc_rm_gone", xid);
@@ -279,9 +267,8 @@ void test_rm_gone_between_try_and_confirm(void **state) {
  * (it keeps asking for a retry); the restarted node finishes it. */
 void test_tc_killed_after_decision(void **state) {
   (void)state;
-  PGconn *s = itest_pg(stock_url);
-  char acct[32], xid[RM_XID_MAX];
-  new_account(s, 100, acct, sizeof(acct));
+  char acct[ACCT_MAX], xid[RM_XID_MAX];
+  PGconn *s = open_with_account(100, acct);
   int c0 = atomic_load(&confirms);
   atomic_store(&confirm_retries_left, 1000000);
   int64_t bid = begin_and_freeze(s, "tcc_tc_killed", acct, 15, xid);
@@ -300,9 +287,8 @@ void test_tc_killed_after_decision(void **state) {
  * tried one. */
 void test_sweep(void **state) {
   (void)state;
-  PGconn *s = itest_pg(stock_url);
-  char acct[32], xid[RM_XID_MAX], xid2[RM_XID_MAX];
-  new_account(s, 100, acct, sizeof(acct));
+  char acct[ACCT_MAX], xid[RM_XID_MAX], xid2[RM_XID_MAX];
+  PGconn *s = open_with_account(100, acct);
   int64_t done = begin_and_freeze(s, "tcc_sweep_done", acct, 1, xid);
   commit_ok(xid);
   int64_t open = begin_and_freeze(s, "tcc_sweep_open", acct, 1, xid2);

@@ -69,9 +69,8 @@ static long long prepared(PGconn *pg, const char *xid, int64_t bid) {
 
 void test_xa_commit_and_rollback(void **state) {
   (void)state;
-  PGconn *s = itest_pg(stock_url), *w = itest_pg(stock_url);
-  char acct[32], xid[RM_XID_MAX];
-  new_account(s, 100, acct, sizeof(acct));
+  char acct[ACCT_MAX], xid[RM_XID_MAX];
+  PGconn *s = open_with_account(100, acct), *w = itest_pg(stock_url);
 
   int64_t bid = begin_and_spend(s, "xa_commit", acct, 30, xid);
   assert_true(bid > 0);
@@ -112,18 +111,12 @@ void test_xa_commit_and_rollback(void **state) {
  * recorded, and the start refused. */
 void test_xa_rollback_before_start(void **state) {
   (void)state;
-  PGconn *s = itest_pg(stock_url);
-  char acct[32], xid[RM_XID_MAX];
-  new_account(s, 100, acct, sizeof(acct));
+  char acct[ACCT_MAX], xid[RM_XID_MAX];
+  PGconn *s = open_with_account(100, acct);
   begin_global("xa_rollback_first", xid);
-  rb_arg_t p = {xid, -1, -1};
-  rm__xa_failpoint_arg = &p;
-  rm__xa_failpoint_after_register = rollback_at_failpoint;
   int64_t bid = 0;
-  int rc = xa_spend(client, XA_RES, s, xid, acct, 10, true, &bid);
-  rm__xa_failpoint_after_register = NULL;
-  assert_int_equal(p.rc, 0);
-  assert_int_equal(p.status, RM_GS_ROLLBACKED);
+  int rc = branch_with_rollback_at_registration(&rm__xa_failpoint_after_register, &rm__xa_failpoint_arg, xa_spend,
+                                                XA_RES, s, xid, acct, 10, &bid);
   assert_int_equal(rc, RM_E_FENCE);
   assert_non_null(strstr(rm_errmsg(), "anti-hanging"));
   assert_int_equal(q_ll(s, "SELECT status FROM branch_fence WHERE xid = $1", xid, NULL), 4);
@@ -136,9 +129,8 @@ void test_xa_rollback_before_start(void **state) {
  * after its lock timeout, and the retry rolls the prepared branch back. */
 void test_xa_rollback_meets_open_branch(void **state) {
   (void)state;
-  PGconn *s = itest_pg(stock_url), *w = itest_pg(stock_url);
-  char acct[32], xid[RM_XID_MAX];
-  new_account(s, 100, acct, sizeof(acct));
+  char acct[ACCT_MAX], xid[RM_XID_MAX];
+  PGconn *s = open_with_account(100, acct), *w = itest_pg(stock_url);
   begin_global("xa_rollback_waits", xid);
   int64_t bid = 0;
   assert_int_equal(xa_spend(client, XA_RES, s, xid, acct, 10, false, &bid), 0);
@@ -156,9 +148,8 @@ void test_xa_rollback_meets_open_branch(void **state) {
 
 void test_xa_duplicates(void **state) {
   (void)state;
-  PGconn *s = itest_pg(stock_url), *w = itest_pg(stock_url);
-  char acct[32], xid[RM_XID_MAX];
-  new_account(s, 100, acct, sizeof(acct));
+  char acct[ACCT_MAX], xid[RM_XID_MAX];
+  PGconn *s = open_with_account(100, acct), *w = itest_pg(stock_url);
   /* Prepared, undecided at the TC: two concurrent commits straight to the
    * RM commit it once (the second finds it busy or done). */
   int64_t bid = begin_and_spend(s, "xa_dup", acct, 10, xid);
@@ -264,9 +255,8 @@ void test_xa_bad_input(void **state) {
  * resource comes and the restarted node finishes the prepared branch. */
 void test_xa_rm_gone_and_tc_killed(void **state) {
   (void)state;
-  PGconn *s = itest_pg(stock_url);
-  char acct[32], xid[RM_XID_MAX];
-  new_account(s, 100, acct, sizeof(acct));
+  char acct[ACCT_MAX], xid[RM_XID_MAX];
+  PGconn *s = open_with_account(100, acct);
   rm_client_t *c2 = new_client("test_rm_modes_x", NULL, XA_ALONE);
   begin_global("xa_rm_gone", xid);
   int64_t bid = 0;
