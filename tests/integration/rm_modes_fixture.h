@@ -81,12 +81,15 @@ int at_set(const char *xid, const char *k, const char *v);
 /* tcc_order's value of 'k' is 'want' (the row exists). */
 void expect_order(const char *k, const char *want);
 
-/* rm_tm_rollback on a thread. */
+/* An rm_tm_rollback of 'xid' and its outcome. */
 typedef struct rb_arg {
   const char *xid;
   int rc, status;
 } rb_arg_t;
-void *rollback_thread(void *arg);
+/* The rollback of 'xid' begun on a thread of its own, for a test that acts
+ * while it waits; rollback_join waits for its end (and frees it). */
+struct rollback_run *rollback_start(const char *xid);
+void rollback_join(struct rollback_run *run);
 
 /* A branch of a mode run by the test (try_freeze, the XA tests' xa_spend):
  * 'finish' commits or prepares it. */
@@ -100,12 +103,19 @@ typedef void (*after_register_fn)(const char *xid, int64_t bid, void *arg);
 int branch_with_rollback_at_registration(after_register_fn *hook, void **hook_arg, branch_fn branch, const char *res,
                                          PGconn *pg, const char *xid, const char *acct, int amount, int64_t *bid);
 
+/* A phase-two request ('commit' or not) for branch 'bid' of 'xid' on
+ * resource 'res', of type 'branch_type' (TXP_BT_*). */
+rm_phase2_req_t phase2_req(bool commit, const char *xid, int64_t bid, const char *res, int branch_type);
+
 /* rm__at_phase2 on a thread. */
 typedef struct p2_arg {
   rm_phase2_req_t req;
   int status, code;
 } p2_arg_t;
 void *phase2_thread(void *arg);
+/* 'req' delivered to the main client's RM twice at once (a duplicate phase
+ * two from two threads): each delivery's answer in 'out'. */
+void phase2_twice_at_once(rm_phase2_req_t req, p2_arg_t out[2]);
 
 /* test_rm_tcc.c */
 void test_commit_and_rollback(void **state);

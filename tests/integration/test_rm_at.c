@@ -126,6 +126,25 @@ int insert_order(rm_branch_t *b, long long id, int user, int qty, int bucket, co
   return rm_at_insert(b, "trade_order", 7, order_cols, vals);
 }
 
+rm_branch_t *open_branch(PGconn *pg, const char *xid, const char *resource) {
+  assert_true(exec_ok(pg, "BEGIN"));
+  rm_branch_t *b = NULL;
+  assert_int_equal(rm_at_open(client, xid, resource, pg, &b), 0);
+  return b;
+}
+
+rm_branch_t *begin_and_open(PGconn *pg, const char *name, const char *resource, char *xid) {
+  assert_int_equal(rm_tm_begin(client, 30000, name, xid), 0);
+  return open_branch(pg, xid, resource);
+}
+
+int deliver_phase2(bool commit, const char *xid, int64_t bid, const char *resource, phase2_reply_t *reply) {
+  rm_phase2_req_t req = {.commit = commit, .xid = xid, .branch_id = bid, .resource_id = resource,
+                         .branch_type = TXP_BT_AT};
+  reply->code = 0;
+  return rm__at_phase2(client, &req, &reply->code, reply->msg, sizeof(reply->msg));
+}
+
 int run_branch(PGconn *pg, const char *xid, const char *resource, body_fn body, void *arg, int64_t *bid) {
   if (!exec_ok(pg, "BEGIN")) return RM_E_DB;
   rm_branch_t *b = NULL;
@@ -156,12 +175,18 @@ static int body_order(rm_branch_t *b, void *arg) {
   return insert_order(b, o->id, o->user, o->qty, o->bucket, o->xid);
 }
 
+void bucket_key(bucket_key_t *k, int bucket) {
+  snprintf(k->text, sizeof(k->text), "%d", bucket);
+  k->pk[0] = ACTIVITY;
+  k->pk[1] = TICKET;
+  k->pk[2] = k->text;
+}
+
 int body_delta(rm_branch_t *b, void *arg) {
   delta_arg_t *d = arg;
-  char sb[16];
-  snprintf(sb, sizeof(sb), "%d", d->bucket);
-  const char *pk[3] = {ACTIVITY, TICKET, sb};
-  return rm_at_update_delta(b, "activity_ticket_bucket", pk, "frozen_count", d->delta, GUARD);
+  bucket_key_t k;
+  bucket_key(&k, d->bucket);
+  return rm_at_update_delta(b, "activity_ticket_bucket", k.pk, "frozen_count", d->delta, GUARD);
 }
 
 /* Plain update of a bucket's frozen_count through the image path. */
@@ -172,13 +197,13 @@ typedef struct set_arg {
 
 static int body_set_frozen(rm_branch_t *b, void *arg) {
   set_arg_t *s = arg;
-  char sb[16], sv[32];
-  snprintf(sb, sizeof(sb), "%d", s->bucket);
+  bucket_key_t k;
+  bucket_key(&k, s->bucket);
+  char sv[32];
   snprintf(sv, sizeof(sv), "%lld", s->value);
-  const char *pk[3] = {ACTIVITY, TICKET, sb};
   const char *cols[1] = {"frozen_count"};
   const char *vals[1] = {sv};
-  return rm_at_update(b, "activity_ticket_bucket", pk, 1, cols, vals);
+  return rm_at_update(b, "activity_ticket_bucket", k.pk, 1, cols, vals);
 }
 
 /* ------------------------------------------------------------- fixture */
@@ -320,9 +345,7 @@ static void test_rollback_all_ops(void **state) {
   int64_t bid = 0;
   /* Stock: a delta up now and one down at the commit, on the same row. */
   assert_true(exec_ok(s, "SET TimeZone = 'America/Sao_Paulo'"));
-  assert_true(exec_ok(s, "BEGIN"));
-  rm_branch_t *b = NULL;
-  assert_int_equal(rm_at_open(client, xid, "stock", s, &b), 0);
+  rm_branch_t *b = open_branch(s, xid, "stock");
   const char *pkb[3] = {ACTIVITY, TICKET, "2"};
   assert_int_equal(rm_at_update_delta(b, "activity_ticket_bucket", pkb, "frozen_count", 5, GUARD), 0);
   assert_int_equal(rm_at_update_delta_on_commit(b, "activity_ticket_bucket", pkb, "frozen_count", -1), 0);
@@ -395,10 +418,7 @@ static void test_dirty_write(void **state) {
   assert_true(exec_ok(o, "COMMIT"));
 
   char xid[RM_XID_MAX];
-  assert_int_equal(rm_tm_begin(client, 30000, "dirty", xid), 0);
-  assert_true(exec_ok(o, "BEGIN"));
-  rm_branch_t *b = NULL;
-  assert_int_equal(rm_at_open(client, xid, "orders", o, &b), 0);
+  rm_branch_t *b = begin_and_open(o, "dirty", "orders", xid);
   const char *pk[1] = {sid};
   const char *cols[1] = {"status"}, *vals[1] = {"PAID"};
   assert_int_equal(rm_at_update(b, "trade_order", pk, 1, cols, vals), 0);
@@ -432,24 +452,19 @@ static void test_dirty_write(void **state) {
 
   /* What the TC was told: unretryable, RM_E_DIRTY_WRITE, and a message
    * naming the table, the key and the column with both values. */
-  rm_phase2_req_t req = {.commit = false, .xid = xid, .branch_id = bid, .resource_id = "orders",
-                         .branch_type = TXP_BT_AT};
-  int code = 0;
-  char msg[1024];
-  int bs = rm__at_phase2(client, &req, &code, msg, sizeof(msg));
+  phase2_reply_t reply;
+  int bs = deliver_phase2(false, xid, bid, "orders", &reply);
   assert_int_equal(bs, TXP_BS_PHASE2_ROLLBACK_FAILED_UNRETRYABLE);
-  assert_int_equal(code, RM_E_DIRTY_WRITE);
-  assert_non_null(strstr(msg, "\"trade_order\""));
-  assert_non_null(strstr(msg, sid));
-  assert_non_null(strstr(msg, "status after \"PAID\", now \"CANCELLED\""));
+  assert_int_equal(reply.code, RM_E_DIRTY_WRITE);
+  assert_non_null(strstr(reply.msg, "\"trade_order\""));
+  assert_non_null(strstr(reply.msg, sid));
+  assert_non_null(strstr(reply.msg, "status after \"PAID\", now \"CANCELLED\""));
   assert_int_equal(undo_rows(o, xid, 0), 1);
 }
 
 /* Insert one trade_order row 'sid' in a branch of 'xid' on 'pg' and commit it. */
 static int64_t branch_insert_order_row(PGconn *pg, const char *xid, const char *sid) {
-  assert_true(exec_ok(pg, "BEGIN"));
-  rm_branch_t *b = NULL;
-  assert_int_equal(rm_at_open(client, xid, "orders", pg, &b), 0);
+  rm_branch_t *b = open_branch(pg, xid, "orders");
   const char *cols[6] = {"order_id", "activity_id", "ticket_type", "user_id", "qty", "bucket_id"};
   const char *vals[6] = {sid, "1", "1", "6", "1", "3"};
   assert_int_equal(rm_at_insert(b, "trade_order", 6, cols, vals), 0);
@@ -489,14 +504,11 @@ static void test_insert_digest(void **state) {
   int st = 0;
   assert_int_equal(rm_tm_rollback(client, xid, &st), RM_E_ROLLBACK_FAILED);
   assert_int_equal(q_ll(o, "SELECT count(*) FROM trade_order WHERE order_id = $1", sid, NULL, NULL), 1);
-  rm_phase2_req_t req = {.commit = false, .xid = xid, .branch_id = bid, .resource_id = "orders",
-                         .branch_type = TXP_BT_AT};
-  int code = 0;
-  char msg[1024];
-  assert_int_equal(rm__at_phase2(client, &req, &code, msg, sizeof(msg)), TXP_BS_PHASE2_ROLLBACK_FAILED_UNRETRYABLE);
-  assert_int_equal(code, RM_E_DIRTY_WRITE);
-  assert_non_null(strstr(msg, "changed since the branch inserted it"));
-  assert_non_null(strstr(msg, "\"CANCELLED\""));
+  phase2_reply_t reply;
+  assert_int_equal(deliver_phase2(false, xid, bid, "orders", &reply), TXP_BS_PHASE2_ROLLBACK_FAILED_UNRETRYABLE);
+  assert_int_equal(reply.code, RM_E_DIRTY_WRITE);
+  assert_non_null(strstr(reply.msg, "changed since the branch inserted it"));
+  assert_non_null(strstr(reply.msg, "\"CANCELLED\""));
   /* The operator's repair: the row as the branch left it; then re-driven. */
   {
     const char *p[2] = {was, sid};
@@ -506,7 +518,7 @@ static void test_insert_digest(void **state) {
     PQclear(r);
   }
   free(was);
-  assert_int_equal(rm__at_phase2(client, &req, &code, msg, sizeof(msg)), TXP_BS_PHASE2_ROLLBACKED);
+  assert_int_equal(deliver_phase2(false, xid, bid, "orders", &reply), TXP_BS_PHASE2_ROLLBACKED);
   assert_int_equal(q_ll(o, "SELECT count(*) FROM trade_order WHERE order_id = $1", sid, NULL, NULL), 0);
 
   /* Two branches of one global on the same row: insert, then update. */
@@ -514,9 +526,7 @@ static void test_insert_digest(void **state) {
   snprintf(sid, sizeof(sid), "%lld", id);
   assert_int_equal(rm_tm_begin(client, 30000, "insert_digest", xid), 0);
   branch_insert_order_row(o, xid, sid);
-  assert_true(exec_ok(o2, "BEGIN"));
-  rm_branch_t *b = NULL;
-  assert_int_equal(rm_at_open(client, xid, "orders", o2, &b), 0);
+  rm_branch_t *b = open_branch(o2, xid, "orders");
   const char *pk[1] = {sid}, *cols[1] = {"status"}, *vals[1] = {"PAID"};
   assert_int_equal(rm_at_update(b, "trade_order", pk, 1, cols, vals), 0);
   assert_int_equal(rm_at_prepare(b, NULL), 0);
@@ -553,9 +563,7 @@ static void test_never_committed(void **state) {
   char xid[RM_XID_MAX];
   assert_int_equal(rm_tm_begin(client, 30000, "never_committed", xid), 0);
   pause_ctx_t p = {xid, w, -1, -1, -1};
-  assert_true(exec_ok(s, "BEGIN"));
-  rm_branch_t *b = NULL;
-  assert_int_equal(rm_at_open(client, xid, "stock", s, &b), 0);
+  rm_branch_t *b = open_branch(s, xid, "stock");
   const char *pk[3] = {ACTIVITY, TICKET, "4"};
   assert_int_equal(rm_at_update_delta(b, "activity_ticket_bucket", pk, "frozen_count", 7, GUARD), 0);
   rm__at_failpoint_arg = &p;
@@ -600,14 +608,11 @@ static void late_commit(int pause_ms, int bucket) {
   assert_non_null(s);
   assert_non_null(w);
   long long f = frozen(w, bucket);
-  char xid[RM_XID_MAX], sb[16];
-  snprintf(sb, sizeof(sb), "%d", bucket);
-  assert_int_equal(rm_tm_begin(client, 30000, "late_commit", xid), 0);
-  assert_true(exec_ok(s, "BEGIN"));
-  rm_branch_t *b = NULL;
-  assert_int_equal(rm_at_open(client, xid, "stock", s, &b), 0);
-  const char *pk[3] = {ACTIVITY, TICKET, sb};
-  assert_int_equal(rm_at_update_delta(b, "activity_ticket_bucket", pk, "frozen_count", 6, GUARD), 0);
+  char xid[RM_XID_MAX];
+  bucket_key_t k;
+  bucket_key(&k, bucket);
+  rm_branch_t *b = begin_and_open(s, "late_commit", "stock", xid);
+  assert_int_equal(rm_at_update_delta(b, "activity_ticket_bucket", k.pk, "frozen_count", 6, GUARD), 0);
   int64_t bid = 0;
   assert_int_equal(rm_at_prepare(b, &bid), 0);
   pthread_t th;
@@ -889,17 +894,12 @@ static void test_cleanup(void **state) {
 
 /* ------------------------------------------- deferred delta updates */
 
-typedef struct ddelta_arg {
-  int bucket;
-  long long delta;
-} ddelta_arg_t;
-
+/* body_delta's update deferred (rm_at_update_delta_deferred). */
 static int body_delta_deferred(rm_branch_t *b, void *arg) {
-  ddelta_arg_t *d = arg;
-  char sb[16];
-  snprintf(sb, sizeof(sb), "%d", d->bucket);
-  const char *pk[3] = {ACTIVITY, TICKET, sb};
-  return rm_at_update_delta_deferred(b, "activity_ticket_bucket", pk, "frozen_count", d->delta, GUARD);
+  delta_arg_t *d = arg;
+  bucket_key_t k;
+  bucket_key(&k, d->bucket);
+  return rm_at_update_delta_deferred(b, "activity_ticket_bucket", k.pk, "frozen_count", d->delta, GUARD);
 }
 
 /* Another connection can lock bucket 'bucket' at once (NOWAIT). */
@@ -926,11 +926,8 @@ static void test_deferred_delta_commit_rollback(void **state) {
   long long f0 = frozen(s, 12);
   char xid[RM_XID_MAX];
   int st = 0;
-  assert_int_equal(rm_tm_begin(client, 30000, "deferred_commit", xid), 0);
-  assert_true(exec_ok(s, "BEGIN"));
-  rm_branch_t *b = NULL;
-  assert_int_equal(rm_at_open(client, xid, "stock", s, &b), 0);
-  ddelta_arg_t d = {12, 2};
+  rm_branch_t *b = begin_and_open(s, "deferred_commit", "stock", xid);
+  delta_arg_t d = {12, 2};
   assert_int_equal(body_delta_deferred(b, &d), 0);
   assert_int_equal(frozen(s, 12), f0); /* not run yet */
   assert_true(row_free(12));           /* and the row is not locked */
@@ -955,7 +952,7 @@ static void test_deferred_delta_commit_rollback(void **state) {
   assert_int_equal(rm_tm_begin(client, 30000, "deferred_rollback", xid), 0);
   assert_true(exec_ok(s, "BEGIN"));
   assert_int_equal(rm_at_open(client, xid, "stock", s, &b), 0);
-  ddelta_arg_t d3 = {12, 3};
+  delta_arg_t d3 = {12, 3};
   assert_int_equal(body_delta_deferred(b, &d3), 0);
   set_arg_t sa = {12, f0 + 10};
   assert_int_equal(body_set_frozen(b, &sa), 0);
@@ -981,10 +978,7 @@ static void test_deferred_delta_guard(void **state) {
   long long f0 = frozen(s, 13);
   char xid[RM_XID_MAX];
   int st = 0;
-  assert_int_equal(rm_tm_begin(client, 30000, "deferred_guard", xid), 0);
-  assert_true(exec_ok(s, "BEGIN"));
-  rm_branch_t *b = NULL;
-  assert_int_equal(rm_at_open(client, xid, "stock", s, &b), 0);
+  rm_branch_t *b = begin_and_open(s, "deferred_guard", "stock", xid);
   delta_arg_t now1 = {13, 1};
   assert_int_equal(body_delta(b, &now1), 0); /* an immediate one first */
   const char *pk_bad_row[3] = {ACTIVITY, TICKET, "999"};
@@ -1004,7 +998,7 @@ static void test_deferred_delta_guard(void **state) {
   assert_int_equal(rm_at_update_delta_deferred(b, "activity_ticket_bucket", NULL, "frozen_count", 1, NULL),
                    RM_E_INVALID);
   assert_true(tx_usable(s));
-  ddelta_arg_t ok1 = {13, 1}, too_many = {13, 1000000};
+  delta_arg_t ok1 = {13, 1}, too_many = {13, 1000000};
   assert_int_equal(body_delta_deferred(b, &ok1), 0);
   assert_int_equal(body_delta_deferred(b, &too_many), 0); /* accepted now, refused at prepare */
   assert_int_equal(frozen(s, 13), f0 + 1);
@@ -1075,7 +1069,7 @@ static void test_without_savepoints(void **state) {
   assert_int_equal(rm_tm_begin(client, 30000, "unsaved_commit", xid), 0);
   rm_branch_t *b = open_unsaved(s, xid, "stock");
   assert_non_null(b);
-  ddelta_arg_t d2 = {15, 2};
+  delta_arg_t d2 = {15, 2};
   assert_int_equal(body_delta_deferred(b, &d2), 0);
   assert_int_equal(rm_at_statement_savepoints(b, true), RM_E_STATE); /* too late */
   assert_int_equal(rm_at_prepare(b, NULL), 0);
@@ -1131,7 +1125,7 @@ static void test_without_savepoints(void **state) {
   /* a guard refusing at prepare: registered, aborted, rolled back clean */
   b = open_unsaved(s, xid, "stock");
   assert_non_null(b);
-  ddelta_arg_t ok1 = {15, 1}, too_many = {15, 1000000};
+  delta_arg_t ok1 = {15, 1}, too_many = {15, 1000000};
   assert_int_equal(body_delta_deferred(b, &ok1), 0);
   assert_int_equal(body_delta_deferred(b, &too_many), 0);
   int64_t bid = 0;
@@ -1167,7 +1161,7 @@ static void test_prepare_commit(void **state) {
   assert_int_equal(rm_tm_begin(client, 30000, "prepare_commit", xid), 0);
   rm_branch_t *b = open_unsaved(s, xid, "stock");
   assert_non_null(b);
-  ddelta_arg_t d2 = {11, 2};
+  delta_arg_t d2 = {11, 2};
   assert_int_equal(body_delta_deferred(b, &d2), 0);
   assert_int_equal(rm_at_prepare_commit(b, &bid, &committed), 0);
   assert_true(committed);
@@ -1200,7 +1194,7 @@ static void test_prepare_commit(void **state) {
   snprintf(so, sizeof(so), "%lld", atomic_fetch_add(&next_order, 1));
   const char *fvals[] = {so, ACTIVITY, TICKET, "11", "9", "1", "2099-01-01 00:00:00+00"};
   assert_int_equal(rm_at_insert(b, "stock_freeze", 7, fcols, fvals), 0);
-  ddelta_arg_t too_many = {11, 1000000};
+  delta_arg_t too_many = {11, 1000000};
   assert_int_equal(body_delta_deferred(b, &too_many), 0);
   assert_int_equal(rm_at_prepare_commit(b, NULL, &committed), RM_E_GUARD);
   assert_false(committed);
@@ -1249,10 +1243,7 @@ static void test_insert_unlocked(void **state) {
   char xid[RM_XID_MAX];
   int st = 0;
   long long locked = atomic_fetch_add(&next_order, 1), unlocked = atomic_fetch_add(&next_order, 1);
-  assert_int_equal(rm_tm_begin(client, 30000, "insert_unlocked", xid), 0);
-  assert_true(exec_ok(o, "BEGIN"));
-  rm_branch_t *b = NULL;
-  assert_int_equal(rm_at_open(client, xid, "orders", o, &b), 0);
+  rm_branch_t *b = begin_and_open(o, "insert_unlocked", "orders", xid);
   assert_int_equal(insert_order(b, locked, 8, 1, 0, xid), 0);
   char sid[32], su[16] = "8", sq[16] = "1", sb[16] = "0";
   snprintf(sid, sizeof(sid), "%lld", unlocked);
@@ -1285,7 +1276,7 @@ static void test_insert_unlocked(void **state) {
  * rolled back: exactly the committed total stays frozen. */
 static void test_deferred_delta_64_freezes(void **state) {
   (void)state;
-  ddelta_arg_t d = {14, 1};
+  delta_arg_t d = {14, 1};
   freezes_half_committed("deferred_freeze", 14, body_delta_deferred, &d);
 }
 

@@ -46,13 +46,6 @@ static char *rows_of(PGconn *o, const char *tag) {
   return s;
 }
 
-static rm_branch_t *open_branch(PGconn *o, const char *xid) {
-  assert_true(exec_ok(o, "BEGIN"));
-  rm_branch_t *b = NULL;
-  assert_int_equal(rm_at_open(client, xid, "orders", o, &b), 0);
-  return b;
-}
-
 static void commit_branch(PGconn *o, rm_branch_t *b) {
   int64_t bid = 0;
   bool committed = false;
@@ -80,8 +73,7 @@ void test_sql_commit_rollback(void **state) {
   char xid[RM_XID_MAX];
 
   /* 1: inserts, committed. */
-  assert_int_equal(rm_tm_begin(client, 30000, "sql_commit", xid), 0);
-  rm_branch_t *b = open_branch(o, xid);
+  rm_branch_t *b = begin_and_open(o, "sql_commit", "orders", xid);
   int64_t rows = -1;
   const char *v1[] = {"cr-1", "10", "cr-2", "20", "cr-3", tag};
   assert_int_equal(sql(b, "INSERT INTO \"Plain Sql\" (\"K\", n, tag) VALUES ($1, $2::int, $6), ($3, $4::int, $6),"
@@ -99,7 +91,7 @@ void test_sql_commit_rollback(void **state) {
 
   /* 2: multi-row update, a delete, an insert; then rolled back. */
   assert_int_equal(rm_tm_begin(client, 30000, "sql_rollback", xid), 0);
-  b = open_branch(o, xid);
+  b = open_branch(o, xid, "orders");
   const char *v3[] = {"5", tag, "cr-1"};
   assert_int_equal(sql(b, "UPDATE \"Plain Sql\" SET n = n + $1::int, note = 'changed' WHERE tag = $2 AND \"K\" <> $3",
                        3, v3, &rows), 0);
@@ -133,8 +125,7 @@ void test_sql_returning_and_nothing(void **state) {
   sql_tables(o);
   const char *tag = "sql-ret";
   char xid[RM_XID_MAX];
-  assert_int_equal(rm_tm_begin(client, 30000, "sql_returning", xid), 0);
-  rm_branch_t *b = open_branch(o, xid);
+  rm_branch_t *b = begin_and_open(o, "sql_returning", "orders", xid);
   PGresult *res = NULL;
   int64_t rows = 0;
   const char *v1[] = {"ret-1", tag};
@@ -183,8 +174,7 @@ void test_sql_refused(void **state) {
   PGconn *o = itest_pg(orders_url);
   sql_tables(o);
   char xid[RM_XID_MAX];
-  assert_int_equal(rm_tm_begin(client, 30000, "sql_refused", xid), 0);
-  rm_branch_t *b = open_branch(o, xid);
+  rm_branch_t *b = begin_and_open(o, "sql_refused", "orders", xid);
   struct {
     const char *sql;
     int rc;
@@ -229,8 +219,7 @@ void test_sql_dirty_write(void **state) {
   assert_true(exec_ok(o, "INSERT INTO \"Plain Sql\" (\"K\", n, tag) VALUES ('dirty-1', 1, 'sql-dirty')"
                          " ON CONFLICT (\"K\") DO UPDATE SET n = 1"));
   char xid[RM_XID_MAX];
-  assert_int_equal(rm_tm_begin(client, 30000, "sql_dirty", xid), 0);
-  rm_branch_t *b = open_branch(o, xid);
+  rm_branch_t *b = begin_and_open(o, "sql_dirty", "orders", xid);
   assert_int_equal(sql(b, "UPDATE \"Plain Sql\" SET n = 2 WHERE \"K\" = 'dirty-1'", 0, NULL, NULL), 0);
   commit_branch(o, b);
   assert_true(exec_ok(o, "UPDATE \"Plain Sql\" SET n = 3 WHERE \"K\" = 'dirty-1'"));
@@ -259,8 +248,7 @@ void test_sql_newcomer_row(void **state) {
   assert_true(exec_ok(o, "DELETE FROM \"Plain Sql\" WHERE tag = 'sql-race'"));
   assert_true(exec_ok(o, "INSERT INTO \"Plain Sql\" (\"K\", n, tag) VALUES ('race-1', 1, 'sql-race')"));
   char xid[RM_XID_MAX];
-  assert_int_equal(rm_tm_begin(client, 30000, "sql_race", xid), 0);
-  rm_branch_t *b = open_branch(o, xid);
+  rm_branch_t *b = begin_and_open(o, "sql_race", "orders", xid);
   rm__at_failpoint_arg = other;
   rm__at_sql_after_image = insert_newcomer;
   int64_t rows = -1;
@@ -303,12 +291,11 @@ void test_sql_global_lock(void **state) {
   assert_true(exec_ok(o, "INSERT INTO \"Plain Sql\" (\"K\", n, tag) VALUES ('lock-1', 1, 'sql-lock')"
                          " ON CONFLICT (\"K\") DO UPDATE SET n = 1"));
   char x1[RM_XID_MAX], x2[RM_XID_MAX];
-  assert_int_equal(rm_tm_begin(client, 30000, "sql_lock_1", x1), 0);
-  rm_branch_t *b = open_branch(o, x1);
+  rm_branch_t *b = begin_and_open(o, "sql_lock_1", "orders", x1);
   assert_int_equal(sql(b, "UPDATE \"Plain Sql\" SET n = n + 1 WHERE \"K\" = 'lock-1'", 0, NULL, NULL), 0);
   commit_branch(o, b);
   assert_int_equal(rm_tm_begin(client, 30000, "sql_lock_2", x2), 0);
-  prepare_arg_t pa = {.b = open_branch(o2, x2), .rc = 1};
+  prepare_arg_t pa = {.b = open_branch(o2, x2, "orders"), .rc = 1};
   assert_int_equal(sql(pa.b, "UPDATE \"Plain Sql\" SET n = n + 10 WHERE \"K\" = 'lock-1'", 0, NULL, NULL), 0);
   pthread_t th;
   assert_int_equal(pthread_create(&th, NULL, prepare_thread, &pa), 0);
@@ -362,8 +349,7 @@ static void *select_thread(void *arg) {
 static void hold_row(PGconn *o, char *x1, int value) {
   assert_true(exec_ok(o, "INSERT INTO \"Plain Sql\" (\"K\", n, tag) VALUES ('lock-sfu', 1, 'sql-sfu')"
                          " ON CONFLICT (\"K\") DO UPDATE SET n = 1"));
-  assert_int_equal(rm_tm_begin(client, 30000, "sql_sfu_holder", x1), 0);
-  rm_branch_t *b = open_branch(o, x1);
+  rm_branch_t *b = begin_and_open(o, "sql_sfu_holder", "orders", x1);
   char v[16];
   snprintf(v, sizeof(v), "%d", value);
   assert_int_equal(sql(b, "UPDATE \"Plain Sql\" SET n = $1::int WHERE \"K\" = 'lock-sfu'", 1, (const char *[]){v}, NULL), 0);
@@ -452,9 +438,7 @@ static long long frozen14(PGconn *s) {
 /* A branch on the stock database running one statement with 'qty';
  * prepared and committed locally when 'commit'. */
 static int hot_branch(PGconn *s, const char *xid, const char *stmt, const char *qty, bool commit, rm_branch_t **out) {
-  assert_true(exec_ok(s, "BEGIN"));
-  rm_branch_t *b = NULL;
-  assert_int_equal(rm_at_open(client, xid, "stock", s, &b), 0);
+  rm_branch_t *b = open_branch(s, xid, "stock");
   int64_t rows = 0;
   const char *v[4] = {"1", "1", "14", qty};
   int rc = rm_at_sql(b, stmt, 4, NULL, v, &rows, NULL);

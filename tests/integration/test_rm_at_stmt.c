@@ -179,10 +179,7 @@ void test_schema_change(void **state) {
   (void)state;
   PGconn *o = itest_pg(orders_url);
   char xid[RM_XID_MAX];
-  assert_int_equal(rm_tm_begin(client, 30000, "schema_change", xid), 0);
-  assert_true(exec_ok(o, "BEGIN"));
-  rm_branch_t *b = NULL;
-  assert_int_equal(rm_at_open(client, xid, "orders", o, &b), 0);
+  rm_branch_t *b = begin_and_open(o, "schema_change", "orders", xid);
   const char *c1[2] = {"k", "v"}, *v1[2] = {"sc", "first"};
   assert_int_equal(rm_at_insert(b, "other.kv", 2, c1, v1), 0); /* metadata cached */
   assert_int_equal(rm_at_prepare(b, NULL), 0);
@@ -370,10 +367,7 @@ void test_insert_fails_late(void **state) {
   assert_true(exec_ok(o, "CREATE TABLE IF NOT EXISTS bigdefault (k text PRIMARY KEY DEFAULT repeat('k', 2500),"
                          " v text)"));
   char xid[RM_XID_MAX];
-  assert_int_equal(rm_tm_begin(client, 30000, "fails_late", xid), 0);
-  assert_true(exec_ok(o, "BEGIN"));
-  rm_branch_t *b = NULL;
-  assert_int_equal(rm_at_open(client, xid, "orders", o, &b), 0);
+  rm_branch_t *b = begin_and_open(o, "fails_late", "orders", xid);
   const char *c[1] = {"v"}, *v[1] = {"late"}, *kc[1] = {"k"};
   assert_int_equal(rm_at_insert(b, "bigdefault", 1, c, v), RM_E_INVALID);
   assert_non_null(strstr(rm_at_errmsg(b), "roll it back"));

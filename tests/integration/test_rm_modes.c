@@ -269,10 +269,28 @@ static int group_teardown(void **state) {
 
 /* -------------------------------------------------- shared by the tests */
 
-void *rollback_thread(void *arg) {
+struct rollback_run {
+  rb_arg_t arg;
+  pthread_t thread;
+};
+
+static void *rollback_thread(void *arg) {
   rb_arg_t *a = arg;
   a->rc = rm_tm_rollback(client, a->xid, &a->status);
   return NULL;
+}
+
+struct rollback_run *rollback_start(const char *xid) {
+  struct rollback_run *run = calloc(1, sizeof(*run));
+  assert_non_null(run);
+  run->arg = (rb_arg_t){xid, -1, -1};
+  assert_int_equal(pthread_create(&run->thread, NULL, rollback_thread, &run->arg), 0);
+  return run;
+}
+
+void rollback_join(struct rollback_run *run) {
+  pthread_join(run->thread, NULL);
+  free(run);
 }
 
 static void rollback_at_failpoint(const char *xid, int64_t bid, void *arg) {
@@ -298,6 +316,20 @@ void *phase2_thread(void *arg) {
   char msg[512];
   a->status = rm__at_phase2(client, &a->req, &a->code, msg, sizeof(msg));
   return NULL;
+}
+
+rm_phase2_req_t phase2_req(bool commit, const char *xid, int64_t bid, const char *res, int branch_type) {
+  return (rm_phase2_req_t){
+    .commit = commit, .xid = xid, .branch_id = bid, .resource_id = res, .branch_type = branch_type};
+}
+
+void phase2_twice_at_once(rm_phase2_req_t req, p2_arg_t out[2]) {
+  pthread_t th[2];
+  for (int i = 0; i < 2; i++) {
+    out[i] = (p2_arg_t){req, -1, -1};
+    assert_int_equal(pthread_create(&th[i], NULL, phase2_thread, &out[i]), 0);
+  }
+  for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
 }
 
 int at_set(const char *xid, const char *k, const char *v) {

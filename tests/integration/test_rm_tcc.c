@@ -15,7 +15,6 @@
 #include <cmocka.h>
 
 #include <limits.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,12 +96,10 @@ void test_cancel_meets_uncommitted_try(void **state) {
   begin_global("tcc_cancel_waits", xid);
   int64_t bid = 0;
   assert_int_equal(try_freeze(client, RES, s, xid, acct, 4, false, &bid), 0);
-  rb_arg_t a = {xid, -1, -1};
-  pthread_t th;
-  assert_int_equal(pthread_create(&th, NULL, rollback_thread, &a), 0);
+  struct rollback_run *rollback = rollback_start(xid);
   sleep_ms(300); /* the cancel is waiting on the try's uncommitted key */
   assert_true(exec_ok(s, "COMMIT"));
-  pthread_join(th, NULL);
+  rollback_join(rollback);
   /* Within the phase-two lock timeout it cancels at once; past it, the
    * coordinator's retry does: either way, the end is the same. */
   assert_int_equal(WAIT_EQ(RM_GS_ROLLBACKED, 20, global_status(xid)), RM_GS_ROLLBACKED);
@@ -121,13 +118,7 @@ void test_duplicate_phase2(void **state) {
    * the RM confirm once. */
   int64_t bid = begin_and_freeze(s, "tcc_dup", acct, 10, xid);
   p2_arg_t a[2];
-  pthread_t th[2];
-  for (int i = 0; i < 2; i++) {
-    a[i] = (p2_arg_t){{.commit = true, .xid = xid, .branch_id = bid, .resource_id = RES, .branch_type = TXP_BT_TCC},
-                      -1, -1};
-    assert_int_equal(pthread_create(&th[i], NULL, phase2_thread, &a[i]), 0);
-  }
-  for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+  phase2_twice_at_once(phase2_req(true, xid, bid, RES, TXP_BT_TCC), a);
   for (int i = 0; i < 2; i++) assert_int_equal(a[i].status, TXP_BS_PHASE2_COMMITTED);
   assert_int_equal(atomic_load(&confirms), c0 + 1);
   assert_int_equal(acct_col(s, acct, "balance"), 90);
@@ -144,14 +135,13 @@ void test_duplicate_phase2(void **state) {
   assert_int_equal(code, RM_E_FENCE);
   assert_non_null(strstr(msg, "confirmed"));
   assert_int_equal(atomic_load(&cancels), k0);
-  assert_int_equal(acct_col(s, acct, "balance"), 90);
+  expect_account(s, acct, 90, 0);
 
   /* Cancels twice; a confirm after them refused. */
   char xid2[RM_XID_MAX];
   bid = begin_and_freeze(s, "tcc_dup_cancel", acct, 20, xid2);
   rollback_ok(xid2);
-  rm_phase2_req_t c2 = {.commit = false, .xid = xid2, .branch_id = bid, .resource_id = RES,
-                        .branch_type = TXP_BT_TCC};
+  rm_phase2_req_t c2 = phase2_req(false, xid2, bid, RES, TXP_BT_TCC);
   assert_int_equal(rm__at_phase2(client, &c2, &code, msg, sizeof(msg)), TXP_BS_PHASE2_ROLLBACKED);
   assert_int_equal(rm__at_phase2(client, &c2, &code, msg, sizeof(msg)), TXP_BS_PHASE2_ROLLBACKED);
   assert_int_equal(atomic_load(&cancels), k0 + 1);
@@ -161,8 +151,7 @@ void test_duplicate_phase2(void **state) {
   assert_int_equal(code, RM_E_FENCE);
 
   /* A confirm of a branch whose try never committed: retryable. */
-  rm_phase2_req_t ghost = {.commit = true, .xid = "127.0.0.1:1:434343", .branch_id = 987650001, .resource_id = RES,
-                           .branch_type = TXP_BT_TCC};
+  rm_phase2_req_t ghost = phase2_req(true, "127.0.0.1:1:434343", 987650001, RES, TXP_BT_TCC);
   assert_int_equal(rm__at_phase2(client, &ghost, &code, msg, sizeof(msg)), TXP_BS_PHASE2_COMMIT_FAILED_RETRYABLE);
   assert_int_equal(code, RM_E_STATE);
   assert_int_equal(fence(s, ghost.xid, ghost.branch_id), LLONG_MIN);

@@ -16,7 +16,6 @@
 #include <cmocka.h>
 
 #include <limits.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -134,12 +133,10 @@ void test_xa_rollback_meets_open_branch(void **state) {
   begin_global("xa_rollback_waits", xid);
   int64_t bid = 0;
   assert_int_equal(xa_spend(client, XA_RES, s, xid, acct, 10, false, &bid), 0);
-  rb_arg_t a = {xid, -1, -1};
-  pthread_t th;
-  assert_int_equal(pthread_create(&th, NULL, rollback_thread, &a), 0);
+  struct rollback_run *rollback = rollback_start(xid);
   sleep_ms(300);
   assert_int_equal(rm_xa_prepare(client, xid, s, bid), 0); /* late, but the rollback still wins */
-  pthread_join(th, NULL);
+  rollback_join(rollback);
   assert_int_equal(WAIT_EQ(RM_GS_ROLLBACKED, 20, global_status(xid)), RM_GS_ROLLBACKED);
   assert_int_equal(WAIT_EQ(0, 10, prepared(w, xid, bid)), 0);
   assert_int_equal(acct_col(w, acct, "balance"), 100);
@@ -154,13 +151,7 @@ void test_xa_duplicates(void **state) {
    * RM commit it once (the second finds it busy or done). */
   int64_t bid = begin_and_spend(s, "xa_dup", acct, 10, xid);
   p2_arg_t a[2];
-  pthread_t th[2];
-  for (int i = 0; i < 2; i++) {
-    a[i] = (p2_arg_t){{.commit = true, .xid = xid, .branch_id = bid, .resource_id = XA_RES, .branch_type = TXP_BT_XA},
-                      -1, -1};
-    assert_int_equal(pthread_create(&th[i], NULL, phase2_thread, &a[i]), 0);
-  }
-  for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+  phase2_twice_at_once(phase2_req(true, xid, bid, XA_RES, TXP_BT_XA), a);
   assert_true(a[0].status == TXP_BS_PHASE2_COMMITTED || a[1].status == TXP_BS_PHASE2_COMMITTED);
   for (int i = 0; i < 2; i++)
     assert_true(a[i].status == TXP_BS_PHASE2_COMMITTED || a[i].status == TXP_BS_PHASE2_COMMIT_FAILED_RETRYABLE);
@@ -180,8 +171,7 @@ void test_xa_duplicates(void **state) {
   char xid2[RM_XID_MAX];
   bid = begin_and_spend(s, "xa_dup_rollback", acct, 10, xid2);
   rollback_ok(xid2);
-  rm_phase2_req_t r2 = {.commit = false, .xid = xid2, .branch_id = bid, .resource_id = XA_RES,
-                        .branch_type = TXP_BT_XA};
+  rm_phase2_req_t r2 = phase2_req(false, xid2, bid, XA_RES, TXP_BT_XA);
   /* No prepared transaction, no row: an empty rollback recorded now. */
   assert_int_equal(rm__at_phase2(client, &r2, &code, msg, sizeof(msg)), TXP_BS_PHASE2_ROLLBACKED);
   assert_int_equal(fence(w, xid2, bid), 4);
@@ -192,8 +182,7 @@ void test_xa_duplicates(void **state) {
   assert_int_equal(acct_col(w, acct, "balance"), 90);
 
   /* A commit of a branch that never prepared: retryable. */
-  rm_phase2_req_t ghost = {.commit = true, .xid = "127.0.0.1:1:454545", .branch_id = 987660001,
-                           .resource_id = XA_RES, .branch_type = TXP_BT_XA};
+  rm_phase2_req_t ghost = phase2_req(true, "127.0.0.1:1:454545", 987660001, XA_RES, TXP_BT_XA);
   assert_int_equal(rm__at_phase2(client, &ghost, &code, msg, sizeof(msg)), TXP_BS_PHASE2_COMMIT_FAILED_RETRYABLE);
   assert_int_equal(code, RM_E_STATE);
 }
