@@ -150,18 +150,7 @@ int run_branch(PGconn *pg, const char *xid, const char *resource, body_fn body, 
   rm_branch_t *b = NULL;
   int rc = rm_at_open(client, xid, resource, pg, &b);
   if (rc == 0) rc = body(b, arg);
-  if (rc == 0) rc = rm_at_prepare(b, bid);
-  if (rc != 0) {
-    if (b && getenv("RM_TEST_VERBOSE")) fprintf(stderr, "  branch failed: %s\n", rm_at_errmsg(b));
-    exec_ok(pg, "ROLLBACK");
-    if (b) rm_at_close(b, false);
-    return rc;
-  }
-  PGresult *r = PQexec(pg, "COMMIT");
-  bool ok = PQresultStatus(r) == PGRES_COMMAND_OK && strcmp(PQcmdStatus(r), "COMMIT") == 0;
-  PQclear(r);
-  rm_at_close(b, ok);
-  return ok ? 0 : RM_E_DB;
+  return itest_branch_end(pg, b, rc, bid);
 }
 
 typedef struct order_arg {
