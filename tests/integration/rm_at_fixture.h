@@ -11,9 +11,9 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 
+#include "itest_pg.h"
 #include "rm_at_int.h"
 #include "rm_client.h"
-#include "itest_pg.h"
 #include "rm_itest.h"
 #include "tcd_proc.h"
 

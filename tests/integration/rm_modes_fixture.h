@@ -10,10 +10,10 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "itest_pg.h"
 #include "rm_at_int.h"
 #include "rm_client.h"
 #include "rm_internal.h"
-#include "itest_pg.h"
 #include "rm_itest.h"
 #include "tcd_proc.h"
 
