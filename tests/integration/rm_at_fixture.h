@@ -11,6 +11,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 
+#include "itest_pg.h"
 #include "rm_at_int.h"
 #include "rm_client.h"
 #include "rm_itest.h"
@@ -35,12 +36,36 @@ bool tx_usable(PGconn *pg);
 /* Insert an order of the demo schema through 'b'. */
 int insert_order(rm_branch_t *b, long long id, int user, int qty, int bucket, const char *xid);
 
+/* A branch of global 'xid' on 'resource' opened in a new local
+ * transaction of 'pg' (BEGIN), which must succeed. */
+rm_branch_t *open_branch(PGconn *pg, const char *xid, const char *resource);
+/* The same in a global begun for it ('name', 30 s; its xid in 'xid',
+ * RM_XID_MAX). */
+rm_branch_t *begin_and_open(PGconn *pg, const char *name, const char *resource, char *xid);
+
+/* Phase two ('commit' or not) of AT branch 'bid' of 'xid' on 'resource'
+ * delivered straight to the client's RM, as the TC would: the branch
+ * status it answers; its error code and message in 'reply'. */
+typedef struct phase2_reply {
+  int code;
+  char msg[1024];
+} phase2_reply_t;
+int deliver_phase2(bool commit, const char *xid, int64_t bid, const char *resource, phase2_reply_t *reply);
+
 /* One complete local branch: BEGIN, 'body', prepare, COMMIT, close.
  * Returns 0 or the first failing code; *bid gets the branch id. */
 typedef int (*body_fn)(rm_branch_t *b, void *arg);
 int run_branch(PGconn *pg, const char *xid, const char *resource, body_fn body, void *arg, int64_t *bid);
 /* The global status of 'xid' from the TC, or the rm_tm_status code. */
 int global_status(const char *xid);
+
+/* activity_ticket_bucket's primary key of 'bucket' (ACTIVITY, TICKET,
+ * bucket) as the rm_at calls take it; 'pk' points into 'text'. */
+typedef struct bucket_key {
+  char text[16];
+  const char *pk[3];
+} bucket_key_t;
+void bucket_key(bucket_key_t *k, int bucket);
 
 /* A delta update of a bucket's frozen_count through 'b' (body_delta). */
 typedef struct delta_arg {

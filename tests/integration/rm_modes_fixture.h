@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "itest_pg.h"
 #include "rm_at_int.h"
 #include "rm_client.h"
 #include "rm_internal.h"
@@ -46,12 +47,30 @@ long long fence(PGconn *pg, const char *xid, int64_t bid);
 long long acct_col(PGconn *pg, const char *acct, const char *col);
 /* A new account with 'balance'; its id in 'out'. */
 void new_account(PGconn *pg, int balance, char *out, size_t cap);
+/* The stock database for the running case (itest_pg) with a new account
+ * of 'balance' there: its id in 'acct' (ACCT_MAX). */
+#define ACCT_MAX 32
+PGconn *open_with_account(int balance, char *acct);
+/* The account's balance and frozen amount are these (a failure names the
+ * caller's line). */
+#define expect_account(pg, acct, balance, frozen) expect_account_at(pg, acct, balance, frozen, __FILE__, __LINE__)
+void expect_account_at(PGconn *pg, const char *acct, long long balance, long long frozen, const char *file, int line);
+/* rm_tm_begin on the group's client, which must succeed: its xid in 'xid'
+ * (RM_XID_MAX). */
+void begin_global(const char *name, char *xid);
+/* rm_tm_commit and rm_tm_rollback on the group's client, which must
+ * succeed: the global status they answer. */
+int commit_ok(const char *xid);
+int rollback_ok(const char *xid);
 /* The global status of 'xid' from the TC, or the rm_tm_status code. */
 int global_status(const char *xid);
 /* The TCC try: BEGIN, rm_tcc_try, the freeze; COMMIT if 'commit'.  0 or
  * the first failing code (the transaction then rolled back). */
 int try_freeze(rm_client_t *c, const char *res, PGconn *pg, const char *xid, const char *acct, int amount,
                bool commit, int64_t *bid);
+/* A global begun ('name') with a committed try of the main client
+ * freezing 'amount' of 'acct', both of which must succeed: the branch. */
+int64_t begin_and_freeze(PGconn *pg, const char *name, const char *acct, int amount, char *xid);
 /* A client serving the TCC resource 'tcc_res' and the XA resource
  * 'xa_res' (either may be NULL) on the stock database, connected. */
 rm_client_t *new_client(const char *app, const char *tcc_res, const char *xa_res);
@@ -59,15 +78,34 @@ rm_client_t *new_client(const char *app, const char *tcc_res, const char *xa_res
 rm_client_t *new_client_saga(const char *app, const char *tcc_res, const char *xa_res, const char *saga_res);
 /* An AT branch on orders: tcc_order row 'k' set to 'v' (created 'NEW'). */
 int at_set(const char *xid, const char *k, const char *v);
-/* tcc_order's value of 'k' (malloc'd; NULL if none). */
-char *order_v(const char *k);
+/* tcc_order's value of 'k' is 'want' (the row exists). */
+void expect_order(const char *k, const char *want);
 
-/* rm_tm_rollback on a thread. */
+/* An rm_tm_rollback of 'xid' and its outcome. */
 typedef struct rb_arg {
   const char *xid;
   int rc, status;
 } rb_arg_t;
-void *rollback_thread(void *arg);
+/* The rollback of 'xid' begun on a thread of its own, for a test that acts
+ * while it waits; rollback_join waits for its end (and frees it). */
+struct rollback_run *rollback_start(const char *xid);
+void rollback_join(struct rollback_run *run);
+
+/* A branch of a mode run by the test (try_freeze, the XA tests' xa_spend):
+ * 'finish' commits or prepares it. */
+typedef int (*branch_fn)(rm_client_t *c, const char *res, PGconn *pg, const char *xid, const char *acct, int amount,
+                         bool finish, int64_t *bid);
+/* The library's hook after a branch's registration (rm__tcc_..., rm__xa_...). */
+typedef void (*after_register_fn)(const char *xid, int64_t bid, void *arg);
+/* 'branch' of the main client with the global rolled back between its
+ * registration and its fence row, through the mode's hook ('hook', its
+ * argument 'hook_arg'); the rollback must go through.  The branch's code. */
+int branch_with_rollback_at_registration(after_register_fn *hook, void **hook_arg, branch_fn branch, const char *res,
+                                         PGconn *pg, const char *xid, const char *acct, int amount, int64_t *bid);
+
+/* A phase-two request ('commit' or not) for branch 'bid' of 'xid' on
+ * resource 'res', of type 'branch_type' (TXP_BT_*). */
+rm_phase2_req_t phase2_req(bool commit, const char *xid, int64_t bid, const char *res, int branch_type);
 
 /* rm__at_phase2 on a thread. */
 typedef struct p2_arg {
@@ -75,6 +113,9 @@ typedef struct p2_arg {
   int status, code;
 } p2_arg_t;
 void *phase2_thread(void *arg);
+/* 'req' delivered to the main client's RM twice at once (a duplicate phase
+ * two from two threads): each delivery's answer in 'out'. */
+void phase2_twice_at_once(rm_phase2_req_t req, p2_arg_t out[2]);
 
 /* test_rm_tcc.c */
 void test_commit_and_rollback(void **state);

@@ -474,11 +474,7 @@ static result_t global_order(worker_t *w, int64_t oid, int64_t user, int qty, in
     const char *vals[] = {sid, sa, st, su, sq, sb, xid};
     rc = rm_at_open(s->c, xid, "orders", w->opg, &b);
     if (rc == 0) rc = rm_at_insert(b, "trade_order", 7, cols, vals);
-    if (rc == 0) rc = rm_at_prepare(b, NULL);
-    bool committed = rc == 0 && txn(w->opg, "COMMIT");
-    if (!committed) txn(w->opg, "ROLLBACK");
-    if (b) rm_at_close(b, committed);
-    ok = committed;
+    ok = itest_branch_end(w->opg, b, rc, NULL) == 0;
   }
   /* branch 2: the stock */
   if (ok) {
@@ -492,11 +488,7 @@ static result_t global_order(worker_t *w, int64_t oid, int64_t user, int qty, in
       if (rc == 0) rc = rm_at_update_delta(b, "activity_ticket_bucket", pk, "frozen_count", qty, GUARD);
       if (rc == RM_E_GUARD) guard = true;
       if (rc == 0) rc = rm_at_insert(b, "stock_freeze", 7, cols, vals);
-      if (rc == 0) rc = rm_at_prepare(b, NULL);
-      bool committed = rc == 0 && txn(w->spg, "COMMIT");
-      if (!committed) txn(w->spg, "ROLLBACK");
-      if (b) rm_at_close(b, committed);
-      ok = committed;
+      ok = itest_branch_end(w->spg, b, rc, NULL) == 0;
     }
   }
   int status = 0;

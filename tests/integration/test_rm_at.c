@@ -126,23 +126,31 @@ int insert_order(rm_branch_t *b, long long id, int user, int qty, int bucket, co
   return rm_at_insert(b, "trade_order", 7, order_cols, vals);
 }
 
+rm_branch_t *open_branch(PGconn *pg, const char *xid, const char *resource) {
+  assert_true(exec_ok(pg, "BEGIN"));
+  rm_branch_t *b = NULL;
+  assert_int_equal(rm_at_open(client, xid, resource, pg, &b), 0);
+  return b;
+}
+
+rm_branch_t *begin_and_open(PGconn *pg, const char *name, const char *resource, char *xid) {
+  assert_int_equal(rm_tm_begin(client, 30000, name, xid), 0);
+  return open_branch(pg, xid, resource);
+}
+
+int deliver_phase2(bool commit, const char *xid, int64_t bid, const char *resource, phase2_reply_t *reply) {
+  rm_phase2_req_t req = {.commit = commit, .xid = xid, .branch_id = bid, .resource_id = resource,
+                         .branch_type = TXP_BT_AT};
+  reply->code = 0;
+  return rm__at_phase2(client, &req, &reply->code, reply->msg, sizeof(reply->msg));
+}
+
 int run_branch(PGconn *pg, const char *xid, const char *resource, body_fn body, void *arg, int64_t *bid) {
   if (!exec_ok(pg, "BEGIN")) return RM_E_DB;
   rm_branch_t *b = NULL;
   int rc = rm_at_open(client, xid, resource, pg, &b);
   if (rc == 0) rc = body(b, arg);
-  if (rc == 0) rc = rm_at_prepare(b, bid);
-  if (rc != 0) {
-    if (b && getenv("RM_TEST_VERBOSE")) fprintf(stderr, "  branch failed: %s\n", rm_at_errmsg(b));
-    exec_ok(pg, "ROLLBACK");
-    if (b) rm_at_close(b, false);
-    return rc;
-  }
-  PGresult *r = PQexec(pg, "COMMIT");
-  bool ok = PQresultStatus(r) == PGRES_COMMAND_OK && strcmp(PQcmdStatus(r), "COMMIT") == 0;
-  PQclear(r);
-  rm_at_close(b, ok);
-  return ok ? 0 : RM_E_DB;
+  return itest_branch_end(pg, b, rc, bid);
 }
 
 typedef struct order_arg {
@@ -156,12 +164,18 @@ static int body_order(rm_branch_t *b, void *arg) {
   return insert_order(b, o->id, o->user, o->qty, o->bucket, o->xid);
 }
 
+void bucket_key(bucket_key_t *k, int bucket) {
+  snprintf(k->text, sizeof(k->text), "%d", bucket);
+  k->pk[0] = ACTIVITY;
+  k->pk[1] = TICKET;
+  k->pk[2] = k->text;
+}
+
 int body_delta(rm_branch_t *b, void *arg) {
   delta_arg_t *d = arg;
-  char sb[16];
-  snprintf(sb, sizeof(sb), "%d", d->bucket);
-  const char *pk[3] = {ACTIVITY, TICKET, sb};
-  return rm_at_update_delta(b, "activity_ticket_bucket", pk, "frozen_count", d->delta, GUARD);
+  bucket_key_t k;
+  bucket_key(&k, d->bucket);
+  return rm_at_update_delta(b, "activity_ticket_bucket", k.pk, "frozen_count", d->delta, GUARD);
 }
 
 /* Plain update of a bucket's frozen_count through the image path. */
@@ -172,13 +186,13 @@ typedef struct set_arg {
 
 static int body_set_frozen(rm_branch_t *b, void *arg) {
   set_arg_t *s = arg;
-  char sb[16], sv[32];
-  snprintf(sb, sizeof(sb), "%d", s->bucket);
+  bucket_key_t k;
+  bucket_key(&k, s->bucket);
+  char sv[32];
   snprintf(sv, sizeof(sv), "%lld", s->value);
-  const char *pk[3] = {ACTIVITY, TICKET, sb};
   const char *cols[1] = {"frozen_count"};
   const char *vals[1] = {sv};
-  return rm_at_update(b, "activity_ticket_bucket", pk, 1, cols, vals);
+  return rm_at_update(b, "activity_ticket_bucket", k.pk, 1, cols, vals);
 }
 
 /* ------------------------------------------------------------- fixture */
@@ -238,9 +252,7 @@ static order_arg_t order_two_dbs(PGconn *o, PGconn *s, const char *name, int buc
 /* Order insert + bucket update in two databases, committed. */
 static void test_commit_two_dbs(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url), *s = pg_open(stock_url);
-  assert_non_null(o);
-  assert_non_null(s);
+  PGconn *o = itest_pg(orders_url), *s = itest_pg(stock_url);
   long long f0 = frozen(s, 0);
   char xid[RM_XID_MAX];
   int64_t b1 = 0, b2 = 0;
@@ -263,16 +275,12 @@ static void test_commit_two_dbs(void **state) {
   assert_int_equal(run_branch(s, xid2, "stock", body_set_frozen, &sb, &b2), 0);
   assert_int_equal(rm_tm_commit(client, xid2, &st), 0);
   assert_int_equal(frozen(s, 0), f0);
-  PQfinish(o);
-  PQfinish(s);
 }
 
 /* The same, rolled back: both databases restored, undo rows gone. */
 static void test_rollback_two_dbs(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url), *s = pg_open(stock_url);
-  assert_non_null(o);
-  assert_non_null(s);
+  PGconn *o = itest_pg(orders_url), *s = itest_pg(stock_url);
   long long f1 = frozen(s, 1);
   char xid[RM_XID_MAX];
   int64_t b1 = 0, b2 = 0;
@@ -287,8 +295,6 @@ static void test_rollback_two_dbs(void **state) {
   assert_int_equal(frozen(s, 1), f1);
   assert_int_equal(undo_rows(o, xid, 0) + undo_rows(o, xid, 1), 0);
   assert_int_equal(undo_rows(s, xid, 0) + undo_rows(s, xid, 1), 0);
-  PQfinish(o);
-  PQfinish(s);
 }
 
 static char *dump(PGconn *pg, const char *sql) {
@@ -312,9 +318,7 @@ static char *dump(PGconn *pg, const char *sql) {
 
 static void test_rollback_all_ops(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url), *s = pg_open(stock_url);
-  assert_non_null(o);
-  assert_non_null(s);
+  PGconn *o = itest_pg(orders_url), *s = itest_pg(stock_url);
   assert_true(exec_ok(o, "INSERT INTO kv (k, v, n) VALUES ('all-ops-1', 'one', 1), ('all-ops-2', 'two', 2)"
                          " ON CONFLICT DO NOTHING"));
   assert_true(exec_ok(o, "INSERT INTO other.kv VALUES ('x', 'orig') ON CONFLICT DO NOTHING"));
@@ -330,9 +334,7 @@ static void test_rollback_all_ops(void **state) {
   int64_t bid = 0;
   /* Stock: a delta up now and one down at the commit, on the same row. */
   assert_true(exec_ok(s, "SET TimeZone = 'America/Sao_Paulo'"));
-  assert_true(exec_ok(s, "BEGIN"));
-  rm_branch_t *b = NULL;
-  assert_int_equal(rm_at_open(client, xid, "stock", s, &b), 0);
+  rm_branch_t *b = open_branch(s, xid, "stock");
   const char *pkb[3] = {ACTIVITY, TICKET, "2"};
   assert_int_equal(rm_at_update_delta(b, "activity_ticket_bucket", pkb, "frozen_count", 5, GUARD), 0);
   assert_int_equal(rm_at_update_delta_on_commit(b, "activity_ticket_bucket", pkb, "frozen_count", -1), 0);
@@ -382,16 +384,13 @@ static void test_rollback_all_ops(void **state) {
   free(kv1);
   free(okv0);
   free(okv1);
-  PQfinish(o);
-  PQfinish(s);
 }
 
 /* A concurrent non-AT write changes the row after the branch: the rollback
  * detects it, overwrites nothing, and the global ends RollbackFailed. */
 static void test_dirty_write(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url);
-  assert_non_null(o);
+  PGconn *o = itest_pg(orders_url);
   long long id = atomic_fetch_add(&next_order, 1);
   char sid[32];
   snprintf(sid, sizeof(sid), "%lld", id);
@@ -408,10 +407,7 @@ static void test_dirty_write(void **state) {
   assert_true(exec_ok(o, "COMMIT"));
 
   char xid[RM_XID_MAX];
-  assert_int_equal(rm_tm_begin(client, 30000, "dirty", xid), 0);
-  assert_true(exec_ok(o, "BEGIN"));
-  rm_branch_t *b = NULL;
-  assert_int_equal(rm_at_open(client, xid, "orders", o, &b), 0);
+  rm_branch_t *b = begin_and_open(o, "dirty", "orders", xid);
   const char *pk[1] = {sid};
   const char *cols[1] = {"status"}, *vals[1] = {"PAID"};
   assert_int_equal(rm_at_update(b, "trade_order", pk, 1, cols, vals), 0);
@@ -445,25 +441,19 @@ static void test_dirty_write(void **state) {
 
   /* What the TC was told: unretryable, RM_E_DIRTY_WRITE, and a message
    * naming the table, the key and the column with both values. */
-  rm_phase2_req_t req = {.commit = false, .xid = xid, .branch_id = bid, .resource_id = "orders",
-                         .branch_type = TXP_BT_AT};
-  int code = 0;
-  char msg[1024];
-  int bs = rm__at_phase2(client, &req, &code, msg, sizeof(msg));
+  phase2_reply_t reply;
+  int bs = deliver_phase2(false, xid, bid, "orders", &reply);
   assert_int_equal(bs, TXP_BS_PHASE2_ROLLBACK_FAILED_UNRETRYABLE);
-  assert_int_equal(code, RM_E_DIRTY_WRITE);
-  assert_non_null(strstr(msg, "\"trade_order\""));
-  assert_non_null(strstr(msg, sid));
-  assert_non_null(strstr(msg, "status after \"PAID\", now \"CANCELLED\""));
+  assert_int_equal(reply.code, RM_E_DIRTY_WRITE);
+  assert_non_null(strstr(reply.msg, "\"trade_order\""));
+  assert_non_null(strstr(reply.msg, sid));
+  assert_non_null(strstr(reply.msg, "status after \"PAID\", now \"CANCELLED\""));
   assert_int_equal(undo_rows(o, xid, 0), 1);
-  PQfinish(o);
 }
 
 /* Insert one trade_order row 'sid' in a branch of 'xid' on 'pg' and commit it. */
 static int64_t branch_insert_order_row(PGconn *pg, const char *xid, const char *sid) {
-  assert_true(exec_ok(pg, "BEGIN"));
-  rm_branch_t *b = NULL;
-  assert_int_equal(rm_at_open(client, xid, "orders", pg, &b), 0);
+  rm_branch_t *b = open_branch(pg, xid, "orders");
   const char *cols[6] = {"order_id", "activity_id", "ticket_type", "user_id", "qty", "bucket_id"};
   const char *vals[6] = {sid, "1", "1", "6", "1", "3"};
   assert_int_equal(rm_at_insert(b, "trade_order", 6, cols, vals), 0);
@@ -493,8 +483,7 @@ static void test_undo_objects(void **state) {
   assert_int_equal(itest_client_new(&tcd, cfg, &older), 0);
   assert_int_equal(rm_resource_add(older, "orders", orders_url), 0);
   assert_int_equal(itest_client_ready(older), 0);
-  PGconn *o = pg_open(orders_url);
-  assert_non_null(o);
+  PGconn *o = itest_pg(orders_url);
   long long id = atomic_fetch_add(&next_order, 1);
   char sid[32], xid[RM_XID_MAX];
   snprintf(sid, sizeof(sid), "%lld", id);
@@ -524,7 +513,6 @@ static void test_undo_objects(void **state) {
   assert_non_null(kv);
   assert_string_equal(kv, "orig");
   free(kv);
-  PQfinish(o);
   rm_client_free(older);
 }
 
@@ -535,9 +523,7 @@ static void test_undo_objects(void **state) {
  * that branch's undo first, so the digest matches again. */
 static void test_insert_digest(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url), *o2 = pg_open(orders_url);
-  assert_non_null(o);
-  assert_non_null(o2);
+  PGconn *o = itest_pg(orders_url), *o2 = itest_pg(orders_url);
   long long id = atomic_fetch_add(&next_order, 1);
   char sid[32], xid[RM_XID_MAX];
   snprintf(sid, sizeof(sid), "%lld", id);
@@ -563,14 +549,11 @@ static void test_insert_digest(void **state) {
   int st = 0;
   assert_int_equal(rm_tm_rollback(client, xid, &st), RM_E_ROLLBACK_FAILED);
   assert_int_equal(q_ll(o, "SELECT count(*) FROM trade_order WHERE order_id = $1", sid, NULL, NULL), 1);
-  rm_phase2_req_t req = {.commit = false, .xid = xid, .branch_id = bid, .resource_id = "orders",
-                         .branch_type = TXP_BT_AT};
-  int code = 0;
-  char msg[1024];
-  assert_int_equal(rm__at_phase2(client, &req, &code, msg, sizeof(msg)), TXP_BS_PHASE2_ROLLBACK_FAILED_UNRETRYABLE);
-  assert_int_equal(code, RM_E_DIRTY_WRITE);
-  assert_non_null(strstr(msg, "changed since the branch inserted it"));
-  assert_non_null(strstr(msg, "\"CANCELLED\""));
+  phase2_reply_t reply;
+  assert_int_equal(deliver_phase2(false, xid, bid, "orders", &reply), TXP_BS_PHASE2_ROLLBACK_FAILED_UNRETRYABLE);
+  assert_int_equal(reply.code, RM_E_DIRTY_WRITE);
+  assert_non_null(strstr(reply.msg, "changed since the branch inserted it"));
+  assert_non_null(strstr(reply.msg, "\"CANCELLED\""));
   /* The operator's repair: the row as the branch left it; then re-driven. */
   {
     const char *p[2] = {was, sid};
@@ -580,7 +563,7 @@ static void test_insert_digest(void **state) {
     PQclear(r);
   }
   free(was);
-  assert_int_equal(rm__at_phase2(client, &req, &code, msg, sizeof(msg)), TXP_BS_PHASE2_ROLLBACKED);
+  assert_int_equal(deliver_phase2(false, xid, bid, "orders", &reply), TXP_BS_PHASE2_ROLLBACKED);
   assert_int_equal(q_ll(o, "SELECT count(*) FROM trade_order WHERE order_id = $1", sid, NULL, NULL), 0);
 
   /* Two branches of one global on the same row: insert, then update. */
@@ -588,9 +571,7 @@ static void test_insert_digest(void **state) {
   snprintf(sid, sizeof(sid), "%lld", id);
   assert_int_equal(rm_tm_begin(client, 30000, "insert_digest", xid), 0);
   branch_insert_order_row(o, xid, sid);
-  assert_true(exec_ok(o2, "BEGIN"));
-  rm_branch_t *b = NULL;
-  assert_int_equal(rm_at_open(client, xid, "orders", o2, &b), 0);
+  rm_branch_t *b = open_branch(o2, xid, "orders");
   const char *pk[1] = {sid}, *cols[1] = {"status"}, *vals[1] = {"PAID"};
   assert_int_equal(rm_at_update(b, "trade_order", pk, 1, cols, vals), 0);
   assert_int_equal(rm_at_prepare(b, NULL), 0);
@@ -600,8 +581,6 @@ static void test_insert_digest(void **state) {
   assert_int_equal(st, RM_GS_ROLLBACKED);
   assert_int_equal(q_ll(o, "SELECT count(*) FROM trade_order WHERE order_id = $1", sid, NULL, NULL), 0);
   assert_int_equal(undo_rows(o, xid, 0), 0);
-  PQfinish(o);
-  PQfinish(o2);
 }
 
 /* The branch registers, then the process "pauses": the TM rolls back
@@ -624,16 +603,12 @@ static void pause_rollback(rm_branch_t *b, int64_t bid, void *arg) {
 
 static void test_never_committed(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url), *w = pg_open(stock_url);
-  assert_non_null(s);
-  assert_non_null(w);
+  PGconn *s = itest_pg(stock_url), *w = itest_pg(stock_url);
   long long f4 = frozen(w, 4);
   char xid[RM_XID_MAX];
   assert_int_equal(rm_tm_begin(client, 30000, "never_committed", xid), 0);
   pause_ctx_t p = {xid, w, -1, -1, -1};
-  assert_true(exec_ok(s, "BEGIN"));
-  rm_branch_t *b = NULL;
-  assert_int_equal(rm_at_open(client, xid, "stock", s, &b), 0);
+  rm_branch_t *b = open_branch(s, xid, "stock");
   const char *pk[3] = {ACTIVITY, TICKET, "4"};
   assert_int_equal(rm_at_update_delta(b, "activity_ticket_bucket", pk, "frozen_count", 7, GUARD), 0);
   rm__at_failpoint_arg = &p;
@@ -657,8 +632,6 @@ static void test_never_committed(void **state) {
   assert_int_equal(undo_rows(w, xid, 0), 0);
   assert_int_equal(undo_rows(w, xid, 1), 1);
   assert_int_equal(global_status(xid), RM_GS_ROLLBACKED);
-  PQfinish(s);
-  PQfinish(w);
 }
 
 /* Paused later: the undo row is written but not committed when the TM
@@ -680,14 +653,11 @@ static void late_commit(int pause_ms, int bucket) {
   assert_non_null(s);
   assert_non_null(w);
   long long f = frozen(w, bucket);
-  char xid[RM_XID_MAX], sb[16];
-  snprintf(sb, sizeof(sb), "%d", bucket);
-  assert_int_equal(rm_tm_begin(client, 30000, "late_commit", xid), 0);
-  assert_true(exec_ok(s, "BEGIN"));
-  rm_branch_t *b = NULL;
-  assert_int_equal(rm_at_open(client, xid, "stock", s, &b), 0);
-  const char *pk[3] = {ACTIVITY, TICKET, sb};
-  assert_int_equal(rm_at_update_delta(b, "activity_ticket_bucket", pk, "frozen_count", 6, GUARD), 0);
+  char xid[RM_XID_MAX];
+  bucket_key_t k;
+  bucket_key(&k, bucket);
+  rm_branch_t *b = begin_and_open(s, "late_commit", "stock", xid);
+  assert_int_equal(rm_at_update_delta(b, "activity_ticket_bucket", k.pk, "frozen_count", 6, GUARD), 0);
   int64_t bid = 0;
   assert_int_equal(rm_at_prepare(b, &bid), 0);
   pthread_t th;
@@ -724,8 +694,7 @@ static void *phase2_thread(void *arg) {
 
 static void test_duplicate_phase2(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url);
-  assert_non_null(s);
+  PGconn *s = itest_pg(stock_url);
   long long f6 = frozen(s, 6);
 
   /* A committed delta branch, left undecided at the TC: two concurrent
@@ -798,7 +767,6 @@ static void test_duplicate_phase2(void **state) {
   bad = ghost;
   bad.xid = "";
   assert_int_equal(rm__at_phase2(client, &bad, &code, msg, sizeof(msg)), TXP_BS_PHASE2_COMMIT_FAILED_UNRETRYABLE);
-  PQfinish(s);
 }
 
 /* Many threads share the one client: each runs whole global transactions
@@ -849,9 +817,7 @@ out:
 
 static void test_many_threads(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url), *s = pg_open(stock_url);
-  assert_non_null(o);
-  assert_non_null(s);
+  PGconn *o = itest_pg(orders_url), *s = itest_pg(stock_url);
   long long f7 = frozen(s, 7);
   pthread_t th[MT_THREADS];
   mt_arg_t a[MT_THREADS];
@@ -873,8 +839,6 @@ static void test_many_threads(void **state) {
                                           " (SELECT xid FROM trade_order WHERE bucket_id = 7)",
                                        NULL, NULL, NULL)),
                    0);
-  PQfinish(o);
-  PQfinish(s);
 }
 
 /* 64 concurrent freezes of one bucket row as delta branches (no global row
@@ -949,8 +913,7 @@ static void test_delta_64_freezes(void **state) {
  * sweep removes rows past the retention age (and only those). */
 static void test_cleanup(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url);
-  assert_non_null(s);
+  PGconn *s = itest_pg(stock_url);
   char xid[RM_XID_MAX];
   assert_int_equal(rm_tm_begin(client, 30000, "cleanup", xid), 0);
   delta_arg_t d = {10, 1};
@@ -972,22 +935,16 @@ static void test_cleanup(void **state) {
   assert_int_equal(q_ll(s, "SELECT count(*) FROM undo_log WHERE xid = 'old:1:1'", NULL, NULL, NULL), 0);
   assert_int_equal(q_ll(s, "SELECT count(*) FROM undo_log WHERE xid = 'new:1:1'", NULL, NULL, NULL), 1);
   assert_true(exec_ok(s, "DELETE FROM undo_log WHERE xid = 'new:1:1'"));
-  PQfinish(s);
 }
 
 /* ------------------------------------------- deferred delta updates */
 
-typedef struct ddelta_arg {
-  int bucket;
-  long long delta;
-} ddelta_arg_t;
-
+/* body_delta's update deferred (rm_at_update_delta_deferred). */
 static int body_delta_deferred(rm_branch_t *b, void *arg) {
-  ddelta_arg_t *d = arg;
-  char sb[16];
-  snprintf(sb, sizeof(sb), "%d", d->bucket);
-  const char *pk[3] = {ACTIVITY, TICKET, sb};
-  return rm_at_update_delta_deferred(b, "activity_ticket_bucket", pk, "frozen_count", d->delta, GUARD);
+  delta_arg_t *d = arg;
+  bucket_key_t k;
+  bucket_key(&k, d->bucket);
+  return rm_at_update_delta_deferred(b, "activity_ticket_bucket", k.pk, "frozen_count", d->delta, GUARD);
 }
 
 /* Another connection can lock bucket 'bucket' at once (NOWAIT). */
@@ -1010,16 +967,12 @@ static bool row_free(int bucket) {
  * order prepare ran them). */
 static void test_deferred_delta_commit_rollback(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url);
-  assert_non_null(s);
+  PGconn *s = itest_pg(stock_url);
   long long f0 = frozen(s, 12);
   char xid[RM_XID_MAX];
   int st = 0;
-  assert_int_equal(rm_tm_begin(client, 30000, "deferred_commit", xid), 0);
-  assert_true(exec_ok(s, "BEGIN"));
-  rm_branch_t *b = NULL;
-  assert_int_equal(rm_at_open(client, xid, "stock", s, &b), 0);
-  ddelta_arg_t d = {12, 2};
+  rm_branch_t *b = begin_and_open(s, "deferred_commit", "stock", xid);
+  delta_arg_t d = {12, 2};
   assert_int_equal(body_delta_deferred(b, &d), 0);
   assert_int_equal(frozen(s, 12), f0); /* not run yet */
   assert_true(row_free(12));           /* and the row is not locked */
@@ -1044,7 +997,7 @@ static void test_deferred_delta_commit_rollback(void **state) {
   assert_int_equal(rm_tm_begin(client, 30000, "deferred_rollback", xid), 0);
   assert_true(exec_ok(s, "BEGIN"));
   assert_int_equal(rm_at_open(client, xid, "stock", s, &b), 0);
-  ddelta_arg_t d3 = {12, 3};
+  delta_arg_t d3 = {12, 3};
   assert_int_equal(body_delta_deferred(b, &d3), 0);
   set_arg_t sa = {12, f0 + 10};
   assert_int_equal(body_set_frozen(b, &sa), 0);
@@ -1057,7 +1010,6 @@ static void test_deferred_delta_commit_rollback(void **state) {
   assert_int_equal(st, RM_GS_ROLLBACKED);
   assert_int_equal(frozen(s, 12), f0 + 2);
   assert_int_equal(undo_rows(s, xid, 0), 0);
-  PQfinish(s);
 }
 
 /* A guard that refuses at prepare: RM_E_GUARD, the branch registered, the
@@ -1067,15 +1019,11 @@ static void test_deferred_delta_commit_rollback(void **state) {
  * refuses at once, each leaving the transaction usable. */
 static void test_deferred_delta_guard(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url);
-  assert_non_null(s);
+  PGconn *s = itest_pg(stock_url);
   long long f0 = frozen(s, 13);
   char xid[RM_XID_MAX];
   int st = 0;
-  assert_int_equal(rm_tm_begin(client, 30000, "deferred_guard", xid), 0);
-  assert_true(exec_ok(s, "BEGIN"));
-  rm_branch_t *b = NULL;
-  assert_int_equal(rm_at_open(client, xid, "stock", s, &b), 0);
+  rm_branch_t *b = begin_and_open(s, "deferred_guard", "stock", xid);
   delta_arg_t now1 = {13, 1};
   assert_int_equal(body_delta(b, &now1), 0); /* an immediate one first */
   const char *pk_bad_row[3] = {ACTIVITY, TICKET, "999"};
@@ -1095,7 +1043,7 @@ static void test_deferred_delta_guard(void **state) {
   assert_int_equal(rm_at_update_delta_deferred(b, "activity_ticket_bucket", NULL, "frozen_count", 1, NULL),
                    RM_E_INVALID);
   assert_true(tx_usable(s));
-  ddelta_arg_t ok1 = {13, 1}, too_many = {13, 1000000};
+  delta_arg_t ok1 = {13, 1}, too_many = {13, 1000000};
   assert_int_equal(body_delta_deferred(b, &ok1), 0);
   assert_int_equal(body_delta_deferred(b, &too_many), 0); /* accepted now, refused at prepare */
   assert_int_equal(frozen(s, 13), f0 + 1);
@@ -1135,7 +1083,6 @@ static void test_deferred_delta_guard(void **state) {
   assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
   assert_int_equal(st, RM_GS_ROLLBACKED);
   assert_int_equal(frozen(s, 13), f0);
-  PQfinish(s);
 }
 
 /* Open a branch without statement savepoints. */
@@ -1158,9 +1105,7 @@ static rm_branch_t *open_unsaved(PGconn *pg, const char *xid, const char *resour
  * values before; the switch only before the first statement. */
 static void test_without_savepoints(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url), *o = pg_open(orders_url);
-  assert_non_null(s);
-  assert_non_null(o);
+  PGconn *s = itest_pg(stock_url), *o = itest_pg(orders_url);
   long long f0 = frozen(s, 15);
   char xid[RM_XID_MAX];
   int st = 0;
@@ -1169,7 +1114,7 @@ static void test_without_savepoints(void **state) {
   assert_int_equal(rm_tm_begin(client, 30000, "unsaved_commit", xid), 0);
   rm_branch_t *b = open_unsaved(s, xid, "stock");
   assert_non_null(b);
-  ddelta_arg_t d2 = {15, 2};
+  delta_arg_t d2 = {15, 2};
   assert_int_equal(body_delta_deferred(b, &d2), 0);
   assert_int_equal(rm_at_statement_savepoints(b, true), RM_E_STATE); /* too late */
   assert_int_equal(rm_at_prepare(b, NULL), 0);
@@ -1225,7 +1170,7 @@ static void test_without_savepoints(void **state) {
   /* a guard refusing at prepare: registered, aborted, rolled back clean */
   b = open_unsaved(s, xid, "stock");
   assert_non_null(b);
-  ddelta_arg_t ok1 = {15, 1}, too_many = {15, 1000000};
+  delta_arg_t ok1 = {15, 1}, too_many = {15, 1000000};
   assert_int_equal(body_delta_deferred(b, &ok1), 0);
   assert_int_equal(body_delta_deferred(b, &too_many), 0);
   int64_t bid = 0;
@@ -1241,8 +1186,6 @@ static void test_without_savepoints(void **state) {
   assert_int_equal(frozen(s, 15), f0 + 2);
   assert_int_equal(q_ll(s, "SELECT count(*) FROM undo_log WHERE xid = $1 AND log_status = 0", xid, NULL, NULL), 0);
   assert_int_equal(rm_at_statement_savepoints(NULL, false), RM_E_INVALID);
-  PQfinish(s);
-  PQfinish(o);
 }
 
 /* rm_at_prepare_commit: the fused form (no savepoints, one deferred
@@ -1252,10 +1195,7 @@ static void test_without_savepoints(void **state) {
  * is prepare, then COMMIT. */
 static void test_prepare_commit(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url), *o = pg_open(orders_url), *o2 = pg_open(orders_url);
-  assert_non_null(s);
-  assert_non_null(o);
-  assert_non_null(o2);
+  PGconn *s = itest_pg(stock_url), *o = itest_pg(orders_url), *o2 = itest_pg(orders_url);
   long long f0 = frozen(s, 11);
   char xid[RM_XID_MAX];
   int st = 0;
@@ -1266,7 +1206,7 @@ static void test_prepare_commit(void **state) {
   assert_int_equal(rm_tm_begin(client, 30000, "prepare_commit", xid), 0);
   rm_branch_t *b = open_unsaved(s, xid, "stock");
   assert_non_null(b);
-  ddelta_arg_t d2 = {11, 2};
+  delta_arg_t d2 = {11, 2};
   assert_int_equal(body_delta_deferred(b, &d2), 0);
   assert_int_equal(rm_at_prepare_commit(b, &bid, &committed), 0);
   assert_true(committed);
@@ -1300,7 +1240,7 @@ static void test_prepare_commit(void **state) {
   snprintf(so, sizeof(so), "%lld", atomic_fetch_add(&next_order, 1));
   const char *fvals[] = {so, ACTIVITY, TICKET, "11", "9", "1", "2099-01-01 00:00:00+00"};
   assert_int_equal(rm_at_insert(b, "stock_freeze", 7, fcols, fvals), 0);
-  ddelta_arg_t too_many = {11, 1000000};
+  delta_arg_t too_many = {11, 1000000};
   assert_int_equal(body_delta_deferred(b, &too_many), 0);
   assert_int_equal(rm_at_prepare_commit(b, NULL, &committed), RM_E_GUARD);
   assert_false(committed);
@@ -1338,9 +1278,6 @@ static void test_prepare_commit(void **state) {
   assert_int_equal(st, RM_GS_COMMITTED);
   assert_int_equal(frozen(s, 11), f0 + 2);
   assert_int_equal(rm_at_prepare_commit(NULL, NULL, &committed), RM_E_INVALID);
-  PQfinish(s);
-  PQfinish(o);
-  PQfinish(o2);
 }
 
 /* rm_at_insert_unlocked: the branch registers no lock key for the row
@@ -1348,18 +1285,13 @@ static void test_prepare_commit(void **state) {
  * rm_at_insert's row has one), and the rollback deletes it as before. */
 static void test_insert_unlocked(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url), *tc = pg_open(tc_url);
-  assert_non_null(o);
-  assert_non_null(tc);
+  PGconn *o = itest_pg(orders_url), *tc = itest_pg(tc_url);
   char xid[RM_XID_MAX];
   int st = 0;
   long long locked = atomic_fetch_add(&next_order, 1), unlocked = atomic_fetch_add(&next_order, 1);
-  assert_int_equal(rm_tm_begin(client, 30000, "insert_unlocked", xid), 0);
   /* a setting away from its standard value, which the undo context keeps */
   assert_true(exec_ok(o, "SET IntervalStyle = 'iso_8601'"));
-  assert_true(exec_ok(o, "BEGIN"));
-  rm_branch_t *b = NULL;
-  assert_int_equal(rm_at_open(client, xid, "orders", o, &b), 0);
+  rm_branch_t *b = begin_and_open(o, "insert_unlocked", "orders", xid);
   assert_int_equal(insert_order(b, locked, 8, 1, 0, xid), 0);
   char sid[32], su[16] = "8", sq[16] = "1", sb[16] = "0";
   snprintf(sid, sizeof(sid), "%lld", unlocked);
@@ -1383,15 +1315,13 @@ static void test_insert_unlocked(void **state) {
   assert_int_equal(order_exists(o, locked), 0);
   assert_int_equal(order_exists(o, unlocked), 0);
   assert_int_equal(rm_at_insert_unlocked(NULL, "trade_order", 7, order_cols, vals), RM_E_INVALID);
-  PQfinish(o);
-  PQfinish(tc);
 }
 
 /* 64 concurrent deferred freezes of one row, half committed and half
  * rolled back: exactly the committed total stays frozen. */
 static void test_deferred_delta_64_freezes(void **state) {
   (void)state;
-  ddelta_arg_t d = {14, 1};
+  delta_arg_t d = {14, 1};
   freezes_half_committed("deferred_freeze", 14, body_delta_deferred, &d);
 }
 
@@ -1437,8 +1367,7 @@ static int64_t committed_order(PGconn *o, char *xid) {
  * of a committed one still within the grace age. */
 static void test_resolve_leftovers(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url);
-  assert_non_null(o);
+  PGconn *o = itest_pg(orders_url);
   char xc[RM_XID_MAX], xy[RM_XID_MAX], xb[RM_XID_MAX], xr[RM_XID_MAX];
   const char *xn = "resolve-not-found:1:1";
   int64_t bc = committed_order(o, xc), by = committed_order(o, xy);
@@ -1506,57 +1435,56 @@ static void test_resolve_leftovers(void **state) {
   PQclear(r);
   t = (rm_at_tuning_t){.resolve_interval_s = 30, .resolve_grace_s = 30};
   assert_int_equal(rm__at_tune(client, &t), 0);
-  PQfinish(o);
 }
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-    cmocka_unit_test(test_commit_two_dbs),
-    cmocka_unit_test(test_rollback_two_dbs),
-    cmocka_unit_test(test_rollback_all_ops),
-    cmocka_unit_test(test_dirty_write),
-    cmocka_unit_test(test_insert_digest),
-    cmocka_unit_test(test_undo_objects),
-    cmocka_unit_test(test_never_committed),
-    cmocka_unit_test(test_rollback_before_local_commit),
-    cmocka_unit_test(test_duplicate_phase2),
-    cmocka_unit_test(test_many_threads),
-    cmocka_unit_test(test_delta_64_freezes),
-    cmocka_unit_test(test_bad_input),
-    cmocka_unit_test(test_schema_change),
-    cmocka_unit_test(test_prepared_statements),
-    cmocka_unit_test(test_insert_fails_late),
-    cmocka_unit_test(test_open_idle),
-    cmocka_unit_test(test_begin_open),
-    cmocka_unit_test(test_register_early),
-    cmocka_unit_test(test_cleanup),
-    cmocka_unit_test(test_deferred_delta_commit_rollback),
-    cmocka_unit_test(test_deferred_delta_guard),
-    cmocka_unit_test(test_deferred_delta_64_freezes),
-    cmocka_unit_test(test_without_savepoints),
-    cmocka_unit_test(test_insert_unlocked),
-    cmocka_unit_test(test_prepare_commit),
-    cmocka_unit_test(test_resolve_leftovers),
-    cmocka_unit_test(test_giveback_refused_in_phase_one),
-    cmocka_unit_test(test_release_waits_for_commit),
-    cmocka_unit_test(test_release_rolled_back_after_tm_death),
-    cmocka_unit_test(test_move_on_commit_by_the_deleter),
-    cmocka_unit_test(test_commit_delta_leftover),
-    cmocka_unit_test(test_undo_refused_by_constraint),
-    cmocka_unit_test(test_resource_needs_undo_log),
-    cmocka_unit_test(test_update_add),
-    cmocka_unit_test(test_rollback_pending),
-    cmocka_unit_test(test_errmsg),
-    cmocka_unit_test(test_commit_failed),
-    cmocka_unit_test(test_sql_commit_rollback),
-    cmocka_unit_test(test_sql_returning_and_nothing),
-    cmocka_unit_test(test_sql_refused),
-    cmocka_unit_test(test_sql_dirty_write),
-    cmocka_unit_test(test_sql_global_lock),
-    cmocka_unit_test(test_sql_newcomer_row),
-    cmocka_unit_test(test_sql_select_for_update),
-    cmocka_unit_test(test_sql_select_for_update_timeout),
-    cmocka_unit_test(test_sql_hot_counter),
+    ITEST_CASE(test_commit_two_dbs),
+    ITEST_CASE(test_rollback_two_dbs),
+    ITEST_CASE(test_rollback_all_ops),
+    ITEST_CASE(test_dirty_write),
+    ITEST_CASE(test_insert_digest),
+    ITEST_CASE(test_undo_objects),
+    ITEST_CASE(test_never_committed),
+    ITEST_CASE(test_rollback_before_local_commit),
+    ITEST_CASE(test_duplicate_phase2),
+    ITEST_CASE(test_many_threads),
+    ITEST_CASE(test_delta_64_freezes),
+    ITEST_CASE(test_bad_input),
+    ITEST_CASE(test_schema_change),
+    ITEST_CASE(test_prepared_statements),
+    ITEST_CASE(test_insert_fails_late),
+    ITEST_CASE(test_open_idle),
+    ITEST_CASE(test_begin_open),
+    ITEST_CASE(test_register_early),
+    ITEST_CASE(test_cleanup),
+    ITEST_CASE(test_deferred_delta_commit_rollback),
+    ITEST_CASE(test_deferred_delta_guard),
+    ITEST_CASE(test_deferred_delta_64_freezes),
+    ITEST_CASE(test_without_savepoints),
+    ITEST_CASE(test_insert_unlocked),
+    ITEST_CASE(test_prepare_commit),
+    ITEST_CASE(test_resolve_leftovers),
+    ITEST_CASE(test_giveback_refused_in_phase_one),
+    ITEST_CASE(test_release_waits_for_commit),
+    ITEST_CASE(test_release_rolled_back_after_tm_death),
+    ITEST_CASE(test_move_on_commit_by_the_deleter),
+    ITEST_CASE(test_commit_delta_leftover),
+    ITEST_CASE(test_undo_refused_by_constraint),
+    ITEST_CASE(test_resource_needs_undo_log),
+    ITEST_CASE(test_update_add),
+    ITEST_CASE(test_rollback_pending),
+    ITEST_CASE(test_errmsg),
+    ITEST_CASE(test_commit_failed),
+    ITEST_CASE(test_sql_commit_rollback),
+    ITEST_CASE(test_sql_returning_and_nothing),
+    ITEST_CASE(test_sql_refused),
+    ITEST_CASE(test_sql_dirty_write),
+    ITEST_CASE(test_sql_global_lock),
+    ITEST_CASE(test_sql_newcomer_row),
+    ITEST_CASE(test_sql_select_for_update),
+    ITEST_CASE(test_sql_select_for_update_timeout),
+    ITEST_CASE(test_sql_hot_counter),
   };
   /* RM_TEST_FILTER=test_dirty* runs only the matching tests. */
   if (getenv("RM_TEST_FILTER")) cmocka_set_test_filter(getenv("RM_TEST_FILTER"));

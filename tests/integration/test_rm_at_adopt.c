@@ -52,6 +52,28 @@ static void make_rm_schema(PGconn *o, const char *name) {
   assert_true(exec_ok(o, sql));
 }
 
+/* Schema 'name' (its URL from url_with_path) added to the client as a
+ * resource of that name, which must succeed, the registration with it
+ * given the time to reach the node; 'o' then works in it (search_path). */
+static void serve_schema(PGconn *o, const char *name) {
+  char url[1024];
+  url_with_path(url, sizeof(url), name);
+  assert_int_equal(rm_resource_add(client, name, url), 0);
+  sleep_ms(200); /* the RM registration with the new resource reaches the node */
+  char sql[128];
+  snprintf(sql, sizeof(sql), "SET search_path = %s", name);
+  assert_true(exec_ok(o, sql));
+}
+
+/* A connection of the running case working in a new schema 'name'
+ * (make_rm_schema) that the client serves (serve_schema). */
+static PGconn *open_in_new_schema(const char *name) {
+  PGconn *o = itest_pg(orders_url);
+  make_rm_schema(o, name);
+  serve_schema(o, name);
+  return o;
+}
+
 static char *balance(PGconn *o, const char *schema) {
   char sql[256];
   snprintf(sql, sizeof(sql), "SELECT balance FROM %s.acct WHERE id = 1", schema);
@@ -73,8 +95,7 @@ static void assert_balance(PGconn *o, const char *schema, const char *want) {
  * an unreachable database fails at once too. */
 void test_resource_needs_undo_log(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url);
-  assert_non_null(o);
+  PGconn *o = itest_pg(orders_url);
   assert_true(exec_ok(o, "DROP SCHEMA IF EXISTS rmt_empty CASCADE; CREATE SCHEMA rmt_empty"));
   char url[1024];
   url_with_path(url, sizeof(url), "rmt_empty");
@@ -113,7 +134,6 @@ void test_resource_needs_undo_log(void **state) {
   url_with_path(url, sizeof(url), "rmt_hand");
   assert_int_equal(rm_resource_add(client, "hand_undo", url), 0);
   assert_true(exec_ok(o, "DROP SCHEMA rmt_empty CASCADE; DROP SCHEMA rmt_old CASCADE"));
-  PQfinish(o);
 }
 
 /* The branch that debits 'amount' from acct 1 in 'schema' (resource 'res'). */
@@ -140,14 +160,7 @@ static int debit_branch(PGconn *o, const char *xid, const char *res, const char 
  * transaction as they were, and says the value it saw. */
 void test_update_add(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url);
-  assert_non_null(o);
-  make_rm_schema(o, "rmt_add");
-  char url[1024];
-  url_with_path(url, sizeof(url), "rmt_add");
-  assert_int_equal(rm_resource_add(client, "rmt_add", url), 0);
-  sleep_ms(200); /* the RM registration with the new resource reaches the node */
-  assert_true(exec_ok(o, "SET search_path = rmt_add"));
+  PGconn *o = open_in_new_schema("rmt_add");
 
   char xid[RM_XID_MAX];
   int st = 0;
@@ -164,10 +177,7 @@ void test_update_add(void **state) {
   assert_balance(o, "rmt_add", "89.50");
 
   /* The guard refuses an overdraft: nothing changed, transaction usable. */
-  assert_int_equal(rm_tm_begin(client, 30000, "add_guard", xid), 0);
-  assert_true(exec_ok(o, "BEGIN"));
-  rm_branch_t *b = NULL;
-  assert_int_equal(rm_at_open(client, xid, "rmt_add", o, &b), 0);
+  rm_branch_t *b = begin_and_open(o, "add_guard", "rmt_add", xid);
   const char *pk[1] = {"1"};
   assert_int_equal(rm_at_update_add(b, "acct", pk, "balance", "-100.00", "balance + $1 >= 0"), RM_E_GUARD);
   assert_true(has(rm_at_errmsg(b), "refused"));
@@ -185,7 +195,6 @@ void test_update_add(void **state) {
   assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
   assert_balance(o, "rmt_add", "89.50");
   assert_true(exec_ok(o, "RESET search_path"));
-  PQfinish(o);
 }
 
 /* A rollback whose undo cannot run (the database's undo_log went away
@@ -194,14 +203,7 @@ void test_update_add(void **state) {
  * back the coordinator's retry finishes it and the row is restored. */
 void test_rollback_pending(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url);
-  assert_non_null(o);
-  make_rm_schema(o, "rmt_gone");
-  char url[1024];
-  url_with_path(url, sizeof(url), "rmt_gone");
-  assert_int_equal(rm_resource_add(client, "rmt_gone", url), 0);
-  sleep_ms(200);
-  assert_true(exec_ok(o, "SET search_path = rmt_gone"));
+  PGconn *o = open_in_new_schema("rmt_gone");
   char xid[RM_XID_MAX];
   assert_int_equal(rm_tm_begin(client, 30000, "rollback_pending", xid), 0);
   assert_int_equal(debit_branch(o, xid, "rmt_gone", "-10.50"), 0);
@@ -220,15 +222,13 @@ void test_rollback_pending(void **state) {
   assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
   assert_int_equal(st, RM_GS_ROLLBACKED);
   assert_true(exec_ok(o, "RESET search_path"));
-  PQfinish(o);
 }
 
 /* Calls that fail before a branch exists leave their reason in
  * rm_errmsg(); TM calls leave the coordinator's. */
 void test_errmsg(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url);
-  assert_non_null(o);
+  PGconn *o = itest_pg(orders_url);
   char xid[RM_XID_MAX];
   rm_branch_t *b = NULL;
   assert_int_equal(rm_tm_begin(client, 30000, "errmsg", xid), 0);
@@ -257,7 +257,6 @@ void test_errmsg(void **state) {
   cfg.token = NULL;
   assert_int_equal(rm_client_new(&cfg, &c), RM_E_INVALID);
   assert_true(has(rm_errmsg(), "token"));
-  PQfinish(o);
 }
 
 /* A commit whose phase two fails for good (a give-back refused by a
@@ -265,22 +264,14 @@ void test_errmsg(void **state) {
  * CommitFailed, not 0. */
 void test_commit_failed(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url);
-  assert_non_null(o);
+  PGconn *o = itest_pg(orders_url);
   assert_true(exec_ok(o, "DROP SCHEMA IF EXISTS rmt_cf CASCADE; CREATE SCHEMA rmt_cf;"
                          " CREATE TABLE rmt_cf.undo_log (LIKE public.undo_log INCLUDING ALL);"
                          " CREATE TABLE rmt_cf.cnt (id int PRIMARY KEY, frozen int NOT NULL CHECK (frozen >= 0));"
                          " INSERT INTO rmt_cf.cnt VALUES (1, 5)"));
-  char url[1024];
-  url_with_path(url, sizeof(url), "rmt_cf");
-  assert_int_equal(rm_resource_add(client, "rmt_cf", url), 0);
-  sleep_ms(200);
-  assert_true(exec_ok(o, "SET search_path = rmt_cf"));
+  serve_schema(o, "rmt_cf");
   char xid[RM_XID_MAX];
-  assert_int_equal(rm_tm_begin(client, 30000, "commit_failed", xid), 0);
-  assert_true(exec_ok(o, "BEGIN"));
-  rm_branch_t *b = NULL;
-  assert_int_equal(rm_at_open(client, xid, "rmt_cf", o, &b), 0);
+  rm_branch_t *b = begin_and_open(o, "commit_failed", "rmt_cf", xid);
   const char *pk[1] = {"1"};
   assert_int_equal(rm_at_update_delta_on_commit(b, "cnt", pk, "frozen", -3), 0);
   assert_int_equal(rm_at_prepare(b, NULL), 0);
@@ -294,5 +285,4 @@ void test_commit_failed(void **state) {
   assert_true(has(rm_errmsg(), xid));
   assert_int_equal(q_ll(o, "SELECT frozen FROM rmt_cf.cnt WHERE id = 1", NULL, NULL, NULL), 1);
   assert_true(exec_ok(o, "RESET search_path"));
-  PQfinish(o);
 }

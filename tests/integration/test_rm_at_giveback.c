@@ -52,6 +52,14 @@ static void small_bucket(PGconn *s, int bucket, int frozen_count, int sold_count
   PQclear(r);
 }
 
+/* The stock database for the running case, with 'bucket' reset as
+ * small_bucket does. */
+static PGconn *open_small_bucket(int bucket, int frozen_count, int sold_count) {
+  PGconn *s = itest_pg(stock_url);
+  small_bucket(s, bucket, frozen_count, sold_count);
+  return s;
+}
+
 static long long bucket_col(PGconn *s, int bucket, const char *col) {
   char b[16], sql[160];
   snprintf(b, sizeof(b), "%d", bucket);
@@ -82,17 +90,16 @@ typedef struct move_arg {
 
 static int body_move(rm_branch_t *b, void *arg) {
   move_arg_t *m = arg;
-  char sb[16];
-  snprintf(sb, sizeof(sb), "%d", m->bucket);
-  const char *pk[3] = {ACTIVITY, TICKET, sb};
+  bucket_key_t k;
+  bucket_key(&k, m->bucket);
   int rc = 0;
   if (m->freeze)
-    rc = (m->deferred ? rm_at_update_delta_deferred : rm_at_update_delta)(b, "activity_ticket_bucket", pk,
+    rc = (m->deferred ? rm_at_update_delta_deferred : rm_at_update_delta)(b, "activity_ticket_bucket", k.pk,
                                                                           "frozen_count", m->freeze, GUARD);
   if (rc == 0 && m->frozen_on_commit)
-    rc = rm_at_update_delta_on_commit(b, "activity_ticket_bucket", pk, "frozen_count", m->frozen_on_commit);
+    rc = rm_at_update_delta_on_commit(b, "activity_ticket_bucket", k.pk, "frozen_count", m->frozen_on_commit);
   if (rc == 0 && m->sold_on_commit)
-    rc = rm_at_update_delta_on_commit(b, "activity_ticket_bucket", pk, "sold_count", m->sold_on_commit);
+    rc = rm_at_update_delta_on_commit(b, "activity_ticket_bucket", k.pk, "sold_count", m->sold_on_commit);
   return rc;
 }
 
@@ -112,14 +119,9 @@ static void freeze_committed(PGconn *s, move_arg_t m) {
  * registration. */
 void test_giveback_refused_in_phase_one(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url);
-  assert_non_null(s);
-  small_bucket(s, 20, 2, 0);
+  PGconn *s = open_small_bucket(20, 2, 0);
   char xid[RM_XID_MAX];
-  assert_int_equal(rm_tm_begin(client, 30000, "giveback_refused", xid), 0);
-  assert_true(exec_ok(s, "BEGIN"));
-  rm_branch_t *b = NULL;
-  assert_int_equal(rm_at_open(client, xid, "stock", s, &b), 0);
+  rm_branch_t *b = begin_and_open(s, "giveback_refused", "stock", xid);
   const char *pk[3] = {ACTIVITY, TICKET, "20"};
   assert_int_equal(rm_at_update_delta(b, "activity_ticket_bucket", pk, "frozen_count", -2, NULL), RM_E_INVALID);
   assert_non_null(strstr(rm_at_errmsg(b), "gives capacity back"));
@@ -147,7 +149,6 @@ void test_giveback_refused_in_phase_one(void **state) {
   PQfinish(t);
   int st = 0;
   assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
-  PQfinish(s);
 }
 
 /* A release keeps the tickets taken until its global commits: a buyer in
@@ -155,9 +156,7 @@ void test_giveback_refused_in_phase_one(void **state) {
  * back and can be bought. */
 void test_release_waits_for_commit(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url);
-  assert_non_null(s);
-  small_bucket(s, 21, SMALL_STOCK, 0); /* sold out: all four frozen */
+  PGconn *s = open_small_bucket(21, SMALL_STOCK, 0); /* sold out: all four frozen */
   char rel[RM_XID_MAX], buy[RM_XID_MAX];
   assert_int_equal(rm_tm_begin(client, 30000, "giveback_release", rel), 0);
   move_arg_t release = {.bucket = 21, .frozen_on_commit = -2};
@@ -183,7 +182,6 @@ void test_release_waits_for_commit(void **state) {
 
   freeze_committed(s, (move_arg_t){.bucket = 21, .freeze = 2, .deferred = true});
   assert_int_equal(bucket_col(s, 21, "frozen_count"), SMALL_STOCK);
-  PQfinish(s);
 }
 
 /*
@@ -197,17 +195,12 @@ void test_release_waits_for_commit(void **state) {
  */
 void test_release_rolled_back_after_tm_death(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url), *o = pg_open(orders_url);
-  assert_non_null(s);
-  assert_non_null(o);
-  small_bucket(s, 22, SMALL_STOCK, 0);
+  PGconn *s = open_small_bucket(22, SMALL_STOCK, 0), *o = itest_pg(orders_url);
   assert_true(exec_ok(o, "INSERT INTO kv (k, v, n) VALUES ('giveback-order', 'UNPAID', 1)"
                          " ON CONFLICT (k) DO UPDATE SET v = 'UNPAID'"));
   char cancel[RM_XID_MAX];
   assert_int_equal(rm_tm_begin(client, 1000, "cancel", cancel), 0);
-  assert_true(exec_ok(o, "BEGIN"));
-  rm_branch_t *b = NULL;
-  assert_int_equal(rm_at_open(client, cancel, "orders", o, &b), 0);
+  rm_branch_t *b = open_branch(o, cancel, "orders");
   const char *k[1] = {"giveback-order"}, *c[1] = {"v"}, *v[1] = {"CANCELLED"};
   assert_int_equal(rm_at_update(b, "kv", k, 1, c, v), 0);
   assert_int_equal(rm_at_prepare(b, NULL), 0);
@@ -242,8 +235,6 @@ void test_release_rolled_back_after_tm_death(void **state) {
   }
   assert_string_equal(now, "UNPAID");
   free(now);
-  PQfinish(s);
-  PQfinish(o);
 }
 
 /* A confirm is a move (frozen -2, sold +2) on a full bucket: applied in
@@ -253,9 +244,7 @@ void test_release_rolled_back_after_tm_death(void **state) {
  * delete the row. */
 void test_move_on_commit_by_the_deleter(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url);
-  assert_non_null(s);
-  small_bucket(s, 23, SMALL_STOCK, 0);
+  PGconn *s = open_small_bucket(23, SMALL_STOCK, 0);
   char xid[RM_XID_MAX];
   assert_int_equal(rm_tm_begin(client, 30000, "giveback_confirm", xid), 0);
   move_arg_t confirm = {.bucket = 23, .sold_on_commit = 2, .frozen_on_commit = -2};
@@ -268,16 +257,12 @@ void test_move_on_commit_by_the_deleter(void **state) {
   assert_int_equal(bucket_col(s, 23, "frozen_count"), SMALL_STOCK - 2);
   assert_int_equal(bucket_col(s, 23, "sold_count"), 2);
   /* Exactly once: a BranchCommit replayed finds no row and changes nothing. */
-  rm_phase2_req_t req = {.commit = true, .xid = xid, .branch_id = bid, .resource_id = "stock",
-                         .branch_type = TXP_BT_AT};
-  int code = 0;
-  char msg[512];
+  phase2_reply_t reply;
   rm__at_inline_add(rm__at_resource_find(client, "stock"), xid, bid);
-  assert_int_equal(rm__at_phase2(client, &req, &code, msg, sizeof(msg)), TXP_BS_PHASE2_COMMITTED);
+  assert_int_equal(deliver_phase2(true, xid, bid, "stock", &reply), TXP_BS_PHASE2_COMMITTED);
   assert_int_equal(rm__at_flush(client), 0);
   assert_int_equal(bucket_col(s, 23, "frozen_count"), SMALL_STOCK - 2);
   assert_int_equal(bucket_col(s, 23, "sold_count"), 2);
-  PQfinish(s);
 }
 
 /* An undo row with commit deltas whose phase two never came (the service
@@ -285,9 +270,7 @@ void test_move_on_commit_by_the_deleter(void **state) {
  * the sweep never deletes such a row. */
 void test_commit_delta_leftover(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url);
-  assert_non_null(s);
-  small_bucket(s, 24, SMALL_STOCK, 0);
+  PGconn *s = open_small_bucket(24, SMALL_STOCK, 0);
   char xid[RM_XID_MAX];
   assert_int_equal(rm_tm_begin(client, 30000, "giveback_leftover", xid), 0);
   move_arg_t rel = {.bucket = 24, .frozen_on_commit = -3};
@@ -322,7 +305,6 @@ void test_commit_delta_leftover(void **state) {
   t = (rm_at_tuning_t){.resolve_interval_s = 30};
   assert_int_equal(rm__at_tune(client, &t), 0);
   assert_true(exec_ok(s, "DROP TABLE kept"));
-  PQfinish(s);
 }
 
 /* An undo that a constraint refuses (a write outside the coordinator took
@@ -331,9 +313,7 @@ void test_commit_delta_leftover(void **state) {
  * row kept for the operator, the message saying what to do. */
 void test_undo_refused_by_constraint(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url);
-  assert_non_null(s);
-  small_bucket(s, 25, 0, 0);
+  PGconn *s = open_small_bucket(25, 0, 0);
   char xid[RM_XID_MAX];
   assert_int_equal(rm_tm_begin(client, 30000, "giveback_refused_undo", xid), 0);
   move_arg_t take = {.bucket = 25, .freeze = 2};
@@ -347,18 +327,12 @@ void test_undo_refused_by_constraint(void **state) {
   assert_int_equal(WAIT_EQ(RM_GS_ROLLBACK_FAILED, 20, global_status(xid)), RM_GS_ROLLBACK_FAILED);
   assert_int_equal(undo_left(s, xid), 1);
   assert_int_equal(bucket_col(s, 25, "frozen_count"), 0);
-  rm_phase2_req_t req = {.commit = false, .xid = xid, .branch_id = bid, .resource_id = "stock",
-                         .branch_type = TXP_BT_AT};
-  int code = 0;
-  char msg[1024];
-  assert_int_equal(rm__at_phase2(client, &req, &code, msg, sizeof(msg)), TXP_BS_PHASE2_ROLLBACK_FAILED_UNRETRYABLE);
-  assert_int_equal(code, TXP_EBRANCH_UNRETRYABLE);
-  assert_non_null(strstr(msg, "activity_ticket_bucket_count_check"));
-  assert_non_null(strstr(msg, "SQLSTATE 23514"));
-  assert_non_null(strstr(msg, "tcctl"));
-  PGconn *t = pg_open(tc_url);
-  assert_non_null(t);
+  phase2_reply_t reply;
+  assert_int_equal(deliver_phase2(false, xid, bid, "stock", &reply), TXP_BS_PHASE2_ROLLBACK_FAILED_UNRETRYABLE);
+  assert_int_equal(reply.code, TXP_EBRANCH_UNRETRYABLE);
+  assert_non_null(strstr(reply.msg, "activity_ticket_bucket_count_check"));
+  assert_non_null(strstr(reply.msg, "SQLSTATE 23514"));
+  assert_non_null(strstr(reply.msg, "tcctl"));
+  PGconn *t = itest_pg(tc_url);
   assert_int_equal(q_ll(t, "SELECT status FROM global_table WHERE xid = $1", xid, NULL, NULL), RM_GS_ROLLBACK_FAILED);
-  PQfinish(t);
-  PQfinish(s);
 }

@@ -46,13 +46,6 @@ static char *rows_of(PGconn *o, const char *tag) {
   return s;
 }
 
-static rm_branch_t *open_branch(PGconn *o, const char *xid) {
-  assert_true(exec_ok(o, "BEGIN"));
-  rm_branch_t *b = NULL;
-  assert_int_equal(rm_at_open(client, xid, "orders", o, &b), 0);
-  return b;
-}
-
 static void commit_branch(PGconn *o, rm_branch_t *b) {
   int64_t bid = 0;
   bool committed = false;
@@ -74,15 +67,13 @@ static int sql(rm_branch_t *b, const char *text, int n, const char *const *vals,
  * exactly the rows of the first. */
 void test_sql_commit_rollback(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url);
-  assert_non_null(o);
+  PGconn *o = itest_pg(orders_url);
   sql_tables(o);
   const char *tag = "sql-cr";
   char xid[RM_XID_MAX];
 
   /* 1: inserts, committed. */
-  assert_int_equal(rm_tm_begin(client, 30000, "sql_commit", xid), 0);
-  rm_branch_t *b = open_branch(o, xid);
+  rm_branch_t *b = begin_and_open(o, "sql_commit", "orders", xid);
   int64_t rows = -1;
   const char *v1[] = {"cr-1", "10", "cr-2", "20", "cr-3", tag};
   assert_int_equal(sql(b, "INSERT INTO \"Plain Sql\" (\"K\", n, tag) VALUES ($1, $2::int, $6), ($3, $4::int, $6),"
@@ -100,7 +91,7 @@ void test_sql_commit_rollback(void **state) {
 
   /* 2: multi-row update, a delete, an insert; then rolled back. */
   assert_int_equal(rm_tm_begin(client, 30000, "sql_rollback", xid), 0);
-  b = open_branch(o, xid);
+  b = open_branch(o, xid, "orders");
   const char *v3[] = {"5", tag, "cr-1"};
   assert_int_equal(sql(b, "UPDATE \"Plain Sql\" SET n = n + $1::int, note = 'changed' WHERE tag = $2 AND \"K\" <> $3",
                        3, v3, &rows), 0);
@@ -124,20 +115,17 @@ void test_sql_commit_rollback(void **state) {
   free(first);
   free(during);
   free(after);
-  PQfinish(o);
 }
 
 /* The caller's RETURNING comes back as its own columns; a WHERE that
  * matches nothing changes nothing and records nothing; a read runs as is. */
 void test_sql_returning_and_nothing(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url);
-  assert_non_null(o);
+  PGconn *o = itest_pg(orders_url);
   sql_tables(o);
   const char *tag = "sql-ret";
   char xid[RM_XID_MAX];
-  assert_int_equal(rm_tm_begin(client, 30000, "sql_returning", xid), 0);
-  rm_branch_t *b = open_branch(o, xid);
+  rm_branch_t *b = begin_and_open(o, "sql_returning", "orders", xid);
   PGresult *res = NULL;
   int64_t rows = 0;
   const char *v1[] = {"ret-1", tag};
@@ -177,19 +165,16 @@ void test_sql_returning_and_nothing(void **state) {
   char *left = rows_of(o, tag);
   assert_string_equal(left, "");
   free(left);
-  PQfinish(o);
 }
 
 /* Refused statements say why, change nothing and leave the caller's
  * transaction usable; so does a statement PostgreSQL itself rejects. */
 void test_sql_refused(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url);
-  assert_non_null(o);
+  PGconn *o = itest_pg(orders_url);
   sql_tables(o);
   char xid[RM_XID_MAX];
-  assert_int_equal(rm_tm_begin(client, 30000, "sql_refused", xid), 0);
-  rm_branch_t *b = open_branch(o, xid);
+  rm_branch_t *b = begin_and_open(o, "sql_refused", "orders", xid);
   struct {
     const char *sql;
     int rc;
@@ -223,21 +208,18 @@ void test_sql_refused(void **state) {
   assert_int_equal(rm_at_close(b, false), 0);
   int st = 0;
   assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
-  PQfinish(o);
 }
 
 /* A row a plain-SQL UPDATE changed, changed again outside any global
  * transaction: the rollback finds it dirty and overwrites nothing. */
 void test_sql_dirty_write(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url);
-  assert_non_null(o);
+  PGconn *o = itest_pg(orders_url);
   sql_tables(o);
   assert_true(exec_ok(o, "INSERT INTO \"Plain Sql\" (\"K\", n, tag) VALUES ('dirty-1', 1, 'sql-dirty')"
                          " ON CONFLICT (\"K\") DO UPDATE SET n = 1"));
   char xid[RM_XID_MAX];
-  assert_int_equal(rm_tm_begin(client, 30000, "sql_dirty", xid), 0);
-  rm_branch_t *b = open_branch(o, xid);
+  rm_branch_t *b = begin_and_open(o, "sql_dirty", "orders", xid);
   assert_int_equal(sql(b, "UPDATE \"Plain Sql\" SET n = 2 WHERE \"K\" = 'dirty-1'", 0, NULL, NULL), 0);
   commit_branch(o, b);
   assert_true(exec_ok(o, "UPDATE \"Plain Sql\" SET n = 3 WHERE \"K\" = 'dirty-1'"));
@@ -245,7 +227,6 @@ void test_sql_dirty_write(void **state) {
   assert_int_equal(rm_tm_rollback(client, xid, &st), RM_E_ROLLBACK_FAILED);
   assert_int_equal(st, RM_GS_ROLLBACK_FAILED);
   assert_int_equal(q_ll(o, "SELECT n FROM \"Plain Sql\" WHERE \"K\" = 'dirty-1'", NULL, NULL, NULL), 3);
-  PQfinish(o);
 }
 
 /* Between the image and the UPDATE: another transaction commits a row
@@ -262,15 +243,12 @@ static void insert_newcomer(rm_branch_t *b, void *arg) {
  * recorded); run again, it takes both rows with their images. */
 void test_sql_newcomer_row(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url), *other = pg_open(orders_url);
-  assert_non_null(o);
-  assert_non_null(other);
+  PGconn *o = itest_pg(orders_url), *other = itest_pg(orders_url);
   sql_tables(o);
   assert_true(exec_ok(o, "DELETE FROM \"Plain Sql\" WHERE tag = 'sql-race'"));
   assert_true(exec_ok(o, "INSERT INTO \"Plain Sql\" (\"K\", n, tag) VALUES ('race-1', 1, 'sql-race')"));
   char xid[RM_XID_MAX];
-  assert_int_equal(rm_tm_begin(client, 30000, "sql_race", xid), 0);
-  rm_branch_t *b = open_branch(o, xid);
+  rm_branch_t *b = begin_and_open(o, "sql_race", "orders", xid);
   rm__at_failpoint_arg = other;
   rm__at_sql_after_image = insert_newcomer;
   int64_t rows = -1;
@@ -289,8 +267,6 @@ void test_sql_newcomer_row(void **state) {
   int st = 0;
   assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
   assert_int_equal(q_ll(o, "SELECT sum(n) FROM \"Plain Sql\" WHERE tag = 'sql-race'", NULL, NULL, NULL), 2);
-  PQfinish(o);
-  PQfinish(other);
 }
 
 typedef struct prepare_arg {
@@ -310,19 +286,16 @@ static void *prepare_thread(void *arg) {
  * first holds the row's global lock, and goes on when it commits. */
 void test_sql_global_lock(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url), *o2 = pg_open(orders_url);
-  assert_non_null(o);
-  assert_non_null(o2);
+  PGconn *o = itest_pg(orders_url), *o2 = itest_pg(orders_url);
   sql_tables(o);
   assert_true(exec_ok(o, "INSERT INTO \"Plain Sql\" (\"K\", n, tag) VALUES ('lock-1', 1, 'sql-lock')"
                          " ON CONFLICT (\"K\") DO UPDATE SET n = 1"));
   char x1[RM_XID_MAX], x2[RM_XID_MAX];
-  assert_int_equal(rm_tm_begin(client, 30000, "sql_lock_1", x1), 0);
-  rm_branch_t *b = open_branch(o, x1);
+  rm_branch_t *b = begin_and_open(o, "sql_lock_1", "orders", x1);
   assert_int_equal(sql(b, "UPDATE \"Plain Sql\" SET n = n + 1 WHERE \"K\" = 'lock-1'", 0, NULL, NULL), 0);
   commit_branch(o, b);
   assert_int_equal(rm_tm_begin(client, 30000, "sql_lock_2", x2), 0);
-  prepare_arg_t pa = {.b = open_branch(o2, x2), .rc = 1};
+  prepare_arg_t pa = {.b = open_branch(o2, x2, "orders"), .rc = 1};
   assert_int_equal(sql(pa.b, "UPDATE \"Plain Sql\" SET n = n + 10 WHERE \"K\" = 'lock-1'", 0, NULL, NULL), 0);
   pthread_t th;
   assert_int_equal(pthread_create(&th, NULL, prepare_thread, &pa), 0);
@@ -335,8 +308,6 @@ void test_sql_global_lock(void **state) {
   assert_int_equal(rm_at_close(pa.b, true), 0);
   assert_int_equal(rm_tm_commit(client, x2, &st), 0);
   assert_int_equal(q_ll(o, "SELECT n FROM \"Plain Sql\" WHERE \"K\" = 'lock-1'", NULL, NULL, NULL), 12);
-  PQfinish(o);
-  PQfinish(o2);
 }
 
 /* ------------------------------------------------- SELECT ... FOR UPDATE */
@@ -378,8 +349,7 @@ static void *select_thread(void *arg) {
 static void hold_row(PGconn *o, char *x1, int value) {
   assert_true(exec_ok(o, "INSERT INTO \"Plain Sql\" (\"K\", n, tag) VALUES ('lock-sfu', 1, 'sql-sfu')"
                          " ON CONFLICT (\"K\") DO UPDATE SET n = 1"));
-  assert_int_equal(rm_tm_begin(client, 30000, "sql_sfu_holder", x1), 0);
-  rm_branch_t *b = open_branch(o, x1);
+  rm_branch_t *b = begin_and_open(o, "sql_sfu_holder", "orders", x1);
   char v[16];
   snprintf(v, sizeof(v), "%d", value);
   assert_int_equal(sql(b, "UPDATE \"Plain Sql\" SET n = $1::int WHERE \"K\" = 'lock-sfu'", 1, (const char *[]){v}, NULL), 0);
@@ -393,9 +363,7 @@ static void hold_row(PGconn *o, char *x1, int value) {
  * and the reader gets the row as it was. */
 void test_sql_select_for_update(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url), *o2 = pg_open(orders_url);
-  assert_non_null(o);
-  assert_non_null(o2);
+  PGconn *o = itest_pg(orders_url), *o2 = itest_pg(orders_url);
   sql_tables(o);
   for (int round = 0; round < 2; round++) {
     bool commit = round == 0;
@@ -415,8 +383,6 @@ void test_sql_select_for_update(void **state) {
     assert_true(a.secs >= 0.3);
     assert_int_equal(rm_tm_rollback(client, a.xid, &st), 0);
   }
-  PQfinish(o);
-  PQfinish(o2);
 }
 
 /* The holder does not end within the client's lock wait (2 s here): the
@@ -425,9 +391,7 @@ void test_sql_select_for_update(void **state) {
  * not wait at all. */
 void test_sql_select_for_update_timeout(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url), *o2 = pg_open(orders_url);
-  assert_non_null(o);
-  assert_non_null(o2);
+  PGconn *o = itest_pg(orders_url), *o2 = itest_pg(orders_url);
   sql_tables(o);
   char x1[RM_XID_MAX];
   hold_row(o, x1, 70);
@@ -455,8 +419,6 @@ void test_sql_select_for_update_timeout(void **state) {
   assert_non_null(strstr(err, "above the limit"));
   assert_false(lockable);
   assert_int_equal(rm_tm_commit(client, x1, &st), 0);
-  PQfinish(o);
-  PQfinish(o2);
 }
 
 /* ------------------------------------------------------- hot counters */
@@ -476,9 +438,7 @@ static long long frozen14(PGconn *s) {
 /* A branch on the stock database running one statement with 'qty';
  * prepared and committed locally when 'commit'. */
 static int hot_branch(PGconn *s, const char *xid, const char *stmt, const char *qty, bool commit, rm_branch_t **out) {
-  assert_true(exec_ok(s, "BEGIN"));
-  rm_branch_t *b = NULL;
-  assert_int_equal(rm_at_open(client, xid, "stock", s, &b), 0);
+  rm_branch_t *b = open_branch(s, xid, "stock");
   int64_t rows = 0;
   const char *v[4] = {"1", "1", "14", qty};
   int rc = rm_at_sql(b, stmt, 4, NULL, v, &rows, NULL);
@@ -503,8 +463,7 @@ void test_sql_hot_counter(void **state) {
   assert_int_equal(rm_at_hot_column(client, "stock", "activity_ticket_bucket", "frozen_count"), 0);
   assert_int_equal(rm_at_hot_column(client, "no-such-resource", "t", "c"), RM_E_INVALID);
   assert_int_equal(rm_at_hot_column(client, "stock", ".t", "c"), RM_E_INVALID);
-  PGconn *s = pg_open(stock_url);
-  assert_non_null(s);
+  PGconn *s = itest_pg(stock_url);
   long long f0 = frozen14(s);
   char xid[RM_XID_MAX];
   int st = 0;
@@ -564,5 +523,4 @@ void test_sql_hot_counter(void **state) {
   rm_at_close(b, false);
   assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
   assert_int_equal(frozen14(s), f0 + 3);
-  PQfinish(s);
 }

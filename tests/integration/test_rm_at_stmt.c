@@ -24,9 +24,7 @@
  * with its earlier work intact. */
 void test_bad_input(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url), *s = pg_open(stock_url);
-  assert_non_null(o);
-  assert_non_null(s);
+  PGconn *o = itest_pg(orders_url), *s = itest_pg(stock_url);
   char xid[RM_XID_MAX];
   assert_int_equal(rm_tm_begin(client, 30000, "bad_input", xid), 0);
   rm_branch_t *b = NULL;
@@ -173,21 +171,15 @@ void test_bad_input(void **state) {
   assert_int_equal(body_delta(b, &d), RM_E_STATE);
   assert_true(exec_ok(s, "ROLLBACK"));
   assert_int_equal(rm_at_close(b, false), 0);
-  PQfinish(o);
-  PQfinish(s);
 }
 
 /* A column added after the table's metadata was cached is found (the
  * cache is read again), and its rollback restores it. */
 void test_schema_change(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url);
-  assert_non_null(o);
+  PGconn *o = itest_pg(orders_url);
   char xid[RM_XID_MAX];
-  assert_int_equal(rm_tm_begin(client, 30000, "schema_change", xid), 0);
-  assert_true(exec_ok(o, "BEGIN"));
-  rm_branch_t *b = NULL;
-  assert_int_equal(rm_at_open(client, xid, "orders", o, &b), 0);
+  rm_branch_t *b = begin_and_open(o, "schema_change", "orders", xid);
   const char *c1[2] = {"k", "v"}, *v1[2] = {"sc", "first"};
   assert_int_equal(rm_at_insert(b, "other.kv", 2, c1, v1), 0); /* metadata cached */
   assert_int_equal(rm_at_prepare(b, NULL), 0);
@@ -212,7 +204,6 @@ void test_schema_change(void **state) {
   assert_int_equal(st, RM_GS_ROLLBACKED);
   assert_int_equal(q_ll(o, "SELECT count(*) FROM other.kv WHERE k = 'sc' AND extra IS NULL", NULL, NULL, NULL), 1);
   assert_int_equal(q_ll(o, "SELECT count(*) FROM kv WHERE k = 'huge'", NULL, NULL, NULL), 0); /* by its digest */
-  PQfinish(o);
 }
 
 /* A branch opened on an idle connection begins the transaction itself
@@ -222,8 +213,7 @@ void test_schema_change(void **state) {
  * pipeline. */
 void test_open_idle(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url);
-  assert_non_null(o);
+  PGconn *o = itest_pg(orders_url);
   char xid[RM_XID_MAX];
   int st = 0;
   /* committed by rm_at_prepare_commit */
@@ -264,7 +254,6 @@ void test_open_idle(void **state) {
   assert_int_equal(st, RM_GS_ROLLBACKED);
   assert_int_equal(q_ll(o, "SELECT count(*) FROM other.kv WHERE k = 'idle-4'", NULL, NULL, NULL), 0);
   assert_int_equal(PQtransactionStatus(o), PQTRANS_IDLE);
-  PQfinish(o);
 }
 
 /* How a test of a branch registered before its statements opens it:
@@ -331,13 +320,11 @@ static void first_locked(first_open_fn open, PGconn *o, const char *k) {
  * global; a locked statement refused at prepare. */
 void test_begin_open(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url);
-  assert_non_null(o);
+  PGconn *o = itest_pg(orders_url);
   assert_int_equal(first_round(open_begun_with, o, "bo-1", true), 1);
   assert_int_equal(first_round(open_begun_with, o, "bo-2", false), 0);
   first_locked(open_begun_with, o, "bo-3");
   assert_int_equal(PQtransactionStatus(o), PQTRANS_IDLE);
-  PQfinish(o);
 }
 
 /* rm_at_register_early: the registration travels while the statements
@@ -345,8 +332,7 @@ void test_begin_open(void **state) {
  * statements; a branch closed with its registration in flight. */
 void test_register_early(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url);
-  assert_non_null(o);
+  PGconn *o = itest_pg(orders_url);
   assert_int_equal(first_round(open_early, o, "re-1", true), 1);
   assert_int_equal(first_round(open_early, o, "re-2", false), 0);
   first_locked(open_early, o, "re-3");
@@ -369,7 +355,6 @@ void test_register_early(void **state) {
   rm_at_close(b, false);
   assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
   assert_int_equal(PQtransactionStatus(o), PQTRANS_IDLE);
-  PQfinish(o);
 }
 
 /* An insert whose RELEASE went with it (its input looked small) and whose
@@ -378,15 +363,11 @@ void test_register_early(void **state) {
  * done. */
 void test_insert_fails_late(void **state) {
   (void)state;
-  PGconn *o = pg_open(orders_url);
-  assert_non_null(o);
+  PGconn *o = itest_pg(orders_url);
   assert_true(exec_ok(o, "CREATE TABLE IF NOT EXISTS bigdefault (k text PRIMARY KEY DEFAULT repeat('k', 2500),"
                          " v text)"));
   char xid[RM_XID_MAX];
-  assert_int_equal(rm_tm_begin(client, 30000, "fails_late", xid), 0);
-  assert_true(exec_ok(o, "BEGIN"));
-  rm_branch_t *b = NULL;
-  assert_int_equal(rm_at_open(client, xid, "orders", o, &b), 0);
+  rm_branch_t *b = begin_and_open(o, "fails_late", "orders", xid);
   const char *c[1] = {"v"}, *v[1] = {"late"}, *kc[1] = {"k"};
   assert_int_equal(rm_at_insert(b, "bigdefault", 1, c, v), RM_E_INVALID);
   assert_non_null(strstr(rm_at_errmsg(b), "roll it back"));
@@ -397,7 +378,6 @@ void test_insert_fails_late(void **state) {
   int st = 0;
   assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
   assert_int_equal(q_ll(o, "SELECT count(*) FROM bigdefault", NULL, NULL, NULL), 0);
-  PQfinish(o);
 }
 
 /* One global transaction of client 'c' with one branch on 'pg' that
@@ -428,8 +408,7 @@ static int kv_global(rm_client_t *c, PGconn *pg, const char *k, bool commit) {
 void test_prepared_statements(void **state) {
   (void)state;
   static const char count_sql[] = "SELECT count(*) FROM pg_prepared_statements WHERE name LIKE 'rm\\_at\\_%'";
-  PGconn *o = pg_open(orders_url);
-  assert_non_null(o);
+  PGconn *o = itest_pg(orders_url);
   assert_int_equal(q_ll(o, count_sql, NULL, NULL, NULL), 0);
   assert_int_equal(kv_global(client, o, "ps1", true), 0);
   long long n1 = q_ll(o, count_sql, NULL, NULL, NULL);
@@ -465,5 +444,4 @@ void test_prepared_statements(void **state) {
   PQfinish(o2);
   rm_client_free(unnamed);
   assert_true(exec_ok(o, "ALTER TABLE other.kv DROP COLUMN ps_extra"));
-  PQfinish(o);
 }

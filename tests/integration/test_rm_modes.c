@@ -88,6 +88,33 @@ void new_account(PGconn *pg, int balance, char *out, size_t cap) {
   PQclear(r);
 }
 
+PGconn *open_with_account(int balance, char *acct) {
+  PGconn *pg = itest_pg(stock_url);
+  new_account(pg, balance, acct, ACCT_MAX);
+  return pg;
+}
+
+void expect_account_at(PGconn *pg, const char *acct, long long balance, long long frozen, const char *file, int line) {
+  _assert_int_equal(cast_to_largest_integral_type(acct_col(pg, acct, "balance")),
+                    cast_to_largest_integral_type(balance), file, line);
+  _assert_int_equal(cast_to_largest_integral_type(acct_col(pg, acct, "frozen")), cast_to_largest_integral_type(frozen),
+                    file, line);
+}
+
+void begin_global(const char *name, char *xid) { assert_int_equal(rm_tm_begin(client, 30000, name, xid), 0); }
+
+int commit_ok(const char *xid) {
+  int st = 0;
+  assert_int_equal(rm_tm_commit(client, xid, &st), 0);
+  return st;
+}
+
+int rollback_ok(const char *xid) {
+  int st = 0;
+  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
+  return st;
+}
+
 int global_status(const char *xid) {
   int st = -1;
   int rc = rm_tm_status(client, xid, &st);
@@ -96,19 +123,25 @@ int global_status(const char *xid) {
 
 /* ------------------------------------------------------------ handlers */
 
-/* The call's args, "ACCOUNT AMOUNT": RM_TCC_OK, or RM_TCC_FAILED ("bad
- * args"). */
-static int parse_args(const rm_tcc_call_t *call, char *acct, int *amount, char *errmsg, size_t errlen) {
-  if (call->args && sscanf(call->args, "%63s %d", acct, amount) == 2) return RM_TCC_OK;
-  snprintf(errmsg, errlen, "bad args");
-  return RM_TCC_FAILED;
-}
-
-static int apply(PGconn *pg, const char *sql, const char *acct, int amount, char *errmsg, size_t errlen) {
+/* Apply the call's args, "ACCOUNT AMOUNT", with 'sql' ($1 the account,
+ * $2 the amount) unless 'declined': RM_TCC_OK; RM_TCC_FAILED for bad args
+ * or declined (errmsg says which); RM_TCC_RETRY when the statement did not
+ * change exactly one row. */
+static int apply_call(const rm_tcc_call_t *call, const char *sql, bool declined, char *errmsg, size_t errlen) {
+  char acct[64];
+  int amount;
+  if (!call->args || sscanf(call->args, "%63s %d", acct, &amount) != 2) {
+    snprintf(errmsg, errlen, "bad args");
+    return RM_TCC_FAILED;
+  }
+  if (declined) {
+    snprintf(errmsg, errlen, "the card was declined");
+    return RM_TCC_FAILED;
+  }
   char a[16];
   snprintf(a, sizeof(a), "%d", amount);
   const char *p[2] = {acct, a};
-  PGresult *r = PQexecParams(pg, sql, 2, NULL, p, NULL, NULL, 0);
+  PGresult *r = PQexecParams(call->pg, sql, 2, NULL, p, NULL, NULL, 0);
   int rc = PQresultStatus(r) == PGRES_COMMAND_OK && strcmp(PQcmdTuples(r), "1") == 0 ? RM_TCC_OK : RM_TCC_RETRY;
   if (rc != RM_TCC_OK) snprintf(errmsg, errlen, "%s", PQresultErrorMessage(r));
   PQclear(r);
@@ -117,15 +150,8 @@ static int apply(PGconn *pg, const char *sql, const char *acct, int amount, char
 
 int on_confirm(const rm_tcc_call_t *call, void *arg, char *errmsg, size_t errlen) {
   (void)arg;
-  char acct[64];
-  int amount;
-  if (parse_args(call, acct, &amount, errmsg, errlen) != RM_TCC_OK) return RM_TCC_FAILED;
-  if (atomic_load(&confirm_fail)) {
-    snprintf(errmsg, errlen, "the card was declined");
-    return RM_TCC_FAILED;
-  }
-  int rc = apply(call->pg, "UPDATE tcc_account SET balance = balance - $2, frozen = frozen - $2 WHERE id = $1", acct,
-                 amount, errmsg, errlen);
+  int rc = apply_call(call, "UPDATE tcc_account SET balance = balance - $2, frozen = frozen - $2 WHERE id = $1",
+                      atomic_load(&confirm_fail), errmsg, errlen);
   if (rc != RM_TCC_OK) return rc;
   if (atomic_load(&confirm_breaks_txn)) {
     PGresult *r = PQexec(call->pg, "SELECT 1/0");
@@ -143,10 +169,7 @@ int on_confirm(const rm_tcc_call_t *call, void *arg, char *errmsg, size_t errlen
 
 int on_cancel(const rm_tcc_call_t *call, void *arg, char *errmsg, size_t errlen) {
   (void)arg;
-  char acct[64];
-  int amount;
-  if (parse_args(call, acct, &amount, errmsg, errlen) != RM_TCC_OK) return RM_TCC_FAILED;
-  int rc = apply(call->pg, "UPDATE tcc_account SET frozen = frozen - $2 WHERE id = $1", acct, amount, errmsg, errlen);
+  int rc = apply_call(call, "UPDATE tcc_account SET frozen = frozen - $2 WHERE id = $1", false, errmsg, errlen);
   if (rc == RM_TCC_OK) atomic_fetch_add(&cancels, 1);
   return rc;
 }
@@ -177,6 +200,13 @@ int try_freeze(rm_client_t *c, const char *res, PGconn *pg, const char *xid, con
   }
   if (commit) assert_true(exec_ok(pg, "COMMIT"));
   return 0;
+}
+
+int64_t begin_and_freeze(PGconn *pg, const char *name, const char *acct, int amount, char *xid) {
+  begin_global(name, xid);
+  int64_t bid = 0;
+  assert_int_equal(try_freeze(client, RES, pg, xid, acct, amount, true, &bid), 0);
+  return bid;
 }
 
 rm_client_t *new_client(const char *app, const char *tcc_res, const char *xa_res) {
@@ -239,10 +269,46 @@ static int group_teardown(void **state) {
 
 /* -------------------------------------------------- shared by the tests */
 
-void *rollback_thread(void *arg) {
+struct rollback_run {
+  rb_arg_t arg;
+  pthread_t thread;
+};
+
+static void *rollback_thread(void *arg) {
   rb_arg_t *a = arg;
   a->rc = rm_tm_rollback(client, a->xid, &a->status);
   return NULL;
+}
+
+struct rollback_run *rollback_start(const char *xid) {
+  struct rollback_run *run = calloc(1, sizeof(*run));
+  assert_non_null(run);
+  run->arg = (rb_arg_t){xid, -1, -1};
+  assert_int_equal(pthread_create(&run->thread, NULL, rollback_thread, &run->arg), 0);
+  return run;
+}
+
+void rollback_join(struct rollback_run *run) {
+  pthread_join(run->thread, NULL);
+  free(run);
+}
+
+static void rollback_at_failpoint(const char *xid, int64_t bid, void *arg) {
+  (void)bid;
+  rb_arg_t *a = arg;
+  a->rc = rm_tm_rollback(client, xid, &a->status);
+}
+
+int branch_with_rollback_at_registration(after_register_fn *hook, void **hook_arg, branch_fn branch, const char *res,
+                                         PGconn *pg, const char *xid, const char *acct, int amount, int64_t *bid) {
+  rb_arg_t rollback = {xid, -1, -1};
+  *hook_arg = &rollback;
+  *hook = rollback_at_failpoint;
+  int rc = branch(client, res, pg, xid, acct, amount, true, bid);
+  *hook = NULL;
+  assert_int_equal(rollback.rc, 0);
+  assert_int_equal(rollback.status, RM_GS_ROLLBACKED);
+  return rc;
 }
 
 void *phase2_thread(void *arg) {
@@ -250,6 +316,20 @@ void *phase2_thread(void *arg) {
   char msg[512];
   a->status = rm__at_phase2(client, &a->req, &a->code, msg, sizeof(msg));
   return NULL;
+}
+
+rm_phase2_req_t phase2_req(bool commit, const char *xid, int64_t bid, const char *res, int branch_type) {
+  return (rm_phase2_req_t){
+    .commit = commit, .xid = xid, .branch_id = bid, .resource_id = res, .branch_type = branch_type};
+}
+
+void phase2_twice_at_once(rm_phase2_req_t req, p2_arg_t out[2]) {
+  pthread_t th[2];
+  for (int i = 0; i < 2; i++) {
+    out[i] = (p2_arg_t){req, -1, -1};
+    assert_int_equal(pthread_create(&th[i], NULL, phase2_thread, &out[i]), 0);
+  }
+  for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
 }
 
 int at_set(const char *xid, const char *k, const char *v) {
@@ -269,44 +349,46 @@ int at_set(const char *xid, const char *k, const char *v) {
   return rc;
 }
 
-char *order_v(const char *k) {
-  PGconn *o = pg_open(orders_url);
+void expect_order(const char *k, const char *want) {
+  PGconn *o = itest_pg(orders_url);
   const char *p[1] = {k};
   PGresult *r = PQexecParams(o, "SELECT v FROM tcc_order WHERE k = $1", 1, NULL, p, NULL, NULL, 0);
-  char *v = PQntuples(r) == 1 ? strdup(PQgetvalue(r, 0, 0)) : NULL;
+  int rows = PQntuples(r);
+  char v[64] = "";
+  if (rows == 1) snprintf(v, sizeof(v), "%s", PQgetvalue(r, 0, 0));
   PQclear(r);
-  PQfinish(o);
-  return v;
+  assert_int_equal(rows, 1);
+  assert_string_equal(v, want);
 }
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-    cmocka_unit_test(test_commit_and_rollback),
-    cmocka_unit_test(test_cancel_before_try),
-    cmocka_unit_test(test_cancel_meets_uncommitted_try),
-    cmocka_unit_test(test_duplicate_phase2),
-    cmocka_unit_test(test_handler_failures),
-    cmocka_unit_test(test_mixed_at_and_tcc),
-    cmocka_unit_test(test_rm_gone_between_try_and_confirm),
-    cmocka_unit_test(test_sweep),
-    cmocka_unit_test(test_bad_input),
-    cmocka_unit_test(test_xa_commit_and_rollback),
-    cmocka_unit_test(test_xa_rollback_before_start),
-    cmocka_unit_test(test_xa_rollback_meets_open_branch),
-    cmocka_unit_test(test_xa_duplicates),
-    cmocka_unit_test(test_xa_mixed_at_tcc_xa),
-    cmocka_unit_test(test_xa_bad_input),
-    cmocka_unit_test(test_xa_rm_gone_and_tc_killed),
-    cmocka_unit_test(test_saga_forward),
-    cmocka_unit_test(test_saga_compensated),
-    cmocka_unit_test(test_saga_retried),
-    cmocka_unit_test(test_saga_rolled_back_before_commit),
-    cmocka_unit_test(test_saga_bad_input),
-    cmocka_unit_test(test_saga_rm_gone),
-    cmocka_unit_test(test_saga_with_tcc),
-    cmocka_unit_test(test_saga_tc_killed_mid_step),
-    cmocka_unit_test(test_saga_two_drives),
-    cmocka_unit_test(test_tc_killed_after_decision),
+    ITEST_CASE(test_commit_and_rollback),
+    ITEST_CASE(test_cancel_before_try),
+    ITEST_CASE(test_cancel_meets_uncommitted_try),
+    ITEST_CASE(test_duplicate_phase2),
+    ITEST_CASE(test_handler_failures),
+    ITEST_CASE(test_mixed_at_and_tcc),
+    ITEST_CASE(test_rm_gone_between_try_and_confirm),
+    ITEST_CASE(test_sweep),
+    ITEST_CASE(test_bad_input),
+    ITEST_CASE(test_xa_commit_and_rollback),
+    ITEST_CASE(test_xa_rollback_before_start),
+    ITEST_CASE(test_xa_rollback_meets_open_branch),
+    ITEST_CASE(test_xa_duplicates),
+    ITEST_CASE(test_xa_mixed_at_tcc_xa),
+    ITEST_CASE(test_xa_bad_input),
+    ITEST_CASE(test_xa_rm_gone_and_tc_killed),
+    ITEST_CASE(test_saga_forward),
+    ITEST_CASE(test_saga_compensated),
+    ITEST_CASE(test_saga_retried),
+    ITEST_CASE(test_saga_rolled_back_before_commit),
+    ITEST_CASE(test_saga_bad_input),
+    ITEST_CASE(test_saga_rm_gone),
+    ITEST_CASE(test_saga_with_tcc),
+    ITEST_CASE(test_saga_tc_killed_mid_step),
+    ITEST_CASE(test_saga_two_drives),
+    ITEST_CASE(test_tc_killed_after_decision),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

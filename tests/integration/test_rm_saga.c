@@ -109,10 +109,19 @@ static const char *journal(PGconn *pg, const char *xid) {
   return out;
 }
 
-/* Begin a saga and add one step per args. */
-static void saga(const char *name, const char *const *args, int n, char *xid, int64_t *bids) {
-  assert_int_equal(rm_tm_begin(client, 30000, name, xid), 0);
-  for (int i = 0; i < n; i++) assert_int_equal(rm_saga_step(client, xid, SAGA_RES, args[i], &bids[i]), 0);
+/* A saga of a test: its xid and its steps' branch ids, in order. */
+typedef struct saga_run {
+  char xid[RM_XID_MAX];
+  int64_t bid[3];
+} saga_run_t;
+
+/* Begin a saga and add one step per args (up to 3), which must succeed. */
+static saga_run_t saga(const char *name, const char *const *args, int n) {
+  saga_run_t g;
+  assert_true(n <= (int)(sizeof(g.bid) / sizeof(g.bid[0])));
+  begin_global(name, g.xid);
+  for (int i = 0; i < n; i++) assert_int_equal(rm_saga_step(client, g.xid, SAGA_RES, args[i], &g.bid[i]), 0);
+  return g;
 }
 
 static p2_arg_t step_call(bool action, const char *xid, int64_t bid, const char *args) {
@@ -128,24 +137,18 @@ static p2_arg_t step_call(bool action, const char *xid, int64_t bid, const char 
  * returns; the fence rows say confirmed. */
 void test_saga_forward(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url);
-  char xid[RM_XID_MAX];
-  int64_t b[3];
-  const char *args[] = {"flight", "hotel", "car"};
-  saga("saga_forward", args, 3, xid, b);
-  assert_string_equal(journal(s, xid), ""); /* nothing runs before the commit */
-  int st = 0;
-  assert_int_equal(rm_tm_commit(client, xid, &st), 0);
-  assert_int_equal(st, RM_GS_COMMITTED);
-  assert_string_equal(journal(s, xid), "flight+ hotel+ car+");
-  for (int i = 0; i < 3; i++) assert_int_equal(fence(s, xid, b[i]), 2);
-  assert_true(b[0] < b[1] && b[1] < b[2]);
+  PGconn *s = itest_pg(stock_url);
+  saga_run_t g = saga("saga_forward", (const char *[]){"flight", "hotel", "car"}, 3);
+  assert_string_equal(journal(s, g.xid), ""); /* nothing runs before the commit */
+  assert_int_equal(commit_ok(g.xid), RM_GS_COMMITTED);
+  assert_string_equal(journal(s, g.xid), "flight+ hotel+ car+");
+  for (int i = 0; i < 3; i++) assert_int_equal(fence(s, g.xid, g.bid[i]), 2);
+  assert_true(g.bid[0] < g.bid[1] && g.bid[1] < g.bid[2]);
   /* A duplicate action (a delivery the coordinator repeats) is answered from the row. */
-  p2_arg_t dup = step_call(true, xid, b[1], "hotel");
+  p2_arg_t dup = step_call(true, g.xid, g.bid[1], "hotel");
   assert_int_equal(dup.status, TXP_BS_PHASE2_COMMITTED);
-  assert_string_equal(journal(s, xid), "flight+ hotel+ car+");
-  assert_int_equal(WAIT_EQ(RM_GS_COMMITTED, 10, global_status(xid)), RM_GS_COMMITTED);
-  PQfinish(s);
+  assert_string_equal(journal(s, g.xid), "flight+ hotel+ car+");
+  assert_int_equal(WAIT_EQ(RM_GS_COMMITTED, 10, global_status(g.xid)), RM_GS_COMMITTED);
 }
 
 /* The second of three actions fails for good: the first is compensated,
@@ -153,31 +156,27 @@ void test_saga_forward(void **state) {
  * handler), and rm_tm_commit says the saga was compensated. */
 void test_saga_compensated(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url);
-  char xid[RM_XID_MAX];
-  int64_t b[3];
-  const char *args[] = {"flight", "hotel:fail", "car"};
-  saga("saga_compensated", args, 3, xid, b);
+  PGconn *s = itest_pg(stock_url);
+  saga_run_t g = saga("saga_compensated", (const char *[]){"flight", "hotel:fail", "car"}, 3);
   int st = 0;
-  int rc = rm_tm_commit(client, xid, &st);
+  int rc = rm_tm_commit(client, g.xid, &st);
   assert_int_equal(rc, RM_E_GLOBAL_NOT_ACTIVE);
   assert_int_equal(st, RM_GS_ROLLBACKED);
   assert_non_null(strstr(rm_errmsg(), "compensated"));
   /* hotel's own action row went with its failed transaction. */
-  assert_string_equal(journal(s, xid), "flight+ flight-");
-  assert_int_equal(fence(s, xid, b[0]), 3);
-  assert_int_equal(fence(s, xid, b[1]), 4);
-  assert_int_equal(fence(s, xid, b[2]), 4);
+  assert_string_equal(journal(s, g.xid), "flight+ flight-");
+  assert_int_equal(fence(s, g.xid, g.bid[0]), 3);
+  assert_int_equal(fence(s, g.xid, g.bid[1]), 4);
+  assert_int_equal(fence(s, g.xid, g.bid[2]), 4);
   /* The late action of the step never run is refused by its row. */
-  p2_arg_t late = step_call(true, xid, b[2], "car");
+  p2_arg_t late = step_call(true, g.xid, g.bid[2], "car");
   assert_int_equal(late.status, TXP_BS_PHASE2_COMMIT_FAILED_UNRETRYABLE);
   assert_int_equal(late.code, RM_E_FENCE);
   /* A duplicate compensation is answered from the row. */
-  p2_arg_t dup = step_call(false, xid, b[0], "flight");
+  p2_arg_t dup = step_call(false, g.xid, g.bid[0], "flight");
   assert_int_equal(dup.status, TXP_BS_PHASE2_ROLLBACKED);
-  assert_string_equal(journal(s, xid), "flight+ flight-");
-  assert_int_equal(global_status(xid), RM_GS_ROLLBACKED);
-  PQfinish(s);
+  assert_string_equal(journal(s, g.xid), "flight+ flight-");
+  assert_int_equal(global_status(g.xid), RM_GS_ROLLBACKED);
 }
 
 /* An action that asks for retries: rm_tm_commit says the saga goes on,
@@ -185,45 +184,35 @@ void test_saga_compensated(void **state) {
  * one after it. */
 void test_saga_retried(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url);
-  char xid[RM_XID_MAX];
-  int64_t b[2];
+  PGconn *s = itest_pg(stock_url);
   atomic_store(&retries_asked, 0);
-  const char *args[] = {"flight:retry2", "hotel"};
-  saga("saga_retried", args, 2, xid, b);
+  saga_run_t g = saga("saga_retried", (const char *[]){"flight:retry2", "hotel"}, 2);
   int st = 0;
-  int rc = rm_tm_commit(client, xid, &st);
+  int rc = rm_tm_commit(client, g.xid, &st);
   assert_int_equal(rc, RM_E_COMMIT_PENDING);
   assert_true(st == RM_GS_COMMIT_RETRYING || st == RM_GS_COMMITTING);
-  assert_int_equal(WAIT_EQ(RM_GS_COMMITTED, 20, global_status(xid)), RM_GS_COMMITTED);
+  assert_int_equal(WAIT_EQ(RM_GS_COMMITTED, 20, global_status(g.xid)), RM_GS_COMMITTED);
   assert_int_equal(atomic_load(&retries_asked), 2);
-  assert_string_equal(journal(s, xid), "flight+ hotel+");
-  PQfinish(s);
+  assert_string_equal(journal(s, g.xid), "flight+ hotel+");
 }
 
 /* Rolled back before the commit: no action ran, every compensation is
  * empty, and an action delivered late is refused. */
 void test_saga_rolled_back_before_commit(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url);
-  char xid[RM_XID_MAX];
-  int64_t b[2];
-  const char *args[] = {"flight", "hotel"};
-  saga("saga_rollback", args, 2, xid, b);
-  int st = 0;
-  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
-  assert_int_equal(st, RM_GS_ROLLBACKED);
-  assert_int_equal(fence(s, xid, b[0]), 4);
-  assert_int_equal(fence(s, xid, b[1]), 4);
-  p2_arg_t late = step_call(true, xid, b[0], "flight");
+  PGconn *s = itest_pg(stock_url);
+  saga_run_t g = saga("saga_rollback", (const char *[]){"flight", "hotel"}, 2);
+  assert_int_equal(rollback_ok(g.xid), RM_GS_ROLLBACKED);
+  assert_int_equal(fence(s, g.xid, g.bid[0]), 4);
+  assert_int_equal(fence(s, g.xid, g.bid[1]), 4);
+  p2_arg_t late = step_call(true, g.xid, g.bid[0], "flight");
   assert_int_equal(late.status, TXP_BS_PHASE2_COMMIT_FAILED_UNRETRYABLE);
   assert_int_equal(late.code, RM_E_FENCE);
-  assert_string_equal(journal(s, xid), "");
+  assert_string_equal(journal(s, g.xid), "");
   /* No more steps once it is decided (finished: gone from the live table). */
   int64_t bid;
-  int rc = rm_saga_step(client, xid, SAGA_RES, "car", &bid);
+  int rc = rm_saga_step(client, g.xid, SAGA_RES, "car", &bid);
   assert_true(rc == RM_E_GLOBAL_NOT_FOUND || rc == RM_E_GLOBAL_NOT_ACTIVE);
-  PQfinish(s);
 }
 
 typedef struct commit_arg {
@@ -242,26 +231,23 @@ static void *commit_thread(void *arg) {
  * second step answered from its fence row, and every action ran once. */
 void test_saga_tc_killed_mid_step(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url), *t = pg_open(tc_url);
-  char xid[RM_XID_MAX];
-  int64_t b[3];
+  PGconn *s = itest_pg(stock_url), *t = itest_pg(tc_url);
   atomic_store(&slow_entered, 0);
   atomic_store(&slow_release, 0);
-  const char *args[] = {"flight", "hotel:slow", "car"};
-  saga("saga_tc_killed", args, 3, xid, b);
-  commit_arg_t ca = {.xid = xid};
+  saga_run_t g = saga("saga_tc_killed", (const char *[]){"flight", "hotel:slow", "car"}, 3);
+  commit_arg_t ca = {.xid = g.xid};
   pthread_t th;
   assert_int_equal(pthread_create(&th, NULL, commit_thread, &ca), 0);
   assert_int_equal(WAIT_EQ(1, 10, atomic_load(&slow_entered)), 1);
   /* The steps are in the store, in order, the first one done. */
   char b0[24];
-  snprintf(b0, sizeof(b0), "%lld", (long long)b[0]);
-  assert_int_equal(q_ll(t, "SELECT status FROM branch_table WHERE xid = $1 AND branch_id = $2", xid, b0), 5);
-  assert_int_equal(q_ll(t, "SELECT count(*) FROM branch_table WHERE xid = $1 AND branch_type = 2", xid, NULL), 3);
+  snprintf(b0, sizeof(b0), "%lld", (long long)g.bid[0]);
+  assert_int_equal(q_ll(t, "SELECT status FROM branch_table WHERE xid = $1 AND branch_id = $2", g.xid, b0), 5);
+  assert_int_equal(q_ll(t, "SELECT count(*) FROM branch_table WHERE xid = $1 AND branch_type = 2", g.xid, NULL), 3);
   /* ... and tcctl show lists them, in order, with where each one is. */
   char cmd[512], out[8192];
   snprintf(cmd, sizeof(cmd), "'%s/tcctl' --socket '%s' show '%s' 2>&1", getenv("TX_BIN_DIR") ? getenv("TX_BIN_DIR") : ".",
-           admin_socket, xid);
+           admin_socket, g.xid);
   FILE *f = popen(cmd, "r");
   assert_non_null(f);
   size_t n = fread(out, 1, sizeof(out) - 1, f);
@@ -276,13 +262,11 @@ void test_saga_tc_killed_mid_step(void **state) {
   assert_non_null(strstr(steps, "hotel:slow"));
   tcd_proc_kill(&tcd);
   atomic_store(&slow_release, 1);
-  assert_int_equal(WAIT_EQ(2, 10, fence(s, xid, b[1])), 2);
+  assert_int_equal(WAIT_EQ(2, 10, fence(s, g.xid, g.bid[1])), 2);
   assert_int_equal(tcd_proc_restart(&tcd), 0);
   pthread_join(th, NULL);
-  assert_int_equal(WAIT_EQ(RM_GS_COMMITTED, 30, global_status(xid)), RM_GS_COMMITTED);
-  assert_string_equal(journal(s, xid), "flight+ hotel+ car+");
-  PQfinish(t);
-  PQfinish(s);
+  assert_int_equal(WAIT_EQ(RM_GS_COMMITTED, 30, global_status(g.xid)), RM_GS_COMMITTED);
+  assert_string_equal(journal(s, g.xid), "flight+ hotel+ car+");
 }
 
 void test_saga_bad_input(void **state) {
@@ -293,7 +277,7 @@ void test_saga_bad_input(void **state) {
   assert_int_equal(rm_saga_resource_add(client, SAGA_RES, stock_url, &saga_handlers), RM_E_INVALID); /* twice */
   assert_non_null(strstr(rm_errmsg(), "already"));
   char xid[RM_XID_MAX];
-  assert_int_equal(rm_tm_begin(client, 30000, "saga_bad", xid), 0);
+  begin_global("saga_bad", xid);
   int64_t bid = 7;
   assert_int_equal(rm_saga_step(client, NULL, SAGA_RES, "x", &bid), RM_E_INVALID);
   assert_int_equal(bid, 0);
@@ -305,8 +289,7 @@ void test_saga_bad_input(void **state) {
   assert_int_equal(rm_saga_step(client, xid, SAGA_RES, big, &bid), RM_E_INVALID);
   free(big);
   assert_int_equal(rm_saga_step(client, "127.0.0.1:1:999999", SAGA_RES, "x", &bid), RM_E_GLOBAL_NOT_FOUND);
-  int st;
-  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
+  rollback_ok(xid);
 }
 
 /* The only RM of the step's resource is gone at the commit: the saga
@@ -314,11 +297,11 @@ void test_saga_bad_input(void **state) {
  * resource connects. */
 void test_saga_rm_gone(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url);
+  PGconn *s = itest_pg(stock_url);
   char xid[RM_XID_MAX];
   int64_t b[2];
   rm_client_t *c2 = new_client_saga("test_rm_modes_b", NULL, NULL, SAGA_ALONE);
-  assert_int_equal(rm_tm_begin(client, 30000, "saga_rm_gone", xid), 0);
+  begin_global("saga_rm_gone", xid);
   assert_int_equal(rm_saga_step(client, xid, SAGA_RES, "flight", &b[0]), 0);
   assert_int_equal(rm_saga_step(client, xid, SAGA_ALONE, "visa", &b[1]), 0);
   rm_client_free(c2);
@@ -332,40 +315,33 @@ void test_saga_rm_gone(void **state) {
   assert_string_equal(journal(s, xid), "flight+ visa+");
   assert_int_equal(fence(s, xid, b[1]), 2);
   rm_client_free(c3);
-  PQfinish(s);
 }
 
 /* A TCC branch in a saga: confirmed after the steps when they all ran,
  * cancelled with the compensations when one failed. */
 void test_saga_with_tcc(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url);
-  char acct[32], xid[RM_XID_MAX];
-  new_account(s, 100, acct, sizeof(acct));
-  int64_t tb = 0, sb = 0;
-  int st = 0;
-  assert_int_equal(rm_tm_begin(client, 30000, "saga_tcc_ok", xid), 0);
-  assert_int_equal(try_freeze(client, RES, s, xid, acct, 20, true, &tb), 0);
+  char acct[ACCT_MAX], xid[RM_XID_MAX];
+  PGconn *s = open_with_account(100, acct);
+  int64_t sb = 0;
+  int64_t tb = begin_and_freeze(s, "saga_tcc_ok", acct, 20, xid);
   assert_int_equal(rm_saga_step(client, xid, SAGA_RES, "flight", &sb), 0);
-  assert_int_equal(rm_tm_commit(client, xid, &st), 0);
-  assert_int_equal(st, RM_GS_COMMITTED);
+  assert_int_equal(commit_ok(xid), RM_GS_COMMITTED);
   assert_int_equal(fence(s, xid, tb), 2);
   assert_int_equal(acct_col(s, acct, "balance"), 80);
   assert_string_equal(journal(s, xid), "flight+");
 
   char xid2[RM_XID_MAX];
   int64_t sb2[2];
-  assert_int_equal(rm_tm_begin(client, 30000, "saga_tcc_fail", xid2), 0);
-  assert_int_equal(try_freeze(client, RES, s, xid2, acct, 30, true, &tb), 0);
+  tb = begin_and_freeze(s, "saga_tcc_fail", acct, 30, xid2);
   assert_int_equal(rm_saga_step(client, xid2, SAGA_RES, "flight", &sb2[0]), 0);
   assert_int_equal(rm_saga_step(client, xid2, SAGA_RES, "hotel:fail", &sb2[1]), 0);
+  int st = 0;
   assert_int_equal(rm_tm_commit(client, xid2, &st), RM_E_GLOBAL_NOT_ACTIVE);
   assert_int_equal(st, RM_GS_ROLLBACKED);
   assert_int_equal(fence(s, xid2, tb), 3); /* cancelled, never confirmed */
-  assert_int_equal(acct_col(s, acct, "balance"), 80);
-  assert_int_equal(acct_col(s, acct, "frozen"), 0);
+  expect_account(s, acct, 80, 0);
   assert_string_equal(journal(s, xid2), "flight+ flight-");
-  PQfinish(s);
 }
 
 /* Where a finished (or failed) saga ended: its status once it is no
@@ -392,14 +368,12 @@ static int saga_end(const char *xid, int secs) {
  * confirmed.  The saga is compensated in full, the TCC branch cancelled. */
 void test_saga_two_drives(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url), *t = pg_open(tc_url);
-  char acct[32], xid[RM_XID_MAX];
-  new_account(s, 100, acct, sizeof(acct));
+  char acct[ACCT_MAX], xid[RM_XID_MAX];
+  PGconn *s = open_with_account(100, acct), *t = itest_pg(tc_url);
   atomic_store(&flaky_calls, 0);
   atomic_store(&flaky_gate, 0);
-  int64_t tb = 0, sb[2];
-  assert_int_equal(rm_tm_begin(client, 30000, "saga_two_drives", xid), 0);
-  assert_int_equal(try_freeze(client, RES, s, xid, acct, 25, true, &tb), 0);
+  int64_t sb[2];
+  int64_t tb = begin_and_freeze(s, "saga_two_drives", acct, 25, xid);
   assert_int_equal(rm_saga_step(client, xid, SAGA_RES, "flight", &sb[0]), 0);
   assert_int_equal(rm_saga_step(client, xid, SAGA_RES, "hotel:flaky", &sb[1]), 0);
   commit_arg_t ca = {.xid = xid};
@@ -424,11 +398,8 @@ void test_saga_two_drives(void **state) {
   assert_int_equal(saga_end(xid, 30), RM_GS_ROLLBACKED);
   pthread_join(th, NULL);
   assert_int_equal(fence(s, xid, tb), 3); /* cancelled, never confirmed */
-  assert_int_equal(acct_col(s, acct, "balance"), 100);
-  assert_int_equal(acct_col(s, acct, "frozen"), 0);
+  expect_account(s, acct, 100, 0);
   assert_int_equal(fence(s, xid, sb[0]), 3);
   assert_int_equal(fence(s, xid, sb[1]), 3);
   assert_string_equal(journal(s, xid), "flight+ hotel+ hotel- flight-");
-  PQfinish(t);
-  PQfinish(s);
 }

@@ -15,7 +15,6 @@
 #include <cmocka.h>
 
 #include <limits.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,150 +27,103 @@
  * for TCC phase two); rollback: the cancel gives the freeze back. */
 void test_commit_and_rollback(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url);
-  assert_non_null(s);
-  char acct[32], xid[RM_XID_MAX];
-  new_account(s, 100, acct, sizeof(acct));
+  char acct[ACCT_MAX], xid[RM_XID_MAX];
+  PGconn *s = open_with_account(100, acct);
   int c0 = atomic_load(&confirms), k0 = atomic_load(&cancels);
 
-  assert_int_equal(rm_tm_begin(client, 30000, "tcc_commit", xid), 0);
-  int64_t bid = 0;
-  assert_int_equal(try_freeze(client, RES, s, xid, acct, 30, true, &bid), 0);
+  int64_t bid = begin_and_freeze(s, "tcc_commit", acct, 30, xid);
   assert_true(bid > 0);
   assert_int_equal(fence(s, xid, bid), 1);
-  assert_int_equal(acct_col(s, acct, "frozen"), 30);
-  int st = 0;
-  assert_int_equal(rm_tm_commit(client, xid, &st), 0);
-  assert_int_equal(st, RM_GS_COMMITTED);
+  expect_account(s, acct, 100, 30);
+  assert_int_equal(commit_ok(xid), RM_GS_COMMITTED);
   /* No wait: applied when the TM heard "committed". */
   assert_int_equal(fence(s, xid, bid), 2);
-  assert_int_equal(acct_col(s, acct, "balance"), 70);
-  assert_int_equal(acct_col(s, acct, "frozen"), 0);
+  expect_account(s, acct, 70, 0);
   assert_int_equal(atomic_load(&confirms), c0 + 1);
   assert_int_equal(atomic_load(&cancels), k0);
 
   char xid2[RM_XID_MAX];
-  assert_int_equal(rm_tm_begin(client, 30000, "tcc_rollback", xid2), 0);
-  assert_int_equal(try_freeze(client, RES, s, xid2, acct, 50, true, &bid), 0);
-  assert_int_equal(acct_col(s, acct, "frozen"), 50);
-  assert_int_equal(rm_tm_rollback(client, xid2, &st), 0);
-  assert_int_equal(st, RM_GS_ROLLBACKED);
+  bid = begin_and_freeze(s, "tcc_rollback", acct, 50, xid2);
+  expect_account(s, acct, 70, 50);
+  assert_int_equal(rollback_ok(xid2), RM_GS_ROLLBACKED);
   assert_int_equal(fence(s, xid2, bid), 3);
-  assert_int_equal(acct_col(s, acct, "balance"), 70);
-  assert_int_equal(acct_col(s, acct, "frozen"), 0);
+  expect_account(s, acct, 70, 0);
   assert_int_equal(atomic_load(&cancels), k0 + 1);
   assert_int_equal(atomic_load(&confirms), c0 + 1);
 
   /* A freeze over the balance fails in the try's own transaction: the
    * branch was registered, nothing was tried, the rollback is empty. */
   char xid3[RM_XID_MAX];
-  assert_int_equal(rm_tm_begin(client, 30000, "tcc_too_much", xid3), 0);
+  begin_global("tcc_too_much", xid3);
   assert_int_equal(try_freeze(client, RES, s, xid3, acct, 500, true, &bid), RM_E_GUARD);
   assert_int_equal(fence(s, xid3, bid), LLONG_MIN);
-  assert_int_equal(rm_tm_rollback(client, xid3, &st), 0);
+  rollback_ok(xid3);
   assert_int_equal(fence(s, xid3, bid), 4);
   assert_int_equal(atomic_load(&cancels), k0 + 1); /* no handler for an empty rollback */
   assert_int_equal(acct_col(s, acct, "frozen"), 0);
-  PQfinish(s);
 }
 
 /* The cancel arrives between the try's registration and its fence row:
  * recorded as an empty rollback, and the try is then refused. */
-typedef struct pause_ctx {
-  int rc, status;
-} pause_ctx_t;
-
-static void rollback_in_between(const char *xid, int64_t bid, void *arg) {
-  (void)bid;
-  pause_ctx_t *p = arg;
-  p->rc = rm_tm_rollback(client, xid, &p->status);
-}
-
 void test_cancel_before_try(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url);
-  assert_non_null(s);
-  char acct[32], xid[RM_XID_MAX];
-  new_account(s, 10, acct, sizeof(acct));
+  char acct[ACCT_MAX], xid[RM_XID_MAX];
+  PGconn *s = open_with_account(10, acct);
   int k0 = atomic_load(&cancels);
-  assert_int_equal(rm_tm_begin(client, 30000, "tcc_cancel_first", xid), 0);
-  pause_ctx_t p = {-1, -1};
-  rm__tcc_failpoint_arg = &p;
-  rm__tcc_failpoint_after_register = rollback_in_between;
+  begin_global("tcc_cancel_first", xid);
   int64_t bid = 0;
-  int rc = try_freeze(client, RES, s, xid, acct, 5, true, &bid);
-  rm__tcc_failpoint_after_register = NULL;
-  assert_int_equal(p.rc, 0);
-  assert_int_equal(p.status, RM_GS_ROLLBACKED);
+  int rc = branch_with_rollback_at_registration(&rm__tcc_failpoint_after_register, &rm__tcc_failpoint_arg, try_freeze,
+                                                RES, s, xid, acct, 5, &bid);
   assert_int_equal(rc, RM_E_FENCE); /* anti-hanging */
   assert_non_null(strstr(rm_errmsg(), "before its try"));
   assert_int_equal(bid, 0);
   /* Nothing frozen, the row says why, no cancel handler ran. */
   assert_int_equal(acct_col(s, acct, "frozen"), 0);
-  PGconn *w = pg_open(stock_url);
+  PGconn *w = itest_pg(stock_url);
   long long st4 = q_ll(w, "SELECT status FROM branch_fence WHERE xid = $1", xid, NULL);
   assert_int_equal(st4, 4);
   assert_int_equal(atomic_load(&cancels), k0);
   assert_int_equal(global_status(xid), RM_GS_ROLLBACKED);
-  PQfinish(w);
-  PQfinish(s);
 }
 
 /* The cancel meets the try's row inserted but not committed: it waits on
  * the key, then cancels the committed try. */
 void test_cancel_meets_uncommitted_try(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url), *w = pg_open(stock_url);
-  assert_non_null(s);
-  char acct[32], xid[RM_XID_MAX];
-  new_account(s, 10, acct, sizeof(acct));
+  char acct[ACCT_MAX], xid[RM_XID_MAX];
+  PGconn *s = open_with_account(10, acct), *w = itest_pg(stock_url);
   int k0 = atomic_load(&cancels);
-  assert_int_equal(rm_tm_begin(client, 30000, "tcc_cancel_waits", xid), 0);
+  begin_global("tcc_cancel_waits", xid);
   int64_t bid = 0;
   assert_int_equal(try_freeze(client, RES, s, xid, acct, 4, false, &bid), 0);
-  rb_arg_t a = {xid, -1, -1};
-  pthread_t th;
-  assert_int_equal(pthread_create(&th, NULL, rollback_thread, &a), 0);
+  struct rollback_run *rollback = rollback_start(xid);
   sleep_ms(300); /* the cancel is waiting on the try's uncommitted key */
   assert_true(exec_ok(s, "COMMIT"));
-  pthread_join(th, NULL);
+  rollback_join(rollback);
   /* Within the phase-two lock timeout it cancels at once; past it, the
    * coordinator's retry does: either way, the end is the same. */
   assert_int_equal(WAIT_EQ(RM_GS_ROLLBACKED, 20, global_status(xid)), RM_GS_ROLLBACKED);
   assert_int_equal(WAIT_EQ(3, 10, fence(w, xid, bid)), 3);
   assert_int_equal(acct_col(w, acct, "frozen"), 0);
   assert_int_equal(atomic_load(&cancels), k0 + 1);
-  PQfinish(s);
-  PQfinish(w);
 }
 
 /* Phase two delivered twice, concurrently, late, and against the grain. */
 void test_duplicate_phase2(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url);
-  assert_non_null(s);
-  char acct[32], xid[RM_XID_MAX];
-  new_account(s, 100, acct, sizeof(acct));
+  char acct[ACCT_MAX], xid[RM_XID_MAX];
+  PGconn *s = open_with_account(100, acct);
   int c0 = atomic_load(&confirms), k0 = atomic_load(&cancels);
   /* Tried, left undecided at the TC: two concurrent confirms straight to
    * the RM confirm once. */
-  assert_int_equal(rm_tm_begin(client, 30000, "tcc_dup", xid), 0);
-  int64_t bid = 0;
-  assert_int_equal(try_freeze(client, RES, s, xid, acct, 10, true, &bid), 0);
+  int64_t bid = begin_and_freeze(s, "tcc_dup", acct, 10, xid);
   p2_arg_t a[2];
-  pthread_t th[2];
-  for (int i = 0; i < 2; i++) {
-    a[i] = (p2_arg_t){{.commit = true, .xid = xid, .branch_id = bid, .resource_id = RES, .branch_type = TXP_BT_TCC},
-                      -1, -1};
-    assert_int_equal(pthread_create(&th[i], NULL, phase2_thread, &a[i]), 0);
-  }
-  for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+  phase2_twice_at_once(phase2_req(true, xid, bid, RES, TXP_BT_TCC), a);
   for (int i = 0; i < 2; i++) assert_int_equal(a[i].status, TXP_BS_PHASE2_COMMITTED);
   assert_int_equal(atomic_load(&confirms), c0 + 1);
   assert_int_equal(acct_col(s, acct, "balance"), 90);
   /* The TC's own commit: answered from the row. */
-  int st = 0;
-  assert_int_equal(rm_tm_commit(client, xid, &st), 0);
+  commit_ok(xid);
   assert_int_equal(atomic_load(&confirms), c0 + 1);
   assert_int_equal(acct_col(s, acct, "balance"), 90);
   /* A cancel of a confirmed branch: refused for good, nothing changes. */
@@ -183,15 +135,13 @@ void test_duplicate_phase2(void **state) {
   assert_int_equal(code, RM_E_FENCE);
   assert_non_null(strstr(msg, "confirmed"));
   assert_int_equal(atomic_load(&cancels), k0);
-  assert_int_equal(acct_col(s, acct, "balance"), 90);
+  expect_account(s, acct, 90, 0);
 
   /* Cancels twice; a confirm after them refused. */
   char xid2[RM_XID_MAX];
-  assert_int_equal(rm_tm_begin(client, 30000, "tcc_dup_cancel", xid2), 0);
-  assert_int_equal(try_freeze(client, RES, s, xid2, acct, 20, true, &bid), 0);
-  assert_int_equal(rm_tm_rollback(client, xid2, &st), 0);
-  rm_phase2_req_t c2 = {.commit = false, .xid = xid2, .branch_id = bid, .resource_id = RES,
-                        .branch_type = TXP_BT_TCC};
+  bid = begin_and_freeze(s, "tcc_dup_cancel", acct, 20, xid2);
+  rollback_ok(xid2);
+  rm_phase2_req_t c2 = phase2_req(false, xid2, bid, RES, TXP_BT_TCC);
   assert_int_equal(rm__at_phase2(client, &c2, &code, msg, sizeof(msg)), TXP_BS_PHASE2_ROLLBACKED);
   assert_int_equal(rm__at_phase2(client, &c2, &code, msg, sizeof(msg)), TXP_BS_PHASE2_ROLLBACKED);
   assert_int_equal(atomic_load(&cancels), k0 + 1);
@@ -201,8 +151,7 @@ void test_duplicate_phase2(void **state) {
   assert_int_equal(code, RM_E_FENCE);
 
   /* A confirm of a branch whose try never committed: retryable. */
-  rm_phase2_req_t ghost = {.commit = true, .xid = "127.0.0.1:1:434343", .branch_id = 987650001, .resource_id = RES,
-                           .branch_type = TXP_BT_TCC};
+  rm_phase2_req_t ghost = phase2_req(true, "127.0.0.1:1:434343", 987650001, RES, TXP_BT_TCC);
   assert_int_equal(rm__at_phase2(client, &ghost, &code, msg, sizeof(msg)), TXP_BS_PHASE2_COMMIT_FAILED_RETRYABLE);
   assert_int_equal(code, RM_E_STATE);
   assert_int_equal(fence(s, ghost.xid, ghost.branch_id), LLONG_MIN);
@@ -211,7 +160,6 @@ void test_duplicate_phase2(void **state) {
   ghost.resource_id = "orders";
   assert_int_equal(rm__at_phase2(client, &ghost, &code, msg, sizeof(msg)), TXP_BS_PHASE2_COMMIT_FAILED_RETRYABLE);
   assert_int_equal(code, RM_E_NOT_SUPPORTED);
-  PQfinish(s);
 }
 
 /* A confirm that asks for a retry (after writing: rolled back with it),
@@ -219,18 +167,13 @@ void test_duplicate_phase2(void **state) {
  * fails for good (CommitFailed for an operator). */
 void test_handler_failures(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url);
-  assert_non_null(s);
-  char acct[32], xid[RM_XID_MAX];
-  new_account(s, 100, acct, sizeof(acct));
+  char acct[ACCT_MAX], xid[RM_XID_MAX];
+  PGconn *s = open_with_account(100, acct);
   int c0 = atomic_load(&confirms);
 
   atomic_store(&confirm_retries_left, 2);
-  assert_int_equal(rm_tm_begin(client, 30000, "tcc_retry", xid), 0);
-  int64_t bid = 0;
-  assert_int_equal(try_freeze(client, RES, s, xid, acct, 10, true, &bid), 0);
-  int st = 0;
-  assert_int_equal(rm_tm_commit(client, xid, &st), 0); /* decided; phase two retries */
+  int64_t bid = begin_and_freeze(s, "tcc_retry", acct, 10, xid);
+  commit_ok(xid); /* decided; phase two retries */
   assert_int_equal(WAIT_EQ(2, 20, fence(s, xid, bid)), 2);
   assert_int_equal(atomic_load(&confirm_retries_left), 0);
   assert_int_equal(atomic_load(&confirms), c0 + 1);
@@ -239,9 +182,8 @@ void test_handler_failures(void **state) {
 
   atomic_store(&confirm_breaks_txn, 1);
   char xid2[RM_XID_MAX];
-  assert_int_equal(rm_tm_begin(client, 30000, "tcc_liar", xid2), 0);
-  assert_int_equal(try_freeze(client, RES, s, xid2, acct, 10, true, &bid), 0);
-  assert_int_equal(rm_tm_commit(client, xid2, &st), 0);
+  bid = begin_and_freeze(s, "tcc_liar", acct, 10, xid2);
+  commit_ok(xid2);
   sleep_ms(300);
   assert_int_equal(fence(s, xid2, bid), 1); /* still tried: nothing recorded */
   assert_int_equal(acct_col(s, acct, "balance"), 90);
@@ -251,67 +193,53 @@ void test_handler_failures(void **state) {
 
   atomic_store(&confirm_fail, 1);
   char xid3[RM_XID_MAX];
-  assert_int_equal(rm_tm_begin(client, 30000, "tcc_declined", xid3), 0);
-  assert_int_equal(try_freeze(client, RES, s, xid3, acct, 10, true, &bid), 0);
+  bid = begin_and_freeze(s, "tcc_declined", acct, 10, xid3);
+  int st = 0;
   int rc = rm_tm_commit(client, xid3, &st);
   atomic_store(&confirm_fail, 0);
   assert_int_equal(rc, RM_E_COMMIT_FAILED);
   assert_int_equal(st, RM_GS_COMMIT_FAILED);
   assert_int_equal(fence(s, xid3, bid), 1);
   assert_int_equal(acct_col(s, acct, "frozen"), 10); /* held for the operator */
-  PQfinish(s);
 }
 
 /* AT and TCC branches in one global: both commit, or both roll back. */
 void test_mixed_at_and_tcc(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url);
-  assert_non_null(s);
-  char acct[32], xid[RM_XID_MAX];
-  new_account(s, 100, acct, sizeof(acct));
+  char acct[ACCT_MAX], xid[RM_XID_MAX];
+  PGconn *s = open_with_account(100, acct);
   for (int commit = 1; commit >= 0; commit--) {
     char k[64];
     snprintf(k, sizeof(k), "order-%s-%d", acct, commit);
-    assert_int_equal(rm_tm_begin(client, 30000, "tcc_mixed", xid), 0);
+    begin_global("tcc_mixed", xid);
     assert_int_equal(at_set(xid, k, "PAID"), 0);
     int64_t bid = 0;
     assert_int_equal(try_freeze(client, RES, s, xid, acct, 25, true, &bid), 0);
-    int st = 0;
     if (commit) {
-      assert_int_equal(rm_tm_commit(client, xid, &st), 0);
+      commit_ok(xid);
       assert_int_equal(fence(s, xid, bid), 2);
-      assert_int_equal(acct_col(s, acct, "balance"), 75);
     } else {
-      assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
-      assert_int_equal(st, RM_GS_ROLLBACKED);
+      assert_int_equal(rollback_ok(xid), RM_GS_ROLLBACKED);
       assert_int_equal(fence(s, xid, bid), 3);
-      assert_int_equal(acct_col(s, acct, "balance"), 75);
     }
-    assert_int_equal(acct_col(s, acct, "frozen"), 0);
-    char *v = order_v(k);
-    assert_non_null(v);
-    assert_string_equal(v, commit ? "PAID" : "NEW");
-    free(v);
+    expect_account(s, acct, 75, 0);
+    expect_order(k, commit ? "PAID" : "NEW");
   }
-  PQfinish(s);
 }
 
 /* The RM that tried is gone before the confirm: the global is committed
  * as a decision and retried; the next RM of the resource confirms it. */
 void test_rm_gone_between_try_and_confirm(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url);
-  assert_non_null(s);
-  char acct[32], xid[RM_XID_MAX];
-  new_account(s, 100, acct, sizeof(acct));
+  char acct[ACCT_MAX], xid[RM_XID_MAX];
+  PGconn *s = open_with_account(100, acct);
   int c0 = atomic_load(&confirms);
   rm_client_t *c2 = new_client("test_rm_modes_b", RES_ALONE, NULL);
-  assert_int_equal(rm_tm_begin(client, 30000, "tcc_rm_gone", xid), 0);
+  begin_global("tcc_rm_gone", xid);
   int64_t bid = 0;
   assert_int_equal(try_freeze(c2, RES_ALONE, s, xid, acct, 40, true, &bid), 0);
   rm_client_free(c2); /* the RM dies with its try committed */
-  int st = 0;
-  assert_int_equal(rm_tm_commit(client, xid, &st), 0);
+  commit_ok(xid);
   sleep_ms(300);
   assert_int_equal(fence(s, xid, bid), 1);
   assert_int_equal(atomic_load(&confirms), c0);
@@ -319,28 +247,21 @@ void test_rm_gone_between_try_and_confirm(void **state) {
   rm_client_t *c3 = new_client("test_rm_modes_b", RES_ALONE, NULL);
   assert_int_equal(WAIT_EQ(2, 20, fence(s, xid, bid)), 2);
   assert_int_equal(atomic_load(&confirms), c0 + 1);
-  assert_int_equal(acct_col(s, acct, "balance"), 60);
-  assert_int_equal(acct_col(s, acct, "frozen"), 0);
+  expect_account(s, acct, 60, 0);
   assert_int_equal(WAIT_EQ(RM_GS_COMMITTED, 20, global_status(xid)), RM_GS_COMMITTED);
   rm_client_free(c3);
-  PQfinish(s);
 }
 
 /* tcd is killed after deciding the commit, before the confirm got through
  * (it keeps asking for a retry); the restarted node finishes it. */
 void test_tc_killed_after_decision(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url);
-  assert_non_null(s);
-  char acct[32], xid[RM_XID_MAX];
-  new_account(s, 100, acct, sizeof(acct));
+  char acct[ACCT_MAX], xid[RM_XID_MAX];
+  PGconn *s = open_with_account(100, acct);
   int c0 = atomic_load(&confirms);
   atomic_store(&confirm_retries_left, 1000000);
-  assert_int_equal(rm_tm_begin(client, 30000, "tcc_tc_killed", xid), 0);
-  int64_t bid = 0;
-  assert_int_equal(try_freeze(client, RES, s, xid, acct, 15, true, &bid), 0);
-  int st = 0;
-  assert_int_equal(rm_tm_commit(client, xid, &st), 0);
+  int64_t bid = begin_and_freeze(s, "tcc_tc_killed", acct, 15, xid);
+  commit_ok(xid);
   tcd_proc_kill(&tcd);
   atomic_store(&confirm_retries_left, 0);
   assert_int_equal(fence(s, xid, bid), 1);
@@ -349,39 +270,30 @@ void test_tc_killed_after_decision(void **state) {
   assert_int_equal(atomic_load(&confirms), c0 + 1);
   assert_int_equal(acct_col(s, acct, "balance"), 85);
   assert_int_equal(WAIT_EQ(RM_GS_COMMITTED, 20, global_status(xid)), RM_GS_COMMITTED);
-  PQfinish(s);
 }
 
 /* The retention sweep takes finished rows past the retention, never a
  * tried one. */
 void test_sweep(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url);
-  assert_non_null(s);
-  char acct[32], xid[RM_XID_MAX], xid2[RM_XID_MAX];
-  new_account(s, 100, acct, sizeof(acct));
-  int64_t done = 0, open = 0;
-  assert_int_equal(rm_tm_begin(client, 30000, "tcc_sweep_done", xid), 0);
-  assert_int_equal(try_freeze(client, RES, s, xid, acct, 1, true, &done), 0);
-  int st = 0;
-  assert_int_equal(rm_tm_commit(client, xid, &st), 0);
-  assert_int_equal(rm_tm_begin(client, 30000, "tcc_sweep_open", xid2), 0);
-  assert_int_equal(try_freeze(client, RES, s, xid2, acct, 1, true, &open), 0);
+  char acct[ACCT_MAX], xid[RM_XID_MAX], xid2[RM_XID_MAX];
+  PGconn *s = open_with_account(100, acct);
+  int64_t done = begin_and_freeze(s, "tcc_sweep_done", acct, 1, xid);
+  commit_ok(xid);
+  int64_t open = begin_and_freeze(s, "tcc_sweep_open", acct, 1, xid2);
   assert_true(exec_ok(s, "UPDATE branch_fence SET modified = now() - interval '3 days'"));
   long long removed = 0;
   assert_int_equal(rm__at_sweep(client, &removed), 0);
   assert_true(removed >= 1);
   assert_int_equal(fence(s, xid, done), LLONG_MIN);
   assert_int_equal(fence(s, xid2, open), 1);
-  assert_int_equal(rm_tm_rollback(client, xid2, &st), 0);
+  rollback_ok(xid2);
   assert_int_equal(fence(s, xid2, open), 3);
-  PQfinish(s);
 }
 
 void test_bad_input(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url);
-  assert_non_null(s);
+  PGconn *s = itest_pg(stock_url);
   rm_tcc_handlers_t half = {.confirm = on_confirm};
   assert_int_equal(rm_tcc_resource_add(NULL, RES, stock_url, &tcc_handlers), RM_E_INVALID);
   assert_int_equal(rm_tcc_resource_add(client, RES, stock_url, NULL), RM_E_INVALID);
@@ -390,27 +302,16 @@ void test_bad_input(void **state) {
   assert_non_null(strstr(rm_errmsg(), "already"));
 
   /* A database without the fence (the RM schema at version 1). */
-  PGconn *t = pg_open(tc_url);
-  assert_true(exec_ok(t, "DROP DATABASE IF EXISTS tcc_nofence") && exec_ok(t, "CREATE DATABASE tcc_nofence"));
-  PQfinish(t);
   char url[512];
-  snprintf(url, sizeof(url), "%s", stock_url);
-  char *slash = strrchr(url, '/');
-  assert_non_null(slash);
-  char *q = strchr(slash, '?');
-  char tail[256] = "";
-  if (q) snprintf(tail, sizeof(tail), "%s", q);
-  snprintf(slash, sizeof(url) - (size_t)(slash - url), "/tcc_nofence%s", tail);
-  PGconn *n = pg_open(url);
-  assert_non_null(n);
+  itest_fresh_database(tc_url, stock_url, "tcc_nofence", url, sizeof(url));
+  PGconn *n = itest_pg(url);
   assert_true(exec_ok(n, "CREATE TABLE undo_log (id bigserial PRIMARY KEY, branch_id bigint, xid text, context text,"
                          " rollback_info jsonb, log_status int, log_created timestamptz, log_modified timestamptz)"));
-  PQfinish(n);
   assert_int_equal(rm_tcc_resource_add(client, "nofence", url, &tcc_handlers), RM_E_NO_TABLE);
   assert_non_null(strstr(rm_errmsg(), "txc-db-migrate"));
 
   char xid[RM_XID_MAX];
-  assert_int_equal(rm_tm_begin(client, 30000, "tcc_bad", xid), 0);
+  begin_global("tcc_bad", xid);
   /* Not in a transaction block. */
   assert_int_equal(rm_tcc_try(client, xid, RES, s, "x 1", NULL), RM_E_STATE);
   assert_true(exec_ok(s, "BEGIN"));
@@ -428,8 +329,6 @@ void test_bad_input(void **state) {
   assert_int_not_equal(rm_tcc_try(client, "127.0.0.1:1:999999", RES, s, "x 1", &bid), 0);
   assert_int_equal(bid, 0);
   assert_true(exec_ok(s, "ROLLBACK"));
-  int st = 0;
-  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
-  PQfinish(s);
+  rollback_ok(xid);
 }
 

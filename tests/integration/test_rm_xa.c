@@ -16,7 +16,6 @@
 #include <cmocka.h>
 
 #include <limits.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -51,6 +50,15 @@ static int xa_spend(rm_client_t *c, const char *res, PGconn *pg, const char *xid
   return rc;
 }
 
+/* A global begun ('name') with a prepared XA branch of the main client
+ * spending 'amount' of 'acct', both of which must succeed: the branch. */
+static int64_t begin_and_spend(PGconn *pg, const char *name, const char *acct, int amount, char *xid) {
+  begin_global(name, xid);
+  int64_t bid = 0;
+  assert_int_equal(xa_spend(client, XA_RES, pg, xid, acct, amount, true, &bid), 0);
+  return bid;
+}
+
 /* Whether branch 'bid' of 'xid' is a prepared transaction now. */
 static long long prepared(PGconn *pg, const char *xid, int64_t bid) {
   char gid[RM_XA_GID_MAX];
@@ -60,32 +68,24 @@ static long long prepared(PGconn *pg, const char *xid, int64_t bid) {
 
 void test_xa_commit_and_rollback(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url), *w = pg_open(stock_url);
-  assert_non_null(s);
-  char acct[32], xid[RM_XID_MAX];
-  new_account(s, 100, acct, sizeof(acct));
+  char acct[ACCT_MAX], xid[RM_XID_MAX];
+  PGconn *s = open_with_account(100, acct), *w = itest_pg(stock_url);
 
-  assert_int_equal(rm_tm_begin(client, 30000, "xa_commit", xid), 0);
-  int64_t bid = 0;
-  assert_int_equal(xa_spend(client, XA_RES, s, xid, acct, 30, true, &bid), 0);
+  int64_t bid = begin_and_spend(s, "xa_commit", acct, 30, xid);
   assert_true(bid > 0);
   assert_int_equal(PQtransactionStatus(s), PQTRANS_IDLE); /* free for other work */
   assert_int_equal(prepared(w, xid, bid), 1);
   assert_int_equal(acct_col(w, acct, "balance"), 100); /* nobody sees it before the commit */
   assert_int_equal(fence(w, xid, bid), LLONG_MIN);
-  int st = 0;
-  assert_int_equal(rm_tm_commit(client, xid, &st), 0);
-  assert_int_equal(st, RM_GS_COMMITTED);
+  assert_int_equal(commit_ok(xid), RM_GS_COMMITTED);
   assert_int_equal(acct_col(w, acct, "balance"), 70); /* at once: the TM waited for COMMIT PREPARED */
   assert_int_equal(prepared(w, xid, bid), 0);
   assert_int_equal(fence(w, xid, bid), 2);
 
   char xid2[RM_XID_MAX];
-  assert_int_equal(rm_tm_begin(client, 30000, "xa_rollback", xid2), 0);
-  assert_int_equal(xa_spend(client, XA_RES, s, xid2, acct, 50, true, &bid), 0);
+  bid = begin_and_spend(s, "xa_rollback", acct, 50, xid2);
   assert_int_equal(prepared(w, xid2, bid), 1);
-  assert_int_equal(rm_tm_rollback(client, xid2, &st), 0);
-  assert_int_equal(st, RM_GS_ROLLBACKED);
+  assert_int_equal(rollback_ok(xid2), RM_GS_ROLLBACKED);
   assert_int_equal(prepared(w, xid2, bid), 0);
   assert_int_equal(acct_col(w, acct, "balance"), 70);
   assert_int_equal(fence(w, xid2, bid), LLONG_MIN); /* rolled back with the branch */
@@ -93,7 +93,7 @@ void test_xa_commit_and_rollback(void **state) {
   /* A PREPARE of a failed transaction prepares nothing; the rollback is
    * then an empty one, recorded. */
   char xid3[RM_XID_MAX];
-  assert_int_equal(rm_tm_begin(client, 30000, "xa_failed", xid3), 0);
+  begin_global("xa_failed", xid3);
   assert_true(exec_ok(s, "BEGIN"));
   assert_int_equal(rm_xa_start(client, xid3, XA_RES, s, &bid), 0);
   PGresult *r = PQexec(s, "SELECT 1/0");
@@ -102,45 +102,25 @@ void test_xa_commit_and_rollback(void **state) {
   assert_non_null(strstr(rm_errmsg(), "nothing was prepared"));
   assert_int_equal(PQtransactionStatus(s), PQTRANS_IDLE);
   assert_int_equal(prepared(w, xid3, bid), 0);
-  assert_int_equal(rm_tm_rollback(client, xid3, &st), 0);
+  rollback_ok(xid3);
   assert_int_equal(fence(w, xid3, bid), 4);
-  PQfinish(s);
-  PQfinish(w);
-}
-
-typedef struct xa_pause {
-  int rc, status;
-} xa_pause_t;
-
-static void rollback_in_between(const char *xid, int64_t bid, void *arg) {
-  (void)bid;
-  xa_pause_t *p = arg;
-  p->rc = rm_tm_rollback(client, xid, &p->status);
 }
 
 /* The rollback comes between the start's registration and its fence row:
  * recorded, and the start refused. */
 void test_xa_rollback_before_start(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url);
-  assert_non_null(s);
-  char acct[32], xid[RM_XID_MAX];
-  new_account(s, 100, acct, sizeof(acct));
-  assert_int_equal(rm_tm_begin(client, 30000, "xa_rollback_first", xid), 0);
-  xa_pause_t p = {-1, -1};
-  rm__xa_failpoint_arg = &p;
-  rm__xa_failpoint_after_register = rollback_in_between;
+  char acct[ACCT_MAX], xid[RM_XID_MAX];
+  PGconn *s = open_with_account(100, acct);
+  begin_global("xa_rollback_first", xid);
   int64_t bid = 0;
-  int rc = xa_spend(client, XA_RES, s, xid, acct, 10, true, &bid);
-  rm__xa_failpoint_after_register = NULL;
-  assert_int_equal(p.rc, 0);
-  assert_int_equal(p.status, RM_GS_ROLLBACKED);
+  int rc = branch_with_rollback_at_registration(&rm__xa_failpoint_after_register, &rm__xa_failpoint_arg, xa_spend,
+                                                XA_RES, s, xid, acct, 10, &bid);
   assert_int_equal(rc, RM_E_FENCE);
   assert_non_null(strstr(rm_errmsg(), "anti-hanging"));
   assert_int_equal(q_ll(s, "SELECT status FROM branch_fence WHERE xid = $1", xid, NULL), 4);
   assert_int_equal(q_ll(s, "SELECT count(*) FROM pg_prepared_xacts WHERE gid LIKE '%' || $1", xid, NULL), 0);
   assert_int_equal(acct_col(s, acct, "balance"), 100);
-  PQfinish(s);
 }
 
 /* The rollback meets the branch's transaction still open: it cannot
@@ -148,52 +128,35 @@ void test_xa_rollback_before_start(void **state) {
  * after its lock timeout, and the retry rolls the prepared branch back. */
 void test_xa_rollback_meets_open_branch(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url), *w = pg_open(stock_url);
-  assert_non_null(s);
-  char acct[32], xid[RM_XID_MAX];
-  new_account(s, 100, acct, sizeof(acct));
-  assert_int_equal(rm_tm_begin(client, 30000, "xa_rollback_waits", xid), 0);
+  char acct[ACCT_MAX], xid[RM_XID_MAX];
+  PGconn *s = open_with_account(100, acct), *w = itest_pg(stock_url);
+  begin_global("xa_rollback_waits", xid);
   int64_t bid = 0;
   assert_int_equal(xa_spend(client, XA_RES, s, xid, acct, 10, false, &bid), 0);
-  rb_arg_t a = {xid, -1, -1};
-  pthread_t th;
-  assert_int_equal(pthread_create(&th, NULL, rollback_thread, &a), 0);
+  struct rollback_run *rollback = rollback_start(xid);
   sleep_ms(300);
   assert_int_equal(rm_xa_prepare(client, xid, s, bid), 0); /* late, but the rollback still wins */
-  pthread_join(th, NULL);
+  rollback_join(rollback);
   assert_int_equal(WAIT_EQ(RM_GS_ROLLBACKED, 20, global_status(xid)), RM_GS_ROLLBACKED);
   assert_int_equal(WAIT_EQ(0, 10, prepared(w, xid, bid)), 0);
   assert_int_equal(acct_col(w, acct, "balance"), 100);
   assert_int_equal(fence(w, xid, bid), LLONG_MIN);
-  PQfinish(s);
-  PQfinish(w);
 }
 
 void test_xa_duplicates(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url), *w = pg_open(stock_url);
-  assert_non_null(s);
-  char acct[32], xid[RM_XID_MAX];
-  new_account(s, 100, acct, sizeof(acct));
+  char acct[ACCT_MAX], xid[RM_XID_MAX];
+  PGconn *s = open_with_account(100, acct), *w = itest_pg(stock_url);
   /* Prepared, undecided at the TC: two concurrent commits straight to the
    * RM commit it once (the second finds it busy or done). */
-  assert_int_equal(rm_tm_begin(client, 30000, "xa_dup", xid), 0);
-  int64_t bid = 0;
-  assert_int_equal(xa_spend(client, XA_RES, s, xid, acct, 10, true, &bid), 0);
+  int64_t bid = begin_and_spend(s, "xa_dup", acct, 10, xid);
   p2_arg_t a[2];
-  pthread_t th[2];
-  for (int i = 0; i < 2; i++) {
-    a[i] = (p2_arg_t){{.commit = true, .xid = xid, .branch_id = bid, .resource_id = XA_RES, .branch_type = TXP_BT_XA},
-                      -1, -1};
-    assert_int_equal(pthread_create(&th[i], NULL, phase2_thread, &a[i]), 0);
-  }
-  for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+  phase2_twice_at_once(phase2_req(true, xid, bid, XA_RES, TXP_BT_XA), a);
   assert_true(a[0].status == TXP_BS_PHASE2_COMMITTED || a[1].status == TXP_BS_PHASE2_COMMITTED);
   for (int i = 0; i < 2; i++)
     assert_true(a[i].status == TXP_BS_PHASE2_COMMITTED || a[i].status == TXP_BS_PHASE2_COMMIT_FAILED_RETRYABLE);
   assert_int_equal(acct_col(w, acct, "balance"), 90);
-  int st = 0;
-  assert_int_equal(rm_tm_commit(client, xid, &st), 0); /* the TC's own: answered from the row */
+  commit_ok(xid); /* the TC's own: answered from the row */
   assert_int_equal(acct_col(w, acct, "balance"), 90);
   int code = 0;
   char msg[512];
@@ -206,11 +169,9 @@ void test_xa_duplicates(void **state) {
 
   /* Rolled back twice; a commit after it refused. */
   char xid2[RM_XID_MAX];
-  assert_int_equal(rm_tm_begin(client, 30000, "xa_dup_rollback", xid2), 0);
-  assert_int_equal(xa_spend(client, XA_RES, s, xid2, acct, 10, true, &bid), 0);
-  assert_int_equal(rm_tm_rollback(client, xid2, &st), 0);
-  rm_phase2_req_t r2 = {.commit = false, .xid = xid2, .branch_id = bid, .resource_id = XA_RES,
-                        .branch_type = TXP_BT_XA};
+  bid = begin_and_spend(s, "xa_dup_rollback", acct, 10, xid2);
+  rollback_ok(xid2);
+  rm_phase2_req_t r2 = phase2_req(false, xid2, bid, XA_RES, TXP_BT_XA);
   /* No prepared transaction, no row: an empty rollback recorded now. */
   assert_int_equal(rm__at_phase2(client, &r2, &code, msg, sizeof(msg)), TXP_BS_PHASE2_ROLLBACKED);
   assert_int_equal(fence(w, xid2, bid), 4);
@@ -221,71 +182,49 @@ void test_xa_duplicates(void **state) {
   assert_int_equal(acct_col(w, acct, "balance"), 90);
 
   /* A commit of a branch that never prepared: retryable. */
-  rm_phase2_req_t ghost = {.commit = true, .xid = "127.0.0.1:1:454545", .branch_id = 987660001,
-                           .resource_id = XA_RES, .branch_type = TXP_BT_XA};
+  rm_phase2_req_t ghost = phase2_req(true, "127.0.0.1:1:454545", 987660001, XA_RES, TXP_BT_XA);
   assert_int_equal(rm__at_phase2(client, &ghost, &code, msg, sizeof(msg)), TXP_BS_PHASE2_COMMIT_FAILED_RETRYABLE);
   assert_int_equal(code, RM_E_STATE);
-  PQfinish(s);
-  PQfinish(w);
 }
 
 /* AT, TCC and XA branches in one global: all commit, or all roll back. */
 void test_xa_mixed_at_tcc_xa(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url), *x = pg_open(stock_url);
-  assert_non_null(s);
-  assert_non_null(x);
+  PGconn *s = itest_pg(stock_url), *x = itest_pg(stock_url);
   char wallet[32], ledger[32], xid[RM_XID_MAX];
   new_account(s, 100, wallet, sizeof(wallet));
   new_account(s, 100, ledger, sizeof(ledger));
   for (int commit = 1; commit >= 0; commit--) {
     char k[64];
     snprintf(k, sizeof(k), "xa-order-%s-%d", ledger, commit);
-    assert_int_equal(rm_tm_begin(client, 30000, "xa_mixed", xid), 0);
+    begin_global("xa_mixed", xid);
     assert_int_equal(at_set(xid, k, "PAID"), 0);
     int64_t tb = 0, xb = 0;
     assert_int_equal(try_freeze(client, RES, s, xid, wallet, 20, true, &tb), 0);
     assert_int_equal(xa_spend(client, XA_RES, x, xid, ledger, 20, true, &xb), 0);
-    int st = 0;
-    if (commit) {
-      assert_int_equal(rm_tm_commit(client, xid, &st), 0);
-      assert_int_equal(st, RM_GS_COMMITTED);
-    } else {
-      assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
-      assert_int_equal(st, RM_GS_ROLLBACKED);
-    }
-    assert_int_equal(acct_col(s, wallet, "balance"), 80);
-    assert_int_equal(acct_col(s, wallet, "frozen"), 0);
+    if (commit)
+      assert_int_equal(commit_ok(xid), RM_GS_COMMITTED);
+    else
+      assert_int_equal(rollback_ok(xid), RM_GS_ROLLBACKED);
+    expect_account(s, wallet, 80, 0);
     assert_int_equal(acct_col(s, ledger, "balance"), 80);
     assert_int_equal(prepared(s, xid, xb), 0);
-    char *v = order_v(k);
-    assert_non_null(v);
-    assert_string_equal(v, commit ? "PAID" : "NEW");
-    free(v);
+    expect_order(k, commit ? "PAID" : "NEW");
   }
-  PQfinish(s);
-  PQfinish(x);
 }
 
 void test_xa_bad_input(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url);
-  assert_non_null(s);
+  PGconn *s = itest_pg(stock_url);
   assert_int_equal(rm_xa_resource_add(NULL, XA_RES, stock_url), RM_E_INVALID);
   assert_int_equal(rm_xa_resource_add(client, XA_RES, stock_url), 0); /* again: nothing to do */
-  PGconn *t = pg_open(tc_url);
-  assert_true(exec_ok(t, "DROP DATABASE IF EXISTS xa_nofence") && exec_ok(t, "CREATE DATABASE xa_nofence"));
-  PQfinish(t);
   char url[512];
-  snprintf(url, sizeof(url), "%s", tc_url);
-  char *slash = strrchr(url, '/');
-  assert_non_null(slash);
-  snprintf(slash, sizeof(url) - (size_t)(slash - url), "/xa_nofence");
+  itest_fresh_database(tc_url, tc_url, "xa_nofence", url, sizeof(url));
   assert_int_equal(rm_xa_resource_add(client, "xa_nofence", url), RM_E_NO_TABLE);
   assert_non_null(strstr(rm_errmsg(), "txc-db-migrate"));
 
   char xid[RM_XID_MAX];
-  assert_int_equal(rm_tm_begin(client, 30000, "xa_bad", xid), 0);
+  begin_global("xa_bad", xid);
   int64_t bid = 5;
   assert_int_equal(rm_xa_start(client, xid, XA_RES, s, &bid), RM_E_STATE); /* no BEGIN */
   assert_int_equal(bid, 0);
@@ -297,9 +236,7 @@ void test_xa_bad_input(void **state) {
   assert_int_equal(rm_xa_prepare(client, xid, s, 0), RM_E_INVALID);
   assert_int_equal(rm_xa_prepare(NULL, xid, s, 1), RM_E_INVALID);
   assert_true(exec_ok(s, "ROLLBACK"));
-  int st = 0;
-  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
-  PQfinish(s);
+  rollback_ok(xid);
 }
 
 /* The RM prepared its branch and died; the TM commits (CommitRetrying:
@@ -307,18 +244,15 @@ void test_xa_bad_input(void **state) {
  * resource comes and the restarted node finishes the prepared branch. */
 void test_xa_rm_gone_and_tc_killed(void **state) {
   (void)state;
-  PGconn *s = pg_open(stock_url);
-  assert_non_null(s);
-  char acct[32], xid[RM_XID_MAX];
-  new_account(s, 100, acct, sizeof(acct));
+  char acct[ACCT_MAX], xid[RM_XID_MAX];
+  PGconn *s = open_with_account(100, acct);
   rm_client_t *c2 = new_client("test_rm_modes_x", NULL, XA_ALONE);
-  assert_int_equal(rm_tm_begin(client, 30000, "xa_rm_gone", xid), 0);
+  begin_global("xa_rm_gone", xid);
   int64_t bid = 0;
   assert_int_equal(xa_spend(c2, XA_ALONE, s, xid, acct, 40, true, &bid), 0);
   rm_client_free(c2);
   assert_int_equal(prepared(s, xid, bid), 1); /* it outlives its process */
-  int st = 0;
-  assert_int_equal(rm_tm_commit(client, xid, &st), 0);
+  commit_ok(xid);
   assert_int_equal(acct_col(s, acct, "balance"), 100);
   tcd_proc_kill(&tcd);
   assert_int_equal(tcd_proc_restart(&tcd), 0);
@@ -328,5 +262,4 @@ void test_xa_rm_gone_and_tc_killed(void **state) {
   assert_int_equal(WAIT_EQ(2, 10, fence(s, xid, bid)), 2);
   assert_int_equal(WAIT_EQ(RM_GS_COMMITTED, 20, global_status(xid)), RM_GS_COMMITTED);
   rm_client_free(c3);
-  PQfinish(s);
 }

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "rm_at_int.h"
@@ -106,4 +107,20 @@ bool exec_ok(PGconn *pg, const char *sql) {
   if (!ok) fprintf(stderr, "  sql failed: %s: %s", sql, PQresultErrorMessage(r));
   PQclear(r);
   return ok;
+}
+
+int itest_branch_end(PGconn *pg, rm_branch_t *b, int rc, int64_t *bid) {
+  if (rc == 0) rc = rm_at_prepare(b, bid);
+  if (rc != 0) {
+    if (b && getenv("RM_TEST_VERBOSE")) fprintf(stderr, "  branch failed: %s\n", rm_at_errmsg(b));
+    exec_ok(pg, "ROLLBACK");
+    if (b) rm_at_close(b, false);
+    return rc;
+  }
+  /* A COMMIT of a transaction that failed answers ROLLBACK, not an error. */
+  PGresult *r = PQexec(pg, "COMMIT");
+  bool ok = PQresultStatus(r) == PGRES_COMMAND_OK && strcmp(PQcmdStatus(r), "COMMIT") == 0;
+  PQclear(r);
+  rm_at_close(b, ok);
+  return ok ? 0 : RM_E_DB;
 }

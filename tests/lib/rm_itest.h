@@ -9,6 +9,7 @@
 
 #include <libpq-fe.h>
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "rm_client.h"
 #include "tcd_proc.h"
@@ -27,6 +28,13 @@ PGconn *pg_open(const char *url);
 /* Run a statement that must succeed (any result kind); the failure on
  * stderr. */
 bool exec_ok(PGconn *pg, const char *sql);
+
+/* The end of local branch 'b' (NULL: it did not open) on 'pg', whose work
+ * returned 'rc': prepared ('bid' gets its id; may be NULL) and committed
+ * when rc is 0, otherwise (or when the prepare fails) rolled back; closed
+ * either way.  0, or the first failing code (RM_E_DB when the COMMIT did
+ * not commit). */
+int itest_branch_end(PGconn *pg, rm_branch_t *b, int rc, int64_t *bid);
 
 /* The mode the client's degrade detection says (RM_MODE_*), whatever the
  * mode in force: for WAIT_EQ. */
