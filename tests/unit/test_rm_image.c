@@ -159,6 +159,18 @@ static void assert_items_equal(const rm_item_t *a, const rm_item_t *b) {
   }
 }
 
+/* Decode 'text', which must give the 'n' items 'want'; the items decoded
+ * (free with rm_undo_free). */
+static rm_item_t *decode_as(const char *text, const rm_item_t *want, size_t n) {
+  rm_item_t *out = NULL;
+  size_t got = 0;
+  char err[256];
+  assert_int_equal(rm_undo_decode(text, &out, &got, err, sizeof(err)), 0);
+  assert_int_equal(got, n);
+  for (size_t i = 0; i < n; i++) assert_items_equal(&want[i], &out[i]);
+  return out;
+}
+
 static void test_undo_roundtrip(void **state) {
   (void)state;
   rm_item_t items[5] = {mkitem(RM_OP_INSERT), mkitem(RM_OP_UPDATE), mkitem(RM_OP_DELETE), mkitem(RM_OP_DELTA),
@@ -191,24 +203,14 @@ static void test_undo_roundtrip(void **state) {
   assert_non_null(strstr(again, "[{\"op\":\"insert\",\"schema\":\"public\",\"table\":\"trade_order\""));
   assert_non_null(strstr(again, "\"op\":\"commit_delta\""));
   free(again);
-  /* ... and decodes to the same items. */
+  /* ... and decodes to the same items, as the compact text does. */
   char *object_text = json_dumps(objects, JSON_COMPACT);
   json_decref(objects);
-  rm_item_t *from_objects = NULL;
-  size_t nobj = 0;
-  char oerr[256];
-  assert_int_equal(rm_undo_decode(object_text, &from_objects, &nobj, oerr, sizeof(oerr)), 0);
-  assert_int_equal(nobj, 5);
-  for (size_t i = 0; i < 5; i++) assert_items_equal(&items[i], &from_objects[i]);
-  rm_undo_free(from_objects, nobj);
+  rm_undo_free(decode_as(object_text, items, 5), 5);
   free(object_text);
 
-  rm_item_t *out = NULL;
-  size_t n = 0;
-  char err[256];
-  assert_int_equal(rm_undo_decode(text, &out, &n, err, sizeof(err)), 0);
-  assert_int_equal(n, 5);
-  for (size_t i = 0; i < 5; i++) assert_items_equal(&items[i], &out[i]);
+  size_t n = 5;
+  rm_item_t *out = decode_as(text, items, n);
   /* Images that were absent stay absent. */
   assert_null(out[0].before);
   assert_null(out[2].after);
@@ -222,6 +224,17 @@ static void test_undo_roundtrip(void **state) {
   rm_item_clear(NULL);
 }
 
+/* Decode 'text', which must hold one item of 'op' (free with rm_undo_free(.., 1)). */
+static rm_item_t *decode_one(const char *text, rm_op_t op) {
+  rm_item_t *out = NULL;
+  size_t n = 0;
+  char err[256];
+  assert_int_equal(rm_undo_decode(text, &out, &n, err, sizeof(err)), 0);
+  assert_int_equal(n, 1);
+  assert_int_equal(out[0].op, op);
+  return out;
+}
+
 /* What jsonb hands back: keys reordered, whitespace added. */
 static void test_undo_decode_jsonb_order(void **state) {
   (void)state;
@@ -229,18 +242,13 @@ static void test_undo_decode_jsonb_order(void **state) {
     "[{\"pk\": {\"b\": \"2\", \"a\": \"1\"}, \"op\": \"update\", \"after\": {\"a\": \"1\", \"b\": \"2\", "
     "\"v\": \"y\"}, \"table\": \"t\", \"before\": {\"v\": null, \"a\": \"1\", \"b\": \"2\"}, "
     "\"schema\": \"s\"}]";
-  rm_item_t *out = NULL;
-  size_t n = 0;
-  char err[256];
-  assert_int_equal(rm_undo_decode(text, &out, &n, err, sizeof(err)), 0);
-  assert_int_equal(n, 1);
-  assert_int_equal(out[0].op, RM_OP_UPDATE);
+  rm_item_t *out = decode_one(text, RM_OP_UPDATE);
   assert_string_equal(out[0].schema, "s");
   assert_int_equal(out[0].pk->n, 2);
   int v = rm_row_find(out[0].before, "v");
   assert_true(v >= 0);
   assert_null(out[0].before->vals[v]);
-  rm_undo_free(out, n);
+  rm_undo_free(out, 1);
 }
 
 #define DIGEST_16 "0123456789abcdef"
@@ -257,12 +265,7 @@ static void test_undo_insert_digest(void **state) {
   assert_non_null(text);
   /* The compact form keeps the digest's first RM_ROW_DIGEST_KEPT characters. */
   assert_string_equal(text, "[[\"i\",\"t\",{\"id\":\"42\"},\"q1w2e3r4t5y6u7i8o9p0a1\"]]");
-  rm_item_t *out = NULL;
-  size_t n = 0;
-  char err[256];
-  assert_int_equal(rm_undo_decode(text, &out, &n, err, sizeof(err)), 0);
-  assert_int_equal(n, 1);
-  assert_int_equal(out[0].op, RM_OP_INSERT);
+  rm_item_t *out = decode_one(text, RM_OP_INSERT);
   assert_string_equal(out[0].schema, "public");
   assert_string_equal(out[0].digest, "q1w2e3r4t5y6u7i8o9p0a1");
   assert_null(out[0].after);
@@ -288,16 +291,15 @@ static void test_undo_insert_digest(void **state) {
   assert_non_null(strstr(msg, "changed since the branch inserted it"));
   assert_non_null(strstr(msg, "v \"changed\""));
   rm_row_free(cur);
-  rm_undo_free(out, n);
+  rm_undo_free(out, 1);
   free(text);
   rm_item_clear(&it);
   /* Earlier versions' inserts, with their after image, still decode. */
-  const char *old = "[{\"op\":\"insert\",\"schema\":\"s\",\"table\":\"t\",\"pk\":{\"id\":\"1\"},"
-                    "\"after\":{\"id\":\"1\"}}]";
-  assert_int_equal(rm_undo_decode(old, &out, &n, err, sizeof(err)), 0);
+  out = decode_one("[{\"op\":\"insert\",\"schema\":\"s\",\"table\":\"t\",\"pk\":{\"id\":\"1\"},"
+                   "\"after\":{\"id\":\"1\"}}]", RM_OP_INSERT);
   assert_non_null(out[0].after);
   assert_null(out[0].digest);
-  rm_undo_free(out, n);
+  rm_undo_free(out, 1);
 }
 
 static void test_undo_decode_errors(void **state) {
