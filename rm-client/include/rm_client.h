@@ -399,8 +399,9 @@ RM_API int rm_at_register_early(rm_branch_t *b);
  * call, still usable).  Off, for a caller that rolls its transaction back
  * on any failure anyway (as a service handler does): no SAVEPOINT and
  * RELEASE around each statement and around prepare's deferred updates (two
- * statements each, 10 of the 24 of the demo's order), and prepare writes
- * the undo row in the deferred updates' round trip.  A failure then fails
+ * statements each, 10 of the 24 of the demo's order), prepare writes
+ * the undo row in the deferred updates' round trip, and a deferred delta
+ * does not read its row first (rm_at_update_delta_deferred).  A failure then fails
  * the branch (RM_E_STATE for what follows) and may leave the transaction
  * aborted (a refusing deferred guard always does, on purpose: the undo row
  * is already in it): the caller must ROLLBACK and rm_at_close(b, false).
@@ -565,7 +566,10 @@ RM_API int rm_at_update_delta(rm_branch_t *b, const char *table, const char *con
  * the arguments, the table, column and key are checked as for
  * rm_at_update_delta and the row is read once without a lock (it must
  * exist: else RM_E_NOT_ONE_ROW); nothing is changed, and a failure leaves
- * the caller's transaction as it was, usable.  Then rm_at_prepare, right
+ * the caller's transaction as it was, usable.  (With statement savepoints
+ * off, rm_at_statement_savepoints, the row is not read now, one round
+ * trip less: a missing row, or a key value its column refuses, fails
+ * rm_at_prepare instead, RM_E_NOT_ONE_ROW or RM_E_INVALID.)  Then rm_at_prepare, right
  * after the registration succeeded (a delta needs no global lock key) and
  * before the undo_log insert, runs the branch's deferred UPDATEs, in the
  * order of the calls, after every other statement of the branch, inside

@@ -1185,6 +1185,23 @@ static void test_without_savepoints(void **state) {
   assert_int_equal(st, RM_GS_ROLLBACKED);
   assert_int_equal(frozen(s, 15), f0 + 2);
   assert_int_equal(q_ll(s, "SELECT count(*) FROM undo_log WHERE xid = $1 AND log_status = 0", xid, NULL, NULL), 0);
+
+  /* a deferred delta of a row that does not exist: not read at the call
+   * (no savepoints: no read), found by prepare, nothing written */
+  assert_int_equal(rm_tm_begin(client, 30000, "unsaved_missing_row", xid), 0);
+  b = open_unsaved(s, xid, "stock");
+  assert_non_null(b);
+  assert_int_equal(body_delta_deferred(b, &ok1), 0);
+  delta_arg_t missing = {999, 1};
+  assert_int_equal(body_delta_deferred(b, &missing), 0);
+  assert_int_equal(rm_at_prepare(b, NULL), RM_E_NOT_ONE_ROW);
+  assert_non_null(strstr(rm_at_errmsg(b), "is gone"));
+  assert_true(exec_ok(s, "ROLLBACK"));
+  assert_int_equal(rm_at_close(b, false), 0);
+  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
+  assert_int_equal(st, RM_GS_ROLLBACKED);
+  assert_int_equal(frozen(s, 15), f0 + 2);
+  assert_int_equal(q_ll(s, "SELECT count(*) FROM undo_log WHERE xid = $1 AND log_status = 0", xid, NULL, NULL), 0);
   assert_int_equal(rm_at_statement_savepoints(NULL, false), RM_E_INVALID);
 }
 
