@@ -220,7 +220,7 @@ END $$;
 --
 
 CREATE FUNCTION public.tc_claim_retries(p_limit integer, p_lease_ms integer) RETURNS TABLE(xid text, status smallint)
-    LANGUAGE sql
+    LANGUAGE sql ROWS 16
     AS $$
   UPDATE global_table g
      SET next_retry_at = clock_timestamp() + p_lease_ms * interval '1 millisecond'
