@@ -7,9 +7,10 @@
  * The input is split at its first NUL byte: the context string, then the
  * rollback_info text.  Whatever the bytes: no crash, no leak; an accepted
  * context has a known version and at most RM_CTX_MAX_SETTINGS settings;
- * accepted items are consistent (a known op, schema, table and a non-empty
- * key; the images, digest and delta its op needs), encode again, and
- * decode to the same items; a dirty-write message about any of them stays
+ * accepted items, in either form, are consistent (a known op, schema, table
+ * and a non-empty key; the images, digest and delta its op needs), encode
+ * again (the compact form), and decode to the same items, whose digest
+ * heads still match; a dirty-write message about any of them stays
  * within its buffer.
  */
 #include <stdbool.h>
@@ -31,7 +32,7 @@ static void check_item(const rm_item_t *it) {
   if (it->op == RM_OP_UPDATE) CHECK(it->before && it->after);
   if (it->op == RM_OP_DELETE) CHECK(it->before);
   if (it->op == RM_OP_DELTA || it->op == RM_OP_COMMIT_DELTA) CHECK(it->col && it->col[0]);
-  if (it->digest) CHECK(strlen(it->digest) <= RM_ROW_DIGEST_MAX);
+  if (it->digest) CHECK(strlen(it->digest) >= RM_ROW_DIGEST_KEPT && strlen(it->digest) <= RM_ROW_DIGEST_MAX);
   char msg[256];
   msg[sizeof(msg) - 1] = 'x';
   rm_dirty_message(msg, sizeof(msg) - 1, it, "after", it->after, it->before, NULL, 0);
@@ -67,7 +68,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       CHECK(m == n);
       for (size_t i = 0; i < m; i++) {
         CHECK(back[i].op == items[i].op && strcmp(back[i].table, items[i].table) == 0);
+        CHECK(strcmp(back[i].schema, items[i].schema) == 0);
         CHECK((back[i].digest == NULL) == (items[i].digest == NULL));
+        /* the compact form keeps the digest's head: it still matches */
+        if (items[i].digest) CHECK(rm_digest_matches(back[i].digest, items[i].digest));
         CHECK(back[i].delta == items[i].delta);
       }
       rm_undo_free(back, m);
