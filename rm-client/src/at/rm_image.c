@@ -243,15 +243,23 @@ static rm_row_t *row_from_json(const json_t *o, bool pk, const char *what, char 
   return r;
 }
 
-static char *dup_str_field(const json_t *o, const char *key, char *err, size_t errlen) {
-  const json_t *v = json_object_get(o, key);
+/* 'v' when it is a non-empty string, copied; else NULL with the reason,
+ * which names it as 'name' says (a key of the object form, or a part of
+ * the compact one). */
+static char *dup_nonempty(const json_t *v, const char *name, char *err, size_t errlen) {
   if (!json_is_string(v) || json_string_length(v) == 0) {
-    snprintf(err, errlen, "\"%s\" is missing or not a non-empty string", key);
+    snprintf(err, errlen, "%s is missing or not a non-empty string", name);
     return NULL;
   }
   char *s = strdup(json_string_value(v));
   if (!s) snprintf(err, errlen, "out of memory");
   return s;
+}
+
+static char *dup_str_field(const json_t *o, const char *key, char *err, size_t errlen) {
+  char name[64];
+  snprintf(name, sizeof(name), "\"%s\"", key);
+  return dup_nonempty(json_object_get(o, key), name, err, errlen);
 }
 
 /* A digest as an undo item may carry it: 0, or -1 with the reason. */
@@ -264,14 +272,9 @@ static int check_digest(const char *d, char *err, size_t errlen) {
 
 /* The string element 'i' of 'a' (non-empty), copied; NULL with the reason. */
 static char *dup_str_elem(const json_t *a, size_t i, const char *what, char *err, size_t errlen) {
-  const json_t *v = json_array_get(a, i);
-  if (!json_is_string(v) || json_string_length(v) == 0) {
-    snprintf(err, errlen, "the %s of the undo item is missing or not a non-empty string", what);
-    return NULL;
-  }
-  char *s = strdup(json_string_value(v));
-  if (!s) snprintf(err, errlen, "out of memory");
-  return s;
+  char name[64];
+  snprintf(name, sizeof(name), "the %s of the undo item", what);
+  return dup_nonempty(json_array_get(a, i), name, err, errlen);
 }
 
 /* The compact form: [op, table, pk, ...the op's own..., schema if not "public"]. */
