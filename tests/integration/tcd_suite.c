@@ -210,6 +210,12 @@ void cli_open(cli_t *cl, const char *name) {
   cl->rm = client(true, id, "db_client");
 }
 
+cli_t new_cli(const char *name) {
+  cli_t cl;
+  cli_open(&cl, name);
+  return cl;
+}
+
 void begin_ok(txc_t *tm, uint32_t timeout_ms, const char *name, char *xid) {
   int rc = txc_begin(tm, timeout_ms, name, NULL, xid);
   if (rc != 0) fail_msg("GlobalBegin %s: %s (%d)", name, txp_errname(rc), rc);
@@ -231,6 +237,37 @@ int64_t register_ok(txc_t *c, const char *xid, const char *resource, const char 
 
 int64_t register_sync_ok(txc_t *c, const char *xid, const char *resource, const char *keys) {
   return register_with(c, xid, resource, keys, TXP_APP_DATA_PHASE2_SYNC);
+}
+
+void begin_two_branches(const cli_t *cl, uint32_t timeout_ms, const char *name, const char *orders_keys,
+                        const char *stock_keys, two_branch_tx_t *tx) {
+  begin_ok(cl->tm, timeout_ms, name, tx->xid);
+  tx->orders = register_ok(cl->rm, tx->xid, "db_orders", orders_keys);
+  tx->stock = register_ok(cl->rm, tx->xid, "db_stock", stock_keys);
+}
+
+static void decide_ok(txc_t *tm, const char *xid, bool commit) {
+  int status = -1;
+  int rc = commit ? txc_commit(tm, xid, &status) : txc_rollback(tm, xid, &status);
+  if (rc != 0) fail_msg("%s %s: %s (%d)", commit ? "GlobalCommit" : "GlobalRollback", xid, txp_errname(rc), rc);
+  assert_int_equal(status, commit ? TXP_GS_COMMITTED : TXP_GS_ROLLBACKED);
+}
+
+void commit_ok(txc_t *tm, const char *xid) { decide_ok(tm, xid, true); }
+
+void rollback_ok(txc_t *tm, const char *xid) { decide_ok(tm, xid, false); }
+
+void expect_commits_told(const char *xid, int64_t b1, int64_t b2) {
+  int64_t ids[4];
+  assert_true(rm_wait_events(xid, TXP_MSG_BRANCH_COMMIT, 0, 2, WAIT_MS));
+  int n = rm_events(xid, TXP_MSG_BRANCH_COMMIT, 0, ids, 4);
+  assert_true(n == 2 && has_id(ids, n, b1) && has_id(ids, n, b2));
+}
+
+void expect_rollbacks_newest_first(const two_branch_tx_t *tx) {
+  int64_t ids[4];
+  assert_int_equal(rm_events(tx->xid, TXP_MSG_BRANCH_ROLLBACK, 0, ids, 4), 2);
+  assert_true(ids[0] == tx->stock && ids[1] == tx->orders);
 }
 
 void msg_register(txp_msg_t *m, const char *xid, const char *resource, const char *keys, uint32_t lock_wait_ms,
@@ -283,8 +320,7 @@ void queue_waiter(txc_t *c, reader_t *rd, const char *xid, const char *keys, uin
   msg_register(&pair[0], xid, "db_orders", keys, wait_ms, NULL);
   msg_register(&pair[1], xid, "db_orders", keys, 0, NULL);
   send_frames(c, pair, 2, id);
-  assert_int_equal(recv_answer(c, rd, id + 1, &res, 10000), 0);
-  assert_int_equal(res.code, TXP_ELOCK_CONFLICT);
+  expect_answer(c, rd, id + 1, &res, TXP_ELOCK_CONFLICT);
   txp_msg_clear(&res);
 }
 
@@ -318,6 +354,11 @@ int recv_answer(txc_t *c, reader_t *rd, uint64_t id, txp_msg_t *out, int timeout
     if (got == 0 || (got < 0 && errno != EAGAIN && errno != EINTR)) return TXP_ECONN_LOST;
     if (got > 0 && txp_decoder_feed(rd->dec, buf, (size_t)got) != 0) return TXP_ENOMEM;
   }
+}
+
+void expect_answer(txc_t *c, reader_t *rd, uint64_t id, txp_msg_t *out, int code) {
+  assert_int_equal(recv_answer(c, rd, id, out, 10000), 0);
+  assert_int_equal(out->code, code);
 }
 
 bool readable_now(txc_t *c) {

@@ -139,12 +139,36 @@ typedef struct cli {
 } cli_t;
 
 void cli_open(cli_t *cl, const char *name);
+/* The same, as most tests begin: 'cli_t cl = new_cli("t1");'. */
+cli_t new_cli(const char *name);
 void begin_ok(txc_t *tm, uint32_t timeout_ms, const char *name, char *xid);
 int64_t register_ok(txc_t *c, const char *xid, const char *resource, const char *keys);
 /* An AT branch with commit work (TXP_APP_DATA_PHASE2_SYNC): its commit is
  * driven and recorded, and its TM answered after it (an AT commit without
  * commit work is finished at its decision). */
 int64_t register_sync_ok(txc_t *c, const char *xid, const char *resource, const char *keys);
+
+/* A transaction with a branch on each resource of the RM thread, both
+ * registered by one RM connection: db_orders first, then db_stock. */
+typedef struct two_branch_tx {
+  char xid[TXP_MAX_XID_LEN + 1];
+  int64_t orders; /* the branch on db_orders */
+  int64_t stock;  /* the branch on db_stock */
+} two_branch_tx_t;
+
+void begin_two_branches(const cli_t *cl, uint32_t timeout_ms, const char *name, const char *orders_keys,
+                        const char *stock_keys, two_branch_tx_t *tx);
+
+/* GlobalCommit / GlobalRollback of 'xid' that must succeed with the global
+ * Committed / Rollbacked. */
+void commit_ok(txc_t *tm, const char *xid);
+void rollback_ok(txc_t *tm, const char *xid);
+/* The RM thread was told to commit exactly the branches 'b1' and 'b2' of
+ * 'xid' (waits for both requests). */
+void expect_commits_told(const char *xid, int64_t b1, int64_t b2);
+/* The RM thread was told to roll back both branches of 'tx', and no
+ * more: the newest (db_stock) first. */
+void expect_rollbacks_newest_first(const two_branch_tx_t *tx);
 
 void msg_register(txp_msg_t *m, const char *xid, const char *resource, const char *keys, uint32_t lock_wait_ms,
                   const char *idem);
@@ -166,6 +190,9 @@ void queue_waiter(txc_t *c, reader_t *rd, const char *xid, const char *keys, uin
  * with send_frames; txclient's own decoder holds nothing then).  0, or
  * TXP_EUNKNOWN_OUTCOME on timeout, TXP_ECONN_LOST. */
 int recv_answer(txc_t *c, reader_t *rd, uint64_t id, txp_msg_t *out, int timeout_ms);
+/* recv_answer within 10 s that must succeed with 'code'; the answer stays
+ * in 'out' for further checks (the caller clears it). */
+void expect_answer(txc_t *c, reader_t *rd, uint64_t id, txp_msg_t *out, int code);
 bool readable_now(txc_t *c);
 
 /* -------------------------------------------------------------- fixture */

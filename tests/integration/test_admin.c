@@ -46,6 +46,17 @@ static json_t *find_branch(json_t *arr, int64_t id) {
   return NULL;
 }
 
+/* A repair 'what' that must succeed ('answer' from adm), moving the
+ * session from 'from' to 'to' and, unless 'status' is NULL, leaving it
+ * 'status' once driven. */
+static void adm_repaired(const char *what, json_t *answer, const char *from, const char *to, const char *status) {
+  json_t *a = adm_ok(what, answer);
+  assert_string_equal(js(a, "from"), from);
+  assert_string_equal(js(a, "to"), to);
+  if (status) assert_string_equal(js(a, "status"), status);
+  json_decref(a);
+}
+
 /* ================================================================ tests */
 
 /* Access: the socket is 0600 root-owned; a uid not on the allow-list is
@@ -319,6 +330,13 @@ static cli_t g_cl;
 static txc_t *g_silent_tm; /* its GlobalRollback waits for the silent RM */
 static txc_t *g_async_tm;  /* its GlobalCommit too */
 
+/* A session of one branch (no commit work) on 'resource' 'keys'. */
+static int64_t begin_with_branch(const cli_t *cl, uint32_t timeout_ms, const char *name, char *xid,
+                                 const char *resource, const char *keys) {
+  begin_ok(cl->tm, timeout_ms, name, xid);
+  return register_ok(cl->rm, xid, resource, keys);
+}
+
 static void make_states(void) {
   cli_t *cl = &g_cl;
   cli_open(cl, "states");
@@ -342,13 +360,11 @@ static void make_states(void) {
   assert_int_equal(txc_commit(cl->tm, S.cretry, &status), 0);
   expect_status(S.cretry, TXP_GS_COMMIT_RETRYING);
   /* RollbackRetrying */
-  begin_ok(cl->tm, 600000, "adm-rretry", S.rretry);
-  register_ok(cl->rm, S.rretry, "db_nobody", "t_adm:7");
+  begin_with_branch(cl, 600000, "adm-rretry", S.rretry, "db_nobody", "t_adm:7");
   assert_int_equal(txc_rollback(cl->tm, S.rretry, &status), 0);
   expect_status(S.rretry, TXP_GS_ROLLBACK_RETRYING);
   /* TimeoutRollbackRetrying */
-  begin_ok(cl->tm, 300, "adm-tretry", S.tretry);
-  register_ok(cl->rm, S.tretry, "db_nobody", "t_adm:8");
+  begin_with_branch(cl, 300, "adm-tretry", S.tretry, "db_nobody", "t_adm:8");
   expect_status(S.tretry, TXP_GS_TIMEOUT_ROLLBACK_RETRYING);
   /* CommitFailed */
   begin_ok(cl->tm, 600000, "adm-cfailed", S.cfailed);
@@ -362,18 +378,15 @@ static void make_states(void) {
   rmsim_dirty(g_rm, S.tfailed_b);
   expect_status(S.tfailed, TXP_GS_TIMEOUT_ROLLBACK_FAILED);
   /* finished: Committed and Rollbacked */
-  begin_ok(cl->tm, 600000, "adm-committed", S.committed);
-  register_ok(cl->rm, S.committed, "db_orders", "t_adm:10");
+  begin_with_branch(cl, 600000, "adm-committed", S.committed, "db_orders", "t_adm:10");
   assert_int_equal(txc_commit(cl->tm, S.committed, &status), 0);
   expect_history(S.committed, TXP_GS_COMMITTED);
-  begin_ok(cl->tm, 600000, "adm-rolled", S.rolled);
-  register_ok(cl->rm, S.rolled, "db_stock", "t_adm:11");
+  begin_with_branch(cl, 600000, "adm-rolled", S.rolled, "db_stock", "t_adm:11");
   assert_int_equal(txc_rollback(cl->tm, S.rolled, &status), 0);
   assert_int_equal(status, TXP_GS_ROLLBACKED);
   /* Rollbacking: the RM holds its answer (for up to the TC's 10 s call
    * timeout; then the session goes RollbackRetrying) */
-  begin_ok(cl->tm, 600000, "adm-silent", S.silent);
-  register_ok(cl->rm, S.silent, "db_orders", "t_adm:9");
+  begin_with_branch(cl, 600000, "adm-silent", S.silent, "db_orders", "t_adm:9");
   rmsim_modes(g_rm, false, true);
   g_silent_tm = client(false, "silent-tm");
   send_rollback_nowait(g_silent_tm, S.silent);
@@ -390,10 +403,7 @@ static void make_states(void) {
   adm_refused("commit async", adm("commit %s", S.async), "refused", "already AsyncCommitting");
   adm_refused("rollback async", adm("rollback %s", S.async), "refused", "the decision was commit");
   /* stopped while its phase two is in flight */
-  json_t *a = adm_ok("stop async", adm("stop-retry %s", S.async));
-  assert_string_equal(js(a, "from"), "AsyncCommitting");
-  assert_string_equal(js(a, "to"), "StopCommitRetry");
-  json_decref(a);
+  adm_repaired("stop async", adm("stop-retry %s", S.async), "AsyncCommitting", "StopCommitRetry", NULL);
 }
 
 static void test_show(void **state) {
@@ -682,10 +692,7 @@ static void test_repairs(void **state) {
   assert_int_equal(db_long(SQL_LOCKS, S.dirty, NULL), 0);
 
   /* ---- stop and resume: the leader leaves a stopped session alone */
-  a = adm_ok("stop rretry", adm("stop-retry %s", S.rretry));
-  assert_string_equal(js(a, "from"), "RollbackRetrying");
-  assert_string_equal(js(a, "to"), "StopRollbackRetry");
-  json_decref(a);
+  adm_repaired("stop rretry", adm("stop-retry %s", S.rretry), "RollbackRetrying", "StopRollbackRetry", NULL);
   assert_int_equal(db_long(SQL_STATUS, S.rretry, NULL), TXP_GS_STOP_ROLLBACK_RETRY);
   assert_int_equal(db_long("SELECT count(*) FROM global_table WHERE xid = $1 AND next_retry_at IS NULL", S.rretry,
                            NULL),
@@ -701,10 +708,7 @@ static void test_repairs(void **state) {
   assert_int_equal(db_long(SQL_RETRIES, S.rretry, NULL), r0);
   assert_int_equal(db_long(SQL_RETRIES, S.cretry, NULL), c0);
   adm_refused("stop twice", adm("stop-retry %s", S.rretry), "refused", "already stopped");
-  a = adm_ok("resume rretry", adm("resume-retry %s", S.rretry));
-  assert_string_equal(js(a, "from"), "StopRollbackRetry");
-  assert_string_equal(js(a, "to"), "RollbackRetrying");
-  json_decref(a);
+  adm_repaired("resume rretry", adm("resume-retry %s", S.rretry), "StopRollbackRetry", "RollbackRetrying", NULL);
   /* the leader retries it again (still no RM: the count goes up) */
   double deadline = now_ms() + WAIT_MS;
   while (db_long(SQL_RETRIES, S.rretry, NULL) <= r0) {
@@ -715,11 +719,7 @@ static void test_repairs(void **state) {
   /* ---- the missing RM comes: a stopped commit is re-driven to the end,
    * the resumed rollback and the timed-out one finish */
   rm_start(g_late);
-  a = adm_ok("redrive cretry", adm("redrive %s", S.cretry));
-  assert_string_equal(js(a, "from"), "StopCommitRetry");
-  assert_string_equal(js(a, "to"), "CommitRetrying");
-  assert_string_equal(js(a, "status"), "Committed");
-  json_decref(a);
+  adm_repaired("redrive cretry", adm("redrive %s", S.cretry), "StopCommitRetry", "CommitRetrying", "Committed");
   expect_history(S.cretry, TXP_GS_COMMITTED);
   a = adm("rollback %s", S.tretry);
   if (json_is_true(json_object_get(a, "ok"))) {
@@ -740,19 +740,12 @@ static void test_repairs(void **state) {
    * (re-driven) as a commit once the RM can do it */
   adm_refused("rollback cfailed", adm("rollback %s", S.cfailed), "refused", "the decision was commit");
   rmsim_dirty(g_rm, 0);
-  a = adm_ok("commit cfailed", adm("commit %s", S.cfailed));
-  assert_string_equal(js(a, "from"), "CommitFailed");
-  assert_string_equal(js(a, "to"), "CommitRetrying");
-  assert_string_equal(js(a, "status"), "Committed");
-  json_decref(a);
+  adm_repaired("commit cfailed", adm("commit %s", S.cfailed), "CommitFailed", "CommitRetrying", "Committed");
   expect_history(S.cfailed, TXP_GS_COMMITTED);
   /* a timeout rollback that failed for good */
   adm_refused("commit tfailed", adm("commit %s", S.tfailed), "refused", "the decision was rollback");
-  a = adm_ok("redrive tfailed", adm("redrive %s", S.tfailed));
-  assert_string_equal(js(a, "from"), "TimeoutRollbackFailed");
-  assert_string_equal(js(a, "to"), "TimeoutRollbackRetrying");
-  assert_string_equal(js(a, "status"), "TimeoutRollbacked");
-  json_decref(a);
+  adm_repaired("redrive tfailed", adm("redrive %s", S.tfailed), "TimeoutRollbackFailed", "TimeoutRollbackRetrying",
+               "TimeoutRollbacked");
   expect_history(S.tfailed, TXP_GS_TIMEOUT_ROLLBACKED);
 
   /* ---- the commit stopped in flight: the RM answers, the branch is

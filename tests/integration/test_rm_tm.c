@@ -166,6 +166,15 @@ static void nodes_of(char *out, size_t cap, const tcd_proc_t *a, const tcd_proc_
   else snprintf(out, cap, "127.0.0.1:%d", a->port);
 }
 
+/* How most tests begin: the servers (or a skip), one tcd, and the node
+ * list a client of it is given. */
+static tcd_proc_t *start_single_node(char *nodes, size_t cap) {
+  skip_without_servers();
+  tcd_proc_t *t = tcd_start(0, TOKEN);
+  nodes_of(nodes, cap, t, NULL);
+  return t;
+}
+
 static rm_client_t *client_new_choice(const char *nodes, const char *token, const char *app,
                                       unsigned request_timeout_ms, logcap_t *lc, int node_choice) {
   rm_config_t cfg = {0};
@@ -328,12 +337,11 @@ static void test_strerror_and_args(void **state) {
 
 static void test_round_trips(void **state) {
   (void)state;
-  skip_without_servers();
-  tcd_proc_t *t = tcd_start(0, TOKEN);
-  char nodes[128], xid[RM_XID_MAX], xid2[RM_XID_MAX], prefix[64];
+  char nodes[128];
+  tcd_proc_t *t = start_single_node(nodes, sizeof(nodes));
+  char xid[RM_XID_MAX], xid2[RM_XID_MAX], prefix[64];
   logcap_t lc;
   logcap_init(&lc);
-  nodes_of(nodes, sizeof(nodes), t, NULL);
   rm_client_t *c = client_new(nodes, TOKEN, "rm-tm-round", 0, &lc);
 
   /* The first call does not wait for rm_client_new to connect: it waits
@@ -469,10 +477,8 @@ static void *mt_worker(void *arg) {
 
 static void test_many_threads(void **state) {
   (void)state;
-  skip_without_servers();
-  tcd_proc_t *t = tcd_start(0, TOKEN);
   char nodes[128];
-  nodes_of(nodes, sizeof(nodes), t, NULL);
+  start_single_node(nodes, sizeof(nodes));
   mt_ctx_t m;
   memset(&m, 0, sizeof(m));
   m.c = client_new(nodes, TOKEN, "rm-tm-threads", 10000, NULL);
@@ -495,12 +501,11 @@ static void test_many_threads(void **state) {
 
 static void test_wrong_token(void **state) {
   (void)state;
-  skip_without_servers();
-  tcd_proc_t *t = tcd_start(0, TOKEN);
-  char nodes[128], xid[RM_XID_MAX];
+  char nodes[128];
+  start_single_node(nodes, sizeof(nodes));
+  char xid[RM_XID_MAX];
   logcap_t lc;
   logcap_init(&lc);
-  nodes_of(nodes, sizeof(nodes), t, NULL);
   rm_client_t *c = client_new(nodes, "not-the-token", "rm-tm-auth", 5000, &lc);
   double t0 = now_ms();
   assert_int_equal(rm_tm_begin(c, 0, NULL, xid), RM_E_AUTH);
@@ -558,11 +563,10 @@ static void test_no_node(void **state) {
 
 static void test_hung_node_unknown_outcome(void **state) {
   (void)state;
-  skip_without_servers();
-  tcd_proc_t *t = tcd_start(0, TOKEN);
-  char nodes[128], xid[RM_XID_MAX], xid2[RM_XID_MAX];
+  char nodes[128];
+  tcd_proc_t *t = start_single_node(nodes, sizeof(nodes));
+  char xid[RM_XID_MAX], xid2[RM_XID_MAX];
   int st = -1;
-  nodes_of(nodes, sizeof(nodes), t, NULL);
   rm_client_t *c = client_new(nodes, TOKEN, "rm-tm-hung", 800, NULL);
   assert_int_equal(rm_tm_begin(c, 60000, NULL, xid), RM_OK);
 
@@ -620,6 +624,14 @@ static void wait_counter(atomic_int *n, int want, int timeout_ms) {
   }
 }
 
+/* A begin on 'c' that the node whose xids start with 'prefix' must serve;
+ * counted in 'begins' (each makes one global). */
+static void begin_served_by(rm_client_t *c, const char *prefix, char *xid, int *begins) {
+  assert_int_equal(rm_tm_begin(c, 0, NULL, xid), RM_OK);
+  (*begins)++;
+  assert_true(strncmp(xid, prefix, strlen(prefix)) == 0);
+}
+
 static void test_two_nodes_one_dies(void **state) {
   (void)state;
   skip_without_servers();
@@ -673,9 +685,7 @@ static void test_two_nodes_one_dies(void **state) {
   }
   for (int i = 0; i < 5; i++) {
     char x[RM_XID_MAX];
-    assert_int_equal(rm_tm_begin(c, 0, NULL, x), RM_OK);
-    begins++;
-    assert_true(strncmp(x, pb, strlen(pb)) == 0);
+    begin_served_by(c, pb, x, &begins);
     assert_int_equal(rm_tm_rollback(c, x, &st), RM_OK);
   }
   rm_client_free(c);
@@ -685,9 +695,7 @@ static void test_two_nodes_one_dies(void **state) {
   snprintf(dead_first, sizeof(dead_first), "127.0.0.1:%d,127.0.0.1:%d", a->port, b->port);
   c = client_new(dead_first, TOKEN, app, 5000, NULL);
   char x[RM_XID_MAX];
-  assert_int_equal(rm_tm_begin(c, 0, NULL, x), RM_OK);
-  begins++;
-  assert_true(strncmp(x, pb, strlen(pb)) == 0);
+  begin_served_by(c, pb, x, &begins);
   assert_int_equal(rm_tm_commit(c, x, &st), RM_OK);
   rm_client_free(c);
 
@@ -741,13 +749,11 @@ static void test_home_node(void **state) {
 }
 static void test_heartbeat_dead_then_resend(void **state) {
   (void)state;
-  skip_without_servers();
-  tcd_proc_t *t = tcd_start(0, TOKEN);
-  const char *app = "rm-tm-heartbeat";
   char nodes[128];
+  tcd_proc_t *t = start_single_node(nodes, sizeof(nodes));
+  const char *app = "rm-tm-heartbeat";
   logcap_t lc;
   logcap_init(&lc);
-  nodes_of(nodes, sizeof(nodes), t, NULL);
   rm_config_t cfg = {0};
   cfg.nodes = nodes;
   cfg.token = TOKEN;
@@ -806,13 +812,11 @@ static int terminate_tc_backends(void) {
 
 static void test_store_errors_retried(void **state) {
   (void)state;
-  skip_without_servers();
-  tcd_proc_t *t = tcd_start(0, TOKEN);
-  const char *app = "rm-tm-store";
   char nodes[128];
+  start_single_node(nodes, sizeof(nodes));
+  const char *app = "rm-tm-store";
   logcap_t lc;
   logcap_init(&lc);
-  nodes_of(nodes, sizeof(nodes), t, NULL);
   load_ctx_t l;
   memset(&l, 0, sizeof(l));
   l.c = client_new(nodes, TOKEN, app, 15000, &lc);
@@ -846,12 +850,11 @@ static void test_store_errors_retried(void **state) {
 
 static void test_reconnect_after_restart(void **state) {
   (void)state;
-  skip_without_servers();
-  tcd_proc_t *t = tcd_start(0, TOKEN);
+  char nodes[128];
+  tcd_proc_t *t = start_single_node(nodes, sizeof(nodes));
   int port = t->port;
-  char nodes[128], xid[RM_XID_MAX];
+  char xid[RM_XID_MAX];
   int st;
-  nodes_of(nodes, sizeof(nodes), t, NULL);
   rm_client_t *c = client_new(nodes, TOKEN, "rm-tm-restart", 15000, NULL);
   assert_int_equal(rm_tm_begin(c, 60000, NULL, xid), RM_OK);
   tcd_proc_kill(t);
@@ -899,10 +902,8 @@ static void *free_worker(void *arg) {
 
 static void test_free_with_calls_in_flight(void **state) {
   (void)state;
-  skip_without_servers();
-  tcd_proc_t *t = tcd_start(0, TOKEN);
   char nodes[128];
-  nodes_of(nodes, sizeof(nodes), t, NULL);
+  tcd_proc_t *t = start_single_node(nodes, sizeof(nodes));
   free_ctx_t f;
   memset(&f, 0, sizeof(f));
   pthread_mutex_init(&f.mu, NULL);
@@ -957,14 +958,13 @@ static void *reg_worker(void *arg) {
 
 static void test_branch_register_lock_wait(void **state) {
   (void)state;
-  skip_without_servers();
-  tcd_proc_t *t = tcd_start(0, TOKEN);
-  char nodes[128], x1[RM_XID_MAX], x2[RM_XID_MAX], x3[RM_XID_MAX], err[256];
+  char nodes[128];
+  tcd_proc_t *t = start_single_node(nodes, sizeof(nodes));
+  char x1[RM_XID_MAX], x2[RM_XID_MAX], x3[RM_XID_MAX], err[256];
   int st;
   int64_t b1 = 0, b3 = 0;
   logcap_t lc;
   logcap_init(&lc);
-  nodes_of(nodes, sizeof(nodes), t, NULL);
   rm_client_t *c = client_new(nodes, TOKEN, "rm-tm-locks", 5000, &lc);
   assert_int_equal(rm__lock_wait_ms(c), 2000); /* the default */
   assert_int_equal(rm_tm_begin(c, 60000, NULL, x1), RM_OK);
@@ -1068,13 +1068,12 @@ static void test_phase_two_dispatch(void **state) {
 
 static void test_prints_nothing(void **state) {
   (void)state;
-  skip_without_servers();
-  tcd_proc_t *t = tcd_start(0, TOKEN);
-  char nodes[128], xid[RM_XID_MAX], path[512];
+  char nodes[128];
+  tcd_proc_t *t = start_single_node(nodes, sizeof(nodes));
+  char xid[RM_XID_MAX], path[512];
   int st;
   const char *dir = getenv("TX_SERVERS_DIR");
   snprintf(path, sizeof(path), "%s/rm-tm-stdio-%d.txt", dir ? dir : "/tmp", (int)getpid());
-  nodes_of(nodes, sizeof(nodes), t, NULL);
   logcap_t lc;
   logcap_init(&lc);
 

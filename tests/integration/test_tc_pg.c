@@ -51,13 +51,13 @@ typedef struct ctx {
   tc_pg_pool_t *pool;
   const char *url;
   int closed; /* done() calls */
-  int step;
+  int step; /* where a test driven by on_state stands */
 
   int ups[8];
   int downs[8];
   char last_down_err[256];
 
-  int ncb;
+  int ncb; /* job callbacks so far: also where a script stands */
   int nok;
   int status_seen[8]; /* indexed by STATUS_SLOT(status) */
   int counts[NCONC];
@@ -140,35 +140,64 @@ static void on_state(tc_pg_pool_t *pool, int idx, bool up, const char *err, void
   }
 }
 
-static tc_pg_pool_t *open_pool(ctx_t *t, const char *conninfo, int size, size_t max_queue)
+/* What a pool tells about its connections: on_state, or a test's own
+ * callback that calls on_state and then acts on the change. */
+typedef void pool_state_cb(tc_pg_pool_t *pool, int idx, bool up, const char *err, void *arg);
+
+/* The options every pool of these tests starts from: 'size' connections
+ * on 'conninfo', their changes reported to 'watch' with the test's ctx. */
+static tc_pg_pool_opts_t pool_opts(ctx_t *t, const char *conninfo, int size, pool_state_cb *watch)
 {
   tc_pg_pool_opts_t o;
 
   memset(&o, 0, sizeof o);
   o.conninfo = conninfo;
   o.size = size;
+  o.on_state = watch;
+  o.state_arg = t;
+  return o;
+}
+
+static tc_pg_pool_t *start_pool(ctx_t *t, const tc_pg_pool_opts_t *o)
+{
+  t->pool = tc_pg_pool_new(&t->loop, o);
+  assert_non_null(t->pool);
+  return t->pool;
+}
+
+/* A pool that reconnects quickly, so that tests of lost connections do
+ * not wait out the default backoff. */
+static tc_pg_pool_t *open_pool(ctx_t *t, const char *conninfo, int size, size_t max_queue)
+{
+  tc_pg_pool_opts_t o = pool_opts(t, conninfo, size, on_state);
+
   o.max_queue = max_queue;
   o.reconnect_min_ms = 20;
   o.reconnect_max_ms = 200;
-  o.on_state = on_state;
-  o.state_arg = t;
-  t->pool = tc_pg_pool_new(&t->loop, &o);
-  assert_non_null(t->pool);
-  return t->pool;
+  return start_pool(t, &o);
+}
+
+static tc_pg_job_t *make_job_va(unsigned flags, tc_pg_job_cb cb, void *arg, const char *sql,
+                                va_list ap)
+{
+  tc_pg_job_t *job = tc_pg_job_new(flags, cb, arg);
+  const char *s;
+
+  assert_non_null(job);
+  for (s = sql; s != NULL; s = va_arg(ap, const char *))
+    assert_int_equal(tc_pg_job_add(job, s, 0, NULL), 0);
+  return job;
 }
 
 /* Build a job of 'n' statements from a NULL-terminated list of SQL texts
  * without parameters. */
 static tc_pg_job_t *make_job(unsigned flags, tc_pg_job_cb cb, void *arg, const char *sql, ...)
 {
-  tc_pg_job_t *job = tc_pg_job_new(flags, cb, arg);
+  tc_pg_job_t *job;
   va_list ap;
-  const char *s;
 
-  assert_non_null(job);
   va_start(ap, sql);
-  for (s = sql; s != NULL; s = va_arg(ap, const char *))
-    assert_int_equal(tc_pg_job_add(job, s, 0, NULL), 0);
+  job = make_job_va(flags, cb, arg, sql, ap);
   va_end(ap);
   return job;
 }
@@ -180,6 +209,19 @@ static void ctx_open(ctx_t *t, int size, size_t max_queue)
   need_server();
   ctx_init(t);
   open_pool(t, t->url, size, max_queue);
+}
+
+/* A test on the server whose pool reports to the test's own 'watch' (with
+ * the pool's default backoff): the test starts its work when a connection is
+ * up. */
+static void ctx_open_watched(ctx_t *t, int size, pool_state_cb *watch)
+{
+  tc_pg_pool_opts_t o;
+
+  need_server();
+  ctx_init(t);
+  o = pool_opts(t, t->url, size, watch);
+  start_pool(t, &o);
 }
 
 static void submit_ok(ctx_t *t, tc_pg_job_t *job, unsigned deadline_ms)
@@ -202,6 +244,35 @@ static void expect_ok(const tc_pg_job_t *job, int status)
   if (status != TC_PG_OK)
     fail_msg("job failed: status %d, error \"%s\", sqlstate \"%s\", index %d", status,
              tc_pg_job_error(job), tc_pg_job_sqlstate(job), tc_pg_job_failed_index(job));
+}
+
+/* Run the loop until the pool closed and nothing is left to do, then
+ * check how many job callbacks ran. */
+static void run_expecting_callbacks(ctx_t *t, int ncb)
+{
+  uv_run(&t->loop, UV_RUN_DEFAULT);
+  assert_int_equal(t->ncb, ncb);
+}
+
+/* The whole end of a test that checks nothing but the callbacks: their
+ * count, the pool closed, and nothing leaked. */
+static void finish_after_callbacks(ctx_t *t, int ncb)
+{
+  run_expecting_callbacks(t, ncb);
+  ctx_finish(t);
+}
+
+/* A test on the server whose script ('first_step' onward) starts once
+ * its tables exist: a TXN job of the NULL-terminated 'ddl' statements. */
+static void ctx_open_with_tables(ctx_t *t, int size, tc_pg_job_cb first_step, const char *ddl,
+                                 ...)
+{
+  va_list ap;
+
+  ctx_open(t, size, 0);
+  va_start(ap, ddl);
+  submit_ok(t, make_job_va(TC_PG_JOB_TXN, first_step, t, ddl, ap), 0);
+  va_end(ap);
 }
 
 /* ---- 1. one statement with parameters ---- */
@@ -244,9 +315,7 @@ static void test_single_statement(void **state)
     tc_pg_job_add(job, "SELECT $1::int + 1, $2::text, $3::text IS NULL", 3, vals), 0);
   submit_ok(&t, job, 5000);
   assert_int_equal(tc_pg_pool_queued(t.pool), 1);
-  uv_run(&t.loop, UV_RUN_DEFAULT);
-  assert_int_equal(t.ncb, 1);
-  ctx_finish(&t);
+  finish_after_callbacks(&t, 1);
 }
 
 /* ---- 2. a TXN job of 100 statements commits atomically ---- */
@@ -257,7 +326,7 @@ static void txn100_cb(tc_pg_job_t *job, int status, void *arg)
   int i;
 
   expect_ok(job, status);
-  switch (t->step++) {
+  switch (t->ncb++) {
   case 0: /* table created: insert 100 rows in one transaction */
     job = tc_pg_job_new(TC_PG_JOB_TXN, txn100_cb, t);
     assert_non_null(job);
@@ -301,14 +370,9 @@ static void test_txn_100_commits(void **state)
   ctx_t t;
 
   (void)state;
-  ctx_open(&t, 2, 0);
-  submit_ok(&t,
-            make_job(TC_PG_JOB_TXN, txn100_cb, &t, "DROP TABLE IF EXISTS tc_pg_t100",
-                     "CREATE TABLE tc_pg_t100 (id int PRIMARY KEY, v text NOT NULL)", NULL),
-            0);
-  uv_run(&t.loop, UV_RUN_DEFAULT);
-  assert_int_equal(t.step, 3);
-  ctx_finish(&t);
+  ctx_open_with_tables(&t, 2, txn100_cb, "DROP TABLE IF EXISTS tc_pg_t100",
+                       "CREATE TABLE tc_pg_t100 (id int PRIMARY KEY, v text NOT NULL)", NULL);
+  finish_after_callbacks(&t, 3);
 }
 
 /* ---- 3. a TXN job whose 3rd statement fails rolls back everything ---- */
@@ -332,67 +396,72 @@ static tc_pg_job_t *insert_job(ctx_t *t, tc_pg_job_cb cb, const char *table, con
   return job;
 }
 
+/* The script of test_txn_failure_rolls_back, a row a job callback: what
+ * the job that just finished must have reported, then the next job. */
+typedef enum { NEXT_INSERT, NEXT_COUNT, NEXT_COUNT_THEN_FAIL, NEXT_CLOSE } txn_next_t;
+
+static const int dup_ids[] = {1, 2, 1, 3};
+static const int good_ids[] = {1, 2};
+
+static const struct txn_step {
+  const char *sqlstate; /* the failure expected; NULL: the job succeeded */
+  int failed_index;     /* with sqlstate: the statement that failed, -1 for COMMIT */
+  const char *error_has;
+  const char *rows;     /* the job counted the rows: how many; NULL: no count */
+  txn_next_t next;      /* then: insert 'ids' into 'table', or count its rows */
+  const char *table;
+  const int *ids;
+  int nids;
+} txn_failure_script[] = {
+  /* Tables created: a duplicate key fails statement 2. */
+  {NULL, 0, NULL, NULL, NEXT_INSERT, "tc_pg_tfail", dup_ids, 4},
+  /* The only connection must be usable again (ROLLBACK ran). */
+  {"23505", 2, "duplicate key", NULL, NEXT_COUNT, "tc_pg_tfail", NULL, 0},
+  {NULL, 0, NULL, "0", NEXT_INSERT, "tc_pg_tfail", good_ids, 2},
+  {NULL, 0, NULL, NULL, NEXT_COUNT_THEN_FAIL, "tc_pg_tfail", NULL, 0},
+  /* A plain (non-TXN) job: the error is reported at its index. */
+  {"22012", 1, NULL, NULL, NEXT_COUNT, "tc_pg_tfail", NULL, 0},
+  /* A failure at COMMIT (deferred constraint) reports index -1. */
+  {NULL, 0, NULL, "2", NEXT_INSERT, "tc_pg_tdefer", good_ids, 2},
+  {NULL, 0, NULL, NULL, NEXT_INSERT, "tc_pg_tdefer", dup_ids, 3},
+  {"23505", -1, NULL, NULL, NEXT_COUNT, "tc_pg_tdefer", NULL, 0},
+  {NULL, 0, NULL, "2", NEXT_CLOSE, NULL, NULL, 0},
+};
+
+#define TXN_FAILURE_STEPS ((int)(sizeof txn_failure_script / sizeof txn_failure_script[0]))
+
 static void txnfail_cb(tc_pg_job_t *job, int status, void *arg)
 {
   ctx_t *t = arg;
-  static const int dup[4] = {1, 2, 1, 3};
-  static const int good[2] = {1, 2};
+  const struct txn_step *step;
+  char count_sql[64];
 
-  switch (t->step++) {
-  case 0:
-    expect_ok(job, status);
-    submit_ok(t, insert_job(t, txnfail_cb, "tc_pg_tfail", dup, 4), 0);
-    break;
-  case 1: /* the duplicate key fails statement 2 */
+  assert_true(t->ncb < TXN_FAILURE_STEPS);
+  step = &txn_failure_script[t->ncb++];
+  if (step->sqlstate != NULL) {
     assert_int_equal(status, TC_PG_ESTMT);
-    assert_int_equal(tc_pg_job_failed_index(job), 2);
-    assert_string_equal(tc_pg_job_sqlstate(job), "23505");
-    assert_non_null(strstr(tc_pg_job_error(job), "duplicate key"));
-    /* The only connection must be usable again (ROLLBACK ran). */
-    submit_ok(t, make_job(0, txnfail_cb, t, "SELECT count(*) FROM tc_pg_tfail", NULL), 0);
-    break;
-  case 2:
+    assert_int_equal(tc_pg_job_failed_index(job), step->failed_index);
+    assert_string_equal(tc_pg_job_sqlstate(job), step->sqlstate);
+  } else {
     expect_ok(job, status);
-    assert_string_equal(val(job, 0, 0, 0), "0");
-    submit_ok(t, insert_job(t, txnfail_cb, "tc_pg_tfail", good, 2), 0);
-    break;
-  case 3:
-    expect_ok(job, status);
-    submit_ok(t,
-              make_job(0, txnfail_cb, t, "SELECT count(*) FROM tc_pg_tfail",
-                       "SELECT 1/0", "SELECT 3", NULL),
-              0);
-    break;
-  case 4: /* plain (non-TXN) job: the error is reported at its index */
-    assert_int_equal(status, TC_PG_ESTMT);
-    assert_int_equal(tc_pg_job_failed_index(job), 1);
-    assert_string_equal(tc_pg_job_sqlstate(job), "22012");
-    submit_ok(t, make_job(0, txnfail_cb, t, "SELECT count(*) FROM tc_pg_tfail", NULL), 0);
-    break;
-  case 5:
-    expect_ok(job, status);
-    assert_string_equal(val(job, 0, 0, 0), "2");
-    /* A failure at COMMIT (deferred constraint) reports index -1. */
-    submit_ok(t, insert_job(t, txnfail_cb, "tc_pg_tdefer", good, 2), 0);
-    break;
-  case 6:
-    expect_ok(job, status);
-    submit_ok(t, insert_job(t, txnfail_cb, "tc_pg_tdefer", dup, 2 + 1), 0);
-    break;
-  case 7:
-    assert_int_equal(status, TC_PG_ESTMT);
-    assert_int_equal(tc_pg_job_failed_index(job), -1);
-    assert_string_equal(tc_pg_job_sqlstate(job), "23505");
-    submit_ok(t, make_job(0, txnfail_cb, t, "SELECT count(*) FROM tc_pg_tdefer", NULL), 0);
-    break;
-  case 8:
-    expect_ok(job, status);
-    assert_string_equal(val(job, 0, 0, 0), "2");
-    close_pool(t);
-    break;
-  default:
-    fail();
   }
+  if (step->error_has != NULL)
+    assert_non_null(strstr(tc_pg_job_error(job), step->error_has));
+  if (step->rows != NULL)
+    assert_string_equal(val(job, 0, 0, 0), step->rows);
+  if (step->next == NEXT_CLOSE) {
+    close_pool(t);
+    return;
+  }
+  if (step->next == NEXT_INSERT) {
+    submit_ok(t, insert_job(t, txnfail_cb, step->table, step->ids, step->nids), 0);
+    return;
+  }
+  snprintf(count_sql, sizeof count_sql, "SELECT count(*) FROM %s", step->table);
+  if (step->next == NEXT_COUNT)
+    submit_ok(t, make_job(0, txnfail_cb, t, count_sql, NULL), 0);
+  else
+    submit_ok(t, make_job(0, txnfail_cb, t, count_sql, "SELECT 1/0", "SELECT 3", NULL), 0);
 }
 
 static void test_txn_failure_rolls_back(void **state)
@@ -400,18 +469,13 @@ static void test_txn_failure_rolls_back(void **state)
   ctx_t t;
 
   (void)state;
-  ctx_open(&t, 1, 0);
-  submit_ok(&t,
-            make_job(TC_PG_JOB_TXN, txnfail_cb, &t, "DROP TABLE IF EXISTS tc_pg_tfail",
-                     "CREATE TABLE tc_pg_tfail (id int PRIMARY KEY)",
-                     "DROP TABLE IF EXISTS tc_pg_tdefer",
-                     "CREATE TABLE tc_pg_tdefer (id int, CONSTRAINT tc_pg_tdefer_u UNIQUE (id)"
-                     " DEFERRABLE INITIALLY DEFERRED)",
-                     NULL),
-            0);
-  uv_run(&t.loop, UV_RUN_DEFAULT);
-  assert_int_equal(t.step, 9);
-  ctx_finish(&t);
+  ctx_open_with_tables(&t, 1, txnfail_cb, "DROP TABLE IF EXISTS tc_pg_tfail",
+                       "CREATE TABLE tc_pg_tfail (id int PRIMARY KEY)",
+                       "DROP TABLE IF EXISTS tc_pg_tdefer",
+                       "CREATE TABLE tc_pg_tdefer (id int, CONSTRAINT tc_pg_tdefer_u UNIQUE (id)"
+                       " DEFERRABLE INITIALLY DEFERRED)",
+                       NULL);
+  finish_after_callbacks(&t, TXN_FAILURE_STEPS);
 }
 
 /* ---- 4. 1000 concurrent jobs over a pool of 4 ---- */
@@ -465,8 +529,7 @@ static void test_concurrent_1000(void **state)
     submit_ok(&t, job, 60000);
   }
   assert_int_equal(tc_pg_pool_queued(t.pool), NCONC);
-  uv_run(&t.loop, UV_RUN_DEFAULT);
-  assert_int_equal(t.ncb, NCONC);
+  run_expecting_callbacks(&t, NCONC);
   for (i = 0; i < NCONC; i++)
     assert_int_equal(t.counts[i], 1);
   /* The work was spread over the pool's connections. */
@@ -500,9 +563,7 @@ static void test_queue_bound(void **state)
   assert_int_equal(tc_pg_submit(t.pool, extra, 0), TC_PG_EFULL);
   assert_int_equal(tc_pg_pool_queued(t.pool), 3);
   tc_pg_job_free(extra); /* refused: still ours */
-  uv_run(&t.loop, UV_RUN_DEFAULT);
-  assert_int_equal(t.ncb, 3);
-  ctx_finish(&t);
+  finish_after_callbacks(&t, 3);
 }
 
 /* ---- 6. deadlines while the server is unreachable ---- */
@@ -610,18 +671,9 @@ static void busy_on_state(tc_pg_pool_t *pool, int idx, bool up, const char *err,
 static void test_deadline_busy(void **state)
 {
   ctx_t t;
-  tc_pg_pool_opts_t o;
 
   (void)state;
-  need_server();
-  ctx_init(&t);
-  memset(&o, 0, sizeof o);
-  o.conninfo = t.url;
-  o.size = 1;
-  o.on_state = busy_on_state;
-  o.state_arg = &t;
-  t.pool = tc_pg_pool_new(&t.loop, &o);
-  assert_non_null(t.pool);
+  ctx_open_watched(&t, 1, busy_on_state);
   uv_run(&t.loop, UV_RUN_DEFAULT);
   assert_int_equal(t.norder, 2);
   assert_int_equal(t.order[0], TC_PG_ENOCONN);
@@ -715,15 +767,10 @@ static void test_killed_mid_job(void **state)
   need_server();
   ctx_init(&t);
   t.delay.data = &t;
-  memset(&o, 0, sizeof o);
-  o.conninfo = t.url;
-  o.size = 2;
+  o = pool_opts(&t, t.url, 2, kill_on_state);
   o.reconnect_min_ms = 50;
   o.reconnect_max_ms = 500;
-  o.on_state = kill_on_state;
-  o.state_arg = &t;
-  t.pool = tc_pg_pool_new(&t.loop, &o);
-  assert_non_null(t.pool);
+  start_pool(&t, &o);
   uv_run(&t.loop, UV_RUN_DEFAULT);
   assert_int_equal(t.step, 3);
   assert_int_equal(t.status_seen[STATUS_SLOT(TC_PG_EBROKEN)], 1);
@@ -773,9 +820,7 @@ static void test_submit_from_callback(void **state)
   assert_non_null(job);
   assert_int_equal(tc_pg_job_add(job, "SELECT $1::int", 1, vals), 0);
   submit_ok(&t, job, 0);
-  uv_run(&t.loop, UV_RUN_DEFAULT);
-  assert_int_equal(t.ncb, 200);
-  ctx_finish(&t);
+  finish_after_callbacks(&t, 200);
 }
 
 /* ---- 9. closing with jobs queued and in flight ---- */
@@ -833,21 +878,11 @@ static void closing_on_state(tc_pg_pool_t *pool, int idx, bool up, const char *e
 static void test_close_with_jobs(void **state)
 {
   ctx_t t;
-  tc_pg_pool_opts_t o;
   int i;
 
   (void)state;
-  need_server();
-  ctx_init(&t);
-  memset(&o, 0, sizeof o);
-  o.conninfo = t.url;
-  o.size = 1;
-  o.on_state = closing_on_state;
-  o.state_arg = &t;
-  t.pool = tc_pg_pool_new(&t.loop, &o);
-  assert_non_null(t.pool);
-  uv_run(&t.loop, UV_RUN_DEFAULT);
-  assert_int_equal(t.ncb, 11);
+  ctx_open_watched(&t, 1, closing_on_state);
+  run_expecting_callbacks(&t, 11);
   for (i = 0; i < 11; i++)
     assert_int_equal(t.counts[i], 1);
   ctx_finish(&t);
@@ -914,21 +949,14 @@ static void test_init_sql(void **state)
   (void)state;
   need_server();
   ctx_init(&t);
-  memset(&o, 0, sizeof o);
-  o.conninfo = t.url;
-  o.size = 2;
-  o.on_state = on_state;
-  o.state_arg = &t;
+  o = pool_opts(&t, t.url, 2, on_state);
   o.init_sql = "SET application_name = 'tc_pg_init'; SET statement_timeout = '123s'";
-  t.pool = tc_pg_pool_new(&t.loop, &o);
-  assert_non_null(t.pool);
+  start_pool(&t, &o);
   for (i = 0; i < 4; i++)
     submit_ok(&t, make_job(0, init_cb, &t, "SHOW application_name", "SHOW statement_timeout",
                            NULL),
               0);
-  uv_run(&t.loop, UV_RUN_DEFAULT);
-  assert_int_equal(t.ncb, 4);
-  ctx_finish(&t);
+  finish_after_callbacks(&t, 4);
 
   /* An init_sql that fails keeps the connection from ever being used. */
   ctx_init(&t);
@@ -936,11 +964,9 @@ static void test_init_sql(void **state)
   o.reconnect_min_ms = 20;
   o.state_arg = &t;
   o.init_sql = "SET application_name = 'x'; SELECT * FROM tc_pg_no_such_table";
-  t.pool = tc_pg_pool_new(&t.loop, &o);
-  assert_non_null(t.pool);
+  start_pool(&t, &o);
   submit_ok(&t, make_job(0, bad_init_cb, &t, "SELECT 1", NULL), 300);
-  uv_run(&t.loop, UV_RUN_DEFAULT);
-  assert_int_equal(t.ncb, 1);
+  run_expecting_callbacks(&t, 1);
   assert_true(t.downs[0] >= 1);
   assert_int_equal(t.ups[0], 0);
   assert_non_null(strstr(t.last_down_err, "tc_pg_no_such_table"));
@@ -1000,9 +1026,7 @@ static void test_big_payloads(void **state)
   assert_int_equal(tc_pg_job_add(job, "SELECT length($1)", 1, vals), 0);
   free(big);
   submit_ok(&t, job, 0);
-  uv_run(&t.loop, UV_RUN_DEFAULT);
-  assert_int_equal(t.ncb, 1);
-  ctx_finish(&t);
+  finish_after_callbacks(&t, 1);
 }
 
 /* ---- 12. a host name is resolved off the loop ---- */
@@ -1017,9 +1041,17 @@ static void host_cb(tc_pg_job_t *job, int status, void *arg)
   close_pool(t);
 }
 
+/* Where the server of TC_PG_URL listens, for the tests that reach it by
+ * another name or after another host. */
+typedef struct server_addr {
+  char port[64];
+  char user[64];
+  char db[64];
+} server_addr_t;
+
 /* The server's port, user and database from TC_PG_URL, if it listens on
  * 127.0.0.1; false otherwise. */
-static bool url_parts(const char *url, char *port, char *user, char *db, size_t len)
+static bool url_parts(const char *url, server_addr_t *a)
 {
   PQconninfoOption *opts, *o;
   char *err = NULL;
@@ -1027,18 +1059,18 @@ static bool url_parts(const char *url, char *port, char *user, char *db, size_t 
 
   opts = PQconninfoParse(url, &err);
   assert_non_null(opts);
-  snprintf(port, len, "5432");
-  snprintf(user, len, "postgres");
-  snprintf(db, len, "postgres");
+  snprintf(a->port, sizeof a->port, "5432");
+  snprintf(a->user, sizeof a->user, "postgres");
+  snprintf(a->db, sizeof a->db, "postgres");
   for (o = opts; o->keyword != NULL; o++) {
     if (o->val == NULL)
       continue;
     if (strcmp(o->keyword, "port") == 0)
-      snprintf(port, len, "%s", o->val);
+      snprintf(a->port, sizeof a->port, "%s", o->val);
     else if (strcmp(o->keyword, "user") == 0)
-      snprintf(user, len, "%s", o->val);
+      snprintf(a->user, sizeof a->user, "%s", o->val);
     else if (strcmp(o->keyword, "dbname") == 0)
-      snprintf(db, len, "%s", o->val);
+      snprintf(a->db, sizeof a->db, "%s", o->val);
     else if (strcmp(o->keyword, "host") == 0)
       tcp = strcmp(o->val, "127.0.0.1") == 0;
   }
@@ -1046,23 +1078,37 @@ static bool url_parts(const char *url, char *port, char *user, char *db, size_t 
   return tcp;
 }
 
+/* Call before ctx_init, as need_server. */
+static void need_local_tcp_server(server_addr_t *a)
+{
+  need_server();
+  if (!url_parts(getenv("TC_PG_URL"), a))
+    skip(); /* the server does not listen on 127.0.0.1 */
+}
+
+/* A list of two hosts on 127.0.0.1: 'first_port' (one that fails), then
+ * the server; 'options' is appended as it is. */
+static void two_host_conninfo(char *conninfo, size_t len, int first_port, const server_addr_t *a,
+                              const char *options)
+{
+  snprintf(conninfo, len, "host=127.0.0.1,127.0.0.1 port=%d,%s user=%s dbname=%s%s", first_port,
+           a->port, a->user, a->db, options);
+}
+
 static void test_hostname(void **state)
 {
   ctx_t t;
-  char port[64], user[64], db[64];
+  server_addr_t a;
   char conninfo[256];
 
   (void)state;
-  need_server();
-  if (!url_parts(getenv("TC_PG_URL"), port, user, db, sizeof port))
-    skip(); /* the server does not listen on 127.0.0.1 */
+  need_local_tcp_server(&a);
   ctx_init(&t);
-  snprintf(conninfo, sizeof conninfo, "host=localhost port=%s user=%s dbname=%s", port, user, db);
+  snprintf(conninfo, sizeof conninfo, "host=localhost port=%s user=%s dbname=%s", a.port, a.user,
+           a.db);
   open_pool(&t, conninfo, 2, 0);
   submit_ok(&t, make_job(0, host_cb, &t, "SELECT 1", NULL), 10000);
-  uv_run(&t.loop, UV_RUN_DEFAULT);
-  assert_int_equal(t.ncb, 1);
-  ctx_finish(&t);
+  finish_after_callbacks(&t, 1);
 }
 
 /* A list of hosts whose first one refuses: libpq closes that socket and
@@ -1070,18 +1116,14 @@ static void test_hostname(void **state)
 static void test_host_list_fallback(void **state)
 {
   ctx_t t;
-  char port[64], user[64], db[64];
+  server_addr_t a;
   char conninfo[256];
-  int fd, closed;
+  int fd;
 
   (void)state;
-  need_server();
-  if (!url_parts(getenv("TC_PG_URL"), port, user, db, sizeof port))
-    skip();
+  need_local_tcp_server(&a);
   ctx_init(&t);
-  closed = closed_port(&fd);
-  snprintf(conninfo, sizeof conninfo,
-           "host=127.0.0.1,127.0.0.1 port=%d,%s user=%s dbname=%s", closed, port, user, db);
+  two_host_conninfo(conninfo, sizeof conninfo, closed_port(&fd), &a, "");
   open_pool(&t, conninfo, 3, 0);
   submit_ok(&t, make_job(0, host_cb, &t, "SELECT 1", NULL), 10000);
   uv_run(&t.loop, UV_RUN_DEFAULT);
@@ -1115,20 +1157,16 @@ static void hung_cb(tc_pg_job_t *job, int status, void *arg)
 static void test_host_list_hung_first(void **state)
 {
   ctx_t t;
-  char port[64], user[64], db[64];
+  server_addr_t a;
   char conninfo[256];
   int fd, hung;
 
   (void)state;
-  need_server();
-  if (!url_parts(getenv("TC_PG_URL"), port, user, db, sizeof port))
-    skip();
+  need_local_tcp_server(&a);
   ctx_init(&t);
   hung = closed_port(&fd);
   assert_int_equal(listen(fd, 16), 0);
-  snprintf(conninfo, sizeof conninfo,
-           "host=127.0.0.1,127.0.0.1 port=%d,%s user=%s dbname=%s connect_timeout=2", hung, port, user,
-           db);
+  two_host_conninfo(conninfo, sizeof conninfo, hung, &a, " connect_timeout=2");
   open_pool(&t, conninfo, 1, 0);
   submit_ok(&t, make_job(0, hung_cb, &t, "SELECT 1", NULL), 10000);
   uv_run(&t.loop, UV_RUN_DEFAULT);
@@ -1172,9 +1210,7 @@ static void test_read_only_reconnects(void **state)
   (void)state;
   ctx_open(&t, 1, 0);
   submit_ok(&t, make_job(0, ro_cb, &t, "SET default_transaction_read_only = on", NULL), 10000);
-  uv_run(&t.loop, UV_RUN_DEFAULT);
-  assert_int_equal(t.ncb, 3);
-  ctx_finish(&t);
+  finish_after_callbacks(&t, 3);
 }
 
 /* ---- 13. bad options and job edge cases (no server needed) ---- */

@@ -617,14 +617,20 @@ static client_t *fill_two_and_refuse_third(void) {
   return a;
 }
 
+/* A server whose connection bound 'limit' (a field of opts) is 2, filled
+ * as fill_two_and_refuse_third leaves it; returns its first client. */
+static client_t *start_full_server(int *limit) {
+  *limit = 2;
+  start_server();
+  return fill_two_and_refuse_third();
+}
+
 /* Finding 3: one address may hold at most max_connections_per_address
  * live connections; the next is refused (closed at once), the others go
  * on, and one that leaves makes room again. */
 static void test_max_connections_per_address(void **state) {
   (void)state;
-  opts.max_connections_per_address = 2;
-  start_server();
-  client_t *a = fill_two_and_refuse_third();
+  client_t *a = start_full_server(&opts.max_connections_per_address);
   assert_int_equal(stats().refused_per_address, 1);
   client_close(a);
   assert_true(run_until(one_connection_left, NULL, WAIT_MS));
@@ -779,16 +785,13 @@ static void test_max_inflight_busy(void **state) {
 
 static void test_max_connections(void **state) {
   (void)state;
-  opts.max_connections = 2;
-  start_server();
-  client_t *a = fill_two_and_refuse_third();
+  client_t *a = start_full_server(&opts.max_connections);
 
   /* A slot frees when a connection goes. */
   client_close(a);
   int want = 1; /* the server must have seen the EOF before 'd' connects */
   assert_true(run_until(connections_at_most, &want, WAIT_MS));
-  client_t *d = client_connect();
-  assert_int_equal(client_register(d, false, "tm-d", NULL, TOKEN), 0);
+  client_tm("tm-d");
 }
 
 static uint64_t send_lock_query(client_t *cl) {

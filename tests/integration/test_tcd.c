@@ -44,8 +44,7 @@
  * 'row_key' now. */
 static void expect_granted_after_wait(txc_t *c, reader_t *rd, uint64_t id, const char *row_key, const char *xid) {
   txp_msg_t res;
-  assert_int_equal(recv_answer(c, rd, id, &res, 10000), 0);
-  assert_int_equal(res.code, 0);
+  expect_answer(c, rd, id, &res, 0);
   assert_true(res.branch_id > 0);
   assert_true(txp_msg_has(&res, TXP_F_WAITED_MS));
   assert_true(res.waited_ms > 0);
@@ -78,31 +77,24 @@ static void msg_identity(txp_msg_t *m, bool as_rm, const char *app, const char *
 /* 1. Two branches, commit: Committed at once, phase two cleans up. */
 static void test_commit_two_branches(void **state) {
   (void)state;
-  cli_t cl;
-  cli_open(&cl, "t1");
-  char xid[TXP_MAX_XID_LEN + 1];
-  begin_ok(cl.tm, 30000, "t1-commit", xid);
-  int64_t b1 = register_ok(cl.rm, xid, "db_orders", "t_order:1");
-  int64_t b2 = register_ok(cl.rm, xid, "db_stock", "t_stock:1");
-  assert_true(b1 != b2);
-  assert_int_equal(db_long(SQL_GLOBAL_STATUS, xid, NULL), TXP_GS_BEGIN);
-  assert_int_equal(db_long(SQL_BRANCHES, xid, NULL), 2);
-  assert_int_equal(db_long(SQL_LOCKS, xid, NULL), 2);
+  cli_t cl = new_cli("t1");
+  two_branch_tx_t tx;
+  begin_two_branches(&cl, 30000, "t1-commit", "t_order:1", "t_stock:1", &tx);
+  assert_true(tx.orders != tx.stock);
+  assert_int_equal(db_long(SQL_GLOBAL_STATUS, tx.xid, NULL), TXP_GS_BEGIN);
+  assert_int_equal(db_long(SQL_BRANCHES, tx.xid, NULL), 2);
+  assert_int_equal(db_long(SQL_LOCKS, tx.xid, NULL), 2);
 
   int status = -1;
-  assert_int_equal(txc_commit(cl.tm, xid, &status), 0);
-  assert_int_equal(status, TXP_GS_COMMITTED);
+  commit_ok(cl.tm, tx.xid);
 
-  expect_history(xid, TXP_GS_COMMITTED, WAIT_MS);
-  assert_int_equal(history_branches(xid, TXP_BS_PHASE2_COMMITTED), 2);
-  assert_int_equal(db_long(SQL_LIVE_ROWS, xid, NULL), 0);
-  int64_t ids[8];
-  assert_true(rm_wait_events(xid, TXP_MSG_BRANCH_COMMIT, 0, 2, WAIT_MS)); /* told after the answer */
-  assert_int_equal(rm_events(xid, TXP_MSG_BRANCH_COMMIT, 0, ids, 8), 2);
-  assert_true(has_id(ids, 2, b1) && has_id(ids, 2, b2));
-  assert_int_equal(rm_events(xid, TXP_MSG_BRANCH_ROLLBACK, 0, NULL, 0), 0);
+  expect_history(tx.xid, TXP_GS_COMMITTED, WAIT_MS);
+  assert_int_equal(history_branches(tx.xid, TXP_BS_PHASE2_COMMITTED), 2);
+  assert_int_equal(db_long(SQL_LIVE_ROWS, tx.xid, NULL), 0);
+  expect_commits_told(tx.xid, tx.orders, tx.stock); /* told after the answer */
+  assert_int_equal(rm_events(tx.xid, TXP_MSG_BRANCH_ROLLBACK, 0, NULL, 0), 0);
   /* The TM sees the same answer from GlobalStatus now. */
-  assert_int_equal(txc_status(cl.tm, xid, &status), 0);
+  assert_int_equal(txc_status(cl.tm, tx.xid, &status), 0);
   assert_int_equal(status, TXP_GS_COMMITTED);
 }
 
@@ -123,8 +115,7 @@ static void begin_register_call(txc_t *c, const char *resource, int type, const 
 
 static void test_begin_register(void **state) {
   (void)state;
-  cli_t cl;
-  cli_open(&cl, "t1b");
+  cli_t cl = new_cli("t1b");
   txp_msg_t res;
   begin_register_call(cl.rm, "db_orders", TXP_BT_AT, NULL, &res);
   assert_int_equal(res.code, 0);
@@ -141,14 +132,9 @@ static void test_begin_register(void **state) {
                            "'t1b-begin-register' AND application_id = 'test-app'", xid, NULL), 1);
   /* a second branch the usual way, then the TM's commit */
   int64_t b2 = register_ok(cl.rm, xid, "db_stock", "t_stock:1b");
-  int status = -1;
-  assert_int_equal(txc_commit(cl.tm, xid, &status), 0);
-  assert_int_equal(status, TXP_GS_COMMITTED);
+  commit_ok(cl.tm, xid);
   assert_int_equal(history_branches(xid, TXP_BS_PHASE2_COMMITTED), 2);
-  assert_true(rm_wait_events(xid, TXP_MSG_BRANCH_COMMIT, 0, 2, WAIT_MS));
-  int64_t ids[4];
-  int n = rm_events(xid, TXP_MSG_BRANCH_COMMIT, 0, ids, 4);
-  assert_true(n == 2 && has_id(ids, n, b1) && has_id(ids, n, b2));
+  expect_commits_told(xid, b1, b2);
   /* refused: lock keys, another branch type; nothing begun */
   long globals = db_long("SELECT count(*) FROM global_table", NULL, NULL);
   begin_register_call(cl.rm, "db_orders", TXP_BT_AT, "t_order:1b", &res);
@@ -163,32 +149,24 @@ static void test_begin_register(void **state) {
 /* 2. Two branches, rollback: newest branch undone first. */
 static void test_rollback_two_branches(void **state) {
   (void)state;
-  cli_t cl;
-  cli_open(&cl, "t2");
-  char xid[TXP_MAX_XID_LEN + 1];
-  begin_ok(cl.tm, 30000, "t2-rollback", xid);
-  int64_t b1 = register_ok(cl.rm, xid, "db_orders", "t_order:2");
-  int64_t b2 = register_ok(cl.rm, xid, "db_stock", "t_stock:2");
+  cli_t cl = new_cli("t2");
+  two_branch_tx_t tx;
+  begin_two_branches(&cl, 30000, "t2-rollback", "t_order:2", "t_stock:2", &tx);
 
-  int status = -1;
-  assert_int_equal(txc_rollback(cl.tm, xid, &status), 0);
-  assert_int_equal(status, TXP_GS_ROLLBACKED);
+  rollback_ok(cl.tm, tx.xid);
 
-  expect_history(xid, TXP_GS_ROLLBACKED, WAIT_MS);
-  assert_int_equal(history_branches(xid, TXP_BS_PHASE2_ROLLBACKED), 2);
-  assert_int_equal(db_long(SQL_LIVE_ROWS, xid, NULL), 0);
-  int64_t ids[8];
-  assert_int_equal(rm_events(xid, TXP_MSG_BRANCH_ROLLBACK, 0, ids, 8), 2);
-  assert_true(ids[0] == b2 && ids[1] == b1);
-  assert_int_equal(rm_events(xid, TXP_MSG_BRANCH_COMMIT, 0, NULL, 0), 0);
+  expect_history(tx.xid, TXP_GS_ROLLBACKED, WAIT_MS);
+  assert_int_equal(history_branches(tx.xid, TXP_BS_PHASE2_ROLLBACKED), 2);
+  assert_int_equal(db_long(SQL_LIVE_ROWS, tx.xid, NULL), 0);
+  expect_rollbacks_newest_first(&tx);
+  assert_int_equal(rm_events(tx.xid, TXP_MSG_BRANCH_COMMIT, 0, NULL, 0), 0);
 }
 
 /* 3. Lock conflicts: immediate conflict, FIFO wake-up of waiters, holder
  * rolling back, wait timeout. */
 static void test_lock_conflict_fifo(void **state) {
   (void)state;
-  cli_t cl;
-  cli_open(&cl, "t3");
+  cli_t cl = new_cli("t3");
   const char *row42 = "db_orders^^^t_row^^^42";
   char xa[TXP_MAX_XID_LEN + 1], xb[TXP_MAX_XID_LEN + 1], xc[TXP_MAX_XID_LEN + 1];
   char xx[TXP_MAX_XID_LEN + 1];
@@ -227,18 +205,15 @@ static void test_lock_conflict_fifo(void **state) {
 
   /* A commits: B (first in line) gets the key, C waits on. */
   int status = -1;
-  assert_int_equal(txc_commit(cl.tm, xa, &status), 0);
-  assert_int_equal(status, TXP_GS_COMMITTED);
+  commit_ok(cl.tm, xa);
   expect_granted_after_wait(cb, db, 100, row42, xb);
   assert_false(readable_now(cc));
   assert_int_equal(db_long(SQL_BRANCHES, xc, NULL), 0);
 
   /* B commits: now C. */
-  assert_int_equal(txc_commit(cl.tm, xb, &status), 0);
-  assert_int_equal(status, TXP_GS_COMMITTED);
+  commit_ok(cl.tm, xb);
   expect_granted_after_wait(cc, dc, 200, row42, xc);
-  assert_int_equal(txc_rollback(cl.tm, xc, &status), 0);
-  assert_int_equal(status, TXP_GS_ROLLBACKED);
+  rollback_ok(cl.tm, xc);
   assert_int_equal(db_long("SELECT count(*) FROM lock_table WHERE row_key = $1", row42, NULL), 0);
   expect_history(xa, TXP_GS_COMMITTED, WAIT_MS);
   expect_history(xb, TXP_GS_COMMITTED, WAIT_MS);
@@ -293,10 +268,8 @@ static void test_lock_conflict_fifo(void **state) {
   txp_msg_clear(&res);
   assert_true(took >= 290 && took < 5000);
   assert_int_equal(db_long(SQL_LIVE_ROWS, xw, NULL), 1);
-  assert_int_equal(txc_rollback(cl.tm, xp, &status), 0);
-  assert_int_equal(status, TXP_GS_ROLLBACKED);
-  assert_int_equal(txc_rollback(cl.tm, xw, &status), 0);
-  assert_int_equal(status, TXP_GS_ROLLBACKED);
+  rollback_ok(cl.tm, xp);
+  rollback_ok(cl.tm, xw);
 }
 
 /* 3b. A lock released while a registration that met it is on its way
@@ -305,8 +278,7 @@ static void test_lock_conflict_fifo(void **state) {
  * The waiter must get the free lock at once, not sit out its lock wait. */
 static void test_lock_release_race(void **state) {
   (void)state;
-  cli_t cl;
-  cli_open(&cl, "t3b");
+  cli_t cl = new_cli("t3b");
   txc_t *c = client(true, "t3b-both", "db_waiter");
   reader_t *rd = new_reader();
   for (int round = 0; round < 3; round++) {
@@ -322,8 +294,7 @@ static void test_lock_release_race(void **state) {
     uint64_t id = 10 + 2 * (uint64_t)round;
     double t0 = now_ms();
     send_frames(c, m, 2, id);
-    assert_int_equal(recv_answer(c, rd, id, &res, 10000), 0);
-    assert_int_equal(res.code, 0);
+    expect_answer(c, rd, id, &res, 0);
     assert_int_equal(res.global_status, TXP_GS_COMMITTED);
     txp_msg_clear(&res);
     assert_int_equal(recv_answer(c, rd, id + 1, &res, 10000), 0);
@@ -334,9 +305,7 @@ static void test_lock_release_race(void **state) {
     assert_true(res.branch_id > 0);
     txp_msg_clear(&res);
     if (took >= 2000) fail_msg("round %d: the free lock took %.0f ms to be granted", round, took);
-    int status = -1;
-    assert_int_equal(txc_rollback(cl.tm, xb, &status), 0);
-    assert_int_equal(status, TXP_GS_ROLLBACKED);
+    rollback_ok(cl.tm, xb);
   }
 
   /* In one batch: A wants k1 and k2 (k2 held by C), B waits for k1.  A
@@ -352,8 +321,7 @@ static void test_lock_release_race(void **state) {
   msg_register(&m[1], xb, "db_orders", "t_giveback:1", 4000, NULL);
   double t0 = now_ms();
   send_frames(c, m, 2, 100);
-  assert_int_equal(recv_answer(c, rd, 100, &res, 10000), 0);
-  assert_int_equal(res.code, TXP_ELOCK_CONFLICT);
+  expect_answer(c, rd, 100, &res, TXP_ELOCK_CONFLICT);
   assert_non_null(res.lock_holder);
   assert_string_equal(res.lock_holder, xc);
   txp_msg_clear(&res);
@@ -368,28 +336,24 @@ static void test_lock_release_race(void **state) {
   db_text(SQL_KEY_HOLDER, "db_orders^^^t_giveback^^^1", holder, sizeof(holder));
   assert_string_equal(holder, xb);
   assert_int_equal(db_long(SQL_LOCKS, xa, NULL), 0);
-  int status = -1;
-  assert_int_equal(txc_rollback(cl.tm, xa, &status), 0);
-  assert_int_equal(txc_rollback(cl.tm, xb, &status), 0);
-  assert_int_equal(txc_rollback(cl.tm, xc, &status), 0);
-  assert_int_equal(status, TXP_GS_ROLLBACKED);
+  rollback_ok(cl.tm, xa);
+  rollback_ok(cl.tm, xb);
+  rollback_ok(cl.tm, xc);
 }
 
 /* 5. Repeated messages get the same answer and change nothing. */
 static void test_idempotency(void **state) {
   (void)state;
-  cli_t cl;
-  cli_open(&cl, "t5");
+  cli_t cl = new_cli("t5");
   char xid[TXP_MAX_XID_LEN + 1];
-  int status = -1, status2 = -1;
+  int status2 = -1;
 
   /* commit twice; rollback after commit */
   begin_ok(cl.tm, 30000, "t5-commit", xid);
   register_ok(cl.rm, xid, "db_orders", "t_idem:1");
-  assert_int_equal(txc_commit(cl.tm, xid, &status), 0);
-  assert_int_equal(status, TXP_GS_COMMITTED);
+  commit_ok(cl.tm, xid);
   assert_int_equal(txc_commit(cl.tm, xid, &status2), 0);
-  assert_int_equal(status2, status);
+  assert_int_equal(status2, TXP_GS_COMMITTED);
   assert_int_equal(txc_rollback(cl.tm, xid, &status2), TXP_EGLOBAL_NOT_ACTIVE);
   assert_int_equal(status2, TXP_GS_COMMITTED);
   expect_history(xid, TXP_GS_COMMITTED, WAIT_MS);
@@ -444,8 +408,7 @@ static void test_idempotency(void **state) {
   assert_int_equal(db_long(SQL_BRANCHES, x1, NULL), 1);
   assert_int_equal(db_long(SQL_GLOBAL_STATUS, x1, NULL), TXP_GS_BEGIN);
 
-  assert_int_equal(txc_rollback(cl.tm, x1, &status), 0);
-  assert_int_equal(status, TXP_GS_ROLLBACKED);
+  rollback_ok(cl.tm, x1);
   assert_int_equal(txc_rollback(cl.tm, x1, &status2), 0);
   assert_int_equal(status2, TXP_GS_ROLLBACKED);
   assert_int_equal(txc_commit(cl.tm, x1, &status2), TXP_EGLOBAL_NOT_ACTIVE);
@@ -552,8 +515,7 @@ static void test_bad_input(void **state) {
   assert_true(txc_wait_closed(c, 5000));
   untrack_close(c);
 
-  cli_t cl;
-  cli_open(&cl, "t7");
+  cli_t cl = new_cli("t7");
   char xid[TXP_MAX_XID_LEN + 1];
   begin_ok(cl.tm, 30000, "t7-bad", xid);
 
@@ -656,9 +618,7 @@ static void test_bad_input(void **state) {
 
   /* The registered clients kept working all along. */
   bg_wait_more(b, 3);
-  int status = -1;
-  assert_int_equal(txc_rollback(cl.tm, xid, &status), 0);
-  assert_int_equal(status, TXP_GS_ROLLBACKED);
+  rollback_ok(cl.tm, xid);
   assert_true(tcd_alive());
   bg_stop();
   if (atomic_load(&b->failed) != 0) fail_msg("background client failed: %s", b->error);
@@ -671,8 +631,7 @@ static void test_bad_input(void **state) {
  * is gone. */
 static void test_reregister_in_flight(void **state) {
   (void)state;
-  cli_t cl;
-  cli_open(&cl, "t7b");
+  cli_t cl = new_cli("t7b");
   txc_t *c = client(true, "t7b-first", "db_client");
   reader_t *dec = new_reader();
   char xid[TXP_MAX_XID_LEN + 1];
@@ -683,12 +642,10 @@ static void test_reregister_in_flight(void **state) {
   msg_register(&m[0], xid, "db_orders", "t_rereg:1", 0, NULL);
   msg_identity(&m[1], true, "test-app-2", "t7b-second-identity");
   send_frames(c, m, 2, 10);
-  assert_int_equal(recv_answer(c, dec, 10, &res, 10000), 0);
-  assert_int_equal(res.code, 0);
+  expect_answer(c, dec, 10, &res, 0);
   int64_t b1 = res.branch_id;
   txp_msg_clear(&res);
-  assert_int_equal(recv_answer(c, dec, 11, &res, 10000), 0);
-  assert_int_equal(res.code, 0);
+  expect_answer(c, dec, 11, &res, 0);
   txp_msg_clear(&res);
   char text[256];
   branch_client(b1, text, sizeof(text));
@@ -699,14 +656,12 @@ static void test_reregister_in_flight(void **state) {
   txp_msg_set_int(&m[0], TXP_F_TIMEOUT_MS, 30000);
   msg_identity(&m[1], false, "test-app-3", "t7b-third-identity");
   send_frames(c, m, 2, 20);
-  assert_int_equal(recv_answer(c, dec, 20, &res, 10000), 0);
-  assert_int_equal(res.code, 0);
+  expect_answer(c, dec, 20, &res, 0);
   assert_non_null(res.xid);
   char x2[TXP_MAX_XID_LEN + 1];
   snprintf(x2, sizeof(x2), "%s", res.xid);
   txp_msg_clear(&res);
-  assert_int_equal(recv_answer(c, dec, 21, &res, 10000), 0);
-  assert_int_equal(res.code, 0);
+  expect_answer(c, dec, 21, &res, 0);
   txp_msg_clear(&res);
   db_text("SELECT application_id FROM global_table WHERE xid = $1", x2, text, sizeof(text));
   assert_string_equal(text, "test-app-2");
@@ -718,27 +673,22 @@ static void test_reregister_in_flight(void **state) {
   queue_waiter(c, dec, xw, "t_rereg:1", 5000, 30);
   msg_identity(&m[0], true, "test-app-4", "t7b-fourth-identity");
   send_frames(c, m, 1, 32);
-  assert_int_equal(recv_answer(c, dec, 32, &res, 10000), 0);
-  assert_int_equal(res.code, 0);
+  expect_answer(c, dec, 32, &res, 0);
   txp_msg_clear(&res);
   int status = -1;
-  assert_int_equal(txc_commit(cl.tm, xid, &status), 0);
-  assert_int_equal(status, TXP_GS_COMMITTED);
-  assert_int_equal(recv_answer(c, dec, 30, &res, 10000), 0);
-  assert_int_equal(res.code, 0);
+  commit_ok(cl.tm, xid);
+  expect_answer(c, dec, 30, &res, 0);
   int64_t bw = res.branch_id;
   txp_msg_clear(&res);
   branch_client(bw, text, sizeof(text));
   assert_string_equal(text, "t7b-third-identity");
-  assert_int_equal(txc_rollback(cl.tm, xw, &status), 0);
-  assert_int_equal(status, TXP_GS_ROLLBACKED);
+  rollback_ok(cl.tm, xw);
   /* x2 is test-app-2's: another application may not roll it back, that
    * one may. */
   assert_int_equal(txc_rollback(cl.tm, x2, &status), TXP_ENOT_OWNER);
   txc_t *app2 = raw_connect();
   assert_int_equal(txc_register(app2, false, "test-app-2", "t7b-app2", TOKEN, NULL), 0);
-  assert_int_equal(txc_rollback(app2, x2, &status), 0);
-  assert_int_equal(status, TXP_GS_ROLLBACKED);
+  rollback_ok(app2, x2);
   assert_true(tcd_alive());
 }
 

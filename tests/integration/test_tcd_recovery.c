@@ -38,8 +38,7 @@
 /* 4. A transaction nobody finishes is rolled back at its deadline. */
 static void test_timeout_rollback(void **state) {
   (void)state;
-  cli_t cl;
-  cli_open(&cl, "t4");
+  cli_t cl = new_cli("t4");
   char xid[TXP_MAX_XID_LEN + 1];
   begin_ok(cl.tm, 500, "t4-timeout", xid);
   int64_t b = register_ok(cl.rm, xid, "db_orders", "t_timeout:1");
@@ -79,56 +78,50 @@ static void test_timeout_rollback(void **state) {
 /* 6. The RM finds a dirty write: RollbackFailed, locks kept, tcd serves on. */
 static void test_dirty_write(void **state) {
   (void)state;
-  cli_t cl;
-  cli_open(&cl, "t6");
-  char xid[TXP_MAX_XID_LEN + 1];
-  begin_ok(cl.tm, 30000, "t6-dirty", xid);
-  int64_t b1 = register_ok(cl.rm, xid, "db_orders", "t_dirty:1");
-  int64_t b2 = register_ok(cl.rm, xid, "db_stock", "t_dirty:2");
-  rm_set_modes(false, false, b1);
+  cli_t cl = new_cli("t6");
+  two_branch_tx_t tx;
+  begin_two_branches(&cl, 30000, "t6-dirty", "t_dirty:1", "t_dirty:2", &tx);
+  rm_set_modes(false, false, tx.orders);
   int status = -1;
-  int rc = txc_rollback(cl.tm, xid, &status);
+  int rc = txc_rollback(cl.tm, tx.xid, &status);
   assert_int_equal(rc, 0);
   assert_int_equal(status, TXP_GS_ROLLBACK_FAILED);
-  assert_true(db_wait_long(SQL_GLOBAL_STATUS, xid, NULL, TXP_GS_ROLLBACK_FAILED, WAIT_MS));
-  int64_t ids[8];
-  assert_int_equal(rm_events(xid, TXP_MSG_BRANCH_ROLLBACK, 0, ids, 8), 2);
-  assert_true(ids[0] == b2 && ids[1] == b1);
+  assert_true(db_wait_long(SQL_GLOBAL_STATUS, tx.xid, NULL, TXP_GS_ROLLBACK_FAILED, WAIT_MS));
+  expect_rollbacks_newest_first(&tx);
   char text[1024];
-  db_text("SELECT last_error FROM global_table WHERE xid = $1", xid, text, sizeof(text));
+  db_text("SELECT last_error FROM global_table WHERE xid = $1", tx.xid, text, sizeof(text));
   assert_non_null(strstr(text, "DIRTY_WRITE"));
   /* Locks stay (the row needs an operator), as do the branches. */
-  assert_int_equal(db_long(SQL_LOCKS, xid, NULL), 2);
-  assert_int_equal(db_long(SQL_BRANCHES, xid, NULL), 2);
-  assert_int_equal(branch_status(b1), TXP_BS_PHASE2_ROLLBACK_FAILED_UNRETRYABLE);
-  assert_int_equal(db_long(SQL_HISTORY_STATUS, xid, NULL), -1);
+  assert_int_equal(db_long(SQL_LOCKS, tx.xid, NULL), 2);
+  assert_int_equal(db_long(SQL_BRANCHES, tx.xid, NULL), 2);
+  assert_int_equal(branch_status(tx.orders), TXP_BS_PHASE2_ROLLBACK_FAILED_UNRETRYABLE);
+  assert_int_equal(db_long(SQL_HISTORY_STATUS, tx.xid, NULL), -1);
   /* The failed transaction is left alone: no retry drives it again. */
   assert_int_equal(db_long("SELECT count(*) FROM global_table WHERE xid = $1 AND next_retry_at IS NULL",
-                           xid, NULL), 1);
+                           tx.xid, NULL), 1);
   rm_set_modes(false, false, 0);
 
   /* A late (repeated) phase-one report of the branch already undone is
    * accepted but does not undo its phase-two outcome: an operator re-drive
    * must not roll it back a second time. */
   txp_msg_t req, res;
-  msg_report(&req, xid, b2, TXP_BS_PHASE1_DONE);
+  msg_report(&req, tx.xid, tx.stock, TXP_BS_PHASE1_DONE);
   assert_int_equal(txc_call(cl.rm, &req, &res, 10000), 0);
   assert_int_equal(res.code, 0);
   txp_msg_clear(&res);
-  assert_int_equal(branch_status(b2), TXP_BS_PHASE2_ROLLBACKED);
-  assert_int_equal(db_long(SQL_GLOBAL_STATUS, xid, NULL), TXP_GS_ROLLBACK_FAILED);
+  assert_int_equal(branch_status(tx.stock), TXP_BS_PHASE2_ROLLBACKED);
+  assert_int_equal(db_long(SQL_GLOBAL_STATUS, tx.xid, NULL), TXP_GS_ROLLBACK_FAILED);
 
   /* A repeated rollback answers the recorded outcome and drives nothing. */
-  assert_int_equal(txc_rollback(cl.tm, xid, &status), 0);
+  assert_int_equal(txc_rollback(cl.tm, tx.xid, &status), 0);
   assert_int_equal(status, TXP_GS_ROLLBACK_FAILED);
-  assert_int_equal(rm_events(xid, TXP_MSG_BRANCH_ROLLBACK, 0, NULL, 0), 2);
+  assert_int_equal(rm_events(tx.xid, TXP_MSG_BRANCH_ROLLBACK, 0, NULL, 0), 2);
 
   /* Other transactions go on. */
   char x2[TXP_MAX_XID_LEN + 1];
   begin_ok(cl.tm, 30000, "t6-after", x2);
   register_ok(cl.rm, x2, "db_orders", "t_dirty:3");
-  assert_int_equal(txc_commit(cl.tm, x2, &status), 0);
-  assert_int_equal(status, TXP_GS_COMMITTED);
+  commit_ok(cl.tm, x2);
   expect_history(x2, TXP_GS_COMMITTED, WAIT_MS);
   /* ...but not on its locked rows. */
   char x3[TXP_MAX_XID_LEN + 1];
@@ -136,8 +129,7 @@ static void test_dirty_write(void **state) {
   int64_t nb = 0;
   rc = txc_branch_register(cl.rm, x3, "db_orders", "t_dirty:1", 0, &nb, NULL);
   assert_true(rc == TXP_ELOCK_HOLDER_ROLLBACKING || rc == TXP_ELOCK_CONFLICT);
-  assert_int_equal(txc_rollback(cl.tm, x3, &status), 0);
-  assert_int_equal(status, TXP_GS_ROLLBACKED);
+  rollback_ok(cl.tm, x3);
 }
 
 /* 7b. An AT commit whose branches have no commit work is finished by its
@@ -147,37 +139,27 @@ static void test_dirty_write(void **state) {
  * and a tcd killed right after has nothing to drive. */
 static void test_commit_finished_at_decision(void **state) {
   (void)state;
-  cli_t cl;
-  cli_open(&cl, "t7b");
+  cli_t cl = new_cli("t7b");
   rm_set_modes(true, true, 0);
-  char x[TXP_MAX_XID_LEN + 1];
-  begin_ok(cl.tm, 60000, "t7b-commit", x);
-  int64_t b1 = register_ok(cl.rm, x, "db_orders", "t_fin:1");
-  int64_t b2 = register_ok(cl.rm, x, "db_stock", "t_fin:2");
-  int status = -1;
-  assert_int_equal(txc_commit(cl.tm, x, &status), 0);
-  assert_int_equal(status, TXP_GS_COMMITTED);
+  two_branch_tx_t tx;
+  begin_two_branches(&cl, 60000, "t7b-commit", "t_fin:1", "t_fin:2", &tx);
+  commit_ok(cl.tm, tx.xid);
   /* Finished when the TM heard it: no wait. */
-  assert_int_equal(db_long(SQL_LIVE_ROWS, x, NULL), 0);
-  assert_int_equal(db_long(SQL_LOCKS, x, NULL), 0);
-  assert_int_equal(db_long("SELECT status FROM global_history WHERE xid = $1", x, NULL), TXP_GS_COMMITTED);
-  assert_int_equal(history_branches(x, TXP_BS_PHASE2_COMMITTED), 2);
+  assert_int_equal(db_long(SQL_LIVE_ROWS, tx.xid, NULL), 0);
+  assert_int_equal(db_long(SQL_LOCKS, tx.xid, NULL), 0);
+  assert_int_equal(db_long("SELECT status FROM global_history WHERE xid = $1", tx.xid, NULL), TXP_GS_COMMITTED);
+  assert_int_equal(history_branches(tx.xid, TXP_BS_PHASE2_COMMITTED), 2);
   /* Told, though the RM does not answer. */
-  assert_true(rm_wait_events(x, TXP_MSG_BRANCH_COMMIT, 0, 2, WAIT_MS));
-  int64_t ids[4];
-  int n = rm_events(x, TXP_MSG_BRANCH_COMMIT, 0, ids, 4);
-  assert_true(n == 2 && has_id(ids, n, b1) && has_id(ids, n, b2));
+  expect_commits_told(tx.xid, tx.orders, tx.stock);
   /* A repeated commit is answered from the history, and tells no one. */
-  assert_int_equal(txc_commit(cl.tm, x, &status), 0);
-  assert_int_equal(status, TXP_GS_COMMITTED);
-  assert_int_equal(rm_events(x, TXP_MSG_BRANCH_COMMIT, 0, NULL, 0), 2);
+  commit_ok(cl.tm, tx.xid);
+  assert_int_equal(rm_events(tx.xid, TXP_MSG_BRANCH_COMMIT, 0, NULL, 0), 2);
   /* The row keys are free at once. */
   char y[TXP_MAX_XID_LEN + 1];
   begin_ok(cl.tm, 60000, "t7b-next", y);
   register_ok(cl.rm, y, "db_orders", "t_fin:1");
   rm_set_modes(false, false, 0);
-  assert_int_equal(txc_commit(cl.tm, y, &status), 0);
-  assert_int_equal(status, TXP_GS_COMMITTED);
+  commit_ok(cl.tm, y);
 }
 
 /* 8. tcd is killed mid-way; another one on the same store finishes its
@@ -186,8 +168,7 @@ static void test_commit_finished_at_decision(void **state) {
  * time out. */
 static void test_crash_recovery(void **state) {
   (void)state;
-  cli_t cl;
-  cli_open(&cl, "t8");
+  cli_t cl = new_cli("t8");
   rm_set_modes(true, true, 0);
   char x1[TXP_MAX_XID_LEN + 1], x2[TXP_MAX_XID_LEN + 1], x4[TXP_MAX_XID_LEN + 1];
   begin_ok(cl.tm, 60000, "t8-committed", x1);
@@ -200,7 +181,6 @@ static void test_crash_recovery(void **state) {
   int64_t b5 = register_ok(cl.rm, x4, "db_stock", "t_crash:5");
   txc_t *cr = client(false, "t8-rollbacker", NULL);
   send_rollback(cr, x4, 1);
-  int status = -1;
   /* Branches with commit work: the TM would wait for their phase two. */
   send_commit(cr, x1, 2);
   /* The RM heard of both commits but says nothing. */
@@ -250,8 +230,7 @@ static void test_crash_recovery(void **state) {
   char x3[TXP_MAX_XID_LEN + 1];
   begin_ok(cl.tm, 30000, "t8-after", x3);
   register_ok(cl.rm, x3, "db_orders", "t_crash:1");
-  assert_int_equal(txc_commit(cl.tm, x3, &status), 0);
-  assert_int_equal(status, TXP_GS_COMMITTED);
+  commit_ok(cl.tm, x3);
   expect_history(x3, TXP_GS_COMMITTED, WAIT_MS);
 }
 
@@ -262,8 +241,7 @@ static void test_crash_recovery(void **state) {
  * at exit.  What was decided stays decided in the store. */
 static void test_clean_stop(void **state) {
   (void)state;
-  cli_t cl;
-  cli_open(&cl, "t9");
+  cli_t cl = new_cli("t9");
   char xo[TXP_MAX_XID_LEN + 1], xw[TXP_MAX_XID_LEN + 1], xr[TXP_MAX_XID_LEN + 1];
   char xc[TXP_MAX_XID_LEN + 1];
   begin_ok(cl.tm, 60000, "t9-open", xo);

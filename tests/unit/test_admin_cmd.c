@@ -5,9 +5,10 @@
  * NOTES
  *   Parser: every command with its options, then malformed lines, each
  *   checked for the error naming what was wrong and for a cleared command.
- *   Planner: a table of (repair, stored status) -> expected plan or
- *   refusal, then an exhaustive sweep asserting the invariants every plan
- *   must keep whatever the input: a status change is a legal edge of
+ *   Planner: a table of (repair, stored status) -> expected plan, one
+ *   of (repair, stored status) -> refusal and its reason, then an
+ *   exhaustive sweep asserting the invariants every plan must keep
+ *   whatever the input: a status change is a legal edge of
  *   txp_global_transition_ok, a repair never crosses the commit/rollback
  *   families, and a forbidden branch status always refuses.
  */
@@ -33,6 +34,12 @@ static void parse_ok(const char *line, tc_adm_cmd_t *c) {
   if (parse(line, c, err, sizeof(err)) != 0) fail_msg("\"%s\" did not parse: %s", line, err);
 }
 
+/* 'line' must parse as a command of 'kind'. */
+static void parse_as(const char *line, tc_adm_kind_t kind, tc_adm_cmd_t *c) {
+  parse_ok(line, c);
+  assert_int_equal(c->kind, kind);
+}
+
 /* 'line' must fail with an error containing 'want'. */
 static void parse_bad(const char *line, const char *want) {
   tc_adm_cmd_t c;
@@ -49,8 +56,7 @@ static void parse_bad(const char *line, const char *want) {
 static void test_show_globals(void **state) {
   (void)state;
   tc_adm_cmd_t c;
-  parse_ok("show globals", &c);
-  assert_int_equal(c.kind, TC_ADM_SHOW_GLOBALS);
+  parse_as("show globals", TC_ADM_SHOW_GLOBALS, &c);
   assert_int_equal(c.nstatuses, 0);
   assert_false(c.has_min_age);
   assert_false(c.has_name);
@@ -61,8 +67,8 @@ static void test_show_globals(void **state) {
   assert_int_equal(c.statuses[0], TXP_GS_ROLLBACKING);
   assert_int_equal(c.limit, 50);
 
-  parse_ok("  SHOW   Globals\tstatus=begin,13,rollbackretrying  min_age=2.5 name=\"buy ticket\" LIMIT=10000\r", &c);
-  assert_int_equal(c.kind, TC_ADM_SHOW_GLOBALS);
+  parse_as("  SHOW   Globals\tstatus=begin,13,rollbackretrying  min_age=2.5 name=\"buy ticket\" LIMIT=10000\r",
+           TC_ADM_SHOW_GLOBALS, &c);
   assert_int_equal(c.nstatuses, 3);
   assert_int_equal(c.statuses[0], TXP_GS_BEGIN);
   assert_int_equal(c.statuses[1], TXP_GS_ROLLBACK_FAILED);
@@ -81,8 +87,7 @@ static void test_show_globals(void **state) {
 static void test_show_history(void **state) {
   (void)state;
   tc_adm_cmd_t c;
-  parse_ok("show history", &c);
-  assert_int_equal(c.kind, TC_ADM_SHOW_HISTORY);
+  parse_as("show history", TC_ADM_SHOW_HISTORY, &c);
   assert_false(c.since.set);
   assert_false(c.until.set);
   assert_false(c.has_xid);
@@ -141,13 +146,11 @@ static void test_show_history(void **state) {
 static void test_show_one_and_others(void **state) {
   (void)state;
   tc_adm_cmd_t c;
-  parse_ok("show global 127.0.0.1:8091:4097", &c);
-  assert_int_equal(c.kind, TC_ADM_SHOW_GLOBAL);
+  parse_as("show global 127.0.0.1:8091:4097", TC_ADM_SHOW_GLOBAL, &c);
   assert_true(c.has_xid);
   assert_string_equal(c.xid, "127.0.0.1:8091:4097");
 
-  parse_ok("show locks", &c);
-  assert_int_equal(c.kind, TC_ADM_SHOW_LOCKS);
+  parse_as("show locks", TC_ADM_SHOW_LOCKS, &c);
   assert_int_equal(c.limit, 1000);
   assert_false(c.has_xid || c.has_key || c.has_prefix);
   parse_ok("show locks xid=a:1 key=db^^^t^^^1 limit=5", &c);
@@ -161,18 +164,13 @@ static void test_show_one_and_others(void **state) {
   assert_true(c.has_prefix);
   assert_string_equal(c.key, "db^^^t^^^");
 
-  parse_ok("show nodes", &c);
-  assert_int_equal(c.kind, TC_ADM_SHOW_NODES);
-  parse_ok("stats", &c);
-  assert_int_equal(c.kind, TC_ADM_STATS);
-  parse_ok("help", &c);
-  assert_int_equal(c.kind, TC_ADM_HELP);
+  parse_as("show nodes", TC_ADM_SHOW_NODES, &c);
+  parse_as("stats", TC_ADM_STATS, &c);
+  parse_as("help", TC_ADM_HELP, &c);
 
   /* blank lines are nothing, not an error */
-  parse_ok("", &c);
-  assert_int_equal(c.kind, TC_ADM_NONE);
-  parse_ok("  \t \r", &c);
-  assert_int_equal(c.kind, TC_ADM_NONE);
+  parse_as("", TC_ADM_NONE, &c);
+  parse_as("  \t \r", TC_ADM_NONE, &c);
 }
 
 static void test_repairs(void **state) {
@@ -188,8 +186,7 @@ static void test_repairs(void **state) {
     char line[256];
     tc_adm_cmd_t c;
     snprintf(line, sizeof(line), "%s 10.0.0.1:8091:%zu", r[i].word, i + 1);
-    parse_ok(line, &c);
-    assert_int_equal(c.kind, r[i].kind);
+    parse_as(line, r[i].kind, &c);
     assert_true(tc_adm_is_repair(c.kind));
     assert_string_equal(tc_adm_kind_name(c.kind), r[i].word);
     char want[64];
@@ -222,10 +219,9 @@ static void test_repairs(void **state) {
 static void test_failpoint_commands(void **state) {
   (void)state;
   tc_adm_cmd_t c;
-  parse_ok("failpoint list", &c);
-  assert_int_equal(c.kind, TC_ADM_FAILPOINT_LIST);
-  parse_ok("FAILPOINT arm tc.commit.after_decision=abort@3,rm.at.after_register=stop", &c);
-  assert_int_equal(c.kind, TC_ADM_FAILPOINT_ARM);
+  parse_as("failpoint list", TC_ADM_FAILPOINT_LIST, &c);
+  parse_as("FAILPOINT arm tc.commit.after_decision=abort@3,rm.at.after_register=stop", TC_ADM_FAILPOINT_ARM,
+           &c);
   assert_string_equal(c.spec, "tc.commit.after_decision=abort@3,rm.at.after_register=stop");
   assert_string_equal(tc_adm_kind_name(c.kind), "failpoint arm");
   parse_bad("failpoint", "usage");
@@ -311,88 +307,61 @@ static void test_quote_roundtrip(void **state) {
 
 /* --------------------------------------------------------------- repairs */
 
+/* A repair the planner carries out: from 'status', by 'action', to 'to'. */
 typedef struct {
   tc_adm_kind_t kind;
   int status;
-  int action; /* -1: refused */
+  int action;
   int to;
-  const char *why; /* refused: part of the message */
 } plan_case_t;
+
+/* A repair the planner refuses: its message says 'why'. */
+typedef struct {
+  tc_adm_kind_t kind;
+  int status;
+  const char *why;
+} refusal_case_t;
 
 static void test_plan_table(void **state) {
   (void)state;
   static const plan_case_t cases[] = {
     /* force rollback */
-    {TC_ADM_ROLLBACK, TXP_GS_BEGIN, TC_ADM_ACT_DECIDE, TXP_GS_ROLLBACKING, NULL},
-    {TC_ADM_ROLLBACK, TXP_GS_ROLLBACK_RETRYING, TC_ADM_ACT_CAS_DRIVE, TXP_GS_ROLLBACK_RETRYING, NULL},
-    {TC_ADM_ROLLBACK, TXP_GS_TIMEOUT_ROLLBACK_RETRYING, TC_ADM_ACT_CAS_DRIVE, TXP_GS_TIMEOUT_ROLLBACK_RETRYING, NULL},
-    {TC_ADM_ROLLBACK, TXP_GS_ROLLBACK_FAILED, TC_ADM_ACT_CAS_DRIVE, TXP_GS_ROLLBACK_RETRYING, NULL},
-    {TC_ADM_ROLLBACK, TXP_GS_TIMEOUT_ROLLBACK_FAILED, TC_ADM_ACT_CAS_DRIVE, TXP_GS_TIMEOUT_ROLLBACK_RETRYING, NULL},
-    {TC_ADM_ROLLBACK, TXP_GS_STOP_ROLLBACK_RETRY, TC_ADM_ACT_CAS_DRIVE, TXP_GS_ROLLBACK_RETRYING, NULL},
-    {TC_ADM_ROLLBACK, TXP_GS_ROLLBACKING, -1, 0, "already Rollbacking"},
-    {TC_ADM_ROLLBACK, TXP_GS_TIMEOUT_ROLLBACKING, -1, 0, "already TimeoutRollbacking"},
-    {TC_ADM_ROLLBACK, TXP_GS_ASYNC_COMMITTING, -1, 0, "break atomicity"},
-    {TC_ADM_ROLLBACK, TXP_GS_COMMITTING, -1, 0, "the decision was commit"},
-    {TC_ADM_ROLLBACK, TXP_GS_COMMIT_RETRYING, -1, 0, "the decision was commit"},
-    {TC_ADM_ROLLBACK, TXP_GS_COMMIT_FAILED, -1, 0, "the decision was commit"},
-    {TC_ADM_ROLLBACK, TXP_GS_STOP_COMMIT_RETRY, -1, 0, "the decision was commit"},
-    {TC_ADM_ROLLBACK, TXP_GS_FINISHED, -1, 0, "not a live session"},
-    {TC_ADM_ROLLBACK, 0, -1, 0, "not a live session"},
+    {TC_ADM_ROLLBACK, TXP_GS_BEGIN, TC_ADM_ACT_DECIDE, TXP_GS_ROLLBACKING},
+    {TC_ADM_ROLLBACK, TXP_GS_ROLLBACK_RETRYING, TC_ADM_ACT_CAS_DRIVE, TXP_GS_ROLLBACK_RETRYING},
+    {TC_ADM_ROLLBACK, TXP_GS_TIMEOUT_ROLLBACK_RETRYING, TC_ADM_ACT_CAS_DRIVE, TXP_GS_TIMEOUT_ROLLBACK_RETRYING},
+    {TC_ADM_ROLLBACK, TXP_GS_ROLLBACK_FAILED, TC_ADM_ACT_CAS_DRIVE, TXP_GS_ROLLBACK_RETRYING},
+    {TC_ADM_ROLLBACK, TXP_GS_TIMEOUT_ROLLBACK_FAILED, TC_ADM_ACT_CAS_DRIVE, TXP_GS_TIMEOUT_ROLLBACK_RETRYING},
+    {TC_ADM_ROLLBACK, TXP_GS_STOP_ROLLBACK_RETRY, TC_ADM_ACT_CAS_DRIVE, TXP_GS_ROLLBACK_RETRYING},
     /* force commit */
-    {TC_ADM_COMMIT, TXP_GS_BEGIN, TC_ADM_ACT_DECIDE, TXP_GS_ASYNC_COMMITTING, NULL},
-    {TC_ADM_COMMIT, TXP_GS_COMMIT_RETRYING, TC_ADM_ACT_CAS_DRIVE, TXP_GS_COMMIT_RETRYING, NULL},
-    {TC_ADM_COMMIT, TXP_GS_COMMIT_FAILED, TC_ADM_ACT_CAS_DRIVE, TXP_GS_COMMIT_RETRYING, NULL},
-    {TC_ADM_COMMIT, TXP_GS_STOP_COMMIT_RETRY, TC_ADM_ACT_CAS_DRIVE, TXP_GS_COMMIT_RETRYING, NULL},
-    {TC_ADM_COMMIT, TXP_GS_ASYNC_COMMITTING, -1, 0, "already AsyncCommitting"},
-    {TC_ADM_COMMIT, TXP_GS_COMMITTING, -1, 0, "already Committing"},
-    {TC_ADM_COMMIT, TXP_GS_ROLLBACKING, -1, 0, "the decision was rollback"},
-    {TC_ADM_COMMIT, TXP_GS_ROLLBACK_FAILED, -1, 0, "break atomicity"},
-    {TC_ADM_COMMIT, TXP_GS_TIMEOUT_ROLLBACKING, -1, 0, "the decision was rollback"},
-    {TC_ADM_COMMIT, TXP_GS_STOP_ROLLBACK_RETRY, -1, 0, "the decision was rollback"},
+    {TC_ADM_COMMIT, TXP_GS_BEGIN, TC_ADM_ACT_DECIDE, TXP_GS_ASYNC_COMMITTING},
+    {TC_ADM_COMMIT, TXP_GS_COMMIT_RETRYING, TC_ADM_ACT_CAS_DRIVE, TXP_GS_COMMIT_RETRYING},
+    {TC_ADM_COMMIT, TXP_GS_COMMIT_FAILED, TC_ADM_ACT_CAS_DRIVE, TXP_GS_COMMIT_RETRYING},
+    {TC_ADM_COMMIT, TXP_GS_STOP_COMMIT_RETRY, TC_ADM_ACT_CAS_DRIVE, TXP_GS_COMMIT_RETRYING},
     /* stop retries */
-    {TC_ADM_STOP_RETRY, TXP_GS_ASYNC_COMMITTING, TC_ADM_ACT_CAS, TXP_GS_STOP_COMMIT_RETRY, NULL},
-    {TC_ADM_STOP_RETRY, TXP_GS_COMMITTING, TC_ADM_ACT_CAS, TXP_GS_STOP_COMMIT_RETRY, NULL},
-    {TC_ADM_STOP_RETRY, TXP_GS_COMMIT_RETRYING, TC_ADM_ACT_CAS, TXP_GS_STOP_COMMIT_RETRY, NULL},
-    {TC_ADM_STOP_RETRY, TXP_GS_ROLLBACKING, TC_ADM_ACT_CAS, TXP_GS_STOP_ROLLBACK_RETRY, NULL},
-    {TC_ADM_STOP_RETRY, TXP_GS_ROLLBACK_RETRYING, TC_ADM_ACT_CAS, TXP_GS_STOP_ROLLBACK_RETRY, NULL},
-    {TC_ADM_STOP_RETRY, TXP_GS_TIMEOUT_ROLLBACKING, TC_ADM_ACT_CAS, TXP_GS_STOP_ROLLBACK_RETRY, NULL},
-    {TC_ADM_STOP_RETRY, TXP_GS_TIMEOUT_ROLLBACK_RETRYING, TC_ADM_ACT_CAS, TXP_GS_STOP_ROLLBACK_RETRY, NULL},
-    {TC_ADM_STOP_RETRY, TXP_GS_BEGIN, -1, 0, "not in phase two"},
-    {TC_ADM_STOP_RETRY, TXP_GS_ROLLBACK_FAILED, -1, 0, "no retry is scheduled"},
-    {TC_ADM_STOP_RETRY, TXP_GS_STOP_ROLLBACK_RETRY, -1, 0, "already stopped"},
+    {TC_ADM_STOP_RETRY, TXP_GS_ASYNC_COMMITTING, TC_ADM_ACT_CAS, TXP_GS_STOP_COMMIT_RETRY},
+    {TC_ADM_STOP_RETRY, TXP_GS_COMMITTING, TC_ADM_ACT_CAS, TXP_GS_STOP_COMMIT_RETRY},
+    {TC_ADM_STOP_RETRY, TXP_GS_COMMIT_RETRYING, TC_ADM_ACT_CAS, TXP_GS_STOP_COMMIT_RETRY},
+    {TC_ADM_STOP_RETRY, TXP_GS_ROLLBACKING, TC_ADM_ACT_CAS, TXP_GS_STOP_ROLLBACK_RETRY},
+    {TC_ADM_STOP_RETRY, TXP_GS_ROLLBACK_RETRYING, TC_ADM_ACT_CAS, TXP_GS_STOP_ROLLBACK_RETRY},
+    {TC_ADM_STOP_RETRY, TXP_GS_TIMEOUT_ROLLBACKING, TC_ADM_ACT_CAS, TXP_GS_STOP_ROLLBACK_RETRY},
+    {TC_ADM_STOP_RETRY, TXP_GS_TIMEOUT_ROLLBACK_RETRYING, TC_ADM_ACT_CAS, TXP_GS_STOP_ROLLBACK_RETRY},
     /* resume */
-    {TC_ADM_RESUME_RETRY, TXP_GS_STOP_COMMIT_RETRY, TC_ADM_ACT_CAS, TXP_GS_COMMIT_RETRYING, NULL},
-    {TC_ADM_RESUME_RETRY, TXP_GS_STOP_ROLLBACK_RETRY, TC_ADM_ACT_CAS, TXP_GS_ROLLBACK_RETRYING, NULL},
-    {TC_ADM_RESUME_RETRY, TXP_GS_ROLLBACK_RETRYING, -1, 0, "not stopped"},
-    {TC_ADM_RESUME_RETRY, TXP_GS_BEGIN, -1, 0, "not stopped"},
+    {TC_ADM_RESUME_RETRY, TXP_GS_STOP_COMMIT_RETRY, TC_ADM_ACT_CAS, TXP_GS_COMMIT_RETRYING},
+    {TC_ADM_RESUME_RETRY, TXP_GS_STOP_ROLLBACK_RETRY, TC_ADM_ACT_CAS, TXP_GS_ROLLBACK_RETRYING},
     /* re-drive */
-    {TC_ADM_REDRIVE, TXP_GS_ASYNC_COMMITTING, TC_ADM_ACT_CAS_DRIVE, TXP_GS_ASYNC_COMMITTING, NULL},
-    {TC_ADM_REDRIVE, TXP_GS_ROLLBACKING, TC_ADM_ACT_CAS_DRIVE, TXP_GS_ROLLBACKING, NULL},
-    {TC_ADM_REDRIVE, TXP_GS_COMMIT_FAILED, TC_ADM_ACT_CAS_DRIVE, TXP_GS_COMMIT_RETRYING, NULL},
-    {TC_ADM_REDRIVE, TXP_GS_ROLLBACK_FAILED, TC_ADM_ACT_CAS_DRIVE, TXP_GS_ROLLBACK_RETRYING, NULL},
-    {TC_ADM_REDRIVE, TXP_GS_TIMEOUT_ROLLBACK_FAILED, TC_ADM_ACT_CAS_DRIVE, TXP_GS_TIMEOUT_ROLLBACK_RETRYING, NULL},
-    {TC_ADM_REDRIVE, TXP_GS_STOP_COMMIT_RETRY, TC_ADM_ACT_CAS_DRIVE, TXP_GS_COMMIT_RETRYING, NULL},
-    {TC_ADM_REDRIVE, TXP_GS_STOP_ROLLBACK_RETRY, TC_ADM_ACT_CAS_DRIVE, TXP_GS_ROLLBACK_RETRYING, NULL},
-    {TC_ADM_REDRIVE, TXP_GS_BEGIN, -1, 0, "not decided yet"},
-    {TC_ADM_REDRIVE, TXP_GS_COMMITTED, -1, 0, "nothing to re-drive"},
-    /* delete is not a status change */
-    {TC_ADM_DELETE, TXP_GS_BEGIN, -1, 0, "not a repair that changes a status"},
+    {TC_ADM_REDRIVE, TXP_GS_ASYNC_COMMITTING, TC_ADM_ACT_CAS_DRIVE, TXP_GS_ASYNC_COMMITTING},
+    {TC_ADM_REDRIVE, TXP_GS_ROLLBACKING, TC_ADM_ACT_CAS_DRIVE, TXP_GS_ROLLBACKING},
+    {TC_ADM_REDRIVE, TXP_GS_COMMIT_FAILED, TC_ADM_ACT_CAS_DRIVE, TXP_GS_COMMIT_RETRYING},
+    {TC_ADM_REDRIVE, TXP_GS_ROLLBACK_FAILED, TC_ADM_ACT_CAS_DRIVE, TXP_GS_ROLLBACK_RETRYING},
+    {TC_ADM_REDRIVE, TXP_GS_TIMEOUT_ROLLBACK_FAILED, TC_ADM_ACT_CAS_DRIVE, TXP_GS_TIMEOUT_ROLLBACK_RETRYING},
+    {TC_ADM_REDRIVE, TXP_GS_STOP_COMMIT_RETRY, TC_ADM_ACT_CAS_DRIVE, TXP_GS_COMMIT_RETRYING},
+    {TC_ADM_REDRIVE, TXP_GS_STOP_ROLLBACK_RETRY, TC_ADM_ACT_CAS_DRIVE, TXP_GS_ROLLBACK_RETRYING},
   };
   for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
     const plan_case_t *pc = &cases[i];
     tc_adm_plan_t p;
     char err[512] = "";
     int rc = tc_adm_plan_repair(pc->kind, "x:1", pc->status, NULL, 0, &p, err, sizeof(err));
-    if (pc->action < 0) {
-      if (rc == 0)
-        fail_msg("%s of %s was planned (to %s), expected a refusal", tc_adm_kind_name(pc->kind),
-                 txp_global_status_name(pc->status), txp_global_status_name(p.to));
-      if (!strstr(err, pc->why))
-        fail_msg("%s of %s: \"%s\" does not say \"%s\"", tc_adm_kind_name(pc->kind),
-                 txp_global_status_name(pc->status), err, pc->why);
-      assert_non_null(strstr(err, "\"x:1\"")); /* names the transaction */
-      continue;
-    }
     if (rc != 0) fail_msg("%s of %s refused: %s", tc_adm_kind_name(pc->kind), txp_global_status_name(pc->status), err);
     assert_int_equal(p.action, pc->action);
     assert_int_equal(p.from, pc->status);
@@ -403,6 +372,53 @@ static void test_plan_table(void **state) {
     if (pc->action == TC_ADM_ACT_CAS_DRIVE) assert_int_equal(p.retry, TC_ADM_RETRY_LEASE);
     if (pc->kind == TC_ADM_STOP_RETRY) assert_int_equal(p.retry, TC_ADM_RETRY_CLEAR);
     if (pc->kind == TC_ADM_RESUME_RETRY) assert_int_equal(p.retry, TC_ADM_RETRY_NOW);
+  }
+}
+
+static void test_refusal_table(void **state) {
+  (void)state;
+  static const refusal_case_t cases[] = {
+    /* force rollback */
+    {TC_ADM_ROLLBACK, TXP_GS_ROLLBACKING, "already Rollbacking"},
+    {TC_ADM_ROLLBACK, TXP_GS_TIMEOUT_ROLLBACKING, "already TimeoutRollbacking"},
+    {TC_ADM_ROLLBACK, TXP_GS_ASYNC_COMMITTING, "break atomicity"},
+    {TC_ADM_ROLLBACK, TXP_GS_COMMITTING, "the decision was commit"},
+    {TC_ADM_ROLLBACK, TXP_GS_COMMIT_RETRYING, "the decision was commit"},
+    {TC_ADM_ROLLBACK, TXP_GS_COMMIT_FAILED, "the decision was commit"},
+    {TC_ADM_ROLLBACK, TXP_GS_STOP_COMMIT_RETRY, "the decision was commit"},
+    {TC_ADM_ROLLBACK, TXP_GS_FINISHED, "not a live session"},
+    {TC_ADM_ROLLBACK, 0, "not a live session"},
+    /* force commit */
+    {TC_ADM_COMMIT, TXP_GS_ASYNC_COMMITTING, "already AsyncCommitting"},
+    {TC_ADM_COMMIT, TXP_GS_COMMITTING, "already Committing"},
+    {TC_ADM_COMMIT, TXP_GS_ROLLBACKING, "the decision was rollback"},
+    {TC_ADM_COMMIT, TXP_GS_ROLLBACK_FAILED, "break atomicity"},
+    {TC_ADM_COMMIT, TXP_GS_TIMEOUT_ROLLBACKING, "the decision was rollback"},
+    {TC_ADM_COMMIT, TXP_GS_STOP_ROLLBACK_RETRY, "the decision was rollback"},
+    /* stop retries */
+    {TC_ADM_STOP_RETRY, TXP_GS_BEGIN, "not in phase two"},
+    {TC_ADM_STOP_RETRY, TXP_GS_ROLLBACK_FAILED, "no retry is scheduled"},
+    {TC_ADM_STOP_RETRY, TXP_GS_STOP_ROLLBACK_RETRY, "already stopped"},
+    /* resume */
+    {TC_ADM_RESUME_RETRY, TXP_GS_ROLLBACK_RETRYING, "not stopped"},
+    {TC_ADM_RESUME_RETRY, TXP_GS_BEGIN, "not stopped"},
+    /* re-drive */
+    {TC_ADM_REDRIVE, TXP_GS_BEGIN, "not decided yet"},
+    {TC_ADM_REDRIVE, TXP_GS_COMMITTED, "nothing to re-drive"},
+    /* delete is not a status change */
+    {TC_ADM_DELETE, TXP_GS_BEGIN, "not a repair that changes a status"},
+  };
+  for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+    const refusal_case_t *rc = &cases[i];
+    tc_adm_plan_t p;
+    char err[512] = "";
+    if (tc_adm_plan_repair(rc->kind, "x:1", rc->status, NULL, 0, &p, err, sizeof(err)) == 0)
+      fail_msg("%s of %s was planned (to %s), expected a refusal", tc_adm_kind_name(rc->kind),
+               txp_global_status_name(rc->status), txp_global_status_name(p.to));
+    if (!strstr(err, rc->why))
+      fail_msg("%s of %s: \"%s\" does not say \"%s\"", tc_adm_kind_name(rc->kind),
+               txp_global_status_name(rc->status), err, rc->why);
+    assert_non_null(strstr(err, "\"x:1\"")); /* names the transaction */
   }
 }
 
@@ -535,6 +551,7 @@ int main(void) {
     cmocka_unit_test(test_show_one_and_others),
     cmocka_unit_test(test_repairs),         cmocka_unit_test(test_failpoint_commands),         cmocka_unit_test(test_malformed),
     cmocka_unit_test(test_quote_roundtrip), cmocka_unit_test(test_plan_table),
+    cmocka_unit_test(test_refusal_table),
     cmocka_unit_test(test_plan_branch_guards), cmocka_unit_test(test_plan_invariants),
     cmocka_unit_test(test_config_helpers),
   };
