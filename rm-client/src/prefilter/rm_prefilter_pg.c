@@ -61,6 +61,17 @@ int rm__pf_pg_usable(PGconn *pg, bool need_idle) {
   return code;
 }
 
+int rm__pf_pg_order_arg(PGconn *pg, int64_t order_id, int invalid_rc, char text[24]) {
+  int rc = rm__pf_pg_usable(pg, false);
+  if (rc != 0) return rc;
+  if (!rm__pf_id_ok(order_id)) {
+    rm__errmsg_set("invalid argument: order id must be >= 1");
+    return invalid_rc;
+  }
+  rm__pf_i64_str(text, order_id);
+  return 0;
+}
+
 PGresult *rm__pf_pg_exec(PGconn *pg, const char *what, const char *sql, int n, const char *const *vals) {
   PGresult *res = PQexecParams(pg, sql, n, NULL, vals, NULL, NULL, 0);
   ExecStatusType st = PQresultStatus(res);
@@ -138,13 +149,8 @@ static int pg_finish(PGconn *pg, int64_t order_id, const char *reason) {
   char s[24];
   const char *vals[2] = {s, reason};
   int64_t code;
-  int rc = rm__pf_pg_usable(pg, false);
+  int rc = rm__pf_pg_order_arg(pg, order_id, RM_PF_BAD_ARGS, s);
   if (rc != 0) return rc;
-  if (!rm__pf_id_ok(order_id)) {
-    rm__errmsg_set("invalid argument: order id must be >= 1");
-    return RM_PF_BAD_ARGS;
-  }
-  rm__pf_i64_str(s, order_id);
   rc = pg_call_code(pg, "SELECT stock_freeze_finish($1::bigint, $2::text)", 2, vals, &code);
   if (rc != 0) return rc;
   rc = code_from_sql(code);
