@@ -159,6 +159,37 @@ static bool exec_ok(PGconn *pg, const char *sql, int n, const char *const *v, ba
   return ok;
 }
 
+/* The two branches of the benchmark transaction. The lock row names its
+ * resource and table as literals, exactly as the store's own statement does,
+ * so each branch carries its own INSERT text. */
+static const struct {
+  const char *resource, *table, *lock_sql;
+} baseline_branches[] = {
+  {"bench_db1", "t_order",
+   "INSERT INTO bench_lock_table (row_key, xid, transaction_id, branch_id, resource_id, table_name, pk) "
+   "VALUES ($1, $2, $3, $4, 'bench_db1', 't_order', '1')"},
+  {"bench_db2", "t_stock",
+   "INSERT INTO bench_lock_table (row_key, xid, transaction_id, branch_id, resource_id, table_name, pk) "
+   "VALUES ($1, $2, $3, $4, 'bench_db2', 't_stock', '1')"},
+};
+
+/* Registers branch 'i' of transaction 'base' for worker 'b' as two
+ * autocommitted statements: its branch row, then the row lock it holds. */
+static bool insert_baseline_branch(PGconn *pg, base_t *b, size_t i, int64_t base, uint64_t seq,
+                                   const char *xid, const char *txid) {
+  char branch_id[32], row_key[96];
+  snprintf(branch_id, sizeof(branch_id), "%" PRId64, base + 1 + (int64_t)i);
+  snprintf(row_key, sizeof(row_key), "%s^^^%s^^^%d_%" PRIu64, baseline_branches[i].resource,
+           baseline_branches[i].table, b->id, seq);
+  const char *branch[] = {branch_id, xid, txid, baseline_branches[i].resource};
+  const char *lock[] = {row_key, xid, txid, branch_id};
+  return exec_ok(pg,
+                 "INSERT INTO bench_branch_table (branch_id, xid, transaction_id, resource_id, status) "
+                 "VALUES ($1, $2, $3, $4, 1)",
+                 4, branch, b) &&
+         exec_ok(pg, baseline_branches[i].lock_sql, 4, lock, b);
+}
+
 /* The naive client: the 9 store statements of one two-branch transaction,
  * each its own autocommitted statement, one round trip each. */
 static void *baseline_main(void *arg) {
@@ -170,47 +201,24 @@ static void *baseline_main(void *arg) {
     return NULL;
   }
   uint64_t seq = 0;
-  char xid[64], txid[32], b1[32], b2[32], k1[96], k2[96];
+  char xid[64], txid[32];
   while (atomic_load(&base_phase) < 2) {
     seq++;
     int64_t base = ((int64_t)b->id << 40) + (int64_t)seq * 4;
     snprintf(xid, sizeof(xid), "bench:%" PRId64, base);
     snprintf(txid, sizeof(txid), "%" PRId64, base);
-    snprintf(b1, sizeof(b1), "%" PRId64, base + 1);
-    snprintf(b2, sizeof(b2), "%" PRId64, base + 2);
-    snprintf(k1, sizeof(k1), "bench_db1^^^t_order^^^%d_%" PRIu64, b->id, seq);
-    snprintf(k2, sizeof(k2), "bench_db2^^^t_stock^^^%d_%" PRIu64, b->id, seq);
     const char *g[] = {xid, txid};
-    const char *br1[] = {b1, xid, txid, "bench_db1"};
-    const char *br2[] = {b2, xid, txid, "bench_db2"};
-    const char *l1[] = {k1, xid, txid, b1};
-    const char *l2[] = {k2, xid, txid, b2};
     const char *x[] = {xid};
-    bool ok =
-      exec_ok(pg,
-              "INSERT INTO bench_global_table (xid, transaction_id, status, timeout_ms, deadline, node_id) "
-              "VALUES ($1, $2, 1, 60000, clock_timestamp() + interval '60 s', 0)",
-              2, g, b) &&
-      exec_ok(pg,
-              "INSERT INTO bench_branch_table (branch_id, xid, transaction_id, resource_id, status) "
-              "VALUES ($1, $2, $3, $4, 1)",
-              4, br1, b) &&
-      exec_ok(pg,
-              "INSERT INTO bench_lock_table (row_key, xid, transaction_id, branch_id, resource_id, table_name, pk) "
-              "VALUES ($1, $2, $3, $4, 'bench_db1', 't_order', '1')",
-              4, l1, b) &&
-      exec_ok(pg,
-              "INSERT INTO bench_branch_table (branch_id, xid, transaction_id, resource_id, status) "
-              "VALUES ($1, $2, $3, $4, 1)",
-              4, br2, b) &&
-      exec_ok(pg,
-              "INSERT INTO bench_lock_table (row_key, xid, transaction_id, branch_id, resource_id, table_name, pk) "
-              "VALUES ($1, $2, $3, $4, 'bench_db2', 't_stock', '1')",
-              4, l2, b) &&
-      exec_ok(pg, "UPDATE bench_global_table SET status = 8 WHERE xid = $1 AND status = 1", 1, x, b) &&
-      exec_ok(pg, "DELETE FROM bench_lock_table WHERE xid = $1", 1, x, b) &&
-      exec_ok(pg, "DELETE FROM bench_branch_table WHERE xid = $1", 1, x, b) &&
-      exec_ok(pg, "DELETE FROM bench_global_table WHERE xid = $1", 1, x, b);
+    bool ok = exec_ok(pg,
+                      "INSERT INTO bench_global_table (xid, transaction_id, status, timeout_ms, deadline, node_id) "
+                      "VALUES ($1, $2, 1, 60000, clock_timestamp() + interval '60 s', 0)",
+                      2, g, b);
+    for (size_t i = 0; ok && i < sizeof(baseline_branches) / sizeof(baseline_branches[0]); i++)
+      ok = insert_baseline_branch(pg, b, i, base, seq, xid, txid);
+    ok = ok && exec_ok(pg, "UPDATE bench_global_table SET status = 8 WHERE xid = $1 AND status = 1", 1, x, b) &&
+         exec_ok(pg, "DELETE FROM bench_lock_table WHERE xid = $1", 1, x, b) &&
+         exec_ok(pg, "DELETE FROM bench_branch_table WHERE xid = $1", 1, x, b) &&
+         exec_ok(pg, "DELETE FROM bench_global_table WHERE xid = $1", 1, x, b);
     if (!ok) {
       b->errors++;
       if (b->errors > 100) break;

@@ -54,6 +54,7 @@
  *   SIGTERM/SIGINT: stop serving, let each consumer finish the event in
  *   hand, close, log "event-consumers stopped", exit 0.
  */
+#include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,13 +72,28 @@ typedef struct ev_ctx {
   int delay_ms; /* EVENTS_APPLY_DELAY_MS */
 } ev_ctx_t;
 
-/* What an order.paid event says, from its payload. */
+/* The numbers every group writes, as text parameters: the event's order,
+ * its user and activity, and the event's id (the row's source). */
+typedef struct paid_text {
+  char order[24], user[24], activity[24], event[24];
+} paid_text_t;
+
+/* What an order.paid event says, from its payload, with the numbers every
+ * group writes already formatted once for all of them. */
 typedef struct paid {
   long long activity, ticket_type, user, qty;
+  paid_text_t text;
 } paid_t;
 
-/* The payload of 'ev' into 'p': false (with 'why') when it lacks a field
- * the effects need, which no retry can mend. */
+static void paid_text(paid_text_t *t, const svc_event_t *ev, const paid_t *p) {
+  snprintf(t->order, sizeof(t->order), "%lld", ev->order_id);
+  snprintf(t->user, sizeof(t->user), "%lld", p->user);
+  snprintf(t->activity, sizeof(t->activity), "%lld", p->activity);
+  snprintf(t->event, sizeof(t->event), "%lld", ev->event_id);
+}
+
+/* The payload of 'ev' into 'p' (its numbers and their text): false (with
+ * 'why') when it lacks a field the effects need, which no retry can mend. */
 static bool parse_paid(const svc_event_t *ev, paid_t *p, char *why, size_t whylen) {
   const char *bad = NULL;
   if (!svc_json_int(ev->payload, "activity", 1, INT64_MAX, &p->activity))
@@ -88,8 +104,12 @@ static bool parse_paid(const svc_event_t *ev, paid_t *p, char *why, size_t whyle
     bad = "user must be a positive integer";
   else if (!svc_json_int(ev->payload, "qty", 1, 10000, &p->qty))
     bad = "qty must be an integer from 1 to 10000";
-  if (bad) snprintf(why, whylen, "malformed order.paid payload of order %lld: %s", ev->order_id, bad);
-  return !bad;
+  if (bad) {
+    snprintf(why, whylen, "malformed order.paid payload of order %lld: %s", ev->order_id, bad);
+    return false;
+  }
+  paid_text(&p->text, ev, p);
+  return true;
 }
 
 /* The start of every apply: order.paid only, its payload parsed, and the
@@ -112,87 +132,76 @@ static bool paid_event(const svc_event_t *ev, const ev_ctx_t *x, paid_t *p, svc_
   return true;
 }
 
-/* The numbers every group writes, as text parameters: the event's order,
- * its user and activity, and the event's id (the row's source). */
-typedef struct paid_text {
-  char order[24], user[24], activity[24], event[24];
-} paid_text_t;
-
-static void paid_text(paid_text_t *t, const svc_event_t *ev, const paid_t *p) {
-  snprintf(t->order, sizeof(t->order), "%lld", ev->order_id);
-  snprintf(t->user, sizeof(t->user), "%lld", p->user);
-  snprintf(t->activity, sizeof(t->activity), "%lld", p->activity);
-  snprintf(t->event, sizeof(t->event), "%lld", ev->event_id);
-}
-
-/* Insert a group's row with 'sql' and its 'n' parameters: done, or
+/* Insert a group's row for the event 'p' with 'sql', whose parameters are
+ * laid out as every group's table has them: $1 order, $2 user, $3 activity,
+ * then the group's 'n' own 'values', and last the event id.  Done, or
  * retried (the database failed; 'why' says how). */
-static svc_ev_result_t insert_row(PGconn *pg, const char *sql, int n, const char *const *params, char *why,
-                                  size_t whylen) {
-  return svc_pg_exec(pg, sql, n, params, PGRES_COMMAND_OK, NULL, why, whylen) ? SVC_EV_DONE : SVC_EV_RETRY;
+static svc_ev_result_t insert_paid_row(PGconn *pg, const char *sql, const paid_t *p, int n,
+                                       const char *const *values, char *why, size_t whylen) {
+  const char *params[8] = {p->text.order, p->text.user, p->text.activity};
+  assert(n >= 0 && n <= 4);
+  for (int i = 0; i < n; i++) params[3 + i] = values[i];
+  params[3 + n] = p->text.event;
+  return svc_pg_exec(pg, sql, 4 + n, params, PGRES_COMMAND_OK, NULL, why, whylen) ? SVC_EV_DONE : SVC_EV_RETRY;
 }
+
+/* What a group does with an event apply_group has parsed: its rows. */
+typedef svc_ev_result_t (*paid_effect_fn)(PGconn *pg, const svc_event_t *ev, const paid_t *p, char *why,
+                                          size_t whylen);
 
 /* Group "points": one points_ledger row, qty * POINTS_PER_TICKET. */
-static svc_ev_result_t points_apply(PGconn *pg, const svc_event_t *ev, void *arg, char *why, size_t whylen) {
-  paid_t p;
-  svc_ev_result_t res;
-  if (!paid_event(ev, arg, &p, &res, why, whylen)) return res;
-  paid_text_t t;
-  paid_text(&t, ev, &p);
+static svc_ev_result_t points_effect(PGconn *pg, const svc_event_t *ev, const paid_t *p, char *why, size_t whylen) {
+  (void)ev;
   char sp[24];
-  snprintf(sp, sizeof(sp), "%lld", p.qty * POINTS_PER_TICKET);
-  const char *pv[5] = {t.order, t.user, t.activity, sp, t.event};
-  return insert_row(pg,
-                    "INSERT INTO points_ledger (order_id, user_id, activity_id, points, event_id)"
-                    " VALUES ($1, $2, $3, $4, $5)",
-                    5, pv, why, whylen);
+  snprintf(sp, sizeof(sp), "%lld", p->qty * POINTS_PER_TICKET);
+  const char *points[1] = {sp};
+  return insert_paid_row(pg,
+                         "INSERT INTO points_ledger (order_id, user_id, activity_id, points, event_id)"
+                         " VALUES ($1, $2, $3, $4, $5)",
+                         p, 1, points, why, whylen);
+}
+
+/* The events besides order.paid that group "notify" tells the member of:
+ * what became of a waiting user, and an order the stock refused. */
+static bool is_outcome_event(const svc_event_t *ev) {
+  return strncmp(ev->type, "waitlist.", 9) == 0 || strcmp(ev->type, "order.rejected") == 0;
 }
 
 /* Group "notify": one member_notice row per order and kind, unless the
  * member is on hold: "paid" for order.paid, "waitlist_ordered" /
  * "waitlist_refused" for what became of a waiting user. */
-static svc_ev_result_t notify_apply(PGconn *pg, const svc_event_t *ev, void *arg, char *why, size_t whylen) {
-  paid_t p;
-  svc_ev_result_t res;
-  const char *kind = "paid";
-  if (strncmp(ev->type, "waitlist.", 9) == 0 || strcmp(ev->type, "order.rejected") == 0) {
-    /* the same payload as an order's event; the checks of parse_paid */
-    if (!parse_paid(ev, &p, why, whylen)) return SVC_EV_DEAD;
-    kind = strcmp(ev->type, "order.rejected") == 0     ? "rejected"
-           : strcmp(ev->type, "waitlist.ordered") == 0 ? "waitlist_ordered"
-                                                       : "waitlist_refused";
-  } else if (!paid_event(ev, arg, &p, &res, why, whylen)) {
-    return res;
-  }
-  paid_text_t t;
-  paid_text(&t, ev, &p);
+static svc_ev_result_t notify_effect(PGconn *pg, const svc_event_t *ev, const paid_t *p, char *why, size_t whylen) {
+  const char *kind = !is_outcome_event(ev)                     ? "paid"
+                     : strcmp(ev->type, "order.rejected") == 0   ? "rejected"
+                     : strcmp(ev->type, "waitlist.ordered") == 0 ? "waitlist_ordered"
+                                                                 : "waitlist_refused";
   char text[256];
-  const char *ph[1] = {t.user};
+  const char *ph[1] = {p->text.user};
   PGresult *r = NULL;
   if (!svc_pg_exec(pg, "SELECT reason FROM member_hold WHERE user_id = $1", 1, ph, PGRES_TUPLES_OK, &r, why, whylen))
     return SVC_EV_RETRY;
   if (PQntuples(r) == 1) {
     /* Not now: the hold may be lifted.  The retries (and in the end the
      * dead letter) carry the reason for the operator. */
-    snprintf(why, whylen, "account on hold: user %lld: %s", p.user, PQgetvalue(r, 0, 0));
+    snprintf(why, whylen, "account on hold: user %lld: %s", p->user, PQgetvalue(r, 0, 0));
     PQclear(r);
     return SVC_EV_RETRY;
   }
   PQclear(r);
-  const char *s = p.qty == 1 ? "" : "s";
+  const char *s = p->qty == 1 ? "" : "s";
   if (strcmp(kind, "paid") == 0) {
     snprintf(text, sizeof(text), "Payment received for order %lld: %lld ticket%s of activity %lld.", ev->order_id,
-             p.qty, s, p.activity);
+             p->qty, s, p->activity);
   } else if (strcmp(kind, "waitlist_ordered") == 0) {
     snprintf(text, sizeof(text),
              "Your wait is over: order %lld holds %lld ticket%s of activity %lld for you; pay it before it expires.",
-             ev->order_id, p.qty, s, p.activity);
+             ev->order_id, p->qty, s, p->activity);
   } else if (strcmp(kind, "rejected") == 0) {
     /* the first seed's words: a stock error, the order not made, the money back */
     snprintf(text, sizeof(text),
              "Stock error: order %lld for %lld ticket%s of activity %lld could not be made; you have been refunded"
              " in full. (库存异常，抢票未成功，已全额退款)",
-             ev->order_id, p.qty, s, p.activity);
+             ev->order_id, p->qty, s, p->activity);
   } else {
     const char *reason = json_string_value(json_object_get(ev->payload, "reason"));
     char rs[33];
@@ -200,29 +209,24 @@ static svc_ev_result_t notify_apply(PGconn *pg, const svc_event_t *ev, void *arg
     size_t n = reason ? strspn(reason, "abcdefghijklmnopqrstuvwxyz_") : 0;
     snprintf(rs, sizeof(rs), "%.*s", (int)(reason && n == strlen(reason) && n < sizeof(rs) ? n : 0),
              reason ? reason : "");
-    snprintf(text, sizeof(text), "Your wait for %lld ticket%s of activity %lld ended without an order%s%s.", p.qty, s,
-             p.activity, rs[0] ? ": " : "", rs);
+    snprintf(text, sizeof(text), "Your wait for %lld ticket%s of activity %lld ended without an order%s%s.", p->qty, s,
+             p->activity, rs[0] ? ": " : "", rs);
   }
-  const char *pv[6] = {t.order, t.user, t.activity, kind, text, t.event};
-  return insert_row(pg,
-                    "INSERT INTO member_notice (order_id, user_id, activity_id, kind, text, event_id)"
-                    " VALUES ($1, $2, $3, $4, $5, $6)",
-                    6, pv, why, whylen);
+  const char *notice[2] = {kind, text};
+  return insert_paid_row(pg,
+                         "INSERT INTO member_notice (order_id, user_id, activity_id, kind, text, event_id)"
+                         " VALUES ($1, $2, $3, $4, $5, $6)",
+                         p, 2, notice, why, whylen);
 }
 
 /* Group "tickets": qty issued_ticket rows, seq 1..qty.  The code depends
  * only on the order and the seq, so a ticket is the same whenever (and
  * however often) the event is applied. */
-static svc_ev_result_t tickets_apply(PGconn *pg, const svc_event_t *ev, void *arg, char *why, size_t whylen) {
-  paid_t p;
-  svc_ev_result_t res;
-  if (!paid_event(ev, arg, &p, &res, why, whylen)) return res;
-  paid_text_t t;
-  paid_text(&t, ev, &p);
+static svc_ev_result_t tickets_effect(PGconn *pg, const svc_event_t *ev, const paid_t *p, char *why, size_t whylen) {
   char st[24], sq[24];
-  snprintf(st, sizeof(st), "%lld", p.ticket_type);
-  snprintf(sq, sizeof(sq), "%lld", p.qty);
-  const char *pv[6] = {t.order, t.user, t.activity, st, sq, t.event};
+  snprintf(st, sizeof(st), "%lld", p->ticket_type);
+  snprintf(sq, sizeof(sq), "%lld", p->qty);
+  const char *pv[6] = {p->text.order, p->text.user, p->text.activity, st, sq, p->text.event};
   PGresult *r = NULL;
   if (!svc_pg_exec(pg,
                    "INSERT INTO issued_ticket (order_id, seq, ticket_code, user_id, activity_id, ticket_type, event_id)"
@@ -233,22 +237,46 @@ static svc_ev_result_t tickets_apply(PGconn *pg, const svc_event_t *ev, void *ar
     return SVC_EV_RETRY;
   long long n = atoll(PQcmdTuples(r));
   PQclear(r);
-  if (n != p.qty) {
-    snprintf(why, whylen, "issued %lld tickets for order %lld instead of %lld", n, ev->order_id, p.qty);
+  if (n != p->qty) {
+    snprintf(why, whylen, "issued %lld tickets for order %lld instead of %lld", n, ev->order_id, p->qty);
     return SVC_EV_RETRY;
   }
   return SVC_EV_DONE;
 }
 
-static const struct group_def {
+typedef struct group_def {
   const char *name;
-  svc_event_apply_fn apply;
-} group_defs[] = {
-  {"points", points_apply},
-  {"notify", notify_apply},
-  {"tickets", tickets_apply},
+  paid_effect_fn effect;
+  bool takes_outcomes; /* also is_outcome_event's events, not only order.paid */
+} group_def_t;
+
+static const group_def_t group_defs[] = {
+  {"points", points_effect, false},
+  {"notify", notify_effect, true},
+  {"tickets", tickets_effect, false},
 };
 #define NGROUPS (sizeof(group_defs) / sizeof(group_defs[0]))
+
+/* A consumer's 'arg': its group and the service's settings. */
+typedef struct group_arg {
+  const group_def_t *def;
+  const ev_ctx_t *ctx;
+} group_arg_t;
+
+/* Every group's apply: the event parsed (and delayed, for the tests) here,
+ * once, then the group's effect. */
+static svc_ev_result_t apply_group(PGconn *pg, const svc_event_t *ev, void *arg, char *why, size_t whylen) {
+  const group_arg_t *g = arg;
+  paid_t p;
+  if (g->def->takes_outcomes && is_outcome_event(ev)) {
+    /* the same payload as an order's event; the checks of parse_paid */
+    if (!parse_paid(ev, &p, why, whylen)) return SVC_EV_DEAD;
+  } else {
+    svc_ev_result_t res;
+    if (!paid_event(ev, g->ctx, &p, &res, why, whylen)) return res;
+  }
+  return g->def->effect(pg, ev, &p, why, whylen);
+}
 
 typedef struct ev_svc {
   svc_consumer_t *cs[NGROUPS];
@@ -366,10 +394,12 @@ int main(int argc, char **argv) {
     exit_code = 78;
     goto out;
   }
+  group_arg_t group_args[NGROUPS];
   for (size_t k = 0; k < NGROUPS; k++) {
     if (!want[k]) continue;
+    group_args[k] = (group_arg_t){.def = &group_defs[k], .ctx = &ctx};
     svc_consumer_opts_t co = {.redis_url = redis_url, .pg_url = pg_url, .group = group_defs[k].name,
-                              .apply = group_defs[k].apply, .arg = &ctx, .auth = auth};
+                              .apply = apply_group, .arg = &group_args[k], .auth = auth};
     if (!(s.cs[s.n] = svc_consumer_start(&co, err, sizeof(err)))) {
       svc_error("could not start consumer group \"%s\": %s", group_defs[k].name, err);
       exit_code = 78;

@@ -136,6 +136,13 @@ static const char *str_or(const PGresult *r, int row, int col, const char *def) 
   return PQgetisnull(r, row, col) ? def : PQgetvalue(r, row, col);
 }
 
+/* 'sql' on 'pg' with the window as $1 and $2: every check reads the
+ * rows written in it. */
+static PGresult *query_window(run_t *r, PGconn *pg, const char *what, const char *sql) {
+  const char *w[2] = {r->res->since, r->res->until};
+  return query(r->res, pg, what, sql, 2, w);
+}
+
 /* "{a,b,c}" of 'n' values from 'v' (stride 'stride' bytes); malloc'd. */
 static char *array_text(const void *v, size_t n, size_t stride, size_t off) {
   char *s = malloc(n * 21 + 3), *p = s;
@@ -179,14 +186,12 @@ static bool set_window(run_t *r) {
 
 static bool check_payment(run_t *r) {
   recon_result_t *res = r->res;
-  const char *w[2] = {res->since, res->until};
-  PGresult *q = query(res, r->orders, "read the paid orders",
+  PGresult *q = query_window(r, r->orders, "read the paid orders",
                       "SELECT o.order_id, o.activity_id, o.ticket_type, o.bucket_id, o.qty, o.amount_cents,"
                       "       l.order_id IS NOT NULL, l.amount_cents"
                       "  FROM trade_order o LEFT JOIN payment_ledger l ON l.order_id = o.order_id"
                       " WHERE o.status = 'PAID' AND o.updated_at >= $1 AND o.updated_at < $2"
-                      " ORDER BY o.order_id",
-                      2, w);
+                      " ORDER BY o.order_id");
   if (!q) return false;
   int n = PQntuples(q);
   r->paid = calloc(n ? (size_t)n : 1, sizeof(*r->paid));
@@ -218,18 +223,17 @@ static bool check_payment(run_t *r) {
   res->paid_orders = (long long)r->npaid;
   if (!ok) return false;
 
-  q = query(res, r->orders, "read the payment ledger",
-            "SELECT count(*) FROM payment_ledger WHERE paid_at >= $1 AND paid_at < $2", 2, w);
+  q = query_window(r, r->orders, "read the payment ledger",
+                   "SELECT count(*) FROM payment_ledger WHERE paid_at >= $1 AND paid_at < $2");
   if (!q) return false;
   res->ledger_entries = ll(q, 0, 0);
   PQclear(q);
-  q = query(res, r->orders, "read the payment ledger",
+  q = query_window(r, r->orders, "read the payment ledger",
             "SELECT l.order_id, l.amount_cents, o.order_id IS NOT NULL, o.status, o.activity_id, o.ticket_type,"
             "       o.bucket_id"
             "  FROM payment_ledger l LEFT JOIN trade_order o ON o.order_id = l.order_id"
             " WHERE l.paid_at >= $1 AND l.paid_at < $2 AND o.status IS DISTINCT FROM 'PAID'"
-            " ORDER BY l.order_id",
-            2, w);
+            " ORDER BY l.order_id");
   if (!q) return false;
   n = PQntuples(q);
   for (int i = 0; i < n && ok; i++) {
@@ -257,8 +261,7 @@ static bool check_payment(run_t *r) {
  * 'fmt_what' ("the stock freeze is CONFIRMED for") the order. */
 static bool window_orders_paid(run_t *r, PGconn *pg, const char *what, const char *sql, long long *rows,
                                const char *kind, const char *fmt_what) {
-  const char *w[2] = {r->res->since, r->res->until};
-  PGresult *wq = query(r->res, pg, what, sql, 2, w);
+  PGresult *wq = query_window(r, pg, what, sql);
   if (!wq) return false;
   *rows = ll(wq, 0, 1);
   const char *p[1] = {PQgetvalue(wq, 0, 0)};
@@ -288,38 +291,60 @@ static paid_t paid_in(const run_t *r, size_t off, size_t n, long long id) {
   return (paid_t){.order_id = id, .activity = -1, .ticket_type = -1, .bucket = -1, .qty = -1};
 }
 
+/* One row of a check_paid_orders query: a difference for the paid order
+ * 'pd' (false: out of memory). */
+typedef bool (*paid_row_fn)(recon_result_t *res, const PGresult *q, int i, const paid_t *pd);
+
+/* Runs 'sql' on 'db' over the paid orders, CHUNK at a time: $1 the chunk's
+ * order ids, $2 their qtys and, when 'nparams' is 3, $3 'extra'.  Each row
+ * it returns starts with an order id and goes to 'row' with that order. */
+static bool check_paid_orders(run_t *r, PGconn *db, const char *what, const char *sql, int nparams,
+                              const char *extra, paid_row_fn row) {
+  recon_result_t *res = r->res;
+  bool ok = true;
+  for (size_t off = 0; off < r->npaid && ok; off += CHUNK) {
+    size_t n = r->npaid - off < CHUNK ? r->npaid - off : CHUNK;
+    char *ids = array_text(r->paid + off, n, sizeof(paid_t), offsetof(paid_t, order_id));
+    char *qtys = array_text(r->paid + off, n, sizeof(paid_t), offsetof(paid_t, qty));
+    if (!ids || !qtys) {
+      free(ids);
+      free(qtys);
+      set_error(res, "out of memory");
+      return false;
+    }
+    const char *p[3] = {ids, qtys, extra};
+    PGresult *q = query(res, db, what, sql, nparams, p);
+    free(ids);
+    free(qtys);
+    if (!q) return false;
+    for (int i = 0; i < PQntuples(q) && ok; i++) {
+      paid_t pd = paid_in(r, off, n, ll(q, i, 0));
+      ok = row(res, q, i, &pd);
+    }
+    PQclear(q);
+  }
+  return ok;
+}
+
+static bool freeze_row(recon_result_t *res, const PGresult *q, int i, const paid_t *pd) {
+  long long id = pd->order_id;
+  if (PQgetisnull(q, i, 1))
+    return add_diff(res, "paid_not_confirmed", id, pd->activity, pd->ticket_type, pd->bucket, "CONFIRMED", "missing",
+                    "order %lld is PAID but the stock database has no freeze for it", id);
+  return add_diff(res, "paid_not_confirmed", id, pd->activity, pd->ticket_type, pd->bucket, "CONFIRMED",
+                  PQgetvalue(q, i, 1), "order %lld is PAID but its stock freeze is %s", id, PQgetvalue(q, i, 1));
+}
+
 static bool check_stock(run_t *r) {
   recon_result_t *res = r->res;
   bool ok = true;
   /* The paid orders' freezes. */
-  for (size_t off = 0; off < r->npaid && ok; off += CHUNK) {
-    size_t n = r->npaid - off < CHUNK ? r->npaid - off : CHUNK;
-    char *ids = array_text(r->paid + off, n, sizeof(paid_t), offsetof(paid_t, order_id));
-    if (!ids) {
-      set_error(res, "out of memory");
-      return false;
-    }
-    const char *p[1] = {ids};
-    PGresult *q = query(res, r->stock, "read the stock freezes",
-                        "SELECT x.id, f.state FROM unnest($1::bigint[]) AS x(id)"
-                        "  LEFT JOIN stock_freeze f ON f.order_id = x.id"
-                        " WHERE f.state IS DISTINCT FROM 'CONFIRMED' ORDER BY x.id",
-                        1, p);
-    free(ids);
-    if (!q) return false;
-    for (int i = 0; i < PQntuples(q) && ok; i++) {
-      long long id = ll(q, i, 0);
-      paid_t pd = paid_in(r, off, n, id);
-      if (PQgetisnull(q, i, 1))
-        ok = add_diff(res, "paid_not_confirmed", id, pd.activity, pd.ticket_type, pd.bucket, "CONFIRMED", "missing",
-                      "order %lld is PAID but the stock database has no freeze for it", id);
-      else
-        ok = add_diff(res, "paid_not_confirmed", id, pd.activity, pd.ticket_type, pd.bucket, "CONFIRMED",
-                      PQgetvalue(q, i, 1), "order %lld is PAID but its stock freeze is %s", id, PQgetvalue(q, i, 1));
-    }
-    PQclear(q);
-  }
-  if (!ok) return false;
+  if (!check_paid_orders(r, r->stock, "read the stock freezes",
+                         "SELECT x.id, f.state FROM unnest($1::bigint[]) AS x(id)"
+                         "  LEFT JOIN stock_freeze f ON f.order_id = x.id"
+                         " WHERE f.state IS DISTINCT FROM 'CONFIRMED' ORDER BY x.id",
+                         1, NULL, freeze_row))
+    return false;
 
   /* The freezes confirmed in the window, against their orders. */
   if (!window_orders_paid(
@@ -331,8 +356,7 @@ static bool check_stock(run_t *r) {
 
   /* Per bucket of the activities sold in the window: the confirmed
    * tickets against sold_count. */
-  const char *w[2] = {res->since, res->until};
-  PGresult *q = query(res, r->stock, "read the buckets",
+  PGresult *q = query_window(r, r->stock, "read the buckets",
             "WITH a AS (SELECT DISTINCT activity_id FROM stock_freeze"
             "            WHERE created_at < $2 AND (finished_at IS NULL OR finished_at >= $1)),"
             " c AS (SELECT f.activity_id, f.ticket_type, f.bucket_id, sum(f.qty) AS qty FROM stock_freeze f"
@@ -342,8 +366,7 @@ static bool check_stock(run_t *r) {
             "   FROM activity_ticket_bucket b"
             "   LEFT JOIN c ON (c.activity_id, c.ticket_type, c.bucket_id) = (b.activity_id, b.ticket_type, b.bucket_id)"
             "  WHERE b.activity_id IN (SELECT activity_id FROM a)"
-            "  ORDER BY 1, 2, 3",
-            2, w);
+            "  ORDER BY 1, 2, 3");
   if (!q) return false;
   res->buckets = PQntuples(q);
   for (int i = 0; i < PQntuples(q) && ok; i++) {
@@ -363,46 +386,28 @@ static bool check_stock(run_t *r) {
 
 /* -------------------------------------------------------------- points */
 
+static bool points_row(recon_result_t *res, const PGresult *q, int i, const paid_t *pd) {
+  long long id = pd->order_id;
+  const char *want = PQgetvalue(q, i, 1);
+  if (PQgetisnull(q, i, 2))
+    return add_diff(res, "paid_without_points", id, pd->activity, pd->ticket_type, pd->bucket, want, "missing",
+                    "order %lld is PAID but the events database has no points for it", id);
+  return add_diff(res, "points_mismatch", id, pd->activity, pd->ticket_type, pd->bucket, want, PQgetvalue(q, i, 2),
+                  "order %lld has %s points, %s expected (qty %lld times %d)", id, PQgetvalue(q, i, 2), want,
+                  pd->qty, RECON_POINTS_PER_TICKET);
+}
+
 static bool check_points(run_t *r) {
   recon_result_t *res = r->res;
-  bool ok = true;
-  for (size_t off = 0; off < r->npaid && ok; off += CHUNK) {
-    size_t n = r->npaid - off < CHUNK ? r->npaid - off : CHUNK;
-    char *ids = array_text(r->paid + off, n, sizeof(paid_t), offsetof(paid_t, order_id));
-    char *qtys = array_text(r->paid + off, n, sizeof(paid_t), offsetof(paid_t, qty));
-    if (!ids || !qtys) {
-      free(ids);
-      free(qtys);
-      set_error(res, "out of memory");
-      return false;
-    }
-    char per[16];
-    snprintf(per, sizeof(per), "%d", RECON_POINTS_PER_TICKET);
-    const char *p[3] = {ids, qtys, per};
-    PGresult *q = query(res, r->events, "read the points",
-                        "SELECT x.id, x.qty * $3::bigint, l.points"
-                        "  FROM unnest($1::bigint[], $2::bigint[]) AS x(id, qty)"
-                        "  LEFT JOIN points_ledger l ON l.order_id = x.id"
-                        " WHERE l.points IS DISTINCT FROM x.qty * $3::bigint ORDER BY x.id",
-                        3, p);
-    free(ids);
-    free(qtys);
-    if (!q) return false;
-    for (int i = 0; i < PQntuples(q) && ok; i++) {
-      long long id = ll(q, i, 0);
-      paid_t pd = paid_in(r, off, n, id);
-      const char *want = PQgetvalue(q, i, 1);
-      if (PQgetisnull(q, i, 2))
-        ok = add_diff(res, "paid_without_points", id, pd.activity, pd.ticket_type, pd.bucket, want, "missing",
-                      "order %lld is PAID but the events database has no points for it", id);
-      else
-        ok = add_diff(res, "points_mismatch", id, pd.activity, pd.ticket_type, pd.bucket, want, PQgetvalue(q, i, 2),
-                      "order %lld has %s points, %s expected (qty %lld times %d)", id, PQgetvalue(q, i, 2), want,
-                      pd.qty, RECON_POINTS_PER_TICKET);
-    }
-    PQclear(q);
-  }
-  if (!ok) return false;
+  char per[16];
+  snprintf(per, sizeof(per), "%d", RECON_POINTS_PER_TICKET);
+  if (!check_paid_orders(r, r->events, "read the points",
+                         "SELECT x.id, x.qty * $3::bigint, l.points"
+                         "  FROM unnest($1::bigint[], $2::bigint[]) AS x(id, qty)"
+                         "  LEFT JOIN points_ledger l ON l.order_id = x.id"
+                         " WHERE l.points IS DISTINCT FROM x.qty * $3::bigint ORDER BY x.id",
+                         3, per, points_row))
+    return false;
 
   return window_orders_paid(
       r, r->events, "read the points of the window",

@@ -1,7 +1,7 @@
 # shellcheck shell=bash
 # check.sh - what every shell test here reports and waits with: ok, fail
-# and check (counting failures in $failures), checks_done, wait_for and
-# free_port.
+# and check (counting failures in $failures), check_every, checks_done,
+# wait_for and free_port.
 # Sourced by services_harness.sh and proc_harness.sh.
 
 failures=0
@@ -24,6 +24,18 @@ wait_for() {
     [[ $SECONDS -le $end ]] || return 1
     sleep 0.1
   done
+}
+# check_every WHAT NOUN WORDS TEST...: one check that TEST WORD succeeds
+# for each of WORDS (split on white space): "WHAT (N NOUN)", followed,
+# when it fails, by the words it failed for.
+check_every() {
+  local what=$1 noun=$2 words=$3 w
+  shift 3
+  local failed_for=()
+  for w in $words; do
+    "$@" "$w" || failed_for+=("$w")
+  done
+  check "$what ($(wc -w <<<"$words") $noun)${failed_for:+; not: ${failed_for[*]}}" test ${#failed_for[@]} -eq 0
 }
 # checks_done: the test's last words: all passed, or how many checks
 # failed (and exit 1).

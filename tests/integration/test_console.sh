@@ -51,41 +51,36 @@ api() { # PATH [curl args...]: body in $tmp/api, code in $code
   shift
   code=$(curl -s -o "$tmp/api" -D "$tmp/api.h" -w '%{http_code}' "$@" "$CONSOLE_URL$p") || code=000
 }
-api /healthz
-check "healthz without a credential: 200 ($code)" test "$code" = 200
-api /api/overview
-check "no credential: 401 ($code)" test "$code" = 401
+answers() { # WANT WHAT PATH [curl args...]: api PATH answers status WANT
+  local want=$1 what=$2
+  shift 2
+  api "$@"
+  check "$what: $want ($code)" test "$code" = "$want"
+}
+answers 200 "healthz without a credential" /healthz
+answers 401 "no credential" /api/overview
 check "the 401 is a problem+json" grep -qi '^content-type: application/problem+json' "$tmp/api.h"
 check "the 401 has no data in it" bash -c "! grep -q nodes '$tmp/api'"
-api /api/overview -H "Authorization: Bearer wrong-$token"
-check "a wrong token: 401 ($code)" test "$code" = 401
+answers 401 "a wrong token" /api/overview -H "Authorization: Bearer wrong-$token"
 api / 
 check "a page without a credential: 303 to /login ($code)" \
   bash -c "[[ $code == 303 ]] && grep -qi '^location: /login' '$tmp/api.h'"
-api "/login?token=nope"
-check "login with a wrong token: 401 ($code)" test "$code" = 401
+answers 401 "login with a wrong token" "/login?token=nope"
 api "/login?token=$token"
 check "login with the token: 303 and a session cookie ($code)" \
   bash -c "[[ $code == 303 ]] && grep -qi '^set-cookie: txc_console=.*HttpOnly; SameSite=Strict' '$tmp/api.h'"
 check "the cookie is not the token" bash -c "! grep -q '$token' '$tmp/api.h'"
 auth=(-H "Authorization: Bearer $token")
-api /api/overview "${auth[@]}"
-check "overview with the token: 200 ($code)" test "$code" = 200
+answers 200 "overview with the token" /api/overview "${auth[@]}"
 check "the answers carry a Content-Security-Policy" grep -qi "^content-security-policy: default-src 'none'; script-src 'self'" "$tmp/api.h"
 api /api/overview "${auth[@]}" -X POST
 check "POST: 405 with Allow ($code)" bash -c "[[ $code == 405 ]] && grep -qi '^allow: GET, HEAD' '$tmp/api.h'"
-api "/api/history?status=NoSuchStatus" "${auth[@]}"
-check "history with an unknown status: 400 ($code)" test "$code" = 400
-api "/api/globals?limit=0" "${auth[@]}"
-check "limit 0: 400 ($code)" test "$code" = 400
-api "/api/global?xid=none-such" "${auth[@]}"
-check "an unknown xid: 404 ($code)" test "$code" = 404
-api "/api/sale?activity=987654321" "${auth[@]}"
-check "an unknown activity: 404 ($code)" test "$code" = 404
-api "/api/sale?activity=1%27%3Bdrop" "${auth[@]}"
-check "a malformed activity: 400 ($code)" test "$code" = 400
-api "/api/history?xid=$(head -c 200 /dev/zero | tr '\0' x)" "${auth[@]}"
-check "a parameter of 200 bytes: 400 ($code)" test "$code" = 400
+answers 400 "history with an unknown status" "/api/history?status=NoSuchStatus" "${auth[@]}"
+answers 400 "limit 0" "/api/globals?limit=0" "${auth[@]}"
+answers 404 "an unknown xid" "/api/global?xid=none-such" "${auth[@]}"
+answers 404 "an unknown activity" "/api/sale?activity=987654321" "${auth[@]}"
+answers 400 "a malformed activity" "/api/sale?activity=1%27%3Bdrop" "${auth[@]}"
+answers 400 "a parameter of 200 bytes" "/api/history?xid=$(head -c 200 /dev/zero | tr '\0' x)" "${auth[@]}"
 
 # --- Chromium ------------------------------------------------------------
 # One profile per run (profile lock); --no-sandbox as root; the login URL

@@ -401,6 +401,16 @@ fb_act=$(new_activity fb_seed 80 2 2)
 metric_at() { curl -s "$1/metrics" | awk -v k="$2" '$1 == k {print $2}'; } # URL NAME
 metric() { metric_at "$ORDER_URL" "$1"; }
 healthz_mode() { curl -s "$ORDER_URL/healthz" | python3 -c 'import json,sys; print(json.load(sys.stdin).get("mode",""))'; }
+# wait_mode MODE TRIES: /healthz every 0.1 s, at most TRIES times, until it
+# reports MODE; what it reported last in $fb_mode.
+wait_mode() {
+  local i
+  for ((i = 0; i < $2; i++)); do
+    fb_mode=$(healthz_mode)
+    [[ $fb_mode != "$1" ]] || break
+    sleep 0.1
+  done
+}
 to_local0=$(metric 'txc_client_mode_switches_total{to="local"}')
 check "/metrics has the mode switch counter (${to_local0:-missing})" test -n "$to_local0"
 fb_global=0
@@ -419,11 +429,7 @@ for ((u = 8101; u <= 8130; u++)); do
 done
 check "orders with every node down: $fb_local of $fb_tries answered 201" test "$fb_local" -ge 25
 fb_mode=
-for ((i = 0; i < 150; i++)); do
-  fb_mode=$(healthz_mode)
-  [[ $fb_mode != local ]] || break
-  sleep 0.1
-done
+wait_mode local 150
 check "/healthz reports local mode ($fb_mode)" test "$fb_mode" = local
 http POST /orders '{"activity":'"$fb_act"',"ticket_type":1,"user":8201,"qty":1}'
 check "an order in local mode: 201 ($code $body)" test "$code" = 201
@@ -454,11 +460,7 @@ check "/metrics: switches to local ${to_local0:-?} -> ${to_local1:-?}" \
   "${to_local0:-0}" "${to_local1:-0}"
 for n in 1 2 3; do "$src/cluster/local/node" start "$n" "$CLUSTER_DIR" >/dev/null; done
 ok "the tcd nodes restarted"
-for ((i = 0; i < 200; i++)); do
-  fb_mode=$(healthz_mode)
-  [[ $fb_mode != global ]] || break
-  sleep 0.1
-done
+wait_mode global 200
 check "/healthz back in global mode ($fb_mode)" test "$fb_mode" = global
 # With the coordinator back, the expiry job expires the outage's orders
 # (ORDER_TTL_S=6): let it finish first.  Reconciliation is for a quiet sale

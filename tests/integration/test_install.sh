@@ -28,6 +28,11 @@ cleanup() {
   rm -rf "$tmp"
 }
 trap cleanup EXIT
+# check.sh for check_every; this test keeps its own ok and check, which
+# count the passed checks as well (defined after it, so they are the ones
+# check_every calls).
+# shellcheck source=tests/integration/check.sh
+. "$src/tests/integration/check.sh"
 passed=0 failed=0
 ok() { passed=$((passed + 1)); echo "ok   - $1"; }
 bad() { failed=$((failed + 1)); echo "FAIL - $1"; [[ -z ${2:-} ]] || printf '%s\n' "$2" | sed 's/^/       /'; }
@@ -81,12 +86,8 @@ for page in "$u"/share/man/man*/*; do
   check "man page $(basename "$page") renders without a warning" test -z "$warn"
 done
 keys=$("$u/sbin/tcd" --print-config | sed -n 's/^\([a-z_]*\) = .*/\1/p' | sort -u)
-undocumented=()
-for k in $keys; do
-  grep -q "^\.B ${k//_/_}\( \|$\)" "$u/share/man/man5/tcd.ini.5" || undocumented+=("$k")
-done
-check "tcd.ini(5) names every setting ($(wc -w <<<"$keys") keys)${undocumented:+; not: ${undocumented[*]}}" \
-  test ${#undocumented[@]} -eq 0
+documented() { grep -q "^\.B $1\( \|$\)" "$u/share/man/man5/tcd.ini.5"; }
+check_every "tcd.ini(5) names every setting" keys "$keys" documented
 
 echo "$passed passed, $failed failed"
 [[ $failed -eq 0 ]]

@@ -66,11 +66,7 @@ done
 
 # --- 4. the names the rules and the dashboard use ---
 names=$(cat "$rules" "$dash" | grep -oE '\b(txc|process)_[a-z0-9_]+' | sed -E 's/_(bucket|count|sum)$//' | sort -u)
-missing=()
-for n in $names; do
-  grep -qh "^# TYPE $n " "${pages[@]}" || missing+=("$n")
-done
-check "every metric the rules and the dashboard name is served ($(wc -w <<<"$names") names)${missing:+; not: ${missing[*]}}" \
-  test ${#missing[@]} -eq 0
+served() { grep -qh "^# TYPE $1 " "${pages[@]}"; }
+check_every "every metric the rules and the dashboard name is served" names "$names" served
 
 checks_done

@@ -141,76 +141,79 @@ back_to_zero() {
 inject() {
   psql -X -q -v ON_ERROR_STOP=1 -d "$2" -c "BEGIN; $3; COMMIT;" >/dev/null || fail "$1: could not inject"
 }
+# alone KIND URL BREAK_SQL UNDO_SQL CHECK ORDER EXPECTED ACTUAL [BUCKET]: one
+# discrepancy on its own: BREAK_SQL on URL, a run that finds exactly it
+# (expect_one), UNDO_SQL, and a run that finds nothing again.
+alone() {
+  local kind=$1 url=$2 break_sql=$3 undo_sql=$4
+  shift 4
+  inject "$kind" "$url" "$break_sql"
+  reconcile; expect_one "$kind" "$@"
+  inject undo "$url" "$undo_sql"
+  back_to_zero "$kind"
+}
 
 amount=$((P_qty * 1250))
-inject paid_without_ledger "$ORDERS_PG_URL" \
-  "CREATE TABLE recon_saved AS SELECT * FROM payment_ledger WHERE order_id = $P; DELETE FROM payment_ledger WHERE order_id = $P"
-reconcile; expect_one paid_without_ledger payment "$P" "$amount" missing
-inject undo "$ORDERS_PG_URL" "INSERT INTO payment_ledger SELECT * FROM recon_saved; DROP TABLE recon_saved"
-back_to_zero paid_without_ledger
+alone paid_without_ledger "$ORDERS_PG_URL" \
+  "CREATE TABLE recon_saved AS SELECT * FROM payment_ledger WHERE order_id = $P; DELETE FROM payment_ledger WHERE order_id = $P" \
+  "INSERT INTO payment_ledger SELECT * FROM recon_saved; DROP TABLE recon_saved" \
+  payment "$P" "$amount" missing
 
-inject ledger_without_order "$ORDERS_PG_URL" \
-  "INSERT INTO payment_ledger (order_id, amount_cents, provider_ref) VALUES (987654321, 1250, 'test:stray')"
-reconcile; expect_one ledger_without_order payment 987654321 PAID missing
-inject undo "$ORDERS_PG_URL" "DELETE FROM payment_ledger WHERE order_id = 987654321"
-back_to_zero ledger_without_order
+alone ledger_without_order "$ORDERS_PG_URL" \
+  "INSERT INTO payment_ledger (order_id, amount_cents, provider_ref) VALUES (987654321, 1250, 'test:stray')" \
+  "DELETE FROM payment_ledger WHERE order_id = 987654321" \
+  payment 987654321 PAID missing
 
-inject ledger_order_not_paid "$ORDERS_PG_URL" \
-  "INSERT INTO payment_ledger (order_id, amount_cents, provider_ref) VALUES ($U, 1250, 'test:unpaid')"
-reconcile; expect_one ledger_order_not_paid payment "$U" PAID UNPAID
-inject undo "$ORDERS_PG_URL" "DELETE FROM payment_ledger WHERE order_id = $U"
-back_to_zero ledger_order_not_paid
+alone ledger_order_not_paid "$ORDERS_PG_URL" \
+  "INSERT INTO payment_ledger (order_id, amount_cents, provider_ref) VALUES ($U, 1250, 'test:unpaid')" \
+  "DELETE FROM payment_ledger WHERE order_id = $U" \
+  payment "$U" PAID UNPAID
 
-inject amount_mismatch "$ORDERS_PG_URL" "UPDATE payment_ledger SET amount_cents = amount_cents + 1 WHERE order_id = $P"
-reconcile; expect_one amount_mismatch payment "$P" "$amount" "$((amount + 1))"
-inject undo "$ORDERS_PG_URL" "UPDATE payment_ledger SET amount_cents = amount_cents - 1 WHERE order_id = $P"
-back_to_zero amount_mismatch
+alone amount_mismatch "$ORDERS_PG_URL" \
+  "UPDATE payment_ledger SET amount_cents = amount_cents + 1 WHERE order_id = $P" \
+  "UPDATE payment_ledger SET amount_cents = amount_cents - 1 WHERE order_id = $P" \
+  payment "$P" "$amount" "$((amount + 1))"
 
 # The stock side kept consistent with itself (the freeze and its bucket
 # move together), so that only the order/stock difference shows.
 bucket_of_p="activity_id = $act AND ticket_type = $P_tt AND bucket_id = $P_bucket"
-inject paid_not_confirmed "$STOCK_PG_URL" \
+alone paid_not_confirmed "$STOCK_PG_URL" \
   "UPDATE stock_freeze SET state = 'FROZEN', finished_at = NULL WHERE order_id = $P;
-   UPDATE activity_ticket_bucket SET sold_count = sold_count - $P_qty, frozen_count = frozen_count + $P_qty WHERE $bucket_of_p"
-reconcile; expect_one paid_not_confirmed stock "$P" CONFIRMED FROZEN
-inject undo "$STOCK_PG_URL" \
+   UPDATE activity_ticket_bucket SET sold_count = sold_count - $P_qty, frozen_count = frozen_count + $P_qty WHERE $bucket_of_p" \
   "UPDATE stock_freeze SET state = 'CONFIRMED', finished_at = now() WHERE order_id = $P;
-   UPDATE activity_ticket_bucket SET sold_count = sold_count + $P_qty, frozen_count = frozen_count - $P_qty WHERE $bucket_of_p"
-back_to_zero paid_not_confirmed
+   UPDATE activity_ticket_bucket SET sold_count = sold_count + $P_qty, frozen_count = frozen_count - $P_qty WHERE $bucket_of_p" \
+  stock "$P" CONFIRMED FROZEN
 
 read -r U_qty U_tt U_bucket < <(q "$STOCK_PG_URL" "SELECT qty || ' ' || ticket_type || ' ' || bucket_id FROM stock_freeze WHERE order_id = $U")
-inject confirmed_not_paid "$STOCK_PG_URL" "SELECT stock_freeze_finish($U, NULL)"
-reconcile; expect_one confirmed_not_paid stock "$U" PAID UNPAID
-inject undo "$STOCK_PG_URL" \
+alone confirmed_not_paid "$STOCK_PG_URL" \
+  "SELECT stock_freeze_finish($U, NULL)" \
   "UPDATE stock_freeze SET state = 'FROZEN', finished_at = NULL WHERE order_id = $U;
    DELETE FROM stock_log WHERE order_id = $U AND op = 'confirm';
    UPDATE activity_ticket_bucket SET sold_count = sold_count - $U_qty, frozen_count = frozen_count + $U_qty
-    WHERE activity_id = $act AND ticket_type = $U_tt AND bucket_id = $U_bucket"
-back_to_zero confirmed_not_paid
+    WHERE activity_id = $act AND ticket_type = $U_tt AND bucket_id = $U_bucket" \
+  stock "$U" PAID UNPAID
 
 sold=$(q "$STOCK_PG_URL" "SELECT sold_count FROM activity_ticket_bucket WHERE $bucket_of_p")
-inject sold_count_mismatch "$STOCK_PG_URL" "UPDATE activity_ticket_bucket SET sold_count = sold_count - 1 WHERE $bucket_of_p"
-reconcile; expect_one sold_count_mismatch stock - "$sold" "$((sold - 1))" "$P_bucket"
-inject undo "$STOCK_PG_URL" "UPDATE activity_ticket_bucket SET sold_count = sold_count + 1 WHERE $bucket_of_p"
-back_to_zero sold_count_mismatch
+alone sold_count_mismatch "$STOCK_PG_URL" \
+  "UPDATE activity_ticket_bucket SET sold_count = sold_count - 1 WHERE $bucket_of_p" \
+  "UPDATE activity_ticket_bucket SET sold_count = sold_count + 1 WHERE $bucket_of_p" \
+  stock - "$sold" "$((sold - 1))" "$P_bucket"
 
 points=$((P_qty * 100))
-inject paid_without_points "$EVENTS_PG_URL" \
-  "CREATE TABLE recon_saved AS SELECT * FROM points_ledger WHERE order_id = $P; DELETE FROM points_ledger WHERE order_id = $P"
-reconcile; expect_one paid_without_points points "$P" "$points" missing
-inject undo "$EVENTS_PG_URL" "INSERT INTO points_ledger SELECT * FROM recon_saved; DROP TABLE recon_saved"
-back_to_zero paid_without_points
+alone paid_without_points "$EVENTS_PG_URL" \
+  "CREATE TABLE recon_saved AS SELECT * FROM points_ledger WHERE order_id = $P; DELETE FROM points_ledger WHERE order_id = $P" \
+  "INSERT INTO points_ledger SELECT * FROM recon_saved; DROP TABLE recon_saved" \
+  points "$P" "$points" missing
 
-inject points_not_paid "$EVENTS_PG_URL" \
-  "INSERT INTO points_ledger (order_id, user_id, activity_id, points, event_id) VALUES ($U, 1, $act, 100, 0)"
-reconcile; expect_one points_not_paid points "$U" PAID UNPAID
-inject undo "$EVENTS_PG_URL" "DELETE FROM points_ledger WHERE order_id = $U"
-back_to_zero points_not_paid
+alone points_not_paid "$EVENTS_PG_URL" \
+  "INSERT INTO points_ledger (order_id, user_id, activity_id, points, event_id) VALUES ($U, 1, $act, 100, 0)" \
+  "DELETE FROM points_ledger WHERE order_id = $U" \
+  points "$U" PAID UNPAID
 
-inject points_mismatch "$EVENTS_PG_URL" "UPDATE points_ledger SET points = points + 1 WHERE order_id = $P"
-reconcile; expect_one points_mismatch points "$P" "$points" "$((points + 1))"
-inject undo "$EVENTS_PG_URL" "UPDATE points_ledger SET points = points - 1 WHERE order_id = $P"
-back_to_zero points_mismatch
+alone points_mismatch "$EVENTS_PG_URL" \
+  "UPDATE points_ledger SET points = points + 1 WHERE order_id = $P" \
+  "UPDATE points_ledger SET points = points - 1 WHERE order_id = $P" \
+  points "$P" "$points" "$((points + 1))"
 
 # Two at once: both reported, each once.
 inject two "$ORDERS_PG_URL" "UPDATE payment_ledger SET amount_cents = amount_cents + 1 WHERE order_id = $P"

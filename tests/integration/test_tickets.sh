@@ -67,6 +67,12 @@ tickets() {
 }
 field() { python3 -c 'import json,sys; v=json.loads(sys.argv[1]).get(sys.argv[2]); print(v if v is not None else "")' "$body" "$1"; }
 bearer=(-H "Authorization: Bearer $token")
+refused() { # WANT WHAT BODY [curl args...]: adding BODY is refused with status WANT
+  local want=$1 what=$2
+  shift 2
+  tickets "$@"
+  check "$what: $want" test "$code" = "$want"
+}
 pg_stock() { q "$STOCK_PG_URL" "SELECT string_agg(stock::text, ' ' ORDER BY bucket_id) FROM activity_ticket_bucket WHERE activity_id = $A AND ticket_type = 1"; }
 redis_stock() { echo "$(rcli HGET "{act_$A}:t1:stock" stock:0) $(rcli HGET "{act_$A}:t1:stock" stock:1)"; }
 wl_len() { rcli ZCARD "{act_$A}:t1:wl"; }
@@ -85,18 +91,13 @@ check "waitlist: 11 wants 1, 12 wants 2, 13 wants 1 (202 each)" \
 check "  3 waiting" test "$(wl_len)" = 3
 
 # --- 2. refused, nothing changes ---
-tickets '{"ticket_type":1,"qty":4,"key":"add-1"}'
-check "no credential: 401" test "$code" = 401
-tickets '{"ticket_type":1,"qty":4,"key":"add-1"}' -H "Authorization: Bearer ${token}x"
-check "a wrong admin token: 401" test "$code" = 401
+refused 401 "no credential" '{"ticket_type":1,"qty":4,"key":"add-1"}'
+refused 401 "a wrong admin token" '{"ticket_type":1,"qty":4,"key":"add-1"}' -H "Authorization: Bearer ${token}x"
 tickets '{"ticket_type":1,"qty":0,"key":"add-1"}' "${bearer[@]}"
 check "qty 0: 400 ($body)" test "$code" = 400
-tickets '{"ticket_type":1,"qty":4,"key":"no spaces"}' "${bearer[@]}"
-check "a bad key: 400" test "$code" = 400
-tickets '{"ticket_type":1,"qty":4}' "${bearer[@]}"
-check "no key: 400" test "$code" = 400
-tickets '{"ticket_type":1,"qty":4,"key":"add-1","extra":' "${bearer[@]}"
-check "not JSON: 400" test "$code" = 400
+refused 400 "a bad key" '{"ticket_type":1,"qty":4,"key":"no spaces"}' "${bearer[@]}"
+refused 400 "no key" '{"ticket_type":1,"qty":4}' "${bearer[@]}"
+refused 400 "not JSON" '{"ticket_type":1,"qty":4,"key":"add-1","extra":' "${bearer[@]}"
 tickets '{"ticket_type":9,"qty":4,"key":"add-9"}' "${bearer[@]}"
 check "a ticket type without buckets: 404 no_buckets ($body)" test "$code $(field error)" = "404 no_buckets"
 check "  nothing changed: stock 1 1 in PostgreSQL and Redis, 3 waiting, no addition" \

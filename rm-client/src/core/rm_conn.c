@@ -28,6 +28,7 @@
 #include "txp_xid.h"
 
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -283,6 +284,17 @@ static void session_end(rm_conn_t *c, int reason, const char *what) {
   uv_close((uv_handle_t *)&c->tcp, on_tcp_close);
 }
 
+/* session_end for a lost connection, 'fmt' (printf) saying why. */
+static void session_lost(rm_conn_t *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void session_lost(rm_conn_t *c, const char *fmt, ...) {
+  char what[RM_ADDR_MAX + 128];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof(what), fmt, ap);
+  va_end(ap);
+  session_end(c, TXP_ECONN_LOST, what);
+}
+
 /* Encode 'm' and start writing it; no state check (registration uses it). */
 static int conn_encode(rm_conn_t *c, const txp_msg_t *m, uint64_t *wire_end) {
   size_t before = c->out.len;
@@ -309,10 +321,8 @@ static void on_write(uv_write_t *req, int status) {
   else txp_buf_reset(&c->wbuf);
   if (c->state == CONN_CLOSING || c->state == CONN_STOPPED || !c->tcp_open) return;
   if (status < 0) {
-    char what[RM_ADDR_MAX + 96];
-    snprintf(what, sizeof(what), "lost connection to coordinator \"%s\": could not write: %s",
-             c->addr, uv_strerror(status));
-    session_end(c, TXP_ECONN_LOST, what);
+    session_lost(c, "lost connection to coordinator \"%s\": could not write: %s",
+                 c->addr, uv_strerror(status));
     return;
   }
   if (c->out.len > 0) conn_flush(c);
@@ -362,10 +372,8 @@ static void send_register(rm_conn_t *c) {
   m.request_id = ++*c->o.next_request_id;
   int rc = conn_encode(c, &m, NULL);
   if (rc != 0) {
-    char what[RM_ADDR_MAX + 96];
-    snprintf(what, sizeof(what), "could not register with coordinator \"%s\": %s", c->addr,
-             txp_strerror(rc));
-    session_end(c, TXP_ECONN_LOST, what);
+    session_lost(c, "could not register with coordinator \"%s\": %s", c->addr,
+                 txp_strerror(rc));
     return;
   }
   c->reg_id = m.request_id;
@@ -469,10 +477,8 @@ static void process(rm_conn_t *c) {
       handle_frame(c, &m);
     } else if (rc == TXP_EBAD_MAGIC || rc == TXP_EBAD_VERSION || rc == TXP_EFRAME_TOO_BIG ||
                rc == TXP_EBUFFER_FULL || rc == TXP_ENOMEM) {
-      char what[RM_ADDR_MAX + 128];
-      snprintf(what, sizeof(what), "closing connection to coordinator \"%s\": %s", c->addr,
-               txp_strerror(rc));
-      session_end(c, TXP_ECONN_LOST, what);
+      session_lost(c, "closing connection to coordinator \"%s\": %s", c->addr,
+                   txp_strerror(rc));
     } else {
       c->last_rx = rm__mono_ms();
       handle_body_error(c, &m, rc);
@@ -503,10 +509,8 @@ static void on_read(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
   }
   int rc = txp_decoder_feed(c->dec, buf->base, (size_t)nread);
   if (rc != 0) {
-    char what[RM_ADDR_MAX + 96];
-    snprintf(what, sizeof(what), "closing connection to coordinator \"%s\": %s", c->addr,
-             txp_strerror(rc));
-    session_end(c, TXP_ECONN_LOST, what);
+    session_lost(c, "closing connection to coordinator \"%s\": %s", c->addr,
+                 txp_strerror(rc));
     return;
   }
   process(c);
@@ -649,10 +653,8 @@ static void on_heartbeat(uv_timer_t *t) {
   if (c->state != CONN_READY) return;
   uint64_t silent = rm__mono_ms() - c->last_rx;
   if (silent >= 2 * (uint64_t)c->o.heartbeat_ms) {
-    char what[RM_ADDR_MAX + 96];
-    snprintf(what, sizeof(what), "lost connection to coordinator \"%s\": no answer for %" PRIu64 " ms",
-             c->addr, silent);
-    session_end(c, TXP_ECONN_LOST, what);
+    session_lost(c, "lost connection to coordinator \"%s\": no answer for %" PRIu64 " ms",
+                 c->addr, silent);
     return;
   }
   txp_msg_t m;

@@ -194,13 +194,8 @@ static int finish_order(rm_client_t *c, PGconn *pg, int64_t order_id, bool cance
 
 int rm_local_order_finish(rm_client_t *c, PGconn *orders_pg, int64_t order_id) {
   char s[24];
-  int rc = rm__pf_pg_usable(orders_pg, false);
+  int rc = rm__pf_pg_order_arg(orders_pg, order_id, RM_E_INVALID, s);
   if (rc != 0) return rc;
-  if (!rm__pf_id_ok(order_id)) {
-    rm__errmsg_set("invalid argument: order id must be >= 1");
-    return RM_E_INVALID;
-  }
-  rm__pf_i64_str(s, order_id);
   const char *vals[4] = {s, "FROZEN", NULL, NULL};
   return finish_order(c, orders_pg, order_id, false, vals);
 }

@@ -397,19 +397,9 @@ int rm_prefilter_stock_add(rm_prefilter_t *pf, int64_t activity_id, int32_t tick
 
 static void counts_get(rm_prefilter_t *pf, rm_pf_op_t op, rm_pf_counts_t *c) {
   atomic_uint_fast64_t *v = pf->counts[op];
-  c->ok = atomic_load(&v[RM_PF_C_OK]);
-  c->not_on_sale = atomic_load(&v[RM_PF_C_NOT_ON_SALE]);
-  c->over_limit = atomic_load(&v[RM_PF_C_OVER_LIMIT]);
-  c->sold_out = atomic_load(&v[RM_PF_C_SOLD_OUT]);
-  c->bad_args = atomic_load(&v[RM_PF_C_BAD_ARGS]);
-  c->not_loaded = atomic_load(&v[RM_PF_C_NOT_LOADED]);
-  c->already_confirmed = atomic_load(&v[RM_PF_C_ALREADY_CONFIRMED]);
-  c->already_released = atomic_load(&v[RM_PF_C_ALREADY_RELEASED]);
-  c->unknown_order = atomic_load(&v[RM_PF_C_UNKNOWN_ORDER]);
-  c->already_waiting = atomic_load(&v[RM_PF_C_ALREADY_WAITING]);
-  c->unknown_outcome = atomic_load(&v[RM_PF_C_UNKNOWN_OUTCOME]);
-  c->not_sent = atomic_load(&v[RM_PF_C_NOT_SENT]);
-  c->error = atomic_load(&v[RM_PF_C_ERROR]);
+#define RM_PF_COUNTER_LOAD(name, field) c->field = atomic_load(&v[RM_PF_C_##name]);
+  RM_PF_COUNTERS(RM_PF_COUNTER_LOAD)
+#undef RM_PF_COUNTER_LOAD
 }
 
 void rm_prefilter_stats(rm_prefilter_t *pf, rm_pf_stats_t *out) {

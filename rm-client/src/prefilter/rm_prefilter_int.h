@@ -25,21 +25,20 @@ typedef enum {
   RM_PF_OP__COUNT
 } rm_pf_op_t;
 
-/* Results counted (the fields of rm_pf_counts_t, in order). */
+/* Results counted: X(NAME, field) for counter RM_PF_C_NAME and its field
+ * of rm_pf_counts_t, in the struct's order.  One list, so that the enum
+ * and the copy into rm_pf_counts_t (rm_prefilter_stats) cannot drift. */
+#define RM_PF_COUNTERS(X)                                                                                       \
+  X(OK, ok) X(NOT_ON_SALE, not_on_sale) X(OVER_LIMIT, over_limit) X(SOLD_OUT, sold_out)                         \
+  X(BAD_ARGS, bad_args) X(NOT_LOADED, not_loaded) X(ALREADY_CONFIRMED, already_confirmed)                       \
+  X(ALREADY_RELEASED, already_released) X(UNKNOWN_ORDER, unknown_order)                                         \
+  X(ALREADY_WAITING, already_waiting) X(UNKNOWN_OUTCOME, unknown_outcome) X(NOT_SENT, not_sent)                 \
+  X(ERROR, error)
+
 typedef enum {
-  RM_PF_C_OK = 0,
-  RM_PF_C_NOT_ON_SALE,
-  RM_PF_C_OVER_LIMIT,
-  RM_PF_C_SOLD_OUT,
-  RM_PF_C_BAD_ARGS,
-  RM_PF_C_NOT_LOADED,
-  RM_PF_C_ALREADY_CONFIRMED,
-  RM_PF_C_ALREADY_RELEASED,
-  RM_PF_C_UNKNOWN_ORDER,
-  RM_PF_C_ALREADY_WAITING,
-  RM_PF_C_UNKNOWN_OUTCOME,
-  RM_PF_C_NOT_SENT,
-  RM_PF_C_ERROR,
+#define RM_PF_COUNTER_ENUM(name, field) RM_PF_C_##name,
+  RM_PF_COUNTERS(RM_PF_COUNTER_ENUM)
+#undef RM_PF_COUNTER_ENUM
   RM_PF_C__COUNT
 } rm_pf_count_t;
 

@@ -333,9 +333,21 @@ static int elem_i64(const redisReply *e, int64_t *v) {
   return rm__pf_parse_i64(e->str, e->len, v);
 }
 
+/* One 4-tuple of a fill or expire reply: two ids, then two integers. */
+typedef struct reply_quad {
+  int64_t id[2];
+  long long qty, bucket;
+} reply_quad_t;
+
+/* Checks quad 'q' and stores what it says as entry 'i' of 'out';
+ * RM_PF_E_REPLY when it is out of range. */
+typedef int (*quad_store_fn)(const reply_quad_t *q, void *out, size_t i);
+
 /* Common shape of fill and expire replies: an array of 4-tuples
- * (id, id, integer, integer) or an integer code. */
-static int parse_quads(const redisReply *r, size_t cap, size_t *n, char *err, size_t errlen) {
+ * (id, id, integer, integer), each given to 'store', or an integer code.
+ * '*n' counts the entries stored, 0 unless all of them were. */
+static int parse_quads(const redisReply *r, size_t cap, size_t *n, char *err, size_t errlen, quad_store_fn store,
+                       void *out) {
   *n = 0;
   if (!r) return RM_PF_E_REPLY;
   if (r->type == REDIS_REPLY_ERROR) return reply_error(r, err, errlen);
@@ -349,58 +361,56 @@ static int parse_quads(const redisReply *r, size_t cap, size_t *n, char *err, si
     if (r->element[i + 2]->type != REDIS_REPLY_INTEGER ||
         r->element[i + 3]->type != REDIS_REPLY_INTEGER)
       return RM_PF_E_REPLY;
+  for (size_t i = 0; i < r->elements / 4; i++) {
+    const redisReply *const *e = (const redisReply *const *)r->element + 4 * i;
+    reply_quad_t q = {.qty = e[2]->integer, .bucket = e[3]->integer};
+    if (elem_i64(e[0], &q.id[0]) != 0 || elem_i64(e[1], &q.id[1]) != 0 || store(&q, out, i) != 0)
+      return RM_PF_E_REPLY;
+  }
   *n = r->elements / 4;
+  return 0;
+}
+
+/* A fill quad: (user, order, qty, bucket), the bucket -2 or -4 (a code)
+ * when the user got nothing. */
+static int store_fill(const reply_quad_t *q, void *out, size_t i) {
+  rm_pf_fill_t f = {.user_id = q->id[0], .order_id = q->id[1]};
+  if (f.user_id < 1 || f.order_id < 0 || q->qty < 0 || q->qty > RM_PF_MAX_QTY || q->bucket > INT32_MAX)
+    return RM_PF_E_REPLY;
+  f.qty = (int32_t)q->qty;
+  if (q->bucket >= 0) {
+    if (f.order_id < 1) return RM_PF_E_REPLY;
+    f.bucket = (int32_t)q->bucket;
+    f.code = 0;
+  } else {
+    if (q->bucket != -2 && q->bucket != -4) return RM_PF_E_REPLY;
+    f.bucket = -1;
+    f.code = rm__pf_code_from_lua(q->bucket);
+  }
+  ((rm_pf_fill_t *)out)[i] = f;
   return 0;
 }
 
 int rm__pf_parse_fill(const redisReply *r, rm_pf_fill_t *out, size_t cap, size_t *n, char *err,
                       size_t errlen) {
-  size_t cnt;
-  int rc = parse_quads(r, cap, &cnt, err, errlen);
-  *n = 0;
-  if (rc != 0) return rc;
-  for (size_t i = 0; i < cnt; i++) {
-    const redisReply *const *e = (const redisReply *const *)r->element + 4 * i;
-    rm_pf_fill_t f;
-    long long qty = e[2]->integer, b = e[3]->integer;
-    if (elem_i64(e[0], &f.user_id) != 0 || elem_i64(e[1], &f.order_id) != 0 || f.user_id < 1 ||
-        f.order_id < 0 || qty < 0 || qty > RM_PF_MAX_QTY || b > INT32_MAX)
-      return RM_PF_E_REPLY;
-    f.qty = (int32_t)qty;
-    if (b >= 0) {
-      if (f.order_id < 1) return RM_PF_E_REPLY;
-      f.bucket = (int32_t)b;
-      f.code = 0;
-    } else {
-      if (b != -2 && b != -4) return RM_PF_E_REPLY;
-      f.bucket = -1;
-      f.code = rm__pf_code_from_lua(b);
-    }
-    out[i] = f;
-  }
-  *n = cnt;
+  return parse_quads(r, cap, n, err, errlen, store_fill, out);
+}
+
+/* An expire quad: (order, user, qty, bucket). */
+static int store_expired(const reply_quad_t *q, void *out, size_t i) {
+  rm_pf_expired_t x = {.order_id = q->id[0], .user_id = q->id[1]};
+  if (x.order_id < 1 || x.user_id < 1 || q->qty < 1 || q->qty > RM_PF_MAX_QTY || q->bucket < 0 ||
+      q->bucket > INT32_MAX)
+    return RM_PF_E_REPLY;
+  x.qty = (int32_t)q->qty;
+  x.bucket = (int32_t)q->bucket;
+  ((rm_pf_expired_t *)out)[i] = x;
   return 0;
 }
 
 int rm__pf_parse_expired(const redisReply *r, rm_pf_expired_t *out, size_t cap, size_t *n,
                          char *err, size_t errlen) {
-  size_t cnt;
-  int rc = parse_quads(r, cap, &cnt, err, errlen);
-  *n = 0;
-  if (rc != 0) return rc;
-  for (size_t i = 0; i < cnt; i++) {
-    const redisReply *const *e = (const redisReply *const *)r->element + 4 * i;
-    rm_pf_expired_t x;
-    long long qty = e[2]->integer, b = e[3]->integer;
-    if (elem_i64(e[0], &x.order_id) != 0 || elem_i64(e[1], &x.user_id) != 0 || x.order_id < 1 ||
-        x.user_id < 1 || qty < 1 || qty > RM_PF_MAX_QTY || b < 0 || b > INT32_MAX)
-      return RM_PF_E_REPLY;
-    x.qty = (int32_t)qty;
-    x.bucket = (int32_t)b;
-    out[i] = x;
-  }
-  *n = cnt;
-  return 0;
+  return parse_quads(r, cap, n, err, errlen, store_expired, out);
 }
 
 /* ------------------------------------------------------------ backoff --- */

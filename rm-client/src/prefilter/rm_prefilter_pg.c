@@ -61,6 +61,17 @@ int rm__pf_pg_usable(PGconn *pg, bool need_idle) {
   return code;
 }
 
+int rm__pf_pg_order_arg(PGconn *pg, int64_t order_id, int invalid_rc, char text[24]) {
+  int rc = rm__pf_pg_usable(pg, false);
+  if (rc != 0) return rc;
+  if (!rm__pf_id_ok(order_id)) {
+    rm__errmsg_set("invalid argument: order id must be >= 1");
+    return invalid_rc;
+  }
+  rm__pf_i64_str(text, order_id);
+  return 0;
+}
+
 PGresult *rm__pf_pg_exec(PGconn *pg, const char *what, const char *sql, int n, const char *const *vals) {
   PGresult *res = PQexecParams(pg, sql, n, NULL, vals, NULL, NULL, 0);
   ExecStatusType st = PQresultStatus(res);
@@ -138,13 +149,8 @@ static int pg_finish(PGconn *pg, int64_t order_id, const char *reason) {
   char s[24];
   const char *vals[2] = {s, reason};
   int64_t code;
-  int rc = rm__pf_pg_usable(pg, false);
+  int rc = rm__pf_pg_order_arg(pg, order_id, RM_PF_BAD_ARGS, s);
   if (rc != 0) return rc;
-  if (!rm__pf_id_ok(order_id)) {
-    rm__errmsg_set("invalid argument: order id must be >= 1");
-    return RM_PF_BAD_ARGS;
-  }
-  rm__pf_i64_str(s, order_id);
   rc = pg_call_code(pg, "SELECT stock_freeze_finish($1::bigint, $2::text)", 2, vals, &code);
   if (rc != 0) return rc;
   rc = code_from_sql(code);
@@ -215,15 +221,23 @@ typedef struct kvlist {
   size_t n, cap;
 } kvlist_t;
 
+/* The array 'v' of '*cap' elements of 'size' bytes, 'n' of them used,
+ * with room for one more: as it is, or reallocated to twice its capacity
+ * ('first' elements the first time).  NULL (and 'v' untouched) when out
+ * of memory. */
+static void *room_for_one(void *v, size_t n, size_t *cap, size_t size, size_t first) {
+  if (n < *cap) return v;
+  size_t grown = *cap ? *cap * 2 : first;
+  void *nv = realloc(v, grown * size);
+  if (nv) *cap = grown;
+  return nv;
+}
+
 static int kv_add(kvlist_t *l, const char *field, const char *value) {
   if (!field || !value) return -1;
-  if (l->n == l->cap) {
-    size_t cap = l->cap ? l->cap * 2 : 16;
-    kv_t *v = realloc(l->v, cap * sizeof(*v));
-    if (!v) return -1;
-    l->v = v;
-    l->cap = cap;
-  }
+  kv_t *v = room_for_one(l->v, l->n, &l->cap, sizeof(*v), 16);
+  if (!v) return -1;
+  l->v = v;
   l->v[l->n].field = field;
   l->v[l->n].value = value;
   l->n++;
@@ -265,13 +279,9 @@ typedef struct changes {
 
 static int change_add(changes_t *c, change_kind_t kind, change_cat_t cat, const char *key,
                       const char *field, const char *old_value, const char *new_value) {
-  if (c->n == c->cap) {
-    size_t cap = c->cap ? c->cap * 2 : 64;
-    change_t *v = realloc(c->v, cap * sizeof(*v));
-    if (!v) return -1;
-    c->v = v;
-    c->cap = cap;
-  }
+  change_t *v = room_for_one(c->v, c->n, &c->cap, sizeof(*v), 64);
+  if (!v) return -1;
+  c->v = v;
   c->v[c->n++] = (change_t){kind, cat, key, field, old_value, new_value};
   return 0;
 }
