@@ -105,6 +105,7 @@
 #include "tc_log.h"
 #include "tc_parts.h"
 #include "tc_pg.h"
+#include "tc_sql_array.h"
 #include "txc_failpoint.h"
 #include "txp_lockkey.h"
 #include "txp_status.h"
@@ -193,53 +194,6 @@ typedef struct batch {
 } batch_t;
 
 static void schedule_flush(tc_store_t *st);
-
-/* ------------------------------------------------------------ text arrays */
-
-typedef struct {
-  txp_buf_t b;
-  int n;
-  int failed;
-  int ended;
-} arr_t;
-
-static void arr_init(arr_t *a) {
-  txp_buf_init(&a->b, 0);
-  a->n = 0;
-  a->ended = 0;
-  a->failed = txp_buf_append(&a->b, "{", 1) != 0;
-}
-
-static void arr_add(arr_t *a, const char *v) {
-  if (a->failed) return;
-  int rc = a->n++ ? txp_buf_append(&a->b, ",", 1) : 0;
-  if (!v) {
-    if (!rc) rc = txp_buf_append(&a->b, "NULL", 4);
-  } else {
-    if (!rc) rc = txp_buf_append(&a->b, "\"", 1);
-    for (const char *p = v; *p && !rc; p++) {
-      if (*p == '"' || *p == '\\') rc = txp_buf_append(&a->b, "\\", 1);
-      if (!rc) rc = txp_buf_append(&a->b, p, 1);
-    }
-    if (!rc) rc = txp_buf_append(&a->b, "\"", 1);
-  }
-  a->failed = rc != 0;
-}
-
-static void arr_add_i64(arr_t *a, int64_t v) {
-  char tmp[32];
-  snprintf(tmp, sizeof(tmp), "%" PRId64, v);
-  arr_add(a, tmp);
-}
-
-/* Close the literal (once) and return it. */
-static const char *arr_end(arr_t *a) {
-  if (!a->failed && !a->ended) a->failed = txp_buf_append(&a->b, "}", 1) != 0;
-  a->ended = 1;
-  return a->failed ? NULL : a->b.data;
-}
-
-static void arr_free(arr_t *a) { txp_buf_free(&a->b); }
 
 /* -------------------------------------------------------------- results */
 
@@ -403,31 +357,11 @@ static int cmp_op_xid(const void *a, const void *b) {
   return x->id < y->id ? -1 : x->id > y->id;
 }
 
-typedef struct {
-  arr_t *item, *row, *table, *pk;
-  int index;
-  const char *resource;
-  int failed;
-} lock_rows_ctx_t;
-
-static int add_lock_row(const txp_lockkey_t *k, void *arg) {
-  lock_rows_ctx_t *c = arg;
-  char row[TXP_MAX_ROW_KEY_LEN + 1], table[TXP_MAX_ROW_KEY_LEN + 1], pk[TXP_MAX_ROW_KEY_LEN + 1];
-  if (txp_row_key(c->resource, k, row, sizeof(row)) < 0) return TXP_EFIELD_TOO_LONG;
-  snprintf(table, sizeof(table), "%.*s", (int)k->table_len, k->table);
-  snprintf(pk, sizeof(pk), "%.*s", (int)k->pk_len, k->pk);
-  arr_add_i64(c->item, c->index);
-  arr_add(c->row, row);
-  arr_add(c->table, table);
-  arr_add(c->pk, pk);
-  return 0;
-}
-
-static int add_stmt(tc_pg_job_t *job, const char *name, const char *sql, arr_t *arrs, int narrs,
+static int add_stmt(tc_pg_job_t *job, const char *name, const char *sql, tc_sql_array_t *arrs, int narrs,
                     const char *const *extra, int nextra) {
   const char *vals[16];
   for (int i = 0; i < narrs; i++) {
-    vals[i] = arr_end(&arrs[i]);
+    vals[i] = tc_sql_array_end(&arrs[i]);
     if (!vals[i]) return -1;
   }
   for (int i = 0; i < nextra; i++) vals[narrs + i] = extra[i];
@@ -436,15 +370,15 @@ static int add_stmt(tc_pg_job_t *job, const char *name, const char *sql, arr_t *
 
 /* A batch statement's builder: it fills the arrays 'a' from the batch's
  * ops and adds its statement over them to 'job'. */
-typedef int (*build_fn)(tc_store_t *st, batch_t *b, tc_pg_job_t *job, arr_t *a);
+typedef int (*build_fn)(tc_store_t *st, batch_t *b, tc_pg_job_t *job, tc_sql_array_t *a);
 
 /* Run 'build' with 'narrs' fresh arrays (at most 14, tc_register_batch's),
  * freed once its statement is in the job. */
 static int build_with_arrays(tc_store_t *st, batch_t *b, tc_pg_job_t *job, int narrs, build_fn build) {
-  arr_t a[14];
-  for (int i = 0; i < narrs; i++) arr_init(&a[i]);
+  tc_sql_array_t a[14];
+  for (int i = 0; i < narrs; i++) tc_sql_array_init(&a[i]);
   int rc = build(st, b, job, a);
-  for (int i = 0; i < narrs; i++) arr_free(&a[i]);
+  for (int i = 0; i < narrs; i++) tc_sql_array_free(&a[i]);
   return rc;
 }
 
@@ -459,18 +393,18 @@ static int begin_parts(const batch_t *b) {
 }
 
 /* One item of tc_begin_batch's arrays. */
-static void begin_item(arr_t *a, const char *xid, int64_t txid, uint32_t timeout_ms, const char *name,
+static void begin_item(tc_sql_array_t *a, const char *xid, int64_t txid, uint32_t timeout_ms, const char *name,
                        const char *app_id, const char *group, const char *idem_key) {
-  arr_add(&a[0], xid);
-  arr_add_i64(&a[1], txid);
-  arr_add_i64(&a[2], timeout_ms);
-  arr_add(&a[3], name);
-  arr_add(&a[4], app_id);
-  arr_add(&a[5], group);
-  arr_add(&a[6], idem_key);
+  tc_sql_array_add(&a[0], xid);
+  tc_sql_array_add_i64(&a[1], txid);
+  tc_sql_array_add_i64(&a[2], timeout_ms);
+  tc_sql_array_add(&a[3], name);
+  tc_sql_array_add(&a[4], app_id);
+  tc_sql_array_add(&a[5], group);
+  tc_sql_array_add(&a[6], idem_key);
 }
 
-static int build_begin(tc_store_t *st, batch_t *b, tc_pg_job_t *job, arr_t *a) {
+static int build_begin(tc_store_t *st, batch_t *b, tc_pg_job_t *job, tc_sql_array_t *a) {
   for (int i = 0; i < b->count[TC_OP_BEGIN]; i++) {
     tc_op_t *op = b->by_kind[TC_OP_BEGIN][i];
     begin_item(a, op->xid, op->id, op->timeout_ms, op->name, op->app_id, op->group, op->idem_key);
@@ -491,23 +425,23 @@ static int build_begin(tc_store_t *st, batch_t *b, tc_pg_job_t *job, arr_t *a) {
                   a, 7, extra, 1);
 }
 
-static int build_register(tc_store_t *st, batch_t *b, tc_pg_job_t *job, arr_t *a) {
+static int build_register(tc_store_t *st, batch_t *b, tc_pg_job_t *job, tc_sql_array_t *a) {
   int rc = 0;
   for (int i = 0; i < b->count[TC_OP_REGISTER] && rc == 0; i++) {
     tc_op_t *op = b->by_kind[TC_OP_REGISTER][i];
-    arr_add(&a[0], op->xid);
-    arr_add_i64(&a[1], op->id);
-    arr_add(&a[2], op->resource_id);
-    arr_add_i64(&a[3], op->branch_type);
-    arr_add(&a[4], op->lock_keys);
-    arr_add(&a[5], op->app_data);
-    arr_add(&a[6], op->client_id);
-    arr_add(&a[7], op->idem_key);
-    arr_add(&a[8], op->app_id);
-    arr_add(&a[9], op->group);
+    tc_sql_array_add(&a[0], op->xid);
+    tc_sql_array_add_i64(&a[1], op->id);
+    tc_sql_array_add(&a[2], op->resource_id);
+    tc_sql_array_add_i64(&a[3], op->branch_type);
+    tc_sql_array_add(&a[4], op->lock_keys);
+    tc_sql_array_add(&a[5], op->app_data);
+    tc_sql_array_add(&a[6], op->client_id);
+    tc_sql_array_add(&a[7], op->idem_key);
+    tc_sql_array_add(&a[8], op->app_id);
+    tc_sql_array_add(&a[9], op->group);
     if (op->lock_keys && op->lock_keys[0]) {
-      lock_rows_ctx_t c = {&a[10], &a[11], &a[12], &a[13], i + 1, op->resource_id, 0};
-      if (txp_lockkeys_each(op->lock_keys, (size_t)st->max_lock_keys, add_lock_row, &c) < 0)
+      tc_lock_rows_t c = {&a[10], &a[11], &a[12], &a[13], i + 1, op->resource_id};
+      if (txp_lockkeys_each(op->lock_keys, (size_t)st->max_lock_keys, tc_lock_rows_add, &c) < 0)
         rc = -1; /* validated by the caller: only a bug gets here */
     }
   }
@@ -537,14 +471,14 @@ static int build_register(tc_store_t *st, batch_t *b, tc_pg_job_t *job, arr_t *a
   "SELECT xid, branch_id, branch_type, status, resource_id, client_id, phase2_sync, " \
   "application_id, app_group FROM tc_decide_lock($1::text[])"
 
-static int build_decide(tc_store_t *st, batch_t *b, tc_pg_job_t *job, arr_t *a) {
+static int build_decide(tc_store_t *st, batch_t *b, tc_pg_job_t *job, tc_sql_array_t *a) {
   static const char *const action_words[] = {"commit", "rollback", "timeout"};
   for (int i = 0; i < b->count[TC_OP_DECIDE]; i++) {
     tc_op_t *op = b->by_kind[TC_OP_DECIDE][i];
-    arr_add(&a[0], op->xid);
-    arr_add(&a[1], action_words[op->action]);
-    arr_add(&a[2], op->group ? op->app_id : NULL);
-    arr_add(&a[3], op->group);
+    tc_sql_array_add(&a[0], op->xid);
+    tc_sql_array_add(&a[1], action_words[op->action]);
+    tc_sql_array_add(&a[2], op->group ? op->app_id : NULL);
+    tc_sql_array_add(&a[3], op->group);
   }
   char lease[16];
   snprintf(lease, sizeof(lease), "%d", st->lease_ms);
@@ -552,7 +486,7 @@ static int build_decide(tc_store_t *st, batch_t *b, tc_pg_job_t *job, arr_t *a) 
   /* First the globals' lock and their branches (tc_decide_lock): a
    * decision may delete them (an AT commit is finished at once, sql/tc/010),
    * and tcd still tells each branch. */
-  const char *xids = arr_end(&a[0]);
+  const char *xids = tc_sql_array_end(&a[0]);
   int rc = -1;
   if (xids) {
     const char *v[] = {xids};
@@ -566,18 +500,18 @@ static int build_decide(tc_store_t *st, batch_t *b, tc_pg_job_t *job, arr_t *a) 
   return rc;
 }
 
-static int build_phase2(tc_store_t *st, batch_t *b, tc_pg_job_t *job, arr_t *a) {
+static int build_phase2(tc_store_t *st, batch_t *b, tc_pg_job_t *job, tc_sql_array_t *a) {
   for (int i = 0; i < b->count[TC_OP_PHASE2]; i++) {
     tc_op_t *op = b->by_kind[TC_OP_PHASE2][i];
-    arr_add(&a[0], op->xid);
-    arr_add_i64(&a[1], op->id);
-    arr_add_i64(&a[2], op->branch_status);
-    arr_add(&a[3], op->error);
+    tc_sql_array_add(&a[0], op->xid);
+    tc_sql_array_add_i64(&a[1], op->id);
+    tc_sql_array_add_i64(&a[2], op->branch_status);
+    tc_sql_array_add(&a[3], op->error);
     /* A report (the caller's identity given) is checked; phase-two
      * outcomes, the coordinator's own, are not. */
-    arr_add(&a[4], op->group ? op->app_id : NULL);
-    arr_add(&a[5], op->group ? op->client_id : NULL);
-    arr_add(&a[6], op->group);
+    tc_sql_array_add(&a[4], op->group ? op->app_id : NULL);
+    tc_sql_array_add(&a[5], op->group ? op->client_id : NULL);
+    tc_sql_array_add(&a[6], op->group);
   }
   char rmin[16], rmax[16];
   snprintf(rmin, sizeof(rmin), "%d", st->retry_min_ms);
@@ -848,26 +782,26 @@ typedef struct resolve_stmt {
   tc_op_kind_t kind;
   const char *name, *sql;
   int narrs;
-  void (*items)(const batch_t *r, arr_t *a);
+  void (*items)(const batch_t *r, tc_sql_array_t *a);
 } resolve_stmt_t;
 
-static void resolve_begin_items(const batch_t *r, arr_t *a) {
-  for (int i = 0; i < r->count[TC_OP_BEGIN]; i++) arr_add(&a[0], r->by_kind[TC_OP_BEGIN][i]->xid);
+static void resolve_begin_items(const batch_t *r, tc_sql_array_t *a) {
+  for (int i = 0; i < r->count[TC_OP_BEGIN]; i++) tc_sql_array_add(&a[0], r->by_kind[TC_OP_BEGIN][i]->xid);
 }
 
-static void resolve_register_items(const batch_t *r, arr_t *a) {
+static void resolve_register_items(const batch_t *r, tc_sql_array_t *a) {
   for (int i = 0; i < r->count[TC_OP_REGISTER]; i++) {
-    arr_add(&a[0], r->by_kind[TC_OP_REGISTER][i]->xid);
-    arr_add_i64(&a[1], r->by_kind[TC_OP_REGISTER][i]->id);
+    tc_sql_array_add(&a[0], r->by_kind[TC_OP_REGISTER][i]->xid);
+    tc_sql_array_add_i64(&a[1], r->by_kind[TC_OP_REGISTER][i]->id);
   }
 }
 
-static void resolve_decide_items(const batch_t *r, arr_t *a) {
+static void resolve_decide_items(const batch_t *r, tc_sql_array_t *a) {
   for (int i = 0; i < r->count[TC_OP_DECIDE]; i++) {
     const tc_op_t *op = r->by_kind[TC_OP_DECIDE][i];
-    arr_add(&a[0], op->xid);
-    arr_add(&a[1], op->group ? op->app_id : NULL);
-    arr_add(&a[2], op->group);
+    tc_sql_array_add(&a[0], op->xid);
+    tc_sql_array_add(&a[1], op->group ? op->app_id : NULL);
+    tc_sql_array_add(&a[2], op->group);
   }
 }
 
@@ -895,17 +829,17 @@ static const resolve_stmt_t resolve_stmts[] = {
  * (r->stmt_index); DECIDE's is followed by the branches of its xids
  * (r->branches_stmt), which the reading hands back with the decisions. */
 static int add_resolve_stmt(tc_pg_job_t *job, batch_t *r, const resolve_stmt_t *s, int *stmt) {
-  arr_t a[3];
-  for (int i = 0; i < 3; i++) arr_init(&a[i]);
+  tc_sql_array_t a[3];
+  for (int i = 0; i < 3; i++) tc_sql_array_init(&a[i]);
   s->items(r, a);
   r->stmt_index[s->kind] = (*stmt)++;
   if (s->kind == TC_OP_DECIDE) r->branches_stmt = (*stmt)++;
   int rc = add_stmt(job, s->name, s->sql, a, s->narrs, NULL, 0);
   if (rc == 0 && s->kind == TC_OP_DECIDE) {
-    const char *v[] = {arr_end(&a[0])};
+    const char *v[] = {tc_sql_array_end(&a[0])};
     rc = tc_pg_job_add_prepared(job, "tc_decide_branches", SQL_DECIDE_BRANCHES, 1, v);
   }
-  for (int i = 0; i < 3; i++) arr_free(&a[i]);
+  for (int i = 0; i < 3; i++) tc_sql_array_free(&a[i]);
   return rc;
 }
 

@@ -30,6 +30,7 @@
 #include <string.h>
 
 #include "tc_pg.h"
+#include "tc_sql_array.h"
 #include "txp_lockkey.h"
 #include "txp_msg.h"
 
@@ -408,45 +409,25 @@ int tc_read_branch_data(tc_store_t *st, const char *xid, int64_t branch_id, unsi
               deadline_ms);
 }
 
-/* Row keys of the lock keys of 'resource' as a PostgreSQL text[] literal. */
-typedef struct {
-  txp_buf_t buf;
-  const char *resource;
-  int n;
-} rowkeys_t;
-
-static int add_rowkey(const txp_lockkey_t *k, void *arg) {
-  rowkeys_t *rk = arg;
-  char row[TXP_MAX_ROW_KEY_LEN + 1];
-  if (txp_row_key(rk->resource, k, row, sizeof(row)) < 0) return TXP_EFIELD_TOO_LONG;
-  /* Escape for the text[] literal: key parts may hold '"' or '\\'. */
-  int rc = rk->n ? txp_buf_append(&rk->buf, ",\"", 2) : txp_buf_append(&rk->buf, "\"", 1);
-  rk->n++;
-  for (const char *p = row; *p && !rc; p++) {
-    if (*p == '"' || *p == '\\') rc = txp_buf_append(&rk->buf, "\\", 1);
-    if (!rc) rc = txp_buf_append(&rk->buf, p, 1);
-  }
-  if (!rc) rc = txp_buf_append(&rk->buf, "\"", 1);
-  return rc;
-}
-
 int tc_read_lock_holder(tc_store_t *st, const char *resource_id, const char *lock_keys, size_t max_keys,
                         const char *xid, unsigned deadline_ms, tc_read_holder_cb cb, void *arg) {
-  rowkeys_t rk = {.resource = resource_id};
-  txp_buf_init(&rk.buf, 0);
-  int rc = txp_buf_append(&rk.buf, "{", 1) == 0 ? 0 : TC_READ_ENOMEM;
+  /* The row keys of the lock keys, as a text[] literal. */
+  tc_sql_array_t rows;
+  tc_sql_array_init(&rows);
+  tc_lock_rows_t want = {.row = &rows, .resource = resource_id};
+  int n = txp_lockkeys_each(lock_keys, max_keys, tc_lock_rows_add, &want), rc = 0;
+  const char *row_keys = n < 0 ? NULL : tc_sql_array_end(&rows);
+  if (n < 0 && n != TXP_ENOMEM)
+    rc = TC_READ_EINVAL;
+  else if (!row_keys)
+    rc = TC_READ_ENOMEM;
   if (rc == 0) {
-    int n = txp_lockkeys_each(lock_keys, max_keys, add_rowkey, &rk);
-    if (n < 0) rc = n == TXP_ENOMEM ? TC_READ_ENOMEM : TC_READ_EINVAL;
-  }
-  if (rc == 0 && txp_buf_append(&rk.buf, "}", 1) != 0) rc = TC_READ_ENOMEM;
-  if (rc == 0) {
-    const char *v[] = {rk.buf.data, xid ? xid : ""};
+    const char *v[] = {row_keys, xid ? xid : ""};
     /* the holder: an xid, never SQL NULL */
     rc = run1(st, NULL, RD(holder, cb, arg), answer_first_value,
               "SELECT xid FROM lock_table WHERE row_key = ANY($1::text[]) AND xid <> $2 LIMIT 1", 2, v, deadline_ms);
   }
-  txp_buf_free(&rk.buf);
+  tc_sql_array_free(&rows);
   return rc;
 }
 
