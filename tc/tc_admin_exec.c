@@ -198,16 +198,19 @@ static void on_globals(int status, const char *err, const tc_read_global_t *rows
   finish(x, list_answer("globals", list, n, limit));
 }
 
-static void exec_show_globals(exec_t *x) {
-  const tc_adm_cmd_t *c = &x->req->cmd;
-  tc_read_globals_filter_t f = {
+/* What a "show globals" or "show history" command keeps. */
+static tc_read_list_filter_t list_filter(const tc_adm_cmd_t *c) {
+  return (tc_read_list_filter_t){
     .statuses = c->statuses,
     .nstatuses = c->nstatuses,
-    .has_min_age = c->has_min_age,
-    .min_age_s = c->min_age_s,
     .name = c->has_name ? c->name : NULL,
     .limit = c->limit + 1, /* one more: truncated? */
   };
+}
+
+static void exec_show_globals(exec_t *x) {
+  const tc_adm_cmd_t *c = &x->req->cmd;
+  tc_read_globals_filter_t f = {.list = list_filter(c), .has_min_age = c->has_min_age, .min_age_s = c->min_age_s};
   sent_or_finish(x, tc_read_globals(x->ctx->store, &f, READ_DEADLINE_MS, on_globals, x));
 }
 
@@ -233,15 +236,12 @@ static void exec_show_history(exec_t *x) {
   clock_gettime(CLOCK_REALTIME, &ts);
   double now = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
   tc_read_history_filter_t f = {
+    .list = list_filter(c),
     .xid = c->has_xid ? c->xid : NULL,
-    .statuses = c->statuses,
-    .nstatuses = c->nstatuses,
-    .name = c->has_name ? c->name : NULL,
     .has_since = c->since.set,
     .since_unix = tc_adm_time_unix(&c->since, now),
     .has_until = c->until.set,
     .until_unix = tc_adm_time_unix(&c->until, now),
-    .limit = c->limit + 1, /* one more: truncated? */
   };
   sent_or_finish(x, tc_read_history(x->ctx->store, &f, READ_DEADLINE_MS, on_history, x));
 }

@@ -479,14 +479,28 @@ static const char *status_array(const int *statuses, int n, char *buf, size_t ca
   return buf;
 }
 
+/* The parameters of a list filter: its statuses as an array literal and
+ * its limit. */
+typedef struct list_params {
+  char literal[64 * 8];
+  const char *statuses; /* NULL: any */
+  param_text_t limit;
+} list_params_t;
+
+/* 0, or TC_READ_EINVAL: too many statuses for the literal. */
+static int list_params(const tc_read_list_filter_t *f, list_params_t *p) {
+  bool too_long;
+  p->statuses = status_array(f->statuses, f->nstatuses, p->literal, sizeof(p->literal), &too_long);
+  p->limit = int_text(f->limit);
+  return too_long ? TC_READ_EINVAL : 0;
+}
+
 int tc_read_globals(tc_store_t *st, const tc_read_globals_filter_t *f, unsigned deadline_ms, tc_read_globals_cb cb,
                     void *arg) {
-  char statuses[64 * 8];
-  bool too_long;
-  param_text_t age = seconds_text(f->min_age_s), limit = int_text(f->limit);
-  const char *v[] = {status_array(f->statuses, f->nstatuses, statuses, sizeof(statuses), &too_long),
-                     f->has_min_age ? age.text : NULL, f->name, limit.text};
-  if (too_long) return TC_READ_EINVAL;
+  list_params_t list;
+  if (list_params(&f->list, &list) != 0) return TC_READ_EINVAL;
+  param_text_t age = seconds_text(f->min_age_s);
+  const char *v[] = {list.statuses, f->has_min_age ? age.text : NULL, f->list.name, list.limit.text};
   return read_rows(st, ROWS_GLOBALS, RD(globals, cb, arg),
                    "SELECT " GLOBAL_COLS " FROM global_table g "
                    "WHERE ($1::smallint[] IS NULL OR g.status = ANY ($1::smallint[])) "
@@ -498,16 +512,11 @@ int tc_read_globals(tc_store_t *st, const tc_read_globals_filter_t *f, unsigned 
 
 int tc_read_history(tc_store_t *st, const tc_read_history_filter_t *f, unsigned deadline_ms, tc_read_history_cb cb,
                     void *arg) {
-  char statuses[64 * 8];
-  bool too_long;
-  param_text_t since = seconds_text(f->since_unix), until = seconds_text(f->until_unix), limit = int_text(f->limit);
-  const char *v[] = {f->xid,
-                     status_array(f->statuses, f->nstatuses, statuses, sizeof(statuses), &too_long),
-                     f->name,
-                     f->has_since ? since.text : NULL,
-                     f->has_until ? until.text : NULL,
-                     limit.text};
-  if (too_long) return TC_READ_EINVAL;
+  list_params_t list;
+  if (list_params(&f->list, &list) != 0) return TC_READ_EINVAL;
+  param_text_t since = seconds_text(f->since_unix), until = seconds_text(f->until_unix);
+  const char *v[] = {f->xid, list.statuses, f->list.name, f->has_since ? since.text : NULL,
+                     f->has_until ? until.text : NULL, list.limit.text};
   /* The time bounds use global_history_end_time_idx; an xid is its key. */
   return read_rows(st, ROWS_FINISHED, RD(history, cb, arg),
                    "SELECT h.xid, h.transaction_id, h.status, h.application_id, h.transaction_name, "
