@@ -118,6 +118,19 @@ static void finish_store_error(exec_t *x, int status, const char *err, const cha
                  status == TC_READ_EBROKEN ? "connection lost" : "no connection");
 }
 
+/* Whether a read failed ('status'); then the answer says so: 'what' could
+ * not be read. */
+static bool read_failed(exec_t *x, int status, const char *err, const char *what) {
+  if (status == TC_READ_OK) return false;
+  finish_store_error(x, status, err, what);
+  return true;
+}
+
+/* After sending a read: unless it went ('rc' 0), the answer says why not. */
+static void sent_or_finish(exec_t *x, int rc) {
+  if (rc != 0) finish_unsent(x, rc);
+}
+
 /* ---------------------------------------------------------------- rows */
 
 /* A column's text, or null for SQL NULL. */
@@ -125,92 +138,96 @@ static json_t *str_or_null(const char *s) { return s ? tc__admin_str(s) : json_n
 
 static json_t *ok_answer(void) { return json_pack("{s:b}", "ok", 1); }
 
+/* One member of an answer's object. */
+typedef struct json_member {
+  const char *key;
+  json_t *value; /* the object takes it */
+} json_member_t;
+
+static json_t *set_members(json_t *o, const json_member_t *m, size_t n) {
+  for (size_t i = 0; i < n; i++) json_object_set_new(o, m[i].key, m[i].value);
+  return o;
+}
+
+/* Set the members {"key", value} given on object 'o', in that order, and
+ * return 'o': MEMBERS(o, {"xid", ...}, {"status", ...}). */
+#define MEMBERS(o, ...)                                                                                    \
+  set_members((o), (const json_member_t[]){__VA_ARGS__},                                                   \
+              sizeof((const json_member_t[]){__VA_ARGS__}) / sizeof(json_member_t))
+
+/* The answer of a list: 'list' (its first 'limit' of the 'n' rows read)
+ * as 'key', how many it shows, and whether there were more. */
+static json_t *list_answer(const char *key, json_t *list, int n, int limit) {
+  return MEMBERS(ok_answer(), {key, list}, {"count", json_integer(n < limit ? n : limit)},
+                 {"truncated", json_boolean(n > limit)});
+}
+
+/* What a live and a finished global transaction show first, alike. */
+static json_t *global_head_json(json_t *xid, int64_t transaction_id, int status, const char *name,
+                                const char *application_id) {
+  return MEMBERS(json_object(), {"xid", xid}, {"transaction_id", json_integer(transaction_id)},
+                 {"status", json_string(txp_global_status_name(status))}, {"status_code", json_integer(status)},
+                 {"name", str_or_null(name)}, {"application_id", str_or_null(application_id)});
+}
+
+/* A finished one ('xid' and its history row), as far as both views of it
+ * show it. */
+static json_t *finished_json(json_t *xid, const tc_read_history_t *h) {
+  json_t *o = global_head_json(xid, h->transaction_id, h->status, h->name, h->application_id);
+  return MEMBERS(o, {"begin_time", str_or_null(h->begin_time)}, {"end_time", str_or_null(h->end_time)});
+}
+
 /* ------------------------------------------------------------- globals */
 
 static json_t *global_json(const tc_read_global_t *r) {
-  json_t *g = json_object();
-  json_object_set_new(g, "xid", str_or_null(r->xid));
-  json_object_set_new(g, "transaction_id", json_integer(r->transaction_id));
-  json_object_set_new(g, "status", json_string(txp_global_status_name(r->status)));
-  json_object_set_new(g, "status_code", json_integer(r->status));
-  json_object_set_new(g, "name", str_or_null(r->name));
-  json_object_set_new(g, "application_id", str_or_null(r->application_id));
-  json_object_set_new(g, "node_id", json_integer(r->node_id));
-  json_object_set_new(g, "begin_time", str_or_null(r->begin_time));
-  json_object_set_new(g, "age_s", json_real(r->age_s));
-  json_object_set_new(g, "timeout_ms", json_integer(r->timeout_ms));
-  json_object_set_new(g, "deadline", str_or_null(r->deadline));
-  json_object_set_new(g, "timed_out", json_boolean(r->timed_out));
-  json_object_set_new(g, "retry_count", json_integer(r->retry_count));
-  json_object_set_new(g, "next_retry_at", str_or_null(r->next_retry_at));
-  json_object_set_new(g, "last_error", str_or_null(r->last_error));
-  json_object_set_new(g, "branches", json_integer(r->branches));
-  json_object_set_new(g, "locks", json_integer(r->locks));
-  json_object_set_new(g, "live", json_true());
-  return g;
+  json_t *g = global_head_json(str_or_null(r->xid), r->transaction_id, r->status, r->name, r->application_id);
+  return MEMBERS(g, {"node_id", json_integer(r->node_id)}, {"begin_time", str_or_null(r->begin_time)},
+                 {"age_s", json_real(r->age_s)}, {"timeout_ms", json_integer(r->timeout_ms)},
+                 {"deadline", str_or_null(r->deadline)}, {"timed_out", json_boolean(r->timed_out)},
+                 {"retry_count", json_integer(r->retry_count)}, {"next_retry_at", str_or_null(r->next_retry_at)},
+                 {"last_error", str_or_null(r->last_error)}, {"branches", json_integer(r->branches)},
+                 {"locks", json_integer(r->locks)}, {"live", json_true()});
 }
 
 static void on_globals(int status, const char *err, const tc_read_global_t *rows, int n, void *arg) {
   exec_t *x = arg;
-  if (status != TC_READ_OK) {
-    finish_store_error(x, status, err, "list global transactions");
-    return;
-  }
+  if (read_failed(x, status, err, "list global transactions")) return;
   int limit = x->req->cmd.limit;
   json_t *list = json_array();
   for (int i = 0; i < n && i < limit; i++) json_array_append_new(list, global_json(&rows[i]));
-  json_t *a = ok_answer();
-  json_object_set_new(a, "globals", list);
-  json_object_set_new(a, "count", json_integer(n < limit ? n : limit));
-  json_object_set_new(a, "truncated", json_boolean(n > limit));
-  finish(x, a);
+  finish(x, list_answer("globals", list, n, limit));
+}
+
+/* What a "show globals" or "show history" command keeps. */
+static tc_read_list_filter_t list_filter(const tc_adm_cmd_t *c) {
+  return (tc_read_list_filter_t){
+    .statuses = c->statuses,
+    .nstatuses = c->nstatuses,
+    .name = c->has_name ? c->name : NULL,
+    .limit = c->limit + 1, /* one more: truncated? */
+  };
 }
 
 static void exec_show_globals(exec_t *x) {
   const tc_adm_cmd_t *c = &x->req->cmd;
-  tc_read_globals_filter_t f = {
-    .statuses = c->statuses,
-    .nstatuses = c->nstatuses,
-    .has_min_age = c->has_min_age,
-    .min_age_s = c->min_age_s,
-    .name = c->has_name ? c->name : NULL,
-    .limit = c->limit + 1, /* one more: truncated? */
-  };
-  int rc = tc_read_globals(x->ctx->store, &f, READ_DEADLINE_MS, on_globals, x);
-  if (rc != 0) finish_unsent(x, rc);
+  tc_read_globals_filter_t f = {.list = list_filter(c), .has_min_age = c->has_min_age, .min_age_s = c->min_age_s};
+  sent_or_finish(x, tc_read_globals(x->ctx->store, &f, READ_DEADLINE_MS, on_globals, x));
 }
 
 /* ------------------------------------------------------------- history */
 
 static void on_history(int status, const char *err, const tc_read_finished_t *rows, int n, void *arg) {
   exec_t *x = arg;
-  if (status != TC_READ_OK) {
-    finish_store_error(x, status, err, "list finished global transactions");
-    return;
-  }
+  if (read_failed(x, status, err, "list finished global transactions")) return;
   int limit = x->req->cmd.limit;
   json_t *list = json_array();
   for (int i = 0; i < n && i < limit; i++) {
     const tc_read_finished_t *r = &rows[i];
-    json_t *o = json_object();
-    json_object_set_new(o, "xid", str_or_null(r->xid));
-    json_object_set_new(o, "transaction_id", json_integer(r->h.transaction_id));
-    json_object_set_new(o, "status", json_string(txp_global_status_name(r->h.status)));
-    json_object_set_new(o, "status_code", json_integer(r->h.status));
-    json_object_set_new(o, "name", str_or_null(r->h.name));
-    json_object_set_new(o, "application_id", str_or_null(r->h.application_id));
-    json_object_set_new(o, "begin_time", str_or_null(r->h.begin_time));
-    json_object_set_new(o, "end_time", str_or_null(r->h.end_time));
-    json_object_set_new(o, "duration_s", json_real(r->duration_s));
-    json_object_set_new(o, "branches", json_integer(r->branches));
-    json_object_set_new(o, "live", json_false());
-    json_array_append_new(list, o);
+    json_array_append_new(list, MEMBERS(finished_json(str_or_null(r->xid), &r->h),
+                                        {"duration_s", json_real(r->duration_s)},
+                                        {"branches", json_integer(r->branches)}, {"live", json_false()}));
   }
-  json_t *a = ok_answer();
-  json_object_set_new(a, "history", list);
-  json_object_set_new(a, "count", json_integer(n < limit ? n : limit));
-  json_object_set_new(a, "truncated", json_boolean(n > limit));
-  finish(x, a);
+  finish(x, list_answer("history", list, n, limit));
 }
 
 static void exec_show_history(exec_t *x) {
@@ -219,18 +236,14 @@ static void exec_show_history(exec_t *x) {
   clock_gettime(CLOCK_REALTIME, &ts);
   double now = (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
   tc_read_history_filter_t f = {
+    .list = list_filter(c),
     .xid = c->has_xid ? c->xid : NULL,
-    .statuses = c->statuses,
-    .nstatuses = c->nstatuses,
-    .name = c->has_name ? c->name : NULL,
     .has_since = c->since.set,
     .since_unix = tc_adm_time_unix(&c->since, now),
     .has_until = c->until.set,
     .until_unix = tc_adm_time_unix(&c->until, now),
-    .limit = c->limit + 1, /* one more: truncated? */
   };
-  int rc = tc_read_history(x->ctx->store, &f, READ_DEADLINE_MS, on_history, x);
-  if (rc != 0) finish_unsent(x, rc);
+  sent_or_finish(x, tc_read_history(x->ctx->store, &f, READ_DEADLINE_MS, on_history, x));
 }
 
 /* -------------------------------------------------------- waiters (W) */
@@ -313,21 +326,16 @@ static json_t *branches_from_table(const tc_read_branch_t *rows, int n) {
   json_t *list = json_array();
   for (int i = 0; i < n; i++) {
     const tc_read_branch_t *r = &rows[i];
-    json_t *b = json_object();
-    json_object_set_new(b, "branch_id", json_integer(r->branch_id));
-    json_object_set_new(b, "resource_id", str_or_null(r->resource_id));
-    json_object_set_new(b, "branch_type", json_string(txp_branch_type_name(r->branch_type)));
-    json_object_set_new(b, "status", json_string(txp_branch_status_name(r->status)));
-    json_object_set_new(b, "status_code", json_integer(r->status));
-    json_object_set_new(b, "client_id", str_or_null(r->client_id));
-    json_object_set_new(b, "retry_count", json_integer(r->retry_count));
-    json_object_set_new(b, "next_retry_at", str_or_null(r->next_retry_at));
-    json_object_set_new(b, "last_error", str_or_null(r->last_error));
-    json_object_set_new(b, "lock_keys", str_or_null(r->lock_keys));
-    json_object_set_new(b, "application_data", str_or_null(r->application_data));
-    json_object_set_new(b, "created", str_or_null(r->created));
-    json_object_set_new(b, "modified", str_or_null(r->modified));
-    json_array_append_new(list, b);
+    json_array_append_new(
+      list, MEMBERS(json_object(), {"branch_id", json_integer(r->branch_id)},
+                    {"resource_id", str_or_null(r->resource_id)},
+                    {"branch_type", json_string(txp_branch_type_name(r->branch_type))},
+                    {"status", json_string(txp_branch_status_name(r->status))},
+                    {"status_code", json_integer(r->status)},
+                    {"client_id", str_or_null(r->client_id)}, {"retry_count", json_integer(r->retry_count)},
+                    {"next_retry_at", str_or_null(r->next_retry_at)}, {"last_error", str_or_null(r->last_error)},
+                    {"lock_keys", str_or_null(r->lock_keys)}, {"application_data", str_or_null(r->application_data)},
+                    {"created", str_or_null(r->created)}, {"modified", str_or_null(r->modified)}));
   }
   return list;
 }
@@ -360,27 +368,14 @@ static json_t *branches_from_history(const char *text) {
 
 static void on_global(int status, const char *err, const tc_read_global_view_t *v, void *arg) {
   exec_t *x = arg;
-  if (status != TC_READ_OK) {
-    finish_store_error(x, status, err, "read the global transaction");
-    return;
-  }
+  if (read_failed(x, status, err, "read the global transaction")) return;
   json_t *a = ok_answer();
   json_t *branches = NULL;
   if (v->global) {
     json_object_set_new(a, "global", global_json(v->global));
   } else if (v->history) {
     const tc_read_history_t *h = v->history;
-    json_t *o = json_object();
-    json_object_set_new(o, "xid", tc__admin_str(x->xid));
-    json_object_set_new(o, "transaction_id", json_integer(h->transaction_id));
-    json_object_set_new(o, "status", json_string(txp_global_status_name(h->status)));
-    json_object_set_new(o, "status_code", json_integer(h->status));
-    json_object_set_new(o, "name", str_or_null(h->name));
-    json_object_set_new(o, "application_id", str_or_null(h->application_id));
-    json_object_set_new(o, "begin_time", str_or_null(h->begin_time));
-    json_object_set_new(o, "end_time", str_or_null(h->end_time));
-    json_object_set_new(o, "live", json_false());
-    json_object_set_new(a, "global", o);
+    json_object_set_new(a, "global", MEMBERS(finished_json(tc__admin_str(x->xid), h), {"live", json_false()}));
     branches = branches_from_history(h->branches_json ? h->branches_json : "");
     /* Branch rows still in branch_table belong to no live session. */
     json_object_set_new(a, "leftover_branches", json_integer(v->nbranches));
@@ -403,18 +398,14 @@ static void on_global(int status, const char *err, const tc_read_global_view_t *
 }
 
 static void exec_show_global(exec_t *x) {
-  int rc = tc_read_global(x->ctx->store, x->xid, MAX_SHOWN_LOCKS + 1, READ_DEADLINE_MS, on_global, x);
-  if (rc != 0) finish_unsent(x, rc);
+  sent_or_finish(x, tc_read_global(x->ctx->store, x->xid, MAX_SHOWN_LOCKS + 1, READ_DEADLINE_MS, on_global, x));
 }
 
 /* --------------------------------------------------------------- locks */
 
 static void on_locks(int status, const char *err, const tc_read_lock_t *rows, int n, void *arg) {
   exec_t *x = arg;
-  if (status != TC_READ_OK) {
-    finish_store_error(x, status, err, "list locks");
-    return;
-  }
+  if (read_failed(x, status, err, "list locks")) return;
   const tc_adm_cmd_t *c = &x->req->cmd;
   int limit = c->limit;
   json_t *locks = json_array();
@@ -453,10 +444,7 @@ static void on_locks(int status, const char *err, const tc_read_lock_t *rows, in
   }
   json_decref(holders);
   json_decref(order);
-  json_t *a = ok_answer();
-  json_object_set_new(a, "locks", locks);
-  json_object_set_new(a, "count", json_integer(n < limit ? n : limit));
-  json_object_set_new(a, "truncated", json_boolean(n > limit));
+  json_t *a = list_answer("locks", locks, n, limit);
   json_object_set_new(a, "waiters", waiters);
   finish(x, a);
 }
@@ -469,8 +457,7 @@ static void exec_show_locks(exec_t *x) {
     .prefix = c->has_prefix ? c->key : NULL,
     .limit = c->limit + 1, /* one more: truncated? */
   };
-  int rc = tc_read_locks(x->ctx->store, &f, READ_DEADLINE_MS, on_locks, x);
-  if (rc != 0) finish_unsent(x, rc);
+  sent_or_finish(x, tc_read_locks(x->ctx->store, &f, READ_DEADLINE_MS, on_locks, x));
 }
 
 /* --------------------------------------------------------------- nodes */
@@ -478,36 +465,25 @@ static void exec_show_locks(exec_t *x) {
 static void on_nodes(int status, const char *err, const tc_read_node_t *rows, int n, void *arg) {
   exec_t *x = arg;
   if (x->ctx->stopping) status = TC_READ_ECLOSING; /* the recovery may be gone */
-  if (status != TC_READ_OK) {
-    finish_store_error(x, status, err, "list the nodes");
-    return;
-  }
+  if (read_failed(x, status, err, "list the nodes")) return;
   tc_ctx_t *ctx = x->ctx;
   json_t *nodes = json_array();
   for (int i = 0; i < n; i++) {
     const tc_read_node_t *r = &rows[i];
-    json_t *o = json_object();
-    json_object_set_new(o, "node_id", json_integer(r->node_id));
-    json_object_set_new(o, "state", str_or_null(r->state));
-    json_object_set_new(o, "address", str_or_null(r->address));
-    json_object_set_new(o, "admin_socket", str_or_null(r->admin_socket));
-    json_object_set_new(o, "started_at", str_or_null(r->started_at));
-    json_object_set_new(o, "heartbeat_at", str_or_null(r->heartbeat_at));
-    json_object_set_new(o, "heartbeat_age_s", json_real(r->heartbeat_age_s));
-    json_object_set_new(o, "is_leader", json_boolean(r->is_leader));
-    json_object_set_new(o, "pid", r->has_pid ? json_integer(r->pid) : json_null());
-    json_object_set_new(o, "version", str_or_null(r->version));
-    json_object_set_new(o, "self", json_boolean(r->node_id == ctx->cfg->node_id));
-    json_array_append_new(nodes, o);
+    json_array_append_new(
+      nodes, MEMBERS(json_object(), {"node_id", json_integer(r->node_id)}, {"state", str_or_null(r->state)},
+                     {"address", str_or_null(r->address)}, {"admin_socket", str_or_null(r->admin_socket)},
+                     {"started_at", str_or_null(r->started_at)}, {"heartbeat_at", str_or_null(r->heartbeat_at)},
+                     {"heartbeat_age_s", json_real(r->heartbeat_age_s)}, {"is_leader", json_boolean(r->is_leader)},
+                     {"pid", r->has_pid ? json_integer(r->pid) : json_null()}, {"version", str_or_null(r->version)},
+                     {"self", json_boolean(r->node_id == ctx->cfg->node_id)}));
   }
-  json_t *self = json_object();
-  json_object_set_new(self, "node_id", json_integer(ctx->cfg->node_id));
-  json_object_set_new(self, "address", tc__admin_str(ctx->advertise));
-  json_object_set_new(self, "leader", json_boolean(ctx->recovery && tc_recovery_is_leader(ctx->recovery)));
-  json_object_set_new(self, "serving", json_boolean(ctx->serving && !ctx->stopping));
-  json_object_set_new(self, "admin_socket", tc__admin_str(ctx->cfg->admin_socket));
-  json_object_set_new(self, "pid", json_integer(getpid()));
-  json_object_set_new(self, "version", json_string(TXC_VERSION));
+  json_t *self = MEMBERS(json_object(), {"node_id", json_integer(ctx->cfg->node_id)},
+                         {"address", tc__admin_str(ctx->advertise)},
+                         {"leader", json_boolean(ctx->recovery && tc_recovery_is_leader(ctx->recovery))},
+                         {"serving", json_boolean(ctx->serving && !ctx->stopping)},
+                         {"admin_socket", tc__admin_str(ctx->cfg->admin_socket)}, {"pid", json_integer(getpid())},
+                         {"version", json_string(TXC_VERSION)});
   json_t *a = ok_answer();
   json_object_set_new(a, "self", self);
   json_object_set_new(a, "nodes", nodes);
@@ -515,9 +491,8 @@ static void on_nodes(int status, const char *err, const tc_read_node_t *rows, in
 }
 
 static void exec_show_nodes(exec_t *x) {
-  int rc = tc_read_nodes(x->ctx->store, x->ctx->cfg->cluster_leader_lease_ms, x->ctx->cfg->leader_lock_key,
-                         READ_DEADLINE_MS, on_nodes, x);
-  if (rc != 0) finish_unsent(x, rc);
+  sent_or_finish(x, tc_read_nodes(x->ctx->store, x->ctx->cfg->cluster_leader_lease_ms, x->ctx->cfg->leader_lock_key,
+                                  READ_DEADLINE_MS, on_nodes, x));
 }
 
 /* --------------------------------------------------------------- stats */
@@ -616,8 +591,7 @@ static void on_stats(int status, const char *err, const tc_read_count_t *rows, i
 }
 
 static void exec_stats(exec_t *x) {
-  int rc = tc_read_sessions(x->ctx->store, READ_DEADLINE_MS, on_stats, x);
-  if (rc != 0) finish_unsent(x, rc);
+  sent_or_finish(x, tc_read_sessions(x->ctx->store, READ_DEADLINE_MS, on_stats, x));
 }
 
 /* ---------------------------------------------------------------- help */
@@ -735,24 +709,16 @@ static void on_drive_done(int global_status, void *arg) {
 static void on_cas(int status, const char *err, const tc_read_cas_result_t *r, void *arg) {
   exec_t *x = arg;
   char msg[768];
-  if (status != TC_READ_OK) {
-    if (status == TC_READ_EBROKEN) {
-      finish_error(x, "store",
-                   "could not %s global transaction \"%s\": store connection lost in flight, outcome unknown; "
-                   "check with \"show global\"",
-                   verb(x->req->cmd.kind), x->xid);
-      return;
-    }
-    if (status == TC_READ_ENOMEM) {
-      finish_error(x, "internal",
-                   "could not %s global transaction \"%s\": out of memory reading the store's answer, outcome "
-                   "unknown; check with \"show global\"",
-                   verb(x->req->cmd.kind), x->xid);
-      return;
-    }
-    finish_store_error(x, status, err, "apply the repair");
+  if (status == TC_READ_EBROKEN || status == TC_READ_ENOMEM) {
+    /* The repair may have been applied: say so, and where to look. */
+    bool lost = status == TC_READ_EBROKEN;
+    finish_error(x, lost ? "store" : "internal",
+                 "could not %s global transaction \"%s\": %s, outcome unknown; check with \"show global\"",
+                 verb(x->req->cmd.kind), x->xid,
+                 lost ? "store connection lost in flight" : "out of memory reading the store's answer");
     return;
   }
+  if (read_failed(x, status, err, "apply the repair")) return;
   const char *res = r->result;
   int now = r->global_status;
   if (strcmp(res, "not_found") == 0) {
@@ -803,8 +769,7 @@ static void apply_cas(exec_t *x) {
     .forbid = x->plan.forbid,
     .nforbid = x->plan.nforbid,
   };
-  int rc = tc_read_admin_cas(x->ctx->store, &in, READ_DEADLINE_MS, on_cas, x);
-  if (rc != 0) finish_unsent(x, rc);
+  sent_or_finish(x, tc_read_admin_cas(x->ctx->store, &in, READ_DEADLINE_MS, on_cas, x));
 }
 
 static void on_decided(tc_op_t *op, void *arg) {
@@ -879,10 +844,7 @@ static void apply_decide(exec_t *x) {
 /* The stored state is in: plan, then apply. */
 static void on_repair_state(int status, const char *err, const tc_read_repair_state_t *st, void *arg) {
   exec_t *x = arg;
-  if (status != TC_READ_OK) {
-    finish_store_error(x, status, err, "read the global transaction");
-    return;
-  }
+  if (read_failed(x, status, err, "read the global transaction")) return;
   char msg[768];
   tc_adm_kind_t kind = x->req->cmd.kind;
   if (!st->live) {
@@ -919,10 +881,7 @@ static void on_repair_state(int status, const char *err, const tc_read_repair_st
 static void on_deleted(int status, const char *err, const tc_read_delete_result_t *r, void *arg) {
   exec_t *x = arg;
   char msg[768];
-  if (status != TC_READ_OK) {
-    finish_store_error(x, status, err, "delete the leftovers");
-    return;
-  }
+  if (read_failed(x, status, err, "delete the leftovers")) return;
   const char *res = r->result;
   int s = r->history_status;
   if (strcmp(res, "live") == 0) {

@@ -1031,20 +1031,14 @@ static void conn_on_timer(uv_timer_t *timer)
   tc_pg_pool_t *pool = c->pool;
 
   pool_enter(pool);
-  switch (c->state) {
-  case CONN_IDLE:
+  if (c->state == CONN_IDLE) {
     conn_connect(c);
-    break;
-  case CONN_CONNECTING:
-    if (pool->nhosts >= 2 && conn_skip_host(c))
-      break;
-    conn_fail(c, "timeout expired while connecting");
-    break;
-  case CONN_INIT:
-    conn_fail(c, "timeout expired while connecting");
-    break;
-  default:
-    break;
+  } else if (c->state == CONN_CONNECTING || c->state == CONN_INIT) {
+    /* The connect timeout covers the session's init statements too; only
+     * a connection still being made can move on to the next host. */
+    bool next_host = c->state == CONN_CONNECTING && pool->nhosts >= 2 && conn_skip_host(c);
+    if (!next_host)
+      conn_fail(c, "timeout expired while connecting");
   }
   pool_leave(pool);
 }

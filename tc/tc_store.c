@@ -105,6 +105,7 @@
 #include "tc_log.h"
 #include "tc_parts.h"
 #include "tc_pg.h"
+#include "tc_sql_array.h"
 #include "txc_failpoint.h"
 #include "txp_lockkey.h"
 #include "txp_status.h"
@@ -193,53 +194,6 @@ typedef struct batch {
 } batch_t;
 
 static void schedule_flush(tc_store_t *st);
-
-/* ------------------------------------------------------------ text arrays */
-
-typedef struct {
-  txp_buf_t b;
-  int n;
-  int failed;
-  int ended;
-} arr_t;
-
-static void arr_init(arr_t *a) {
-  txp_buf_init(&a->b, 0);
-  a->n = 0;
-  a->ended = 0;
-  a->failed = txp_buf_append(&a->b, "{", 1) != 0;
-}
-
-static void arr_add(arr_t *a, const char *v) {
-  if (a->failed) return;
-  int rc = a->n++ ? txp_buf_append(&a->b, ",", 1) : 0;
-  if (!v) {
-    if (!rc) rc = txp_buf_append(&a->b, "NULL", 4);
-  } else {
-    if (!rc) rc = txp_buf_append(&a->b, "\"", 1);
-    for (const char *p = v; *p && !rc; p++) {
-      if (*p == '"' || *p == '\\') rc = txp_buf_append(&a->b, "\\", 1);
-      if (!rc) rc = txp_buf_append(&a->b, p, 1);
-    }
-    if (!rc) rc = txp_buf_append(&a->b, "\"", 1);
-  }
-  a->failed = rc != 0;
-}
-
-static void arr_add_i64(arr_t *a, int64_t v) {
-  char tmp[32];
-  snprintf(tmp, sizeof(tmp), "%" PRId64, v);
-  arr_add(a, tmp);
-}
-
-/* Close the literal (once) and return it. */
-static const char *arr_end(arr_t *a) {
-  if (!a->failed && !a->ended) a->failed = txp_buf_append(&a->b, "}", 1) != 0;
-  a->ended = 1;
-  return a->failed ? NULL : a->b.data;
-}
-
-static void arr_free(arr_t *a) { txp_buf_free(&a->b); }
 
 /* -------------------------------------------------------------- results */
 
@@ -403,35 +357,29 @@ static int cmp_op_xid(const void *a, const void *b) {
   return x->id < y->id ? -1 : x->id > y->id;
 }
 
-typedef struct {
-  arr_t *item, *row, *table, *pk;
-  int index;
-  const char *resource;
-  int failed;
-} lock_rows_ctx_t;
-
-static int add_lock_row(const txp_lockkey_t *k, void *arg) {
-  lock_rows_ctx_t *c = arg;
-  char row[TXP_MAX_ROW_KEY_LEN + 1], table[TXP_MAX_ROW_KEY_LEN + 1], pk[TXP_MAX_ROW_KEY_LEN + 1];
-  if (txp_row_key(c->resource, k, row, sizeof(row)) < 0) return TXP_EFIELD_TOO_LONG;
-  snprintf(table, sizeof(table), "%.*s", (int)k->table_len, k->table);
-  snprintf(pk, sizeof(pk), "%.*s", (int)k->pk_len, k->pk);
-  arr_add_i64(c->item, c->index);
-  arr_add(c->row, row);
-  arr_add(c->table, table);
-  arr_add(c->pk, pk);
-  return 0;
-}
-
-static int add_stmt(tc_pg_job_t *job, const char *name, const char *sql, arr_t *arrs, int narrs,
+static int add_stmt(tc_pg_job_t *job, const char *name, const char *sql, tc_sql_array_t *arrs, int narrs,
                     const char *const *extra, int nextra) {
   const char *vals[16];
   for (int i = 0; i < narrs; i++) {
-    vals[i] = arr_end(&arrs[i]);
+    vals[i] = tc_sql_array_end(&arrs[i]);
     if (!vals[i]) return -1;
   }
   for (int i = 0; i < nextra; i++) vals[narrs + i] = extra[i];
   return tc_pg_job_add_prepared(job, name, sql, narrs + nextra, vals);
+}
+
+/* A batch statement's builder: it fills the arrays 'a' from the batch's
+ * ops and adds its statement over them to 'job'. */
+typedef int (*build_fn)(tc_store_t *st, batch_t *b, tc_pg_job_t *job, tc_sql_array_t *a);
+
+/* Run 'build' with 'narrs' fresh arrays (at most 14, tc_register_batch's),
+ * freed once its statement is in the job. */
+static int build_with_arrays(tc_store_t *st, batch_t *b, tc_pg_job_t *job, int narrs, build_fn build) {
+  tc_sql_array_t a[14];
+  for (int i = 0; i < narrs; i++) tc_sql_array_init(&a[i]);
+  int rc = build(st, b, job, a);
+  for (int i = 0; i < narrs; i++) tc_sql_array_free(&a[i]);
+  return rc;
 }
 
 /* Registrations of the batch that begin their global too (tc_op_t
@@ -445,20 +393,18 @@ static int begin_parts(const batch_t *b) {
 }
 
 /* One item of tc_begin_batch's arrays. */
-static void begin_item(arr_t *a, const char *xid, int64_t txid, uint32_t timeout_ms, const char *name,
+static void begin_item(tc_sql_array_t *a, const char *xid, int64_t txid, uint32_t timeout_ms, const char *name,
                        const char *app_id, const char *group, const char *idem_key) {
-  arr_add(&a[0], xid);
-  arr_add_i64(&a[1], txid);
-  arr_add_i64(&a[2], timeout_ms);
-  arr_add(&a[3], name);
-  arr_add(&a[4], app_id);
-  arr_add(&a[5], group);
-  arr_add(&a[6], idem_key);
+  tc_sql_array_add(&a[0], xid);
+  tc_sql_array_add_i64(&a[1], txid);
+  tc_sql_array_add_i64(&a[2], timeout_ms);
+  tc_sql_array_add(&a[3], name);
+  tc_sql_array_add(&a[4], app_id);
+  tc_sql_array_add(&a[5], group);
+  tc_sql_array_add(&a[6], idem_key);
 }
 
-static int build_begin(tc_store_t *st, batch_t *b, tc_pg_job_t *job) {
-  arr_t a[7];
-  for (int i = 0; i < 7; i++) arr_init(&a[i]);
+static int build_begin(tc_store_t *st, batch_t *b, tc_pg_job_t *job, tc_sql_array_t *a) {
   for (int i = 0; i < b->count[TC_OP_BEGIN]; i++) {
     tc_op_t *op = b->by_kind[TC_OP_BEGIN][i];
     begin_item(a, op->xid, op->id, op->timeout_ms, op->name, op->app_id, op->group, op->idem_key);
@@ -473,33 +419,29 @@ static int build_begin(tc_store_t *st, batch_t *b, tc_pg_job_t *job) {
   char node[16];
   snprintf(node, sizeof(node), "%d", st->node_id);
   const char *extra[] = {node};
-  int rc = add_stmt(job, "tc_begin",
-                    "SELECT item, xid, result FROM tc_begin_batch($1::text[], $2::bigint[], "
-                    "$3::int[], $4::text[], $5::text[], $6::text[], $7::text[], $8::int)",
-                    a, 7, extra, 1);
-  for (int i = 0; i < 7; i++) arr_free(&a[i]);
-  return rc;
+  return add_stmt(job, "tc_begin",
+                  "SELECT item, xid, result FROM tc_begin_batch($1::text[], $2::bigint[], "
+                  "$3::int[], $4::text[], $5::text[], $6::text[], $7::text[], $8::int)",
+                  a, 7, extra, 1);
 }
 
-static int build_register(tc_store_t *st, batch_t *b, tc_pg_job_t *job) {
-  arr_t a[14];
-  for (int i = 0; i < 14; i++) arr_init(&a[i]);
+static int build_register(tc_store_t *st, batch_t *b, tc_pg_job_t *job, tc_sql_array_t *a) {
   int rc = 0;
   for (int i = 0; i < b->count[TC_OP_REGISTER] && rc == 0; i++) {
     tc_op_t *op = b->by_kind[TC_OP_REGISTER][i];
-    arr_add(&a[0], op->xid);
-    arr_add_i64(&a[1], op->id);
-    arr_add(&a[2], op->resource_id);
-    arr_add_i64(&a[3], op->branch_type);
-    arr_add(&a[4], op->lock_keys);
-    arr_add(&a[5], op->app_data);
-    arr_add(&a[6], op->client_id);
-    arr_add(&a[7], op->idem_key);
-    arr_add(&a[8], op->app_id);
-    arr_add(&a[9], op->group);
+    tc_sql_array_add(&a[0], op->xid);
+    tc_sql_array_add_i64(&a[1], op->id);
+    tc_sql_array_add(&a[2], op->resource_id);
+    tc_sql_array_add_i64(&a[3], op->branch_type);
+    tc_sql_array_add(&a[4], op->lock_keys);
+    tc_sql_array_add(&a[5], op->app_data);
+    tc_sql_array_add(&a[6], op->client_id);
+    tc_sql_array_add(&a[7], op->idem_key);
+    tc_sql_array_add(&a[8], op->app_id);
+    tc_sql_array_add(&a[9], op->group);
     if (op->lock_keys && op->lock_keys[0]) {
-      lock_rows_ctx_t c = {&a[10], &a[11], &a[12], &a[13], i + 1, op->resource_id, 0};
-      if (txp_lockkeys_each(op->lock_keys, (size_t)st->max_lock_keys, add_lock_row, &c) < 0)
+      tc_lock_rows_t c = {&a[10], &a[11], &a[12], &a[13], i + 1, op->resource_id};
+      if (txp_lockkeys_each(op->lock_keys, (size_t)st->max_lock_keys, tc_lock_rows_add, &c) < 0)
         rc = -1; /* validated by the caller: only a bug gets here */
     }
   }
@@ -510,7 +452,6 @@ static int build_register(tc_store_t *st, batch_t *b, tc_pg_job_t *job) {
                   "$7::text[], $8::text[], $9::text[], $10::text[], $11::int[], $12::text[], "
                   "$13::text[], $14::text[])",
                   a, 14, NULL, 0);
-  for (int i = 0; i < 14; i++) arr_free(&a[i]);
   return rc;
 }
 
@@ -530,16 +471,14 @@ static int build_register(tc_store_t *st, batch_t *b, tc_pg_job_t *job) {
   "SELECT xid, branch_id, branch_type, status, resource_id, client_id, phase2_sync, " \
   "application_id, app_group FROM tc_decide_lock($1::text[])"
 
-static int build_decide(tc_store_t *st, batch_t *b, tc_pg_job_t *job) {
+static int build_decide(tc_store_t *st, batch_t *b, tc_pg_job_t *job, tc_sql_array_t *a) {
   static const char *const action_words[] = {"commit", "rollback", "timeout"};
-  arr_t a[4];
-  for (int i = 0; i < 4; i++) arr_init(&a[i]);
   for (int i = 0; i < b->count[TC_OP_DECIDE]; i++) {
     tc_op_t *op = b->by_kind[TC_OP_DECIDE][i];
-    arr_add(&a[0], op->xid);
-    arr_add(&a[1], action_words[op->action]);
-    arr_add(&a[2], op->group ? op->app_id : NULL);
-    arr_add(&a[3], op->group);
+    tc_sql_array_add(&a[0], op->xid);
+    tc_sql_array_add(&a[1], action_words[op->action]);
+    tc_sql_array_add(&a[2], op->group ? op->app_id : NULL);
+    tc_sql_array_add(&a[3], op->group);
   }
   char lease[16];
   snprintf(lease, sizeof(lease), "%d", st->lease_ms);
@@ -547,7 +486,7 @@ static int build_decide(tc_store_t *st, batch_t *b, tc_pg_job_t *job) {
   /* First the globals' lock and their branches (tc_decide_lock): a
    * decision may delete them (an AT commit is finished at once, sql/tc/010),
    * and tcd still tells each branch. */
-  const char *xids = arr_end(&a[0]);
+  const char *xids = tc_sql_array_end(&a[0]);
   int rc = -1;
   if (xids) {
     const char *v[] = {xids};
@@ -558,78 +497,72 @@ static int build_decide(tc_store_t *st, batch_t *b, tc_pg_job_t *job) {
                   "SELECT item, result, status FROM tc_decide_batch($1::text[], $2::text[], "
                   "$3::text[], $4::text[], $5::int)",
                   a, 4, extra, 1);
-  for (int i = 0; i < 4; i++) arr_free(&a[i]);
   return rc;
 }
 
-static int build_phase2(tc_store_t *st, batch_t *b, tc_pg_job_t *job) {
-  arr_t a[7];
-  for (int i = 0; i < 7; i++) arr_init(&a[i]);
+static int build_phase2(tc_store_t *st, batch_t *b, tc_pg_job_t *job, tc_sql_array_t *a) {
   for (int i = 0; i < b->count[TC_OP_PHASE2]; i++) {
     tc_op_t *op = b->by_kind[TC_OP_PHASE2][i];
-    arr_add(&a[0], op->xid);
-    arr_add_i64(&a[1], op->id);
-    arr_add_i64(&a[2], op->branch_status);
-    arr_add(&a[3], op->error);
+    tc_sql_array_add(&a[0], op->xid);
+    tc_sql_array_add_i64(&a[1], op->id);
+    tc_sql_array_add_i64(&a[2], op->branch_status);
+    tc_sql_array_add(&a[3], op->error);
     /* A report (the caller's identity given) is checked; phase-two
      * outcomes, the coordinator's own, are not. */
-    arr_add(&a[4], op->group ? op->app_id : NULL);
-    arr_add(&a[5], op->group ? op->client_id : NULL);
-    arr_add(&a[6], op->group);
+    tc_sql_array_add(&a[4], op->group ? op->app_id : NULL);
+    tc_sql_array_add(&a[5], op->group ? op->client_id : NULL);
+    tc_sql_array_add(&a[6], op->group);
   }
   char rmin[16], rmax[16];
   snprintf(rmin, sizeof(rmin), "%d", st->retry_min_ms);
   snprintf(rmax, sizeof(rmax), "%d", st->retry_max_ms);
   const char *extra[] = {rmin, rmax};
-  int rc = add_stmt(job, "tc_phase2",
-                    "SELECT item, result, global_status, finished FROM tc_phase2_batch("
-                    "$1::text[], $2::bigint[], $3::smallint[], $4::text[], $5::text[], $6::text[], "
-                    "$7::text[], $8::int, $9::int)",
-                    a, 7, extra, 2);
-  for (int i = 0; i < 7; i++) arr_free(&a[i]);
-  return rc;
+  return add_stmt(job, "tc_phase2",
+                  "SELECT item, result, global_status, finished FROM tc_phase2_batch("
+                  "$1::text[], $2::bigint[], $3::smallint[], $4::text[], $5::text[], $6::text[], "
+                  "$7::text[], $8::int, $9::int)",
+                  a, 7, extra, 2);
 }
 
 /* ------------------------------------------------------------- results */
 
-static void take_begin(batch_t *b, const PGresult *r) {
+/* Hand each row of a batch statement's result 'r' (item, ...) to 'take'
+ * with the op of 'kind' that its item (from 1) names; a row that names
+ * none is passed over. */
+static void take_items(batch_t *b, tc_op_kind_t kind, const PGresult *r,
+                       void (*take)(tc_op_t *op, const PGresult *r, int row)) {
   for (int row = 0; row < PQntuples(r); row++) {
     int item = get_int(r, row, 0);
-    if (item < 1 || item > b->count[TC_OP_BEGIN]) continue;
-    tc_op_t *op = b->by_kind[TC_OP_BEGIN][item - 1];
-    copy_str(op->out_xid, sizeof(op->out_xid), PQgetvalue(r, row, 1));
-    op->res = parse_res(PQgetvalue(r, row, 2));
+    if (item >= 1 && item <= b->count[kind]) take(b->by_kind[kind][item - 1], r, row);
   }
 }
 
-static void take_register(batch_t *b, const PGresult *r) {
-  for (int row = 0; row < PQntuples(r); row++) {
-    int item = get_int(r, row, 0);
-    if (item < 1 || item > b->count[TC_OP_REGISTER]) continue;
-    tc_op_t *op = b->by_kind[TC_OP_REGISTER][item - 1];
-    op->res = parse_res(PQgetvalue(r, row, 1));
-    op->out_id = get_i64(r, row, 2);
-    copy_str(op->holder, sizeof(op->holder), PQgetvalue(r, row, 3));
-    op->holder_status = get_int(r, row, 4);
-    if (op->res == TC_RES_NOT_ACTIVE) op->global_status = op->holder_status;
-  }
+static void take_begin(tc_op_t *op, const PGresult *r, int row) {
+  copy_str(op->out_xid, sizeof(op->out_xid), PQgetvalue(r, row, 1));
+  op->res = parse_res(PQgetvalue(r, row, 2));
+}
+
+static void take_register(tc_op_t *op, const PGresult *r, int row) {
+  op->res = parse_res(PQgetvalue(r, row, 1));
+  op->out_id = get_i64(r, row, 2);
+  copy_str(op->holder, sizeof(op->holder), PQgetvalue(r, row, 3));
+  op->holder_status = get_int(r, row, 4);
+  if (op->res == TC_RES_NOT_ACTIVE) op->global_status = op->holder_status;
+}
+
+static void take_decide(tc_op_t *op, const PGresult *r, int row) {
+  op->res = parse_res(PQgetvalue(r, row, 1));
+  op->global_status = get_int(r, row, 2);
+}
+
+static void take_phase2(tc_op_t *op, const PGresult *r, int row) {
+  op->res = parse_res(PQgetvalue(r, row, 1));
+  op->global_status = get_int(r, row, 2);
+  op->finished = PQgetvalue(r, row, 3)[0] == 't';
 }
 
 /* The branches to drive of the decisions just made ('br': rows of
  * tc_decide_branches, in xid order like the ops). */
-static void attach_branches(batch_t *b, const PGresult *br);
-
-static void take_decide(batch_t *b, const PGresult *r, const PGresult *br) {
-  for (int row = 0; row < PQntuples(r); row++) {
-    int item = get_int(r, row, 0);
-    if (item < 1 || item > b->count[TC_OP_DECIDE]) continue;
-    tc_op_t *op = b->by_kind[TC_OP_DECIDE][item - 1];
-    op->res = parse_res(PQgetvalue(r, row, 1));
-    op->global_status = get_int(r, row, 2);
-  }
-  if (br) attach_branches(b, br);
-}
-
 static void attach_branches(batch_t *b, const PGresult *br) {
   /* Both sides are in xid order: merge.  Only ops whose decision was just
    * made get branches to drive (a repeated commit must not drive twice). */
@@ -657,17 +590,6 @@ static void attach_branches(batch_t *b, const PGresult *br) {
       copy_str(bw->application_id, sizeof(bw->application_id), PQgetvalue(br, k, 7));
       copy_str(bw->app_group, sizeof(bw->app_group), PQgetvalue(br, k, 8));
     }
-  }
-}
-
-static void take_phase2(batch_t *b, const PGresult *r) {
-  for (int row = 0; row < PQntuples(r); row++) {
-    int item = get_int(r, row, 0);
-    if (item < 1 || item > b->count[TC_OP_PHASE2]) continue;
-    tc_op_t *op = b->by_kind[TC_OP_PHASE2][item - 1];
-    op->res = parse_res(PQgetvalue(r, row, 1));
-    op->global_status = get_int(r, row, 2);
-    op->finished = PQgetvalue(r, row, 3)[0] == 't';
   }
 }
 
@@ -853,6 +775,74 @@ static void on_resolved(tc_pg_job_t *job, int status, void *arg) {
   if (requeued) schedule_flush(st);
 }
 
+/* The reading asks, for each kind of op that the batch has, which of its
+ * ops the store holds: one statement over arrays of the ops ('items'
+ * fills them), whose rows are (index in the batch, ...). */
+typedef struct resolve_stmt {
+  tc_op_kind_t kind;
+  const char *name, *sql;
+  int narrs;
+  void (*items)(const batch_t *r, tc_sql_array_t *a);
+} resolve_stmt_t;
+
+static void resolve_begin_items(const batch_t *r, tc_sql_array_t *a) {
+  for (int i = 0; i < r->count[TC_OP_BEGIN]; i++) tc_sql_array_add(&a[0], r->by_kind[TC_OP_BEGIN][i]->xid);
+}
+
+static void resolve_register_items(const batch_t *r, tc_sql_array_t *a) {
+  for (int i = 0; i < r->count[TC_OP_REGISTER]; i++) {
+    tc_sql_array_add(&a[0], r->by_kind[TC_OP_REGISTER][i]->xid);
+    tc_sql_array_add_i64(&a[1], r->by_kind[TC_OP_REGISTER][i]->id);
+  }
+}
+
+static void resolve_decide_items(const batch_t *r, tc_sql_array_t *a) {
+  for (int i = 0; i < r->count[TC_OP_DECIDE]; i++) {
+    const tc_op_t *op = r->by_kind[TC_OP_DECIDE][i];
+    tc_sql_array_add(&a[0], op->xid);
+    tc_sql_array_add(&a[1], op->group ? op->app_id : NULL);
+    tc_sql_array_add(&a[2], op->group);
+  }
+}
+
+static const resolve_stmt_t resolve_stmts[] = {
+  {TC_OP_BEGIN, "tc_resolve_begin",
+   "SELECT u.i::int, EXISTS (SELECT 1 FROM global_table g WHERE g.xid = u.x) "
+   "OR EXISTS (SELECT 1 FROM global_history h WHERE h.xid = u.x) "
+   "FROM unnest($1::text[]) WITH ORDINALITY AS u(x, i)",
+   1, resolve_begin_items},
+  {TC_OP_REGISTER, "tc_resolve_register",
+   "SELECT u.i::int, EXISTS (SELECT 1 FROM branch_table b "
+   "WHERE b.branch_id = u.b AND b.xid = u.x) "
+   "FROM unnest($1::text[], $2::bigint[]) WITH ORDINALITY AS u(x, b, i)",
+   2, resolve_register_items},
+  {TC_OP_DECIDE, "tc_resolve_decide",
+   "SELECT u.i::int, g.status, "
+   "tc__may_decide(g.xid, g.application_id, g.app_group, u.ap, u.gr) "
+   "FROM unnest($1::text[], $2::text[], $3::text[]) "
+   "WITH ORDINALITY AS u(x, ap, gr, i) "
+   "LEFT JOIN global_table g ON g.xid = u.x",
+   3, resolve_decide_items},
+};
+
+/* Add the reading's statement 's' to 'job' as its statement '*stmt'
+ * (r->stmt_index); DECIDE's is followed by the branches of its xids
+ * (r->branches_stmt), which the reading hands back with the decisions. */
+static int add_resolve_stmt(tc_pg_job_t *job, batch_t *r, const resolve_stmt_t *s, int *stmt) {
+  tc_sql_array_t a[3];
+  for (int i = 0; i < 3; i++) tc_sql_array_init(&a[i]);
+  s->items(r, a);
+  r->stmt_index[s->kind] = (*stmt)++;
+  if (s->kind == TC_OP_DECIDE) r->branches_stmt = (*stmt)++;
+  int rc = add_stmt(job, s->name, s->sql, a, s->narrs, NULL, 0);
+  if (rc == 0 && s->kind == TC_OP_DECIDE) {
+    const char *v[] = {tc_sql_array_end(&a[0])};
+    rc = tc_pg_job_add_prepared(job, "tc_decide_branches", SQL_DECIDE_BRANCHES, 1, v);
+  }
+  for (int i = 0; i < 3; i++) tc_sql_array_free(&a[i]);
+  return rc;
+}
+
 /* The reading: which of the ops is recorded in the store (on a reader
  * connection, which reaches the primary that takes the writes now). */
 static void resolve_send(batch_t *r) {
@@ -863,63 +853,8 @@ static void resolve_send(batch_t *r) {
    * saw is durable once the job returns (NOTES). */
   tc_pg_job_t *job = tc_pg_job_new(TC_PG_JOB_TXN, on_resolved, r);
   int rc = job ? tc_pg_job_add(job, "SELECT pg_catalog.pg_current_xact_id()", 0, NULL) : -1, stmt = 1;
-  arr_t a[3];
-  for (int i = 0; i < 3; i++) arr_init(&a[i]);
-  if (rc == 0 && r->count[TC_OP_BEGIN]) {
-    for (int i = 0; i < r->count[TC_OP_BEGIN]; i++) arr_add(&a[0], r->by_kind[TC_OP_BEGIN][i]->xid);
-    r->stmt_index[TC_OP_BEGIN] = stmt++;
-    rc = add_stmt(job, "tc_resolve_begin",
-                  "SELECT u.i::int, EXISTS (SELECT 1 FROM global_table g WHERE g.xid = u.x) "
-                  "OR EXISTS (SELECT 1 FROM global_history h WHERE h.xid = u.x) "
-                  "FROM unnest($1::text[]) WITH ORDINALITY AS u(x, i)",
-                  a, 1, NULL, 0);
-  }
-  for (int i = 0; i < 3; i++) {
-    arr_free(&a[i]);
-    arr_init(&a[i]);
-  }
-  if (rc == 0 && r->count[TC_OP_REGISTER]) {
-    for (int i = 0; i < r->count[TC_OP_REGISTER]; i++) {
-      arr_add(&a[0], r->by_kind[TC_OP_REGISTER][i]->xid);
-      arr_add_i64(&a[1], r->by_kind[TC_OP_REGISTER][i]->id);
-    }
-    r->stmt_index[TC_OP_REGISTER] = stmt++;
-    rc = add_stmt(job, "tc_resolve_register",
-                  "SELECT u.i::int, EXISTS (SELECT 1 FROM branch_table b "
-                  "WHERE b.branch_id = u.b AND b.xid = u.x) "
-                  "FROM unnest($1::text[], $2::bigint[]) WITH ORDINALITY AS u(x, b, i)",
-                  a, 2, NULL, 0);
-  }
-  for (int i = 0; i < 3; i++) {
-    arr_free(&a[i]);
-    arr_init(&a[i]);
-  }
-  if (rc == 0 && r->count[TC_OP_DECIDE]) {
-    for (int i = 0; i < r->count[TC_OP_DECIDE]; i++) {
-      const tc_op_t *op = r->by_kind[TC_OP_DECIDE][i];
-      arr_add(&a[0], op->xid);
-      arr_add(&a[1], op->group ? op->app_id : NULL);
-      arr_add(&a[2], op->group);
-    }
-    const char *xids = arr_end(&a[0]);
-    char *xids_copy = xids ? strdup(xids) : NULL;
-    r->stmt_index[TC_OP_DECIDE] = stmt++;
-    r->branches_stmt = stmt++;
-    rc = xids_copy ? add_stmt(job, "tc_resolve_decide",
-                              "SELECT u.i::int, g.status, "
-                              "tc__may_decide(g.xid, g.application_id, g.app_group, u.ap, u.gr) "
-                              "FROM unnest($1::text[], $2::text[], $3::text[]) "
-                              "WITH ORDINALITY AS u(x, ap, gr, i) "
-                              "LEFT JOIN global_table g ON g.xid = u.x",
-                              a, 3, NULL, 0)
-                   : -1;
-    if (rc == 0) {
-      const char *v[] = {xids_copy};
-      rc = tc_pg_job_add_prepared(job, "tc_decide_branches", SQL_DECIDE_BRANCHES, 1, v);
-    }
-    free(xids_copy);
-  }
-  for (int i = 0; i < 3; i++) arr_free(&a[i]);
+  for (size_t i = 0; rc == 0 && i < sizeof(resolve_stmts) / sizeof(resolve_stmts[0]); i++)
+    if (r->count[resolve_stmts[i].kind]) rc = add_resolve_stmt(job, r, &resolve_stmts[i], &stmt);
   if (rc == 0) rc = tc_pg_submit(st->rpool, job, RESOLVE_WAIT_MS);
   if (rc != 0) {
     if (job) tc_pg_job_free(job);
@@ -947,14 +882,18 @@ static void on_batch_done(tc_pg_job_t *job, int status, void *arg) {
   if (status == TC_PG_EBROKEN) st->stats.unknown_batches++;
 
   if (status == TC_PG_OK) {
-    if (b->stmt_index[TC_OP_BEGIN] >= 0) take_begin(b, tc_pg_job_result(job, b->stmt_index[TC_OP_BEGIN]));
-    if (b->stmt_index[TC_OP_REGISTER] >= 0)
-      take_register(b, tc_pg_job_result(job, b->stmt_index[TC_OP_REGISTER]));
-    if (b->stmt_index[TC_OP_DECIDE] >= 0)
-      take_decide(b, tc_pg_job_result(job, b->stmt_index[TC_OP_DECIDE]),
-                  tc_pg_job_result(job, b->branches_stmt));
-    if (b->stmt_index[TC_OP_PHASE2] >= 0)
-      take_phase2(b, tc_pg_job_result(job, b->stmt_index[TC_OP_PHASE2]));
+    static void (*const take[TC_OP__KINDS])(tc_op_t *op, const PGresult *r, int row) = {
+      [TC_OP_BEGIN] = take_begin,
+      [TC_OP_REGISTER] = take_register,
+      [TC_OP_DECIDE] = take_decide,
+      [TC_OP_PHASE2] = take_phase2,
+    };
+    for (int k = 0; k < TC_OP__KINDS; k++) {
+      if (b->stmt_index[k] < 0) continue;
+      take_items(b, k, tc_pg_job_result(job, b->stmt_index[k]), take[k]);
+      const PGresult *br = k == TC_OP_DECIDE ? tc_pg_job_result(job, b->branches_stmt) : NULL;
+      if (br) attach_branches(b, br); /* the decisions' branches, before the next kind */
+    }
     for (int i = 0; i < b->n; i++) {
       if (b->ops[i]->res == TC_RES_NONE && b->ops[i]->status == 0)
         op_fail(b->ops[i], "store returned no row for the request");
@@ -1051,20 +990,20 @@ static int flush_one(tc_store_t *st, lane_t *lane) {
   int stmt = 0, rc = 0;
   if ((b->count[TC_OP_BEGIN] || begin_parts(b)) && rc == 0) {
     b->stmt_index[TC_OP_BEGIN] = stmt++;
-    rc = build_begin(st, b, job);
+    rc = build_with_arrays(st, b, job, 7, build_begin);
   }
   if (b->count[TC_OP_REGISTER] && rc == 0) {
     b->stmt_index[TC_OP_REGISTER] = stmt++;
-    rc = build_register(st, b, job);
+    rc = build_with_arrays(st, b, job, 14, build_register);
   }
   if (b->count[TC_OP_DECIDE] && rc == 0) {
     b->branches_stmt = stmt++;
     b->stmt_index[TC_OP_DECIDE] = stmt++;
-    rc = build_decide(st, b, job);
+    rc = build_with_arrays(st, b, job, 4, build_decide);
   }
   if (b->count[TC_OP_PHASE2] && rc == 0) {
     b->stmt_index[TC_OP_PHASE2] = stmt++;
-    rc = build_phase2(st, b, job);
+    rc = build_with_arrays(st, b, job, 7, build_phase2);
   }
   if (rc == 0 && batch_fault(b, "tc.store.begin.aborted", "tc.store.register.aborted", "tc.store.decide.aborted")) {
     b->aborted_on_purpose = true; /* see on_batch_done */

@@ -192,14 +192,20 @@ int tc_read_branch_owner(tc_store_t *st, const char *xid, int64_t branch_id, uns
 
 /* ------------------------------------------------------------ operators */
 
-/* Live global transactions, oldest first (begin_time, xid). */
-typedef struct tc_read_globals_filter {
+/* What the lists of global transactions, live or finished, filter on
+ * alike. */
+typedef struct tc_read_list_filter {
   const int *statuses; /* one of these statuses; NULL or nstatuses 0: any */
   int nstatuses;
-  bool has_min_age;
-  double min_age_s; /* begun at least this long ago */
   const char *name; /* this transaction name; NULL: any */
   int limit;        /* rows at most */
+} tc_read_list_filter_t;
+
+/* Live global transactions, oldest first (begin_time, xid). */
+typedef struct tc_read_globals_filter {
+  tc_read_list_filter_t list;
+  bool has_min_age;
+  double min_age_s; /* begun at least this long ago */
 } tc_read_globals_filter_t;
 typedef void (*tc_read_globals_cb)(int status, const char *err, const tc_read_global_t *rows, int n, void *arg);
 
@@ -214,13 +220,10 @@ typedef struct tc_read_finished {
   int64_t branches;     /* how many it had */
 } tc_read_finished_t;
 typedef struct tc_read_history_filter {
-  const char *xid;     /* this xid; NULL: any */
-  const int *statuses; /* one of these final statuses; NULL or nstatuses 0: any */
-  int nstatuses;
-  const char *name;    /* this transaction name; NULL: any */
+  tc_read_list_filter_t list; /* its statuses: final ones */
+  const char *xid;            /* this xid; NULL: any */
   bool has_since, has_until;
   double since_unix, until_unix; /* ended within [since, until], Unix time */
-  int limit;           /* rows at most */
 } tc_read_history_filter_t;
 typedef void (*tc_read_history_cb)(int status, const char *err, const tc_read_finished_t *rows, int n, void *arg);
 

@@ -414,28 +414,64 @@ static void table_print(table_t *t) {
   t->cells = NULL;
 }
 
-static void print_globals(const json_t *a) {
-  static const char *const titles[] = {"XID", "STATUS", "AGE", "NAME", "BRANCHES", "LOCKS", "RETRIES", "LAST ERROR"};
-  static const int maxw[] = {0, 0, 0, 24, 0, 0, 0, 0};
-  const json_t *list = json_object_get(a, "globals");
+/* A cell that needs more than field(): it writes the text of row 'o'. */
+typedef void (*cell_fn)(const json_t *o, char *out, size_t cap);
+
+/* A column of a table of JSON objects: its title, the member it shows
+ * (as field() writes it) or else the function that writes its cell, and
+ * its width at most (0: unbounded). */
+typedef struct column {
+  const char *title;
+  const char *key;
+  cell_fn cell;
+  int maxw;
+} column_t;
+
+/* Print the objects of the array 'rows' as a table, a row each. */
+static void print_rows(const json_t *rows, const column_t *cols, int ncols) {
+  const char *titles[MAX_COLS];
+  int maxw[MAX_COLS];
+  for (int c = 0; c < ncols; c++) {
+    titles[c] = cols[c].title;
+    maxw[c] = cols[c].maxw;
+  }
   table_t t;
-  table_init(&t, 8, titles, maxw);
+  table_init(&t, ncols, titles, maxw);
   size_t i;
-  const json_t *g;
-  json_array_foreach(list, i, g) {
+  const json_t *o;
+  json_array_foreach(rows, i, o) {
     char(*row)[CELL] = table_row(&t);
     if (!row) break;
-    field(g, "xid", row[0], CELL);
-    field(g, "status", row[1], CELL);
-    duration(json_number_value(json_object_get(g, "age_s")), row[2], CELL);
-    field(g, "name", row[3], CELL);
-    field(g, "branches", row[4], CELL);
-    field(g, "locks", row[5], CELL);
-    field(g, "retry_count", row[6], CELL);
-    field(g, "last_error", row[7], CELL);
+    for (int c = 0; c < ncols; c++) {
+      if (cols[c].cell) cols[c].cell(o, row[c], CELL);
+      else field(o, cols[c].key, row[c], CELL);
+    }
   }
-  if (json_array_size(list)) table_print(&t);
-  else free(t.cells);
+  table_print(&t);
+}
+
+/* Columns: one that shows member 'key', the same at most 'maxw' wide, and
+ * one whose cell 'cell' writes. */
+#define COL(title, key) {(title), (key), NULL, 0}
+#define COL_MAX(title, key, maxw) {(title), (key), NULL, (maxw)}
+#define COL_CELL(title, cell) {(title), NULL, (cell), 0}
+
+#define PRINT_ROWS(rows, cols) print_rows((rows), (cols), (int)(sizeof(cols) / sizeof((cols)[0])))
+
+/* The number member 'key' of 'o', a count of seconds, as a duration. */
+static void seconds_cell(const json_t *o, const char *key, double per_second, char *out, size_t cap) {
+  duration(json_number_value(json_object_get(o, key)) / per_second, out, cap);
+}
+
+static void age_cell(const json_t *o, char *out, size_t cap) { seconds_cell(o, "age_s", 1, out, cap); }
+
+static void print_globals(const json_t *a) {
+  static const column_t cols[] = {
+    COL("XID", "xid"), COL("STATUS", "status"), COL_CELL("AGE", age_cell), COL_MAX("NAME", "name", 24),
+    COL("BRANCHES", "branches"), COL("LOCKS", "locks"), COL("RETRIES", "retry_count"), COL("LAST ERROR", "last_error"),
+  };
+  const json_t *list = json_object_get(a, "globals");
+  if (json_array_size(list)) PRINT_ROWS(list, cols);
   printf("%zu global transaction%s%s\n", json_array_size(list), json_array_size(list) == 1 ? "" : "s",
          json_is_true(json_object_get(a, "truncated")) ? " (more exist: raise --limit)" : "");
 }
@@ -451,21 +487,18 @@ static void kv(const char *k, const char *fmt, ...) {
   printf("\n");
 }
 
+static void waiting_cell(const json_t *o, char *out, size_t cap) { seconds_cell(o, "waiting_ms", 1000.0, out, cap); }
+
+static void times_out_cell(const json_t *o, char *out, size_t cap) {
+  seconds_cell(o, "timeout_in_ms", 1000.0, out, cap);
+}
+
 static void print_waiters(const json_t *q, const char *indent) {
-  static const char *const titles[] = {"WAITING XID", "WAITING", "TIMES OUT IN"};
-  table_t t;
-  table_init(&t, 3, titles, NULL);
-  size_t i;
-  const json_t *w;
-  json_array_foreach(q, i, w) {
-    char(*row)[CELL] = table_row(&t);
-    if (!row) break;
-    field(w, "xid", row[0], CELL);
-    duration(json_number_value(json_object_get(w, "waiting_ms")) / 1000.0, row[1], CELL);
-    duration(json_number_value(json_object_get(w, "timeout_in_ms")) / 1000.0, row[2], CELL);
-  }
+  static const column_t cols[] = {
+    COL("WAITING XID", "xid"), COL_CELL("WAITING", waiting_cell), COL_CELL("TIMES OUT IN", times_out_cell),
+  };
   (void)indent;
-  table_print(&t);
+  PRINT_ROWS(q, cols);
 }
 
 /* A saga step's state in words, from its branch status's name. */
@@ -558,43 +591,21 @@ static void print_global(const json_t *a) {
   const json_t *branches = json_object_get(a, "branches");
   printf("\n%zu branch%s\n", json_array_size(branches), json_array_size(branches) == 1 ? "" : "es");
   if (json_array_size(branches)) {
-    static const char *const titles[] = {"BRANCH", "RESOURCE", "TYPE", "STATUS", "RETRIES", "CLIENT", "LAST ERROR"};
-    table_t t;
-    table_init(&t, 7, titles, NULL);
-    size_t i;
-    const json_t *b;
-    json_array_foreach(branches, i, b) {
-      char(*row)[CELL] = table_row(&t);
-      if (!row) break;
-      field(b, "branch_id", row[0], CELL);
-      field(b, "resource_id", row[1], CELL);
-      field(b, "branch_type", row[2], CELL);
-      field(b, "status", row[3], CELL);
-      field(b, "retry_count", row[4], CELL);
-      field(b, "client_id", row[5], CELL);
-      field(b, "last_error", row[6], CELL);
-    }
-    table_print(&t);
+    static const column_t cols[] = {
+      COL("BRANCH", "branch_id"), COL("RESOURCE", "resource_id"), COL("TYPE", "branch_type"), COL("STATUS", "status"),
+      COL("RETRIES", "retry_count"), COL("CLIENT", "client_id"), COL("LAST ERROR", "last_error"),
+    };
+    PRINT_ROWS(branches, cols);
     print_saga_steps(branches);
   }
   const json_t *locks = json_object_get(a, "locks");
   printf("\n%zu lock%s%s\n", json_array_size(locks), json_array_size(locks) == 1 ? "" : "s",
          json_is_true(json_object_get(a, "locks_truncated")) ? " (first ones only)" : "");
   if (json_array_size(locks)) {
-    static const char *const titles[] = {"ROW KEY", "BRANCH", "STATUS", "SINCE"};
-    table_t t;
-    table_init(&t, 4, titles, NULL);
-    size_t i;
-    const json_t *l;
-    json_array_foreach(locks, i, l) {
-      char(*row)[CELL] = table_row(&t);
-      if (!row) break;
-      field(l, "row_key", row[0], CELL);
-      field(l, "branch_id", row[1], CELL);
-      field(l, "status", row[2], CELL);
-      field(l, "since", row[3], CELL);
-    }
-    table_print(&t);
+    static const column_t cols[] = {
+      COL("ROW KEY", "row_key"), COL("BRANCH", "branch_id"), COL("STATUS", "status"), COL("SINCE", "since"),
+    };
+    PRINT_ROWS(locks, cols);
   }
   const json_t *waiters = json_object_get(a, "waiters");
   if (json_array_size(waiters)) {
@@ -604,29 +615,23 @@ static void print_global(const json_t *a) {
   }
 }
 
+/* An orphan lock's holder has no status: it is gone. */
+static void holder_status_cell(const json_t *l, char *out, size_t cap) {
+  if (json_is_true(json_object_get(l, "orphan"))) snprintf(out, cap, "(orphan)");
+  else field(l, "holder_status", out, cap);
+}
+
 static void print_locks(const json_t *a) {
-  static const char *const titles[] = {"ROW KEY", "XID", "BRANCH", "STATUS", "HOLDER STATUS", "SINCE"};
+  static const column_t cols[] = {
+    COL("ROW KEY", "row_key"), COL("XID", "xid"), COL("BRANCH", "branch_id"), COL("STATUS", "status"),
+    COL_CELL("HOLDER STATUS", holder_status_cell), COL("SINCE", "since"),
+  };
   const json_t *list = json_object_get(a, "locks");
-  table_t t;
-  table_init(&t, 6, titles, NULL);
-  size_t i;
-  const json_t *l;
-  json_array_foreach(list, i, l) {
-    char(*row)[CELL] = table_row(&t);
-    if (!row) break;
-    field(l, "row_key", row[0], CELL);
-    field(l, "xid", row[1], CELL);
-    field(l, "branch_id", row[2], CELL);
-    field(l, "status", row[3], CELL);
-    if (json_is_true(json_object_get(l, "orphan"))) snprintf(row[4], CELL, "(orphan)");
-    else field(l, "holder_status", row[4], CELL);
-    field(l, "since", row[5], CELL);
-  }
-  if (json_array_size(list)) table_print(&t);
-  else free(t.cells);
+  if (json_array_size(list)) PRINT_ROWS(list, cols);
   printf("%zu lock%s%s\n", json_array_size(list), json_array_size(list) == 1 ? "" : "s",
          json_is_true(json_object_get(a, "truncated")) ? " (more exist: raise --limit)" : "");
   const json_t *groups = json_object_get(a, "waiters");
+  size_t i;
   const json_t *g;
   json_array_foreach(groups, i, g) {
     printf("\nwaiting on this node for \"%s\":\n", jstr(g, "holder") ? jstr(g, "holder") : "?");
@@ -634,31 +639,26 @@ static void print_locks(const json_t *a) {
   }
 }
 
+/* The node's id, marked " *" for the node that answers. */
+static void node_cell(const json_t *n, char *out, size_t cap) {
+  field(n, "node_id", out, cap);
+  if (json_is_true(json_object_get(n, "self"))) strncat(out, " *", cap - strlen(out) - 1);
+}
+
+static void heartbeat_cell(const json_t *n, char *out, size_t cap) {
+  char age[64];
+  seconds_cell(n, "heartbeat_age_s", 1, age, sizeof(age));
+  snprintf(out, cap, "%s ago", age);
+}
+
 static void print_nodes(const json_t *a) {
-  static const char *const titles[] = {"NODE", "STATE", "ADDRESS", "LEADER", "HEARTBEAT", "PID", "VERSION",
-                                       "ADMIN SOCKET"};
+  static const column_t cols[] = {
+    COL_CELL("NODE", node_cell), COL("STATE", "state"), COL("ADDRESS", "address"), COL("LEADER", "is_leader"),
+    COL_CELL("HEARTBEAT", heartbeat_cell), COL("PID", "pid"), COL("VERSION", "version"),
+    COL("ADMIN SOCKET", "admin_socket"),
+  };
   const json_t *list = json_object_get(a, "nodes");
-  table_t t;
-  table_init(&t, 8, titles, NULL);
-  size_t i;
-  const json_t *n;
-  json_array_foreach(list, i, n) {
-    char(*row)[CELL] = table_row(&t);
-    if (!row) break;
-    field(n, "node_id", row[0], CELL);
-    if (json_is_true(json_object_get(n, "self"))) strncat(row[0], " *", CELL - strlen(row[0]) - 1);
-    field(n, "state", row[1], CELL);
-    field(n, "address", row[2], CELL);
-    field(n, "is_leader", row[3], CELL);
-    char age[64];
-    duration(json_number_value(json_object_get(n, "heartbeat_age_s")), age, sizeof(age));
-    snprintf(row[4], CELL, "%s ago", age);
-    field(n, "pid", row[5], CELL);
-    field(n, "version", row[6], CELL);
-    field(n, "admin_socket", row[7], CELL);
-  }
-  if (json_array_size(list)) table_print(&t);
-  else free(t.cells);
+  if (json_array_size(list)) PRINT_ROWS(list, cols);
   const json_t *self = json_object_get(a, "self");
   char id[32];
   field(self, "node_id", id, sizeof(id));
@@ -715,28 +715,20 @@ static void print_failpoints(json_t *a) {
   }
 }
 
+/* How long a finished transaction took: under a second in milliseconds. */
+static void took_cell(const json_t *h, char *out, size_t cap) {
+  double took = json_number_value(json_object_get(h, "duration_s"));
+  if (took < 1) snprintf(out, cap, "%.0fms", took * 1000);
+  else duration(took, out, cap);
+}
+
 static void print_history(const json_t *a) {
-  static const char *const titles[] = {"XID", "STATUS", "ENDED", "TOOK", "NAME", "BRANCHES"};
-  static const int maxw[] = {0, 0, 0, 0, 24, 0};
+  static const column_t cols[] = {
+    COL("XID", "xid"), COL("STATUS", "status"), COL("ENDED", "end_time"), COL_CELL("TOOK", took_cell),
+    COL_MAX("NAME", "name", 24), COL("BRANCHES", "branches"),
+  };
   const json_t *list = json_object_get(a, "history");
-  table_t t;
-  table_init(&t, 6, titles, maxw);
-  size_t i;
-  const json_t *h;
-  json_array_foreach(list, i, h) {
-    char(*row)[CELL] = table_row(&t);
-    if (!row) break;
-    field(h, "xid", row[0], CELL);
-    field(h, "status", row[1], CELL);
-    field(h, "end_time", row[2], CELL);
-    double took = json_number_value(json_object_get(h, "duration_s"));
-    if (took < 1) snprintf(row[3], CELL, "%.0fms", took * 1000);
-    else duration(took, row[3], CELL);
-    field(h, "name", row[4], CELL);
-    field(h, "branches", row[5], CELL);
-  }
-  if (json_array_size(list)) table_print(&t);
-  else free(t.cells);
+  if (json_array_size(list)) PRINT_ROWS(list, cols);
   printf("%zu finished transaction%s%s\n", json_array_size(list), json_array_size(list) == 1 ? "" : "s",
          json_is_true(json_object_get(a, "truncated")) ? " (more exist: raise --limit or narrow --since)" : "");
 }
@@ -995,8 +987,8 @@ int main(int argc, char **argv) {
   static const struct option opts[] = {
     {"socket", required_argument, NULL, 's'}, {"json", no_argument, NULL, 'j'},
     {"timeout", required_argument, NULL, 't'}, {"watch", required_argument, NULL, 'w'},
-    {"count", required_argument, NULL, 'n'},  {"help", no_argument, NULL, 'h'},
-    {"version", no_argument, NULL, 'V'},      {NULL, 0, NULL, 0},
+    {"count", required_argument, NULL, 'n'}, {"help", no_argument, NULL, 'h'},
+    {"version", no_argument, NULL, 'V'}, {NULL, 0, NULL, 0},
   };
   const char *socket_path = NULL;
   bool as_json = false;
