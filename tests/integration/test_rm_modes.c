@@ -252,6 +252,13 @@ static int group_setup(void **state) {
                      .log_cb = log_cb, .log_level = RM_LOG_DEBUG};
   if (itest_tcd_start(&tcd, tc_url, TOKEN, 300, admin_env) != 0 || itest_client_new(&tcd, cfg, &client) != 0)
     return -1;
+  /* Phase two waits up to 5 s for a row lock here (itest_client_new's
+   * 1 s, the library's default being 5 s): test_saga_two_drives holds a
+   * delivery on the other one's fence row while the test steps on, and on
+   * a loaded machine that took more than a second; the waits the TCC and
+   * XA tests provoke end by the holder's commit, well before either. */
+  rm_at_tuning_t phase2 = {.lock_timeout_ms = 5000};
+  if (rm__at_tune(client, &phase2) != 0) return -1;
   if (rm_tcc_resource_add(client, RES, stock_url, &tcc_handlers) != 0 ||
       rm_xa_resource_add(client, XA_RES, stock_url) != 0 || rm_resource_add(client, "orders", orders_url) != 0 ||
       rm_saga_resource_add(client, SAGA_RES, stock_url, &saga_handlers) != 0) {
