@@ -214,17 +214,6 @@ const char *rm_at_errmsg(const rm_branch_t *b) { return b ? b->errmsg : ""; }
 
 /* --------------------------------------------------------------- prepare */
 
-static bool is_commit_delta(const json_t *item) {
-  const char *op = json_string_value(json_object_get(item, "op"));
-  return op && strcmp(op, "commit_delta") == 0;
-}
-
-static bool same_row(const json_t *a, const json_t *b) {
-  return json_equal(json_object_get(a, "schema"), json_object_get(b, "schema")) &&
-         json_equal(json_object_get(a, "table"), json_object_get(b, "table")) &&
-         json_equal(json_object_get(a, "pk"), json_object_get(b, "pk"));
-}
-
 /*
  * A commit cannot be refused (the decision is made), so what a branch
  * records for the commit must always fit: for each row, its commit deltas
@@ -235,31 +224,33 @@ static bool same_row(const json_t *a, const json_t *b) {
  */
 static int check_commit_deltas(rm_branch_t *b) {
   if (!b->has_commit_delta) return 0;
-  size_t n = json_array_size(b->undo);
-  for (size_t i = 0; i < n; i++) {
-    const json_t *a = json_array_get(b->undo, i);
-    if (!is_commit_delta(a)) continue;
+  /* The items as phase two will read them (either form: rm_image.h); only
+   * branches with commit deltas pay for reading them back. */
+  size_t n = json_array_size(b->undo), got = 0;
+  rm_item_t *its = calloc(n ? n : 1, sizeof(*its));
+  char why[64];
+  while (its && got < n && rm_item_from_json(json_array_get(b->undo, got), &its[got], why, sizeof(why)) == 0) got++;
+  int rc = got == n ? 0 : rm__at_oom(b); /* the library's own items: only memory can fail */
+  for (size_t i = 0; rc == 0 && i < n; i++) {
+    const rm_item_t *a = &its[i];
+    if (a->op != RM_OP_COMMIT_DELTA) continue;
     bool first = true;
-    for (size_t k = 0; k < i && first; k++) {
-      const json_t *e = json_array_get(b->undo, k);
-      first = !(is_commit_delta(e) && same_row(a, e));
-    }
+    for (size_t k = 0; k < i && first; k++) first = !(its[k].op == RM_OP_COMMIT_DELTA && rm_item_same_row(a, &its[k]));
     if (!first) continue;
     long long net = 0;
     bool overflow = false;
-    for (size_t k = i; k < n; k++) {
-      const json_t *e = json_array_get(b->undo, k);
-      if (is_commit_delta(e) && same_row(a, e))
-        overflow = overflow || __builtin_add_overflow(net, (long long)json_integer_value(json_object_get(e, "delta")), &net);
-    }
+    for (size_t k = i; k < n; k++)
+      if (its[k].op == RM_OP_COMMIT_DELTA && rm_item_same_row(a, &its[k]))
+        overflow = overflow || __builtin_add_overflow(net, its[k].delta, &net);
     if (overflow || net > 0) {
       rm__at_err(b, "the commit-time deltas of one row of \"%s\" add up to %s%lld: a commit cannot be refused, so it "
                  "may only give back or move; take in phase one (rm_at_update_delta, under its guard)",
-                 json_string_value(json_object_get(a, "table")), overflow ? "more than " : "+", overflow ? LLONG_MAX : net);
-      return RM_E_INVALID;
+                 a->table, overflow ? "more than " : "+", overflow ? LLONG_MAX : net);
+      rc = RM_E_INVALID;
     }
   }
-  return 0;
+  rm_undo_free(its, got);
+  return rc;
 }
 
 static int prepare(rm_branch_t *b, int64_t *branch_id, bool *fused_commit);
@@ -416,7 +407,7 @@ static int prepare(rm_branch_t *b, int64_t *branch_id, bool *fused_commit_done) 
       return RM_E_NOMEM;
     }
   }
-  char *undo = rm_undo_encode_json(b->undo, rm__undo_compact(b->c)); /* rm_image.h NOTES */
+  char *undo = json_dumps(b->undo, JSON_COMPACT); /* items in the configured form (rm__at_item_encode) */
   char *ctx = rm__at_context(b);
   if (!undo || !ctx) {
     free(undo);

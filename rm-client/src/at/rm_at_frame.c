@@ -428,7 +428,10 @@ int rm__at_stmt_table_in(rm_branch_t *b, const char *schema, const char *name, i
 }
 
 int rm__at_item_encode(rm_branch_t *b, const rm_table_t *t, const rm_item_t *it, json_t **out, size_t *size) {
-  json_t *j = rm_item_to_json(it);
+  /* In the form the undo row is written in (rm_config_t.undo_format): the
+   * branch's undo is dumped as it is at prepare, and its size is counted
+   * as written. */
+  json_t *j = rm__undo_compact(b->c) ? rm_item_to_compact(it) : rm_item_to_json(it);
   if (!j) {
     rm__at_err(b, "could not encode the undo item of \"%s\" (a value is not valid UTF-8?)", t->name);
     return RM_E_NOT_SUPPORTED;

@@ -155,7 +155,7 @@ static int apply_row_deltas(rm_undo_ctx_t *u, const rm_item_t *items, size_t n, 
   }
   for (size_t k = first; k < n; k++) {
     const rm_item_t *e = &items[k];
-    if (e->op != RM_OP_COMMIT_DELTA || !rm__undo_same_row(it, e)) continue;
+    if (e->op != RM_OP_COMMIT_DELTA || !rm_item_same_row(it, e)) continue;
     int ci = rm__undo_col_of(t, e->col);
     if (ci < 0) {
       snprintf(u->io.err, u->io.errlen, "column \"%s\" of \"%s\".\"%s\" no longer exists: cannot apply a commit delta",
@@ -245,7 +245,7 @@ static int commit_apply_on(rm_undo_ctx_t *u, int *code) {
     if (t.items[i].op != RM_OP_COMMIT_DELTA) continue;
     bool first = true;
     for (size_t k = 0; k < i && first; k++)
-      first = !(t.items[k].op == RM_OP_COMMIT_DELTA && rm__undo_same_row(&t.items[i], &t.items[k]));
+      first = !(t.items[k].op == RM_OP_COMMIT_DELTA && rm_item_same_row(&t.items[i], &t.items[k]));
     if (!first) continue;
     int rc = apply_row_deltas(u, t.items, t.nitems, i);
     if (rc != RM_UNDO_OK) {

@@ -122,6 +122,11 @@ void rm_item_clear(rm_item_t *it) {
   memset(it, 0, sizeof(*it));
 }
 
+bool rm_item_same_row(const rm_item_t *a, const rm_item_t *b) {
+  return strcmp(a->schema, b->schema) == 0 && strcmp(a->table, b->table) == 0 && a->pk->n == b->pk->n &&
+         rm_row_diff(a->pk, b->pk, NULL, 0) == 0;
+}
+
 /* {name: value|null, ...}; NULL on failure (e.g. invalid UTF-8). */
 static json_t *row_to_json(const rm_row_t *r) {
   json_t *o = json_object();
@@ -370,12 +375,11 @@ fail:
   return RM_E_INVALID;
 }
 
-/* The rollback_info text of 'n' items, each made by 'form'. */
-static char *encode_items(const rm_item_t *items, size_t n, json_t *(*form)(const rm_item_t *)) {
+char *rm_undo_encode(const rm_item_t *items, size_t n) {
   json_t *arr = json_array();
   if (!arr) return NULL;
   for (size_t i = 0; i < n; i++) {
-    json_t *o = form(&items[i]);
+    json_t *o = rm_item_to_compact(&items[i]);
     if (!o || json_array_append_new(arr, o) != 0) {
       json_decref(arr);
       return NULL;
@@ -386,22 +390,7 @@ static char *encode_items(const rm_item_t *items, size_t n, json_t *(*form)(cons
   return s;
 }
 
-char *rm_undo_encode(const rm_item_t *items, size_t n) { return encode_items(items, n, rm_item_to_compact); }
 
-/* The object form of earlier versions (RM_UNDO_OBJECTS). */
-static char *encode_objects(const rm_item_t *items, size_t n) { return encode_items(items, n, rm_item_to_json); }
-
-char *rm_undo_encode_json(const json_t *items, bool compact) {
-  size_t n = json_array_size(items);
-  rm_item_t *its = calloc(n ? n : 1, sizeof(*its));
-  if (!its) return NULL;
-  char why[8];
-  size_t done = 0;
-  while (done < n && rm_item_from_json(json_array_get(items, done), &its[done], why, sizeof(why)) == 0) done++;
-  char *s = done < n ? NULL : compact ? rm_undo_encode(its, n) : encode_objects(its, n);
-  rm_undo_free(its, done);
-  return s;
-}
 
 void rm_undo_free(rm_item_t *items, size_t n) {
   if (!items) return;

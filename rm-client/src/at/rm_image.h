@@ -25,8 +25,8 @@
  *
  *   About half the bytes of the object form (no key names, no "public"),
  *   which every undo row pays twice in WAL (its insert, then its pages'
- *   deletes and vacuum).  The object form, which earlier versions wrote and
- *   the library still builds in memory, reads as well:
+ *   deletes and vacuum).  The object form, which earlier versions wrote
+ *   (and RM_UNDO_OBJECTS still does), reads as well:
  *
  *     {"op":"insert","schema":s,"table":t,"pk":{col:val,...},"digest":d}
  *     {"op":"insert","schema":s,"table":t,"pk":{col:val,...},"after":{...}}
@@ -133,9 +133,11 @@ typedef struct rm_item {
 
 /* Release what 'it' owns (not 'it' itself) and zero it. */
 void rm_item_clear(rm_item_t *it);
+/* Whether two items name the same row (schema, table, key). */
+bool rm_item_same_row(const rm_item_t *a, const rm_item_t *b);
 
-/* The JSON form of one item (a new reference), NULL on allocation failure
- * or if a string is not valid UTF-8. */
+/* The object form of one item (a new reference; what RM_UNDO_OBJECTS
+ * writes), NULL on allocation failure or if a string is not valid UTF-8. */
 json_t *rm_item_to_json(const rm_item_t *it);
 /* The compact form of one item (a new reference; NOTES), NULL as above or
  * when the item lacks what its op needs. */
@@ -151,10 +153,6 @@ int rm_item_from_json(const json_t *j, rm_item_t *it, char *err, size_t errlen);
 /* Encode 'n' items as the rollback_info text (malloc'd, compact items).
  * NULL on allocation failure or invalid UTF-8. */
 char *rm_undo_encode(const rm_item_t *items, size_t n);
-/* The same from a JSON array of items in either form (the branch's undo
- * as the library builds it), in the compact form or ('compact' false) as
- * objects; NULL also when an item is not valid. */
-char *rm_undo_encode_json(const json_t *items, bool compact);
 /* Whether the digest an undo item kept ('kept', a head of at least
  * RM_ROW_DIGEST_KEPT characters, or a whole one) is the head of the row's
  * digest now ('current'). */

@@ -109,8 +109,6 @@ int rm__undo_item_failure(rm_undo_ctx_t *u, int rc, bool commit, int *code);
  * message set. */
 int rm__undo_parse_row(rm_undo_ctx_t *u, const PGresult *row, const char *bid, rm_ctx_t *ctx, rm_item_t **items,
                        size_t *nitems);
-/* Whether two items name the same row. */
-bool rm__undo_same_row(const rm_item_t *a, const rm_item_t *b);
 
 /* --- rm_commit.c --- */
 

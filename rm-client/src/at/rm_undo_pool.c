@@ -264,8 +264,3 @@ int rm__undo_txn_end(rm_undo_ctx_t *u, rm_undo_txn_t *t) {
   return t->status;
 }
 
-bool rm__undo_same_row(const rm_item_t *a, const rm_item_t *b) {
-  return strcmp(a->schema, b->schema) == 0 && strcmp(a->table, b->table) == 0 && a->pk->n == b->pk->n &&
-         rm_row_diff(a->pk, b->pk, NULL, 0) == 0;
-}
-
