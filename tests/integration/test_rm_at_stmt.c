@@ -274,15 +274,22 @@ static int open_early(const char *name, PGconn *o, char *xid, rm_branch_t **b) {
   return rc != 0 ? rc : rm_at_register_early(*b);
 }
 
+/* A branch opened by 'open' that inserts (k, 'v') into other.kv, with a
+ * global lock on the row ('locked') or without. */
+static rm_branch_t *open_inserting(first_open_fn open, PGconn *o, const char *k, bool locked, char *xid) {
+  rm_branch_t *b = NULL;
+  assert_int_equal(open(k, o, xid, &b), 0);
+  const char *c[2] = {"k", "v"}, *v[2] = {k, "v"};
+  assert_int_equal(locked ? rm_at_insert(b, "other.kv", 2, c, v) : rm_at_insert_unlocked(b, "other.kv", 2, c, v), 0);
+  return b;
+}
+
 /* One global of such a branch that inserts (k, 'v') into other.kv, the
  * branch prepared and committed locally, the global committed or rolled
  * back: the rows of k afterwards. */
 static long long first_round(first_open_fn open, PGconn *o, const char *k, bool commit) {
   char xid[RM_XID_MAX];
-  rm_branch_t *b = NULL;
-  assert_int_equal(open(k, o, xid, &b), 0);
-  const char *c[2] = {"k", "v"}, *v[2] = {k, "v"};
-  assert_int_equal(rm_at_insert_unlocked(b, "other.kv", 2, c, v), 0);
+  rm_branch_t *b = open_inserting(open, o, k, false, xid);
   bool committed = false;
   int64_t bid = 0;
   assert_int_equal(rm_at_prepare_commit(b, &bid, &committed), 0);
@@ -300,10 +307,7 @@ static long long first_round(first_open_fn open, PGconn *o, const char *k, bool 
  * rolled back; nothing stays. */
 static void first_locked(first_open_fn open, PGconn *o, const char *k) {
   char xid[RM_XID_MAX];
-  rm_branch_t *b = NULL;
-  assert_int_equal(open(k, o, xid, &b), 0);
-  const char *c[2] = {"k", "v"}, *v[2] = {k, "v"};
-  assert_int_equal(rm_at_insert(b, "other.kv", 2, c, v), 0);
+  rm_branch_t *b = open_inserting(open, o, k, true, xid);
   bool committed = false;
   assert_int_equal(rm_at_prepare_commit(b, NULL, &committed), RM_E_STATE);
   assert_false(committed);
