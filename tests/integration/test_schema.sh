@@ -356,6 +356,39 @@ expect_value "tc: a finish writes one history row with its branches; a second fi
    ROLLBACK;" \
   $'\n\n1 9 app [{"status": 5, "branch_id": 11, "branch_type": 0, "resource_id": "orders"}, {"status": 5, "branch_id": 12, "branch_type": 0, "resource_id": "stock"}]\n0'
 
+# A branch costs one index entry; a registration that begins its global
+# does not lock it (sql/tc/014_lean_branches.sql).
+expect_sqlstate "tc: a branch id repeated within its xid is refused (a register run twice meets 23505)" "$TC_PG_URL" 23505 \
+  "INSERT INTO branch_table (branch_id, xid, transaction_id, resource_id, status) VALUES (7, 'a:1', 1, 'r', 1);
+   INSERT INTO branch_table (branch_id, xid, transaction_id, resource_id, status) VALUES (7, 'a:1', 1, 's', 1);"
+expect_ok "tc: branches without an idempotency key need no key index entry of their own" "$TC_PG_URL" \
+  "INSERT INTO branch_table (branch_id, xid, transaction_id, resource_id, status) VALUES (1, 'a:1', 1, 'r', 1);
+   INSERT INTO branch_table (branch_id, xid, transaction_id, resource_id, status) VALUES (2, 'a:1', 1, 'r', 1);"
+expect_value "tc: branch_table's indexes: its key (xid, branch_id), and partial ones for retries and idempotency keys" "$TC_PG_URL" \
+  "SELECT string_agg(indexrelid::regclass || ' ' || (indpred IS NOT NULL), ',' ORDER BY indexrelid::regclass::text)
+     FROM pg_index WHERE indrelid = 'branch_table'::regclass" \
+  "branch_table_next_retry_idx true,branch_table_pkey false,branch_table_xid_idem_key_key true"
+# register_in XID BRANCH: one AT branch without keys, its result.
+register_in() {
+  echo "SELECT string_agg(result, ',') FROM tc_register_batch(ARRAY['$1'], ARRAY[$2]::bigint[], ARRAY['orders'],
+          ARRAY[0]::smallint[], ARRAY[NULL], ARRAY[NULL], ARRAY['c'], ARRAY[NULL], ARRAY['app'], ARRAY['grp'],
+          '{}', '{}', '{}', '{}');"
+}
+expect_value "tc: a registration that began its global leaves it unlocked; one in an older global share-locks it" \
+  "$TC_PG_URL" \
+  "BEGIN;
+   SAVEPOINT older;
+   SELECT count(*) FROM tc_begin_batch(ARRAY['l:1'], ARRAY[1]::bigint[], ARRAY[60000], ARRAY['n'], ARRAY['app'],
+                                       ARRAY['grp'], ARRAY[NULL], 1);
+   RELEASE SAVEPOINT older;
+   SELECT count(*) FROM tc_begin_batch(ARRAY['l:2'], ARRAY[2]::bigint[], ARRAY[60000], ARRAY['n'], ARRAY['app'],
+                                       ARRAY['grp'], ARRAY[NULL], 1);
+   $(register_in l:1 101)
+   $(register_in l:2 102)
+   SELECT string_agg(xid || ' ' || (xmax::text <> '0'), ',' ORDER BY xid) FROM global_table WHERE xid LIKE 'l:%';
+   SELECT count(*) FROM branch_table WHERE xid LIKE 'l:%';
+   ROLLBACK;" $'1\n1\nok\nok\nl:1 true,l:2 false\n2'
+
 # db-migrate itself, on a scratch database --------------------------------------
 
 admin_url=${TC_PG_URL%/*}/postgres
