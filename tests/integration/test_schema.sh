@@ -244,6 +244,14 @@ done
 expect_sqlstate "orders: a late local commit fails on the global-finished guard row" "$ORDERS_PG_URL" 23505 \
   "INSERT INTO undo_log (branch_id, xid, log_status) VALUES (7, 'x:1', 1);
    $undo_row"
+# sql/rm/004_undo_text.sql: the undo is text; a library of before it
+# writes "$4::jsonb", kept as its text.
+expect_value "orders: an undo row written as a library before version 4 writes it (::jsonb) is kept, as text" "$ORDERS_PG_URL" \
+  "BEGIN;
+   INSERT INTO undo_log (xid, branch_id, context, rollback_info, log_status)
+   VALUES ('j:1', 1, 'serializer=json', '[[\"i\",\"t\"]]'::jsonb, 0);
+   SELECT pg_typeof(rollback_info) || ' ' || rollback_info FROM undo_log WHERE xid = 'j:1';
+   ROLLBACK;" 'text [["i", "t"]]'
 expect_sqlstate "orders: a normal undo row needs rollback_info" "$ORDERS_PG_URL" 23514 \
   "INSERT INTO undo_log (branch_id, xid) VALUES (7, 'x:1');"
 

@@ -292,21 +292,24 @@ int rm_at_prepare_commit(rm_branch_t *b, int64_t *branch_id, bool *committed) {
 }
 
 /* The undo row's INSERT ($1 xid, $2 branch, $3 the context's head, $4
- * the items), in the form rm_config_t.undo_format asks for. */
+ * the items), in the form rm_config_t.undo_format asks for.  $4 has no
+ * cast: it takes the column's type, text since sql/rm/004 and jsonb
+ * before it, so one library writes to both. */
 static const char *undo_insert_sql(const rm_branch_t *b) {
   static const char compact[] = "INSERT INTO undo_log (xid, branch_id, context, rollback_info, log_status)"
-                                " VALUES ($1, $2, $3 || " RM_AT_CONTEXT_SETTINGS ", $4::jsonb, 0)";
+                                " VALUES ($1, $2, $3 || " RM_AT_CONTEXT_SETTINGS ", $4, 0)";
   static const char objects[] = "INSERT INTO undo_log (xid, branch_id, context, rollback_info, log_status)"
-                                " VALUES ($1, $2, $3 || " RM_AT_CONTEXT_SETTINGS_ALL ", $4::jsonb, 0)";
+                                " VALUES ($1, $2, $3 || " RM_AT_CONTEXT_SETTINGS_ALL ", $4, 0)";
   return rm__undo_compact(b->c) ? compact : objects;
 }
 
 /* The fused form of steps 2 and 3 of prepare and the caller's COMMIT, in
  * one round trip (rm_at_prepare_commit; only without statement
  * savepoints, with at most one deferred delta): the undo row's INSERT
- * (with the deferred UPDATE as a data-modifying CTE whose refusal leaves
- * rollback_info NULL, which undo_log's CHECK refuses, so the refusal
- * aborts the transaction before the COMMIT), then COMMIT.  0 committed;
+ * (with the deferred UPDATE as a data-modifying CTE whose refusal makes
+ * log_status 2, which undo_log's CHECK refuses, so the refusal aborts the
+ * transaction before the COMMIT; the items stay a bare parameter, which
+ * takes the column's type), then COMMIT.  0 committed;
  * else the code, the transaction rolled back. */
 static int fused_commit(rm_branch_t *b, const char *const *insert_params) {
   const char *insert_sql = undo_insert_sql(b);
@@ -326,7 +329,7 @@ static int fused_commit(rm_branch_t *b, const char *const *insert_params) {
     if (!rc) rc = txp_buf_append_str(&sql, d->update_sql);
     if (!rc) rc = txp_buf_append_str(&sql, tail);
     if (!rc) rc = txp_buf_append_str(&sql, rm__undo_compact(b->c) ? RM_AT_CONTEXT_SETTINGS : RM_AT_CONTEXT_SETTINGS_ALL);
-    snprintf(tail, sizeof(tail), ", CASE WHEN EXISTS (SELECT 1 FROM rm_deferred) THEN $%d::jsonb END, 0", k + 3);
+    snprintf(tail, sizeof(tail), ", $%d, CASE WHEN EXISTS (SELECT 1 FROM rm_deferred) THEN 0 ELSE 2 END", k + 3);
     if (!rc) rc = txp_buf_append_str(&sql, tail);
     if (rc) {
       txp_buf_free(&sql);
@@ -359,7 +362,7 @@ static int fused_commit(rm_branch_t *b, const char *const *insert_params) {
   if (rc == 0 && PQresultStatus(r[0]) != PGRES_COMMAND_OK) {
     const char *st = rm__sqlstate(r[0]);
     const char *cons = PQresultErrorField(r[0], PG_DIAG_CONSTRAINT_NAME);
-    if (d && strcmp(st, "23514") == 0 && cons && strcmp(cons, "undo_log_rollback_info_check") == 0) {
+    if (d && strcmp(st, "23514") == 0 && cons && strcmp(cons, "undo_log_log_status_check") == 0) {
       caller_rollback(b);
       /* Refused, or the row is gone: tell which (a plain read, after). */
       rc = rm__at_deferred_refused(b, d);
