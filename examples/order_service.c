@@ -318,6 +318,9 @@ static int branch_insert_order(order_svc_t *s, PGconn *pg, int64_t bid, const or
    * order after its own (pay, cancel and expiry are local transactions),
    * so the lock would guard against nobody and cost the coordinator a
    * lock row; the checked rollback still refuses a changed row. */
+  /* Deferred, both ways: prepare_commit sends the insert, its undo row and
+   * the COMMIT as one statement (the whole local transaction, one round
+   * trip, as the local mode's plain INSERT). */
   if (rc == 0 && s->at_sql) {
     /* The SQL the service would write anyway (TXC_AT_WRITES=sql). */
     static const char *const insert_sql[2] = {
@@ -325,11 +328,11 @@ static int branch_insert_order(order_svc_t *s, PGconn *pg, int64_t bid, const or
       " amount_cents) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
       "INSERT INTO trade_order (order_id, activity_id, ticket_type, user_id, qty, bucket_id, xid, expire_at,"
       " amount_cents, idem_key) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)"};
-    rc = rm_at_sql_unlocked(b, insert_sql[ncols == 10], ncols, NULL, vals, NULL, NULL);
+    rc = rm_at_sql_deferred(b, insert_sql[ncols == 10], ncols, NULL, vals);
   } else if (rc == 0) {
-    rc = rm_at_insert_unlocked(b, "trade_order", ncols, cols, vals);
+    rc = rm_at_insert_deferred(b, "trade_order", ncols, cols, vals);
   }
-  /* prepare and COMMIT: the undo row and the COMMIT in one round trip */
+  /* prepare and COMMIT: with the undo row in one round trip */
   bool committed = false;
   if (rc == 0) rc = rm_at_prepare_commit(b, NULL, &committed);
   if (rc != 0) {

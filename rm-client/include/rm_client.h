@@ -428,6 +428,21 @@ RM_API int rm_at_insert(rm_branch_t *b, const char *table, int ncols, const char
  */
 RM_API int rm_at_insert_unlocked(rm_branch_t *b, const char *table, int ncols, const char *const *cols,
                                  const char *const *vals);
+/*
+ * rm_at_insert_unlocked, with the row inserted by prepare rather than now:
+ * a branch that is this one insert, without statement savepoints,
+ * prepared by rm_at_prepare_commit, sends the insert, its undo row and
+ * the COMMIT as one statement (on a connection with no transaction open,
+ * the whole local transaction: one statement and one round trip, as the
+ * plain INSERT of a service without a coordinator).  Otherwise prepare
+ * runs it first, as rm_at_insert_unlocked would have, then the rest.  The
+ * row goes in after the branch's other statements, which therefore do not
+ * see it; one per branch (RM_E_INVALID for a second).  The arguments and
+ * the columns are checked now; what the insert itself meets (a unique
+ * key, a CHECK, a value the column refuses) is prepare's code.
+ */
+RM_API int rm_at_insert_deferred(rm_branch_t *b, const char *table, int ncols, const char *const *cols,
+                                 const char *const *vals);
 /* UPDATE one row identified by its primary key values (in key order). */
 RM_API int rm_at_update(rm_branch_t *b, const char *table, const char *const *pk_vals, int nset,
                         const char *const *set_cols, const char *const *set_vals);
@@ -519,6 +534,14 @@ RM_API int rm_at_sql(rm_branch_t *b, const char *sql, int nparams, const unsigne
  * statement. */
 RM_API int rm_at_sql_unlocked(rm_branch_t *b, const char *sql, int nparams, const unsigned int *param_types,
                               const char *const *param_values, int64_t *rows, PGresult **result);
+/* rm_at_sql_unlocked of an INSERT of one row without RETURNING, run by
+ * prepare as rm_at_insert_deferred's row is (read its comment: with
+ * rm_at_prepare_commit on a branch that is this insert alone, without
+ * statement savepoints, the whole local transaction is one statement).
+ * RM_E_NOT_SUPPORTED for any other statement; the statement is parsed and
+ * its table checked now, what the insert meets is prepare's code. */
+RM_API int rm_at_sql_deferred(rm_branch_t *b, const char *sql, int nparams, const unsigned int *param_types,
+                              const char *const *param_values);
 /*
  * Declare 'column' of 'table' ("name": in any schema, or "schema.name";
  * unquoted) of resource 'resource_id' a hot counter of things taken

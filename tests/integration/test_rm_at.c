@@ -1329,6 +1329,148 @@ static void test_undo_jsonb_column(void **state) {
   assert_true(exec_ok(o, to_text));
 }
 
+/* rm_at_insert_deferred.  A branch that is the insert alone, without
+ * savepoints, on a connection with no transaction open, prepared by
+ * rm_at_prepare_commit: one statement, committed by itself (the
+ * connection idle after it), its undo row the compact insert item, and
+ * the global's rollback deletes the row (the digest the statement kept is
+ * the one the rollback compares).  A key the insert meets comes from
+ * prepare_commit, nothing committed.  With savepoints and a transaction
+ * of the caller's: a second deferred insert is refused (the branch still
+ * usable), and prepare runs the insert as rm_at_insert_unlocked. */
+static void test_insert_deferred(void **state) {
+  (void)state;
+  PGconn *o = itest_pg(orders_url), *o2 = itest_pg(orders_url);
+  const char *cols[6] = {"order_id", "activity_id", "ticket_type", "user_id", "qty", "bucket_id"};
+  char xid[RM_XID_MAX], sid[32], bid_s[32];
+  int st = 0;
+  bool committed = false;
+  int64_t bid = 0;
+
+  /* fused: the whole local transaction is one statement */
+  long long id = atomic_fetch_add(&next_order, 1);
+  snprintf(sid, sizeof(sid), "%lld", id);
+  const char *vals[6] = {sid, "1", "1", "6", "1", "3"};
+  assert_int_equal(rm_tm_begin(client, 30000, "insert_deferred", xid), 0);
+  rm_branch_t *b = NULL;
+  assert_int_equal(PQtransactionStatus(o), PQTRANS_IDLE);
+  assert_int_equal(rm_at_open(client, xid, "orders", o, &b), 0);
+  assert_int_equal(rm_at_statement_savepoints(b, false), 0);
+  assert_int_equal(rm_at_insert_deferred(b, "trade_order", 6, cols, vals), 0);
+  assert_int_equal(PQtransactionStatus(o), PQTRANS_IDLE); /* nothing sent yet */
+  assert_int_equal(order_exists(o2, id), 0);
+  assert_int_equal(rm_at_prepare_commit(b, &bid, &committed), 0);
+  assert_true(committed);
+  assert_true(bid > 0);
+  assert_int_equal(PQtransactionStatus(o), PQTRANS_IDLE);
+  assert_int_equal(rm_at_close(b, true), 0);
+  assert_int_equal(order_exists(o2, id), 1);
+  snprintf(bid_s, sizeof(bid_s), "%lld", (long long)bid);
+  assert_int_equal(q_ll(o2, "SELECT count(*) FROM undo_log WHERE xid = $1 AND branch_id = $2::bigint"
+                            " AND log_status = 0 AND context = 'serializer=json;version=3'",
+                        xid, bid_s, NULL),
+                   1);
+  /* the compact insert item, as jsonb prints it: the key as text, the
+   * digest's head of 22 characters (RM_ROW_DIGEST_KEPT) */
+  char *info = q_str(o2, "SELECT rollback_info FROM undo_log WHERE xid = $1", xid, NULL);
+  assert_non_null(info);
+  char want[96];
+  snprintf(want, sizeof(want), "[[\"i\", \"trade_order\", {\"order_id\": \"%s\"}, \"", sid);
+  assert_memory_equal(info, want, strlen(want));
+  assert_int_equal(strlen(info), strlen(want) + 22 + 3); /* the digest's head, then "]] */
+  free(info);
+  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
+  assert_int_equal(st, RM_GS_ROLLBACKED);
+  assert_int_equal(order_exists(o2, id), 0);
+
+  /* the insert meets a key: prepare_commit's code, nothing committed */
+  long long taken = atomic_fetch_add(&next_order, 1);
+  char staken[32];
+  snprintf(staken, sizeof(staken), "%lld", taken);
+  const char *tvals[6] = {staken, "1", "1", "6", "1", "3"};
+  assert_int_equal(q_ll(o2, "INSERT INTO trade_order (order_id, activity_id, ticket_type, user_id, qty, bucket_id)"
+                            " VALUES ($1::bigint, 1, 1, 6, 1, 3) RETURNING 1",
+                        staken, NULL, NULL),
+                   1);
+  assert_int_equal(rm_tm_begin(client, 30000, "insert_deferred_taken", xid), 0);
+  assert_int_equal(rm_at_open(client, xid, "orders", o, &b), 0);
+  assert_int_equal(rm_at_statement_savepoints(b, false), 0);
+  assert_int_equal(rm_at_insert_deferred(b, "trade_order", 6, cols, tvals), 0);
+  assert_int_equal(rm_at_prepare_commit(b, NULL, &committed), RM_E_DB);
+  assert_false(committed);
+  assert_non_null(strstr(rm_at_errmsg(b), "trade_order"));
+  assert_int_equal(PQtransactionStatus(o), PQTRANS_IDLE);
+  assert_int_equal(rm_at_close(b, false), 0);
+  assert_int_equal(q_ll(o2, "SELECT count(*) FROM undo_log WHERE xid = $1", xid, NULL, NULL), 0);
+  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
+  assert_int_equal(st, RM_GS_ROLLBACKED);
+  assert_int_equal(order_exists(o2, taken), 1); /* the other one's row stands */
+
+  /* savepoints, the caller's transaction: run by prepare as an insert */
+  id = atomic_fetch_add(&next_order, 1);
+  snprintf(sid, sizeof(sid), "%lld", id);
+  assert_int_equal(rm_tm_begin(client, 30000, "insert_deferred_saved", xid), 0);
+  assert_true(exec_ok(o, "BEGIN"));
+  assert_int_equal(rm_at_open(client, xid, "orders", o, &b), 0);
+  assert_int_equal(rm_at_insert_deferred(b, "no_such_table", 6, cols, vals), RM_E_NO_TABLE);
+  assert_int_equal(rm_at_insert_deferred(b, "trade_order", 6, cols, vals), 0);
+  assert_int_equal(rm_at_insert_deferred(b, "trade_order", 6, cols, vals), RM_E_INVALID);
+  assert_non_null(strstr(rm_at_errmsg(b), "one per branch"));
+  assert_int_equal(rm_at_prepare_commit(b, NULL, &committed), 0);
+  assert_true(committed);
+  assert_int_equal(rm_at_close(b, true), 0);
+  assert_int_equal(order_exists(o2, id), 1);
+  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
+  assert_int_equal(st, RM_GS_ROLLBACKED);
+  assert_int_equal(order_exists(o2, id), 0);
+  assert_int_equal(rm_at_insert_deferred(NULL, "trade_order", 6, cols, vals), RM_E_INVALID);
+
+  /* the same as plain SQL (rm_at_sql_deferred): an INSERT of one row
+   * without RETURNING; fused as above, then rolled back by its undo */
+  static const char *const ins = "INSERT INTO trade_order (order_id, activity_id, ticket_type, user_id, qty, bucket_id)"
+                                 " VALUES ($1, $2, $3, $4, $5, $6)";
+  id = atomic_fetch_add(&next_order, 1);
+  snprintf(sid, sizeof(sid), "%lld", id);
+  assert_int_equal(rm_tm_begin(client, 30000, "sql_deferred", xid), 0);
+  assert_int_equal(rm_at_open(client, xid, "orders", o, &b), 0);
+  assert_int_equal(rm_at_sql_deferred(b, "UPDATE trade_order SET qty = 2 WHERE order_id = $1", 1, NULL, vals),
+                   RM_E_NOT_SUPPORTED);
+  assert_int_equal(rm_at_sql_deferred(b, "INSERT INTO trade_order (order_id, activity_id, ticket_type, user_id, qty,"
+                                         " bucket_id) VALUES ($1, 1, 1, 6, 1, 3) RETURNING order_id", 1, NULL, vals),
+                   RM_E_NOT_SUPPORTED);
+  assert_non_null(strstr(rm_at_errmsg(b), "RETURNING"));
+  assert_int_equal(rm_at_statement_savepoints(b, false), 0);
+  assert_int_equal(rm_at_sql_deferred(b, ins, 6, NULL, vals), 0);
+  assert_int_equal(PQtransactionStatus(o), PQTRANS_IDLE);
+  assert_int_equal(rm_at_prepare_commit(b, NULL, &committed), 0);
+  assert_true(committed);
+  assert_int_equal(PQtransactionStatus(o), PQTRANS_IDLE);
+  assert_int_equal(rm_at_close(b, true), 0);
+  assert_int_equal(order_exists(o2, id), 1);
+  assert_int_equal(q_ll(o2, "SELECT count(*) FROM undo_log WHERE xid = $1 AND rollback_info::jsonb->0->>0 = 'i'",
+                        xid, NULL, NULL),
+                   1);
+  assert_int_equal(rm_tm_rollback(client, xid, &st), 0);
+  assert_int_equal(st, RM_GS_ROLLBACKED);
+  assert_int_equal(order_exists(o2, id), 0);
+
+  /* ... and with savepoints: run by prepare as rm_at_sql_unlocked */
+  id = atomic_fetch_add(&next_order, 1);
+  snprintf(sid, sizeof(sid), "%lld", id);
+  assert_int_equal(rm_tm_begin(client, 30000, "sql_deferred_saved", xid), 0);
+  assert_int_equal(rm_at_open(client, xid, "orders", o, &b), 0);
+  assert_int_equal(rm_at_sql_deferred(b, ins, 6, NULL, vals), 0);
+  assert_int_equal(rm_at_sql_deferred(b, ins, 6, NULL, vals), RM_E_INVALID);
+  assert_int_equal(rm_at_prepare_commit(b, NULL, &committed), 0);
+  assert_true(committed);
+  assert_int_equal(rm_at_close(b, true), 0);
+  assert_int_equal(order_exists(o2, id), 1);
+  assert_int_equal(rm_tm_commit(client, xid, &st), 0);
+  assert_int_equal(st, RM_GS_COMMITTED);
+  assert_int_equal(order_exists(o2, id), 1);
+  assert_int_equal(rm_at_sql_deferred(NULL, ins, 6, NULL, vals), RM_E_INVALID);
+}
+
 /* rm_at_insert_unlocked: the branch registers no lock key for the row
  * (the coordinator's lock table has none for the global, where
  * rm_at_insert's row has one), and the rollback deletes it as before. */
@@ -1514,6 +1656,7 @@ int main(void) {
     ITEST_CASE(test_insert_unlocked),
     ITEST_CASE(test_prepare_commit),
     ITEST_CASE(test_undo_jsonb_column),
+    ITEST_CASE(test_insert_deferred),
     ITEST_CASE(test_resolve_leftovers),
     ITEST_CASE(test_giveback_refused_in_phase_one),
     ITEST_CASE(test_release_waits_for_commit),

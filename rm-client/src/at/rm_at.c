@@ -137,6 +137,7 @@ int rm_at_statement_savepoints(rm_branch_t *b, bool on) {
 static void branch_free(rm_branch_t *b) {
   for (size_t i = 0; i < b->ndeferred; i++) rm__at_deferred_clear(&b->deferred[i]);
   free(b->deferred);
+  rm__at_deferred_insert_free(b->dins);
   json_decref(b->undo);
   txp_buf_free(&b->lock_keys);
   free(b);
@@ -385,12 +386,139 @@ static int fused_commit(rm_branch_t *b, const char *const *insert_params) {
   return rc;
 }
 
+/*
+ * A branch that is one deferred insert (rm_at_insert_deferred), with its
+ * undo row and the caller's COMMIT, in one statement: the insert as
+ * rm_at_insert runs it, in a CTE whose RETURNING (the row's digest and its
+ * key) makes the undo item, in the compact form, where rm_at_insert's
+ * result would have made it on this side.  On a connection with no
+ * transaction open (nothing of the branch ran yet) the statement is the
+ * whole local transaction, committed by itself; inside the caller's
+ * transaction the COMMIT follows in the same round trip.  The item is
+ * jsonb, which the undo column takes as it is (version 3) or as its text
+ * (version 4).  An insert that made no row (a trigger skipped it) makes
+ * log_status 2, which the CHECK refuses.  0 committed; else the code, the
+ * transaction rolled back.
+ */
+static int fused_insert_commit(rm_branch_t *b, const char *const *head) {
+  const rm_deferred_insert_t *d = b->dins;
+  int nhead = 3, first = d->nparams + 1; /* xid, branch id, context; then the item's names */
+  int np = d->nparams + nhead + 1 + d->npk + (d->item_schema ? 1 : 0);
+  const char **params = calloc((size_t)np, sizeof(char *));
+  Oid *types = calloc((size_t)np, sizeof(Oid)); /* the caller's, then inferred */
+  txp_buf_t sql;
+  txp_buf_init(&sql, 0);
+  if (!params || !types) {
+    free(params);
+    free(types);
+    rm__at_err(b, "out of memory");
+    caller_rollback(b);
+    return RM_E_NOMEM;
+  }
+  int k = 0;
+  for (int i = 0; i < d->nparams; i++) {
+    if (d->types) types[k] = d->types[i];
+    params[k++] = d->vals[i];
+  }
+  for (int i = 0; i < nhead; i++) params[k++] = head[i];
+  params[k++] = d->item_table;
+  for (int i = 0; i < d->npk; i++) params[k++] = d->pk_names[i];
+  if (d->item_schema) params[k++] = d->item_schema;
+  char num[160];
+  int rc = txp_buf_append_str(&sql, "WITH rm_ins (d");
+  for (int i = 0; !rc && i < d->npk; i++) {
+    snprintf(num, sizeof(num), ", k%d", i);
+    rc = txp_buf_append_str(&sql, num);
+  }
+  if (!rc) rc = txp_buf_append_str(&sql, ") AS (");
+  if (!rc) rc = txp_buf_append_str(&sql, d->insert_sql);
+  snprintf(num, sizeof(num),
+           ") INSERT INTO undo_log (xid, branch_id, context, rollback_info, log_status) SELECT $%d, $%d, $%d || ", first,
+           first + 1, first + 2);
+  if (!rc) rc = txp_buf_append_str(&sql, num);
+  if (!rc) rc = txp_buf_append_str(&sql, RM_AT_CONTEXT_SETTINGS);
+  snprintf(num, sizeof(num),
+           ", pg_catalog.jsonb_build_array(pg_catalog.jsonb_build_array('i', $%d::text, "
+           "pg_catalog.jsonb_build_object(",
+           first + 3);
+  if (!rc) rc = txp_buf_append_str(&sql, num);
+  for (int i = 0; !rc && i < d->npk; i++) {
+    /* the key as its type prints it (format's %s), as a result's text */
+    snprintf(num, sizeof(num), "%s$%d::text, pg_catalog.format('%%s', rm_ins.k%d)", i ? ", " : "", first + 4 + i, i);
+    rc = txp_buf_append_str(&sql, num);
+  }
+  snprintf(num, sizeof(num), "), pg_catalog.left(rm_ins.d, %d)", RM_ROW_DIGEST_KEPT);
+  if (!rc) rc = txp_buf_append_str(&sql, num);
+  if (d->item_schema) {
+    snprintf(num, sizeof(num), ", $%d::text", first + 4 + d->npk);
+    if (!rc) rc = txp_buf_append_str(&sql, num);
+  }
+  if (!rc)
+    rc = txp_buf_append_str(&sql, ")), CASE WHEN rm_ins.d IS NULL THEN 2 ELSE 0 END"
+                                  " FROM (SELECT 1) AS rm_one LEFT JOIN rm_ins ON true");
+  if (rc) {
+    free(params);
+    free(types);
+    txp_buf_free(&sql);
+    rm__at_err(b, "out of memory");
+    caller_rollback(b);
+    return RM_E_NOMEM;
+  }
+  /* Nothing of the branch ran: the statement is its transaction. */
+  bool alone = b->begin_pending;
+  b->begin_pending = false;
+  const char *const sqls[2] = {sql.data, "COMMIT"};
+  const int nps[2] = {np, 0};
+  const char *const *pp[2] = {params, NULL};
+  const Oid *tt[2] = {types, NULL};
+  PGresult *r[2] = {NULL, NULL};
+  int n = alone ? 1 : 2;
+  rc = rm__at_pipe_run(b, n, sqls, nps, pp, tt, r);
+  txp_buf_free(&sql);
+  free(params);
+  free(types);
+  if (rc == 0 && PQresultStatus(r[0]) == PGRES_COMMAND_OK &&
+      (alone || (PQresultStatus(r[1]) == PGRES_COMMAND_OK && strcmp(PQcmdStatus(r[1]), "COMMIT") == 0))) {
+    PQclear(r[0]);
+    PQclear(r[1]);
+    b->nitems = 1;
+    rm__at_deferred_insert_free(b->dins);
+    b->dins = NULL;
+    return 0;
+  }
+  if (rc == 0 && PQresultStatus(r[0]) != PGRES_COMMAND_OK) {
+    const char *st = rm__sqlstate(r[0]);
+    const char *cons = PQresultErrorField(r[0], PG_DIAG_CONSTRAINT_NAME);
+    cons = cons ? cons : "";
+    if (strcmp(st, "23505") == 0 && strcmp(cons, "undo_log_pkey") == 0) {
+      rm__at_err(b, "branch %lld of \"%s\" was already rolled back (its guard row is in undo_log): "
+                 "the local transaction must roll back", (long long)b->branch_id, b->xid);
+      rc = RM_E_GLOBAL_NOT_ACTIVE;
+    } else if (strcmp(st, "23514") == 0 && strcmp(cons, "undo_log_log_status_check") == 0) {
+      rm__at_err(b, "insert into \"%s\" made no row (a trigger skipped it?)", d->item_table);
+      rc = RM_E_NOT_ONE_ROW;
+    } else {
+      char what[256];
+      snprintf(what, sizeof(what), "could not insert into \"%s\" and write the undo log", d->item_table);
+      rm__pg_error(b->errmsg, sizeof(b->errmsg), what, b->pg, r[0]);
+      rc = st[0] == '2' && st[1] == '2' ? RM_E_INVALID : RM_E_DB;
+    }
+  } else if (rc == 0) {
+    rm__pg_error(b->errmsg, sizeof(b->errmsg), "the local commit failed", b->pg, r[1]);
+    rc = RM_E_DB;
+  }
+  PQclear(r[0]);
+  PQclear(r[1]);
+  caller_rollback(b);
+  return rc;
+}
+
 static int prepare(rm_branch_t *b, int64_t *branch_id, bool *fused_commit_done) {
   if (b->state != RM_BRANCH_OPEN) {
     rm__at_err(b, "branch is already %s", b->state == RM_BRANCH_PREPARED ? "prepared" : "failed");
     return RM_E_STATE;
   }
-  if (b->nitems + b->ndeferred == 0) {
+  if (b->nitems + b->ndeferred == 0 && !b->dins) {
     rm__at_err(b, "branch has no statement to prepare");
     return RM_E_STATE;
   }
@@ -399,7 +527,15 @@ static int prepare(rm_branch_t *b, int64_t *branch_id, bool *fused_commit_done) 
     rm__at_err(b, "the connection is not idle in a transaction block");
     return RM_E_STATE;
   }
-  int rc = check_commit_deltas(b);
+  /* A deferred insert goes in with the undo row, in one statement, when
+   * it is the branch's only statement and prepare commits too
+   * (fused_insert_commit); otherwise it runs now, as rm_at_insert_unlocked
+   * would have, before the deferred deltas. */
+  bool fuse_insert = b->dins && fused_commit_done && b->no_savepoints && b->nitems == 0 && b->ndeferred == 0 &&
+                     rm__undo_compact(b->c);
+  int rc = 0;
+  if (b->dins && !fuse_insert && (rc = rm__at_deferred_insert_run(b)) != 0) return rc;
+  rc = check_commit_deltas(b);
   if (rc != 0) return rc;
   /* The undo items of the deferred deltas go last: prepare runs them
    * after every other statement of the branch. */
@@ -468,8 +604,9 @@ static int prepare(rm_branch_t *b, int64_t *branch_id, bool *fused_commit_done) 
   char bidbuf[32];
   snprintf(bidbuf, sizeof(bidbuf), "%lld", (long long)bid);
   const char *params[4] = {b->xid, bidbuf, ctx, undo};
-  if (fused_commit_done && b->no_savepoints && b->ndeferred <= 1 && (b->ndeferred == 0 || b->deferred[0].nparams <= RM_AT_DEFERRED_MAX_PARAMS)) {
-    rc = fused_commit(b, params);
+  if (fuse_insert || (fused_commit_done && b->no_savepoints && b->ndeferred <= 1 &&
+                      (b->ndeferred == 0 || b->deferred[0].nparams <= RM_AT_DEFERRED_MAX_PARAMS))) {
+    rc = fuse_insert ? fused_insert_commit(b, params) : fused_commit(b, params);
     free(undo);
     free(ctx);
     if (rc != 0) {

@@ -210,6 +210,44 @@ int rm__at_deferred_refused(rm_branch_t *b, const rm_deferred_t *d);
  * undo row's INSERT has 4 more). */
 #define RM_AT_DEFERRED_MAX_PARAMS 64
 
+/* The row of rm_at_insert_deferred or rm_at_sql_deferred, run by prepare
+ * (one per branch at most): the call as made, for prepare to run it as
+ * rm_at_insert_unlocked or rm_at_sql_unlocked would, and the parts of the
+ * fused statement (rm_at.c fused_insert_commit): the INSERT as those run
+ * it (RETURNING the row's digest, then its key) and what the undo item
+ * names. */
+typedef struct rm_deferred_insert {
+  char *sql;          /* rm_at_sql_deferred: the caller's statement; NULL: */
+  char *table;        /* rm_at_insert_deferred: the table as the caller named it, */
+  int ncols;          /*   and its columns */
+  char **cols;
+  int nparams;        /* the parameters: the values (one may be NULL) */
+  char **vals;
+  unsigned int *types; /* their types (NULL: all inferred) */
+  char *insert_sql;   /* the INSERT ... RETURNING digest, key.. (parameters $1..) */
+  char *item_table;   /* the undo item's table, and its schema (NULL: public) */
+  char *item_schema;
+  int npk;
+  char **pk_names;
+} rm_deferred_insert_t;
+
+/* A deferred insert into 't' whose statement is 'insert_sql' (taken)
+ * over the 'nparams' parameters 'vals' and 'types' (copied; 'types' may
+ * be NULL); the caller sets its form (sql, or table and cols).  NULL out
+ * of memory ('insert_sql' freed). */
+rm_deferred_insert_t *rm__at_deferred_insert_new(const rm_table_t *t, char *insert_sql, int nparams,
+                                                 const char *const *vals, const unsigned int *types);
+/* A copy of 'n' strings (an entry may be NULL); NULL out of memory. */
+char **rm__strs_dup(int n, const char *const *in);
+/* Free a deferred insert and what it holds (NULL: nothing). */
+void rm__at_deferred_insert_free(rm_deferred_insert_t *d);
+/* Run the branch's deferred insert now, as rm_at_insert_unlocked or
+ * rm_at_sql_unlocked (its undo item recorded), and drop it: prepare's
+ * path when the statement cannot be fused.  0, or the statement's code. */
+int rm__at_deferred_insert_run(rm_branch_t *b);
+/* rm_at_sql.c: rm_at_sql_unlocked of a deferred insert's statement. */
+int rm__at_sql_deferred_run(rm_branch_t *b, const rm_deferred_insert_t *d);
+
 struct rm_branch {
   rm_client_t *c;
   rm_at_resource_t *res;
@@ -232,6 +270,7 @@ struct rm_branch {
   bool sp_released;   /* ... and already released with the statement (rm__at_run_released) */
   bool begin_pending; /* opened on an idle connection: BEGIN goes with the first query (rm__at_pipe_run) */
   rm_deferred_t *deferred; /* rm_at_update_delta_deferred, run by prepare */
+  rm_deferred_insert_t *dins; /* rm_at_insert_deferred, run by prepare */
   size_t ndeferred, capdeferred;
   txp_buf_t lock_keys;
   char errmsg[1024];

@@ -175,17 +175,16 @@ static int run_statement(sql_run_t *r, const char *what, const char *text) {
 
 /* ------------------------------------------------------------- insert */
 
-static int run_insert(sql_run_t *r) {
-  rm_branch_t *b = r->b;
-  const rm_table_t *t = r->t;
-  int rc = room_for(b, t, (size_t)r->s->nrows);
-  if (rc) return rc;
+/* The INSERT 's' into 't' as it runs: RETURNING the row's digest and its
+ * key [, the caller's list].  Malloc'd; NULL out of memory. */
+static char *insert_text(rm_branch_t *b, const rm_sql_stmt_t *s, const rm_table_t *t) {
   /* The row is named by the statement's alias, else by the table itself. */
-  char *alias = r->s->alias ? PQescapeIdentifier(b->pg, r->s->alias, strlen(r->s->alias)) : NULL;
+  char *alias = s->alias ? PQescapeIdentifier(b->pg, s->alias, strlen(s->alias)) : NULL;
+  if (s->alias && !alias) return NULL;
   const char *ref = alias ? alias : t->qname;
   txp_buf_t tail;
   txp_buf_init(&tail, 0);
-  rc = txp_buf_append_str(&tail, " RETURNING " RM_AT_ROW_DIGEST_HEAD);
+  int rc = txp_buf_append_str(&tail, " RETURNING " RM_AT_ROW_DIGEST_HEAD);
   if (!rc) rc = txp_buf_append_str(&tail, ref);
   if (!rc) rc = txp_buf_append_str(&tail, RM_AT_ROW_DIGEST_TAIL);
   for (int k = 0; !rc && k < t->npk; k++) {
@@ -195,8 +194,17 @@ static int run_insert(sql_run_t *r) {
     if (!rc) rc = txp_buf_append_str(&tail, t->cols[t->pk[k]].qname);
   }
   if (alias) PQfreemem(alias);
-  char *text = rc ? NULL : with_returning(r->s, tail.data);
+  char *text = rc ? NULL : with_returning(s, tail.data);
   txp_buf_free(&tail);
+  return text;
+}
+
+static int run_insert(sql_run_t *r) {
+  rm_branch_t *b = r->b;
+  const rm_table_t *t = r->t;
+  int rc = room_for(b, t, (size_t)r->s->nrows);
+  if (rc) return rc;
+  char *text = insert_text(b, r->s, t);
   if (!text) return rm__at_oom(b);
   rc = run_statement(r, "could not insert", text);
   free(text);
@@ -553,4 +561,58 @@ int rm_at_sql(rm_branch_t *b, const char *sql, int nparams, const unsigned int *
 int rm_at_sql_unlocked(rm_branch_t *b, const char *sql, int nparams, const unsigned int *param_types,
                        const char *const *param_values, int64_t *rows, PGresult **result) {
   return sql_run(b, sql, nparams, param_types, param_values, rows, result, false);
+}
+
+int rm_at_sql_deferred(rm_branch_t *b, const char *sql, int nparams, const unsigned int *param_types,
+                       const char *const *param_values) {
+  if (!b) return RM_E_INVALID;
+  if (!sql || nparams < 0 || nparams > RM_SQL_MAX_PARAMS || (nparams > 0 && !param_values)) {
+    rm__at_err(b, "invalid argument: statement, parameter count or values");
+    return RM_E_INVALID;
+  }
+  rm_sql_stmt_t own;
+  const rm_sql_stmt_t *s = NULL;
+  char err[sizeof(b->errmsg)];
+  int rc = rm_sql_cache_get(b->res->sql, sql, &s, &own, err, sizeof(err));
+  if (rc != 0) {
+    rm__at_err(b, "%s", err);
+    return rc;
+  }
+  if (s->kind != RM_SQL_INSERT || s->nrows != 1 || s->returning_sql) {
+    rm__at_err(b, "only an INSERT of one row without RETURNING can be deferred, not this %s%s",
+               rm_sql_kind_name(s->kind), s->kind != RM_SQL_INSERT ? "" : s->returning_sql ? " with RETURNING"
+                                                                                          : " of several rows");
+    rm_sql_stmt_clear(&own);
+    return RM_E_NOT_SUPPORTED;
+  }
+  if (nparams < s->nparams) {
+    rm__at_err(b, "the statement uses $%d but %d parameters were given", s->nparams, nparams);
+    rm_sql_stmt_clear(&own);
+    return RM_E_INVALID;
+  }
+  if (b->dins) {
+    rm__at_err(b, "the branch has a deferred insert already (one per branch)");
+    rm_sql_stmt_clear(&own);
+    return RM_E_INVALID;
+  }
+  if ((rc = rm__at_stmt_begin(b)) != 0) {
+    rm_sql_stmt_clear(&own);
+    return rc;
+  }
+  const rm_table_t *t = NULL;
+  rc = rm__at_stmt_table_in(b, s->schema, s->table, s->nset, (const char *const *)s->set_cols, &t);
+  if (rc == 0) {
+    rm_deferred_insert_t *d = rm__at_deferred_insert_new(t, insert_text(b, s, t), nparams, param_values, param_types);
+    if (d && (d->sql = strdup(sql))) b->dins = d;
+    else {
+      rm__at_deferred_insert_free(d);
+      rc = rm__at_oom(b);
+    }
+  }
+  rm_sql_stmt_clear(&own);
+  return rm__at_stmt_end(b, rc);
+}
+
+int rm__at_sql_deferred_run(rm_branch_t *b, const rm_deferred_insert_t *d) {
+  return sql_run(b, d->sql, d->nparams, d->types, (const char *const *)d->vals, NULL, NULL, false);
 }

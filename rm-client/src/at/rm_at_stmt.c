@@ -205,6 +205,36 @@ static bool insert_may_fail_late(const rm_branch_t *b, const rm_table_t *t, int 
          b->undo_bytes + in + 64 * 1024 > RM_AT_MAX_UNDO_BYTES;
 }
 
+/* The insert of one row as rm_at_insert runs it: INSERT INTO t AS
+ * RM_AT_ROW_ALIAS (cols) VALUES ($1..) RETURNING the row's digest, then
+ * its key columns.  0, or -1 out of memory. */
+static int insert_sql(txp_buf_t *sql, const rm_table_t *t, int ncols, const char *const *cols) {
+  int rc = txp_buf_append_str(sql, "INSERT INTO ");
+  if (!rc) rc = txp_buf_append_str(sql, t->qname);
+  if (!rc) rc = txp_buf_append_str(sql, " AS " RM_AT_ROW_ALIAS);
+  if (ncols == 0) {
+    if (!rc) rc = txp_buf_append_str(sql, " DEFAULT VALUES");
+  } else {
+    for (int i = 0; !rc && i < ncols; i++) {
+      rc = txp_buf_append_str(sql, i ? ", " : " (");
+      if (!rc) rc = txp_buf_append_str(sql, t->cols[rm__col_index(t, cols[i])].qname);
+    }
+    for (int i = 0; !rc && i < ncols; i++) {
+      char num[32];
+      snprintf(num, sizeof(num), "%s$%d", i ? ", " : ") VALUES (", i + 1);
+      rc = txp_buf_append_str(sql, num);
+    }
+    if (!rc) rc = txp_buf_append_str(sql, ")");
+  }
+  /* The undo keeps the key and the row's digest, not the row. */
+  if (!rc) rc = txp_buf_append_str(sql, " RETURNING " RM_AT_ROW_DIGEST(RM_AT_ROW_ALIAS));
+  for (int k = 0; !rc && k < t->npk; k++) {
+    rc = txp_buf_append_str(sql, ", " RM_AT_ROW_ALIAS ".");
+    if (!rc) rc = txp_buf_append_str(sql, t->cols[t->pk[k]].qname);
+  }
+  return rc ? -1 : 0;
+}
+
 static int insert_row(rm_branch_t *b, const char *table, int ncols, const char *const *cols,
                       const char *const *vals, bool lock) {
   if (!b) return RM_E_INVALID;
@@ -217,30 +247,7 @@ static int insert_row(rm_branch_t *b, const char *table, int ncols, const char *
   PGresult *res = NULL;
   rm_item_t it = {0};
   if ((rc = rm__at_stmt_table(b, table, ncols, cols, &t)) != 0) goto out;
-  rc = txp_buf_append_str(&sql, "INSERT INTO ");
-  if (!rc) rc = txp_buf_append_str(&sql, t->qname);
-  if (!rc) rc = txp_buf_append_str(&sql, " AS " RM_AT_ROW_ALIAS);
-  if (ncols == 0) {
-    if (!rc) rc = txp_buf_append_str(&sql, " DEFAULT VALUES");
-  } else {
-    for (int i = 0; !rc && i < ncols; i++) {
-      rc = txp_buf_append_str(&sql, i ? ", " : " (");
-      if (!rc) rc = txp_buf_append_str(&sql, t->cols[rm__col_index(t, cols[i])].qname);
-    }
-    for (int i = 0; !rc && i < ncols; i++) {
-      char num[32];
-      snprintf(num, sizeof(num), "%s$%d", i ? ", " : ") VALUES (", i + 1);
-      rc = txp_buf_append_str(&sql, num);
-    }
-    if (!rc) rc = txp_buf_append_str(&sql, ")");
-  }
-  /* The undo keeps the key and the row's digest, not the row. */
-  if (!rc) rc = txp_buf_append_str(&sql, " RETURNING " RM_AT_ROW_DIGEST(RM_AT_ROW_ALIAS));
-  for (int k = 0; !rc && k < t->npk; k++) {
-    rc = txp_buf_append_str(&sql, ", " RM_AT_ROW_ALIAS ".");
-    if (!rc) rc = txp_buf_append_str(&sql, t->cols[t->pk[k]].qname);
-  }
-  if (rc) {
+  if (insert_sql(&sql, t, ncols, cols) != 0) {
     rc = rm__at_oom(b);
     goto out;
   }
@@ -282,6 +289,96 @@ int rm_at_insert(rm_branch_t *b, const char *table, int ncols, const char *const
 int rm_at_insert_unlocked(rm_branch_t *b, const char *table, int ncols, const char *const *cols,
                           const char *const *vals) {
   return insert_row(b, table, ncols, cols, vals, false);
+}
+
+void rm__at_deferred_insert_free(rm_deferred_insert_t *d) {
+  if (!d) return;
+  for (int i = 0; d->cols && i < d->ncols; i++) free(d->cols[i]);
+  for (int i = 0; d->vals && i < d->nparams; i++) free(d->vals[i]);
+  free(d->cols);
+  free(d->vals);
+  free(d->types);
+  for (int k = 0; d->pk_names && k < d->npk; k++) free(d->pk_names[k]);
+  free(d->pk_names);
+  free(d->sql);
+  free(d->table);
+  free(d->insert_sql);
+  free(d->item_table);
+  free(d->item_schema);
+  free(d);
+}
+
+char **rm__strs_dup(int n, const char *const *in) {
+  char **out = calloc((size_t)(n > 0 ? n : 1), sizeof(char *));
+  for (int i = 0; out && i < n; i++) {
+    if (in[i] && !(out[i] = strdup(in[i]))) {
+      for (int k = 0; k < i; k++) free(out[k]);
+      free(out);
+      out = NULL;
+    }
+  }
+  return out;
+}
+
+rm_deferred_insert_t *rm__at_deferred_insert_new(const rm_table_t *t, char *insert_sql, int nparams,
+                                                 const char *const *vals, const unsigned int *types) {
+  rm_deferred_insert_t *d = insert_sql ? calloc(1, sizeof(*d)) : NULL;
+  if (!d) {
+    free(insert_sql);
+    return NULL;
+  }
+  d->insert_sql = insert_sql;
+  d->nparams = nparams;
+  d->npk = t->npk;
+  bool ok = (d->vals = rm__strs_dup(nparams, vals)) && (d->item_table = strdup(t->name)) &&
+            (strcmp(t->schema, "public") == 0 || (d->item_schema = strdup(t->schema))) &&
+            (d->pk_names = calloc((size_t)(t->npk > 0 ? t->npk : 1), sizeof(char *)));
+  if (ok && types && nparams > 0 && (ok = (d->types = calloc((size_t)nparams, sizeof(unsigned int))) != NULL))
+    memcpy(d->types, types, (size_t)nparams * sizeof(unsigned int));
+  for (int k = 0; ok && k < t->npk; k++) ok = (d->pk_names[k] = strdup(t->cols[t->pk[k]].name)) != NULL;
+  if (!ok) {
+    if (!d->vals) d->nparams = 0;
+    if (!d->pk_names) d->npk = 0;
+    rm__at_deferred_insert_free(d);
+    return NULL;
+  }
+  return d;
+}
+
+int rm_at_insert_deferred(rm_branch_t *b, const char *table, int ncols, const char *const *cols,
+                          const char *const *vals) {
+  if (!b) return RM_E_INVALID;
+  int rc = stmt_start(b, table && ncols >= 0 && ncols <= 1600 && (ncols == 0 || (cols && vals)),
+                      "table, columns or values", ncols, cols);
+  if (rc != 0) return rc;
+  const rm_table_t *t = NULL;
+  if (b->dins) {
+    rm__at_err(b, "the branch has a deferred insert already (one per branch)");
+    rc = RM_E_INVALID;
+  } else if ((rc = rm__at_stmt_table(b, table, ncols, cols, &t)) == 0) {
+    txp_buf_t sql;
+    txp_buf_init(&sql, 0);
+    rm_deferred_insert_t *d = NULL;
+    if (insert_sql(&sql, t, ncols, cols) != 0) txp_buf_free(&sql);
+    else d = rm__at_deferred_insert_new(t, sql.data, ncols, vals, NULL); /* takes sql.data */
+    if (d && (d->table = strdup(table)) && (d->cols = rm__strs_dup(ncols, cols))) {
+      d->ncols = ncols;
+      b->dins = d;
+    } else {
+      rm__at_deferred_insert_free(d);
+      rc = rm__at_oom(b);
+    }
+  }
+  return rm__at_stmt_end(b, rc);
+}
+
+int rm__at_deferred_insert_run(rm_branch_t *b) {
+  rm_deferred_insert_t *d = b->dins;
+  b->dins = NULL;
+  int rc = d->sql ? rm__at_sql_deferred_run(b, d)
+                  : insert_row(b, d->table, d->ncols, (const char *const *)d->cols, (const char *const *)d->vals, false);
+  rm__at_deferred_insert_free(d);
+  return rc;
 }
 
 /*
