@@ -534,7 +534,13 @@ static int prepare(rm_branch_t *b, int64_t *branch_id, bool *fused_commit_done) 
   bool fuse_insert = b->dins && fused_commit_done && b->no_savepoints && b->nitems == 0 && b->ndeferred == 0 &&
                      rm__undo_compact(b->c);
   int rc = 0;
-  if (b->dins && !fuse_insert && (rc = rm__at_deferred_insert_run(b)) != 0) return rc;
+  if (b->dins && !fuse_insert) {
+    rm_deferred_insert_t *d = b->dins;
+    b->dins = NULL;
+    rc = d->sql ? rm__at_sql_deferred_run(b, d) : rm__at_insert_deferred_run(b, d);
+    rm__at_deferred_insert_free(d);
+    if (rc != 0) return rc;
+  }
   rc = check_commit_deltas(b);
   if (rc != 0) return rc;
   /* The undo items of the deferred deltas go last: prepare runs them

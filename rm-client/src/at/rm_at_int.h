@@ -241,11 +241,11 @@ rm_deferred_insert_t *rm__at_deferred_insert_new(const rm_table_t *t, char *inse
 char **rm__strs_dup(int n, const char *const *in);
 /* Free a deferred insert and what it holds (NULL: nothing). */
 void rm__at_deferred_insert_free(rm_deferred_insert_t *d);
-/* Run the branch's deferred insert now, as rm_at_insert_unlocked or
- * rm_at_sql_unlocked (its undo item recorded), and drop it: prepare's
- * path when the statement cannot be fused.  0, or the statement's code. */
-int rm__at_deferred_insert_run(rm_branch_t *b);
-/* rm_at_sql.c: rm_at_sql_unlocked of a deferred insert's statement. */
+/* Run a deferred insert now, its undo item recorded: rm_at_stmt.c's as
+ * rm_at_insert_unlocked, rm_at_sql.c's (d->sql) as rm_at_sql_unlocked
+ * (prepare's path when it cannot fuse the statement, rm_at.c).  0, or
+ * the statement's code. */
+int rm__at_insert_deferred_run(rm_branch_t *b, const rm_deferred_insert_t *d);
 int rm__at_sql_deferred_run(rm_branch_t *b, const rm_deferred_insert_t *d);
 
 struct rm_branch {

@@ -372,13 +372,8 @@ int rm_at_insert_deferred(rm_branch_t *b, const char *table, int ncols, const ch
   return rm__at_stmt_end(b, rc);
 }
 
-int rm__at_deferred_insert_run(rm_branch_t *b) {
-  rm_deferred_insert_t *d = b->dins;
-  b->dins = NULL;
-  int rc = d->sql ? rm__at_sql_deferred_run(b, d)
-                  : insert_row(b, d->table, d->ncols, (const char *const *)d->cols, (const char *const *)d->vals, false);
-  rm__at_deferred_insert_free(d);
-  return rc;
+int rm__at_insert_deferred_run(rm_branch_t *b, const rm_deferred_insert_t *d) {
+  return insert_row(b, d->table, d->ncols, (const char *const *)d->cols, (const char *const *)d->vals, false);
 }
 
 /*
