@@ -269,6 +269,14 @@ static void caller_rollback(rm_branch_t *b) {
   if (PQtransactionStatus(b->pg) != PQTRANS_IDLE) PQclear(PQexec(b->pg, "ROLLBACK"));
 }
 
+/* The undo row met the guard a rollback of this branch left (23505 on its
+ * key): the local transaction must not commit. */
+static int guard_row_met(rm_branch_t *b) {
+  rm__at_err(b, "branch %lld of \"%s\" was already rolled back (its guard row is in undo_log): "
+                "the local transaction must roll back", (long long)b->branch_id, b->xid);
+  return RM_E_GLOBAL_NOT_ACTIVE;
+}
+
 int rm_at_prepare_commit(rm_branch_t *b, int64_t *branch_id, bool *committed) {
   if (committed) *committed = false;
   if (!b || !committed) return rm__fail(RM_E_INVALID, "could not prepare and commit a branch: the branch or committed is NULL");
@@ -368,9 +376,7 @@ static int fused_commit(rm_branch_t *b, const char *const *insert_params) {
       /* Refused, or the row is gone: tell which (a plain read, after). */
       rc = rm__at_deferred_refused(b, d);
     } else if (strcmp(st, "23505") == 0) {
-      rm__at_err(b, "branch %lld of \"%s\" was already rolled back (its guard row is in undo_log): "
-                 "the local transaction must roll back", (long long)b->branch_id, b->xid);
-      rc = RM_E_GLOBAL_NOT_ACTIVE;
+      rc = guard_row_met(b);
     } else {
       rm__pg_error(b->errmsg, sizeof(b->errmsg), d ? "could not run the delta update and write the undo log"
                                                    : "could not write the undo log", b->pg, r[0]);
@@ -491,9 +497,7 @@ static int fused_insert_commit(rm_branch_t *b, const char *const *head) {
     const char *cons = PQresultErrorField(r[0], PG_DIAG_CONSTRAINT_NAME);
     cons = cons ? cons : "";
     if (strcmp(st, "23505") == 0 && strcmp(cons, "undo_log_pkey") == 0) {
-      rm__at_err(b, "branch %lld of \"%s\" was already rolled back (its guard row is in undo_log): "
-                 "the local transaction must roll back", (long long)b->branch_id, b->xid);
-      rc = RM_E_GLOBAL_NOT_ACTIVE;
+      rc = guard_row_met(b);
     } else if (strcmp(st, "23514") == 0 && strcmp(cons, "undo_log_log_status_check") == 0) {
       rm__at_err(b, "insert into \"%s\" made no row (a trigger skipped it?)", d->item_table);
       rc = RM_E_NOT_ONE_ROW;
@@ -656,9 +660,7 @@ static int prepare(rm_branch_t *b, int64_t *branch_id, bool *fused_commit_done) 
   free(ctx);
   if (PQresultStatus(res) != PGRES_COMMAND_OK) {
     if (strcmp(rm__sqlstate(res), "23505") == 0) {
-      rm__at_err(b, "branch %lld of \"%s\" was already rolled back (its guard row is in undo_log): "
-                 "the local transaction must roll back", (long long)bid, b->xid);
-      rc = RM_E_GLOBAL_NOT_ACTIVE;
+      rc = guard_row_met(b); /* (b->branch_id is bid since the registration) */
     } else {
       rm__pg_error(b->errmsg, sizeof(b->errmsg), "could not write the undo log", b->pg, res);
       rc = RM_E_DB;

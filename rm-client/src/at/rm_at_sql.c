@@ -485,31 +485,41 @@ static int run_classified(sql_run_t *r) {
   return s->kind == RM_SQL_INSERT ? run_insert(r) : run_change(r);
 }
 
+/* The caller's statement, checked and classified (sql/rm_sql.c, cached
+ * per resource): 0 with *s set (clear 'own' after), or the code with the
+ * branch's message. */
+static int classify(rm_branch_t *b, const char *sql, int nparams, const char *const *param_values,
+                    const rm_sql_stmt_t **s, rm_sql_stmt_t *own) {
+  if (!sql || nparams < 0 || nparams > RM_SQL_MAX_PARAMS || (nparams > 0 && !param_values)) {
+    rm__at_err(b, "invalid argument: statement, parameter count or values");
+    return RM_E_INVALID;
+  }
+  char err[sizeof(b->errmsg)];
+  int rc = rm_sql_cache_get(b->res->sql, sql, s, own, err, sizeof(err));
+  if (rc != 0) {
+    rm__at_err(b, "%s", err);
+    return rc;
+  }
+  if (nparams < (*s)->nparams) {
+    rm__at_err(b, "the statement uses $%d but %d parameters were given", (*s)->nparams, nparams);
+    rm_sql_stmt_clear(own);
+    return RM_E_INVALID;
+  }
+  return 0;
+}
+
 static int sql_run(rm_branch_t *b, const char *sql, int nparams, const unsigned int *param_types,
                    const char *const *param_values, int64_t *rows, PGresult **result, bool lock) {
   if (rows) *rows = 0;
   if (result) *result = NULL;
   if (!b) return RM_E_INVALID;
-  if (!sql || nparams < 0 || nparams > RM_SQL_MAX_PARAMS || (nparams > 0 && !param_values)) {
-    rm__at_err(b, "invalid argument: statement, parameter count or values");
-    return RM_E_INVALID;
-  }
   rm_sql_stmt_t own;
   const rm_sql_stmt_t *s = NULL;
-  char err[sizeof(b->errmsg)];
-  int rc = rm_sql_cache_get(b->res->sql, sql, &s, &own, err, sizeof(err));
-  if (rc != 0) {
-    rm__at_err(b, "%s", err);
-    return rc;
-  }
+  int rc = classify(b, sql, nparams, param_values, &s, &own);
+  if (rc != 0) return rc;
   if (!lock && s->kind != RM_SQL_INSERT) {
     rm__at_err(b, "only an INSERT may go without global locks, not this %s: use rm_at_sql",
                rm_sql_kind_name(s->kind));
-    rm_sql_stmt_clear(&own);
-    return RM_E_INVALID;
-  }
-  if (nparams < s->nparams) {
-    rm__at_err(b, "the statement uses $%d but %d parameters were given", s->nparams, nparams);
     rm_sql_stmt_clear(&own);
     return RM_E_INVALID;
   }
@@ -566,29 +576,16 @@ int rm_at_sql_unlocked(rm_branch_t *b, const char *sql, int nparams, const unsig
 int rm_at_sql_deferred(rm_branch_t *b, const char *sql, int nparams, const unsigned int *param_types,
                        const char *const *param_values) {
   if (!b) return RM_E_INVALID;
-  if (!sql || nparams < 0 || nparams > RM_SQL_MAX_PARAMS || (nparams > 0 && !param_values)) {
-    rm__at_err(b, "invalid argument: statement, parameter count or values");
-    return RM_E_INVALID;
-  }
   rm_sql_stmt_t own;
   const rm_sql_stmt_t *s = NULL;
-  char err[sizeof(b->errmsg)];
-  int rc = rm_sql_cache_get(b->res->sql, sql, &s, &own, err, sizeof(err));
-  if (rc != 0) {
-    rm__at_err(b, "%s", err);
-    return rc;
-  }
+  int rc = classify(b, sql, nparams, param_values, &s, &own);
+  if (rc != 0) return rc;
   if (s->kind != RM_SQL_INSERT || s->nrows != 1 || s->returning_sql) {
     rm__at_err(b, "only an INSERT of one row without RETURNING can be deferred, not this %s%s",
                rm_sql_kind_name(s->kind), s->kind != RM_SQL_INSERT ? "" : s->returning_sql ? " with RETURNING"
                                                                                           : " of several rows");
     rm_sql_stmt_clear(&own);
     return RM_E_NOT_SUPPORTED;
-  }
-  if (nparams < s->nparams) {
-    rm__at_err(b, "the statement uses $%d but %d parameters were given", s->nparams, nparams);
-    rm_sql_stmt_clear(&own);
-    return RM_E_INVALID;
   }
   if (b->dins) {
     rm__at_err(b, "the branch has a deferred insert already (one per branch)");
