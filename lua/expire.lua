@@ -3,17 +3,18 @@
 --
 -- KEYS[1] {act_A}:t<T>:stock   KEYS[2] {act_A}:bought
 -- KEYS[3] {act_A}:orders       KEYS[4] {act_A}:t<T>:expiry
+-- KEYS[5] {act_A}:meta (only its hold is read)
 -- ARGV[1] ticket type T
 -- ARGV[2] now, unix milliseconds: deadlines <= now are due
 -- ARGV[3] most orders to release in this call (1 .. 10000)
 --
 -- Returns a flat array, four entries per released order:
 --   order id (string), user id (string), quantity, bucket
--- or the integer -4 (bad arguments).  Each due entry is taken out of the
--- expiry zset; entries whose order is no longer frozen (confirmed or
--- released meanwhile, or without a record) are dropped silently.  Release
--- is the same as release.lua's, so an order is released once whichever of
--- the two runs first.
+-- or the integer -4 (bad arguments) or -9 (held, pf_held: nothing
+-- changed).  Each due entry is taken out of the expiry zset; entries whose
+-- order is no longer frozen (confirmed or released meanwhile, or without a
+-- record) are dropped silently.  Release is the same as release.lua's, so
+-- an order is released once whichever of the two runs first.
 --
 -- librmclient runs this script alone when it has no PostgreSQL store; with
 -- one, PostgreSQL decides each due order first (rm_prefilter_expire).
@@ -22,12 +23,13 @@
 
 --#include stock_lib.lua
 
-if #KEYS ~= 4 or #ARGV ~= 3 then return -4 end
+if #KEYS ~= 5 or #ARGV ~= 3 then return -4 end
 local tt = pf_int(ARGV[1], 0, 2147483647)
 local now = pf_int(ARGV[2], 0, 9007199254740991)
 local max = pf_int(ARGV[3], 1, 10000)
 if not tt or not now or not max then return -4 end
-local k = {stock = KEYS[1], bought = KEYS[2], orders = KEYS[3], expiry = KEYS[4]}
+local k = {stock = KEYS[1], bought = KEYS[2], orders = KEYS[3], expiry = KEYS[4], meta = KEYS[5]}
+if pf_held(redis.call('HGET', k.meta, 'hold')) then return -9 end
 
 local out = {}
 local due = redis.call('ZRANGEBYSCORE', k.expiry, '-inf', now, 'LIMIT', 0, max)

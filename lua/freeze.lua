@@ -28,11 +28,12 @@
 --      with another user, ticket type or quantity)
 --   -5 activity not loaded (no meta hash, or no buckets for T)
 --   -6 / -7 this order was already frozen and since confirmed / released
+--   -9 held (pf_held): the reconciliation holds the activity; nothing changed
 -- Nothing changes unless a bucket is returned.
 --
--- Order of checks: arguments, status, an existing record of the order (a
--- retry of the same freeze returns the same bucket: safe to repeat after a
--- lost answer), the user's limit, then the buckets: available = stock -
+-- Order of checks: arguments, the hold, status, an existing record of the
+-- order (a retry of the same freeze returns the same bucket: safe to
+-- repeat after a lost answer), the user's limit, then the buckets: available = stock -
 -- frozen - sold, starting at bucket (order id mod n) and trying the others
 -- in turn.  On success: frozen:B += qty, the user's count += qty, the order
 -- record "F:T:B:Q:U" is written and its deadline added to the expiry zset.
@@ -53,8 +54,9 @@ if not tt or not user or not order or not qty or not deadline then return -4 end
 local k = {meta = KEYS[1], stock = KEYS[2], bought = KEYS[3], orders = KEYS[4], expiry = KEYS[5],
            queue = KEYS[6]}
 
-local meta = redis.call('HMGET', k.meta, 'status', 'limit', 'starts', 'ends')
+local meta = redis.call('HMGET', k.meta, 'status', 'limit', 'starts', 'ends', 'hold')
 if not meta[1] then return -5 end
+if pf_held(meta[5]) then return -9 end
 if not pf_on_sale(meta[1], meta[3], meta[4]) then return -1 end
 
 local rec = redis.call('HGET', k.orders, order)

@@ -23,7 +23,8 @@
 -- Returns waitlist_fill.lua's flat array (four entries per user handled;
 -- empty when the sale is not open now: the stock is raised all the same),
 -- or an integer: -4 bad arguments, -5 not loaded (no meta hash: nothing is
--- raised, the seed copies PostgreSQL's stock when the activity is loaded).
+-- raised, the seed copies PostgreSQL's stock when the activity is loaded),
+-- -9 held (pf_held: nothing changed).
 --
 -- Cluster: every key is passed in KEYS and carries the tag {act_A}.
 
@@ -47,8 +48,9 @@ end
 local ids = pf_new_ids(k, 6 + m)
 if not ids then return -4 end
 
-local meta = redis.call('HMGET', k.meta, 'status', 'limit', 'starts', 'ends')
+local meta = redis.call('HMGET', k.meta, 'status', 'limit', 'starts', 'ends', 'hold')
 if not meta[1] then return -5 end
+if pf_held(meta[5]) then return -9 end
 for b = 0, m - 1 do
   if stocks[b] > pf_num(redis.call('HGET', k.stock, 'stock:' .. b)) then
     redis.call('HSET', k.stock, 'stock:' .. b, stocks[b])

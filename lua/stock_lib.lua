@@ -11,7 +11,8 @@
 --   {act_A}:meta        hash   status (0 not started, 1 on sale, 2 ended),
 --                              limit (most tickets one user may hold),
 --                              starts, ends (the sale window, unix ms;
---                              optional: see pf_on_sale)
+--                              optional: see pf_on_sale),
+--                              hold (optional: see pf_held)
 --   {act_A}:t<T>:stock  hash   n (number of buckets of ticket type T) and,
 --                              for each bucket i in 0..n-1: stock:i,
 --                              frozen:i, sold:i
@@ -33,6 +34,8 @@
 --   -1 not on sale   -2 over limit     -3 sold out        -4 bad arguments
 --   -5 activity not loaded (no {act_A}:meta)
 --   -6 order already confirmed  -7 order already released  -8 unknown order
+--   -9 held: librmclient's reconciliation holds the activity (pf_held);
+--      nothing changed, the same call may be repeated once the hold ends
 --
 -- Argument checks: ids are decimal integers 1 .. 2^63-1 (leading zeros are
 -- accepted and dropped, so "0042" and "42" are the same order); quantities
@@ -70,14 +73,34 @@ local function pf_qty(s) return pf_int(s, 1, PF_MAX_QTY) end
 -- nothing a caller passes can open a sale.  A window field that is not a
 -- number closes the sale.  (TIME before writes is allowed: scripts are
 -- replicated by their effects.)
+-- The Redis server's clock, unix milliseconds.
+local function pf_now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
 local function pf_on_sale(status, starts, ends)
   if status ~= '1' then return false end
   if not starts and not ends then return true end
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local now = pf_now()
   if starts and not (now >= (tonumber(starts) or math.huge)) then return false end
   if ends and not (now < (tonumber(ends) or -math.huge)) then return false end
   return true
+end
+
+-- Whether the activity is held, from its meta field 'hold' (a string or
+-- nil): a deadline in unix ms on the Redis server's clock, set by
+-- librmclient's reconciliation (hold.lua) when the sale's own writes kept
+-- aborting its WATCHed round, and deleted by the round that succeeds.
+-- Every script that writes a key the reconciliation watches (the meta,
+-- stock, bought, orders and expiry keys) answers -9 and changes nothing
+-- while now < hold; the library waits and calls again.  A hold whose
+-- reconciler died ends by itself at its deadline.  A value that is not a
+-- number holds nothing.
+local function pf_held(hold)
+  if not hold then return false end
+  local until_ms = tonumber(hold)
+  return until_ms ~= nil and pf_now() < until_ms
 end
 
 -- A hash field holding a count: a missing field is 0.

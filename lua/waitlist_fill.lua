@@ -23,7 +23,7 @@
 -- (a later, smaller request may be served before them).  Stops when the
 -- order ids, the entries to look at or the results run out, or no bucket
 -- has a ticket left.  Or an integer: -1 not on sale, -4 bad arguments,
--- -5 not loaded.
+-- -5 not loaded, -9 held (pf_held: nothing changed).
 --
 -- Cluster: every key is passed in KEYS and carries the tag {act_A}.
 
@@ -40,8 +40,9 @@ local k = {meta = KEYS[1], stock = KEYS[2], bought = KEYS[3], orders = KEYS[4],
 local ids = pf_new_ids(k, 5)
 if not ids then return -4 end
 
-local meta = redis.call('HMGET', k.meta, 'status', 'limit', 'starts', 'ends')
+local meta = redis.call('HMGET', k.meta, 'status', 'limit', 'starts', 'ends', 'hold')
 if not meta[1] then return -5 end
+if pf_held(meta[5]) then return -9 end
 if not pf_on_sale(meta[1], meta[3], meta[4]) then return -1 end
 local n = pf_num(redis.call('HGET', k.stock, 'n'))
 if n < 1 then return -5 end

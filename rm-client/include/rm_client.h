@@ -890,6 +890,9 @@ RM_API int rm_xa_prepare(rm_client_t *c, const char *xid, PGconn *pg, int64_t br
  *   that could not be sent fails with RM_E_CONN_LOST (it did not run).
  *   After a failed connect, new connects wait for a backoff (doubling, up to
  *   'reconnect_max_ms'); calls meanwhile fail at once with RM_E_CONN_LOST.
+ *   A call that meets a reconciliation's hold (rm_prefilter_reconcile) waits
+ *   for it to end, polling every 2-25 ms, at most 3 s, then fails with
+ *   RM_PF_E_HELD having changed nothing.
  *   Retrying after RM_E_UNKNOWN_OUTCOME is safe: a freeze repeated with the
  *   same order id returns the bucket of the first; a repeated confirm or
  *   release answers RM_PF_ALREADY_CONFIRMED / RM_PF_ALREADY_RELEASED.
@@ -924,6 +927,7 @@ enum {
   RM_PF_E_REPLY = -10421,           /* Redis answered something unexpected */
   RM_PF_E_CONFLICT = -10422,        /* reconcile: Redis kept changing meanwhile */
   RM_PF_NO_ACTIVITY = -10423,       /* the activity is not in PostgreSQL */
+  RM_PF_E_HELD = -10424,            /* a reconciliation held the activity longer than a call waits */
 };
 
 typedef struct rm_prefilter rm_prefilter_t;
@@ -1101,7 +1105,15 @@ typedef void (*rm_pf_change_cb)(const char *key, const char *field, const char *
  * stock, frozen, sold), users' ticket counts and freeze records and
  * deadlines (stock_freeze).  Reads PostgreSQL in one snapshot, then changes
  * Redis in one MULTI/EXEC guarded by WATCH (retried when a script changed
- * the keys meanwhile; RM_PF_E_CONFLICT after 10 tries).  Freezes that Redis
+ * the keys meanwhile; RM_PF_E_CONFLICT after 10 tries).  Under a sale that
+ * never pauses every round would be aborted: after two aborted rounds,
+ * each further round first holds the activity's writers (the field "hold"
+ * of its meta hash: a deadline of 4x the last round's time + 100 ms, at
+ * most 2 s, on the Redis server's clock), and its EXEC deletes the hold.
+ * Meanwhile the freezes, confirms, releases, expiries and fills of the
+ * activity wait in the library and then run (RM_PF_E_HELD only after 3 s
+ * of waiting); a hold whose reconciler died ends at its deadline.  A dry
+ * run never holds.  Freezes that Redis
  * granted but PostgreSQL never recorded are dropped: run it while the sale
  * is paused or idle (e.g. after a Redis restart, before reopening), or
  * accept that in-flight freezes may be counted again by the next run.

@@ -29,6 +29,10 @@
  *     - expiry: due freezes released exactly once by concurrent sweeps
  *       racing confirms, orphans, repairs, and after Redis lost everything
  *       (rebuilt from PostgreSQL);
+ *     - a reconciliation's hold: every writing script refuses without a
+ *       change while it lasts, the library waits it out (or gives up with
+ *       RM_PF_E_HELD), and reconciliations succeed under writers that never
+ *       pause (they all fail without the hold);
  *     - restart: Redis killed (-9) and restarted with AOF in the middle of
  *       a load that records every freeze in PostgreSQL; after
  *       reconciliation Redis and PostgreSQL agree, and expiry still works.
@@ -702,9 +706,11 @@ static void test_malformed(void **state) {
     static const char *const names[] = {"confirm", "release", "expire", "waitlist_join", "waitlist_fill",
                                         "stock_add", "stock_add", "stock_add"};
     static const char *const calls[] = {
-      "EVALSHA %s 3 {act_3001}:t1:stock {act_3001}:orders {act_3001}:t1:expiry 1 x42",
-      "EVALSHA %s 4 {act_3001}:t1:stock {act_3001}:bought {act_3001}:orders {act_3001}:t1:expiry -1 42",
-      "EVALSHA %s 4 {act_3001}:t1:stock {act_3001}:bought {act_3001}:orders {act_3001}:t1:expiry 1 99999999999999 0",
+      "EVALSHA %s 4 {act_3001}:t1:stock {act_3001}:orders {act_3001}:t1:expiry {act_3001}:meta 1 x42",
+      "EVALSHA %s 5 {act_3001}:t1:stock {act_3001}:bought {act_3001}:orders {act_3001}:t1:expiry {act_3001}:meta "
+      "-1 42",
+      "EVALSHA %s 5 {act_3001}:t1:stock {act_3001}:bought {act_3001}:orders {act_3001}:t1:expiry {act_3001}:meta "
+      "1 99999999999999 0",
       "EVALSHA %s 5 {act_3001}:meta {act_3001}:bought {act_3001}:t1:wl {act_3001}:t1:wlq {act_3001}:t1:wlseq 9 2.5",
       "EVALSHA %s 7 {act_3001}:meta {act_3001}:t1:stock {act_3001}:bought {act_3001}:orders {act_3001}:t1:expiry "
       "{act_3001}:t1:wl {act_3001}:t1:wlq 1 99999999999 10 10 45 abc",
@@ -915,6 +921,184 @@ static void test_stock_add(void **state) {
   assert_int_equal(st.stock_add.bad_args, 5);
   assert_int_equal(st.stock_add.not_loaded, 1);
   rm_prefilter_free(pf);
+}
+
+/* ---------------------------------------------------------------- hold --- */
+
+/* The writers honour a reconciliation's hold (lua/hold.lua, pf_held):
+ * each script that writes a watched key answers -9 and changes nothing
+ * while it lasts; the library waits it out, or gives up with
+ * RM_PF_E_HELD after RM_PF_HOLD_WAIT_MS. */
+static void test_hold(void **state) {
+  (void)state;
+  NEED_SERVERS();
+  const int64_t act = 8101;
+  rm_prefilter_t *pf = pf_new(4);
+  char hold[41], sha[41];
+  int b;
+  seed_pg(act, 1, 4, 1, 2, 100);
+  assert_int_equal(rm_prefilter_seed(pf, pg, act), 0);
+  assert_int_equal(rm_prefilter_freeze(pf, act, 1, 11, act * 1000 + 1, 1, &b), 0);
+  assert_int_equal(rm_prefilter_freeze(pf, act, 1, 12, act * 1000 + 2, 1, &b), 0);
+  assert_int_equal(rm_prefilter_script_sha(pf, "hold", hold), 0);
+
+  /* Bad arguments, and an activity that is not loaded: nothing to hold. */
+  {
+    static const char *const bad[] = {"0", "10001", "abc", "-5", ""};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+      redisReply *r = rcmd("EVALSHA %s 1 {act_8101}:meta %s", hold, bad[i]);
+      if (r->type != REDIS_REPLY_INTEGER || r->integer != -4) fail_msg("hold \"%s\": expected -4", bad[i]);
+      freeReplyObject(r);
+    }
+    redisReply *r = rcmd("EVALSHA %s 0", hold);
+    assert_int_equal(r->integer, -4);
+    freeReplyObject(r);
+    r = rcmd("EVALSHA %s 1 {act_8199}:meta 100", hold);
+    assert_int_equal(r->integer, 0);
+    freeReplyObject(r);
+    r = rcmd("EXISTS {act_8199}:meta");
+    assert_int_equal(r->integer, 0);
+    freeReplyObject(r);
+  }
+
+  /* A ten seconds hold: every writer refuses, raw, and nothing changes. */
+  redisReply *r = rcmd("EVALSHA %s 1 {act_8101}:meta 10000", hold);
+  assert_int_equal(r->integer, 1);
+  freeReplyObject(r);
+  char *before = snapshot(act, 1);
+  {
+    static const char *const names[] = {"freeze", "confirm", "release", "expire", "waitlist_fill", "stock_add"};
+    static const char *const calls[] = {
+      "EVALSHA %s 5 {act_8101}:meta {act_8101}:t1:stock {act_8101}:bought {act_8101}:orders {act_8101}:t1:expiry "
+      "1 13 8101003 1 99999999999",
+      "EVALSHA %s 4 {act_8101}:t1:stock {act_8101}:orders {act_8101}:t1:expiry {act_8101}:meta 1 8101001",
+      "EVALSHA %s 5 {act_8101}:t1:stock {act_8101}:bought {act_8101}:orders {act_8101}:t1:expiry {act_8101}:meta "
+      "1 8101002",
+      "EVALSHA %s 5 {act_8101}:t1:stock {act_8101}:bought {act_8101}:orders {act_8101}:t1:expiry {act_8101}:meta "
+      "1 99999999999999 10",
+      "EVALSHA %s 7 {act_8101}:meta {act_8101}:t1:stock {act_8101}:bought {act_8101}:orders {act_8101}:t1:expiry "
+      "{act_8101}:t1:wl {act_8101}:t1:wlq 1 99999999999 10 10 8101004",
+      "EVALSHA %s 7 {act_8101}:meta {act_8101}:t1:stock {act_8101}:bought {act_8101}:orders {act_8101}:t1:expiry "
+      "{act_8101}:t1:wl {act_8101}:t1:wlq 1 99999999999 10 10 2 500 500",
+    };
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+      assert_int_equal(rm_prefilter_script_sha(pf, names[i], sha), 0);
+      r = rcmd(calls[i], sha);
+      if (r->type != REDIS_REPLY_INTEGER || r->integer != -9) fail_msg("%s under a hold: expected -9", names[i]);
+      freeReplyObject(r);
+    }
+    /* Answers that write nothing do not wait: an unknown order. */
+    assert_int_equal(rm_prefilter_confirm(pf, act, 1, act * 1000 + 77), RM_PF_UNKNOWN_ORDER);
+  }
+  /* Through the library: it waits, then gives up, and nothing changed. */
+  double t0 = now_s();
+  assert_int_equal(rm_prefilter_freeze(pf, act, 1, 13, act * 1000 + 3, 1, &b), RM_PF_E_HELD);
+  double waited = now_s() - t0;
+  printf("  a freeze under a ten seconds hold gave up after %.1f s: %s\n", waited, rm_prefilter_errmsg());
+  assert_true(waited >= 2.9); /* RM_PF_HOLD_WAIT_MS of sleeps at least */
+  assert_non_null(strstr(rm_prefilter_errmsg(), "hold"));
+  char *after = snapshot(act, 1);
+  assert_string_equal(before, after);
+  free(before);
+  free(after);
+
+  /* A short hold: the calls wait it out and succeed. */
+  r = rcmd("EVALSHA %s 1 {act_8101}:meta 300", hold);
+  assert_int_equal(r->integer, 1);
+  freeReplyObject(r);
+  assert_int_equal(rm_prefilter_confirm(pf, act, 1, act * 1000 + 1), 0);
+  assert_int_equal(rm_prefilter_release(pf, act, 1, act * 1000 + 2), 0);
+  assert_int_equal(rm_prefilter_freeze(pf, act, 1, 13, act * 1000 + 3, 1, &b), 0);
+  assert_int_equal(user_bought(act, 11), 1);
+  assert_int_equal(user_bought(act, 12), 0);
+  assert_int_equal(user_bought(act, 13), 1);
+  /* The reconciliation (not a dry run) leaves no hold behind. */
+  assert_int_equal(rm_prefilter_reconcile(pf, pg, act, false, NULL, NULL, NULL), 0);
+  rm_prefilter_free(pf);
+}
+
+/* A reconciliation while the sale writes without a pause: a writer thread
+ * freezes and releases as fast as Redis answers, so that every WATCHed
+ * round is aborted; the rounds after the first two hold the writers, and
+ * the reconciliation succeeds every time.  The writer only waits: it never
+ * sees RM_PF_E_HELD. */
+typedef struct hammer {
+  rm_prefilter_t *pf;
+  int64_t act;
+  atomic_bool stop;
+  atomic_long ops;
+  atomic_int errors;
+  int first_error;
+} hammer_t;
+
+static void *hammer_main(void *p) {
+  hammer_t *h = ((run_t *)p)->arg;
+  int idx = ((run_t *)p)->idx;
+  for (int64_t i = 0; !atomic_load(&h->stop); i++) {
+    int64_t order = h->act * 1000000 + idx * 100000 + i, user = 1 + i % 50;
+    int b, rc = rm_prefilter_freeze(h->pf, h->act, 1, user, order, 1, &b);
+    if (rc == 0) rc = rm_prefilter_release(h->pf, h->act, 1, order);
+    /* A round may drop the Redis-only freeze in between (PostgreSQL never
+     * saw it), or reset a user's count: those answers are fine. */
+    if (rc != 0 && rc != RM_PF_UNKNOWN_ORDER && rc != RM_PF_SOLD_OUT && rc != RM_PF_OVER_LIMIT) {
+      if (atomic_fetch_add(&h->errors, 1) == 0) h->first_error = rc;
+    }
+    atomic_fetch_add(&h->ops, 1);
+  }
+  return NULL;
+}
+
+static void test_reconcile_under_writes(void **state) {
+  (void)state;
+  NEED_SERVERS();
+  hammer_t *h = calloc(1, sizeof(*h));
+  assert_non_null(h);
+  h->act = 8102;
+  h->pf = pf_new(8);
+  seed_pg(h->act, 1, 4, 1, 4, 1000);
+  assert_int_equal(rm_prefilter_seed(h->pf, pg, h->act), 0);
+  /* Freezes recorded in both, so that a round reads a few hundred rows. */
+  for (int i = 1; i <= 300; i++) {
+    int64_t order = h->act * 1000 + i, dl = unix_ms() + 3600 * 1000;
+    int b;
+    assert_int_equal(rm_prefilter_freeze_until(h->pf, h->act, 1, 1000 + i, order, 1, dl, &b), 0);
+    assert_int_equal(rm_prefilter_pg_freeze(pg, h->act, 1, b, 1000 + i, order, 1, dl), 0);
+  }
+
+  pthread_t t[2];
+  run_t runs[2];
+  for (int i = 0; i < 2; i++) {
+    runs[i] = (run_t){NULL, h, i};
+    assert_int_equal(pthread_create(&t[i], NULL, hammer_main, &runs[i]), 0);
+  }
+  while (atomic_load(&h->ops) < 500) sleep_ms(5);
+  int failed = 0;
+  long ops_before = atomic_load(&h->ops);
+  for (int k = 0; k < 5; k++) {
+    rm_pf_reconcile_t rep;
+    int rc = rm_prefilter_reconcile(h->pf, pg, h->act, false, &rep, NULL, NULL);
+    if (rc != 0) {
+      fprintf(stderr, "  reconcile %d under writes: %s: %s\n", k, rm_prefilter_strerror(rc), rm_prefilter_errmsg());
+      failed++;
+    }
+  }
+  long ops_during = atomic_load(&h->ops) - ops_before;
+  atomic_store(&h->stop, true);
+  for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
+  printf("  5 reconciliations under %ld writer calls: %d failed; writer errors %d\n", ops_during, failed,
+         atomic_load(&h->errors));
+  assert_int_equal(failed, 0);
+  if (atomic_load(&h->errors)) fail_msg("writer: %s", rm_prefilter_strerror(h->first_error));
+  redisReply *r = rcmd("HEXISTS {act_8102}:meta hold");
+  assert_int_equal(r->integer, 0);
+  freeReplyObject(r);
+  /* Quiet now: one pass drops the writer's tombstones, then they agree. */
+  rm_pf_reconcile_t rep;
+  assert_int_equal(rm_prefilter_reconcile(h->pf, pg, h->act, false, &rep, NULL, NULL), 0);
+  assert_int_equal(rm_prefilter_reconcile(h->pf, pg, h->act, true, &rep, NULL, NULL), 0);
+  assert_int_equal(rep.meta + rep.buckets + rep.users + rep.orders + rep.deadlines, 0);
+  rm_prefilter_free(h->pf);
+  free(h);
 }
 
 static void test_noscript(void **state) {
@@ -1416,6 +1600,7 @@ int main(int argc, char **argv) {
     cmocka_unit_test(test_noscript),
     cmocka_unit_test(test_url_db_auth),
     cmocka_unit_test(test_no_hang),        cmocka_unit_test(test_expiry),
+    cmocka_unit_test(test_hold),           cmocka_unit_test(test_reconcile_under_writes),
   };
   const struct CMUnitTest restart_tests[] = {
     cmocka_unit_test(test_restart),

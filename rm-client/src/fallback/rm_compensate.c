@@ -59,8 +59,9 @@
  *   the prefilter's pool calls the hook when any connection finds another
  *   master.  Either way reconciliation passes follow: one at once, then
  *   one every FAILOVER_AGAIN_MS until a pass (the second or later) finds
- *   nothing to correct; a failed one (RM_PF_E_CONFLICT while the sale
- *   writes, a database error) is retried after FAILOVER_RETRY_MS; at most
+ *   nothing to correct; a failed one (RM_PF_E_CONFLICT, rare now that a
+ *   busy round holds the sale's writers for a moment; a database error) is
+ *   retried after FAILOVER_RETRY_MS; at most
  *   FAILOVER_MAX_PASSES.  Why more than one: a pass drops the freezes that
  *   Redis granted and PostgreSQL has not recorded yet (in flight), and
  *   the next puts back those that committed meanwhile; once the traffic

@@ -164,6 +164,7 @@ const char *rm_prefilter_strerror(int code) {
   case RM_PF_E_REPLY: return "unexpected reply from Redis";
   case RM_PF_E_CONFLICT: return "Redis kept changing during reconciliation";
   case RM_PF_NO_ACTIVITY: return "activity not found in the database";
+  case RM_PF_E_HELD: return "a reconciliation held the activity in Redis too long: retry";
   case RM_E_REDIS_NO_MASTER: return "no Redis master reachable";
   default: return rm_strerror(code);
   }
@@ -252,12 +253,12 @@ static int finish(rm_prefilter_t *pf, rm_pf_op_t op, int64_t activity_id, int32_
   rm__pf_i64_str(a_order, order_id);
   const char *args[] = {a_tt, a_order};
   if (op == RM_PF_OP_CONFIRM) {
-    const char *keys[] = {ks.k[RM_PF_K_STOCK], ks.k[RM_PF_K_ORDERS], ks.k[RM_PF_K_EXPIRY]};
-    rc = rm__pf_eval_code(pf, RM_PF_S_CONFIRM, 3, keys, 2, args);
+    const char *keys[] = {ks.k[RM_PF_K_STOCK], ks.k[RM_PF_K_ORDERS], ks.k[RM_PF_K_EXPIRY], ks.k[RM_PF_K_META]};
+    rc = rm__pf_eval_code(pf, RM_PF_S_CONFIRM, 4, keys, 2, args);
   } else {
     const char *keys[] = {ks.k[RM_PF_K_STOCK], ks.k[RM_PF_K_BOUGHT], ks.k[RM_PF_K_ORDERS],
-                          ks.k[RM_PF_K_EXPIRY]};
-    rc = rm__pf_eval_code(pf, RM_PF_S_RELEASE, 4, keys, 2, args);
+                          ks.k[RM_PF_K_EXPIRY], ks.k[RM_PF_K_META]};
+    rc = rm__pf_eval_code(pf, RM_PF_S_RELEASE, 5, keys, 2, args);
   }
   if (rc > 0) {
     rm__errmsg_set("unexpected result %d", rc);

@@ -607,8 +607,8 @@ static void close_list(rm_pf_conn_t *c) {
 
 /* ----------------------------------------------------------- EVALSHA --- */
 
-int rm__pf_eval(rm_pf_pool_t *p, int script, int nkeys, const char *const *keys, int nargs,
-                const char *const *args, redisReply **reply) {
+static int eval_once(rm_pf_pool_t *p, int script, int nkeys, const char *const *keys, int nargs,
+                     const char *const *args, redisReply **reply) {
   const char *sargv[64];
   size_t slens[64];
   const char **argv = sargv;
@@ -692,6 +692,32 @@ out:
   if (argv != sargv) free(argv);
   if (lens != slens) free(lens);
   return rc;
+}
+
+static bool is_held(const redisReply *r) { return r->type == REDIS_REPLY_INTEGER && r->integer == RM_PF_LUA_HELD; }
+
+int rm__pf_eval(rm_pf_pool_t *p, int script, int nkeys, const char *const *keys, int nargs,
+                const char *const *args, redisReply **reply) {
+  unsigned waited_ms = 0, step_ms = 2;
+  for (;;) {
+    int rc = eval_once(p, script, nkeys, keys, nargs, args, reply);
+    if (rc != 0 || !is_held(*reply)) return rc;
+    freeReplyObject(*reply);
+    *reply = NULL;
+    if (waited_ms >= RM_PF_HOLD_WAIT_MS) {
+      rm__errmsg_set("script \"%s\" waited %u ms for a reconciliation of the activity to end (the field "
+                     "\"hold\" of its meta hash in Redis); call again",
+                     rm__pf_script_name(script), waited_ms);
+      return RM_PF_E_HELD;
+    }
+    /* The hold lasts one reconciliation round (milliseconds) and is
+     * deleted by it: poll, backing off, rather than wait for its deadline. */
+    struct timespec ts = {0, (long)step_ms * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+    waited_ms += step_ms;
+    step_ms = step_ms * 2 > 25 ? 25 : step_ms * 2;
+  }
 }
 
 int rm__pf_script_sha(rm_pf_pool_t *p, int script, char sha[RM_PF_SHA_LEN + 1]) {

@@ -142,12 +142,21 @@ int rm__pf_conn_pipeline(rm_pf_pool_t *p, rm_pf_conn_t *c, size_t n, char *const
 int rm__pf_conn_command(rm_pf_pool_t *p, rm_pf_conn_t *c, int argc, const char **argv,
                         const size_t *argvlen, redisReply **reply);
 
+/* How long one script call waits in all while a reconciliation holds its
+ * activity (the script answers RM_PF_LUA_HELD) before it gives up with
+ * RM_PF_E_HELD: longer than the longest hold (RM_PF_HOLD_MAX_MS), so that
+ * one hold never surfaces as an error. */
+#define RM_PF_HOLD_MAX_MS 2000u
+#define RM_PF_HOLD_WAIT_MS 3000u
+
 /*
  * Run 'script' with EVALSHA: 'nkeys' keys then 'nargs' arguments (strings,
  * NUL-terminated).  Takes a connection, re-loads the script once on
  * NOSCRIPT, gives the connection back.  0 and '*reply' (any type,
  * including errors: the caller interprets it and frees it); else the codes
- * of rm__pf_conn_get and rm__pf_conn_pipeline.
+ * of rm__pf_conn_get and rm__pf_conn_pipeline.  A script that answers
+ * RM_PF_LUA_HELD changed nothing: it runs again after a short sleep (2,
+ * 4, 8 .. 25 ms), up to RM_PF_HOLD_WAIT_MS in all, then RM_PF_E_HELD.
  */
 int rm__pf_eval(rm_pf_pool_t *p, int script, int nkeys, const char *const *keys, int nargs,
                 const char *const *args, redisReply **reply);

@@ -186,6 +186,7 @@ static const char *const script_names[RM_PF_S__COUNT] = {
   [RM_PF_S_WAITLIST_JOIN] = "waitlist_join",
   [RM_PF_S_WAITLIST_FILL] = "waitlist_fill",
   [RM_PF_S_STOCK_ADD] = "stock_add",
+  [RM_PF_S_HOLD] = "hold",
 };
 
 const char *rm__pf_script_name(int script) {

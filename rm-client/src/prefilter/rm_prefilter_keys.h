@@ -100,6 +100,7 @@ typedef enum {
   RM_PF_S_WAITLIST_JOIN,
   RM_PF_S_WAITLIST_FILL,
   RM_PF_S_STOCK_ADD,
+  RM_PF_S_HOLD,
   RM_PF_S__COUNT
 } rm_pf_script_t;
 
@@ -109,6 +110,10 @@ const char *rm__pf_script_name(int script);
 int rm__pf_script_index(const char *name);
 
 /* ----------------------------------------------------- codes, numbers --- */
+
+/* The scripts' answer "held" (stock_lib.lua, pf_held): nothing changed;
+ * rm__pf_eval waits and runs the script again. */
+#define RM_PF_LUA_HELD (-9)
 
 /* A script's integer result: >= 0 passes through (clamped to INT_MAX), -1
  * .. -8 become RM_PF_NOT_ON_SALE .. RM_PF_UNKNOWN_ORDER, anything else is

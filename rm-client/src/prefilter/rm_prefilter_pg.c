@@ -22,7 +22,17 @@
  *      and corrected in one MULTI/EXEC, so a script running in between
  *      makes EXEC fail and the round is redone on fresh values.  Counters
  *      compare by value (a missing field is 0), records and deadlines
- *      exactly; Redis-only records are deleted.
+ *      exactly; Redis-only records are deleted.  WATCH is optimistic: under
+ *      a sale that never pauses, some script changes the keys inside every
+ *      round's window (the PostgreSQL read is in it, on purpose: see
+ *      reconcile_round).  So after HOLD_AFTER_ABORTS aborted rounds each
+ *      round first sets a hold (lua/hold.lua: meta's field "hold", a
+ *      deadline on the Redis server's clock) that every writing script
+ *      honours by answering "held" without a change; the library's callers
+ *      wait it out (rm__pf_eval).  The round's EXEC deletes the hold; a
+ *      failed round deletes it too, and a dead reconciler's ends at its
+ *      deadline.  Ordering is unchanged: the hold only keeps writers out
+ *      of the window, WATCH still guards it.
  *
  *   3. Expiry.  Deadlines live in stock_freeze.deadline (durable) and in
  *      the Redis zset {act_A}:t<T>:expiry (an index: rebuilt by step 2).
@@ -44,12 +54,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "rm_pg.h"
 #include "rm_prefilter_int.h"
 #include "rm_prefilter_pg.h"
 
 #define RECONCILE_TRIES 10
+/* Rounds aborted by the sale's writes before the next ones hold them. */
+#define HOLD_AFTER_ABORTS 2
 #define EXPIRE_MAX 10000u
 
 /* ---------------------------------------------------------- libpq glue --- */
@@ -551,10 +564,11 @@ static int fmt(char **cmds, size_t *lens, size_t *n, int argc, const char **argv
 
 /*
  * One round: WATCH + reads, diff, then MULTI/changes/EXEC (or UNWATCH).
- * Returns 0 (done, '*chg' holds the changes made or found), 1 (EXEC
- * aborted: the keys changed, try again), or an error code.  The replies
- * of the reads stay alive in 'reads' (the changes point into them) until
- * the caller frees them.
+ * 'held': the caller set a hold (hold.lua) before the round; the EXEC
+ * deletes it, even when nothing differs.  Returns 0 (done, '*chg' holds
+ * the changes made or found), 1 (EXEC aborted: the keys changed, try
+ * again), or an error code.  The replies of the reads stay alive in
+ * 'reads' (the changes point into them) until the caller frees them.
  */
 static bool same_ticket_types(const target_t *a, const target_t *b) {
   if (a->ntt != b->ntt) return false;
@@ -564,7 +578,8 @@ static bool same_ticket_types(const target_t *a, const target_t *b) {
 }
 
 static int reconcile_round(rm_prefilter_t *pf, rm_pf_conn_t *c, PGconn *pg, int64_t activity_id, target_t *t,
-                           bool dry_run, changes_t *chg, redisReply **reads, size_t *nreads, bool *broken) {
+                           bool dry_run, bool held, changes_t *chg, redisReply **reads, size_t *nreads,
+                           bool *broken) {
   size_t nkeys = 3 + 2 * t->ntt, ncmd = 0, nr;
   size_t cap = 1 + 3 + 2 * t->ntt;
   char **cmds = calloc(cap, sizeof(*cmds));
@@ -669,7 +684,8 @@ static int reconcile_round(rm_prefilter_t *pf, rm_pf_conn_t *c, PGconn *pg, int6
   /* Apply. */
   {
     redisReply **wr = NULL;
-    size_t nw = dry_run || chg->n == 0 ? 1 : chg->n + 2;
+    size_t nexec = chg->n + (held ? 1 : 0); /* the commands between MULTI and EXEC */
+    size_t nw = dry_run || nexec == 0 ? 1 : nexec + 2;
     char **wc = calloc(nw, sizeof(*wc));
     size_t *wl = calloc(nw, sizeof(*wl));
     size_t n = 0;
@@ -698,6 +714,10 @@ static int reconcile_round(rm_prefilter_t *pf, rm_pf_conn_t *c, PGconn *pg, int6
         }
         if (fmt(wc, wl, &n, argc, a) != 0) goto oom_w;
       }
+      if (held) {
+        const char *h[] = {"HDEL", t->akeys.k[RM_PF_K_META], "hold"};
+        if (fmt(wc, wl, &n, 3, h) != 0) goto oom_w;
+      }
       const char *e[] = {"EXEC"};
       if (fmt(wc, wl, &n, 1, e) != 0) goto oom_w;
     }
@@ -708,7 +728,7 @@ static int reconcile_round(rm_prefilter_t *pf, rm_pf_conn_t *c, PGconn *pg, int6
       const redisReply *ex = wr[n - 1];
       if (ex->type == REDIS_REPLY_NIL) {
         rc = 1; /* WATCH fired */
-      } else if (ex->type != REDIS_REPLY_ARRAY || ex->elements != chg->n) {
+      } else if (ex->type != REDIS_REPLY_ARRAY || ex->elements != nexec) {
         rm__errmsg_set("unexpected reply to EXEC");
         for (size_t i = 0; i < n; i++)
           if (wr[i]->type == REDIS_REPLY_ERROR) {
@@ -761,12 +781,43 @@ out:
   return rc;
 }
 
+static int64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* hold.lua for 'ms': 1 held, 0 nothing to hold (no meta hash), or an
+ * error code. */
+static int hold_set(rm_prefilter_t *pf, const rm_pf_keys_t *akeys, unsigned ms) {
+  char a_ms[16];
+  rm__pf_i64_str(a_ms, ms);
+  const char *keys[] = {akeys->k[RM_PF_K_META]};
+  const char *args[] = {a_ms};
+  return rm__pf_eval_code(pf, RM_PF_S_HOLD, 1, keys, 1, args);
+}
+
+/* Best effort, after a held round failed: the hold would end at its
+ * deadline anyway. */
+static void hold_drop(rm_prefilter_t *pf, const rm_pf_keys_t *akeys) {
+  rm_pf_conn_t *c;
+  redisReply *r = NULL;
+  const char *argv[] = {"HDEL", akeys->k[RM_PF_K_META], "hold"};
+  if (rm__pf_conn_get(&pf->pool, &c) != 0) return;
+  int rc = rm__pf_conn_command(&pf->pool, c, 3, argv, NULL, &r);
+  rm__pf_conn_put(&pf->pool, c, rc != 0);
+  if (r) freeReplyObject(r);
+}
+
 int rm_prefilter_reconcile(rm_prefilter_t *pf, PGconn *pg, int64_t activity_id, bool dry_run,
                            rm_pf_reconcile_t *report, rm_pf_change_cb cb, void *arg) {
   target_t t;
   changes_t chg = {0};
   rm_pf_conn_t *c = NULL;
   redisReply **reads = NULL;
+  bool held = false;
+  unsigned held_rounds = 0;
+  int64_t last_round_ms = 0;
   int rc;
 
   if (report) memset(report, 0, sizeof(*report));
@@ -794,7 +845,19 @@ int rm_prefilter_reconcile(rm_prefilter_t *pf, PGconn *pg, int64_t activity_id, 
       rc = RM_E_NOMEM;
       goto out;
     }
-    rc = reconcile_round(pf, c, pg, activity_id, &t, dry_run, &chg, reads, &nreads, &broken);
+    /* The sale's writes aborted the last rounds: hold them for about four
+     * rounds' time, so this one runs undisturbed (hold.lua).  Not for a
+     * dry run: a check does not pause a sale. */
+    held = false;
+    if (!dry_run && attempt > HOLD_AFTER_ABORTS) {
+      int64_t ms = 4 * last_round_ms + 100;
+      int hr = hold_set(pf, &t.akeys, (unsigned)(ms > RM_PF_HOLD_MAX_MS ? RM_PF_HOLD_MAX_MS : ms));
+      held = hr == 1;
+      if (held) held_rounds++;
+    }
+    int64_t round_start = mono_ms();
+    rc = reconcile_round(pf, c, pg, activity_id, &t, dry_run, held, &chg, reads, &nreads, &broken);
+    last_round_ms = mono_ms() - round_start;
     if (rc == 0) {
       for (size_t i = 0; i < chg.n; i++) {
         const change_t *x = &chg.v[i];
@@ -825,6 +888,17 @@ int rm_prefilter_reconcile(rm_prefilter_t *pf, PGconn *pg, int64_t activity_id, 
     }
   }
 
+  if (held && rc != 0) { /* else the last EXEC deleted it */
+    char why[512];
+    snprintf(why, sizeof(why), "%s", rm_errmsg());
+    hold_drop(pf, &t.akeys);
+    rm__errmsg_set("%s", why);
+  }
+  if (held_rounds)
+    RM_LOGGER(&pf->log, rc == 0 ? RM_LOG_INFO : RM_LOG_WARN,
+              "reconciliation of activity %" PRId64 " held the sale's writes in Redis during %u round(s)%s",
+              activity_id, held_rounds, rc == 0 ? "" : ", and still failed");
+
 out:
   if (c) rm__pf_conn_put(&pf->pool, c, rc != 0);
   free(reads);
@@ -847,12 +921,13 @@ static int redis_finish(rm_prefilter_t *pf, const rm_pf_keys_t *ks, int32_t tt, 
   rm__pf_i64_str(a_order, order);
   const char *args[] = {a_tt, a_order};
   if (confirm) {
-    const char *keys[] = {ks->k[RM_PF_K_STOCK], ks->k[RM_PF_K_ORDERS], ks->k[RM_PF_K_EXPIRY]};
-    return rm__pf_eval_code(pf, RM_PF_S_CONFIRM, 3, keys, 2, args);
+    const char *keys[] = {ks->k[RM_PF_K_STOCK], ks->k[RM_PF_K_ORDERS], ks->k[RM_PF_K_EXPIRY],
+                          ks->k[RM_PF_K_META]};
+    return rm__pf_eval_code(pf, RM_PF_S_CONFIRM, 4, keys, 2, args);
   }
   const char *keys[] = {ks->k[RM_PF_K_STOCK], ks->k[RM_PF_K_BOUGHT], ks->k[RM_PF_K_ORDERS],
-                        ks->k[RM_PF_K_EXPIRY]};
-  return rm__pf_eval_code(pf, RM_PF_S_RELEASE, 4, keys, 2, args);
+                        ks->k[RM_PF_K_EXPIRY], ks->k[RM_PF_K_META]};
+  return rm__pf_eval_code(pf, RM_PF_S_RELEASE, 5, keys, 2, args);
 }
 
 /* One plain command on a pooled connection. */
@@ -883,14 +958,14 @@ static int expire_redis_only(rm_prefilter_t *pf, const rm_pf_keys_t *ks, int32_t
   rm__pf_i64_str(a_now, now_ms);
   rm__pf_i64_str(a_max, max);
   const char *keys[] = {ks->k[RM_PF_K_STOCK], ks->k[RM_PF_K_BOUGHT], ks->k[RM_PF_K_ORDERS],
-                        ks->k[RM_PF_K_EXPIRY]};
+                        ks->k[RM_PF_K_EXPIRY], ks->k[RM_PF_K_META]};
   const char *args[] = {a_tt, a_now, a_max};
   x = malloc(max * sizeof(*x));
   if (!x) {
     rm__errmsg_set("out of memory");
     return RM_E_NOMEM;
   }
-  rc = rm__pf_eval(&pf->pool, RM_PF_S_EXPIRE, 4, keys, 3, args, &r);
+  rc = rm__pf_eval(&pf->pool, RM_PF_S_EXPIRE, 5, keys, 3, args, &r);
   if (rc == 0) {
     rc = rm__pf_parse_expired(r, x, max, &n, err, sizeof(err));
     freeReplyObject(r);
