@@ -241,13 +241,17 @@ json_t *budget_json(const budget_sample_t *a, const budget_sample_t *b, long lon
     json_object_set_new(j, "wal_records", per(pb->wal_records - pa->wal_records, orders));
     json_object_set_new(j, "wal_fpi", per(pb->wal_fpi - pa->wal_fpi, orders));
     json_object_set_new(j, "wal_syncs", per(pb->wal_sync - pa->wal_sync, orders));
-    json_t *tx = json_object(), *st = json_object();
-    long long tx_total = 0, st_total = 0;
+    json_t *tx = json_object(), *st = json_object(), *rr = json_object();
+    long long tx_total = 0, st_total = 0, rr_total = 0;
     bool st_known = true;
     for (int k = 0; k < pa->ndb && k < pb->ndb; k++) {
       if (pa->xacts[k] >= 0 && pb->xacts[k] >= 0) {
         json_object_set_new(tx, pa->db[k], per(pb->xacts[k] - pa->xacts[k], orders));
         tx_total += pb->xacts[k] - pa->xacts[k];
+      }
+      if (pa->rows_read[k] >= 0 && pb->rows_read[k] >= 0) {
+        json_object_set_new(rr, pa->db[k], per(pb->rows_read[k] - pa->rows_read[k], orders));
+        rr_total += pb->rows_read[k] - pa->rows_read[k];
       }
       if (pa->statements[k] >= 0 && pb->statements[k] >= 0) {
         json_object_set_new(st, pa->db[k], per(pb->statements[k] - pa->statements[k], orders));
@@ -258,6 +262,8 @@ json_t *budget_json(const budget_sample_t *a, const budget_sample_t *b, long lon
     }
     json_object_set_new(tx, "total", per(tx_total, orders));
     json_object_set_new(j, "pg_transactions", tx);
+    json_object_set_new(rr, "total", per(rr_total, orders));
+    json_object_set_new(j, "pg_rows_read", rr);
     if (st_known) {
       json_object_set_new(st, "total", per(st_total, orders));
       json_object_set_new(j, "pg_statements", st);

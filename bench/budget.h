@@ -55,6 +55,7 @@ void budget_sample(budget_sample_t *out);
  * {"cpu_ms": {component: ms, "total"}, "context_switches": {...},
  *  "machine_context_switches", "wal_bytes", "wal_records", "wal_fpi", "wal_syncs",
  *  "pg_transactions": {db: n, "total"}, "pg_statements": {...},
+ *  "pg_rows_read": {db: n, "total"} (pg_stat_database.tup_returned),
  *  "redis_commands", "tc_frames", "stock_http_requests"} (parts that could
  * not be read are absent).  New reference, or NULL when orders <= 0. */
 json_t *budget_json(const budget_sample_t *a, const budget_sample_t *b, long long orders);

@@ -28,7 +28,7 @@ static long long get_ll(PGresult *r, int row, int col) {
 
 void pgstat_sample(pgstat_t *s, const char *url) {
   s->ok = false;
-  for (int k = 0; k < s->ndb; k++) s->xacts[k] = s->statements[k] = -1;
+  for (int k = 0; k < s->ndb; k++) s->xacts[k] = s->statements[k] = s->rows_read[k] = -1;
   if (!url) return;
   PGconn *pg = PQconnectdb(url);
   if (PQstatus(pg) != CONNECTION_OK) {
@@ -44,10 +44,14 @@ void pgstat_sample(pgstat_t *s, const char *url) {
     s->wal_sync = get_ll(r, 0, 3);
   }
   PQclear(r);
-  r = PQexec(pg, "SELECT datname, xact_commit + xact_rollback FROM pg_stat_database WHERE datname IS NOT NULL");
+  r = PQexec(pg, "SELECT datname, xact_commit + xact_rollback, tup_returned FROM pg_stat_database "
+                 "WHERE datname IS NOT NULL");
   for (int i = 0; PQresultStatus(r) == PGRES_TUPLES_OK && i < PQntuples(r); i++)
     for (int k = 0; k < s->ndb; k++)
-      if (strcmp(s->db[k], PQgetvalue(r, i, 0)) == 0) s->xacts[k] = get_ll(r, i, 1);
+      if (strcmp(s->db[k], PQgetvalue(r, i, 0)) == 0) {
+        s->xacts[k] = get_ll(r, i, 1);
+        s->rows_read[k] = get_ll(r, i, 2);
+      }
   PQclear(r);
   /* The view exists where the extension was created: here, once.  A
    * server without the library loaded refuses, and statements stay

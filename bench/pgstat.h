@@ -2,7 +2,8 @@
  * pgstat.h - the server-side counters of a PostgreSQL server that do not
  * depend on the machine, sampled at both ends of a measured period: WAL
  * (bytes, records, full-page images, fsyncs; pg_stat_wal, the whole
- * server), and per database the transactions (pg_stat_database) and the
+ * server), and per database the transactions and the rows read by scans
+ * (pg_stat_database) and the
  * top-level statements (pg_stat_statements; the servers scripts/pg-tmp
  * starts load it).  Shared by order-load's budget (budget.h) and tc-bench.
  *
@@ -26,6 +27,10 @@ typedef struct pgstat {
   int ndb;
   char db[PGSTAT_MAX_DB][64];              /* database names */
   long long xacts[PGSTAT_MAX_DB];          /* commits + rollbacks; -1 unknown */
+  long long rows_read[PGSTAT_MAX_DB];      /* tup_returned: rows a scan visited and returned
+                                              (a sequential scan counts every live row it
+                                              read, an index scan the entries it returned);
+                                              -1 unknown */
   long long statements[PGSTAT_MAX_DB];     /* pg_stat_statements calls; -1 unknown */
 } pgstat_t;
 

@@ -76,7 +76,7 @@ typedef struct {
 typedef struct {
   bool ok;
   bool has_statements; /* pg_stat_statements loaded (TX_PG_STATEMENTS=1) */
-  double statements, xacts, wal_bytes, wal_records, wal_syncs;
+  double statements, xacts, rows_read, wal_bytes, wal_records, wal_syncs;
 } tx_budget_t;
 
 typedef struct {
@@ -104,6 +104,7 @@ static tx_budget_t budget_end(const pgstat_t *a, const char *url, uint64_t done)
   t.has_statements = a->statements[0] >= 0 && b.statements[0] >= 0;
   if (t.has_statements) t.statements = (double)(b.statements[0] - a->statements[0]) / n;
   t.xacts = (double)(b.xacts[0] - a->xacts[0]) / n;
+  t.rows_read = (double)(b.rows_read[0] - a->rows_read[0]) / n;
   t.wal_bytes = (double)(b.wal_bytes - a->wal_bytes) / n;
   t.wal_records = (double)(b.wal_records - a->wal_records) / n;
   t.wal_syncs = (double)(b.wal_sync - a->wal_sync) / n;
@@ -114,9 +115,9 @@ static void print_budget(const char *what, const tx_budget_t *t) {
   if (!t->ok) return;
   char statements[64] = "statements unknown (TX_PG_STATEMENTS=1 counts them)";
   if (t->has_statements) snprintf(statements, sizeof(statements), "%.2f statements", t->statements);
-  printf("%s per transaction: %s, %.2f PostgreSQL transactions, %.0f WAL bytes, %.1f WAL records, "
-         "%.3f WAL fsyncs\n",
-         what, statements, t->xacts, t->wal_bytes, t->wal_records, t->wal_syncs);
+  printf("%s per transaction: %s, %.2f PostgreSQL transactions, %.1f rows read, %.0f WAL bytes, "
+         "%.1f WAL records, %.3f WAL fsyncs\n",
+         what, statements, t->xacts, t->rows_read, t->wal_bytes, t->wal_records, t->wal_syncs);
 }
 
 static atomic_int phase; /* 0 warm-up, 1 measure, 2 stop */
@@ -753,8 +754,9 @@ int main(int argc, char **argv) {
     if (!bud[i]->ok) continue;
     printf(",\"%s\":{", bname[i]);
     if (bud[i]->has_statements) printf("\"statements\":%.3f,", bud[i]->statements);
-    printf("\"pg_transactions\":%.3f,\"wal_bytes\":%.1f,\"wal_records\":%.2f,\"wal_syncs\":%.4f}", bud[i]->xacts,
-           bud[i]->wal_bytes, bud[i]->wal_records, bud[i]->wal_syncs);
+    printf("\"pg_transactions\":%.3f,\"pg_rows_read\":%.2f,\"wal_bytes\":%.1f,\"wal_records\":%.2f,"
+           "\"wal_syncs\":%.4f}",
+           bud[i]->xacts, bud[i]->rows_read, bud[i]->wal_bytes, bud[i]->wal_records, bud[i]->wal_syncs);
   }
   printf("}\n");
   uint64_t errors = single.errors + cluster.errors, done = single.done + cluster.done;
