@@ -312,6 +312,32 @@ static const char *undo_insert_sql(const rm_branch_t *b) {
   return rm__undo_compact(b->c) ? compact : objects;
 }
 
+/* ") INSERT INTO undo_log (...) SELECT $k, $k+1, $k+2 || <context>": what
+ * follows the data-modifying CTE of both fused statements; $k is the xid,
+ * then the branch id and the context's head. */
+static int append_undo_select(txp_buf_t *sql, int k, const char *context_settings) {
+  char head[160];
+  snprintf(head, sizeof(head),
+           ") INSERT INTO undo_log (xid, branch_id, context, rollback_info, log_status) SELECT $%d, $%d, $%d || ", k,
+           k + 1, k + 2);
+  int rc = txp_buf_append_str(sql, head);
+  return rc ? rc : txp_buf_append_str(sql, context_settings);
+}
+
+/* The end of a fused statement that did not commit: 'rc' is already the
+ * first statement's classified failure, or 0 when it ran and the COMMIT
+ * after it failed.  Frees both results, rolls back.  The code. */
+static int fused_failed(rm_branch_t *b, PGresult *r[2], int rc) {
+  if (rc == 0) {
+    rm__pg_error(b->errmsg, sizeof(b->errmsg), "the local commit failed", b->pg, r[1]);
+    rc = RM_E_DB;
+  }
+  PQclear(r[0]);
+  PQclear(r[1]);
+  caller_rollback(b);
+  return rc;
+}
+
 /* The fused form of steps 2 and 3 of prepare and the caller's COMMIT, in
  * one round trip (rm_at_prepare_commit; only without statement
  * savepoints, with at most one deferred delta): the undo row's INSERT
@@ -329,15 +355,12 @@ static int fused_commit(rm_branch_t *b, const char *const *insert_params) {
   Oid types[4 + RM_AT_DEFERRED_MAX_PARAMS] = {0};
   int np = 4, rc = 0;
   if (d) {
-    char tail[512];
+    char tail[160];
     int k = d->nparams + 1; /* the UPDATE's own parameters come first */
-    snprintf(tail, sizeof(tail),
-             ") INSERT INTO undo_log (xid, branch_id, context, rollback_info, log_status) SELECT $%d, $%d, $%d || ", k,
-             k + 1, k + 2);
     rc = txp_buf_append_str(&sql, "WITH rm_deferred AS (");
     if (!rc) rc = txp_buf_append_str(&sql, d->update_sql);
-    if (!rc) rc = txp_buf_append_str(&sql, tail);
-    if (!rc) rc = txp_buf_append_str(&sql, rm__undo_compact(b->c) ? RM_AT_CONTEXT_SETTINGS : RM_AT_CONTEXT_SETTINGS_ALL);
+    if (!rc)
+      rc = append_undo_select(&sql, k, rm__undo_compact(b->c) ? RM_AT_CONTEXT_SETTINGS : RM_AT_CONTEXT_SETTINGS_ALL);
     snprintf(tail, sizeof(tail), ", $%d, CASE WHEN EXISTS (SELECT 1 FROM rm_deferred) THEN 0 ELSE 2 END", k + 3);
     if (!rc) rc = txp_buf_append_str(&sql, tail);
     if (rc) {
@@ -382,14 +405,8 @@ static int fused_commit(rm_branch_t *b, const char *const *insert_params) {
                                                    : "could not write the undo log", b->pg, r[0]);
       rc = st[0] == '2' && st[1] == '2' ? RM_E_INVALID : RM_E_DB;
     }
-  } else if (rc == 0) {
-    rm__pg_error(b->errmsg, sizeof(b->errmsg), "the local commit failed", b->pg, r[1]);
-    rc = RM_E_DB;
   }
-  PQclear(r[0]);
-  PQclear(r[1]);
-  caller_rollback(b);
-  return rc;
+  return fused_failed(b, r, rc);
 }
 
 /*
@@ -438,11 +455,7 @@ static int fused_insert_commit(rm_branch_t *b, const char *const *head) {
   }
   if (!rc) rc = txp_buf_append_str(&sql, ") AS (");
   if (!rc) rc = txp_buf_append_str(&sql, d->insert_sql);
-  snprintf(num, sizeof(num),
-           ") INSERT INTO undo_log (xid, branch_id, context, rollback_info, log_status) SELECT $%d, $%d, $%d || ", first,
-           first + 1, first + 2);
-  if (!rc) rc = txp_buf_append_str(&sql, num);
-  if (!rc) rc = txp_buf_append_str(&sql, RM_AT_CONTEXT_SETTINGS);
+  if (!rc) rc = append_undo_select(&sql, first, RM_AT_CONTEXT_SETTINGS);
   snprintf(num, sizeof(num),
            ", pg_catalog.jsonb_build_array(pg_catalog.jsonb_build_array('i', $%d::text, "
            "pg_catalog.jsonb_build_object(",
@@ -507,14 +520,8 @@ static int fused_insert_commit(rm_branch_t *b, const char *const *head) {
       rm__pg_error(b->errmsg, sizeof(b->errmsg), what, b->pg, r[0]);
       rc = st[0] == '2' && st[1] == '2' ? RM_E_INVALID : RM_E_DB;
     }
-  } else if (rc == 0) {
-    rm__pg_error(b->errmsg, sizeof(b->errmsg), "the local commit failed", b->pg, r[1]);
-    rc = RM_E_DB;
   }
-  PQclear(r[0]);
-  PQclear(r[1]);
-  caller_rollback(b);
-  return rc;
+  return fused_failed(b, r, rc);
 }
 
 static int prepare(rm_branch_t *b, int64_t *branch_id, bool *fused_commit_done) {
