@@ -10,7 +10,8 @@
  *        max_deliveries, else claimed (XCLAIM with that idle time as the
  *        minimum, so two consumers never both take it) and applied;
  *     2. redeliveries an operator asked for (dead_letter rows REDELIVER);
- *     3. new entries: XREADGROUP ... BLOCK 200 ms ">".
+ *     3. new entries: XREADGROUP ... COUNT 64 BLOCK 200 ms ">", applied
+ *        together (process: svc_consumer.h NOTES).
  *   The group is created at id 0 (everything the stream holds: the
  *   consumers are idempotent), and again if Redis lost it (NOGROUP).
  *   The last failure of each pending entry is kept in the hash
@@ -34,6 +35,7 @@
 #define MAX_BACKOFF 32
 #define READ_COUNT 64
 #define MARK_TTL_S 86400
+#define DEFAULT_LINGER_MS 50
 
 static const int64_t default_backoff_ms[] = {1000,   5000,   10000,  30000,  60000,   120000,  180000,  240000,
                                              300000, 360000, 420000, 480000, 540000, 600000, 1200000, 1800000};
@@ -45,6 +47,7 @@ struct svc_consumer {
   void *arg;
   const svc_auth_t *auth;
   int max_deliveries;
+  int64_t linger_ms; /* CONSUMER_LINGER_MS */
   int64_t backoff_ms[MAX_BACKOFF];
   size_t nbackoff;
 
@@ -214,6 +217,7 @@ static svc_ev_result_t apply_once(svc_consumer_t *c, const svc_event_t *ev, bool
   if (res == SVC_EV_DONE && !*dup) {
     TXC_FAILPOINT("svc.consumer.after_apply");
     if (!svc_pg_exec(c->pg, "COMMIT", 0, NULL, PGRES_COMMAND_OK, NULL, why, whylen)) return SVC_EV_RETRY;
+    count(c, &c->stats.commits);
     TXC_FAILPOINT("svc.consumer.after_commit");
     return SVC_EV_DONE;
   }
@@ -222,62 +226,217 @@ static svc_ev_result_t apply_once(svc_consumer_t *c, const svc_event_t *ev, bool
   return res;
 }
 
-/* One delivery of entry 'id' with 'fields', delivered 'deliveries' times. */
-static void process(svc_consumer_t *c, const char *id, const redisReply *fields, int deliveries) {
-  svc_event_t ev = {.stream_id = id, .deliveries = deliveries};
-  json_t *payload = NULL;
-  char why[512] = "", mark[256], biz[SVC_EVENT_BIZ_KEY_MAX];
-  if (!parse_entry(c, fields, &ev, &payload, biz, why, sizeof(why))) {
-    snprintf(biz, sizeof(biz), "malformed:%.60s", id);
-    dead_letter(c, id, biz, 0, fields, deliveries, why);
+/* An entry in hand: decoded, with the key of its Redis mark.  ev.biz_key
+ * points into biz: an entry does not move once opened. */
+typedef struct entry {
+  const char *id;
+  const redisReply *fields;
+  int deliveries;
+  svc_event_t ev;
+  json_t *payload;
+  char biz[SVC_EVENT_BIZ_KEY_MAX], mark[256];
+} entry_t;
+
+/* Decode 'e' (id, fields and deliveries set).  A malformed entry is
+ * dead-lettered here: false. */
+static bool entry_open(svc_consumer_t *c, entry_t *e) {
+  char why[512] = "";
+  e->ev = (svc_event_t){.stream_id = e->id, .deliveries = e->deliveries};
+  e->payload = NULL;
+  if (!parse_entry(c, e->fields, &e->ev, &e->payload, e->biz, why, sizeof(why))) {
+    snprintf(e->biz, sizeof(e->biz), "malformed:%.60s", e->id);
+    dead_letter(c, e->id, e->biz, 0, e->fields, e->deliveries, why);
+    return false;
+  }
+  mark_key(c, e->biz, e->mark, sizeof(e->mark));
+  return true;
+}
+
+/* The fast path of 'n' entries, in two pipelined round trips: each mark
+ * set "busy" if absent (SET NX); where it was there, read it.  done[i]:
+ * the mark says "done", the event was applied before.  Otherwise the mark
+ * is ours, or a delivery died half-way, or Redis could not say: the
+ * database decides.  A dead context answers nothing (the loop reconnects
+ * after this pass). */
+static void marks_check(svc_consumer_t *c, entry_t *const *es, size_t n, bool *done) {
+  bool won[READ_COUNT] = {false};
+  for (size_t i = 0; i < n; i++) {
+    done[i] = false;
+    redisAppendCommand(c->redis, "SET %s busy NX EX %d", es[i]->mark, MARK_TTL_S);
+  }
+  for (size_t i = 0; i < n; i++) {
+    redisReply *x = NULL;
+    if (redisGetReply(c->redis, (void **)&x) != REDIS_OK) return;
+    won[i] = x && x->type == REDIS_REPLY_STATUS;
+    freeReplyObject(x);
+  }
+  size_t asked = 0;
+  for (size_t i = 0; i < n; i++)
+    if (!won[i]) {
+      redisAppendCommand(c->redis, "GET %s", es[i]->mark);
+      asked++;
+    }
+  for (size_t i = 0; i < n && asked; i++) {
+    if (won[i]) continue;
+    redisReply *x = NULL;
+    if (redisGetReply(c->redis, (void **)&x) != REDIS_OK) return;
+    asked--;
+    done[i] = x && x->type == REDIS_REPLY_STRING && strcmp(x->str, "done") == 0;
+    freeReplyObject(x);
+  }
+}
+
+/* 'n' entries whose effect is committed now (or was before: dup[i]), in
+ * one pipelined round trip: their marks "done", one XACK, one HDEL of
+ * their last errors; then counted, and their effects outside the database
+ * (c->after). */
+static void finish_done(svc_consumer_t *c, entry_t *const *es, size_t n, const bool *dup) {
+  const char *argv[3 + READ_COUNT];
+  char errkey[160];
+  snprintf(errkey, sizeof(errkey), "txc:consumer-errors:{%s}", c->group);
+  for (size_t i = 0; i < n; i++) redisAppendCommand(c->redis, "SET %s done EX %d", es[i]->mark, MARK_TTL_S);
+  argv[0] = "XACK";
+  argv[1] = c->stream;
+  argv[2] = c->group;
+  for (size_t i = 0; i < n; i++) argv[3 + i] = es[i]->id;
+  redisAppendCommandArgv(c->redis, (int)(3 + n), argv, NULL);
+  argv[0] = "HDEL";
+  argv[1] = errkey;
+  for (size_t i = 0; i < n; i++) argv[2 + i] = es[i]->id;
+  redisAppendCommandArgv(c->redis, (int)(2 + n), argv, NULL);
+  for (size_t i = 0; i < n + 2; i++) {
+    void *r = NULL;
+    if (redisGetReply(c->redis, &r) != REDIS_OK) break; /* the context is dead: the loop reconnects */
+    freeReplyObject(r);
+  }
+  for (size_t i = 0; i < n; i++) {
+    count(c, dup[i] ? &c->stats.duplicates : &c->stats.consumed);
+    if (c->after) c->after(&es[i]->ev, c->arg);
+  }
+}
+
+/* An event applied before (its mark says so): acknowledged, counted, and
+ * its effects outside the database again (they are idempotent). */
+static void repeat_done(svc_consumer_t *c, entry_t *e) {
+  ack(c, e->id);
+  count(c, &c->stats.duplicates);
+  if (c->after) c->after(&e->ev, c->arg);
+}
+
+/* Apply 'e' in a transaction of its own and finish it: acknowledged when
+ * done; else its mark removed and the entry left pending for a retry, or
+ * dead-lettered. */
+static void apply_one(svc_consumer_t *c, entry_t *e) {
+  char why[512] = "";
+  bool dup = false;
+  svc_ev_result_t res = apply_once(c, &e->ev, &dup, why, sizeof(why));
+  if (res == SVC_EV_DONE) {
+    finish_done(c, &e, 1, &dup);
     return;
   }
-  mark_key(c, biz, mark, sizeof(mark));
-
-  /* Fast path: a mark "done" means applied before. */
-  redisReply *x = redisCommand(c->redis, "SET %s busy NX EX %d", mark, MARK_TTL_S);
-  bool won = x && x->type == REDIS_REPLY_STATUS;
-  if (x) freeReplyObject(x);
-  if (!won) {
-    x = redisCommand(c->redis, "GET %s", mark);
-    bool done = x && x->type == REDIS_REPLY_STRING && strcmp(x->str, "done") == 0;
-    if (x) freeReplyObject(x);
-    if (done) {
-      ack(c, id);
-      count(c, &c->stats.duplicates);
-      if (c->after) c->after(&ev, c->arg);
-      json_decref(payload);
-      return;
-    }
-    /* "busy": a delivery that died half-way, or Redis trouble: the
-     * database decides */
-  }
-  bool dup = false;
-  svc_ev_result_t res = apply_once(c, &ev, &dup, why, sizeof(why));
-  if (res == SVC_EV_DONE) {
-    freeReplyObject(redisCommand(c->redis, "SET %s done EX %d", mark, MARK_TTL_S));
-    ack(c, id);
-    count(c, dup ? &c->stats.duplicates : &c->stats.consumed);
-    if (c->after) c->after(&ev, c->arg);
+  freeReplyObject(redisCommand(c->redis, "DEL %s", e->mark));
+  if (res == SVC_EV_DEAD || e->deliveries >= c->max_deliveries) {
+    char reason[600];
+    snprintf(reason, sizeof(reason), "%s%s", res == SVC_EV_DEAD ? "" : "gave up after the last delivery: ", why);
+    dead_letter(c, e->id, e->biz, e->ev.event_id, e->fields, e->deliveries, reason);
   } else {
-    freeReplyObject(redisCommand(c->redis, "DEL %s", mark));
-    if (res == SVC_EV_DEAD || deliveries >= c->max_deliveries) {
-      char reason[600];
-      snprintf(reason, sizeof(reason), "%s%s", res == SVC_EV_DEAD ? "" : "gave up after the last delivery: ", why);
-      dead_letter(c, id, biz, ev.event_id, fields, deliveries, reason);
-    } else {
-      freeReplyObject(redisCommand(c->redis, "HSET txc:consumer-errors:{%s} %s %s", c->group, id, why));
-      count(c, &c->stats.retried);
-      SVC_LOG(SVC_LOG_WARN,
-              json_pack("{s:s,s:s,s:s,s:i}", "group", c->group, "stream_id", id, "biz_key", biz, "deliveries",
-                        deliveries),
-              "consumer: could not apply an event (will retry): %s", why);
-    }
+    freeReplyObject(redisCommand(c->redis, "HSET txc:consumer-errors:{%s} %s %s", c->group, e->id, why));
+    count(c, &c->stats.retried);
+    SVC_LOG(SVC_LOG_WARN,
+            json_pack("{s:s,s:s,s:s,s:i}", "group", c->group, "stream_id", e->id, "biz_key", e->biz, "deliveries",
+                      e->deliveries),
+            "consumer: could not apply an event (will retry): %s", why);
   }
-  json_decref(payload);
+}
+
+/* 'n' >= 2 events in one transaction: their consumed_event rows in one
+ * INSERT (those it did not insert were applied before: dup[i]; of two
+ * entries with one business key the second is a repeat), the effects of
+ * the others in stream order, one COMMIT.  true: committed.  false: rolled
+ * back, nothing of the batch is done; the caller applies them one by one,
+ * which isolates the event that failed. */
+static bool apply_together(svc_consumer_t *c, entry_t *const *es, size_t n, bool *dup) {
+  char why[512] = "";
+  json_t *keys = json_array();
+  for (size_t i = 0; keys && i < n; i++)
+    if (json_array_append_new(keys, json_pack("{s:s,s:I}", "b", es[i]->biz, "e", (json_int_t)es[i]->ev.event_id))) {
+      json_decref(keys);
+      keys = NULL;
+    }
+  char *js = keys ? json_dumps(keys, JSON_COMPACT) : NULL;
+  json_decref(keys);
+  if (!js) return false;
+  const char *p[2] = {c->group, js};
+  PGresult *r = NULL;
+  bool ok = svc_pg_exec(c->pg, "BEGIN", 0, NULL, PGRES_COMMAND_OK, NULL, why, sizeof(why)) &&
+            svc_pg_exec(c->pg,
+                        "INSERT INTO consumed_event (consumer_group, biz_key, event_id) SELECT $1, k.b, k.e"
+                        " FROM pg_catalog.jsonb_to_recordset($2::jsonb) AS k(b text, e bigint)"
+                        " ON CONFLICT DO NOTHING RETURNING biz_key",
+                        2, p, PGRES_TUPLES_OK, &r, why, sizeof(why));
+  free(js);
+  if (ok) {
+    bool taken[READ_COUNT] = {false};
+    int rows = PQntuples(r);
+    for (size_t i = 0; i < n; i++) {
+      dup[i] = true;
+      for (int k = 0; k < rows && dup[i]; k++)
+        if (!taken[k] && strcmp(PQgetvalue(r, k, 0), es[i]->biz) == 0) taken[k] = true, dup[i] = false;
+    }
+    PQclear(r);
+    for (size_t i = 0; i < n && ok; i++)
+      if (!dup[i]) ok = c->apply(c->pg, &es[i]->ev, c->arg, why, sizeof(why)) == SVC_EV_DONE;
+  }
+  if (ok) {
+    TXC_FAILPOINT("svc.consumer.after_apply");
+    ok = svc_pg_exec(c->pg, "COMMIT", 0, NULL, PGRES_COMMAND_OK, NULL, why, sizeof(why));
+    if (ok) TXC_FAILPOINT("svc.consumer.after_commit");
+  }
+  if (!ok && PQstatus(c->pg) == CONNECTION_OK && PQtransactionStatus(c->pg) != PQTRANS_IDLE)
+    PQclear(PQexec(c->pg, "ROLLBACK"));
+  if (ok) count(c, &c->stats.commits);
+  return ok;
+}
+
+/* Entries delivered together ('deliveries' times each): decoded (the
+ * malformed ones dead-lettered), their marks checked in one round trip,
+ * the repeats acknowledged, the rest applied in one transaction when
+ * there are several, one by one when that fails or there is one. */
+static void process(svc_consumer_t *c, const redisReply *const *ents, size_t n, int deliveries) {
+  entry_t *es = calloc(n ? n : 1, sizeof(*es));
+  entry_t *open[READ_COUNT], *todo[READ_COUNT];
+  bool done[READ_COUNT], dup[READ_COUNT];
+  size_t nopen = 0, ntodo = 0;
+  if (!es || n > READ_COUNT) { /* cannot be: callers pass at most READ_COUNT; leave them pending */
+    free(es);
+    return;
+  }
+  for (size_t i = 0; i < n; i++) {
+    es[i].id = ents[i]->element[0]->str;
+    es[i].fields = ents[i]->element[1];
+    es[i].deliveries = deliveries;
+    if (entry_open(c, &es[i])) open[nopen++] = &es[i];
+  }
+  marks_check(c, open, nopen, done);
+  for (size_t i = 0; i < nopen; i++)
+    if (done[i]) repeat_done(c, open[i]);
+    else todo[ntodo++] = open[i];
+  if (ntodo > 1 && apply_together(c, todo, ntodo, dup)) {
+    finish_done(c, todo, ntodo, dup);
+  } else {
+    for (size_t i = 0; i < ntodo && !stopping(c); i++) apply_one(c, todo[i]);
+  }
+  for (size_t i = 0; i < n; i++) json_decref(es[i].payload);
+  free(es);
 }
 
 /* ---------------------------------------------------------- the loop */
+
+/* A stream entry as Redis answers it: [id, [field, value, ...]]. */
+static bool entry_shaped(const redisReply *ent) {
+  return ent->type == REDIS_REPLY_ARRAY && ent->elements == 2 && ent->element[0]->type == REDIS_REPLY_STRING &&
+         ent->element[0]->str;
+}
 
 static int64_t backoff_of(const svc_consumer_t *c, int deliveries) {
   size_t i = deliveries <= 1 ? 0 : (size_t)(deliveries - 1);
@@ -322,8 +481,8 @@ static bool retry_due(svc_consumer_t *c, char *err, size_t errlen) {
     if (!cl) break;
     for (size_t k = 0; cl->type == REDIS_REPLY_ARRAY && k < cl->elements; k++) {
       const redisReply *ent = cl->element[k];
-      if (ent->type != REDIS_REPLY_ARRAY || ent->elements != 2) continue; /* deleted meanwhile */
-      process(c, ent->element[0]->str, ent->element[1], (int)deliveries + 1);
+      if (!entry_shaped(ent)) continue; /* deleted meanwhile */
+      process(c, &ent, 1, (int)deliveries + 1);
     }
     freeReplyObject(cl);
   }
@@ -409,10 +568,35 @@ fail:
   return false;
 }
 
-/* Step 3: new entries. */
+/* XREADGROUP of up to 'count' new entries, blocking up to 200 ms when
+ * 'block'; NULL with 'err' on failure. */
+static redisReply *read_group(svc_consumer_t *c, size_t count, bool block, char *err, size_t errlen) {
+  if (block)
+    return svc_redis_cmd(c->redis, err, errlen, "XREADGROUP GROUP %s %s COUNT %d BLOCK 200 STREAMS %s >", c->group,
+                         c->consumer, (int)count, c->stream);
+  return svc_redis_cmd(c->redis, err, errlen, "XREADGROUP GROUP %s %s COUNT %d STREAMS %s >", c->group, c->consumer,
+                       (int)count, c->stream);
+}
+
+/* The well-shaped entries of an XREADGROUP answer 'x', appended to
+ * batch[n..READ_COUNT-1]: the new n. */
+static size_t take_entries(const redisReply *x, const redisReply **batch, size_t n) {
+  if (!x || x->type != REDIS_REPLY_ARRAY || x->elements != 1 || x->element[0]->type != REDIS_REPLY_ARRAY ||
+      x->element[0]->elements != 2 || x->element[0]->element[1]->type != REDIS_REPLY_ARRAY)
+    return n;
+  const redisReply *entries = x->element[0]->element[1];
+  for (size_t i = 0; i < entries->elements && n < READ_COUNT; i++)
+    if (entry_shaped(entries->element[i])) batch[n++] = entries->element[i];
+  return n;
+}
+
+/* Step 3: new entries.  When the read brings fewer than READ_COUNT, the
+ * consumer lingers (CONSUMER_LINGER_MS) and tops the batch up once without
+ * blocking: the events are asynchronous already, and a busy stream then
+ * costs a commit per batch rather than per event, leaving the CPU to the
+ * requests that wait for an answer. */
 static bool read_new(svc_consumer_t *c, char *err, size_t errlen) {
-  redisReply *x = svc_redis_cmd(c->redis, err, errlen, "XREADGROUP GROUP %s %s COUNT %d BLOCK 200 STREAMS %s >",
-                                c->group, c->consumer, READ_COUNT, c->stream);
+  redisReply *x = read_group(c, READ_COUNT, true, err, errlen), *more = NULL;
   if (!x) {
     if (strstr(err, "NOGROUP")) {
       SVC_LOG(SVC_LOG_WARN, json_pack("{s:s}", "group", c->group),
@@ -421,15 +605,14 @@ static bool read_new(svc_consumer_t *c, char *err, size_t errlen) {
     }
     return false;
   }
-  if (x->type == REDIS_REPLY_ARRAY && x->elements == 1) {
-    const redisReply *entries = x->element[0]->element[1];
-    for (size_t i = 0; i < entries->elements && !stopping(c); i++) {
-      const redisReply *ent = entries->element[i];
-      if (ent->type != REDIS_REPLY_ARRAY || ent->elements != 2) continue;
-      process(c, ent->element[0]->str, ent->element[1], 1);
-    }
-  }
+  const redisReply *batch[READ_COUNT];
+  size_t n = take_entries(x, batch, 0);
+  if (n > 0 && n < READ_COUNT && c->linger_ms > 0 && txc_worker_sleep(&c->job, c->linger_ms) &&
+      (more = read_group(c, READ_COUNT - n, false, err, errlen)))
+    n = take_entries(more, batch, n);
+  if (n && !stopping(c)) process(c, batch, n, 1);
   freeReplyObject(x);
+  if (more) freeReplyObject(more);
   return !c->redis->err;
 }
 
@@ -574,6 +757,7 @@ svc_consumer_t *svc_consumer_start(const svc_consumer_opts_t *o, char *err, size
   bool ok = true;
   c->max_deliveries = o->max_deliveries > 0 ? o->max_deliveries
                                             : (int)svc_env_int("CONSUMER_MAX_DELIVERIES", 16, 1, 1000, &ok);
+  c->linger_ms = svc_env_int("CONSUMER_LINGER_MS", DEFAULT_LINGER_MS, 0, 1000, &ok);
   if (o->backoff_ms && o->nbackoff) {
     c->nbackoff = o->nbackoff < MAX_BACKOFF ? o->nbackoff : MAX_BACKOFF;
     memcpy(c->backoff_ms, o->backoff_ms, c->nbackoff * sizeof(int64_t));
@@ -620,6 +804,8 @@ void svc_consumer_metrics(svc_consumer_t *const *cs, size_t n, txc_buf_t *b) {
     {"retried", "Deliveries that failed and will be tried again.", offsetof(svc_consumer_stats_t, retried)},
     {"dead_lettered", "Order events moved to the dead-letter table.", offsetof(svc_consumer_stats_t, dead_lettered)},
     {"redelivered", "Dead letters applied on an operator's request.", offsetof(svc_consumer_stats_t, redelivered)},
+    {"commits", "Local transactions that applied order events (consumed / commits: events per commit).",
+     offsetof(svc_consumer_stats_t, commits)},
     {"errors", "Store errors of the consumer loop.", offsetof(svc_consumer_stats_t, errors)},
   };
   svc_consumer_stats_t st[16];

@@ -4,13 +4,22 @@
  * retries, dead letters and redelivery.
  *
  * NOTES
- *   Each event is applied in one local transaction of the consumer's own
+ *   Each event is applied in a local transaction of the consumer's own
  *   database together with its consumed_event row (sql/consumer/), keyed
  *   (group, biz_key = "<type>:<order_id>"): whatever the stream redelivers
  *   (a consumer killed before XACK, a relay that published again, a Redis
  *   that lost its acknowledgements), the effect happens once.  A Redis
  *   mark (SET NX, the seed's fast path) lets repeats skip the database; a
  *   failure removes it so that the retry gets in.  PostgreSQL decides.
+ *
+ *   Events read together (XREADGROUP, up to 64) are applied together: one
+ *   transaction, one INSERT of their consumed_event rows, their effects
+ *   in stream order, one COMMIT; their marks, XACK and error-hash cleanup
+ *   in one Redis round trip.  Under load the reads grow, and with them
+ *   the events per commit; a quiet stream still gives one event per
+ *   transaction, at once.  If any effect of the batch fails, the batch is
+ *   rolled back and its events are applied one by one, each in its own
+ *   transaction, so only the failing one retries or is dead-lettered.
  *
  *   The apply callback answers:
  *     SVC_EV_DONE   applied (or nothing to do): commit, acknowledge;
@@ -87,6 +96,7 @@ typedef struct svc_consumer_stats {
   uint64_t retried;       /* a delivery that failed and will be tried again */
   uint64_t dead_lettered;
   uint64_t redelivered;   /* dead letters applied on an operator's request */
+  uint64_t commits;       /* local transactions that applied events (consumed / commits: events per commit) */
   uint64_t errors;        /* store errors of the loop itself */
   long long pending;      /* the group's pending entries (XINFO GROUPS), -1 unknown */
   long long lag;          /* entries not yet delivered to the group, -1 unknown */
