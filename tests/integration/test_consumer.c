@@ -1,0 +1,259 @@
+/*
+ * test_consumer.c - examples/svc_consumer.c, an idempotent consumer group
+ * of the order events, against a real Redis stream and the real events
+ * database (sql/consumer/).
+ *
+ * Usage: scripts/with-servers --pg --redis -- test_consumer
+ *
+ * NOTES
+ *   Servers: REDIS_URL and EVENTS_PG_URL come from scripts/with-servers.
+ *   Each test writes its own stream and group, so tests do not depend on
+ *   their order.  The consumer's apply records each effect in the table
+ *   consumer_test_effect, in the consumer's transaction, and refuses
+ *   (SVC_EV_RETRY) the order ids a test marks as poison.
+ *
+ *   What is checked:
+ *     - a read of many events applies them in one transaction (one
+ *       commit), each once; a repeat of an event in the same read (the
+ *       same business key) is counted a duplicate and has no second
+ *       effect; nothing stays pending;
+ *     - a batch with a poison event falls back to one transaction per
+ *       event: every other event is applied once, the poison one retried
+ *       and dead-lettered after max_deliveries, with no effect;
+ *     - the linger: an event followed 100 ms later by five more is one
+ *       commit with CONSUMER_LINGER_MS=1000, two with 0.
+ *   The counters asserted are the consumer's own (svc_consumer_stats),
+ *   the effects and dead letters are read from PostgreSQL, the pending
+ *   entries from Redis (XPENDING).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cmocka.h>
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <hiredis/hiredis.h>
+#include <libpq-fe.h>
+
+#include "svc_consumer.h"
+
+static const char *redis_url, *events_url;
+static redisContext *raw;
+static PGconn *pg;
+
+#define MAX_POISON 4
+typedef struct {
+  long long poison[MAX_POISON];
+  int npoison;
+} apply_arg_t;
+
+static svc_ev_result_t test_apply(PGconn *conn, const svc_event_t *ev, void *arg, char *why, size_t whylen) {
+  const apply_arg_t *a = arg;
+  for (int i = 0; i < a->npoison; i++)
+    if (a->poison[i] == ev->order_id) {
+      snprintf(why, whylen, "order %lld is poison (the test refuses it)", ev->order_id);
+      return SVC_EV_RETRY;
+    }
+  char so[24], se[24];
+  snprintf(so, sizeof(so), "%lld", ev->order_id);
+  snprintf(se, sizeof(se), "%lld", ev->event_id);
+  const char *p[3] = {ev->biz_key, so, se};
+  PGresult *r = PQexecParams(conn,
+                             "INSERT INTO consumer_test_effect (biz_key, order_id, event_id) VALUES ($1, $2, $3)", 3,
+                             NULL, p, NULL, NULL, 0);
+  bool ok = PQresultStatus(r) == PGRES_COMMAND_OK;
+  if (!ok) snprintf(why, whylen, "%s", PQerrorMessage(conn));
+  PQclear(r);
+  return ok ? SVC_EV_DONE : SVC_EV_RETRY;
+}
+
+static redisReply *rcmd(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  redisReply *r = redisvCommand(raw, fmt, ap);
+  va_end(ap);
+  if (!r) fail_msg("redis: %s", raw->errstr);
+  if (r->type == REDIS_REPLY_ERROR) fail_msg("redis: %s", r->str);
+  return r;
+}
+
+static long long pg_count(const char *sql, const char *arg) {
+  const char *p[1] = {arg};
+  PGresult *r = PQexecParams(pg, sql, arg ? 1 : 0, NULL, arg ? p : NULL, NULL, NULL, 0);
+  if (PQresultStatus(r) != PGRES_TUPLES_OK) fail_msg("%s: %s", sql, PQerrorMessage(pg));
+  long long n = atoll(PQgetvalue(r, 0, 0));
+  PQclear(r);
+  return n;
+}
+
+/* XADD an order.paid event of order 'order_id' with event id 'event_id'. */
+static void publish(const char *stream, long long event_id, long long order_id) {
+  char eid[24], oid[24], payload[128];
+  snprintf(eid, sizeof(eid), "%lld", event_id);
+  snprintf(oid, sizeof(oid), "%lld", order_id);
+  snprintf(payload, sizeof(payload), "{\"activity\":7,\"ticket_type\":1,\"bucket\":0,\"user\":%lld,\"qty\":1}",
+           order_id);
+  freeReplyObject(rcmd("XADD %s * event_id %s type order.paid order_id %s payload %s", stream, eid, oid, payload));
+}
+
+static long long pending(const char *stream, const char *group) {
+  redisReply *r = rcmd("XPENDING %s %s", stream, group);
+  long long n = r->type == REDIS_REPLY_ARRAY && r->elements > 0 ? r->element[0]->integer : -1;
+  freeReplyObject(r);
+  return n;
+}
+
+static void wait_handled(svc_consumer_t *c, uint64_t n, svc_consumer_stats_t *st) {
+  for (int i = 0; i < 1000; i++) {
+    svc_consumer_stats(c, st);
+    if (st->consumed + st->duplicates + st->dead_lettered >= n) return;
+    usleep(10 * 1000);
+  }
+  fail_msg("the consumer handled %llu of %llu events in 10 s", (unsigned long long)(st->consumed + st->duplicates +
+           st->dead_lettered), (unsigned long long)n);
+}
+
+static svc_consumer_t *start(const char *stream, const char *group, apply_arg_t *arg, int max_deliveries) {
+  static const int64_t backoff[1] = {100};
+  char err[256] = "";
+  svc_consumer_opts_t o = {.redis_url = redis_url, .pg_url = events_url, .stream = stream, .group = group,
+                           .apply = test_apply, .arg = arg, .max_deliveries = max_deliveries,
+                           .backoff_ms = backoff, .nbackoff = 1};
+  svc_consumer_t *c = svc_consumer_start(&o, err, sizeof(err));
+  if (!c) fail_msg("could not start the consumer: %s", err);
+  return c;
+}
+
+static int setup(void **state) {
+  (void)state;
+  redis_url = getenv("REDIS_URL");
+  events_url = getenv("EVENTS_PG_URL");
+  if (!redis_url || !events_url) return 0;
+  const char *hp = redis_url + strlen("redis://");
+  char host[64] = "127.0.0.1";
+  int port = 6379;
+  sscanf(hp, "%63[^:]:%d", host, &port);
+  raw = redisConnect(host, port);
+  pg = PQconnectdb(events_url);
+  if (!raw || raw->err || PQstatus(pg) != CONNECTION_OK) return -1;
+  PGresult *r = PQexec(pg, "CREATE TABLE IF NOT EXISTS consumer_test_effect (biz_key text NOT NULL,"
+                           " order_id bigint NOT NULL, event_id bigint NOT NULL)");
+  int rc = PQresultStatus(r) == PGRES_COMMAND_OK ? 0 : -1;
+  PQclear(r);
+  setenv("CONSUMER_LINGER_MS", "50", 1);
+  return rc;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  if (raw) redisFree(raw);
+  if (pg) PQfinish(pg);
+  return 0;
+}
+
+#define SKIP_WITHOUT_SERVERS()                                                                                        \
+  do {                                                                                                                \
+    if (!redis_url || !events_url) skip();                                                                           \
+  } while (0)
+
+/* 40 events and a repeat of one, all in the stream before the consumer
+ * starts: its first read takes them all, one transaction applies them. */
+static void test_one_read_one_commit(void **state) {
+  (void)state;
+  SKIP_WITHOUT_SERVERS();
+  const char *stream = "test:consumer:batch", *group = "batch";
+  for (long long i = 1; i <= 40; i++) publish(stream, 1000 + i, 5000 + i);
+  publish(stream, 1007, 5007); /* the relay published event 1007 again */
+  apply_arg_t arg = {0};
+  svc_consumer_t *c = start(stream, group, &arg, 3);
+  svc_consumer_stats_t st;
+  wait_handled(c, 41, &st);
+  usleep(100 * 1000); /* nothing more may happen */
+  svc_consumer_stats(c, &st);
+  assert_int_equal(st.consumed, 40);
+  assert_int_equal(st.duplicates, 1);
+  assert_int_equal(st.commits, 1);
+  assert_int_equal(st.retried, 0);
+  assert_int_equal(pending(stream, group), 0);
+  assert_int_equal(pg_count("SELECT count(*) FROM consumer_test_effect WHERE order_id BETWEEN 5001 AND 5040", NULL),
+                   40);
+  assert_int_equal(pg_count("SELECT count(DISTINCT order_id) FROM consumer_test_effect"
+                            " WHERE order_id BETWEEN 5001 AND 5040", NULL), 40);
+  assert_int_equal(pg_count("SELECT count(*) FROM consumed_event WHERE consumer_group = $1", group), 40);
+  redisReply *m = rcmd("GET txc:consumed:{%s}:order.paid:5007", group);
+  assert_int_equal(m->type, REDIS_REPLY_STRING);
+  assert_string_equal(m->str, "done");
+  freeReplyObject(m);
+  svc_consumer_stop(c);
+}
+
+/* A poison event among 20: the batch fails, its events go one by one. */
+static void test_poison_in_a_batch(void **state) {
+  (void)state;
+  SKIP_WITHOUT_SERVERS();
+  const char *stream = "test:consumer:poison", *group = "poison";
+  for (long long i = 1; i <= 20; i++) publish(stream, 2000 + i, 6000 + i);
+  apply_arg_t arg = {.poison = {6013}, .npoison = 1};
+  svc_consumer_t *c = start(stream, group, &arg, 2);
+  svc_consumer_stats_t st;
+  wait_handled(c, 20, &st);
+  svc_consumer_stats(c, &st);
+  assert_int_equal(st.consumed, 19);
+  assert_int_equal(st.dead_lettered, 1);
+  assert_int_equal(st.retried, 1);  /* the first delivery failed, the second gave up */
+  assert_int_equal(st.commits, 19); /* one by one after the batch was rolled back */
+  assert_int_equal(pending(stream, group), 0);
+  assert_int_equal(pg_count("SELECT count(*) FROM consumer_test_effect WHERE order_id BETWEEN 6001 AND 6020", NULL),
+                   19);
+  assert_int_equal(pg_count("SELECT count(*) FROM consumer_test_effect WHERE order_id = 6013", NULL), 0);
+  assert_int_equal(pg_count("SELECT count(*) FROM consumed_event WHERE consumer_group = $1", group), 19);
+  assert_int_equal(pg_count("SELECT count(*) FROM dead_letter WHERE consumer_group = $1"
+                            " AND biz_key = 'order.paid:6013' AND state = 'DEAD'", group), 1);
+  svc_consumer_stop(c);
+}
+
+/* One event, then five 100 ms later: with a long linger one commit. */
+static uint64_t commits_for_split_arrival(const char *linger, const char *stream, const char *group,
+                                          long long first_order) {
+  setenv("CONSUMER_LINGER_MS", linger, 1);
+  apply_arg_t arg = {0};
+  svc_consumer_t *c = start(stream, group, &arg, 3);
+  setenv("CONSUMER_LINGER_MS", "50", 1);
+  usleep(300 * 1000); /* the consumer is in its blocking read */
+  publish(stream, first_order, first_order);
+  usleep(100 * 1000);
+  freeReplyObject(rcmd("MULTI")); /* the five arrive at once for any reader */
+  for (long long i = 1; i <= 5; i++) publish(stream, first_order + i, first_order + i);
+  freeReplyObject(rcmd("EXEC"));
+  svc_consumer_stats_t st;
+  wait_handled(c, 6, &st);
+  svc_consumer_stats(c, &st);
+  assert_int_equal(st.consumed, 6);
+  assert_int_equal(pending(stream, group), 0);
+  svc_consumer_stop(c);
+  return st.commits;
+}
+
+static void test_linger(void **state) {
+  (void)state;
+  SKIP_WITHOUT_SERVERS();
+  assert_int_equal(commits_for_split_arrival("1000", "test:consumer:linger", "linger", 7000), 1);
+  assert_int_equal(commits_for_split_arrival("0", "test:consumer:nolinger", "nolinger", 7100), 2);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+    cmocka_unit_test(test_one_read_one_commit),
+    cmocka_unit_test(test_poison_in_a_batch),
+    cmocka_unit_test(test_linger),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
