@@ -1151,7 +1151,7 @@ int main(int argc, char **argv) {
     svc_consumer_opts_t co = {.redis_url = redis_url, .pg_url = pg_url,
                               .group = svc_env_str("STOCK_CONSUMER_GROUP", "stock"),
                               .apply = stock_event_apply, .after = stock_event_after, .arg = &s,
-                              .auth = s.auth};
+                              .auth = s.auth, .batch_max = 1}; /* it updates the hot bucket rows */
     if (!s.pf || !(s.consumer = svc_consumer_start(&co, err, sizeof(err)))) {
       svc_error("could not start the order-event consumer: %s", err);
       exit_code = 69;

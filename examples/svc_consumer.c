@@ -47,7 +47,8 @@ struct svc_consumer {
   void *arg;
   const svc_auth_t *auth;
   int max_deliveries;
-  int64_t linger_ms; /* CONSUMER_LINGER_MS */
+  size_t batch_max;  /* 1..READ_COUNT */
+  int64_t linger_ms; /* CONSUMER_LINGER_MS; none when batch_max is 1 */
   int64_t backoff_ms[MAX_BACKOFF];
   size_t nbackoff;
 
@@ -596,7 +597,7 @@ static size_t take_entries(const redisReply *x, const redisReply **batch, size_t
  * costs a commit per batch rather than per event, leaving the CPU to the
  * requests that wait for an answer. */
 static bool read_new(svc_consumer_t *c, char *err, size_t errlen) {
-  redisReply *x = read_group(c, READ_COUNT, true, err, errlen), *more = NULL;
+  redisReply *x = read_group(c, c->batch_max, true, err, errlen), *more = NULL;
   if (!x) {
     if (strstr(err, "NOGROUP")) {
       SVC_LOG(SVC_LOG_WARN, json_pack("{s:s}", "group", c->group),
@@ -607,8 +608,8 @@ static bool read_new(svc_consumer_t *c, char *err, size_t errlen) {
   }
   const redisReply *batch[READ_COUNT];
   size_t n = take_entries(x, batch, 0);
-  if (n > 0 && n < READ_COUNT && c->linger_ms > 0 && txc_worker_sleep(&c->job, c->linger_ms) &&
-      (more = read_group(c, READ_COUNT - n, false, err, errlen)))
+  if (n > 0 && n < c->batch_max && c->linger_ms > 0 && txc_worker_sleep(&c->job, c->linger_ms) &&
+      (more = read_group(c, c->batch_max - n, false, err, errlen)))
     n = take_entries(more, batch, n);
   if (n && !stopping(c)) process(c, batch, n, 1);
   freeReplyObject(x);
@@ -757,7 +758,8 @@ svc_consumer_t *svc_consumer_start(const svc_consumer_opts_t *o, char *err, size
   bool ok = true;
   c->max_deliveries = o->max_deliveries > 0 ? o->max_deliveries
                                             : (int)svc_env_int("CONSUMER_MAX_DELIVERIES", 16, 1, 1000, &ok);
-  c->linger_ms = svc_env_int("CONSUMER_LINGER_MS", DEFAULT_LINGER_MS, 0, 1000, &ok);
+  c->batch_max = o->batch_max > 0 && o->batch_max < READ_COUNT ? (size_t)o->batch_max : READ_COUNT;
+  c->linger_ms = c->batch_max > 1 ? svc_env_int("CONSUMER_LINGER_MS", DEFAULT_LINGER_MS, 0, 1000, &ok) : 0;
   if (o->backoff_ms && o->nbackoff) {
     c->nbackoff = o->nbackoff < MAX_BACKOFF ? o->nbackoff : MAX_BACKOFF;
     memcpy(c->backoff_ms, o->backoff_ms, c->nbackoff * sizeof(int64_t));

@@ -12,7 +12,7 @@
  *   mark (SET NX, the seed's fast path) lets repeats skip the database; a
  *   failure removes it so that the retry gets in.  PostgreSQL decides.
  *
- *   Events read together (XREADGROUP, up to 64) are applied together: one
+ *   Events read together (XREADGROUP, up to batch_max) are applied together: one
  *   transaction, one INSERT of their consumed_event rows, their effects
  *   in stream order, one COMMIT; their marks, XACK and error-hash cleanup
  *   in one Redis round trip.  Under load the reads grow, and with them
@@ -81,6 +81,10 @@ typedef struct svc_consumer_opts {
   int max_deliveries;
   const int64_t *backoff_ms;
   size_t nbackoff;
+  /* Events applied in one transaction at most (0: 64).  1 for an apply
+   * that updates hot rows: a batch would hold their row locks until its
+   * commit, and the requests that update them would wait for it. */
+  int batch_max;
 } svc_consumer_opts_t;
 
 typedef struct svc_consumer svc_consumer_t;
