@@ -45,8 +45,10 @@
  *   REDIS_URL; EVENTS_LISTEN (host:port, default 127.0.0.1:0 = any free
  *   port), EVENTS_GROUPS (comma-separated subset of points,notify,tickets;
  *   default all three), EVENTS_LOG_LEVEL; the consumer settings
- *   CONSUMER_MAX_DELIVERIES (default 16) and CONSUMER_BACKOFF_MS (default
- *   1000,5000,10000,30000,60000,120000,...); for tests,
+ *   CONSUMER_MAX_DELIVERIES (default 16), CONSUMER_BACKOFF_MS (default
+ *   1000,5000,10000,30000,60000,120000,...) and CONSUMER_LINGER_MS
+ *   (default 50: how long a short read waits to be topped up; the events
+ *   of a read share one transaction, svc_consumer.h); for tests,
  *   EVENTS_APPLY_DELAY_MS (default 0: each apply sleeps this long inside
  *   its transaction, so that a kill lands in the middle of consuming).
  *   --listen and --url-file FILE as for the services.  TX_FAILPOINTS (a
@@ -355,7 +357,8 @@ static void usage(FILE *f) {
           "(see examples/event_consumers.c), on their own database.\n"
           "Environment: EVENTS_PG_URL, REDIS_URL (from cluster/local/up), EVENTS_LISTEN,\n"
           "EVENTS_GROUPS (default points,notify,tickets), EVENTS_LOG_LEVEL, CONSUMER_MAX_DELIVERIES\n"
-          "(default 16), CONSUMER_BACKOFF_MS (default 1000,5000,10000,...), EVENTS_APPLY_DELAY_MS (tests).\n"
+          "(default 16), CONSUMER_BACKOFF_MS (default 1000,5000,10000,...), CONSUMER_LINGER_MS (default 50),\n"
+          "EVENTS_APPLY_DELAY_MS (tests).\n"
           "Dead letters: build/bin/txc-events list | redeliver | stats.\n"
           "--routes prints the routes it serves (METHOD PATH), as examples/openapi/event-consumers.yaml describes them.\n");
 }
