@@ -61,6 +61,17 @@ bool txc_worker_sleep(txc_worker_t *w, int64_t ms) {
   return go_on;
 }
 
+bool txc_worker_pause(txc_worker_t *w, int64_t ms) {
+  struct timespec until;
+  txc_deadline_in_ms(&until, ms > 0 ? ms : 0);
+  pthread_mutex_lock(&w->mu);
+  while (!w->stopping && pthread_cond_timedwait(&w->wake, &w->mu, &until) == 0) {
+  }
+  bool go_on = !w->stopping;
+  pthread_mutex_unlock(&w->mu);
+  return go_on;
+}
+
 bool txc_worker_beat(txc_worker_t *w, long period_ms) {
   pthread_mutex_lock(&w->mu);
   add_ms(&w->beat, period_ms);

@@ -44,6 +44,9 @@ int txc_worker_start(txc_worker_t *w, void *(*main)(void *), void *arg);
 /* Sleep up to 'ms' (<= 0: not at all), or until kicked: true; false once
  * the worker is stopping.  A kick made while awake is not lost. */
 bool txc_worker_sleep(txc_worker_t *w, int64_t ms);
+/* Sleep 'ms' (<= 0: not at all) whatever kicks come meanwhile (they are
+ * kept for the next sleep): true; false once the worker is stopping. */
+bool txc_worker_pause(txc_worker_t *w, int64_t ms);
 /* Sleep until the next beat, 'period_ms' after the one before (the first
  * a period after the start): true; false once the worker is stopping. */
 bool txc_worker_beat(txc_worker_t *w, long period_ms);

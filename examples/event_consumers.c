@@ -47,8 +47,9 @@
  *   default all three), EVENTS_LOG_LEVEL; the consumer settings
  *   CONSUMER_MAX_DELIVERIES (default 16), CONSUMER_BACKOFF_MS (default
  *   1000,5000,10000,30000,60000,120000,...) and CONSUMER_LINGER_MS
- *   (default 50: how long a short read waits to be topped up; the events
- *   of a read share one transaction, svc_consumer.h); for tests,
+ *   (default 50: after a read that brought events, the next waits until
+ *   this long after it; the events of a read share one transaction,
+ *   svc_consumer.h); for tests,
  *   EVENTS_APPLY_DELAY_MS (default 0: each apply sleeps this long inside
  *   its transaction, so that a kill lands in the middle of consuming).
  *   --listen and --url-file FILE as for the services.  TX_FAILPOINTS (a

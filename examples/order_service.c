@@ -137,6 +137,9 @@
  *     OUTBOX_STREAM_MAXLEN     1000000 (approximate trim of the stream:
  *                              keep it above the worst consumer backlog)
  *     OUTBOX_RETENTION_S       604800 (published outbox rows kept 7 days)
+ *     OUTBOX_LINGER_MS         20 (after a relay pass that published, the
+ *                              next waits this long: events per pass grow
+ *                              under load; an idle relay publishes at once)
  *     ORDER_LISTEN             127.0.0.1:0 (any free port)
  *     ORDER_THREADS            32 per CPU: handler threads; they block on
  *                              Redis, the coordinator and stock-service
@@ -1512,7 +1515,7 @@ static void usage(FILE *f) {
           "cluster/local/up), ORDER_LISTEN, ORDER_THREADS, ORDER_PG_POOL, ORDER_RESOURCE_ID,\n"
           "ORDER_GTX_TIMEOUT_MS, STOCK_CALL_TIMEOUT_MS, ORDER_TTL_S, ORDER_FREEZE_GRACE_S,\n"
           "ORDER_EXPIRY_INTERVAL_MS, PF_COMMAND_TIMEOUT_MS, PF_CONNECT_TIMEOUT_MS, ORDER_LOG_LEVEL,\n"
-          "OUTBOX_STREAM_MAXLEN, OUTBOX_RETENTION_S, ORDER_IDEMPOTENCY_TTL_S, ORDER_TICKET_PRICE_CENTS,\n"
+          "OUTBOX_STREAM_MAXLEN, OUTBOX_RETENTION_S, OUTBOX_LINGER_MS, ORDER_IDEMPOTENCY_TTL_S, ORDER_TICKET_PRICE_CENTS,\n"
           "ORDER_RECONCILE_AT, ORDER_RECONCILE_INTERVAL_S, ORDER_RECONCILE_SETTLE_S,\n"
           "TXC_AT_WRITES (sql|calls: plain SQL or the structured AT calls), ORDER_TX_MODE (global|local:\n"
           "benchmarks only), ORDER_MODE (sync|queued: the first seed's queued order path), ORDER_QUEUE_THREADS.\n"
@@ -1625,6 +1628,7 @@ int main(int argc, char **argv) {
     svc_relay_opts_t ro = {.pg_url = pg_url, .redis_url = redis_url,
                            .maxlen = svc_env_int("OUTBOX_STREAM_MAXLEN", 1000000, 1000, INT64_MAX / 2, &ok),
                            .retention_s = svc_env_int("OUTBOX_RETENTION_S", 7 * 86400, 60, 86400LL * 3650, &ok),
+                           .linger_ms = (unsigned)svc_env_int("OUTBOX_LINGER_MS", 20, 0, 1000, &ok),
                            .auth = s.auth};
     if (!ok || !(s.relay = svc_relay_start(&ro, err, sizeof(err)))) {
       svc_error("could not start the outbox relay: %s", ok ? err : "invalid OUTBOX_* setting");

@@ -48,7 +48,8 @@ struct svc_consumer {
   const svc_auth_t *auth;
   int max_deliveries;
   size_t batch_max;  /* 1..READ_COUNT */
-  int64_t linger_ms; /* CONSUMER_LINGER_MS; none when batch_max is 1 */
+  int64_t linger_ms;    /* CONSUMER_LINGER_MS; none when batch_max is 1 */
+  int64_t last_read_us; /* when the last read that brought events returned; 0: it brought none */
   int64_t backoff_ms[MAX_BACKOFF];
   size_t nbackoff;
 
@@ -579,9 +580,10 @@ static redisReply *read_group(svc_consumer_t *c, size_t count, bool block, char 
                        (int)count, c->stream);
 }
 
-/* The well-shaped entries of an XREADGROUP answer 'x', appended to
- * batch[n..READ_COUNT-1]: the new n. */
-static size_t take_entries(const redisReply *x, const redisReply **batch, size_t n) {
+/* The well-shaped entries of an XREADGROUP answer 'x' into batch[] (at
+ * most READ_COUNT): how many. */
+static size_t take_entries(const redisReply *x, const redisReply **batch) {
+  size_t n = 0;
   if (!x || x->type != REDIS_REPLY_ARRAY || x->elements != 1 || x->element[0]->type != REDIS_REPLY_ARRAY ||
       x->element[0]->elements != 2 || x->element[0]->element[1]->type != REDIS_REPLY_ARRAY)
     return n;
@@ -591,13 +593,18 @@ static size_t take_entries(const redisReply *x, const redisReply **batch, size_t
   return n;
 }
 
-/* Step 3: new entries.  When the read brings fewer than READ_COUNT, the
- * consumer lingers (CONSUMER_LINGER_MS) and tops the batch up once without
- * blocking: the events are asynchronous already, and a busy stream then
- * costs a commit per batch rather than per event, leaving the CPU to the
- * requests that wait for an answer. */
+/* Step 3: new entries.  After a read that brought events the next read
+ * waits until CONSUMER_LINGER_MS after it: what arrives meanwhile is
+ * applied together, a commit per batch rather than per event, leaving the
+ * CPU to the requests that wait for an answer (the events are
+ * asynchronous already).  An event that finds the consumer idle is read
+ * at once. */
 static bool read_new(svc_consumer_t *c, char *err, size_t errlen) {
-  redisReply *x = read_group(c, c->batch_max, true, err, errlen), *more = NULL;
+  if (c->linger_ms > 0 && c->last_read_us > 0) {
+    int64_t left_ms = (c->last_read_us + c->linger_ms * 1000 - svc_now_us()) / 1000;
+    if (left_ms > 0 && !txc_worker_pause(&c->job, left_ms)) return true; /* stopping */
+  }
+  redisReply *x = read_group(c, c->batch_max, true, err, errlen);
   if (!x) {
     if (strstr(err, "NOGROUP")) {
       SVC_LOG(SVC_LOG_WARN, json_pack("{s:s}", "group", c->group),
@@ -607,13 +614,10 @@ static bool read_new(svc_consumer_t *c, char *err, size_t errlen) {
     return false;
   }
   const redisReply *batch[READ_COUNT];
-  size_t n = take_entries(x, batch, 0);
-  if (n > 0 && n < c->batch_max && c->linger_ms > 0 && txc_worker_sleep(&c->job, c->linger_ms) &&
-      (more = read_group(c, c->batch_max - n, false, err, errlen)))
-    n = take_entries(more, batch, n);
+  size_t n = take_entries(x, batch);
+  c->last_read_us = n > 0 ? svc_now_us() : 0;
   if (n && !stopping(c)) process(c, batch, n, 1);
   freeReplyObject(x);
-  if (more) freeReplyObject(more);
   return !c->redis->err;
 }
 

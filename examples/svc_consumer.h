@@ -15,9 +15,10 @@
  *   Events read together (XREADGROUP, up to batch_max) are applied together: one
  *   transaction, one INSERT of their consumed_event rows, their effects
  *   in stream order, one COMMIT; their marks, XACK and error-hash cleanup
- *   in one Redis round trip.  Under load the reads grow, and with them
- *   the events per commit; a quiet stream still gives one event per
- *   transaction, at once.  If any effect of the batch fails, the batch is
+ *   in one Redis round trip.  After a read that brought events the next
+ *   one waits until CONSUMER_LINGER_MS (default 50) after it, so that
+ *   under load the events per commit grow; an event that finds the
+ *   consumer idle is applied at once.  If any effect of the batch fails, the batch is
  *   rolled back and its events are applied one by one, each in its own
  *   transaction, so only the failing one retries or is dead-lettered.
  *

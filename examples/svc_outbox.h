@@ -49,6 +49,10 @@ typedef struct svc_relay_opts {
   unsigned poll_ms;        /* 0: 200; a kick publishes at once */
   long long maxlen;        /* 0: 1,000,000 (approximate trimming) */
   long long retention_s;   /* published rows kept this long; 0: 7 days */
+  /* After a pass that published events, the next starts this long after
+   * it at the earliest (kicks wait), so that under load one pass carries
+   * many events; a kick to an idle relay publishes at once.  0: none. */
+  unsigned linger_ms;
   const svc_auth_t *auth;  /* signs each event (field "mac"); NULL: unsigned */
 } svc_relay_opts_t;
 

@@ -20,8 +20,9 @@
  *     - a batch with a poison event falls back to one transaction per
  *       event: every other event is applied once, the poison one retried
  *       and dead-lettered after max_deliveries, with no effect;
- *     - the linger: an event followed 100 ms later by five more is one
- *       commit with CONSUMER_LINGER_MS=1000, two with 0.
+ *     - the linger: an event that finds the consumer idle is applied at
+ *       once; five more, then 200 ms later five more, are one commit with
+ *       CONSUMER_LINGER_MS=1000 (the read after a read waits), two with 0.
  *   The counters asserted are the consumer's own (svc_consumer_stats),
  *   the effects and dead letters are read from PostgreSQL, the pending
  *   entries from Redis (XPENDING).
@@ -220,23 +221,32 @@ static void test_poison_in_a_batch(void **state) {
   svc_consumer_stop(c);
 }
 
-/* One event, then five 100 ms later: with a long linger one commit. */
+/* Five events at once (MULTI: any reader sees all or none). */
+static void publish_five(const char *stream, long long first) {
+  freeReplyObject(rcmd("MULTI"));
+  for (long long i = 0; i < 5; i++) publish(stream, first + i, first + i);
+  freeReplyObject(rcmd("EXEC"));
+}
+
+/* One event to an idle consumer; once it is applied, five, and 200 ms
+ * later five more: the commits it took. */
 static uint64_t commits_for_split_arrival(const char *linger, const char *stream, const char *group,
                                           long long first_order) {
   setenv("CONSUMER_LINGER_MS", linger, 1);
   apply_arg_t arg = {0};
   svc_consumer_t *c = start(stream, group, &arg, 3);
   setenv("CONSUMER_LINGER_MS", "50", 1);
+  svc_consumer_stats_t st;
   usleep(300 * 1000); /* the consumer is in its blocking read */
   publish(stream, first_order, first_order);
-  usleep(100 * 1000);
-  freeReplyObject(rcmd("MULTI")); /* the five arrive at once for any reader */
-  for (long long i = 1; i <= 5; i++) publish(stream, first_order + i, first_order + i);
-  freeReplyObject(rcmd("EXEC"));
-  svc_consumer_stats_t st;
-  wait_handled(c, 6, &st);
+  wait_handled(c, 1, &st); /* idle: applied without waiting for more */
+  assert_int_equal(st.commits, 1);
+  publish_five(stream, first_order + 1);
+  usleep(200 * 1000);
+  publish_five(stream, first_order + 6);
+  wait_handled(c, 11, &st);
   svc_consumer_stats(c, &st);
-  assert_int_equal(st.consumed, 6);
+  assert_int_equal(st.consumed, 11);
   assert_int_equal(pending(stream, group), 0);
   svc_consumer_stop(c);
   return st.commits;
@@ -245,8 +255,8 @@ static uint64_t commits_for_split_arrival(const char *linger, const char *stream
 static void test_linger(void **state) {
   (void)state;
   SKIP_WITHOUT_SERVERS();
-  assert_int_equal(commits_for_split_arrival("1000", "test:consumer:linger", "linger", 7000), 1);
-  assert_int_equal(commits_for_split_arrival("0", "test:consumer:nolinger", "nolinger", 7100), 2);
+  assert_int_equal(commits_for_split_arrival("1000", "test:consumer:linger", "linger", 7000), 2);
+  assert_int_equal(commits_for_split_arrival("0", "test:consumer:nolinger", "nolinger", 7100), 3);
 }
 
 int main(void) {
