@@ -269,6 +269,53 @@ static void test_worker_kick_and_stop(void **state) {
   assert_true(mono_ms() - t0 < 5000);
 }
 
+/* A pause lasts its time whatever kicks come, and keeps them: the sleep
+ * after it returns at once.  A stop ends a pause. */
+typedef struct pauser {
+  txc_worker_t w;
+  _Atomic int stage; /* 1 pausing, 2 paused and slept */
+  long long paused_at, slept_at;
+  bool go_on;
+} pauser_t;
+
+static void *pauser_main(void *arg) {
+  pauser_t *p = arg;
+  atomic_store(&p->stage, 1);
+  p->go_on = txc_worker_pause(&p->w, 200);
+  p->paused_at = mono_ms();
+  if (p->go_on && txc_worker_sleep(&p->w, 10000)) p->slept_at = mono_ms();
+  atomic_store(&p->stage, 2);
+  while (txc_worker_sleep(&p->w, 10000)) {
+  }
+  return NULL;
+}
+
+static void test_worker_pause(void **state) {
+  (void)state;
+  pauser_t p = {0};
+  long long t0 = mono_ms();
+  assert_int_equal(txc_worker_start(&p.w, pauser_main, &p), 0);
+  while (atomic_load(&p.stage) < 2) {
+    txc_worker_kick(&p.w);
+    struct timespec d = {0, 5 * 1000000L};
+    nanosleep(&d, NULL);
+  }
+  txc_worker_stop(&p.w);
+  assert_true(p.go_on);
+  assert_true(p.paused_at - t0 >= 199);      /* the kicks did not cut it short */
+  assert_true(p.slept_at > 0 && p.slept_at - p.paused_at < 5000); /* a kick was kept for the sleep */
+
+  pauser_t q = {0};
+  t0 = mono_ms();
+  assert_int_equal(txc_worker_start(&q.w, pauser_main, &q), 0);
+  while (atomic_load(&q.stage) < 1) {
+    struct timespec d = {0, 1000000L};
+    nanosleep(&d, NULL);
+  }
+  txc_worker_stop(&q.w); /* in the pause, or about to pause */
+  assert_false(q.go_on);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_heap_against_model),
@@ -279,6 +326,7 @@ int main(void) {
     cmocka_unit_test(test_buf),
     cmocka_unit_test(test_worker_beats),
     cmocka_unit_test(test_worker_kick_and_stop),
+    cmocka_unit_test(test_worker_pause),
   };
   return cmocka_run_group_tests_name("common", tests, NULL, NULL);
 }
