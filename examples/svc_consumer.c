@@ -396,7 +396,11 @@ static bool apply_together(svc_consumer_t *c, entry_t *const *es, size_t n, bool
   }
   if (!ok && PQstatus(c->pg) == CONNECTION_OK && PQtransactionStatus(c->pg) != PQTRANS_IDLE)
     PQclear(PQexec(c->pg, "ROLLBACK"));
-  if (ok) count(c, &c->stats.commits);
+  if (ok) {
+    bool applied = false;
+    for (size_t i = 0; i < n; i++) applied = applied || !dup[i];
+    if (applied) count(c, &c->stats.commits);
+  }
   return ok;
 }
 

@@ -1,12 +1,14 @@
 /*
- * test_consumer.c - examples/svc_consumer.c, an idempotent consumer group
- * of the order events, against a real Redis stream and the real events
- * database (sql/consumer/).
+ * test_order_events.c - the order events' way out of the orders database
+ * and into the consumers: examples/svc_outbox.c's relay and
+ * examples/svc_consumer.c's idempotent consumer groups, against a real
+ * Redis stream and the real orders and events databases.
  *
- * Usage: scripts/with-servers --pg --redis -- test_consumer
+ * Usage: scripts/with-servers --pg --redis -- test_order_events
  *
  * NOTES
- *   Servers: REDIS_URL and EVENTS_PG_URL come from scripts/with-servers.
+ *   Servers: REDIS_URL, ORDERS_PG_URL and EVENTS_PG_URL come from
+ *   scripts/with-servers.
  *   Each test writes its own stream and group, so tests do not depend on
  *   their order.  The consumer's apply records each effect in the table
  *   consumer_test_effect, in the consumer's transaction, and refuses
@@ -22,7 +24,11 @@
  *       and dead-lettered after max_deliveries, with no effect;
  *     - the linger: an event that finds the consumer idle is applied at
  *       once; five more, then 200 ms later five more, are one commit with
- *       CONSUMER_LINGER_MS=1000 (the read after a read waits), two with 0.
+ *       CONSUMER_LINGER_MS=1000 (the read after a read waits), two with 0;
+ *     - the relay's pacing, the same way: an event kicked to an idle relay
+ *       is published by a pass at once; five more, then 200 ms later five
+ *       more, each kicked, are one pass with linger_ms 1000, two with 0;
+ *       every event is in the stream once.
  *   The counters asserted are the consumer's own (svc_consumer_stats),
  *   the effects and dead letters are read from PostgreSQL, the pending
  *   entries from Redis (XPENDING).
@@ -45,10 +51,11 @@
 #include <libpq-fe.h>
 
 #include "svc_consumer.h"
+#include "svc_outbox.h"
 
-static const char *redis_url, *events_url;
+static const char *redis_url, *events_url, *orders_url;
 static redisContext *raw;
-static PGconn *pg;
+static PGconn *pg, *orders;
 
 #define MAX_POISON 4
 typedef struct {
@@ -90,6 +97,15 @@ static long long pg_count(const char *sql, const char *arg) {
   const char *p[1] = {arg};
   PGresult *r = PQexecParams(pg, sql, arg ? 1 : 0, NULL, arg ? p : NULL, NULL, NULL, 0);
   if (PQresultStatus(r) != PGRES_TUPLES_OK) fail_msg("%s: %s", sql, PQerrorMessage(pg));
+  long long n = atoll(PQgetvalue(r, 0, 0));
+  PQclear(r);
+  return n;
+}
+
+static long long pg_count_orders(const char *sql, const char *arg) {
+  const char *p[1] = {arg};
+  PGresult *r = PQexecParams(orders, sql, 1, NULL, p, NULL, NULL, 0);
+  if (PQresultStatus(r) != PGRES_TUPLES_OK) fail_msg("%s: %s", sql, PQerrorMessage(orders));
   long long n = atoll(PQgetvalue(r, 0, 0));
   PQclear(r);
   return n;
@@ -137,14 +153,16 @@ static int setup(void **state) {
   (void)state;
   redis_url = getenv("REDIS_URL");
   events_url = getenv("EVENTS_PG_URL");
-  if (!redis_url || !events_url) return 0;
+  orders_url = getenv("ORDERS_PG_URL");
+  if (!redis_url || !events_url || !orders_url) return 0;
   const char *hp = redis_url + strlen("redis://");
   char host[64] = "127.0.0.1";
   int port = 6379;
   sscanf(hp, "%63[^:]:%d", host, &port);
   raw = redisConnect(host, port);
   pg = PQconnectdb(events_url);
-  if (!raw || raw->err || PQstatus(pg) != CONNECTION_OK) return -1;
+  orders = PQconnectdb(orders_url);
+  if (!raw || raw->err || PQstatus(pg) != CONNECTION_OK || PQstatus(orders) != CONNECTION_OK) return -1;
   PGresult *r = PQexec(pg, "CREATE TABLE IF NOT EXISTS consumer_test_effect (biz_key text NOT NULL,"
                            " order_id bigint NOT NULL, event_id bigint NOT NULL)");
   int rc = PQresultStatus(r) == PGRES_COMMAND_OK ? 0 : -1;
@@ -157,12 +175,13 @@ static int teardown(void **state) {
   (void)state;
   if (raw) redisFree(raw);
   if (pg) PQfinish(pg);
+  if (orders) PQfinish(orders);
   return 0;
 }
 
 #define SKIP_WITHOUT_SERVERS()                                                                                        \
   do {                                                                                                                \
-    if (!redis_url || !events_url) skip();                                                                           \
+    if (!redis_url || !events_url || !orders_url) skip();                                                                           \
   } while (0)
 
 /* 40 events and a repeat of one, all in the stream before the consumer
@@ -259,11 +278,82 @@ static void test_linger(void **state) {
   assert_int_equal(commits_for_split_arrival("0", "test:consumer:nolinger", "nolinger", 7100), 3);
 }
 
+/* 'n' events in order_outbox, committed together, then the relay kicked. */
+static void outbox_add(svc_relay_t *r, long long first_order, int n) {
+  char err[256] = "";
+  PQclear(PQexec(orders, "BEGIN"));
+  for (int i = 0; i < n; i++) {
+    json_t *payload = json_pack("{s:i,s:i,s:i,s:I,s:i}", "activity", 7, "ticket_type", 1, "bucket", 0, "user",
+                                (json_int_t)(first_order + i), "qty", 1);
+    if (!svc_outbox_add(orders, "order.paid", first_order + i, payload, err, sizeof(err)))
+      fail_msg("could not add an event: %s", err);
+  }
+  PGresult *c = PQexec(orders, "COMMIT");
+  assert_int_equal(PQresultStatus(c), PGRES_COMMAND_OK);
+  PQclear(c);
+  svc_relay_kick(r);
+}
+
+static void wait_published(svc_relay_t *r, uint64_t n, svc_relay_stats_t *st) {
+  for (int i = 0; i < 1000; i++) {
+    svc_relay_stats(r, st);
+    if (st->published >= n) return;
+    usleep(10 * 1000);
+  }
+  fail_msg("the relay published %llu of %llu events in 10 s", (unsigned long long)st->published,
+           (unsigned long long)n);
+}
+
+/* The passes it took to publish five events, then five more 200 ms later,
+ * after one event to the idle relay. */
+static uint64_t relay_passes_for_split_arrival(unsigned linger_ms, long long first_order) {
+  char err[256] = "";
+  svc_relay_opts_t o = {.pg_url = orders_url, .redis_url = redis_url, .stream = "test:relay",
+                        .poll_ms = 60000, /* passes come from kicks only */
+                        .linger_ms = linger_ms};
+  svc_relay_t *r = svc_relay_start(&o, err, sizeof(err));
+  if (!r) fail_msg("could not start the relay: %s", err);
+  svc_relay_stats_t st;
+  for (int i = 0; i < 1000; i++) { /* its first pass, at once */
+    svc_relay_stats(r, &st);
+    if (st.passes >= 1) break;
+    usleep(10 * 1000);
+  }
+  assert_true(st.passes >= 1);
+  outbox_add(r, first_order, 1);
+  wait_published(r, 1, &st); /* idle: published without waiting */
+  uint64_t passes = st.passes;
+  outbox_add(r, first_order + 1, 5);
+  usleep(200 * 1000);
+  outbox_add(r, first_order + 6, 5);
+  wait_published(r, 11, &st);
+  usleep(100 * 1000); /* nothing more may happen */
+  svc_relay_stats(r, &st);
+  assert_int_equal(st.published, 11);
+  svc_relay_stop(r);
+  char so[24];
+  snprintf(so, sizeof(so), "%lld", first_order);
+  assert_int_equal(pg_count_orders("SELECT count(*) FROM order_outbox WHERE order_id >= $1::bigint"
+                                   " AND order_id < $1::bigint + 11 AND stream_seq IS NOT NULL", so), 11);
+  return st.passes - passes;
+}
+
+static void test_relay_pacing(void **state) {
+  (void)state;
+  SKIP_WITHOUT_SERVERS();
+  assert_int_equal(relay_passes_for_split_arrival(1000, 8000), 1);
+  assert_int_equal(relay_passes_for_split_arrival(0, 8100), 2);
+  redisReply *n = rcmd("XLEN test:relay");
+  assert_int_equal(n->integer, 22); /* each event once */
+  freeReplyObject(n);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_one_read_one_commit),
     cmocka_unit_test(test_poison_in_a_batch),
     cmocka_unit_test(test_linger),
+    cmocka_unit_test(test_relay_pacing),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }
