@@ -10,8 +10,8 @@
  *        max_deliveries, else claimed (XCLAIM with that idle time as the
  *        minimum, so two consumers never both take it) and applied;
  *     2. redeliveries an operator asked for (dead_letter rows REDELIVER);
- *     3. new entries: XREADGROUP ... COUNT 64 BLOCK 200 ms ">", applied
- *        together (process: svc_consumer.h NOTES).
+ *     3. new entries: XREADGROUP ... COUNT batch_max (64) BLOCK 200 ms
+ *        ">", applied together (process; svc_consumer.h NOTES).
  *   The group is created at id 0 (everything the stream holds: the
  *   consumers are idempotent), and again if Redis lost it (NOGROUP).
  *   The last failure of each pending entry is kept in the hash
@@ -47,7 +47,7 @@ struct svc_consumer {
   void *arg;
   const svc_auth_t *auth;
   int max_deliveries;
-  size_t batch_max;  /* 1..READ_COUNT */
+  size_t batch_max;     /* 1..READ_COUNT */
   int64_t linger_ms;    /* CONSUMER_LINGER_MS; none when batch_max is 1 */
   int64_t last_read_us; /* when the last read that brought events returned; 0: it brought none */
   int64_t backoff_ms[MAX_BACKOFF];
@@ -574,16 +574,6 @@ fail:
   return false;
 }
 
-/* XREADGROUP of up to 'count' new entries, blocking up to 200 ms when
- * 'block'; NULL with 'err' on failure. */
-static redisReply *read_group(svc_consumer_t *c, size_t count, bool block, char *err, size_t errlen) {
-  if (block)
-    return svc_redis_cmd(c->redis, err, errlen, "XREADGROUP GROUP %s %s COUNT %d BLOCK 200 STREAMS %s >", c->group,
-                         c->consumer, (int)count, c->stream);
-  return svc_redis_cmd(c->redis, err, errlen, "XREADGROUP GROUP %s %s COUNT %d STREAMS %s >", c->group, c->consumer,
-                       (int)count, c->stream);
-}
-
 /* The well-shaped entries of an XREADGROUP answer 'x' into batch[] (at
  * most READ_COUNT): how many. */
 static size_t take_entries(const redisReply *x, const redisReply **batch) {
@@ -608,7 +598,8 @@ static bool read_new(svc_consumer_t *c, char *err, size_t errlen) {
     int64_t left_ms = (c->last_read_us + c->linger_ms * 1000 - svc_now_us()) / 1000;
     if (left_ms > 0 && !txc_worker_pause(&c->job, left_ms)) return true; /* stopping */
   }
-  redisReply *x = read_group(c, c->batch_max, true, err, errlen);
+  redisReply *x = svc_redis_cmd(c->redis, err, errlen, "XREADGROUP GROUP %s %s COUNT %d BLOCK 200 STREAMS %s >",
+                                c->group, c->consumer, (int)c->batch_max, c->stream);
   if (!x) {
     if (strstr(err, "NOGROUP")) {
       SVC_LOG(SVC_LOG_WARN, json_pack("{s:s}", "group", c->group),
