@@ -17,6 +17,10 @@
  *              `txc-events redeliver --group notify ...`;
  *     tickets  issues the tickets: qty issued_ticket rows, seq 1..qty,
  *              each with a code derived from the order and the seq.
+ *   A group's effect is one INSERT of rows read from a JSON array, the
+ *   same statement for one event (apply) and for all the events of a
+ *   consumer transaction (apply_batch); notify's hold check is one read
+ *   for them all too.
  *   Each acts on order.paid only; order.cancelled and order.expired have
  *   nothing to do (SVC_EV_DONE, so that they are acknowledged).  A paid
  *   event whose payload lacks what the effect needs (user, qty, activity,
@@ -135,33 +139,26 @@ static bool paid_event(const svc_event_t *ev, const ev_ctx_t *x, paid_t *p, svc_
   return true;
 }
 
-/* Insert a group's row for the event 'p' with 'sql', whose parameters are
- * laid out as every group's table has them: $1 order, $2 user, $3 activity,
- * then the group's 'n' own 'values', and last the event id.  Done, or
- * retried (the database failed; 'why' says how). */
-static svc_ev_result_t insert_paid_row(PGconn *pg, const char *sql, const paid_t *p, int n,
-                                       const char *const *values, char *why, size_t whylen) {
-  const char *params[8] = {p->text.order, p->text.user, p->text.activity};
-  assert(n >= 0 && n <= 4);
-  for (int i = 0; i < n; i++) params[3 + i] = values[i];
-  params[3 + n] = p->text.event;
-  return svc_pg_exec(pg, sql, 4 + n, params, PGRES_COMMAND_OK, NULL, why, whylen) ? SVC_EV_DONE : SVC_EV_RETRY;
+/*
+ * A group's effect is one INSERT of rows read from a JSON array
+ * (jsonb_to_recordset), one object per event that has an effect in the
+ * group: the same statement for one event (apply) and for the events of
+ * one consumer transaction (apply_batch).  Every row has o (the order), u
+ * (its user), a (its activity) and e (the event id); each group adds its
+ * own fields (row_fn).
+ */
+typedef json_t *(*row_fn)(const svc_event_t *ev, const paid_t *p);
+
+static json_t *base_row(const svc_event_t *ev, const paid_t *p) {
+  return json_pack("{s:I,s:I,s:I,s:I}", "o", (json_int_t)ev->order_id, "u", (json_int_t)p->user, "a",
+                   (json_int_t)p->activity, "e", (json_int_t)ev->event_id);
 }
 
-/* What a group does with an event apply_group has parsed: its rows. */
-typedef svc_ev_result_t (*paid_effect_fn)(PGconn *pg, const svc_event_t *ev, const paid_t *p, char *why,
-                                          size_t whylen);
-
 /* Group "points": one points_ledger row, qty * POINTS_PER_TICKET. */
-static svc_ev_result_t points_effect(PGconn *pg, const svc_event_t *ev, const paid_t *p, char *why, size_t whylen) {
-  (void)ev;
-  char sp[24];
-  snprintf(sp, sizeof(sp), "%lld", p->qty * POINTS_PER_TICKET);
-  const char *points[1] = {sp};
-  return insert_paid_row(pg,
-                         "INSERT INTO points_ledger (order_id, user_id, activity_id, points, event_id)"
-                         " VALUES ($1, $2, $3, $4, $5)",
-                         p, 1, points, why, whylen);
+static json_t *points_row(const svc_event_t *ev, const paid_t *p) {
+  json_t *r = base_row(ev, p);
+  if (r) json_object_set_new(r, "pts", json_integer((json_int_t)(p->qty * POINTS_PER_TICKET)));
+  return r;
 }
 
 /* The events besides order.paid that group "notify" tells the member of:
@@ -170,27 +167,16 @@ static bool is_outcome_event(const svc_event_t *ev) {
   return strncmp(ev->type, "waitlist.", 9) == 0 || strcmp(ev->type, "order.rejected") == 0;
 }
 
-/* Group "notify": one member_notice row per order and kind, unless the
- * member is on hold: "paid" for order.paid, "waitlist_ordered" /
- * "waitlist_refused" for what became of a waiting user. */
-static svc_ev_result_t notify_effect(PGconn *pg, const svc_event_t *ev, const paid_t *p, char *why, size_t whylen) {
+/* Group "notify": one member_notice row per order and kind ("paid" for
+ * order.paid, "waitlist_ordered" / "waitlist_refused" for what became of a
+ * waiting user, "rejected"), unless the member is on hold (the group's
+ * hold check, before its INSERT). */
+static json_t *notify_row(const svc_event_t *ev, const paid_t *p) {
   const char *kind = !is_outcome_event(ev)                     ? "paid"
                      : strcmp(ev->type, "order.rejected") == 0   ? "rejected"
                      : strcmp(ev->type, "waitlist.ordered") == 0 ? "waitlist_ordered"
                                                                  : "waitlist_refused";
   char text[256];
-  const char *ph[1] = {p->text.user};
-  PGresult *r = NULL;
-  if (!svc_pg_exec(pg, "SELECT reason FROM member_hold WHERE user_id = $1", 1, ph, PGRES_TUPLES_OK, &r, why, whylen))
-    return SVC_EV_RETRY;
-  if (PQntuples(r) == 1) {
-    /* Not now: the hold may be lifted.  The retries (and in the end the
-     * dead letter) carry the reason for the operator. */
-    snprintf(why, whylen, "account on hold: user %lld: %s", p->user, PQgetvalue(r, 0, 0));
-    PQclear(r);
-    return SVC_EV_RETRY;
-  }
-  PQclear(r);
   const char *s = p->qty == 1 ? "" : "s";
   if (strcmp(kind, "paid") == 0) {
     snprintf(text, sizeof(text), "Payment received for order %lld: %lld ticket%s of activity %lld.", ev->order_id,
@@ -215,48 +201,53 @@ static svc_ev_result_t notify_effect(PGconn *pg, const svc_event_t *ev, const pa
     snprintf(text, sizeof(text), "Your wait for %lld ticket%s of activity %lld ended without an order%s%s.", p->qty, s,
              p->activity, rs[0] ? ": " : "", rs);
   }
-  const char *notice[2] = {kind, text};
-  return insert_paid_row(pg,
-                         "INSERT INTO member_notice (order_id, user_id, activity_id, kind, text, event_id)"
-                         " VALUES ($1, $2, $3, $4, $5, $6)",
-                         p, 2, notice, why, whylen);
+  json_t *r = base_row(ev, p);
+  if (r) {
+    json_object_set_new(r, "k", json_string(kind));
+    json_object_set_new(r, "t", json_string(text));
+  }
+  return r;
 }
 
 /* Group "tickets": qty issued_ticket rows, seq 1..qty.  The code depends
  * only on the order and the seq, so a ticket is the same whenever (and
  * however often) the event is applied. */
-static svc_ev_result_t tickets_effect(PGconn *pg, const svc_event_t *ev, const paid_t *p, char *why, size_t whylen) {
-  char st[24], sq[24];
-  snprintf(st, sizeof(st), "%lld", p->ticket_type);
-  snprintf(sq, sizeof(sq), "%lld", p->qty);
-  const char *pv[6] = {p->text.order, p->text.user, p->text.activity, st, sq, p->text.event};
-  PGresult *r = NULL;
-  if (!svc_pg_exec(pg,
-                   "INSERT INTO issued_ticket (order_id, seq, ticket_code, user_id, activity_id, ticket_type, event_id)"
-                   " SELECT $1::bigint, g, format('TK%s-%s-%s-%s', $3::bigint, $1::bigint, g,"
-                   "   upper(substr(md5($1::bigint || ':' || g), 1, 6))), $2::bigint, $3::bigint, $4::int, $6::bigint"
-                   " FROM generate_series(1, $5::int) g",
-                   6, pv, PGRES_COMMAND_OK, &r, why, whylen))
-    return SVC_EV_RETRY;
-  long long n = atoll(PQcmdTuples(r));
-  PQclear(r);
-  if (n != p->qty) {
-    snprintf(why, whylen, "issued %lld tickets for order %lld instead of %lld", n, ev->order_id, p->qty);
-    return SVC_EV_RETRY;
+static json_t *tickets_row(const svc_event_t *ev, const paid_t *p) {
+  json_t *r = base_row(ev, p);
+  if (r) {
+    json_object_set_new(r, "tt", json_integer((json_int_t)p->ticket_type));
+    json_object_set_new(r, "q", json_integer((json_int_t)p->qty));
   }
-  return SVC_EV_DONE;
+  return r;
 }
 
 typedef struct group_def {
   const char *name;
-  paid_effect_fn effect;
-  bool takes_outcomes; /* also is_outcome_event's events, not only order.paid */
+  row_fn row;
+  const char *insert_sql; /* $1: the rows */
+  bool takes_outcomes;    /* also is_outcome_event's events, not only order.paid */
+  bool checks_hold;       /* a member on hold: SVC_EV_RETRY, nothing inserted */
+  bool row_per_ticket;    /* the INSERT writes qty rows per object, else one */
 } group_def_t;
 
 static const group_def_t group_defs[] = {
-  {"points", points_effect, false},
-  {"notify", notify_effect, true},
-  {"tickets", tickets_effect, false},
+  {"points", points_row,
+   "INSERT INTO points_ledger (order_id, user_id, activity_id, points, event_id)"
+   " SELECT r.o, r.u, r.a, r.pts, r.e"
+   " FROM pg_catalog.jsonb_to_recordset($1::jsonb) AS r(o bigint, u bigint, a bigint, pts int, e bigint)",
+   false, false, false},
+  {"notify", notify_row,
+   "INSERT INTO member_notice (order_id, user_id, activity_id, kind, text, event_id)"
+   " SELECT r.o, r.u, r.a, r.k, r.t, r.e"
+   " FROM pg_catalog.jsonb_to_recordset($1::jsonb) AS r(o bigint, u bigint, a bigint, k text, t text, e bigint)",
+   true, true, false},
+  {"tickets", tickets_row,
+   "INSERT INTO issued_ticket (order_id, seq, ticket_code, user_id, activity_id, ticket_type, event_id)"
+   " SELECT r.o, g, format('TK%s-%s-%s-%s', r.a, r.o, g, upper(substr(md5(r.o || ':' || g), 1, 6))),"
+   " r.u, r.a, r.tt, r.e"
+   " FROM pg_catalog.jsonb_to_recordset($1::jsonb) AS r(o bigint, u bigint, a bigint, tt int, q int, e bigint)"
+   " CROSS JOIN LATERAL generate_series(1, r.q) g",
+   false, false, true},
 };
 #define NGROUPS (sizeof(group_defs) / sizeof(group_defs[0]))
 
@@ -266,19 +257,83 @@ typedef struct group_arg {
   const ev_ctx_t *ctx;
 } group_arg_t;
 
-/* Every group's apply: the event parsed (and delayed, for the tests) here,
- * once, then the group's effect. */
-static svc_ev_result_t apply_group(PGconn *pg, const svc_event_t *ev, void *arg, char *why, size_t whylen) {
+/* Group "notify": the first member of 'rows' on hold, if any: SVC_EV_RETRY
+ * with the reason (the hold may be lifted; the retries and in the end the
+ * dead letter carry it for the operator). */
+static svc_ev_result_t hold_check(PGconn *pg, const char *rows, char *why, size_t whylen) {
+  const char *p[1] = {rows};
+  PGresult *r = NULL;
+  if (!svc_pg_exec(pg,
+                   "SELECT h.user_id, h.reason FROM member_hold h WHERE h.user_id IN"
+                   " (SELECT (x->>'u')::bigint FROM pg_catalog.jsonb_array_elements($1::jsonb) x)"
+                   " ORDER BY h.user_id LIMIT 1",
+                   1, p, PGRES_TUPLES_OK, &r, why, whylen))
+    return SVC_EV_RETRY;
+  bool held = PQntuples(r) == 1;
+  if (held) snprintf(why, whylen, "account on hold: user %s: %s", PQgetvalue(r, 0, 0), PQgetvalue(r, 0, 1));
+  PQclear(r);
+  return held ? SVC_EV_RETRY : SVC_EV_DONE;
+}
+
+/* Every group's apply, for 'n' events in the open transaction: each parsed
+ * (and delayed, for the tests) here, once; the rows of those with an
+ * effect in the group; the group's one INSERT of them.  A malformed event
+ * makes the whole call SVC_EV_DEAD (alone, as apply, it is dead-lettered;
+ * in a batch the consumer then applies the events one by one). */
+static svc_ev_result_t apply_events(PGconn *pg, const svc_event_t *const *evs, size_t n, void *arg, char *why,
+                                    size_t whylen) {
   const group_arg_t *g = arg;
-  paid_t p;
-  if (g->def->takes_outcomes && is_outcome_event(ev)) {
-    /* the same payload as an order's event; the checks of parse_paid */
-    if (!parse_paid(ev, &p, why, whylen)) return SVC_EV_DEAD;
-  } else {
-    svc_ev_result_t res;
-    if (!paid_event(ev, g->ctx, &p, &res, why, whylen)) return res;
+  svc_ev_result_t res = SVC_EV_DONE;
+  json_t *rows = json_array();
+  long long expect = 0;
+  for (size_t i = 0; rows && i < n && res == SVC_EV_DONE; i++) {
+    const svc_event_t *ev = evs[i];
+    paid_t p;
+    if (g->def->takes_outcomes && is_outcome_event(ev)) {
+      /* the same payload as an order's event; the checks of parse_paid */
+      if (!parse_paid(ev, &p, why, whylen)) res = SVC_EV_DEAD;
+    } else if (!paid_event(ev, g->ctx, &p, &res, why, whylen)) {
+      continue; /* DONE: nothing to do for it; else the answer */
+    }
+    if (res == SVC_EV_DONE) {
+      if (json_array_append_new(rows, g->def->row(ev, &p)) != 0) {
+        snprintf(why, whylen, "out of memory");
+        res = SVC_EV_RETRY;
+      }
+      expect += g->def->row_per_ticket ? p.qty : 1;
+    }
   }
-  return g->def->effect(pg, ev, &p, why, whylen);
+  char *js = res == SVC_EV_DONE && rows && json_array_size(rows) > 0 ? json_dumps(rows, JSON_COMPACT) : NULL;
+  size_t nrows = rows ? json_array_size(rows) : 0;
+  json_decref(rows);
+  if (!rows && res == SVC_EV_DONE) {
+    snprintf(why, whylen, "out of memory");
+    return SVC_EV_RETRY;
+  }
+  if (res != SVC_EV_DONE || nrows == 0) return res;
+  if (!js) {
+    snprintf(why, whylen, "out of memory");
+    return SVC_EV_RETRY;
+  }
+  if (g->def->checks_hold) res = hold_check(pg, js, why, whylen);
+  PGresult *r = NULL;
+  const char *p[1] = {js};
+  if (res == SVC_EV_DONE && !svc_pg_exec(pg, g->def->insert_sql, 1, p, PGRES_COMMAND_OK, &r, why, whylen))
+    res = SVC_EV_RETRY;
+  free(js);
+  if (res != SVC_EV_DONE) return res;
+  long long wrote = atoll(PQcmdTuples(r));
+  PQclear(r);
+  if (wrote != expect) {
+    snprintf(why, whylen, "wrote %lld %s rows instead of %lld (%zu event%s, the first of order %lld)", wrote,
+             g->def->name, expect, n, n == 1 ? "" : "s", evs[0]->order_id);
+    return SVC_EV_RETRY;
+  }
+  return SVC_EV_DONE;
+}
+
+static svc_ev_result_t apply_group(PGconn *pg, const svc_event_t *ev, void *arg, char *why, size_t whylen) {
+  return apply_events(pg, &ev, 1, arg, why, whylen);
 }
 
 typedef struct ev_svc {
@@ -403,7 +458,8 @@ int main(int argc, char **argv) {
     if (!want[k]) continue;
     group_args[k] = (group_arg_t){.def = &group_defs[k], .ctx = &ctx};
     svc_consumer_opts_t co = {.redis_url = redis_url, .pg_url = pg_url, .group = group_defs[k].name,
-                              .apply = apply_group, .arg = &group_args[k], .auth = auth};
+                              .apply = apply_group, .apply_batch = apply_events, .arg = &group_args[k],
+                              .auth = auth};
     if (!(s.cs[s.n] = svc_consumer_start(&co, err, sizeof(err)))) {
       svc_error("could not start consumer group \"%s\": %s", group_defs[k].name, err);
       exit_code = 78;

@@ -43,6 +43,7 @@ static const int64_t default_backoff_ms[] = {1000,   5000,   10000,  30000,  600
 struct svc_consumer {
   char *redis_url, *pg_url, *stream, *group, *consumer;
   svc_event_apply_fn apply;
+  svc_event_apply_batch_fn apply_batch;
   svc_event_after_fn after;
   void *arg;
   const svc_auth_t *auth;
@@ -354,7 +355,8 @@ static void apply_one(svc_consumer_t *c, entry_t *e) {
 /* 'n' >= 2 events in one transaction: their consumed_event rows in one
  * INSERT (those it did not insert were applied before: dup[i]; of two
  * entries with one business key the second is a repeat), the effects of
- * the others in stream order, one COMMIT.  true: committed.  false: rolled
+ * the others in stream order (apply_batch's few statements, or one apply
+ * each), one COMMIT.  true: committed.  false: rolled
  * back, nothing of the batch is done; the caller applies them one by one,
  * which isolates the event that failed. */
 static bool apply_together(svc_consumer_t *c, entry_t *const *es, size_t n, bool *dup) {
@@ -386,8 +388,14 @@ static bool apply_together(svc_consumer_t *c, entry_t *const *es, size_t n, bool
         if (!taken[k] && strcmp(PQgetvalue(r, k, 0), es[i]->biz) == 0) taken[k] = true, dup[i] = false;
     }
     PQclear(r);
-    for (size_t i = 0; i < n && ok; i++)
-      if (!dup[i]) ok = c->apply(c->pg, &es[i]->ev, c->arg, why, sizeof(why)) == SVC_EV_DONE;
+    const svc_event_t *fresh[READ_COUNT];
+    size_t nfresh = 0;
+    for (size_t i = 0; i < n; i++)
+      if (!dup[i]) fresh[nfresh++] = &es[i]->ev;
+    if (c->apply_batch && nfresh > 1)
+      ok = c->apply_batch(c->pg, fresh, nfresh, c->arg, why, sizeof(why)) == SVC_EV_DONE;
+    else
+      for (size_t i = 0; i < nfresh && ok; i++) ok = c->apply(c->pg, fresh[i], c->arg, why, sizeof(why)) == SVC_EV_DONE;
   }
   if (ok) {
     TXC_FAILPOINT("svc.consumer.after_apply");
@@ -750,6 +758,7 @@ svc_consumer_t *svc_consumer_start(const svc_consumer_opts_t *o, char *err, size
   c->group = strdup(o->group);
   c->consumer = strdup(o->consumer ? o->consumer : name);
   c->apply = o->apply;
+  c->apply_batch = o->apply_batch;
   c->after = o->after;
   c->arg = o->arg;
   c->auth = o->auth;

@@ -14,7 +14,8 @@
  *
  *   Events read together (XREADGROUP, up to batch_max) are applied together: one
  *   transaction, one INSERT of their consumed_event rows, their effects
- *   in stream order, one COMMIT; their marks, XACK and error-hash cleanup
+ *   in stream order (one apply_batch call when the group has one, else
+ *   an apply each), one COMMIT; their marks, XACK and error-hash cleanup
  *   in one Redis round trip.  After a read that brought events the next
  *   one waits until CONSUMER_LINGER_MS (default 50) after it, so that
  *   under load the events per commit grow; an event that finds the
@@ -63,6 +64,12 @@ typedef enum { SVC_EV_DONE = 0, SVC_EV_RETRY = 1, SVC_EV_DEAD = 2 } svc_ev_resul
  * in 'why'. */
 typedef svc_ev_result_t (*svc_event_apply_fn)(PGconn *pg, const svc_event_t *ev, void *arg, char *why,
                                               size_t whylen);
+/* Optional: apply the 'n' events of one batch (n >= 2, in stream order)
+ * inside the open transaction, as 'n' calls of the apply would, but in as
+ * few statements as it can.  Anything but DONE rolls the batch back and
+ * the consumer applies the events one by one with the apply. */
+typedef svc_ev_result_t (*svc_event_apply_batch_fn)(PGconn *pg, const svc_event_t *const *evs, size_t n, void *arg,
+                                                    char *why, size_t whylen);
 /* After the commit, and for a repeat of an event applied before: the
  * event's effects outside the database (Redis), which must be idempotent. */
 typedef void (*svc_event_after_fn)(const svc_event_t *ev, void *arg);
@@ -73,6 +80,7 @@ typedef struct svc_consumer_opts {
   const char *group;    /* e.g. "stock", "points" */
   const char *consumer; /* NULL: "<host>-<pid>" */
   svc_event_apply_fn apply;
+  svc_event_apply_batch_fn apply_batch; /* may be NULL: the apply, event by event */
   svc_event_after_fn after; /* may be NULL */
   void *arg;
   /* the events must carry a valid "mac" (svc_auth.h); NULL: not checked */

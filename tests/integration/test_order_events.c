@@ -22,6 +22,9 @@
  *     - a batch with a poison event falls back to one transaction per
  *       event: every other event is applied once, the poison one retried
  *       and dead-lettered after max_deliveries, with no effect;
+ *     - a group's batch apply (apply_batch): one call and one commit for
+ *       30 events; a poison event among 10 makes it refuse, and the
+ *       events go one by one (9 applied, the poison dead-lettered);
  *     - the linger: an event that finds the consumer idle is applied at
  *       once; five more, then 200 ms later five more, are one commit with
  *       CONSUMER_LINGER_MS=1000 (the read after a read waits), two with 0;
@@ -61,6 +64,7 @@ static PGconn *pg, *orders;
 typedef struct {
   long long poison[MAX_POISON];
   int npoison;
+  int batch_calls;
 } apply_arg_t;
 
 static svc_ev_result_t test_apply(PGconn *conn, const svc_event_t *ev, void *arg, char *why, size_t whylen) {
@@ -78,6 +82,37 @@ static svc_ev_result_t test_apply(PGconn *conn, const svc_event_t *ev, void *arg
                              "INSERT INTO consumer_test_effect (biz_key, order_id, event_id) VALUES ($1, $2, $3)", 3,
                              NULL, p, NULL, NULL, 0);
   bool ok = PQresultStatus(r) == PGRES_COMMAND_OK;
+  if (!ok) snprintf(why, whylen, "%s", PQerrorMessage(conn));
+  PQclear(r);
+  return ok ? SVC_EV_DONE : SVC_EV_RETRY;
+}
+
+/* The batch form of test_apply: one INSERT for all the events (a poison
+ * one refuses the whole batch: the consumer then goes one by one). */
+static svc_ev_result_t test_apply_batch(PGconn *conn, const svc_event_t *const *evs, size_t n, void *arg, char *why,
+                                        size_t whylen) {
+  apply_arg_t *a = arg;
+  a->batch_calls++;
+  json_t *rows = json_array();
+  for (size_t i = 0; i < n; i++) {
+    for (int k = 0; k < a->npoison; k++)
+      if (a->poison[k] == evs[i]->order_id) {
+        json_decref(rows);
+        snprintf(why, whylen, "order %lld is poison (the test refuses it)", evs[i]->order_id);
+        return SVC_EV_RETRY;
+      }
+    json_array_append_new(rows, json_pack("{s:s,s:I,s:I}", "b", evs[i]->biz_key, "o", (json_int_t)evs[i]->order_id,
+                                          "e", (json_int_t)evs[i]->event_id));
+  }
+  char *js = json_dumps(rows, JSON_COMPACT);
+  json_decref(rows);
+  const char *p[1] = {js};
+  PGresult *r = PQexecParams(conn,
+                             "INSERT INTO consumer_test_effect (biz_key, order_id, event_id) SELECT r.b, r.o, r.e"
+                             " FROM jsonb_to_recordset($1::jsonb) AS r(b text, o bigint, e bigint)",
+                             1, NULL, p, NULL, NULL, 0);
+  free(js);
+  bool ok = PQresultStatus(r) == PGRES_COMMAND_OK && atoll(PQcmdTuples(r)) == (long long)n;
   if (!ok) snprintf(why, whylen, "%s", PQerrorMessage(conn));
   PQclear(r);
   return ok ? SVC_EV_DONE : SVC_EV_RETRY;
@@ -138,15 +173,20 @@ static void wait_handled(svc_consumer_t *c, uint64_t n, svc_consumer_stats_t *st
            st->dead_lettered), (unsigned long long)n);
 }
 
-static svc_consumer_t *start(const char *stream, const char *group, apply_arg_t *arg, int max_deliveries) {
+static svc_consumer_t *start_with(const char *stream, const char *group, apply_arg_t *arg, int max_deliveries,
+                                  svc_event_apply_batch_fn batch) {
   static const int64_t backoff[1] = {100};
   char err[256] = "";
   svc_consumer_opts_t o = {.redis_url = redis_url, .pg_url = events_url, .stream = stream, .group = group,
-                           .apply = test_apply, .arg = arg, .max_deliveries = max_deliveries,
-                           .backoff_ms = backoff, .nbackoff = 1};
+                           .apply = test_apply, .apply_batch = batch, .arg = arg,
+                           .max_deliveries = max_deliveries, .backoff_ms = backoff, .nbackoff = 1};
   svc_consumer_t *c = svc_consumer_start(&o, err, sizeof(err));
   if (!c) fail_msg("could not start the consumer: %s", err);
   return c;
+}
+
+static svc_consumer_t *start(const char *stream, const char *group, apply_arg_t *arg, int max_deliveries) {
+  return start_with(stream, group, arg, max_deliveries, NULL);
 }
 
 static int setup(void **state) {
@@ -238,6 +278,41 @@ static void test_poison_in_a_batch(void **state) {
   assert_int_equal(pg_count("SELECT count(*) FROM dead_letter WHERE consumer_group = $1"
                             " AND biz_key = 'order.paid:6013' AND state = 'DEAD'", group), 1);
   svc_consumer_stop(c);
+}
+
+/* A group with a batch apply: 30 events in one call of it and one commit;
+ * with a poison event among them, the call refuses and the events go one
+ * by one through the apply. */
+static void test_batch_apply(void **state) {
+  (void)state;
+  SKIP_WITHOUT_SERVERS();
+  const char *stream = "test:consumer:bapply", *group = "bapply";
+  for (long long i = 1; i <= 30; i++) publish(stream, 3000 + i, 9000 + i);
+  apply_arg_t arg = {0};
+  svc_consumer_t *c = start_with(stream, group, &arg, 3, test_apply_batch);
+  svc_consumer_stats_t st;
+  wait_handled(c, 30, &st);
+  svc_consumer_stats(c, &st);
+  svc_consumer_stop(c);
+  assert_int_equal(arg.batch_calls, 1);
+  assert_int_equal(st.consumed, 30);
+  assert_int_equal(st.commits, 1);
+  assert_int_equal(pg_count("SELECT count(*) FROM consumer_test_effect WHERE order_id BETWEEN 9001 AND 9030", NULL),
+                   30);
+
+  const char *stream2 = "test:consumer:bapply2", *group2 = "bapply2";
+  for (long long i = 1; i <= 10; i++) publish(stream2, 3100 + i, 9100 + i);
+  apply_arg_t arg2 = {.poison = {9105}, .npoison = 1};
+  c = start_with(stream2, group2, &arg2, 1, test_apply_batch);
+  wait_handled(c, 10, &st);
+  svc_consumer_stats(c, &st);
+  svc_consumer_stop(c);
+  assert_int_equal(arg2.batch_calls, 1);
+  assert_int_equal(st.consumed, 9);
+  assert_int_equal(st.dead_lettered, 1);
+  assert_int_equal(st.commits, 9);
+  assert_int_equal(pg_count("SELECT count(*) FROM consumer_test_effect WHERE order_id BETWEEN 9101 AND 9110", NULL),
+                   9);
 }
 
 /* Five events at once (MULTI: any reader sees all or none). */
@@ -353,6 +428,7 @@ int main(void) {
     cmocka_unit_test(test_one_read_one_commit),
     cmocka_unit_test(test_poison_in_a_batch),
     cmocka_unit_test(test_linger),
+    cmocka_unit_test(test_batch_apply),
     cmocka_unit_test(test_relay_pacing),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
