@@ -61,7 +61,6 @@
  *   SIGTERM/SIGINT: stop serving, let each consumer finish the event in
  *   hand, close, log "event-consumers stopped", exit 0.
  */
-#include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,25 +78,10 @@ typedef struct ev_ctx {
   int delay_ms; /* EVENTS_APPLY_DELAY_MS */
 } ev_ctx_t;
 
-/* The numbers every group writes, as text parameters: the event's order,
- * its user and activity, and the event's id (the row's source). */
-typedef struct paid_text {
-  char order[24], user[24], activity[24], event[24];
-} paid_text_t;
-
-/* What an order.paid event says, from its payload, with the numbers every
- * group writes already formatted once for all of them. */
+/* What an order.paid event says, from its payload. */
 typedef struct paid {
   long long activity, ticket_type, user, qty;
-  paid_text_t text;
 } paid_t;
-
-static void paid_text(paid_text_t *t, const svc_event_t *ev, const paid_t *p) {
-  snprintf(t->order, sizeof(t->order), "%lld", ev->order_id);
-  snprintf(t->user, sizeof(t->user), "%lld", p->user);
-  snprintf(t->activity, sizeof(t->activity), "%lld", p->activity);
-  snprintf(t->event, sizeof(t->event), "%lld", ev->event_id);
-}
 
 /* The payload of 'ev' into 'p' (its numbers and their text): false (with
  * 'why') when it lacks a field the effects need, which no retry can mend. */
@@ -115,7 +99,6 @@ static bool parse_paid(const svc_event_t *ev, paid_t *p, char *why, size_t whyle
     snprintf(why, whylen, "malformed order.paid payload of order %lld: %s", ev->order_id, bad);
     return false;
   }
-  paid_text(&p->text, ev, p);
   return true;
 }
 
