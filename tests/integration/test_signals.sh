@@ -59,7 +59,8 @@ check "tcd on a pipe: SIGHUP logged, nothing to reopen" wait_for 5 has "$tmp/tcd
 check "tcd on a pipe: still running" alive "$tcd"
 
 # --- 2. stock-service (tcd still running) ---
-STOCK_PG_URL=${STOCK_PG_URL:?} TC_NODES=127.0.0.1:$port TC_TOKEN=$token \
+# (a secret of a cluster in the caller's environment would win over TC_TOKEN)
+env -u TC_SECRETS_DIR -u TC_SECRET_FILE STOCK_PG_URL=${STOCK_PG_URL:?} TC_NODES=127.0.0.1:$port TC_TOKEN=$token \
   "$bin/stock-service" --url-file "$tmp/stock.url" 2>>"$tmp/stock.log" &
 svc=$!
 pids+=("$svc")
