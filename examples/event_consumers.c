@@ -83,8 +83,8 @@ typedef struct paid {
   long long activity, ticket_type, user, qty;
 } paid_t;
 
-/* The payload of 'ev' into 'p' (its numbers and their text): false (with
- * 'why') when it lacks a field the effects need, which no retry can mend. */
+/* The payload of 'ev' into 'p': false (with 'why') when it lacks a field
+ * the effects need, which no retry can mend. */
 static bool parse_paid(const svc_event_t *ev, paid_t *p, char *why, size_t whylen) {
   const char *bad = NULL;
   if (!svc_json_int(ev->payload, "activity", 1, INT64_MAX, &p->activity))
@@ -258,42 +258,49 @@ static svc_ev_result_t hold_check(PGconn *pg, const char *rows, char *why, size_
   return held ? SVC_EV_RETRY : SVC_EV_DONE;
 }
 
+/* The rows of the events that have an effect in group 'g', appended to
+ * 'rows', and in '*expect' the rows its INSERT is to write: SVC_EV_DONE,
+ * or the answer of an event that cannot be applied. */
+static svc_ev_result_t rows_of(const group_arg_t *g, const svc_event_t *const *evs, size_t n, json_t *rows,
+                               long long *expect, char *why, size_t whylen) {
+  for (size_t i = 0; i < n; i++) {
+    paid_t p;
+    svc_ev_result_t res = SVC_EV_DONE;
+    if (g->def->takes_outcomes && is_outcome_event(evs[i])) {
+      /* the same payload as an order's event; the checks of parse_paid */
+      if (!parse_paid(evs[i], &p, why, whylen)) return SVC_EV_DEAD;
+    } else if (!paid_event(evs[i], g->ctx, &p, &res, why, whylen)) {
+      if (res != SVC_EV_DONE) return res;
+      continue; /* nothing to do for it */
+    }
+    if (json_array_append_new(rows, g->def->row(evs[i], &p)) != 0) {
+      snprintf(why, whylen, "out of memory");
+      return SVC_EV_RETRY;
+    }
+    *expect += g->def->row_per_ticket ? p.qty : 1;
+  }
+  return SVC_EV_DONE;
+}
+
 /* Every group's apply, for 'n' events in the open transaction: each parsed
- * (and delayed, for the tests) here, once; the rows of those with an
- * effect in the group; the group's one INSERT of them.  A malformed event
- * makes the whole call SVC_EV_DEAD (alone, as apply, it is dead-lettered;
- * in a batch the consumer then applies the events one by one). */
+ * (and delayed, for the tests) once, the rows of those with an effect in
+ * the group, the group's one INSERT of them.  An event that cannot be
+ * applied makes the whole call answer for it (alone, as apply, it is
+ * retried or dead-lettered; in a batch the consumer then goes one by
+ * one). */
 static svc_ev_result_t apply_events(PGconn *pg, const svc_event_t *const *evs, size_t n, void *arg, char *why,
                                     size_t whylen) {
   const group_arg_t *g = arg;
-  svc_ev_result_t res = SVC_EV_DONE;
-  json_t *rows = json_array();
   long long expect = 0;
-  for (size_t i = 0; rows && i < n && res == SVC_EV_DONE; i++) {
-    const svc_event_t *ev = evs[i];
-    paid_t p;
-    if (g->def->takes_outcomes && is_outcome_event(ev)) {
-      /* the same payload as an order's event; the checks of parse_paid */
-      if (!parse_paid(ev, &p, why, whylen)) res = SVC_EV_DEAD;
-    } else if (!paid_event(ev, g->ctx, &p, &res, why, whylen)) {
-      continue; /* DONE: nothing to do for it; else the answer */
-    }
-    if (res == SVC_EV_DONE) {
-      if (json_array_append_new(rows, g->def->row(ev, &p)) != 0) {
-        snprintf(why, whylen, "out of memory");
-        res = SVC_EV_RETRY;
-      }
-      expect += g->def->row_per_ticket ? p.qty : 1;
-    }
-  }
-  char *js = res == SVC_EV_DONE && rows && json_array_size(rows) > 0 ? json_dumps(rows, JSON_COMPACT) : NULL;
-  size_t nrows = rows ? json_array_size(rows) : 0;
+  json_t *rows = json_array();
+  svc_ev_result_t res = rows ? rows_of(g, evs, n, rows, &expect, why, whylen) : SVC_EV_RETRY;
+  size_t nrows = json_array_size(rows);
+  char *js = res == SVC_EV_DONE && nrows > 0 ? json_dumps(rows, JSON_COMPACT) : NULL;
   json_decref(rows);
-  if (!rows && res == SVC_EV_DONE) {
-    snprintf(why, whylen, "out of memory");
-    return SVC_EV_RETRY;
+  if (res != SVC_EV_DONE || (rows && nrows == 0)) {
+    if (!rows) snprintf(why, whylen, "out of memory");
+    return res;
   }
-  if (res != SVC_EV_DONE || nrows == 0) return res;
   if (!js) {
     snprintf(why, whylen, "out of memory");
     return SVC_EV_RETRY;
