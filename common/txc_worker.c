@@ -61,15 +61,21 @@ bool txc_worker_sleep(txc_worker_t *w, int64_t ms) {
   return go_on;
 }
 
-bool txc_worker_pause(txc_worker_t *w, int64_t ms) {
-  struct timespec until;
-  txc_deadline_in_ms(&until, ms > 0 ? ms : 0);
+/* Wait until 'until' whatever kicks come (they stay set). */
+static bool pause_until(txc_worker_t *w, const struct timespec *until) {
   pthread_mutex_lock(&w->mu);
-  while (!w->stopping && pthread_cond_timedwait(&w->wake, &w->mu, &until) == 0) {
+  while (!w->stopping && pthread_cond_timedwait(&w->wake, &w->mu, until) == 0) {
   }
   bool go_on = !w->stopping;
   pthread_mutex_unlock(&w->mu);
   return go_on;
+}
+
+bool txc_worker_pause_since(txc_worker_t *w, int64_t since_us, int64_t ms) {
+  if (since_us <= 0 || ms <= 0) return !txc_worker_stopping(w);
+  int64_t end_us = since_us + ms * 1000;
+  struct timespec until = {.tv_sec = (time_t)(end_us / 1000000), .tv_nsec = (long)(end_us % 1000000) * 1000L};
+  return pause_until(w, &until);
 }
 
 bool txc_worker_beat(txc_worker_t *w, long period_ms) {

@@ -44,9 +44,13 @@ int txc_worker_start(txc_worker_t *w, void *(*main)(void *), void *arg);
 /* Sleep up to 'ms' (<= 0: not at all), or until kicked: true; false once
  * the worker is stopping.  A kick made while awake is not lost. */
 bool txc_worker_sleep(txc_worker_t *w, int64_t ms);
-/* Sleep 'ms' (<= 0: not at all) whatever kicks come meanwhile (they are
- * kept for the next sleep): true; false once the worker is stopping. */
-bool txc_worker_pause(txc_worker_t *w, int64_t ms);
+/* Sleep until 'ms' after 'since_us' (CLOCK_MONOTONIC microseconds; not at
+ * all when that is past, or 'since_us' or 'ms' <= 0) whatever kicks come
+ * meanwhile (they are kept for the next sleep): true; false once the
+ * worker is stopping.  The pacing of a job that, once a pass found work,
+ * starts the next no sooner than 'ms' after it, so that under load each
+ * pass takes what gathered meanwhile. */
+bool txc_worker_pause_since(txc_worker_t *w, int64_t since_us, int64_t ms);
 /* Sleep until the next beat, 'period_ms' after the one before (the first
  * a period after the start): true; false once the worker is stopping. */
 bool txc_worker_beat(txc_worker_t *w, long period_ms);

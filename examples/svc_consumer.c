@@ -151,16 +151,32 @@ static void mark_key(const svc_consumer_t *c, const char *biz_key, char *out, si
   snprintf(out, outlen, "txc:consumed:{%s}:%s", c->group, biz_key);
 }
 
-/* XACK and forget the entry's last error: one round trip (pipelined). */
-static void ack(svc_consumer_t *c, const char *id) {
-  redisAppendCommand(c->redis, "XACK %s %s %s", c->stream, c->group, id);
-  redisAppendCommand(c->redis, "HDEL txc:consumer-errors:{%s} %s", c->group, id);
-  for (int i = 0; i < 2; i++) {
+/* Acknowledge the 'n' (<= READ_COUNT) entries 'ids' in one pipelined
+ * round trip: their marks (when 'marks') set "done", one XACK, one HDEL
+ * of their last errors. */
+static void ack_all(svc_consumer_t *c, const char *const *ids, const char *const *marks, size_t n) {
+  const char *argv[3 + READ_COUNT];
+  char errkey[160];
+  snprintf(errkey, sizeof(errkey), "txc:consumer-errors:{%s}", c->group);
+  for (size_t i = 0; marks && i < n; i++) redisAppendCommand(c->redis, "SET %s done EX %d", marks[i], MARK_TTL_S);
+  argv[0] = "XACK";
+  argv[1] = c->stream;
+  argv[2] = c->group;
+  memcpy(argv + 3, ids, n * sizeof(*ids));
+  redisAppendCommandArgv(c->redis, (int)(3 + n), argv, NULL);
+  argv[0] = "HDEL";
+  argv[1] = errkey;
+  memcpy(argv + 2, ids, n * sizeof(*ids));
+  redisAppendCommandArgv(c->redis, (int)(2 + n), argv, NULL);
+  for (size_t i = 0; i < (marks ? n : 0) + 2; i++) {
     void *r = NULL;
     if (redisGetReply(c->redis, &r) != REDIS_OK) return; /* the context is dead: the loop reconnects */
     freeReplyObject(r);
   }
 }
+
+/* XACK one entry and forget its last error. */
+static void ack(svc_consumer_t *c, const char *id) { ack_all(c, &id, NULL, 1); }
 
 /* Write the dead letter (or refresh it), acknowledge, alert.  false: the
  * database refused (the entry stays pending). */
@@ -289,29 +305,16 @@ static void marks_check(svc_consumer_t *c, entry_t *const *es, size_t n, bool *d
   }
 }
 
-/* 'n' entries whose effect is committed now (or was before: dup[i]), in
- * one pipelined round trip: their marks "done", one XACK, one HDEL of
- * their last errors; then counted, and their effects outside the database
- * (c->after). */
+/* 'n' entries whose effect is committed now (or was before: dup[i]):
+ * acknowledged with their marks "done" (ack_all), counted, and their
+ * effects outside the database (c->after). */
 static void finish_done(svc_consumer_t *c, entry_t *const *es, size_t n, const bool *dup) {
-  const char *argv[3 + READ_COUNT];
-  char errkey[160];
-  snprintf(errkey, sizeof(errkey), "txc:consumer-errors:{%s}", c->group);
-  for (size_t i = 0; i < n; i++) redisAppendCommand(c->redis, "SET %s done EX %d", es[i]->mark, MARK_TTL_S);
-  argv[0] = "XACK";
-  argv[1] = c->stream;
-  argv[2] = c->group;
-  for (size_t i = 0; i < n; i++) argv[3 + i] = es[i]->id;
-  redisAppendCommandArgv(c->redis, (int)(3 + n), argv, NULL);
-  argv[0] = "HDEL";
-  argv[1] = errkey;
-  for (size_t i = 0; i < n; i++) argv[2 + i] = es[i]->id;
-  redisAppendCommandArgv(c->redis, (int)(2 + n), argv, NULL);
-  for (size_t i = 0; i < n + 2; i++) {
-    void *r = NULL;
-    if (redisGetReply(c->redis, &r) != REDIS_OK) break; /* the context is dead: the loop reconnects */
-    freeReplyObject(r);
+  const char *ids[READ_COUNT] = {NULL}, *marks[READ_COUNT] = {NULL};
+  for (size_t i = 0; i < n; i++) {
+    ids[i] = es[i]->id;
+    marks[i] = es[i]->mark;
   }
+  ack_all(c, ids, marks, n);
   for (size_t i = 0; i < n; i++) {
     count(c, dup[i] ? &c->stats.duplicates : &c->stats.consumed);
     if (c->after) c->after(&es[i]->ev, c->arg);
@@ -602,10 +605,7 @@ static size_t take_entries(const redisReply *x, const redisReply **batch) {
  * asynchronous already).  An event that finds the consumer idle is read
  * at once. */
 static bool read_new(svc_consumer_t *c, char *err, size_t errlen) {
-  if (c->linger_ms > 0 && c->last_read_us > 0) {
-    int64_t left_ms = (c->last_read_us + c->linger_ms * 1000 - svc_now_us()) / 1000;
-    if (left_ms > 0 && !txc_worker_pause(&c->job, left_ms)) return true; /* stopping */
-  }
+  if (!txc_worker_pause_since(&c->job, c->last_read_us, c->linger_ms)) return true; /* stopping */
   redisReply *x = svc_redis_cmd(c->redis, err, errlen, "XREADGROUP GROUP %s %s COUNT %d BLOCK 200 STREAMS %s >",
                                 c->group, c->consumer, (int)c->batch_max, c->stream);
   if (!x) {

@@ -302,10 +302,7 @@ static void *relay_main(void *arg) {
   /* A first pass at once: what an earlier instance left. */
   do {
     char err[512] = "";
-    if (r->linger_ms > 0 && r->last_published_us > 0) {
-      int64_t left_ms = (r->last_published_us + (int64_t)r->linger_ms * 1000 - svc_now_us()) / 1000;
-      if (left_ms > 0 && !txc_worker_pause(&r->job, left_ms)) break;
-    }
+    if (!txc_worker_pause_since(&r->job, r->last_published_us, r->linger_ms)) break;
     int n = relay_connect(r, err, sizeof(err)) ? relay_pass(r, err, sizeof(err)) : -1;
     r->last_published_us = n > 0 ? svc_now_us() : 0;
     if (n < 0) {

@@ -35,8 +35,9 @@
 -- order (a retry of the same freeze returns the same bucket: safe to
 -- repeat after a lost answer), the user's limit, then the buckets:
 -- available = stock - frozen - sold, starting at bucket (order id mod n)
--- and trying the others in turn.  On success: frozen:B += qty, the user's count += qty, the order
--- record "F:T:B:Q:U" is written and its deadline added to the expiry zset.
+-- and trying the others in turn.  On success: frozen:B += qty, the user's
+-- count += qty, the order record "F:T:B:Q:U" is written and its deadline
+-- added to the expiry zset.
 --
 -- Cluster: every key is passed in KEYS and carries the tag {act_A}.
 

@@ -269,8 +269,15 @@ static void test_worker_kick_and_stop(void **state) {
   assert_true(mono_ms() - t0 < 5000);
 }
 
+static int64_t mono_us(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
 /* A pause lasts its time whatever kicks come, and keeps them: the sleep
- * after it returns at once.  A stop ends a pause. */
+ * after it returns at once.  A stop ends a pause.  One whose time is past
+ * (or never started) does not wait. */
 typedef struct pauser {
   txc_worker_t w;
   _Atomic int stage; /* 1 pausing, 2 paused and slept */
@@ -281,7 +288,7 @@ typedef struct pauser {
 static void *pauser_main(void *arg) {
   pauser_t *p = arg;
   atomic_store(&p->stage, 1);
-  p->go_on = txc_worker_pause(&p->w, 200);
+  p->go_on = txc_worker_pause_since(&p->w, mono_us(), 200);
   p->paused_at = mono_ms();
   if (p->go_on && txc_worker_sleep(&p->w, 10000)) p->slept_at = mono_ms();
   atomic_store(&p->stage, 2);
@@ -314,6 +321,14 @@ static void test_worker_pause(void **state) {
   }
   txc_worker_stop(&q.w); /* in the pause, or about to pause */
   assert_false(q.go_on);
+
+  job_t j = {.period_ms = 0}; /* a worker asleep, to pause on */
+  assert_int_equal(txc_worker_start(&j.w, job_main, &j), 0);
+  t0 = mono_ms();
+  assert_true(txc_worker_pause_since(&j.w, 0, 10000));                      /* never started */
+  assert_true(txc_worker_pause_since(&j.w, mono_us() - 20000000, 10000)); /* 20 s ago: past */
+  assert_true(mono_ms() - t0 < 5000);
+  txc_worker_stop(&j.w);
 }
 
 int main(void) {
