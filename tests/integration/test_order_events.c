@@ -26,12 +26,14 @@
  *       30 events; a poison event among 10 makes it refuse, and the
  *       events go one by one (9 applied, the poison dead-lettered);
  *     - the linger: an event that finds the consumer idle is applied at
- *       once; five more, then 200 ms later five more, are one commit with
- *       CONSUMER_LINGER_MS=1000 (the read after a read waits), two with 0;
+ *       once; two groups of five that come during the pause after that
+ *       read are one commit with CONSUMER_LINGER_MS=1000 (the read after
+ *       a read waits); with 0, and the first group applied before the
+ *       second comes, two;
  *     - the relay's pacing, the same way: an event kicked to an idle relay
- *       is published by a pass at once; five more, then 200 ms later five
- *       more, each kicked, are one pass with linger_ms 1000, two with 0;
- *       every event is in the stream once.
+ *       is published by a pass at once; two groups of five, each kicked,
+ *       are one pass with linger_ms 1000, two with 0; every event is in
+ *       the stream once.
  *   The counters asserted are the consumer's own (svc_consumer_stats),
  *   the effects and dead letters are read from PostgreSQL, the pending
  *   entries from Redis (XPENDING).
@@ -53,12 +55,16 @@
 #include <hiredis/hiredis.h>
 #include <libpq-fe.h>
 
+#include "itest_redis.h"
 #include "svc_consumer.h"
 #include "svc_outbox.h"
 
 static const char *redis_url, *events_url, *orders_url;
 static redisContext *raw;
 static PGconn *pg, *orders;
+
+/* A command on the test's own Redis connection (itest_rcmd). */
+#define rcmd(...) itest_rcmd(raw, __VA_ARGS__)
 
 #define MAX_POISON 4
 typedef struct {
@@ -67,43 +73,27 @@ typedef struct {
   int batch_calls;
 } apply_arg_t;
 
-static svc_ev_result_t test_apply(PGconn *conn, const svc_event_t *ev, void *arg, char *why, size_t whylen) {
-  const apply_arg_t *a = arg;
-  for (int i = 0; i < a->npoison; i++)
-    if (a->poison[i] == ev->order_id) {
-      snprintf(why, whylen, "order %lld is poison (the test refuses it)", ev->order_id);
-      return SVC_EV_RETRY;
-    }
-  char so[24], se[24];
-  snprintf(so, sizeof(so), "%lld", ev->order_id);
-  snprintf(se, sizeof(se), "%lld", ev->event_id);
-  const char *p[3] = {ev->biz_key, so, se};
-  PGresult *r = PQexecParams(conn,
-                             "INSERT INTO consumer_test_effect (biz_key, order_id, event_id) VALUES ($1, $2, $3)", 3,
-                             NULL, p, NULL, NULL, 0);
-  bool ok = PQresultStatus(r) == PGRES_COMMAND_OK;
-  if (!ok) snprintf(why, whylen, "%s", PQerrorMessage(conn));
-  PQclear(r);
-  return ok ? SVC_EV_DONE : SVC_EV_RETRY;
+/* The first of the 'n' events that is poison to 'a', or NULL. */
+static const svc_event_t *poison_in(const apply_arg_t *a, const svc_event_t *const *evs, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    for (int k = 0; k < a->npoison; k++)
+      if (a->poison[k] == evs[i]->order_id) return evs[i];
+  return NULL;
 }
 
-/* The batch form of test_apply: one INSERT for all the events (a poison
- * one refuses the whole batch: the consumer then goes one by one). */
-static svc_ev_result_t test_apply_batch(PGconn *conn, const svc_event_t *const *evs, size_t n, void *arg, char *why,
-                                        size_t whylen) {
-  apply_arg_t *a = arg;
-  a->batch_calls++;
+/* The effects of 'n' events: one consumer_test_effect row each, in one
+ * INSERT; refused (SVC_EV_RETRY) when one of them is poison. */
+static svc_ev_result_t insert_effects(PGconn *conn, const apply_arg_t *a, const svc_event_t *const *evs, size_t n,
+                                      char *why, size_t whylen) {
+  const svc_event_t *bad = poison_in(a, evs, n);
+  if (bad) {
+    snprintf(why, whylen, "order %lld is poison (the test refuses it)", bad->order_id);
+    return SVC_EV_RETRY;
+  }
   json_t *rows = json_array();
-  for (size_t i = 0; i < n; i++) {
-    for (int k = 0; k < a->npoison; k++)
-      if (a->poison[k] == evs[i]->order_id) {
-        json_decref(rows);
-        snprintf(why, whylen, "order %lld is poison (the test refuses it)", evs[i]->order_id);
-        return SVC_EV_RETRY;
-      }
+  for (size_t i = 0; i < n; i++)
     json_array_append_new(rows, json_pack("{s:s,s:I,s:I}", "b", evs[i]->biz_key, "o", (json_int_t)evs[i]->order_id,
                                           "e", (json_int_t)evs[i]->event_id));
-  }
   char *js = json_dumps(rows, JSON_COMPACT);
   json_decref(rows);
   const char *p[1] = {js};
@@ -118,29 +108,26 @@ static svc_ev_result_t test_apply_batch(PGconn *conn, const svc_event_t *const *
   return ok ? SVC_EV_DONE : SVC_EV_RETRY;
 }
 
-static redisReply *rcmd(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  redisReply *r = redisvCommand(raw, fmt, ap);
-  va_end(ap);
-  if (!r) fail_msg("redis: %s", raw->errstr);
-  if (r->type == REDIS_REPLY_ERROR) fail_msg("redis: %s", r->str);
-  return r;
+static svc_ev_result_t test_apply(PGconn *conn, const svc_event_t *ev, void *arg, char *why, size_t whylen) {
+  return insert_effects(conn, arg, &ev, 1, why, whylen);
 }
 
-static long long pg_count(const char *sql, const char *arg) {
-  const char *p[1] = {arg};
-  PGresult *r = PQexecParams(pg, sql, arg ? 1 : 0, NULL, arg ? p : NULL, NULL, NULL, 0);
-  if (PQresultStatus(r) != PGRES_TUPLES_OK) fail_msg("%s: %s", sql, PQerrorMessage(pg));
-  long long n = atoll(PQgetvalue(r, 0, 0));
-  PQclear(r);
-  return n;
+/* The batch form: the same INSERT for all the events, its calls counted
+ * (a poison one refuses the whole batch: the consumer then goes one by
+ * one). */
+static svc_ev_result_t test_apply_batch(PGconn *conn, const svc_event_t *const *evs, size_t n, void *arg, char *why,
+                                        size_t whylen) {
+  apply_arg_t *a = arg;
+  a->batch_calls++;
+  return insert_effects(conn, a, evs, n, why, whylen);
 }
 
-static long long pg_count_orders(const char *sql, const char *arg) {
+/* The number in the first column of 'sql' (one text parameter 'arg', or
+ * none) on 'conn'. */
+static long long count_on(PGconn *conn, const char *sql, const char *arg) {
   const char *p[1] = {arg};
-  PGresult *r = PQexecParams(orders, sql, 1, NULL, p, NULL, NULL, 0);
-  if (PQresultStatus(r) != PGRES_TUPLES_OK) fail_msg("%s: %s", sql, PQerrorMessage(orders));
+  PGresult *r = PQexecParams(conn, sql, arg ? 1 : 0, NULL, arg ? p : NULL, NULL, NULL, 0);
+  if (PQresultStatus(r) != PGRES_TUPLES_OK) fail_msg("%s: %s", sql, PQerrorMessage(conn));
   long long n = atoll(PQgetvalue(r, 0, 0));
   PQclear(r);
   return n;
@@ -153,7 +140,21 @@ static void publish(const char *stream, long long event_id, long long order_id) 
   snprintf(oid, sizeof(oid), "%lld", order_id);
   snprintf(payload, sizeof(payload), "{\"activity\":7,\"ticket_type\":1,\"bucket\":0,\"user\":%lld,\"qty\":1}",
            order_id);
-  freeReplyObject(rcmd("XADD %s * event_id %s type order.paid order_id %s payload %s", stream, eid, oid, payload));
+  redisReply *r = rcmd("XADD %s * event_id %s type order.paid order_id %s payload %s", stream, eid, oid, payload);
+  assert_int_not_equal(r->type, REDIS_REPLY_ERROR);
+  freeReplyObject(r);
+}
+
+/* 'n' events: event ids and orders counting up from the first ones. */
+static void publish_range(const char *stream, long long first_event, long long first_order, int n) {
+  for (int i = 0; i < n; i++) publish(stream, first_event + i, first_order + i);
+}
+
+/* 'n' events at once (MULTI: any reader sees all or none). */
+static void publish_at_once(const char *stream, long long first, int n) {
+  freeReplyObject(rcmd("MULTI"));
+  publish_range(stream, first, first, n);
+  freeReplyObject(rcmd("EXEC"));
 }
 
 static long long pending(const char *stream, const char *group) {
@@ -173,8 +174,8 @@ static void wait_handled(svc_consumer_t *c, uint64_t n, svc_consumer_stats_t *st
            st->dead_lettered), (unsigned long long)n);
 }
 
-static svc_consumer_t *start_with(const char *stream, const char *group, apply_arg_t *arg, int max_deliveries,
-                                  svc_event_apply_batch_fn batch) {
+static svc_consumer_t *start(const char *stream, const char *group, apply_arg_t *arg, int max_deliveries,
+                             svc_event_apply_batch_fn batch) {
   static const int64_t backoff[1] = {100};
   char err[256] = "";
   svc_consumer_opts_t o = {.redis_url = redis_url, .pg_url = events_url, .stream = stream, .group = group,
@@ -185,8 +186,15 @@ static svc_consumer_t *start_with(const char *stream, const char *group, apply_a
   return c;
 }
 
-static svc_consumer_t *start(const char *stream, const char *group, apply_arg_t *arg, int max_deliveries) {
-  return start_with(stream, group, arg, max_deliveries, NULL);
+/* A consumer of what 'stream' holds, until it handled 'n' events: its
+ * counters. */
+static svc_consumer_stats_t consume(const char *stream, const char *group, apply_arg_t *arg, int max_deliveries,
+                                    svc_event_apply_batch_fn batch, uint64_t n) {
+  svc_consumer_stats_t st;
+  svc_consumer_t *c = start(stream, group, arg, max_deliveries, batch);
+  wait_handled(c, n, &st);
+  svc_consumer_stop(c);
+  return st;
 }
 
 static int setup(void **state) {
@@ -195,14 +203,10 @@ static int setup(void **state) {
   events_url = getenv("EVENTS_PG_URL");
   orders_url = getenv("ORDERS_PG_URL");
   if (!redis_url || !events_url || !orders_url) return 0;
-  const char *hp = redis_url + strlen("redis://");
-  char host[64] = "127.0.0.1";
-  int port = 6379;
-  sscanf(hp, "%63[^:]:%d", host, &port);
-  raw = redisConnect(host, port);
+  raw = itest_redis_connect(redis_url);
   pg = PQconnectdb(events_url);
   orders = PQconnectdb(orders_url);
-  if (!raw || raw->err || PQstatus(pg) != CONNECTION_OK || PQstatus(orders) != CONNECTION_OK) return -1;
+  if (!raw || PQstatus(pg) != CONNECTION_OK || PQstatus(orders) != CONNECTION_OK) return -1;
   PGresult *r = PQexec(pg, "CREATE TABLE IF NOT EXISTS consumer_test_effect (biz_key text NOT NULL,"
                            " order_id bigint NOT NULL, event_id bigint NOT NULL)");
   int rc = PQresultStatus(r) == PGRES_COMMAND_OK ? 0 : -1;
@@ -221,7 +225,7 @@ static int teardown(void **state) {
 
 #define SKIP_WITHOUT_SERVERS()                                                                                        \
   do {                                                                                                                \
-    if (!redis_url || !events_url || !orders_url) skip();                                                                           \
+    if (!redis_url || !events_url || !orders_url) skip();                                                            \
   } while (0)
 
 /* 40 events and a repeat of one, all in the stream before the consumer
@@ -230,29 +234,24 @@ static void test_one_read_one_commit(void **state) {
   (void)state;
   SKIP_WITHOUT_SERVERS();
   const char *stream = "test:consumer:batch", *group = "batch";
-  for (long long i = 1; i <= 40; i++) publish(stream, 1000 + i, 5000 + i);
+  publish_range(stream, 1001, 5001, 40);
   publish(stream, 1007, 5007); /* the relay published event 1007 again */
   apply_arg_t arg = {0};
-  svc_consumer_t *c = start(stream, group, &arg, 3);
-  svc_consumer_stats_t st;
-  wait_handled(c, 41, &st);
-  usleep(100 * 1000); /* nothing more may happen */
-  svc_consumer_stats(c, &st);
+  svc_consumer_stats_t st = consume(stream, group, &arg, 3, NULL, 41);
   assert_int_equal(st.consumed, 40);
   assert_int_equal(st.duplicates, 1);
   assert_int_equal(st.commits, 1);
   assert_int_equal(st.retried, 0);
   assert_int_equal(pending(stream, group), 0);
-  assert_int_equal(pg_count("SELECT count(*) FROM consumer_test_effect WHERE order_id BETWEEN 5001 AND 5040", NULL),
+  assert_int_equal(count_on(pg, "SELECT count(*) FROM consumer_test_effect WHERE order_id BETWEEN 5001 AND 5040", NULL),
                    40);
-  assert_int_equal(pg_count("SELECT count(DISTINCT order_id) FROM consumer_test_effect"
-                            " WHERE order_id BETWEEN 5001 AND 5040", NULL), 40);
-  assert_int_equal(pg_count("SELECT count(*) FROM consumed_event WHERE consumer_group = $1", group), 40);
+  assert_int_equal(count_on(pg, "SELECT count(DISTINCT order_id) FROM consumer_test_effect"
+                                " WHERE order_id BETWEEN 5001 AND 5040", NULL), 40);
+  assert_int_equal(count_on(pg, "SELECT count(*) FROM consumed_event WHERE consumer_group = $1", group), 40);
   redisReply *m = rcmd("GET txc:consumed:{%s}:order.paid:5007", group);
   assert_int_equal(m->type, REDIS_REPLY_STRING);
   assert_string_equal(m->str, "done");
   freeReplyObject(m);
-  svc_consumer_stop(c);
 }
 
 /* A poison event among 20: the batch fails, its events go one by one. */
@@ -260,24 +259,20 @@ static void test_poison_in_a_batch(void **state) {
   (void)state;
   SKIP_WITHOUT_SERVERS();
   const char *stream = "test:consumer:poison", *group = "poison";
-  for (long long i = 1; i <= 20; i++) publish(stream, 2000 + i, 6000 + i);
+  publish_range(stream, 2001, 6001, 20);
   apply_arg_t arg = {.poison = {6013}, .npoison = 1};
-  svc_consumer_t *c = start(stream, group, &arg, 2);
-  svc_consumer_stats_t st;
-  wait_handled(c, 20, &st);
-  svc_consumer_stats(c, &st);
+  svc_consumer_stats_t st = consume(stream, group, &arg, 2, NULL, 20);
   assert_int_equal(st.consumed, 19);
   assert_int_equal(st.dead_lettered, 1);
   assert_int_equal(st.retried, 1);  /* the first delivery failed, the second gave up */
   assert_int_equal(st.commits, 19); /* one by one after the batch was rolled back */
   assert_int_equal(pending(stream, group), 0);
-  assert_int_equal(pg_count("SELECT count(*) FROM consumer_test_effect WHERE order_id BETWEEN 6001 AND 6020", NULL),
+  assert_int_equal(count_on(pg, "SELECT count(*) FROM consumer_test_effect WHERE order_id BETWEEN 6001 AND 6020", NULL),
                    19);
-  assert_int_equal(pg_count("SELECT count(*) FROM consumer_test_effect WHERE order_id = 6013", NULL), 0);
-  assert_int_equal(pg_count("SELECT count(*) FROM consumed_event WHERE consumer_group = $1", group), 19);
-  assert_int_equal(pg_count("SELECT count(*) FROM dead_letter WHERE consumer_group = $1"
-                            " AND biz_key = 'order.paid:6013' AND state = 'DEAD'", group), 1);
-  svc_consumer_stop(c);
+  assert_int_equal(count_on(pg, "SELECT count(*) FROM consumer_test_effect WHERE order_id = 6013", NULL), 0);
+  assert_int_equal(count_on(pg, "SELECT count(*) FROM consumed_event WHERE consumer_group = $1", group), 19);
+  assert_int_equal(count_on(pg, "SELECT count(*) FROM dead_letter WHERE consumer_group = $1"
+                                " AND biz_key = 'order.paid:6013' AND state = 'DEAD'", group), 1);
 }
 
 /* A group with a batch apply: 30 events in one call of it and one commit;
@@ -286,60 +281,44 @@ static void test_poison_in_a_batch(void **state) {
 static void test_batch_apply(void **state) {
   (void)state;
   SKIP_WITHOUT_SERVERS();
-  const char *stream = "test:consumer:bapply", *group = "bapply";
-  for (long long i = 1; i <= 30; i++) publish(stream, 3000 + i, 9000 + i);
+  publish_range("test:consumer:bapply", 3001, 9001, 30);
   apply_arg_t arg = {0};
-  svc_consumer_t *c = start_with(stream, group, &arg, 3, test_apply_batch);
-  svc_consumer_stats_t st;
-  wait_handled(c, 30, &st);
-  svc_consumer_stats(c, &st);
-  svc_consumer_stop(c);
+  svc_consumer_stats_t st = consume("test:consumer:bapply", "bapply", &arg, 3, test_apply_batch, 30);
   assert_int_equal(arg.batch_calls, 1);
   assert_int_equal(st.consumed, 30);
   assert_int_equal(st.commits, 1);
-  assert_int_equal(pg_count("SELECT count(*) FROM consumer_test_effect WHERE order_id BETWEEN 9001 AND 9030", NULL),
+  assert_int_equal(count_on(pg, "SELECT count(*) FROM consumer_test_effect WHERE order_id BETWEEN 9001 AND 9030", NULL),
                    30);
 
-  const char *stream2 = "test:consumer:bapply2", *group2 = "bapply2";
-  for (long long i = 1; i <= 10; i++) publish(stream2, 3100 + i, 9100 + i);
+  publish_range("test:consumer:bapply2", 3101, 9101, 10);
   apply_arg_t arg2 = {.poison = {9105}, .npoison = 1};
-  c = start_with(stream2, group2, &arg2, 1, test_apply_batch);
-  wait_handled(c, 10, &st);
-  svc_consumer_stats(c, &st);
-  svc_consumer_stop(c);
+  st = consume("test:consumer:bapply2", "bapply2", &arg2, 1, test_apply_batch, 10);
   assert_int_equal(arg2.batch_calls, 1);
   assert_int_equal(st.consumed, 9);
   assert_int_equal(st.dead_lettered, 1);
   assert_int_equal(st.commits, 9);
-  assert_int_equal(pg_count("SELECT count(*) FROM consumer_test_effect WHERE order_id BETWEEN 9101 AND 9110", NULL),
+  assert_int_equal(count_on(pg, "SELECT count(*) FROM consumer_test_effect WHERE order_id BETWEEN 9101 AND 9110", NULL),
                    9);
 }
 
-/* Five events at once (MULTI: any reader sees all or none). */
-static void publish_five(const char *stream, long long first) {
-  freeReplyObject(rcmd("MULTI"));
-  for (long long i = 0; i < 5; i++) publish(stream, first + i, first + i);
-  freeReplyObject(rcmd("EXEC"));
-}
-
-/* One event to an idle consumer; once it is applied, five, and 200 ms
- * later five more: the commits it took. */
+/* One event to an idle consumer, then two groups of five: the commits it
+ * took.  With a linger of a second both groups come while the consumer
+ * waits out the pause after its first read.  Without one, the test lets
+ * the first group be applied before the second comes. */
 static uint64_t commits_for_split_arrival(const char *linger, const char *stream, const char *group,
                                           long long first_order) {
   setenv("CONSUMER_LINGER_MS", linger, 1);
   apply_arg_t arg = {0};
-  svc_consumer_t *c = start(stream, group, &arg, 3);
+  svc_consumer_t *c = start(stream, group, &arg, 3, NULL);
   setenv("CONSUMER_LINGER_MS", "50", 1);
   svc_consumer_stats_t st;
-  usleep(300 * 1000); /* the consumer is in its blocking read */
   publish(stream, first_order, first_order);
   wait_handled(c, 1, &st); /* idle: applied without waiting for more */
   assert_int_equal(st.commits, 1);
-  publish_five(stream, first_order + 1);
-  usleep(200 * 1000);
-  publish_five(stream, first_order + 6);
+  publish_at_once(stream, first_order + 1, 5);
+  if (strcmp(linger, "0") == 0) wait_handled(c, 6, &st);
+  publish_at_once(stream, first_order + 6, 5);
   wait_handled(c, 11, &st);
-  svc_consumer_stats(c, &st);
   assert_int_equal(st.consumed, 11);
   assert_int_equal(pending(stream, group), 0);
   svc_consumer_stop(c);
@@ -369,18 +348,21 @@ static void outbox_add(svc_relay_t *r, long long first_order, int n) {
   svc_relay_kick(r);
 }
 
-static void wait_published(svc_relay_t *r, uint64_t n, svc_relay_stats_t *st) {
+/* Until the relay made 'passes' passes and published 'n' events. */
+static void wait_relay(svc_relay_t *r, uint64_t passes, uint64_t n, svc_relay_stats_t *st) {
   for (int i = 0; i < 1000; i++) {
     svc_relay_stats(r, st);
-    if (st->published >= n) return;
+    if (st->passes >= passes && st->published >= n) return;
     usleep(10 * 1000);
   }
-  fail_msg("the relay published %llu of %llu events in 10 s", (unsigned long long)st->published,
-           (unsigned long long)n);
+  fail_msg("the relay made %llu passes and published %llu of %llu events in 10 s", (unsigned long long)st->passes,
+           (unsigned long long)st->published, (unsigned long long)n);
 }
 
-/* The passes it took to publish five events, then five more 200 ms later,
- * after one event to the idle relay. */
+/* One event to the idle relay, then two groups of five: the passes they
+ * took (as for the consumer: with a linger of a second both groups come
+ * in the pause after the first pass; without, the test lets the first
+ * group be published before the second comes). */
 static uint64_t relay_passes_for_split_arrival(unsigned linger_ms, long long first_order) {
   char err[256] = "";
   svc_relay_opts_t o = {.pg_url = orders_url, .redis_url = redis_url, .stream = "test:relay",
@@ -389,27 +371,20 @@ static uint64_t relay_passes_for_split_arrival(unsigned linger_ms, long long fir
   svc_relay_t *r = svc_relay_start(&o, err, sizeof(err));
   if (!r) fail_msg("could not start the relay: %s", err);
   svc_relay_stats_t st;
-  for (int i = 0; i < 1000; i++) { /* its first pass, at once */
-    svc_relay_stats(r, &st);
-    if (st.passes >= 1) break;
-    usleep(10 * 1000);
-  }
-  assert_true(st.passes >= 1);
+  wait_relay(r, 1, 0, &st); /* its first pass, at once */
   outbox_add(r, first_order, 1);
-  wait_published(r, 1, &st); /* idle: published without waiting */
+  wait_relay(r, 0, 1, &st); /* idle: published without waiting */
   uint64_t passes = st.passes;
   outbox_add(r, first_order + 1, 5);
-  usleep(200 * 1000);
+  if (linger_ms == 0) wait_relay(r, 0, 6, &st);
   outbox_add(r, first_order + 6, 5);
-  wait_published(r, 11, &st);
-  usleep(100 * 1000); /* nothing more may happen */
-  svc_relay_stats(r, &st);
+  wait_relay(r, 0, 11, &st);
   assert_int_equal(st.published, 11);
   svc_relay_stop(r);
   char so[24];
   snprintf(so, sizeof(so), "%lld", first_order);
-  assert_int_equal(pg_count_orders("SELECT count(*) FROM order_outbox WHERE order_id >= $1::bigint"
-                                   " AND order_id < $1::bigint + 11 AND stream_seq IS NOT NULL", so), 11);
+  assert_int_equal(count_on(orders, "SELECT count(*) FROM order_outbox WHERE order_id >= $1::bigint"
+                                    " AND order_id < $1::bigint + 11 AND stream_seq IS NOT NULL", so), 11);
   return st.passes - passes;
 }
 

@@ -64,6 +64,7 @@
 #include <unistd.h>
 
 #include "rm_client.h"
+#include "itest_redis.h"
 
 static const char *redis_url, *stock_url;
 static redisContext *raw; /* the main thread's own look into Redis */
@@ -144,14 +145,8 @@ static void seed_pg(int64_t act, int status, int limit, int tt, int nb, int stoc
         act, tt, stock, nb, stock, nb, nb);
 }
 
-static redisReply *rcmd(const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  redisReply *r = redisvCommand(raw, fmt, ap);
-  va_end(ap);
-  if (!r) fail_msg("redis: %s", raw->errstr);
-  return r;
-}
+/* A command on the main thread's own connection (itest_rcmd). */
+#define rcmd(...) itest_rcmd(raw, __VA_ARGS__)
 
 /* Sum of the "<what>:i" fields of the stock hash of (act, tt). */
 static long long bucket_sum(int64_t act, int tt, const char *what) {
@@ -280,14 +275,9 @@ static void run_threads(int n, void *(*fn)(void *), void *arg) {
 
 /* (Re)open the main thread's own connection to Redis. */
 static int raw_connect(void) {
-  const char *hp = redis_url + strlen("redis://");
-  char host[64];
-  int port = 0;
   if (raw) redisFree(raw);
-  raw = NULL;
-  if (sscanf(hp, "%63[^:]:%d", host, &port) != 2) return -1;
-  raw = redisConnect(host, port);
-  return !raw || raw->err ? -1 : 0;
+  raw = itest_redis_connect(redis_url);
+  return raw ? 0 : -1;
 }
 
 static int group_setup(void **state) {
