@@ -110,6 +110,7 @@
 #include "txc_isotime.h"
 #include "svc_consumer.h"
 #include "svc_http.h"
+#include "txc_buf.h"
 #include "svc_idem.h"
 #include "svc_prefilter.h"
 #include "svc_redis.h"
@@ -489,12 +490,16 @@ static int op_statements(stmt_ctx_t *c, freeze_mode_t mode, const stock_op_t *op
 /*
  * The consumer group "stock" of the order events (svc_consumer.h): a
  * payment confirms the order's freeze (frozen -> sold), a cancellation or
- * an expiry releases it, each in a plain local transaction of the stock
+ * an expiry releases it, in a plain local transaction of the stock
  * database (no global transaction: the order's state already changed for
  * good in the orders database, so nothing can roll this back).  The
- * stock_freeze row is locked first and tells whether it was done before
- * (nothing to do) or the other way (a contradiction: dead letter, for an
- * operator).  Redis follows after the commit.
+ * events of one read go together: one stock_freeze_finish_many
+ * (sql/stock/008) locks their stock_freeze rows, moves them, and updates
+ * each bucket once with the summed quantities, last, so the hot bucket
+ * rows are held for the commit only, as with one event.  A freeze found
+ * done before the same way is nothing to do; done the other way it is a
+ * contradiction (dead letter, for an operator).  Redis follows after the
+ * commit.
  */
 /* paid, cancelled, expired: the events that end an order's freeze (not
  * order.rejected, whose order never froze in PostgreSQL, nor waitlist.*) */
@@ -503,21 +508,9 @@ static bool is_order_end(const svc_event_t *ev) {
          strcmp(ev->type, "order.expired") == 0;
 }
 
-static svc_ev_result_t stock_event_apply(PGconn *pg, const svc_event_t *ev, void *arg, char *why, size_t whylen) {
-  (void)arg;
-  if (!is_order_end(ev)) return SVC_EV_DONE; /* waitlist.*: notices for the buyer, nothing for the stock */
+/* What stock_freeze_finish_many's code 'rc' for 'ev' means for the event. */
+static svc_ev_result_t finish_verdict(const svc_event_t *ev, int rc, char *why, size_t whylen) {
   bool confirm = strcmp(ev->type, "order.paid") == 0;
-  char so[24];
-  snprintf(so, sizeof(so), "%lld", ev->order_id);
-  const char *p[2] = {so, confirm ? NULL : strcmp(ev->type, "order.cancelled") == 0 ? "cancel" : "expire"};
-  PGresult *r = NULL;
-  /* stock_freeze_finish (sql/stock/002): the freeze FROZEN -> CONFIRMED or
-   * RELEASED with the bucket's counters and the stock_log row, exactly
-   * once per order */
-  if (!svc_pg_exec(pg, "SELECT stock_freeze_finish($1, $2)", 2, p, PGRES_TUPLES_OK, &r, why, whylen))
-    return SVC_EV_RETRY;
-  int rc = atoi(PQgetvalue(r, 0, 0));
-  PQclear(r);
   switch (rc) {
   case 0: return SVC_EV_DONE;
   case -6: /* confirmed before */
@@ -531,6 +524,54 @@ static svc_ev_result_t stock_event_apply(PGconn *pg, const svc_event_t *ev, void
     snprintf(why, whylen, "no stock freeze for order %lld", ev->order_id);
     return SVC_EV_RETRY;
   }
+}
+
+/* The 'n' events (one, or a batch in stream order) inside the open
+ * transaction.  One event gets its own verdict; a batch is DONE only when
+ * every event is, else the consumer rolls it back and goes one by one. */
+static svc_ev_result_t stock_events_apply(PGconn *pg, const svc_event_t *const *evs, size_t n, void *arg, char *why,
+                                          size_t whylen) {
+  (void)arg;
+  txc_buf_t ids = {0}, reasons = {0};
+  size_t nend = 0;
+  txc_buf_printf(&ids, "{");
+  txc_buf_printf(&reasons, "{");
+  for (size_t i = 0; i < n; i++) {
+    if (!is_order_end(evs[i])) continue; /* waitlist.*: notices for the buyer, nothing for the stock */
+    const char *t = evs[i]->type;
+    txc_buf_printf(&ids, "%s%lld", nend ? "," : "", evs[i]->order_id);
+    txc_buf_printf(&reasons, "%s%s", nend ? "," : "",
+                   strcmp(t, "order.paid") == 0 ? "NULL" : strcmp(t, "order.cancelled") == 0 ? "cancel" : "expire");
+    nend++;
+  }
+  txc_buf_printf(&ids, "}");
+  txc_buf_printf(&reasons, "}");
+  svc_ev_result_t res = SVC_EV_DONE;
+  PGresult *r = NULL;
+  const char *p[2] = {ids.p, reasons.p};
+  /* an append that ran out of memory is missing: the SQL refuses the
+   * arrays, or the count of rows below tells */
+  if (nend > 0 && (!ids.p || !reasons.p)) {
+    snprintf(why, whylen, "out of memory");
+    res = SVC_EV_RETRY;
+  } else if (nend > 0 &&
+             !svc_pg_exec(pg, "SELECT result FROM stock_freeze_finish_many($1::bigint[], $2::text[])", 2, p,
+                          PGRES_TUPLES_OK, &r, why, whylen)) {
+    res = SVC_EV_RETRY;
+  } else if (nend > 0 && PQntuples(r) != (int)nend) {
+    snprintf(why, whylen, "stock_freeze_finish_many answered %d rows for %zu orders", PQntuples(r), nend);
+    res = SVC_EV_RETRY;
+  }
+  for (size_t i = 0, row = 0; res == SVC_EV_DONE && i < n; i++)
+    if (is_order_end(evs[i])) res = finish_verdict(evs[i], atoi(PQgetvalue(r, (int)row++, 0)), why, whylen);
+  PQclear(r);
+  free(ids.p);
+  free(reasons.p);
+  return res;
+}
+
+static svc_ev_result_t stock_event_apply(PGconn *pg, const svc_event_t *ev, void *arg, char *why, size_t whylen) {
+  return stock_events_apply(pg, &ev, 1, arg, why, whylen);
 }
 
 /* After the commit (or for a repeat): Redis follows, idempotently. */
@@ -1150,8 +1191,8 @@ int main(int argc, char **argv) {
     s.pf = svc_pf_new(redis_url, 4, err, sizeof(err));
     svc_consumer_opts_t co = {.redis_url = redis_url, .pg_url = pg_url,
                               .group = svc_env_str("STOCK_CONSUMER_GROUP", "stock"),
-                              .apply = stock_event_apply, .after = stock_event_after, .arg = &s,
-                              .auth = s.auth, .batch_max = 1}; /* it updates the hot bucket rows */
+                              .apply = stock_event_apply, .apply_batch = stock_events_apply,
+                              .after = stock_event_after, .arg = &s, .auth = s.auth};
     if (!s.pf || !(s.consumer = svc_consumer_start(&co, err, sizeof(err)))) {
       svc_error("could not start the order-event consumer: %s", err);
       exit_code = 69;

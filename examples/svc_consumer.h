@@ -90,9 +90,10 @@ typedef struct svc_consumer_opts {
   int max_deliveries;
   const int64_t *backoff_ms;
   size_t nbackoff;
-  /* Events applied in one transaction at most (0: 64).  1 for an apply
-   * that updates hot rows: a batch would hold their row locks until its
-   * commit, and the requests that update them would wait for it. */
+  /* Events applied in one transaction at most (0: 64).  An apply that
+   * updates hot rows either takes 1 (a batch would hold their row locks
+   * until its commit) or updates them once, last, in its apply_batch, as
+   * stock-service's does. */
   int batch_max;
 } svc_consumer_opts_t;
 

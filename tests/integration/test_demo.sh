@@ -31,6 +31,10 @@
 #      deleted), payment and cancellation work (local transactions +
 #      events), the nodes restart, txc-compensate --reconcile, then
 #      flashsale --check-only on that activity.
+#   2d. the stock group's batch: stock-service stopped while 6 orders are
+#      paid and 2 cancelled, then continued: their 8 events in at most 2
+#      commits (stock_freeze_finish_many), the freezes, the buckets'
+#      counters and stock_log as one by one would leave them.
 #   3. a poison event for the downstream consumers (event-consumers,
 #      restarted with CONSUMER_MAX_DELIVERIES=3 CONSUMER_BACKOFF_MS=200,400):
 #      a user on hold (member_hold) orders and pays; the notify group
@@ -526,6 +530,51 @@ psql -X -q -d "$STOCK_PG_URL" -c "DELETE FROM dead_letter WHERE reason LIKE '%si
 psql -X -q -d "$EVENTS_PG_URL" -c "DELETE FROM dead_letter WHERE reason LIKE '%signature does not verify%'" >/dev/null
 http POST "/orders/$sc_o/cancel"
 check "the real cancel of that order still works ($code)" test "$code" = 200
+
+# --- 2d. the stock group applies the events of one read together ---
+# stock-service stopped (SIGSTOP), 6 of 8 orders paid and 2 cancelled (local
+# transactions of the orders database: no stock-service needed), their
+# events published; stock-service continued: its consumer reads them
+# together and applies them in one stock_freeze_finish_many (sql/stock/008),
+# at most 2 commits (a read in flight when it stopped may bring the first
+# alone); each bucket's counters and stock_log as one by one would leave them.
+bt_act=$(on_sale_activity batch 2 10)
+bt_orders=()
+for u in 1 2 3 4 5 6 7 8; do
+  http POST /orders '{"activity":'"$bt_act"',"ticket_type":1,"user":'"$((8400 + u))"',"qty":1}'
+  [[ $code == 201 ]] && bt_orders+=("$(jfield "$body" order_id)")
+done
+check "8 orders for the batch (${#bt_orders[@]})" test "${#bt_orders[@]}" = 8
+bt_metric() { metric_at "$STOCK_URL" "txc_events_${1}_total{group=\"stock\"}"; }
+bt_consumed0=$(bt_metric consumed) bt_commits0=$(bt_metric commits)
+kill -STOP "$STOCK_PID"
+for i in 0 1 2 3 4 5; do http POST "/orders/${bt_orders[$i]}/pay"; done
+bt_paid=$code
+for i in 6 7; do http POST "/orders/${bt_orders[$i]}/cancel"; done
+bt_ids=$(IFS=,; echo "${bt_orders[*]}")
+bt_unpublished() { q "$ORDERS_PG_URL" "SELECT count(*) FROM order_outbox WHERE order_id IN ($bt_ids) AND published_at IS NULL"; }
+bt_published() { q "$ORDERS_PG_URL" "SELECT count(*) FROM order_outbox WHERE order_id IN ($bt_ids) AND published_at IS NOT NULL"; }
+for ((i = 0; i < 100; i++)); do [[ $(bt_published) -ge 8 && $(bt_unpublished) == 0 ]] && break; sleep 0.1; done
+check "paid and cancelled with stock-service stopped, 8 events published ($bt_paid $code, $(bt_published))" \
+  test "$bt_paid" = 200 -a "$code" = 200 -a "$(bt_published)" = 8
+kill -CONT "$STOCK_PID"
+bt_frozen() { q "$STOCK_PG_URL" "SELECT count(*) FROM stock_freeze WHERE order_id IN ($bt_ids) AND state = 'FROZEN'"; }
+for ((i = 0; i < 100; i++)); do [[ $(bt_frozen) == 0 ]] && break; sleep 0.1; done
+check "stock-service continued: every freeze finished" test "$(bt_frozen)" = 0
+check "  6 CONFIRMED, 2 RELEASED (cancel)" test "$(q "$STOCK_PG_URL" "SELECT string_agg(state || ':' || coalesce(release_reason, '') || ':' || n, ' ' ORDER BY state)
+  FROM (SELECT state, release_reason, count(*) n FROM stock_freeze WHERE order_id IN ($bt_ids) GROUP BY 1, 2) x")" = "CONFIRMED::6 RELEASED:cancel:2"
+check "  the buckets: 6 sold, none frozen, 10 each" \
+  test "$(q "$STOCK_PG_URL" "SELECT sum(sold_count) || ' ' || sum(frozen_count) || ' ' || min(stock) || ' ' || max(stock) FROM activity_ticket_bucket WHERE activity_id = $bt_act")" = "6 0 10 10"
+check "  stock_log: one confirm or release per order, each on its order's bucket" \
+  test "$(q "$STOCK_PG_URL" "SELECT count(*) FROM stock_log l JOIN stock_freeze f USING (order_id)
+    WHERE l.order_id IN ($bt_ids) AND l.op IN ('confirm', 'release') AND l.bucket_id = f.bucket_id AND l.qty = 1
+      AND (l.op = 'confirm') = (f.state = 'CONFIRMED')")" = 8
+for ((i = 0; i < 50; i++)); do [[ $(( $(bt_metric consumed) - bt_consumed0 )) -ge 8 ]] && break; sleep 0.1; done
+bt_consumed=$(( $(bt_metric consumed) - bt_consumed0 )) bt_commits=$(( $(bt_metric commits) - bt_commits0 ))
+# other events (an earlier step's order expiring) take a commit each at most
+check "  the 8 events in at most 2 commits ($bt_consumed consumed in $bt_commits)" \
+  test "$bt_consumed" -ge 8 -a "$bt_commits" -le $(( bt_consumed - 6 ))
+invariants_hold "$bt_act" batch "after the batch"
 
 # --- 4. a poison event: the notify group retries, dead-letters, an operator
 # lifts the cause and redelivers ---

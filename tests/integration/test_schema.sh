@@ -179,6 +179,40 @@ expect_sqlstate "stock: stock_log rejects a second freeze of one order" "$STOCK_
 expect_sqlstate "stock: stock_log rejects an unknown op" "$STOCK_PG_URL" 23514 \
   "INSERT INTO stock_log (activity_id, ticket_type, bucket_id, order_id, op, qty) VALUES (1, 1, 0, 77, 'steal', 1);"
 
+# stock_freeze_finish_many (sql/stock/008): the ends of many freezes leave
+# what one stock_freeze_finish per order leaves.  Activities A and B the
+# same: 8 orders of 1 or 2 tickets over 3 buckets; A's orders 1-7 finished
+# one by one (1-4 paid, 5-6 cancelled, 7 expired, 8 left frozen), B's in one
+# call after its order 4 was confirmed alone, with an unknown order too.
+finish_twins="INSERT INTO activity (activity_id, name, status, per_user_limit, starts_at, ends_at)
+  SELECT a, 'twin', 1, 10, now(), now() + interval '1 hour' FROM (VALUES (900011), (900012)) x(a);
+  INSERT INTO activity_ticket_bucket SELECT a, 1, b, 10, 0, 0 FROM (VALUES (900011), (900012)) x(a), generate_series(0, 2) b;
+  SELECT count(*) FROM (SELECT stock_freeze_apply(a * 10 + u, a, 1, u % 3, u, 1 + u % 2, now() + interval '1 hour')
+    FROM (VALUES (900011), (900012)) x(a), generate_series(1, 8) u) y;"
+expect_value "stock: stock_freeze_finish_many leaves what one finish per order leaves" "$STOCK_PG_URL" "BEGIN;
+  $finish_twins
+  SELECT count(*) FROM (SELECT stock_freeze_finish(9000110 + u, CASE WHEN u <= 4 THEN NULL WHEN u <= 6 THEN 'cancel' ELSE 'expire' END)
+    FROM generate_series(1, 7) u) y;
+  SELECT stock_freeze_finish(9000124, NULL);
+  SELECT string_agg(result::text, ' ') FROM stock_freeze_finish_many('{9000121,9000122,9000123,9000124,9000125,9000126,9000127,9000999}',
+    '{NULL,NULL,NULL,NULL,cancel,cancel,expire,NULL}');
+  SELECT (SELECT array_agg((bucket_id, stock, frozen_count, sold_count) ORDER BY bucket_id) FROM activity_ticket_bucket WHERE activity_id = 900011)
+       = (SELECT array_agg((bucket_id, stock, frozen_count, sold_count) ORDER BY bucket_id) FROM activity_ticket_bucket WHERE activity_id = 900012),
+         (SELECT array_agg((order_id % 10, state, release_reason, finished_at IS NULL) ORDER BY order_id) FROM stock_freeze WHERE activity_id = 900011)
+       = (SELECT array_agg((order_id % 10, state, release_reason, finished_at IS NULL) ORDER BY order_id) FROM stock_freeze WHERE activity_id = 900012),
+         (SELECT array_agg((bucket_id, order_id % 10, op, qty) ORDER BY order_id, op) FROM stock_log WHERE activity_id = 900011)
+       = (SELECT array_agg((bucket_id, order_id % 10, op, qty) ORDER BY order_id, op) FROM stock_log WHERE activity_id = 900012),
+         (SELECT sum(sold_count) || '/' || sum(frozen_count) FROM activity_ticket_bucket WHERE activity_id = 900012);
+  ROLLBACK;" "16
+7
+0
+0 0 0 -6 0 0 0 -8
+t|t|t|6/1"
+expect_sqlstate "stock: stock_freeze_finish_many refuses an order given twice" "$STOCK_PG_URL" 22023 "$finish_twins
+  SELECT * FROM stock_freeze_finish_many('{9000121,9000121}', '{NULL,NULL}');"
+expect_sqlstate "stock: stock_freeze_finish_many refuses a reason short" "$STOCK_PG_URL" 22023 "$finish_twins
+  SELECT * FROM stock_freeze_finish_many('{9000121,9000122}', '{NULL}');"
+
 # Downstream consumers (events) ------------------------------------------------------
 
 expect_sqlstate "events: points_ledger rejects a second credit of one order" "$EVENTS_PG_URL" 23505 \
