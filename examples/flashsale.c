@@ -244,7 +244,9 @@ static bool push_keyed(run_t *r, const char *key, long long user, long long orde
   if (!v) return false;
   r->keyed = v;
   fs_keyed_t *k = &r->keyed[r->nkeyed++];
-  snprintf(k->key, sizeof(k->key), "%s", key);
+  size_t len = strnlen(key, sizeof(k->key) - 1); /* the keys job_key makes fit */
+  memcpy(k->key, key, len);
+  k->key[len] = '\0';
   k->user = user;
   k->order_id = order_id;
   return true;

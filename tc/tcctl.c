@@ -769,7 +769,8 @@ static void leaf_paths(const json_t *o, const char *prefix, json_t *paths, int d
   json_object_foreach((json_t *)(uintptr_t)o, k, v) {
     if (depth == 0 && (strcmp(k, "ok") == 0 || strcmp(k, "node") == 0 || strcmp(k, "sessions") == 0)) continue;
     char path[256];
-    snprintf(path, sizeof(path), "%s%s%s", prefix, *prefix ? "." : "", k);
+    if (snprintf(path, sizeof(path), "%s%s%s", prefix, *prefix ? "." : "", k) >= (int)sizeof(path))
+      continue; /* no path of the nodes' stats is this long */
     if (json_is_object(v)) leaf_paths(v, path, paths, depth + 1);
     else json_array_append_new(paths, json_string(path));
   }

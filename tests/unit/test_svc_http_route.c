@@ -16,7 +16,8 @@
 static void expect(const char *path, const char *want) {
   char out[64];
   svc_http_route(path, out, sizeof(out));
-  if (strcmp(out, want) != 0) fail_msg("route of \"%s\": got \"%s\", want \"%s\"", path, out, want);
+  if (strcmp(out, want) != 0)
+    fail_msg("route of \"%s\": got \"%s\", want \"%s\"", path ? path : "(null)", out, want);
 }
 
 static void test_routes(void **state) {
