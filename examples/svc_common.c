@@ -19,6 +19,7 @@
 #include <math.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -122,6 +123,10 @@ long long svc_env_int(const char *name, long long def, long long min, long long 
 }
 
 int svc_ncpu(void) {
+  /* the CPUs this process may run on (taskset, a container's cpuset),
+   * not every CPU of the machine: the pools are sized by it */
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
   long n = sysconf(_SC_NPROCESSORS_ONLN);
   return n > 0 ? (int)n : 1;
 }

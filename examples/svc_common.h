@@ -90,7 +90,8 @@ bool svc_env_either(const char *name, const char *usual, const char *other, bool
  * benchmark's comparison).  True for sql; a bad value is logged and sets
  * '*ok' false. */
 bool svc_at_writes_sql(bool *ok);
-/* Number of online CPUs (at least 1). */
+/* Number of CPUs the process may run on (its affinity: taskset, a
+ * cpuset), else of online CPUs; at least 1. */
 int svc_ncpu(void);
 
 /* ----------------------------------------------------------- signals */
