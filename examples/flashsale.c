@@ -47,8 +47,10 @@
  *      TC database (and per accepted order: 1.0, since only the purchase
  *      is a global transaction), the order events over the run (published:
  *      order-service's txc_events_published_total; consumed, retried and
- *      dead-lettered by group: stock-service's and event-consumers'
- *      /metrics, as the difference between a scrape before and one after),
+ *      dead-lettered by group, and the local transactions that applied
+ *      them ("commits": consumed / commits is the events per commit):
+ *      stock-service's and event-consumers' /metrics, as the difference
+ *      between a scrape before and one after),
  *      the invariants; --json FILE writes the same figures.
  *      Exit status 0 when every invariant holds, 1 when one fails, 2 on a
  *      usage error, 3 when the run could not be done.
@@ -577,6 +579,7 @@ static bool run_sale(run_t *r) {
 typedef struct ev_group {
   char name[64];
   double consumed, retried, dead_lettered;
+  double commits; /* local transactions that applied them: consumed / commits is the events per commit */
 } ev_group_t;
 
 typedef struct ev_metrics {
@@ -609,7 +612,7 @@ static ev_group_t *ev_group(ev_metrics_t *m, const char *name) {
  * and the relay's txc_events_published_total from Prometheus text 't'. */
 static void parse_ev_metrics(const char *t, ev_metrics_t *m) {
   static const char *const what[] = {"txc_events_consumed_total", "txc_events_retried_total",
-                                     "txc_events_dead_lettered_total"};
+                                     "txc_events_dead_lettered_total", "txc_events_commits_total"};
   for (const char *line = t; line && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
     if (*line == '#') continue;
     const char *end = strchr(line, '\n');
@@ -626,7 +629,7 @@ static void parse_ev_metrics(const char *t, ev_metrics_t *m) {
       m->published = v;
       continue;
     }
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < 4; k++) {
       size_t n = strlen(what[k]);
       const char *lab = "{group=\"";
       if (strncmp(buf, what[k], n) != 0 || strncmp(buf + n, lab, strlen(lab)) != 0) continue;
@@ -637,7 +640,8 @@ static void parse_ev_metrics(const char *t, ev_metrics_t *m) {
       if (!g) continue;
       if (k == 0) g->consumed = v;
       else if (k == 1) g->retried = v;
-      else g->dead_lettered = v;
+      else if (k == 2) g->dead_lettered = v;
+      else g->commits = v;
     }
   }
 }
@@ -671,6 +675,7 @@ static void ev_diff(const ev_metrics_t *before, const ev_metrics_t *after, ev_me
     g->consumed = ev_delta(b ? b->consumed : 0, a->consumed);
     g->retried = ev_delta(b ? b->retried : 0, a->retried);
     g->dead_lettered = ev_delta(b ? b->dead_lettered : 0, a->dead_lettered);
+    g->commits = ev_delta(b ? b->commits : 0, a->commits);
   }
 }
 
@@ -1010,6 +1015,12 @@ int main(int argc, char **argv) {
     printf("%s %s %.0f/%.0f/%.0f", i ? "," : "; consumed/retried/dead-lettered by group:", ev.g[i].name,
            ev.g[i].consumed, ev.g[i].retried, ev.g[i].dead_lettered);
   printf("\n");
+  size_t shown = 0;
+  for (size_t i = 0; i < ev.ng; i++)
+    if (ev.g[i].commits > 0)
+      printf("%s %s %.1f", shown++ ? "," : "events per consumer commit by group:", ev.g[i].name,
+             ev.g[i].consumed / ev.g[i].commits);
+  if (shown) printf("\n");
   if (win.asked) {
     char t1[TXC_ISO_TIME_MAX], t2[TXC_ISO_TIME_MAX];
     txc_iso_time(t1, act.starts_ms);
@@ -1064,8 +1075,9 @@ int main(int argc, char **argv) {
     json_t *groups = json_object();
     for (size_t i = 0; i < ev.ng; i++)
       json_object_set_new(groups, ev.g[i].name,
-                          json_pack("{s:I,s:I,s:I}", "consumed", (json_int_t)ev.g[i].consumed, "retried",
-                                    (json_int_t)ev.g[i].retried, "dead_lettered", (json_int_t)ev.g[i].dead_lettered));
+                          json_pack("{s:I,s:I,s:I,s:I}", "consumed", (json_int_t)ev.g[i].consumed, "retried",
+                                    (json_int_t)ev.g[i].retried, "dead_lettered", (json_int_t)ev.g[i].dead_lettered,
+                                    "commits", (json_int_t)ev.g[i].commits));
     json_object_set_new(j, "events",
                         json_pack("{s:o,s:o}", "published",
                                   ev.published >= 0 ? json_integer((json_int_t)ev.published) : json_null(), "groups",

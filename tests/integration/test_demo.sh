@@ -139,6 +139,8 @@ print("  events: %s; global transactions per accepted order %s" % (ev, r["global
 assert ev["published"] > 0, ev
 for g in ("stock", "points", "notify", "tickets"):
     assert ev["groups"][g]["consumed"] > 0 and ev["groups"][g]["dead_lettered"] == 0, (g, ev)
+    # each commit applied at least one event (the batches: fewer commits)
+    assert 0 < ev["groups"][g]["commits"] <= ev["groups"][g]["consumed"], (g, ev)
 # only the purchase is a global transaction (pay, cancel, expiry are local)
 if r["unknown_outcome"] == 0 and r["unavailable"] == 0:
     assert r["globals_per_accepted_order"] == 1.0, r["globals_per_accepted_order"]
