@@ -51,7 +51,7 @@
  *   default all three), EVENTS_LOG_LEVEL; the consumer settings
  *   CONSUMER_MAX_DELIVERIES (default 16), CONSUMER_BACKOFF_MS (default
  *   1000,5000,10000,30000,60000,120000,...) and CONSUMER_LINGER_MS
- *   (default 50: after a read that brought events, the next waits until
+ *   (default 300: after a read that brought events, the next waits until
  *   this long after it; the events of a read share one transaction,
  *   svc_consumer.h); for tests,
  *   EVENTS_APPLY_DELAY_MS (default 0: each apply sleeps this long inside
@@ -403,7 +403,7 @@ static void usage(FILE *f) {
           "(see examples/event_consumers.c), on their own database.\n"
           "Environment: EVENTS_PG_URL, REDIS_URL (from cluster/local/up), EVENTS_LISTEN,\n"
           "EVENTS_GROUPS (default points,notify,tickets), EVENTS_LOG_LEVEL, CONSUMER_MAX_DELIVERIES\n"
-          "(default 16), CONSUMER_BACKOFF_MS (default 1000,5000,10000,...), CONSUMER_LINGER_MS (default 50),\n"
+          "(default 16), CONSUMER_BACKOFF_MS (default 1000,5000,10000,...), CONSUMER_LINGER_MS (default 300),\n"
           "EVENTS_APPLY_DELAY_MS (tests).\n"
           "Dead letters: build/bin/txc-events list | redeliver | stats.\n"
           "--routes prints the routes it serves (METHOD PATH), as examples/openapi/event-consumers.yaml describes them.\n");

@@ -137,7 +137,7 @@
  *     OUTBOX_STREAM_MAXLEN     1000000 (approximate trim of the stream:
  *                              keep it above the worst consumer backlog)
  *     OUTBOX_RETENTION_S       604800 (published outbox rows kept 7 days)
- *     OUTBOX_LINGER_MS         20 (after a relay pass that published, the
+ *     OUTBOX_LINGER_MS         100 (after a relay pass that published, the
  *                              next waits this long: events per pass grow
  *                              under load; an idle relay publishes at once)
  *     ORDER_LISTEN             127.0.0.1:0 (any free port)
@@ -1628,7 +1628,7 @@ int main(int argc, char **argv) {
     svc_relay_opts_t ro = {.pg_url = pg_url, .redis_url = redis_url,
                            .maxlen = svc_env_int("OUTBOX_STREAM_MAXLEN", 1000000, 1000, INT64_MAX / 2, &ok),
                            .retention_s = svc_env_int("OUTBOX_RETENTION_S", 7 * 86400, 60, 86400LL * 3650, &ok),
-                           .linger_ms = (unsigned)svc_env_int("OUTBOX_LINGER_MS", 20, 0, 1000, &ok),
+                           .linger_ms = (unsigned)svc_env_int("OUTBOX_LINGER_MS", 100, 0, 1000, &ok),
                            .auth = s.auth};
     if (!ok || !(s.relay = svc_relay_start(&ro, err, sizeof(err)))) {
       svc_error("could not start the outbox relay: %s", ok ? err : "invalid OUTBOX_* setting");

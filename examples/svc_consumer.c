@@ -35,7 +35,7 @@
 #define MAX_BACKOFF 32
 #define READ_COUNT 64
 #define MARK_TTL_S 86400
-#define DEFAULT_LINGER_MS 50
+#define DEFAULT_LINGER_MS 300
 
 static const int64_t default_backoff_ms[] = {1000,   5000,   10000,  30000,  60000,   120000,  180000,  240000,
                                              300000, 360000, 420000, 480000, 540000, 600000, 1200000, 1800000};

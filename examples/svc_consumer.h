@@ -17,7 +17,7 @@
  *   in stream order (one apply_batch call when the group has one, else
  *   an apply each), one COMMIT; their marks, XACK and error-hash cleanup
  *   in one Redis round trip.  After a read that brought events the next
- *   one waits until CONSUMER_LINGER_MS (default 50) after it, so that
+ *   one waits until CONSUMER_LINGER_MS (default 300) after it, so that
  *   under load the events per commit grow; an event that finds the
  *   consumer idle is applied at once.  If any effect of the batch fails, the batch is
  *   rolled back and its events are applied one by one, each in its own
