@@ -10,6 +10,7 @@
 #include "txc_pgconn.h"
 #include "txc_pgmsg.h"
 #include "txc_pgpool.h"
+#include "txc_pstmt.h"
 #include "txc_secret.h"
 #include "txc_worker.h"
 #include "svc_auth.h"
@@ -306,9 +307,31 @@ void svc_pg_put(svc_pgpool_t *p, PGconn *pg) {
   txc_pgpool_put(&p->pool, pg, !(hs && strcmp(hs, "on") == 0) && !(ro && strcmp(ro, "on") == 0));
 }
 
+/* The services' statements with parameters, prepared once per connection
+ * (txc_pstmt.h): the same few texts run thousands of times a sale, and
+ * sent unnamed each is parsed and planned anew.  One cache for the
+ * process, its names "svc_N" (the AT layer's on the same connections are
+ * "rm_at_N"); none with RM_UNNAMED_STATEMENTS=1 (a transaction-pooling
+ * proxy keeps no statement between transactions).  It lives as long as
+ * the process. */
+#define SVC_PSTMT_CONNS 256
+static txc_pstmt_cache_t *svc_stmts;
+static pthread_once_t svc_stmts_once = PTHREAD_ONCE_INIT;
+
+static void svc_stmts_init(void) {
+  const char *v = getenv("RM_UNNAMED_STATEMENTS");
+  if (!v || strcmp(v, "1") != 0) svc_stmts = txc_pstmt_new("svc_", SVC_PSTMT_CONNS);
+}
+
 bool svc_pg_exec(PGconn *pg, const char *sql, int n, const char *const *params, ExecStatusType want,
                  PGresult **res, char *err, size_t errlen) {
-  PGresult *r = n > 0 ? PQexecParams(pg, sql, n, NULL, params, NULL, NULL, 0) : PQexec(pg, sql);
+  PGresult *r;
+  if (n > 0) {
+    pthread_once(&svc_stmts_once, svc_stmts_init);
+    r = txc_pstmt_exec(svc_stmts, pg, sql, n, params);
+  } else {
+    r = PQexec(pg, sql);
+  }
   if (PQresultStatus(r) != want) {
     const char *m = r ? PQresultErrorMessage(r) : PQerrorMessage(pg);
     if (!m || !*m) m = "unexpected result";

@@ -147,7 +147,9 @@ bool svc_pg_ensure(PGconn **pg, const char *conninfo, const char *what, char *er
 /* Run 'sql' (no parameters, or 'n' text parameters) and return whether it
  * gave 'want' (PGRES_COMMAND_OK or PGRES_TUPLES_OK).  On success '*res'
  * (may be NULL: then cleared here) receives the result; on failure the
- * message goes to 'err'. */
+ * message goes to 'err'.  A statement with parameters is prepared on the
+ * connection the first time and run by name after (txc_pstmt.h), unless
+ * RM_UNNAMED_STATEMENTS=1. */
 bool svc_pg_exec(PGconn *pg, const char *sql, int n, const char *const *params, ExecStatusType want,
                  PGresult **res, char *err, size_t errlen);
 

@@ -30,7 +30,7 @@
 #include <string.h>
 
 #include "rm_at_int.h"
-#include "rm_pstmt.h"
+#include "txc_pstmt.h"
 
 int rm__at_stmt_error(rm_branch_t *b, const char *what, PGresult *res) {
   rm__pg_error(b->errmsg, sizeof(b->errmsg), what, b->pg, res);
@@ -63,12 +63,12 @@ int rm__at_pipe_run(rm_branch_t *b, int n, const char *const *sql, const int *np
     int stmt;
     bool prepare;
   } sent_t;
-  typedef char name_t[RM_PSTMT_NAME_MAX];
+  typedef char name_t[TXC_PSTMT_NAME_MAX];
   for (int i = 0; i < n; i++) res[i] = NULL;
   sent_t *sent = calloc((size_t)(2 * n), sizeof(sent_t));
   name_t *names = calloc((size_t)n, sizeof(name_t));
   PGresult **prep_err = calloc((size_t)n, sizeof(PGresult *));
-  rm_pstmt_cache_t *cache = b->res ? b->res->pstmt : NULL;
+  txc_pstmt_cache_t *cache = b->res ? b->res->pstmt : NULL;
   int nsent = 0, rc = 0;
   if (!sent || !names || !prep_err) {
     rm__at_err(b, "out of memory");
@@ -91,7 +91,7 @@ int rm__at_pipe_run(rm_branch_t *b, int n, const char *const *sql, const int *np
     const char *const *pp = params ? params[i] : NULL;
     bool fresh = false;
     bool named = cache && worth_naming(sql[i], np) &&
-                 rm__pstmt_lookup(cache, b->pg, sql[i], np, tp, names[i], &fresh);
+                 txc_pstmt_lookup(cache, b->pg, sql[i], np, tp, names[i], &fresh);
     if (named && fresh) {
       ok = PQsendPrepare(b->pg, names[i], sql[i], np, tp) == 1;
       if (ok) sent[nsent++].stmt = i, sent[nsent - 1].prepare = true;
@@ -125,12 +125,12 @@ int rm__at_pipe_run(rm_branch_t *b, int n, const char *const *sql, const int *np
     int np = nparams ? nparams[i] : 0;
     if (sent[k].prepare) {
       bool prepared = PQresultStatus(r) == PGRES_COMMAND_OK;
-      rm__pstmt_prepared(cache, b->pg, sql[i], np, types ? types[i] : NULL, names[i], prepared);
+      txc_pstmt_prepared(cache, b->pg, sql[i], np, types ? types[i] : NULL, names[i], prepared);
       if (prepared) PQclear(r);
       else prep_err[i] = r; /* the query's own result only says "aborted" */
       continue;
     }
-    if (strcmp(rm__sqlstate(r), "26000") == 0) rm__pstmt_forget(cache, b->pg); /* DISCARDed */
+    if (strcmp(rm__sqlstate(r), "26000") == 0) txc_pstmt_forget(cache, b->pg); /* DISCARDed */
     if (prep_err[i]) {
       PQclear(r);
       r = prep_err[i];
@@ -259,14 +259,14 @@ static PGresult *run_stmt(rm_branch_t *b, const char *what, const char *sql, int
     }
   }
   if (PQresultStatus(res) != want && !b->sp_taken && b->res && b->res->pstmt && stale_statement(res))
-    rm__pstmt_forget(b->res->pstmt, b->pg); /* no savepoint to retry in: the next branch prepares afresh */
+    txc_pstmt_forget(b->res->pstmt, b->pg); /* no savepoint to retry in: the next branch prepares afresh */
   if (PQresultStatus(res) != want && b->sp_taken && b->res && b->res->pstmt && stale_statement(res)) {
     /* Prepared before an ALTER TABLE changed its result columns (SELECT *,
      * RETURNING *), or deallocated by the application: back to the
      * savepoint, and once more with the statements prepared afresh (the
      * savepoint is then released at the statement's end). */
     PQclear(res);
-    rm__pstmt_forget(b->res->pstmt, b->pg);
+    txc_pstmt_forget(b->res->pstmt, b->pg);
     PGresult *rb = PQexec(b->pg, "ROLLBACK TO SAVEPOINT " RM_AT_SAVEPOINT);
     bool back = PQresultStatus(rb) == PGRES_COMMAND_OK;
     if (!back) {

@@ -40,7 +40,7 @@
 #include "rm_internal.h"
 #include "txp_status.h"
 #include "rm_pg.h"
-#include "rm_pstmt.h"
+#include "txc_pstmt.h"
 #include "rm_sql.h"
 #include "txc_pgpool.h"
 
@@ -132,7 +132,7 @@ struct rm_at_resource {
   pthread_mutex_t meta_mu;
   rm_table_t *tables;
 
-  rm_pstmt_cache_t *pstmt; /* NULL: queries go unnamed (rm_config_t.unnamed_statements) */
+  txc_pstmt_cache_t *pstmt; /* NULL: queries go unnamed (rm_config_t.unnamed_statements) */
   rm_sql_cache_t *sql;     /* rm_at_sql's statements, classified once (NULL: each time) */
   /* rm_at_hot_column's declarations, under meta_mu. */
   struct rm_hot_col {
@@ -349,7 +349,7 @@ int rm__at_pending_run(rm_branch_t *b, int n, const char *const *sqls, const int
  * in full (the connection is then broken: every res[i] is NULL).  The
  * statements run inside the caller's transaction block, as PQexec would
  * run them one by one.  Queries with parameters and SELECTs go as named
- * prepared statements when the resource has a cache (rm_pstmt.h): the
+ * prepared statements when the resource has a cache (txc_pstmt.h): the
  * first use on a connection sends its Prepare in the same pipeline.
  */
 int rm__at_pipe_run(rm_branch_t *b, int n, const char *const *sql, const int *nparams,

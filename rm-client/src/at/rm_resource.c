@@ -88,7 +88,7 @@ static void resource_free(rm_at_resource_t *r) {
   rm__tables_free(r);
   pthread_mutex_destroy(&r->meta_mu);
   txc_pgpool_destroy(&r->pool);
-  rm__pstmt_free(r->pstmt);
+  txc_pstmt_free(r->pstmt);
   rm_sql_cache_free(r->sql);
   free(r->id);
   free(r->conninfo);
@@ -240,7 +240,7 @@ int rm_resource_add(rm_client_t *c, const char *resource_id, const char *conninf
 
   rm_at_resource_t *r = calloc(1, sizeof(*r));
   if (!r || txc_pgpool_init(&r->pool, RM_AT_POOL_MAX) != 0 || !(r->id = strdup(resource_id)) ||
-      !(r->conninfo = strdup(conninfo)) || (!rm__unnamed_statements(c) && !(r->pstmt = rm__pstmt_new()))) {
+      !(r->conninfo = strdup(conninfo)) || (!rm__unnamed_statements(c) && !(r->pstmt = txc_pstmt_new("rm_at_", 64)))) {
     if (r) {
       txc_pgpool_destroy(&r->pool);
       free(r->id);

@@ -1,7 +1,7 @@
 /*
- * rm_pstmt.c - the prepared-statement cache declared in rm_pstmt.h.
+ * txc_pstmt.c - the prepared-statement cache declared in txc_pstmt.h.
  */
-#include "rm_pstmt.h"
+#include "txc_pstmt.h"
 
 #include <pthread.h>
 #include <stdint.h>
@@ -22,19 +22,32 @@ typedef struct {
   int pid;
   uint64_t last_use;
   int nstmts;
-  pstmt_t stmts[RM_PSTMT_PER_CONN];
+  pstmt_t stmts[TXC_PSTMT_PER_CONN];
 } pconn_t;
 
-struct rm_pstmt_cache {
+struct txc_pstmt_cache {
   pthread_mutex_t mu;
+  char prefix[TXC_PSTMT_PREFIX_MAX + 1];
   unsigned next_id;
   uint64_t tick;
-  pconn_t conns[RM_PSTMT_CONNS];
+  int nconns;
+  pconn_t *conns;
 };
 
-rm_pstmt_cache_t *rm__pstmt_new(void) {
-  rm_pstmt_cache_t *c = calloc(1, sizeof(*c));
+txc_pstmt_cache_t *txc_pstmt_new(const char *prefix, int conns) {
+  size_t len = prefix ? strlen(prefix) : 0;
+  if (len == 0 || len > TXC_PSTMT_PREFIX_MAX || strspn(prefix, "abcdefghijklmnopqrstuvwxyz"
+                                                                "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_") != len ||
+      conns < 1)
+    return NULL;
+  txc_pstmt_cache_t *c = calloc(1, sizeof(*c));
   if (!c) return NULL;
+  if (!(c->conns = calloc((size_t)conns, sizeof(pconn_t)))) {
+    free(c);
+    return NULL;
+  }
+  c->nconns = conns;
+  memcpy(c->prefix, prefix, len + 1);
   pthread_mutex_init(&c->mu, NULL);
   return c;
 }
@@ -47,10 +60,11 @@ static void conn_clear(pconn_t *pc) {
   memset(pc, 0, sizeof(*pc));
 }
 
-void rm__pstmt_free(rm_pstmt_cache_t *c) {
+void txc_pstmt_free(txc_pstmt_cache_t *c) {
   if (!c) return;
-  for (int i = 0; i < RM_PSTMT_CONNS; i++) conn_clear(&c->conns[i]);
+  for (int i = 0; i < c->nconns; i++) conn_clear(&c->conns[i]);
   pthread_mutex_destroy(&c->mu);
+  free(c->conns);
   free(c);
 }
 
@@ -75,10 +89,10 @@ static bool same_stmt(const pstmt_t *s, uint64_t h, const char *sql, int n, cons
 
 /* The slot of 'pg' (emptied if its backend changed), or NULL; with
  * 'create', a free or the least recently used slot is taken for it. */
-static pconn_t *conn_slot(rm_pstmt_cache_t *c, PGconn *pg, bool create) {
+static pconn_t *conn_slot(txc_pstmt_cache_t *c, PGconn *pg, bool create) {
   int pid = PQbackendPID(pg);
   pconn_t *victim = NULL;
-  for (int i = 0; i < RM_PSTMT_CONNS; i++) {
+  for (int i = 0; i < c->nconns; i++) {
     pconn_t *pc = &c->conns[i];
     if (pc->pg == pg) {
       if (pc->pid != pid) { /* reconnected: nothing is prepared there */
@@ -100,12 +114,12 @@ static pconn_t *conn_slot(rm_pstmt_cache_t *c, PGconn *pg, bool create) {
   return victim;
 }
 
-static void format_name(char name[RM_PSTMT_NAME_MAX], unsigned id) {
-  snprintf(name, RM_PSTMT_NAME_MAX, "rm_at_%u", id);
+static void format_name(const txc_pstmt_cache_t *c, char name[TXC_PSTMT_NAME_MAX], unsigned id) {
+  snprintf(name, TXC_PSTMT_NAME_MAX, "%s%u", c->prefix, id);
 }
 
-bool rm__pstmt_lookup(rm_pstmt_cache_t *c, PGconn *pg, const char *sql, int n, const Oid *types,
-                      char name[RM_PSTMT_NAME_MAX], bool *fresh) {
+bool txc_pstmt_lookup(txc_pstmt_cache_t *c, PGconn *pg, const char *sql, int n, const Oid *types,
+                      char name[TXC_PSTMT_NAME_MAX], bool *fresh) {
   if (!c || !pg || PQbackendPID(pg) == 0) return false;
   if (n == 0) types = NULL;
   uint64_t h = stmt_hash(sql, n, types);
@@ -120,22 +134,23 @@ bool rm__pstmt_lookup(rm_pstmt_cache_t *c, PGconn *pg, const char *sql, int n, c
         id = pc->stmts[i].id;
       }
     }
-    room = pc->nstmts < RM_PSTMT_PER_CONN;
+    room = pc->nstmts < TXC_PSTMT_PER_CONN;
   }
   if (!found && room) id = ++c->next_id;
   pthread_mutex_unlock(&c->mu);
   if (!found && !room) return false;
-  format_name(name, id);
+  format_name(c, name, id);
   *fresh = !found;
   return true;
 }
 
-void rm__pstmt_prepared(rm_pstmt_cache_t *c, PGconn *pg, const char *sql, int n, const Oid *types,
+void txc_pstmt_prepared(txc_pstmt_cache_t *c, PGconn *pg, const char *sql, int n, const Oid *types,
                         const char *name, bool ok) {
   if (!c || !ok) return;
   if (n == 0) types = NULL;
+  size_t plen = strlen(c->prefix);
   unsigned id = 0;
-  if (sscanf(name, "rm_at_%u", &id) != 1) return;
+  if (strncmp(name, c->prefix, plen) != 0 || sscanf(name + plen, "%u", &id) != 1) return;
   char *copy = strdup(sql);
   Oid *tcopy = types && n > 0 ? malloc((size_t)n * sizeof(Oid)) : NULL;
   if (!copy || (types && n > 0 && !tcopy)) { /* not remembered: the text goes unnamed next time */
@@ -146,7 +161,7 @@ void rm__pstmt_prepared(rm_pstmt_cache_t *c, PGconn *pg, const char *sql, int n,
   if (tcopy) memcpy(tcopy, types, (size_t)n * sizeof(Oid));
   pthread_mutex_lock(&c->mu);
   pconn_t *pc = conn_slot(c, pg, true);
-  if (pc && pc->nstmts < RM_PSTMT_PER_CONN) {
+  if (pc && pc->nstmts < TXC_PSTMT_PER_CONN) {
     pc->stmts[pc->nstmts++] = (pstmt_t){stmt_hash(sql, n, types), copy, n, tcopy, id};
     copy = NULL;
     tcopy = NULL;
@@ -156,10 +171,43 @@ void rm__pstmt_prepared(rm_pstmt_cache_t *c, PGconn *pg, const char *sql, int n,
   free(tcopy);
 }
 
-void rm__pstmt_forget(rm_pstmt_cache_t *c, PGconn *pg) {
+void txc_pstmt_forget(txc_pstmt_cache_t *c, PGconn *pg) {
   if (!c) return;
   pthread_mutex_lock(&c->mu);
-  for (int i = 0; i < RM_PSTMT_CONNS; i++)
+  for (int i = 0; i < c->nconns; i++)
     if (c->conns[i].pg == pg) conn_clear(&c->conns[i]);
   pthread_mutex_unlock(&c->mu);
+}
+
+/* Whether the server can no longer run the named statement: gone (26000:
+ * a DISCARD ALL, say) or "cached plan must not change result type"
+ * (0A000: a table changed under it; the message is localised, the code
+ * is not). */
+static bool stale(const PGresult *r) {
+  const char *st = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+  return st && (strcmp(st, "26000") == 0 || strcmp(st, "0A000") == 0);
+}
+
+PGresult *txc_pstmt_exec(txc_pstmt_cache_t *c, PGconn *pg, const char *sql, int n, const char *const *params) {
+  char name[TXC_PSTMT_NAME_MAX];
+  bool fresh = false;
+  if (n <= 0 || !txc_pstmt_lookup(c, pg, sql, n, NULL, name, &fresh))
+    return PQexecParams(pg, sql, n, NULL, params, NULL, NULL, 0);
+  if (fresh) {
+    PGresult *p = PQprepare(pg, name, sql, n, NULL);
+    bool ok = p && PQresultStatus(p) == PGRES_COMMAND_OK;
+    txc_pstmt_prepared(c, pg, sql, n, NULL, name, ok);
+    if (!ok) return p; /* the statement's own error (or NULL: out of memory) */
+    PQclear(p);
+  }
+  PGresult *r = PQexecPrepared(pg, name, n, params, NULL, NULL, 0);
+  if (r && stale(r)) {
+    txc_pstmt_forget(c, pg);
+    /* outside a transaction nothing was aborted: run it as it is */
+    if (PQtransactionStatus(pg) == PQTRANS_IDLE) {
+      PQclear(r);
+      r = PQexecParams(pg, sql, n, NULL, params, NULL, NULL, 0);
+    }
+  }
+  return r;
 }
