@@ -1081,14 +1081,20 @@ static int finish_order(order_svc_t *s, long long id, finish_kind_t kind, const 
   PGresult *r = NULL;
   PGconn *pg = svc_pg_get(s->pool, 2000, err, sizeof(err));
   if (!pg) goto unavailable;
-  if (!svc_pg_exec(pg, "BEGIN", 0, NULL, PGRES_COMMAND_OK, NULL, err, sizeof(err))) goto fail;
-  if (!svc_pg_exec(pg,
-                   "SELECT o.order_id, o.activity_id, o.ticket_type, o.user_id, o.qty, o.bucket_id, o.status,"
-                   " o.xid, o.expire_at < now(), c.state FROM trade_order o"
-                   " LEFT JOIN order_compensation c ON c.order_id = o.order_id"
-                   " WHERE o.order_id = $1 FOR UPDATE OF o",
-                   1, p, PGRES_TUPLES_OK, &r, err, sizeof(err)))
-    goto fail;
+  /* The BEGIN and the locking read in one round trip; the changes, the
+   * event and the COMMIT in one more (svc_pg_pipeline). */
+  const svc_pg_stmt_t lock[2] = {
+    {"BEGIN", 0, NULL, PGRES_COMMAND_OK},
+    {"SELECT o.order_id, o.activity_id, o.ticket_type, o.user_id, o.qty, o.bucket_id, o.status,"
+     " o.xid, o.expire_at < now(), c.state FROM trade_order o"
+     " LEFT JOIN order_compensation c ON c.order_id = o.order_id"
+     " WHERE o.order_id = $1 FOR UPDATE OF o",
+     1, p, PGRES_TUPLES_OK}};
+  PGresult *lr[2] = {NULL, NULL};
+  bool locked = svc_pg_pipeline(pg, lock, 2, lr, err, sizeof(err));
+  PQclear(lr[0]);
+  r = lr[1];
+  if (!locked) goto fail;
   if (PQntuples(r) != 1) {
     PQclear(r);
     local_abort(pg);
@@ -1149,19 +1155,30 @@ static int finish_order(order_svc_t *s, long long id, finish_kind_t kind, const 
   char sprice[24];
   snprintf(sprice, sizeof(sprice), "%lld", s->price_cents);
   const char *pp[2] = {sid, sprice};
-  if (!(kind == FIN_PAY
-            ? svc_pg_exec(pg,
-                          "WITH o AS (UPDATE trade_order SET status = 'PAID', updated_at = now(),"
-                          " amount_cents = coalesce(amount_cents, qty * $2::bigint)"
-                          " WHERE order_id = $1 RETURNING order_id, amount_cents)"
-                          " INSERT INTO payment_ledger (order_id, amount_cents, provider_ref)"
-                          " SELECT order_id, amount_cents, 'demo-pay:' || order_id FROM o",
-                          2, pp, PGRES_COMMAND_OK, NULL, err, sizeof(err))
-            : svc_pg_exec(pg, "UPDATE trade_order SET status = $2, updated_at = now() WHERE order_id = $1", 2, pu,
-                          PGRES_COMMAND_OK, NULL, err, sizeof(err))) ||
-      !svc_outbox_add(pg, fin_events[kind], o.order_id, payload, err, sizeof(err)) ||
-      !local_commit(pg, err, sizeof(err)))
-    goto fail;
+  svc_outbox_row_t event;
+  if (!svc_outbox_row(&event, fin_events[kind], o.order_id, payload, err, sizeof(err))) goto fail;
+  const svc_pg_stmt_t change[3] = {
+    kind == FIN_PAY
+      ? (svc_pg_stmt_t){"WITH o AS (UPDATE trade_order SET status = 'PAID', updated_at = now(),"
+                        " amount_cents = coalesce(amount_cents, qty * $2::bigint)"
+                        " WHERE order_id = $1 RETURNING order_id, amount_cents)"
+                        " INSERT INTO payment_ledger (order_id, amount_cents, provider_ref)"
+                        " SELECT order_id, amount_cents, 'demo-pay:' || order_id FROM o",
+                        2, pp, PGRES_COMMAND_OK}
+      : (svc_pg_stmt_t){"UPDATE trade_order SET status = $2, updated_at = now() WHERE order_id = $1", 2, pu,
+                        PGRES_COMMAND_OK},
+    event.stmt,
+    {"COMMIT", 0, NULL, PGRES_COMMAND_OK}};
+  PGresult *cr[3] = {NULL, NULL, NULL};
+  bool changed = svc_pg_pipeline(pg, change, 3, cr, err, sizeof(err));
+  /* a COMMIT of an aborted transaction answers ROLLBACK */
+  if (changed && strcmp(PQcmdStatus(cr[2]), "COMMIT") != 0) {
+    snprintf(err, sizeof(err), "local commit failed: %s", PQcmdStatus(cr[2]));
+    changed = false;
+  }
+  for (int i = 0; i < 3; i++) PQclear(cr[i]);
+  svc_outbox_row_free(&event);
+  if (!changed) goto fail;
   svc_pg_put(s->pool, pg);
   /* A service killed here leaves the event in the outbox: the relay of
    * any instance publishes it (the fault suite kills it here). */

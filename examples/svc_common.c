@@ -307,6 +307,13 @@ void svc_pg_put(svc_pgpool_t *p, PGconn *pg) {
   txc_pgpool_put(&p->pool, pg, !(hs && strcmp(hs, "on") == 0) && !(ro && strcmp(ro, "on") == 0));
 }
 
+/* The message of a failed result (or of the connection). */
+static void pg_failure(PGconn *pg, const PGresult *r, char *err, size_t errlen) {
+  const char *m = r ? PQresultErrorMessage(r) : PQerrorMessage(pg);
+  if (!m || !*m) m = "unexpected result";
+  snprintf(err, errlen, "%.*s", (int)txc_pgmsg_len(m), m);
+}
+
 /* The services' statements with parameters, prepared once per connection
  * (txc_pstmt.h): the same few texts run thousands of times a sale, and
  * sent unnamed each is parsed and planned anew.  One cache for the
@@ -333,9 +340,7 @@ bool svc_pg_exec(PGconn *pg, const char *sql, int n, const char *const *params, 
     r = PQexec(pg, sql);
   }
   if (PQresultStatus(r) != want) {
-    const char *m = r ? PQresultErrorMessage(r) : PQerrorMessage(pg);
-    if (!m || !*m) m = "unexpected result";
-    snprintf(err, errlen, "%.*s", (int)txc_pgmsg_len(m), m);
+    pg_failure(pg, r, err, errlen);
     PQclear(r);
     if (res) *res = NULL;
     return false;
@@ -345,6 +350,85 @@ bool svc_pg_exec(PGconn *pg, const char *sql, int n, const char *const *params, 
   else
     PQclear(r);
   return true;
+}
+
+bool svc_pg_pipeline(PGconn *pg, const svc_pg_stmt_t *stmts, int n, PGresult **res, char *err, size_t errlen) {
+  PGresult *got[SVC_PG_PIPELINE_MAX] = {NULL};
+  char names[SVC_PG_PIPELINE_MAX][TXC_PSTMT_NAME_MAX];
+  bool named[SVC_PG_PIPELINE_MAX] = {false}, fresh[SVC_PG_PIPELINE_MAX] = {false};
+  if (n < 1 || n > SVC_PG_PIPELINE_MAX) {
+    snprintf(err, errlen, "a pipeline of %d statements (1 to %d)", n, SVC_PG_PIPELINE_MAX);
+    return false;
+  }
+  pthread_once(&svc_stmts_once, svc_stmts_init);
+  if (PQpipelineStatus(pg) != PQ_PIPELINE_OFF || PQenterPipelineMode(pg) != 1) {
+    pg_failure(pg, NULL, err, errlen);
+    return false;
+  }
+  bool sent = true;
+  for (int i = 0; sent && i < n; i++) {
+    const svc_pg_stmt_t *st = &stmts[i];
+    named[i] = st->n > 0 && txc_pstmt_lookup(svc_stmts, pg, st->sql, st->n, NULL, names[i], &fresh[i]);
+    if (named[i] && fresh[i]) sent = PQsendPrepare(pg, names[i], st->sql, st->n, NULL) == 1;
+    if (sent)
+      sent = named[i] ? PQsendQueryPrepared(pg, names[i], st->n, st->params, NULL, NULL, 0) == 1
+                      : PQsendQueryParams(pg, st->sql, st->n, NULL, st->params, NULL, NULL, 0) == 1;
+  }
+  if (sent) sent = PQpipelineSync(pg) == 1;
+  bool ok = sent;
+  if (!sent) pg_failure(pg, NULL, err, errlen);
+  /* Every result of what was sent, each followed by its NULL, then the
+   * sync; a failure is the first one that did not give its 'want'. */
+  bool reading = true;
+  for (int i = 0; sent && reading && i < n; i++) {
+    for (int step = named[i] && fresh[i] ? 0 : 1; step < 2 && reading; step++) {
+      PGresult *r = PQgetResult(pg), *extra;
+      if (!r) {
+        reading = false;
+        if (ok) pg_failure(pg, NULL, err, errlen);
+        ok = false;
+        break;
+      }
+      while ((extra = PQgetResult(pg)) != NULL) PQclear(extra);
+      ExecStatusType rs = PQresultStatus(r);
+      if (step == 0) { /* the Prepare */
+        bool prepared = rs == PGRES_COMMAND_OK;
+        txc_pstmt_prepared(svc_stmts, pg, stmts[i].sql, stmts[i].n, NULL, names[i], prepared);
+        if (!prepared && ok && rs != PGRES_PIPELINE_ABORTED) {
+          pg_failure(pg, r, err, errlen);
+          ok = false;
+        }
+        PQclear(r);
+        continue;
+      }
+      const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
+      if (named[i] && state && (strcmp(state, "26000") == 0 || strcmp(state, "0A000") == 0))
+        txc_pstmt_forget(svc_stmts, pg); /* prepared afresh next time */
+      if (rs != stmts[i].want && ok) {
+        pg_failure(pg, r, err, errlen);
+        ok = false;
+      }
+      if (rs == PGRES_PIPELINE_ABORTED) PQclear(r);
+      else got[i] = r;
+    }
+  }
+  if (sent && reading) { /* the sync */
+    PGresult *r = PQgetResult(pg);
+    if (!r || PQresultStatus(r) != PGRES_PIPELINE_SYNC) {
+      if (ok) pg_failure(pg, r, err, errlen);
+      ok = false;
+    }
+    PQclear(r);
+  }
+  if (PQexitPipelineMode(pg) != 1 && ok) {
+    pg_failure(pg, NULL, err, errlen);
+    ok = false;
+  }
+  for (int i = 0; i < n; i++) {
+    if (res) res[i] = got[i];
+    else PQclear(got[i]);
+  }
+  return ok;
 }
 
 bool svc_pg_query(svc_pgpool_t *p, unsigned wait_ms, const char *sql, int n, const char *const *params,

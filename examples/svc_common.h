@@ -153,6 +153,25 @@ bool svc_pg_ensure(PGconn **pg, const char *conninfo, const char *what, char *er
 bool svc_pg_exec(PGconn *pg, const char *sql, int n, const char *const *params, ExecStatusType want,
                  PGresult **res, char *err, size_t errlen);
 
+/* One statement of svc_pg_pipeline: its text, its 'n' text parameters and
+ * the status it must give. */
+typedef struct svc_pg_stmt {
+  const char *sql;
+  int n;
+  const char *const *params;
+  ExecStatusType want;
+} svc_pg_stmt_t;
+#define SVC_PG_PIPELINE_MAX 8
+
+/* The 'n' (1..SVC_PG_PIPELINE_MAX) statements in one round trip (a libpq
+ * pipeline), each as svc_pg_exec would run it (prepared once per
+ * connection when it has parameters).  true when each gave its 'want';
+ * else false with the first failure's message in 'err': the server
+ * skipped the ones after it, and an open transaction is aborted (the
+ * caller rolls back).  'res' (may be NULL) receives the n results, NULL
+ * for those that did not run; the caller clears them. */
+bool svc_pg_pipeline(PGconn *pg, const svc_pg_stmt_t *stmts, int n, PGresult **res, char *err, size_t errlen);
+
 /* One statement on a connection of pool 'p' (svc_pg_get with 'wait_ms',
  * svc_pg_exec, svc_pg_put): for reads that need no transaction. */
 bool svc_pg_query(svc_pgpool_t *p, unsigned wait_ms, const char *sql, int n, const char *const *params,

@@ -41,19 +41,34 @@
 #define BATCH 500
 #define REPUBLISH_BATCH 1000
 
-bool svc_outbox_add(PGconn *pg, const char *type, long long order_id, json_t *payload, char *err, size_t errlen) {
-  char sid[24];
-  snprintf(sid, sizeof(sid), "%lld", order_id);
-  char *js = payload ? json_dumps(payload, JSON_COMPACT) : NULL;
+bool svc_outbox_row(svc_outbox_row_t *row, const char *type, long long order_id, json_t *payload, char *err,
+                    size_t errlen) {
+  memset(row, 0, sizeof(*row));
+  snprintf(row->order_id, sizeof(row->order_id), "%lld", order_id);
+  row->payload = payload ? json_dumps(payload, JSON_COMPACT) : NULL;
   json_decref(payload);
-  if (!js) {
+  if (!row->payload) {
     snprintf(err, errlen, "could not encode the event payload");
     return false;
   }
-  const char *p[3] = {type, sid, js};
-  bool ok = svc_pg_exec(pg, "INSERT INTO order_outbox (event_type, order_id, payload) VALUES ($1, $2, $3::jsonb)",
-                        3, p, PGRES_COMMAND_OK, NULL, err, errlen);
-  free(js);
+  row->params[0] = type;
+  row->params[1] = row->order_id;
+  row->params[2] = row->payload;
+  row->stmt = (svc_pg_stmt_t){"INSERT INTO order_outbox (event_type, order_id, payload) VALUES ($1, $2, $3::jsonb)", 3,
+                              row->params, PGRES_COMMAND_OK};
+  return true;
+}
+
+void svc_outbox_row_free(svc_outbox_row_t *row) {
+  free(row->payload);
+  row->payload = NULL;
+}
+
+bool svc_outbox_add(PGconn *pg, const char *type, long long order_id, json_t *payload, char *err, size_t errlen) {
+  svc_outbox_row_t row;
+  if (!svc_outbox_row(&row, type, order_id, payload, err, errlen)) return false;
+  bool ok = svc_pg_exec(pg, row.stmt.sql, row.stmt.n, row.stmt.params, row.stmt.want, NULL, err, errlen);
+  svc_outbox_row_free(&row);
   return ok;
 }
 

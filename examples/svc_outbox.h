@@ -34,6 +34,7 @@
 #include <libpq-fe.h>
 
 #include "svc_auth.h"
+#include "svc_common.h"
 
 #define SVC_ORDER_STREAM "txc:order-events"
 
@@ -42,6 +43,21 @@
  * sql/orders/006) of 'order_id' with 'payload' (taken) in the open
  * transaction of 'pg'.  false with 'err' set. */
 bool svc_outbox_add(PGconn *pg, const char *type, long long order_id, json_t *payload, char *err, size_t errlen);
+
+/* The same event's row as one statement of a pipeline (svc_pg_pipeline),
+ * for a caller that sends it with others: 'row->stmt' after
+ * svc_outbox_row (which takes 'payload'; false with 'err' set when it
+ * cannot be encoded), until svc_outbox_row_free.  'row' must stay where
+ * it is meanwhile: the statement points into it. */
+typedef struct svc_outbox_row {
+  char order_id[24];
+  char *payload;
+  const char *params[3];
+  svc_pg_stmt_t stmt;
+} svc_outbox_row_t;
+bool svc_outbox_row(svc_outbox_row_t *row, const char *type, long long order_id, json_t *payload, char *err,
+                    size_t errlen);
+void svc_outbox_row_free(svc_outbox_row_t *row);
 
 typedef struct svc_relay_opts {
   const char *pg_url, *redis_url;

@@ -12,7 +12,10 @@
  *      0A000): outside a transaction the call still answers; inside one
  *      the error is the answer and the next call prepares afresh;
  *   4. a reconnected connection starts empty; no cache or no room: unnamed;
- *   5. svc_pg_exec goes through the services' cache ("svc_" names).
+ *   5. svc_pg_exec goes through the services' cache ("svc_" names);
+ *   6. svc_pg_pipeline: statements in one round trip, prepared the same
+ *      way; a failing one stops the rest (their results NULL), its message
+ *      is the answer, and the transaction it was in is aborted.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -213,6 +216,62 @@ static void test_services_statements(void **state) {
   PQfinish(pg);
 }
 
+static void test_pipeline(void **state) {
+  (void)state;
+  PGconn *pg = connect_ok();
+  char err[256];
+  run_ok(pg, "DROP TABLE IF EXISTS pstmt_p; CREATE TABLE pstmt_p (id int PRIMARY KEY, v text)");
+  for (int round = 0; round < 2; round++) { /* prepared in the first, by name in the second */
+    char id[16];
+    snprintf(id, sizeof(id), "%d", round);
+    const char *ins[2] = {id, "x"};
+    const char *sel[1] = {id};
+    const svc_pg_stmt_t st[4] = {{"BEGIN", 0, NULL, PGRES_COMMAND_OK},
+                                 {"INSERT INTO pstmt_p VALUES ($1, $2)", 2, ins, PGRES_COMMAND_OK},
+                                 {"SELECT v FROM pstmt_p WHERE id = $1", 1, sel, PGRES_TUPLES_OK},
+                                 {"COMMIT", 0, NULL, PGRES_COMMAND_OK}};
+    PGresult *res[4];
+    assert_true(svc_pg_pipeline(pg, st, 4, res, err, sizeof(err)));
+    assert_string_equal(PQgetvalue(res[2], 0, 0), "x");
+    assert_string_equal(PQcmdStatus(res[3]), "COMMIT");
+    for (int i = 0; i < 4; i++) PQclear(res[i]);
+    assert_int_equal(PQtransactionStatus(pg), PQTRANS_IDLE);
+  }
+  assert_int_equal(prepared(pg, "svc_"), 2);
+  /* a duplicate key in the middle: the SELECT and the COMMIT do not run */
+  const char *dup[2] = {"1", "y"};
+  const char *sel[1] = {"1"};
+  const svc_pg_stmt_t bad[4] = {{"BEGIN", 0, NULL, PGRES_COMMAND_OK},
+                                {"INSERT INTO pstmt_p VALUES ($1, $2)", 2, dup, PGRES_COMMAND_OK},
+                                {"SELECT v FROM pstmt_p WHERE id = $1", 1, sel, PGRES_TUPLES_OK},
+                                {"COMMIT", 0, NULL, PGRES_COMMAND_OK}};
+  PGresult *res[4];
+  assert_false(svc_pg_pipeline(pg, bad, 4, res, err, sizeof(err)));
+  assert_non_null(strstr(err, "duplicate key"));
+  assert_non_null(res[0]);
+  assert_non_null(res[1]);
+  assert_null(res[2]);
+  assert_null(res[3]);
+  for (int i = 0; i < 4; i++) PQclear(res[i]);
+  assert_int_equal(PQtransactionStatus(pg), PQTRANS_INERROR);
+  run_ok(pg, "ROLLBACK");
+  /* the connection works as before: out of pipeline mode */
+  assert_int_equal(PQpipelineStatus(pg), PQ_PIPELINE_OFF);
+  PGresult *r = NULL;
+  assert_true(svc_pg_exec(pg, "SELECT count(*) FROM pstmt_p WHERE v = $1", 1, (const char *const[]){"x"},
+                          PGRES_TUPLES_OK, &r, err, sizeof(err)));
+  assert_string_equal(PQgetvalue(r, 0, 0), "2");
+  PQclear(r);
+  /* a statement that fails to prepare: its own message */
+  const svc_pg_stmt_t wrong[1] = {{"SELEC $1", 1, sel, PGRES_TUPLES_OK}};
+  assert_false(svc_pg_pipeline(pg, wrong, 1, NULL, err, sizeof(err)));
+  assert_non_null(strstr(err, "syntax error"));
+  assert_false(svc_pg_pipeline(pg, wrong, 0, NULL, err, sizeof(err)));
+  assert_false(svc_pg_pipeline(pg, wrong, SVC_PG_PIPELINE_MAX + 1, NULL, err, sizeof(err)));
+  run_ok(pg, "DROP TABLE pstmt_p");
+  PQfinish(pg);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
     cmocka_unit_test(test_prepared_once),
@@ -220,6 +279,7 @@ int main(void) {
     cmocka_unit_test(test_table_changed),
     cmocka_unit_test(test_reconnect_and_limits),
     cmocka_unit_test(test_services_statements),
+    cmocka_unit_test(test_pipeline),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
