@@ -179,11 +179,7 @@ void txc_pstmt_forget(txc_pstmt_cache_t *c, PGconn *pg) {
   pthread_mutex_unlock(&c->mu);
 }
 
-/* Whether the server can no longer run the named statement: gone (26000:
- * a DISCARD ALL, say) or "cached plan must not change result type"
- * (0A000: a table changed under it; the message is localised, the code
- * is not). */
-static bool stale(const PGresult *r) {
+bool txc_pstmt_stale(const PGresult *r) {
   const char *st = PQresultErrorField(r, PG_DIAG_SQLSTATE);
   return st && (strcmp(st, "26000") == 0 || strcmp(st, "0A000") == 0);
 }
@@ -201,7 +197,7 @@ PGresult *txc_pstmt_exec(txc_pstmt_cache_t *c, PGconn *pg, const char *sql, int 
     PQclear(p);
   }
   PGresult *r = PQexecPrepared(pg, name, n, params, NULL, NULL, 0);
-  if (r && stale(r)) {
+  if (r && txc_pstmt_stale(r)) {
     txc_pstmt_forget(c, pg);
     /* outside a transaction nothing was aborted: run it as it is */
     if (PQtransactionStatus(pg) == PQTRANS_IDLE) {

@@ -64,6 +64,12 @@ void txc_pstmt_prepared(txc_pstmt_cache_t *c, PGconn *pg, const char *sql, int n
 /* Forget everything prepared on 'pg' (after SQLSTATE 26000). */
 void txc_pstmt_forget(txc_pstmt_cache_t *c, PGconn *pg);
 
+/* Whether 'r' says the server can no longer run a named statement: gone
+ * (26000: a DISCARD ALL, say) or "cached plan must not change result
+ * type" (0A000: a table changed under it; the message is localised, the
+ * code is not). */
+bool txc_pstmt_stale(const PGresult *r);
+
 /*
  * 'sql' with its 'n' text parameters on 'pg', as PQexecParams runs it
  * (types from the text, text results), but under a name prepared there

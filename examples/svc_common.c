@@ -326,8 +326,8 @@ static txc_pstmt_cache_t *svc_stmts;
 static pthread_once_t svc_stmts_once = PTHREAD_ONCE_INIT;
 
 static void svc_stmts_init(void) {
-  const char *v = getenv("RM_UNNAMED_STATEMENTS");
-  if (!v || strcmp(v, "1") != 0) svc_stmts = txc_pstmt_new("svc_", SVC_PSTMT_CONNS);
+  bool ok = true; /* a bad value: logged, and svc_rm_client_new refuses it */
+  if (svc_env_int("RM_UNNAMED_STATEMENTS", 0, 0, 1, &ok) == 0) svc_stmts = txc_pstmt_new("svc_", SVC_PSTMT_CONNS);
 }
 
 bool svc_pg_exec(PGconn *pg, const char *sql, int n, const char *const *params, ExecStatusType want,
@@ -401,9 +401,7 @@ bool svc_pg_pipeline(PGconn *pg, const svc_pg_stmt_t *stmts, int n, PGresult **r
         PQclear(r);
         continue;
       }
-      const char *state = PQresultErrorField(r, PG_DIAG_SQLSTATE);
-      if (named[i] && state && (strcmp(state, "26000") == 0 || strcmp(state, "0A000") == 0))
-        txc_pstmt_forget(svc_stmts, pg); /* prepared afresh next time */
+      if (named[i] && txc_pstmt_stale(r)) txc_pstmt_forget(svc_stmts, pg); /* prepared afresh next time */
       if (rs != stmts[i].want && ok) {
         pg_failure(pg, r, err, errlen);
         ok = false;

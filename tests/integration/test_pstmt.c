@@ -125,6 +125,15 @@ static void test_dropped_by_the_server(void **state) {
   PQfinish(pg);
 }
 
+/* 'sql' through 'c' answers rows: how many columns. */
+static int columns(txc_pstmt_cache_t *c, PGconn *pg, const char *sql, const char *const *p) {
+  PGresult *r = txc_pstmt_exec(c, pg, sql, 1, p);
+  if (PQresultStatus(r) != PGRES_TUPLES_OK) fail_msg("%s: %s", sql, PQresultErrorMessage(r));
+  int n = PQnfields(r);
+  PQclear(r);
+  return n;
+}
+
 static void test_table_changed(void **state) {
   (void)state;
   PGconn *pg = connect_ok();
@@ -132,33 +141,22 @@ static void test_table_changed(void **state) {
   txc_pstmt_cache_t *c = txc_pstmt_new("tt_", 4);
   const char *sql = "SELECT * FROM pstmt_t WHERE id = $1";
   const char *p[1] = {"1"};
-  PGresult *r = txc_pstmt_exec(c, pg, sql, 1, p);
-  assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
-  assert_int_equal(PQnfields(r), 2);
-  PQclear(r);
+  assert_int_equal(columns(c, pg, sql, p), 2);
   /* outside a transaction: answered (unnamed), with the new column */
   run_ok(pg, "ALTER TABLE pstmt_t ADD COLUMN w int DEFAULT 5");
-  r = txc_pstmt_exec(c, pg, sql, 1, p);
-  assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
-  assert_int_equal(PQnfields(r), 3);
-  PQclear(r);
-  r = txc_pstmt_exec(c, pg, sql, 1, p); /* prepared again, with three columns */
-  assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
-  assert_int_equal(PQnfields(r), 3);
-  PQclear(r);
+  assert_int_equal(columns(c, pg, sql, p), 3);
+  assert_int_equal(columns(c, pg, sql, p), 3); /* prepared again, with three columns */
   /* inside a transaction: the error is the answer; after the rollback the
    * statement is prepared afresh */
   run_ok(pg, "ALTER TABLE pstmt_t DROP COLUMN w");
   run_ok(pg, "BEGIN");
-  r = txc_pstmt_exec(c, pg, sql, 1, p);
+  PGresult *r = txc_pstmt_exec(c, pg, sql, 1, p);
   assert_int_equal(PQresultStatus(r), PGRES_FATAL_ERROR);
   assert_string_equal(PQresultErrorField(r, PG_DIAG_SQLSTATE), "0A000");
+  assert_true(txc_pstmt_stale(r));
   PQclear(r);
   run_ok(pg, "ROLLBACK");
-  r = txc_pstmt_exec(c, pg, sql, 1, p);
-  assert_int_equal(PQresultStatus(r), PGRES_TUPLES_OK);
-  assert_int_equal(PQnfields(r), 2);
-  PQclear(r);
+  assert_int_equal(columns(c, pg, sql, p), 2);
   run_ok(pg, "DROP TABLE pstmt_t");
   txc_pstmt_free(c);
   PQfinish(pg);

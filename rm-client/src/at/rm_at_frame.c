@@ -48,14 +48,6 @@ static bool worth_naming(const char *sql, int nparams) {
   return nparams > 0;
 }
 
-/* A named statement the server could not run as prepared: "cached plan
- * must not change result type" (0A000; the message is localised, the code
- * is not, and another 0A000 only costs one more attempt) or gone (26000). */
-static bool stale_statement(const PGresult *res) {
-  const char *st = rm__sqlstate(res);
-  return strcmp(st, "26000") == 0 || strcmp(st, "0A000") == 0;
-}
-
 int rm__at_pipe_run(rm_branch_t *b, int n, const char *const *sql, const int *nparams,
                     const char *const *const *params, const Oid *const *types, PGresult **res) {
   /* What was sent, in order: each query, after its Prepare when fresh. */
@@ -258,9 +250,9 @@ static PGresult *run_stmt(rm_branch_t *b, const char *what, const char *sql, int
       b->sp_released = true;
     }
   }
-  if (PQresultStatus(res) != want && !b->sp_taken && b->res && b->res->pstmt && stale_statement(res))
+  if (PQresultStatus(res) != want && !b->sp_taken && b->res && b->res->pstmt && txc_pstmt_stale(res))
     txc_pstmt_forget(b->res->pstmt, b->pg); /* no savepoint to retry in: the next branch prepares afresh */
-  if (PQresultStatus(res) != want && b->sp_taken && b->res && b->res->pstmt && stale_statement(res)) {
+  if (PQresultStatus(res) != want && b->sp_taken && b->res && b->res->pstmt && txc_pstmt_stale(res)) {
     /* Prepared before an ALTER TABLE changed its result columns (SELECT *,
      * RETURNING *), or deallocated by the application: back to the
      * savepoint, and once more with the statements prepared afresh (the
