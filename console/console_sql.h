@@ -69,7 +69,7 @@ static const char CONSOLE_SQL_GLOBAL[] =
     " (SELECT json_build_object('live', false, 'xid', h.xid, 'status', h.status,"
     "     'status_name', coalesce(($1::text[])[h.status + 1], h.status::text),"
     "     'application_id', h.application_id, 'name', h.transaction_name, 'begin_time', h.begin_time,"
-    "     'end_time', h.end_time, 'branches', h.branches, 'locks', '[]'::json)"
+    "     'end_time', h.end_time, 'branches', tc_history_branches(h.branches), 'locks', '[]'::json)"
     "    FROM global_history h WHERE h.xid = $4),"
     " 'null'::json)::text";
 

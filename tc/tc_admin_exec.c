@@ -340,8 +340,9 @@ static json_t *branches_from_table(const tc_read_branch_t *rows, int n) {
   return list;
 }
 
-/* history.branches is jsonb written by tc__finish_many: rename its numeric
- * codes to names, as for live branches. */
+/* history.branches as tc_history_branches() gives it (objects, whichever
+ * form the row holds: sql/tc/015): rename its numeric codes to names, as
+ * for live branches. */
 static json_t *branches_from_history(const char *text) {
   json_t *in = json_loads(text, 0, NULL);
   json_t *out = json_array();

@@ -455,7 +455,7 @@ int tc_read_branch_owner(tc_store_t *st, const char *xid, int64_t branch_id, uns
               " UNION ALL"
               " SELECT h.status, '', coalesce(h.app_group, '') FROM global_history h"
               " WHERE h.xid = $1 AND h.status = 9"
-              " AND h.branches @> pg_catalog.jsonb_build_array(pg_catalog.jsonb_build_object('branch_id', $2::bigint))"
+              " AND tc_history_has_branch(h.branches, $2::bigint)"
               " LIMIT 1",
               2, v, deadline_ms);
 }
@@ -570,7 +570,7 @@ int tc_read_global(tc_store_t *st, const char *xid, int max_locks, unsigned dead
     " FROM branch_table WHERE xid = $1 ORDER BY branch_id",
     "SELECT " LOCK_COLS " FROM lock_table l WHERE l.xid = $1 ORDER BY l.row_key LIMIT $2::int",
     "SELECT transaction_id, status, application_id, transaction_name, " TS("begin_time") ", " TS("end_time")
-    ", branches::text FROM global_history WHERE xid = $1",
+    ", tc_history_branches(branches)::text FROM global_history WHERE xid = $1",
   };
   const int np[] = {1, 1, 2, 1};
   const char *const *vals[] = {v, v, vl, v};

@@ -105,7 +105,7 @@ class Checker:
         committed = set()
         if cand:
             committed = {r[0] for r in q(self.tc, """SELECT xid FROM global_history WHERE xid = ANY(%s)
-                AND status = 9 AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(branches) b
+                AND status = 9 AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(tc_history_branches(branches)) b
                                                WHERE (b->>'status')::int <> 5)""", ([x for _, x in cand],))}
         bad = ['%s:%s' % (n, x) for n, x in cand]
         return bad, [b for (n, x), b in zip(cand, bad) if x in committed]

@@ -57,7 +57,7 @@
 #define SQL_HISTORY_STATUS "SELECT status FROM global_history WHERE xid = $1"
 #define SQL_GLOBAL_STATUS "SELECT status FROM global_table WHERE xid = $1"
 #define SQL_HISTORY_BRANCHES                                                            \
-  "SELECT count(*) FROM global_history h, jsonb_array_elements(h.branches) e "          \
+  "SELECT count(*) FROM global_history h, jsonb_array_elements(tc_history_branches(h.branches)) e "          \
   "WHERE h.xid = $1 AND (e->>'status')::int = $2::int"
 #define SQL_LIVE_ROWS                                                                   \
   "SELECT (SELECT count(*) FROM global_table WHERE xid = $1) + "                        \
