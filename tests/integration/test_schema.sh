@@ -453,6 +453,23 @@ expect_value "tc: a registration that began its global leaves it unlocked; one i
    SELECT count(*) FROM branch_table WHERE xid LIKE 'l:%';
    ROLLBACK;" $'1\n1\nok\nok\nl:1 true,l:2 false\n2'
 
+# A decision's ownership (sql/tc/008's rule, 016's inline cases): the
+# application that began it; another application of its group that holds a
+# branch; not one without a branch, nor another group; the coordinator
+# itself (no group) always.
+expect_value "tc: a decision is the beginner's, a branch holder's of its group, or the coordinator's" "$TC_PG_URL" \
+  "BEGIN;
+   SELECT count(*) FROM tc_begin_batch(ARRAY['o:1', 'o:2', 'o:3', 'o:4', 'o:5'], ARRAY[1, 2, 3, 4, 5]::bigint[],
+                                       ARRAY[60000, 60000, 60000, 60000, 60000], ARRAY['n', 'n', 'n', 'n', 'n'],
+                                       ARRAY['tm', 'tm', 'tm', 'tm', 'tm'], ARRAY['grp', 'grp', 'grp', 'grp', 'grp'],
+                                       ARRAY[NULL, NULL, NULL, NULL, NULL]::text[], 1);
+   INSERT INTO branch_table (branch_id, xid, transaction_id, resource_id, status, application_id, app_group)
+   VALUES (21, 'o:2', 2, 'stock', 1, 'rm', 'grp');
+   SELECT string_agg(item || ' ' || result || ' ' || status, ',' ORDER BY item)
+     FROM tc_decide_batch(ARRAY['o:1', 'o:2', 'o:3', 'o:4', 'o:5'], array_fill('rollback'::text, ARRAY[5]),
+                          ARRAY['tm', 'rm', 'rm', 'tm', NULL], ARRAY['grp', 'grp', 'grp', 'other', NULL], 30000);
+   ROLLBACK;" $'5\n1 ok 11,2 ok 4,3 not_owner 0,4 not_owner 0,5 ok 11'
+
 # db-migrate itself, on a scratch database --------------------------------------
 
 admin_url=${TC_PG_URL%/*}/postgres
