@@ -1,10 +1,9 @@
 -- sql/tc/015_compact_history.sql - a finished global's branches as short
--- arrays, and the branches' idempotency keys indexed by a 64-bit hash
--- (coordinator database, version 15).
+-- arrays in its history row (coordinator database, version 15).
 --
 -- Issue 23 counts the store's WAL per order with pg_walinspect
--- (bench/README.md, "Twenty-first session").  Two entries were larger than
--- what they hold:
+-- (bench/README.md, "Twenty-first session").  One entry was larger than
+-- what it holds:
 --
 --   * global_history.branches.  tc__finish_many wrote each branch as an
 --     object, {"status": 5, "branch_id": 65650, "branch_type": 0,
@@ -18,40 +17,14 @@
 --       tc_history_branches(branches)   the objects, as before;
 --       tc_history_has_branch(branches, id)   is the branch among them?
 --
---   * branch_table_xid_idem_key_key, the unique index over (xid,
---     idem_key).  librmclient sends a 32-character key with every
---     registration, so each entry carried the xid and the key, about 80
---     bytes (138 bytes of WAL per order).  The index now holds a 64-bit
---     hash of the pair, hashtextextended(idem_key, hashtextextended(xid,
---     0)): 8 bytes.  Its one job stays the same: two registrations of one
---     key in one xid that run at once cannot both insert (the second meets
---     23505 and runs again alone, then finds the first, tc_store.c).
---     Finding the repeated key (tc_register_batch, step 2) never used this
---     index: it reads the xid's few branches through the primary key.  Two
---     different pairs with one hash would refuse the later registration
---     (TXP_ESTORE; the RM may retry): with n live keyed branches that
---     happens with probability about n^2 / 2^65, below 10^-12 for a
---     million.
---
 -- A tcd of version 14 or older running against this schema reads the new
 -- history rows' branches as arrays: tcctl shows them as they are, and a
 -- late phase-two report about a branch of such a row is answered "branch
--- not found".  Upgrade the nodes right after the schema (README.md,
--- "Upgrading").
+-- not found".  Upgrade the nodes right after the schema.
 --
--- test_schema.sh checks the history of a finished global in both forms,
--- and the key index: refused within an xid, admitted across xids.
+-- test_schema.sh checks the history of a finished global in both forms.
 --
 -- Never edit this file after it has shipped: add sql/tc/016_*.sql instead.
-
-DROP INDEX branch_table_xid_idem_key_key;
-CREATE UNIQUE INDEX branch_table_idem_hash_key
-  ON branch_table ((hashtextextended(idem_key, hashtextextended(xid, 0))))
-  WHERE idem_key IS NOT NULL;
-COMMENT ON INDEX branch_table_idem_hash_key IS
-  'One registration per idempotency key and xid: a 64-bit hash of the pair (sql/tc/015_compact_history.sql).';
-COMMENT ON COLUMN branch_table.idem_key IS
-  'Optional idempotency key of BranchRegister, unique per xid (a partial unique index over a hash of (xid, idem_key)): a retried register returns the existing branch_id. NULL = none.';
 
 CREATE OR REPLACE FUNCTION tc__finish_many(p_xid text[], p_status smallint[],
                                            p_branch_status smallint DEFAULT NULL)

@@ -1008,7 +1008,7 @@ COMMENT ON COLUMN public.branch_table.client_id IS 'Identity of the RM connectio
 -- Name: COLUMN branch_table.idem_key; Type: COMMENT; Schema: public; Owner: -
 --
 
-COMMENT ON COLUMN public.branch_table.idem_key IS 'Optional idempotency key of BranchRegister, unique per xid (a partial unique index over a hash of (xid, idem_key)): a retried register returns the existing branch_id. NULL = none.';
+COMMENT ON COLUMN public.branch_table.idem_key IS 'Optional idempotency key of BranchRegister, unique per xid (a partial unique index over the rows that have one): a retried register returns the existing branch_id. NULL = none.';
 
 --
 -- Name: COLUMN branch_table.retry_count; Type: COMMENT; Schema: public; Owner: -
@@ -1518,22 +1518,16 @@ ALTER TABLE ONLY public.node_table
     ADD CONSTRAINT node_table_pkey PRIMARY KEY (node_id);
 
 --
--- Name: branch_table_idem_hash_key; Type: INDEX; Schema: public; Owner: -
---
-
-CREATE UNIQUE INDEX branch_table_idem_hash_key ON public.branch_table USING btree (hashtextextended(idem_key, hashtextextended(xid, (0)::bigint))) WHERE (idem_key IS NOT NULL);
-
---
--- Name: INDEX branch_table_idem_hash_key; Type: COMMENT; Schema: public; Owner: -
---
-
-COMMENT ON INDEX public.branch_table_idem_hash_key IS 'One registration per idempotency key and xid: a 64-bit hash of the pair (sql/tc/015_compact_history.sql).';
-
---
 -- Name: branch_table_next_retry_idx; Type: INDEX; Schema: public; Owner: -
 --
 
 CREATE INDEX branch_table_next_retry_idx ON public.branch_table USING btree (next_retry_at) WHERE (next_retry_at IS NOT NULL);
+
+--
+-- Name: branch_table_xid_idem_key_key; Type: INDEX; Schema: public; Owner: -
+--
+
+CREATE UNIQUE INDEX branch_table_xid_idem_key_key ON public.branch_table USING btree (xid, idem_key) WHERE (idem_key IS NOT NULL);
 
 --
 -- Name: global_history_end_time_idx; Type: INDEX; Schema: public; Owner: -
