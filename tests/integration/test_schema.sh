@@ -469,6 +469,34 @@ expect_value "tc: a decision is the beginner's, a branch holder's of its group, 
                           ARRAY['tm', 'rm', 'rm', 'tm', NULL], ARRAY['grp', 'grp', 'grp', 'other', NULL], 30000);
    ROLLBACK;" $'5\n1 ok 11,2 ok 4,3 not_owner 0,4 not_owner 0,5 ok 11'
 
+# A registration looks repeated idempotency keys up by key, and reads the
+# queue tables by their keys even when they were vacuumed empty, when a
+# plan made then would scan them (sql/tc/017_register_key_lookups.sql).
+# Two keyed registrations in one global: the second repeats the first's
+# key and gets its branch id.  The scans are counted by pg_stat (each q
+# is a session of its own, whose counts are flushed when it ends).
+seq_scans="SELECT (SELECT seq_scan FROM pg_stat_user_tables WHERE relname = 'branch_table')
+                + (SELECT seq_scan FROM pg_stat_user_tables WHERE relname = 'global_table')"
+q "$TC_PG_URL" "VACUUM branch_table, global_table" >/dev/null
+scans_before=$(q "$TC_PG_URL" "$seq_scans")
+expect_value "tc: a repeated idempotency key of a registration gets the first branch id" "$TC_PG_URL" \
+  "BEGIN;
+   SELECT count(*) FROM tc_begin_batch(ARRAY['r:1'], ARRAY[1]::bigint[], ARRAY[60000], ARRAY['n'], ARRAY['app'],
+                                       ARRAY['grp'], ARRAY[NULL]::text[], 1);
+   SELECT string_agg(item || ' ' || result || ' ' || branch_id, ',' ORDER BY item)
+     FROM tc_register_batch(ARRAY['r:1'], ARRAY[31]::bigint[], ARRAY['orders'], ARRAY[0]::smallint[],
+                            ARRAY[NULL], ARRAY[NULL], ARRAY['c'], ARRAY['key1'], ARRAY['app'], ARRAY['grp'],
+                            '{}', '{}', '{}', '{}');
+   SELECT string_agg(item || ' ' || result || ' ' || branch_id, ',' ORDER BY item)
+     FROM tc_register_batch(ARRAY['r:1', 'r:1'], ARRAY[32, 33]::bigint[], ARRAY['stock', 'stock'],
+                            ARRAY[0, 0]::smallint[], ARRAY[NULL, NULL], ARRAY[NULL, NULL], ARRAY['c', 'c'],
+                            ARRAY['key1', 'key2'], ARRAY['app', 'app'], ARRAY['grp', 'grp'], '{}', '{}', '{}', '{}');
+   SET LOCAL enable_seqscan = off; -- this check's own read, not counted below
+   SELECT string_agg(branch_id::text, ',' ORDER BY branch_id) FROM branch_table WHERE xid = 'r:1';
+   ROLLBACK;" $'1\n1 ok 31\n1 ok 31,2 ok 33\n31,33'
+expect_value "tc: those registrations read branch_table and global_table by key, vacuumed empty as they were" \
+  "$TC_PG_URL" "$seq_scans" "$scans_before"
+
 # db-migrate itself, on a scratch database --------------------------------------
 
 admin_url=${TC_PG_URL%/*}/postgres
