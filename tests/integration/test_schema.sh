@@ -471,7 +471,7 @@ expect_value "tc: a decision is the beginner's, a branch holder's of its group, 
 
 # A registration looks repeated idempotency keys up by key, and reads the
 # queue tables by their keys even when they were vacuumed empty, when a
-# plan made then would scan them (sql/tc/017_register_key_lookups.sql).
+# plan made then would scan them (sql/tc/017_store_key_lookups.sql).
 # Two keyed registrations in one global: the second repeats the first's
 # key and gets its branch id.  The scans are counted by pg_stat (each q
 # is a session of its own, whose counts are flushed when it ends).
@@ -496,6 +496,36 @@ expect_value "tc: a repeated idempotency key of a registration gets the first br
    ROLLBACK;" $'1\n1 ok 31\n1 ok 31,2 ok 33\n31,33'
 expect_value "tc: those registrations read branch_table and global_table by key, vacuumed empty as they were" \
   "$TC_PG_URL" "$seq_scans" "$scans_before"
+
+# The same for a whole transaction's store functions, on tables vacuumed
+# empty: begins, registrations (one with a lock key), the decision's lock
+# and the decisions (a commit finished at once, a rollback), and the
+# rollback's phase-two reports that finish it.
+seq_scans_all="SELECT sum(seq_scan) FROM pg_stat_user_tables
+                WHERE relname IN ('global_table', 'branch_table', 'lock_table', 'global_history')"
+q "$TC_PG_URL" "VACUUM global_table, branch_table, lock_table, global_history" >/dev/null
+scans_before=$(q "$TC_PG_URL" "$seq_scans_all")
+expect_value "tc: a transaction's store functions answer as usual on vacuumed-empty tables" "$TC_PG_URL" \
+  "BEGIN;
+   SELECT count(*) FROM tc_begin_batch(ARRAY['s:1', 's:2'], ARRAY[1, 2]::bigint[], ARRAY[60000, 60000],
+                                       ARRAY['n', 'n'], ARRAY['app', 'app'], ARRAY['grp', 'grp'],
+                                       ARRAY[NULL, NULL]::text[], 1);
+   SELECT string_agg(result, ',' ORDER BY item)
+     FROM tc_register_batch(ARRAY['s:1', 's:1', 's:2', 's:2'], ARRAY[41, 42, 43, 44]::bigint[],
+                            ARRAY['orders', 'stock', 'orders', 'stock'], ARRAY[0, 0, 0, 0]::smallint[],
+                            ARRAY[NULL, NULL, NULL, 'stock:t:1'], ARRAY[NULL, NULL, NULL, NULL],
+                            ARRAY['c', 'c', 'c', 'c'], ARRAY['k1', 'k2', 'k3', 'k4'],
+                            ARRAY['app', 'app', 'app', 'app'], ARRAY['grp', 'grp', 'grp', 'grp'],
+                            ARRAY[4], ARRAY['stock^^^t^^^1'], ARRAY['t'], ARRAY['1']);
+   SELECT count(*) FROM tc_decide_lock(ARRAY['s:1', 's:2']);
+   SELECT string_agg(item || ' ' || result || ' ' || status, ',' ORDER BY item)
+     FROM tc_decide_batch(ARRAY['s:1', 's:2'], ARRAY['commit', 'rollback'], ARRAY['app', 'app'],
+                          ARRAY['grp', 'grp'], 30000);
+   SELECT string_agg(result || ' ' || global_status || ' ' || finished, ',' ORDER BY item)
+     FROM tc_phase2_batch(ARRAY['s:2', 's:2'], ARRAY[43, 44]::bigint[], ARRAY[8, 8]::smallint[],
+                          ARRAY[NULL, NULL], ARRAY[NULL, NULL], ARRAY[NULL, NULL], ARRAY[NULL, NULL], 50, 300);
+   ROLLBACK;" $'2\nok,ok,ok,ok\n4\n1 ok 9,2 ok 4\nok 11 true,ok 11 true'
+expect_value "tc: ... and read the queue tables and the history by key only" "$TC_PG_URL" "$seq_scans_all" "$scans_before"
 
 # db-migrate itself, on a scratch database --------------------------------------
 

@@ -1,6 +1,7 @@
--- sql/tc/017_register_key_lookups.sql - a registration looks repeated
--- idempotency keys up by key, whatever the statistics say (coordinator
--- database, version 17).
+-- sql/tc/017_store_key_lookups.sql - the store's batch functions read the
+-- queue tables by their keys, whatever the statistics say; a registration
+-- looks repeated idempotency keys up one by one (coordinator database,
+-- version 17).
 --
 -- flashsale-bench counted 336 rows read in the coordinator database per
 -- order (pg_stat_database.tup_returned), against 23 per transaction in
@@ -8,24 +9,34 @@
 -- them came from step 2 of tc_register_batch, the look for a repeated
 -- key: under load, 1.4 ms per batch, and idx_tup_read of
 -- branch_table_xid_idem_key_key about 2,000 entries per batch (the live
--- and dead entries of the whole index).  Its plan is cached per session,
--- and the generic plan is made from the table's size at that moment: for
--- a join of the batch's items with branch_table, a hash join over a full
--- scan (seen with EXPLAIN EXECUTE under plan_cache_mode =
--- force_generic_plan on a freshly migrated database).  A queue table's
--- size changes by hundreds of times between idle and busy, so that plan
--- reads the whole table on every batch once it has grown.
+-- and dead entries of the whole index).
+--
+-- The cause is general.  A function's plans are cached per session, and a
+-- plan is made from the tables' sizes at that moment.  A queue table's
+-- size changes by hundreds of times between idle and busy: a plan made
+-- while global_table or branch_table is small joins the batch's items
+-- with a scan of the whole table (a hash join, seen with EXPLAIN EXECUTE
+-- under plan_cache_mode = force_generic_plan on a freshly migrated
+-- database), and a table vacuumed empty costs nothing to scan at all.
+-- tcd's connections live for days, so one such moment (a restart while
+-- idle) fixes such plans until they read thousands of dead rows per batch.
+-- test_schema.sh counted 27 sequential scans of the queue tables and the
+-- history for one begin-register-decide-report round on vacuumed-empty
+-- tables.
 --
 -- Now:
---   * each keyed item is looked up alone (CROSS JOIN LATERAL ... LIMIT 1),
---     which the planner cannot turn into a join over the whole table;
---   * the function runs with enable_seqscan = off, so that a plan made
---     while branch_table, global_table or lock_table is empty (a vacuumed
---     empty table costs nothing to scan) still reads them by their keys:
---     every statement here finds its rows by xid, branch or row key.
--- Everything else is 014's function as it was.  test_schema.sh checks the
--- repeated key's answer and the generic plan of the lookup on an empty
--- table.
+--   * tc_register_batch looks each keyed item up alone (CROSS JOIN
+--     LATERAL ... LIMIT 1), which the planner cannot turn into a join over
+--     the whole table;
+--   * the batch functions tcd calls (tc_begin_batch, tc_register_batch,
+--     tc_decide_lock, tc_decide_batch, tc_phase2_batch; tc__finish_many
+--     runs inside them) run with enable_seqscan = off: every statement in
+--     them finds its rows by xid, branch id or row key, and the setting
+--     keeps the planner on those keys when the tables look empty.  It is
+--     the function's own setting (restored when it returns), so nothing
+--     else in tcd's transaction is planned with it.
+-- Everything else is as it was (tc_register_batch: 014's).  test_schema.sh
+-- checks the answers of such a round and that it scans none of the tables.
 --
 -- Never edit this file after it has shipped: add sql/tc/018_*.sql instead.
 
@@ -176,3 +187,9 @@ BEGIN
    ORDER BY u.i;
 END $$;
 
+ALTER FUNCTION tc_begin_batch(text[], bigint[], integer[], text[], text[], text[], text[], integer)
+  SET enable_seqscan = off;
+ALTER FUNCTION tc_decide_lock(text[]) SET enable_seqscan = off;
+ALTER FUNCTION tc_decide_batch(text[], text[], text[], text[], integer) SET enable_seqscan = off;
+ALTER FUNCTION tc_phase2_batch(text[], bigint[], smallint[], text[], text[], text[], text[], integer, integer)
+  SET enable_seqscan = off;
