@@ -423,7 +423,7 @@ expect_value "tc: branch_table's indexes: its key (xid, branch_id), and partial 
      FROM pg_index WHERE indrelid = 'branch_table'::regclass" \
   "branch_table_idem_hash_key true,branch_table_next_retry_idx true,branch_table_pkey false"
 # The idempotency keys' index, a hash of (xid, idem_key) since
-# sql/tc/018_idem_key_hash.sql: one key twice in an xid is refused, the
+# sql/tc/017_store_key_lookups.sql: one key twice in an xid is refused, the
 # same key in another xid is not.
 expect_sqlstate "tc: an idempotency key repeated within its xid is refused" "$TC_PG_URL" 23505 \
   "INSERT INTO branch_table (branch_id, xid, transaction_id, resource_id, status, idem_key) VALUES (1, 'k:1', 1, 'r', 1, 'key');
