@@ -49,6 +49,9 @@
 --     keeps the planner on those keys when the tables look empty.  It is
 --     the function's own setting (restored when it returns), so nothing
 --     else in tcd's transaction is planned with it.
+--   * tc_register_batch keeps each item's transaction id from its first
+--     look at the globals, instead of joining global_table again for the
+--     lock rows and the branch rows.
 -- Everything else is as it was (tc_register_batch: 014's).  test_schema.sh
 -- checks the answers of such a round and that it scans none of the tables,
 -- and the key index: a key refused within an xid, admitted across xids.
@@ -77,6 +80,7 @@ AS $$
 DECLARE
   v_active int[];     -- items whose global is Begin, not past its deadline, of their group
   v_denied int[];     -- items whose global another group began
+  v_txid bigint[];    -- v_txid[i]: item i's global's transaction_id (NULL: none)
   v_dup int[];        -- items repeating an idempotency key: v_dup_branch[k] is theirs
   v_dup_branch bigint[];
   v_conflict int[];   -- items that met a key held by another xid
@@ -91,20 +95,25 @@ BEGIN
   --    transaction began (xmin = v_me) is read without the lock: no other
   --    transaction sees it before this one commits, so none can decide it.
   --    Only an application of the group that began a global may register
-  --    in it (p_group NULL: not checked).
-  WITH shared AS (SELECT gt.xid, gt.status, gt.deadline, gt.app_group FROM global_table gt
+  --    in it (p_group NULL: not checked).  The globals' transaction ids
+  --    are kept per item for the inserts below (no second look).
+  WITH shared AS (SELECT gt.xid, gt.transaction_id, gt.status, gt.deadline, gt.app_group
+                    FROM global_table gt
                    WHERE gt.xid = ANY (p_xid) AND gt.xmin <> v_me ORDER BY gt.xid FOR SHARE)
   SELECT coalesce(array_agg(u.i::int) FILTER (WHERE (u.gr IS NULL OR g.app_group = u.gr)
                                                 AND g.status = 1 AND g.deadline >= clock_timestamp()),
                   '{}'),
-         coalesce(array_agg(u.i::int) FILTER (WHERE u.gr IS NOT NULL AND g.app_group IS DISTINCT FROM u.gr),
-                  '{}')
-    INTO v_active, v_denied
+         coalesce(array_agg(u.i::int) FILTER (WHERE g.xid IS NOT NULL AND u.gr IS NOT NULL
+                                                AND g.app_group IS DISTINCT FROM u.gr),
+                  '{}'),
+         array_agg(g.transaction_id ORDER BY u.i)
+    INTO v_active, v_denied, v_txid
     FROM unnest(p_xid, p_group) WITH ORDINALITY AS u(x, gr, i)
-    JOIN (SELECT gt.xid, gt.status, gt.deadline, gt.app_group FROM global_table gt
-           WHERE gt.xid = ANY (p_xid) AND gt.xmin = v_me
-          UNION ALL
-          SELECT s.xid, s.status, s.deadline, s.app_group FROM shared s) g ON g.xid = u.x;
+    LEFT JOIN (SELECT gt.xid, gt.transaction_id, gt.status, gt.deadline, gt.app_group FROM global_table gt
+                WHERE gt.xid = ANY (p_xid) AND gt.xmin = v_me
+               UNION ALL
+               SELECT s.xid, s.transaction_id, s.status, s.deadline, s.app_group FROM shared s) g
+           ON g.xid = u.x;
 
   -- 2. Repeated idempotency keys (none to look for when no item has one).
   v_dup := '{}';
@@ -137,9 +146,8 @@ BEGIN
      WHERE l.it = ANY (v_active) AND NOT (l.it = ANY (v_dup))),
   ins AS (
     INSERT INTO lock_table (row_key, xid, transaction_id, branch_id, resource_id, table_name, pk)
-    SELECT w.r, p_xid[w.it], gt.transaction_id, p_branch[w.it], p_resource[w.it], w.t, w.p
+    SELECT w.r, p_xid[w.it], v_txid[w.it], p_branch[w.it], p_resource[w.it], w.t, w.p
       FROM want w
-      JOIN global_table gt ON gt.xid = p_xid[w.it]
      ORDER BY w.r, w.it
     ON CONFLICT (row_key) DO NOTHING
     RETURNING 1)
@@ -179,11 +187,10 @@ BEGIN
   INSERT INTO branch_table (branch_id, xid, transaction_id, resource_id, branch_type, status,
                             lock_keys, application_data, client_id, idem_key, application_id,
                             app_group)
-  SELECT u.b, u.x, gt.transaction_id, u.r, u.ty, 1, u.lk, u.ad, u.cl, u.k, u.ap, u.gr
+  SELECT u.b, u.x, v_txid[u.i], u.r, u.ty, 1, u.lk, u.ad, u.cl, u.k, u.ap, u.gr
     FROM unnest(p_xid, p_branch, p_resource, p_type, p_lock_keys, p_app_data, p_client, p_idem,
                 p_app, p_group)
          WITH ORDINALITY AS u(x, b, r, ty, lk, ad, cl, k, ap, gr, i)
-    JOIN global_table gt ON gt.xid = u.x
    WHERE u.i = ANY (v_active) AND NOT (u.i = ANY (v_dup)) AND NOT (u.i = ANY (v_conflict));
 
   -- 7. One row per item; from memory in the usual case (every item was

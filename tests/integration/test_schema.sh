@@ -498,6 +498,22 @@ expect_value "tc: a repeated idempotency key of a registration gets the first br
 expect_value "tc: those registrations read branch_table and global_table by key, vacuumed empty as they were" \
   "$TC_PG_URL" "$seq_scans" "$scans_before"
 
+# A registration's answers per item: a global that does not exist, one of
+# its group (the branch row carries the global's transaction id, kept from
+# the first look at the globals, sql/tc/017), one of another group.
+expect_value "tc: a register batch answers not_found, ok and not_owner per item, and carries the transaction id" \
+  "$TC_PG_URL" \
+  "BEGIN;
+   SELECT count(*) FROM tc_begin_batch(ARRAY['m:1'], ARRAY[7]::bigint[], ARRAY[60000], ARRAY['n'], ARRAY['app'],
+                                       ARRAY['grp'], ARRAY[NULL]::text[], 1);
+   SELECT string_agg(item || ' ' || result || ' ' || coalesce(branch_id::text, '-'), ',' ORDER BY item)
+     FROM tc_register_batch(ARRAY['nope:1', 'm:1', 'm:1'], ARRAY[51, 52, 53]::bigint[], ARRAY['r', 'r', 'r'],
+                            ARRAY[0, 0, 0]::smallint[], ARRAY[NULL, NULL, NULL], ARRAY[NULL, NULL, NULL],
+                            ARRAY['c', 'c', 'c'], ARRAY[NULL, NULL, NULL], ARRAY['app', 'app', 'x'],
+                            ARRAY['grp', 'grp', 'other'], '{}', '{}', '{}', '{}');
+   SET LOCAL enable_seqscan = off;
+   SELECT string_agg(branch_id || ' ' || transaction_id, ',') FROM branch_table WHERE xid = 'm:1';
+   ROLLBACK;" $'1\n1 not_found -,2 ok 52,3 not_owner -\n52 7'
 # The same for a whole transaction's store functions, on tables vacuumed
 # empty: begins, registrations (one with a lock key), the decision's lock
 # and the decisions (a commit finished at once, a rollback), and the
