@@ -11,9 +11,11 @@
 --     object, and a two-branch order's list took 231 bytes of its history
 --     row.  New rows hold [branch_id, resource_id, branch_type, status]
 --     per branch: 120 bytes for the same two branches, and less work for
---     the finishing statement.  Rows written before this version keep
---     their objects.  Readers go through two functions that take either
---     form, so nobody parses the column itself:
+--     the finishing statement (which also finds each global's status in
+--     one sort of the list instead of a scan of it per global).  Rows
+--     written before this version keep their objects.  Readers go through
+--     two functions that take either form, so nobody parses the column
+--     itself:
 --       tc_history_branches(branches)   the objects, as before;
 --       tc_history_has_branch(branches, id)   is the branch among them?
 --
@@ -43,8 +45,10 @@ BEGIN
   SELECT g.xid, g.transaction_id, f.s, g.application_id, g.app_group, g.transaction_name,
          g.begin_time, coalesce(br.branches, '[]'::jsonb)
     FROM gone g
-    JOIN LATERAL (SELECT u.s FROM unnest(p_xid, p_status) WITH ORDINALITY AS u(x, s, i)
-                   WHERE u.x = g.xid ORDER BY u.i LIMIT 1) f ON true
+    -- an xid listed twice keeps its first status: one sort of the list,
+    -- not a scan of it per finished global
+    JOIN (SELECT DISTINCT ON (u.x) u.x, u.s FROM unnest(p_xid, p_status) WITH ORDINALITY AS u(x, s, i)
+           ORDER BY u.x, u.i) f ON f.x = g.xid
     LEFT JOIN LATERAL (
       SELECT jsonb_agg(jsonb_build_array(b.branch_id, b.resource_id, b.branch_type,
                                          coalesce(p_branch_status, b.status))
