@@ -3,23 +3,24 @@
 -- looks repeated idempotency keys up one by one, in an index of their
 -- hashes (coordinator database, version 17).
 --
--- flashsale-bench counted 336 rows read in the coordinator database per
--- order (pg_stat_database.tup_returned), against 23 per transaction in
--- tc-bench, whose registrations carry no idempotency key.  Nearly all of
--- them came from step 2 of tc_register_batch, the look for a repeated
--- key: under load, 1.4 ms per batch, and idx_tup_read of
--- branch_table_xid_idem_key_key about 2,000 entries per batch (the live
--- and dead entries of the whole index).
+-- order-load in AT mode, whose registrations carry idempotency keys, read
+-- 293 rows in the coordinator database per order
+-- (pg_stat_database.tup_returned), against 23 per transaction in
+-- tc-bench, whose registrations carry none.  Nearly all of them came from
+-- step 2 of tc_register_batch, the look for a repeated key: under load,
+-- 1.4 ms per batch, and idx_tup_read of branch_table_xid_idem_key_key
+-- about 2,000 entries per batch (the live and dead entries of the whole
+-- index).
 --
--- The cause is general.  A function's plans are cached per session, and a
--- plan is made from the tables' sizes at that moment.  A queue table's
--- size changes by hundreds of times between idle and busy: a plan made
--- while global_table or branch_table is small joins the batch's items
--- with a scan of the whole table (a hash join, seen with EXPLAIN EXECUTE
--- under plan_cache_mode = force_generic_plan on a freshly migrated
--- database), and a table vacuumed empty costs nothing to scan at all.
--- tcd's connections live for days, so one such moment (a restart while
--- idle) fixes such plans until they read thousands of dead rows per batch.
+-- The cause is general.  A function's plans are cached per session, and
+-- made again after a vacuum or analyze of a table they read, from the
+-- tables' sizes at that moment.  A queue table is nearly empty right
+-- after its vacuum, and grows by hundreds of times in dead rows before the
+-- next: a plan made then joins the batch's items with a scan of the whole
+-- table (a hash join, seen with EXPLAIN EXECUTE under plan_cache_mode =
+-- force_generic_plan on a freshly migrated database), and a table vacuumed
+-- empty costs nothing to scan at all.  So the plans were made when the
+-- tables looked smallest, and kept while they were largest.
 -- test_schema.sh counted 27 sequential scans of the queue tables and the
 -- history for one begin-register-decide-report round on vacuumed-empty
 -- tables.
