@@ -470,17 +470,25 @@ expect_value "tc: a decision is the beginner's, a branch holder's of its group, 
                           ARRAY['tm', 'rm', 'rm', 'tm', NULL], ARRAY['grp', 'grp', 'grp', 'other', NULL], 30000);
    ROLLBACK;" $'5\n1 ok 11,2 ok 4,3 not_owner 0,4 not_owner 0,5 ok 11'
 
-# A registration looks repeated idempotency keys up by key, and reads the
-# queue tables by their keys even when they were vacuumed empty, when a
-# plan made then would scan them (sql/tc/017_store_key_lookups.sql).
-# Two keyed registrations in one global: the second repeats the first's
-# key and gets its branch id.  The scans are counted by pg_stat (each q
-# is a session of its own, whose counts are flushed when it ends).
-seq_scans="SELECT (SELECT seq_scan FROM pg_stat_user_tables WHERE relname = 'branch_table')
-                + (SELECT seq_scan FROM pg_stat_user_tables WHERE relname = 'global_table')"
-q "$TC_PG_URL" "VACUUM branch_table, global_table" >/dev/null
-scans_before=$(q "$TC_PG_URL" "$seq_scans")
-expect_value "tc: a repeated idempotency key of a registration gets the first branch id" "$TC_PG_URL" \
+# expect_by_key NAME SQL EXPECTED: on the queue tables and the history
+# vacuumed empty (when a plan made then would scan them), SQL answers
+# EXPECTED and scans none of them sequentially: the store's functions read
+# them by their keys (sql/tc/017_store_key_lookups.sql).  The scans are
+# counted by pg_stat (each q is a session of its own, whose counts are
+# flushed when it ends); a check's own reads run with enable_seqscan off.
+expect_by_key() {
+  local scans="SELECT sum(seq_scan) FROM pg_stat_user_tables
+                WHERE relname IN ('global_table', 'branch_table', 'lock_table', 'global_history')" before
+  q "$TC_PG_URL" "VACUUM global_table, branch_table, lock_table, global_history" >/dev/null
+  before=$(q "$TC_PG_URL" "$scans")
+  expect_value "$1" "$TC_PG_URL" "$2" "$3"
+  expect_value "$1: by key only, vacuumed empty as the tables were" "$TC_PG_URL" "$scans" "$before"
+}
+
+# A registration looks repeated idempotency keys up by key.  Two keyed
+# registrations in one global: the second repeats the first's key and gets
+# its branch id.
+expect_by_key "tc: a repeated idempotency key of a registration gets the first branch id" \
   "BEGIN;
    SELECT count(*) FROM tc_begin_batch(ARRAY['r:1'], ARRAY[1]::bigint[], ARRAY[60000], ARRAY['n'], ARRAY['app'],
                                        ARRAY['grp'], ARRAY[NULL]::text[], 1);
@@ -495,8 +503,6 @@ expect_value "tc: a repeated idempotency key of a registration gets the first br
    SET LOCAL enable_seqscan = off; -- this check's own read, not counted below
    SELECT string_agg(branch_id::text, ',' ORDER BY branch_id) FROM branch_table WHERE xid = 'r:1';
    ROLLBACK;" $'1\n1 ok 31\n1 ok 31,2 ok 33\n31,33'
-expect_value "tc: those registrations read branch_table and global_table by key, vacuumed empty as they were" \
-  "$TC_PG_URL" "$seq_scans" "$scans_before"
 
 # A registration's answers per item: a global that does not exist, one of
 # its group (the branch row carries the global's transaction id, kept from
@@ -514,15 +520,10 @@ expect_value "tc: a register batch answers not_found, ok and not_owner per item,
    SET LOCAL enable_seqscan = off;
    SELECT string_agg(branch_id || ' ' || transaction_id, ',') FROM branch_table WHERE xid = 'm:1';
    ROLLBACK;" $'1\n1 not_found -,2 ok 52,3 not_owner -\n52 7'
-# The same for a whole transaction's store functions, on tables vacuumed
-# empty: begins, registrations (one with a lock key), the decision's lock
-# and the decisions (a commit finished at once, a rollback), and the
-# rollback's phase-two reports that finish it.
-seq_scans_all="SELECT sum(seq_scan) FROM pg_stat_user_tables
-                WHERE relname IN ('global_table', 'branch_table', 'lock_table', 'global_history')"
-q "$TC_PG_URL" "VACUUM global_table, branch_table, lock_table, global_history" >/dev/null
-scans_before=$(q "$TC_PG_URL" "$seq_scans_all")
-expect_value "tc: a transaction's store functions answer as usual on vacuumed-empty tables" "$TC_PG_URL" \
+# A whole transaction's store functions: begins, registrations (one with a
+# lock key), the decision's lock and the decisions (a commit finished at
+# once, a rollback), and the rollback's phase-two reports that finish it.
+expect_by_key "tc: a transaction's store functions answer as usual on vacuumed-empty tables" \
   "BEGIN;
    SELECT count(*) FROM tc_begin_batch(ARRAY['s:1', 's:2'], ARRAY[1, 2]::bigint[], ARRAY[60000, 60000],
                                        ARRAY['n', 'n'], ARRAY['app', 'app'], ARRAY['grp', 'grp'],
@@ -542,7 +543,6 @@ expect_value "tc: a transaction's store functions answer as usual on vacuumed-em
      FROM tc_phase2_batch(ARRAY['s:2', 's:2'], ARRAY[43, 44]::bigint[], ARRAY[8, 8]::smallint[],
                           ARRAY[NULL, NULL], ARRAY[NULL, NULL], ARRAY[NULL, NULL], ARRAY[NULL, NULL], 50, 300);
    ROLLBACK;" $'2\nok,ok,ok,ok\n4\n1 ok 9,2 ok 4\nok 11 true,ok 11 true'
-expect_value "tc: ... and read the queue tables and the history by key only" "$TC_PG_URL" "$seq_scans_all" "$scans_before"
 
 # db-migrate itself, on a scratch database --------------------------------------
 
