@@ -55,6 +55,7 @@
 #include "tc_creds.h"
 #include "tc_log.h"
 #include "txc_idtable.h"
+#include "txc_uvwrite.h"
 
 #define TC_SERVER_VERSION "txc/0.1"
 
@@ -401,11 +402,16 @@ static void conn_drain(tc_conn_t *c) {
   conn_maybe_shutdown(c);
 }
 
+/* The write buffer's bytes are with the kernel. */
+static void wbuf_written(tc_conn_t *c) {
+  if (c->wbuf.alloc > CONN_WBUF_KEEP) txp_buf_free(&c->wbuf); /* after a burst */
+  else txp_buf_reset(&c->wbuf);
+}
+
 static void on_write(uv_write_t *req, int status) {
   tc_conn_t *c = req->data;
   c->writing = false;
-  if (c->wbuf.alloc > CONN_WBUF_KEEP) txp_buf_free(&c->wbuf); /* after a burst */
-  else txp_buf_reset(&c->wbuf);
+  wbuf_written(c);
   if (c->state == CONN_CLOSED) return;
   if (status < 0) {
     TC_LOG(TC_LOG_DEBUG, NULL, "could not write to %s: %s", c->peer, uv_strerror(status));
@@ -415,7 +421,8 @@ static void on_write(uv_write_t *req, int status) {
   if (c->out.len > 0) conn_mark_dirty(c); /* batch with this iteration's frames */
 }
 
-/* Hand everything queued to one uv_write, unless one is in flight. */
+/* Hand everything queued to the kernel (txc_uv_write: at once if it takes
+ * it, else one uv_write), unless a write is in flight. */
 static void conn_flush(tc_conn_t *c) {
   if (c->state == CONN_CLOSED || c->writing) return;
   if (c->out.len > 0) {
@@ -425,16 +432,16 @@ static void conn_flush(tc_conn_t *c) {
     c->out.cap = CONN_OUT_CAP;
     c->wbuf.cap = 0;
     txp_buf_reset(&c->out);
-    uv_buf_t b = uv_buf_init(c->wbuf.data, (unsigned)c->wbuf.len);
     c->write_req.data = c;
-    int rc = uv_write(&c->write_req, (uv_stream_t *)&c->tcp, &b, 1, on_write);
-    if (rc != 0) {
+    int rc = txc_uv_write(&c->write_req, (uv_stream_t *)&c->tcp, c->wbuf.data, c->wbuf.len, on_write);
+    if (rc < 0) {
       TC_LOG(TC_LOG_DEBUG, NULL, "could not write to %s: %s", c->peer, uv_strerror(rc));
       txp_buf_reset(&c->wbuf);
       conn_close(c, TXP_ECONN_LOST);
       return;
     }
-    c->writing = true;
+    if (rc == 1) wbuf_written(c);
+    else c->writing = true;
   }
   conn_maybe_shutdown(c);
 }

@@ -12,10 +12,11 @@
  *   inside rm__conn_send), so the owner never reroutes while it iterates.
  *
  *   Sent or not.  'enc_total' counts bytes ever encoded on this connection
- *   and 'handed_total' bytes ever passed to a successful uv_write().  A
- *   frame whose end lies at or before 'handed_total' may have reached the
- *   coordinator; one beyond it was discarded with the session's queue and
- *   certainly did not.  A new session starts with enc_total = handed_total.
+ *   and 'handed_total' bytes ever handed to the kernel or to a successful
+ *   uv_write() (txc_uv_write).  A frame whose end lies at or before
+ *   'handed_total' may have reached the coordinator; one beyond it was
+ *   discarded with the session's queue and certainly did not.  A new
+ *   session starts with enc_total = handed_total.
  *
  *   Logging: a failing node is reported once per failure streak (warn),
  *   then at debug level, so a node that is down for an hour does not flood
@@ -25,6 +26,7 @@
  */
 #include "rm_conn.h"
 #include "rm_util.h"
+#include "txc_uvwrite.h"
 #include "txp_xid.h"
 
 #include <inttypes.h>
@@ -314,11 +316,16 @@ static int conn_encode(rm_conn_t *c, const txp_msg_t *m, uint64_t *wire_end) {
   return 0;
 }
 
+/* The write buffer's bytes are with the kernel. */
+static void wbuf_written(rm_conn_t *c) {
+  if (c->wbuf.alloc > CONN_WBUF_KEEP) txp_buf_free(&c->wbuf); /* after a burst */
+  else txp_buf_reset(&c->wbuf);
+}
+
 static void on_write(uv_write_t *req, int status) {
   rm_conn_t *c = req->data;
   c->writing = false;
-  if (c->wbuf.alloc > CONN_WBUF_KEEP) txp_buf_free(&c->wbuf); /* after a burst */
-  else txp_buf_reset(&c->wbuf);
+  wbuf_written(c);
   if (c->state == CONN_CLOSING || c->state == CONN_STOPPED || !c->tcp_open) return;
   if (status < 0) {
     session_lost(c, "lost connection to coordinator \"%s\": could not write: %s",
@@ -328,7 +335,8 @@ static void on_write(uv_write_t *req, int status) {
   if (c->out.len > 0) conn_flush(c);
 }
 
-/* Hand everything queued to one uv_write, unless one is in flight. */
+/* Hand everything queued to the kernel (txc_uv_write: at once if it takes
+ * it, else one uv_write), unless a write is in flight. */
 static void conn_flush(rm_conn_t *c) {
   if (c->writing || c->out.len == 0 || !c->tcp_open || c->state == CONN_CLOSING) return;
   txp_buf_t tmp = c->wbuf;
@@ -337,10 +345,9 @@ static void conn_flush(rm_conn_t *c) {
   c->out.cap = CONN_OUT_CAP;
   c->wbuf.cap = 0;
   txp_buf_reset(&c->out);
-  uv_buf_t b = uv_buf_init(c->wbuf.data, (unsigned)c->wbuf.len);
   c->write_req.data = c;
-  int rc = uv_write(&c->write_req, (uv_stream_t *)&c->tcp, &b, 1, on_write);
-  if (rc != 0) {
+  int rc = txc_uv_write(&c->write_req, (uv_stream_t *)&c->tcp, c->wbuf.data, c->wbuf.len, on_write);
+  if (rc < 0) {
     char what[RM_ADDR_MAX + 96];
     snprintf(what, sizeof(what), "lost connection to coordinator \"%s\": could not write: %s",
              c->addr, uv_strerror(rc));
@@ -349,7 +356,8 @@ static void conn_flush(rm_conn_t *c) {
     return;
   }
   c->handed_total += c->wbuf.len;
-  c->writing = true;
+  if (rc == 1) wbuf_written(c);
+  else c->writing = true;
 }
 
 /* RegisterRM when the owner serves resources, else RegisterTM.  Either
