@@ -151,6 +151,16 @@ static double rm_got(int type, const char *xid) {
   return at;
 }
 
+/* rm_got, waiting up to 'ms' for the RM to have it: a commit of AT
+ * branches is finished at its decision and its BranchCommit is a one-way
+ * notice relayed after it, so the global can show Committed before the
+ * RM on the other node has the notice. */
+static double rm_wait_got(int type, const char *xid, int ms) {
+  double until = txc_now_ms() + ms, at;
+  while ((at = rm_got(type, xid)) <= 0 && txc_now_ms() < until) sleep_ms(5);
+  return at;
+}
+
 static int rm_count(const char *xid) {
   int n = 0;
   pthread_mutex_lock(&rm.mu);
@@ -255,7 +265,7 @@ static void test_forwarding(int tnode, int rnode) {
     int fin = final_status(xid, 5000);
     double done = txc_now_ms();
     int type = commit ? TXP_MSG_BRANCH_COMMIT : TXP_MSG_BRANCH_ROLLBACK;
-    double got = rm_got(type, xid);
+    double got = rm_wait_got(type, xid, 3000);
     check(got > 0, "the RM on node %d got the Branch%s of a transaction decided on node %d", rnode,
           commit ? "Commit" : "Rollback", tnode);
     check(fin == (commit ? TXP_GS_COMMITTED : TXP_GS_ROLLBACKED),
