@@ -33,8 +33,11 @@
  *   CONN_OUT_CAP bytes pile up is not reading and is closed).  Producing a
  *   frame only marks the connection dirty; the prepare handle (before the
  *   loop blocks) and the check handle (right after poll) hand everything a
- *   loop iteration produced to a single uv_write.  At most one write is in
- *   flight per connection: its bytes sit in conn->wbuf until its callback.
+ *   loop iteration produced to the kernel in one go: uv_try_write when the
+ *   socket takes it all (txc_uvwrite.h: no request, no callback, and none
+ *   of the epoll_ctl a completed uv_write costs), else a single uv_write.
+ *   At most one write is in flight per connection: its bytes sit in
+ *   conn->wbuf until its callback.
  *
  *   Calls from the TC to RMs get request ids from one per-server counter,
  *   are found by id in a small hash table when the answer comes, and sit on

@@ -29,10 +29,11 @@
  *   to the owner.  Request ids come from a counter the owner shares with
  *   all its connections, so ids are unique per client.
  *
- *   Writes: frames are encoded into a bounded queue (CONN_OUT_CAP); at most
- *   one uv_write is in flight, and whatever piles up meanwhile goes out in
- *   the next one.  A peer that lets the queue fill up is not reading: the
- *   session is closed.
+ *   Writes: frames are encoded into a bounded queue (CONN_OUT_CAP) and
+ *   handed to the kernel at once with uv_try_write when the socket takes
+ *   them (txc_uvwrite.h); otherwise at most one uv_write is in flight, and
+ *   whatever piles up meanwhile goes out in the next one.  A peer that lets
+ *   the queue fill up is not reading: the session is closed.
  *
  *   Thread: everything here runs on the client's loop thread, except the
  *   pure helpers and the logger, which any thread may use.
