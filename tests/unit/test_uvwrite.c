@@ -1,15 +1,15 @@
 /*
  * test_uvwrite.c - txc_uv_write (common/txc_uvwrite.h) on a real socket
- * pair: a frame the kernel takes at once needs no callback and leaves no
- * poll change behind; one larger than the socket buffer goes partly at
+ * pair: a frame the kernel takes at once needs no request and no
+ * callback; one larger than the socket buffer goes partly at
  * once and the rest through uv_write, every byte in order; a broken
  * stream is an error with nothing in flight.
  */
 #include <setjmp.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stddef.h>
-#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -63,14 +63,17 @@ static int teardown(void **state) {
 }
 
 /* Read exactly 'len' bytes from the peer, running the loop meanwhile so
- * that a queued uv_write can go on. */
+ * that a queued uv_write can go on: wait for the peer to be readable (the
+ * loop's writer refills it once the reader makes room), never a fixed
+ * sleep. */
 static void read_all(fixture_t *f, char *out, size_t len) {
   size_t got = 0;
   while (got < len) {
     uv_run(&f->loop, UV_RUN_NOWAIT);
+    struct pollfd pfd = {.fd = f->peer, .events = POLLIN};
+    if (poll(&pfd, 1, 10) <= 0) continue;
     ssize_t n = recv(f->peer, out + got, len - got, MSG_DONTWAIT);
     if (n > 0) got += (size_t)n;
-    else usleep(1000);
   }
 }
 
@@ -100,7 +103,7 @@ static void test_large_frame_rest_queued_in_order(void **state) {
   assert_true(uv_stream_get_write_queue_size((uv_stream_t *)&f->pipe) > 0);
   assert_true(uv_stream_get_write_queue_size((uv_stream_t *)&f->pipe) < len); /* part went at once */
   read_all(f, back, len);
-  while (f->callbacks == 0) uv_run(&f->loop, UV_RUN_NOWAIT);
+  while (f->callbacks == 0) uv_run(&f->loop, UV_RUN_ONCE); /* blocks until the write completes */
   assert_int_equal(f->callbacks, 1);
   assert_int_equal(f->status, 0);
   assert_memory_equal(back, frame, len);
