@@ -62,6 +62,9 @@ static const key_desc_t keys[] = {
           "more carries phase-two records the same way (0: both wait like decisions)"),
   INT_KEY("store", "batch_max", batch_max, 1, 4096, "requests per store batch"),
   INT_KEY("store", "queue_max", queue_max, 16, 1000000, "requests waiting for a batch"),
+  INT_KEY("store", "begin_hold_ms", begin_hold_ms, 0, 1000,
+          "a begin is answered at once and stored with its global's first registration on this "
+          "node if one comes within this time, else alone (0: stored before it is answered)"),
   INT_KEY("txn", "default_timeout_ms", default_timeout_ms, 100, 86400000, "global timeout"),
   INT_KEY("txn", "max_timeout_ms", max_timeout_ms, 100, 86400000, "largest timeout allowed"),
   INT_KEY("txn", "max_lock_keys", max_lock_keys, 1, 100000, "lock keys per branch"),
@@ -117,6 +120,7 @@ void tc_config_defaults(tc_config_t *c) {
   c->relaxed_writers = 1;
   c->batch_max = 256;
   c->queue_max = 65536;
+  c->begin_hold_ms = 20;
   c->default_timeout_ms = 60000;
   c->max_timeout_ms = 600000;
   c->max_lock_keys = 1024;

@@ -37,6 +37,7 @@ typedef struct tc_config {
   int relaxed_writers;              /* batches that need no WAL flush wait (tc_store.c) */
   int batch_max;                    /* requests per batch */
   int queue_max;                    /* requests waiting for a batch */
+  int begin_hold_ms;                /* a begin waits this long for its first registration (tc_hold.h) */
   /* [txn] */
   int default_timeout_ms;
   int max_timeout_ms;

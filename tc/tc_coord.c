@@ -9,11 +9,15 @@
  *   that fails it is answered at once with the specific code and changes
  *   nothing.  State changes go through tc_store ops (group commit); the
  *   reply is sent only from the op's callback, i.e. after the change is
- *   durable.  Status and LockQuery are reads (tc_store_read.h) on the
- *   store's reader connections, outside the batches.
+ *   durable, with one exception: a begin without an idempotency key is
+ *   answered at once and held until its first registration carries it
+ *   (tc_hold.h), and every other request about its xid waits for that.
+ *   Status and LockQuery are reads (tc_store_read.h) on the store's reader
+ *   connections, outside the batches.
  *
  *   Lifecycle of a global transaction as this node sees it:
- *     1. GlobalBegin: id from the node's block, row inserted (Begin).
+ *     1. GlobalBegin: id from the node's block, row inserted (Begin), in
+ *        the first registration's transaction when the begin was held.
  *     2. BranchRegister: branch row + lock rows in one transaction, only
  *        while Begin and before the deadline; a conflict may wait (pushed
  *        wake-up from tc_lockwait).  A BranchRegister without an xid
@@ -37,6 +41,7 @@
 #include <string.h>
 #include <sys/random.h>
 
+#include "tc_hold.h"
 #include "tc_lockwait.h"
 #include "tc_log.h"
 #include "txc_failpoint.h"
@@ -171,6 +176,18 @@ static int xid_nonce(uint64_t *out) {
   return 0;
 }
 
+/* Answer a begin with its xid. */
+static void reply_begun(call_t *c, const char *xid, uint32_t timeout_ms) {
+  c->ctx->stats.begun++;
+  txp_msg_t res;
+  txp_msg_init_result(&res, &c->req->msg, 0, NULL);
+  txp_msg_set_str(&res, TXP_F_XID, xid);
+  txp_msg_set_int(&res, TXP_F_TIMEOUT_MS, timeout_ms);
+  txp_msg_set_int(&res, TXP_F_NODE_ID, c->ctx->cfg->node_id);
+  tc_req_reply(c->req, &res);
+  call_free(c);
+}
+
 static void on_begin_done(tc_op_t *op, void *arg) {
   call_t *c = arg;
   if (op->status != 0) {
@@ -183,14 +200,7 @@ static void on_begin_done(tc_op_t *op, void *arg) {
     return;
   }
   TXC_FAILPOINT("tc.begin.after_store");
-  c->ctx->stats.begun++;
-  txp_msg_t res;
-  txp_msg_init_result(&res, &c->req->msg, 0, NULL);
-  txp_msg_set_str(&res, TXP_F_XID, op->out_xid);
-  txp_msg_set_int(&res, TXP_F_TIMEOUT_MS, op->timeout_ms);
-  txp_msg_set_int(&res, TXP_F_NODE_ID, c->ctx->cfg->node_id);
-  tc_req_reply(c->req, &res);
-  call_free(c);
+  reply_begun(c, op->out_xid, op->timeout_ms);
 }
 
 /* The timeout of a begin (the node's default when 0 or absent): false,
@@ -250,6 +260,16 @@ static void handle_begin(tc_ctx_t *ctx, tc_req_t *req) {
   c->op.name = m->name;
   call_identify(c, req->conn);
   c->op.idem_key = m->idem_key && m->idem_key[0] ? m->idem_key : NULL;
+  /* Without an idempotency key nothing can be lost by answering first:
+   * the begin waits for its global's first registration (tc_hold.h).  A
+   * keyed begin must find an earlier one with the same key: the store
+   * first. */
+  tc_held_begin_t held = {.xid = c->xid, .txid = txid, .timeout_ms = timeout, .name = m->name,
+                          .app_id = c->app_id, .group = c->group};
+  if (!c->op.idem_key && tc_hold_begin(ctx->hold, &held) == 0) {
+    reply_begun(c, c->xid, timeout);
+    return;
+  }
   submit_or_reply(c);
 }
 
@@ -684,6 +704,10 @@ static void reply_register(call_t *c, int code, const char *msg) {
 static void on_register_done(tc_op_t *op, void *arg) {
   call_t *c = arg;
   tc_ctx_t *ctx = c->ctx;
+  /* A begin that rode this batch is in the store now, or lost with it:
+   * the requests that waited for it go on, and a retry (lock wait) does
+   * not carry it again. */
+  tc_hold_unfold(ctx->hold, op, true);
   if (op->status != 0) {
     reply_register(c, store_error_code(op), op->errmsg);
     return;
@@ -815,7 +839,13 @@ static void handle_register(tc_ctx_t *ctx, tc_req_t *req) {
   call_identify(c, req->conn);
   c->op.idem_key = m->idem_key && m->idem_key[0] ? m->idem_key : NULL;
   if (m->lock_wait_ms) c->lock_deadline_ns = c->started_ns + (uint64_t)m->lock_wait_ms * 1000000u;
-  submit_or_reply(c);
+  tc_hold_fold(ctx->hold, &c->op); /* the global's begin may ride along */
+  c->submitted_ns = uv_hrtime();
+  int rc = tc_store_submit(ctx->store, &c->op);
+  if (rc != 0) {
+    tc_hold_unfold(ctx->hold, &c->op, false);
+    reply_code(c, rc, rc == TXP_EBUSY ? "coordinator store queue full: retry later" : "coordinator shutting down");
+  }
 }
 
 /*
@@ -903,10 +933,18 @@ static void handle_branch_report(tc_ctx_t *ctx, tc_req_t *req) {
 void tc__coord_on_request(tc_req_t *req, void *arg) {
   tc_ctx_t *ctx = arg;
   ctx->stats.requests++;
+  tc__coord_resume(req, arg);
+}
+
+void tc__coord_resume(tc_req_t *req, void *arg) {
+  tc_ctx_t *ctx = arg;
   if (ctx->stopping) {
     tc_req_reply_code(req, TXP_ESHUTDOWN, "coordinator shutting down");
     return;
   }
+  /* A request about a global whose begin this node answered but has not
+   * stored yet waits for it (tc_hold.h). */
+  if (req->msg.type != TXP_MSG_GLOBAL_BEGIN && xid_ok(req->msg.xid) && tc_hold_park(ctx->hold, req)) return;
   switch (req->msg.type) {
   case TXP_MSG_GLOBAL_BEGIN: handle_begin(ctx, req); break;
   case TXP_MSG_GLOBAL_COMMIT: handle_decide(ctx, req, TC_DECIDE_COMMIT); break;

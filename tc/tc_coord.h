@@ -11,4 +11,8 @@ struct tc_req;
  * context (tc_ctx_t *) as 'arg'. */
 void tc__coord_on_request(struct tc_req *req, void *arg);
 
+/* The same, for a request that waited for its global's begin (tc_hold.h):
+ * not counted again. */
+void tc__coord_resume(struct tc_req *req, void *arg);
+
 #endif /* TC_COORD_H */

@@ -21,6 +21,7 @@
 typedef struct tc_ctx tc_ctx_t;
 typedef struct tc_server tc_server_t;
 typedef struct tc_lockwait tc_lockwait_t;
+typedef struct tc_hold tc_hold_t;
 typedef struct tc_recovery tc_recovery_t;
 typedef struct tc_admin tc_admin_t;
 
@@ -86,6 +87,7 @@ struct tc_ctx {
   tc_store_t *store;
   tc_server_t *server;
   tc_lockwait_t *lockwait;
+  tc_hold_t *hold;         /* begins answered, not stored yet (tc_hold.h) */
   tc_recovery_t *recovery; /* read by admin and metrics (leader, stats) */
   tc_admin_t *admin;       /* NULL without admin.socket; read by metrics */
   bool peers;              /* a peer bus runs: lock releases may come from other nodes */

@@ -275,6 +275,13 @@ static void format_metrics(const snap_t *s, uint64_t now, sbuf_t *b) {
           n->commit_failed);
   counter(b, "txc_globals_rollback_failed_total", "Sessions that ended *RollbackFailed (need an operator).",
           n->rollback_failed);
+  gauge(b, "txc_begins_held", "Begins answered and not stored yet (store.begin_hold_ms).",
+        (double)s->st.hold.held);
+  gauge(b, "txc_requests_parked", "Requests waiting for the store to take their global's held begin.",
+        (double)s->st.hold.parked);
+  counter_by(b, "txc_begins_stored_total", "Held begins stored, with their first registration or alone.", "how", 2,
+             (const char *const[]){"with_registration", "alone"},
+             (const uint64_t[]){s->st.hold.folded, s->st.hold.stored_alone});
   counter(b, "txc_branches_registered_total", "Branches registered.", n->registered);
   counter(b, "txc_branch_register_conflicts_total", "Branch registrations that met a held lock.",
           n->register_conflicts);

@@ -14,6 +14,7 @@
 #include "tc_coord.h"
 #include "tc_creds.h"
 #include "tc_ctx.h"
+#include "tc_hold.h"
 #include "tc_lockwait.h"
 #include "tc_log.h"
 #include "tc_metrics.h"
@@ -189,8 +190,11 @@ tc_node_t *tc_node_start(uv_loop_t *loop, const tc_config_t *cfg,
   }
   node->ctx.lockwait = tc_lockwait_new(loop, MAX_LOCK_WAITERS);
   node->ctx.store = tc_store_new(loop, &node->cfg, on_store_ready, node, STORE_READY_TIMEOUT_MS);
-  if (node->ctx.lockwait && node->ctx.store) node->peer = tc_peer_new(&node->ctx, on_claimed, node);
-  if (!node->ctx.lockwait || !node->ctx.store || !node->peer) {
+  if (node->ctx.store)
+    node->ctx.hold = tc_hold_new(loop, node->ctx.store, (unsigned)node->cfg.begin_hold_ms,
+                                 (size_t)node->cfg.queue_max, tc__coord_resume, &node->ctx);
+  if (node->ctx.lockwait && node->ctx.hold) node->peer = tc_peer_new(&node->ctx, on_claimed, node);
+  if (!node->ctx.lockwait || !node->ctx.store || !node->ctx.hold || !node->peer) {
     /* Allocation failures at start-up: report, the caller exits. */
     fail_start(node, TXP_ENOMEM, "could not start the node: out of memory or bad store URL");
     return node;
@@ -211,6 +215,14 @@ static void on_stats_timer_closed(uv_handle_t *h) {
   tc_parts_closed(&node->stop);
 }
 
+/* The store closes once the hold is done: the begins it answered and
+ * held reach PostgreSQL first. */
+static void close_store(void *arg) {
+  tc_parts_t *stop = arg;
+  tc_node_t *node = stop->owner;
+  tc_store_close(node->ctx.store, tc_parts_closed, stop);
+}
+
 /* Closes what the node owns; this call is a part itself, open until all
  * the others are started. */
 static void after_server_stopped(void *arg) {
@@ -226,7 +238,8 @@ static void after_server_stopped(void *arg) {
   if (node->ctx.admin) tc_admin_close(node->ctx.admin, tc_parts_closed, tc_parts_add(stop));
   if (node->ctx.recovery) tc_recovery_close(node->ctx.recovery, tc_parts_closed, tc_parts_add(stop));
   if (node->ctx.lockwait) tc_lockwait_close(node->ctx.lockwait, tc_parts_closed, tc_parts_add(stop));
-  if (node->ctx.store) tc_store_close(node->ctx.store, tc_parts_closed, tc_parts_add(stop));
+  if (node->ctx.hold) tc_hold_close(node->ctx.hold, close_store, tc_parts_add(stop));
+  else if (node->ctx.store) tc_store_close(node->ctx.store, tc_parts_closed, tc_parts_add(stop));
   if (node->peer) {
     tc_peer_t *p = node->peer;
     node->peer = NULL; /* the ops find no peer from now on */
@@ -237,6 +250,9 @@ static void after_server_stopped(void *arg) {
 
 void tc_node_stop(tc_node_t *node, void (*done)(void *), void *arg) {
   node->ctx.stopping = true;
+  /* Begins answered and held go to the store now, while it still takes
+   * them: their TMs' later calls may come to another node. */
+  tc_hold_flush(node->ctx.hold);
 
   tc_parts_start(&node->stop, 1, node_free, node, done, arg);
   if (node->ctx.server) tc_server_stop(node->ctx.server, after_server_stopped, node);

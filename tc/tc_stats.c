@@ -23,4 +23,5 @@ void tc_stats_read(const tc_ctx_t *ctx, tc_stats_t *out) {
   out->has_admin = ctx->admin != NULL;
   if (ctx->admin) tc_admin_get_stats(ctx->admin, &out->admin);
   out->lock_waiters = ctx->lockwait ? tc_lockwait_count(ctx->lockwait) : 0;
+  tc_hold_get_stats(ctx->hold, &out->hold);
 }

@@ -14,6 +14,7 @@
 #include "tc_admin.h"
 #include "tc_bus.h"
 #include "tc_ctx.h"
+#include "tc_hold.h"
 #include "tc_recovery.h"
 #include "tc_server.h"
 #include "tc_store.h"
@@ -30,6 +31,7 @@ typedef struct tc_stats {
   tc_admin_stats_t admin;
   tc_bus_stats_t bus;
   uint64_t lock_waiters;
+  tc_hold_stats_t hold;
 } tc_stats_t;
 
 /* Fill 'out' from the node's modules.  While the node stops, the server,

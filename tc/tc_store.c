@@ -27,9 +27,10 @@
  *
  *   Three lanes.  The durable lane (store.writers connections) carries the
  *   records that must survive a PostgreSQL crash once acknowledged: branch
- *   registrations with their global locks, and decisions.  The relaxed
- *   lane (store.relaxed_writers connections, synchronous_commit off) carries
- *   begins, and the clean-up lane (one more such connection) phase-two
+ *   registrations with their global locks, and decisions (and the begins
+ *   that ride a registration: tc_hold.h).  The relaxed lane
+ *   (store.relaxed_writers connections, synchronous_commit off) carries the
+ *   begins stored alone, and the clean-up lane (one more such connection) phase-two
  *   records.  Their commit returns without waiting for the WAL flush, which
  *   is what made every global transaction wait for four flushes instead of
  *   three.  Phase-two batches have a lane of their own because they are the
@@ -414,7 +415,9 @@ static int build_begin(tc_store_t *st, batch_t *b, tc_pg_job_t *job, tc_sql_arra
   for (int i = 0; i < b->count[TC_OP_REGISTER]; i++) {
     tc_op_t *op = b->by_kind[TC_OP_REGISTER][i];
     if (op->begin_txid)
-      begin_item(a, op->xid, op->begin_txid, op->begin_timeout_ms, op->begin_name, op->app_id, op->group, NULL);
+      begin_item(a, op->xid, op->begin_txid, op->begin_timeout_ms, op->begin_name,
+                 op->begin_app_id ? op->begin_app_id : op->app_id, op->begin_app_id ? op->begin_group : op->group,
+                 NULL);
   }
   char node[16];
   snprintf(node, sizeof(node), "%d", st->node_id);

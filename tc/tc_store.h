@@ -122,13 +122,19 @@ struct tc_op {
   const char *resource_id;/* REGISTER */
   int branch_type;        /* REGISTER */
   const char *lock_keys;  /* REGISTER, already validated; may be NULL */
-  /* REGISTER that begins its global too (a BranchRegister without xid:
-   * tc_coord.c): the global's transaction id (0: a plain registration),
-   * timeout and name.  Its begin runs in the same batch, before the
-   * registration (no lock keys: it must never wait and run again). */
+  /* REGISTER that begins its global too: the global's transaction id (0:
+   * a plain registration), timeout, name and owner (NULL: the
+   * registration's app_id and group).  Its begin runs in the same batch,
+   * before the registration.  Two kinds: a BranchRegister without xid
+   * (tc_coord.c: no lock keys, so it never waits and runs again), and a
+   * begin answered already and held until its first registration
+   * (begin_folded, tc_hold.h: cleared once the batch ran, before any
+   * retry). */
   int64_t begin_txid;
   uint32_t begin_timeout_ms;
   const char *begin_name;
+  const char *begin_app_id, *begin_group;
+  bool begin_folded;
   const char *app_data;   /* REGISTER */
   const char *client_id;  /* REGISTER; PHASE2: the reporting RM's */
   tc_decide_action_t action; /* DECIDE */

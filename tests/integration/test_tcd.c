@@ -666,6 +666,9 @@ static void test_reregister_in_flight(void **state) {
   txp_msg_clear(&res);
   expect_answer(c, dec, 21, &res, 0);
   txp_msg_clear(&res);
+  /* The begin is answered before it is stored (tc_hold.h): wait for its
+   * row, stored under the identity of its request. */
+  assert_true(db_wait_long("SELECT count(*) FROM global_table WHERE xid = $1", x2, NULL, 1, WAIT_MS));
   db_text("SELECT application_id FROM global_table WHERE xid = $1", x2, text, sizeof(text));
   assert_string_equal(text, "test-app-2");
 
