@@ -60,7 +60,7 @@ static const type_desc_t types[TXP_MSG__MAX] = {
                            B(APP_ID) | B(CLIENT_ID) | B(TOKEN) | B(RESOURCE_IDS)},
   [TXP_MSG_REGISTER_RM_RESULT] = {"RegisterRMResult", B(CODE),
                                   RESULT_BASE | B(HEARTBEAT_MS) | B(SERVER_VERSION)},
-  [TXP_MSG_GLOBAL_BEGIN] = {"GlobalBegin", 0, B(TIMEOUT_MS) | B(NAME) | B(IDEM_KEY)},
+  [TXP_MSG_GLOBAL_BEGIN] = {"GlobalBegin", 0, B(TIMEOUT_MS) | B(NAME) | B(IDEM_KEY) | B(FIRST_SEND)},
   [TXP_MSG_GLOBAL_BEGIN_RESULT] = {"GlobalBeginResult", B(CODE), RESULT_BASE | B(TIMEOUT_MS)},
   [TXP_MSG_GLOBAL_COMMIT] = {"GlobalCommit", B(XID), B(XID)},
   [TXP_MSG_GLOBAL_COMMIT_RESULT] = {"GlobalCommitResult", B(CODE), RESULT_BASE | B(GLOBAL_STATUS)},

@@ -144,13 +144,14 @@ typedef enum txp_msg_type {
   X(HEARTBEAT_MS, 22, U32, heartbeat_ms, 0)                                \
   X(SERVER_VERSION, 23, STR, server_version, TXP_MAX_NAME_LEN)             \
   X(SAVE_DAYS, 24, U32, save_days, 0)                                      \
-  X(LOCK_HOLDER, 25, STR, lock_holder, TXP_MAX_XID_LEN)
+  X(LOCK_HOLDER, 25, STR, lock_holder, TXP_MAX_XID_LEN)                    \
+  X(FIRST_SEND, 26, BOOL, first_send, 0)
 
 typedef enum txp_field {
 #define TXP__FIELD_ENUM(name, key, kind, member, maxlen) TXP_F_##name = (key),
   TXP_FIELD_MAP(TXP__FIELD_ENUM)
 #undef TXP__FIELD_ENUM
-  TXP_F__MAX = 26
+  TXP_F__MAX = 27
 } txp_field_t;
 
 #define TXP_FIELD_BIT(f) (UINT64_C(1) << (f))
@@ -193,6 +194,10 @@ typedef struct txp_msg {
   char *server_version;
   uint32_t save_days;
   char *lock_holder;
+  /* GlobalBegin: true on the first send of this idempotency key (never a
+   * resend), so the coordinator may answer before it stores the begin
+   * (tc/tc_hold.h).  Absent: it may be a resend. */
+  bool first_send;
 
   void *owned_; /* private: string storage of a decoded message */
 } txp_msg_t;

@@ -260,13 +260,19 @@ static void handle_begin(tc_ctx_t *ctx, tc_req_t *req) {
   c->op.name = m->name;
   call_identify(c, req->conn);
   c->op.idem_key = m->idem_key && m->idem_key[0] ? m->idem_key : NULL;
-  /* Without an idempotency key nothing can be lost by answering first:
-   * the begin waits for its global's first registration (tc_hold.h).  A
-   * keyed begin must find an earlier one with the same key: the store
-   * first. */
+  /* A new begin is answered at once and waits for its global's first
+   * registration (tc_hold.h).  A keyed one that may be a resend must get
+   * the first send's xid: held here, or else in the store. */
+  uint32_t held_timeout;
+  const char *held_xid = tc_hold_keyed(ctx->hold, c->app_id, c->op.idem_key, &held_timeout);
+  if (held_xid) {
+    reply_begun(c, held_xid, held_timeout);
+    return;
+  }
+  bool is_new = !c->op.idem_key || (txp_msg_has(m, TXP_F_FIRST_SEND) && m->first_send);
   tc_held_begin_t held = {.xid = c->xid, .txid = txid, .timeout_ms = timeout, .name = m->name,
-                          .app_id = c->app_id, .group = c->group};
-  if (!c->op.idem_key && tc_hold_begin(ctx->hold, &held) == 0) {
+                          .app_id = c->app_id, .group = c->group, .idem_key = c->op.idem_key};
+  if (is_new && tc_hold_begin(ctx->hold, &held) == 0) {
     reply_begun(c, c->xid, timeout);
     return;
   }

@@ -13,7 +13,8 @@
  *   order of arrival: they find the global in the store, or "not found"
  *   when the begin was lost.
  *   Entries are found by a 64-bit hash of the xid (FNV-1a) in the
- *   project's id table, and then compared in full.
+ *   project's id table, and then compared in full; keyed ones also by a
+ *   hash of (application, key), in a second table.
  */
 #include "tc_hold.h"
 
@@ -35,6 +36,7 @@ typedef struct parked {
 
 typedef struct held {
   txc_idnode_t node; /* id: hash of the xid */
+  txc_idnode_t key_node; /* id: hash of (app_id, idem_key); in 'keys' when has_key */
   tc_hold_t *h;
   state_t state;
   uint64_t due_ms;           /* HELD: when the timer stores it */
@@ -43,7 +45,8 @@ typedef struct held {
   tc_op_t op;                /* STORING: the begin stored alone */
   int64_t txid;
   uint32_t timeout_ms;
-  bool has_name;
+  bool has_name, has_key;
+  char idem_key[TXP_MAX_IDEM_LEN + 1];
   char xid[TXP_MAX_XID_LEN + 1];
   char name[TXP_MAX_NAME_LEN + 1];
   char app_id[TXP_MAX_NAME_LEN + 1];
@@ -58,6 +61,7 @@ struct tc_hold {
   void (*resume)(tc_req_t *req, void *arg);
   void *arg;
   txc_idtable_t table;
+  txc_idtable_t keys;
   held_t *oldest, *newest; /* HELD entries, by due time */
   uv_timer_t timer;
   size_t parked;
@@ -67,10 +71,15 @@ struct tc_hold {
   void *done_arg;
 };
 
-static uint64_t xid_hash(const char *xid) {
-  uint64_t x = 14695981039346656037ull;
-  for (const unsigned char *p = (const unsigned char *)xid; *p; p++) x = (x ^ *p) * 1099511628211ull;
+static uint64_t fnv1a(uint64_t x, const char *s) {
+  for (const unsigned char *p = (const unsigned char *)s; *p; p++) x = (x ^ *p) * 1099511628211ull;
   return x;
+}
+
+static uint64_t xid_hash(const char *xid) { return fnv1a(14695981039346656037ull, xid); }
+
+static uint64_t key_hash(const char *app_id, const char *idem_key) {
+  return fnv1a(fnv1a(14695981039346656037ull, app_id) * 1099511628211ull, idem_key);
 }
 
 static held_t *find(const tc_hold_t *h, const char *xid) {
@@ -82,6 +91,21 @@ static held_t *find(const tc_hold_t *h, const char *xid) {
     if (n->id != id) continue;
     held_t *e = TXC_IDTABLE_ELEM(n, held_t, node);
     if (strcmp(e->xid, xid) == 0) return e;
+  }
+  return NULL;
+}
+
+const char *tc_hold_keyed(const tc_hold_t *h, const char *app_id, const char *idem_key, uint32_t *timeout_ms) {
+  if (!h || !idem_key || !idem_key[0] || !txc_idtable_count(&h->keys)) return NULL;
+  if (!app_id) app_id = "";
+  uint64_t id = key_hash(app_id, idem_key);
+  for (txc_idnode_t *n = txc_idtable_find(&h->keys, id); n; n = n->next) {
+    if (n->id != id) continue;
+    held_t *e = TXC_IDTABLE_ELEM(n, held_t, key_node);
+    if (strcmp(e->idem_key, idem_key) == 0 && strcmp(e->app_id, app_id) == 0) {
+      *timeout_ms = e->timeout_ms;
+      return e->xid;
+    }
   }
   return NULL;
 }
@@ -107,6 +131,7 @@ static void maybe_release(tc_hold_t *h) {
   void (*done)(void *) = h->done;
   void *arg = h->done_arg;
   txc_idtable_free(&h->table);
+  txc_idtable_free(&h->keys);
   free(h);
   if (done) done(arg);
 }
@@ -116,6 +141,7 @@ static void maybe_release(tc_hold_t *h) {
 static void finish(tc_hold_t *h, held_t *e) {
   if (e->state == HELD) list_remove(h, e);
   txc_idtable_remove(&h->table, &e->node);
+  if (e->has_key) txc_idtable_remove(&h->keys, &e->key_node);
   parked_t *p = e->parked;
   tc_op_clear(&e->op);
   free(e);
@@ -153,6 +179,7 @@ static void store_now(tc_hold_t *h, held_t *e, bool must) {
   op->name = e->has_name ? e->name : NULL;
   op->app_id = e->app_id;
   op->group = e->group;
+  op->idem_key = e->has_key ? e->idem_key : NULL;
   int rc = tc_store_submit(h->store, op);
   if (rc == 0) {
     list_remove(h, e);
@@ -200,6 +227,11 @@ tc_hold_t *tc_hold_new(uv_loop_t *loop, tc_store_t *store, unsigned hold_ms, siz
     free(h);
     return NULL;
   }
+  if (txc_idtable_init(&h->keys, 6) != 0) {
+    txc_idtable_free(&h->table);
+    free(h);
+    return NULL;
+  }
   h->loop = loop;
   h->store = store;
   h->hold_ms = hold_ms;
@@ -230,9 +262,15 @@ int tc_hold_begin(tc_hold_t *h, const tc_held_begin_t *b) {
   copy(e->name, sizeof(e->name), b->name);
   copy(e->app_id, sizeof(e->app_id), b->app_id);
   copy(e->group, sizeof(e->group), b->group);
+  e->has_key = b->idem_key && b->idem_key[0];
+  copy(e->idem_key, sizeof(e->idem_key), b->idem_key);
   e->due_ms = uv_now(h->loop) + h->hold_ms;
   e->node.id = xid_hash(e->xid);
   txc_idtable_insert(&h->table, &e->node);
+  if (e->has_key) {
+    e->key_node.id = key_hash(e->app_id, e->idem_key);
+    txc_idtable_insert(&h->keys, &e->key_node);
+  }
   bool first = !h->oldest;
   list_append(h, e);
   if (first) arm_timer(h);
@@ -268,6 +306,7 @@ bool tc_hold_fold(tc_hold_t *h, tc_op_t *op) {
   op->begin_name = e->has_name ? e->name : NULL;
   op->begin_app_id = e->app_id;
   op->begin_group = e->group;
+  op->begin_idem_key = e->has_key ? e->idem_key : NULL;
   op->begin_folded = true;
   h->folded++;
   arm_timer(h);
@@ -279,7 +318,7 @@ void tc_hold_unfold(tc_hold_t *h, tc_op_t *op, bool ran) {
   held_t *e = find(h, op->xid);
   op->begin_folded = false;
   op->begin_txid = 0;
-  op->begin_name = op->begin_app_id = op->begin_group = NULL;
+  op->begin_name = op->begin_app_id = op->begin_group = op->begin_idem_key = NULL;
   if (!e || e->state != FOLDED) return;
   if (ran) {
     finish(h, e);

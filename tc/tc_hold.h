@@ -3,10 +3,9 @@
  * the batch of its global's first registration on this node.
  *
  * NOTES
- *   A begin without an idempotency key changes nothing a client could
- *   lose: its xid is new and no branch is under it yet.  So the node
- *   answers it at once, with an id from its block, and holds the begin
- *   here for store.begin_hold_ms.  The global's first BranchRegister on
+ *   A new begin changes nothing a client could lose: its xid is new and no
+ *   branch is under it yet.  So the node answers it at once, with an id
+ *   from its block, and holds the begin here for store.begin_hold_ms.  The global's first BranchRegister on
  *   this node within that time carries the begin into its own store
  *   transaction (tc_op_t begin_txid: the begin's row goes in first, in the
  *   same transaction), so the global costs one batch and one round trip
@@ -31,6 +30,16 @@
  *       changed, and the TM's commit finds nothing ("not found").
  *   store.begin_hold_ms = 0 turns the hold off: begins are stored before
  *   they are answered.
+ *
+ *   Idempotency keys.  A begin with a key may be a resend, which must get
+ *   the xid of the first send: that one may be held here (found by its
+ *   key: tc_hold_keyed) or stored.  So only a begin that says it is the
+ *   first send of its key (txp FIRST_SEND, which librmclient sets until a
+ *   send may have reached a coordinator) is held; any other keyed begin
+ *   not held here goes to the store first, as before.  The held begin is
+ *   stored with its key: if a resend meanwhile began the global on
+ *   another node, the held one finds that key taken and is never stored,
+ *   and its xid, which the client never got, stays unknown.
  *
  *   Bounds: at most store.queue_max begins held; past it a begin is stored
  *   before its answer, as with the hold off.  Parked requests are bounded
@@ -59,6 +68,7 @@ typedef struct tc_held_begin {
   const char *name;   /* may be NULL */
   const char *app_id; /* the TM's */
   const char *group;
+  const char *idem_key; /* may be NULL */
 } tc_held_begin_t;
 
 /* Parked requests go back to 'resume' (the coordinator's dispatch) once
@@ -70,6 +80,11 @@ tc_hold_t *tc_hold_new(uv_loop_t *loop, tc_store_t *store, unsigned hold_ms, siz
 /* Hold a begin that is answered now: 0, or -1 (the hold is off, full,
  * closing or out of memory: store the begin before answering it). */
 int tc_hold_begin(tc_hold_t *h, const tc_held_begin_t *b);
+
+/* The xid of the begin held with idempotency key 'idem_key' of
+ * application 'app_id' (and its timeout in *timeout_ms), or NULL.  Valid
+ * until control returns to the loop. */
+const char *tc_hold_keyed(const tc_hold_t *h, const char *app_id, const char *idem_key, uint32_t *timeout_ms);
 
 /* Whether 'req' must wait for its xid's begin: true when the hold took it
  * (it comes back through 'resume').  A BranchRegister of a begin still

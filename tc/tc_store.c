@@ -417,7 +417,7 @@ static int build_begin(tc_store_t *st, batch_t *b, tc_pg_job_t *job, tc_sql_arra
     if (op->begin_txid)
       begin_item(a, op->xid, op->begin_txid, op->begin_timeout_ms, op->begin_name,
                  op->begin_app_id ? op->begin_app_id : op->app_id, op->begin_app_id ? op->begin_group : op->group,
-                 NULL);
+                 op->begin_idem_key);
   }
   char node[16];
   snprintf(node, sizeof(node), "%d", st->node_id);

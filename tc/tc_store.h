@@ -133,7 +133,7 @@ struct tc_op {
   int64_t begin_txid;
   uint32_t begin_timeout_ms;
   const char *begin_name;
-  const char *begin_app_id, *begin_group;
+  const char *begin_app_id, *begin_group, *begin_idem_key;
   bool begin_folded;
   const char *app_data;   /* REGISTER */
   const char *client_id;  /* REGISTER; PHASE2: the reporting RM's */

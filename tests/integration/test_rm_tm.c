@@ -857,6 +857,10 @@ static void test_reconnect_after_restart(void **state) {
   int st;
   rm_client_t *c = client_new(nodes, TOKEN, "rm-tm-restart", 15000, NULL);
   assert_int_equal(rm_tm_begin(c, 60000, NULL, xid), RM_OK);
+  /* A begin is answered before it is stored and stored within
+   * store.begin_hold_ms (tc/tc_hold.h); one killed before that is lost
+   * (test_tcd_hold).  This one is meant to survive: kill once it is in. */
+  assert_int_equal(WAIT_EQ(1, 5, sql_count(pg_url(), "SELECT count(*) FROM global_table WHERE xid = $1", xid)), 1);
   tcd_proc_kill(t);
   /* Wait until the client noticed, then ask while the node is down: the
    * call waits for the node to come back, within its deadline. */

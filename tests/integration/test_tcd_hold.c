@@ -17,7 +17,11 @@
  *       once: it is stored with the first try, the retry after the wake-up
  *       succeeds;
  *     - a begin nobody follows is stored alone when the hold ends;
- *     - a clean stop stores what it holds.
+ *     - a clean stop stores what it holds, and a kill -9 loses it (the
+ *       TM's commit finds no global);
+ *     - a keyed begin is held only on its first send (FIRST_SEND); a resend
+ *       gets the same xid whether the first is still held or stored, and
+ *       a keyed begin without the flag is stored before its answer.
  *   The fixture is tcd_suite.h (the RM thread answers phase two).
  */
 #include <setjmp.h>
@@ -175,6 +179,78 @@ static void test_stop_stores_held(void **state) {
   rollback_ok(again.tm, xid);
 }
 
+/* A GlobalBegin with idempotency key 'key', marked as its first send or
+ * not; its xid into 'xid'. */
+static void keyed_begin(txc_t *tm, const char *key, bool first_send, char *xid) {
+  txp_msg_t req, res;
+  txp_msg_init(&req, TXP_MSG_GLOBAL_BEGIN);
+  txp_msg_set_int(&req, TXP_F_TIMEOUT_MS, 30000);
+  txp_msg_set_str(&req, TXP_F_IDEM_KEY, key);
+  if (first_send) txp_msg_set_int(&req, TXP_F_FIRST_SEND, 1);
+  int rc = txc_call(tm, &req, &res, WAIT_MS);
+  if (rc != 0 || res.code != 0 || !res.xid)
+    fail_msg("keyed GlobalBegin %s: %d / %lld", key, rc, (long long)res.code);
+  snprintf(xid, TXP_MAX_XID_LEN + 1, "%s", res.xid);
+  txp_msg_clear(&res);
+}
+
+/* 7. A keyed begin on its first send is held; its resend (no flag) gets
+ * the same xid from the hold, and the first registration carries it. */
+static void test_keyed_first_send_held(void **state) {
+  (void)state;
+  cli_t cl = new_cli("h7");
+  char xid[TXP_MAX_XID_LEN + 1], again[TXP_MAX_XID_LEN + 1];
+  keyed_begin(cl.tm, "h7-key", true, xid);
+  assert_int_equal(db_long(SQL_GLOBALS, xid, NULL), 0);
+  keyed_begin(cl.tm, "h7-key", false, again);
+  assert_string_equal(again, xid);
+  int64_t b = register_ok(cl.rm, xid, "db_orders", "t_hold:7");
+  assert_int_equal(same_txn(xid, b), 1);
+  assert_int_equal(db_long("SELECT count(*) FROM global_table WHERE idem_key = $1", "h7-key", NULL), 1);
+  keyed_begin(cl.tm, "h7-key", false, again); /* stored now: the store finds it */
+  assert_string_equal(again, xid);
+  rollback_ok(cl.tm, xid);
+}
+
+/* 8. A keyed begin that may be a resend (no FIRST_SEND) is stored before
+ * it is answered; a held one is stored with its key, so a later resend
+ * finds it in the store. */
+static void test_keyed_without_flag_stored_first(void **state) {
+  (void)state;
+  cli_t cl = new_cli("h8");
+  char xid[TXP_MAX_XID_LEN + 1], again[TXP_MAX_XID_LEN + 1];
+  keyed_begin(cl.tm, "h8-key", false, xid);
+  assert_int_equal(db_long(SQL_GLOBAL_STATUS, xid, NULL), TXP_GS_BEGIN);
+  rollback_ok(cl.tm, xid);
+
+  keyed_begin(cl.tm, "h8-key-2", true, xid);
+  assert_true(db_wait_long(SQL_GLOBALS, xid, NULL, 1, WAIT_MS)); /* the hold ended */
+  keyed_begin(cl.tm, "h8-key-2", false, again);
+  assert_string_equal(again, xid);
+  rollback_ok(cl.tm, xid);
+}
+
+/* 9. What the hold gives up: a tcd killed while it holds a begin loses it
+ * (nothing under that xid could have changed); the TM's commit then finds
+ * no global, and the store has no trace of it. */
+static void test_kill_loses_held(void **state) {
+  (void)state;
+  cli_t cl = new_cli("h9");
+  char xid[TXP_MAX_XID_LEN + 1];
+  begin_ok(cl.tm, 30000, "h9", xid);
+  int gen = rm_generation();
+  g_stopped_on_purpose = true;
+  tcd_kill9();
+  g_stopped_on_purpose = false;
+  assert_int_equal(tcd_start(), 0);
+  assert_true(rm_wait_generation(gen, WAIT_MS));
+  cli_t again = new_cli("h9-again");
+  int status = -1;
+  assert_int_equal(txc_commit(again.tm, xid, &status), TXP_EGLOBAL_NOT_FOUND);
+  assert_int_equal(db_long(SQL_GLOBALS, xid, NULL), 0);
+  assert_int_equal(db_long("SELECT count(*) FROM global_history WHERE xid = $1", xid, NULL), 0);
+}
+
 int main(void) {
   setenv("TC_STORE_BEGIN_HOLD_MS", HOLD_MS, 1);
   const struct CMUnitTest tests[] = {
@@ -183,7 +259,10 @@ int main(void) {
     cmocka_unit_test_setup_teardown(test_status_and_empty_commit, suite_test_setup, suite_test_teardown),
     cmocka_unit_test_setup_teardown(test_lock_wait_carries_begin_once, suite_test_setup, suite_test_teardown),
     cmocka_unit_test_setup_teardown(test_hold_ends, suite_test_setup, suite_test_teardown),
+    cmocka_unit_test_setup_teardown(test_keyed_first_send_held, suite_test_setup, suite_test_teardown),
+    cmocka_unit_test_setup_teardown(test_keyed_without_flag_stored_first, suite_test_setup, suite_test_teardown),
     cmocka_unit_test_setup_teardown(test_stop_stores_held, suite_test_setup, suite_test_teardown),
+    cmocka_unit_test_setup_teardown(test_kill_loses_held, suite_test_setup, suite_test_teardown),
   };
   return cmocka_run_group_tests_name("tcd_hold", tests, suite_group_setup, suite_group_teardown);
 }

@@ -70,7 +70,7 @@ const tspec_t tspec[] = {
   {TXP_MSG_REGISTER_RM, "RegisterRM", F(APP_ID) | F(CLIENT_ID),
    F(APP_ID) | F(CLIENT_ID) | F(TOKEN) | F(RESOURCE_IDS), 0},
   {TXP_MSG_REGISTER_RM_RESULT, "RegisterRMResult", F(CODE), RB | F(HEARTBEAT_MS) | F(SERVER_VERSION), 0},
-  {TXP_MSG_GLOBAL_BEGIN, "GlobalBegin", 0, F(TIMEOUT_MS) | F(NAME) | F(IDEM_KEY), 0},
+  {TXP_MSG_GLOBAL_BEGIN, "GlobalBegin", 0, F(TIMEOUT_MS) | F(NAME) | F(IDEM_KEY) | F(FIRST_SEND), 0},
   {TXP_MSG_GLOBAL_BEGIN_RESULT, "GlobalBeginResult", F(CODE), RB | F(TIMEOUT_MS), 0},
   {TXP_MSG_GLOBAL_COMMIT, "GlobalCommit", F(XID), F(XID), 0},
   {TXP_MSG_GLOBAL_COMMIT_RESULT, "GlobalCommitResult", F(CODE), RB | F(GLOBAL_STATUS), 0},

@@ -37,6 +37,7 @@ static const struct {
   {11, K_STR, 65536}, {12, K_STR, 65536}, {13, K_U32, 0},  {14, K_U32, 0},    {15, K_STR, 64},
   {16, K_STR, 128},  {17, K_STR, 256}, {18, K_STR, 4096},  {19, K_STR, 128},  {20, K_U32, 0},
   {21, K_BOOL, 0},   {22, K_U32, 0},   {23, K_STR, 128},   {24, K_U32, 0},    {25, K_STR, 128},
+  {26, K_BOOL, 0},
 };
 
 /* xorshift64*: deterministic chunk sizes. */

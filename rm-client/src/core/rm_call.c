@@ -230,6 +230,9 @@ static void build_msg(const rm_client_t *c, const rm_call_t *k, txp_msg_t *m) {
     if (k->timeout_ms) txp_msg_set_int(m, TXP_F_TIMEOUT_MS, k->timeout_ms);
     if (k->name) txp_msg_set_str(m, TXP_F_NAME, k->name);
     txp_msg_set_str(m, TXP_F_IDEM_KEY, k->idem);
+    /* No earlier send may have reached a coordinator: it may answer before
+     * storing the begin (tc/tc_hold.h).  A resend goes without. */
+    if (!k->maybe_done) txp_msg_set_int(m, TXP_F_FIRST_SEND, 1);
     break;
   case TXP_MSG_BRANCH_REGISTER: {
     uint32_t lw = lock_wait_now(c, k);
