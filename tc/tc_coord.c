@@ -9,9 +9,10 @@
  *   that fails it is answered at once with the specific code and changes
  *   nothing.  State changes go through tc_store ops (group commit); the
  *   reply is sent only from the op's callback, i.e. after the change is
- *   durable, with one exception: a begin without an idempotency key is
- *   answered at once and held until its first registration carries it
- *   (tc_hold.h), and every other request about its xid waits for that.
+ *   durable, with one exception: a new begin (no idempotency key, or its
+ *   key's first send) is answered at once and held until its first
+ *   registration carries it (tc_hold.h), and every other request about its
+ *   xid waits for that.
  *   Status and LockQuery are reads (tc_store_read.h) on the store's reader
  *   connections, outside the batches.
  *

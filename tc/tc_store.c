@@ -30,8 +30,8 @@
  *   registrations with their global locks, and decisions (and the begins
  *   that ride a registration: tc_hold.h).  The relaxed lane
  *   (store.relaxed_writers connections, synchronous_commit off) carries the
- *   begins stored alone, and the clean-up lane (one more such connection) phase-two
- *   records.  Their commit returns without waiting for the WAL flush, which
+ *   begins stored alone, and the clean-up lane (one more such connection)
+ *   phase-two records.  Their commit returns without waiting for the WAL flush, which
  *   is what made every global transaction wait for four flushes instead of
  *   three.  Phase-two batches have a lane of their own because they are the
  *   big ones (64 lazy records, the history insert): a begin queued behind

@@ -27,9 +27,12 @@
  *     (Timeout)Rollbacked, never *Failed.  After pgrestart's crash, a begin
  *     may be missing altogether: begins are committed without waiting for
  *     the WAL flush (tc_store.c NOTES), so one answered just before the
- *     crash can be lost, and then it never existed.  Allowed only when the
- *     client did not see it commit and no trade_order row carries it (a
- *     branch registered under it would have flushed it);
+ *     crash can be lost, and then it never existed.  So after a kill -9 of
+ *     a node: a begin is answered before it is stored, and stored with the
+ *     global's first registration (tc_hold.h), so one the node held when
+ *     it died is lost.  Allowed only when the client did not see it commit
+ *     and no trade_order row carries it (a branch registered under it
+ *     would have stored it);
  *   - every xid the client saw committed is Committed; every xid it saw
  *     rolled back is not;
  *   - the branch databases agree with the decisions: the trade_order rows
@@ -232,7 +235,8 @@ static bool retryable(int rc) {
  * answer the fault explains: "rollback decided, the coordinator finishes
  * it" (its branches could not be undone while the store was away), and
  * "global transaction not found" for a begin that PostgreSQL's crash lost
- * (acknowledged from the relaxed lane, not yet flushed: tc_store.c NOTES).
+ * (acknowledged from the relaxed lane, not yet flushed: tc_store.c NOTES)
+ * or that a killed node held (answered, not yet stored: tc_hold.h).
  * The not-found ones are marked in 'r' and checked against the history at
  * the end: each must be such a lost begin. */
 static void note_tm_error(int rc, rec_t *r) {
@@ -358,8 +362,11 @@ static fault_mark_t kills[4];
 static int nkills;
 static double first_fault_at; /* when the first fault began (0: none) */
 
+static bool begins_lost; /* a fault may lose answered begins (see the header) */
+
 static void scenario_kill(double duration) {
   wait_until_s(8);
+  begins_lost = true;
   int a = leader_node();
   say("kill -9 node %d (the leader)", a);
   first_fault_at = rel_s();
@@ -441,11 +448,9 @@ static void scenario_pause(double duration) {
   check(leaders == 1, "exactly one leader at the end (%d)", leaders);
 }
 
-static bool pg_crashed; /* pgrestart stopped PostgreSQL --immediate */
-
 static void scenario_pgrestart(double duration) {
   wait_until_s(8);
-  pg_crashed = true;
+  begins_lost = true; /* stop --immediate */
   say("PostgreSQL: stop --immediate");
   atomic_store(&fault_active, 1);
   first_fault_at = rel_s();
@@ -553,7 +558,7 @@ static void verify(worker_t *ws, int nw) {
       rec_t *rc = &ws[i].recs[k];
       hentry_t *e = hget(&m, rc->xid, false);
       int st = e ? e->status : 0;
-      if (st == 0 && pg_crashed && rc->view != V_COMMITTED && (!e || e->qty == 0)) {
+      if (st == 0 && begins_lost && rc->view != V_COMMITTED && (!e || e->qty == 0)) {
         lost_begins++;
       } else if (rc->not_found) {
         bad_not_found++;
@@ -590,7 +595,7 @@ static void verify(worker_t *ws, int nw) {
       rolled_seen, unknown_seen, history_committed);
   check(not_final == 0, "every begun transaction is in the history (%zu missing)", not_final);
   if (lost_begins)
-    say("begins lost with PostgreSQL's crash, never committed, no branch data: %zu", lost_begins);
+    say("begins lost with PostgreSQL's crash or a killed node, never committed, no branch data: %zu", lost_begins);
   check(bad_not_found == 0, "every \"global transaction not found\" of the fault's time is a begin the crash lost (%zu are not)",
         bad_not_found);
   check(failed_final == 0, "no transaction ended *Failed (%zu)", failed_final);

@@ -806,6 +806,16 @@ static void test_waiting_call_sent_once(void **state) {
   assert_int_equal(rm_at_prepare(ba, NULL), 0);
   assert_true(txn(spg, "COMMIT"));
   rm_at_close(ba, true);
+  /* xb is answered before it is stored, and stored within
+   * store.begin_hold_ms (tc/tc_hold.h); a node killed before that loses it.
+   * This test needs it to survive the kill below. */
+  PGconn *tpg = pg_open(tc_url);
+  assert_non_null(tpg);
+  double stored_by = now_ms() + 5000;
+  while (sql_ll(tpg, "SELECT count(*) FROM global_table WHERE xid = '%s'", xb) != 1 && now_ms() < stored_by)
+    sleep_ms(10);
+  assert_int_equal(sql_ll(tpg, "SELECT count(*) FROM global_table WHERE xid = '%s'", xb), 1);
+  PQfinish(tpg);
 
   /* every node gone: B's registration waits for one */
   tcds_kill();
