@@ -522,7 +522,8 @@ static void on_stats(int status, const char *err, const tc_read_count_t *rows, i
                                 "rolled_back", U(ns->rolled_back), "timed_out", U(ns->timed_out), "commit_failed",
                                 U(ns->commit_failed), "rollback_failed", U(ns->rollback_failed)));
   json_object_set_new(a, "begins_held",
-                      json_pack("{s:o, s:o, s:o, s:o}", "held", U(sn.hold.held), "parked", U(sn.hold.parked),
+                      json_pack("{s:o, s:o, s:o, s:o, s:o}", "held", U(sn.hold.held), "parked", U(sn.hold.parked),
+                                "retrying", U(sn.hold.retrying),
                                 "stored_with_registration", U(sn.hold.folded), "stored_alone",
                                 U(sn.hold.stored_alone)));
   json_object_set_new(a, "branches",

@@ -140,6 +140,17 @@ static void submit_or_reply(call_t *c) {
 
 static int store_error_code(const tc_op_t *op) { return op->status ? op->status : TXP_ESTORE; }
 
+/* "Not found" for an xid that another node made may be a begin that node
+ * answered and still holds (tc_hold.h): the request runs once more after
+ * the hold (true: taken; the caller frees its call, not the request). */
+static bool retry_if_held_elsewhere(tc_ctx_t *ctx, tc_req_t *req) {
+  char node[TXP_XID_NODE_MAX + 1];
+  if (req->retried || txp_xid_parse(req->msg.xid, node, sizeof(node), NULL, NULL) != 0 ||
+      strcmp(node, ctx->advertise) == 0)
+    return false;
+  return tc_hold_retry_later(ctx->hold, req);
+}
+
 /* ------------------------------------------------------------ validation */
 
 static bool xid_ok(const char *xid) { return xid && xid[0] && strlen(xid) <= TXP_MAX_XID_LEN; }
@@ -368,6 +379,10 @@ static void on_decide_done(tc_op_t *op, void *arg) {
   const char *msg = NULL;
   switch (op->res) {
   case TC_RES_NOT_FOUND:
+    if (retry_if_held_elsewhere(c->ctx, c->req)) {
+      call_free(c);
+      return;
+    }
     reply_code(c, TXP_EGLOBAL_NOT_FOUND, "global transaction not found");
     return;
   case TC_RES_NOT_OWNER:
@@ -487,7 +502,8 @@ static void on_status_read(int status, const char *err, const tc_read_status_t *
   if (status != TC_READ_OK) {
     tc_req_reply_code(rc->req, TXP_ESTORE, "could not read the global status: store unavailable");
   } else if (!r->found) {
-    tc_req_reply_code(rc->req, TXP_EGLOBAL_NOT_FOUND, "global transaction not found");
+    if (!retry_if_held_elsewhere(rc->ctx, rc->req))
+      tc_req_reply_code(rc->req, TXP_EGLOBAL_NOT_FOUND, "global transaction not found");
   } else if (!r->allowed) {
     rc->ctx->stats.not_owner++;
     tc_req_reply_code(rc->req, TXP_ENOT_OWNER,
@@ -728,6 +744,10 @@ static void on_register_done(tc_op_t *op, void *arg) {
     reply_register(c, 0, NULL);
     return;
   case TC_RES_NOT_FOUND:
+    if (retry_if_held_elsewhere(ctx, c->req)) {
+      call_free(c);
+      return;
+    }
     reply_register(c, TXP_EGLOBAL_NOT_FOUND, "global transaction not found");
     return;
   case TC_RES_NOT_OWNER:

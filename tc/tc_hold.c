@@ -26,11 +26,13 @@
 #include "txp_msg.h"
 
 #define TC_HOLD_MAX 8192 /* begins held at once (an entry is about 1.5 KB) */
+#define RETRY_MARGIN_MS 100 /* past the hold: the maker's batch that stores the begin */
 
 typedef enum { HELD, FOLDED, STORING } state_t;
 
 typedef struct parked {
   tc_req_t *req;
+  uint64_t due_ms; /* retries only: when it runs again */
   struct parked *next;
 } parked_t;
 
@@ -64,9 +66,13 @@ struct tc_hold {
   txc_idtable_t keys;
   held_t *oldest, *newest; /* HELD entries, by due time */
   uv_timer_t timer;
+  parked_t *retries, *retries_tail; /* tc_hold_retry_later, by due time */
+  size_t nretries;
+  uv_timer_t retry_timer;
   size_t parked;
   uint64_t folded, stored_alone;
-  bool closing, timer_closed;
+  bool closing;
+  int timers_open;
   void (*done)(void *);
   void *done_arg;
 };
@@ -127,7 +133,7 @@ static void list_append(tc_hold_t *h, held_t *e) {
 }
 
 static void maybe_release(tc_hold_t *h) {
-  if (!h->closing || !h->timer_closed || txc_idtable_count(&h->table)) return;
+  if (!h->closing || h->timers_open || txc_idtable_count(&h->table)) return;
   void (*done)(void *) = h->done;
   void *arg = h->done_arg;
   txc_idtable_free(&h->table);
@@ -240,6 +246,9 @@ tc_hold_t *tc_hold_new(uv_loop_t *loop, tc_store_t *store, unsigned hold_ms, siz
   h->arg = arg;
   uv_timer_init(loop, &h->timer);
   h->timer.data = h;
+  uv_timer_init(loop, &h->retry_timer);
+  h->retry_timer.data = h;
+  h->timers_open = 2;
   return h;
 }
 
@@ -343,13 +352,50 @@ void tc_hold_get_stats(const tc_hold_t *h, tc_hold_stats_t *out) {
   if (!h) return;
   out->held = txc_idtable_count(&h->table);
   out->parked = h->parked;
+  out->retrying = h->nretries;
   out->folded = h->folded;
   out->stored_alone = h->stored_alone;
 }
 
+static void run_retries(tc_hold_t *h);
+
+static void on_retry_timer(uv_timer_t *t) { run_retries(t->data); }
+
+/* Run the retries that are due (all of them when closing). */
+static void run_retries(tc_hold_t *h) {
+  uint64_t now = uv_now(h->loop);
+  while (h->retries && (h->closing || h->retries->due_ms <= now)) {
+    parked_t *p = h->retries;
+    h->retries = p->next;
+    if (!h->retries) h->retries_tail = NULL;
+    h->nretries--;
+    tc_req_t *req = p->req;
+    free(p);
+    h->resume(req, h->arg);
+  }
+  if (h->retries && !h->closing)
+    uv_timer_start(&h->retry_timer, on_retry_timer, h->retries->due_ms - now, 0);
+}
+
+bool tc_hold_retry_later(tc_hold_t *h, tc_req_t *req) {
+  if (!h || !h->hold_ms || h->closing || req->retried || h->nretries >= h->max) return false;
+  parked_t *p = malloc(sizeof(*p));
+  if (!p) return false;
+  req->retried = true;
+  p->req = req;
+  p->due_ms = uv_now(h->loop) + h->hold_ms + RETRY_MARGIN_MS;
+  p->next = NULL;
+  /* One delay for all: the list stays in due order. */
+  if (h->retries_tail) h->retries_tail->next = p;
+  else h->retries = p;
+  h->retries_tail = p;
+  if (h->nretries++ == 0) uv_timer_start(&h->retry_timer, on_retry_timer, p->due_ms - uv_now(h->loop), 0);
+  return true;
+}
+
 static void on_timer_closed(uv_handle_t *handle) {
   tc_hold_t *h = handle->data;
-  h->timer_closed = true;
+  h->timers_open--;
   maybe_release(h);
 }
 
@@ -358,5 +404,7 @@ void tc_hold_close(tc_hold_t *h, void (*done)(void *), void *arg) {
   h->done_arg = arg;
   tc_hold_flush(h);
   h->closing = true;
+  run_retries(h); /* they are answered "shutting down" now */
   uv_close((uv_handle_t *)&h->timer, on_timer_closed);
+  uv_close((uv_handle_t *)&h->retry_timer, on_timer_closed);
 }

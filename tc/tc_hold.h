@@ -21,9 +21,13 @@
  *
  *   What changes for others:
  *     - Clients send an xid's calls to the node that made it (the xid
- *       names it).  Another node (when the client cannot reach this one)
- *       or an operator's command may find the xid "not found" for up to
- *       store.begin_hold_ms plus a batch.
+ *       names it).  Another node gets them when the client cannot reach
+ *       that one: a registration, decision or status there that finds no
+ *       global of an xid another node made runs once more, after
+ *       store.begin_hold_ms and a margin (tc_hold_retry_later), by when
+ *       a live maker has stored the begin.  So the cluster's nodes should
+ *       share one store.begin_hold_ms.  An operator's command may find
+ *       such an xid "not found" for that long.
  *     - A tcd crash (not only a PostgreSQL one, as with relaxed begins)
  *       can lose a begin it answered.  That is harmless for the same
  *       reason: no branch can register under a lost xid, so no resource
@@ -101,13 +105,20 @@ bool tc_hold_fold(tc_hold_t *h, tc_op_t *op);
  * refused it: the begin is held again). */
 void tc_hold_unfold(tc_hold_t *h, tc_op_t *op, bool ran);
 
+/* 'req' found no global of an xid that another node made: that node may
+ * hold its begin.  Run it once more after store.begin_hold_ms and a
+ * margin: true when the hold took it (it comes back through 'resume');
+ * false when it ran twice already, or the hold is off, full or closing
+ * (answer it as it is). */
+bool tc_hold_retry_later(tc_hold_t *h, struct tc_req *req);
+
 /* Store every held begin now (the node is stopping). */
 void tc_hold_flush(tc_hold_t *h);
 
-/* Held begins, parked requests (gauges), and begins that rode a
- * registration / were stored alone (counters). */
+/* Held begins, parked requests, requests waiting to run again (gauges),
+ * and begins that rode a registration / were stored alone (counters). */
 typedef struct tc_hold_stats {
-  size_t held, parked;
+  size_t held, parked, retrying;
   uint64_t folded, stored_alone;
 } tc_hold_stats_t;
 void tc_hold_get_stats(const tc_hold_t *h, tc_hold_stats_t *out);

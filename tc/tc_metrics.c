@@ -279,6 +279,9 @@ static void format_metrics(const snap_t *s, uint64_t now, sbuf_t *b) {
         (double)s->st.hold.held);
   gauge(b, "txc_requests_parked", "Requests waiting for the store to take their global's held begin.",
         (double)s->st.hold.parked);
+  gauge(b, "txc_requests_retrying",
+        "Requests that found no global of an xid another node made, waiting to run again after its hold.",
+        (double)s->st.hold.retrying);
   counter_by(b, "txc_begins_stored_total", "Held begins stored, with their first registration or alone.", "how", 2,
              (const char *const[]){"with_registration", "alone"},
              (const uint64_t[]){s->st.hold.folded, s->st.hold.stored_alone});

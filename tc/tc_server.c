@@ -746,6 +746,7 @@ static void conn_dispatch_request(tc_conn_t *c, txp_msg_t *m) {
   req->conn = c;
   req->msg = *m;
   req->received_ns = uv_hrtime();
+  req->retried = false;
   txp_msg_init(m, TXP_MSG_NONE); /* moved */
   c->inflight++;
   tc_conn_ref(c);

@@ -45,6 +45,7 @@ typedef struct tc_req {
   tc_conn_t *conn; /* referenced until reply/drop */
   txp_msg_t msg;
   uint64_t received_ns; /* uv_hrtime at decode */
+  bool retried;         /* the coordinator already ran it a second time (tc_hold.h) */
 } tc_req_t;
 
 typedef void (*tc_request_cb)(tc_req_t *req, void *arg);

@@ -98,17 +98,21 @@ static bool tcd_serving(const tcd_proc_t *t, void *arg) {
   return txc_serving(HOST, t->port, TOKEN, 200);
 }
 
+const char *g_tcd_setting;
+
 int tcd_start(void) { return tcd_start_armed(NULL, NULL); }
 
 int tcd_start_armed(const char *failpoints, const char *log) {
   /* tcd_proc keeps pointers to the settings: they live here. */
   static char armed[512];
-  static const char *env[] = {"TC_RECOVERY_INTERVAL_MS=200", "TC_RECOVERY_RETRY_MIN_MS=100", NULL, NULL};
-  env[2] = NULL;
+  static const char *env[] = {"TC_RECOVERY_INTERVAL_MS=200", "TC_RECOVERY_RETRY_MIN_MS=100", NULL, NULL, NULL};
+  int n = 2;
   if (failpoints) {
     snprintf(armed, sizeof(armed), "TX_FAILPOINTS=%s", failpoints);
-    env[2] = armed;
+    env[n++] = armed;
   }
+  if (g_tcd_setting) env[n++] = g_tcd_setting;
+  env[n] = NULL;
   tcd_opts_t o = {.token = TOKEN, .log_level = "warn", .env = env, .attempts = 5,
                   .timeout_ms = START_TIMEOUT_MS, .ready = tcd_serving, .log = log};
   if (tcd_proc_start(&g_tcd, &o) != 0) return -1;

@@ -78,6 +78,10 @@ void nap(void);
 extern tcd_proc_t g_tcd;
 extern bool g_stopped_on_purpose; /* a test stopped tcd: the teardown does not miss it */
 
+/* One more "TC_X_Y=value" setting for every tcd the suite starts (NULL:
+ * none); tcd_proc gives tcd no TC_* variable of the test's environment. */
+extern const char *g_tcd_setting;
+
 /* Start tcd on a fresh port (retrying when the port is taken) and point
  * the RM thread at it; 0 or -1. */
 int tcd_start(void);

@@ -17,6 +17,8 @@
  *       once: it is stored with the first try, the retry after the wake-up
  *       succeeds;
  *     - a begin nobody follows is stored alone when the hold ends;
+ *     - another node that gets a registration of a held xid runs it again
+ *       after the hold and finds the global;
  *     - a clean stop stores what it holds, and a kill -9 loses it (the
  *       TM's commit finds no global);
  *     - a keyed begin is held only on its first send (FIRST_SEND); a resend
@@ -251,8 +253,47 @@ static void test_kill_loses_held(void **state) {
   assert_int_equal(db_long("SELECT count(*) FROM global_history WHERE xid = $1", xid, NULL), 0);
 }
 
+static bool serving(const tcd_proc_t *t, void *arg) {
+  (void)arg;
+  return txc_serving(HOST, t->port, TOKEN, 200);
+}
+
+/* 10. A client that cannot reach the node that made an xid sends its calls
+ * to another node.  While the maker holds the begin, the other node finds
+ * no global: it runs the registration once more after the hold (plus a
+ * margin), and by then the maker has stored the begin.  An xid that no
+ * node holds is still "not found" after that one wait. */
+static void test_other_node_waits_for_hold(void **state) {
+  (void)state;
+  static const char *env[] = {"TC_STORE_BEGIN_HOLD_MS=" HOLD_MS, NULL};
+  tcd_proc_t other;
+  memset(&other, 0, sizeof(other));
+  tcd_opts_t o = {.token = TOKEN, .node_id = 2, .log_level = "warn", .env = env, .attempts = 5,
+                  .timeout_ms = 15000, .ready = serving};
+  if (tcd_proc_start(&other, &o) != 0) fail_msg("could not start a second tcd: %s", other.err);
+  char err[256];
+  txc_t *rm = txc_connect(HOST, other.port, 2000, err, sizeof(err));
+  assert_non_null(rm);
+  assert_int_equal(txc_register(rm, true, "test-app", "h10-rm-other", TOKEN, "db_client"), 0);
+
+  cli_t cl = new_cli("h10");
+  char xid[TXP_MAX_XID_LEN + 1];
+  begin_ok(cl.tm, 30000, "h10", xid); /* held by the suite's node for a second */
+  int64_t b = 0;
+  assert_int_equal(txc_branch_register(rm, xid, "db_orders", "t_hold:10", 0, &b, NULL), 0);
+  assert_true(b > 0);
+  assert_int_equal(db_long(SQL_BRANCHES, xid, NULL), 1);
+  commit_ok(cl.tm, xid);
+
+  int64_t none = 0;
+  assert_int_equal(txc_branch_register(rm, "127.0.0.1:1:7:0123456789abcdef", "db_orders", "t_hold:11", 0, &none, NULL),
+                   TXP_EGLOBAL_NOT_FOUND);
+  txc_close(rm);
+  assert_int_equal(tcd_proc_stop(&other, 10000), 0);
+}
+
 int main(void) {
-  setenv("TC_STORE_BEGIN_HOLD_MS", HOLD_MS, 1);
+  g_tcd_setting = "TC_STORE_BEGIN_HOLD_MS=" HOLD_MS;
   const struct CMUnitTest tests[] = {
     cmocka_unit_test_setup_teardown(test_first_register_carries_begin, suite_test_setup, suite_test_teardown),
     cmocka_unit_test_setup_teardown(test_second_register_waits, suite_test_setup, suite_test_teardown),
@@ -261,6 +302,7 @@ int main(void) {
     cmocka_unit_test_setup_teardown(test_hold_ends, suite_test_setup, suite_test_teardown),
     cmocka_unit_test_setup_teardown(test_keyed_first_send_held, suite_test_setup, suite_test_teardown),
     cmocka_unit_test_setup_teardown(test_keyed_without_flag_stored_first, suite_test_setup, suite_test_teardown),
+    cmocka_unit_test_setup_teardown(test_other_node_waits_for_hold, suite_test_setup, suite_test_teardown),
     cmocka_unit_test_setup_teardown(test_stop_stores_held, suite_test_setup, suite_test_teardown),
     cmocka_unit_test_setup_teardown(test_kill_loses_held, suite_test_setup, suite_test_teardown),
   };
