@@ -220,6 +220,7 @@ static void on_stats_timer_closed(uv_handle_t *h) {
 static void close_store(void *arg) {
   tc_parts_t *stop = arg;
   tc_node_t *node = stop->owner;
+  node->ctx.hold = NULL; /* freed: the coordinator's calls still finishing find no hold */
   tc_store_close(node->ctx.store, tc_parts_closed, stop);
 }
 
