@@ -85,7 +85,8 @@ static void skip_without_servers(void) {
 /* Start tcd on 'port' (0: a free one) with a new node id, its output in a
  * log file; returns when it accepts connections (it listens only once its
  * store is ready). */
-static tcd_proc_t *tcd_start(int port, const char *token) {
+/* A node with more settings ("TC_X_Y=value", NULL-terminated; may be NULL). */
+static tcd_proc_t *tcd_start_with(int port, const char *token, const char *const *env) {
   tcd_proc_t *t = NULL;
   for (int i = 0; i < MAX_TCD; i++)
     if (tcds[i].pid == 0) {
@@ -98,13 +99,15 @@ static tcd_proc_t *tcd_start(int port, const char *token) {
   char log[512];
   snprintf(log, sizeof(log), "%s/rm-tm-tcd-%d.log", dir ? dir : "/tmp", node_id);
   tcd_opts_t o = {.pg_url = pg_url(), .token = token, .node_id = node_id, .log_level = "warn", .port = port,
-                  .log = log, .timeout_ms = START_TIMEOUT_MS};
+                  .log = log, .timeout_ms = START_TIMEOUT_MS, .env = env};
   if (tcd_proc_start(t, &o) != 0) {
     tcd_proc_print_log(t, stdout);
     fail_msg("%s", t->err);
   }
   return t;
 }
+
+static tcd_proc_t *tcd_start(int port, const char *token) { return tcd_start_with(port, token, NULL); }
 
 static void tcd_signal(tcd_proc_t *t, int sig) {
   assert_true(t->pid > 0);
@@ -907,6 +910,29 @@ static void test_reconnect_after_restart(void **state) {
   rm_client_free(c);
 }
 
+/* ---- a begin answered before it is stored ---- */
+
+/* librmclient marks a GlobalBegin's first send (txp FIRST_SEND), so the
+ * node holds it (tc/tc_hold.h): with a one-second hold, its row is not in
+ * the store right after the answer.  The commit that follows stores it
+ * first and commits it. */
+static void test_begin_held(void **state) {
+  (void)state;
+  skip_without_servers();
+  static const char *const env[] = {"TC_STORE_BEGIN_HOLD_MS=1000", NULL};
+  tcd_proc_t *t = tcd_start_with(0, TOKEN, env);
+  char nodes[128], xid[RM_XID_MAX];
+  nodes_of(nodes, sizeof(nodes), t, NULL);
+  rm_client_t *c = client_new(nodes, TOKEN, "rm-tm-held", 5000, NULL);
+  assert_int_equal(rm_tm_begin(c, 60000, "held", xid), RM_OK);
+  assert_int_equal(sql_count(pg_url(), "SELECT count(*) FROM global_table WHERE xid = $1", xid), 0);
+  int st = 0;
+  assert_int_equal(rm_tm_commit(c, xid, &st), RM_OK);
+  assert_int_equal(st, RM_GS_COMMITTED);
+  assert_int_equal(globals_of("rm-tm-held"), 1);
+  rm_client_free(c);
+}
+
 /* ---- free with calls in flight ---- */
 
 #define FREE_THREADS 8
@@ -1174,6 +1200,7 @@ int main(void) {
     cmocka_unit_test_teardown(test_heartbeat_dead_then_resend, teardown_tcds),
     cmocka_unit_test_teardown(test_store_errors_retried, teardown_tcds),
     cmocka_unit_test_teardown(test_reconnect_after_restart, teardown_tcds),
+    cmocka_unit_test_teardown(test_begin_held, teardown_tcds),
     cmocka_unit_test_teardown(test_free_with_calls_in_flight, teardown_tcds),
     cmocka_unit_test_teardown(test_branch_register_lock_wait, teardown_tcds),
     cmocka_unit_test_teardown(test_phase_two_dispatch, teardown_tcds),
