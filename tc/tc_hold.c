@@ -335,7 +335,7 @@ void tc_hold_unfold(tc_hold_t *h, tc_op_t *op, bool ran) {
   }
   h->folded--;
   e->state = HELD;
-  e->due_ms = uv_now(h->loop); /* stored at the next tick */
+  e->due_ms = uv_now(h->loop) + h->hold_ms; /* the list stays in due order */
   list_append(h, e);
   if (h->closing) store_now(h, e, true);
   else arm_timer(h);
