@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "txc_fnv.h"
+
 typedef struct {
   uint64_t hash; /* of the text, the parameter count and types */
   char *sql;
@@ -68,16 +70,10 @@ void txc_pstmt_free(txc_pstmt_cache_t *c) {
   free(c);
 }
 
-static uint64_t fnv_bytes(uint64_t h, const void *p, size_t len) {
-  const unsigned char *b = p;
-  for (size_t i = 0; i < len; i++) h = (h ^ b[i]) * 1099511628211ull;
-  return h;
-}
-
 static uint64_t stmt_hash(const char *sql, int n, const Oid *types) {
-  uint64_t h = fnv_bytes(14695981039346656037ull, sql, strlen(sql));
-  h = fnv_bytes(h, &n, sizeof(n));
-  if (types) h = fnv_bytes(h, types, (size_t)n * sizeof(Oid));
+  uint64_t h = txc_fnv1a_str(TXC_FNV_OFFSET, sql);
+  h = txc_fnv1a(h, &n, sizeof(n));
+  if (types) h = txc_fnv1a(h, types, (size_t)n * sizeof(Oid));
   return h;
 }
 

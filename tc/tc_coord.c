@@ -129,13 +129,16 @@ static void reply_code(call_t *c, int code, const char *msg) {
   call_free(c);
 }
 
-/* Submit the call's op or answer BUSY/SHUTDOWN right away. */
+/* Submit the call's op or answer BUSY/SHUTDOWN right away (a begin the op
+ * was to carry is held again: tc_hold.h). */
 static void submit_or_reply(call_t *c) {
   c->submitted_ns = uv_hrtime();
   int rc = tc_store_submit(c->ctx->store, &c->op);
-  if (rc != 0)
+  if (rc != 0) {
+    tc_hold_unfold(c->ctx->hold, &c->op, false);
     reply_code(c, rc, rc == TXP_EBUSY ? "coordinator store queue full: retry later"
                                       : "coordinator shutting down");
+  }
 }
 
 static int store_error_code(const tc_op_t *op) { return op->status ? op->status : TXP_ESTORE; }
@@ -867,12 +870,7 @@ static void handle_register(tc_ctx_t *ctx, tc_req_t *req) {
   c->op.idem_key = m->idem_key && m->idem_key[0] ? m->idem_key : NULL;
   if (m->lock_wait_ms) c->lock_deadline_ns = c->started_ns + (uint64_t)m->lock_wait_ms * 1000000u;
   tc_hold_fold(ctx->hold, &c->op); /* the global's begin may ride along */
-  c->submitted_ns = uv_hrtime();
-  int rc = tc_store_submit(ctx->store, &c->op);
-  if (rc != 0) {
-    tc_hold_unfold(ctx->hold, &c->op, false);
-    reply_code(c, rc, rc == TXP_EBUSY ? "coordinator store queue full: retry later" : "coordinator shutting down");
-  }
+  submit_or_reply(c);
 }
 
 /*

@@ -12,16 +12,18 @@
  *   or failed), and only then are its parked requests resumed, in their
  *   order of arrival: they find the global in the store, or "not found"
  *   when the begin was lost.
- *   Entries are found by a 64-bit hash of the xid (FNV-1a) in the
+ *   Entries are found by a 64-bit hash of the xid (txc_fnv.h) in the
  *   project's id table, and then compared in full; keyed ones also by a
  *   hash of (application, key), in a second table.
  */
 #include "tc_hold.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "tc_server.h"
+#include "txc_fnv.h"
 #include "txc_idtable.h"
 #include "txp_msg.h"
 
@@ -77,15 +79,11 @@ struct tc_hold {
   void *done_arg;
 };
 
-static uint64_t fnv1a(uint64_t x, const char *s) {
-  for (const unsigned char *p = (const unsigned char *)s; *p; p++) x = (x ^ *p) * 1099511628211ull;
-  return x;
-}
+static uint64_t xid_hash(const char *xid) { return txc_fnv1a_str(TXC_FNV_OFFSET, xid); }
 
-static uint64_t xid_hash(const char *xid) { return fnv1a(14695981039346656037ull, xid); }
-
+/* (app_id, idem_key), with the NUL between them hashed too. */
 static uint64_t key_hash(const char *app_id, const char *idem_key) {
-  return fnv1a(fnv1a(14695981039346656037ull, app_id) * 1099511628211ull, idem_key);
+  return txc_fnv1a_str(txc_fnv1a(TXC_FNV_OFFSET, app_id, strlen(app_id) + 1), idem_key);
 }
 
 static held_t *find(const tc_hold_t *h, const char *xid) {
@@ -252,12 +250,6 @@ tc_hold_t *tc_hold_new(uv_loop_t *loop, tc_store_t *store, unsigned hold_ms, siz
   return h;
 }
 
-static void copy(char *dst, size_t cap, const char *src) {
-  size_t n = src ? strnlen(src, cap - 1) : 0;
-  if (n) memcpy(dst, src, n);
-  dst[n] = '\0';
-}
-
 int tc_hold_begin(tc_hold_t *h, const tc_held_begin_t *b) {
   if (!h || !h->hold_ms || h->closing || txc_idtable_count(&h->table) >= h->max) return -1;
   held_t *e = calloc(1, sizeof(*e));
@@ -267,12 +259,12 @@ int tc_hold_begin(tc_hold_t *h, const tc_held_begin_t *b) {
   e->txid = b->txid;
   e->timeout_ms = b->timeout_ms;
   e->has_name = b->name != NULL;
-  copy(e->xid, sizeof(e->xid), b->xid);
-  copy(e->name, sizeof(e->name), b->name);
-  copy(e->app_id, sizeof(e->app_id), b->app_id);
-  copy(e->group, sizeof(e->group), b->group);
+  snprintf(e->xid, sizeof(e->xid), "%s", b->xid ? b->xid : "");
+  snprintf(e->name, sizeof(e->name), "%s", b->name ? b->name : "");
+  snprintf(e->app_id, sizeof(e->app_id), "%s", b->app_id ? b->app_id : "");
+  snprintf(e->group, sizeof(e->group), "%s", b->group ? b->group : "");
   e->has_key = b->idem_key && b->idem_key[0];
-  copy(e->idem_key, sizeof(e->idem_key), b->idem_key);
+  snprintf(e->idem_key, sizeof(e->idem_key), "%s", b->idem_key ? b->idem_key : "");
   e->due_ms = uv_now(h->loop) + h->hold_ms;
   e->node.id = xid_hash(e->xid);
   txc_idtable_insert(&h->table, &e->node);

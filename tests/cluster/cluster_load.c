@@ -61,6 +61,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "txc_fnv.h"
 #include "txc_secret.h"
 #include "rm_at_int.h" /* rm__at_tune: the leftover pass of pgrestart */
 #include "rm_client.h"
@@ -481,11 +482,7 @@ typedef struct hmap {
   size_t cap;
 } hmap_t;
 
-static size_t hash_s(const char *s) {
-  size_t h = 1469598103934665603ull;
-  for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
-  return h;
-}
+static size_t hash_s(const char *s) { return (size_t)txc_fnv1a_str(TXC_FNV_OFFSET, s); }
 
 static hentry_t *hget(hmap_t *m, const char *xid, bool create) {
   size_t i = hash_s(xid) & (m->cap - 1);

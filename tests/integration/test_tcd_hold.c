@@ -160,6 +160,14 @@ static void test_hold_ends(void **state) {
   rollback_ok(cl.tm, xid);
 }
 
+/* After a test stopped or killed tcd on purpose: a new one, with the RM
+ * thread registered again (its generation above 'gen'). */
+static void start_again(int gen) {
+  g_stopped_on_purpose = false;
+  assert_int_equal(tcd_start(), 0);
+  assert_true(rm_wait_generation(gen, WAIT_MS));
+}
+
 /* 6. A clean stop stores the begins it holds (the TM's later calls may go
  * to another node). */
 static void test_stop_stores_held(void **state) {
@@ -174,9 +182,7 @@ static void test_stop_stores_held(void **state) {
   assert_true(st != -1);
   if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) fail_msg("tcd did not exit cleanly on SIGTERM: status 0x%x", st);
   assert_int_equal(db_long(SQL_GLOBAL_STATUS, xid, NULL), TXP_GS_BEGIN);
-  g_stopped_on_purpose = false;
-  assert_int_equal(tcd_start(), 0);
-  assert_true(rm_wait_generation(gen, WAIT_MS));
+  start_again(gen);
   cli_t again = new_cli("h6-again");
   rollback_ok(again.tm, xid);
 }
@@ -243,9 +249,7 @@ static void test_kill_loses_held(void **state) {
   int gen = rm_generation();
   g_stopped_on_purpose = true;
   tcd_kill9();
-  g_stopped_on_purpose = false;
-  assert_int_equal(tcd_start(), 0);
-  assert_true(rm_wait_generation(gen, WAIT_MS));
+  start_again(gen);
   cli_t again = new_cli("h9-again");
   int status = -1;
   assert_int_equal(txc_commit(again.tm, xid, &status), TXP_EGLOBAL_NOT_FOUND);

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "rm_client.h"
+#include "txc_fnv.h"
 
 /* protobuf-c's __INIT macros cast away the const of its empty string; gcc
  * forgives that in a system header's macro, clang does not. */
@@ -656,11 +657,7 @@ void rm_sql_cache_free(rm_sql_cache_t *c) {
   free(c);
 }
 
-static size_t text_hash(const char *s) { /* FNV-1a */
-  size_t h = (size_t)1469598103934665603ULL;
-  for (; *s; s++) h = (h ^ (unsigned char)*s) * (size_t)1099511628211ULL;
-  return h;
-}
+static size_t text_hash(const char *s) { return (size_t)txc_fnv1a_str(TXC_FNV_OFFSET, s); }
 
 static cache_entry_t *cache_find(rm_sql_cache_t *c, size_t bucket, const char *sql) {
   for (cache_entry_t *e = c->buckets[bucket]; e; e = e->next)
