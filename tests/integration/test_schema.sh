@@ -544,6 +544,18 @@ expect_by_key "tc: a transaction's store functions answer as usual on vacuumed-e
                           ARRAY[NULL, NULL], ARRAY[NULL, NULL], ARRAY[NULL, NULL], ARRAY[NULL, NULL], 50, 300);
    ROLLBACK;" $'2\nok,ok,ok,ok\n4\n1 ok 9,2 ok 4\nok 11 true,ok 11 true'
 
+# The batch functions tcd calls keep their own planner settings: by key
+# (017) and one generic plan per statement (018).  A later CREATE OR
+# REPLACE FUNCTION without its SET clauses would drop them silently: the
+# checks above would still pass, on plans made again at every call.
+expect_value "tc: the batch functions tcd calls plan by key, once per session" "$TC_PG_URL" \
+  "SELECT string_agg(p.proname || ' ' || array_to_string(ARRAY(SELECT c FROM unnest(p.proconfig) c ORDER BY c), ' '),
+                     ',' ORDER BY p.proname)
+     FROM pg_proc p
+    WHERE p.proname IN ('tc_begin_batch', 'tc_register_batch', 'tc_decide_lock', 'tc_decide_batch',
+                        'tc_phase2_batch')" \
+  "tc_begin_batch enable_seqscan=off plan_cache_mode=force_generic_plan,tc_decide_batch enable_seqscan=off plan_cache_mode=force_generic_plan,tc_decide_lock enable_seqscan=off plan_cache_mode=force_generic_plan,tc_phase2_batch enable_seqscan=off plan_cache_mode=force_generic_plan,tc_register_batch enable_seqscan=off plan_cache_mode=force_generic_plan"
+
 # db-migrate itself, on a scratch database --------------------------------------
 
 admin_url=${TC_PG_URL%/*}/postgres
