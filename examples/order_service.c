@@ -1659,6 +1659,16 @@ int main(int argc, char **argv) {
     goto out;
   }
   svc_pgpool_prewarm(s.pool, pool_size);
+  if (s.pf) {
+    /* The prefilter's Redis connections too: the first burst of a sale
+     * would otherwise open one per concurrent purchase on its way (each a
+     * connect and a SCRIPT LOAD round), on the critical path. */
+    unsigned opened = 0;
+    int prc = rm_prefilter_prewarm(svc_pf_handle(s.pf), (unsigned)(threads < 256 ? threads : 256), &opened);
+    if (prc != 0)
+      svc_warn("could not open the prefilter's Redis connections ahead (%u opened): %s; purchases open them as "
+               "they come", opened, rm_prefilter_strerror(prc));
+  }
   http = svc_http_start(m.listen, (unsigned)svc_ncpu(), (unsigned)threads, handler, &s, err, sizeof(err));
   if (!http) {
     svc_error("%s", err);

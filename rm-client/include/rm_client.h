@@ -956,6 +956,22 @@ RM_API int rm_prefilter_new(const char *redis_url, const rm_pf_options_t *opts, 
  * rm_prefilter_free(NULL) does nothing. */
 RM_API void rm_prefilter_free(rm_prefilter_t *pf);
 
+/*
+ * Open connections now, up to 'n' (at most the pool's max_connections),
+ * each connected, authenticated and with every script loaded, and leave
+ * them idle in the pool, so that a burst of calls soon after (a sale's
+ * first second, right after a deploy) pays no connects: without it each
+ * of the burst's concurrent calls opens its own connection on the way.
+ * Connections already idle count towards 'n'.  Blocks while it connects
+ * (at most the connect timeout each).  0, or the first failure
+ * (RM_E_CONN_LOST: Redis unreachable, or in the pool's backoff;
+ * RM_E_DEADLINE: every slot in use); the connections opened before it
+ * stay.  '*opened' (may be NULL): how many it opened.  Redis keeps idle
+ * connections unless its 'timeout' is set, and the pool checks one that
+ * sat idle before lending it.
+ */
+RM_API int rm_prefilter_prewarm(rm_prefilter_t *pf, unsigned n, unsigned *opened);
+
 /* Describes any code (prefilter or core; falls back to rm_strerror). */
 RM_API const char *rm_prefilter_strerror(int code);
 /* Details of the calling thread's last failed call ("" if none): the same

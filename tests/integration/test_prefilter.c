@@ -1110,6 +1110,51 @@ static void test_noscript(void **state) {
   rm_prefilter_free(pf);
 }
 
+/* rm_prefilter_prewarm opens the pool's connections ahead, scripts loaded:
+ * the calls after it open none.  Idle connections count towards 'n', the
+ * pool's size bounds it, and an unreachable Redis is a clean failure. */
+static void test_prewarm(void **state) {
+  (void)state;
+  NEED_SERVERS();
+  const int64_t act = 5004;
+  rm_prefilter_t *pf = pf_new(4);
+  rm_pf_stats_t st;
+  unsigned opened = 99;
+  int b;
+  seed_pg(act, 1, 8, 1, 2, 10);
+  assert_int_equal(rm_prefilter_prewarm(pf, 3, &opened), 0);
+  assert_int_equal(opened, 3);
+  rm_prefilter_stats(pf, &st);
+  assert_int_equal(st.connects, 3);
+  assert_int_equal(st.open_connections, 3);
+  /* Already idle: nothing more to open; past the pool's size: capped. */
+  assert_int_equal(rm_prefilter_prewarm(pf, 3, &opened), 0);
+  assert_int_equal(opened, 0);
+  assert_int_equal(rm_prefilter_prewarm(pf, 100, &opened), 0);
+  assert_int_equal(opened, 1);
+  rm_prefilter_stats(pf, &st);
+  assert_int_equal(st.open_connections, 4);
+  /* The scripts are loaded on them: calls open nothing and reload nothing. */
+  assert_int_equal(rm_prefilter_seed(pf, pg, act), 0);
+  assert_int_equal(rm_prefilter_freeze(pf, act, 1, 1, 1, 1, &b), 0);
+  assert_int_equal(rm_prefilter_confirm(pf, act, 1, 1), 0);
+  rm_prefilter_stats(pf, &st);
+  assert_int_equal(st.connects, 4);
+  assert_int_equal(st.noscript_reloads, 0);
+  assert_int_equal(rm_prefilter_prewarm(pf, 0, NULL), 0);
+  assert_int_equal(rm_prefilter_prewarm(NULL, 1, &opened), RM_E_INVALID);
+  assert_int_equal(opened, 0);
+  rm_prefilter_free(pf);
+  /* Nobody listens there: the first connect fails, nothing is open. */
+  rm_pf_options_t o = {.connect_timeout_ms = 200, .max_connections = 4};
+  assert_int_equal(rm_prefilter_new("redis://127.0.0.1:1", &o, &pf), 0);
+  assert_int_equal(rm_prefilter_prewarm(pf, 4, &opened), RM_E_CONN_LOST);
+  assert_int_equal(opened, 0);
+  rm_prefilter_stats(pf, &st);
+  assert_int_equal(st.open_connections, 0);
+  rm_prefilter_free(pf);
+}
+
 /* The URL's database and password are used on every connection. */
 static void test_url_db_auth(void **state) {
   (void)state;
@@ -1587,7 +1632,7 @@ int main(int argc, char **argv) {
     cmocka_unit_test(test_load_16_buckets), cmocka_unit_test(test_race_redis),
     cmocka_unit_test(test_race_pg_first),  cmocka_unit_test(test_malformed),
     cmocka_unit_test(test_waitlist),       cmocka_unit_test(test_stock_add),
-    cmocka_unit_test(test_noscript),
+    cmocka_unit_test(test_noscript),       cmocka_unit_test(test_prewarm),
     cmocka_unit_test(test_url_db_auth),
     cmocka_unit_test(test_no_hang),        cmocka_unit_test(test_expiry),
     cmocka_unit_test(test_hold),           cmocka_unit_test(test_reconcile_under_writes),

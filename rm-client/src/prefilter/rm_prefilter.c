@@ -149,6 +149,25 @@ void rm_prefilter_free(rm_prefilter_t *pf) {
   free(pf);
 }
 
+int rm_prefilter_prewarm(rm_prefilter_t *pf, unsigned n, unsigned *opened) {
+  if (opened) *opened = 0;
+  if (!pf) return RM_E_INVALID;
+  if (n > pf->pool.max_conns) n = pf->pool.max_conns;
+  if (n == 0) return 0;
+  rm_pf_conn_t **held = calloc(n, sizeof(*held));
+  if (!held) return RM_E_NOMEM;
+  uint64_t before = atomic_load(&pf->pool.connects);
+  /* Hold each one until all are open: a connection given back at once
+   * would be the next one taken, and only one would be opened. */
+  int rc = 0;
+  unsigned k = 0;
+  while (k < n && (rc = rm__pf_conn_get(&pf->pool, &held[k])) == 0) k++;
+  for (unsigned i = 0; i < k; i++) rm__pf_conn_put(&pf->pool, held[i], false);
+  free(held);
+  if (opened) *opened = (unsigned)(atomic_load(&pf->pool.connects) - before);
+  return rc;
+}
+
 const char *rm_prefilter_strerror(int code) {
   switch (code) {
   case RM_PF_NOT_ON_SALE: return "activity not on sale";
