@@ -143,9 +143,10 @@
  *     ORDER_LISTEN             127.0.0.1:0 (any free port)
  *     ORDER_THREADS            32 per CPU: handler threads; they block on
  *                              Redis, the coordinator and stock-service
- *     ORDER_PG_POOL            8 per CPU: connections to the orders
- *                              database (held only for the local
- *                              transactions, never while waiting)
+ *     ORDER_PG_POOL            3 per CPU, at least 4: connections to the
+ *                              orders database (held only for the local
+ *                              transactions, never while waiting;
+ *                              svc_pg_pool_default says why so few)
  *     ORDER_RESOURCE_ID        orders
  *     ORDER_GTX_TIMEOUT_MS     10000
  *     STOCK_CALL_TIMEOUT_MS    5000
@@ -1546,7 +1547,7 @@ int main(int argc, char **argv) {
   bool ok = true;
   order_svc_t s = {.resource = svc_env_str("ORDER_RESOURCE_ID", "orders")};
   int threads = (int)svc_env_int("ORDER_THREADS", 32LL * svc_ncpu(), 1, 4096, &ok);
-  int pool_size = (int)svc_env_int("ORDER_PG_POOL", 8LL * svc_ncpu(), 1, 1024, &ok);
+  int pool_size = (int)svc_env_int("ORDER_PG_POOL", svc_pg_pool_default(), 1, 1024, &ok);
   s.gtx_timeout_ms = (unsigned)svc_env_int("ORDER_GTX_TIMEOUT_MS", 10000, 100, 600000, &ok);
   s.stock_timeout_ms = (unsigned)svc_env_int("STOCK_CALL_TIMEOUT_MS", 5000, 50, 600000, &ok);
   s.ttl_s = svc_env_int("ORDER_TTL_S", 900, 1, 86400LL * 365, &ok);

@@ -81,7 +81,8 @@
  *   TC_NODES, TC_SECRETS_DIR (or TC_SECRET_FILE: the secret of application
  *   "stock-service"; the legacy TC_TOKEN still works); STOCK_LISTEN
  *   (host:port, default 127.0.0.1:0 = any
- *   free port), STOCK_THREADS (default 8 per CPU), STOCK_RESOURCE_ID
+ *   free port), STOCK_THREADS (default 3 per CPU, at least 4: each holds
+ *   a connection of the pool; svc_pg_pool_default), STOCK_RESOURCE_ID
  *   (default "stock"), STOCK_SLOW_MS (1000: a slower operation logs the time
  *   of each phase, at info level), STOCK_LOG_LEVEL; for the benchmarks:
  *   STOCK_FREEZE_MODE (deferred, the default: delta mode with the UPDATE
@@ -1119,7 +1120,8 @@ int main(int argc, char **argv) {
   int early = svc_main_start(&m, "stock-service", "STOCK", argc, argv, routes, NROUTES, usage);
   if (early >= 0) return early;
   bool ok = true;
-  int threads = (int)svc_env_int("STOCK_THREADS", 8LL * svc_ncpu(), 1, 1024, &ok);
+  /* each handler thread holds a connection of the pool for its request */
+  int threads = (int)svc_env_int("STOCK_THREADS", svc_pg_pool_default(), 1, 1024, &ok);
   const char *pg_url = svc_env_str("STOCK_PG_URL", NULL);
   stock_svc_t s = {.resource = svc_env_str("STOCK_RESOURCE_ID", "stock"),
                    .local_mode = svc_env_int("STOCK_LOCAL_MODE", 0, 0, 1, &ok) == 1};

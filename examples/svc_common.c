@@ -132,6 +132,11 @@ int svc_ncpu(void) {
   return n > 0 ? (int)n : 1;
 }
 
+int svc_pg_pool_default(void) {
+  int n = 3 * svc_ncpu();
+  return n < 4 ? 4 : n;
+}
+
 /* ----------------------------------------------------------- signals */
 
 /* The signals svc_wait_signal waits for: stop (TERM, INT) and reopen the

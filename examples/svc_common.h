@@ -93,6 +93,12 @@ bool svc_at_writes_sql(bool *ok);
 /* Number of CPUs the process may run on (its affinity: taskset, a
  * cpuset), else of online CPUs; at least 1. */
 int svc_ncpu(void);
+/* The default number of PostgreSQL connections a service keeps for its
+ * local transactions: 3 per CPU (svc_ncpu), at least 4.  Every backend a
+ * burst meets for the first time pays its catalog caches, plans and
+ * PL/pgSQL functions on the burst's path, and more backends than the
+ * CPUs can run only queue there (bench/README, twenty-fifth session). */
+int svc_pg_pool_default(void);
 
 /* ----------------------------------------------------------- signals */
 
