@@ -382,6 +382,30 @@ RM_API int rm_at_open_registered(rm_client_t *c, const char *xid, const char *re
                                  PGconn *pg, rm_branch_t **out);
 
 /*
+ * Open a rehearsal of a branch on 'pg' (idle or inside a transaction, as
+ * rm_at_open): every call works on it as on a branch (the same statements,
+ * images, savepoints, deferred deltas, and the undo row that prepare
+ * writes), but nothing goes to the coordinator (no registration, no
+ * global lock asked for; rm_at_register_early answers 0) and nothing
+ * commits: rm_at_prepare_commit rolls the local transaction back where a
+ * branch would commit (0, *committed false), and rm_at_prepare rolls it
+ * back after writing the undo row, so a caller's COMMIT after it has
+ * nothing to commit.  Close it with rm_at_close(b, false).
+ *
+ * For a service that warms its PostgreSQL connections before it serves:
+ * a fresh connection's first branch pays the backend's catalog caches,
+ * the plans of every statement and the PL/pgSQL functions and triggers
+ * they reach, and on a small machine a sale's first burst meeting every
+ * connection cold costs several times the latency of the next one
+ * (bench/README, twenty-fifth session).  The rows it works on should be
+ * ones the caller's transaction made itself (they are gone with its
+ * rollback, and no other transaction waits on them).  The undo row
+ * carries the xid RM_AT_REHEARSAL_XID and branch id 0.
+ */
+#define RM_AT_REHEARSAL_XID "rm-at-rehearsal"
+RM_API int rm_at_open_rehearsal(rm_client_t *c, const char *resource_id, PGconn *pg, rm_branch_t **out);
+
+/*
  * Register 'b' now, right after rm_at_open and before its statements,
  * without waiting: the call to the coordinator goes on while the
  * statements run, and rm_at_prepare waits for its answer (one round trip

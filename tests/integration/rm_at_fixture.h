@@ -91,6 +91,7 @@ void test_insert_fails_late(void **state);
 void test_open_idle(void **state);
 void test_begin_open(void **state);
 void test_register_early(void **state);
+void test_rehearsal(void **state);
 
 /* test_rm_at_adopt.c */
 void test_resource_needs_undo_log(void **state);

@@ -1648,6 +1648,7 @@ int main(void) {
     ITEST_CASE(test_open_idle),
     ITEST_CASE(test_begin_open),
     ITEST_CASE(test_register_early),
+    ITEST_CASE(test_rehearsal),
     ITEST_CASE(test_cleanup),
     ITEST_CASE(test_deferred_delta_commit_rollback),
     ITEST_CASE(test_deferred_delta_guard),

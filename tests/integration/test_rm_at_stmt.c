@@ -449,3 +449,86 @@ void test_prepared_statements(void **state) {
   rm_client_free(unnamed);
   assert_true(exec_ok(o, "ALTER TABLE other.kv DROP COLUMN ps_extra"));
 }
+
+/* A rehearsal (rm_at_open_rehearsal) runs a branch's statements and its
+ * prepare on the connection, asks the coordinator nothing (its client's
+ * only node does not listen, so any call would fail) and leaves nothing
+ * behind: not the rows it wrote, not a bucket's delta, not its undo row;
+ * and a caller's COMMIT after rm_at_prepare has nothing to commit. */
+void test_rehearsal(void **state) {
+  (void)state;
+  rm_config_t cfg = {.token = TOKEN, .application_id = "test_rm_at", .nodes = "127.0.0.1:1",
+                     .request_timeout_ms = 300, .lock_wait_ms = 200};
+  rm_client_t *lone = NULL;
+  assert_int_equal(rm_client_new(&cfg, &lone), 0);
+  assert_int_equal(rm_resource_add(lone, "orders", orders_url), 0);
+  assert_int_equal(rm_resource_add(lone, "stock", stock_url), 0);
+  PGconn *o = itest_pg(orders_url), *s = itest_pg(stock_url);
+  rm_branch_t *b = NULL;
+  assert_int_equal(rm_at_open_rehearsal(NULL, "stock", s, &b), RM_E_INVALID);
+  assert_int_equal(rm_at_open_rehearsal(lone, "nosuch", s, &b), RM_E_INVALID);
+  assert_int_equal(rm_at_open_rehearsal(lone, "stock", NULL, &b), RM_E_INVALID);
+  assert_null(b);
+  const char *undo_sql = "SELECT count(*) FROM undo_log";
+  const char *frozen_sql = "SELECT frozen_count FROM activity_ticket_bucket WHERE activity_id = " ACTIVITY
+                           " AND ticket_type = " TICKET " AND bucket_id = 2";
+  long long undo_s = q_ll(s, undo_sql, NULL, NULL, NULL), undo_o = q_ll(o, undo_sql, NULL, NULL, NULL);
+  long long frozen = q_ll(s, frozen_sql, NULL, NULL, NULL);
+  assert_true(frozen >= 0);
+
+  /* 1. The stock's freeze as the service runs it: on an idle connection,
+   * registered early, no statement savepoints, a deferred delta, prepare
+   * and COMMIT fused into one round trip, which here rolls back. */
+  assert_int_equal(rm_at_open_rehearsal(lone, "stock", s, &b), 0);
+  assert_int_equal(rm_at_statement_savepoints(b, false), 0);
+  assert_int_equal(rm_at_register_early(b), 0);
+  bucket_key_t k;
+  bucket_key(&k, 2);
+  assert_int_equal(rm_at_update_delta_deferred(b, "activity_ticket_bucket", k.pk, "frozen_count", 1, GUARD), 0);
+  int64_t bid = -1;
+  bool committed = true;
+  assert_int_equal(rm_at_prepare_commit(b, &bid, &committed), 0);
+  assert_false(committed);
+  assert_int_equal(bid, 0);
+  assert_int_equal(PQtransactionStatus(s), PQTRANS_IDLE);
+  assert_int_equal(rm_at_close(b, false), 0);
+  assert_int_equal(q_ll(s, frozen_sql, NULL, NULL, NULL), frozen);
+  assert_int_equal(q_ll(s, undo_sql, NULL, NULL, NULL), undo_s);
+
+  /* 2. Inside the caller's transaction, with savepoints: an insert, an
+   * update and a SELECT ... FOR UPDATE that a branch would take global
+   * locks for; rm_at_prepare, then the caller's COMMIT. */
+  assert_true(exec_ok(o, "INSERT INTO other.kv VALUES ('rehearsed', 'orig') ON CONFLICT (k) DO UPDATE SET v = 'orig'"));
+  assert_true(exec_ok(o, "BEGIN"));
+  assert_int_equal(rm_at_open_rehearsal(lone, "orders", o, &b), 0);
+  long long id = atomic_fetch_add(&next_order, 1);
+  assert_int_equal(insert_order(b, id, 78, 1, 2, RM_AT_REHEARSAL_XID), 0);
+  const char *kk[1] = {"rehearsed"}, *c[1] = {"v"}, *v[1] = {"changed"};
+  assert_int_equal(rm_at_update(b, "other.kv", kk, 1, c, v), 0);
+  int64_t rows = 0;
+  assert_int_equal(rm_at_sql(b, "SELECT v FROM other.kv WHERE k = $1 FOR UPDATE", 1, NULL, kk, &rows, NULL), 0);
+  assert_int_equal(rows, 1);
+  assert_int_equal(rm_at_prepare(b, &bid), 0);
+  assert_int_equal(bid, 0);
+  assert_int_equal(PQtransactionStatus(o), PQTRANS_IDLE); /* rolled back by prepare */
+  PQclear(PQexec(o, "COMMIT"));                            /* nothing to commit (a warning) */
+  assert_int_equal(rm_at_close(b, false), 0);
+  assert_int_equal(order_exists(o, id), 0);
+  assert_int_equal(q_ll(o, "SELECT count(*) FROM other.kv WHERE k = 'rehearsed' AND v = 'orig'", NULL, NULL, NULL), 1);
+  assert_int_equal(q_ll(o, undo_sql, NULL, NULL, NULL), undo_o);
+
+  /* 3. One deferred insert alone on an idle connection: for a branch the
+   * statement is its own transaction; a rehearsal's still rolls back. */
+  assert_int_equal(rm_at_open_rehearsal(lone, "orders", o, &b), 0);
+  assert_int_equal(rm_at_statement_savepoints(b, false), 0);
+  const char *cols[2] = {"k", "v"}, *vals[2] = {"rehearsed-alone", "v"};
+  assert_int_equal(rm_at_insert_deferred(b, "other.kv", 2, cols, vals), 0);
+  committed = true;
+  assert_int_equal(rm_at_prepare_commit(b, NULL, &committed), 0);
+  assert_false(committed);
+  assert_int_equal(rm_at_close(b, false), 0);
+  assert_int_equal(PQtransactionStatus(o), PQTRANS_IDLE);
+  assert_int_equal(q_ll(o, "SELECT count(*) FROM other.kv WHERE k = 'rehearsed-alone'", NULL, NULL, NULL), 0);
+  assert_int_equal(q_ll(o, undo_sql, NULL, NULL, NULL), undo_o);
+  rm_client_free(lone);
+}

@@ -124,6 +124,16 @@ int rm_at_open_registered(rm_client_t *c, const char *xid, const char *resource_
   return 0;
 }
 
+int rm_at_open_rehearsal(rm_client_t *c, const char *resource_id, PGconn *pg, rm_branch_t **out) {
+  int rc = rm_at_open(c, RM_AT_REHEARSAL_XID, resource_id, pg, out);
+  if (rc == 0) (*out)->rehearsal = true;
+  return rc;
+}
+
+/* How the local transaction ends where a branch commits: a rehearsal
+ * rolls it back. */
+static const char *end_word(const rm_branch_t *b) { return b->rehearsal ? "ROLLBACK" : "COMMIT"; }
+
 int rm_at_statement_savepoints(rm_branch_t *b, bool on) {
   if (!b) return rm__fail(RM_E_INVALID, "could not set statement savepoints: the branch is NULL");
   if (b->state != RM_BRANCH_OPEN || b->nitems + b->ndeferred > 0) {
@@ -162,7 +172,7 @@ int rm_at_register_early(rm_branch_t *b) {
     rm__at_err(b, "a branch is registered early only right after rm_at_open, before its statements");
     return rm__fail(RM_E_STATE, "%s", b->errmsg);
   }
-  int rc = rm__branch_register_start(b->c, b->xid, b->res->id, &b->pending_reg);
+  int rc = b->rehearsal ? 0 : rm__branch_register_start(b->c, b->xid, b->res->id, &b->pending_reg);
   if (rc != 0) {
     rm__at_err(b, "could not register the branch: %s", rm_strerror(rc));
     return rm__fail(rc, "%s", b->errmsg);
@@ -283,7 +293,10 @@ int rm_at_prepare_commit(rm_branch_t *b, int64_t *branch_id, bool *committed) {
   bool fused = false;
   int rc = prepare(b, branch_id, &fused);
   if (rc == 0 && fused) {
-    *committed = true;
+    *committed = !b->rehearsal;
+    return 0;
+  }
+  if (rc == 0 && b->rehearsal) { /* prepared and rolled back (rm_at_prepare) */
     return 0;
   }
   if (rc == 0) { /* not fused: prepared, the COMMIT goes alone */
@@ -378,7 +391,7 @@ static int fused_commit(rm_branch_t *b, const char *const *insert_params) {
   } else {
     for (int i = 0; i < 4; i++) params[i] = insert_params[i];
   }
-  const char *const sqls[2] = {d ? sql.data : insert_sql, "COMMIT"};
+  const char *const sqls[2] = {d ? sql.data : insert_sql, end_word(b)};
   const int nps[2] = {np, 0};
   const char *const *pp[2] = {params, NULL};
   const Oid *tt[2] = {d ? types : NULL, NULL};
@@ -386,7 +399,7 @@ static int fused_commit(rm_branch_t *b, const char *const *insert_params) {
   rc = rm__at_pipe_run(b, 2, sqls, nps, pp, tt, r);
   txp_buf_free(&sql);
   if (rc == 0 && PQresultStatus(r[0]) == PGRES_COMMAND_OK && PQresultStatus(r[1]) == PGRES_COMMAND_OK &&
-      strcmp(PQcmdStatus(r[1]), "COMMIT") == 0) {
+      strcmp(PQcmdStatus(r[1]), end_word(b)) == 0) {
     PQclear(r[0]);
     PQclear(r[1]);
     return 0;
@@ -483,10 +496,11 @@ static int fused_insert_commit(rm_branch_t *b, const char *const *head) {
     caller_rollback(b);
     return RM_E_NOMEM;
   }
-  /* Nothing of the branch ran: the statement is its transaction. */
-  bool alone = b->begin_pending;
-  b->begin_pending = false;
-  const char *const sqls[2] = {sql.data, "COMMIT"};
+  /* Nothing of the branch ran: the statement is its transaction (not in
+   * a rehearsal, whose BEGIN goes first and whose end rolls back). */
+  bool alone = b->begin_pending && !b->rehearsal;
+  if (alone) b->begin_pending = false;
+  const char *const sqls[2] = {sql.data, end_word(b)};
   const int nps[2] = {np, 0};
   const char *const *pp[2] = {params, NULL};
   const Oid *tt[2] = {types, NULL};
@@ -497,7 +511,7 @@ static int fused_insert_commit(rm_branch_t *b, const char *const *head) {
   free(params);
   free(types);
   if (rc == 0 && PQresultStatus(r[0]) == PGRES_COMMAND_OK &&
-      (alone || (PQresultStatus(r[1]) == PGRES_COMMAND_OK && strcmp(PQcmdStatus(r[1]), "COMMIT") == 0))) {
+      (alone || (PQresultStatus(r[1]) == PGRES_COMMAND_OK && strcmp(PQcmdStatus(r[1]), end_word(b)) == 0))) {
     PQclear(r[0]);
     PQclear(r[1]);
     b->nitems = 1;
@@ -591,7 +605,9 @@ static int prepare(rm_branch_t *b, int64_t *branch_id, bool *fused_commit_done) 
   /* Commit deltas make the commit real work: the TM is to be answered
    * after it (TXP_APP_DATA_PHASE2_SYNC). */
   const char *app_data = b->has_commit_delta ? TXP_APP_DATA_PHASE2_SYNC : NULL;
-  if (b->pending_reg) { /* rm_at_register_early: its answer */
+  if (b->rehearsal) { /* nothing to register: branch id 0 */
+    bid = 0;
+  } else if (b->pending_reg) { /* rm_at_register_early: its answer */
     rc = registration_wait(b);
     bid = b->branch_id;
   } else if (!b->registered_first) {
@@ -605,7 +621,7 @@ static int prepare(rm_branch_t *b, int64_t *branch_id, bool *fused_commit_done) 
     free(ctx);
     return rc;
   }
-  b->registered = true;
+  b->registered = !b->rehearsal;
   b->branch_id = bid;
   if (rm__at_failpoint_after_register) rm__at_failpoint_after_register(b, bid, rm__at_failpoint_arg);
   TXC_FAILPOINT("rm.at.after_register");
@@ -632,7 +648,7 @@ static int prepare(rm_branch_t *b, int64_t *branch_id, bool *fused_commit_done) 
     }
     *fused_commit_done = true;
     b->state = RM_BRANCH_PREPARED;
-    if (b->has_commit_delta) rm__at_inline_add(b->res, b->xid, bid);
+    if (b->has_commit_delta && !b->rehearsal) rm__at_inline_add(b->res, b->xid, bid);
     if (branch_id) *branch_id = bid;
     return 0;
   }
@@ -677,10 +693,11 @@ static int prepare(rm_branch_t *b, int64_t *branch_id, bool *fused_commit_done) 
     return rc;
   }
   PQclear(res);
+  if (b->rehearsal) caller_rollback(b); /* the caller's COMMIT finds nothing to commit */
   b->state = RM_BRANCH_PREPARED;
   /* Its BranchCommit must apply the commit deltas: served on a worker at
    * once rather than queued for the deleter (rm_undo.c NOTES). */
-  if (b->has_commit_delta) rm__at_inline_add(b->res, b->xid, bid);
+  if (b->has_commit_delta && !b->rehearsal) rm__at_inline_add(b->res, b->xid, bid);
   if (branch_id) *branch_id = bid;
   return 0;
 }

@@ -258,6 +258,7 @@ struct rm_branch {
   bool registered_first; /* registered before its statements (rm_at_open_registered,
                             rm_at_register_early): no locks, no commit delta */
   rm_pending_t *pending_reg; /* rm_at_register_early's registration, not waited for yet */
+  bool rehearsal;            /* rm_at_open_rehearsal: no coordinator, never commits */
   int64_t branch_id;
   json_t *undo;       /* array of items, in statement order */
   size_t nitems;

@@ -442,7 +442,7 @@ static int run_select_for_update(sql_run_t *r) {
     rc = read_image(r, &image);
     if (rc == 0) rc = image_keys(r, image, &keys);
     PQclear(image);
-    if (rc != 0 || keys.len == 0) break;
+    if (rc != 0 || keys.len == 0 || b->rehearsal) break; /* a rehearsal asks the coordinator nothing */
     bool lockable = false;
     char holder[RM_XID_MAX] = "";
     rc = rm__lock_query(b->c, b->xid, b->res->id, keys.data, 0, &lockable, holder, sizeof(holder), b->errmsg,
