@@ -294,8 +294,9 @@ static void local_abort(PGconn *pg) {
 
 /* Branch 1 of a purchase, 'bid' (registered with the global's begin:
  * rm_tm_begin_branch), on 'pg': insert 'o' as UNPAID, prepare and
- * commit. */
-static int branch_insert_order(order_svc_t *s, PGconn *pg, int64_t bid, const order_t *o, char *err,
+ * commit.  'rehearsal': the same statements in a rehearsal of the branch
+ * (rm_at_open_rehearsal: no coordinator, rolled back; warm_connection). */
+static int branch_insert_order(order_svc_t *s, PGconn *pg, int64_t bid, const order_t *o, bool rehearsal, char *err,
                                size_t errlen) {
   char sid[24], sa[24], st[24], su[24], sq[24], sb[24], sm[24], exp[64] = "";
   snprintf(sid, sizeof(sid), "%lld", o->order_id);
@@ -315,7 +316,8 @@ static int branch_insert_order(order_svc_t *s, PGconn *pg, int64_t bid, const or
   /* No BEGIN of our own: the branch begins the transaction with its
    * first statement, in one round trip (on an idle connection). */
   rm_branch_t *b = NULL;
-  int rc = rm_at_open_registered(s->rm, o->xid, s->resource, bid, pg, &b);
+  int rc = rehearsal ? rm_at_open_rehearsal(s->rm, s->resource, pg, &b)
+                     : rm_at_open_registered(s->rm, o->xid, s->resource, bid, pg, &b);
   /* A failure rolls the transaction back: no savepoint per statement. */
   if (rc == 0) rc = rm_at_statement_savepoints(b, false);
   /* No global lock on the new order: no global transaction writes an
@@ -347,6 +349,24 @@ static int branch_insert_order(order_svc_t *s, PGconn *pg, int64_t bid, const or
   }
   rm_at_close(b, committed);
   return 0;
+}
+
+/*
+ * svc_pg_warm_fn: the order branch rehearsed on 'pg' before the service
+ * serves (rm_at_open_rehearsal: the statements a purchase runs on the
+ * orders database, nothing to the coordinator, rolled back), with ids no
+ * request can have.  The backend has then read the catalogs and planned
+ * what the first purchase of a sale would (bench/README, twenty-fifth
+ * session).
+ */
+static bool warm_connection(PGconn *pg, void *arg, char *err, size_t errlen) {
+  order_svc_t *s = arg;
+  order_t o = {.order_id = INT64_MAX, .activity = -1, .ticket_type = 1, .user = INT64_MAX, .qty = 1, .bucket = 0,
+               .expire_ms = svc_now_us() / 1000 + 60000, .idem_key = "warm-up"};
+  snprintf(o.xid, sizeof(o.xid), "%s", RM_AT_REHEARSAL_XID);
+  int rc = branch_insert_order(s, pg, 0, &o, true, err, errlen);
+  local_abort(pg);
+  return rc == 0;
 }
 
 /* Branch 2: the stock-service call with 'body' (taken).  Returns the HTTP
@@ -668,7 +688,7 @@ static void place_order(order_svc_t *s, order_t *o, int64_t deadline_ms, int64_t
                                            sizeof(serr));
   json_decref(body);
   PGconn *pg = svc_pg_get(s->pool, 5000, err, sizeof(err));
-  rc = pg ? branch_insert_order(s, pg, bid, o, err, sizeof(err)) : RM_E_DB;
+  rc = pg ? branch_insert_order(s, pg, bid, o, false, err, sizeof(err)) : RM_E_DB;
   svc_pg_put(s->pool, pg);
   int64_t t_b1 = svc_now_us();
   long st = stock_answer(call, "/freeze", reason, sizeof(reason), serr, sizeof(serr));
@@ -1659,7 +1679,8 @@ int main(int argc, char **argv) {
     exit_code = 71;
     goto out;
   }
-  svc_pgpool_prewarm(s.pool, pool_size);
+  /* (local mode places orders with plain SQL: nothing to rehearse) */
+  svc_pgpool_prewarm(s.pool, pool_size, s.local_mode ? NULL : warm_connection, &s);
   if (s.pf) {
     /* The prefilter's Redis connections too: the first burst of a sale
      * would otherwise open one per concurrent purchase on its way (each a

@@ -592,6 +592,57 @@ static void stock_event_after(const svc_event_t *ev, void *arg) {
             "could not update Redis after an order event: %s (reconciliation will)", err);
 }
 
+/* ---------------------------------------------------------- warm-up */
+
+/*
+ * svc_pg_warm_fn: one freeze rehearsed on 'pg' before the service serves,
+ * through the statements a request runs in the service's mode (an AT
+ * branch rehearsed, rm_at_open_rehearsal: nothing goes to the
+ * coordinator; TCC, XA and the local path: their plain SQL), on an
+ * activity and a bucket that its own transaction creates (activity -1,
+ * which no sale uses; order and user ids no request can have), then
+ * rolled back: nothing is left, and no other transaction waits on its
+ * rows.  The backend has then read the catalogs, planned the statements
+ * and compiled stock_freeze's PL/pgSQL triggers that the first freeze
+ * of a sale would (bench/README, twenty-fifth session).
+ */
+static bool warm_connection(PGconn *pg, void *arg, char *err, size_t errlen) {
+  stock_svc_t *s = arg;
+  stmt_ctx_t c = {.s = s, .pg = pg, .err = err, .errlen = errlen};
+  stock_op_t op = {.kind = OP_FREEZE, .order_id = INT64_MAX, .activity = -1, .ticket_type = 1, .bucket = 0,
+                   .qty = 1, .user = INT64_MAX, .deadline_ms = svc_now_us() / 1000 + 60000};
+  bool branch = s->rm && s->mode != MODE_TCC && s->mode != MODE_XA;
+  int rc = 0;
+  bool ok = svc_pg_exec(pg, "BEGIN", 0, NULL, PGRES_COMMAND_OK, NULL, err, errlen) &&
+            svc_pg_exec(pg,
+                        "INSERT INTO activity (activity_id, name, status, per_user_limit, starts_at, ends_at)"
+                        " VALUES (-1, 'warm-up (never committed)', 1, 2, now() - interval '1 minute',"
+                        " now() + interval '1 hour')",
+                        0, NULL, PGRES_COMMAND_OK, NULL, err, errlen) &&
+            svc_pg_exec(pg,
+                        "INSERT INTO activity_ticket_bucket (activity_id, ticket_type, bucket_id, stock)"
+                        " VALUES (-1, 1, 0, 1)",
+                        0, NULL, PGRES_COMMAND_OK, NULL, err, errlen);
+  if (ok && branch && (rc = rm_at_open_rehearsal(s->rm, s->resource, pg, &c.b)) != 0)
+    snprintf(err, errlen, "%s", rm_errmsg());
+  if (ok && rc == 0 && c.b && (rc = rm_at_statement_savepoints(c.b, false)) == 0 &&
+      (s->mode == MODE_DELTA || s->mode == MODE_DEFERRED))
+    rc = rm_at_register_early(c.b);
+  freeze_mode_t mode = branch ? (freeze_mode_t)s->mode : MODE_DEFERRED;
+  if (ok && rc == 0) rc = op_statements(&c, mode, &op, c.b ? RM_AT_REHEARSAL_XID : NULL);
+  bool committed = false;
+  if (ok && rc == 0 && c.b && (rc = rm_at_prepare_commit(c.b, NULL, &committed)) == 0 && committed) {
+    snprintf(err, errlen, "a rehearsed freeze committed"); /* cannot happen: rm_at_open_rehearsal's promise */
+    rc = RM_E_STATE;
+  }
+  if (c.b) {
+    if (rc != 0 && *rm_at_errmsg(c.b)) snprintf(err, errlen, "%s", rm_at_errmsg(c.b));
+    rm_at_close(c.b, false);
+  }
+  if (PQtransactionStatus(pg) != PQTRANS_IDLE) PQclear(PQexec(pg, "ROLLBACK"));
+  return ok && rc == 0;
+}
+
 /* ---------------------------------------------------------- handlers */
 
 static void handle_op(stock_svc_t *s, const svc_req_t *req, svc_resp_t *resp, stock_opkind_t kind) {
@@ -1212,7 +1263,7 @@ int main(int argc, char **argv) {
       goto out;
     }
   }
-  svc_pgpool_prewarm(s.pool, threads);
+  svc_pgpool_prewarm(s.pool, threads, warm_connection, &s);
   http = svc_http_start(m.listen, (unsigned)svc_ncpu(), (unsigned)threads, handler, &s, err, sizeof(err));
   if (!http) {
     svc_error("%s", err);

@@ -285,7 +285,7 @@ PGconn *svc_pg_get(svc_pgpool_t *p, unsigned wait_ms, char *err, size_t errlen) 
   return pg;
 }
 
-int svc_pgpool_prewarm(svc_pgpool_t *p, int n) {
+int svc_pgpool_prewarm(svc_pgpool_t *p, int n, svc_pg_warm_fn warm, void *arg) {
   PGconn **got = calloc((size_t)(n > 0 ? n : 1), sizeof(PGconn *));
   if (!got) return 0;
   int k = 0;
@@ -297,6 +297,16 @@ int svc_pgpool_prewarm(svc_pgpool_t *p, int n) {
       break;
     }
   }
+  /* all taken first, so that each one is a different backend */
+  int warmed = 0;
+  for (; warm && warmed < k; warmed++) {
+    if (!warm(got[warmed], arg, err, sizeof(err))) {
+      svc_warn("could not warm the PostgreSQL connections before serving: %s; the first requests warm them", err);
+      break;
+    }
+  }
+  if (warm && warmed == k && k > 0)
+    svc_info("warmed %d PostgreSQL connection(s) before serving: a request's statements rehearsed on each", k);
   for (int i = 0; i < k; i++) svc_pg_put(p, got[i]);
   free(got);
   return k;

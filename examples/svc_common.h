@@ -137,10 +137,17 @@ void svc_pgpool_free(svc_pgpool_t *p);
 /* Take a connection, waiting up to 'wait_ms' when all are in use; NULL
  * with a message in 'err' when none can be had. */
 PGconn *svc_pg_get(svc_pgpool_t *p, unsigned wait_ms, char *err, size_t errlen);
+/* Run a request's statements on 'pg' and roll them back (a service's
+ * rehearsal, rm_at_open_rehearsal); false with a message in 'err'.  It
+ * leaves 'pg' idle, outside a transaction, either way. */
+typedef bool (*svc_pg_warm_fn)(PGconn *pg, void *arg, char *err, size_t errlen);
 /* Open up to 'n' connections now, so that the first requests do not pay
- * for the connection set-up.  Returns how many are open; a failure is
- * logged, not fatal (requests connect on demand). */
-int svc_pgpool_prewarm(svc_pgpool_t *p, int n);
+ * for the connection set-up, and, 'warm' given, run it on each: a
+ * backend's first request otherwise pays its catalog caches, plans and
+ * PL/pgSQL functions, and a sale's first burst meets all of them at once
+ * (bench/README, twenty-fifth session).  Returns how many are open; a
+ * failure is logged, not fatal (requests connect, or warm, on demand). */
+int svc_pgpool_prewarm(svc_pgpool_t *p, int n, svc_pg_warm_fn warm, void *arg);
 /* Give 'pg' back.  A connection that is broken or left inside a
  * transaction is closed instead of kept. */
 void svc_pg_put(svc_pgpool_t *p, PGconn *pg);

@@ -2,11 +2,11 @@
 # services_harness.sh - the frame the shell tests of the demo services
 # share (test_demo, test_admin_mode, test_at_writes, test_console,
 # test_freeze_modes, test_local_metrics, test_observability, test_openapi,
-# test_queued, test_reconcile, test_tickets, test_window): a temporary directory, a
-# cleanup at exit that stops the services and the cluster and keeps the
-# logs of a failed run, the ok/fail/check helpers, a checked sale and an
-# activity of a step's own, and the local cluster started with its
-# exports.
+# test_queued, test_reconcile, test_tickets, test_warmup, test_window): a
+# temporary directory, a cleanup at exit that stops the services and the
+# cluster and keeps the logs of a failed run, the ok/fail/check helpers, a
+# checked sale and an activity of a step's own, and the local cluster
+# started with its exports.
 #
 # Source it after `set -euo pipefail` with TEST_NAME set.  It sets src,
 # bin (and exports TX_BIN_DIR), tmp, CLUSTER_DIR and failures.  A test
