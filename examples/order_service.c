@@ -143,10 +143,10 @@
  *     ORDER_LISTEN             127.0.0.1:0 (any free port)
  *     ORDER_THREADS            32 per CPU: handler threads; they block on
  *                              Redis, the coordinator and stock-service
- *     ORDER_PG_POOL            3 per CPU, at least 4: connections to the
- *                              orders database (held only for the local
+ *     ORDER_PG_POOL            8 per CPU: connections to the orders
+ *                              database (held only for the local
  *                              transactions, never while waiting;
- *                              svc_pg_pool_default says why so few)
+ *                              svc_pg_pool_default)
  *     ORDER_RESOURCE_ID        orders
  *     ORDER_GTX_TIMEOUT_MS     10000
  *     STOCK_CALL_TIMEOUT_MS    5000

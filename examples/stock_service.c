@@ -81,8 +81,8 @@
  *   TC_NODES, TC_SECRETS_DIR (or TC_SECRET_FILE: the secret of application
  *   "stock-service"; the legacy TC_TOKEN still works); STOCK_LISTEN
  *   (host:port, default 127.0.0.1:0 = any
- *   free port), STOCK_THREADS (default 3 per CPU, at least 4: each holds
- *   a connection of the pool; svc_pg_pool_default), STOCK_RESOURCE_ID
+ *   free port), STOCK_THREADS (default 8 per CPU: each holds a connection
+ *   of the pool; svc_pg_pool_default), STOCK_RESOURCE_ID
  *   (default "stock"), STOCK_SLOW_MS (1000: a slower operation logs the time
  *   of each phase, at info level), STOCK_LOG_LEVEL; for the benchmarks:
  *   STOCK_FREEZE_MODE (deferred, the default: delta mode with the UPDATE

@@ -132,10 +132,7 @@ int svc_ncpu(void) {
   return n > 0 ? (int)n : 1;
 }
 
-int svc_pg_pool_default(void) {
-  int n = 3 * svc_ncpu();
-  return n < 4 ? 4 : n;
-}
+int svc_pg_pool_default(void) { return 8 * svc_ncpu(); }
 
 /* ----------------------------------------------------------- signals */
 

@@ -94,10 +94,11 @@ bool svc_at_writes_sql(bool *ok);
  * cpuset), else of online CPUs; at least 1. */
 int svc_ncpu(void);
 /* The default number of PostgreSQL connections a service keeps for its
- * local transactions: 3 per CPU (svc_ncpu), at least 4.  Every backend a
- * burst meets for the first time pays its catalog caches, plans and
- * PL/pgSQL functions on the burst's path, and more backends than the
- * CPUs can run only queue there (bench/README, twenty-fifth session). */
+ * local transactions: 8 per CPU (svc_ncpu).  Fewer made a small
+ * machine's sales faster (bench/README, twenty-fifth session), but with
+ * 3 per CPU the demo's test, whose orders expire after 6 s, found
+ * requests slow enough to let orders expire between its steps under
+ * ASan: what waits for a connection there is not known yet. */
 int svc_pg_pool_default(void);
 
 /* ----------------------------------------------------------- signals */
