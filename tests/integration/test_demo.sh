@@ -10,7 +10,7 @@
 #      (no oversell in PostgreSQL and Redis, totals conserved, no leftover
 #      lock or undo row, Redis equal to PostgreSQL), tickets were sold and
 #      requests were turned away as sold out.  Unpaid orders expire after
-#      6 s (ORDER_TTL_S), during flashsale's settling: the checks see the
+#      12 s (ORDER_TTL_S), during flashsale's settling: the checks see the
 #      expiries done in both databases and Redis.
 #   2. the API on a fresh activity: 400 on bad bodies, 201 order, GET,
 #      pay (and pay again: 409), over the limit (409 over_limit), cancel
@@ -110,9 +110,11 @@ invariants_hold() {
 }
 
 harness_cluster_up
-# Unpaid orders expire after 6 s: the sale's unpaid orders expire while
+# Unpaid orders expire after 12 s: the sale's unpaid orders expire while
 # flashsale settles (and their tickets go back), exercising the expiry job.
-out=$(ORDER_TTL_S=6 "$src/examples/services" start --bin "$bin" --dir "$CLUSTER_DIR")
+# (6 s let the API steps' own orders expire between two steps on the
+# slowest machine variant, the sanitizer build beside another test.)
+out=$(ORDER_TTL_S=12 "$src/examples/services" start --bin "$bin" --dir "$CLUSTER_DIR")
 eval "$out"
 ok "cluster and services started ($TC_NODES; $ORDER_URL; $STOCK_URL; ${EVENTS_URL:-no event-consumers})"
 check "event-consumers started (EVENTS_PG_URL is set)" test -n "${EVENTS_URL:-}"
@@ -210,7 +212,7 @@ check "pay an unknown order: 404 ($code)" test "$code" = 404
 
 # the rest of the stock, then sold out.  The cancel gives its ticket back a
 # moment later (the order event, stock-service's consumer), and so does the
-# seeding user's unpaid order when it expires (ORDER_TTL_S=6): wait until
+# seeding user's unpaid order when it expires (ORDER_TTL_S=12): wait until
 # Redis holds no frozen ticket of the activity, or an order of 2 could
 # meet a bucket with 1 free now and 2 later, and the count below would
 # depend on the timing.
@@ -228,7 +230,7 @@ frozen() { # the activity's frozen tickets in Redis, over both buckets
 }
 check "  and the seeding order's, expired: nothing frozen" wait_for 20 eval '[ "$(frozen)" = 0 ]'
 # Each order is paid once the next one is made: unpaid, it would expire
-# after ORDER_TTL_S=6 and give its tickets back before the sold-out check
+# after ORDER_TTL_S=12 and give its tickets back before the sold-out check
 # on a slow machine (the sanitizer build in a busy make test).  The last
 # one stays UNPAID for the cancel below.
 last='' codes=''
@@ -262,7 +264,7 @@ check "the waiting user got an order" test "$served" = 1
 
 invariants_hold "$act" check
 
-# The sale's unpaid orders expire (ORDER_TTL_S=6): wait for the first
+# The sale's unpaid orders expire (ORDER_TTL_S=12): wait for the first
 # expiries, then check the sale's activity again.
 sale_act=$(sale_activity "$tmp/sale.json")
 expired=0
@@ -321,7 +323,7 @@ check "refusal replayed: the same 409 ($code $replayed $body)" \
 pg0=$(idem_metric pg)
 rdel 7101 idem-a
 kpost idem-a 7101 1
-# (from PostgreSQL the body is the order as it is now: ORDER_TTL_S=6 may have expired it)
+# (from PostgreSQL the body is the order as it is now: ORDER_TTL_S=12 may have expired it)
 check "Redis mark deleted, same key: the same order from PostgreSQL ($code $replayed $body)" \
   test "$code" = 201 -a "$(jfield "$body" order_id)" = "$ka_id" -a "$replayed" = true
 check "still one order for the key ($(orders_of 7101))" test "$(orders_of 7101)" = 1
@@ -388,12 +390,12 @@ check "one order for the concurrent key ($(orders_of 7104))" test "$(orders_of 7
 # the services restarted: the key still gives its answer
 "$src/examples/services" stop "$ORDER_PID" "$STOCK_PID" "${EVENTS_PID:-}"
 ORDER_PID=
-out=$(ORDER_TTL_S=6 "$src/examples/services" start --bin "$bin" --dir "$CLUSTER_DIR")
+out=$(ORDER_TTL_S=12 "$src/examples/services" start --bin "$bin" --dir "$CLUSTER_DIR")
 eval "$out"
 ok "services restarted ($ORDER_URL)"
 kpost idem-a 7101 1
 # (the same order; its body is the one stored when PostgreSQL answered for
-# the key above, whose status ORDER_TTL_S=6 may have moved on to EXPIRED)
+# the key above, whose status ORDER_TTL_S=12 may have moved on to EXPIRED)
 check "after the restart, same key: the same 201 ($code $replayed)" \
   test "$code" = 201 -a "$(jfield "$body" order_id)" = "$ka_id" -a "$replayed" = true -a "$(orders_of 7101)" = 1
 kpost idem-b 7101 3
@@ -469,7 +471,7 @@ ok "the tcd nodes restarted"
 wait_mode global 200
 check "/healthz back in global mode ($fb_mode)" test "$fb_mode" = global
 # With the coordinator back, the expiry job expires the outage's orders
-# (ORDER_TTL_S=6): let it finish first.  Reconciliation is for a quiet sale
+# (ORDER_TTL_S=12): let it finish first.  Reconciliation is for a quiet sale
 # (rm_prefilter_reconcile): run while orders expire, it can write back into
 # Redis a count that its PostgreSQL snapshot had just before an expiry
 # (seen here as a bucket off by one order's tickets).
