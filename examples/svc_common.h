@@ -95,10 +95,8 @@ bool svc_at_writes_sql(bool *ok);
 int svc_ncpu(void);
 /* The default number of PostgreSQL connections a service keeps for its
  * local transactions: 8 per CPU (svc_ncpu).  Fewer made a small
- * machine's sales faster (bench/README, twenty-fifth session), but with
- * 3 per CPU the demo's test, whose orders expire after 6 s, found
- * requests slow enough to let orders expire between its steps under
- * ASan: what waits for a connection there is not known yet. */
+ * machine's sales faster (bench/README, twenty-fifth session); they wait
+ * for a full test run before they become the default. */
 int svc_pg_pool_default(void);
 
 /* ----------------------------------------------------------- signals */
