@@ -630,11 +630,8 @@ static bool warm_connection(PGconn *pg, void *arg, char *err, size_t errlen) {
     rc = rm_at_register_early(c.b);
   freeze_mode_t mode = branch ? (freeze_mode_t)s->mode : MODE_DEFERRED;
   if (ok && rc == 0) rc = op_statements(&c, mode, &op, c.b ? RM_AT_REHEARSAL_XID : NULL);
-  bool committed = false;
-  if (ok && rc == 0 && c.b && (rc = rm_at_prepare_commit(c.b, NULL, &committed)) == 0 && committed) {
-    snprintf(err, errlen, "a rehearsed freeze committed"); /* cannot happen: rm_at_open_rehearsal's promise */
-    rc = RM_E_STATE;
-  }
+  bool committed = false; /* stays false: a rehearsal rolls back */
+  if (ok && rc == 0 && c.b) rc = rm_at_prepare_commit(c.b, NULL, &committed);
   if (c.b) {
     if (rc != 0 && *rm_at_errmsg(c.b)) snprintf(err, errlen, "%s", rm_at_errmsg(c.b));
     rm_at_close(c.b, false);
