@@ -296,14 +296,19 @@ int svc_pgpool_prewarm(svc_pgpool_t *p, int n, svc_pg_warm_fn warm, void *arg) {
   }
   /* all taken first, so that each one is a different backend */
   int warmed = 0;
-  for (; warm && warmed < k; warmed++) {
-    if (!warm(got[warmed], arg, err, sizeof(err))) {
-      svc_warn("could not warm the PostgreSQL connections before serving: %s; the first requests warm them", err);
-      break;
+  bool failed = false;
+  for (; warm && !failed && warmed < k; warmed++) {
+    for (int round = 0; round < SVC_PG_WARM_ROUNDS; round++) {
+      if (!warm(got[warmed], arg, err, sizeof(err))) {
+        svc_warn("could not warm the PostgreSQL connections before serving: %s; the first requests warm them", err);
+        failed = true;
+        break;
+      }
     }
   }
-  if (warm && warmed == k && k > 0)
-    svc_info("warmed %d PostgreSQL connection(s) before serving: a request's statements rehearsed on each", k);
+  if (warm && !failed && k > 0)
+    svc_info("warmed %d PostgreSQL connection(s) before serving: a request's statements rehearsed %d times on each",
+             k, SVC_PG_WARM_ROUNDS);
   for (int i = 0; i < k; i++) svc_pg_put(p, got[i]);
   free(got);
   return k;

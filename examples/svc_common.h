@@ -140,11 +140,17 @@ PGconn *svc_pg_get(svc_pgpool_t *p, unsigned wait_ms, char *err, size_t errlen);
  * rehearsal, rm_at_open_rehearsal); false with a message in 'err'.  It
  * leaves 'pg' idle, outside a transaction, either way. */
 typedef bool (*svc_pg_warm_fn)(PGconn *pg, void *arg, char *err, size_t errlen);
+/* How many times svc_pgpool_prewarm rehearses on each connection: a
+ * prepared statement's first five runs are planned for their parameters
+ * (plan_cache_mode auto); from the sixth PostgreSQL may keep a generic
+ * plan, and the first burst's requests no longer plan at all. */
+#define SVC_PG_WARM_ROUNDS 6
 /* Open up to 'n' connections now, so that the first requests do not pay
  * for the connection set-up, and, 'warm' given, run it on each: a
  * backend's first request otherwise pays its catalog caches, plans and
  * PL/pgSQL functions, and a sale's first burst meets all of them at once
- * (bench/README, twenty-fifth session).  Returns how many are open; a
+ * (bench/README, twenty-fifth session).  Each connection is rehearsed
+ * SVC_PG_WARM_ROUNDS times.  Returns how many are open; a
  * failure is logged, not fatal (requests connect, or warm, on demand). */
 int svc_pgpool_prewarm(svc_pgpool_t *p, int n, svc_pg_warm_fn warm, void *arg);
 /* Give 'pg' back.  A connection that is broken or left inside a
