@@ -143,7 +143,8 @@ typedef bool (*svc_pg_warm_fn)(PGconn *pg, void *arg, char *err, size_t errlen);
 /* How many times svc_pgpool_prewarm rehearses on each connection: a
  * prepared statement's first five runs are planned for their parameters
  * (plan_cache_mode auto); from the sixth PostgreSQL may keep a generic
- * plan, and the first burst's requests no longer plan at all. */
+ * plan, and the first burst's requests plan less (bench/README,
+ * twenty-sixth session: half the stock database's plans). */
 #define SVC_PG_WARM_ROUNDS 6
 /* Open up to 'n' connections now, so that the first requests do not pay
  * for the connection set-up, and, 'warm' given, run it on each: a
