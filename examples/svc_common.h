@@ -94,9 +94,10 @@ bool svc_at_writes_sql(bool *ok);
  * cpuset), else of online CPUs; at least 1. */
 int svc_ncpu(void);
 /* The default number of PostgreSQL connections a service keeps for its
- * local transactions: 8 per CPU (svc_ncpu).  Fewer made a small
- * machine's sales faster (bench/README, twenty-fifth session); they wait
- * for a full test run before they become the default. */
+ * local transactions: 8 per CPU (svc_ncpu).  With one rehearsal per
+ * connection, fewer made a small machine's first sale much faster; with
+ * SVC_PG_WARM_ROUNDS the difference is small (bench/README, twenty-fifth
+ * and twenty-sixth sessions), so the pools stay this size. */
 int svc_pg_pool_default(void);
 
 /* ----------------------------------------------------------- signals */
