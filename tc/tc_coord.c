@@ -774,16 +774,22 @@ static void on_register_done(tc_op_t *op, void *arg) {
     /* The keys this registration took in its batch were given back: an
      * item of the same batch that met one of them was told to wait for
      * this xid, which may never release anything.  Wake it (a waiter this
-     * xid really blocks meets it again and re-queues in its place). */
-    tc_ctx_release_locks(ctx, c->xid);
+     * xid really blocks meets it again and re-queues in its place).  Only
+     * after this registration has queued itself: tc_lockwait_add tells a
+     * release by a hash of the holder's xid, and this xid's own release
+     * would look like its holder's when the two share one; it would then
+     * retry at once, meet the holder again and never wait (it spun until
+     * its deadline, one store batch after another). */
     if (!op->holder[0] && ++c->races <= 5) {
       /* The key was released between the store's insert and its check:
        * there is no holder to wait for, so try again now. */
+      tc_ctx_release_locks(ctx, c->xid);
       submit_or_reply(c);
       return;
     }
     ctx->stats.register_conflicts++;
     uint64_t now = uv_hrtime();
+    int queued = -1;
     if (c->lock_deadline_ns > now) {
       c->waiter.cb = on_lock_wake;
       c->waiter.data = c;
@@ -800,15 +806,14 @@ static void on_register_done(tc_op_t *op, void *arg) {
         ctx->stats.lock_waits++;
       }
       c->waiter.met_ns = c->submitted_ns;
-      int rc = tc_lockwait_add(ctx->lockwait, &c->waiter);
-      if (rc == 0) {
-        c->waiting = true;
-        return;
-      }
-      if (rc == TXP_EAGAIN) {
-        submit_or_reply(c); /* released meanwhile: try again now */
-        return;
-      }
+      queued = tc_lockwait_add(ctx->lockwait, &c->waiter);
+      if (queued == 0) c->waiting = true;
+    }
+    tc_ctx_release_locks(ctx, c->xid); /* see above: after the queueing */
+    if (queued == 0) return;
+    if (queued == TXP_EAGAIN) {
+      submit_or_reply(c); /* released meanwhile: try again now */
+      return;
     }
     snprintf(msg, sizeof(msg), "lock conflict: held by global transaction \"%s\"", op->holder);
     reply_register(c, c->waiter.first_queued_ns ? TXP_ELOCK_WAIT_TIMEOUT : TXP_ELOCK_CONFLICT, msg);

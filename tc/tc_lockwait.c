@@ -38,6 +38,8 @@ static unsigned hash(const char *s) {
   return h % NBUCKETS;
 }
 
+unsigned tc_lockwait_bucket(const char *xid) { return hash(xid); }
+
 static lw_queue_t *find_queue(tc_lockwait_t *lw, const char *holder, bool create) {
   unsigned b = hash(holder);
   for (lw_queue_t *q = lw->buckets[b]; q; q = q->chain)

@@ -64,6 +64,10 @@ int tc_lockwait_release(tc_lockwait_t *lw, const char *holder);
 /* Remove 'w' without calling it (e.g. its connection closed). */
 void tc_lockwait_cancel(tc_lockwait_t *lw, tc_waiter_t *w);
 size_t tc_lockwait_count(const tc_lockwait_t *lw);
+/* The release record 'xid' shares with every xid of the same hash: a
+ * waiter that met its holder before the record's last release retries
+ * (TXP_EAGAIN above).  For tests that make two xids share one. */
+unsigned tc_lockwait_bucket(const char *xid);
 
 /* For operators (tcctl locks): visit the waiters of 'holder', or of every
  * holder when it is NULL, each queue in its FIFO order.  'fn' must not
