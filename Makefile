@@ -58,7 +58,7 @@ test-unit: build-san
 	@cd build/san && ctest -L unit -j$(JOBS) --output-on-failure
 
 test-integration: build-san
-	@cd build/san && ctest -L integration -j$(JOBS) --output-on-failure
+	@cd build/san && TX_PG_TEMPLATE_CACHE=$(CURDIR)/build/pg-template ctest -L integration -j$(JOBS) --output-on-failure
 
 # A longer fuzz run: make fuzz FUZZ_SECONDS=600
 fuzz: build-fuzz

@@ -667,6 +667,25 @@ for d in "$root"/sql/*/; do
   fi
 done
 
+# The four databases are what db-migrate makes of their sets on an empty
+# database, whether pg-tmp migrated them or copied them from its template
+# cache (TX_PG_TEMPLATE_CACHE, which `make test` sets).
+dump_db() { # URL
+  pg_dump --schema-only --no-owner --no-privileges "$1" | grep -v -e '^\\restrict' -e '^\\unrestrict' -e '^-- Dumped'
+}
+fresh_url=${TC_PG_URL%/*}/txc_fresh_$$
+for spec in "TC_PG_URL tc" "ORDERS_PG_URL rm orders" "STOCK_PG_URL rm stock consumer" "EVENTS_PG_URL consumer events"; do
+  read -r var sets <<<"$spec"
+  psql -X -q -d "${TC_PG_URL%/*}/postgres" -c "DROP DATABASE IF EXISTS txc_fresh_$$" -c "CREATE DATABASE txc_fresh_$$"
+  # shellcheck disable=SC2086  # the set names are words
+  if "$migrate" -q "$fresh_url" $sets && diff -u <(dump_db "$fresh_url") <(dump_db "${!var}") >"$sqldir/fresh.diff" 2>&1; then
+    ok "${var%_PG_URL}: the database pg-tmp gave is what migrating '$sets' makes"
+  else
+    bad "${var%_PG_URL}: the database pg-tmp gave is what migrating '$sets' makes" "$(head -20 "$sqldir/fresh.diff")"
+  fi
+done
+psql -X -q -d "${TC_PG_URL%/*}/postgres" -c "DROP DATABASE IF EXISTS txc_fresh_$$"
+
 # Nothing left behind in the shared databases.
 expect_value "tc: store tables left empty" "$TC_PG_URL" \
   "SELECT (SELECT count(*) FROM global_table) + (SELECT count(*) FROM branch_table) + (SELECT count(*) FROM lock_table)" "0"
