@@ -83,7 +83,10 @@ new_activity() {
 }
 # checked_sale LABEL REPORT FLASHSALE-ARGS...: a short sale, checked: flashsale
 # exits 0, the invariants hold, tickets were sold and no global
-# transaction is left unfinished; the report in REPORT.
+# transaction is left unfinished; the report in REPORT.  "Sold" needs a
+# payment: flashsale pays each accepted order with probability --pay, so
+# a small sale must ask for enough (10 orders at 20% pay none 1 time in
+# 9; at 60%, 1 in 10,000).
 checked_sale() {
   local label=$1 report=$2 rc=0
   shift 2

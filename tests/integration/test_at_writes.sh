@@ -28,7 +28,7 @@ sale() {
   out=$(TXC_AT_WRITES=$1 STOCK_FREEZE_MODE=$2 "$src/examples/services" start --bin "$bin" --dir "$CLUSTER_DIR")
   eval "$out"
   checked_sale "TXC_AT_WRITES=$1 STOCK_FREEZE_MODE=$2" "$tmp/sale-$1-$2.json" --users 150 --window 1 --tickets 60 \
-    --buckets 2 --limit 2 --pay 20 --cancel 10 --again 0 --think-ms 100 --settle 20
+    --buckets 2 --limit 2 --pay 40 --cancel 10 --again 0 --think-ms 100 --settle 20
   # A purchase PostgreSQL refuses after Redis let it through: the stock
   # branch's guard finds no ticket, the global transaction rolls back and
   # the order branch's insert is undone.

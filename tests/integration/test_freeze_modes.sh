@@ -38,7 +38,7 @@ sale() {
   out=$(STOCK_FREEZE_MODE=$mode "$src/examples/services" start --bin "$bin" --dir "$CLUSTER_DIR")
   eval "$out"
   checked_sale "STOCK_FREEZE_MODE=$mode" "$tmp/sale-$mode.json" --users 150 --window 1 --tickets 60 --buckets 3 \
-    --limit 2 --pay 20 --cancel 10 --again 0 --think-ms 100 --settle 20
+    --limit 2 --pay 40 --cancel 10 --again 0 --think-ms 100 --settle 20
   local act freezes fences
   act=$(sale_activity "$tmp/sale-$mode.json")
   freezes=$(q "$STOCK_PG_URL" "SELECT count(*) FROM stock_freeze WHERE activity_id = $act")

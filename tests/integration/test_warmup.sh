@@ -79,7 +79,7 @@ for mode in deferred at; do
   check "$mode: stock-service did not warn about the warm-up" not_said stock-service "$stock_mark" "could not warm"
   check "$mode: order-service did not warn about the warm-up" not_said order-service "$order_mark" "could not warm"
   checked_sale "STOCK_FREEZE_MODE=$mode" "$tmp/sale-$mode.json" --users 40 --window 0.5 --tickets 20 --buckets 2 \
-    --limit 2 --pay 20 --cancel 10 --again 0 --settle 20
+    --limit 2 --pay 60 --cancel 10 --again 0 --settle 20
   stop_services order-service stock-service
 done
 
